@@ -1,0 +1,85 @@
+# shardlock: the two commands are `make run` and `make test`. Each installs
+# the missing Debian packages first (tools/install-deps.sh), then configures
+# and builds through the CMake presets in CMakePresets.json.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+JOBS ?= $(shell nproc)
+CMAKE ?= cmake
+CTEST ?= ctest
+
+.PHONY: all deps deps-peers run test test-dev test-tsan test-clang bench bench-redis \
+        build-release build-bench format lint clean help
+
+all: build-release
+
+help:
+	@echo "make run        build the release preset and run the main job (shardlock-bench)"
+	@echo "make test       dev (ASan+UBSan) tests, tsan concurrent tests, clang thread-safety build + fuzz"
+	@echo "make bench      run the lock, lock-table and router benchmarks (bench preset)"
+	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
+	@echo "make format     clang-format every source file in place"
+	@echo "make lint       clang-tidy over the dev build's compile_commands.json"
+
+deps:
+	@tools/install-deps.sh
+
+deps-peers:
+	@tools/install-deps.sh --peers
+
+# ---- the main job --------------------------------------------------------
+build-release: deps-peers
+	$(CMAKE) --preset release >/dev/null
+	$(CMAKE) --build --preset release -j $(JOBS)
+
+run: build-release
+	@if [ -x build/release/tools/shardlock-bench ]; then \
+	  build/release/tools/shardlock-bench; \
+	else \
+	  build/release/bench/locks_benchmark --benchmark_min_time=0.2; \
+	fi
+
+# ---- tests ---------------------------------------------------------------
+test: test-dev test-tsan test-clang
+	@echo "make test: dev, tsan and clang stages passed"
+
+test-dev: deps
+	$(CMAKE) --preset dev >/dev/null
+	$(CMAKE) --build --preset dev -j $(JOBS)
+	$(CTEST) --preset dev
+
+test-tsan: deps
+	$(CMAKE) --preset tsan >/dev/null
+	$(CMAKE) --build --preset tsan -j $(JOBS)
+	$(CTEST) --preset tsan
+
+test-clang: deps
+	$(CMAKE) --preset clang >/dev/null
+	$(CMAKE) --build --preset clang -j $(JOBS)
+	$(CTEST) --preset clang
+
+# ---- benchmarks ----------------------------------------------------------
+build-bench: deps-peers
+	$(CMAKE) --preset bench >/dev/null
+	$(CMAKE) --build --preset bench -j $(JOBS)
+
+bench: build-bench
+	build/bench/bench/locks_benchmark
+	@if [ -x build/bench/bench/lock_table_benchmark ]; then build/bench/bench/lock_table_benchmark; fi
+	@if [ -x build/bench/bench/router_benchmark ]; then build/bench/bench/router_benchmark; fi
+
+bench-redis: build-release
+	@tools/install-deps.sh --redis
+	bench/redis_side_by_side.sh build/release/tools/shardlock-bench
+
+# ---- house tooling -------------------------------------------------------
+SOURCES = $(shell git ls-files '*.h' '*.cc')
+
+format:
+	clang-format -i $(SOURCES)
+
+lint: deps
+	$(CMAKE) --preset dev >/dev/null
+	clang-tidy -p build/dev --quiet $(filter %.cc,$(SOURCES))
+
+clean:
+	rm -rf build

@@ -1,0 +1,80 @@
+# Finds shardlock's dependencies and wraps each in a shardlock::<name>
+# imported target. A missing required dependency stops configure with the
+# Debian package that provides it. Installed with the package config, so a
+# find_package(shardlock) consumer resolves them the same way.
+include_guard(GLOBAL)
+
+find_package(Threads REQUIRED)
+find_package(PkgConfig QUIET)
+
+# shardlock_require_pkg(<name> <pkg-config module> <debian package>)
+function(shardlock_require_pkg name module debian_package)
+  if(TARGET shardlock::${name})
+    return()
+  endif()
+  if(NOT PkgConfig_FOUND)
+    message(FATAL_ERROR
+      "shardlock: pkg-config is needed to find ${module}. "
+      "Install it with: apt-get install pkg-config ${debian_package}")
+  endif()
+  pkg_check_modules(SHARDLOCK_PC_${name} QUIET IMPORTED_TARGET GLOBAL ${module})
+  if(NOT SHARDLOCK_PC_${name}_FOUND)
+    message(FATAL_ERROR
+      "shardlock: required dependency '${module}' not found. "
+      "Install the Debian package with: apt-get install ${debian_package} "
+      "(or run tools/install-deps.sh)")
+  endif()
+  add_library(shardlock::${name} INTERFACE IMPORTED GLOBAL)
+  target_link_libraries(shardlock::${name} INTERFACE PkgConfig::SHARDLOCK_PC_${name})
+endfunction()
+
+shardlock_require_pkg(xxhash libxxhash libxxhash-dev)
+# The static shardlock::lease archive carries liburing and libsodium as
+# link-only dependencies, so consumers resolve them too.
+shardlock_require_pkg(uring liburing liburing-dev)
+shardlock_require_pkg(sodium libsodium libsodium-dev)
+
+# Everything below is needed to build shardlock itself, not to consume it.
+if(SHARDLOCK_CONSUMER)
+  return()
+endif()
+
+if(SHARDLOCK_BUILD_TOOLS OR SHARDLOCK_BUILD_BENCH)
+  shardlock_require_pkg(jemalloc jemalloc libjemalloc-dev)
+  find_package(CLI11 CONFIG QUIET)
+  if(NOT CLI11_FOUND)
+    message(FATAL_ERROR
+      "shardlock: required dependency CLI11 not found. "
+      "Install it with: apt-get install libcli11-dev (or run tools/install-deps.sh)")
+  endif()
+endif()
+
+if(SHARDLOCK_BUILD_TESTS)
+  find_package(GTest CONFIG QUIET)
+  if(NOT GTest_FOUND)
+    message(FATAL_ERROR
+      "shardlock: GoogleTest not found. Install it with: "
+      "apt-get install libgtest-dev libgmock-dev (or run tools/install-deps.sh)")
+  endif()
+endif()
+
+if(SHARDLOCK_BUILD_BENCH)
+  find_package(benchmark CONFIG QUIET)
+  if(NOT benchmark_FOUND)
+    message(FATAL_ERROR
+      "shardlock: Google Benchmark not found. Install it with: "
+      "apt-get install libbenchmark-dev (or run tools/install-deps.sh)")
+  endif()
+
+  # Optional peers, measured side by side when present.
+  find_package(TBB CONFIG QUIET)
+  find_package(absl CONFIG QUIET)
+  if(PkgConfig_FOUND)
+    pkg_check_modules(SHARDLOCK_PC_ck QUIET IMPORTED_TARGET GLOBAL ck)
+  endif()
+  set(SHARDLOCK_HAVE_TBB ${TBB_FOUND})
+  set(SHARDLOCK_HAVE_ABSL ${absl_FOUND})
+  set(SHARDLOCK_HAVE_CK ${SHARDLOCK_PC_ck_FOUND})
+  message(STATUS "shardlock benchmark peers: tbb=${TBB_FOUND} absl=${absl_FOUND} ck=${SHARDLOCK_PC_ck_FOUND} "
+                 "(install with tools/install-deps.sh --peers)")
+endif()

@@ -1,0 +1,49 @@
+// CPU-level helpers for spin loops: the pause hint, cache-line size and a
+// cheap monotonic tick counter for time-budgeted backoff. Not API.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <ctime>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace shardlock::internal {
+
+// Destructive-interference size. 64 bytes on x86-64 and most AArch64 parts.
+// Padding uses twice this (kFalseSharingRange) because x86's adjacent-line
+// prefetcher pulls cache lines in pairs, so two hot words 64 bytes apart
+// still ping-pong (as folly's hardware_destructive_interference_size notes).
+inline constexpr std::size_t kCacheLine = 64;
+inline constexpr std::size_t kFalseSharingRange = 128;
+
+// Tells the core we are spinning: frees pipeline resources for a sibling
+// hyperthread and avoids the memory-order-violation flush on loop exit.
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  _mm_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield" ::: "memory");
+#else
+  asm volatile("" ::: "memory");
+#endif
+}
+
+// Monotonic nanoseconds. clock_gettime(CLOCK_MONOTONIC) goes through the vDSO
+// (about 20 ns), cheap enough to consult between batches of pauses.
+inline std::int64_t monotonic_nanos() noexcept {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
+// Converts a steady_clock deadline to monotonic nanoseconds. libstdc++'s
+// steady_clock is CLOCK_MONOTONIC, so this is exact on Linux.
+inline std::int64_t to_monotonic_nanos(std::chrono::steady_clock::time_point t) noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace shardlock::internal
