@@ -1,0 +1,262 @@
+// protocol.h: the shardlock lease wire format (UDP, version 1) and its pure
+// codec.
+//
+// Use it to build or read lease datagrams. The codec never touches a socket,
+// never allocates, never throws and never reads or writes outside the spans it
+// is given; every failure is a ProtocolError value. Decoded keys are views into
+// the input buffer, so a decoded Datagram lives no longer than its bytes.
+//
+// Wire format (all integers little-endian)
+//
+//   Header, 32 bytes:
+//     0  u32  magic        0x4B4C4853 ("SHLK" on the wire)
+//     4  u8   version      1
+//     5  u8   flags        0 (reserved; decoders reject other values)
+//     6  u8   type         a MessageType, or kBatch
+//     7  u8   count        1 for a single message; 1..kMaxBatch for a batch
+//     8  u64  request_id   single: the message's request id;
+//                          batch: an id for the datagram, echoed in the reply
+//    16  u128 client_id    lo u64 then hi u64: random per client instance,
+//                          the owner identity of every lease it takes
+//
+//   Single message (type != kBatch): the body of `type` follows the header.
+//   Batch (type == kBatch): `count` items follow, each
+//     u8 type, u8 reserved (0), u16 body_length, u64 request_id, body.
+//   After the last message the datagram may carry zero padding (see below).
+//   Any non-zero byte there is malformed.
+//
+//   Every decoded Message carries its own request_id whichever framing
+//   carried it, so a client matches replies by (request_id) alone and may mix
+//   single and batched requests freely. The server answers the items of a
+//   batch in one reply batch (request ids preserved); answers that come later
+//   (a queued ACQUIRE granted or timed out) arrive as single messages.
+//
+//   Bodies (key = u16 length + bytes; the codec accepts any length that fits,
+//   the server answers ERROR for keys outside 1..kMaxKeyLength):
+//     ACQUIRE     key, u32 ttl_ms, u32 wait_ms
+//     RENEW       key, u64 token, u32 ttl_ms
+//     RELEASE     key, u64 token
+//     QUERY       key
+//     STATS       u32 first_shard
+//     GRANTED     key, u64 token, u32 ttl_ms
+//     BUSY        key, u32 ttl_left_ms
+//     TIMEOUT     key
+//     RENEWED     key, u32 ttl_ms
+//     RELEASED, NOT_OWNER, EXPIRED   (empty)
+//     RECOVERING  u32 retry_after_ms
+//     ERROR       u16 code (a WireError)
+//     QUERY_REPLY key, u8 held, u64 token, u32 ttl_left_ms, u32 waiters
+//     STATS_REPLY u32 shard_count, u32 first_shard, u8 counter_count,
+//                 counter_count x u64, u16 token_count, token_count x u64
+//
+// Anti-amplification: a reply datagram is never larger than the request
+// datagram it answers. Some replies are larger than their requests (GRANTED
+// carries a token, QUERY_REPLY several fields), so a request must be padded up
+// to max_reply_size(); encode_request() does that. The server answers an
+// under-padded request with ERROR(kRequestTooSmall) items, which always fit.
+// STATS_REPLY returns as many shard tokens as the request's padding leaves
+// room for, starting at first_shard; page through with first_shard.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string_view>
+#include <system_error>
+
+namespace shardlock::lease {
+
+inline constexpr std::uint32_t kMagic = 0x4B4C4853;  // "SHLK" little-endian
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kHeaderSize = 32;
+inline constexpr std::size_t kBatchItemHeaderSize = 12;
+inline constexpr std::size_t kMaxDatagramSize = 1400;
+inline constexpr std::size_t kMaxBatch = 64;
+inline constexpr std::size_t kMinKeyLength = 1;
+inline constexpr std::size_t kMaxKeyLength = 256;
+
+enum class MessageType : std::uint8_t {
+  // Requests.
+  kAcquire = 0x01,
+  kRenew = 0x02,
+  kRelease = 0x03,
+  kQuery = 0x04,
+  kStats = 0x05,
+  // Replies.
+  kGranted = 0x81,
+  kBusy = 0x82,
+  kTimeout = 0x83,
+  kRenewed = 0x84,
+  kReleased = 0x85,
+  kNotOwner = 0x86,
+  kExpired = 0x87,
+  kRecovering = 0x88,
+  kError = 0x89,
+  kQueryReply = 0x8A,
+  kStatsReply = 0x8B,
+  // Header type of a batch datagram; never the type of a Message.
+  kBatch = 0xFF,
+};
+
+// True for the five request types.
+[[nodiscard]] constexpr bool is_request(MessageType type) noexcept {
+  return static_cast<std::uint8_t>(type) >= 0x01 && static_cast<std::uint8_t>(type) <= 0x05;
+}
+// True for the reply types.
+[[nodiscard]] constexpr bool is_reply(MessageType type) noexcept {
+  return static_cast<std::uint8_t>(type) >= 0x81 && static_cast<std::uint8_t>(type) <= 0x8B;
+}
+// "ACQUIRE", "GRANTED", ...; "UNKNOWN" for other values.
+[[nodiscard]] std::string_view to_string(MessageType type) noexcept;
+
+// The code carried by an ERROR reply: the request parsed but was refused.
+enum class WireError : std::uint16_t {
+  kUnsupportedVersion = 1,  // header version is not kProtocolVersion
+  kBadKey = 2,              // key shorter than kMinKeyLength
+  kKeyTooLong = 3,          // key longer than kMaxKeyLength
+  kTtlOutOfRange = 4,       // ttl_ms is 0 or above the server's maximum TTL
+  kWaitOutOfRange = 5,      // wait_ms above the server's maximum wait
+  kRequestTooSmall = 6,     // request datagram not padded to max_reply_size()
+  kNotARequest = 7,         // a reply type sent to the server
+  kInternal = 8,            // the server failed (e.g. could not persist tokens)
+};
+[[nodiscard]] std::string_view to_string(WireError code) noexcept;
+
+// STATS_REPLY counters, in wire order. Decoders ignore counters past the ones
+// they know, and read missing ones as 0, so new counters can be appended.
+enum class StatCounter : std::uint8_t {
+  kGrants = 0,      // GRANTED answers (immediate and handed off to waiters)
+  kBusy,            // BUSY answers
+  kQueued,          // ACQUIREs queued behind a holder
+  kTimeouts,        // TIMEOUT answers
+  kExpirations,     // leases that expired without release
+  kNotOwner,        // NOT_OWNER answers
+  kMalformed,       // datagrams dropped by the codec
+  kRenewed,         // RENEWED answers
+  kReleased,        // RELEASED answers
+  kExpiredReplies,  // EXPIRED answers
+  kRecovering,      // RECOVERING answers
+  kErrors,          // ERROR answers
+  kRetransmits,     // requests answered from the dedup cache
+  kRequests,        // requests processed (all types)
+};
+inline constexpr std::size_t kStatCounterCount = 14;
+
+// 128-bit client identity. Random per client instance (never a thread id).
+struct ClientId {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = 0;
+  friend constexpr bool operator==(const ClientId&, const ClientId&) = default;
+};
+
+// One request or reply. Only the fields of its type are meaningful (see the
+// body table above); the others keep their defaults and are not encoded.
+struct Message {
+  MessageType type = MessageType::kQuery;
+  std::uint64_t request_id = 0;
+  std::string_view key;           // all keyed types; a view, never owned
+  std::uint64_t token = 0;        // RENEW, RELEASE, GRANTED, QUERY_REPLY
+  std::uint32_t ttl_ms = 0;       // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
+  std::uint32_t wait_ms = 0;      // ACQUIRE
+  std::uint32_t retry_after_ms = 0;  // RECOVERING
+  WireError error = WireError::kInternal;  // ERROR
+  bool held = false;              // QUERY_REPLY
+  std::uint32_t waiters = 0;      // QUERY_REPLY
+  std::uint32_t first_shard = 0;  // STATS, STATS_REPLY
+  std::uint32_t shard_count = 0;  // STATS_REPLY
+  std::array<std::uint64_t, kStatCounterCount> counters{};  // STATS_REPLY
+  // STATS_REPLY shard tokens as raw little-endian u64s (first_shard onward);
+  // read them with shard_token().
+  std::span<const std::uint8_t> shard_tokens_le;
+
+  [[nodiscard]] std::size_t shard_token_count() const noexcept { return shard_tokens_le.size() / 8; }
+  // Precondition: i < shard_token_count().
+  [[nodiscard]] std::uint64_t shard_token(std::size_t i) const noexcept;
+  [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
+    return counters[static_cast<std::size_t>(c)];
+  }
+};
+
+// A whole datagram: header fields plus 1..kMaxBatch messages.
+struct Datagram {
+  std::uint8_t version = kProtocolVersion;
+  std::uint8_t flags = 0;
+  // Batch framing. encode() uses it whenever count > 1; with count == 1 it
+  // frames a batch of one only when `batch` is true.
+  bool batch = false;
+  std::uint64_t request_id = 0;  // single: equals messages[0].request_id
+  ClientId client_id;
+  std::uint8_t count = 0;
+  std::array<Message, kMaxBatch> messages{};
+
+  [[nodiscard]] std::span<Message> items() noexcept { return {messages.data(), count}; }
+  [[nodiscard]] std::span<const Message> items() const noexcept { return {messages.data(), count}; }
+  // Appends a message; returns false when the datagram already has kMaxBatch.
+  [[nodiscard]] bool push(const Message& m) noexcept {
+    if (count >= kMaxBatch) return false;
+    messages[count++] = m;
+    return true;
+  }
+};
+
+// Why the codec refused bytes or a datagram. Also a std::error_code category.
+enum class ProtocolError : std::uint8_t {
+  kOk = 0,
+  kTruncated,            // input ends inside a field
+  kBadMagic,             // not a shardlock datagram
+  kUnsupportedVersion,   // magic fine, version unknown (header is still decoded)
+  kBadFlags,             // reserved header/item bits set
+  kBadType,              // unknown message type
+  kBadCount,             // count 0, above kMaxBatch, or != 1 for a single message
+  kBadLength,            // a batch item's body_length disagrees with its body
+  kNonZeroPadding,       // trailing bytes that are not zero
+  kTooLarge,             // datagram above kMaxDatagramSize, or output span too small
+  kBadField,             // a field value the format forbids (e.g. held not 0/1)
+};
+[[nodiscard]] std::string_view to_string(ProtocolError e) noexcept;
+[[nodiscard]] const std::error_category& protocol_category() noexcept;
+[[nodiscard]] inline std::error_code make_error_code(ProtocolError e) noexcept {
+  return {static_cast<int>(e), protocol_category()};
+}
+
+// Decodes one datagram. On kOk `out` holds every message (keys and STATS
+// tokens are views into `in`). On kUnsupportedVersion the header fields of
+// `out` (version, request_id, client_id) are filled so the caller can answer
+// ERROR(kUnsupportedVersion); nothing else is. On other errors `out` is
+// unspecified. Never reads outside `in`.
+[[nodiscard]] ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept;
+
+// The encoded size of `d` without padding; 0 if `d` cannot be encoded (count
+// out of range, unknown type, key or STATS tokens too long for a u16 length).
+[[nodiscard]] std::size_t encoded_size(const Datagram& d) noexcept;
+
+// Encodes `d` into `out`, then zero-pads it up to `pad_to` bytes when that is
+// larger. Returns kOk and sets `written`, or kTooLarge when the result would
+// exceed kMaxDatagramSize or out.size(), or kBadCount/kBadType/kBadField for a
+// datagram that cannot be encoded. Writes nothing outside `out`.
+[[nodiscard]] ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out,
+                                   std::size_t& written, std::size_t pad_to = 0) noexcept;
+
+// The largest reply datagram the server may send for request datagram `d`
+// (replies to every message, framed as `d` is; a STATS reply counted with no
+// shard tokens). A request datagram at least this long can always be answered.
+[[nodiscard]] std::size_t max_reply_size(const Datagram& request) noexcept;
+
+// encode() padded to max_reply_size(d), so no answer is refused for size.
+[[nodiscard]] ProtocolError encode_request(const Datagram& d, std::span<std::uint8_t> out,
+                                           std::size_t& written) noexcept;
+
+}  // namespace shardlock::lease
+
+template <>
+struct std::is_error_code_enum<shardlock::lease::ProtocolError> : std::true_type {};
+
+template <>
+struct std::hash<shardlock::lease::ClientId> {
+  std::size_t operator()(const shardlock::lease::ClientId& id) const noexcept {
+    // Client ids are random, so folding the halves is a good enough hash.
+    return static_cast<std::size_t>(id.lo ^ (id.hi * 0x9E3779B97F4A7C15ULL));
+  }
+};

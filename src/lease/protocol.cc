@@ -1,0 +1,472 @@
+// The lease wire codec. See protocol.h for the format.
+//
+// Reader and Writer are bounds-checked cursors: every read tests the remaining
+// length first and latches an error instead of reading past the span, so the
+// body decoders can be written as straight-line field lists.
+#include "shardlock/lease/protocol.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+namespace shardlock::lease {
+namespace {
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> in) noexcept : in_(in) {}
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] std::size_t remaining() const noexcept { return in_.size() - pos_; }
+  [[nodiscard]] std::size_t position() const noexcept { return pos_; }
+
+  std::uint64_t uint(std::size_t bytes) noexcept {
+    if (!ok_ || remaining() < bytes) {
+      ok_ = false;
+      return 0;
+    }
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < bytes; ++i) v |= std::uint64_t{in_[pos_ + i]} << (8 * i);
+    pos_ += bytes;
+    return v;
+  }
+  std::uint8_t u8() noexcept { return static_cast<std::uint8_t>(uint(1)); }
+  std::uint16_t u16() noexcept { return static_cast<std::uint16_t>(uint(2)); }
+  std::uint32_t u32() noexcept { return static_cast<std::uint32_t>(uint(4)); }
+  std::uint64_t u64() noexcept { return uint(8); }
+
+  std::span<const std::uint8_t> bytes(std::size_t n) noexcept {
+    if (!ok_ || remaining() < n) {
+      ok_ = false;
+      return {};
+    }
+    auto s = in_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  std::string_view key() noexcept {
+    const std::size_t n = u16();
+    auto s = bytes(n);
+    return {reinterpret_cast<const char*>(s.data()), s.size()};
+  }
+
+ private:
+  std::span<const std::uint8_t> in_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+class Writer {
+ public:
+  explicit Writer(std::span<std::uint8_t> out) noexcept : out_(out) {}
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] std::size_t position() const noexcept { return pos_; }
+
+  void uint(std::uint64_t v, std::size_t bytes) noexcept {
+    if (!ok_ || out_.size() - pos_ < bytes) {
+      ok_ = false;
+      return;
+    }
+    for (std::size_t i = 0; i < bytes; ++i) out_[pos_ + i] = static_cast<std::uint8_t>(v >> (8 * i));
+    pos_ += bytes;
+  }
+  void u8(std::uint8_t v) noexcept { uint(v, 1); }
+  void u16(std::uint16_t v) noexcept { uint(v, 2); }
+  void u32(std::uint32_t v) noexcept { uint(v, 4); }
+  void u64(std::uint64_t v) noexcept { uint(v, 8); }
+  void bytes(const void* p, std::size_t n) noexcept {
+    if (!ok_ || out_.size() - pos_ < n) {
+      ok_ = false;
+      return;
+    }
+    if (n != 0) std::memcpy(out_.data() + pos_, p, n);
+    pos_ += n;
+  }
+  void key(std::string_view k) noexcept {
+    u16(static_cast<std::uint16_t>(k.size()));
+    bytes(k.data(), k.size());
+  }
+  // Overwrites a u16 written earlier (a batch item's body_length).
+  void patch_u16(std::size_t at, std::uint16_t v) noexcept {
+    out_[at] = static_cast<std::uint8_t>(v);
+    out_[at + 1] = static_cast<std::uint8_t>(v >> 8);
+  }
+
+ private:
+  std::span<std::uint8_t> out_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+constexpr std::size_t kKeyPrefix = 2;
+constexpr std::size_t kStatsReplyFixed = 4 + 4 + 1 + 8 * kStatCounterCount + 2;
+
+bool known_type(std::uint8_t t) noexcept {
+  return is_request(static_cast<MessageType>(t)) || is_reply(static_cast<MessageType>(t));
+}
+
+// Body size of `m`, or SIZE_MAX when it cannot be encoded.
+std::size_t body_size(const Message& m) noexcept {
+  const bool key_ok = m.key.size() <= 0xFFFF;
+  const std::size_t k = kKeyPrefix + m.key.size();
+  std::size_t n = 0;
+  switch (m.type) {
+    case MessageType::kAcquire: n = k + 8; break;
+    case MessageType::kRenew: n = k + 12; break;
+    case MessageType::kRelease: n = k + 8; break;
+    case MessageType::kQuery: n = k; break;
+    case MessageType::kStats: return 4;
+    case MessageType::kGranted: n = k + 12; break;
+    case MessageType::kBusy: n = k + 4; break;
+    case MessageType::kTimeout: n = k; break;
+    case MessageType::kRenewed: n = k + 4; break;
+    case MessageType::kReleased:
+    case MessageType::kNotOwner:
+    case MessageType::kExpired: return 0;
+    case MessageType::kRecovering: return 4;
+    case MessageType::kError: return 2;
+    case MessageType::kQueryReply: n = k + 17; break;
+    case MessageType::kStatsReply:
+      if (m.shard_tokens_le.size() % 8 != 0 || m.shard_tokens_le.size() / 8 > 0xFFFF) {
+        return SIZE_MAX;
+      }
+      return kStatsReplyFixed + m.shard_tokens_le.size();
+    default: return SIZE_MAX;
+  }
+  return key_ok ? n : SIZE_MAX;
+}
+
+// The largest reply body for request `m` (STATS counted without tokens).
+std::size_t max_reply_body(const Message& m) noexcept {
+  const std::size_t k = kKeyPrefix + m.key.size();
+  std::size_t n = 2;  // ERROR always possible
+  switch (m.type) {
+    case MessageType::kAcquire: n = std::max<std::size_t>(k + 12, 4); break;  // GRANTED / RECOVERING
+    case MessageType::kRenew: n = k + 4; break;                             // RENEWED
+    case MessageType::kRelease: n = 0; break;                               // RELEASED etc.
+    case MessageType::kQuery: n = k + 17; break;                            // QUERY_REPLY
+    case MessageType::kStats: n = kStatsReplyFixed; break;
+    default: break;
+  }
+  return std::max<std::size_t>(n, 2);
+}
+
+void write_body(Writer& w, const Message& m) noexcept {
+  switch (m.type) {
+    case MessageType::kAcquire:
+      w.key(m.key);
+      w.u32(m.ttl_ms);
+      w.u32(m.wait_ms);
+      break;
+    case MessageType::kRenew:
+      w.key(m.key);
+      w.u64(m.token);
+      w.u32(m.ttl_ms);
+      break;
+    case MessageType::kRelease:
+      w.key(m.key);
+      w.u64(m.token);
+      break;
+    case MessageType::kQuery:
+    case MessageType::kTimeout: w.key(m.key); break;
+    case MessageType::kStats: w.u32(m.first_shard); break;
+    case MessageType::kGranted:
+      w.key(m.key);
+      w.u64(m.token);
+      w.u32(m.ttl_ms);
+      break;
+    case MessageType::kBusy:
+    case MessageType::kRenewed:
+      w.key(m.key);
+      w.u32(m.ttl_ms);
+      break;
+    case MessageType::kRecovering: w.u32(m.retry_after_ms); break;
+    case MessageType::kError: w.u16(static_cast<std::uint16_t>(m.error)); break;
+    case MessageType::kQueryReply:
+      w.key(m.key);
+      w.u8(m.held ? 1 : 0);
+      w.u64(m.token);
+      w.u32(m.ttl_ms);
+      w.u32(m.waiters);
+      break;
+    case MessageType::kStatsReply:
+      w.u32(m.shard_count);
+      w.u32(m.first_shard);
+      w.u8(static_cast<std::uint8_t>(kStatCounterCount));
+      for (std::uint64_t c : m.counters) w.u64(c);
+      w.u16(static_cast<std::uint16_t>(m.shard_tokens_le.size() / 8));
+      w.bytes(m.shard_tokens_le.data(), m.shard_tokens_le.size());
+      break;
+    default: break;  // RELEASED, NOT_OWNER, EXPIRED: empty
+  }
+}
+
+// Reads the body of `m.type` (already set). Returns kOk or the error.
+ProtocolError read_body(Reader& r, Message& m) noexcept {
+  switch (m.type) {
+    case MessageType::kAcquire:
+      m.key = r.key();
+      m.ttl_ms = r.u32();
+      m.wait_ms = r.u32();
+      break;
+    case MessageType::kRenew:
+      m.key = r.key();
+      m.token = r.u64();
+      m.ttl_ms = r.u32();
+      break;
+    case MessageType::kRelease:
+      m.key = r.key();
+      m.token = r.u64();
+      break;
+    case MessageType::kQuery:
+    case MessageType::kTimeout: m.key = r.key(); break;
+    case MessageType::kStats: m.first_shard = r.u32(); break;
+    case MessageType::kGranted:
+      m.key = r.key();
+      m.token = r.u64();
+      m.ttl_ms = r.u32();
+      break;
+    case MessageType::kBusy:
+    case MessageType::kRenewed:
+      m.key = r.key();
+      m.ttl_ms = r.u32();
+      break;
+    case MessageType::kReleased:
+    case MessageType::kNotOwner:
+    case MessageType::kExpired: break;
+    case MessageType::kRecovering: m.retry_after_ms = r.u32(); break;
+    case MessageType::kError: m.error = static_cast<WireError>(r.u16()); break;
+    case MessageType::kQueryReply: {
+      m.key = r.key();
+      const std::uint8_t held = r.u8();
+      m.token = r.u64();
+      m.ttl_ms = r.u32();
+      m.waiters = r.u32();
+      if (r.ok() && held > 1) return ProtocolError::kBadField;
+      m.held = held == 1;
+      break;
+    }
+    case MessageType::kStatsReply: {
+      m.shard_count = r.u32();
+      m.first_shard = r.u32();
+      const std::size_t n = r.u8();
+      for (std::size_t i = 0; i < n; ++i) {
+        const std::uint64_t v = r.u64();
+        if (i < kStatCounterCount) m.counters[i] = v;
+      }
+      const std::size_t tokens = r.u16();
+      m.shard_tokens_le = r.bytes(tokens * 8);
+      break;
+    }
+    default: return ProtocolError::kBadType;
+  }
+  return r.ok() ? ProtocolError::kOk : ProtocolError::kTruncated;
+}
+
+bool all_zero(std::span<const std::uint8_t> s) noexcept {
+  return std::all_of(s.begin(), s.end(), [](std::uint8_t b) { return b == 0; });
+}
+
+bool framed_as_batch(const Datagram& d) noexcept { return d.batch || d.count > 1; }
+
+class ProtocolCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "shardlock.lease.protocol"; }
+  std::string message(int e) const override {
+    return std::string(to_string(static_cast<ProtocolError>(e)));
+  }
+};
+
+}  // namespace
+
+std::string_view to_string(MessageType type) noexcept {
+  switch (type) {
+    case MessageType::kAcquire: return "ACQUIRE";
+    case MessageType::kRenew: return "RENEW";
+    case MessageType::kRelease: return "RELEASE";
+    case MessageType::kQuery: return "QUERY";
+    case MessageType::kStats: return "STATS";
+    case MessageType::kGranted: return "GRANTED";
+    case MessageType::kBusy: return "BUSY";
+    case MessageType::kTimeout: return "TIMEOUT";
+    case MessageType::kRenewed: return "RENEWED";
+    case MessageType::kReleased: return "RELEASED";
+    case MessageType::kNotOwner: return "NOT_OWNER";
+    case MessageType::kExpired: return "EXPIRED";
+    case MessageType::kRecovering: return "RECOVERING";
+    case MessageType::kError: return "ERROR";
+    case MessageType::kQueryReply: return "QUERY_REPLY";
+    case MessageType::kStatsReply: return "STATS_REPLY";
+    case MessageType::kBatch: return "BATCH";
+  }
+  return "UNKNOWN";
+}
+
+std::string_view to_string(WireError code) noexcept {
+  switch (code) {
+    case WireError::kUnsupportedVersion: return "unsupported protocol version";
+    case WireError::kBadKey: return "empty key";
+    case WireError::kKeyTooLong: return "key longer than 256 bytes";
+    case WireError::kTtlOutOfRange: return "ttl out of range";
+    case WireError::kWaitOutOfRange: return "wait out of range";
+    case WireError::kRequestTooSmall: return "request datagram too small for its reply";
+    case WireError::kNotARequest: return "not a request";
+    case WireError::kInternal: return "internal server error";
+  }
+  return "unknown error";
+}
+
+std::string_view to_string(ProtocolError e) noexcept {
+  switch (e) {
+    case ProtocolError::kOk: return "ok";
+    case ProtocolError::kTruncated: return "truncated datagram";
+    case ProtocolError::kBadMagic: return "bad magic";
+    case ProtocolError::kUnsupportedVersion: return "unsupported protocol version";
+    case ProtocolError::kBadFlags: return "reserved bits set";
+    case ProtocolError::kBadType: return "unknown message type";
+    case ProtocolError::kBadCount: return "bad message count";
+    case ProtocolError::kBadLength: return "batch item length mismatch";
+    case ProtocolError::kNonZeroPadding: return "non-zero padding";
+    case ProtocolError::kTooLarge: return "datagram too large";
+    case ProtocolError::kBadField: return "invalid field value";
+  }
+  return "unknown protocol error";
+}
+
+const std::error_category& protocol_category() noexcept {
+  static const ProtocolCategory category;
+  return category;
+}
+
+std::uint64_t Message::shard_token(std::size_t i) const noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t b = 0; b < 8; ++b) v |= std::uint64_t{shard_tokens_le[i * 8 + b]} << (8 * b);
+  return v;
+}
+
+ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
+  if (in.size() > kMaxDatagramSize) return ProtocolError::kTooLarge;
+  Reader r(in);
+  const std::uint32_t magic = r.u32();
+  if (!r.ok()) return ProtocolError::kTruncated;
+  if (magic != kMagic) return ProtocolError::kBadMagic;
+  out.version = r.u8();
+  out.flags = r.u8();
+  const std::uint8_t type = r.u8();
+  const std::uint8_t count = r.u8();
+  out.request_id = r.u64();
+  out.client_id.lo = r.u64();
+  out.client_id.hi = r.u64();
+  if (!r.ok()) return ProtocolError::kTruncated;
+  out.count = 0;
+  if (out.version != kProtocolVersion) return ProtocolError::kUnsupportedVersion;
+  if (out.flags != 0) return ProtocolError::kBadFlags;
+
+  if (type != static_cast<std::uint8_t>(MessageType::kBatch)) {
+    if (!known_type(type)) return ProtocolError::kBadType;
+    if (count != 1) return ProtocolError::kBadCount;
+    out.batch = false;
+    Message& m = out.messages[0];
+    m = Message{};
+    m.type = static_cast<MessageType>(type);
+    m.request_id = out.request_id;
+    if (const ProtocolError e = read_body(r, m); e != ProtocolError::kOk) return e;
+    out.count = 1;
+  } else {
+    if (count == 0 || count > kMaxBatch) return ProtocolError::kBadCount;
+    out.batch = true;
+    for (std::size_t i = 0; i < count; ++i) {
+      const std::uint8_t item_type = r.u8();
+      const std::uint8_t reserved = r.u8();
+      const std::uint16_t length = r.u16();
+      const std::uint64_t request_id = r.u64();
+      if (!r.ok()) return ProtocolError::kTruncated;
+      if (reserved != 0) return ProtocolError::kBadFlags;
+      if (!known_type(item_type)) return ProtocolError::kBadType;
+      // Parse the body from exactly `length` bytes so a lying length cannot
+      // make the item reach into its neighbour.
+      Reader body(r.bytes(length));
+      if (!r.ok()) return ProtocolError::kTruncated;
+      Message& m = out.messages[i];
+      m = Message{};
+      m.type = static_cast<MessageType>(item_type);
+      m.request_id = request_id;
+      if (const ProtocolError e = read_body(body, m); e != ProtocolError::kOk) {
+        return e == ProtocolError::kTruncated ? ProtocolError::kBadLength : e;
+      }
+      if (body.remaining() != 0) return ProtocolError::kBadLength;
+      out.count = static_cast<std::uint8_t>(i + 1);
+    }
+  }
+  if (!all_zero(in.subspan(r.position()))) return ProtocolError::kNonZeroPadding;
+  return ProtocolError::kOk;
+}
+
+std::size_t encoded_size(const Datagram& d) noexcept {
+  if (d.count == 0 || d.count > kMaxBatch) return 0;
+  std::size_t n = kHeaderSize;
+  const bool batch = framed_as_batch(d);
+  for (const Message& m : d.items()) {
+    const std::size_t b = body_size(m);
+    if (b == SIZE_MAX || (batch && b > 0xFFFF)) return 0;
+    n += b + (batch ? kBatchItemHeaderSize : 0);
+  }
+  return n;
+}
+
+ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t& written,
+                     std::size_t pad_to) noexcept {
+  written = 0;
+  if (d.count == 0 || d.count > kMaxBatch) return ProtocolError::kBadCount;
+  const std::size_t size = encoded_size(d);
+  if (size == 0) return ProtocolError::kBadType;
+  const std::size_t total = std::max(size, pad_to);
+  if (total > kMaxDatagramSize || total > out.size()) return ProtocolError::kTooLarge;
+
+  const bool batch = framed_as_batch(d);
+  Writer w(out);
+  w.u32(kMagic);
+  w.u8(d.version);
+  w.u8(d.flags);
+  w.u8(static_cast<std::uint8_t>(batch ? MessageType::kBatch : d.messages[0].type));
+  w.u8(d.count);
+  w.u64(batch ? d.request_id : d.messages[0].request_id);
+  w.u64(d.client_id.lo);
+  w.u64(d.client_id.hi);
+  for (const Message& m : d.items()) {
+    if (batch) {
+      w.u8(static_cast<std::uint8_t>(m.type));
+      w.u8(0);
+      const std::size_t length_at = w.position();
+      w.u16(0);
+      w.u64(m.request_id);
+      const std::size_t body_at = w.position();
+      write_body(w, m);
+      w.patch_u16(length_at, static_cast<std::uint16_t>(w.position() - body_at));
+    } else {
+      write_body(w, m);
+    }
+  }
+  if (!w.ok() || w.position() != size) return ProtocolError::kTooLarge;
+  std::fill(out.begin() + static_cast<std::ptrdiff_t>(size),
+            out.begin() + static_cast<std::ptrdiff_t>(total), std::uint8_t{0});
+  written = total;
+  return ProtocolError::kOk;
+}
+
+std::size_t max_reply_size(const Datagram& request) noexcept {
+  const bool batch = framed_as_batch(request);
+  std::size_t n = kHeaderSize;
+  for (const Message& m : request.items()) {
+    n += max_reply_body(m) + (batch ? kBatchItemHeaderSize : 0);
+  }
+  return n;
+}
+
+ProtocolError encode_request(const Datagram& d, std::span<std::uint8_t> out,
+                             std::size_t& written) noexcept {
+  return encode(d, out, written, max_reply_size(d));
+}
+
+}  // namespace shardlock::lease

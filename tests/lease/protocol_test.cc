@@ -1,0 +1,379 @@
+// The lease codec: round trips, every truncation, random bytes, padding and
+// the anti-amplification bound.
+#include "shardlock/lease/protocol.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace shardlock::lease {
+namespace {
+
+const std::string kKey = "orders/42";
+
+std::vector<Message> one_of_each_type() {
+  std::vector<Message> all;
+  auto add = [&](MessageType t, auto fill) {
+    Message m;
+    m.type = t;
+    m.request_id = 0x1122334455667700ULL + all.size();
+    fill(m);
+    all.push_back(m);
+  };
+  add(MessageType::kAcquire, [](Message& m) {
+    m.key = kKey;
+    m.ttl_ms = 30000;
+    m.wait_ms = 500;
+  });
+  add(MessageType::kRenew, [](Message& m) {
+    m.key = kKey;
+    m.token = 77;
+    m.ttl_ms = 1000;
+  });
+  add(MessageType::kRelease, [](Message& m) {
+    m.key = kKey;
+    m.token = 78;
+  });
+  add(MessageType::kQuery, [](Message& m) { m.key = kKey; });
+  add(MessageType::kStats, [](Message& m) { m.first_shard = 7; });
+  add(MessageType::kGranted, [](Message& m) {
+    m.key = kKey;
+    m.token = 0xFFFFFFFFFFFFFFF0ULL;
+    m.ttl_ms = 30000;
+  });
+  add(MessageType::kBusy, [](Message& m) {
+    m.key = kKey;
+    m.ttl_ms = 1234;
+  });
+  add(MessageType::kTimeout, [](Message& m) { m.key = kKey; });
+  add(MessageType::kRenewed, [](Message& m) {
+    m.key = kKey;
+    m.ttl_ms = 999;
+  });
+  add(MessageType::kReleased, [](Message&) {});
+  add(MessageType::kNotOwner, [](Message&) {});
+  add(MessageType::kExpired, [](Message&) {});
+  add(MessageType::kRecovering, [](Message& m) { m.retry_after_ms = 4321; });
+  add(MessageType::kError, [](Message& m) { m.error = WireError::kKeyTooLong; });
+  add(MessageType::kQueryReply, [](Message& m) {
+    m.key = kKey;
+    m.held = true;
+    m.token = 5;
+    m.ttl_ms = 17;
+    m.waiters = 3;
+  });
+  static const std::vector<std::uint8_t> tokens = {1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 9};
+  add(MessageType::kStatsReply, [](Message& m) {
+    m.shard_count = 64;
+    m.first_shard = 3;
+    for (std::size_t i = 0; i < kStatCounterCount; ++i) m.counters[i] = 1000 + i;
+    m.shard_tokens_le = tokens;
+  });
+  return all;
+}
+
+void expect_same(const Message& a, const Message& b) {
+  EXPECT_EQ(a.type, b.type);
+  EXPECT_EQ(a.request_id, b.request_id);
+  EXPECT_EQ(a.key, b.key);
+  EXPECT_EQ(a.token, b.token);
+  EXPECT_EQ(a.ttl_ms, b.ttl_ms);
+  EXPECT_EQ(a.wait_ms, b.wait_ms);
+  EXPECT_EQ(a.retry_after_ms, b.retry_after_ms);
+  if (a.type == MessageType::kError) {
+    EXPECT_EQ(a.error, b.error);
+  }
+  EXPECT_EQ(a.held, b.held);
+  EXPECT_EQ(a.waiters, b.waiters);
+  EXPECT_EQ(a.first_shard, b.first_shard);
+  EXPECT_EQ(a.shard_count, b.shard_count);
+  EXPECT_EQ(a.counters, b.counters);
+  ASSERT_EQ(a.shard_token_count(), b.shard_token_count());
+  for (std::size_t i = 0; i < a.shard_token_count(); ++i) {
+    EXPECT_EQ(a.shard_token(i), b.shard_token(i));
+  }
+}
+
+Datagram single(const Message& m) {
+  Datagram d;
+  d.client_id = {0xAAAA, 0xBBBB};
+  d.request_id = m.request_id;
+  EXPECT_TRUE(d.push(m));
+  return d;
+}
+
+std::vector<std::uint8_t> encode_or_die(const Datagram& d, std::size_t pad_to = 0) {
+  std::vector<std::uint8_t> buf(kMaxDatagramSize);
+  std::size_t n = 0;
+  EXPECT_EQ(encode(d, buf, n, pad_to), ProtocolError::kOk);
+  buf.resize(n);
+  return buf;
+}
+
+// Decodes from a heap copy of exactly `bytes` so ASan flags any over-read.
+// The copy stays alive until the next call, since `out` holds views into it.
+ProtocolError decode_exact(const std::vector<std::uint8_t>& bytes, Datagram& out) {
+  static std::unique_ptr<std::uint8_t[]> copy;
+  copy = std::make_unique<std::uint8_t[]>(bytes.size());
+  std::copy(bytes.begin(), bytes.end(), copy.get());
+  return decode(std::span<const std::uint8_t>(copy.get(), bytes.size()), out);
+}
+
+TEST(Protocol, EverySingleMessageRoundTrips) {
+  for (const Message& m : one_of_each_type()) {
+    SCOPED_TRACE(std::string(to_string(m.type)));
+    const auto bytes = encode_or_die(single(m));
+    EXPECT_EQ(bytes.size(), encoded_size(single(m)));
+    Datagram out;
+    ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+    EXPECT_FALSE(out.batch);
+    EXPECT_EQ(out.client_id, (ClientId{0xAAAA, 0xBBBB}));
+    EXPECT_EQ(out.request_id, m.request_id);
+    ASSERT_EQ(out.count, 1);
+    expect_same(m, out.messages[0]);
+  }
+}
+
+TEST(Protocol, BatchRoundTripsWithPerItemRequestIds) {
+  Datagram d;
+  d.client_id = {1, 2};
+  d.request_id = 99;
+  for (const Message& m : one_of_each_type()) ASSERT_TRUE(d.push(m));
+  const auto bytes = encode_or_die(d);
+  Datagram out;
+  ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+  EXPECT_TRUE(out.batch);
+  EXPECT_EQ(out.request_id, 99u);
+  ASSERT_EQ(out.count, d.count);
+  for (std::size_t i = 0; i < d.count; ++i) expect_same(d.messages[i], out.messages[i]);
+}
+
+TEST(Protocol, BatchOfOneKeepsBatchFraming) {
+  Datagram d = single(one_of_each_type()[0]);
+  d.batch = true;
+  d.request_id = 5;
+  const auto bytes = encode_or_die(d);
+  EXPECT_EQ(bytes.size(), kHeaderSize + kBatchItemHeaderSize + 2 + kKey.size() + 8);
+  Datagram out;
+  ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+  EXPECT_TRUE(out.batch);
+  EXPECT_EQ(out.request_id, 5u);
+  EXPECT_EQ(out.messages[0].request_id, d.messages[0].request_id);
+}
+
+TEST(Protocol, EveryTruncationOfEveryMessageIsRejected) {
+  std::vector<Datagram> datagrams;
+  for (const Message& m : one_of_each_type()) {
+    datagrams.push_back(single(m));
+    Datagram b = single(m);
+    b.batch = true;
+    datagrams.push_back(b);
+  }
+  Datagram all;
+  for (const Message& m : one_of_each_type()) ASSERT_TRUE(all.push(m));
+  datagrams.push_back(all);
+
+  for (const Datagram& d : datagrams) {
+    const auto bytes = encode_or_die(d);
+    for (std::size_t len = 0; len < bytes.size(); ++len) {
+      SCOPED_TRACE(::testing::Message() << to_string(d.messages[0].type) << " batch=" << d.batch
+                                        << " len=" << len);
+      std::vector<std::uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<long>(len));
+      Datagram out;
+      EXPECT_NE(decode_exact(prefix, out), ProtocolError::kOk);
+    }
+  }
+}
+
+TEST(Protocol, ZeroPaddingAcceptedNonZeroRejected) {
+  const Message m = one_of_each_type()[0];
+  auto bytes = encode_or_die(single(m), 200);
+  ASSERT_EQ(bytes.size(), 200u);
+  Datagram out;
+  EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+  bytes.back() = 1;
+  EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kNonZeroPadding);
+}
+
+TEST(Protocol, HeaderErrors) {
+  const auto good = encode_or_die(single(one_of_each_type()[0]));
+  Datagram out;
+  auto bad = good;
+  bad[0] ^= 1;
+  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadMagic);
+
+  bad = good;
+  bad[4] = 2;  // version
+  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kUnsupportedVersion);
+  EXPECT_EQ(out.version, 2);
+  EXPECT_EQ(out.request_id, one_of_each_type()[0].request_id);
+  EXPECT_EQ(out.client_id, (ClientId{0xAAAA, 0xBBBB}));
+
+  bad = good;
+  bad[5] = 1;  // flags
+  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags);
+  bad = good;
+  bad[6] = 0x42;  // type
+  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadType);
+  bad = good;
+  bad[7] = 2;  // count of a single message
+  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadCount);
+
+  std::vector<std::uint8_t> big(kMaxDatagramSize + 1, 0);
+  std::copy(good.begin(), good.end(), big.begin());
+  EXPECT_EQ(decode_exact(big, out), ProtocolError::kTooLarge);
+}
+
+TEST(Protocol, BatchItemLengthMustMatchBody) {
+  Datagram d = single(one_of_each_type()[3]);  // QUERY
+  d.batch = true;
+  auto bytes = encode_or_die(d);
+  // body_length sits at header + 2; claim one byte more than the body.
+  bytes.push_back(0);
+  bytes[kHeaderSize + 2] = static_cast<std::uint8_t>(bytes[kHeaderSize + 2] + 1);
+  Datagram out;
+  EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kBadLength);
+  // And one byte less: the key no longer fits in the item.
+  bytes.pop_back();
+  bytes[kHeaderSize + 2] = static_cast<std::uint8_t>(bytes[kHeaderSize + 2] - 2);
+  EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kBadLength);
+}
+
+TEST(Protocol, EncodeRefusesOversizedOrInvalidDatagrams) {
+  std::vector<std::uint8_t> buf(4096);
+  std::size_t n = 0;
+  Datagram empty;
+  EXPECT_EQ(encode(empty, buf, n), ProtocolError::kBadCount);
+
+  const std::string long_key(1400, 'k');
+  Message m;
+  m.type = MessageType::kQuery;
+  m.key = long_key;
+  EXPECT_EQ(encode(single(m), buf, n), ProtocolError::kTooLarge);
+  EXPECT_EQ(n, 0u);
+
+  m.key = "k";
+  std::vector<std::uint8_t> tiny(10);
+  EXPECT_EQ(encode(single(m), tiny, n), ProtocolError::kTooLarge);
+  EXPECT_EQ(encode(single(m), buf, n, kMaxDatagramSize + 1), ProtocolError::kTooLarge);
+
+  m.type = MessageType::kBatch;
+  EXPECT_EQ(encode(single(m), buf, n), ProtocolError::kBadType);
+}
+
+TEST(Protocol, KeysOutsideServerLimitsStillDecode) {
+  // The codec is structural; the server answers ERROR(kKeyTooLong / kBadKey).
+  const std::string key(300, 'x');
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = key;
+  m.ttl_ms = 1;
+  Datagram out;
+  ASSERT_EQ(decode_exact(encode_or_die(single(m)), out), ProtocolError::kOk);
+  EXPECT_EQ(out.messages[0].key.size(), 300u);
+  m.key = {};
+  ASSERT_EQ(decode_exact(encode_or_die(single(m)), out), ProtocolError::kOk);
+  EXPECT_TRUE(out.messages[0].key.empty());
+}
+
+// Every reply the server could send for a request fits in max_reply_size(),
+// which encode_request() pads to: no reply is ever larger than its request.
+TEST(Protocol, PaddedRequestsBoundEveryReply) {
+  std::mt19937_64 rng(7);
+  const auto replies = one_of_each_type();
+  for (int round = 0; round < 200; ++round) {
+    const std::string key(1 + rng() % 256, 'k');
+    Datagram req;
+    req.client_id = {rng(), rng()};
+    const std::size_t n = 1 + rng() % 4;
+    for (std::size_t i = 0; i < n; ++i) {
+      Message m = one_of_each_type()[rng() % 5];
+      m.key = key;
+      ASSERT_TRUE(req.push(m));
+    }
+    std::vector<std::uint8_t> buf(kMaxDatagramSize);
+    std::size_t req_len = 0;
+    ASSERT_EQ(encode_request(req, buf, req_len), ProtocolError::kOk);
+    ASSERT_EQ(req_len, std::max(encoded_size(req), max_reply_size(req)));
+
+    // Worst case per request type, framed like the request.
+    Datagram reply;
+    reply.batch = req.batch;
+    for (const Message& r : req.items()) {
+      Message worst;
+      worst.key = r.key;
+      switch (r.type) {
+        case MessageType::kAcquire: worst.type = MessageType::kGranted; break;
+        case MessageType::kRenew: worst.type = MessageType::kRenewed; break;
+        case MessageType::kRelease: worst.type = MessageType::kError; break;
+        case MessageType::kQuery: worst.type = MessageType::kQueryReply; break;
+        default: worst.type = MessageType::kStatsReply; break;
+      }
+      ASSERT_TRUE(reply.push(worst));
+    }
+    EXPECT_LE(encoded_size(reply), req_len);
+    // A deferred answer to a queued ACQUIRE (a single GRANTED) also fits.
+    const bool has_acquire = std::any_of(req.items().begin(), req.items().end(), [](const Message& r) {
+      return r.type == MessageType::kAcquire;
+    });
+    Message granted;
+    granted.type = MessageType::kGranted;
+    granted.key = key;
+    if (has_acquire) {
+      EXPECT_LE(encoded_size(single(granted)), req_len);
+    }
+  }
+}
+
+TEST(Protocol, RandomBytesNeverCrash) {
+  std::mt19937_64 rng(12345);
+  const auto valid = encode_or_die(single(one_of_each_type()[0]));
+  Datagram out;
+  for (int i = 0; i < 20000; ++i) {
+    std::vector<std::uint8_t> bytes(rng() % (kMaxDatagramSize + 2));
+    for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+    if (i % 2 == 0 && bytes.size() >= kHeaderSize) {
+      // Keep a valid header half the time so the body parsers get exercised.
+      std::copy(valid.begin(), valid.begin() + 8, bytes.begin());
+      if (i % 4 == 0) bytes[6] = 0xFF;
+      bytes[7] = static_cast<std::uint8_t>(1 + rng() % 3);
+    }
+    (void)decode_exact(bytes, out);
+  }
+  SUCCEED();
+}
+
+TEST(Protocol, MutatedValidDatagramsNeverCrash) {
+  std::mt19937_64 rng(99);
+  Datagram all;
+  for (const Message& m : one_of_each_type()) ASSERT_TRUE(all.push(m));
+  const auto base = encode_or_die(all);
+  Datagram out;
+  for (int i = 0; i < 20000; ++i) {
+    auto bytes = base;
+    const int flips = 1 + static_cast<int>(rng() % 4);
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] = static_cast<std::uint8_t>(rng());
+    if (decode_exact(bytes, out) == ProtocolError::kOk) {
+      // Whatever decoded must re-encode to something that decodes again.
+      std::vector<std::uint8_t> again(kMaxDatagramSize);
+      std::size_t n = 0;
+      ASSERT_EQ(encode(out, again, n), ProtocolError::kOk);
+    }
+  }
+}
+
+TEST(Protocol, ErrorCategory) {
+  const std::error_code ec = ProtocolError::kTruncated;
+  EXPECT_EQ(ec.category().name(), std::string("shardlock.lease.protocol"));
+  EXPECT_EQ(ec.message(), "truncated datagram");
+  EXPECT_EQ(to_string(MessageType::kGranted), "GRANTED");
+  EXPECT_EQ(to_string(static_cast<MessageType>(0x42)), "UNKNOWN");
+}
+
+}  // namespace
+}  // namespace shardlock::lease
