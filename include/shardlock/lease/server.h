@@ -1,0 +1,148 @@
+// server.h: LeaseServer, the embeddable UDP lease server (shardlockd wraps it).
+//
+// Use it to serve leases with fencing tokens from any process:
+//
+//   shardlock::lease::LeaseServerOptions options;
+//   options.bind_address = "127.0.0.1:0";
+//   options.data_dir = "/var/lib/shardlockd";
+//   shardlock::lease::LeaseServer server(options);
+//   if (std::error_code ec = server.start()) { /* server.error_detail() */ }
+//   use(server.port());
+//   server.stop();
+//
+// Design (details and measured behaviour in docs/lease-server.md)
+//   * State: `shards` independent shards; a key's shard is
+//     XXH3_64bits_withSeed(key, kShardSeed) % shards. Each shard owns its
+//     lease table, FIFO waiters per key, 64-bit token counter, timer wheel and
+//     bounded dedup cache, all behind one lock per shard, so any I/O thread
+//     can serve any key and shards never wait on each other.
+//   * I/O: `io_threads` threads, each with its own SO_REUSEPORT socket on the
+//     same address and its own io_uring (multishot recvmsg on a provided
+//     buffer ring, batched sendmsg) or, as a fallback, a recvmmsg/sendmmsg
+//     loop. Thread t also drives the timers of shards t, t+T, t+2T, ...
+//   * Tokens: strictly increasing per shard. With a data_dir they are
+//     reserved in durable blocks, so after kill -9 every new token is greater
+//     than every token issued before; see docs/lease-server.md for the exact
+//     guarantees with and without a data dir.
+//   * Lock-delay: for `lock_delay` after start() every ACQUIRE is answered
+//     RECOVERING, because leases granted before a crash are unknown.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "shardlock/lease/protocol.h"
+
+namespace shardlock::lease {
+
+// Which datagram loop serves the socket.
+enum class IoBackend : std::uint8_t {
+  kAuto,    // io_uring when the kernel allows it, else kSocket (logged)
+  kUring,   // io_uring only; start() fails if it is unavailable
+  kSocket,  // recvmmsg/sendmmsg
+};
+[[nodiscard]] std::string_view to_string(IoBackend backend) noexcept;
+// "auto", "uring", "socket"; nullopt otherwise.
+[[nodiscard]] std::optional<IoBackend> parse_io_backend(std::string_view text) noexcept;
+
+struct LeaseServerOptions {
+  // "HOST:PORT": an IPv4 address or "[IPv6]"; port 0 picks a free port
+  // (read it back with port()).
+  std::string bind_address = "127.0.0.1:0";
+  // Number of shards, 1..65536.
+  std::uint32_t shards = 64;
+  // Largest ttl_ms an ACQUIRE or RENEW may ask for; larger is ERROR.
+  std::chrono::milliseconds max_ttl{60'000};
+  // Largest wait_ms an ACQUIRE may ask for; larger is ERROR.
+  std::chrono::milliseconds max_wait{300'000};
+  // How long after start() ACQUIRE answers RECOVERING. nullopt = max_ttl.
+  // Zero is allowed (tests) and logged as a warning.
+  std::optional<std::chrono::milliseconds> lock_delay;
+  // Directory for the token high-water marks. Empty: tokens are kept in
+  // memory only and restart from 1 (see docs/lease-server.md).
+  std::string data_dir;
+  // Tokens reserved per durable write, per shard.
+  std::uint64_t token_block = 4096;
+  // I/O threads (each with its own socket and loop), >= 1.
+  unsigned io_threads = 1;
+  IoBackend io = IoBackend::kAuto;
+  // Remembered answers per shard for retransmitted requests.
+  std::size_t dedup_entries_per_shard = 4096;
+  // The monotonic clock, injectable for tests. Default: CLOCK_MONOTONIC.
+  std::function<std::chrono::nanoseconds()> clock;
+  // Where log lines go (one line per call, no trailing newline). Default:
+  // stderr, prefixed with "shardlock-lease: ".
+  std::function<void(std::string_view)> log;
+};
+
+// Errors start() returns besides system errors (std::errc values).
+enum class ServerError : std::uint8_t {
+  kOk = 0,
+  kBadOptions,         // options out of range (error_detail() says which)
+  kBadAddress,         // bind_address does not parse
+  kDataDirCorrupt,     // a token file is unreadable, truncated or fails its checksum
+  kDataDirLocked,      // another server holds the data dir
+  kUringUnavailable,   // io = kUring but io_uring cannot be used here
+  kAlreadyStarted,
+};
+[[nodiscard]] const std::error_category& server_category() noexcept;
+[[nodiscard]] inline std::error_code make_error_code(ServerError e) noexcept {
+  return {static_cast<int>(e), server_category()};
+}
+
+// A snapshot of the server's counters (the same ones STATS returns).
+struct ServerStats {
+  std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::vector<std::uint64_t> shard_tokens;  // the last token each shard issued
+  [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
+    return counters[static_cast<std::size_t>(c)];
+  }
+};
+
+class LeaseServer {
+ public:
+  explicit LeaseServer(LeaseServerOptions options);
+  // Stops the server if it is running.
+  ~LeaseServer();
+  LeaseServer(const LeaseServer&) = delete;
+  LeaseServer& operator=(const LeaseServer&) = delete;
+
+  // Validates the options, opens (or creates) the data dir, binds the
+  // sockets and starts the I/O threads. Returns once the server answers
+  // datagrams, or an error with nothing left running; error_detail() then
+  // holds a one-line explanation (file names, the option at fault). Call at
+  // most once per object.
+  [[nodiscard]] std::error_code start();
+
+  // The bound UDP port; 0 before a successful start().
+  [[nodiscard]] std::uint16_t port() const noexcept;
+  // "HOST:PORT" as bound, e.g. "127.0.0.1:40123".
+  [[nodiscard]] std::string listen_address() const;
+  // The back end start() chose.
+  [[nodiscard]] IoBackend backend() const noexcept;
+  // Why start() failed.
+  [[nodiscard]] const std::string& error_detail() const noexcept;
+  // Counters and per-shard tokens; takes each shard lock briefly.
+  [[nodiscard]] ServerStats stats() const;
+
+  // Stops the I/O threads and closes the sockets. Blocks until the threads
+  // have exited (a few milliseconds). Idempotent; safe before start().
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardlock::lease
+
+template <>
+struct std::is_error_code_enum<shardlock::lease::ServerError> : std::true_type {};
