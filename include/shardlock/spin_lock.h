@@ -92,9 +92,7 @@ class SHARDLOCK_CAPABILITY("mutex") BasicSpinLock {
       const std::chrono::time_point<Clock, Duration>& deadline) noexcept
       SHARDLOCK_TRY_ACQUIRE(true) {
     if (try_lock()) return true;
-    const auto steady_deadline = std::chrono::steady_clock::now() +
-                                 std::chrono::ceil<std::chrono::nanoseconds>(deadline - Clock::now());
-    return lock_slow(internal::to_monotonic_nanos(steady_deadline));
+    return lock_slow(internal::deadline_nanos(deadline));
   }
 
   // Releases the lock. Precondition: the caller holds it.

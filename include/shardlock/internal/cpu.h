@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
+#include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -44,6 +45,19 @@ inline std::int64_t monotonic_nanos() noexcept {
 // steady_clock is CLOCK_MONOTONIC, so this is exact on Linux.
 inline std::int64_t to_monotonic_nanos(std::chrono::steady_clock::time_point t) noexcept {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+// Converts any clock's deadline to a CLOCK_MONOTONIC nanosecond deadline, the
+// form the lock slow paths and FUTEX_WAIT_BITSET take.
+template <class Clock, class Duration>
+std::int64_t deadline_nanos(const std::chrono::time_point<Clock, Duration>& deadline) noexcept {
+  if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+    return to_monotonic_nanos(std::chrono::time_point_cast<std::chrono::steady_clock::duration>(
+        std::chrono::ceil<std::chrono::nanoseconds>(deadline)));
+  } else {
+    return to_monotonic_nanos(std::chrono::steady_clock::now() +
+                              std::chrono::ceil<std::chrono::nanoseconds>(deadline - Clock::now()));
+  }
 }
 
 }  // namespace shardlock::internal
