@@ -108,31 +108,53 @@ class SHARDLOCK_CAPABILITY("mutex") BasicSpinLock {
   // Returns false only when `deadline_ns` (CLOCK_MONOTONIC, <0 = none) passed.
   [[gnu::cold, gnu::noinline]] bool lock_slow(std::int64_t deadline_ns) noexcept {
     internal::Backoff backoff;
+    const std::int64_t start_ns = internal::monotonic_nanos();
     bool is_heir = false;
+    // When this waiter first saw the lock free but reserved for an heir; an
+    // heir that sits on its claim longer than kHeirGraceNs (it was
+    // descheduled) is bypassed, so a preempted heir cannot idle the lock.
+    std::int64_t reserved_since_ns = 0;
     for (;;) {
-      if (locked_.load(std::memory_order_relaxed) == 0 &&
-          (is_heir || heir_.load(std::memory_order_relaxed) == 0) &&
-          locked_.exchange(1, std::memory_order_acquire) == 0) {  // pairs with unlock()
-        if (is_heir) {
-          // Relaxed: the heir byte only steers who tries; the lock byte's
-          // acquire/release carries all synchronization.
-          heir_.store(0, std::memory_order_relaxed);
+      if (locked_.load(std::memory_order_relaxed) == 0) {
+        bool may_try = is_heir || heir_.load(std::memory_order_relaxed) == 0;
+        if (!may_try) {
+          const std::int64_t now = internal::monotonic_nanos();
+          if (reserved_since_ns == 0) reserved_since_ns = now;
+          may_try = now - reserved_since_ns >= kHeirGraceNs;
         }
-        return true;
+        // Acquire pairs with unlock()'s release store.
+        if (may_try && locked_.exchange(1, std::memory_order_acquire) == 0) {
+          if (is_heir) {
+            // Relaxed: the heir byte only steers who tries; the lock byte's
+            // acquire/release carries all synchronization.
+            heir_.store(0, std::memory_order_relaxed);
+          }
+          return true;
+        }
+      } else {
+        reserved_since_ns = 0;
       }
       if (deadline_ns >= 0 && internal::monotonic_nanos() >= deadline_ns) {
         if (is_heir) heir_.store(0, std::memory_order_relaxed);  // hand the claim back
         return false;
       }
-      if (kHandoffNs > 0 && !is_heir && backoff.waited_ns() >= kHandoffNs &&
+      if (kHandoffNs > 0 && !is_heir && internal::monotonic_nanos() - start_ns >= kHandoffNs &&
           heir_.load(std::memory_order_relaxed) == 0) {
         std::uint8_t expected = 0;
         // Relaxed: the CAS only decides which waiter is heir (see above).
         is_heir = heir_.compare_exchange_strong(expected, 1, std::memory_order_relaxed);
+        if (is_heir) {
+          // The lock is reserved for us now: poll it closely, and keep the
+          // CPU rather than yield it, or the reservation idles the lock.
+          backoff = internal::Backoff(kHeirGraceNs, internal::Backoff::kMinDelayNs * 2);
+        }
       }
       backoff.wait();
     }
   }
+
+  // How long a reservation may sit on a free lock before others bypass it.
+  static constexpr std::int64_t kHeirGraceNs = 20'000;
 
   // Lock byte: 0 = free, 1 = held.
   std::atomic<std::uint8_t> locked_{0};

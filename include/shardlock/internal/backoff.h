@@ -34,14 +34,15 @@ class Backoff {
   static constexpr std::uint32_t kMinDelayNs = 40;
   static constexpr std::uint32_t kMaxDelayNs = 2'000;
 
-  explicit Backoff(std::int64_t spin_budget_ns = 20'000) noexcept
-      : budget_ns_(spin_budget_ns) {}
+  explicit Backoff(std::int64_t spin_budget_ns = 20'000,
+                   std::uint32_t max_delay_ns = kMaxDelayNs) noexcept
+      : budget_ns_(spin_budget_ns), max_delay_ns_(max_delay_ns) {}
 
   // One round of waiting. Returns true once the spin budget is spent.
   bool wait() noexcept {
     if (start_ns_ == 0) start_ns_ = monotonic_nanos();
     pause_for(delay_ns_);
-    delay_ns_ = std::min(delay_ns_ * 2, kMaxDelayNs);
+    delay_ns_ = std::min(delay_ns_ * 2, max_delay_ns_);
     if (monotonic_nanos() - start_ns_ >= budget_ns_) {
       sched_yield();
       return true;
@@ -56,6 +57,7 @@ class Backoff {
 
  private:
   std::int64_t budget_ns_;
+  std::uint32_t max_delay_ns_;
   std::int64_t start_ns_ = 0;
   std::uint32_t delay_ns_ = kMinDelayNs;
 };

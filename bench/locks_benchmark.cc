@@ -1,0 +1,299 @@
+// Lock primitives side by side with their peers, in one binary and one run.
+//
+//   build/bench/bench/locks_benchmark                      # everything
+//   build/bench/bench/locks_benchmark --benchmark_filter=Fairness
+//
+// Workloads
+//   Uncontended/<lock>     lock+unlock pairs on one thread while another
+//                          thread is alive (glibc skips atomics in a
+//                          single-threaded process, which flatters std::mutex).
+//   Contended/<lock>/threads:N    a shared counter incremented under the lock.
+//   PrivateWork/<lock>/threads:N  the same with ~100 ns of work outside.
+//   Fairness/<lock>/N      N threads for 150 ms; reports spread (most/least
+//                          acquisitions per thread), the longest wait and
+//                          acquisitions per second.
+// Peers: std::mutex, pthread_spinlock_t, a textbook TTAS and a bare
+// exchange+store pair always; tbb::spin_mutex, absl::Mutex and Concurrency
+// Kit's FAS and ticket locks when installed (SHARDLOCK_HAVE_*).
+#include <pthread.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "shardlock/internal/backoff.h"
+#include "shardlock/internal/cpu.h"
+#include "shardlock/mutex.h"
+#include "shardlock/rw_spin_lock.h"
+#include "shardlock/seq_lock.h"
+#include "shardlock/spin_lock.h"
+#include "shardlock/ticket_lock.h"
+
+#if defined(SHARDLOCK_HAVE_TBB)
+#include <tbb/spin_mutex.h>
+#endif
+#if defined(SHARDLOCK_HAVE_ABSL)
+#include <absl/synchronization/mutex.h>
+#endif
+#if defined(SHARDLOCK_HAVE_CK)
+// Only the two locks measured: ck_spinlock.h also pulls in the CLH/MCS
+// headers, which rely on C's implicit void* conversion and do not compile
+// as C++.
+#include <spinlock/fas.h>
+#include <spinlock/ticket.h>
+#endif
+
+namespace {
+
+using shardlock::internal::cpu_relax;
+using shardlock::internal::kFalseSharingRange;
+
+// ---- baselines and adapters ------------------------------------------------
+
+// The floor for any lock: one exchange to take, one store to release.
+class BareExchange {
+ public:
+  void lock() noexcept {
+    while (word_.exchange(1, std::memory_order_acquire) != 0) cpu_relax();
+  }
+  void unlock() noexcept { word_.store(0, std::memory_order_release); }
+
+ private:
+  std::atomic<std::uint32_t> word_{0};
+};
+
+// Textbook test-and-test-and-set: spin on a load with pause, no backoff.
+class TextbookTtas {
+ public:
+  void lock() noexcept {
+    for (;;) {
+      if (word_.exchange(1, std::memory_order_acquire) == 0) return;
+      while (word_.load(std::memory_order_relaxed) != 0) cpu_relax();
+    }
+  }
+  void unlock() noexcept { word_.store(0, std::memory_order_release); }
+
+ private:
+  std::atomic<std::uint32_t> word_{0};
+};
+
+class PthreadSpin {
+ public:
+  PthreadSpin() { pthread_spin_init(&lock_, PTHREAD_PROCESS_PRIVATE); }
+  ~PthreadSpin() { pthread_spin_destroy(&lock_); }
+  void lock() noexcept { pthread_spin_lock(&lock_); }
+  void unlock() noexcept { pthread_spin_unlock(&lock_); }
+
+ private:
+  pthread_spinlock_t lock_;
+};
+
+#if defined(SHARDLOCK_HAVE_TBB)
+using TbbSpinMutex = tbb::spin_mutex;
+#endif
+#if defined(SHARDLOCK_HAVE_ABSL)
+class AbslMutex {
+ public:
+  void lock() noexcept { mu_.Lock(); }
+  void unlock() noexcept { mu_.Unlock(); }
+
+ private:
+  absl::Mutex mu_;
+};
+#endif
+#if defined(SHARDLOCK_HAVE_CK)
+class CkFas {
+ public:
+  void lock() noexcept { ck_spinlock_fas_lock(&lock_); }
+  void unlock() noexcept { ck_spinlock_fas_unlock(&lock_); }
+
+ private:
+  ck_spinlock_fas_t lock_ = CK_SPINLOCK_FAS_INITIALIZER;
+};
+class CkTicket {
+ public:
+  void lock() noexcept { ck_spinlock_ticket_lock(&lock_); }
+  void unlock() noexcept { ck_spinlock_ticket_unlock(&lock_); }
+
+ private:
+  ck_spinlock_ticket_t lock_ = CK_SPINLOCK_TICKET_INITIALIZER;
+};
+#endif
+
+// One lock and the data it guards per lock type, on their own cache lines.
+template <class L>
+struct alignas(kFalseSharingRange) Shared {
+  L lock;
+  alignas(kFalseSharingRange) std::uint64_t counter = 0;
+};
+template <class L>
+Shared<L>& shared() {
+  static Shared<L> instance;
+  return instance;
+}
+
+// Keeps the process multi-threaded for the whole run (see file comment).
+struct IdleThread {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread{[this] {
+    std::unique_lock lock(mu);
+    cv.wait(lock, [this] { return stop; });
+  }};
+  ~IdleThread() {
+    {
+      std::scoped_lock lock(mu);
+      stop = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+};
+IdleThread g_idle_thread;
+
+// ---- workloads ---------------------------------------------------------------
+
+template <class L>
+void Uncontended(benchmark::State& state) {
+  L lock;
+  for (auto _ : state) {
+    lock.lock();
+    benchmark::ClobberMemory();
+    lock.unlock();
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+template <class L>
+void Contended(benchmark::State& state) {
+  auto& s = shared<L>();
+  for (auto _ : state) {
+    s.lock.lock();
+    ++s.counter;
+    s.lock.unlock();
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+template <class L>
+void PrivateWork(benchmark::State& state) {
+  auto& s = shared<L>();
+  for (auto _ : state) {
+    s.lock.lock();
+    ++s.counter;
+    s.lock.unlock();
+    shardlock::internal::pause_for(100);  // ~100 ns of work outside the lock
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+
+// N threads hammer one lock for 150 ms; reports the spread of per-thread
+// acquisition counts, the longest single wait and the total rate.
+template <class L>
+void Fairness(benchmark::State& state) {
+  const int threads = static_cast<int>(state.range(0));
+  constexpr auto kRun = std::chrono::milliseconds(150);
+  double spread = 0, max_wait_us = 0, rate = 0;
+  for (auto _ : state) {
+    L lock;
+    std::uint64_t counter = 0;
+    std::atomic<bool> go{false}, stop{false};
+    std::vector<std::uint64_t> counts(static_cast<std::size_t>(threads));
+    std::vector<std::int64_t> max_wait(static_cast<std::size_t>(threads));
+    std::vector<std::thread> workers;
+    for (int t = 0; t < threads; ++t) {
+      workers.emplace_back([&, t] {
+        while (!go.load(std::memory_order_acquire)) cpu_relax();
+        std::uint64_t mine = 0;
+        std::int64_t worst = 0;
+        while (!stop.load(std::memory_order_relaxed)) {
+          const std::int64_t start = shardlock::internal::monotonic_nanos();
+          lock.lock();
+          const std::int64_t waited = shardlock::internal::monotonic_nanos() - start;
+          ++counter;
+          lock.unlock();
+          worst = std::max(worst, waited);
+          ++mine;
+        }
+        counts[static_cast<std::size_t>(t)] = mine;
+        max_wait[static_cast<std::size_t>(t)] = worst;
+      });
+    }
+    const auto begin = std::chrono::steady_clock::now();
+    go.store(true, std::memory_order_release);
+    std::this_thread::sleep_for(kRun);
+    stop.store(true, std::memory_order_relaxed);
+    for (auto& w : workers) w.join();
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    const auto [lo, hi] = std::minmax_element(counts.begin(), counts.end());
+    spread = *lo == 0 ? 1e9 : static_cast<double>(*hi) / static_cast<double>(*lo);
+    max_wait_us = static_cast<double>(*std::max_element(max_wait.begin(), max_wait.end())) / 1e3;
+    rate = static_cast<double>(counter) / seconds;
+    state.SetIterationTime(seconds);
+  }
+  state.counters["spread"] = spread;
+  state.counters["max_wait_us"] = max_wait_us;
+  state.counters["acq_per_s"] = rate;
+}
+
+// ---- registration --------------------------------------------------------------
+
+template <class L>
+void register_lock(const char* name, bool fairness = true) {
+  using benchmark::RegisterBenchmark;
+  RegisterBenchmark((std::string("Uncontended/") + name).c_str(), Uncontended<L>);
+  RegisterBenchmark((std::string("Contended/") + name).c_str(), Contended<L>)
+      ->ThreadRange(1, 8)
+      ->UseRealTime();
+  RegisterBenchmark((std::string("PrivateWork/") + name).c_str(), PrivateWork<L>)
+      ->ThreadRange(1, 8)
+      ->UseRealTime();
+  if (fairness) {
+    RegisterBenchmark((std::string("Fairness/") + name).c_str(), Fairness<L>)
+        ->Arg(2)
+        ->Arg(4)
+        ->Arg(8)
+        ->Iterations(1)
+        ->UseManualTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  register_lock<BareExchange>("bare_exchange_store", false);
+  register_lock<shardlock::SpinLock>("shardlock::SpinLock");
+  register_lock<shardlock::UnfairSpinLock>("shardlock::UnfairSpinLock");
+  register_lock<shardlock::TicketLock>("shardlock::TicketLock");
+  register_lock<shardlock::Mutex>("shardlock::Mutex");
+  register_lock<shardlock::RwSpinLock>("shardlock::RwSpinLock", false);
+  register_lock<shardlock::SeqLock>("shardlock::SeqLock(writer)", false);
+  register_lock<std::mutex>("std::mutex");
+  register_lock<PthreadSpin>("pthread_spinlock_t", false);
+  register_lock<TextbookTtas>("textbook_ttas");
+#if defined(SHARDLOCK_HAVE_TBB)
+  register_lock<TbbSpinMutex>("tbb::spin_mutex");
+#endif
+#if defined(SHARDLOCK_HAVE_ABSL)
+  register_lock<AbslMutex>("absl::Mutex");
+#endif
+#if defined(SHARDLOCK_HAVE_CK)
+  register_lock<CkFas>("ck_spinlock_fas", false);
+  register_lock<CkTicket>("ck_spinlock_ticket");
+#endif
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
