@@ -1,0 +1,175 @@
+// Shard: one shard of the lease server's state and the state machine that
+// decides every request for its keys. No sockets, no clock, no locks: the
+// caller passes the time in and serialises calls (LeaseServer holds one lock
+// per shard), so tests drive it directly with an injected clock.
+//
+// Not API: LeaseServer's building block.
+//
+// State
+//   * keys_: key -> KeyState { holder (client id, token, grant request id,
+//     expiry on the server's monotonic clock), FIFO list of waiters }. A key
+//     is present only while it is held; waiters exist only behind a holder.
+//   * tokens_: the shard's strictly increasing counter (token_store.h).
+//   * wheel_: one timer per held key (expiry) and per waiter (wait_ms).
+//   * dedup_: (client id, request id) -> the answer given, FIFO-bounded, so
+//     a retransmitted ACQUIRE / RENEW / RELEASE gets the identical answer and
+//     a retransmitted queued ACQUIRE is not queued twice.
+//
+// Owner checks (RENEW, RELEASE):
+//   * no live lease on the key                -> EXPIRED
+//   * same client id and same token           -> ok
+//   * token lower than the live lease's token -> EXPIRED (superseded; this
+//     is what a late retransmission sees, so it is never a false NOT_OWNER)
+//   * otherwise                               -> NOT_OWNER
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <cstdint>
+#include <list>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "shardlock/lease/internal/timer_wheel.h"
+#include "shardlock/lease/internal/token_store.h"
+#include "shardlock/lease/protocol.h"
+
+namespace shardlock::lease::internal {
+
+// A UDP peer address (IPv4 or IPv6), stored inline.
+struct Peer {
+  union {
+    sockaddr sa;
+    sockaddr_in v4;
+    sockaddr_in6 v6;
+  } addr{};
+  socklen_t len = 0;
+};
+
+struct ShardLimits {
+  std::uint32_t max_ttl_ms = 60'000;
+  std::uint32_t max_wait_ms = 300'000;
+  std::size_t dedup_capacity = 4096;
+  // ACQUIRE answers RECOVERING while now < recovering_until_ms.
+  std::int64_t recovering_until_ms = 0;
+};
+
+// An answer decided after its request: a queued ACQUIRE granted on hand-off,
+// or timed out.
+struct DeferredReply {
+  Peer peer;
+  ClientId client;
+  std::uint64_t request_id = 0;
+  MessageType type = MessageType::kGranted;  // kGranted, kTimeout or kError
+  std::string key;
+  std::uint64_t token = 0;
+  std::uint32_t ttl_ms = 0;
+  WireError error = WireError::kInternal;
+
+  // A view of this reply; valid while *this is.
+  [[nodiscard]] Message message() const noexcept;
+};
+
+class Shard {
+ public:
+  Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms);
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // Decides `request` from `client` (answers go to `peer`) at `now_ms`.
+  // Returns true with `reply` filled (its key views request.key) when there
+  // is an answer now; false when the request was queued, or is a
+  // retransmission of one still queued. Answers that this request triggers
+  // for other clients (FIFO hand-off) are appended to `deferred`. STATS is
+  // not a shard request (LeaseServer answers it).
+  bool handle(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
+              Message& reply, std::vector<DeferredReply>& deferred);
+
+  // Fires every expiry and wait timeout due by `now_ms`.
+  void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+
+  [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
+  [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
+    return counters_;
+  }
+  [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
+  [[nodiscard]] std::size_t timers() const noexcept { return wheel_.size(); }
+  // Why the last token reservation failed (ERROR(kInternal) answers).
+  [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
+
+ private:
+  enum TimerKind : std::uint8_t { kLeaseExpiry = 1, kWaitTimeout = 2 };
+  struct KeyState;
+  struct Waiter : TimerNode {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    Peer peer;
+    std::uint32_t ttl_ms = 0;
+    KeyState* state = nullptr;
+    std::list<Waiter>::iterator self;
+  };
+  // The node is the lease's expiry timer.
+  struct KeyState : TimerNode {
+    const std::string* key = nullptr;  // the map's key, stable for the node's life
+    ClientId owner;
+    std::uint64_t token = 0;
+    std::uint64_t request_id = 0;  // of the ACQUIRE that was granted
+    std::list<Waiter> waiters;
+  };
+  struct DedupKey {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    friend bool operator==(const DedupKey&, const DedupKey&) = default;
+  };
+  struct DedupHash {
+    std::size_t operator()(const DedupKey& k) const noexcept {
+      return std::hash<ClientId>{}(k.client) ^ (k.request_id * 0xC2B2AE3D27D4EB4FULL);
+    }
+  };
+  struct Answer {
+    MessageType type = MessageType::kError;  // kAcquire while the request is queued
+    std::uint64_t token = 0;
+    std::uint32_t ttl_ms = 0;
+  };
+  struct KeyHash {
+    using is_transparent = void;
+    std::size_t operator()(std::string_view s) const noexcept;
+  };
+  struct KeyEqual {
+    using is_transparent = void;
+    bool operator()(std::string_view a, std::string_view b) const noexcept { return a == b; }
+  };
+  enum class OwnerCheck { kOk, kExpired, kNotOwner };
+
+  void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
+  [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
+  KeyState* find_live(std::string_view key, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  static OwnerCheck check_owner(const KeyState* state, const ClientId& client, std::uint64_t token) noexcept;
+  void acquire(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
+               Message& reply, bool& answered, std::vector<DeferredReply>& deferred);
+  // The holder is gone (release or expiry): grant to the first waiter, or
+  // forget the key.
+  void hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  void erase(KeyState& state);
+  void on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
+  [[nodiscard]] static std::uint32_t ttl_left(const KeyState& s, std::int64_t now_ms) noexcept;
+
+  std::uint32_t index_;
+  ShardLimits limits_;
+  ShardTokens tokens_;
+  TimerWheel wheel_;
+  std::unordered_map<std::string, KeyState, KeyHash, KeyEqual> keys_;
+  std::unordered_map<DedupKey, Answer, DedupHash> dedup_;
+  std::vector<DedupKey> dedup_order_;  // FIFO eviction ring
+  std::size_t dedup_next_ = 0;
+  std::array<std::uint64_t, kStatCounterCount> counters_{};
+  std::string last_error_;
+};
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,90 @@
+// TokenStore: the durable per-shard token high-water marks behind
+// --data-dir, and ShardTokens, the per-shard counter that issues from them.
+//
+// Not API: LeaseServer uses it; tests drive it directly.
+//
+// Layout of the data dir
+//   lock               flock(2)ed while a server owns the directory
+//   meta               magic, format version, shard count, xxh3 checksum
+//   shard-NNNNN.hwm    magic, shard index, high-water mark, xxh3 checksum
+//   *.tmp              a write interrupted by a crash; removed at open
+//
+// Invariant: a token t of shard s is issued only after shard-s.hwm durably
+// holds a value >= t (write temp, fsync, rename, fsync the directory). At
+// open, every shard starts above floor() = the largest mark in any file, so
+// every token issued after a restart exceeds every token issued before it,
+// whatever the shard counts of the two runs.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <system_error>
+
+namespace shardlock::lease::internal {
+
+class TokenStore {
+ public:
+  ~TokenStore();
+  TokenStore(const TokenStore&) = delete;
+  TokenStore& operator=(const TokenStore&) = delete;
+
+  // Opens `dir` (creating it, but not its parents, if missing), takes its
+  // lock and reads every mark. A missing, truncated or mis-checksummed file
+  // that a previous run wrote is kDataDirCorrupt (a ServerError), never a
+  // silent reset; `detail` names the file. Another live owner is
+  // kDataDirLocked.
+  [[nodiscard]] static std::error_code open(const std::string& dir,
+                                            std::unique_ptr<TokenStore>& out,
+                                            std::string& detail);
+
+  // Every token issued by any earlier run is <= floor().
+  [[nodiscard]] std::uint64_t floor() const noexcept { return floor_; }
+
+  // Durably records `high_water` for shards 0..shards-1 and the shard count,
+  // before the server issues anything. One directory fsync for all files.
+  [[nodiscard]] std::error_code initialize(std::uint32_t shards, std::uint64_t high_water,
+                                           std::string& detail);
+
+  // Durably records `high_water` for one shard. Thread-safe for distinct
+  // shards (each call writes its own files); blocks for the fsyncs.
+  [[nodiscard]] std::error_code reserve(std::uint32_t shard, std::uint64_t high_water,
+                                        std::string& detail);
+
+  [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+
+ private:
+  TokenStore() = default;
+
+  std::string dir_;
+  int dir_fd_ = -1;
+  int lock_fd_ = -1;
+  std::uint64_t floor_ = 0;
+};
+
+// One shard's token counter. Not thread-safe: the shard lock guards it.
+class ShardTokens {
+ public:
+  // In-memory counter starting after `last` (no data dir).
+  explicit ShardTokens(std::uint64_t last = 0) noexcept : last_(last), reserved_(~std::uint64_t{0}) {}
+  // Durable counter: `reserved` is already on disk for this shard.
+  ShardTokens(TokenStore* store, std::uint32_t shard, std::uint64_t last, std::uint64_t reserved,
+              std::uint64_t block) noexcept
+      : store_(store), shard_(shard), block_(block), last_(last), reserved_(reserved) {}
+
+  // Issues the next token, reserving (durably) a new block first when the
+  // current one is used up. Returns 0 if the reservation failed; then no
+  // token is issued and `detail` says why.
+  [[nodiscard]] std::uint64_t next(std::string& detail);
+
+  [[nodiscard]] std::uint64_t last() const noexcept { return last_; }
+
+ private:
+  TokenStore* store_ = nullptr;
+  std::uint32_t shard_ = 0;
+  std::uint64_t block_ = 0;
+  std::uint64_t last_;
+  std::uint64_t reserved_;
+};
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,309 @@
+// The per-shard lease state machine. See internal/shard.h.
+#include "shardlock/lease/internal/shard.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <iterator>
+
+namespace shardlock::lease::internal {
+
+Message DeferredReply::message() const noexcept {
+  Message m;
+  m.type = type;
+  m.request_id = request_id;
+  m.key = key;
+  m.token = token;
+  m.ttl_ms = ttl_ms;
+  m.error = error;
+  return m;
+}
+
+std::size_t Shard::KeyHash::operator()(std::string_view s) const noexcept {
+  // A different seed from the key -> shard hash, so keys that share a shard
+  // still spread over the table's buckets.
+  return static_cast<std::size_t>(XXH3_64bits_withSeed(s.data(), s.size(), 0x5eed0f5a11ULL));
+}
+
+Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms)
+    : index_(index), limits_(limits), tokens_(tokens), wheel_(now_ms) {
+  dedup_order_.reserve(std::min<std::size_t>(limits_.dedup_capacity, 1 << 16));
+  dedup_.reserve(std::min<std::size_t>(limits_.dedup_capacity, 1 << 16));
+}
+
+Shard::~Shard() {
+  for (auto& [key, state] : keys_) {
+    for (Waiter& w : state.waiters) wheel_.cancel(w);
+    wheel_.cancel(state);
+  }
+}
+
+std::uint32_t Shard::ttl_left(const KeyState& s, std::int64_t now_ms) noexcept {
+  const std::int64_t left = s.deadline_ms - now_ms;
+  return left <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::int64_t>(left, UINT32_MAX));
+}
+
+bool Shard::validate(const Message& request, Message& reply) const noexcept {
+  reply.type = MessageType::kError;
+  if (request.key.size() < kMinKeyLength) {
+    reply.error = WireError::kBadKey;
+  } else if (request.key.size() > kMaxKeyLength) {
+    reply.error = WireError::kKeyTooLong;
+  } else if ((request.type == MessageType::kAcquire || request.type == MessageType::kRenew) &&
+             (request.ttl_ms == 0 || request.ttl_ms > limits_.max_ttl_ms)) {
+    reply.error = WireError::kTtlOutOfRange;
+  } else if (request.type == MessageType::kAcquire && request.wait_ms > limits_.max_wait_ms) {
+    reply.error = WireError::kWaitOutOfRange;
+  } else {
+    return true;
+  }
+  return false;
+}
+
+Shard::KeyState* Shard::find_live(std::string_view key, std::int64_t now_ms,
+                                  std::vector<DeferredReply>& deferred) {
+  // Fire due timers first, so a lease whose expiry tick has not been driven
+  // yet is never treated as live, and waiters are handed off in order.
+  advance(now_ms, deferred);
+  const auto it = keys_.find(key);
+  return it == keys_.end() ? nullptr : &it->second;
+}
+
+Shard::OwnerCheck Shard::check_owner(const KeyState* state, const ClientId& client,
+                                     std::uint64_t token) noexcept {
+  if (state == nullptr) return OwnerCheck::kExpired;
+  if (state->owner == client && state->token == token) return OwnerCheck::kOk;
+  if (token < state->token) return OwnerCheck::kExpired;
+  return OwnerCheck::kNotOwner;
+}
+
+void Shard::remember(const ClientId& client, std::uint64_t request_id, const Answer& answer) {
+  if (limits_.dedup_capacity == 0) return;
+  const DedupKey key{client, request_id};
+  const auto [it, inserted] = dedup_.try_emplace(key, answer);
+  if (!inserted) {
+    it->second = answer;
+    return;
+  }
+  if (dedup_order_.size() < limits_.dedup_capacity) {
+    dedup_order_.push_back(key);
+    return;
+  }
+  dedup_.erase(dedup_order_[dedup_next_]);
+  dedup_order_[dedup_next_] = key;
+  dedup_next_ = (dedup_next_ + 1) % limits_.dedup_capacity;
+}
+
+bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
+                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred) {
+  count(StatCounter::kRequests);
+  reply = Message{};
+  reply.request_id = request.request_id;
+  reply.key = request.key;
+
+  const bool mutating = request.type == MessageType::kAcquire ||
+                        request.type == MessageType::kRenew ||
+                        request.type == MessageType::kRelease;
+  if (!mutating && request.type != MessageType::kQuery) {
+    reply.type = MessageType::kError;
+    reply.error = WireError::kNotARequest;
+    count(StatCounter::kErrors);
+    return true;
+  }
+  if (!validate(request, reply)) {
+    count(StatCounter::kErrors);
+    return true;
+  }
+  if (request.type == MessageType::kAcquire && now_ms < limits_.recovering_until_ms) {
+    reply.type = MessageType::kRecovering;
+    reply.retry_after_ms = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(limits_.recovering_until_ms - now_ms, UINT32_MAX));
+    count(StatCounter::kRecovering);
+    return true;
+  }
+  if (mutating) {
+    if (const auto it = dedup_.find(DedupKey{client, request.request_id}); it != dedup_.end()) {
+      count(StatCounter::kRetransmits);
+      if (it->second.type == MessageType::kAcquire) return false;  // still queued
+      reply.type = it->second.type;
+      reply.token = it->second.token;
+      reply.ttl_ms = it->second.ttl_ms;
+      return true;
+    }
+  }
+
+  KeyState* state = find_live(request.key, now_ms, deferred);
+  switch (request.type) {
+    case MessageType::kAcquire: {
+      bool answered = true;
+      acquire(client, peer, request, now_ms, reply, answered, deferred);
+      return answered;
+    }
+    case MessageType::kRenew:
+    case MessageType::kRelease: {
+      const OwnerCheck check = check_owner(state, client, request.token);
+      if (check == OwnerCheck::kExpired) {
+        reply.type = MessageType::kExpired;
+        count(StatCounter::kExpiredReplies);
+      } else if (check == OwnerCheck::kNotOwner) {
+        reply.type = MessageType::kNotOwner;
+        count(StatCounter::kNotOwner);
+      } else if (request.type == MessageType::kRenew) {
+        wheel_.schedule(*state, now_ms + request.ttl_ms);
+        reply.type = MessageType::kRenewed;
+        reply.ttl_ms = request.ttl_ms;
+        count(StatCounter::kRenewed);
+      } else {
+        wheel_.cancel(*state);
+        reply.type = MessageType::kReleased;
+        count(StatCounter::kReleased);
+        hand_off(*state, now_ms, deferred);  // may erase *state
+      }
+      remember(client, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms});
+      return true;
+    }
+    default: {  // kQuery
+      reply.type = MessageType::kQueryReply;
+      if (state != nullptr) {
+        reply.held = true;
+        reply.token = state->token;
+        reply.ttl_ms = ttl_left(*state, now_ms);
+        reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
+      }
+      return true;
+    }
+  }
+}
+
+void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
+                    std::int64_t now_ms, Message& reply, bool& answered,
+                    std::vector<DeferredReply>& deferred) {
+  (void)deferred;
+  auto it = keys_.find(request.key);
+  if (it == keys_.end()) {
+    const std::uint64_t token = tokens_.next(last_error_);
+    if (token == 0) {
+      reply.type = MessageType::kError;
+      reply.error = WireError::kInternal;
+      count(StatCounter::kErrors);
+      return;  // not remembered: a retry may succeed once the disk recovers
+    }
+    it = keys_.try_emplace(std::string(request.key)).first;
+    KeyState& state = it->second;
+    state.key = &it->first;
+    state.kind = kLeaseExpiry;
+    state.owner = client;
+    state.token = token;
+    state.request_id = request.request_id;
+    wheel_.schedule(state, now_ms + request.ttl_ms);
+    reply.type = MessageType::kGranted;
+    reply.token = token;
+    reply.ttl_ms = request.ttl_ms;
+    count(StatCounter::kGrants);
+    remember(client, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms});
+    return;
+  }
+
+  KeyState& state = it->second;
+  if (state.owner == client) {
+    // The holder asking again (a retransmission that outlived the dedup
+    // cache, or a second ACQUIRE): the same grant, with the TTL it has left.
+    reply.type = MessageType::kGranted;
+    reply.token = state.token;
+    reply.ttl_ms = ttl_left(state, now_ms);
+    count(StatCounter::kRetransmits);
+    return;
+  }
+  if (request.wait_ms == 0) {
+    reply.type = MessageType::kBusy;
+    reply.ttl_ms = ttl_left(state, now_ms);
+    count(StatCounter::kBusy);
+    remember(client, request.request_id, Answer{reply.type, 0, reply.ttl_ms});
+    return;
+  }
+  // A retransmission of a queued request whose dedup entry was evicted must
+  // not queue a second time.
+  for (const Waiter& w : state.waiters) {
+    if (w.client == client && w.request_id == request.request_id) {
+      answered = false;
+      return;
+    }
+  }
+  Waiter& w = state.waiters.emplace_back();
+  w.self = std::prev(state.waiters.end());
+  w.kind = kWaitTimeout;
+  w.client = client;
+  w.request_id = request.request_id;
+  w.peer = peer;
+  w.ttl_ms = request.ttl_ms;
+  w.state = &state;
+  wheel_.schedule(w, now_ms + request.wait_ms);
+  count(StatCounter::kQueued);
+  remember(client, request.request_id, Answer{MessageType::kAcquire, 0, 0});
+  answered = false;
+}
+
+void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
+  while (!state.waiters.empty()) {
+    Waiter& w = state.waiters.front();
+    wheel_.cancel(w);
+    DeferredReply& out = deferred.emplace_back();
+    out.peer = w.peer;
+    out.client = w.client;
+    out.request_id = w.request_id;
+    out.key = *state.key;
+    const std::uint64_t token = tokens_.next(last_error_);
+    if (token == 0) {
+      out.type = MessageType::kError;
+      out.error = WireError::kInternal;
+      count(StatCounter::kErrors);
+      remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0});
+      state.waiters.pop_front();
+      continue;
+    }
+    state.owner = w.client;
+    state.token = token;
+    state.request_id = w.request_id;
+    wheel_.schedule(state, now_ms + w.ttl_ms);
+    out.type = MessageType::kGranted;
+    out.token = token;
+    out.ttl_ms = w.ttl_ms;
+    count(StatCounter::kGrants);
+    remember(w.client, w.request_id, Answer{MessageType::kGranted, token, w.ttl_ms});
+    state.waiters.pop_front();
+    return;
+  }
+  erase(state);
+}
+
+void Shard::erase(KeyState& state) {
+  for (Waiter& w : state.waiters) wheel_.cancel(w);
+  state.waiters.clear();
+  wheel_.cancel(state);
+  keys_.erase(keys_.find(*state.key));
+}
+
+void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
+  if (node.kind == kLeaseExpiry) {
+    count(StatCounter::kExpirations);
+    hand_off(static_cast<KeyState&>(node), now_ms, deferred);
+    return;
+  }
+  Waiter& w = static_cast<Waiter&>(node);
+  KeyState& state = *w.state;
+  DeferredReply& out = deferred.emplace_back();
+  out.peer = w.peer;
+  out.client = w.client;
+  out.request_id = w.request_id;
+  out.type = MessageType::kTimeout;
+  out.key = *state.key;
+  count(StatCounter::kTimeouts);
+  remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0});
+  state.waiters.erase(w.self);
+}
+
+void Shard::advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
+  wheel_.advance(now_ms, [&](TimerNode& node) { on_timer(node, now_ms, deferred); });
+}
+
+}  // namespace shardlock::lease::internal
