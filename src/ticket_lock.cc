@@ -1,5 +1,7 @@
 #include "shardlock/ticket_lock.h"
 
+#include <sched.h>
+
 #include <cstddef>
 #include <cstdint>
 
@@ -29,6 +31,11 @@ WaitSlot& slot_for(const void* lock, std::uint32_t ticket) noexcept {
 
 // A next-in-line waiter spins for this long before it also yields.
 constexpr std::int64_t kNextInLineSpinNs = 20'000;
+// A waiter further back yields for this long before it parks. Yielding
+// hands the core straight to another runnable thread (often the holder or
+// next-in-line) with no wake-up system call on the unlock path; parking
+// stops a long wait from burning CPU.
+constexpr std::int64_t kYieldBeforeParkNs = 200'000;
 // Distance-proportional pause before a far waiter re-reads serving_.
 constexpr std::uint32_t kPausePerPlaceNs = 100;
 
@@ -36,6 +43,7 @@ constexpr std::uint32_t kPausePerPlaceNs = 100;
 
 void TicketLock::wait_for_turn(std::uint32_t ticket) noexcept {
   internal::Backoff next_in_line(kNextInLineSpinNs);
+  std::int64_t far_since_ns = 0;
   for (;;) {
     // Acquire pairs with unlock()'s release of serving_ (seq_cst RMW).
     std::uint32_t serving = serving_.load(std::memory_order_acquire);
@@ -48,10 +56,17 @@ void TicketLock::wait_for_turn(std::uint32_t ticket) noexcept {
       continue;
     }
     // Far from the head: a pause proportional to the distance first (cheap
-    // when the queue is draining fast), then park until woken as next in line.
+    // when the queue is draining fast), then yield for a while, then park
+    // until woken as next in line.
     internal::pause_for(kPausePerPlaceNs * distance);
     serving = serving_.load(std::memory_order_acquire);
     if (ticket - serving < 2) continue;
+    const std::int64_t now = internal::monotonic_nanos();
+    if (far_since_ns == 0) far_since_ns = now;
+    if (now - far_since_ns < kYieldBeforeParkNs) {
+      sched_yield();
+      continue;
+    }
 
     WaitSlot& slot = slot_for(this, ticket);
     // seq_cst: pairs with unlock()'s seq_cst serving_ RMW + sleepers_ load

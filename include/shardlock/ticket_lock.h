@@ -12,9 +12,12 @@
 //     waiter waits.
 //       d == 1 (next in line): spin on `serving_` with a pause, yielding after
 //         a 20 us budget so a preempted holder can run.
-//       d >= 2: park on a futex in a process-wide waiting array (Dice and
-//         Kogan's TWA, "Ticket lock with a waiting array"), keyed by this
-//         lock's address and the ticket.
+//       d >= 2: a pause proportional to d, then sched_yield for up to
+//         200 us (the core goes straight to another runnable thread, usually
+//         the holder or next-in-line, and unlock needs no wake-up), then park
+//         on a futex in a process-wide waiting array (Dice and Kogan's TWA,
+//         "Ticket lock with a waiting array"), keyed by lock address and
+//         ticket, so a long wait stops burning CPU.
 //   * unlock(): advance `serving_` by one, then, only if a waiter is parked,
 //     wake the slot of ticket serving+1, the waiter that has just become next
 //     in line. It starts spinning while the new holder runs its critical
