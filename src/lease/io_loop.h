@@ -1,0 +1,71 @@
+// The lease server's datagram loops. Private to src/lease/.
+//
+// A loop only moves datagrams: it receives batches from one UDP socket,
+// hands each datagram to a DatagramSink (the server, which decodes and
+// decides), calls the sink's tick about every kTickMs so timers fire, and
+// sends what the sink produced in batches. Two implementations:
+//   * run_socket_loop: poll + recvmmsg / sendmmsg;
+//   * UringLoop: io_uring with a multishot recvmsg on a provided-buffer ring
+//     (one submission receives until the buffers run out) and sendmsg SQEs
+//     submitted together with the next wait.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "shardlock/lease/internal/shard.h"
+#include "shardlock/lease/protocol.h"
+
+namespace shardlock::lease::internal {
+
+// How often an idle loop wakes to drive timers and notice stop().
+inline constexpr int kTickMs = 2;
+
+struct OutDatagram {
+  Peer peer;
+  std::uint16_t length = 0;
+  std::array<std::uint8_t, kMaxDatagramSize> bytes;
+};
+
+class DatagramSink {
+ public:
+  virtual ~DatagramSink() = default;
+  // One received datagram from `peer`; appends replies to `out`.
+  virtual void on_datagram(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
+                           std::vector<OutDatagram>& out) = 0;
+  // A datagram the loop dropped before decoding (too large, truncated).
+  virtual void on_oversized() = 0;
+  // Drives the timers this worker owns; appends deferred replies to `out`.
+  virtual void on_tick(unsigned worker, std::vector<OutDatagram>& out) = 0;
+};
+
+// Serves `fd` until `stop` reads true.
+void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop);
+
+class UringLoop {
+ public:
+  // Sets up a ring and a provided-buffer ring for `fd`. Fails (with a
+  // one-line `detail`) when io_uring is missing, disabled by
+  // kernel.io_uring_disabled, or lacks multishot recvmsg (kernel < 6.0).
+  [[nodiscard]] static std::error_code create(int fd, std::unique_ptr<UringLoop>& out,
+                                              std::string& detail);
+  ~UringLoop();
+  UringLoop(const UringLoop&) = delete;
+  UringLoop& operator=(const UringLoop&) = delete;
+
+  // Serves the socket until `stop` reads true. Call from one thread.
+  void run(unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop);
+
+ private:
+  struct State;
+  explicit UringLoop(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,221 @@
+// The io_uring datagram loop (liburing).
+//
+//   * Receive: one multishot IORING_OP_RECVMSG with IOSQE_BUFFER_SELECT keeps
+//     producing a CQE per datagram into buffers the kernel picks from a
+//     provided-buffer ring (kBufferCount buffers). Each buffer holds an
+//     io_uring_recvmsg_out header, the peer address, then the payload. A
+//     buffer goes back to the ring as soon as its datagram is handled (the
+//     replies are encoded by then). The multishot request is re-armed when a
+//     CQE arrives without IORING_CQE_F_MORE (e.g. after -ENOBUFS).
+//   * Send: each reply is copied into a send slot and queued as a sendmsg
+//     SQE; all of a wake-up's SQEs go to the kernel in the single
+//     io_uring_submit_and_wait_timeout() that also waits for the next CQEs.
+//   * Wake-ups: at least every kTickMs (the wait's timeout) to drive timers.
+#include <liburing.h>
+#include <sys/mman.h>
+#include <sys/utsname.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "io_loop.h"
+#include "shardlock/lease/server.h"
+
+namespace shardlock::lease::internal {
+namespace {
+
+constexpr unsigned kRingEntries = 512;
+constexpr unsigned kBufferCount = 256;  // power of two (buffer ring requirement)
+constexpr unsigned kBufferGroup = 1;
+constexpr std::size_t kPayloadRoom = 2048;  // > kMaxDatagramSize: oversize is seen, then dropped
+constexpr std::size_t kBufferSize = sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in6) + kPayloadRoom;
+constexpr unsigned kSendSlots = 256;
+constexpr std::uint64_t kRecvTag = ~std::uint64_t{0};
+
+bool kernel_at_least(int major, int minor) {
+  utsname u{};
+  if (::uname(&u) != 0) return false;
+  int got_major = 0;
+  int got_minor = 0;
+  if (std::sscanf(u.release, "%d.%d", &got_major, &got_minor) != 2) return false;
+  return got_major > major || (got_major == major && got_minor >= minor);
+}
+
+}  // namespace
+
+struct UringLoop::State {
+  int fd = -1;
+  io_uring ring{};
+  bool ring_ready = false;
+  io_uring_buf_ring* buffer_ring = nullptr;
+  std::size_t buffer_ring_bytes = 0;
+  bool buffer_ring_registered = false;
+  std::unique_ptr<std::uint8_t[]> buffers;
+  msghdr recv_template{};  // tells the kernel how much name/control room each buffer reserves
+
+  struct SendSlot {
+    msghdr msg{};
+    iovec iov{};
+    OutDatagram datagram;
+  };
+  std::vector<SendSlot> send_slots;
+  std::vector<std::uint32_t> free_slots;
+
+  ~State() {
+    if (buffer_ring_registered) io_uring_unregister_buf_ring(&ring, kBufferGroup);
+    if (ring_ready) io_uring_queue_exit(&ring);
+    if (buffer_ring != nullptr) ::munmap(buffer_ring, buffer_ring_bytes);
+  }
+
+  std::uint8_t* buffer(unsigned id) { return buffers.get() + std::size_t{id} * kBufferSize; }
+
+  void recycle(unsigned id) {
+    io_uring_buf_ring_add(buffer_ring, buffer(id), kBufferSize, static_cast<unsigned short>(id),
+                          io_uring_buf_ring_mask(kBufferCount), 0);
+    io_uring_buf_ring_advance(buffer_ring, 1);
+  }
+
+  io_uring_sqe* sqe() {
+    io_uring_sqe* s = io_uring_get_sqe(&ring);
+    if (s == nullptr) {
+      io_uring_submit(&ring);  // the SQ is full: hand it to the kernel
+      s = io_uring_get_sqe(&ring);
+    }
+    return s;
+  }
+
+  bool arm_receive() {
+    io_uring_sqe* s = sqe();
+    if (s == nullptr) return false;
+    io_uring_prep_recvmsg_multishot(s, fd, &recv_template, 0);
+    s->flags |= IOSQE_BUFFER_SELECT;
+    s->buf_group = kBufferGroup;
+    io_uring_sqe_set_data64(s, kRecvTag);
+    return true;
+  }
+
+  void queue_sends(std::vector<OutDatagram>& out) {
+    for (OutDatagram& d : out) {
+      if (free_slots.empty()) break;  // drop: the client will retransmit
+      io_uring_sqe* s = sqe();
+      if (s == nullptr) break;
+      const std::uint32_t index = free_slots.back();
+      free_slots.pop_back();
+      SendSlot& slot = send_slots[index];
+      slot.datagram.peer = d.peer;
+      slot.datagram.length = d.length;
+      std::memcpy(slot.datagram.bytes.data(), d.bytes.data(), d.length);
+      slot.iov = {slot.datagram.bytes.data(), d.length};
+      slot.msg = {};
+      slot.msg.msg_name = &slot.datagram.peer.addr;
+      slot.msg.msg_namelen = slot.datagram.peer.len;
+      slot.msg.msg_iov = &slot.iov;
+      slot.msg.msg_iovlen = 1;
+      io_uring_prep_sendmsg(s, fd, &slot.msg, 0);
+      io_uring_sqe_set_data64(s, index);
+    }
+    out.clear();
+  }
+};
+
+UringLoop::UringLoop(std::unique_ptr<State> state) : state_(std::move(state)) {}
+UringLoop::~UringLoop() = default;
+
+std::error_code UringLoop::create(int fd, std::unique_ptr<UringLoop>& out, std::string& detail) {
+  if (!kernel_at_least(6, 0)) {
+    detail = "kernel older than 6.0 (no multishot recvmsg)";
+    return ServerError::kUringUnavailable;
+  }
+  auto st = std::make_unique<State>();
+  st->fd = fd;
+  if (const int rc = io_uring_queue_init(kRingEntries, &st->ring, 0); rc < 0) {
+    detail = std::string("io_uring_queue_init: ") + std::strerror(-rc) +
+             (rc == -EPERM ? " (kernel.io_uring_disabled?)" : "");
+    return ServerError::kUringUnavailable;
+  }
+  st->ring_ready = true;
+
+  st->buffer_ring_bytes = kBufferCount * sizeof(io_uring_buf);
+  void* mem = ::mmap(nullptr, st->buffer_ring_bytes, PROT_READ | PROT_WRITE,
+                     MAP_ANONYMOUS | MAP_PRIVATE, -1, 0);
+  if (mem == MAP_FAILED) {
+    detail = std::string("mmap buffer ring: ") + std::strerror(errno);
+    return ServerError::kUringUnavailable;
+  }
+  st->buffer_ring = static_cast<io_uring_buf_ring*>(mem);
+  io_uring_buf_ring_init(st->buffer_ring);
+  io_uring_buf_reg reg{};
+  reg.ring_addr = reinterpret_cast<std::uint64_t>(st->buffer_ring);
+  reg.ring_entries = kBufferCount;
+  reg.bgid = kBufferGroup;
+  if (const int rc = io_uring_register_buf_ring(&st->ring, &reg, 0); rc < 0) {
+    detail = std::string("io_uring_register_buf_ring: ") + std::strerror(-rc);
+    return ServerError::kUringUnavailable;
+  }
+  st->buffer_ring_registered = true;
+  st->buffers = std::make_unique<std::uint8_t[]>(std::size_t{kBufferCount} * kBufferSize);
+  for (unsigned id = 0; id < kBufferCount; ++id) {
+    io_uring_buf_ring_add(st->buffer_ring, st->buffer(id), kBufferSize,
+                          static_cast<unsigned short>(id), io_uring_buf_ring_mask(kBufferCount),
+                          static_cast<int>(id));
+  }
+  io_uring_buf_ring_advance(st->buffer_ring, kBufferCount);
+
+  st->recv_template.msg_namelen = sizeof(sockaddr_in6);
+  st->recv_template.msg_controllen = 0;
+  st->send_slots.resize(kSendSlots);
+  st->free_slots.reserve(kSendSlots);
+  for (std::uint32_t i = kSendSlots; i > 0; --i) st->free_slots.push_back(i - 1);
+  out.reset(new UringLoop(std::move(st)));
+  return {};
+}
+
+void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop) {
+  State& st = *state_;
+  std::vector<OutDatagram> out;
+  out.reserve(64);
+  bool need_arm = true;
+  // Relaxed: see run_socket_loop; LeaseServer::stop() joins this thread.
+  while (!stop.load(std::memory_order_relaxed)) {
+    if (need_arm) need_arm = !st.arm_receive();
+    __kernel_timespec timeout{0, kTickMs * 1'000'000LL};
+    io_uring_cqe* first = nullptr;
+    const int rc = io_uring_submit_and_wait_timeout(&st.ring, &first, 1, &timeout, nullptr);
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY) break;
+
+    unsigned head = 0;
+    unsigned seen = 0;
+    io_uring_cqe* cqe = nullptr;
+    io_uring_for_each_cqe(&st.ring, head, cqe) {
+      ++seen;
+      const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
+      if (tag != kRecvTag) {
+        st.free_slots.push_back(static_cast<std::uint32_t>(tag));  // a send finished (or failed: lost datagram)
+        continue;
+      }
+      if ((cqe->flags & IORING_CQE_F_MORE) == 0) need_arm = true;
+      if (cqe->res < 0 || (cqe->flags & IORING_CQE_F_BUFFER) == 0) continue;  // e.g. -ENOBUFS
+      const unsigned id = cqe->flags >> IORING_CQE_BUFFER_SHIFT;
+      std::uint8_t* buf = st.buffer(id);
+      io_uring_recvmsg_out* msg = io_uring_recvmsg_validate(buf, cqe->res, &st.recv_template);
+      if (msg == nullptr || (msg->flags & MSG_TRUNC) != 0 || msg->namelen > sizeof(sockaddr_in6)) {
+        sink.on_oversized();
+      } else {
+        Peer peer;
+        std::memcpy(&peer.addr, io_uring_recvmsg_name(msg), msg->namelen);
+        peer.len = msg->namelen;
+        const auto* payload = static_cast<const std::uint8_t*>(io_uring_recvmsg_payload(msg, &st.recv_template));
+        const unsigned length = io_uring_recvmsg_payload_length(msg, cqe->res, &st.recv_template);
+        sink.on_datagram(worker, {payload, length}, peer, out);
+      }
+      st.recycle(id);
+      if (out.size() >= 32) st.queue_sends(out);
+    }
+    io_uring_cq_advance(&st.ring, seen);
+    sink.on_tick(worker, out);
+    st.queue_sends(out);
+  }
+}
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,474 @@
+// LeaseServer: options, start-up (data dir, sockets, back end), the request
+// path from decoded datagram to shard and back, and STATS.
+//
+// Threading: every I/O thread may serve any key. Each shard is guarded by its
+// own shardlock::Mutex (critical sections: one hash lookup, a timer relink,
+// at most a token-block fsync once per token_block grants), so threads only
+// meet when they touch the same shard at the same moment. The alternative,
+// one thread per shard, would need a cross-thread hand-off for every request
+// whose datagram lands on the "wrong" thread (SO_REUSEPORT spreads clients,
+// not keys) - a queue and a wake-up per request instead of an uncontended
+// lock. Timers of shard s are driven by I/O thread s % io_threads.
+#include "shardlock/lease/server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include "io_loop.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/duration.h"
+#include "shardlock/lease/internal/shard.h"
+#include "shardlock/lease/internal/token_store.h"
+#include "shardlock/mutex.h"
+
+namespace shardlock::lease {
+
+using internal::DeferredReply;
+using internal::OutDatagram;
+using internal::Peer;
+using internal::Shard;
+using internal::ShardTokens;
+using internal::TokenStore;
+
+namespace {
+
+// Key -> shard placement. Fixed forever: changing it would move keys between
+// token counters across an upgrade.
+constexpr std::uint64_t kShardSeed = 0x5348'4c4b'7368'6172ULL;  // "SHLKshar"
+
+// A scoped lock the thread-safety analysis understands (std::lock_guard is
+// not annotated in libstdc++).
+class SHARDLOCK_SCOPED_CAPABILITY ShardLock {
+ public:
+  explicit ShardLock(Mutex& mu) SHARDLOCK_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
+  ~ShardLock() SHARDLOCK_RELEASE() { mu_.unlock(); }
+  ShardLock(const ShardLock&) = delete;
+  ShardLock& operator=(const ShardLock&) = delete;
+
+ private:
+  Mutex& mu_;
+};
+
+// One shard and its lock, padded to its own cache lines so neighbouring
+// shards' locks do not false-share.
+struct alignas(64) ShardSlot {
+  Mutex mu;
+  std::unique_ptr<Shard> shard SHARDLOCK_PT_GUARDED_BY(mu);
+};
+
+std::int64_t to_ms(std::chrono::nanoseconds ns) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(ns).count();
+}
+
+std::string format_peer(const sockaddr_storage& ss) {
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET6) {
+    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a.sin6_port));
+  }
+  const auto& a = reinterpret_cast<const sockaddr_in&>(ss);
+  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+  return std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+// "HOST:PORT" / "[V6]:PORT" -> host, port.
+bool split_host_port(const std::string& address, std::string& host, std::string& port) {
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == address.size()) return false;
+  host = address.substr(0, colon);
+  port = address.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return !host.empty() && port.find_first_not_of("0123456789") == std::string::npos;
+}
+
+}  // namespace
+
+struct LeaseServer::Impl final : internal::DatagramSink {
+  // Scratch space of one I/O thread, reused for every datagram.
+  struct Worker {
+    Datagram request;
+    Datagram reply;
+    std::vector<DeferredReply> deferred;
+    std::vector<std::uint8_t> stats_tokens;
+  };
+
+  explicit Impl(LeaseServerOptions o) : options(std::move(o)) {
+    if (!options.clock) {
+      options.clock = [] { return std::chrono::steady_clock::now().time_since_epoch(); };
+    }
+    if (!options.log) {
+      options.log = [](std::string_view line) {
+        std::fprintf(stderr, "shardlock-lease: %.*s\n", static_cast<int>(line.size()), line.data());
+      };
+    }
+  }
+  ~Impl() override { stop(); }
+
+  std::int64_t now_ms() const { return to_ms(options.clock()); }
+
+  std::error_code fail(std::error_code ec, std::string detail) {
+    error_detail = std::move(detail);
+    close_sockets();
+    store.reset();
+    return ec;
+  }
+
+  std::error_code start();
+  std::error_code open_sockets();
+  void stop();
+  void close_sockets() {
+    uring_loops.clear();
+    for (const int fd : fds) ::close(fd);
+    fds.clear();
+  }
+
+  ShardSlot& slot_for(std::string_view key) {
+    const std::uint64_t h = XXH3_64bits_withSeed(key.data(), key.size(), kShardSeed);
+    return *shards[h % shards.size()];
+  }
+
+  void send_reply(const Datagram& d, std::size_t pad_to, const Peer& peer,
+                  std::vector<OutDatagram>& out) {
+    OutDatagram& o = out.emplace_back();
+    std::size_t written = 0;
+    if (encode(d, o.bytes, written, pad_to) != ProtocolError::kOk) {
+      out.pop_back();  // cannot happen for replies within the request's size
+      return;
+    }
+    o.peer = peer;
+    o.length = static_cast<std::uint16_t>(written);
+  }
+
+  void send_deferred(Worker& w, std::vector<OutDatagram>& out) {
+    for (const DeferredReply& d : w.deferred) {
+      w.reply.count = 0;
+      w.reply.batch = false;
+      w.reply.client_id = d.client;
+      (void)w.reply.push(d.message());
+      w.reply.request_id = d.request_id;
+      send_reply(w.reply, 0, d.peer, out);
+    }
+    w.deferred.clear();
+  }
+
+  void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
+
+  void on_datagram(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
+                   std::vector<OutDatagram>& out) override;
+  void on_oversized() override {
+    // Relaxed: a statistic; STATS readers need no ordering with it.
+    malformed.fetch_add(1, std::memory_order_relaxed);
+  }
+  void on_tick(unsigned worker, std::vector<OutDatagram>& out) override;
+
+  LeaseServerOptions options;
+  std::string error_detail;
+  std::unique_ptr<TokenStore> store;
+  std::vector<std::unique_ptr<ShardSlot>> shards;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::vector<int> fds;
+  std::vector<std::unique_ptr<internal::UringLoop>> uring_loops;
+  std::vector<std::thread> threads;
+  std::atomic<bool> stopping{false};
+  bool started = false;
+  IoBackend backend = IoBackend::kSocket;
+  std::uint16_t port = 0;
+  std::string listen;
+  // Counted outside any shard. Relaxed: statistics only.
+  std::atomic<std::uint64_t> malformed{0};
+  std::atomic<std::uint64_t> version_errors{0};
+};
+
+std::error_code LeaseServer::Impl::start() {
+  if (started) return fail(ServerError::kAlreadyStarted, "start() called twice");
+  started = true;
+  const auto& o = options;
+  const std::chrono::milliseconds lock_delay = o.lock_delay.value_or(o.max_ttl);
+  if (o.shards == 0 || o.shards > 65536) {
+    return fail(ServerError::kBadOptions, "shards must be 1..65536, got " + std::to_string(o.shards));
+  }
+  if (o.max_ttl.count() <= 0 || o.max_ttl.count() > UINT32_MAX) {
+    return fail(ServerError::kBadOptions, "max_ttl must be 1ms..49d, got " + to_string(o.max_ttl));
+  }
+  if (o.max_wait.count() < 0 || o.max_wait.count() > UINT32_MAX) {
+    return fail(ServerError::kBadOptions, "max_wait must be 0..49d");
+  }
+  if (lock_delay.count() < 0) return fail(ServerError::kBadOptions, "lock_delay must be >= 0");
+  if (o.io_threads == 0 || o.io_threads > 256) {
+    return fail(ServerError::kBadOptions, "io_threads must be 1..256");
+  }
+  if (o.token_block == 0) return fail(ServerError::kBadOptions, "token_block must be >= 1");
+
+  // Tokens.
+  std::uint64_t floor = 0;
+  if (!o.data_dir.empty()) {
+    std::string detail;
+    if (const std::error_code ec = TokenStore::open(o.data_dir, store, detail)) {
+      return fail(ec, detail);
+    }
+    floor = store->floor();
+    if (const std::error_code ec = store->initialize(o.shards, floor + o.token_block, detail)) {
+      return fail(ec, detail);
+    }
+    o.log("data dir " + o.data_dir + ": tokens continue above " + std::to_string(floor));
+  } else {
+    o.log("no data dir: tokens restart from 1 and are only monotonic within this run");
+  }
+
+  const std::int64_t now = now_ms();
+  internal::ShardLimits limits;
+  limits.max_ttl_ms = static_cast<std::uint32_t>(o.max_ttl.count());
+  limits.max_wait_ms = static_cast<std::uint32_t>(o.max_wait.count());
+  limits.dedup_capacity = o.dedup_entries_per_shard;
+  limits.recovering_until_ms = now + lock_delay.count();
+  shards.reserve(o.shards);
+  for (std::uint32_t i = 0; i < o.shards; ++i) {
+    auto slot = std::make_unique<ShardSlot>();
+    ShardTokens tokens = store ? ShardTokens(store.get(), i, floor, floor + o.token_block, o.token_block)
+                               : ShardTokens(0);
+    ShardLock lock(slot->mu);
+    slot->shard = std::make_unique<Shard>(i, limits, tokens, now);
+    shards.push_back(std::move(slot));
+  }
+
+  if (const std::error_code ec = open_sockets()) return ec;
+
+  // Back end.
+  backend = o.io == IoBackend::kSocket ? IoBackend::kSocket : IoBackend::kUring;
+  if (backend == IoBackend::kUring) {
+    for (const int fd : fds) {
+      std::unique_ptr<internal::UringLoop> loop;
+      std::string detail;
+      if (const std::error_code ec = internal::UringLoop::create(fd, loop, detail)) {
+        uring_loops.clear();
+        if (o.io == IoBackend::kUring) return fail(ec, "io_uring requested but unavailable: " + detail);
+        o.log("io_uring unavailable (" + detail + "); falling back to recvmmsg/sendmmsg");
+        backend = IoBackend::kSocket;
+        break;
+      }
+      uring_loops.push_back(std::move(loop));
+    }
+  }
+
+  if (lock_delay.count() == 0) {
+    o.log("warning: lock-delay is 0: leases granted before a restart may overlap new ones");
+  }
+  o.log("listening on " + listen + " (udp), " + std::to_string(o.shards) + " shards, " +
+        std::to_string(o.io_threads) + " I/O thread(s), back end " +
+        std::string(backend == IoBackend::kUring ? "io_uring (multishot recvmsg, buffer ring)"
+                                                 : "socket (recvmmsg/sendmmsg)") +
+        ", max ttl " + to_string(o.max_ttl) + ", lock-delay " + to_string(lock_delay));
+
+  for (unsigned t = 0; t < fds.size(); ++t) workers.push_back(std::make_unique<Worker>());
+  for (unsigned t = 0; t < fds.size(); ++t) {
+    if (backend == IoBackend::kUring) {
+      threads.emplace_back([this, t] { uring_loops[t]->run(t, *this, stopping); });
+    } else {
+      threads.emplace_back([this, t] { internal::run_socket_loop(fds[t], t, *this, stopping); });
+    }
+  }
+  return {};
+}
+
+std::error_code LeaseServer::Impl::open_sockets() {
+  std::string host;
+  std::string service;
+  if (!split_host_port(options.bind_address, host, service)) {
+    return fail(ServerError::kBadAddress,
+                "bind address must be HOST:PORT or [V6]:PORT, got \"" + options.bind_address + "\"");
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
+    return fail(ServerError::kBadAddress,
+                "cannot resolve \"" + options.bind_address + "\": " + ::gai_strerror(rc));
+  }
+  sockaddr_storage addr{};
+  std::memcpy(&addr, found->ai_addr, found->ai_addrlen);
+  const socklen_t addr_len = found->ai_addrlen;
+  const int family = found->ai_family;
+  ::freeaddrinfo(found);
+
+  for (unsigned t = 0; t < options.io_threads; ++t) {
+    const int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) {
+      const std::error_code ec(errno, std::generic_category());
+      return fail(ec, "socket: " + ec.message());
+    }
+    fds.push_back(fd);
+    const int one = 1;
+    if (options.io_threads > 1 && ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+      const std::error_code ec(errno, std::generic_category());
+      return fail(ec, "SO_REUSEPORT: " + ec.message());
+    }
+    // Best effort: bigger buffers absorb bursts between loop wake-ups.
+    const int bytes = 4 << 20;
+    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+    if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) {
+      const std::error_code ec(errno, std::generic_category());
+      return fail(ec, "bind " + options.bind_address + ": " + ec.message());
+    }
+    if (t == 0) {
+      // Port 0: every further socket joins the port the kernel picked.
+      socklen_t len = sizeof addr;
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+      listen = format_peer(addr);
+      port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(addr).sin6_port
+                                              : reinterpret_cast<sockaddr_in&>(addr).sin_port);
+    }
+  }
+  return {};
+}
+
+void LeaseServer::Impl::stop() {
+  // Relaxed: the join below is what orders the threads' exit with us.
+  stopping.store(true, std::memory_order_relaxed);
+  for (std::thread& t : threads) t.join();
+  threads.clear();
+  close_sockets();
+}
+
+void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_t slack,
+                                   Message& reply) {
+  reply.type = MessageType::kStatsReply;
+  reply.shard_count = static_cast<std::uint32_t>(shards.size());
+  reply.first_shard = request.first_shard;
+  for (const auto& slot : shards) {
+    ShardLock lock(slot->mu);
+    const auto& c = slot->shard->counters();
+    for (std::size_t i = 0; i < kStatCounterCount; ++i) reply.counters[i] += c[i];
+  }
+  // Relaxed: statistics.
+  reply.counters[static_cast<std::size_t>(StatCounter::kMalformed)] +=
+      malformed.load(std::memory_order_relaxed);
+  reply.counters[static_cast<std::size_t>(StatCounter::kErrors)] +=
+      version_errors.load(std::memory_order_relaxed);
+  w.stats_tokens.clear();
+  for (std::size_t s = request.first_shard; s < shards.size() && w.stats_tokens.size() + 8 <= slack;
+       ++s) {
+    std::uint64_t token = 0;
+    {
+      ShardLock lock(shards[s]->mu);
+      token = shards[s]->shard->last_token();
+    }
+    for (int b = 0; b < 8; ++b) w.stats_tokens.push_back(static_cast<std::uint8_t>(token >> (8 * b)));
+  }
+  reply.shard_tokens_le = w.stats_tokens;
+}
+
+void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
+                                    const Peer& peer, std::vector<OutDatagram>& out) {
+  Worker& w = *workers[worker];
+  const ProtocolError err = decode(bytes, w.request);
+  w.reply.count = 0;
+  w.reply.batch = w.request.batch;
+  w.reply.client_id = w.request.client_id;
+  w.reply.request_id = w.request.request_id;
+
+  if (err == ProtocolError::kUnsupportedVersion) {
+    // Answer in our version so the sender learns why; only if it fits.
+    version_errors.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+    Message m;
+    m.type = MessageType::kError;
+    m.request_id = w.request.request_id;
+    m.error = WireError::kUnsupportedVersion;
+    w.reply.batch = false;
+    (void)w.reply.push(m);
+    if (encoded_size(w.reply) <= bytes.size()) send_reply(w.reply, 0, peer, out);
+    return;
+  }
+  if (err != ProtocolError::kOk) {
+    malformed.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+    return;
+  }
+
+  const std::size_t bound = max_reply_size(w.request);
+  if (bound > bytes.size()) {
+    // Not padded for its replies: answering could amplify. ERROR items are
+    // never larger than their requests, so this answer always fits.
+    for (const Message& m : w.request.items()) {
+      Message e;
+      e.type = MessageType::kError;
+      e.request_id = m.request_id;
+      e.error = WireError::kRequestTooSmall;
+      (void)w.reply.push(e);
+    }
+    send_reply(w.reply, 0, peer, out);
+    return;
+  }
+  std::size_t stats_slack = bytes.size() - bound;
+  const std::int64_t now = now_ms();
+  for (const Message& m : w.request.items()) {
+    Message r;
+    r.request_id = m.request_id;
+    if (m.type == MessageType::kStats) {
+      fill_stats(w, m, stats_slack, r);
+      stats_slack = 0;  // one page per datagram
+    } else if (!is_request(m.type)) {
+      r.type = MessageType::kError;
+      r.error = WireError::kNotARequest;
+    } else {
+      ShardSlot& slot = slot_for(m.key);
+      ShardLock lock(slot.mu);
+      if (!slot.shard->handle(w.request.client_id, peer, m, now, r, w.deferred)) continue;
+    }
+    (void)w.reply.push(r);
+  }
+  if (w.reply.count > 0) send_reply(w.reply, 0, peer, out);
+  send_deferred(w, out);
+}
+
+void LeaseServer::Impl::on_tick(unsigned worker, std::vector<OutDatagram>& out) {
+  Worker& w = *workers[worker];
+  const std::int64_t now = now_ms();
+  for (std::size_t s = worker; s < shards.size(); s += workers.size()) {
+    ShardLock lock(shards[s]->mu);
+    shards[s]->shard->advance(now, w.deferred);
+  }
+  send_deferred(w, out);
+}
+
+LeaseServer::LeaseServer(LeaseServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
+LeaseServer::~LeaseServer() = default;
+
+std::error_code LeaseServer::start() { return impl_->start(); }
+std::uint16_t LeaseServer::port() const noexcept { return impl_->port; }
+std::string LeaseServer::listen_address() const { return impl_->listen; }
+IoBackend LeaseServer::backend() const noexcept { return impl_->backend; }
+const std::string& LeaseServer::error_detail() const noexcept { return impl_->error_detail; }
+void LeaseServer::stop() { impl_->stop(); }
+
+ServerStats LeaseServer::stats() const {
+  ServerStats s;
+  for (const auto& slot : impl_->shards) {
+    ShardLock lock(slot->mu);
+    const auto& c = slot->shard->counters();
+    for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
+    s.shard_tokens.push_back(slot->shard->last_token());
+  }
+  // Relaxed: statistics.
+  s.counters[static_cast<std::size_t>(StatCounter::kMalformed)] +=
+      impl_->malformed.load(std::memory_order_relaxed);
+  s.counters[static_cast<std::size_t>(StatCounter::kErrors)] +=
+      impl_->version_errors.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace shardlock::lease

@@ -1,0 +1,404 @@
+// LeaseServer over loopback, through both I/O back ends.
+#include "shardlock/lease/server.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "udp_test_peer.h"
+
+namespace shardlock::lease {
+namespace {
+
+using std::chrono::milliseconds;
+using testing::UdpTestPeer;
+
+class ServerTest : public ::testing::TestWithParam<IoBackend> {
+ protected:
+  // Starts a server with `o` on the parameter's back end; skips the test if
+  // io_uring is unavailable here.
+  void start(LeaseServerOptions o = {}) {
+    o.io = GetParam();
+    if (!o.lock_delay) o.lock_delay = milliseconds{0};
+    o.log = [](std::string_view) {};
+    server_ = std::make_unique<LeaseServer>(std::move(o));
+    const std::error_code ec = server_->start();
+    if (ec == make_error_code(ServerError::kUringUnavailable)) {
+      GTEST_SKIP() << "io_uring unavailable: " << server_->error_detail();
+    }
+    ASSERT_FALSE(ec) << ec.message() << ": " << server_->error_detail();
+    ASSERT_NE(server_->port(), 0);
+    ASSERT_EQ(server_->backend(), GetParam());
+  }
+
+  std::unique_ptr<LeaseServer> server_;
+};
+
+TEST_P(ServerTest, AcquireRenewReleaseQuery) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer alice(server_->port());
+  UdpTestPeer bob(server_->port());
+
+  const Message g = alice.acquire("orders/1", 5000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  EXPECT_EQ(g.key, "orders/1");
+  EXPECT_EQ(g.ttl_ms, 5000u);
+
+  const Message busy = bob.acquire("orders/1", 5000);
+  ASSERT_EQ(busy.type, MessageType::kBusy);
+  EXPECT_GT(busy.ttl_ms, 0u);
+  EXPECT_LE(busy.ttl_ms, 5000u);
+
+  EXPECT_EQ(bob.renew("orders/1", g.token, 1000).type, MessageType::kNotOwner);
+  const Message r = alice.renew("orders/1", g.token, 9000);
+  EXPECT_EQ(r.type, MessageType::kRenewed);
+  EXPECT_EQ(r.ttl_ms, 9000u);
+
+  const Message q = bob.query("orders/1");
+  ASSERT_EQ(q.type, MessageType::kQueryReply);
+  EXPECT_TRUE(q.held);
+  EXPECT_EQ(q.token, g.token);
+
+  EXPECT_EQ(alice.release("orders/1", g.token).type, MessageType::kReleased);
+  EXPECT_EQ(alice.release("orders/1", g.token + 1).type, MessageType::kExpired);
+  const Message g2 = bob.acquire("orders/1", 5000);
+  ASSERT_EQ(g2.type, MessageType::kGranted);
+  EXPECT_GT(g2.token, g.token);
+  EXPECT_FALSE(bob.query("nobody").held);
+
+  const ServerStats s = server_->stats();
+  EXPECT_EQ(s.counter(StatCounter::kGrants), 2u);
+  EXPECT_EQ(s.counter(StatCounter::kBusy), 1u);
+  EXPECT_EQ(s.counter(StatCounter::kNotOwner), 1u);
+  EXPECT_EQ(s.shard_tokens.size(), 64u);
+}
+
+TEST_P(ServerTest, BatchGetsOneReplyWithEveryRequestId) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  Datagram d;
+  d.request_id = 777;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 20; ++i) keys.push_back("batch/" + std::to_string(i));
+  for (int i = 0; i < 20; ++i) {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.request_id = 1000 + static_cast<std::uint64_t>(i);
+    m.key = keys[static_cast<std::size_t>(i)];
+    m.ttl_ms = 5000;
+    ASSERT_TRUE(d.push(m));
+  }
+  peer.send(d);
+  Datagram reply;
+  std::vector<std::uint8_t> storage;
+  ASSERT_TRUE(peer.receive(reply, storage));
+  EXPECT_TRUE(reply.batch);
+  EXPECT_EQ(reply.request_id, 777u);
+  ASSERT_EQ(reply.count, 20);
+  for (std::size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(reply.messages[i].type, MessageType::kGranted);
+    EXPECT_EQ(reply.messages[i].request_id, 1000 + i);
+    EXPECT_EQ(reply.messages[i].key, keys[i]);
+    EXPECT_GT(reply.messages[i].token, 0u);  // tokens are per shard, not global
+  }
+}
+
+TEST_P(ServerTest, RetransmittedAcquireGetsTheSameGrant) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer alice(server_->port());
+  UdpTestPeer bob(server_->port());
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = "dup";
+  m.ttl_ms = 5000;
+  m.request_id = 42;
+  const Message first = alice.call(m);
+  ASSERT_EQ(first.type, MessageType::kGranted);
+  ASSERT_EQ(alice.release("dup", first.token).type, MessageType::kReleased);
+  ASSERT_EQ(bob.acquire("dup", 5000).type, MessageType::kGranted);
+  const Message again = alice.call(m);  // the "lost reply" retransmission
+  EXPECT_EQ(again.type, MessageType::kGranted);
+  EXPECT_EQ(again.token, first.token);
+  EXPECT_EQ(server_->stats().counter(StatCounter::kGrants), 2u);
+}
+
+TEST_P(ServerTest, WaitersAreGrantedInFifoOrderOrTimeOut) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  UdpTestPeer first(server_->port());
+  UdpTestPeer second(server_->port());
+  UdpTestPeer impatient(server_->port());
+  const Message g = holder.acquire("fifo", 10'000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+
+  auto send_acquire = [](UdpTestPeer& p, std::uint32_t wait) {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = "fifo";
+    m.ttl_ms = 10'000;
+    m.wait_ms = wait;
+    m.request_id = p.next_id();
+    Datagram d;
+    (void)d.push(m);
+    p.allow_replies_up_to(p.send(d).size());
+    return m.request_id;
+  };
+  const auto id1 = send_acquire(first, 10'000);
+  // Order the queue: the first waiter must be queued before the second.
+  while (holder.query("fifo").waiters < 1) std::this_thread::yield();
+  const auto id2 = send_acquire(second, 10'000);
+  while (holder.query("fifo").waiters < 2) std::this_thread::yield();
+  const auto id3 = send_acquire(impatient, 50);
+
+  const Message timeout = impatient.wait_for(id3);
+  EXPECT_EQ(timeout.type, MessageType::kTimeout);
+  EXPECT_EQ(timeout.key, "fifo");
+  EXPECT_TRUE(second.quiet(milliseconds{20}));
+
+  ASSERT_EQ(holder.release("fifo", g.token).type, MessageType::kReleased);
+  const Message g1 = first.wait_for(id1);
+  ASSERT_EQ(g1.type, MessageType::kGranted);
+  EXPECT_GT(g1.token, g.token);
+  EXPECT_TRUE(second.quiet(milliseconds{20}));
+  ASSERT_EQ(first.release("fifo", g1.token).type, MessageType::kReleased);
+  const Message g2 = second.wait_for(id2);
+  ASSERT_EQ(g2.type, MessageType::kGranted);
+  EXPECT_GT(g2.token, g1.token);
+  const ServerStats s = server_->stats();
+  EXPECT_EQ(s.counter(StatCounter::kQueued), 3u);
+  EXPECT_EQ(s.counter(StatCounter::kTimeouts), 1u);
+}
+
+TEST_P(ServerTest, ExpiryFollowsTheInjectedClock) {
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(1'000'000);
+  LeaseServerOptions o;
+  // Relaxed: the test only needs the I/O thread to see the new time eventually.
+  o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  UdpTestPeer alice(server_->port());
+  UdpTestPeer bob(server_->port());
+  const Message g = alice.acquire("clock", 1000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  fake_ms->fetch_add(999, std::memory_order_relaxed);
+  EXPECT_EQ(bob.acquire("clock", 1000).type, MessageType::kBusy);
+  fake_ms->fetch_add(1, std::memory_order_relaxed);
+  const Message g2 = bob.acquire("clock", 1000);
+  ASSERT_EQ(g2.type, MessageType::kGranted);
+  EXPECT_GT(g2.token, g.token);
+  EXPECT_EQ(alice.renew("clock", g.token, 1000).type, MessageType::kExpired);
+  EXPECT_EQ(server_->stats().counter(StatCounter::kExpirations), 1u);
+}
+
+TEST_P(ServerTest, LockDelayAnswersRecovering) {
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(5'000);
+  LeaseServerOptions o;
+  o.lock_delay = milliseconds{3000};
+  o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  const Message r = peer.acquire("k", 1000);
+  ASSERT_EQ(r.type, MessageType::kRecovering);
+  EXPECT_EQ(r.retry_after_ms, 3000u);
+  fake_ms->fetch_add(3000, std::memory_order_relaxed);
+  EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+}
+
+TEST_P(ServerTest, StatsPagesShardTokensWithinTheRequestSize) {
+  LeaseServerOptions o;
+  o.shards = 300;  // more tokens than fit in one datagram
+  start(o);
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_EQ(peer.acquire("s" + std::to_string(i), 5000).type, MessageType::kGranted);
+  }
+  std::vector<std::uint64_t> tokens;
+  std::uint64_t grants = 0;
+  while (tokens.size() < 300) {
+    Message m;
+    m.type = MessageType::kStats;
+    m.request_id = peer.next_id();
+    m.first_shard = static_cast<std::uint32_t>(tokens.size());
+    Datagram d;
+    (void)d.push(m);
+    peer.send(d, true, kMaxDatagramSize);  // pad: room for ~150 tokens
+    const Message reply = peer.wait_for(m.request_id);
+    ASSERT_EQ(reply.type, MessageType::kStatsReply);
+    EXPECT_EQ(reply.shard_count, 300u);
+    ASSERT_GT(reply.shard_token_count(), 0u);
+    for (std::size_t i = 0; i < reply.shard_token_count(); ++i) tokens.push_back(reply.shard_token(i));
+    grants = reply.counter(StatCounter::kGrants);
+  }
+  EXPECT_EQ(grants, 50u);
+  EXPECT_EQ(tokens, server_->stats().shard_tokens);
+
+  // Unpadded STATS: counters only, never a reply larger than the request.
+  Message m;
+  m.type = MessageType::kStats;
+  const Message small = peer.call(m);
+  ASSERT_EQ(small.type, MessageType::kStatsReply);
+  EXPECT_EQ(small.shard_token_count(), 0u);
+}
+
+TEST_P(ServerTest, UnpaddedRequestsGetRequestTooSmall) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = "k";
+  m.ttl_ms = 1000;
+  m.request_id = 9;
+  Datagram d;
+  (void)d.push(m);
+  const auto sent = peer.send(d, /*pad=*/false);
+  Datagram reply;
+  std::vector<std::uint8_t> storage;
+  ASSERT_TRUE(peer.receive(reply, storage));
+  EXPECT_LE(storage.size(), sent.size());
+  ASSERT_EQ(reply.count, 1);
+  EXPECT_EQ(reply.messages[0].type, MessageType::kError);
+  EXPECT_EQ(reply.messages[0].error, WireError::kRequestTooSmall);
+  EXPECT_EQ(reply.messages[0].request_id, 9u);
+}
+
+TEST_P(ServerTest, RandomDatagramsAreDroppedAndServingContinues) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  std::mt19937_64 rng(2024);
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = "fuzzed";
+  m.ttl_ms = 1000;
+  Datagram valid;
+  (void)valid.push(m);
+  std::vector<std::uint8_t> base(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode_request(valid, base, n), ProtocolError::kOk);
+  base.resize(n);
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<std::uint8_t> bytes;
+    if (i % 2 == 0) {
+      bytes.resize(rng() % 1600);
+      for (auto& b : bytes) b = static_cast<std::uint8_t>(rng());
+    } else {
+      bytes = base;
+      bytes[rng() % bytes.size()] = static_cast<std::uint8_t>(rng());
+    }
+    peer.send_raw(bytes);
+  }
+  // Drain whatever the mutations produced answers for.
+  Datagram junk;
+  std::vector<std::uint8_t> storage;
+  peer.allow_replies_up_to(kMaxDatagramSize);
+  peer.check_client_id(false);
+  while (peer.receive(junk, storage, milliseconds{200})) {
+  }
+
+  // An unknown version is answered with ERROR(kUnsupportedVersion).
+  auto old = base;
+  old[4] = 9;
+  peer.send_raw(old);
+  ASSERT_TRUE(peer.receive(junk, storage));
+  ASSERT_EQ(junk.count, 1);
+  EXPECT_EQ(junk.messages[0].error, WireError::kUnsupportedVersion);
+
+  UdpTestPeer fresh(server_->port());
+  const Message g = fresh.acquire("after-the-storm", 1000);
+  EXPECT_EQ(g.type, MessageType::kGranted);
+  EXPECT_GT(server_->stats().counter(StatCounter::kMalformed), 1000u);
+}
+
+TEST_P(ServerTest, ConcurrentClientsNeverShareALease) {
+  LeaseServerOptions o;
+  o.io_threads = 2;
+  o.shards = 8;
+  start(o);
+  if (IsSkipped()) return;
+  constexpr int kClients = 4;
+  constexpr int kRounds = 150;
+  std::mutex mu;
+  std::map<std::string, std::uint64_t> holder_token;  // key -> token while held
+  std::set<std::pair<std::string, std::uint64_t>> all_tokens;  // tokens are per shard
+  std::atomic<int> violations{0};
+  std::vector<std::thread> threads;
+  const std::uint16_t port = server_->port();
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      UdpTestPeer peer(port, static_cast<std::uint64_t>(c) + 1);
+      std::mt19937_64 rng(static_cast<std::uint64_t>(c));
+      for (int i = 0; i < kRounds; ++i) {
+        const std::string key = "hot" + std::to_string(rng() % 3);
+        const Message g = peer.acquire(key, 10'000, 2000);
+        if (g.type != MessageType::kGranted) continue;
+        {
+          std::scoped_lock lock(mu);
+          if (holder_token.contains(key) || !all_tokens.insert({key, g.token}).second) ++violations;
+          holder_token[key] = g.token;
+        }
+        {
+          std::scoped_lock lock(mu);
+          holder_token.erase(key);
+        }
+        EXPECT_EQ(peer.release(key, g.token).type, MessageType::kReleased);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(violations.load(), 0);
+  EXPECT_EQ(all_tokens.size(), server_->stats().counter(StatCounter::kGrants));
+}
+
+TEST(LeaseServerStart, BadOptionsAndAddresses) {
+  auto try_start = [](LeaseServerOptions o) {
+    o.log = [](std::string_view) {};
+    LeaseServer s(std::move(o));
+    return s.start();
+  };
+  LeaseServerOptions o;
+  o.shards = 0;
+  EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadOptions));
+  o = {};
+  o.max_ttl = milliseconds{0};
+  EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadOptions));
+  o = {};
+  o.bind_address = "no-port";
+  EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadAddress));
+  o = {};
+  o.bind_address = "127.0.0.1:http";
+  EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadAddress));
+}
+
+TEST(LeaseServerStart, PortInUseIsAnError) {
+  LeaseServerOptions o;
+  o.log = [](std::string_view) {};
+  o.io = IoBackend::kSocket;
+  LeaseServer first(o);
+  ASSERT_FALSE(first.start());
+  o.bind_address = first.listen_address();
+  LeaseServer second(o);
+  const std::error_code ec = second.start();
+  EXPECT_EQ(ec, std::errc::address_in_use);
+  EXPECT_NE(second.error_detail().find("bind"), std::string::npos);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ServerTest,
+                         ::testing::Values(IoBackend::kSocket, IoBackend::kUring),
+                         [](const auto& param_info) { return std::string(to_string(param_info.param)); });
+
+}  // namespace
+}  // namespace shardlock::lease
