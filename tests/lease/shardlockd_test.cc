@@ -1,0 +1,252 @@
+// shardlockd as a process: flags, the ready line, clean stop, and the crash
+// test - kill -9 a daemon with a data dir, restart it, and every new token
+// exceeds every token issued before, with RECOVERING during lock-delay.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "udp_test_peer.h"
+
+extern char** environ;
+
+namespace shardlock::lease {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using testing::UdpTestPeer;
+
+const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
+
+// A child process with its stdout and stderr captured through pipes.
+class Daemon {
+ public:
+  explicit Daemon(std::vector<std::string> args) {
+    int out[2];
+    int err[2];
+    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
+    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
+    args.insert(args.begin(), kDaemon);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    EXPECT_EQ(posix_spawn(&pid_, kDaemon.c_str(), &actions, nullptr, argv.data(), environ), 0);
+    posix_spawn_file_actions_destroy(&actions);
+    ::close(out[1]);
+    ::close(err[1]);
+    out_ = out[0];
+    err_ = err[0];
+  }
+  ~Daemon() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGKILL);
+      (void)wait();
+    }
+    ::close(out_);
+    ::close(err_);
+  }
+
+  // The first stdout line, or "" if none arrives within `timeout`.
+  std::string read_line(milliseconds timeout = milliseconds{20'000}) {
+    std::string line;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{out_, POLLIN, 0};
+      if (::poll(&p, 1, 100) <= 0) continue;
+      char c = 0;
+      if (::read(out_, &c, 1) != 1) break;
+      if (c == '\n') return line;
+      line += c;
+    }
+    return line;
+  }
+  std::string read_stderr() {
+    std::string all;
+    char buf[4096];
+    for (;;) {
+      pollfd p{err_, POLLIN, 0};
+      if (::poll(&p, 1, 2000) <= 0) break;
+      const ssize_t n = ::read(err_, buf, sizeof buf);
+      if (n <= 0) break;
+      all.append(buf, static_cast<std::size_t>(n));
+    }
+    return all;
+  }
+  void signal(int sig) { ::kill(pid_, sig); }
+  // Waits for exit; returns the exit code, or 128 + signal.
+  int wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int out_ = -1;
+  int err_ = -1;
+};
+
+std::uint16_t ready_port(const std::string& line) {
+  std::smatch m;
+  static const std::regex kReady(
+      R"re(^\{"event":"ready","listen":"127\.0\.0\.1:(\d+)","port":(\d+),.*\}$)re");
+  if (!std::regex_match(line, m, kReady)) return 0;
+  EXPECT_EQ(m[1].str(), m[2].str());
+  return static_cast<std::uint16_t>(std::stoi(m[1].str()));
+}
+
+class ShardlockdTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kDaemon)) FAIL() << kDaemon << " is missing: build the shardlockd target";
+    char tmpl[] = "/tmp/shardlockd-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override { fs::remove_all(root_); }
+  std::string root_;
+};
+
+TEST_F(ShardlockdTest, HelpAndBadFlags) {
+  {
+    Daemon d({"--help"});
+    EXPECT_EQ(d.wait(), 0);
+  }
+  {
+    Daemon d({"--no-such-flag"});
+    EXPECT_EQ(d.wait(), 2);
+    EXPECT_NE(d.read_stderr().find("no-such-flag"), std::string::npos);
+  }
+  {
+    Daemon d({"--max-ttl", "ten seconds"});
+    EXPECT_EQ(d.wait(), 2);
+    EXPECT_NE(d.read_stderr().find("--max-ttl: invalid duration"), std::string::npos);
+  }
+  {
+    Daemon d({"--shards", "0"});
+    EXPECT_EQ(d.wait(), 2);
+  }
+  {
+    Daemon d({"--io", "carrier-pigeon"});
+    EXPECT_EQ(d.wait(), 2);
+  }
+}
+
+TEST_F(ShardlockdTest, ReadyLineThenCleanStopOnSigterm) {
+  for (const char* io : {"socket", "auto"}) {
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", io});
+    const std::string line = d.read_line();
+    const std::uint16_t port = ready_port(line);
+    ASSERT_NE(port, 0) << line;
+    UdpTestPeer peer(port);
+    EXPECT_EQ(peer.acquire("daemon", 1000).type, MessageType::kGranted);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    EXPECT_NE(log.find("lock-delay is 0"), std::string::npos) << log;
+    EXPECT_NE(log.find("stopped"), std::string::npos) << log;
+  }
+}
+
+TEST_F(ShardlockdTest, CorruptDataDirIsAStartUpError) {
+  const std::string dir = root_ + "/data";
+  {
+    Daemon d({"--listen", "127.0.0.1:0", "--data-dir", dir, "--lock-delay", "0", "--shards", "4"});
+    ASSERT_NE(ready_port(d.read_line()), 0);
+    d.signal(SIGINT);
+    EXPECT_EQ(d.wait(), 0);
+  }
+  std::ofstream(dir + "/shard-00002.hwm", std::ios::trunc) << "not a token file";
+  Daemon d({"--listen", "127.0.0.1:0", "--data-dir", dir, "--shards", "4"});
+  EXPECT_EQ(d.wait(), 1);
+  const std::string log = d.read_stderr();
+  EXPECT_NE(log.find("shard-00002.hwm"), std::string::npos) << log;
+  EXPECT_NE(log.find("refusing to start"), std::string::npos) << log;
+}
+
+TEST_F(ShardlockdTest, TokensSurviveKillDashNine) {
+  const std::string dir = root_ + "/data";
+  // A small token block makes the first run cross several durable blocks.
+  const std::vector<std::string> common = {"--listen", "127.0.0.1:0", "--data-dir", dir,
+                                           "--shards", "8", "--token-block", "16",
+                                           "--io", "socket"};
+  std::map<std::string, std::uint64_t> before;  // key -> highest token seen
+  std::uint64_t highest_before = 0;
+  {
+    auto args = common;
+    args.insert(args.end(), {"--lock-delay", "0"});
+    Daemon d(args);
+    const std::uint16_t port = ready_port(d.read_line());
+    ASSERT_NE(port, 0);
+    UdpTestPeer peer(port);
+    for (int round = 0; round < 5; ++round) {
+      for (int k = 0; k < 40; ++k) {
+        const std::string key = "crash/" + std::to_string(k);
+        const Message g = peer.acquire(key, 60'000);
+        ASSERT_EQ(g.type, MessageType::kGranted);
+        before[key] = std::max(before[key], g.token);
+        highest_before = std::max(highest_before, g.token);
+        if (round < 4) {
+          ASSERT_EQ(peer.release(key, g.token).type, MessageType::kReleased);
+        }
+      }
+    }
+    d.signal(SIGKILL);  // no chance to write anything more
+    EXPECT_EQ(d.wait(), 128 + SIGKILL);
+  }
+
+  auto args = common;
+  args.insert(args.end(), {"--lock-delay", "700ms"});
+  Daemon d(args);
+  const std::uint16_t port = ready_port(d.read_line());
+  ASSERT_NE(port, 0);
+  UdpTestPeer peer(port);
+  // The old leases (still held when the first run died) are unknown to the
+  // new run, so it must refuse to grant anything during the lock-delay.
+  const Message recovering = peer.acquire("crash/0", 60'000);
+  ASSERT_EQ(recovering.type, MessageType::kRecovering);
+  EXPECT_GT(recovering.retry_after_ms, 0u);
+  EXPECT_LE(recovering.retry_after_ms, 700u);
+  std::this_thread::sleep_for(milliseconds{recovering.retry_after_ms + 20});
+
+  for (const auto& [key, old_token] : before) {
+    const Message g = peer.acquire(key, 60'000);
+    ASSERT_EQ(g.type, MessageType::kGranted) << key;
+    EXPECT_GT(g.token, old_token) << key;
+    EXPECT_GT(g.token, highest_before) << key;  // stronger: above every shard's old tokens
+  }
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.wait(), 0);
+}
+
+TEST_F(ShardlockdTest, SecondDaemonOnTheSameDataDirIsRefused) {
+  const std::string dir = root_ + "/data";
+  Daemon first({"--listen", "127.0.0.1:0", "--data-dir", dir, "--lock-delay", "0"});
+  ASSERT_NE(ready_port(first.read_line()), 0);
+  Daemon second({"--listen", "127.0.0.1:0", "--data-dir", dir, "--lock-delay", "0"});
+  EXPECT_EQ(second.wait(), 1);
+  EXPECT_NE(second.read_stderr().find("in use by another server"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardlock::lease

@@ -1,0 +1,158 @@
+// shardlockd: the lease server daemon, a thin main() around LeaseServer.
+//
+// Prints one JSON line to stdout once the socket is bound:
+//   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...}
+// logs to stderr, and stops cleanly on SIGTERM or SIGINT.
+// Exit codes: 0 clean stop or --help, 1 start-up failure, 2 bad flags.
+#include <signal.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+
+#include "shardlock/lease/duration.h"
+#include "shardlock/lease/server.h"
+
+namespace {
+
+using shardlock::lease::IoBackend;
+using shardlock::lease::LeaseServer;
+using shardlock::lease::LeaseServerOptions;
+
+constexpr int kExitStartFailed = 1;
+constexpr int kExitUsage = 2;
+
+// Minimal JSON string escaping for paths and addresses.
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+int usage_error(const std::string& message) {
+  std::cerr << "shardlockd: " << message << "\nRun with --help for usage.\n";
+  return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "shardlockd: UDP lease server with fencing tokens that survive kill -9.\n"
+      "Durations are written like 500ms, 30s, 2m, 1m30s."};
+  app.set_version_flag("--version", "shardlockd 0.1.0");
+  LeaseServerOptions options;
+  options.bind_address = "127.0.0.1:7420";
+  std::string max_ttl = "60s";
+  std::string max_wait = "5m";
+  std::optional<std::string> lock_delay;
+  std::string io = "auto";
+  app.add_option("--listen", options.bind_address,
+                 "HOST:PORT to bind (IPv4, or [IPv6]:PORT); port 0 picks a free port")
+      ->capture_default_str();
+  app.add_option("--shards", options.shards, "number of shards (1..65536)")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 65536u));
+  app.add_option("--data-dir", options.data_dir,
+                 "directory for the durable token high-water marks; without it tokens restart "
+                 "from 1 after a restart");
+  app.add_option("--max-ttl", max_ttl, "largest TTL a client may ask for")->capture_default_str();
+  app.add_option("--max-wait", max_wait, "largest wait a client may ask for")->capture_default_str();
+  app.add_option("--lock-delay", lock_delay,
+                 "refuse ACQUIRE (RECOVERING) this long after start-up; default: --max-ttl. "
+                 "0 is for tests only");
+  app.add_option("--io", io, "I/O back end: uring, socket or auto")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "uring", "socket"}));
+  app.add_option("--io-threads", options.io_threads, "I/O threads, each with its own socket")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 256u));
+  app.add_option("--token-block", options.token_block,
+                 "tokens reserved per durable write (advanced)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return usage_error(e.what());
+  }
+
+  const auto ttl = shardlock::lease::parse_duration(max_ttl);
+  if (!ttl || ttl->count() == 0) {
+    return usage_error("--max-ttl: invalid duration \"" + max_ttl + "\" (use e.g. 500ms, 30s, 2m)");
+  }
+  options.max_ttl = *ttl;
+  const auto wait = shardlock::lease::parse_duration(max_wait);
+  if (!wait) {
+    return usage_error("--max-wait: invalid duration \"" + max_wait + "\" (use e.g. 500ms, 30s, 2m)");
+  }
+  options.max_wait = *wait;
+  if (lock_delay) {
+    const auto delay = shardlock::lease::parse_duration(*lock_delay);
+    if (!delay) {
+      return usage_error("--lock-delay: invalid duration \"" + *lock_delay +
+                         "\" (use e.g. 0, 500ms, 30s, 2m)");
+    }
+    options.lock_delay = *delay;
+  }
+  options.io = *shardlock::lease::parse_io_backend(io);
+  options.log = [](std::string_view line) {
+    std::fprintf(stderr, "shardlockd: %.*s\n", static_cast<int>(line.size()), line.data());
+  };
+
+  // Block the stop signals before any thread exists, so every server thread
+  // inherits the mask and sigwait() below is the only receiver.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  LeaseServer server(options);
+  if (const std::error_code ec = server.start()) {
+    std::cerr << "shardlockd: cannot start: " << server.error_detail() << " (" << ec.message()
+              << ")\n";
+    return kExitStartFailed;
+  }
+  const auto effective_delay = options.lock_delay.value_or(options.max_ttl);
+#ifdef SHARDLOCK_WITH_JEMALLOC
+  const char* allocator = "jemalloc";
+#else
+  const char* allocator = "system";
+#endif
+  std::printf(
+      "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
+      "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
+      "\"allocator\":\"%s\",\"pid\":%d}\n",
+      json_string(server.listen_address()).c_str(), server.port(), options.shards,
+      std::string(to_string(server.backend())).c_str(), options.io_threads,
+      options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
+      static_cast<long long>(options.max_ttl.count()),
+      static_cast<long long>(effective_delay.count()), allocator, static_cast<int>(::getpid()));
+  std::fflush(stdout);
+
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  options.log(std::string("received ") + (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") +
+              ", stopping");
+  server.stop();
+  options.log("stopped");
+  return 0;
+}
