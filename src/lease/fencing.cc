@@ -1,12 +1,6 @@
 #include "shardlock/lease/fencing.h"
 
-#include <xxhash.h>
-
 namespace shardlock::lease {
-
-std::size_t FencingValidator::KeyHash::operator()(std::string_view s) const noexcept {
-  return static_cast<std::size_t>(XXH3_64bits(s.data(), s.size()));
-}
 
 FencingValidator::FencingValidator(std::size_t stripes)
     : table_(stripes), stripes_(std::make_unique<StripeTokens[]>(table_.stripe_count())) {}

@@ -1,8 +1,6 @@
 // The per-shard lease state machine. See internal/shard.h.
 #include "shardlock/lease/internal/shard.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <iterator>
 
@@ -17,12 +15,6 @@ Message DeferredReply::message() const noexcept {
   m.ttl_ms = ttl_ms;
   m.error = error;
   return m;
-}
-
-std::size_t Shard::KeyHash::operator()(std::string_view s) const noexcept {
-  // A different seed from the key -> shard hash, so keys that share a shard
-  // still spread over the table's buckets.
-  return static_cast<std::size_t>(XXH3_64bits_withSeed(s.data(), s.size(), 0x5eed0f5a11ULL));
 }
 
 Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms)

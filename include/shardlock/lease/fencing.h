@@ -35,6 +35,7 @@
 #include <string_view>
 #include <unordered_map>
 
+#include "shardlock/lease/internal/string_key.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/mutex.h"
 
@@ -61,18 +62,12 @@ class FencingValidator {
   void forget(std::string_view key);
 
  private:
-  struct KeyHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept;
-  };
-  struct KeyEqual {
-    using is_transparent = void;
-    bool operator()(std::string_view a, std::string_view b) const noexcept { return a == b; }
-  };
   // Guarded by the LockTable stripe of the same index (the analysis cannot
   // express a lock chosen by hash at run time).
   struct alignas(64) StripeTokens {
-    std::unordered_map<std::string, std::uint64_t, KeyHash, KeyEqual> highest;
+    std::unordered_map<std::string, std::uint64_t, internal::StringKeyHash,
+                       internal::StringKeyEqual>
+        highest;
   };
 
   mutable LockTable<Mutex> table_;

@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shardlock/lease/internal/string_key.h"
 #include "shardlock/lease/internal/timer_wheel.h"
 #include "shardlock/lease/internal/token_store.h"
 #include "shardlock/lease/protocol.h"
@@ -136,14 +137,6 @@ class Shard {
     std::uint64_t token = 0;
     std::uint32_t ttl_ms = 0;
   };
-  struct KeyHash {
-    using is_transparent = void;
-    std::size_t operator()(std::string_view s) const noexcept;
-  };
-  struct KeyEqual {
-    using is_transparent = void;
-    bool operator()(std::string_view a, std::string_view b) const noexcept { return a == b; }
-  };
   enum class OwnerCheck { kOk, kExpired, kNotOwner };
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
@@ -164,7 +157,7 @@ class Shard {
   ShardLimits limits_;
   ShardTokens tokens_;
   TimerWheel wheel_;
-  std::unordered_map<std::string, KeyState, KeyHash, KeyEqual> keys_;
+  std::unordered_map<std::string, KeyState, StringKeyHash, StringKeyEqual> keys_;
   std::unordered_map<DedupKey, Answer, DedupHash> dedup_;
   std::vector<DedupKey> dedup_order_;  // FIFO eviction ring
   std::size_t dedup_next_ = 0;
