@@ -1,0 +1,349 @@
+// client.h: LeaseClient and Lease, the client side of the shardlock lease
+// service (the server is server.h; the wire format protocol.h).
+//
+// Use it to take distributed leases with fencing tokens:
+//
+//   shardlock::lease::LeaseClientOptions options;
+//   options.nodes = {"127.0.0.1:7420"};
+//   shardlock::lease::LeaseClient client(options);
+//   if (std::error_code ec = client.start()) { /* client.error_detail() */ }
+//
+//   shardlock::lease::LeaseOptions watch;
+//   watch.watchdog = true;                              // renew at ttl / 3
+//   watch.on_lost = [](const shardlock::lease::LeaseLost& lost) { stop_writing(); };
+//   auto result = client.acquire("orders/42", 10s, 2s, watch);
+//   if (!result) { /* result.error: busy, timeout, unreachable, recovering */ }
+//   write_with_fence(result.lease.token());             // pass the token on
+//   result.lease.release();                             // or let it go out of scope
+//
+// Design (details and measured numbers in docs/client.md)
+//   * One UDP socket and one random 128-bit client id per LeaseClient. The id
+//     is the owner of every lease the client takes: two LeaseClients exclude
+//     each other, two threads of one LeaseClient do not (the server answers a
+//     repeated ACQUIRE by the holder with the same grant). Use a LeaseClient
+//     per independent owner, or the LockTable inside one process.
+//   * Threads: one I/O thread receives every reply (recvmmsg), matches it to
+//     its outstanding call by request id and drives retransmissions from a
+//     timer heap. Callers send their first transmission themselves and sleep
+//     until the I/O thread completes their call, so any number of threads can
+//     have any number of calls outstanding. A watchdog thread, started with
+//     the first Lease that needs it, renews leases and runs lease-lost
+//     callbacks, never on the I/O thread.
+//   * Retransmission: a call that gets no answer is sent again with the SAME
+//     request id (so the server's dedup cache answers it idempotently and a
+//     lost GRANTED can never become a second grant), after an exponentially
+//     growing interval with +-25% jitter, until the call's deadline. Every
+//     call returns by its deadline: request_timeout, plus the wait of an
+//     ACQUIRE that waits.
+//   * Expiry as the client sees it: the send time of the first transmission of
+//     the granting (or renewing) request plus the TTL granted. The server
+//     started its clock later than that, so the client's view errs early.
+//   * Routing: a key goes to its owner node through the Router (router.h),
+//     over the configured nodes; with one node every key goes to it.
+//   * The datagram path goes through DatagramTransport, so tests can inject
+//     loss, duplication and reordering in front of the real socket.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <array>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "shardlock/lease/protocol.h"
+
+namespace shardlock::lease {
+
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+// Why a client call did not succeed. Also a std::error_code category.
+enum class LeaseErrc : std::uint8_t {
+  kOk = 0,
+  kBusy,          // held by another owner (BUSY, ACQUIRE with no wait)
+  kTimeout,       // the wait ran out before the lease was handed over (TIMEOUT)
+  kUnreachable,   // no answer before the call's deadline
+  kRecovering,    // the server is in its lock-delay after a start (RECOVERING)
+  kNotOwner,      // RENEW/RELEASE by someone who does not hold the lease
+  kExpired,       // RENEW/RELEASE of a lease the server no longer has
+  kServerError,   // the server answered ERROR (see the result's wire_error)
+  kBadArgument,   // refused before sending: key length, TTL of 0, ...
+  kNotStarted,    // start() has not succeeded, or the client is shutting down
+  kBadAddress,    // a node address does not parse or resolve
+  kLeaseInactive, // the Lease is empty, released or already lost
+};
+[[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
+[[nodiscard]] const std::error_category& lease_category() noexcept;
+[[nodiscard]] inline std::error_code make_error_code(LeaseErrc e) noexcept {
+  return {static_cast<int>(e), lease_category()};
+}
+
+// ---------------------------------------------------------------------------
+// The datagram seam
+// ---------------------------------------------------------------------------
+
+// A UDP peer address, resolved once.
+struct Endpoint {
+  sockaddr_storage address{};
+  socklen_t length = 0;
+  std::string text;  // "HOST:PORT" as configured
+};
+// Resolves "HOST:PORT" or "[IPv6]:PORT" (numeric or a host name). Returns
+// kBadAddress for anything else.
+[[nodiscard]] std::error_code parse_endpoint(std::string_view text, Endpoint& out);
+
+// The I/O path of a LeaseClient: every datagram it sends or receives passes
+// through one of these. The default is a plain UDP socket
+// (make_udp_transport); tests wrap it to lose, duplicate or reorder
+// datagrams without touching the product code around it.
+class DatagramTransport {
+ public:
+  virtual ~DatagramTransport() = default;
+  // Sends one datagram. Called from any thread, concurrently. A failure is
+  // returned for counting only; the caller treats it as a lost datagram.
+  virtual std::error_code send(const Endpoint& to, std::span<const std::uint8_t> bytes) = 0;
+  // Hands every datagram that is ready now to `deliver`, without blocking;
+  // returns how many were read. Called only from the client's I/O thread.
+  virtual std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) = 0;
+  // A descriptor that polls readable when receive() has work. May also
+  // return -1 with a non-zero poll_interval().
+  [[nodiscard]] virtual int fd() const noexcept = 0;
+  // How often the I/O thread must call receive() even when fd() is quiet, for
+  // transports that hold datagrams back (reordering); zero means never.
+  [[nodiscard]] virtual std::chrono::milliseconds poll_interval() const noexcept { return {}; }
+};
+
+// A non-blocking UDP socket of `family` (AF_INET or AF_INET6), bound to an
+// ephemeral port. Receives up to 32 datagrams per recvmmsg.
+[[nodiscard]] std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport>& out);
+
+// ---------------------------------------------------------------------------
+// Options and results
+// ---------------------------------------------------------------------------
+
+struct LeaseClientOptions {
+  // "HOST:PORT" of every node. Keys are routed to their owner with the
+  // Router; one node is the usual case. All nodes share one address family.
+  std::vector<std::string> nodes;
+  // The owner identity; random (getrandom) when empty. Set it only to act for
+  // an owner that already exists (shardlockctl renew/release --owner).
+  std::optional<ClientId> client_id;
+  // How long a call without a wait retransmits before it gives up as
+  // kUnreachable. An ACQUIRE that waits gets its wait on top.
+  std::chrono::milliseconds request_timeout{2000};
+  // First retransmission interval; doubled on each retry up to the maximum,
+  // each interval jittered by +-25%.
+  std::chrono::milliseconds initial_retransmit{20};
+  std::chrono::milliseconds max_retransmit{400};
+  // Calls issued from the I/O thread (inside async completions) are sent
+  // when the completions of one receive round are done, packed up to this
+  // many per datagram (1 = never batch).
+  std::size_t max_batch = kMaxBatch;
+  // Wraps the default UDP transport (tests: fault injection). Null: none.
+  std::function<std::unique_ptr<DatagramTransport>(std::unique_ptr<DatagramTransport>)> wrap_transport;
+};
+
+// The answer to one call, as the async interface delivers it and the sync
+// helpers below read it.
+struct CallResult {
+  std::error_code error;              // empty when the server said yes
+  MessageType reply = MessageType::kError;  // the reply type (when one came)
+  std::uint64_t token = 0;            // GRANTED, QUERY_REPLY
+  std::uint32_t ttl_ms = 0;           // GRANTED/RENEWED ttl; BUSY/QUERY ttl left
+  std::uint32_t retry_after_ms = 0;   // RECOVERING
+  WireError wire_error = WireError::kInternal;  // ERROR
+  bool held = false;                  // QUERY_REPLY
+  std::uint32_t waiters = 0;          // QUERY_REPLY
+  // When the call's first transmission left; a grant's expiry counts from it.
+  std::chrono::steady_clock::time_point first_sent;
+  unsigned transmissions = 0;         // 1 + retransmissions
+  // STATS_REPLY: one page of the server's counters and shard tokens.
+  std::uint32_t shard_count = 0;
+  std::uint32_t first_shard = 0;
+  std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::vector<std::uint64_t> shard_tokens;
+};
+
+// What a lease-lost callback learns.
+struct LeaseLost {
+  std::string key;
+  std::uint64_t token = 0;
+  // kExpired: the client-side expiry passed with no confirmed renewal (the
+  //   server did not answer in time, or the watchdog was off);
+  // kNotOwner / kExpired from the server: the renewal was refused;
+  // kServerError: the renewal was answered with ERROR.
+  std::error_code reason;
+  bool refused_by_server = false;
+};
+
+// How a Lease looks after itself. The defaults: no watchdog, no callback.
+struct LeaseOptions {
+  // Renew automatically at renew_fraction x TTL after each confirmed grant
+  // or renewal, retrying until the client-side expiry.
+  bool watchdog = false;
+  double renew_fraction = 1.0 / 3.0;  // in (0, 1)
+  // Called exactly once if the lease is lost: a renewal is refused or fails,
+  // or the client-side expiry passes with no renewal. Never called after
+  // release() or destruction of the Lease began. Runs on the client's
+  // watchdog thread; it may call the client, and should not block for long.
+  std::function<void(const LeaseLost&)> on_lost;
+};
+
+struct ServerStatsReply {
+  std::error_code error;
+  std::uint32_t shard_count = 0;
+  std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::vector<std::uint64_t> shard_tokens;
+};
+
+class LeaseClient;
+namespace internal {
+struct ClientCore;
+struct LeaseState;
+}  // namespace internal
+
+// ---------------------------------------------------------------------------
+// Lease
+// ---------------------------------------------------------------------------
+
+// A held lease: key, fencing token and the expiry the client can prove.
+// Move-only; empty after a move or default construction. Destroying a held
+// Lease releases it, best effort (one RELEASE with retransmissions, not
+// waited for). Its methods may be called from any thread, but a Lease is one
+// object: do not call them concurrently with its destruction or a move.
+class Lease {
+ public:
+  Lease() noexcept;
+  Lease(Lease&&) noexcept;
+  Lease& operator=(Lease&&) noexcept;
+  Lease(const Lease&) = delete;
+  Lease& operator=(const Lease&) = delete;
+  ~Lease();
+
+  // True while held: not released, not lost, and the client-side expiry is
+  // in the future. Never blocks.
+  [[nodiscard]] bool valid() const noexcept;
+  // False for an empty Lease.
+  [[nodiscard]] bool empty() const noexcept { return state_ == nullptr; }
+
+  [[nodiscard]] const std::string& key() const noexcept;
+  [[nodiscard]] std::uint64_t token() const noexcept;
+  [[nodiscard]] ClientId owner() const noexcept;
+  // The client-side expiry (steady clock); moves forward on each renewal.
+  [[nodiscard]] std::chrono::steady_clock::time_point expiry() const noexcept;
+  // The TTL the last grant or renewal confirmed.
+  [[nodiscard]] std::chrono::milliseconds ttl() const noexcept;
+
+  // RENEW for `ttl` (0: the current TTL). Blocks until answered or
+  // request_timeout passes. On kNotOwner/kExpired the lease is lost (and the
+  // lost callback fires). Returns kLeaseInactive when not held.
+  std::error_code renew(std::chrono::milliseconds ttl = std::chrono::milliseconds{0});
+  // RELEASE. Blocks like renew(). Afterwards the Lease is inactive whatever
+  // the answer; the lost callback will not fire.
+  std::error_code release();
+  // Lets go of the handle without releasing the lease: it stays held on the
+  // server until its TTL runs out (or someone releases it by key, token and
+  // owner, as shardlockctl does). Stops the watchdog; the lost callback will
+  // not fire. The Lease is empty afterwards.
+  void detach() noexcept;
+
+ private:
+  friend class LeaseClient;
+  explicit Lease(std::shared_ptr<internal::LeaseState> state) noexcept;
+  void release_in_background() noexcept;
+  std::shared_ptr<internal::LeaseState> state_;
+};
+
+// The outcome of acquire(): a Lease, or why not.
+struct AcquireResult {
+  std::error_code error;  // empty exactly when `lease` holds the grant
+  Lease lease;
+  std::uint32_t holder_ttl_left_ms = 0;  // kBusy: the holder's ttl left
+  std::uint32_t retry_after_ms = 0;      // kRecovering
+  WireError wire_error = WireError::kInternal;  // kServerError
+  explicit operator bool() const noexcept { return !error; }
+};
+
+// ---------------------------------------------------------------------------
+// LeaseClient
+// ---------------------------------------------------------------------------
+
+class LeaseClient {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Completion = std::function<void(const CallResult&)>;
+
+  explicit LeaseClient(LeaseClientOptions options);
+  // Stops the threads; outstanding calls complete with kNotStarted; Leases
+  // still alive become inert (their release is not sent).
+  ~LeaseClient();
+  LeaseClient(const LeaseClient&) = delete;
+  LeaseClient& operator=(const LeaseClient&) = delete;
+
+  // Resolves the nodes, opens the socket and starts the I/O thread. Call
+  // once; on error error_detail() says which node or syscall failed.
+  [[nodiscard]] std::error_code start();
+  [[nodiscard]] const std::string& error_detail() const noexcept;
+
+  [[nodiscard]] ClientId client_id() const noexcept;
+  // The node index (into options.nodes) that owns `key`.
+  [[nodiscard]] std::size_t node_for(std::string_view key) const noexcept;
+
+  // ---- blocking calls (any thread, concurrently) -------------------------
+
+  // ACQUIRE `key` for `ttl`, waiting up to `wait` for a holder to let go (0:
+  // answer BUSY at once). Blocks at most wait + request_timeout.
+  [[nodiscard]] AcquireResult acquire(std::string_view key, std::chrono::milliseconds ttl,
+                                      std::chrono::milliseconds wait,
+                                      LeaseOptions lease_options = {});
+  [[nodiscard]] AcquireResult try_acquire(std::string_view key, std::chrono::milliseconds ttl,
+                                          LeaseOptions lease_options = {}) {
+    return acquire(key, ttl, std::chrono::milliseconds{0}, std::move(lease_options));
+  }
+  // Raw RENEW/RELEASE by key and token, for an owner that holds no Lease
+  // object (shardlockctl). The caller's client id must be the owner's.
+  [[nodiscard]] CallResult renew(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl);
+  [[nodiscard]] CallResult release(std::string_view key, std::uint64_t token);
+  [[nodiscard]] CallResult query(std::string_view key);
+  // STATS of node `node`, every shard's token (paged as needed).
+  [[nodiscard]] ServerStatsReply stats(std::size_t node = 0);
+
+  // ---- asynchronous calls -------------------------------------------------
+  // `done` runs exactly once, on the I/O thread, by the call's deadline; it
+  // must not block (no blocking client calls inside it). Calls made from
+  // inside a completion are sent together when the receive round ends,
+  // batched per node (max_batch). Nothing is returned: errors arrive in done.
+  void acquire_async(std::string_view key, std::chrono::milliseconds ttl, std::chrono::milliseconds wait,
+                     Completion done);
+  void renew_async(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl, Completion done);
+  void release_async(std::string_view key, std::uint64_t token, Completion done);
+  // Runs `fn` on the I/O thread soon (for starting completion chains there).
+  void post(std::function<void()> fn);
+
+  // Datagrams sent and retransmissions made so far (relaxed counters).
+  [[nodiscard]] std::uint64_t datagrams_sent() const noexcept;
+  [[nodiscard]] std::uint64_t retransmissions() const noexcept;
+
+ private:
+  std::shared_ptr<internal::ClientCore> core_;
+};
+
+// 32 lowercase hex digits, hi then lo.
+[[nodiscard]] std::string to_hex(const ClientId& id);
+// Parses 32 hex digits (either case); nullopt otherwise.
+[[nodiscard]] std::optional<ClientId> parse_client_id(std::string_view hex) noexcept;
+
+}  // namespace shardlock::lease
+
+template <>
+struct std::is_error_code_enum<shardlock::lease::LeaseErrc> : std::true_type {};

@@ -1,0 +1,196 @@
+// The default DatagramTransport (a non-blocking UDP socket), endpoint
+// parsing, the client error category and client id formatting.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "shardlock/lease/client.h"
+
+namespace shardlock::lease {
+
+namespace {
+
+class LeaseCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "shardlock.lease.client"; }
+  std::string message(int value) const override {
+    return std::string(to_string(static_cast<LeaseErrc>(value)));
+  }
+};
+
+class UdpTransport final : public DatagramTransport {
+ public:
+  explicit UdpTransport(int fd) noexcept : fd_(fd) {}
+  ~UdpTransport() override { ::close(fd_); }
+  UdpTransport(const UdpTransport&) = delete;
+  UdpTransport& operator=(const UdpTransport&) = delete;
+
+  std::error_code send(const Endpoint& to, std::span<const std::uint8_t> bytes) override {
+    const ssize_t n = ::sendto(fd_, bytes.data(), bytes.size(), MSG_DONTWAIT,
+                               reinterpret_cast<const sockaddr*>(&to.address), to.length);
+    if (n < 0) return {errno, std::system_category()};
+    return {};
+  }
+
+  std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
+    std::size_t total = 0;
+    // Bounded: at most kRounds x kBatch datagrams per call, so a flood cannot
+    // keep the I/O thread from its timers.
+    for (int round = 0; round < kRounds; ++round) {
+      std::array<mmsghdr, kBatch> headers{};
+      std::array<iovec, kBatch> iovs{};
+      for (std::size_t i = 0; i < kBatch; ++i) {
+        iovs[i] = {buffers_[i].data(), buffers_[i].size()};
+        headers[i].msg_hdr.msg_iov = &iovs[i];
+        headers[i].msg_hdr.msg_iovlen = 1;
+      }
+      const int n = ::recvmmsg(fd_, headers.data(), kBatch, MSG_DONTWAIT, nullptr);
+      if (n <= 0) break;
+      for (int i = 0; i < n; ++i) {
+        const auto& h = headers[static_cast<std::size_t>(i)];
+        // A datagram larger than the buffer is truncated; the codec rejects it.
+        if (h.msg_hdr.msg_flags & MSG_TRUNC) continue;
+        deliver({buffers_[static_cast<std::size_t>(i)].data(), h.msg_len});
+      }
+      total += static_cast<std::size_t>(n);
+      if (static_cast<std::size_t>(n) < kBatch) break;
+    }
+    return total;
+  }
+
+  int fd() const noexcept override { return fd_; }
+
+ private:
+  static constexpr std::size_t kBatch = 32;
+  static constexpr int kRounds = 8;
+  int fd_;
+  // Larger than kMaxDatagramSize so an oversized datagram shows as MSG_TRUNC.
+  std::array<std::array<std::uint8_t, 2048>, kBatch> buffers_{};
+};
+
+int hex_value(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+}  // namespace
+
+std::string_view to_string(LeaseErrc e) noexcept {
+  switch (e) {
+    case LeaseErrc::kOk: return "ok";
+    case LeaseErrc::kBusy: return "busy";
+    case LeaseErrc::kTimeout: return "timeout";
+    case LeaseErrc::kUnreachable: return "unreachable";
+    case LeaseErrc::kRecovering: return "recovering";
+    case LeaseErrc::kNotOwner: return "not owner";
+    case LeaseErrc::kExpired: return "expired";
+    case LeaseErrc::kServerError: return "server error";
+    case LeaseErrc::kBadArgument: return "bad argument";
+    case LeaseErrc::kNotStarted: return "client not started";
+    case LeaseErrc::kBadAddress: return "bad address";
+    case LeaseErrc::kLeaseInactive: return "lease not held";
+  }
+  return "unknown";
+}
+
+const std::error_category& lease_category() noexcept {
+  static const LeaseCategory category;
+  return category;
+}
+
+std::error_code parse_endpoint(std::string_view text, Endpoint& out) {
+  std::string host;
+  std::string port;
+  if (!text.empty() && text.front() == '[') {
+    const auto close = text.find(']');
+    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+      return LeaseErrc::kBadAddress;
+    }
+    host = std::string(text.substr(1, close - 1));
+    port = std::string(text.substr(close + 2));
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos || colon == 0) return LeaseErrc::kBadAddress;
+    host = std::string(text.substr(0, colon));
+    port = std::string(text.substr(colon + 1));
+  }
+  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+      std::stoul(port) == 0 || std::stoul(port) > 65535) {
+    return LeaseErrc::kBadAddress;
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_DGRAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  addrinfo* result = nullptr;
+  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &result) != 0 || result == nullptr) {
+    return LeaseErrc::kBadAddress;
+  }
+  std::memcpy(&out.address, result->ai_addr, result->ai_addrlen);
+  out.length = static_cast<socklen_t>(result->ai_addrlen);
+  out.text = std::string(text);
+  ::freeaddrinfo(result);
+  return {};
+}
+
+std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport>& out) {
+  const int fd = ::socket(family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return {errno, std::system_category()};
+  // Room for a burst of replies while the I/O thread is busy with completions.
+  const int buffer = 4 << 20;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+  sockaddr_storage any{};
+  socklen_t length = 0;
+  if (family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&any);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_any;
+    length = sizeof(sockaddr_in6);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&any);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_ANY);
+    length = sizeof(sockaddr_in);
+  }
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&any), length) != 0) {
+    const int saved = errno;
+    ::close(fd);
+    return {saved, std::system_category()};
+  }
+  out = std::make_unique<UdpTransport>(fd);
+  return {};
+}
+
+std::string to_hex(const ClientId& id) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string text(32, '0');
+  for (int i = 0; i < 16; ++i) {
+    text[static_cast<std::size_t>(15 - i)] = kDigits[(id.hi >> (4 * i)) & 0xF];
+    text[static_cast<std::size_t>(31 - i)] = kDigits[(id.lo >> (4 * i)) & 0xF];
+  }
+  return text;
+}
+
+std::optional<ClientId> parse_client_id(std::string_view hex) noexcept {
+  if (hex.size() != 32) return std::nullopt;
+  ClientId id;
+  for (std::size_t i = 0; i < 32; ++i) {
+    const int v = hex_value(hex[i]);
+    if (v < 0) return std::nullopt;
+    std::uint64_t& half = i < 16 ? id.hi : id.lo;
+    half = (half << 4) | static_cast<std::uint64_t>(v);
+  }
+  return id;
+}
+
+}  // namespace shardlock::lease

@@ -1,0 +1,525 @@
+// LeaseClient and Lease against a real LeaseServer on loopback: grants and
+// hand-off, retransmission through a lossy / duplicating / reordering
+// datagram layer, deadlines, the watchdog, the lease-lost callback, batching
+// and routing over two nodes.
+#include "shardlock/lease/client.h"
+
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardlock/lease/server.h"
+#include "shardlock/workload/zipf.h"
+
+namespace shardlock::lease {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Scheduling slack on top of a deadline, for loaded sanitizer runs.
+constexpr auto kSlack = 400ms;
+
+std::unique_ptr<LeaseServer> start_server(std::string bind = "127.0.0.1:0") {
+  LeaseServerOptions options;
+  options.bind_address = std::move(bind);
+  options.shards = 8;
+  options.lock_delay = 0ms;
+  options.max_ttl = 60s;
+  options.log = [](std::string_view) {};
+  // Rebinding a fixed port right after a server on it stopped can briefly
+  // fail (an io_uring ring releases its files asynchronously); retry, bounded.
+  std::error_code ec;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    auto server = std::make_unique<LeaseServer>(options);
+    ec = server->start();
+    if (!ec) return server;
+    if (ec != std::errc::address_in_use) {
+      ADD_FAILURE() << ec.message() << ": " << server->error_detail();
+      return nullptr;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  ADD_FAILURE() << ec.message();
+  return nullptr;
+}
+
+std::unique_ptr<LeaseClient> start_client(const std::vector<std::string>& nodes,
+                                          LeaseClientOptions options = {}) {
+  options.nodes = nodes;
+  auto client = std::make_unique<LeaseClient>(options);
+  const std::error_code ec = client->start();
+  EXPECT_FALSE(ec) << ec.message() << ": " << client->error_detail();
+  return client;
+}
+
+std::string address(const LeaseServer& server) { return "127.0.0.1:" + std::to_string(server.port()); }
+
+// ---------------------------------------------------------------------------
+// The fault-injection seam: wraps the client's real UDP transport and loses,
+// duplicates and reorders datagrams in both directions. Seeded, so a failure
+// reproduces; thread-safe, since callers send from their own threads.
+struct Faults {
+  double drop = 0.0;
+  double duplicate = 0.0;
+  double reorder = 0.0;  // hold a datagram back behind the next one
+};
+
+class FaultyTransport final : public DatagramTransport {
+ public:
+  FaultyTransport(std::unique_ptr<DatagramTransport> inner, Faults faults, std::uint64_t seed,
+                  std::atomic<bool>* blackhole = nullptr)
+      : inner_(std::move(inner)), faults_(faults), random_(seed), blackhole_(blackhole) {}
+
+  std::error_code send(const Endpoint& to, std::span<const std::uint8_t> bytes) override {
+    std::lock_guard lock(mutex_);
+    if (blackhole_ != nullptr && blackhole_->load()) return {};
+    if (chance(faults_.drop)) return {};
+    if (!held_send_ && chance(faults_.reorder)) {
+      held_send_.emplace(to, std::vector<std::uint8_t>(bytes.begin(), bytes.end()));
+      return {};
+    }
+    std::error_code ec = inner_->send(to, bytes);
+    if (chance(faults_.duplicate)) (void)inner_->send(to, bytes);
+    if (held_send_) {
+      (void)inner_->send(held_send_->first, held_send_->second);
+      held_send_.reset();
+    }
+    return ec;
+  }
+
+  std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
+    std::vector<std::vector<std::uint8_t>> out;
+    std::size_t n = 0;
+    {
+      std::lock_guard lock(mutex_);
+      // A datagram held back since the last call goes out now, behind any
+      // that arrived in between.
+      std::optional<std::vector<std::uint8_t>> late = std::move(held_receive_);
+      held_receive_.reset();
+      n = inner_->receive([&](std::span<const std::uint8_t> bytes) {
+        if (blackhole_ != nullptr && blackhole_->load()) return;
+        if (chance(faults_.drop)) return;
+        std::vector<std::uint8_t> copy(bytes.begin(), bytes.end());
+        if (!held_receive_ && chance(faults_.reorder)) {
+          held_receive_ = std::move(copy);
+          return;
+        }
+        if (chance(faults_.duplicate)) out.push_back(copy);
+        out.push_back(std::move(copy));
+      });
+      if (late) out.push_back(std::move(*late));
+    }
+    for (const auto& bytes : out) deliver(bytes);
+    return n;
+  }
+
+  int fd() const noexcept override { return inner_->fd(); }
+  milliseconds poll_interval() const noexcept override { return 5ms; }
+
+ private:
+  bool chance(double p) { return p > 0.0 && static_cast<double>(random_.next() >> 11) * 0x1.0p-53 < p; }
+
+  std::unique_ptr<DatagramTransport> inner_;
+  Faults faults_;
+  std::mutex mutex_;
+  workload::SplitMix64 random_;
+  std::atomic<bool>* blackhole_;
+  std::optional<std::pair<Endpoint, std::vector<std::uint8_t>>> held_send_;
+  std::optional<std::vector<std::uint8_t>> held_receive_;
+};
+
+LeaseClientOptions faulty(Faults faults, std::uint64_t seed, std::atomic<bool>* blackhole = nullptr) {
+  LeaseClientOptions options;
+  options.initial_retransmit = 10ms;
+  options.max_retransmit = 80ms;
+  options.wrap_transport = [=](std::unique_ptr<DatagramTransport> inner) -> std::unique_ptr<DatagramTransport> {
+    return std::make_unique<FaultyTransport>(std::move(inner), faults, seed, blackhole);
+  };
+  return options;
+}
+
+// ---------------------------------------------------------------------------
+
+TEST(LeaseClientTest, GrantsBusyReleaseAndIncreasingTokens) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  EXPECT_NE(a->client_id(), b->client_id());
+
+  AcquireResult first = a->try_acquire("orders/1", 10s);
+  ASSERT_TRUE(first) << first.error.message();
+  EXPECT_EQ(first.lease.key(), "orders/1");
+  EXPECT_GT(first.lease.token(), 0u);
+  EXPECT_TRUE(first.lease.valid());
+  EXPECT_EQ(first.lease.owner(), a->client_id());
+  EXPECT_LE(first.lease.expiry(), Clock::now() + 10s);
+
+  AcquireResult busy = b->try_acquire("orders/1", 10s);
+  EXPECT_EQ(busy.error, LeaseErrc::kBusy);
+  EXPECT_TRUE(busy.lease.empty());
+  EXPECT_GT(busy.holder_ttl_left_ms, 0u);
+
+  CallResult q = b->query("orders/1");
+  ASSERT_FALSE(q.error) << q.error.message();
+  EXPECT_TRUE(q.held);
+  EXPECT_EQ(q.token, first.lease.token());
+
+  EXPECT_FALSE(first.lease.renew(5s));
+  EXPECT_EQ(first.lease.ttl(), 5s);
+
+  // The raw API checks ownership on the server.
+  EXPECT_EQ(b->release("orders/1", first.lease.token()).error, LeaseErrc::kNotOwner);
+
+  const std::uint64_t token = first.lease.token();
+  EXPECT_FALSE(first.lease.release());
+  EXPECT_FALSE(first.lease.valid());
+  EXPECT_EQ(first.lease.release(), LeaseErrc::kLeaseInactive);
+
+  AcquireResult second = b->try_acquire("orders/1", 10s);
+  ASSERT_TRUE(second) << second.error.message();
+  EXPECT_GT(second.lease.token(), token);
+
+  EXPECT_EQ(a->try_acquire("", 1s).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->try_acquire(std::string(kMaxKeyLength + 1, 'k'), 1s).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->try_acquire("k", 0ms).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->try_acquire("k", 10min).error, LeaseErrc::kServerError);  // above max_ttl
+}
+
+TEST(LeaseClientTest, WaitingAcquireIsHandedOverOnRelease) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  AcquireResult held = a->try_acquire("jobs/nightly", 10s);
+  ASSERT_TRUE(held);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_FALSE(held.lease.release());
+  });
+  AcquireResult waited = b->acquire("jobs/nightly", 10s, 5s);
+  releaser.join();
+  ASSERT_TRUE(waited) << waited.error.message();
+  EXPECT_GT(waited.lease.token(), held.lease.token());
+
+  AcquireResult timed_out = a->acquire("jobs/nightly", 10s, 100ms);
+  EXPECT_EQ(timed_out.error, LeaseErrc::kTimeout);
+}
+
+TEST(LeaseClientTest, DestroyingAHeldLeaseReleasesIt) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  {
+    AcquireResult held = a->try_acquire("scoped", 30s);
+    ASSERT_TRUE(held);
+  }
+  AcquireResult next = b->acquire("scoped", 30s, 2s);
+  EXPECT_TRUE(next) << next.error.message();
+}
+
+// The heart of the retransmission contract: with a quarter of datagrams
+// lost and others duplicated and reordered in both directions, every call
+// ends by its deadline, no key is ever held by two clients at once, no
+// (key, token) is handed out twice, and the server granted no more leases
+// than the clients can account for.
+TEST(LeaseClientTest, LossyDuplicatingReorderingPathNeverGrantsTwice) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  constexpr int kClients = 4;
+  constexpr int kIterations = 30;
+  constexpr int kKeys = 3;
+  const Faults faults{.drop = 0.25, .duplicate = 0.2, .reorder = 0.2};
+
+  std::vector<std::unique_ptr<LeaseClient>> clients;
+  for (int i = 0; i < kClients; ++i) clients.push_back(start_client({address(*server)}, faulty(faults, 100 + i)));
+
+  std::array<std::atomic<int>, kKeys> holders{};
+  std::atomic<int> overlaps{0};
+  std::atomic<int> late_calls{0};
+  std::atomic<std::uint64_t> granted{0};
+  std::atomic<std::uint64_t> unanswered_acquires{0};
+  std::mutex tokens_mutex;
+  std::set<std::pair<int, std::uint64_t>> tokens;
+  std::atomic<int> duplicate_tokens{0};
+
+  const auto request_timeout = LeaseClientOptions{}.request_timeout;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < kClients; ++c) {
+    threads.emplace_back([&, c] {
+      workload::SplitMix64 random(c + 1);
+      for (int i = 0; i < kIterations; ++i) {
+        const int key = static_cast<int>(random.uniform(kKeys));
+        const milliseconds wait = random.uniform(2) == 0 ? 0ms : 300ms;
+        const auto begin = Clock::now();
+        AcquireResult r = clients[c]->acquire("lossy/" + std::to_string(key), 20s, wait);
+        if (Clock::now() - begin > request_timeout + wait + kSlack) late_calls.fetch_add(1);
+        if (r.error == LeaseErrc::kUnreachable) unanswered_acquires.fetch_add(1);
+        if (!r) continue;
+        granted.fetch_add(1);
+        {
+          std::lock_guard lock(tokens_mutex);
+          if (!tokens.emplace(key, r.lease.token()).second) duplicate_tokens.fetch_add(1);
+        }
+        if (holders[key].fetch_add(1) != 0) overlaps.fetch_add(1);
+        std::this_thread::sleep_for(milliseconds(random.uniform(3)));
+        holders[key].fetch_sub(1);
+        const auto release_begin = Clock::now();
+        const std::error_code released = r.lease.release();
+        if (Clock::now() - release_begin > request_timeout + kSlack) late_calls.fetch_add(1);
+        // A release whose every answer was lost leaves the lease to expire;
+        // later acquires of that key then wait or see BUSY, which is fine.
+        (void)released;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(overlaps.load(), 0);
+  EXPECT_EQ(duplicate_tokens.load(), 0);
+  EXPECT_EQ(late_calls.load(), 0);
+  EXPECT_GT(granted.load(), 0u);
+  std::uint64_t retransmissions = 0;
+  for (const auto& c : clients) retransmissions += c->retransmissions();
+  EXPECT_GT(retransmissions, 0u) << "the fault layer should have forced retransmissions";
+  // Retransmitted ACQUIREs are answered from the dedup cache, not granted
+  // again: every grant the server made is one a client saw, or one whose
+  // every answer was lost.
+  const ServerStats stats = server->stats();
+  EXPECT_GE(stats.counter(StatCounter::kGrants), granted.load());
+  EXPECT_LE(stats.counter(StatCounter::kGrants), granted.load() + unanswered_acquires.load());
+}
+
+TEST(LeaseClientTest, EveryCallEndsByItsDeadlineWhenNobodyAnswers) {
+  // A bound socket that never answers: datagrams vanish, no ICMP comes back.
+  const int sink = ::socket(AF_INET, SOCK_DGRAM, 0);
+  ASSERT_GE(sink, 0);
+  sockaddr_in bound{};
+  bound.sin_family = AF_INET;
+  bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(sink, reinterpret_cast<sockaddr*>(&bound), sizeof bound), 0);
+  socklen_t length = sizeof bound;
+  ASSERT_EQ(::getsockname(sink, reinterpret_cast<sockaddr*>(&bound), &length), 0);
+
+  LeaseClientOptions options;
+  options.request_timeout = 300ms;
+  auto client = start_client({"127.0.0.1:" + std::to_string(ntohs(bound.sin_port))}, options);
+  std::vector<std::thread> threads;
+  std::atomic<int> late{0};
+  std::atomic<int> wrong{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      const milliseconds wait = t % 2 == 0 ? 0ms : 200ms;
+      const auto begin = Clock::now();
+      const AcquireResult r = client->acquire("nobody/" + std::to_string(t), 1s, wait);
+      const auto elapsed = Clock::now() - begin;
+      if (r.error != LeaseErrc::kUnreachable) wrong.fetch_add(1);
+      if (elapsed > options.request_timeout + wait + kSlack || elapsed < options.request_timeout + wait) {
+        late.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(late.load(), 0);
+  EXPECT_GT(client->retransmissions(), 0u);
+  ::close(sink);
+}
+
+TEST(LeaseClientTest, WatchdogKeepsALeaseAcrossManyTtls) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  std::atomic<int> lost{0};
+  LeaseOptions watch;
+  watch.watchdog = true;
+  watch.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
+  AcquireResult held = a->try_acquire("watched", 300ms, watch);
+  ASSERT_TRUE(held);
+  const auto end = Clock::now() + 2400ms;  // eight TTLs
+  int invalid_samples = 0;
+  while (Clock::now() < end) {
+    if (!held.lease.valid()) ++invalid_samples;
+    std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_EQ(invalid_samples, 0);
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_EQ(b->try_acquire("watched", 1s).error, LeaseErrc::kBusy);
+  EXPECT_GE(server->stats().counter(StatCounter::kRenewed), 6u);
+  EXPECT_FALSE(held.lease.release());
+  std::this_thread::sleep_for(400ms);
+  EXPECT_EQ(lost.load(), 0) << "a released lease is never reported lost";
+}
+
+TEST(LeaseClientTest, LostCallbackFiresOnceWhenTheServerStops) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  std::atomic<int> lost{0};
+  std::mutex event_mutex;
+  LeaseLost event;
+  LeaseOptions watch;
+  watch.watchdog = true;
+  watch.on_lost = [&](const LeaseLost& e) {
+    std::lock_guard lock(event_mutex);
+    event = e;
+    lost.fetch_add(1);
+  };
+  AcquireResult held = a->try_acquire("doomed", 400ms, watch);
+  ASSERT_TRUE(held);
+  std::this_thread::sleep_for(500ms);  // past one TTL: renewed by the watchdog
+  EXPECT_TRUE(held.lease.valid());
+  server->stop();
+  const auto stopped = Clock::now();
+  while (lost.load() == 0 && Clock::now() - stopped < 400ms + kSlack * 3) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(lost.load(), 1);
+  EXPECT_FALSE(held.lease.valid());
+  std::this_thread::sleep_for(500ms);
+  EXPECT_EQ(lost.load(), 1) << "fires exactly once";
+  std::lock_guard lock(event_mutex);
+  EXPECT_EQ(event.key, "doomed");
+  EXPECT_EQ(event.token, held.lease.token());
+  EXPECT_EQ(event.reason, LeaseErrc::kExpired);
+  EXPECT_FALSE(event.refused_by_server);
+}
+
+TEST(LeaseClientTest, LostCallbackFiresOnceWhenTheLeaseIsTakenOver) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  const std::string bind = address(*server);
+  auto a = start_client({bind});
+  std::atomic<int> lost{0};
+  std::atomic<bool> refused{false};
+  LeaseOptions watch;
+  watch.watchdog = true;
+  watch.renew_fraction = 0.2;
+  watch.on_lost = [&](const LeaseLost& e) {
+    refused.store(e.refused_by_server);
+    lost.fetch_add(1);
+  };
+  AcquireResult held = a->try_acquire("contested", 2s, watch);
+  ASSERT_TRUE(held);
+  // The server restarts (no data dir: it forgets every lease) and another
+  // owner takes the key; the next renewal is refused.
+  server.reset();
+  server = start_server(bind);
+  ASSERT_TRUE(server);
+  auto b = start_client({bind});
+  AcquireResult taken = b->try_acquire("contested", 10s);
+  ASSERT_TRUE(taken) << taken.error.message();
+  const auto begin = Clock::now();
+  while (lost.load() == 0 && Clock::now() - begin < 2s + kSlack) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(lost.load(), 1);
+  EXPECT_TRUE(refused.load());
+  EXPECT_FALSE(held.lease.valid());
+  EXPECT_EQ(held.lease.renew(), LeaseErrc::kLeaseInactive);
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(lost.load(), 1);
+}
+
+TEST(LeaseClientTest, LostCallbackFiresAtClientExpiryWithoutWatchdog) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  std::atomic<int> lost{0};
+  LeaseOptions options;
+  options.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
+  AcquireResult held = a->try_acquire("unwatched", 200ms, options);
+  ASSERT_TRUE(held);
+  const auto expiry = held.lease.expiry();
+  while (lost.load() == 0 && Clock::now() < expiry + kSlack) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(lost.load(), 1);
+  EXPECT_GE(Clock::now(), expiry);
+}
+
+TEST(LeaseClientTest, CallsFromCompletionsAreBatched) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto client = start_client({address(*server)});
+  constexpr int kCalls = 20;
+  std::atomic<int> granted{0};
+  std::atomic<int> released{0};
+  std::atomic<int> done{0};
+  const std::uint64_t sent_before = client->datagrams_sent();
+  client->post([&] {
+    for (int i = 0; i < kCalls; ++i) {
+      const std::string key = "batch/" + std::to_string(i);
+      client->acquire_async(key, 5s, 0ms, [&, key](const CallResult& r) {
+        if (r.error) {
+          done.fetch_add(1);
+          return;
+        }
+        granted.fetch_add(1);
+        client->release_async(key, r.token, [&](const CallResult& rr) {
+          if (!rr.error) released.fetch_add(1);
+          done.fetch_add(1);
+        });
+      });
+    }
+  });
+  const auto begin = Clock::now();
+  while (done.load() < kCalls && Clock::now() - begin < 5s) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(granted.load(), kCalls);
+  EXPECT_EQ(released.load(), kCalls);
+  // 20 acquires in one datagram, then the releases in as few as the replies
+  // came in: far fewer datagrams than calls.
+  EXPECT_LT(client->datagrams_sent() - sent_before, static_cast<std::uint64_t>(kCalls));
+}
+
+TEST(LeaseClientTest, RoutesEachKeyToItsOwnerNode) {
+  auto one = start_server();
+  auto two = start_server();
+  ASSERT_TRUE(one && two);
+  const std::vector<std::string> nodes = {address(*one), address(*two)};
+  auto client = start_client(nodes);
+  auto again = start_client({nodes[1], nodes[0]});  // order does not matter
+  std::array<std::uint64_t, 2> expected{};
+  std::vector<Lease> leases;
+  for (int i = 0; i < 40; ++i) {
+    const std::string key = "routed/" + std::to_string(i);
+    const std::size_t node = client->node_for(key);
+    ASSERT_LT(node, 2u);
+    EXPECT_EQ(nodes[node], (std::vector<std::string>{nodes[1], nodes[0]})[again->node_for(key)]);
+    ++expected[node];
+    AcquireResult r = client->try_acquire(key, 10s);
+    ASSERT_TRUE(r) << r.error.message();
+    leases.push_back(std::move(r.lease));
+  }
+  EXPECT_GT(expected[0], 0u);
+  EXPECT_GT(expected[1], 0u);
+  EXPECT_EQ(one->stats().counter(StatCounter::kGrants), expected[0]);
+  EXPECT_EQ(two->stats().counter(StatCounter::kGrants), expected[1]);
+  const ServerStatsReply stats = client->stats(1);
+  ASSERT_FALSE(stats.error) << stats.error.message();
+  EXPECT_EQ(stats.shard_count, 8u);
+  EXPECT_EQ(stats.shard_tokens.size(), 8u);
+  EXPECT_EQ(stats.counters[static_cast<std::size_t>(StatCounter::kGrants)], expected[1]);
+}
+
+TEST(LeaseClientTest, ClientIdHexRoundTrips) {
+  const ClientId id{0x0123456789abcdefULL, 0xfedcba9876543210ULL};
+  EXPECT_EQ(to_hex(id), "fedcba98765432100123456789abcdef");
+  EXPECT_EQ(parse_client_id(to_hex(id)), id);
+  EXPECT_FALSE(parse_client_id("xyz"));
+  EXPECT_FALSE(parse_client_id(std::string(32, 'g')));
+}
+
+}  // namespace
+}  // namespace shardlock::lease
