@@ -94,6 +94,7 @@ class Shard {
   // Fires every expiry and wait timeout due by `now_ms`.
   void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
 
+  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
   [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
     return counters_;
