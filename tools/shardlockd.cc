@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
                  "directory for the durable token high-water marks; without it tokens restart "
                  "from 1 after a restart");
   app.add_option("--max-ttl", max_ttl, "largest TTL a client may ask for")->capture_default_str();
-  app.add_option("--max-wait", max_wait, "largest wait a client may ask for")->capture_default_str();
+  app.add_option("--max-wait", max_wait, "largest wait a client may ask for")
+      ->capture_default_str();
   app.add_option("--lock-delay", lock_delay,
                  "refuse ACQUIRE (RECOVERING) this long after start-up; default: --max-ttl. "
                  "0 is for tests only");
@@ -101,7 +102,8 @@ int main(int argc, char** argv) {
   options.max_ttl = *ttl;
   const auto wait = shardlock::lease::parse_duration(max_wait);
   if (!wait) {
-    return usage_error("--max-wait: invalid duration \"" + max_wait + "\" (use e.g. 500ms, 30s, 2m)");
+    return usage_error("--max-wait: invalid duration \"" + max_wait +
+                       "\" (use e.g. 500ms, 30s, 2m)");
   }
   options.max_wait = *wait;
   if (lock_delay) {

@@ -57,7 +57,8 @@ std::string to_string(std::chrono::milliseconds d) {
     out = "-";
     ms = -ms;
   }
-  for (const std::int64_t scale : {std::int64_t{3'600'000}, std::int64_t{60'000}, std::int64_t{1'000}, std::int64_t{1}}) {
+  for (const std::int64_t scale :
+       {std::int64_t{3'600'000}, std::int64_t{60'000}, std::int64_t{1'000}, std::int64_t{1}}) {
     const std::int64_t n = ms / scale;
     ms %= scale;
     if (n == 0) continue;

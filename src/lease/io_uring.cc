@@ -29,7 +29,8 @@ constexpr unsigned kRingEntries = 512;
 constexpr unsigned kBufferCount = 256;  // power of two (buffer ring requirement)
 constexpr unsigned kBufferGroup = 1;
 constexpr std::size_t kPayloadRoom = 2048;  // > kMaxDatagramSize: oversize is seen, then dropped
-constexpr std::size_t kBufferSize = sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in6) + kPayloadRoom;
+constexpr std::size_t kBufferSize =
+    sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in6) + kPayloadRoom;
 constexpr unsigned kSendSlots = 256;
 constexpr std::uint64_t kRecvTag = ~std::uint64_t{0};
 
@@ -191,7 +192,8 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
       ++seen;
       const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
       if (tag != kRecvTag) {
-        st.free_slots.push_back(static_cast<std::uint32_t>(tag));  // a send finished (or failed: lost datagram)
+        st.free_slots.push_back(
+            static_cast<std::uint32_t>(tag));  // a send finished (or failed: lost datagram)
         continue;
       }
       if ((cqe->flags & IORING_CQE_F_MORE) == 0) need_arm = true;
@@ -205,7 +207,8 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
         Peer peer;
         std::memcpy(&peer.addr, io_uring_recvmsg_name(msg), msg->namelen);
         peer.len = msg->namelen;
-        const auto* payload = static_cast<const std::uint8_t*>(io_uring_recvmsg_payload(msg, &st.recv_template));
+        const auto* payload =
+            static_cast<const std::uint8_t*>(io_uring_recvmsg_payload(msg, &st.recv_template));
         const unsigned length = io_uring_recvmsg_payload_length(msg, cqe->res, &st.recv_template);
         sink.on_datagram(worker, {payload, length}, peer, out);
       }

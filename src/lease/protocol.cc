@@ -68,7 +68,8 @@ class Writer {
       ok_ = false;
       return;
     }
-    for (std::size_t i = 0; i < bytes; ++i) out_[pos_ + i] = static_cast<std::uint8_t>(v >> (8 * i));
+    for (std::size_t i = 0; i < bytes; ++i)
+      out_[pos_ + i] = static_cast<std::uint8_t>(v >> (8 * i));
     pos_ += bytes;
   }
   void u8(std::uint8_t v) noexcept { uint(v, 1); }
@@ -112,27 +113,50 @@ std::size_t body_size(const Message& m) noexcept {
   const std::size_t k = kKeyPrefix + m.key.size();
   std::size_t n = 0;
   switch (m.type) {
-    case MessageType::kAcquire: n = k + 8; break;
-    case MessageType::kRenew: n = k + 12; break;
-    case MessageType::kRelease: n = k + 8; break;
-    case MessageType::kQuery: n = k; break;
-    case MessageType::kStats: return 4;
-    case MessageType::kGranted: n = k + 12; break;
-    case MessageType::kBusy: n = k + 4; break;
-    case MessageType::kTimeout: n = k; break;
-    case MessageType::kRenewed: n = k + 4; break;
+    case MessageType::kAcquire:
+      n = k + 8;
+      break;
+    case MessageType::kRenew:
+      n = k + 12;
+      break;
+    case MessageType::kRelease:
+      n = k + 8;
+      break;
+    case MessageType::kQuery:
+      n = k;
+      break;
+    case MessageType::kStats:
+      return 4;
+    case MessageType::kGranted:
+      n = k + 12;
+      break;
+    case MessageType::kBusy:
+      n = k + 4;
+      break;
+    case MessageType::kTimeout:
+      n = k;
+      break;
+    case MessageType::kRenewed:
+      n = k + 4;
+      break;
     case MessageType::kReleased:
     case MessageType::kNotOwner:
-    case MessageType::kExpired: return 0;
-    case MessageType::kRecovering: return 4;
-    case MessageType::kError: return 2;
-    case MessageType::kQueryReply: n = k + 17; break;
+    case MessageType::kExpired:
+      return 0;
+    case MessageType::kRecovering:
+      return 4;
+    case MessageType::kError:
+      return 2;
+    case MessageType::kQueryReply:
+      n = k + 17;
+      break;
     case MessageType::kStatsReply:
       if (m.shard_tokens_le.size() % 8 != 0 || m.shard_tokens_le.size() / 8 > 0xFFFF) {
         return SIZE_MAX;
       }
       return kStatsReplyFixed + m.shard_tokens_le.size();
-    default: return SIZE_MAX;
+    default:
+      return SIZE_MAX;
   }
   return key_ok ? n : SIZE_MAX;
 }
@@ -142,12 +166,23 @@ std::size_t max_reply_body(const Message& m) noexcept {
   const std::size_t k = kKeyPrefix + m.key.size();
   std::size_t n = 2;  // ERROR always possible
   switch (m.type) {
-    case MessageType::kAcquire: n = std::max<std::size_t>(k + 12, 4); break;  // GRANTED / RECOVERING
-    case MessageType::kRenew: n = k + 4; break;                             // RENEWED
-    case MessageType::kRelease: n = 0; break;                               // RELEASED etc.
-    case MessageType::kQuery: n = k + 17; break;                            // QUERY_REPLY
-    case MessageType::kStats: n = kStatsReplyFixed; break;
-    default: break;
+    case MessageType::kAcquire:
+      n = std::max<std::size_t>(k + 12, 4);
+      break;  // GRANTED / RECOVERING
+    case MessageType::kRenew:
+      n = k + 4;
+      break;  // RENEWED
+    case MessageType::kRelease:
+      n = 0;
+      break;  // RELEASED etc.
+    case MessageType::kQuery:
+      n = k + 17;
+      break;  // QUERY_REPLY
+    case MessageType::kStats:
+      n = kStatsReplyFixed;
+      break;
+    default:
+      break;
   }
   return std::max<std::size_t>(n, 2);
 }
@@ -169,8 +204,12 @@ void write_body(Writer& w, const Message& m) noexcept {
       w.u64(m.token);
       break;
     case MessageType::kQuery:
-    case MessageType::kTimeout: w.key(m.key); break;
-    case MessageType::kStats: w.u32(m.first_shard); break;
+    case MessageType::kTimeout:
+      w.key(m.key);
+      break;
+    case MessageType::kStats:
+      w.u32(m.first_shard);
+      break;
     case MessageType::kGranted:
       w.key(m.key);
       w.u64(m.token);
@@ -181,8 +220,12 @@ void write_body(Writer& w, const Message& m) noexcept {
       w.key(m.key);
       w.u32(m.ttl_ms);
       break;
-    case MessageType::kRecovering: w.u32(m.retry_after_ms); break;
-    case MessageType::kError: w.u16(static_cast<std::uint16_t>(m.error)); break;
+    case MessageType::kRecovering:
+      w.u32(m.retry_after_ms);
+      break;
+    case MessageType::kError:
+      w.u16(static_cast<std::uint16_t>(m.error));
+      break;
     case MessageType::kQueryReply:
       w.key(m.key);
       w.u8(m.held ? 1 : 0);
@@ -198,7 +241,8 @@ void write_body(Writer& w, const Message& m) noexcept {
       w.u16(static_cast<std::uint16_t>(m.shard_tokens_le.size() / 8));
       w.bytes(m.shard_tokens_le.data(), m.shard_tokens_le.size());
       break;
-    default: break;  // RELEASED, NOT_OWNER, EXPIRED: empty
+    default:
+      break;  // RELEASED, NOT_OWNER, EXPIRED: empty
   }
 }
 
@@ -220,8 +264,12 @@ ProtocolError read_body(Reader& r, Message& m) noexcept {
       m.token = r.u64();
       break;
     case MessageType::kQuery:
-    case MessageType::kTimeout: m.key = r.key(); break;
-    case MessageType::kStats: m.first_shard = r.u32(); break;
+    case MessageType::kTimeout:
+      m.key = r.key();
+      break;
+    case MessageType::kStats:
+      m.first_shard = r.u32();
+      break;
     case MessageType::kGranted:
       m.key = r.key();
       m.token = r.u64();
@@ -234,9 +282,14 @@ ProtocolError read_body(Reader& r, Message& m) noexcept {
       break;
     case MessageType::kReleased:
     case MessageType::kNotOwner:
-    case MessageType::kExpired: break;
-    case MessageType::kRecovering: m.retry_after_ms = r.u32(); break;
-    case MessageType::kError: m.error = static_cast<WireError>(r.u16()); break;
+    case MessageType::kExpired:
+      break;
+    case MessageType::kRecovering:
+      m.retry_after_ms = r.u32();
+      break;
+    case MessageType::kError:
+      m.error = static_cast<WireError>(r.u16());
+      break;
     case MessageType::kQueryReply: {
       m.key = r.key();
       const std::uint8_t held = r.u8();
@@ -259,7 +312,8 @@ ProtocolError read_body(Reader& r, Message& m) noexcept {
       m.shard_tokens_le = r.bytes(tokens * 8);
       break;
     }
-    default: return ProtocolError::kBadType;
+    default:
+      return ProtocolError::kBadType;
   }
   return r.ok() ? ProtocolError::kOk : ProtocolError::kTruncated;
 }
@@ -282,54 +336,90 @@ class ProtocolCategory final : public std::error_category {
 
 std::string_view to_string(MessageType type) noexcept {
   switch (type) {
-    case MessageType::kAcquire: return "ACQUIRE";
-    case MessageType::kRenew: return "RENEW";
-    case MessageType::kRelease: return "RELEASE";
-    case MessageType::kQuery: return "QUERY";
-    case MessageType::kStats: return "STATS";
-    case MessageType::kGranted: return "GRANTED";
-    case MessageType::kBusy: return "BUSY";
-    case MessageType::kTimeout: return "TIMEOUT";
-    case MessageType::kRenewed: return "RENEWED";
-    case MessageType::kReleased: return "RELEASED";
-    case MessageType::kNotOwner: return "NOT_OWNER";
-    case MessageType::kExpired: return "EXPIRED";
-    case MessageType::kRecovering: return "RECOVERING";
-    case MessageType::kError: return "ERROR";
-    case MessageType::kQueryReply: return "QUERY_REPLY";
-    case MessageType::kStatsReply: return "STATS_REPLY";
-    case MessageType::kBatch: return "BATCH";
+    case MessageType::kAcquire:
+      return "ACQUIRE";
+    case MessageType::kRenew:
+      return "RENEW";
+    case MessageType::kRelease:
+      return "RELEASE";
+    case MessageType::kQuery:
+      return "QUERY";
+    case MessageType::kStats:
+      return "STATS";
+    case MessageType::kGranted:
+      return "GRANTED";
+    case MessageType::kBusy:
+      return "BUSY";
+    case MessageType::kTimeout:
+      return "TIMEOUT";
+    case MessageType::kRenewed:
+      return "RENEWED";
+    case MessageType::kReleased:
+      return "RELEASED";
+    case MessageType::kNotOwner:
+      return "NOT_OWNER";
+    case MessageType::kExpired:
+      return "EXPIRED";
+    case MessageType::kRecovering:
+      return "RECOVERING";
+    case MessageType::kError:
+      return "ERROR";
+    case MessageType::kQueryReply:
+      return "QUERY_REPLY";
+    case MessageType::kStatsReply:
+      return "STATS_REPLY";
+    case MessageType::kBatch:
+      return "BATCH";
   }
   return "UNKNOWN";
 }
 
 std::string_view to_string(WireError code) noexcept {
   switch (code) {
-    case WireError::kUnsupportedVersion: return "unsupported protocol version";
-    case WireError::kBadKey: return "empty key";
-    case WireError::kKeyTooLong: return "key longer than 256 bytes";
-    case WireError::kTtlOutOfRange: return "ttl out of range";
-    case WireError::kWaitOutOfRange: return "wait out of range";
-    case WireError::kRequestTooSmall: return "request datagram too small for its reply";
-    case WireError::kNotARequest: return "not a request";
-    case WireError::kInternal: return "internal server error";
+    case WireError::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case WireError::kBadKey:
+      return "empty key";
+    case WireError::kKeyTooLong:
+      return "key longer than 256 bytes";
+    case WireError::kTtlOutOfRange:
+      return "ttl out of range";
+    case WireError::kWaitOutOfRange:
+      return "wait out of range";
+    case WireError::kRequestTooSmall:
+      return "request datagram too small for its reply";
+    case WireError::kNotARequest:
+      return "not a request";
+    case WireError::kInternal:
+      return "internal server error";
   }
   return "unknown error";
 }
 
 std::string_view to_string(ProtocolError e) noexcept {
   switch (e) {
-    case ProtocolError::kOk: return "ok";
-    case ProtocolError::kTruncated: return "truncated datagram";
-    case ProtocolError::kBadMagic: return "bad magic";
-    case ProtocolError::kUnsupportedVersion: return "unsupported protocol version";
-    case ProtocolError::kBadFlags: return "reserved bits set";
-    case ProtocolError::kBadType: return "unknown message type";
-    case ProtocolError::kBadCount: return "bad message count";
-    case ProtocolError::kBadLength: return "batch item length mismatch";
-    case ProtocolError::kNonZeroPadding: return "non-zero padding";
-    case ProtocolError::kTooLarge: return "datagram too large";
-    case ProtocolError::kBadField: return "invalid field value";
+    case ProtocolError::kOk:
+      return "ok";
+    case ProtocolError::kTruncated:
+      return "truncated datagram";
+    case ProtocolError::kBadMagic:
+      return "bad magic";
+    case ProtocolError::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case ProtocolError::kBadFlags:
+      return "reserved bits set";
+    case ProtocolError::kBadType:
+      return "unknown message type";
+    case ProtocolError::kBadCount:
+      return "bad message count";
+    case ProtocolError::kBadLength:
+      return "batch item length mismatch";
+    case ProtocolError::kNonZeroPadding:
+      return "non-zero padding";
+    case ProtocolError::kTooLarge:
+      return "datagram too large";
+    case ProtocolError::kBadField:
+      return "invalid field value";
   }
   return "unknown protocol error";
 }

@@ -197,7 +197,8 @@ std::error_code LeaseServer::Impl::start() {
   const auto& o = options;
   const std::chrono::milliseconds lock_delay = o.lock_delay.value_or(o.max_ttl);
   if (o.shards == 0 || o.shards > 65536) {
-    return fail(ServerError::kBadOptions, "shards must be 1..65536, got " + std::to_string(o.shards));
+    return fail(ServerError::kBadOptions,
+                "shards must be 1..65536, got " + std::to_string(o.shards));
   }
   if (o.max_ttl.count() <= 0 || o.max_ttl.count() > UINT32_MAX) {
     return fail(ServerError::kBadOptions, "max_ttl must be 1ms..49d, got " + to_string(o.max_ttl));
@@ -236,8 +237,9 @@ std::error_code LeaseServer::Impl::start() {
   shards.reserve(o.shards);
   for (std::uint32_t i = 0; i < o.shards; ++i) {
     auto slot = std::make_unique<ShardSlot>();
-    ShardTokens tokens = store ? ShardTokens(store.get(), i, floor, floor + o.token_block, o.token_block)
-                               : ShardTokens(0);
+    ShardTokens tokens =
+        store ? ShardTokens(store.get(), i, floor, floor + o.token_block, o.token_block)
+              : ShardTokens(0);
     ShardLock lock(slot->mu);
     slot->shard = std::make_unique<Shard>(i, limits, tokens, now);
     shards.push_back(std::move(slot));
@@ -253,7 +255,8 @@ std::error_code LeaseServer::Impl::start() {
       std::string detail;
       if (const std::error_code ec = internal::UringLoop::create(fd, loop, detail)) {
         uring_loops.clear();
-        if (o.io == IoBackend::kUring) return fail(ec, "io_uring requested but unavailable: " + detail);
+        if (o.io == IoBackend::kUring)
+          return fail(ec, "io_uring requested but unavailable: " + detail);
         o.log("io_uring unavailable (" + detail + "); falling back to recvmmsg/sendmmsg");
         backend = IoBackend::kSocket;
         break;
@@ -286,8 +289,8 @@ std::error_code LeaseServer::Impl::open_sockets() {
   std::string host;
   std::string service;
   if (!split_host_port(options.bind_address, host, service)) {
-    return fail(ServerError::kBadAddress,
-                "bind address must be HOST:PORT or [V6]:PORT, got \"" + options.bind_address + "\"");
+    return fail(ServerError::kBadAddress, "bind address must be HOST:PORT or [V6]:PORT, got \"" +
+                                              options.bind_address + "\"");
   }
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -312,7 +315,8 @@ std::error_code LeaseServer::Impl::open_sockets() {
     }
     fds.push_back(fd);
     const int one = 1;
-    if (options.io_threads > 1 && ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+    if (options.io_threads > 1 &&
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
       const std::error_code ec(errno, std::generic_category());
       return fail(ec, "SO_REUSEPORT: " + ec.message());
     }
@@ -367,7 +371,8 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
       ShardLock lock(shards[s]->mu);
       token = shards[s]->shard->last_token();
     }
-    for (int b = 0; b < 8; ++b) w.stats_tokens.push_back(static_cast<std::uint8_t>(token >> (8 * b)));
+    for (int b = 0; b < 8; ++b)
+      w.stats_tokens.push_back(static_cast<std::uint8_t>(token >> (8 * b)));
   }
   reply.shard_tokens_le = w.stats_tokens;
 }

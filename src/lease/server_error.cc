@@ -11,13 +11,20 @@ class ServerCategory final : public std::error_category {
   const char* name() const noexcept override { return "shardlock.lease.server"; }
   std::string message(int e) const override {
     switch (static_cast<ServerError>(e)) {
-      case ServerError::kOk: return "ok";
-      case ServerError::kBadOptions: return "invalid server options";
-      case ServerError::kBadAddress: return "invalid bind address";
-      case ServerError::kDataDirCorrupt: return "data dir is corrupt";
-      case ServerError::kDataDirLocked: return "data dir is in use by another server";
-      case ServerError::kUringUnavailable: return "io_uring is unavailable";
-      case ServerError::kAlreadyStarted: return "server already started";
+      case ServerError::kOk:
+        return "ok";
+      case ServerError::kBadOptions:
+        return "invalid server options";
+      case ServerError::kBadAddress:
+        return "invalid bind address";
+      case ServerError::kDataDirCorrupt:
+        return "data dir is corrupt";
+      case ServerError::kDataDirLocked:
+        return "data dir is in use by another server";
+      case ServerError::kUringUnavailable:
+        return "io_uring is unavailable";
+      case ServerError::kAlreadyStarted:
+        return "server already started";
     }
     return "unknown server error";
   }
@@ -32,9 +39,12 @@ const std::error_category& server_category() noexcept {
 
 std::string_view to_string(IoBackend backend) noexcept {
   switch (backend) {
-    case IoBackend::kAuto: return "auto";
-    case IoBackend::kUring: return "uring";
-    case IoBackend::kSocket: return "socket";
+    case IoBackend::kAuto:
+      return "auto";
+    case IoBackend::kUring:
+      return "uring";
+    case IoBackend::kSocket:
+      return "socket";
   }
   return "unknown";
 }

@@ -17,7 +17,8 @@ Message DeferredReply::message() const noexcept {
   return m;
 }
 
-Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms)
+Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
+             std::int64_t now_ms)
     : index_(index), limits_(limits), tokens_(tokens), wheel_(now_ms) {
   dedup_order_.reserve(std::min<std::size_t>(limits_.dedup_capacity, 1 << 16));
   dedup_.reserve(std::min<std::size_t>(limits_.dedup_capacity, 1 << 16));

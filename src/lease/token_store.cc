@@ -263,7 +263,8 @@ std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_
                                        std::string& detail) {
   for (std::uint32_t i = 0; i < shards; ++i) {
     const std::string name = shard_file_name(i);
-    if (const std::error_code ec = write_record(dir_fd_, name, make_record(kShardMagic, i, 0, high_water))) {
+    if (const std::error_code ec =
+            write_record(dir_fd_, name, make_record(kShardMagic, i, 0, high_water))) {
       detail = describe("cannot write", dir_ + "/" + name, ec);
       return ec;
     }
@@ -274,7 +275,8 @@ std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_
     detail = describe("cannot fsync data dir", dir_, ec);
     return ec;
   }
-  if (const std::error_code ec = write_record(dir_fd_, "meta", make_record(kMetaMagic, kFormatVersion, shards, 0))) {
+  if (const std::error_code ec =
+          write_record(dir_fd_, "meta", make_record(kMetaMagic, kFormatVersion, shards, 0))) {
     detail = describe("cannot write", dir_ + "/meta", ec);
     return ec;
   }
@@ -289,7 +291,8 @@ std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_
 std::error_code TokenStore::reserve(std::uint32_t shard, std::uint64_t high_water,
                                     std::string& detail) {
   const std::string name = shard_file_name(shard);
-  if (const std::error_code ec = write_record(dir_fd_, name, make_record(kShardMagic, shard, 0, high_water))) {
+  if (const std::error_code ec =
+          write_record(dir_fd_, name, make_record(kShardMagic, shard, 0, high_water))) {
     detail = describe("cannot write", dir_ + "/" + name, ec);
     return ec;
   }

@@ -45,8 +45,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   for (std::size_t i = 0; i < first.count; ++i) {
     const auto& a = first.messages[i];
     const auto& b = second.messages[i];
-    if (a.type != b.type || a.request_id != b.request_id || a.key != b.key ||
-        a.token != b.token || a.ttl_ms != b.ttl_ms) {
+    if (a.type != b.type || a.request_id != b.request_id || a.key != b.key || a.token != b.token ||
+        a.ttl_ms != b.ttl_ms) {
       std::abort();
     }
   }

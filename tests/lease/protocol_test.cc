@@ -181,8 +181,8 @@ TEST(Protocol, EveryTruncationOfEveryMessageIsRejected) {
   for (const Datagram& d : datagrams) {
     const auto bytes = encode_or_die(d);
     for (std::size_t len = 0; len < bytes.size(); ++len) {
-      SCOPED_TRACE(::testing::Message() << to_string(d.messages[0].type) << " batch=" << d.batch
-                                        << " len=" << len);
+      SCOPED_TRACE(::testing::Message()
+                   << to_string(d.messages[0].type) << " batch=" << d.batch << " len=" << len);
       std::vector<std::uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<long>(len));
       Datagram out;
       EXPECT_NE(decode_exact(prefix, out), ProtocolError::kOk);
@@ -308,19 +308,29 @@ TEST(Protocol, PaddedRequestsBoundEveryReply) {
       Message worst;
       worst.key = r.key;
       switch (r.type) {
-        case MessageType::kAcquire: worst.type = MessageType::kGranted; break;
-        case MessageType::kRenew: worst.type = MessageType::kRenewed; break;
-        case MessageType::kRelease: worst.type = MessageType::kError; break;
-        case MessageType::kQuery: worst.type = MessageType::kQueryReply; break;
-        default: worst.type = MessageType::kStatsReply; break;
+        case MessageType::kAcquire:
+          worst.type = MessageType::kGranted;
+          break;
+        case MessageType::kRenew:
+          worst.type = MessageType::kRenewed;
+          break;
+        case MessageType::kRelease:
+          worst.type = MessageType::kError;
+          break;
+        case MessageType::kQuery:
+          worst.type = MessageType::kQueryReply;
+          break;
+        default:
+          worst.type = MessageType::kStatsReply;
+          break;
       }
       ASSERT_TRUE(reply.push(worst));
     }
     EXPECT_LE(encoded_size(reply), req_len);
     // A deferred answer to a queued ACQUIRE (a single GRANTED) also fits.
-    const bool has_acquire = std::any_of(req.items().begin(), req.items().end(), [](const Message& r) {
-      return r.type == MessageType::kAcquire;
-    });
+    const bool has_acquire =
+        std::any_of(req.items().begin(), req.items().end(),
+                    [](const Message& r) { return r.type == MessageType::kAcquire; });
     Message granted;
     granted.type = MessageType::kGranted;
     granted.key = key;

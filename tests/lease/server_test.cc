@@ -239,7 +239,8 @@ TEST_P(ServerTest, StatsPagesShardTokensWithinTheRequestSize) {
     ASSERT_EQ(reply.type, MessageType::kStatsReply);
     EXPECT_EQ(reply.shard_count, 300u);
     ASSERT_GT(reply.shard_token_count(), 0u);
-    for (std::size_t i = 0; i < reply.shard_token_count(); ++i) tokens.push_back(reply.shard_token(i));
+    for (std::size_t i = 0; i < reply.shard_token_count(); ++i)
+      tokens.push_back(reply.shard_token(i));
     grants = reply.counter(StatCounter::kGrants);
   }
   EXPECT_EQ(grants, 50u);
@@ -332,7 +333,7 @@ TEST_P(ServerTest, ConcurrentClientsNeverShareALease) {
   constexpr int kClients = 4;
   constexpr int kRounds = 150;
   std::mutex mu;
-  std::map<std::string, std::uint64_t> holder_token;  // key -> token while held
+  std::map<std::string, std::uint64_t> holder_token;           // key -> token while held
   std::set<std::pair<std::string, std::uint64_t>> all_tokens;  // tokens are per shard
   std::atomic<int> violations{0};
   std::vector<std::thread> threads;
@@ -398,7 +399,9 @@ TEST(LeaseServerStart, PortInUseIsAnError) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, ServerTest,
                          ::testing::Values(IoBackend::kSocket, IoBackend::kUring),
-                         [](const auto& param_info) { return std::string(to_string(param_info.param)); });
+                         [](const auto& param_info) {
+                           return std::string(to_string(param_info.param));
+                         });
 
 }  // namespace
 }  // namespace shardlock::lease

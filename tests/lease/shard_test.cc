@@ -151,9 +151,9 @@ TEST_F(ShardTest, LateRetransmissionAfterEvictionIsExpiredNotNotOwner) {
 
 TEST_F(ShardTest, OwnerChecks) {
   const auto t = acquire(kAlice, 1000).reply.token;
-  EXPECT_EQ(renew(kBob, t, 1000).reply.type, MessageType::kNotOwner);      // right token, wrong client
-  EXPECT_EQ(release(kAlice, t + 5).reply.type, MessageType::kNotOwner);    // wrong (future) token
-  EXPECT_EQ(release(kBob, t - 1).reply.type, MessageType::kExpired);       // older lease
+  EXPECT_EQ(renew(kBob, t, 1000).reply.type, MessageType::kNotOwner);  // right token, wrong client
+  EXPECT_EQ(release(kAlice, t + 5).reply.type, MessageType::kNotOwner);  // wrong (future) token
+  EXPECT_EQ(release(kBob, t - 1).reply.type, MessageType::kExpired);     // older lease
   EXPECT_EQ(counter(StatCounter::kNotOwner), 2u);
   auto r = renew(kAlice, t, 5000);
   ASSERT_EQ(r.reply.type, MessageType::kRenewed);
@@ -293,8 +293,12 @@ TEST_F(ShardTest, TokensStrictlyIncreaseUnderRandomTraffic) {
         send(c, m);
         break;
       }
-      case 2: now_ += static_cast<std::int64_t>(rng() % 20); break;
-      default: shard_->advance(now_, deferred_); break;
+      case 2:
+        now_ += static_cast<std::int64_t>(rng() % 20);
+        break;
+      default:
+        shard_->advance(now_, deferred_);
+        break;
     }
     drain();
   }

@@ -2,13 +2,12 @@
 // test - kill -9 a daemon with a data dir, restart it, and every new token
 // exceeds every token issued before, with RECOVERING during lock-delay.
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
@@ -187,9 +186,9 @@ TEST_F(ShardlockdTest, CorruptDataDirIsAStartUpError) {
 TEST_F(ShardlockdTest, TokensSurviveKillDashNine) {
   const std::string dir = root_ + "/data";
   // A small token block makes the first run cross several durable blocks.
-  const std::vector<std::string> common = {"--listen", "127.0.0.1:0", "--data-dir", dir,
-                                           "--shards", "8", "--token-block", "16",
-                                           "--io", "socket"};
+  const std::vector<std::string> common = {"--listen", "127.0.0.1:0", "--data-dir",    dir,
+                                           "--shards", "8",           "--token-block", "16",
+                                           "--io",     "socket"};
   std::map<std::string, std::uint64_t> before;  // key -> highest token seen
   std::uint64_t highest_before = 0;
   {

@@ -4,12 +4,11 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdint>
@@ -52,8 +51,7 @@ class UdpTestPeer {
     d.client_id = id_;
     std::vector<std::uint8_t> buf(kMaxDatagramSize);
     std::size_t n = 0;
-    const ProtocolError e =
-        encode(d, buf, n, std::max(pad ? max_reply_size(d) : 0, pad_to));
+    const ProtocolError e = encode(d, buf, n, std::max(pad ? max_reply_size(d) : 0, pad_to));
     EXPECT_EQ(e, ProtocolError::kOk);
     buf.resize(n);
     send_raw(buf);

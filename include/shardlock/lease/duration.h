@@ -16,7 +16,8 @@ namespace shardlock::lease {
 // example "1m30s"), or the bare "0". Returns nullopt for anything else: empty
 // text, a missing or unknown unit, a sign, or a total above ~292 million
 // years (overflow).
-[[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(std::string_view text) noexcept;
+[[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(
+    std::string_view text) noexcept;
 
 // The shortest exact spelling parse_duration() reads back: "0", "500ms",
 // "30s", "2m", "1h", "1m30s", "1s500ms".

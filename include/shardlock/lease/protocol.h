@@ -156,22 +156,24 @@ struct ClientId {
 struct Message {
   MessageType type = MessageType::kQuery;
   std::uint64_t request_id = 0;
-  std::string_view key;           // all keyed types; a view, never owned
-  std::uint64_t token = 0;        // RENEW, RELEASE, GRANTED, QUERY_REPLY
-  std::uint32_t ttl_ms = 0;       // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
-  std::uint32_t wait_ms = 0;      // ACQUIRE
-  std::uint32_t retry_after_ms = 0;  // RECOVERING
-  WireError error = WireError::kInternal;  // ERROR
-  bool held = false;              // QUERY_REPLY
-  std::uint32_t waiters = 0;      // QUERY_REPLY
-  std::uint32_t first_shard = 0;  // STATS, STATS_REPLY
-  std::uint32_t shard_count = 0;  // STATS_REPLY
+  std::string_view key;       // all keyed types; a view, never owned
+  std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
+  std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
+  std::uint32_t wait_ms = 0;  // ACQUIRE
+  std::uint32_t retry_after_ms = 0;                         // RECOVERING
+  WireError error = WireError::kInternal;                   // ERROR
+  bool held = false;                                        // QUERY_REPLY
+  std::uint32_t waiters = 0;                                // QUERY_REPLY
+  std::uint32_t first_shard = 0;                            // STATS, STATS_REPLY
+  std::uint32_t shard_count = 0;                            // STATS_REPLY
   std::array<std::uint64_t, kStatCounterCount> counters{};  // STATS_REPLY
   // STATS_REPLY shard tokens as raw little-endian u64s (first_shard onward);
   // read them with shard_token().
   std::span<const std::uint8_t> shard_tokens_le;
 
-  [[nodiscard]] std::size_t shard_token_count() const noexcept { return shard_tokens_le.size() / 8; }
+  [[nodiscard]] std::size_t shard_token_count() const noexcept {
+    return shard_tokens_le.size() / 8;
+  }
   // Precondition: i < shard_token_count().
   [[nodiscard]] std::uint64_t shard_token(std::size_t i) const noexcept;
   [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
@@ -204,16 +206,16 @@ struct Datagram {
 // Why the codec refused bytes or a datagram. Also a std::error_code category.
 enum class ProtocolError : std::uint8_t {
   kOk = 0,
-  kTruncated,            // input ends inside a field
-  kBadMagic,             // not a shardlock datagram
-  kUnsupportedVersion,   // magic fine, version unknown (header is still decoded)
-  kBadFlags,             // reserved header/item bits set
-  kBadType,              // unknown message type
-  kBadCount,             // count 0, above kMaxBatch, or != 1 for a single message
-  kBadLength,            // a batch item's body_length disagrees with its body
-  kNonZeroPadding,       // trailing bytes that are not zero
-  kTooLarge,             // datagram above kMaxDatagramSize, or output span too small
-  kBadField,             // a field value the format forbids (e.g. held not 0/1)
+  kTruncated,           // input ends inside a field
+  kBadMagic,            // not a shardlock datagram
+  kUnsupportedVersion,  // magic fine, version unknown (header is still decoded)
+  kBadFlags,            // reserved header/item bits set
+  kBadType,             // unknown message type
+  kBadCount,            // count 0, above kMaxBatch, or != 1 for a single message
+  kBadLength,           // a batch item's body_length disagrees with its body
+  kNonZeroPadding,      // trailing bytes that are not zero
+  kTooLarge,            // datagram above kMaxDatagramSize, or output span too small
+  kBadField,            // a field value the format forbids (e.g. held not 0/1)
 };
 [[nodiscard]] std::string_view to_string(ProtocolError e) noexcept;
 [[nodiscard]] const std::error_category& protocol_category() noexcept;

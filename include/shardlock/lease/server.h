@@ -86,11 +86,11 @@ struct LeaseServerOptions {
 // Errors start() returns besides system errors (std::errc values).
 enum class ServerError : std::uint8_t {
   kOk = 0,
-  kBadOptions,         // options out of range (error_detail() says which)
-  kBadAddress,         // bind_address does not parse
-  kDataDirCorrupt,     // a token file is unreadable, truncated or fails its checksum
-  kDataDirLocked,      // another server holds the data dir
-  kUringUnavailable,   // io = kUring but io_uring cannot be used here
+  kBadOptions,        // options out of range (error_detail() says which)
+  kBadAddress,        // bind_address does not parse
+  kDataDirCorrupt,    // a token file is unreadable, truncated or fails its checksum
+  kDataDirLocked,     // another server holds the data dir
+  kUringUnavailable,  // io = kUring but io_uring cannot be used here
   kAlreadyStarted,
 };
 [[nodiscard]] const std::error_category& server_category() noexcept;

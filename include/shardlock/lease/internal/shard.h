@@ -142,10 +142,13 @@ class Shard {
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
   [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
-  KeyState* find_live(std::string_view key, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
-  static OwnerCheck check_owner(const KeyState* state, const ClientId& client, std::uint64_t token) noexcept;
-  void acquire(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
-               Message& reply, bool& answered, std::vector<DeferredReply>& deferred);
+  KeyState* find_live(std::string_view key, std::int64_t now_ms,
+                      std::vector<DeferredReply>& deferred);
+  static OwnerCheck check_owner(const KeyState* state, const ClientId& client,
+                                std::uint64_t token) noexcept;
+  void acquire(const ClientId& client, const Peer& peer, const Message& request,
+               std::int64_t now_ms, Message& reply, bool& answered,
+               std::vector<DeferredReply>& deferred);
   // The holder is gone (release or expiry): grant to the first waiter, or
   // forget the key.
   void hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);

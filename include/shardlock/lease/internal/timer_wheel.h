@@ -82,7 +82,8 @@ class TimerWheel {
     if (now_ms <= now_) return;
     const std::int64_t from = now_ + 1;
     const std::int64_t span = now_ms - now_;
-    const std::int64_t ticks = span > static_cast<std::int64_t>(mask_) ? static_cast<std::int64_t>(mask_) + 1 : span;
+    const std::int64_t ticks =
+        span > static_cast<std::int64_t>(mask_) ? static_cast<std::int64_t>(mask_) + 1 : span;
     now_ = now_ms;
     if (size_ == 0) return;
     // Gather every due node into a local list first, then fire them, so

@@ -35,8 +35,7 @@ class TokenStore {
   // silent reset; `detail` names the file. Another live owner is
   // kDataDirLocked.
   [[nodiscard]] static std::error_code open(const std::string& dir,
-                                            std::unique_ptr<TokenStore>& out,
-                                            std::string& detail);
+                                            std::unique_ptr<TokenStore>& out, std::string& detail);
 
   // Every token issued by any earlier run is <= floor().
   [[nodiscard]] std::uint64_t floor() const noexcept { return floor_; }
@@ -66,7 +65,8 @@ class TokenStore {
 class ShardTokens {
  public:
   // In-memory counter starting after `last` (no data dir).
-  explicit ShardTokens(std::uint64_t last = 0) noexcept : last_(last), reserved_(~std::uint64_t{0}) {}
+  explicit ShardTokens(std::uint64_t last = 0) noexcept
+      : last_(last), reserved_(~std::uint64_t{0}) {}
   // Durable counter: `reserved` is already on disk for this shard.
   ShardTokens(TokenStore* store, std::uint32_t shard, std::uint64_t last, std::uint64_t reserved,
               std::uint64_t block) noexcept
