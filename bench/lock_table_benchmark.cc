@@ -12,8 +12,8 @@
 // ratio of the racy loop's at the same thread count and key distribution
 // (with and without prefetching), and as a multiple of one global
 // std::mutex. On a machine shared with other work, run repetitions in random
-// interleaved order: the summary keeps each benchmark's best repetition, so
-// a burst of outside load cannot land on one contender only.
+// interleaved order: the summary compares each benchmark's median
+// repetition, so a burst of outside load cannot land on one contender only.
 //
 //   lock_table_benchmark --benchmark_min_time=0.05 --benchmark_repetitions=8
 //                        --benchmark_enable_random_interleaving=true
@@ -33,6 +33,10 @@
 #include "shardlock/mutex.h"
 #include "shardlock/spin_lock.h"
 #include "shardlock/workload/zipf.h"
+
+#if defined(SHARDLOCK_HAVE_TBB)
+#include <tbb/concurrent_hash_map.h>
+#endif
 
 namespace {
 
@@ -185,6 +189,19 @@ void BM_NaiveMutexMap(benchmark::State& state) {
   });
 }
 
+#if defined(SHARDLOCK_HAVE_TBB)
+// The peer with per-key locking built in: an accessor on a
+// tbb::concurrent_hash_map holds that element's own reader-writer lock.
+void BM_TbbConcurrentHashMapAccessor(benchmark::State& state) {
+  static tbb::concurrent_hash_map<std::uint32_t, char> map;
+  run_loop(state, [](std::uint32_t key) {
+    tbb::concurrent_hash_map<std::uint32_t, char>::accessor holder;
+    map.insert(holder, key);  // finds or inserts, then locks the element
+    bump(key);
+  });
+}
+#endif
+
 #define SHARDLOCK_LOCK_TABLE_BENCH(...)                   \
   BENCHMARK(__VA_ARGS__)                                  \
       ->ArgName("zipf")                                   \
@@ -205,6 +222,9 @@ SHARDLOCK_LOCK_TABLE_BENCH(BM_LockTableWithLock<shardlock::SpinLock>);
 SHARDLOCK_LOCK_TABLE_BENCH(BM_LockTable<shardlock::Mutex>);
 SHARDLOCK_LOCK_TABLE_BENCH(BM_GlobalStdMutex);
 SHARDLOCK_LOCK_TABLE_BENCH(BM_NaiveMutexMap);
+#if defined(SHARDLOCK_HAVE_TBB)
+SHARDLOCK_LOCK_TABLE_BENCH(BM_TbbConcurrentHashMapAccessor);
+#endif
 
 // ---- the ratio summary ---------------------------------------------------
 
@@ -219,10 +239,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
       // "BM_LockTable<shardlock::SpinLock>/zipf:1/real_time/threads:2"
       const std::string name = run.run_name.function_name;
       const std::string args = run.run_name.args;  // "zipf:0" or "zipf:1"
-      // With --benchmark_repetitions, keep the best repetition: on a shared
-      // machine, interference only ever slows a run down.
-      double& best = results_[{args, static_cast<int>(run.threads)}][name];
-      best = std::max(best, it->second.value);
+      results_[{args, static_cast<int>(run.threads)}][name].push_back(it->second.value);
       if (std::find(order_.begin(), order_.end(), name) == order_.end()) order_.push_back(name);
     }
     ConsoleReporter::ReportRuns(runs);
@@ -231,7 +248,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void print_summary() const {
     std::printf(
         "\nThroughput as a multiple of the racy loop without and with prefetching\n"
-        "(same keys, same threads, same run; best of the repetitions) and of one\n"
+        "(same keys, same threads, same run; median of the repetitions) and of one\n"
         "global std::mutex:\n");
     for (const auto& [key, by_name] : results_) {
       const double racy = lookup(by_name, "BM_Racy");
@@ -253,12 +270,20 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
  private:
-  static double lookup(const std::map<std::string, double>& by_name, const std::string& name) {
+  // The median repetition. With random interleaving every contender's
+  // repetitions sample the same mix of outside load, so medians compare
+  // fairly where single runs (or the luckiest run) would not.
+  static double lookup(const std::map<std::string, std::vector<double>>& by_name,
+                       const std::string& name) {
     const auto it = by_name.find(name);
-    return it == by_name.end() ? 0.0 : it->second;
+    if (it == by_name.end() || it->second.empty()) return 0.0;
+    std::vector<double> values = it->second;
+    const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+    std::nth_element(values.begin(), middle, values.end());
+    return *middle;
   }
 
-  std::map<std::pair<std::string, int>, std::map<std::string, double>> results_;
+  std::map<std::pair<std::string, int>, std::map<std::string, std::vector<double>>> results_;
   std::vector<std::string> order_;
 };
 
