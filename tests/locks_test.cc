@@ -298,9 +298,13 @@ TEST(SeqLockTest, ReadersNeverSeeATornValue) {
   SeqLocked<Pair> value(Pair{0, ~0ull});
   std::atomic<bool> stop{false};
   std::atomic<std::uint64_t> torn{0}, reads{0};
+  std::atomic<int> readers_running{0};
   std::vector<std::thread> threads;
   for (int w = 0; w < 2; ++w) {
     threads.emplace_back([&, w] {
+      // Start writing only once every reader is reading, so the reads
+      // overlap the writes even when the scheduler is slow to start them.
+      while (readers_running.load() != 3) std::this_thread::yield();
       for (std::uint64_t i = 1; i <= 20'000; ++i) {
         const std::uint64_t x = i * 2 + static_cast<std::uint64_t>(w);
         value.store(Pair{x, ~x});
@@ -309,6 +313,7 @@ TEST(SeqLockTest, ReadersNeverSeeATornValue) {
   }
   for (int r = 0; r < 3; ++r) {
     threads.emplace_back([&] {
+      readers_running.fetch_add(1);
       while (!stop.load(std::memory_order_relaxed)) {
         const Pair p = value.load();
         if (p.not_x != ~p.x) torn.fetch_add(1);
