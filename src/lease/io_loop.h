@@ -16,6 +16,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -41,6 +42,8 @@ class DatagramSink {
                            std::vector<OutDatagram>& out) = 0;
   // A datagram the loop dropped before decoding (too large, truncated).
   virtual void on_oversized() = 0;
+  // A loop-level failure worth an operator's attention (one line).
+  virtual void log(std::string_view line) = 0;
   // Drives the timers this worker owns; appends deferred replies to `out`.
   virtual void on_tick(unsigned worker, std::vector<OutDatagram>& out) = 0;
 };

@@ -54,7 +54,7 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
   std::array<mmsghdr, kRecvBatch> msgs;
   std::array<iovec, kRecvBatch> iovs;
   std::vector<OutDatagram> out;
-  out.reserve(kRecvBatch * 2);
+  out.reserve(std::size_t{kRecvBatch} * 2);
 
   // Relaxed: stop only asks the loop to finish; LeaseServer::stop() joins
   // the thread, which orders everything after it.

@@ -183,7 +183,11 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
     __kernel_timespec timeout{0, kTickMs * 1'000'000LL};
     io_uring_cqe* first = nullptr;
     const int rc = io_uring_submit_and_wait_timeout(&st.ring, &first, 1, &timeout, nullptr);
-    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY) break;
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY) {
+      sink.log(std::string("io_uring worker ") + std::to_string(worker) +
+               " stopped: io_uring_submit_and_wait_timeout: " + std::strerror(-rc));
+      break;
+    }
 
     unsigned head = 0;
     unsigned seen = 0;

@@ -153,6 +153,9 @@ struct LeaseServer::Impl final : internal::DatagramSink {
 
   void send_deferred(Worker& w, std::vector<OutDatagram>& out) {
     for (const DeferredReply& d : w.deferred) {
+      if (d.type == MessageType::kError) {
+        options.log("cannot issue a token to a waiter on a key; answered ERROR(internal)");
+      }
       w.reply.count = 0;
       w.reply.batch = false;
       w.reply.client_id = d.client;
@@ -172,6 +175,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
     malformed.fetch_add(1, std::memory_order_relaxed);
   }
   void on_tick(unsigned worker, std::vector<OutDatagram>& out) override;
+  void log(std::string_view line) override { options.log(line); }
 
   LeaseServerOptions options;
   std::string error_detail;
@@ -432,6 +436,10 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
       ShardSlot& slot = slot_for(m.key);
       ShardLock lock(slot.mu);
       if (!slot.shard->handle(w.request.client_id, peer, m, now, r, w.deferred)) continue;
+      if (r.type == MessageType::kError && r.error == WireError::kInternal) {
+        options.log("shard " + std::to_string(slot.shard->index()) +
+                    ": cannot issue a token: " + slot.shard->last_error());
+      }
     }
     (void)w.reply.push(r);
   }

@@ -282,7 +282,7 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
     hand_off(static_cast<KeyState&>(node), now_ms, deferred);
     return;
   }
-  Waiter& w = static_cast<Waiter&>(node);
+  auto& w = static_cast<Waiter&>(node);
   KeyState& state = *w.state;
   DeferredReply& out = deferred.emplace_back();
   out.peer = w.peer;

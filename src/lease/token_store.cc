@@ -235,9 +235,11 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
       }
     }
     if (failure) {
-      detail = "data dir " + dir + ": " + name + ": " + why +
-               " (refusing to start: tokens could go backwards; restore the file or "
-               "remove the whole directory to reset tokens deliberately)";
+      detail = "data dir " + dir;
+      detail += ": " + name + ": " + why;
+      detail +=
+          " (refusing to start: tokens could go backwards; restore the file or "
+          "remove the whole directory to reset tokens deliberately)";
       break;
     }
   }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
@@ -395,6 +396,47 @@ TEST(LeaseServerStart, PortInUseIsAnError) {
   const std::error_code ec = second.start();
   EXPECT_EQ(ec, std::errc::address_in_use);
   EXPECT_NE(second.error_detail().find("bind"), std::string::npos);
+}
+
+// A token is only issued once its block is durable: when the data dir can no
+// longer be written, ACQUIRE answers ERROR(kInternal) instead of a token.
+TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
+  char tmpl[] = "/tmp/shardlock-server-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = std::string(tmpl) + "/data";
+  LeaseServerOptions o;
+  o.io = IoBackend::kSocket;
+  o.lock_delay = milliseconds{0};
+  o.shards = 1;
+  o.token_block = 2;
+  o.data_dir = dir;
+  std::vector<std::string> logs;
+  std::mutex logs_mu;
+  o.log = [&](std::string_view line) {
+    std::scoped_lock lock(logs_mu);
+    logs.emplace_back(line);
+  };
+  LeaseServer server(o);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  UdpTestPeer peer(server.port());
+  for (std::uint64_t expected = 1; expected <= 2; ++expected) {
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    EXPECT_EQ(g.token, expected);
+    ASSERT_EQ(peer.release("k", g.token).type, MessageType::kReleased);
+  }
+  // The block [1, 2] is used up; removing the directory makes the next
+  // reservation fail.
+  std::filesystem::remove_all(tmpl);
+  const Message e = peer.acquire("k", 1000);
+  ASSERT_EQ(e.type, MessageType::kError);
+  EXPECT_EQ(e.error, WireError::kInternal);
+  EXPECT_EQ(server.stats().shard_tokens[0], 2u);
+  server.stop();
+  std::scoped_lock lock(logs_mu);
+  bool logged = false;
+  for (const auto& line : logs) logged |= line.find("cannot issue a token") != std::string::npos;
+  EXPECT_TRUE(logged);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ServerTest,
