@@ -4,11 +4,12 @@
 //   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...}
 // logs to stderr, and stops cleanly on SIGTERM or SIGINT.
 // Exit codes: 0 clean stop or --help, 1 start-up failure, 2 bad flags.
-#include <signal.h>
+#include <pthread.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -49,9 +50,7 @@ int usage_error(const std::string& message) {
   return kExitUsage;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "shardlockd: UDP lease server with fencing tokens that survive kill -9.\n"
       "Durations are written like 500ms, 30s, 2m, 1m30s."};
@@ -157,4 +156,16 @@ int main(int argc, char** argv) {
   server.stop();
   options.log("stopped");
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    // Only allocation failure can get here; say so rather than terminate().
+    std::cerr << "shardlockd: fatal: " << e.what() << "\n";
+    return kExitStartFailed;
+  }
 }
