@@ -300,6 +300,18 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       }
       id = ClientId{words[0], words[1]};
     }
+    // Request ids start at a random point: the server's dedup cache is keyed
+    // by (client id, request id), so another process acting for the same
+    // owner (shardlockctl renew --owner) must not reuse the ids of the one
+    // that took the lease, or it would be answered with their cached replies.
+    std::uint64_t first_request_id = 0;
+    if (::getrandom(&first_request_id, sizeof first_request_id, 0) !=
+        static_cast<ssize_t>(sizeof first_request_id)) {
+      error_detail = "getrandom failed";
+      return {errno, std::system_category()};
+    }
+    // Keep clear of wrap-around for the life of the client (2^62 calls).
+    next_request_id.store((first_request_id >> 2) + 1, std::memory_order_relaxed);
     if (options.max_batch == 0) options.max_batch = 1;
     options.max_batch = std::min(options.max_batch, kMaxBatch);
     if (options.initial_retransmit.count() <= 0) options.initial_retransmit = milliseconds(1);

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstring>
@@ -169,6 +170,17 @@ std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport
   }
   out = std::make_unique<UdpTransport>(fd);
   return {};
+}
+
+std::vector<std::string> split_node_list(std::string_view text) {
+  std::vector<std::string> nodes;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    if (comma > start) nodes.emplace_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return nodes;
 }
 
 std::string to_hex(const ClientId& id) {

@@ -521,5 +521,22 @@ TEST(LeaseClientTest, ClientIdHexRoundTrips) {
   EXPECT_FALSE(parse_client_id(std::string(32, 'g')));
 }
 
+TEST(LeaseClientTest, NodeListsAndAddresses) {
+  EXPECT_EQ(split_node_list("a:1,b:2,,c:3,"), (std::vector<std::string>{"a:1", "b:2", "c:3"}));
+  EXPECT_TRUE(split_node_list("").empty());
+  Endpoint e;
+  EXPECT_FALSE(parse_endpoint("127.0.0.1:7420", e));
+  EXPECT_FALSE(parse_endpoint("[::1]:7420", e));
+  EXPECT_EQ(parse_endpoint("127.0.0.1", e), LeaseErrc::kBadAddress);
+  EXPECT_EQ(parse_endpoint("127.0.0.1:0", e), LeaseErrc::kBadAddress);
+  EXPECT_EQ(parse_endpoint("127.0.0.1:70000", e), LeaseErrc::kBadAddress);
+  EXPECT_EQ(parse_endpoint("[::1:7420", e), LeaseErrc::kBadAddress);
+  LeaseClientOptions mixed;
+  mixed.nodes = {"127.0.0.1:1", "[::1]:2"};
+  LeaseClient client(mixed);
+  EXPECT_EQ(client.start(), LeaseErrc::kBadAddress);
+  EXPECT_EQ(client.try_acquire("k", 1s).error, LeaseErrc::kNotStarted);
+}
+
 }  // namespace
 }  // namespace shardlock::lease

@@ -338,6 +338,10 @@ class LeaseClient {
   std::shared_ptr<internal::ClientCore> core_;
 };
 
+// Splits "HOST:PORT,HOST:PORT,..." (the tools' --server) into node
+// addresses, skipping empty items.
+[[nodiscard]] std::vector<std::string> split_node_list(std::string_view text);
+
 // 32 lowercase hex digits, hi then lo.
 [[nodiscard]] std::string to_hex(const ClientId& id);
 // Parses 32 hex digits (either case); nullopt otherwise.
