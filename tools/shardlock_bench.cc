@@ -1,0 +1,558 @@
+// shardlock-bench: the hot-key load generator and the project's main job.
+//
+//   shardlock-bench                         embedded server, 10 s, Zipf 0.99
+//   shardlock-bench --server 127.0.0.1:7420 --clients 50 --duration 30s
+//   shardlock-bench --mode table --json     the in-process LockTable instead
+//
+// Lease mode: --clients LeaseClients (each its own socket and owner id), each
+// running acquire+release pairs back to back on Zipf-distributed keys
+// (ACQUIRE with wait 0, then RELEASE of what was granted). With --batch B a
+// client asks for B distinct keys per datagram and releases them in one.
+// Table mode: --clients threads locking LockTable stripes by Zipf key.
+// Output: a live progress line on stderr, then a table (or --json).
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <bit>
+#include <chrono>
+#include <cinttypes>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "shardlock/lease/client.h"
+#include "shardlock/lease/duration.h"
+#include "shardlock/lease/server.h"
+#include "shardlock/lock_table.h"
+#include "shardlock/workload/zipf.h"
+
+namespace {
+
+using namespace shardlock;
+using namespace shardlock::lease;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Log-linear latency histogram in nanoseconds: 32 sub-buckets per power of
+// two (~3% resolution). One writer; merged after the run.
+class Histogram {
+ public:
+  void record(std::uint64_t ns) noexcept {
+    ++counts_[index(ns)];
+    ++total_;
+    max_ = std::max(max_, ns);
+  }
+  void merge(const Histogram& other) noexcept {
+    for (std::size_t i = 0; i < kBuckets; ++i) counts_[i] += other.counts_[i];
+    total_ += other.total_;
+    max_ = std::max(max_, other.max_);
+  }
+  std::uint64_t count() const noexcept { return total_; }
+  std::uint64_t max() const noexcept { return max_; }
+  // The upper bound of the bucket holding quantile q.
+  std::uint64_t quantile(double q) const noexcept {
+    if (total_ == 0) return 0;
+    const auto rank = static_cast<std::uint64_t>(std::ceil(q * static_cast<double>(total_)));
+    std::uint64_t seen = 0;
+    for (std::size_t i = 0; i < kBuckets; ++i) {
+      seen += counts_[i];
+      if (seen >= std::max<std::uint64_t>(rank, 1)) return std::min(upper(i), max_);
+    }
+    return max_;
+  }
+
+ private:
+  static constexpr int kSubBits = 5;
+  static constexpr std::size_t kBuckets = (64 - kSubBits + 1) << kSubBits;
+  static std::size_t index(std::uint64_t v) noexcept {
+    if (v < (1u << kSubBits)) return static_cast<std::size_t>(v);
+    const int exponent = 63 - std::countl_zero(v);
+    const int shift = exponent - kSubBits;
+    return static_cast<std::size_t>(((shift + 1) << kSubBits) + ((v >> shift) & ((1u << kSubBits) - 1)));
+  }
+  static std::uint64_t upper(std::size_t i) noexcept {
+    if (i < (1u << kSubBits)) return i;
+    const int shift = static_cast<int>(i >> kSubBits) - 1;
+    const std::uint64_t sub = i & ((1u << kSubBits) - 1);
+    return (((1ULL << kSubBits) | sub) << shift) + ((1ULL << shift) - 1);
+  }
+  std::array<std::uint64_t, kBuckets> counts_{};
+  std::uint64_t total_ = 0;
+  std::uint64_t max_ = 0;
+};
+
+struct Config {
+  std::string server;
+  bool json = false;
+  milliseconds duration{10'000};
+  unsigned clients = 50;
+  bool clients_given = false;
+  std::uint64_t keys = 100'000;
+  double theta = 0.99;
+  milliseconds ttl{30'000};
+  unsigned batch = 1;
+  std::string mode = "lease";
+  unsigned server_threads = 1;
+  std::uint64_t seed = 42;
+};
+
+// Counters a worker updates and the progress line reads.
+struct alignas(128) LiveCounters {
+  // Relaxed everywhere: statistics, read approximately by the progress line
+  // and exactly after the workers have stopped (thread join / the idle flag).
+  std::atomic<std::uint64_t> requests{0};
+  std::atomic<std::uint64_t> pairs{0};
+  std::atomic<std::uint64_t> grants{0};
+  std::atomic<std::uint64_t> busy{0};
+  std::atomic<std::uint64_t> errors{0};
+};
+
+struct Totals {
+  std::uint64_t requests = 0, pairs = 0, grants = 0, busy = 0, errors = 0;
+  void add(const LiveCounters& c) {
+    requests += c.requests.load(std::memory_order_relaxed);
+    pairs += c.pairs.load(std::memory_order_relaxed);
+    grants += c.grants.load(std::memory_order_relaxed);
+    busy += c.busy.load(std::memory_order_relaxed);
+    errors += c.errors.load(std::memory_order_relaxed);
+  }
+};
+
+struct Result {
+  std::string target;
+  double seconds = 0;
+  Totals totals;
+  Histogram request_latency;  // one ACQUIRE or RELEASE round trip (lease); a pair (table)
+  Histogram pair_latency;     // ACQUIRE sent -> RELEASE answered, granted pairs
+  std::uint64_t retransmissions = 0;
+  std::uint64_t datagrams = 0;
+};
+
+// Progress on stderr: on a terminal, one line rewritten each second; else a
+// plain line every 5 s, so logs stay short.
+class Progress {
+ public:
+  explicit Progress(bool quiet) : tty_(!quiet && ::isatty(STDERR_FILENO) == 1), quiet_(quiet) {}
+  void tick(double elapsed, double total, const Totals& now) {
+    if (quiet_) return;
+    const double dt = elapsed - last_time_;
+    if (dt <= 0) return;
+    const double rate = static_cast<double>(now.requests - last_.requests) / dt;
+    const double pair_rate = static_cast<double>(now.pairs - last_.pairs) / dt;
+    if (tty_) {
+      std::fprintf(stderr, "\r  %5.1f/%.0fs  %10.0f ops/s  %9.0f pairs/s  grants %" PRIu64 "  busy %" PRIu64
+                   "  errors %" PRIu64 "   ",
+                   elapsed, total, rate, pair_rate, now.grants, now.busy, now.errors);
+      std::fflush(stderr);
+      last_ = now;
+      last_time_ = elapsed;
+    } else if (elapsed - last_print_ >= 5.0) {
+      std::fprintf(stderr, "  %5.1f/%.0fs  %.0f ops/s  %.0f pairs/s\n", elapsed, total, rate, pair_rate);
+      last_print_ = elapsed;
+      last_ = now;
+      last_time_ = elapsed;
+    }
+  }
+  void finish() {
+    if (tty_) std::fprintf(stderr, "\n");
+  }
+
+ private:
+  bool tty_;
+  bool quiet_;
+  Totals last_;
+  double last_time_ = 0;
+  double last_print_ = 0;
+};
+
+template <class Collect>
+double run_for(const Config& config, Progress& progress, std::atomic<bool>& stop, Collect collect) {
+  const auto begin = Clock::now();
+  const auto end = begin + config.duration;
+  while (Clock::now() < end) {
+    std::this_thread::sleep_for(std::min<Clock::duration>(milliseconds(200), end - Clock::now()));
+    const double elapsed = std::chrono::duration<double>(Clock::now() - begin).count();
+    if (elapsed - std::floor(elapsed) < 0.2 || Clock::now() >= end) {
+      progress.tick(elapsed, std::chrono::duration<double>(config.duration).count(), collect());
+    }
+  }
+  stop.store(true, std::memory_order_relaxed);  // workers poll it; no data rides on it
+  return std::chrono::duration<double>(Clock::now() - begin).count();
+}
+
+// ------------------------------------------------------------------ lease
+
+struct BenchClient {
+  std::unique_ptr<LeaseClient> client;
+  workload::ZipfGenerator zipf;
+  LiveCounters live;
+  // I/O thread only (completions of this client run there, one at a time).
+  Histogram request_latency;
+  Histogram pair_latency;
+  std::vector<std::string> keys;
+  std::vector<std::uint64_t> tokens;
+  std::vector<bool> granted;
+  unsigned outstanding = 0;
+  unsigned granted_count = 0;
+  Clock::time_point round_start;
+  Clock::time_point release_start;
+  // Set by the I/O thread when it stops issuing; release pairs with the
+  // acquire load in the main thread, which then reads the histograms.
+  std::atomic<bool> idle{false};
+
+  explicit BenchClient(workload::ZipfGenerator generator) : zipf(std::move(generator)) {}
+};
+
+class LeaseBench {
+ public:
+  LeaseBench(const Config& config, std::atomic<bool>& stop) : config_(config), stop_(stop) {}
+
+  void start_round(BenchClient& c) {
+    if (stop_.load(std::memory_order_relaxed)) {
+      c.idle.store(true, std::memory_order_release);
+      return;
+    }
+    const unsigned b = config_.batch;
+    c.round_start = Clock::now();
+    c.outstanding = b;
+    c.granted_count = 0;
+    for (unsigned i = 0; i < b; ++i) {
+      // Distinct keys within a round: a repeated key would be granted twice
+      // to the same owner (same token) and released twice.
+      std::string key;
+      for (int attempt = 0; attempt < 64; ++attempt) {
+        key = "k:" + std::to_string(c.zipf.next());
+        if (std::find(c.keys.begin(), c.keys.begin() + i, key) == c.keys.begin() + i) break;
+      }
+      c.keys[i] = std::move(key);
+    }
+    for (unsigned i = 0; i < b; ++i) {
+      c.client->acquire_async(c.keys[i], config_.ttl, milliseconds(0),
+                              [this, &c, i](const CallResult& r) { on_acquired(c, i, r); });
+    }
+  }
+
+  void on_acquired(BenchClient& c, unsigned i, const CallResult& r) {
+    const auto now = Clock::now();
+    c.request_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
+    c.live.requests.fetch_add(1, std::memory_order_relaxed);
+    c.granted[i] = !r.error;
+    if (!r.error) {
+      c.tokens[i] = r.token;
+      ++c.granted_count;
+      c.live.grants.fetch_add(1, std::memory_order_relaxed);
+    } else if (r.error == LeaseErrc::kBusy) {
+      c.live.busy.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      c.live.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (--c.outstanding != 0) return;
+    if (c.granted_count == 0) {
+      start_round(c);
+      return;
+    }
+    c.outstanding = c.granted_count;
+    c.release_start = Clock::now();
+    for (unsigned k = 0; k < config_.batch; ++k) {
+      if (!c.granted[k]) continue;
+      c.client->release_async(c.keys[k], c.tokens[k], [this, &c](const CallResult& rr) { on_released(c, rr); });
+    }
+  }
+
+  void on_released(BenchClient& c, const CallResult& r) {
+    const auto now = Clock::now();
+    c.request_latency.record(static_cast<std::uint64_t>((now - c.release_start).count()));
+    c.live.requests.fetch_add(1, std::memory_order_relaxed);
+    if (r.error) {
+      c.live.errors.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      c.live.pairs.fetch_add(1, std::memory_order_relaxed);
+      c.pair_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
+    }
+    if (--c.outstanding == 0) start_round(c);
+  }
+
+ private:
+  const Config& config_;
+  std::atomic<bool>& stop_;
+};
+
+int run_lease(const Config& config, Result& result) {
+  std::unique_ptr<LeaseServer> server;
+  std::vector<std::string> nodes;
+  if (config.server.empty()) {
+    LeaseServerOptions options;
+    options.bind_address = "127.0.0.1:0";
+    // A fresh in-process server has granted nothing before, so the lock-delay
+    // that protects leases from before a restart has nothing to protect.
+    options.lock_delay = milliseconds(0);
+    options.max_ttl = std::max<milliseconds>(options.max_ttl, config.ttl);
+    options.io_threads = config.server_threads;
+    options.log = [](std::string_view) {};  // its lock-delay warning is ours to explain
+    server = std::make_unique<LeaseServer>(options);
+    if (std::error_code ec = server->start()) {
+      std::fprintf(stderr, "shardlock-bench: embedded server failed: %s (%s)\n", ec.message().c_str(),
+                   server->error_detail().c_str());
+      return 1;
+    }
+    nodes.push_back(server->listen_address());
+    result.target = "embedded " + nodes[0];
+    if (!config.json) {
+      std::fprintf(stderr,
+                   "shardlock-bench: embedded LeaseServer on %s (%s I/O, %u thread%s), lock-delay 0: "
+                   "a fresh server with no earlier leases to protect\n",
+                   nodes[0].c_str(), std::string(to_string(server->backend())).c_str(), config.server_threads,
+                   config.server_threads == 1 ? "" : "s");
+    }
+  } else {
+    nodes = split_node_list(config.server);
+    result.target = config.server;
+  }
+
+  std::atomic<bool> stop{false};
+  LeaseBench bench(config, stop);
+  const workload::ZipfGenerator base(config.keys, config.theta, config.seed);
+  std::vector<std::unique_ptr<BenchClient>> clients;
+  for (unsigned i = 0; i < config.clients; ++i) {
+    auto c = std::make_unique<BenchClient>(base.fork(config.seed * 1'000'003 + i));
+    LeaseClientOptions options;
+    options.nodes = nodes;
+    options.max_batch = config.batch;
+    c->client = std::make_unique<LeaseClient>(options);
+    if (std::error_code ec = c->client->start()) {
+      std::fprintf(stderr, "shardlock-bench: client failed: %s (%s)\n", ec.message().c_str(),
+                   c->client->error_detail().c_str());
+      return 1;
+    }
+    c->keys.resize(config.batch);
+    c->tokens.resize(config.batch);
+    c->granted.resize(config.batch);
+    clients.push_back(std::move(c));
+  }
+  // Fail fast on a wrong --server rather than benchmarking timeouts.
+  {
+    const CallResult probe = clients[0]->client->query("k:0");
+    if (probe.error) {
+      std::fprintf(stderr, "shardlock-bench: %s does not answer: %s\n", result.target.c_str(),
+                   probe.error.message().c_str());
+      return 3;
+    }
+  }
+  for (auto& c : clients) {
+    BenchClient* raw = c.get();
+    c->client->post([&bench, raw] { bench.start_round(*raw); });
+  }
+  Progress progress(config.json);
+  const auto collect = [&] {
+    Totals t;
+    for (const auto& c : clients) t.add(c->live);
+    return t;
+  };
+  result.seconds = run_for(config, progress, stop, collect);
+  result.totals = collect();  // throughput counts what finished inside the run
+  progress.finish();
+  // Drain: every round ends within its calls' deadlines.
+  const auto drain_until = Clock::now() + LeaseClientOptions{}.request_timeout * 2 + milliseconds(500);
+  for (auto& c : clients) {
+    while (!c->idle.load(std::memory_order_acquire) && Clock::now() < drain_until) {
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+  for (auto& c : clients) {
+    if (!c->idle.load(std::memory_order_acquire)) {
+      std::fprintf(stderr, "shardlock-bench: a client did not drain in time\n");
+      return 1;
+    }
+    result.request_latency.merge(c->request_latency);
+    result.pair_latency.merge(c->pair_latency);
+    result.retransmissions += c->client->retransmissions();
+    result.datagrams += c->client->datagrams_sent();
+  }
+  clients.clear();
+  if (server) server->stop();
+  return 0;
+}
+
+// ------------------------------------------------------------------ table
+
+int run_table(const Config& config, Result& result) {
+  LockTable<> table;
+  result.target = "in-process LockTable<SpinLock>, " + std::to_string(table.stripe_count()) + " stripes";
+  std::atomic<bool> stop{false};
+  const workload::ZipfGenerator base(config.keys, config.theta, config.seed);
+  std::vector<std::unique_ptr<LiveCounters>> live;
+  std::vector<Histogram> histograms(config.clients);
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < config.clients; ++i) live.push_back(std::make_unique<LiveCounters>());
+  for (unsigned i = 0; i < config.clients; ++i) {
+    threads.emplace_back([&, i] {
+      workload::ZipfGenerator zipf = base.fork(config.seed * 1'000'003 + i);
+      LiveCounters& c = *live[i];
+      Histogram& h = histograms[i];
+      while (!stop.load(std::memory_order_relaxed)) {
+        const std::uint64_t key = zipf.next();
+        const auto begin = Clock::now();
+        auto guard = table.try_lock(key);
+        if (!guard) {
+          c.busy.fetch_add(1, std::memory_order_relaxed);
+          guard = table.lock(key);
+        }
+        guard.unlock();
+        h.record(static_cast<std::uint64_t>((Clock::now() - begin).count()));
+        c.grants.fetch_add(1, std::memory_order_relaxed);
+        c.pairs.fetch_add(1, std::memory_order_relaxed);
+        c.requests.fetch_add(1, std::memory_order_relaxed);
+      }
+    });
+  }
+  Progress progress(config.json);
+  const auto collect = [&] {
+    Totals t;
+    for (const auto& c : live) t.add(*c);
+    return t;
+  };
+  result.seconds = run_for(config, progress, stop, collect);
+  for (auto& t : threads) t.join();
+  result.totals = collect();
+  progress.finish();
+  for (const auto& h : histograms) {
+    result.request_latency.merge(h);
+    result.pair_latency.merge(h);
+  }
+  return 0;
+}
+
+// ------------------------------------------------------------------ output
+
+double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') out += '\\';
+    out += ch;
+  }
+  return out;
+}
+
+std::string latency_json(const Histogram& h) {
+  char buffer[256];
+  std::snprintf(buffer, sizeof buffer,
+                "{\"count\":%" PRIu64 ",\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}",
+                h.count(), us(h.quantile(0.50)), us(h.quantile(0.90)), us(h.quantile(0.99)),
+                us(h.quantile(0.999)), us(h.max()));
+  return buffer;
+}
+
+void print_json(const Config& config, const Result& r) {
+  const double s = r.seconds > 0 ? r.seconds : 1;
+  std::printf(
+      "{\"mode\":\"%s\",\"target\":\"%s\",\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
+      ",\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
+      ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
+      ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64 ",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+      config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys, config.theta,
+      static_cast<long long>(config.ttl.count()), config.batch, r.totals.requests,
+      static_cast<double>(r.totals.requests) / s, r.totals.pairs, static_cast<double>(r.totals.pairs) / s,
+      r.totals.grants, r.totals.busy, r.totals.errors, r.retransmissions, r.datagrams,
+      latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
+}
+
+void print_table(const Config& config, const Result& r) {
+  const double s = r.seconds > 0 ? r.seconds : 1;
+  const bool lease = config.mode == "lease";
+  std::printf("\nshardlock-bench  mode=%s  target=%s\n", config.mode.c_str(), r.target.c_str());
+  std::printf("  %u clients, Zipf theta %.2f over %" PRIu64 " keys, ttl %s, batch %u, %.1f s\n\n",
+              config.clients, config.theta, config.keys, to_string(config.ttl).c_str(), config.batch, r.seconds);
+  std::printf("  %-28s %14.0f\n", lease ? "ops/s (acquire or release)" : "ops/s (lock+unlock)",
+              static_cast<double>(r.totals.requests) / s);
+  std::printf("  %-28s %14.0f\n", "acquire+release pairs/s", static_cast<double>(r.totals.pairs) / s);
+  std::printf("  %-28s %14" PRIu64 "\n", "grants", r.totals.grants);
+  std::printf("  %-28s %14" PRIu64 "\n", lease ? "busy answers" : "busy (try_lock failed)", r.totals.busy);
+  std::printf("  %-28s %14" PRIu64 "\n", "errors", r.totals.errors);
+  if (lease) std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
+  std::printf("\n  %-24s %10s %10s %10s %10s %10s\n", "latency (us)", "p50", "p90", "p99", "p999", "max");
+  const auto row = [](const char* name, const Histogram& h) {
+    std::printf("  %-24s %10.1f %10.1f %10.1f %10.1f %10.1f\n", name, us(h.quantile(0.50)), us(h.quantile(0.90)),
+                us(h.quantile(0.99)), us(h.quantile(0.999)), us(h.max()));
+  };
+  if (lease) {
+    row("one request", r.request_latency);
+    row("acquire+release pair", r.pair_latency);
+  } else {
+    row("lock+unlock", r.request_latency);
+  }
+  std::printf("\n");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config config;
+  CLI::App app{
+      "shardlock-bench: hot-key lock workload. With no flags it starts an embedded LeaseServer on "
+      "127.0.0.1:0 and runs Zipf 0.99 acquire+release pairs over 100k keys for 10 s."};
+  std::string duration_text = "10s";
+  std::string ttl_text = "30s";
+  app.add_option("--server", config.server, "Target an external shardlockd: HOST:PORT[,HOST:PORT...]");
+  app.add_flag("--json", config.json, "Print one JSON object instead of the table (no progress line)");
+  app.add_option("--duration", duration_text, "How long to run, e.g. 10s, 500ms, 1m")->capture_default_str();
+  app.add_option("--clients", config.clients,
+                 "Concurrent clients: LeaseClients (lease mode) or threads (table mode; default: CPUs)")
+      ->check(CLI::Range(1u, 4096u))
+      ->capture_default_str();
+  app.add_option("--keys", config.keys, "Key space size")->check(CLI::Range(1ULL, 1ULL << 32))->capture_default_str();
+  app.add_option("--theta", config.theta, "Zipf skew (0 = uniform)")->check(CLI::Range(0.0, 10.0))->capture_default_str();
+  app.add_option("--ttl", ttl_text, "Lease TTL (lease mode)")->capture_default_str();
+  app.add_option("--batch", config.batch, "Keys per datagram per client (lease mode)")
+      ->check(CLI::Range(1u, static_cast<unsigned>(kMaxBatch)))
+      ->capture_default_str();
+  app.add_option("--mode", config.mode, "lease: over UDP to a LeaseServer; table: in-process LockTable")
+      ->check(CLI::IsMember({"lease", "table"}))
+      ->capture_default_str();
+  app.add_option("--server-threads", config.server_threads, "I/O threads of the embedded server")
+      ->check(CLI::Range(1u, 64u))
+      ->capture_default_str();
+  app.add_option("--seed", config.seed, "Workload seed")->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  const auto duration = parse_duration(duration_text);
+  const auto ttl = parse_duration(ttl_text);
+  if (!duration || duration->count() <= 0 || !ttl || ttl->count() <= 0 ||
+      ttl->count() > std::numeric_limits<std::uint32_t>::max()) {
+    std::fprintf(stderr, "shardlock-bench: bad --duration or --ttl (write e.g. 500ms, 10s, 2m)\n");
+    return 2;
+  }
+  config.duration = *duration;
+  config.ttl = *ttl;
+  config.clients_given = app.count("--clients") > 0;
+  if (config.mode == "table" && !config.clients_given) {
+    config.clients = std::max(1u, std::thread::hardware_concurrency());
+  }
+  if (config.mode == "table" && !config.server.empty()) {
+    std::fprintf(stderr, "shardlock-bench: --server applies to --mode lease only\n");
+    return 2;
+  }
+
+  Result result;
+  const int rc = config.mode == "lease" ? run_lease(config, result) : run_table(config, result);
+  if (rc != 0) return rc;
+  if (config.json) {
+    print_json(config, result);
+  } else {
+    print_table(config, result);
+  }
+  return 0;
+}
