@@ -1,0 +1,210 @@
+// shardlockctl over a real shardlockd: JSON output and exit codes of every
+// subcommand, and `run` - the command sees its lease, the lease is released
+// when it exits, and a lost lease signals it.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "client_tool_support.h"
+
+namespace shardlock::lease {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::Json;
+using testing::json_line;
+using testing::run_tool;
+using testing::ToolResult;
+
+const std::string kCtl = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockctl";
+const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
+
+// A shardlockd on 127.0.0.1:0; address() is empty if it did not come up.
+class Daemon {
+ public:
+  explicit Daemon(const std::string& lock_delay = "0")
+      : process_(kDaemon, {"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay", lock_delay}) {
+    const std::string line = process_.read_line(20s);
+    std::smatch m;
+    static const std::regex kReady(R"re("listen":"(127\.0\.0\.1:\d+)")re");
+    if (std::regex_search(line, m, kReady)) address_ = m[1].str();
+    EXPECT_FALSE(address_.empty()) << "no ready line: " << line;
+  }
+  const std::string& address() const { return address_; }
+  void kill9() { process_.signal(SIGKILL); }
+
+ private:
+  ChildProcess process_;
+  std::string address_;
+};
+
+ToolResult ctl(const Daemon& d, std::vector<std::string> args, std::chrono::milliseconds timeout = 30s) {
+  args.insert(args.begin(), {"--server", d.address()});
+  return run_tool(kCtl, args, timeout);
+}
+
+Json parsed(const ToolResult& r) {
+  const auto j = json_line(r);
+  EXPECT_TRUE(j) << "not one JSON line: '" << r.out << "' stderr: " << r.err;
+  return j ? *j : Json{};
+}
+
+TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+
+  const ToolResult acquired = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s"});
+  ASSERT_EQ(acquired.exit_code, 0) << acquired.err;
+  const Json grant = parsed(acquired);
+  EXPECT_EQ(grant["key"].text, "deploy/prod");
+  EXPECT_GT(grant["token"].number, 0);
+  EXPECT_EQ(grant["ttl_ms"].number, 30000);
+  const std::string owner = grant["owner"].text;
+  EXPECT_TRUE(std::regex_match(owner, std::regex("[0-9a-f]{32}"))) << owner;
+  const std::string token = std::to_string(static_cast<std::uint64_t>(grant["token"].number));
+
+  // Another owner is refused, like flock -n.
+  const ToolResult busy = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(parsed(busy)["error"].text, "busy");
+  EXPECT_GT(parsed(busy)["ttl_left_ms"].number, 0);
+  // A bounded wait that runs out is a timeout, also 1.
+  const ToolResult waited = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--wait", "200ms"});
+  EXPECT_EQ(waited.exit_code, 1);
+  EXPECT_EQ(parsed(waited)["error"].text, "timeout");
+  // The same owner gets the same grant back.
+  const ToolResult again = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--owner", owner});
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_EQ(parsed(again)["token"].number, grant["token"].number);
+
+  const ToolResult query = ctl(d, {"query", "deploy/prod"});
+  EXPECT_EQ(query.exit_code, 0);
+  const Json q = parsed(query);
+  EXPECT_TRUE(q["held"].boolean);
+  EXPECT_EQ(q["token"].number, grant["token"].number);
+  EXPECT_GT(q["ttl_left_ms"].number, 0);
+  EXPECT_TRUE(q.has("waiters"));
+
+  const ToolResult renewed = ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
+  EXPECT_EQ(renewed.exit_code, 0) << renewed.out;
+  EXPECT_TRUE(parsed(renewed)["renewed"].boolean);
+  EXPECT_EQ(parsed(renewed)["ttl_ms"].number, 10000);
+
+  const std::string stranger(32, 'a');
+  const ToolResult not_owner = ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", stranger, "--ttl", "10s"});
+  EXPECT_EQ(not_owner.exit_code, 1);
+  EXPECT_EQ(parsed(not_owner)["error"].text, "not_owner");
+
+  const ToolResult released = ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
+  EXPECT_EQ(released.exit_code, 0) << released.out;
+  EXPECT_TRUE(parsed(released)["released"].boolean);
+  const ToolResult twice = ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_EQ(parsed(twice)["error"].text, "expired");
+  EXPECT_FALSE(parsed(ctl(d, {"query", "deploy/prod"}))["held"].boolean);
+
+  const ToolResult stats = ctl(d, {"stats"});
+  EXPECT_EQ(stats.exit_code, 0);
+  const Json s = parsed(stats);
+  ASSERT_EQ(s["nodes"].items.size(), 1u);
+  const Json& node = s["nodes"].items[0];
+  EXPECT_EQ(node["server"].text, d.address());
+  EXPECT_EQ(node["shards"].number, 8);
+  EXPECT_EQ(node["shard_tokens"].items.size(), 8u);
+  EXPECT_GE(node["counters"]["grants"].number, 1);
+  EXPECT_GE(node["counters"]["busy"].number, 1);
+  EXPECT_GE(node["counters"]["released"].number, 1);
+}
+
+TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  EXPECT_EQ(ctl(d, {}).exit_code, 2);                                        // no subcommand
+  EXPECT_EQ(ctl(d, {"acquire", "k"}).exit_code, 2);                          // --ttl missing
+  EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "soon"}).exit_code, 2);         // bad duration
+  EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "1s", "--owner", "xyz"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"acquire", std::string(300, 'k'), "--ttl", "1s"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"run", "k", "--ttl", "1s", "--on-lost", "shrug", "--", "true"}).exit_code, 2);
+  EXPECT_EQ(run_tool(kCtl, {"acquire", "k", "--ttl", "1s"}).exit_code, 2);  // no --server
+  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "run"}) {
+    const ToolResult help = run_tool(kCtl, {sub, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << sub;
+    EXPECT_NE(help.out.find("--help"), std::string::npos) << sub;
+  }
+
+  const ToolResult unreachable =
+      run_tool(kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "acquire", "k", "--ttl", "1s"});
+  EXPECT_EQ(unreachable.exit_code, 3);
+  EXPECT_EQ(parsed(unreachable)["error"].text, "unreachable");
+
+  Daemon recovering("1m");
+  ASSERT_FALSE(recovering.address().empty());
+  const ToolResult r = ctl(recovering, {"acquire", "k", "--ttl", "1s"});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_EQ(parsed(r)["error"].text, "recovering");
+  EXPECT_GT(parsed(r)["retry_after_ms"].number, 0);
+}
+
+TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  // The child checks, from inside, that the lease it was given is held.
+  const std::string script =
+      "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN\"; \"" + kCtl + "\" --server \"$SHARDLOCK_SERVER\" query \"$SHARDLOCK_KEY\"; exit 7";
+  const ToolResult r = ctl(d, {"run", "cron/backup", "--ttl", "5s", "--", "/bin/sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 7) << r.err;  // the command's own status
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(cron/backup (\d+)\n(\{.*\}))"))) << r.out;
+  const auto inside = testing::JsonParser::parse(m[2].str());
+  ASSERT_TRUE(inside);
+  EXPECT_TRUE((*inside)["held"].boolean);
+  EXPECT_EQ(std::to_string(static_cast<std::uint64_t>((*inside)["token"].number)), m[1].str());
+  // Released when the command exited: free at once, not after the TTL.
+  EXPECT_FALSE(parsed(ctl(d, {"query", "cron/backup"}))["held"].boolean);
+
+  // A held key: run does not start the command and exits 1.
+  ASSERT_EQ(ctl(d, {"acquire", "cron/busy", "--ttl", "30s"}).exit_code, 0);
+  const ToolResult busy = ctl(d, {"run", "cron/busy", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(busy.out.find("ran"), std::string::npos);
+
+  EXPECT_EQ(ctl(d, {"run", "cron/missing", "--ttl", "5s", "--", "/no/such/command"}).exit_code, 127);
+  EXPECT_FALSE(parsed(ctl(d, {"query", "cron/missing"}))["held"].boolean);
+  EXPECT_EQ(ctl(d, {"run", "cron/signalled", "--ttl", "5s", "--", "/bin/sh", "-c", "kill -9 $$"}).exit_code, 137);
+}
+
+// The lease is lost (the server dies, so renewals go unanswered until the
+// client-side expiry); run signals the command as --on-lost says and exits 75.
+TEST(ShardlockctlTest, RunSignalsTheCommandWhenTheLeaseIsLost) {
+  struct Case {
+    const char* on_lost;
+    int expected_output_found;  // the TERM trap's output
+  };
+  for (const Case c : {Case{"term", 1}, Case{"kill", 0}, Case{"ignore", 0}}) {
+    SCOPED_TRACE(c.on_lost);
+    Daemon d;
+    ASSERT_FALSE(d.address().empty());
+    // Loops for at most ~3 s on its own; prints when SIGTERM arrives.
+    const std::string script =
+        "trap 'echo got-term; exit 0' TERM; echo started; i=0; while [ $i -lt 60 ]; do sleep 0.05; i=$((i+1)); done; "
+        "echo finished";
+    ChildProcess run(kCtl, {"--server", d.address(), "run", "lost/key", "--ttl", "600ms", "--on-lost", c.on_lost,
+                            "--", "/bin/sh", "-c", script});
+    ASSERT_EQ(run.read_line(20s), "started");
+    d.kill9();
+    const ToolResult r = run.finish(30s);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_EQ(r.out.find("got-term") != std::string::npos, c.expected_output_found == 1) << r.out;
+    EXPECT_NE(r.err.find("lost"), std::string::npos) << r.err;
+    if (std::string(c.on_lost) == "ignore") {
+      EXPECT_NE(r.out.find("finished"), std::string::npos) << r.out;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace shardlock::lease

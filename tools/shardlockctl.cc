@@ -1,0 +1,390 @@
+// shardlockctl: the command-line client of the lease service.
+//
+//   shardlockctl --server HOST:PORT[,HOST:PORT...] SUBCOMMAND
+//     acquire KEY --ttl DUR [--wait DUR] [--owner HEX]
+//     renew   KEY --token T --owner HEX --ttl DUR
+//     release KEY --token T --owner HEX
+//     query   KEY
+//     stats
+//     run     KEY --ttl DUR [--wait DUR] [--on-lost term|kill|ignore] -- COMMAND ARGS...
+//
+// Every subcommand prints one JSON object on stdout (run prints nothing of
+// its own on success). Exit codes, as with flock -n:
+//   0  granted / renewed / released / answered
+//   1  busy or timed out (acquire, run); not owner or expired (renew, release)
+//   2  usage error
+//   3  server unreachable
+//   4  server recovering (lock-delay after a restart)
+//   5  the server answered ERROR, or a local failure
+//   run: the command's own exit status (128+N if killed by signal N;
+//        126 not executable, 127 not found), except
+//   75 the lease was lost while the command ran (EX_TEMPFAIL)
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "shardlock/lease/client.h"
+#include "shardlock/lease/duration.h"
+
+extern char** environ;
+
+namespace {
+
+using namespace shardlock::lease;
+using std::chrono::milliseconds;
+
+constexpr int kExitOk = 0;
+constexpr int kExitRefused = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitUnreachable = 3;
+constexpr int kExitRecovering = 4;
+constexpr int kExitError = 5;
+constexpr int kExitLeaseLost = 75;
+
+int exit_code_for(const std::error_code& ec) {
+  if (!ec) return kExitOk;
+  if (ec == LeaseErrc::kBusy || ec == LeaseErrc::kTimeout || ec == LeaseErrc::kNotOwner ||
+      ec == LeaseErrc::kExpired) {
+    return kExitRefused;
+  }
+  if (ec == LeaseErrc::kUnreachable) return kExitUnreachable;
+  if (ec == LeaseErrc::kRecovering) return kExitRecovering;
+  if (ec == LeaseErrc::kBadArgument) return kExitUsage;
+  return kExitError;
+}
+
+// The JSON spelling of an error: "busy", "not_owner", ...
+std::string error_name(const std::error_code& ec) {
+  std::string name(ec.category() == lease_category() ? std::string(to_string(static_cast<LeaseErrc>(ec.value())))
+                                                      : ec.message());
+  for (char& ch : name) {
+    if (ch == ' ') ch = '_';
+  }
+  return name;
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (const unsigned char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += static_cast<char>(ch);
+    } else if (ch < 0x20) {
+      char buffer[8];
+      std::snprintf(buffer, sizeof buffer, "\\u%04x", ch);
+      out += buffer;
+    } else {
+      out += static_cast<char>(ch);
+    }
+  }
+  return out + "\"";
+}
+
+// Prints {"key":..,"error":..[,extra]} and returns the exit code for `ec`.
+int print_error(std::string_view key, const std::error_code& ec, const std::string& extra = {}) {
+  std::printf("{\"key\":%s,\"error\":%s%s}\n", json_string(key).c_str(), json_string(error_name(ec)).c_str(),
+              extra.c_str());
+  return exit_code_for(ec);
+}
+
+std::string wire_error_field(const std::error_code& ec, WireError wire) {
+  if (ec != LeaseErrc::kServerError) return {};
+  return ",\"wire_error\":" + json_string(to_string(wire));
+}
+
+struct DurationArg {
+  std::string text;
+  milliseconds value{0};
+};
+
+bool parse_arg(DurationArg& d, const char* flag, bool positive) {
+  if (d.text.empty()) return true;
+  const auto parsed = parse_duration(d.text);
+  if (!parsed || (positive && parsed->count() <= 0) ||
+      parsed->count() > static_cast<long long>(std::numeric_limits<std::uint32_t>::max())) {
+    std::fprintf(stderr, "shardlockctl: bad %s '%s' (write e.g. 500ms, 30s, 2m)\n", flag, d.text.c_str());
+    return false;
+  }
+  d.value = *parsed;
+  return true;
+}
+
+// ------------------------------------------------------------------ run
+
+const char* signal_for(const std::string& on_lost) {
+  return on_lost == "kill" ? "SIGKILL" : on_lost == "term" ? "SIGTERM" : "none";
+}
+
+int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, milliseconds wait,
+                const std::string& on_lost, const std::vector<std::string>& command,
+                const std::string& servers) {
+  // Signals ctl handles itself: they are blocked in every thread (the client
+  // threads inherit the mask, so they must be blocked before the client
+  // starts; main() does that) and taken synchronously with sigtimedwait.
+  sigset_t handled;
+  sigemptyset(&handled);
+  for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&handled, s);
+
+  std::atomic<bool> lost{false};
+  LeaseOptions options;
+  options.watchdog = true;
+  // Written on the watchdog thread, read by the loop below; relaxed is
+  // enough, the flag carries no other data.
+  options.on_lost = [&lost](const LeaseLost&) { lost.store(true, std::memory_order_relaxed); };
+  AcquireResult acquired = client.acquire(key, ttl, wait, std::move(options));
+  if (!acquired) {
+    return print_error(key, acquired.error, wire_error_field(acquired.error, acquired.wire_error));
+  }
+  Lease& lease = acquired.lease;
+
+  // The child's environment: ours plus the lease.
+  std::vector<std::string> extra = {
+      "SHARDLOCK_KEY=" + key,
+      "SHARDLOCK_TOKEN=" + std::to_string(lease.token()),
+      "SHARDLOCK_OWNER=" + to_hex(lease.owner()),
+      "SHARDLOCK_SERVER=" + servers,
+  };
+  std::vector<char*> envp;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (std::strncmp(*e, "SHARDLOCK_KEY=", 14) == 0 || std::strncmp(*e, "SHARDLOCK_TOKEN=", 16) == 0 ||
+        std::strncmp(*e, "SHARDLOCK_OWNER=", 16) == 0 || std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0) {
+      continue;
+    }
+    envp.push_back(*e);
+  }
+  for (std::string& e : extra) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+
+  // The child starts with an empty signal mask and default dispositions.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t empty;
+  sigemptyset(&empty);
+  posix_spawnattr_setsigmask(&attr, &empty);
+  posix_spawnattr_setsigdefault(&attr, &handled);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  pid_t child = -1;
+  const int spawn_error = ::posix_spawnp(&child, argv[0], nullptr, &attr, argv.data(), envp.data());
+  posix_spawnattr_destroy(&attr);
+  if (spawn_error != 0) {
+    std::fprintf(stderr, "shardlockctl: cannot run '%s': %s\n", argv[0], std::strerror(spawn_error));
+    (void)lease.release();
+    return spawn_error == ENOENT ? 127 : 126;
+  }
+
+  bool signalled_for_loss = false;
+  int status = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(child, &status, WNOHANG);
+    if (done == child) break;
+    if (done < 0 && errno != EINTR) {
+      status = 0;
+      break;
+    }
+    if (lost.load(std::memory_order_relaxed) && !signalled_for_loss) {
+      signalled_for_loss = true;
+      std::fprintf(stderr, "shardlockctl: lease on '%s' lost; %s the command\n", key.c_str(),
+                   on_lost == "ignore" ? "not signalling" : signal_for(on_lost));
+      if (on_lost == "term") ::kill(child, SIGTERM);
+      if (on_lost == "kill") ::kill(child, SIGKILL);
+    }
+    // Wake for a child exit or a signal to forward; the 20 ms bound is
+    // how late a lost lease may be noticed.
+    const timespec tick{0, 20'000'000};
+    siginfo_t info{};
+    const int sig = ::sigtimedwait(&handled, &info, &tick);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) ::kill(child, sig);
+  }
+
+  const bool was_lost = lost.load(std::memory_order_relaxed);
+  if (!was_lost) {
+    const std::error_code released = lease.release();
+    if (released) {
+      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", key.c_str(), released.message().c_str());
+    }
+  }
+  if (was_lost) return kExitLeaseLost;
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return kExitError;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"shardlockctl: take, renew, release and inspect shardlock leases; run a command under a lease"};
+  app.require_subcommand(1);
+  std::string servers;
+  DurationArg timeout{"2s"};
+  app.add_option("--server", servers, "HOST:PORT of the server(s), comma separated")
+      ->envname("SHARDLOCK_SERVER")
+      ->required();
+  app.add_option("--timeout", timeout.text, "How long a request retransmits before 'unreachable'")
+      ->capture_default_str();
+  app.footer(
+      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage; 3 unreachable; 4 recovering; "
+      "5 server error. run: the command's status, or 75 when the lease was lost.");
+
+  std::string key;
+  DurationArg ttl;
+  DurationArg wait{"0"};
+  std::string owner_hex;
+  std::uint64_t token = 0;
+
+  auto* acquire = app.add_subcommand("acquire", "Take a lease; prints {key, token, ttl_ms, owner}");
+  acquire->add_option("key", key, "The key")->required();
+  acquire->add_option("--ttl", ttl.text, "Lease duration, e.g. 30s")->required();
+  acquire->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")->capture_default_str();
+  acquire->add_option("--owner", owner_hex, "Act as this owner (32 hex digits); default: a new random owner");
+
+  auto* renew = app.add_subcommand("renew", "Extend a lease you hold");
+  renew->add_option("key", key, "The key")->required();
+  renew->add_option("--token", token, "The lease's token")->required();
+  renew->add_option("--owner", owner_hex, "The owner printed by acquire")->required();
+  renew->add_option("--ttl", ttl.text, "New duration, e.g. 30s")->required();
+
+  auto* release = app.add_subcommand("release", "Give a lease back");
+  release->add_option("key", key, "The key")->required();
+  release->add_option("--token", token, "The lease's token")->required();
+  release->add_option("--owner", owner_hex, "The owner printed by acquire")->required();
+
+  auto* query = app.add_subcommand("query", "Is the key held, by which token, for how long");
+  query->add_option("key", key, "The key")->required();
+
+  auto* stats = app.add_subcommand("stats", "Server counters and every shard's token");
+
+  std::string on_lost = "term";
+  std::vector<std::string> command;
+  auto* run = app.add_subcommand(
+      "run", "Hold a lease while COMMAND runs (like flock); the command sees SHARDLOCK_KEY and SHARDLOCK_TOKEN");
+  run->add_option("key", key, "The key")->required();
+  run->add_option("--ttl", ttl.text, "Lease duration; renewed every ttl/3 while the command runs")->required();
+  run->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")->capture_default_str();
+  run->add_option("--on-lost", on_lost, "What to do to the command if the lease is lost")
+      ->check(CLI::IsMember({"term", "kill", "ignore"}))
+      ->capture_default_str();
+  run->add_option("command", command, "-- COMMAND ARGS...")->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : kExitUsage;
+  }
+  if (!parse_arg(timeout, "--timeout", true) || !parse_arg(ttl, "--ttl", true) || !parse_arg(wait, "--wait", false)) {
+    return kExitUsage;
+  }
+
+  LeaseClientOptions options;
+  options.nodes = split_node_list(servers);
+  options.request_timeout = timeout.value;
+  if (!owner_hex.empty()) {
+    const auto id = parse_client_id(owner_hex);
+    if (!id) {
+      std::fprintf(stderr, "shardlockctl: --owner wants 32 hex digits, got '%s'\n", owner_hex.c_str());
+      return kExitUsage;
+    }
+    options.client_id = *id;
+  }
+  if (key.size() > kMaxKeyLength || (key.empty() && !stats->parsed())) {
+    std::fprintf(stderr, "shardlockctl: keys are 1..%zu bytes\n", kMaxKeyLength);
+    return kExitUsage;
+  }
+  if (run->parsed()) {
+    // Before any client thread exists, so every thread inherits the mask.
+    sigset_t handled;
+    sigemptyset(&handled);
+    for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&handled, s);
+    pthread_sigmask(SIG_BLOCK, &handled, nullptr);
+  }
+
+  LeaseClient client(options);
+  if (std::error_code ec = client.start()) {
+    std::fprintf(stderr, "shardlockctl: %s\n", client.error_detail().c_str());
+    return ec == LeaseErrc::kBadAddress ? kExitUsage : kExitError;
+  }
+
+  if (acquire->parsed()) {
+    AcquireResult r = client.acquire(key, ttl.value, wait.value);
+    if (!r) {
+      std::string extra = wire_error_field(r.error, r.wire_error);
+      if (r.error == LeaseErrc::kBusy) extra += ",\"ttl_left_ms\":" + std::to_string(r.holder_ttl_left_ms);
+      if (r.error == LeaseErrc::kRecovering) extra += ",\"retry_after_ms\":" + std::to_string(r.retry_after_ms);
+      return print_error(key, r.error, extra);
+    }
+    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%lld,\"owner\":\"%s\"}\n", json_string(key).c_str(),
+                r.lease.token(), static_cast<long long>(r.lease.ttl().count()), to_hex(r.lease.owner()).c_str());
+    // The lease outlives this process: let go of the handle, not the lease.
+    r.lease.detach();
+    return kExitOk;
+  }
+  if (renew->parsed()) {
+    const CallResult r = client.renew(key, token, ttl.value);
+    if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
+    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%u,\"renewed\":true}\n", json_string(key).c_str(),
+                token, r.ttl_ms);
+    return kExitOk;
+  }
+  if (release->parsed()) {
+    const CallResult r = client.release(key, token);
+    if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
+    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"released\":true}\n", json_string(key).c_str(), token);
+    return kExitOk;
+  }
+  if (query->parsed()) {
+    const CallResult r = client.query(key);
+    if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
+    std::printf("{\"key\":%s,\"held\":%s,\"token\":%" PRIu64 ",\"ttl_left_ms\":%u,\"waiters\":%u}\n",
+                json_string(key).c_str(), r.held ? "true" : "false", r.token, r.ttl_ms, r.waiters);
+    return kExitOk;
+  }
+  if (stats->parsed()) {
+    static constexpr const char* kCounterNames[kStatCounterCount] = {
+        "grants",   "busy",     "queued",          "timeouts",   "expirations", "not_owner",   "malformed",
+        "renewed",  "released", "expired_replies", "recovering", "errors",      "retransmits", "requests"};
+    std::string out = "{\"nodes\":[";
+    int worst = kExitOk;
+    for (std::size_t n = 0; n < options.nodes.size(); ++n) {
+      const ServerStatsReply s = client.stats(n);
+      if (n > 0) out += ',';
+      out += "{\"server\":" + json_string(options.nodes[n]);
+      if (s.error) {
+        out += ",\"error\":" + json_string(error_name(s.error)) + "}";
+        worst = std::max(worst, exit_code_for(s.error));
+        continue;
+      }
+      out += ",\"shards\":" + std::to_string(s.shard_count) + ",\"counters\":{";
+      for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+        if (i > 0) out += ',';
+        out += std::string("\"") + kCounterNames[i] + "\":" + std::to_string(s.counters[i]);
+      }
+      out += "},\"shard_tokens\":[";
+      for (std::size_t i = 0; i < s.shard_tokens.size(); ++i) {
+        if (i > 0) out += ',';
+        out += std::to_string(s.shard_tokens[i]);
+      }
+      out += "]}";
+    }
+    out += "]}";
+    std::printf("%s\n", out.c_str());
+    return worst;
+  }
+  if (run->parsed()) {
+    return run_command(client, key, ttl.value, wait.value, on_lost, command, servers);
+  }
+  return kExitUsage;
+}
