@@ -85,8 +85,8 @@ TEST(FencingValidator, KleppmannScenarioAgainstARealServer) {
     return true;
   };
 
-  testing::UdpTestPeer holder1(server.port());
-  testing::UdpTestPeer holder2(server.port());
+  test_support::UdpTestPeer holder1(server.port());
+  test_support::UdpTestPeer holder2(server.port());
   const Message lease1 = holder1.acquire("file", 200);
   ASSERT_EQ(lease1.type, MessageType::kGranted);
   ASSERT_TRUE(write(lease1.token, "holder 1, before the pause"));

@@ -19,7 +19,7 @@ namespace shardlock::lease {
 namespace {
 
 using std::chrono::milliseconds;
-using testing::UdpTestPeer;
+using test_support::UdpTestPeer;
 
 class ServerTest : public ::testing::TestWithParam<IoBackend> {
  protected:

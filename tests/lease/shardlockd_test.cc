@@ -28,7 +28,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-using testing::UdpTestPeer;
+using test_support::UdpTestPeer;
 
 const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
 

@@ -17,7 +17,7 @@
 
 #include "shardlock/lease/protocol.h"
 
-namespace shardlock::lease::testing {
+namespace shardlock::lease::test_support {
 
 class UdpTestPeer {
  public:
@@ -164,4 +164,4 @@ class UdpTestPeer {
   std::string key_copy_;
 };
 
-}  // namespace shardlock::lease::testing
+}  // namespace shardlock::lease::test_support
