@@ -74,6 +74,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -120,6 +121,12 @@ inline std::uint64_t hash_key(std::string_view key, std::uint64_t seed) noexcept
   return XXH3_64bits_withSeed(key.data(), key.size(), seed);
 }
 
+constexpr std::uint64_t byteswap64(std::uint64_t v) noexcept {
+  std::uint64_t out = 0;
+  for (int i = 0; i < 8; ++i) out |= ((v >> (8 * i)) & 0xff) << (56 - 8 * i);
+  return out;
+}
+
 template <std::integral I>
 inline std::uint64_t hash_key(I key, std::uint64_t seed) noexcept {
   // Widen (sign-extending signed types) so every integer type of the same
@@ -130,8 +137,11 @@ inline std::uint64_t hash_key(I key, std::uint64_t seed) noexcept {
   } else {
     wide = static_cast<std::uint64_t>(key);
   }
+  // One 8-byte store, which XXH3 reads back as two 4-byte halves (a store
+  // per byte would stall store-to-load forwarding on the way back).
+  if constexpr (std::endian::native == std::endian::big) wide = byteswap64(wide);
   unsigned char bytes[8];
-  for (int i = 0; i < 8; ++i) bytes[i] = static_cast<unsigned char>(wide >> (8 * i));
+  std::memcpy(bytes, &wide, sizeof bytes);
   return XXH3_64bits_withSeed(bytes, sizeof bytes, seed);
 }
 
