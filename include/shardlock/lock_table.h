@@ -81,6 +81,7 @@
 #include <mutex>
 #include <optional>
 #include <ranges>
+#include <span>
 #include <string_view>
 #include <type_traits>
 #include <utility>
@@ -115,8 +116,8 @@ concept HasContentionStats = requires(const L& l) {
   { l.stats() } -> std::same_as<ContentionStats>;
 };
 
-// The seeded 64-bit hash that places keys. Exposed (not API) so tests and
-// the router-style golden checks can recompute placement.
+// The seeded 64-bit hash that places keys (not API; tests recompute
+// placement with it).
 inline std::uint64_t hash_key(std::string_view key, std::uint64_t seed) noexcept {
   return XXH3_64bits_withSeed(key.data(), key.size(), seed);
 }
