@@ -132,7 +132,7 @@ int run(int argc, char** argv) {
               << ")\n";
     return kExitStartFailed;
   }
-  const auto effective_delay = options.lock_delay.value_or(options.max_ttl);
+  const auto effective_delay = server.lock_delay();
 #ifdef SHARDLOCK_WITH_JEMALLOC
   const char* allocator = "jemalloc";
 #else

@@ -188,18 +188,21 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::atomic<bool> stopping{false};
   bool started = false;
   IoBackend backend = IoBackend::kSocket;
+  std::chrono::milliseconds lock_delay{0};
   std::uint16_t port = 0;
   std::string listen;
   // Counted outside any shard. Relaxed: statistics only.
   std::atomic<std::uint64_t> malformed{0};
   std::atomic<std::uint64_t> version_errors{0};
+  // When to lower the data dir's lease bound to this run's max TTL (set
+  // before the threads start, then touched by I/O worker 0 only).
+  std::optional<std::int64_t> lease_bound_settles_ms;
 };
 
 std::error_code LeaseServer::Impl::start() {
   if (started) return fail(ServerError::kAlreadyStarted, "start() called twice");
   started = true;
   const auto& o = options;
-  const std::chrono::milliseconds lock_delay = o.lock_delay.value_or(o.max_ttl);
   if (o.shards == 0 || o.shards > 65536) {
     return fail(ServerError::kBadOptions,
                 "shards must be 1..65536, got " + std::to_string(o.shards));
@@ -210,7 +213,9 @@ std::error_code LeaseServer::Impl::start() {
   if (o.max_wait.count() < 0 || o.max_wait.count() > UINT32_MAX) {
     return fail(ServerError::kBadOptions, "max_wait must be 0..49d");
   }
-  if (lock_delay.count() < 0) return fail(ServerError::kBadOptions, "lock_delay must be >= 0");
+  if (o.lock_delay && o.lock_delay->count() < 0) {
+    return fail(ServerError::kBadOptions, "lock_delay must be >= 0");
+  }
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
   }
@@ -218,18 +223,32 @@ std::error_code LeaseServer::Impl::start() {
 
   // Tokens.
   std::uint64_t floor = 0;
+  std::chrono::milliseconds previous_bound{0};
   if (!o.data_dir.empty()) {
     std::string detail;
     if (const std::error_code ec = TokenStore::open(o.data_dir, store, detail)) {
       return fail(ec, detail);
     }
     floor = store->floor();
-    if (const std::error_code ec = store->initialize(o.shards, floor + o.token_block, detail)) {
+    previous_bound = std::chrono::milliseconds(
+        std::min<std::uint64_t>(store->previous_lease_bound_ms(), UINT32_MAX));
+    // Until this run's lock-delay has outlasted the previous bound, a lease
+    // of an earlier run may be live: keep the larger bound on disk.
+    const auto bound = std::max(previous_bound, o.max_ttl);
+    if (const std::error_code ec = store->initialize(
+            o.shards, floor + o.token_block, static_cast<std::uint64_t>(bound.count()), detail)) {
       return fail(ec, detail);
     }
     o.log("data dir " + o.data_dir + ": tokens continue above " + std::to_string(floor));
   } else {
     o.log("no data dir: tokens restart from 1 and are only monotonic within this run");
+  }
+  // The default lock-delay covers the longest lease any earlier run may have
+  // granted: its max TTL, as recorded in the data dir, if that was longer.
+  lock_delay = o.lock_delay.value_or(std::max(o.max_ttl, previous_bound));
+  if (lock_delay < previous_bound) {
+    o.log("warning: lock-delay " + to_string(lock_delay) + " is shorter than the previous run's " +
+          "max TTL " + to_string(previous_bound) + ": its leases may still be live");
   }
 
   const std::int64_t now = now_ms();
@@ -238,6 +257,9 @@ std::error_code LeaseServer::Impl::start() {
   limits.max_wait_ms = static_cast<std::uint32_t>(o.max_wait.count());
   limits.dedup_capacity = o.dedup_entries_per_shard;
   limits.recovering_until_ms = now + lock_delay.count();
+  if (store && previous_bound > o.max_ttl) {
+    lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
+  }
   shards.reserve(o.shards);
   for (std::uint32_t i = 0; i < o.shards; ++i) {
     auto slot = std::make_unique<ShardSlot>();
@@ -455,6 +477,15 @@ void LeaseServer::Impl::on_tick(unsigned worker, std::vector<OutDatagram>& out) 
     shards[s]->shard->advance(now, w.deferred);
   }
   send_deferred(w, out);
+  if (worker == 0 && lease_bound_settles_ms && now >= *lease_bound_settles_ms) {
+    // Every lease of an earlier run has expired by now; from here on only
+    // this run's max TTL bounds what a restart must wait for.
+    lease_bound_settles_ms.reset();
+    std::string detail;
+    if (store->record_lease_bound(static_cast<std::uint64_t>(options.max_ttl.count()), detail)) {
+      options.log("cannot record the lease bound: " + detail);
+    }
+  }
 }
 
 LeaseServer::LeaseServer(LeaseServerOptions options)
@@ -465,6 +496,7 @@ std::error_code LeaseServer::start() { return impl_->start(); }
 std::uint16_t LeaseServer::port() const noexcept { return impl_->port; }
 std::string LeaseServer::listen_address() const { return impl_->listen; }
 IoBackend LeaseServer::backend() const noexcept { return impl_->backend; }
+std::chrono::milliseconds LeaseServer::lock_delay() const noexcept { return impl_->lock_delay; }
 const std::string& LeaseServer::error_detail() const noexcept { return impl_->error_detail; }
 void LeaseServer::stop() { impl_->stop(); }
 

@@ -213,9 +213,8 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
       ::unlinkat(store->dir_fd_, name.c_str(), 0);
     } else if (name == "meta") {
       std::uint32_t version = 0;
-      std::uint64_t unused = 0;
       if ((failure = read_record(store->dir_fd_, name, r, why))) {
-      } else if (!parse_record(r, kMetaMagic, version, meta_shards, unused) ||
+      } else if (!parse_record(r, kMetaMagic, version, meta_shards, store->lease_bound_ms_) ||
                  version != kFormatVersion || meta_shards == 0) {
         why = "bad magic, version or checksum";
         failure = ServerError::kDataDirCorrupt;
@@ -262,7 +261,7 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
 }
 
 std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_water,
-                                       std::string& detail) {
+                                       std::uint64_t lease_bound_ms, std::string& detail) {
   for (std::uint32_t i = 0; i < shards; ++i) {
     const std::string name = shard_file_name(i);
     if (const std::error_code ec =
@@ -277,8 +276,13 @@ std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_
     detail = describe("cannot fsync data dir", dir_, ec);
     return ec;
   }
-  if (const std::error_code ec =
-          write_record(dir_fd_, "meta", make_record(kMetaMagic, kFormatVersion, shards, 0))) {
+  shards_ = shards;
+  return record_lease_bound(lease_bound_ms, detail);
+}
+
+std::error_code TokenStore::record_lease_bound(std::uint64_t lease_bound_ms, std::string& detail) {
+  if (const std::error_code ec = write_record(
+          dir_fd_, "meta", make_record(kMetaMagic, kFormatVersion, shards_, lease_bound_ms))) {
     detail = describe("cannot write", dir_ + "/meta", ec);
     return ec;
   }

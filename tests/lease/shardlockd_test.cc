@@ -238,6 +238,49 @@ TEST_F(ShardlockdTest, TokensSurviveKillDashNine) {
   EXPECT_EQ(d.wait(), 0);
 }
 
+std::int64_t ready_lock_delay_ms(const std::string& line) {
+  std::smatch m;
+  static const std::regex kDelay(R"re("lock_delay_ms":(\d+))re");
+  if (!std::regex_search(line, m, kDelay)) return -1;
+  return std::stoll(m[1].str());
+}
+
+// Lowering --max-ttl across a crash must not shorten the wait for the old,
+// longer leases: the default lock-delay covers the previous run's max TTL
+// until the new run has waited it out.
+TEST_F(ShardlockdTest, LockDelayCoversThePreviousRunsLongerMaxTtl) {
+  const std::string dir = root_ + "/data";
+  {
+    Daemon d(
+        {"--listen", "127.0.0.1:0", "--data-dir", dir, "--max-ttl", "1500ms", "--lock-delay", "0"});
+    const std::uint16_t port = ready_port(d.read_line());
+    ASSERT_NE(port, 0);
+    UdpTestPeer peer(port);
+    ASSERT_EQ(peer.acquire("long", 1500).type, MessageType::kGranted);
+    d.signal(SIGKILL);
+    d.wait();
+  }
+  {
+    Daemon d({"--listen", "127.0.0.1:0", "--data-dir", dir, "--max-ttl", "200ms"});
+    const std::string line = d.read_line();
+    const std::uint16_t port = ready_port(line);
+    ASSERT_NE(port, 0);
+    EXPECT_EQ(ready_lock_delay_ms(line), 1500) << line;
+    UdpTestPeer peer(port);
+    const Message r = peer.acquire("long", 200);
+    ASSERT_EQ(r.type, MessageType::kRecovering);
+    EXPECT_GT(r.retry_after_ms, 200u);
+    // Once the delay has passed, the smaller bound is what the next run needs.
+    std::this_thread::sleep_for(milliseconds{r.retry_after_ms + 50});
+    ASSERT_EQ(peer.acquire("long", 200).type, MessageType::kGranted);
+    d.signal(SIGKILL);
+    d.wait();
+  }
+  Daemon d({"--listen", "127.0.0.1:0", "--data-dir", dir, "--max-ttl", "200ms"});
+  const std::string line = d.read_line();
+  EXPECT_EQ(ready_lock_delay_ms(line), 200) << line;
+}
+
 TEST_F(ShardlockdTest, SecondDaemonOnTheSameDataDirIsRefused) {
   const std::string dir = root_ + "/data";
   Daemon first({"--listen", "127.0.0.1:0", "--data-dir", dir, "--lock-delay", "0"});

@@ -45,7 +45,7 @@ TEST_F(TokenStoreTest, FreshDirStartsAtZeroAndReopensAboveEveryIssuedToken) {
     std::unique_ptr<TokenStore> store;
     ASSERT_FALSE(open(store)) << detail_;
     EXPECT_EQ(store->floor(), 0u);
-    ASSERT_FALSE(store->initialize(4, 8, detail_)) << detail_;
+    ASSERT_FALSE(store->initialize(4, 8, 1000, detail_)) << detail_;
     ShardTokens tokens(store.get(), 2, 0, 8, 8);
     for (int i = 0; i < 21; ++i) issued = tokens.next(detail_);
     EXPECT_EQ(issued, 21u);
@@ -60,16 +60,36 @@ TEST_F(TokenStoreTest, ShardCountMayChangeTokensStillRise) {
   {
     std::unique_ptr<TokenStore> store;
     ASSERT_FALSE(open(store));
-    ASSERT_FALSE(store->initialize(8, 100, detail_));
+    ASSERT_FALSE(store->initialize(8, 100, 1000, detail_));
     ASSERT_FALSE(store->reserve(7, 5000, detail_));
   }
   std::unique_ptr<TokenStore> store;
   ASSERT_FALSE(open(store)) << detail_;
   EXPECT_EQ(store->floor(), 5000u);  // the largest mark of any shard
-  ASSERT_FALSE(store->initialize(2, 5100, detail_));
+  ASSERT_FALSE(store->initialize(2, 5100, 1000, detail_));
   store.reset();
   ASSERT_FALSE(open(store)) << detail_;
   EXPECT_EQ(store->floor(), 5100u);
+}
+
+TEST_F(TokenStoreTest, LeaseBoundIsRemembered) {
+  {
+    std::unique_ptr<TokenStore> store;
+    ASSERT_FALSE(open(store));
+    EXPECT_EQ(store->previous_lease_bound_ms(), 0u);
+    ASSERT_FALSE(store->initialize(2, 10, 120'000, detail_));
+  }
+  {
+    std::unique_ptr<TokenStore> store;
+    ASSERT_FALSE(open(store));
+    EXPECT_EQ(store->previous_lease_bound_ms(), 120'000u);
+    ASSERT_FALSE(store->initialize(2, 20, 120'000, detail_));
+    ASSERT_FALSE(store->record_lease_bound(500, detail_));
+  }
+  std::unique_ptr<TokenStore> store;
+  ASSERT_FALSE(open(store));
+  EXPECT_EQ(store->previous_lease_bound_ms(), 500u);
+  EXPECT_EQ(store->floor(), 20u);
 }
 
 TEST_F(TokenStoreTest, SecondOwnerIsRefused) {
@@ -86,7 +106,7 @@ TEST_F(TokenStoreTest, CorruptFilesAreStartUpErrors) {
   {
     std::unique_ptr<TokenStore> store;
     ASSERT_FALSE(open(store));
-    ASSERT_FALSE(store->initialize(3, 10, detail_));
+    ASSERT_FALSE(store->initialize(3, 10, 1000, detail_));
   }
   const std::string shard1 = dir_ + "/shard-00001.hwm";
   std::string original;
@@ -131,7 +151,7 @@ TEST_F(TokenStoreTest, LeftoverTempFilesAreIgnoredAndRemoved) {
   {
     std::unique_ptr<TokenStore> store;
     ASSERT_FALSE(open(store));
-    ASSERT_FALSE(store->initialize(1, 10, detail_));
+    ASSERT_FALSE(store->initialize(1, 10, 1000, detail_));
   }
   std::ofstream(dir_ + "/shard-00000.hwm.tmp") << "half a write";
   std::unique_ptr<TokenStore> store;
@@ -156,7 +176,7 @@ TEST_F(TokenStoreTest, UnreadableFileIsAnError) {
   {
     std::unique_ptr<TokenStore> store;
     ASSERT_FALSE(open(store));
-    ASSERT_FALSE(store->initialize(1, 10, detail_));
+    ASSERT_FALSE(store->initialize(1, 10, 1000, detail_));
   }
   ASSERT_EQ(::chmod((dir_ + "/shard-00000.hwm").c_str(), 0), 0);
   std::unique_ptr<TokenStore> store;

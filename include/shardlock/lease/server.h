@@ -63,8 +63,10 @@ struct LeaseServerOptions {
   std::chrono::milliseconds max_ttl{60'000};
   // Largest wait_ms an ACQUIRE may ask for; larger is ERROR.
   std::chrono::milliseconds max_wait{300'000};
-  // How long after start() ACQUIRE answers RECOVERING. nullopt = max_ttl.
-  // Zero is allowed (tests) and logged as a warning.
+  // How long after start() ACQUIRE answers RECOVERING. nullopt = max_ttl,
+  // or the max TTL of an earlier run recorded in data_dir if that is longer
+  // (until this run has waited it out). Zero is allowed (tests) and logged
+  // as a warning.
   std::optional<std::chrono::milliseconds> lock_delay;
   // Directory for the token high-water marks. Empty: tokens are kept in
   // memory only and restart from 1 (see docs/lease-server.md).
@@ -128,6 +130,9 @@ class LeaseServer {
   [[nodiscard]] std::string listen_address() const;
   // The back end start() chose.
   [[nodiscard]] IoBackend backend() const noexcept;
+  // The lock-delay start() applied: options.lock_delay, or by default the
+  // larger of max_ttl and the max TTL the data dir records for earlier runs.
+  [[nodiscard]] std::chrono::milliseconds lock_delay() const noexcept;
   // Why start() failed.
   [[nodiscard]] const std::string& error_detail() const noexcept;
   // Counters and per-shard tokens; takes each shard lock briefly.

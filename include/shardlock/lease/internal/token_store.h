@@ -5,7 +5,10 @@
 //
 // Layout of the data dir
 //   lock               flock(2)ed while a server owns the directory
-//   meta               magic, format version, shard count, xxh3 checksum
+//   meta               magic, format version, shard count, lease bound (the
+//                      longest a lease granted so far may outlive the
+//                      server, in ms: the next run's default lock-delay),
+//                      xxh3 checksum
 //   shard-NNNNN.hwm    magic, shard index, high-water mark, xxh3 checksum
 //   *.tmp              a write interrupted by a crash; removed at open
 //
@@ -40,10 +43,20 @@ class TokenStore {
   // Every token issued by any earlier run is <= floor().
   [[nodiscard]] std::uint64_t floor() const noexcept { return floor_; }
 
-  // Durably records `high_water` for shards 0..shards-1 and the shard count,
-  // before the server issues anything. One directory fsync for all files.
+  // The longest a lease granted by an earlier run may still be live, as
+  // recorded by it (see record_lease_bound); 0 if unknown (fresh dir).
+  [[nodiscard]] std::uint64_t previous_lease_bound_ms() const noexcept { return lease_bound_ms_; }
+
+  // Durably records `high_water` for shards 0..shards-1, the shard count and
+  // `lease_bound_ms`, before the server issues anything.
   [[nodiscard]] std::error_code initialize(std::uint32_t shards, std::uint64_t high_water,
-                                           std::string& detail);
+                                           std::uint64_t lease_bound_ms, std::string& detail);
+
+  // Durably records in meta how long a lease of this or an earlier run may
+  // still be live after this run dies: the next run's default lock-delay.
+  // Not thread-safe against itself (the server calls it from one thread).
+  [[nodiscard]] std::error_code record_lease_bound(std::uint64_t lease_bound_ms,
+                                                   std::string& detail);
 
   // Durably records `high_water` for one shard. Thread-safe for distinct
   // shards (each call writes its own files); blocks for the fsyncs.
@@ -59,6 +72,8 @@ class TokenStore {
   int dir_fd_ = -1;
   int lock_fd_ = -1;
   std::uint64_t floor_ = 0;
+  std::uint64_t lease_bound_ms_ = 0;
+  std::uint32_t shards_ = 0;
 };
 
 // One shard's token counter. Not thread-safe: the shard lock guards it.
