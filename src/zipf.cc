@@ -9,7 +9,7 @@
 namespace shardlock::workload {
 
 ZipfDistribution::ZipfDistribution(std::uint64_t keys, double theta)
-    : keys_(keys), theta_(theta), harmonic_(0.0), columns_(keys) {
+    : keys_(keys), theta_(theta), columns_(keys) {
   assert(keys >= 1 && keys <= (std::uint64_t{1} << 32) && theta >= 0.0);
 
   // Weights w_r = (r + 1)^-theta. Summed from the smallest up, so the

@@ -210,6 +210,7 @@ TEST(LockTableTest, LockManyInOppositeOrdersDoesNotDeadlock) {
   LockTable<> table(8, 3);
   std::int64_t a = 0;  // guarded by the stripes of keys 1 and 2 together
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 2000; ++i) {
@@ -230,6 +231,7 @@ void check_mutual_exclusion() {
   constexpr int kIterations = 5000;
   std::array<std::int64_t, kKeys> counters{};  // counters[k] guarded by k's stripe
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < kIterations; ++i) {
@@ -256,6 +258,7 @@ TEST(LockTableTest, WithLockIsMutuallyExclusiveAndReturnsTheResult) {
   std::int64_t hot = 0;  // guarded by the stripe of "hot"
   std::int64_t cold[kThreads] = {};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::atomic<std::int64_t> returned{0};
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -274,7 +277,7 @@ TEST(LockTableTest, WithLockIsMutuallyExclusiveAndReturnsTheResult) {
     });
   }
   for (auto& thread : threads) thread.join();
-  const std::int64_t extra = kThreads * ((kIterations + 15) / 16);
+  const std::int64_t extra = std::int64_t{kThreads} * ((kIterations + 15) / 16);
   EXPECT_EQ(hot, std::int64_t{kThreads} * kIterations + extra);
   for (const auto c : cold) EXPECT_EQ(c, (kIterations + 15) / 16);
   // Every value handed back is a distinct pre-increment result, so their
@@ -287,6 +290,7 @@ TEST(LockTableTest, WithLockRethrowsInTheCallerAndStaysUsable) {
   LockTable<> table(4, 3);
   std::atomic<int> thrown{0};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::int64_t counter = 0;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&] {

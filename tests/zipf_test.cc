@@ -159,8 +159,8 @@ TEST(ZipfGeneratorTest, IsDeterministicPerSeed) {
   // Pinned: the same seed must give the same ranks on every platform and
   // in every future version (benchmarks compare runs across both).
   ZipfGenerator golden(1'000'000, 0.99, 7);
-  std::vector<std::uint64_t> first;
-  for (int i = 0; i < 8; ++i) first.push_back(golden.next());
+  std::vector<std::uint64_t> first(8);
+  for (auto& rank : first) rank = golden.next();
   EXPECT_EQ(first, (std::vector<std::uint64_t>{10, 16788, 8318, 122, 22, 1, 467953, 4}));
 }
 

@@ -38,7 +38,7 @@ namespace shardlock::workload {
 
 // 64x64->128-bit products for multiply-shift range reduction (GCC and Clang;
 // __extension__ keeps -Wpedantic quiet about the non-ISO type).
-__extension__ typedef unsigned __int128 Uint128;
+__extension__ using Uint128 = unsigned __int128;
 
 // SplitMix64: 64-bit state, one add and three xor-shift-multiplies per
 // output, full period 2^64. Good enough statistically (passes BigCrush) for
@@ -101,7 +101,7 @@ class ZipfDistribution {
 
   std::uint64_t keys_;
   double theta_;
-  double harmonic_;
+  double harmonic_ = 0.0;
   std::vector<Column> columns_;
 };
 
@@ -121,7 +121,7 @@ class ZipfGenerator {
 
   // A generator over the same table with its own seed (for another thread).
   // Cheap: shares the table.
-  ZipfGenerator fork(std::uint64_t seed) const { return ZipfGenerator(distribution_, seed); }
+  ZipfGenerator fork(std::uint64_t seed) const { return {distribution_, seed}; }
 
   const ZipfDistribution& distribution() const noexcept { return *distribution_; }
 
