@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <queue>
@@ -164,6 +165,7 @@ struct Call {
   std::uint32_t wait_ms = 0;
   std::uint32_t first_shard = 0;
   std::size_t node = 0;
+  ClientId owner;            // the header's client id
   Clock::duration budget{};  // deadline - first transmission
   Clock::time_point first_sent;
   Clock::time_point deadline;
@@ -359,6 +361,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     call->type = type;
     call->key = std::string(key);
     call->node = key.empty() ? 0 : routing.node_for(key);
+    call->owner = id;
     call->budget = options.request_timeout;
     return call;
   }
@@ -428,7 +431,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   std::size_t encode_single(const Call& call, std::span<std::uint8_t> out) {
     Datagram& d = tx_datagram();
     d.batch = false;
-    d.client_id = id;
+    d.client_id = call.owner;
     d.request_id = call.request_id;
     d.count = 0;
     (void)d.push(call.message());
@@ -506,8 +509,12 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         posted.swap(posted_);
         collect_due_timers(Clock::now(), ready, resend);
       }
-      for (auto& [node, bytes] : resend) transmit(node, bytes);
-      resend.clear();
+      if (!resend.empty()) {
+        outgoing_.clear();
+        for (const auto& [node, bytes] : resend) outgoing_.push_back({&endpoints[node], bytes});
+        transmit_many();
+        resend.clear();
+      }
       for (ReadyCompletion& c : ready) c.done(c.result);
       ready.clear();
       for (auto& fn : posted) fn();
@@ -608,7 +615,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
   }
 
-  // Sends the calls issued by completions, packed per node into batches.
+  // Sends the calls issued by completions: packed into batch datagrams per
+  // (node, owner), then every datagram of the round in one send_many().
   void flush_outbox() {
     if (outbox_.empty()) return;
     bool stopping = false;
@@ -618,16 +626,23 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
     if (stopping) return;  // io_loop() fails them on its way out
     const Clock::time_point now = Clock::now();
-    std::stable_sort(outbox_.begin(), outbox_.end(),
-                     [](const auto& a, const auto& b) { return a->node < b->node; });
+    std::stable_sort(outbox_.begin(), outbox_.end(), [](const auto& a, const auto& b) {
+      if (a->node != b->node) return a->node < b->node;
+      if (a->owner.hi != b->owner.hi) return a->owner.hi < b->owner.hi;
+      return a->owner.lo < b->owner.lo;
+    });
+    outgoing_.clear();
+    std::size_t datagrams = 0;
     std::size_t begin = 0;
     while (begin < outbox_.size()) {
       const std::size_t node = outbox_[begin]->node;
+      const ClientId owner = outbox_[begin]->owner;
       Datagram& d = tx_datagram();
-      d.client_id = id;
+      d.client_id = owner;
       d.count = 0;
       std::size_t end = begin;
-      while (end < outbox_.size() && outbox_[end]->node == node && d.count < options.max_batch) {
+      while (end < outbox_.size() && outbox_[end]->node == node && outbox_[end]->owner == owner &&
+             d.count < options.max_batch) {
         arm(*outbox_[end], now);
         (void)d.push(outbox_[end]->message());
         if (d.count > 1 && max_reply_size(d) > kMaxDatagramSize) {
@@ -638,8 +653,11 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       }
       d.batch = d.count > 1;
       d.request_id = d.batch ? next_request_id.fetch_add(1, std::memory_order_relaxed) : outbox_[begin]->request_id;
+      if (datagrams == out_buffers_.size()) out_buffers_.emplace_back();
+      std::array<std::uint8_t, kMaxDatagramSize>& buffer = out_buffers_[datagrams++];
       std::size_t written = 0;
-      if (encode_request(d, tx_buffer(), written) != ProtocolError::kOk) written = 0;
+      if (encode_request(d, buffer, written) != ProtocolError::kOk) written = 0;
+      if (written > 0) outgoing_.push_back({&endpoints[node], {buffer.data(), written}});
       {
         MutexLock lock(mutex_);
         for (std::size_t i = begin; i < end; ++i) {
@@ -648,10 +666,18 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
           pending_.emplace(request_id, std::move(outbox_[i]));
         }
       }
-      transmit(node, {tx_buffer().data(), written});
       begin = end;
     }
     outbox_.clear();
+    transmit_many();
+  }
+
+  // Sends outgoing_ (I/O thread only).
+  void transmit_many() {
+    if (outgoing_.empty()) return;
+    sent.fetch_add(outgoing_.size(), std::memory_order_relaxed);  // a statistic
+    transport->send_many(outgoing_);
+    outgoing_.clear();
   }
 
   // ---------------------------------------------------------------- watchdog
@@ -788,6 +814,10 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // I/O thread only.
   std::vector<std::unique_ptr<Call>> outbox_;
+  // A deque: growing it keeps earlier buffers in place, and outgoing_ points
+  // into them until the round is sent.
+  std::deque<std::array<std::uint8_t, kMaxDatagramSize>> out_buffers_;
+  std::vector<DatagramTransport::Outgoing> outgoing_;
   Datagram rx_;
 
   std::mutex watch_mutex_;
@@ -1014,7 +1044,8 @@ ServerStatsReply LeaseClient::stats(std::size_t node) {
   return out;
 }
 
-void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, milliseconds wait, Completion done) {
+void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, milliseconds wait, Completion done,
+                                std::optional<ClientId> owner) {
   if (check_key(key) || ttl.count() <= 0 || wait.count() < 0) {
     done(failed(LeaseErrc::kBadArgument));
     return;
@@ -1024,10 +1055,12 @@ void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, millisec
   call->wait_ms = internal::clamp_ms(wait);
   call->budget += wait;
   call->done = std::move(done);
+  if (owner) call->owner = *owner;
   core_->submit(std::move(call));
 }
 
-void LeaseClient::renew_async(std::string_view key, std::uint64_t token, milliseconds ttl, Completion done) {
+void LeaseClient::renew_async(std::string_view key, std::uint64_t token, milliseconds ttl, Completion done,
+                              std::optional<ClientId> owner) {
   if (check_key(key) || ttl.count() <= 0) {
     done(failed(LeaseErrc::kBadArgument));
     return;
@@ -1036,10 +1069,12 @@ void LeaseClient::renew_async(std::string_view key, std::uint64_t token, millise
   call->token = token;
   call->ttl_ms = internal::clamp_ms(ttl);
   call->done = std::move(done);
+  if (owner) call->owner = *owner;
   core_->submit(std::move(call));
 }
 
-void LeaseClient::release_async(std::string_view key, std::uint64_t token, Completion done) {
+void LeaseClient::release_async(std::string_view key, std::uint64_t token, Completion done,
+                                std::optional<ClientId> owner) {
   if (check_key(key)) {
     done(failed(LeaseErrc::kBadArgument));
     return;
@@ -1047,6 +1082,7 @@ void LeaseClient::release_async(std::string_view key, std::uint64_t token, Compl
   auto call = core_->make_call(MessageType::kRelease, key);
   call->token = token;
   call->done = std::move(done);
+  if (owner) call->owner = *owner;
   core_->submit(std::move(call));
 }
 

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -39,6 +40,28 @@ class UdpTransport final : public DatagramTransport {
                                reinterpret_cast<const sockaddr*>(&to.address), to.length);
     if (n < 0) return {errno, std::system_category()};
     return {};
+  }
+
+  void send_many(std::span<const Outgoing> datagrams) override {
+    std::array<mmsghdr, kBatch * 2> headers{};
+    std::array<iovec, kBatch * 2> iovs{};
+    std::size_t done = 0;
+    while (done < datagrams.size()) {
+      const std::size_t n = std::min(headers.size(), datagrams.size() - done);
+      for (std::size_t i = 0; i < n; ++i) {
+        const Outgoing& d = datagrams[done + i];
+        iovs[i] = {const_cast<std::uint8_t*>(d.bytes.data()), d.bytes.size()};
+        headers[i] = {};
+        headers[i].msg_hdr.msg_name = const_cast<sockaddr_storage*>(&d.to->address);
+        headers[i].msg_hdr.msg_namelen = d.to->length;
+        headers[i].msg_hdr.msg_iov = &iovs[i];
+        headers[i].msg_hdr.msg_iovlen = 1;
+      }
+      const int sent = ::sendmmsg(fd_, headers.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
+      // A datagram the kernel refused (buffer full) is a lost datagram: the
+      // retransmission timer covers it. Skip it rather than spin.
+      done += sent > 0 ? static_cast<std::size_t>(sent) : 1;
+    }
   }
 
   std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
@@ -181,6 +204,12 @@ std::vector<std::string> split_node_list(std::string_view text) {
     start = comma + 1;
   }
   return nodes;
+}
+
+ClientId random_client_id() noexcept {
+  std::array<std::uint64_t, 2> words{};
+  if (::getrandom(words.data(), sizeof words, 0) != static_cast<ssize_t>(sizeof words)) return {};
+  return ClientId{words[0], words[1]};
 }
 
 std::string to_hex(const ClientId& id) {

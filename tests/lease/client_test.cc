@@ -485,6 +485,38 @@ TEST(LeaseClientTest, CallsFromCompletionsAreBatched) {
   EXPECT_LT(client->datagrams_sent() - sent_before, static_cast<std::uint64_t>(kCalls));
 }
 
+// Owners multiplexed over one client (as shardlock-bench does): each is
+// its own identity to the server, and one round's datagrams (more than one
+// sendmmsg's worth) all go out.
+TEST(LeaseClientTest, OwnersSharingOneClientExcludeEachOther) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto client = start_client({address(*server)});
+  constexpr int kOwners = 150;
+  std::vector<ClientId> owners;
+  for (int i = 0; i < kOwners; ++i) owners.push_back(random_client_id());
+  std::atomic<int> granted{0};
+  std::atomic<int> busy{0};
+  std::atomic<int> done{0};
+  client->post([&] {
+    for (const ClientId& owner : owners) {
+      client->acquire_async(
+          "shared/key", 5s, 0ms,
+          [&](const CallResult& r) {
+            if (!r.error) granted.fetch_add(1);
+            if (r.error == LeaseErrc::kBusy) busy.fetch_add(1);
+            done.fetch_add(1);
+          },
+          owner);
+    }
+  });
+  const auto begin = Clock::now();
+  while (done.load() < kOwners && Clock::now() - begin < 10s) std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(granted.load(), 1);
+  EXPECT_EQ(busy.load(), kOwners - 1);
+  EXPECT_EQ(client->try_acquire("shared/key", 1s).error, LeaseErrc::kBusy);  // the client's own id, too
+}
+
 TEST(LeaseClientTest, RoutesEachKeyToItsOwnerNode) {
   auto one = start_server();
   auto two = start_server();

@@ -112,6 +112,15 @@ class DatagramTransport {
   // Sends one datagram. Called from any thread, concurrently. A failure is
   // returned for counting only; the caller treats it as a lost datagram.
   virtual std::error_code send(const Endpoint& to, std::span<const std::uint8_t> bytes) = 0;
+  struct Outgoing {
+    const Endpoint* to;
+    std::span<const std::uint8_t> bytes;
+  };
+  // Sends several datagrams (the I/O thread's batch); the default calls
+  // send() for each, the UDP transport makes one sendmmsg per 64.
+  virtual void send_many(std::span<const Outgoing> datagrams) {
+    for (const Outgoing& d : datagrams) (void)send(*d.to, d.bytes);
+  }
   // Hands every datagram that is ready now to `deliver`, without blocking;
   // returns how many were read. Called only from the client's I/O thread.
   virtual std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) = 0;
@@ -322,11 +331,19 @@ class LeaseClient {
   // `done` runs exactly once, on the I/O thread, by the call's deadline; it
   // must not block (no blocking client calls inside it). Calls made from
   // inside a completion are sent together when the receive round ends,
-  // batched per node (max_batch). Nothing is returned: errors arrive in done.
+  // batched per node and owner (max_batch), the datagrams of one round in
+  // one sendmmsg. Nothing is returned: errors arrive in done.
+  //
+  // `owner` makes the call on behalf of another owner identity over this
+  // client's socket and I/O thread (default: client_id()). One process can
+  // so drive many independent owners from one thread, as a load generator
+  // does, the way redis-benchmark multiplexes its connections.
   void acquire_async(std::string_view key, std::chrono::milliseconds ttl, std::chrono::milliseconds wait,
-                     Completion done);
-  void renew_async(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl, Completion done);
-  void release_async(std::string_view key, std::uint64_t token, Completion done);
+                     Completion done, std::optional<ClientId> owner = std::nullopt);
+  void renew_async(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl, Completion done,
+                   std::optional<ClientId> owner = std::nullopt);
+  void release_async(std::string_view key, std::uint64_t token, Completion done,
+                     std::optional<ClientId> owner = std::nullopt);
   // Runs `fn` on the I/O thread soon (for starting completion chains there).
   void post(std::function<void()> fn);
 
@@ -341,6 +358,9 @@ class LeaseClient {
 // Splits "HOST:PORT,HOST:PORT,..." (the tools' --server) into node
 // addresses, skipping empty items.
 [[nodiscard]] std::vector<std::string> split_node_list(std::string_view text);
+
+// A fresh random owner identity (getrandom); all zero if that fails.
+[[nodiscard]] ClientId random_client_id() noexcept;
 
 // 32 lowercase hex digits, hi then lo.
 [[nodiscard]] std::string to_hex(const ClientId& id);
