@@ -4,10 +4,13 @@
 //   shardlock-bench --server 127.0.0.1:7420 --clients 50 --duration 30s
 //   shardlock-bench --mode table --json     the in-process LockTable instead
 //
-// Lease mode: --clients LeaseClients (each its own socket and owner id), each
-// running acquire+release pairs back to back on Zipf-distributed keys
-// (ACQUIRE with wait 0, then RELEASE of what was granted). With --batch B a
-// client asks for B distinct keys per datagram and releases them in one.
+// Lease mode: --clients independent owners (each its own random 128-bit
+// client id), each running acquire+release pairs back to back on
+// Zipf-distributed keys (ACQUIRE with wait 0, then RELEASE of what was
+// granted), one request in flight per owner. The owners are multiplexed over
+// --client-threads LeaseClients (sockets and I/O threads), as redis-benchmark
+// multiplexes its connections over one event loop. With --batch B an owner
+// asks for B distinct keys per datagram and releases them in one.
 // Table mode: --clients threads locking LockTable stripes by Zipf key.
 // Output: a live progress line on stderr, then a table (or --json).
 #include <unistd.h>
@@ -101,6 +104,7 @@ struct Config {
   unsigned batch = 1;
   std::string mode = "lease";
   unsigned server_threads = 1;
+  unsigned client_threads = 1;
   std::uint64_t seed = 42;
 };
 
@@ -190,8 +194,10 @@ double run_for(const Config& config, Progress& progress, std::atomic<bool>& stop
 
 // ------------------------------------------------------------------ lease
 
+// One owner and its completion chain.
 struct BenchClient {
-  std::unique_ptr<LeaseClient> client;
+  LeaseClient* client = nullptr;
+  ClientId owner;
   workload::ZipfGenerator zipf;
   LiveCounters live;
   // I/O thread only (completions of this client run there, one at a time).
@@ -235,8 +241,9 @@ class LeaseBench {
       c.keys[i] = std::move(key);
     }
     for (unsigned i = 0; i < b; ++i) {
-      c.client->acquire_async(c.keys[i], config_.ttl, milliseconds(0),
-                              [this, &c, i](const CallResult& r) { on_acquired(c, i, r); });
+      c.client->acquire_async(
+          c.keys[i], config_.ttl, milliseconds(0), [this, &c, i](const CallResult& r) { on_acquired(c, i, r); },
+          c.owner);
     }
   }
 
@@ -263,7 +270,8 @@ class LeaseBench {
     c.release_start = Clock::now();
     for (unsigned k = 0; k < config_.batch; ++k) {
       if (!c.granted[k]) continue;
-      c.client->release_async(c.keys[k], c.tokens[k], [this, &c](const CallResult& rr) { on_released(c, rr); });
+      c.client->release_async(
+          c.keys[k], c.tokens[k], [this, &c](const CallResult& rr) { on_released(c, rr); }, c.owner);
     }
   }
 
@@ -320,18 +328,24 @@ int run_lease(const Config& config, Result& result) {
   std::atomic<bool> stop{false};
   LeaseBench bench(config, stop);
   const workload::ZipfGenerator base(config.keys, config.theta, config.seed);
-  std::vector<std::unique_ptr<BenchClient>> clients;
-  for (unsigned i = 0; i < config.clients; ++i) {
-    auto c = std::make_unique<BenchClient>(base.fork(config.seed * 1'000'003 + i));
+  std::vector<std::unique_ptr<LeaseClient>> connections;
+  for (unsigned t = 0; t < std::min(config.client_threads, config.clients); ++t) {
     LeaseClientOptions options;
     options.nodes = nodes;
     options.max_batch = config.batch;
-    c->client = std::make_unique<LeaseClient>(options);
-    if (std::error_code ec = c->client->start()) {
+    auto connection = std::make_unique<LeaseClient>(options);
+    if (std::error_code ec = connection->start()) {
       std::fprintf(stderr, "shardlock-bench: client failed: %s (%s)\n", ec.message().c_str(),
-                   c->client->error_detail().c_str());
-      return 1;
+                   connection->error_detail().c_str());
+      return ec == LeaseErrc::kBadAddress ? 2 : 1;
     }
+    connections.push_back(std::move(connection));
+  }
+  std::vector<std::unique_ptr<BenchClient>> clients;
+  for (unsigned i = 0; i < config.clients; ++i) {
+    auto c = std::make_unique<BenchClient>(base.fork(config.seed * 1'000'003 + i));
+    c->client = connections[i % connections.size()].get();
+    c->owner = random_client_id();
     c->keys.resize(config.batch);
     c->tokens.resize(config.batch);
     c->granted.resize(config.batch);
@@ -339,7 +353,7 @@ int run_lease(const Config& config, Result& result) {
   }
   // Fail fast on a wrong --server rather than benchmarking timeouts.
   {
-    const CallResult probe = clients[0]->client->query("k:0");
+    const CallResult probe = connections[0]->query("k:0");
     if (probe.error) {
       std::fprintf(stderr, "shardlock-bench: %s does not answer: %s\n", result.target.c_str(),
                    probe.error.message().c_str());
@@ -373,9 +387,12 @@ int run_lease(const Config& config, Result& result) {
     }
     result.request_latency.merge(c->request_latency);
     result.pair_latency.merge(c->pair_latency);
-    result.retransmissions += c->client->retransmissions();
-    result.datagrams += c->client->datagrams_sent();
   }
+  for (const auto& connection : connections) {
+    result.retransmissions += connection->retransmissions();
+    result.datagrams += connection->datagrams_sent();
+  }
+  connections.clear();  // stops the I/O threads before the owners go
   clients.clear();
   if (server) server->stop();
   return 0;
@@ -456,10 +473,11 @@ void print_json(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   std::printf(
       "{\"mode\":\"%s\",\"target\":\"%s\",\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
-      ",\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
+      ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
       ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
       ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64 ",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
-      config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys, config.theta,
+      config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
+      config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
       static_cast<long long>(config.ttl.count()), config.batch, r.totals.requests,
       static_cast<double>(r.totals.requests) / s, r.totals.pairs, static_cast<double>(r.totals.pairs) / s,
       r.totals.grants, r.totals.busy, r.totals.errors, r.retransmissions, r.datagrams,
@@ -470,8 +488,11 @@ void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
   std::printf("\nshardlock-bench  mode=%s  target=%s\n", config.mode.c_str(), r.target.c_str());
-  std::printf("  %u clients, Zipf theta %.2f over %" PRIu64 " keys, ttl %s, batch %u, %.1f s\n\n",
-              config.clients, config.theta, config.keys, to_string(config.ttl).c_str(), config.batch, r.seconds);
+  std::printf("  %u clients%s, Zipf theta %.2f over %" PRIu64 " keys, ttl %s, batch %u, %.1f s\n\n",
+              config.clients,
+              lease ? (" over " + std::to_string(std::min(config.client_threads, config.clients)) + " client thread(s)").c_str()
+                    : " (threads)",
+              config.theta, config.keys, to_string(config.ttl).c_str(), config.batch, r.seconds);
   std::printf("  %-28s %14.0f\n", lease ? "ops/s (acquire or release)" : "ops/s (lock+unlock)",
               static_cast<double>(r.totals.requests) / s);
   std::printf("  %-28s %14.0f\n", "acquire+release pairs/s", static_cast<double>(r.totals.pairs) / s);
@@ -521,6 +542,10 @@ int main(int argc, char** argv) {
   app.add_option("--server-threads", config.server_threads, "I/O threads of the embedded server")
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
+  app.add_option("--client-threads", config.client_threads,
+                 "LeaseClients (sockets and I/O threads) the lease-mode clients are spread over "
+                 "(default: CPUs / 2, 1..4)")
+      ->check(CLI::Range(1u, 256u));
   app.add_option("--seed", config.seed, "Workload seed")->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -538,6 +563,11 @@ int main(int argc, char** argv) {
   config.duration = *duration;
   config.ttl = *ttl;
   config.clients_given = app.count("--clients") > 0;
+  if (app.count("--client-threads") == 0) {
+    // One client I/O thread per two CPUs, 1..4: on a 2-CPU machine the
+    // embedded server's thread and one client thread each get a CPU.
+    config.client_threads = std::clamp(std::thread::hardware_concurrency() / 2, 1u, 4u);
+  }
   if (config.mode == "table" && !config.clients_given) {
     config.clients = std::max(1u, std::thread::hardware_concurrency());
   }
