@@ -309,7 +309,10 @@ class Router {
   std::shared_ptr<const RouterSnapshot> snapshot() const;
 
   // The snapshot this thread last used, refreshed if a change was published
-  // since. Valid until this thread's next call on this Router.
+  // since. Valid until this thread's next lookup on any Router (the
+  // per-thread cache holds four routers). A thread keeps the last snapshot
+  // of each router it used alive until it exits or uses four other routers,
+  // so an idle thread can pin one retired table per router.
   const RouterSnapshot& current() const {
     // Relaxed is enough: the load only detects that a newer snapshot exists;
     // the snapshot itself is reached through a shared_ptr this thread owns.
