@@ -488,11 +488,15 @@ void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
   std::printf("\nshardlock-bench  mode=%s  target=%s\n", config.mode.c_str(), r.target.c_str());
-  std::printf("  %u clients%s, Zipf theta %.2f over %" PRIu64 " keys, ttl %s, batch %u, %.1f s\n\n",
-              config.clients,
-              lease ? (" over " + std::to_string(std::min(config.client_threads, config.clients)) + " client thread(s)").c_str()
-                    : " (threads)",
-              config.theta, config.keys, to_string(config.ttl).c_str(), config.batch, r.seconds);
+  if (lease) {
+    std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
+                " keys, ttl %s, batch %u, %.1f s\n\n",
+                config.clients, std::min(config.client_threads, config.clients), config.theta, config.keys,
+                to_string(config.ttl).c_str(), config.batch, r.seconds);
+  } else {
+    std::printf("  %u threads, Zipf theta %.2f over %" PRIu64 " keys, %.1f s\n\n", config.clients, config.theta,
+                config.keys, r.seconds);
+  }
   std::printf("  %-28s %14.0f\n", lease ? "ops/s (acquire or release)" : "ops/s (lock+unlock)",
               static_cast<double>(r.totals.requests) / s);
   std::printf("  %-28s %14.0f\n", "acquire+release pairs/s", static_cast<double>(r.totals.pairs) / s);
@@ -502,7 +506,7 @@ void print_table(const Config& config, const Result& r) {
   if (lease) std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
   std::printf("\n  %-24s %10s %10s %10s %10s %10s\n", "latency (us)", "p50", "p90", "p99", "p999", "max");
   const auto row = [](const char* name, const Histogram& h) {
-    std::printf("  %-24s %10.1f %10.1f %10.1f %10.1f %10.1f\n", name, us(h.quantile(0.50)), us(h.quantile(0.90)),
+    std::printf("  %-24s %10.2f %10.2f %10.2f %10.2f %10.2f\n", name, us(h.quantile(0.50)), us(h.quantile(0.90)),
                 us(h.quantile(0.99)), us(h.quantile(0.999)), us(h.max()));
   };
   if (lease) {
