@@ -272,6 +272,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // ---------------------------------------------------------------- start
   std::error_code start() {
+    // start() is called once, before any other thread uses the core.
     if (started.load(std::memory_order_relaxed)) return LeaseErrc::kBadArgument;
     if (options.nodes.empty()) {
       error_detail = "no nodes configured";
@@ -313,6 +314,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       return {errno, std::system_category()};
     }
     // Keep clear of wrap-around for the life of the client (2^62 calls).
+    // Relaxed: published to the I/O thread by std::thread's start, and to
+    // callers by the release store of `started` below.
     next_request_id.store((first_request_id >> 2) + 1, std::memory_order_relaxed);
     if (options.max_batch == 0) options.max_batch = 1;
     options.max_batch = std::min(options.max_batch, kMaxBatch);
@@ -455,7 +458,11 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     (void)!::write(wake_fd_, &one, sizeof one);
   }
 
-  bool on_io_thread() const noexcept { return std::this_thread::get_id() == io_thread_id_.load(std::memory_order_relaxed); }
+  // Relaxed is enough: only the I/O thread can see its own id here, and it
+  // stored that id itself before running any completion.
+  bool on_io_thread() const noexcept {
+    return std::this_thread::get_id() == io_thread_id_.load(std::memory_order_relaxed);
+  }
 
   void post(std::function<void()> fn) {
     {
@@ -467,7 +474,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // ---------------------------------------------------------------- I/O loop
   void io_loop() {
-    io_thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    io_thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);  // see on_io_thread()
     std::vector<ReadyCompletion> ready;
     std::vector<std::function<void()>> posted;
     std::vector<std::pair<std::size_t, std::vector<std::uint8_t>>> resend;
@@ -498,7 +505,9 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       fds[0] = {transport->fd(), POLLIN, 0};
       fds[1] = {wake_fd_, POLLIN, 0};
       const int n = ::poll(fds.data(), fds.size(), timeout_ms);
-      planned_wake_ns_.store(0, std::memory_order_seq_cst);  // busy: no wake needed
+      // Awake: submitters need not write the eventfd until the next sleep
+      // (seq_cst, as the store before poll; see submit()).
+      planned_wake_ns_.store(0, std::memory_order_seq_cst);
       if (n > 0 && (fds[1].revents & POLLIN)) {
         std::uint64_t value = 0;
         (void)!::read(wake_fd_, &value, sizeof value);
@@ -652,6 +661,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         ++end;
       }
       d.batch = d.count > 1;
+      // Relaxed: ids need only be unique, which the RMW guarantees.
       d.request_id = d.batch ? next_request_id.fetch_add(1, std::memory_order_relaxed) : outbox_[begin]->request_id;
       if (datagrams == out_buffers_.size()) out_buffers_.emplace_back();
       std::array<std::uint8_t, kMaxDatagramSize>& buffer = out_buffers_[datagrams++];

@@ -294,7 +294,9 @@ class LeaseClient {
 
   explicit LeaseClient(LeaseClientOptions options);
   // Stops the threads; outstanding calls complete with kNotStarted; Leases
-  // still alive become inert (their release is not sent).
+  // still alive become inert (their release is not sent). Must not run on
+  // the client's own I/O or watchdog thread (from a completion or a lost
+  // callback): it joins them.
   ~LeaseClient();
   LeaseClient(const LeaseClient&) = delete;
   LeaseClient& operator=(const LeaseClient&) = delete;
