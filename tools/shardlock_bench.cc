@@ -451,6 +451,12 @@ int run_table(const Config& config, Result& result) {
 
 double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
+#ifdef SHARDLOCK_WITH_JEMALLOC
+constexpr const char* kAllocator = "jemalloc";
+#else
+constexpr const char* kAllocator = "system";
+#endif
+
 std::string json_escape(const std::string& s) {
   std::string out;
   for (char ch : s) {
@@ -475,19 +481,21 @@ void print_json(const Config& config, const Result& r) {
       "{\"mode\":\"%s\",\"target\":\"%s\",\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
       ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
       ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
-      ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64 ",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+      ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
+      ",\"allocator\":\"%s\",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
       config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
       config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
       static_cast<long long>(config.ttl.count()), config.batch, r.totals.requests,
       static_cast<double>(r.totals.requests) / s, r.totals.pairs, static_cast<double>(r.totals.pairs) / s,
-      r.totals.grants, r.totals.busy, r.totals.errors, r.retransmissions, r.datagrams,
+      r.totals.grants, r.totals.busy, r.totals.errors, r.retransmissions, r.datagrams, kAllocator,
       latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
 }
 
 void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
-  std::printf("\nshardlock-bench  mode=%s  target=%s\n", config.mode.c_str(), r.target.c_str());
+  std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s\n", config.mode.c_str(), r.target.c_str(),
+              kAllocator);
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
                 " keys, ttl %s, batch %u, %.1f s\n\n",

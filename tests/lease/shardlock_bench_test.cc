@@ -24,7 +24,7 @@ const std::string kBench = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlock-bench"
 void expect_well_formed(const Json& j, const std::string& mode) {
   ASSERT_EQ(j.kind, Json::Kind::kObject);
   for (const char* field : {"mode", "target", "duration_s", "clients", "keys", "theta", "ttl_ms", "batch", "ops",
-                            "ops_per_s", "pairs", "pairs_per_s", "grants", "busy", "errors", "latency_us",
+                            "ops_per_s", "pairs", "pairs_per_s", "grants", "busy", "errors", "allocator", "latency_us",
                             "pair_latency_us"}) {
     EXPECT_TRUE(j.has(field)) << field;
   }
