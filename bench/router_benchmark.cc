@@ -130,6 +130,12 @@ void BM_RouterOwner(benchmark::State& state) {
               [&router](std::string_view key) { return router.owner(key); });
 }
 
+// Router::current().owner(): the thread-cache check without the NodeId copy.
+void BM_RouterCurrentOwner(benchmark::State& state) {
+  Router& router = router_for(state);
+  lookup_loop(state, 0, [&router](std::string_view key) { return &router.current().owner(key); });
+}
+
 // The same lookup on a held snapshot, returning a reference: no copy.
 void BM_SnapshotOwner(benchmark::State& state) {
   const auto snapshot = router_for(state).snapshot();
@@ -185,6 +191,7 @@ void BucketBits(benchmark::internal::Benchmark* b) {
 
 BENCHMARK(BM_JumpHash)->Arg(10)->Arg(100)->Arg(1000)->Arg(10000);
 BENCHMARK(BM_RouterOwner)->Apply(NodeCounts);
+BENCHMARK(BM_RouterCurrentOwner)->Apply(NodeCounts);
 BENCHMARK(BM_SnapshotOwner)->Apply(NodeCounts);
 BENCHMARK(BM_SnapshotOwner)->Apply(BucketBits);
 BENCHMARK(BM_RouterOwner)
