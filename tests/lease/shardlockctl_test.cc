@@ -177,6 +177,23 @@ TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
   EXPECT_EQ(ctl(d, {"run", "cron/signalled", "--ttl", "5s", "--", "/bin/sh", "-c", "kill -9 $$"}).exit_code, 137);
 }
 
+// SIGTERM to shardlockctl reaches the command; the lease is released once
+// the command has exited, and its status comes back.
+TEST(ShardlockctlTest, RunForwardsTerminationToTheCommandAndReleases) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const std::string script =
+      "trap 'echo got-term; exit 9' TERM; echo started; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done";
+  ChildProcess run(kCtl, {"--server", d.address(), "run", "forward/key", "--ttl", "30s", "--", "/bin/sh", "-c", script});
+  ASSERT_EQ(run.read_line(20s), "started");
+  EXPECT_TRUE(parsed(ctl(d, {"query", "forward/key"}))["held"].boolean);
+  run.signal(SIGTERM);
+  const ToolResult r = run.finish(30s);
+  EXPECT_EQ(r.exit_code, 9) << r.err;
+  EXPECT_NE(r.out.find("got-term"), std::string::npos) << r.out;
+  EXPECT_FALSE(parsed(ctl(d, {"query", "forward/key"}))["held"].boolean);
+}
+
 // The lease is lost (the server dies, so renewals go unanswered until the
 // client-side expiry); run signals the command as --on-lost says and exits 75.
 TEST(ShardlockctlTest, RunSignalsTheCommandWhenTheLeaseIsLost) {
