@@ -22,6 +22,7 @@
 
 #include "shardlock/internal/futex.h"
 #include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
 #include "shardlock/workload/zipf.h"
@@ -99,18 +100,6 @@ std::uint32_t clamp_ms(milliseconds d) noexcept {
       std::min<milliseconds::rep>(d.count(), std::numeric_limits<std::uint32_t>::max()));
 }
 
-// A scoped Mutex lock the thread-safety analysis understands
-// (std::lock_guard is not annotated in libstdc++).
-class SHARDLOCK_SCOPED_CAPABILITY MutexLock {
- public:
-  explicit MutexLock(Mutex& mutex) noexcept SHARDLOCK_ACQUIRE(mutex) : mutex_(mutex) { mutex_.lock(); }
-  ~MutexLock() SHARDLOCK_RELEASE() { mutex_.unlock(); }
-  MutexLock(const MutexLock&) = delete;
-  MutexLock& operator=(const MutexLock&) = delete;
-
- private:
-  Mutex& mutex_;
-};
 
 }  // namespace
 
@@ -340,7 +329,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   // Stops both threads and completes what is outstanding with kNotStarted.
   void shutdown() {
     {
-      MutexLock lock(mutex_);
+      LockGuard lock(mutex_);
       stopping_ = true;
     }
     wake();
@@ -386,7 +375,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     const std::size_t node = call->node;
     const Clock::time_point next_send = call->next_send;
     {
-      MutexLock lock(mutex_);
+      LockGuard lock(mutex_);
       if (stopping_) {
         // Falls through to the completion below, outside the lock.
       } else {
@@ -466,7 +455,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   void post(std::function<void()> fn) {
     {
-      MutexLock lock(mutex_);
+      LockGuard lock(mutex_);
       posted_.push_back(std::move(fn));
     }
     wake();
@@ -485,7 +474,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     for (;;) {
       int timeout_ms = -1;
       {
-        MutexLock lock(mutex_);
+        LockGuard lock(mutex_);
         if (stopping_) break;
         drop_stale_timers();
         std::int64_t planned = std::numeric_limits<std::int64_t>::max();
@@ -519,7 +508,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       }
       received = transport->receive(deliver);
       {
-        MutexLock lock(mutex_);
+        LockGuard lock(mutex_);
         posted.swap(posted_);
         collect_due_timers(Clock::now(), ready, resend);
       }
@@ -541,7 +530,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     for (int round = 0; round < 4; ++round) {
       std::vector<std::unique_ptr<Call>> calls;
       {
-        MutexLock lock(mutex_);
+        LockGuard lock(mutex_);
         for (auto& [id_, call] : pending_) calls.push_back(std::move(call));
         pending_.clear();
         timers_ = {};
@@ -600,7 +589,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
       return;
     }
-    MutexLock lock(mutex_);
+    LockGuard lock(mutex_);
     for (const Message& m : rx_.items()) {
       const auto it = pending_.find(m.request_id);
       if (it == pending_.end()) continue;  // a duplicate, or an answer that came too late
@@ -635,7 +624,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     if (outbox_.empty()) return;
     bool stopping = false;
     {
-      MutexLock lock(mutex_);
+      LockGuard lock(mutex_);
       stopping = stopping_;
     }
     if (stopping) return;  // io_loop() fails them on its way out
@@ -674,7 +663,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       if (encode_request(d, buffer, written) != ProtocolError::kOk) written = 0;
       if (written > 0) outgoing_.push_back({&endpoints[node], {buffer.data(), written}});
       {
-        MutexLock lock(mutex_);
+        LockGuard lock(mutex_);
         for (std::size_t i = begin; i < end; ++i) {
           timers_.push({outbox_[i]->next_send, outbox_[i]->request_id});
           const std::uint64_t request_id = outbox_[i]->request_id;
@@ -729,7 +718,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         milliseconds ttl{};
         Clock::time_point deadline;
         {
-          MutexLock state_lock(state->mutex);
+          LockGuard state_lock(state->mutex);
           if (state->status == LeaseState::Status::kHeld && now >= state->expiry) {
             state->status = LeaseState::Status::kLost;
             state->lost = LeaseLost{state->key, state->token, LeaseErrc::kExpired, false};
@@ -783,7 +772,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       const std::shared_ptr<LeaseState> s = weak.lock();
       if (!s) return;
       {
-        MutexLock state_lock(s->mutex);
+        LockGuard state_lock(s->mutex);
         s->renew_in_flight = false;
         (void)s->apply_renewal(r, Clock::now());
       }
@@ -848,7 +837,6 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 using internal::Call;
 using internal::ClientCore;
 using internal::LeaseState;
-using internal::MutexLock;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
@@ -886,7 +874,7 @@ void Lease::release_in_background() noexcept {
   if (!state_) return;
   bool send = false;
   {
-    MutexLock lock(state_->mutex);
+    LockGuard lock(state_->mutex);
     send = state_->status != LeaseState::Status::kReleased;
     state_->status = LeaseState::Status::kReleased;
   }
@@ -906,7 +894,7 @@ void Lease::release_in_background() noexcept {
 void Lease::detach() noexcept {
   if (!state_) return;
   {
-    MutexLock lock(state_->mutex);
+    LockGuard lock(state_->mutex);
     state_->status = LeaseState::Status::kReleased;
   }
   state_.reset();
@@ -914,7 +902,7 @@ void Lease::detach() noexcept {
 
 bool Lease::valid() const noexcept {
   if (!state_) return false;
-  MutexLock lock(state_->mutex);
+  LockGuard lock(state_->mutex);
   return state_->status == LeaseState::Status::kHeld && Clock::now() < state_->expiry;
 }
 
@@ -926,19 +914,19 @@ std::uint64_t Lease::token() const noexcept { return state_ ? state_->token : 0;
 ClientId Lease::owner() const noexcept { return state_ ? state_->owner : ClientId{}; }
 Clock::time_point Lease::expiry() const noexcept {
   if (!state_) return {};
-  MutexLock lock(state_->mutex);
+  LockGuard lock(state_->mutex);
   return state_->expiry;
 }
 milliseconds Lease::ttl() const noexcept {
   if (!state_) return {};
-  MutexLock lock(state_->mutex);
+  LockGuard lock(state_->mutex);
   return state_->ttl;
 }
 
 std::error_code Lease::renew(milliseconds ttl) {
   if (!state_) return LeaseErrc::kLeaseInactive;
   {
-    MutexLock lock(state_->mutex);
+    LockGuard lock(state_->mutex);
     if (state_->status != LeaseState::Status::kHeld) return LeaseErrc::kLeaseInactive;
     if (ttl.count() <= 0) ttl = state_->ttl;
   }
@@ -948,7 +936,7 @@ std::error_code Lease::renew(milliseconds ttl) {
   const CallResult r = state_->core->call_sync(std::move(call));
   bool lost = false;
   {
-    MutexLock lock(state_->mutex);
+    LockGuard lock(state_->mutex);
     lost = state_->apply_renewal(r, Clock::now());
   }
   if (lost) state_->core->nudge_watchdog();
@@ -958,7 +946,7 @@ std::error_code Lease::renew(milliseconds ttl) {
 std::error_code Lease::release() {
   if (!state_) return LeaseErrc::kLeaseInactive;
   {
-    MutexLock lock(state_->mutex);
+    LockGuard lock(state_->mutex);
     if (state_->status == LeaseState::Status::kReleased) return LeaseErrc::kLeaseInactive;
     state_->status = LeaseState::Status::kReleased;
   }
@@ -1006,7 +994,7 @@ AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milli
   auto state = std::make_shared<LeaseState>(core_, std::string(key), r.token, core_->id,
                                             std::move(lease_options), r.first_sent + granted, granted);
   {
-    MutexLock lock(state->mutex);
+    LockGuard lock(state->mutex);
     state->next_renew = r.first_sent + std::chrono::duration_cast<Clock::duration>(granted * state->options.renew_fraction);
   }
   if (watched) core_->watch(state);

@@ -28,6 +28,7 @@
 #include "shardlock/lease/duration.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/internal/token_store.h"
+#include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
 
 namespace shardlock::lease {
@@ -45,18 +46,6 @@ namespace {
 // token counters across an upgrade.
 constexpr std::uint64_t kShardSeed = 0x5348'4c4b'7368'6172ULL;  // "SHLKshar"
 
-// A scoped lock the thread-safety analysis understands (std::lock_guard is
-// not annotated in libstdc++).
-class SHARDLOCK_SCOPED_CAPABILITY ShardLock {
- public:
-  explicit ShardLock(Mutex& mu) SHARDLOCK_ACQUIRE(mu) : mu_(mu) { mu_.lock(); }
-  ~ShardLock() SHARDLOCK_RELEASE() { mu_.unlock(); }
-  ShardLock(const ShardLock&) = delete;
-  ShardLock& operator=(const ShardLock&) = delete;
-
- private:
-  Mutex& mu_;
-};
 
 // One shard and its lock, padded to its own cache lines so neighbouring
 // shards' locks do not false-share.
@@ -266,7 +255,7 @@ std::error_code LeaseServer::Impl::start() {
     ShardTokens tokens =
         store ? ShardTokens(store.get(), i, floor, floor + o.token_block, o.token_block)
               : ShardTokens(0);
-    ShardLock lock(slot->mu);
+    LockGuard lock(slot->mu);
     slot->shard = std::make_unique<Shard>(i, limits, tokens, now);
     shards.push_back(std::move(slot));
   }
@@ -380,7 +369,7 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
   reply.shard_count = static_cast<std::uint32_t>(shards.size());
   reply.first_shard = request.first_shard;
   for (const auto& slot : shards) {
-    ShardLock lock(slot->mu);
+    LockGuard lock(slot->mu);
     const auto& c = slot->shard->counters();
     for (std::size_t i = 0; i < kStatCounterCount; ++i) reply.counters[i] += c[i];
   }
@@ -394,7 +383,7 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
        ++s) {
     std::uint64_t token = 0;
     {
-      ShardLock lock(shards[s]->mu);
+      LockGuard lock(shards[s]->mu);
       token = shards[s]->shard->last_token();
     }
     for (int b = 0; b < 8; ++b)
@@ -456,7 +445,7 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
       r.error = WireError::kNotARequest;
     } else {
       ShardSlot& slot = slot_for(m.key);
-      ShardLock lock(slot.mu);
+      LockGuard lock(slot.mu);
       if (!slot.shard->handle(w.request.client_id, peer, m, now, r, w.deferred)) continue;
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
         options.log("shard " + std::to_string(slot.shard->index()) +
@@ -473,7 +462,7 @@ void LeaseServer::Impl::on_tick(unsigned worker, std::vector<OutDatagram>& out) 
   Worker& w = *workers[worker];
   const std::int64_t now = now_ms();
   for (std::size_t s = worker; s < shards.size(); s += workers.size()) {
-    ShardLock lock(shards[s]->mu);
+    LockGuard lock(shards[s]->mu);
     shards[s]->shard->advance(now, w.deferred);
   }
   send_deferred(w, out);
@@ -503,7 +492,7 @@ void LeaseServer::stop() { impl_->stop(); }
 ServerStats LeaseServer::stats() const {
   ServerStats s;
   for (const auto& slot : impl_->shards) {
-    ShardLock lock(slot->mu);
+    LockGuard lock(slot->mu);
     const auto& c = slot->shard->counters();
     for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
     s.shard_tokens.push_back(slot->shard->last_token());
