@@ -10,12 +10,6 @@
 
 #include "shardlock/lease/protocol.h"
 
-// Compile the codec into this translation unit: tests/fuzz/CMakeLists.txt
-// instruments only the fuzz target's own sources for coverage, and a codec
-// linked from the (uninstrumented) library would leave libFuzzer blind past
-// the magic check. The library's copy is then never pulled from the archive.
-#include "../../src/lease/protocol.cc"  // NOLINT(bugprone-suspicious-include)
-
 using shardlock::lease::Datagram;
 using shardlock::lease::ProtocolError;
 
