@@ -1,6 +1,7 @@
 // Compiled with -Wthread-safety -Werror by the clang preset: correct use of
 // every lock's annotations must be accepted.
 #include "shardlock/instrumented.h"
+#include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
 #include "shardlock/recursive.h"
 #include "shardlock/rw_spin_lock.h"
@@ -27,6 +28,10 @@ struct Account {
     return true;
   }
   long read_locked() const SHARDLOCK_REQUIRES(lock) { return balance; }
+  void withdraw(long amount) SHARDLOCK_EXCLUDES(lock) {
+    shardlock::LockGuard guard(lock);
+    balance -= amount;
+  }
 };
 
 struct Shared {
@@ -37,6 +42,10 @@ struct Shared {
     const long v = value;
     lock.unlock_shared();
     return v;
+  }
+  long read_guarded() SHARDLOCK_EXCLUDES(lock) {
+    shardlock::SharedLockGuard guard(lock);
+    return value;
   }
 };
 
@@ -56,6 +65,8 @@ int main() {
   e.deposit(1);
   f.deposit(1);
   (void)a.try_deposit(1);
+  a.withdraw(1);
+  c.withdraw(1);
   Shared s;
-  return static_cast<int>(s.read());
+  return static_cast<int>(s.read() + s.read_guarded());
 }
