@@ -21,6 +21,11 @@
 //     Precondition: a thread must not re-acquire a shared lock it holds while
 //     a writer may be waiting (the second acquisition waits for the writer,
 //     which waits for the first: deadlock), as with any writer-preferring lock.
+//
+// Measured (2-vCPU EPYC VM): uncontended exclusive pair 4.14 ns; exclusive
+//   contended counter 63 / 56 / 47 M/s at 2 / 4 / 8 threads.
+//   Command: build/bench/bench/locks_benchmark --benchmark_min_time=0.3
+//   (bench preset; full tables in docs/lock-benchmarks.md).
 #pragma once
 
 #include <atomic>

@@ -31,6 +31,11 @@
 //     with memory_order_acquire between read_begin() and read_retry().
 //   * Fairness: writers barge; readers can be delayed by a continuous stream
 //     of writers (they retry), never by other readers.
+//
+// Measured (2-vCPU EPYC VM): writer lock+unlock pair 4.67 ns uncontended,
+//   113 / 103 / 113 M/s contended at 2 / 4 / 8 writer threads.
+//   Command: build/bench/bench/locks_benchmark --benchmark_min_time=0.3
+//   (bench preset; full tables in docs/lock-benchmarks.md).
 #pragma once
 
 #include <array>
