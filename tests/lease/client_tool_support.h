@@ -241,6 +241,28 @@ class ChildProcess {
   pid_t pid() const { return pid_; }
   void signal(int sig) { ::kill(pid_, sig); }
 
+  // Waits for exit; returns the exit code, or 128 + signal.
+  int wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+  // Everything on stderr until it stays quiet for 2 s or closes.
+  std::string read_stderr() {
+    std::string all;
+    char buf[4096];
+    for (;;) {
+      pollfd p{err_, POLLIN, 0};
+      if (::poll(&p, 1, 2000) <= 0) break;
+      const ssize_t n = ::read(err_, buf, sizeof buf);
+      if (n <= 0) break;
+      all.append(buf, static_cast<std::size_t>(n));
+    }
+    return all;
+  }
+
   // One stdout line, or "" if none arrives within `timeout`.
   std::string read_line(std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;

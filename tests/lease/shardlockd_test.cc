@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "client_tool_support.h"
 #include "udp_test_peer.h"
 
 extern char** environ;
@@ -32,77 +33,13 @@ using test_support::UdpTestPeer;
 
 const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
 
-// A child process with its stdout and stderr captured through pipes.
-class Daemon {
+// shardlockd as a child process with stdout and stderr captured.
+class Daemon : public testing::ChildProcess {
  public:
-  explicit Daemon(std::vector<std::string> args) {
-    int out[2];
-    int err[2];
-    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
-    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    args.insert(args.begin(), kDaemon);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    EXPECT_EQ(posix_spawn(&pid_, kDaemon.c_str(), &actions, nullptr, argv.data(), environ), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    ::close(err[1]);
-    out_ = out[0];
-    err_ = err[0];
-  }
-  ~Daemon() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      (void)wait();
-    }
-    ::close(out_);
-    ::close(err_);
-  }
-
-  // The first stdout line, or "" if none arrives within `timeout`.
+  explicit Daemon(std::vector<std::string> args) : ChildProcess(kDaemon, std::move(args)) {}
   std::string read_line(milliseconds timeout = milliseconds{20'000}) {
-    std::string line;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 100) <= 0) continue;
-      char c = 0;
-      if (::read(out_, &c, 1) != 1) break;
-      if (c == '\n') return line;
-      line += c;
-    }
-    return line;
+    return ChildProcess::read_line(timeout);
   }
-  std::string read_stderr() {
-    std::string all;
-    char buf[4096];
-    for (;;) {
-      pollfd p{err_, POLLIN, 0};
-      if (::poll(&p, 1, 2000) <= 0) break;
-      const ssize_t n = ::read(err_, buf, sizeof buf);
-      if (n <= 0) break;
-      all.append(buf, static_cast<std::size_t>(n));
-    }
-    return all;
-  }
-  void signal(int sig) { ::kill(pid_, sig); }
-  // Waits for exit; returns the exit code, or 128 + signal.
-  int wait() {
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
- private:
-  pid_t pid_ = -1;
-  int out_ = -1;
-  int err_ = -1;
 };
 
 std::uint16_t ready_port(const std::string& line) {
