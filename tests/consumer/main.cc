@@ -1,7 +1,15 @@
-// Built against an installed shardlock through find_package(shardlock).
+// Built against an installed shardlock through find_package(shardlock): one
+// call into each installed layer, so a missing header, library or transitive
+// dependency (xxhash, liburing, libsodium) fails this build.
 #include <mutex>
 
+#include "shardlock/lock_table.h"
+#include "shardlock/mutex.h"
+#include "shardlock/router.h"
 #include "shardlock/spin_lock.h"
+#if defined(SHARDLOCK_CONSUMER_HAS_LEASE)
+#include "shardlock/lease/server.h"
+#endif
 
 int main() {
   shardlock::SpinLock lock;
@@ -10,5 +18,25 @@ int main() {
     std::scoped_lock guard(lock);
     ++value;
   }
-  return (value == 1 && !lock.is_locked()) ? 0 : 1;
+
+  shardlock::LockTable<shardlock::Mutex> table(64, 42);
+  {
+    auto guard = table.lock("consumer");
+    ++value;
+  }
+
+  shardlock::Router router;
+  if (router.add("node-a") != shardlock::RouterStatus::kOk) return 1;
+  if (router.owner("consumer") != "node-a") return 1;
+
+#if defined(SHARDLOCK_CONSUMER_HAS_LEASE)
+  shardlock::lease::LeaseServerOptions options;
+  options.lock_delay = std::chrono::milliseconds(0);
+  shardlock::lease::LeaseServer server(options);
+  if (server.start()) return 1;
+  if (server.port() == 0) return 1;
+  server.stop();
+#endif
+
+  return (value == 2 && !lock.is_locked()) ? 0 : 1;
 }
