@@ -123,7 +123,8 @@ void BM_Racy(benchmark::State& state) {
 // The yardstick given the same prefetches as BM_LockTablePrefetch, so that
 // contender is compared like for like.
 void BM_RacyPrefetch(benchmark::State& state) {
-  run_loop(state, [](std::uint32_t key) { bump(key); }, prefetch_counter);
+  run_loop(
+      state, [](std::uint32_t key) { bump(key); }, prefetch_counter);
 }
 
 template <class Lock>
@@ -203,15 +204,15 @@ void BM_TbbConcurrentHashMapAccessor(benchmark::State& state) {
 }
 #endif
 
-#define SHARDLOCK_LOCK_TABLE_BENCH(...)                   \
-  BENCHMARK(__VA_ARGS__)                                  \
-      ->ArgName("zipf")                                   \
-      ->Arg(kUniform)                                     \
-      ->Arg(kZipf)                                        \
-      ->Threads(1)                                        \
-      ->Threads(2)                                        \
-      ->Threads(4)                                        \
-      ->Threads(8)                                        \
+#define SHARDLOCK_LOCK_TABLE_BENCH(...) \
+  BENCHMARK(__VA_ARGS__)                \
+      ->ArgName("zipf")                 \
+      ->Arg(kUniform)                   \
+      ->Arg(kZipf)                      \
+      ->Threads(1)                      \
+      ->Threads(2)                      \
+      ->Threads(4)                      \
+      ->Threads(8)                      \
       ->UseRealTime()
 
 // The yardstick first: the summary reads its results when the others finish.

@@ -15,6 +15,7 @@
 // Peers: std::mutex, pthread_spinlock_t, a textbook TTAS and a bare
 // exchange+store pair always; tbb::spin_mutex, absl::Mutex and Concurrency
 // Kit's FAS and ticket locks when installed (SHARDLOCK_HAVE_*).
+#include <benchmark/benchmark.h>
 #include <pthread.h>
 
 #include <algorithm>
@@ -25,8 +26,6 @@
 #include <mutex>
 #include <thread>
 #include <vector>
-
-#include <benchmark/benchmark.h>
 
 #include "shardlock/internal/backoff.h"
 #include "shardlock/internal/cpu.h"

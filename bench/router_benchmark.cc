@@ -62,15 +62,14 @@ const KeySet& keys() {
   return set;
 }
 
-
 std::vector<Node> make_nodes(std::size_t n) {
   std::vector<Node> nodes;
   nodes.reserve(n);
   // Addresses as ids, 12 to 15 bytes ("10.0.3.231:7700"), as deployments name
   // lease servers.
   for (std::size_t i = 0; i < n; ++i) {
-    nodes.push_back({"10." + std::to_string(i >> 16) + "." + std::to_string((i >> 8) & 255) +
-                         "." + std::to_string(i & 255) + ":7700",
+    nodes.push_back({"10." + std::to_string(i >> 16) + "." + std::to_string((i >> 8) & 255) + "." +
+                         std::to_string(i & 255) + ":7700",
                      1});
   }
   return nodes;
@@ -101,9 +100,9 @@ std::int32_t jump_consistent_hash(std::uint64_t key, std::int32_t buckets) {
   while (j < buckets) {
     b = j;
     key = key * 2862933555777941757ULL + 1;
-    j = static_cast<std::int64_t>(static_cast<double>(b + 1) *
-                                  (static_cast<double>(std::int64_t{1} << 31) /
-                                   static_cast<double>((key >> 33) + 1)));
+    j = static_cast<std::int64_t>(
+        static_cast<double>(b + 1) *
+        (static_cast<double>(std::int64_t{1} << 31) / static_cast<double>((key >> 33) + 1)));
   }
   return static_cast<std::int32_t>(b);
 }
@@ -181,8 +180,8 @@ void BM_RouterCurrentOwner(benchmark::State& state) {
 void BM_SnapshotOwner(benchmark::State& state) {
   const auto snapshot = router_for(state).snapshot();
   lookup_loop(state, 0, [&snapshot](std::string_view key) { return &snapshot->owner(key); });
-  state.counters["bytes_per_node"] = static_cast<double>(snapshot->memory_bytes()) /
-                                     static_cast<double>(snapshot->size());
+  state.counters["bytes_per_node"] =
+      static_cast<double>(snapshot->memory_bytes()) / static_cast<double>(snapshot->size());
 }
 
 void BM_SnapshotOwners3(benchmark::State& state) {

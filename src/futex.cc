@@ -33,8 +33,8 @@ bool futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
   // spurious wake-up does not stretch the total wait.
   timespec abs{static_cast<time_t>(deadline_ns / 1'000'000'000),
                static_cast<long>(deadline_ns % 1'000'000'000)};
-  const long rc = syscall(SYS_futex, raw(word), FUTEX_WAIT_BITSET_PRIVATE, expected, &abs,
-                          nullptr, FUTEX_BITSET_MATCH_ANY);
+  const long rc = syscall(SYS_futex, raw(word), FUTEX_WAIT_BITSET_PRIVATE, expected, &abs, nullptr,
+                          FUTEX_BITSET_MATCH_ANY);
   return !(rc == -1 && errno == ETIMEDOUT);
 }
 

@@ -2,6 +2,8 @@
 // The design note is in include/shardlock/router.h.
 #include "shardlock/router.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cassert>
 #include <cmath>
@@ -10,8 +12,6 @@
 #include <numeric>
 #include <thread>
 #include <utility>
-
-#include <sys/mman.h>
 
 namespace shardlock {
 
@@ -240,9 +240,8 @@ class RouterSnapshotBuilder {
   //   * if it gained copies, each new copy walks its levels downward only
   //     as far as the lowest owner level of any bucket, below which it
   //     cannot win: about B ln(B) / copies steps instead of B.
-  static void update_table(const RouterSnapshot& prev, RouterSnapshot& next,
-                           std::string_view id, std::uint32_t old_weight,
-                           std::uint32_t new_weight) {
+  static void update_table(const RouterSnapshot& prev, RouterSnapshot& next, std::string_view id,
+                           std::uint32_t old_weight, std::uint32_t new_weight) {
     if (next.nodes_.empty()) return;
     if (prev.nodes_.empty()) {
       fill_table(next);
@@ -318,8 +317,8 @@ std::vector<std::uint16_t> RouterSnapshot::ranking_of_bucket(std::size_t bucket,
     scores[i] = RouterSnapshotBuilder::node_score(*this, i, bucket);
   }
   n = std::min(n, scores.size());
-  std::partial_sort(scores.begin(), scores.begin() + static_cast<std::ptrdiff_t>(n),
-                    scores.end(), better);
+  std::partial_sort(scores.begin(), scores.begin() + static_cast<std::ptrdiff_t>(n), scores.end(),
+                    better);
   std::vector<std::uint16_t> ranking(n);
   for (std::size_t k = 0; k < n; ++k) ranking[k] = static_cast<std::uint16_t>(scores[k].node);
   return ranking;
@@ -435,8 +434,7 @@ std::shared_ptr<const RouterSnapshot> Router::snapshot() const {
   const std::uint32_t phase = reader_phase_.load(std::memory_order_seq_cst);
   std::atomic<std::int64_t>& count = readers_[phase & 1].value;
   count.fetch_add(1, std::memory_order_seq_cst);
-  std::shared_ptr<const RouterSnapshot> result =
-      current_.load(std::memory_order_seq_cst)->snapshot;
+  std::shared_ptr<const RouterSnapshot> result = current_.load(std::memory_order_seq_cst)->snapshot;
   // Release: our copy of the holder's shared_ptr happens-before the
   // writer's poll that reads this decrement, and so before it deletes it.
   count.fetch_sub(1, std::memory_order_release);
@@ -518,10 +516,9 @@ RouterStatus Router::change_node(std::string_view id, std::uint32_t weight, bool
   // Relaxed: only writers store current_, and we hold their mutex.
   const RouterSnapshot& prev = *current_.load(std::memory_order_relaxed)->snapshot;
   std::vector<Node> nodes(prev.nodes_.begin(), prev.nodes_.end());
-  const auto it = std::lower_bound(nodes.begin(), nodes.end(), id,
-                                   [](const Node& node, std::string_view key) {
-                                     return node.id < key;
-                                   });
+  const auto it =
+      std::lower_bound(nodes.begin(), nodes.end(), id,
+                       [](const Node& node, std::string_view key) { return node.id < key; });
   const bool exists = it != nodes.end() && it->id == id;
   if (must_exist && !exists) return RouterStatus::kUnknownNode;
   if (must_be_absent && exists) return RouterStatus::kDuplicateNode;

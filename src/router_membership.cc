@@ -10,7 +10,9 @@
 namespace shardlock {
 namespace {
 
-bool is_space(char c) noexcept { return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f'; }
+bool is_space(char c) noexcept {
+  return c == ' ' || c == '\t' || c == '\r' || c == '\v' || c == '\f';
+}
 
 // Splits off the next whitespace-separated field of `rest`.
 std::string_view next_field(std::string_view& rest) noexcept {
@@ -53,8 +55,8 @@ MembershipParseResult parse_membership(std::string_view text) {
     if (!weight_text.empty()) {
       const auto [end, error] =
           std::from_chars(weight_text.data(), weight_text.data() + weight_text.size(), weight);
-      if (error != std::errc() || end != weight_text.data() + weight_text.size() ||
-          weight == 0 || weight > RouterSnapshot::kMaxWeight) {
+      if (error != std::errc() || end != weight_text.data() + weight_text.size() || weight == 0 ||
+          weight > RouterSnapshot::kMaxWeight) {
         return fail(line_number, "weight \"" + std::string(weight_text) +
                                      "\" is not an integer from 1 to " +
                                      std::to_string(RouterSnapshot::kMaxWeight));
@@ -64,8 +66,8 @@ MembershipParseResult parse_membership(std::string_view text) {
       return fail(line_number, "duplicate node \"" + std::string(id) + "\"");
     }
     if (result.nodes.size() == RouterSnapshot::kMaxNodes) {
-      return fail(line_number, "too many nodes (at most " +
-                                   std::to_string(RouterSnapshot::kMaxNodes) + ")");
+      return fail(line_number,
+                  "too many nodes (at most " + std::to_string(RouterSnapshot::kMaxNodes) + ")");
     }
     result.nodes.push_back(Node{std::string(id), weight});
   }

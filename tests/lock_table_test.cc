@@ -140,8 +140,7 @@ TEST(LockTableTest, TryLockForTimesOutWhileAnotherThreadHoldsTheStripe) {
   auto held = table.lock(7);
   std::thread other([&] {
     EXPECT_FALSE(table.try_lock_for(7, 2ms).owns_lock());
-    EXPECT_FALSE(
-        table.try_lock_until(7, std::chrono::steady_clock::now() + 1ms).owns_lock());
+    EXPECT_FALSE(table.try_lock_until(7, std::chrono::steady_clock::now() + 1ms).owns_lock());
   });
   other.join();
   held.unlock();

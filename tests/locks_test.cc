@@ -1,5 +1,7 @@
 // Conformance suite for every exclusive lock, plus the per-type behaviour of
 // TicketLock, RwSpinLock, SeqLock, Recursive and Instrumented.
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <atomic>
 #include <barrier>
@@ -9,8 +11,6 @@
 #include <shared_mutex>
 #include <thread>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "shardlock/instrumented.h"
 #include "shardlock/mutex.h"
@@ -68,10 +68,18 @@ void run_mutual_exclusion(int threads, int iterations) {
   for (int s = 1; s < kSlots; ++s) EXPECT_EQ(slots[s], slots[0]) << "slot " << s;
 }
 
-TYPED_TEST(ExclusiveLockTest, MutualExclusion2Threads) { run_mutual_exclusion<TypeParam>(2, 20'000); }
-TYPED_TEST(ExclusiveLockTest, MutualExclusion4Threads) { run_mutual_exclusion<TypeParam>(4, 5'000); }
-TYPED_TEST(ExclusiveLockTest, MutualExclusion8Threads) { run_mutual_exclusion<TypeParam>(8, 2'000); }
-TYPED_TEST(ExclusiveLockTest, MutualExclusion16Threads) { run_mutual_exclusion<TypeParam>(16, 500); }
+TYPED_TEST(ExclusiveLockTest, MutualExclusion2Threads) {
+  run_mutual_exclusion<TypeParam>(2, 20'000);
+}
+TYPED_TEST(ExclusiveLockTest, MutualExclusion4Threads) {
+  run_mutual_exclusion<TypeParam>(4, 5'000);
+}
+TYPED_TEST(ExclusiveLockTest, MutualExclusion8Threads) {
+  run_mutual_exclusion<TypeParam>(8, 2'000);
+}
+TYPED_TEST(ExclusiveLockTest, MutualExclusion16Threads) {
+  run_mutual_exclusion<TypeParam>(16, 500);
+}
 
 // Oversubscription: 8 threads on this 2-core machine, a fixed amount of work
 // each; it must finish (bounded by the ctest TIMEOUT, never by a speed bar).

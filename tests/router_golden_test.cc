@@ -23,17 +23,22 @@ const char* const kGoldenPath = SHARDLOCK_TEST_DATA_DIR "/router_golden.txt";
 // Mixed spellings and weights; the vectors must not depend on this order.
 const std::vector<Node>& golden_membership() {
   static const std::vector<Node> nodes{
-      {"10.0.0.7:7700", 1}, {"10.0.0.1:7700", 1}, {"10.0.0.12:7700", 2},
-      {"db-east-1", 1},     {"db-west-2", 3},     {"[2001:db8::5]:7700", 1},
-      {"node-a", 1},        {"node-b", 1},        {"node-c", 2},
-      {"z", 1},
+      {"10.0.0.7:7700", 1},  {"10.0.0.1:7700", 1},
+      {"10.0.0.12:7700", 2}, {"db-east-1", 1},
+      {"db-west-2", 3},      {"[2001:db8::5]:7700", 1},
+      {"node-a", 1},         {"node-b", 1},
+      {"node-c", 2},         {"z", 1},
   };
   return nodes;
 }
 
 std::vector<std::string> golden_keys() {
-  std::vector<std::string> keys{"", "a", "user:42", "order/2026/11/22/000017",
-                                "lock:inventory:sku-998877", "0123456789abcdef0123456789abcdef"};
+  std::vector<std::string> keys{"",
+                                "a",
+                                "user:42",
+                                "order/2026/11/22/000017",
+                                "lock:inventory:sku-998877",
+                                "0123456789abcdef0123456789abcdef"};
   for (int i = 0; i < 58; ++i) keys.push_back("golden-key-" + std::to_string(i * 7919));
   return keys;
 }

@@ -55,8 +55,8 @@ RouterOptions with_bits(int bits) {
 }
 
 double peak_over_mean(const std::vector<std::uint64_t>& counts) {
-  const double total = static_cast<double>(
-      std::accumulate(counts.begin(), counts.end(), std::uint64_t{0}));
+  const double total =
+      static_cast<double>(std::accumulate(counts.begin(), counts.end(), std::uint64_t{0}));
   const double mean = total / static_cast<double>(counts.size());
   return static_cast<double>(*std::max_element(counts.begin(), counts.end())) / mean;
 }
@@ -247,8 +247,8 @@ TEST(RouterTest, MovementIsMinimalAndOnlyTouchesTheChangedNode) {
   check("node-new", true);
   ASSERT_EQ(router.remove("node-new"), RouterStatus::kOk);
   ASSERT_TRUE(std::ranges::equal(router.snapshot()->table(), base->table()));
-  for (const std::string& id : {base->nodes().front().id, std::string("node-500"),
-                               base->nodes().back().id}) {
+  for (const std::string& id :
+       {base->nodes().front().id, std::string("node-500"), base->nodes().back().id}) {
     ASSERT_EQ(router.remove(id), RouterStatus::kOk);
     check(id, false);
     ASSERT_EQ(router.add(id), RouterStatus::kOk);
@@ -434,8 +434,8 @@ TEST(RouterTest, LookupsRunWhileMembershipChanges) {
 TEST(RouterTest, ThreadCacheKeepsRoutersApart) {
   std::vector<std::unique_ptr<Router>> routers;
   for (int r = 0; r < 6; ++r) {
-    routers.push_back(std::make_unique<Router>(
-        std::vector<Node>{{"only-" + std::to_string(r), 1}}, with_bits(8)));
+    routers.push_back(std::make_unique<Router>(std::vector<Node>{{"only-" + std::to_string(r), 1}},
+                                               with_bits(8)));
   }
   for (int round = 0; round < 3; ++round) {
     for (int r = 0; r < 6; ++r) {

@@ -56,8 +56,8 @@ class RouterToolTest : public ::testing::Test {
     const std::string in = write("stdin.txt", input);
     const fs::path out = dir_ / "stdout.txt";
     const fs::path err = dir_ / "stderr.txt";
-    const std::string command = kRoute + " " + args + " <" + in + " >" + out.string() + " 2>" +
-                                err.string();
+    const std::string command =
+        kRoute + " " + args + " <" + in + " >" + out.string() + " 2>" + err.string();
     const int status = std::system(command.c_str());
     ToolResult result;
     result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;

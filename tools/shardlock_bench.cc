@@ -79,7 +79,8 @@ class Histogram {
     if (v < (1u << kSubBits)) return static_cast<std::size_t>(v);
     const int exponent = 63 - std::countl_zero(v);
     const int shift = exponent - kSubBits;
-    return static_cast<std::size_t>(((shift + 1) << kSubBits) + ((v >> shift) & ((1u << kSubBits) - 1)));
+    return static_cast<std::size_t>(((shift + 1) << kSubBits) +
+                                    ((v >> shift) & ((1u << kSubBits) - 1)));
   }
   static std::uint64_t upper(std::size_t i) noexcept {
     if (i < (1u << kSubBits)) return i;
@@ -152,14 +153,16 @@ class Progress {
     const double rate = static_cast<double>(now.requests - last_.requests) / dt;
     const double pair_rate = static_cast<double>(now.pairs - last_.pairs) / dt;
     if (tty_) {
-      std::fprintf(stderr, "\r  %5.1f/%.0fs  %10.0f ops/s  %9.0f pairs/s  grants %" PRIu64 "  busy %" PRIu64
+      std::fprintf(stderr,
+                   "\r  %5.1f/%.0fs  %10.0f ops/s  %9.0f pairs/s  grants %" PRIu64 "  busy %" PRIu64
                    "  errors %" PRIu64 "   ",
                    elapsed, total, rate, pair_rate, now.grants, now.busy, now.errors);
       std::fflush(stderr);
       last_ = now;
       last_time_ = elapsed;
     } else if (elapsed - last_print_ >= 5.0) {
-      std::fprintf(stderr, "  %5.1f/%.0fs  %.0f ops/s  %.0f pairs/s\n", elapsed, total, rate, pair_rate);
+      std::fprintf(stderr, "  %5.1f/%.0fs  %.0f ops/s  %.0f pairs/s\n", elapsed, total, rate,
+                   pair_rate);
       last_print_ = elapsed;
       last_ = now;
       last_time_ = elapsed;
@@ -242,8 +245,8 @@ class LeaseBench {
     }
     for (unsigned i = 0; i < b; ++i) {
       c.client->acquire_async(
-          c.keys[i], config_.ttl, milliseconds(0), [this, &c, i](const CallResult& r) { on_acquired(c, i, r); },
-          c.owner);
+          c.keys[i], config_.ttl, milliseconds(0),
+          [this, &c, i](const CallResult& r) { on_acquired(c, i, r); }, c.owner);
     }
   }
 
@@ -271,7 +274,8 @@ class LeaseBench {
     for (unsigned k = 0; k < config_.batch; ++k) {
       if (!c.granted[k]) continue;
       c.client->release_async(
-          c.keys[k], c.tokens[k], [this, &c](const CallResult& rr) { on_released(c, rr); }, c.owner);
+          c.keys[k], c.tokens[k], [this, &c](const CallResult& rr) { on_released(c, rr); },
+          c.owner);
     }
   }
 
@@ -307,18 +311,19 @@ int run_lease(const Config& config, Result& result) {
     options.log = [](std::string_view) {};  // its lock-delay warning is ours to explain
     server = std::make_unique<LeaseServer>(options);
     if (std::error_code ec = server->start()) {
-      std::fprintf(stderr, "shardlock-bench: embedded server failed: %s (%s)\n", ec.message().c_str(),
-                   server->error_detail().c_str());
+      std::fprintf(stderr, "shardlock-bench: embedded server failed: %s (%s)\n",
+                   ec.message().c_str(), server->error_detail().c_str());
       return 1;
     }
     nodes.push_back(server->listen_address());
     result.target = "embedded " + nodes[0];
     if (!config.json) {
-      std::fprintf(stderr,
-                   "shardlock-bench: embedded LeaseServer on %s (%s I/O, %u thread%s), lock-delay 0: "
-                   "a fresh server with no earlier leases to protect\n",
-                   nodes[0].c_str(), std::string(to_string(server->backend())).c_str(), config.server_threads,
-                   config.server_threads == 1 ? "" : "s");
+      std::fprintf(
+          stderr,
+          "shardlock-bench: embedded LeaseServer on %s (%s I/O, %u thread%s), lock-delay 0: "
+          "a fresh server with no earlier leases to protect\n",
+          nodes[0].c_str(), std::string(to_string(server->backend())).c_str(),
+          config.server_threads, config.server_threads == 1 ? "" : "s");
     }
   } else {
     nodes = split_node_list(config.server);
@@ -374,7 +379,8 @@ int run_lease(const Config& config, Result& result) {
   result.totals = collect();  // throughput counts what finished inside the run
   progress.finish();
   // Drain: every round ends within its calls' deadlines.
-  const auto drain_until = Clock::now() + LeaseClientOptions{}.request_timeout * 2 + milliseconds(500);
+  const auto drain_until =
+      Clock::now() + LeaseClientOptions{}.request_timeout * 2 + milliseconds(500);
   for (auto& c : clients) {
     while (!c->idle.load(std::memory_order_acquire) && Clock::now() < drain_until) {
       std::this_thread::sleep_for(milliseconds(2));
@@ -402,7 +408,8 @@ int run_lease(const Config& config, Result& result) {
 
 int run_table(const Config& config, Result& result) {
   LockTable<> table;
-  result.target = "in-process LockTable<SpinLock>, " + std::to_string(table.stripe_count()) + " stripes";
+  result.target =
+      "in-process LockTable<SpinLock>, " + std::to_string(table.stripe_count()) + " stripes";
   std::atomic<bool> stop{false};
   const workload::ZipfGenerator base(config.keys, config.theta, config.seed);
   std::vector<std::unique_ptr<LiveCounters>> live;
@@ -469,7 +476,8 @@ std::string json_escape(const std::string& s) {
 std::string latency_json(const Histogram& h) {
   char buffer[256];
   std::snprintf(buffer, sizeof buffer,
-                "{\"count\":%" PRIu64 ",\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}",
+                "{\"count\":%" PRIu64
+                ",\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}",
                 h.count(), us(h.quantile(0.50)), us(h.quantile(0.90)), us(h.quantile(0.99)),
                 us(h.quantile(0.999)), us(h.max()));
   return buffer;
@@ -479,43 +487,48 @@ void print_json(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   std::printf(
       "{\"mode\":\"%s\",\"target\":\"%s\",\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
-      ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
-      ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
-      ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
+      ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64
+      ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64 ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64
+      ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64
+      ",\"datagrams_sent\":%" PRIu64
       ",\"allocator\":\"%s\",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
       config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
       config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
       static_cast<long long>(config.ttl.count()), config.batch, r.totals.requests,
-      static_cast<double>(r.totals.requests) / s, r.totals.pairs, static_cast<double>(r.totals.pairs) / s,
-      r.totals.grants, r.totals.busy, r.totals.errors, r.retransmissions, r.datagrams, kAllocator,
-      latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
+      static_cast<double>(r.totals.requests) / s, r.totals.pairs,
+      static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy, r.totals.errors,
+      r.retransmissions, r.datagrams, kAllocator, latency_json(r.request_latency).c_str(),
+      latency_json(r.pair_latency).c_str());
 }
 
 void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
-  std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s\n", config.mode.c_str(), r.target.c_str(),
-              kAllocator);
+  std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s\n", config.mode.c_str(),
+              r.target.c_str(), kAllocator);
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
                 " keys, ttl %s, batch %u, %.1f s\n\n",
-                config.clients, std::min(config.client_threads, config.clients), config.theta, config.keys,
-                to_string(config.ttl).c_str(), config.batch, r.seconds);
+                config.clients, std::min(config.client_threads, config.clients), config.theta,
+                config.keys, to_string(config.ttl).c_str(), config.batch, r.seconds);
   } else {
-    std::printf("  %u threads, Zipf theta %.2f over %" PRIu64 " keys, %.1f s\n\n", config.clients, config.theta,
-                config.keys, r.seconds);
+    std::printf("  %u threads, Zipf theta %.2f over %" PRIu64 " keys, %.1f s\n\n", config.clients,
+                config.theta, config.keys, r.seconds);
   }
   std::printf("  %-28s %14.0f\n", lease ? "ops/s (acquire or release)" : "ops/s (lock+unlock)",
               static_cast<double>(r.totals.requests) / s);
-  std::printf("  %-28s %14.0f\n", "acquire+release pairs/s", static_cast<double>(r.totals.pairs) / s);
+  std::printf("  %-28s %14.0f\n", "acquire+release pairs/s",
+              static_cast<double>(r.totals.pairs) / s);
   std::printf("  %-28s %14" PRIu64 "\n", "grants", r.totals.grants);
-  std::printf("  %-28s %14" PRIu64 "\n", lease ? "busy answers" : "busy (try_lock failed)", r.totals.busy);
+  std::printf("  %-28s %14" PRIu64 "\n", lease ? "busy answers" : "busy (try_lock failed)",
+              r.totals.busy);
   std::printf("  %-28s %14" PRIu64 "\n", "errors", r.totals.errors);
   if (lease) std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
-  std::printf("\n  %-24s %10s %10s %10s %10s %10s\n", "latency (us)", "p50", "p90", "p99", "p999", "max");
+  std::printf("\n  %-24s %10s %10s %10s %10s %10s\n", "latency (us)", "p50", "p90", "p99", "p999",
+              "max");
   const auto row = [](const char* name, const Histogram& h) {
-    std::printf("  %-24s %10.2f %10.2f %10.2f %10.2f %10.2f\n", name, us(h.quantile(0.50)), us(h.quantile(0.90)),
-                us(h.quantile(0.99)), us(h.quantile(0.999)), us(h.max()));
+    std::printf("  %-24s %10.2f %10.2f %10.2f %10.2f %10.2f\n", name, us(h.quantile(0.50)),
+                us(h.quantile(0.90)), us(h.quantile(0.99)), us(h.quantile(0.999)), us(h.max()));
   };
   if (lease) {
     row("one request", r.request_latency);
@@ -535,20 +548,29 @@ int main(int argc, char** argv) {
       "127.0.0.1:0 and runs Zipf 0.99 acquire+release pairs over 100k keys for 10 s."};
   std::string duration_text = "10s";
   std::string ttl_text = "30s";
-  app.add_option("--server", config.server, "Target an external shardlockd: HOST:PORT[,HOST:PORT...]");
-  app.add_flag("--json", config.json, "Print one JSON object instead of the table (no progress line)");
-  app.add_option("--duration", duration_text, "How long to run, e.g. 10s, 500ms, 1m")->capture_default_str();
-  app.add_option("--clients", config.clients,
-                 "Concurrent clients: LeaseClients (lease mode) or threads (table mode; default: CPUs)")
+  app.add_option("--server", config.server,
+                 "Target an external shardlockd: HOST:PORT[,HOST:PORT...]");
+  app.add_flag("--json", config.json,
+               "Print one JSON object instead of the table (no progress line)");
+  app.add_option("--duration", duration_text, "How long to run, e.g. 10s, 500ms, 1m")
+      ->capture_default_str();
+  app.add_option(
+         "--clients", config.clients,
+         "Concurrent clients: LeaseClients (lease mode) or threads (table mode; default: CPUs)")
       ->check(CLI::Range(1u, 4096u))
       ->capture_default_str();
-  app.add_option("--keys", config.keys, "Key space size")->check(CLI::Range(1ULL, 1ULL << 32))->capture_default_str();
-  app.add_option("--theta", config.theta, "Zipf skew (0 = uniform)")->check(CLI::Range(0.0, 10.0))->capture_default_str();
+  app.add_option("--keys", config.keys, "Key space size")
+      ->check(CLI::Range(1ULL, 1ULL << 32))
+      ->capture_default_str();
+  app.add_option("--theta", config.theta, "Zipf skew (0 = uniform)")
+      ->check(CLI::Range(0.0, 10.0))
+      ->capture_default_str();
   app.add_option("--ttl", ttl_text, "Lease TTL (lease mode)")->capture_default_str();
   app.add_option("--batch", config.batch, "Keys per datagram per client (lease mode)")
       ->check(CLI::Range(1u, static_cast<unsigned>(kMaxBatch)))
       ->capture_default_str();
-  app.add_option("--mode", config.mode, "lease: over UDP to a LeaseServer; table: in-process LockTable")
+  app.add_option("--mode", config.mode,
+                 "lease: over UDP to a LeaseServer; table: in-process LockTable")
       ->check(CLI::IsMember({"lease", "table"}))
       ->capture_default_str();
   app.add_option("--server-threads", config.server_threads, "I/O threads of the embedded server")

@@ -8,7 +8,6 @@
 // Exit codes: 0 success, 2 bad input (unreadable or malformed membership
 // file, bad flags).
 #include <CLI/CLI.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -103,9 +102,8 @@ void print_distribution(const RouterSnapshot& snapshot, std::uint64_t samples,
     std::printf("%s: peak/mean %.4f, stddev %.4f of the mean\n", label, peak,
                 std::sqrt(sum_squares / static_cast<double>(counts.size())));
   };
-  std::printf("\nnodes %zu, total weight %.0f, buckets 2^%d, random keys %llu\n",
-              snapshot.size(), total_weight, snapshot.bucket_bits(),
-              static_cast<unsigned long long>(samples));
+  std::printf("\nnodes %zu, total weight %.0f, buckets 2^%d, random keys %llu\n", snapshot.size(),
+              total_weight, snapshot.bucket_bits(), static_cast<unsigned long long>(samples));
   if (samples > 0) summarize(sampled, static_cast<double>(samples), "sampled");
   summarize(exact, buckets, "exact  ");
 }

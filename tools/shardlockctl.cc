@@ -66,8 +66,9 @@ int exit_code_for(const std::error_code& ec) {
 
 // The JSON spelling of an error: "busy", "not_owner", ...
 std::string error_name(const std::error_code& ec) {
-  std::string name(ec.category() == lease_category() ? std::string(to_string(static_cast<LeaseErrc>(ec.value())))
-                                                      : ec.message());
+  std::string name(ec.category() == lease_category()
+                       ? std::string(to_string(static_cast<LeaseErrc>(ec.value())))
+                       : ec.message());
   for (char& ch : name) {
     if (ch == ' ') ch = '_';
   }
@@ -93,8 +94,8 @@ std::string json_string(std::string_view s) {
 
 // Prints {"key":..,"error":..[,extra]} and returns the exit code for `ec`.
 int print_error(std::string_view key, const std::error_code& ec, const std::string& extra = {}) {
-  std::printf("{\"key\":%s,\"error\":%s%s}\n", json_string(key).c_str(), json_string(error_name(ec)).c_str(),
-              extra.c_str());
+  std::printf("{\"key\":%s,\"error\":%s%s}\n", json_string(key).c_str(),
+              json_string(error_name(ec)).c_str(), extra.c_str());
   return exit_code_for(ec);
 }
 
@@ -113,7 +114,8 @@ bool parse_arg(DurationArg& d, const char* flag, bool positive) {
   const auto parsed = parse_duration(d.text);
   if (!parsed || (positive && parsed->count() <= 0) ||
       parsed->count() > static_cast<long long>(std::numeric_limits<std::uint32_t>::max())) {
-    std::fprintf(stderr, "shardlockctl: bad %s '%s' (write e.g. 500ms, 30s, 2m)\n", flag, d.text.c_str());
+    std::fprintf(stderr, "shardlockctl: bad %s '%s' (write e.g. 500ms, 30s, 2m)\n", flag,
+                 d.text.c_str());
     return false;
   }
   d.value = *parsed;
@@ -157,8 +159,10 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   };
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (std::strncmp(*e, "SHARDLOCK_KEY=", 14) == 0 || std::strncmp(*e, "SHARDLOCK_TOKEN=", 16) == 0 ||
-        std::strncmp(*e, "SHARDLOCK_OWNER=", 16) == 0 || std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0) {
+    if (std::strncmp(*e, "SHARDLOCK_KEY=", 14) == 0 ||
+        std::strncmp(*e, "SHARDLOCK_TOKEN=", 16) == 0 ||
+        std::strncmp(*e, "SHARDLOCK_OWNER=", 16) == 0 ||
+        std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0) {
       continue;
     }
     envp.push_back(*e);
@@ -181,7 +185,8 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   const int spawn_error = ::posix_spawnp(&child, argv[0], nullptr, &attr, argv.data(), envp.data());
   posix_spawnattr_destroy(&attr);
   if (spawn_error != 0) {
-    std::fprintf(stderr, "shardlockctl: cannot run '%s': %s\n", argv[0], std::strerror(spawn_error));
+    std::fprintf(stderr, "shardlockctl: cannot run '%s': %s\n", argv[0],
+                 std::strerror(spawn_error));
     (void)lease.release();
     return spawn_error == ENOENT ? 127 : 126;
   }
@@ -214,7 +219,8 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   if (!was_lost) {
     const std::error_code released = lease.release();
     if (released) {
-      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", key.c_str(), released.message().c_str());
+      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", key.c_str(),
+                   released.message().c_str());
     }
   }
   if (was_lost) return kExitLeaseLost;
@@ -226,7 +232,9 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"shardlockctl: take, renew, release and inspect shardlock leases; run a command under a lease"};
+  CLI::App app{
+      "shardlockctl: take, renew, release and inspect shardlock leases; run a command under a "
+      "lease"};
   app.require_subcommand(1);
   std::string servers;
   DurationArg timeout{"2s"};
@@ -248,8 +256,10 @@ int main(int argc, char** argv) {
   auto* acquire = app.add_subcommand("acquire", "Take a lease; prints {key, token, ttl_ms, owner}");
   acquire->add_option("key", key, "The key")->required();
   acquire->add_option("--ttl", ttl.text, "Lease duration, e.g. 30s")->required();
-  acquire->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")->capture_default_str();
-  acquire->add_option("--owner", owner_hex, "Act as this owner (32 hex digits); default: a new random owner");
+  acquire->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")
+      ->capture_default_str();
+  acquire->add_option("--owner", owner_hex,
+                      "Act as this owner (32 hex digits); default: a new random owner");
 
   auto* renew = app.add_subcommand("renew", "Extend a lease you hold");
   renew->add_option("key", key, "The key")->required();
@@ -269,11 +279,14 @@ int main(int argc, char** argv) {
 
   std::string on_lost = "term";
   std::vector<std::string> command;
-  auto* run = app.add_subcommand(
-      "run", "Hold a lease while COMMAND runs (like flock); the command sees SHARDLOCK_KEY and SHARDLOCK_TOKEN");
+  auto* run = app.add_subcommand("run",
+                                 "Hold a lease while COMMAND runs (like flock); the command sees "
+                                 "SHARDLOCK_KEY and SHARDLOCK_TOKEN");
   run->add_option("key", key, "The key")->required();
-  run->add_option("--ttl", ttl.text, "Lease duration; renewed every ttl/3 while the command runs")->required();
-  run->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")->capture_default_str();
+  run->add_option("--ttl", ttl.text, "Lease duration; renewed every ttl/3 while the command runs")
+      ->required();
+  run->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")
+      ->capture_default_str();
   run->add_option("--on-lost", on_lost, "What to do to the command if the lease is lost")
       ->check(CLI::IsMember({"term", "kill", "ignore"}))
       ->capture_default_str();
@@ -285,7 +298,8 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
   }
-  if (!parse_arg(timeout, "--timeout", true) || !parse_arg(ttl, "--ttl", true) || !parse_arg(wait, "--wait", false)) {
+  if (!parse_arg(timeout, "--timeout", true) || !parse_arg(ttl, "--ttl", true) ||
+      !parse_arg(wait, "--wait", false)) {
     return kExitUsage;
   }
 
@@ -295,7 +309,8 @@ int main(int argc, char** argv) {
   if (!owner_hex.empty()) {
     const auto id = parse_client_id(owner_hex);
     if (!id) {
-      std::fprintf(stderr, "shardlockctl: --owner wants 32 hex digits, got '%s'\n", owner_hex.c_str());
+      std::fprintf(stderr, "shardlockctl: --owner wants 32 hex digits, got '%s'\n",
+                   owner_hex.c_str());
       return kExitUsage;
     }
     options.client_id = *id;
@@ -322,12 +337,15 @@ int main(int argc, char** argv) {
     AcquireResult r = client.acquire(key, ttl.value, wait.value);
     if (!r) {
       std::string extra = wire_error_field(r.error, r.wire_error);
-      if (r.error == LeaseErrc::kBusy) extra += ",\"ttl_left_ms\":" + std::to_string(r.holder_ttl_left_ms);
-      if (r.error == LeaseErrc::kRecovering) extra += ",\"retry_after_ms\":" + std::to_string(r.retry_after_ms);
+      if (r.error == LeaseErrc::kBusy)
+        extra += ",\"ttl_left_ms\":" + std::to_string(r.holder_ttl_left_ms);
+      if (r.error == LeaseErrc::kRecovering)
+        extra += ",\"retry_after_ms\":" + std::to_string(r.retry_after_ms);
       return print_error(key, r.error, extra);
     }
-    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%lld,\"owner\":\"%s\"}\n", json_string(key).c_str(),
-                r.lease.token(), static_cast<long long>(r.lease.ttl().count()), to_hex(r.lease.owner()).c_str());
+    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%lld,\"owner\":\"%s\"}\n",
+                json_string(key).c_str(), r.lease.token(),
+                static_cast<long long>(r.lease.ttl().count()), to_hex(r.lease.owner()).c_str());
     // The lease outlives this process: let go of the handle, not the lease.
     r.lease.detach();
     return kExitOk;
@@ -335,27 +353,30 @@ int main(int argc, char** argv) {
   if (renew->parsed()) {
     const CallResult r = client.renew(key, token, ttl.value);
     if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%u,\"renewed\":true}\n", json_string(key).c_str(),
-                token, r.ttl_ms);
+    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%u,\"renewed\":true}\n",
+                json_string(key).c_str(), token, r.ttl_ms);
     return kExitOk;
   }
   if (release->parsed()) {
     const CallResult r = client.release(key, token);
     if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"released\":true}\n", json_string(key).c_str(), token);
+    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"released\":true}\n", json_string(key).c_str(),
+                token);
     return kExitOk;
   }
   if (query->parsed()) {
     const CallResult r = client.query(key);
     if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf("{\"key\":%s,\"held\":%s,\"token\":%" PRIu64 ",\"ttl_left_ms\":%u,\"waiters\":%u}\n",
+    std::printf("{\"key\":%s,\"held\":%s,\"token\":%" PRIu64
+                ",\"ttl_left_ms\":%u,\"waiters\":%u}\n",
                 json_string(key).c_str(), r.held ? "true" : "false", r.token, r.ttl_ms, r.waiters);
     return kExitOk;
   }
   if (stats->parsed()) {
     static constexpr const char* kCounterNames[kStatCounterCount] = {
-        "grants",   "busy",     "queued",          "timeouts",   "expirations", "not_owner",   "malformed",
-        "renewed",  "released", "expired_replies", "recovering", "errors",      "retransmits", "requests"};
+        "grants",     "busy",      "queued",      "timeouts", "expirations",
+        "not_owner",  "malformed", "renewed",     "released", "expired_replies",
+        "recovering", "errors",    "retransmits", "requests"};
     std::string out = "{\"nodes\":[";
     int worst = kExitOk;
     for (std::size_t n = 0; n < options.nodes.size(); ++n) {

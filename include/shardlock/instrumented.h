@@ -74,15 +74,16 @@ class SHARDLOCK_CAPABILITY("mutex") Instrumented {
   }
 
   template <class Rep, class Period>
-    requires TimedLockable<L>
+  requires TimedLockable<L>
   [[nodiscard]] bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) noexcept
       SHARDLOCK_TRY_ACQUIRE(true) {
     return try_lock_until(std::chrono::steady_clock::now() + timeout);
   }
 
   template <class Clock, class Duration>
-    requires TimedLockable<L>
-  [[nodiscard]] bool try_lock_until(const std::chrono::time_point<Clock, Duration>& deadline) noexcept
+  requires TimedLockable<L>
+  [[nodiscard]] bool try_lock_until(
+      const std::chrono::time_point<Clock, Duration>& deadline) noexcept
       SHARDLOCK_TRY_ACQUIRE(true) {
     if (lock_.try_lock()) {
       record_uncontended();
@@ -99,7 +100,7 @@ class SHARDLOCK_CAPABILITY("mutex") Instrumented {
   // Shared mode, when L has it. Readers run concurrently, so their counters
   // use relaxed fetch_add instead of the holder-only update.
   template <class Self = L>
-    requires SharedLockable<Self>
+  requires SharedLockable<Self>
   void lock_shared() noexcept SHARDLOCK_ACQUIRE_SHARED() {
     if (lock_.try_lock_shared()) {
       acquisitions_.fetch_add(1, std::memory_order_relaxed);
@@ -118,7 +119,7 @@ class SHARDLOCK_CAPABILITY("mutex") Instrumented {
   }
 
   template <class Self = L>
-    requires SharedLockable<Self>
+  requires SharedLockable<Self>
   [[nodiscard]] bool try_lock_shared() noexcept SHARDLOCK_TRY_ACQUIRE_SHARED(true) {
     if (!lock_.try_lock_shared()) return false;
     acquisitions_.fetch_add(1, std::memory_order_relaxed);
@@ -126,10 +127,8 @@ class SHARDLOCK_CAPABILITY("mutex") Instrumented {
   }
 
   template <class Self = L>
-    requires SharedLockable<Self>
-  void unlock_shared() noexcept SHARDLOCK_RELEASE_SHARED() {
-    lock_.unlock_shared();
-  }
+  requires SharedLockable<Self>
+  void unlock_shared() noexcept SHARDLOCK_RELEASE_SHARED() { lock_.unlock_shared(); }
 
   // A snapshot of the counters. Safe from any thread, never blocks.
   ContentionStats stats() const noexcept {

@@ -99,8 +99,8 @@ namespace shardlock {
 // A key the table can hash: any integer, or anything that converts to
 // std::string_view (std::string, const char*, string literals).
 template <class K>
-concept LockTableKey = (std::integral<K> && !std::same_as<K, bool>) ||
-                       std::convertible_to<const K&, std::string_view>;
+concept LockTableKey =
+    (std::integral<K> && !std::same_as<K, bool>) || std::convertible_to<const K&, std::string_view>;
 
 // One stripe's counters, as returned by LockTable::hottest().
 struct StripeStats {
@@ -147,8 +147,8 @@ inline std::uint64_t hash_key(I key, std::uint64_t seed) noexcept {
 }
 
 template <class K>
-  requires(!std::integral<K>)
-inline std::uint64_t hash_key(const K& key, std::uint64_t seed) noexcept {
+requires(!std::integral<K>) inline std::uint64_t
+    hash_key(const K& key, std::uint64_t seed) noexcept {
   return hash_key(std::string_view(key), seed);
 }
 
@@ -384,7 +384,7 @@ class LockTable {
 
   // Blocks for at most `timeout`. The guard is empty if it timed out.
   template <LockTableKey K, class Rep, class Period>
-    requires TimedLockable<Lock>
+  requires TimedLockable<Lock>
   [[nodiscard]] Guard try_lock_for(const K& key,
                                    const std::chrono::duration<Rep, Period>& timeout) noexcept {
     return try_lock_until(key, std::chrono::steady_clock::now() + timeout);
@@ -392,10 +392,10 @@ class LockTable {
 
   // Blocks until `deadline` at most. The guard is empty if it timed out.
   template <LockTableKey K, class Clock, class Duration>
-    requires TimedLockable<Lock>
+  requires TimedLockable<Lock>
   [[nodiscard]] Guard try_lock_until(const K& key,
-                                     const std::chrono::time_point<Clock, Duration>& deadline) noexcept
-      SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+                                     const std::chrono::time_point<Clock, Duration>&
+                                         deadline) noexcept SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
     const std::size_t stripe = stripe_of(key);
     Lock& l = stripes_[stripe].lock;
     if (!l.try_lock_until(deadline)) return Guard();
@@ -405,7 +405,7 @@ class LockTable {
   // Shared (reader) mode on `key`'s stripe; other shared holders may run
   // concurrently, exclusive ones may not. Blocks.
   template <LockTableKey K>
-    requires SharedLockable<Lock>
+  requires SharedLockable<Lock>
   [[nodiscard]] SharedGuard lock_shared(const K& key) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
     const std::size_t stripe = stripe_of(key);
     Lock& l = stripes_[stripe].lock;
@@ -415,7 +415,7 @@ class LockTable {
 
   // Shared mode if available without waiting. Never blocks.
   template <LockTableKey K>
-    requires SharedLockable<Lock>
+  requires SharedLockable<Lock>
   [[nodiscard]] SharedGuard try_lock_shared(const K& key) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
     const std::size_t stripe = stripe_of(key);
     Lock& l = stripes_[stripe].lock;
@@ -433,8 +433,7 @@ class LockTable {
   // no other stripe of this table. Allocates only for more than
   // kInlineStripes keys.
   template <LockTableKey... Ks>
-    requires(sizeof...(Ks) > 0)
-  [[nodiscard]] MultiGuard lock_many(const Ks&... keys) {
+  requires(sizeof...(Ks) > 0) [[nodiscard]] MultiGuard lock_many(const Ks&... keys) {
     MultiGuard guard;
     std::uint32_t* indices = guard.reserve(sizeof...(Ks));
     std::size_t n = 0;
@@ -446,9 +445,9 @@ class LockTable {
   // As above, for a run-time list: std::span<const Key>, std::vector<Key>,
   // std::array<Key, N> or any other sized range of keys.
   template <std::ranges::sized_range R>
-    requires LockTableKey<std::ranges::range_value_t<R>> &&
-             (!std::convertible_to<const R&, std::string_view>)
-  [[nodiscard]] MultiGuard lock_many(const R& keys) {
+  requires LockTableKey<std::ranges::range_value_t<R>> &&
+      (!std::convertible_to<const R&, std::string_view>) [[nodiscard]] MultiGuard
+      lock_many(const R& keys) {
     MultiGuard guard;
     const std::size_t count = std::ranges::size(keys);
     if (count == 0) return guard;
@@ -471,9 +470,8 @@ class LockTable {
   // with lock(), lock_many() and other with_lock() calls on the same stripe.
   // Precondition: the caller holds no stripe of this table.
   template <LockTableKey K, class F>
-    requires std::invocable<F&>
-  std::invoke_result_t<F&> with_lock(const K& key, F&& fn)
-      SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS /* the lock taken here is released by run_as_combiner */ {
+  requires std::invocable<F&> std::invoke_result_t<F&> with_lock(const K& key, F&& fn)
+  SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS /* the lock taken here is released by run_as_combiner */ {
     using Result = std::invoke_result_t<F&>;
     static_assert(!std::is_reference_v<Result>, "with_lock: return a value, not a reference");
     Stripe& stripe = stripes_[stripe_of(key)];
@@ -488,16 +486,13 @@ class LockTable {
 
   // One stripe's counters. Safe from any thread; never blocks.
   // Precondition: stripe < stripe_count().
-  ContentionStats stripe_stats(std::size_t stripe) const noexcept
-    requires internal::HasContentionStats<Lock>
-  {
+  ContentionStats stripe_stats(
+      std::size_t stripe) const noexcept requires internal::HasContentionStats<Lock> {
     return stripes_[stripe].lock.stats();
   }
 
   // All stripes summed.
-  ContentionStats total_stats() const noexcept
-    requires internal::HasContentionStats<Lock>
-  {
+  ContentionStats total_stats() const noexcept requires internal::HasContentionStats<Lock> {
     ContentionStats total;
     for (std::size_t i = 0; i < stripe_count_; ++i) total += stripes_[i].lock.stats();
     return total;
@@ -505,9 +500,8 @@ class LockTable {
 
   // The `n` stripes with the most contended acquisitions, most contended
   // first (ties: more acquisitions first, then lower index). Allocates.
-  std::vector<StripeStats> hottest(std::size_t n) const
-    requires internal::HasContentionStats<Lock>
-  {
+  std::vector<StripeStats> hottest(
+      std::size_t n) const requires internal::HasContentionStats<Lock> {
     std::vector<StripeStats> all(stripe_count_);
     for (std::size_t i = 0; i < stripe_count_; ++i) all[i] = {i, stripes_[i].lock.stats()};
     n = std::min(n, all.size());
@@ -526,8 +520,7 @@ class LockTable {
   }
 
   // Zeroes every stripe's counters (racy against concurrent acquisitions).
-  void reset_stats() noexcept
-    requires requires(Lock& l) { l.reset_stats(); }
+  void reset_stats() noexcept requires requires(Lock& l) { l.reset_stats(); }
   {
     for (std::size_t i = 0; i < stripe_count_; ++i) stripes_[i].lock.reset_stats();
   }
@@ -546,8 +539,8 @@ class LockTable {
   static_assert(sizeof(Stripe) % internal::kFalseSharingRange == 0);
 
   // Sorts, deduplicates and locks indices[0, n) into `guard`.
-  void lock_sorted(MultiGuard& guard, std::uint32_t* indices, std::size_t n)
-      SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS /* see Guards */ {
+  void lock_sorted(MultiGuard& guard, std::uint32_t* indices,
+                   std::size_t n) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS /* see Guards */ {
     if (n <= kInlineStripes) {
       // Insertion sort: a handful of elements, no call, no branches mispredicted much.
       for (std::size_t i = 1; i < n; ++i) {

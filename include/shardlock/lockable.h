@@ -40,9 +40,12 @@ concept SharedLockable = requires(L& l) {
 // Lock primitives never throw: their members are noexcept.
 template <class L>
 concept NoexceptLockable = Lockable<L> && requires(L& l) {
-  { l.lock() } noexcept;
-  { l.try_lock() } noexcept;
-  { l.unlock() } noexcept;
+  { l.lock() }
+  noexcept;
+  { l.try_lock() }
+  noexcept;
+  { l.unlock() }
+  noexcept;
 };
 
 }  // namespace shardlock

@@ -105,9 +105,7 @@ class SHARDLOCK_CAPABILITY("mutex") Mutex {
   }
 
   // A racy snapshot, for assertions and statistics only.
-  bool is_locked() const noexcept {
-    return state_.load(std::memory_order_relaxed) != kUnlocked;
-  }
+  bool is_locked() const noexcept { return state_.load(std::memory_order_relaxed) != kUnlocked; }
 
  private:
   static constexpr std::uint32_t kUnlocked = 0;

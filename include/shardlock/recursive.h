@@ -66,15 +66,16 @@ class SHARDLOCK_CAPABILITY("mutex") Recursive {
   }
 
   template <class Rep, class Period>
-    requires TimedLockable<L>
+  requires TimedLockable<L>
   [[nodiscard]] bool try_lock_for(const std::chrono::duration<Rep, Period>& timeout) noexcept
       SHARDLOCK_TRY_ACQUIRE(true) {
     return try_lock_until(std::chrono::steady_clock::now() + timeout);
   }
 
   template <class Clock, class Duration>
-    requires TimedLockable<L>
-  [[nodiscard]] bool try_lock_until(const std::chrono::time_point<Clock, Duration>& deadline) noexcept
+  requires TimedLockable<L>
+  [[nodiscard]] bool try_lock_until(
+      const std::chrono::time_point<Clock, Duration>& deadline) noexcept
       SHARDLOCK_TRY_ACQUIRE(true) {
     const std::uintptr_t me = internal::this_thread_tag();
     if (owner_.load(std::memory_order_relaxed) == me) {

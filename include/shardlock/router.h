@@ -120,11 +120,11 @@ struct RouterOptions {
 
 enum class RouterStatus {
   kOk,
-  kDuplicateNode,   // add() of an id already present, or a repeated id in assign()
-  kUnknownNode,     // remove() or set_weight() of an id not present
-  kInvalidWeight,   // weight 0 or above kMaxWeight
-  kInvalidNodeId,   // empty id
-  kTooManyNodes,    // more than kMaxNodes nodes
+  kDuplicateNode,  // add() of an id already present, or a repeated id in assign()
+  kUnknownNode,    // remove() or set_weight() of an id not present
+  kInvalidWeight,  // weight 0 or above kMaxWeight
+  kInvalidNodeId,  // empty id
+  kTooManyNodes,   // more than kMaxNodes nodes
 };
 
 std::string_view to_string(RouterStatus status) noexcept;
@@ -142,7 +142,7 @@ struct BucketPermutation {
   std::uint64_t multiplier[kRounds];          // NOLINT(modernize-avoid-c-arrays)
   std::uint64_t multiplier_inverse[kRounds];  // NOLINT(modernize-avoid-c-arrays)
   std::uint64_t addend[kRounds];              // NOLINT(modernize-avoid-c-arrays)
-  std::uint64_t tiebreak;  // orders copies that score a bucket at the same level
+  std::uint64_t tiebreak;                     // orders copies that score a bucket at the same level
 
   std::uint64_t forward(std::uint64_t x, std::uint64_t mask, int shift) const noexcept {
     x = ((x * multiplier[0]) & mask);
@@ -359,7 +359,7 @@ class Router {
                            bool must_be_absent);
 
   const RouterOptions options_;
-  const std::uint64_t id_;  // unique per Router in this process; keys the thread caches
+  const std::uint64_t id_;   // unique per Router in this process; keys the thread caches
   std::mutex change_mutex_;  // serialises membership changes and publish()
   std::atomic<const Published*> current_;
   std::atomic<std::uint64_t> epoch_{0};

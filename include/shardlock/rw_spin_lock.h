@@ -116,9 +116,7 @@ class SHARDLOCK_CAPABILITY("mutex") RwSpinLock {
   }
 
   // Racy snapshots, for assertions and statistics only.
-  std::uint32_t readers() const noexcept {
-    return word_.load(std::memory_order_relaxed) / kReader;
-  }
+  std::uint32_t readers() const noexcept { return word_.load(std::memory_order_relaxed) / kReader; }
   std::uint32_t waiting_writers() const noexcept {
     return (word_.load(std::memory_order_relaxed) & kWaitingMask) / kWaiter;
   }

@@ -146,7 +146,7 @@ static_assert(TimedLockable<SeqLock> && NoexceptLockable<SeqLock>);
 // A value of type T protected by a SeqLock. T must be trivially copyable;
 // keep it to a few words (readers copy it whole, possibly more than once).
 template <class T>
-  requires std::is_trivially_copyable_v<T> && std::is_default_constructible_v<T>
+requires std::is_trivially_copyable_v<T> && std::is_default_constructible_v<T>
 class SeqLocked {
  public:
   SeqLocked() noexcept : SeqLocked(T{}) {}

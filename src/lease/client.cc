@@ -52,7 +52,8 @@ std::uint64_t jitter_bits() noexcept {
 Clock::duration jittered(Clock::duration interval) noexcept {
   const auto half_range = interval.count() / 2;
   if (half_range <= 0) return interval;
-  const auto offset = static_cast<Clock::rep>(jitter_bits() % static_cast<std::uint64_t>(half_range));
+  const auto offset =
+      static_cast<Clock::rep>(jitter_bits() % static_cast<std::uint64_t>(half_range));
   return Clock::duration(interval.count() * 3 / 4 + offset);
 }
 
@@ -62,13 +63,20 @@ std::error_code error_for(MessageType reply) noexcept {
     case MessageType::kRenewed:
     case MessageType::kReleased:
     case MessageType::kQueryReply:
-    case MessageType::kStatsReply: return {};
-    case MessageType::kBusy: return LeaseErrc::kBusy;
-    case MessageType::kTimeout: return LeaseErrc::kTimeout;
-    case MessageType::kRecovering: return LeaseErrc::kRecovering;
-    case MessageType::kNotOwner: return LeaseErrc::kNotOwner;
-    case MessageType::kExpired: return LeaseErrc::kExpired;
-    default: return LeaseErrc::kServerError;
+    case MessageType::kStatsReply:
+      return {};
+    case MessageType::kBusy:
+      return LeaseErrc::kBusy;
+    case MessageType::kTimeout:
+      return LeaseErrc::kTimeout;
+    case MessageType::kRecovering:
+      return LeaseErrc::kRecovering;
+    case MessageType::kNotOwner:
+      return LeaseErrc::kNotOwner;
+    case MessageType::kExpired:
+      return LeaseErrc::kExpired;
+    default:
+      return LeaseErrc::kServerError;
   }
 }
 
@@ -78,20 +86,27 @@ bool answers(MessageType request, MessageType reply) noexcept {
   if (reply == MessageType::kError || reply == MessageType::kRecovering) return true;
   switch (request) {
     case MessageType::kAcquire:
-      return reply == MessageType::kGranted || reply == MessageType::kBusy || reply == MessageType::kTimeout;
+      return reply == MessageType::kGranted || reply == MessageType::kBusy ||
+             reply == MessageType::kTimeout;
     case MessageType::kRenew:
-      return reply == MessageType::kRenewed || reply == MessageType::kNotOwner || reply == MessageType::kExpired;
+      return reply == MessageType::kRenewed || reply == MessageType::kNotOwner ||
+             reply == MessageType::kExpired;
     case MessageType::kRelease:
-      return reply == MessageType::kReleased || reply == MessageType::kNotOwner || reply == MessageType::kExpired;
-    case MessageType::kQuery: return reply == MessageType::kQueryReply;
-    case MessageType::kStats: return reply == MessageType::kStatsReply;
-    default: return false;
+      return reply == MessageType::kReleased || reply == MessageType::kNotOwner ||
+             reply == MessageType::kExpired;
+    case MessageType::kQuery:
+      return reply == MessageType::kQueryReply;
+    case MessageType::kStats:
+      return reply == MessageType::kStatsReply;
+    default:
+      return false;
   }
 }
 
 bool carries_key(MessageType reply) noexcept {
-  return reply == MessageType::kGranted || reply == MessageType::kBusy || reply == MessageType::kTimeout ||
-         reply == MessageType::kRenewed || reply == MessageType::kQueryReply;
+  return reply == MessageType::kGranted || reply == MessageType::kBusy ||
+         reply == MessageType::kTimeout || reply == MessageType::kRenewed ||
+         reply == MessageType::kQueryReply;
 }
 
 std::uint32_t clamp_ms(milliseconds d) noexcept {
@@ -99,7 +114,6 @@ std::uint32_t clamp_ms(milliseconds d) noexcept {
   return static_cast<std::uint32_t>(
       std::min<milliseconds::rep>(d.count(), std::numeric_limits<std::uint32_t>::max()));
 }
-
 
 }  // namespace
 
@@ -179,7 +193,9 @@ struct Call {
 struct TimerEntry {
   Clock::time_point when;
   std::uint64_t request_id;
-  friend bool operator>(const TimerEntry& a, const TimerEntry& b) noexcept { return a.when > b.when; }
+  friend bool operator>(const TimerEntry& a, const TimerEntry& b) noexcept {
+    return a.when > b.when;
+  }
 };
 
 struct ReadyCompletion {
@@ -192,9 +208,9 @@ struct ReadyCompletion {
 struct LeaseState {
   enum class Status : std::uint8_t { kHeld, kReleased, kLost };
 
-  LeaseState(std::shared_ptr<ClientCore> owner_core, std::string lease_key, std::uint64_t lease_token,
-             ClientId lease_owner, LeaseOptions lease_options, Clock::time_point lease_expiry,
-             milliseconds lease_ttl)
+  LeaseState(std::shared_ptr<ClientCore> owner_core, std::string lease_key,
+             std::uint64_t lease_token, ClientId lease_owner, LeaseOptions lease_options,
+             Clock::time_point lease_expiry, milliseconds lease_ttl)
       : core(std::move(owner_core)),
         key(std::move(lease_key)),
         token(lease_token),
@@ -226,10 +242,12 @@ struct LeaseState {
     if (!r.error) {
       ttl = milliseconds(r.ttl_ms);
       expiry = std::max(expiry, r.first_sent + ttl);
-      next_renew = r.first_sent + std::chrono::duration_cast<Clock::duration>(ttl * options.renew_fraction);
+      next_renew =
+          r.first_sent + std::chrono::duration_cast<Clock::duration>(ttl * options.renew_fraction);
       return false;
     }
-    if (r.error == LeaseErrc::kNotOwner || r.error == LeaseErrc::kExpired || r.error == LeaseErrc::kServerError) {
+    if (r.error == LeaseErrc::kNotOwner || r.error == LeaseErrc::kExpired ||
+        r.error == LeaseErrc::kServerError) {
       status = Status::kLost;
       lost = LeaseLost{key, token, r.error, r.error != LeaseErrc::kServerError};
       return true;
@@ -430,8 +448,9 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     std::size_t written = 0;
     // A STATS reply carries as many shard tokens as the request's padding
     // leaves room for (anti-amplification), so STATS asks for a full page.
-    const std::size_t pad_to =
-        call.type == MessageType::kStats ? std::min(out.size(), kMaxDatagramSize) : max_reply_size(d);
+    const std::size_t pad_to = call.type == MessageType::kStats
+                                   ? std::min(out.size(), kMaxDatagramSize)
+                                   : max_reply_size(d);
     if (encode(d, out, written, pad_to) != ProtocolError::kOk) return 0;
     return written;
   }
@@ -463,7 +482,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // ---------------------------------------------------------------- I/O loop
   void io_loop() {
-    io_thread_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);  // see on_io_thread()
+    io_thread_id_.store(std::this_thread::get_id(),
+                        std::memory_order_relaxed);  // see on_io_thread()
     std::vector<ReadyCompletion> ready;
     std::vector<std::function<void()>> posted;
     std::vector<std::pair<std::size_t, std::vector<std::uint8_t>>> resend;
@@ -611,7 +631,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         r.first_shard = m.first_shard;
         r.counters = m.counters;
         r.shard_tokens.reserve(m.shard_token_count());
-        for (std::size_t i = 0; i < m.shard_token_count(); ++i) r.shard_tokens.push_back(m.shard_token(i));
+        for (std::size_t i = 0; i < m.shard_token_count(); ++i)
+          r.shard_tokens.push_back(m.shard_token(i));
       }
       ready.push_back({std::move(call.done), std::move(r)});
       pending_.erase(it);
@@ -656,7 +677,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       }
       d.batch = d.count > 1;
       // Relaxed: ids need only be unique, which the RMW guarantees.
-      d.request_id = d.batch ? next_request_id.fetch_add(1, std::memory_order_relaxed) : outbox_[begin]->request_id;
+      d.request_id = d.batch ? next_request_id.fetch_add(1, std::memory_order_relaxed)
+                             : outbox_[begin]->request_id;
       if (datagrams == out_buffers_.size()) out_buffers_.emplace_back();
       std::array<std::uint8_t, kMaxDatagramSize>& buffer = out_buffers_[datagrams++];
       std::size_t written = 0;
@@ -766,7 +788,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     call->token = state->token;
     call->ttl_ms = clamp_ms(ttl);
     // A renewal past the expiry is useless: the lease is lost by then.
-    call->budget = std::min<Clock::duration>(options.request_timeout, std::max<Clock::duration>(expiry - now, Clock::duration(1)));
+    call->budget = std::min<Clock::duration>(
+        options.request_timeout, std::max<Clock::duration>(expiry - now, Clock::duration(1)));
     std::weak_ptr<LeaseState> weak = state;
     call->done = [this, weak](const CallResult& r) {
       const std::shared_ptr<LeaseState> s = weak.lock();
@@ -813,7 +836,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   Mutex mutex_;
   bool stopping_ SHARDLOCK_GUARDED_BY(mutex_) = false;
   std::unordered_map<std::uint64_t, std::unique_ptr<Call>> pending_ SHARDLOCK_GUARDED_BY(mutex_);
-  std::priority_queue<TimerEntry, std::vector<TimerEntry>, std::greater<>> timers_ SHARDLOCK_GUARDED_BY(mutex_);
+  std::priority_queue<TimerEntry, std::vector<TimerEntry>, std::greater<>> timers_
+      SHARDLOCK_GUARDED_BY(mutex_);
   std::vector<std::function<void()>> posted_ SHARDLOCK_GUARDED_BY(mutex_);
 
   // I/O thread only.
@@ -965,7 +989,9 @@ LeaseClient::~LeaseClient() { core_->shutdown(); }
 std::error_code LeaseClient::start() { return core_->start(); }
 const std::string& LeaseClient::error_detail() const noexcept { return core_->error_detail; }
 ClientId LeaseClient::client_id() const noexcept { return core_->id; }
-std::size_t LeaseClient::node_for(std::string_view key) const noexcept { return core_->routing.node_for(key); }
+std::size_t LeaseClient::node_for(std::string_view key) const noexcept {
+  return core_->routing.node_for(key);
+}
 
 AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milliseconds wait,
                                    LeaseOptions lease_options) {
@@ -991,11 +1017,13 @@ AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milli
   if (r.error) return result;
   const milliseconds granted(r.ttl_ms);
   const bool watched = lease_options.watchdog || static_cast<bool>(lease_options.on_lost);
-  auto state = std::make_shared<LeaseState>(core_, std::string(key), r.token, core_->id,
-                                            std::move(lease_options), r.first_sent + granted, granted);
+  auto state =
+      std::make_shared<LeaseState>(core_, std::string(key), r.token, core_->id,
+                                   std::move(lease_options), r.first_sent + granted, granted);
   {
     LockGuard lock(state->mutex);
-    state->next_renew = r.first_sent + std::chrono::duration_cast<Clock::duration>(granted * state->options.renew_fraction);
+    state->next_renew = r.first_sent + std::chrono::duration_cast<Clock::duration>(
+                                           granted * state->options.renew_fraction);
   }
   if (watched) core_->watch(state);
   result.lease = Lease(std::move(state));
@@ -1047,8 +1075,8 @@ ServerStatsReply LeaseClient::stats(std::size_t node) {
   return out;
 }
 
-void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, milliseconds wait, Completion done,
-                                std::optional<ClientId> owner) {
+void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, milliseconds wait,
+                                Completion done, std::optional<ClientId> owner) {
   if (check_key(key) || ttl.count() <= 0 || wait.count() < 0) {
     done(failed(LeaseErrc::kBadArgument));
     return;
@@ -1062,8 +1090,8 @@ void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, millisec
   core_->submit(std::move(call));
 }
 
-void LeaseClient::renew_async(std::string_view key, std::uint64_t token, milliseconds ttl, Completion done,
-                              std::optional<ClientId> owner) {
+void LeaseClient::renew_async(std::string_view key, std::uint64_t token, milliseconds ttl,
+                              Completion done, std::optional<ClientId> owner) {
   if (check_key(key) || ttl.count() <= 0) {
     done(failed(LeaseErrc::kBadArgument));
     return;

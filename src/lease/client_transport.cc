@@ -111,18 +111,30 @@ int hex_value(char c) noexcept {
 
 std::string_view to_string(LeaseErrc e) noexcept {
   switch (e) {
-    case LeaseErrc::kOk: return "ok";
-    case LeaseErrc::kBusy: return "busy";
-    case LeaseErrc::kTimeout: return "timeout";
-    case LeaseErrc::kUnreachable: return "unreachable";
-    case LeaseErrc::kRecovering: return "recovering";
-    case LeaseErrc::kNotOwner: return "not owner";
-    case LeaseErrc::kExpired: return "expired";
-    case LeaseErrc::kServerError: return "server error";
-    case LeaseErrc::kBadArgument: return "bad argument";
-    case LeaseErrc::kNotStarted: return "client not started";
-    case LeaseErrc::kBadAddress: return "bad address";
-    case LeaseErrc::kLeaseInactive: return "lease not held";
+    case LeaseErrc::kOk:
+      return "ok";
+    case LeaseErrc::kBusy:
+      return "busy";
+    case LeaseErrc::kTimeout:
+      return "timeout";
+    case LeaseErrc::kUnreachable:
+      return "unreachable";
+    case LeaseErrc::kRecovering:
+      return "recovering";
+    case LeaseErrc::kNotOwner:
+      return "not owner";
+    case LeaseErrc::kExpired:
+      return "expired";
+    case LeaseErrc::kServerError:
+      return "server error";
+    case LeaseErrc::kBadArgument:
+      return "bad argument";
+    case LeaseErrc::kNotStarted:
+      return "client not started";
+    case LeaseErrc::kBadAddress:
+      return "bad address";
+    case LeaseErrc::kLeaseInactive:
+      return "lease not held";
   }
   return "unknown";
 }
@@ -148,8 +160,9 @@ std::error_code parse_endpoint(std::string_view text, Endpoint& out) {
     host = std::string(text.substr(0, colon));
     port = std::string(text.substr(colon + 1));
   }
-  if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
-      std::stoul(port) == 0 || std::stoul(port) > 65535) {
+  if (port.empty() || port.size() > 5 ||
+      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
+      std::stoul(port) > 65535) {
     return LeaseErrc::kBadAddress;
   }
   addrinfo hints{};

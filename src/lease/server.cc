@@ -46,7 +46,6 @@ namespace {
 // token counters across an upgrade.
 constexpr std::uint64_t kShardSeed = 0x5348'4c4b'7368'6172ULL;  // "SHLKshar"
 
-
 // One shard and its lock, padded to its own cache lines so neighbouring
 // shards' locks do not false-share.
 struct alignas(64) ShardSlot {

@@ -67,7 +67,9 @@ std::unique_ptr<LeaseClient> start_client(const std::vector<std::string>& nodes,
   return client;
 }
 
-std::string address(const LeaseServer& server) { return "127.0.0.1:" + std::to_string(server.port()); }
+std::string address(const LeaseServer& server) {
+  return "127.0.0.1:" + std::to_string(server.port());
+}
 
 // ---------------------------------------------------------------------------
 // The fault-injection seam: wraps the client's real UDP transport and loses,
@@ -132,7 +134,9 @@ class FaultyTransport final : public DatagramTransport {
   milliseconds poll_interval() const noexcept override { return 5ms; }
 
  private:
-  bool chance(double p) { return p > 0.0 && static_cast<double>(random_.next() >> 11) * 0x1.0p-53 < p; }
+  bool chance(double p) {
+    return p > 0.0 && static_cast<double>(random_.next() >> 11) * 0x1.0p-53 < p;
+  }
 
   std::unique_ptr<DatagramTransport> inner_;
   Faults faults_;
@@ -143,11 +147,13 @@ class FaultyTransport final : public DatagramTransport {
   std::optional<std::vector<std::uint8_t>> held_receive_;
 };
 
-LeaseClientOptions faulty(Faults faults, std::uint64_t seed, std::atomic<bool>* blackhole = nullptr) {
+LeaseClientOptions faulty(Faults faults, std::uint64_t seed,
+                          std::atomic<bool>* blackhole = nullptr) {
   LeaseClientOptions options;
   options.initial_retransmit = 10ms;
   options.max_retransmit = 80ms;
-  options.wrap_transport = [=](std::unique_ptr<DatagramTransport> inner) -> std::unique_ptr<DatagramTransport> {
+  options.wrap_transport =
+      [=](std::unique_ptr<DatagramTransport> inner) -> std::unique_ptr<DatagramTransport> {
     return std::make_unique<FaultyTransport>(std::move(inner), faults, seed, blackhole);
   };
   return options;
@@ -248,7 +254,8 @@ TEST(LeaseClientTest, LossyDuplicatingReorderingPathNeverGrantsTwice) {
   const Faults faults{.drop = 0.25, .duplicate = 0.2, .reorder = 0.2};
 
   std::vector<std::unique_ptr<LeaseClient>> clients;
-  for (int i = 0; i < kClients; ++i) clients.push_back(start_client({address(*server)}, faulty(faults, 100 + i)));
+  for (int i = 0; i < kClients; ++i)
+    clients.push_back(start_client({address(*server)}, faulty(faults, 100 + i)));
 
   std::array<std::atomic<int>, kKeys> holders{};
   std::atomic<int> overlaps{0};
@@ -330,7 +337,8 @@ TEST(LeaseClientTest, EveryCallEndsByItsDeadlineWhenNobodyAnswers) {
       const AcquireResult r = client->acquire("nobody/" + std::to_string(t), 1s, wait);
       const auto elapsed = Clock::now() - begin;
       if (r.error != LeaseErrc::kUnreachable) wrong.fetch_add(1);
-      if (elapsed > options.request_timeout + wait + kSlack || elapsed < options.request_timeout + wait) {
+      if (elapsed > options.request_timeout + wait + kSlack ||
+          elapsed < options.request_timeout + wait) {
         late.fetch_add(1);
       }
     });
@@ -390,7 +398,8 @@ TEST(LeaseClientTest, LostCallbackFiresOnceWhenTheServerStops) {
   EXPECT_TRUE(held.lease.valid());
   server->stop();
   const auto stopped = Clock::now();
-  while (lost.load() == 0 && Clock::now() - stopped < 600ms + kSlack * 3) std::this_thread::sleep_for(10ms);
+  while (lost.load() == 0 && Clock::now() - stopped < 600ms + kSlack * 3)
+    std::this_thread::sleep_for(10ms);
   EXPECT_EQ(lost.load(), 1);
   EXPECT_FALSE(held.lease.valid());
   std::this_thread::sleep_for(500ms);
@@ -514,7 +523,8 @@ TEST(LeaseClientTest, OwnersSharingOneClientExcludeEachOther) {
   while (done.load() < kOwners && Clock::now() - begin < 10s) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(granted.load(), 1);
   EXPECT_EQ(busy.load(), kOwners - 1);
-  EXPECT_EQ(client->try_acquire("shared/key", 1s).error, LeaseErrc::kBusy);  // the client's own id, too
+  EXPECT_EQ(client->try_acquire("shared/key", 1s).error,
+            LeaseErrc::kBusy);  // the client's own id, too
 }
 
 TEST(LeaseClientTest, RoutesEachKeyToItsOwnerNode) {

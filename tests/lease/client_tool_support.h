@@ -4,13 +4,12 @@
 #pragma once
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-#include <gtest/gtest.h>
 
 #include <cctype>
 #include <chrono>
@@ -61,7 +60,8 @@ class JsonParser {
   explicit JsonParser(std::string_view text) : text_(text) {}
 
   void skip_space() {
-    while (at_ < text_.size() && (text_[at_] == ' ' || text_[at_] == '\n' || text_[at_] == '\t' || text_[at_] == '\r')) {
+    while (at_ < text_.size() &&
+           (text_[at_] == ' ' || text_[at_] == '\n' || text_[at_] == '\t' || text_[at_] == '\r')) {
       ++at_;
     }
   }
@@ -86,7 +86,8 @@ class JsonParser {
       if (e == 'u') {
         if (at_ + 4 > text_.size()) return false;
         for (int i = 0; i < 4; ++i) {
-          if (!std::isxdigit(static_cast<unsigned char>(text_[at_ + static_cast<std::size_t>(i)]))) return false;
+          if (!std::isxdigit(static_cast<unsigned char>(text_[at_ + static_cast<std::size_t>(i)])))
+            return false;
         }
         out += '?';
         at_ += 4;
@@ -291,11 +292,17 @@ class ChildProcess {
       char buf[4096];
       if (p[0].revents != 0) {
         const ssize_t n = ::read(out_, buf, sizeof buf);
-        if (n <= 0) out_open = false; else r.out.append(buf, static_cast<std::size_t>(n));
+        if (n <= 0)
+          out_open = false;
+        else
+          r.out.append(buf, static_cast<std::size_t>(n));
       }
       if (p[1].revents != 0) {
         const ssize_t n = ::read(err_, buf, sizeof buf);
-        if (n <= 0) err_open = false; else r.err.append(buf, static_cast<std::size_t>(n));
+        if (n <= 0)
+          err_open = false;
+        else
+          r.err.append(buf, static_cast<std::size_t>(n));
       }
     }
     int status = 0;

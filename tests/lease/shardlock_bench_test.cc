@@ -23,9 +23,9 @@ const std::string kBench = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlock-bench"
 // The fields every result carries, with the invariants between them.
 void expect_well_formed(const Json& j, const std::string& mode) {
   ASSERT_EQ(j.kind, Json::Kind::kObject);
-  for (const char* field : {"mode", "target", "duration_s", "clients", "keys", "theta", "ttl_ms", "batch", "ops",
-                            "ops_per_s", "pairs", "pairs_per_s", "grants", "busy", "errors", "allocator", "latency_us",
-                            "pair_latency_us"}) {
+  for (const char* field : {"mode", "target", "duration_s", "clients", "keys", "theta", "ttl_ms",
+                            "batch", "ops", "ops_per_s", "pairs", "pairs_per_s", "grants", "busy",
+                            "errors", "allocator", "latency_us", "pair_latency_us"}) {
     EXPECT_TRUE(j.has(field)) << field;
   }
   EXPECT_EQ(j["mode"].text, mode);
@@ -45,7 +45,8 @@ void expect_well_formed(const Json& j, const std::string& mode) {
 }
 
 TEST(ShardlockBenchTest, ShortEmbeddedRunPrintsOneJsonResult) {
-  const auto r = run_tool(kBench, {"--duration", "1s", "--json", "--clients", "4", "--keys", "1000"});
+  const auto r =
+      run_tool(kBench, {"--duration", "1s", "--json", "--clients", "4", "--keys", "1000"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_line(r);
   ASSERT_TRUE(j) << "not one JSON line: " << r.out;
@@ -61,8 +62,8 @@ TEST(ShardlockBenchTest, BatchedRunAgainstAnExternalServer) {
   options.log = [](std::string_view) {};
   LeaseServer server(options);
   ASSERT_FALSE(server.start()) << server.error_detail();
-  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s", "--json", "--clients",
-                                   "2", "--batch", "8", "--theta", "0"});
+  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+                                   "--json", "--clients", "2", "--batch", "8", "--theta", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_line(r);
   ASSERT_TRUE(j) << r.out;
@@ -71,11 +72,13 @@ TEST(ShardlockBenchTest, BatchedRunAgainstAnExternalServer) {
   EXPECT_EQ((*j)["target"].text, server.listen_address());
   // The server saw the grants the bench counted (plus any still in flight
   // when the run ended).
-  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kGrants)), (*j)["grants"].number);
+  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kGrants)),
+            (*j)["grants"].number);
 }
 
 TEST(ShardlockBenchTest, TableModeRunsTheInProcessLockTable) {
-  const auto r = run_tool(kBench, {"--mode", "table", "--duration", "1s", "--json", "--clients", "2"});
+  const auto r =
+      run_tool(kBench, {"--mode", "table", "--duration", "1s", "--json", "--clients", "2"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_line(r);
   ASSERT_TRUE(j) << r.out;
@@ -103,7 +106,8 @@ TEST(ShardlockBenchTest, BadFlagsAreUsageErrors) {
 
 TEST(ShardlockBenchTest, UnreachableServerFailsFast) {
   // Port 9 (discard) on loopback: nothing answers.
-  const auto r = run_tool(kBench, {"--server", "127.0.0.1:9", "--duration", "1s", "--json", "--clients", "1"});
+  const auto r =
+      run_tool(kBench, {"--server", "127.0.0.1:9", "--duration", "1s", "--json", "--clients", "1"});
   EXPECT_EQ(r.exit_code, 3) << r.err;
 }
 

@@ -27,7 +27,8 @@ const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
 class Daemon {
  public:
   explicit Daemon(const std::string& lock_delay = "0")
-      : process_(kDaemon, {"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay", lock_delay}) {
+      : process_(kDaemon,
+                 {"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay", lock_delay}) {
     const std::string line = process_.read_line(20s);
     std::smatch m;
     static const std::regex kReady(R"re("listen":"(127\.0\.0\.1:\d+)")re");
@@ -42,7 +43,8 @@ class Daemon {
   std::string address_;
 };
 
-ToolResult ctl(const Daemon& d, std::vector<std::string> args, std::chrono::milliseconds timeout = 30s) {
+ToolResult ctl(const Daemon& d, std::vector<std::string> args,
+               std::chrono::milliseconds timeout = 30s) {
   args.insert(args.begin(), {"--server", d.address()});
   return run_tool(kCtl, args, timeout);
 }
@@ -89,17 +91,20 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   EXPECT_GT(q["ttl_left_ms"].number, 0);
   EXPECT_TRUE(q.has("waiters"));
 
-  const ToolResult renewed = ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
+  const ToolResult renewed =
+      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
   EXPECT_EQ(renewed.exit_code, 0) << renewed.out;
   EXPECT_TRUE(parsed(renewed)["renewed"].boolean);
   EXPECT_EQ(parsed(renewed)["ttl_ms"].number, 10000);
 
   const std::string stranger(32, 'a');
-  const ToolResult not_owner = ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", stranger, "--ttl", "10s"});
+  const ToolResult not_owner =
+      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", stranger, "--ttl", "10s"});
   EXPECT_EQ(not_owner.exit_code, 1);
   EXPECT_EQ(parsed(not_owner)["error"].text, "not_owner");
 
-  const ToolResult released = ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
+  const ToolResult released =
+      ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
   EXPECT_EQ(released.exit_code, 0) << released.out;
   EXPECT_TRUE(parsed(released)["released"].boolean);
   const ToolResult twice = ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
@@ -123,9 +128,9 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
 TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
   Daemon d;
   ASSERT_FALSE(d.address().empty());
-  EXPECT_EQ(ctl(d, {}).exit_code, 2);                                        // no subcommand
-  EXPECT_EQ(ctl(d, {"acquire", "k"}).exit_code, 2);                          // --ttl missing
-  EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "soon"}).exit_code, 2);         // bad duration
+  EXPECT_EQ(ctl(d, {}).exit_code, 2);                                 // no subcommand
+  EXPECT_EQ(ctl(d, {"acquire", "k"}).exit_code, 2);                   // --ttl missing
+  EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "soon"}).exit_code, 2);  // bad duration
   EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "1s", "--owner", "xyz"}).exit_code, 2);
   EXPECT_EQ(ctl(d, {"acquire", std::string(300, 'k'), "--ttl", "1s"}).exit_code, 2);
   EXPECT_EQ(ctl(d, {"run", "k", "--ttl", "1s", "--on-lost", "shrug", "--", "true"}).exit_code, 2);
@@ -136,8 +141,8 @@ TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
     EXPECT_NE(help.out.find("--help"), std::string::npos) << sub;
   }
 
-  const ToolResult unreachable =
-      run_tool(kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "acquire", "k", "--ttl", "1s"});
+  const ToolResult unreachable = run_tool(
+      kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "acquire", "k", "--ttl", "1s"});
   EXPECT_EQ(unreachable.exit_code, 3);
   EXPECT_EQ(parsed(unreachable)["error"].text, "unreachable");
 
@@ -153,8 +158,8 @@ TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
   Daemon d;
   ASSERT_FALSE(d.address().empty());
   // The child checks, from inside, that the lease it was given is held.
-  const std::string script =
-      "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN\"; \"" + kCtl + "\" --server \"$SHARDLOCK_SERVER\" query \"$SHARDLOCK_KEY\"; exit 7";
+  const std::string script = "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN\"; \"" + kCtl +
+                             "\" --server \"$SHARDLOCK_SERVER\" query \"$SHARDLOCK_KEY\"; exit 7";
   const ToolResult r = ctl(d, {"run", "cron/backup", "--ttl", "5s", "--", "/bin/sh", "-c", script});
   EXPECT_EQ(r.exit_code, 7) << r.err;  // the command's own status
   std::smatch m;
@@ -168,13 +173,17 @@ TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
 
   // A held key: run does not start the command and exits 1.
   ASSERT_EQ(ctl(d, {"acquire", "cron/busy", "--ttl", "30s"}).exit_code, 0);
-  const ToolResult busy = ctl(d, {"run", "cron/busy", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  const ToolResult busy =
+      ctl(d, {"run", "cron/busy", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
   EXPECT_EQ(busy.exit_code, 1);
   EXPECT_EQ(busy.out.find("ran"), std::string::npos);
 
-  EXPECT_EQ(ctl(d, {"run", "cron/missing", "--ttl", "5s", "--", "/no/such/command"}).exit_code, 127);
+  EXPECT_EQ(ctl(d, {"run", "cron/missing", "--ttl", "5s", "--", "/no/such/command"}).exit_code,
+            127);
   EXPECT_FALSE(parsed(ctl(d, {"query", "cron/missing"}))["held"].boolean);
-  EXPECT_EQ(ctl(d, {"run", "cron/signalled", "--ttl", "5s", "--", "/bin/sh", "-c", "kill -9 $$"}).exit_code, 137);
+  EXPECT_EQ(ctl(d, {"run", "cron/signalled", "--ttl", "5s", "--", "/bin/sh", "-c", "kill -9 $$"})
+                .exit_code,
+            137);
 }
 
 // SIGTERM to shardlockctl reaches the command; the lease is released once
@@ -183,8 +192,10 @@ TEST(ShardlockctlTest, RunForwardsTerminationToTheCommandAndReleases) {
   Daemon d;
   ASSERT_FALSE(d.address().empty());
   const std::string script =
-      "trap 'echo got-term; exit 9' TERM; echo started; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done";
-  ChildProcess run(kCtl, {"--server", d.address(), "run", "forward/key", "--ttl", "30s", "--", "/bin/sh", "-c", script});
+      "trap 'echo got-term; exit 9' TERM; echo started; i=0; while [ $i -lt 200 ]; do sleep 0.05; "
+      "i=$((i+1)); done";
+  ChildProcess run(kCtl, {"--server", d.address(), "run", "forward/key", "--ttl", "30s", "--",
+                          "/bin/sh", "-c", script});
   ASSERT_EQ(run.read_line(20s), "started");
   EXPECT_TRUE(parsed(ctl(d, {"query", "forward/key"}))["held"].boolean);
   run.signal(SIGTERM);
@@ -207,10 +218,11 @@ TEST(ShardlockctlTest, RunSignalsTheCommandWhenTheLeaseIsLost) {
     ASSERT_FALSE(d.address().empty());
     // Loops for at most ~3 s on its own; prints when SIGTERM arrives.
     const std::string script =
-        "trap 'echo got-term; exit 0' TERM; echo started; i=0; while [ $i -lt 60 ]; do sleep 0.05; i=$((i+1)); done; "
+        "trap 'echo got-term; exit 0' TERM; echo started; i=0; while [ $i -lt 60 ]; do sleep 0.05; "
+        "i=$((i+1)); done; "
         "echo finished";
-    ChildProcess run(kCtl, {"--server", d.address(), "run", "lost/key", "--ttl", "600ms", "--on-lost", c.on_lost,
-                            "--", "/bin/sh", "-c", script});
+    ChildProcess run(kCtl, {"--server", d.address(), "run", "lost/key", "--ttl", "600ms",
+                            "--on-lost", c.on_lost, "--", "/bin/sh", "-c", script});
     ASSERT_EQ(run.read_line(20s), "started");
     d.kill9();
     const ToolResult r = run.finish(30s);

@@ -70,17 +70,17 @@ namespace shardlock::lease {
 // Why a client call did not succeed. Also a std::error_code category.
 enum class LeaseErrc : std::uint8_t {
   kOk = 0,
-  kBusy,          // held by another owner (BUSY, ACQUIRE with no wait)
-  kTimeout,       // the wait ran out before the lease was handed over (TIMEOUT)
-  kUnreachable,   // no answer before the call's deadline
-  kRecovering,    // the server is in its lock-delay after a start (RECOVERING)
-  kNotOwner,      // RENEW/RELEASE by someone who does not hold the lease
-  kExpired,       // RENEW/RELEASE of a lease the server no longer has
-  kServerError,   // the server answered ERROR (see the result's wire_error)
-  kBadArgument,   // refused before sending: key length, TTL of 0, ...
-  kNotStarted,    // start() has not succeeded, or the client is shutting down
-  kBadAddress,    // a node address does not parse or resolve
-  kLeaseInactive, // the Lease is empty, released or already lost
+  kBusy,           // held by another owner (BUSY, ACQUIRE with no wait)
+  kTimeout,        // the wait ran out before the lease was handed over (TIMEOUT)
+  kUnreachable,    // no answer before the call's deadline
+  kRecovering,     // the server is in its lock-delay after a start (RECOVERING)
+  kNotOwner,       // RENEW/RELEASE by someone who does not hold the lease
+  kExpired,        // RENEW/RELEASE of a lease the server no longer has
+  kServerError,    // the server answered ERROR (see the result's wire_error)
+  kBadArgument,    // refused before sending: key length, TTL of 0, ...
+  kNotStarted,     // start() has not succeeded, or the client is shutting down
+  kBadAddress,     // a node address does not parse or resolve
+  kLeaseInactive,  // the Lease is empty, released or already lost
 };
 [[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
 [[nodiscard]] const std::error_category& lease_category() noexcept;
@@ -123,7 +123,8 @@ class DatagramTransport {
   }
   // Hands every datagram that is ready now to `deliver`, without blocking;
   // returns how many were read. Called only from the client's I/O thread.
-  virtual std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) = 0;
+  virtual std::size_t receive(
+      const std::function<void(std::span<const std::uint8_t>)>& deliver) = 0;
   // A descriptor that polls readable when receive() has work. May also
   // return -1 with a non-zero poll_interval().
   [[nodiscard]] virtual int fd() const noexcept = 0;
@@ -134,7 +135,8 @@ class DatagramTransport {
 
 // A non-blocking UDP socket of `family` (AF_INET or AF_INET6), bound to an
 // ephemeral port. Receives up to 32 datagrams per recvmmsg.
-[[nodiscard]] std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport>& out);
+[[nodiscard]] std::error_code make_udp_transport(int family,
+                                                 std::unique_ptr<DatagramTransport>& out);
 
 // ---------------------------------------------------------------------------
 // Options and results
@@ -159,23 +161,24 @@ struct LeaseClientOptions {
   // many per datagram (1 = never batch).
   std::size_t max_batch = kMaxBatch;
   // Wraps the default UDP transport (tests: fault injection). Null: none.
-  std::function<std::unique_ptr<DatagramTransport>(std::unique_ptr<DatagramTransport>)> wrap_transport;
+  std::function<std::unique_ptr<DatagramTransport>(std::unique_ptr<DatagramTransport>)>
+      wrap_transport;
 };
 
 // The answer to one call, as the async interface delivers it and the sync
 // helpers below read it.
 struct CallResult {
-  std::error_code error;              // empty when the server said yes
-  MessageType reply = MessageType::kError;  // the reply type (when one came)
-  std::uint64_t token = 0;            // GRANTED, QUERY_REPLY
-  std::uint32_t ttl_ms = 0;           // GRANTED/RENEWED ttl; BUSY/QUERY ttl left
-  std::uint32_t retry_after_ms = 0;   // RECOVERING
+  std::error_code error;                        // empty when the server said yes
+  MessageType reply = MessageType::kError;      // the reply type (when one came)
+  std::uint64_t token = 0;                      // GRANTED, QUERY_REPLY
+  std::uint32_t ttl_ms = 0;                     // GRANTED/RENEWED ttl; BUSY/QUERY ttl left
+  std::uint32_t retry_after_ms = 0;             // RECOVERING
   WireError wire_error = WireError::kInternal;  // ERROR
-  bool held = false;                  // QUERY_REPLY
-  std::uint32_t waiters = 0;          // QUERY_REPLY
+  bool held = false;                            // QUERY_REPLY
+  std::uint32_t waiters = 0;                    // QUERY_REPLY
   // When the call's first transmission left; a grant's expiry counts from it.
   std::chrono::steady_clock::time_point first_sent;
-  unsigned transmissions = 0;         // 1 + retransmissions
+  unsigned transmissions = 0;  // 1 + retransmissions
   // STATS_REPLY: one page of the server's counters and shard tokens.
   std::uint32_t shard_count = 0;
   std::uint32_t first_shard = 0;
@@ -277,8 +280,8 @@ class Lease {
 struct AcquireResult {
   std::error_code error;  // empty exactly when `lease` holds the grant
   Lease lease;
-  std::uint32_t holder_ttl_left_ms = 0;  // kBusy: the holder's ttl left
-  std::uint32_t retry_after_ms = 0;      // kRecovering
+  std::uint32_t holder_ttl_left_ms = 0;         // kBusy: the holder's ttl left
+  std::uint32_t retry_after_ms = 0;             // kRecovering
   WireError wire_error = WireError::kInternal;  // kServerError
   explicit operator bool() const noexcept { return !error; }
 };
@@ -323,7 +326,8 @@ class LeaseClient {
   }
   // Raw RENEW/RELEASE by key and token, for an owner that holds no Lease
   // object (shardlockctl). The caller's client id must be the owner's.
-  [[nodiscard]] CallResult renew(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl);
+  [[nodiscard]] CallResult renew(std::string_view key, std::uint64_t token,
+                                 std::chrono::milliseconds ttl);
   [[nodiscard]] CallResult release(std::string_view key, std::uint64_t token);
   [[nodiscard]] CallResult query(std::string_view key);
   // STATS of node `node`, every shard's token (paged as needed).
@@ -340,10 +344,11 @@ class LeaseClient {
   // client's socket and I/O thread (default: client_id()). One process can
   // so drive many independent owners from one thread, as a load generator
   // does, the way redis-benchmark multiplexes its connections.
-  void acquire_async(std::string_view key, std::chrono::milliseconds ttl, std::chrono::milliseconds wait,
-                     Completion done, std::optional<ClientId> owner = std::nullopt);
-  void renew_async(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl, Completion done,
-                   std::optional<ClientId> owner = std::nullopt);
+  void acquire_async(std::string_view key, std::chrono::milliseconds ttl,
+                     std::chrono::milliseconds wait, Completion done,
+                     std::optional<ClientId> owner = std::nullopt);
+  void renew_async(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl,
+                   Completion done, std::optional<ClientId> owner = std::nullopt);
   void release_async(std::string_view key, std::uint64_t token, Completion done,
                      std::optional<ClientId> owner = std::nullopt);
   // Runs `fn` on the I/O thread soon (for starting completion chains there).
