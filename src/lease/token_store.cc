@@ -260,54 +260,59 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
   return {};
 }
 
+namespace {
+
+// Writes one record file (temp file, fsync, rename); a failure is explained
+// in `detail`. The directory entry is durable only after sync_dir().
+std::error_code write_named(int dir_fd, const std::string& dir, const std::string& name,
+                            const Record& record, std::string& detail) {
+  const std::error_code ec = write_record(dir_fd, name, record);
+  if (ec) detail = describe("cannot write", dir + "/" + name, ec);
+  return ec;
+}
+
+// fsync of the data dir: makes the renames before it durable.
+std::error_code sync_dir(int dir_fd, const std::string& dir, std::string& detail) {
+  if (::fsync(dir_fd) == 0) return {};
+  const std::error_code ec = errno_code();
+  detail = describe("cannot fsync data dir", dir, ec);
+  return ec;
+}
+
+}  // namespace
+
 std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_water,
                                        std::uint64_t lease_bound_ms, std::string& detail) {
   for (std::uint32_t i = 0; i < shards; ++i) {
-    const std::string name = shard_file_name(i);
     if (const std::error_code ec =
-            write_record(dir_fd_, name, make_record(kShardMagic, i, 0, high_water))) {
-      detail = describe("cannot write", dir_ + "/" + name, ec);
+            write_named(dir_fd_, dir_, shard_file_name(i),
+                        make_record(kShardMagic, i, 0, high_water), detail)) {
       return ec;
     }
   }
   // The shard files must be durable before meta names them as required.
-  if (::fsync(dir_fd_) != 0) {
-    const std::error_code ec = errno_code();
-    detail = describe("cannot fsync data dir", dir_, ec);
-    return ec;
-  }
+  if (const std::error_code ec = sync_dir(dir_fd_, dir_, detail)) return ec;
   shards_ = shards;
   return record_lease_bound(lease_bound_ms, detail);
 }
 
 std::error_code TokenStore::record_lease_bound(std::uint64_t lease_bound_ms, std::string& detail) {
-  if (const std::error_code ec = write_record(
-          dir_fd_, "meta", make_record(kMetaMagic, kFormatVersion, shards_, lease_bound_ms))) {
-    detail = describe("cannot write", dir_ + "/meta", ec);
+  if (const std::error_code ec =
+          write_named(dir_fd_, dir_, "meta",
+                      make_record(kMetaMagic, kFormatVersion, shards_, lease_bound_ms), detail)) {
     return ec;
   }
-  if (::fsync(dir_fd_) != 0) {
-    const std::error_code ec = errno_code();
-    detail = describe("cannot fsync data dir", dir_, ec);
-    return ec;
-  }
-  return {};
+  return sync_dir(dir_fd_, dir_, detail);
 }
 
 std::error_code TokenStore::reserve(std::uint32_t shard, std::uint64_t high_water,
                                     std::string& detail) {
-  const std::string name = shard_file_name(shard);
   if (const std::error_code ec =
-          write_record(dir_fd_, name, make_record(kShardMagic, shard, 0, high_water))) {
-    detail = describe("cannot write", dir_ + "/" + name, ec);
+          write_named(dir_fd_, dir_, shard_file_name(shard),
+                      make_record(kShardMagic, shard, 0, high_water), detail)) {
     return ec;
   }
-  if (::fsync(dir_fd_) != 0) {
-    const std::error_code ec = errno_code();
-    detail = describe("cannot fsync data dir", dir_, ec);
-    return ec;
-  }
-  return {};
+  return sync_dir(dir_fd_, dir_, detail);
 }
 
 std::uint64_t ShardTokens::next(std::string& detail) {
