@@ -11,6 +11,7 @@
 #include <benchmark/benchmark.h>
 #include <xxhash.h>
 
+#include <array>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -157,6 +158,34 @@ void BM_SnapshotOwnerFreshKeys(benchmark::State& state) {
   fresh_key_loop(state, [&snapshot](std::string_view key) { return &snapshot->owner(key); });
 }
 
+// owner_indices() over batches of 64 fresh keys (built as in fresh_key_loop);
+// the time is per key, so it compares directly with the single lookups.
+void BM_SnapshotOwnerBatchFreshKeys(benchmark::State& state) {
+  const auto snapshot = router_for(state).snapshot();
+  constexpr std::size_t kBatch = 64;
+  std::array<std::array<char, 24>, kBatch> storage{};
+  std::array<std::string_view, kBatch> batch;
+  std::array<std::uint16_t, kBatch> out{};
+  constexpr std::string_view kPrefix = "shardlock/key/0/";
+  for (std::size_t i = 0; i < kBatch; ++i) {
+    std::memcpy(storage[i].data(), kPrefix.data(), kPrefix.size());
+    batch[i] = std::string_view(storage[i].data(), storage[i].size());
+  }
+  std::uint64_t counter = 0;
+  for (auto _ : state) {
+    for (auto& key : storage) {
+      const std::uint64_t scrambled = (++counter) * 0x9E3779B97F4A7C15ULL;
+      std::memcpy(key.data() + kPrefix.size(), &scrambled, sizeof(scrambled));
+    }
+    benchmark::DoNotOptimize(snapshot->owner_indices(batch, out));
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(state.iterations() * kBatch));
+  state.counters["ns_per_key"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * kBatch),
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+
 void BM_RouterOwnerFreshKeys(benchmark::State& state) {
   Router& router = router_for(state);
   fresh_key_loop(state, [&router](std::string_view key) { return router.owner(key); });
@@ -240,6 +269,7 @@ BENCHMARK(BM_RouterOwner)
     ->UseRealTime();
 BENCHMARK(BM_JumpHashFreshKeys)->Arg(1000);
 BENCHMARK(BM_SnapshotOwnerFreshKeys)->Apply(BucketBits);
+BENCHMARK(BM_SnapshotOwnerBatchFreshKeys)->Apply(BucketBits);
 BENCHMARK(BM_RouterOwnerFreshKeys)->Args({1000, shardlock::kDefaultBucketBits});
 BENCHMARK(BM_SnapshotOwners3)->Args({1000, shardlock::kDefaultBucketBits});
 BENCHMARK(BM_Rebuild)

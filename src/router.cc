@@ -336,6 +336,29 @@ std::vector<NodeId> RouterSnapshot::owners(std::string_view key, std::size_t n) 
   return result;
 }
 
+std::size_t RouterSnapshot::owner_indices(std::span<const std::string_view> keys,
+                                          std::span<std::uint16_t> out) const noexcept {
+  const std::size_t count = std::min(keys.size(), out.size());
+  if (nodes_.empty()) {
+    std::fill_n(out.begin(), count, kNoOwner);
+    return count;
+  }
+  // Software pipeline: key i is hashed and its bucket prefetched kDistance
+  // keys before its bucket is read, so about kDistance misses are in flight
+  // and each is covered by the hashing of the keys in between.
+  constexpr std::size_t kDistance = 32;  // a power of two
+  std::array<std::size_t, kDistance> buckets;
+  const std::uint16_t* table = table_.get();
+  for (std::size_t i = 0; i < count + kDistance; ++i) {
+    if (i >= kDistance) out[i - kDistance] = table[buckets[i % kDistance]];
+    if (i < count) {
+      buckets[i % kDistance] = bucket_of_hash(hash(keys[i]));
+      __builtin_prefetch(table + buckets[i % kDistance]);
+    }
+  }
+  return count;
+}
+
 std::uint16_t RouterSnapshot::owner_index_bounded(std::string_view key,
                                                   std::span<const std::uint64_t> loads,
                                                   double c) const {

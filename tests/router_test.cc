@@ -387,6 +387,33 @@ TEST(RouterTest, BoundedLoadRespectsCapacity) {
             RouterSnapshot::kNoOwner);
 }
 
+TEST(RouterTest, BatchLookupMatchesSingleLookups) {
+  Router router(numbered_nodes(100), with_bits(16));
+  const auto snapshot = router.snapshot();
+  // Sizes around the prefetch group of 16, and a large one.
+  for (const std::size_t count : {std::size_t{0}, std::size_t{1}, std::size_t{15}, std::size_t{16},
+                                  std::size_t{17}, std::size_t{10'000}}) {
+    std::vector<std::string_view> keys(sample_keys().begin(),
+                                       sample_keys().begin() + static_cast<std::ptrdiff_t>(count));
+    std::vector<std::uint16_t> out(count, RouterSnapshot::kNoOwner);
+    ASSERT_EQ(snapshot->owner_indices(keys, out), count);
+    for (std::size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(out[i], snapshot->owner_index(keys[i])) << "count " << count << " key " << i;
+    }
+  }
+  // A shorter output span bounds the work; the rest is untouched.
+  std::vector<std::string_view> keys(sample_keys().begin(), sample_keys().begin() + 40);
+  std::vector<std::uint16_t> out(20, 0xABCD);
+  EXPECT_EQ(snapshot->owner_indices(keys, std::span(out).first(10)), 10u);
+  EXPECT_EQ(out[9], snapshot->owner_index(keys[9]));
+  EXPECT_EQ(out[10], 0xABCD);
+  // An empty snapshot answers kNoOwner for every key.
+  Router empty(with_bits(12));
+  std::vector<std::uint16_t> none(3, 0);
+  EXPECT_EQ(empty.snapshot()->owner_indices(std::span(keys).first(3), none), 3u);
+  EXPECT_EQ(none, std::vector<std::uint16_t>(3, RouterSnapshot::kNoOwner));
+}
+
 // Lookups on several threads while another thread keeps changing the
 // membership: every answer is a member of a snapshot the reader holds, and
 // epochs never go backwards. Runs under TSan (label "concurrent").

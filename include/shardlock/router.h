@@ -212,6 +212,14 @@ class RouterSnapshot {
     if (nodes_.empty()) return kNoOwner;
     return table_[bucket_of_hash(hash(key))];
   }
+  // owner_index() of many keys at once: out[i] = owner_index(keys[i]) for
+  // i < min(keys.size(), out.size()), which it returns. It hashes a group of
+  // keys and prefetches their buckets before reading any, so the cache misses
+  // of a group overlap. A single lookup cannot do that, and with tables larger
+  // than the last-level cache (bucket_bits 23 and 24) it pays most of a miss.
+  // docs/router.md (Batch lookups) has the numbers.
+  std::size_t owner_indices(std::span<const std::string_view> keys,
+                            std::span<std::uint16_t> out) const noexcept;
   // The owner's id; an empty id when the snapshot has no nodes.
   const NodeId& owner(std::string_view key) const noexcept {
     const std::uint16_t index = owner_index(key);
