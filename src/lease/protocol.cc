@@ -392,6 +392,8 @@ std::string_view to_string(WireError code) noexcept {
       return "not a request";
     case WireError::kInternal:
       return "internal server error";
+    case WireError::kRequestIdReused:
+      return "request id reused for a different request";
   }
   return "unknown error";
 }

@@ -1,6 +1,8 @@
 // The per-shard lease state machine. See internal/shard.h.
 #include "shardlock/lease/internal/shard.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <iterator>
 
@@ -70,6 +72,12 @@ Shard::OwnerCheck Shard::check_owner(const KeyState* state, const ClientId& clie
   return OwnerCheck::kNotOwner;
 }
 
+std::uint64_t Shard::request_fingerprint(MessageType type, std::string_view key) noexcept {
+  // Seeded by the type so that equal keys of different types differ.
+  return XXH3_64bits_withSeed(key.data(), key.size(),
+                              0xF1A9'0000ULL + static_cast<std::uint64_t>(type));
+}
+
 void Shard::remember(const ClientId& client, std::uint64_t request_id, const Answer& answer) {
   if (limits_.dedup_capacity == 0) return;
   const DedupKey key{client, request_id};
@@ -114,8 +122,15 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
     count(StatCounter::kRecovering);
     return true;
   }
+  const std::uint64_t fingerprint = mutating ? request_fingerprint(request.type, request.key) : 0;
   if (mutating) {
     if (const auto it = dedup_.find(DedupKey{client, request.request_id}); it != dedup_.end()) {
+      if (it->second.fingerprint != fingerprint) {
+        reply.type = MessageType::kError;
+        reply.error = WireError::kRequestIdReused;
+        count(StatCounter::kErrors);
+        return true;
+      }
       count(StatCounter::kRetransmits);
       if (it->second.type == MessageType::kAcquire) return false;  // still queued
       reply.type = it->second.type;
@@ -152,7 +167,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
         count(StatCounter::kReleased);
         hand_off(*state, now_ms, deferred);  // may erase *state
       }
-      remember(client, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms});
+      remember(client, request.request_id,
+               Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
       return true;
     }
     default: {  // kQuery
@@ -172,6 +188,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
                     std::int64_t now_ms, Message& reply, bool& answered,
                     std::vector<DeferredReply>& deferred) {
   (void)deferred;
+  const std::uint64_t fingerprint = request_fingerprint(MessageType::kAcquire, request.key);
   auto it = keys_.find(request.key);
   if (it == keys_.end()) {
     const std::uint64_t token = tokens_.next(last_error_);
@@ -193,7 +210,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     reply.token = token;
     reply.ttl_ms = request.ttl_ms;
     count(StatCounter::kGrants);
-    remember(client, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms});
+    remember(client, request.request_id,
+             Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
     return;
   }
 
@@ -211,7 +229,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     reply.type = MessageType::kBusy;
     reply.ttl_ms = ttl_left(state, now_ms);
     count(StatCounter::kBusy);
-    remember(client, request.request_id, Answer{reply.type, 0, reply.ttl_ms});
+    remember(client, request.request_id, Answer{reply.type, 0, reply.ttl_ms, fingerprint});
     return;
   }
   // A retransmission of a queued request whose dedup entry was evicted must
@@ -232,7 +250,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   w.state = &state;
   wheel_.schedule(w, now_ms + request.wait_ms);
   count(StatCounter::kQueued);
-  remember(client, request.request_id, Answer{MessageType::kAcquire, 0, 0});
+  remember(client, request.request_id, Answer{MessageType::kAcquire, 0, 0, fingerprint});
   answered = false;
 }
 
@@ -250,7 +268,9 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
       out.type = MessageType::kError;
       out.error = WireError::kInternal;
       count(StatCounter::kErrors);
-      remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0});
+      remember(w.client, w.request_id,
+               Answer{MessageType::kError, 0, 0,
+                      request_fingerprint(MessageType::kAcquire, *state.key)});
       state.waiters.pop_front();
       continue;
     }
@@ -262,7 +282,9 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     out.token = token;
     out.ttl_ms = w.ttl_ms;
     count(StatCounter::kGrants);
-    remember(w.client, w.request_id, Answer{MessageType::kGranted, token, w.ttl_ms});
+    remember(w.client, w.request_id,
+             Answer{MessageType::kGranted, token, w.ttl_ms,
+                    request_fingerprint(MessageType::kAcquire, *state.key)});
     state.waiters.pop_front();
     return;
   }
@@ -291,7 +313,9 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   out.type = MessageType::kTimeout;
   out.key = *state.key;
   count(StatCounter::kTimeouts);
-  remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0});
+  remember(
+      w.client, w.request_id,
+      Answer{MessageType::kTimeout, 0, 0, request_fingerprint(MessageType::kAcquire, *state.key)});
   state.waiters.erase(w.self);
 }
 

@@ -57,10 +57,11 @@ class ShardTest : public ::testing::Test {
     m.request_id = rid;
     return send(c, m);
   }
-  Result release(const ClientId& c, std::uint64_t token, std::uint64_t rid = 0) {
+  Result release(const ClientId& c, std::uint64_t token, std::uint64_t rid = 0,
+                 const std::string& key = "k") {
     Message m;
     m.type = MessageType::kRelease;
-    m.key = "k";
+    m.key = key;
     m.token = token;
     m.request_id = rid;
     return send(c, m);
@@ -133,6 +134,37 @@ TEST_F(ShardTest, RetransmissionGetsIdenticalAnswer) {
   EXPECT_EQ(counter(StatCounter::kGrants), 2u);
   EXPECT_EQ(counter(StatCounter::kRetransmits), 2u);
   EXPECT_EQ(query().reply.token, bob.reply.token);
+}
+
+// A client that reuses a request id for another key or another type must not
+// get the first request's answer: for an ACQUIRE that would be a GRANTED for a
+// key nobody granted it.
+TEST_F(ShardTest, ReusedRequestIdForAnotherRequestIsAnError) {
+  const auto a = acquire(kAlice, 1000, 0, 42, "a");
+  ASSERT_EQ(a.reply.type, MessageType::kGranted);
+
+  const auto other_key = acquire(kAlice, 1000, 0, 42, "b");
+  EXPECT_EQ(other_key.reply.type, MessageType::kError);
+  EXPECT_EQ(other_key.reply.error, WireError::kRequestIdReused);
+  EXPECT_FALSE(query("b").reply.held);
+
+  const auto other_type = release(kAlice, a.reply.token, 42);  // key "k", type RELEASE
+  EXPECT_EQ(other_type.reply.type, MessageType::kError);
+  EXPECT_EQ(other_type.reply.error, WireError::kRequestIdReused);
+
+  // The real retransmission still gets its answer, and the lease is intact.
+  const auto dup = acquire(kAlice, 1000, 0, 42, "a");
+  EXPECT_EQ(dup.reply.type, MessageType::kGranted);
+  EXPECT_EQ(dup.reply.token, a.reply.token);
+  EXPECT_TRUE(query("a").reply.held);
+  EXPECT_EQ(counter(StatCounter::kGrants), 1u);
+
+  // Answers given later to a queued waiter keep its fingerprint too.
+  ASSERT_EQ(acquire(kBob, 1000, 5000, 7, "a").answered, false);
+  EXPECT_EQ(release(kAlice, a.reply.token, 43, "a").reply.type, MessageType::kReleased);
+  ASSERT_EQ(take_deferred().size(), 1u);
+  EXPECT_EQ(acquire(kBob, 1000, 5000, 7, "a").reply.type, MessageType::kGranted);
+  EXPECT_EQ(acquire(kBob, 1000, 5000, 7, "c").reply.error, WireError::kRequestIdReused);
 }
 
 TEST_F(ShardTest, LateRetransmissionAfterEvictionIsExpiredNotNotOwner) {

@@ -121,6 +121,7 @@ enum class WireError : std::uint16_t {
   kRequestTooSmall = 6,     // request datagram not padded to max_reply_size()
   kNotARequest = 7,         // a reply type sent to the server
   kInternal = 8,            // the server failed (e.g. could not persist tokens)
+  kRequestIdReused = 9,     // this client already used the request id for another type or key
 };
 [[nodiscard]] std::string_view to_string(WireError code) noexcept;
 

@@ -13,7 +13,10 @@
 //   * wheel_: one timer per held key (expiry) and per waiter (wait_ms).
 //   * dedup_: (client id, request id) -> the answer given, FIFO-bounded, so
 //     a retransmitted ACQUIRE / RENEW / RELEASE gets the identical answer and
-//     a retransmitted queued ACQUIRE is not queued twice.
+//     a retransmitted queued ACQUIRE is not queued twice. Each entry keeps a
+//     fingerprint of the request's type and key: a client that reuses a
+//     request id for a different request gets ERROR(kRequestIdReused), never
+//     the other request's answer (which could be a GRANTED for another key).
 //
 // Owner checks (RENEW, RELEASE):
 //   * no live lease on the key                -> EXPIRED
@@ -137,7 +140,11 @@ class Shard {
     MessageType type = MessageType::kError;  // kAcquire while the request is queued
     std::uint64_t token = 0;
     std::uint32_t ttl_ms = 0;
+    std::uint64_t fingerprint = 0;  // request_fingerprint() of the request answered
   };
+  // The request's type and key, hashed: what a retransmission must repeat.
+  [[nodiscard]] static std::uint64_t request_fingerprint(MessageType type,
+                                                         std::string_view key) noexcept;
   enum class OwnerCheck { kOk, kExpired, kNotOwner };
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
