@@ -240,8 +240,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       return;
     }
   }
-  Waiter& w = state.waiters.emplace_back();
-  w.self = std::prev(state.waiters.end());
+  Waiter& w = new_waiter(state);
   w.kind = kWaitTimeout;
   w.client = client;
   w.request_id = request.request_id;
@@ -271,7 +270,7 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
       remember(w.client, w.request_id,
                Answer{MessageType::kError, 0, 0,
                       request_fingerprint(MessageType::kAcquire, *state.key)});
-      state.waiters.pop_front();
+      retire_waiter(state, state.waiters.begin());
       continue;
     }
     state.owner = w.client;
@@ -285,15 +284,17 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     remember(w.client, w.request_id,
              Answer{MessageType::kGranted, token, w.ttl_ms,
                     request_fingerprint(MessageType::kAcquire, *state.key)});
-    state.waiters.pop_front();
+    retire_waiter(state, state.waiters.begin());
     return;
   }
   erase(state);
 }
 
 void Shard::erase(KeyState& state) {
-  for (Waiter& w : state.waiters) wheel_.cancel(w);
-  state.waiters.clear();
+  while (!state.waiters.empty()) {
+    wheel_.cancel(state.waiters.front());
+    retire_waiter(state, state.waiters.begin());
+  }
   wheel_.cancel(state);
   keys_.erase(keys_.find(*state.key));
 }
@@ -316,7 +317,26 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   remember(
       w.client, w.request_id,
       Answer{MessageType::kTimeout, 0, 0, request_fingerprint(MessageType::kAcquire, *state.key)});
-  state.waiters.erase(w.self);
+  retire_waiter(state, w.self);
+}
+
+Shard::Waiter& Shard::new_waiter(KeyState& state) {
+  if (spare_waiters_.empty()) {
+    state.waiters.emplace_back();
+  } else {
+    state.waiters.splice(state.waiters.end(), spare_waiters_, spare_waiters_.begin());
+  }
+  Waiter& w = state.waiters.back();
+  w.self = std::prev(state.waiters.end());
+  return w;
+}
+
+void Shard::retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter) {
+  if (spare_waiters_.size() < kMaxSpareWaiters) {
+    spare_waiters_.splice(spare_waiters_.end(), state.waiters, waiter);
+  } else {
+    state.waiters.erase(waiter);
+  }
 }
 
 void Shard::advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred) {

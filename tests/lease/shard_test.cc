@@ -234,6 +234,39 @@ TEST_F(ShardTest, FifoHandOffOnRelease) {
   EXPECT_EQ(dup.reply.token, bob_token);
 }
 
+// Waiter nodes are recycled: once handed off, timed out or dropped with their
+// key they are kept as spares, and the next waiters reuse them in FIFO order.
+TEST_F(ShardTest, WaiterNodesAreReused) {
+  const auto t = acquire(kAlice, 1000).reply.token;
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 21).answered);
+  ASSERT_FALSE(acquire(kCarol, 1000, 100, 31).answered);
+  EXPECT_EQ(shard_->spare_waiters(), 0u);
+  advance_to(now_ + 100);  // Carol times out
+  ASSERT_EQ(take_deferred().size(), 1u);
+  EXPECT_EQ(shard_->spare_waiters(), 1u);
+  ASSERT_EQ(release(kAlice, t).reply.type, MessageType::kReleased);  // Bob is granted
+  EXPECT_EQ(shard_->spare_waiters(), 2u);
+  auto d = take_deferred();
+  ASSERT_EQ(d.size(), 1u);
+  const auto bob_token = d[0].token;
+
+  // Two new waiters take the spares; the hand-off order is still FIFO.
+  ASSERT_FALSE(acquire(kCarol, 1000, 5000, 32).answered);
+  ASSERT_FALSE(acquire(kAlice, 1000, 5000, 22).answered);
+  EXPECT_EQ(shard_->spare_waiters(), 0u);
+  EXPECT_EQ(query().reply.waiters, 2u);
+  ASSERT_EQ(release(kBob, bob_token).reply.type, MessageType::kReleased);
+  d = take_deferred();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].client, kCarol);
+  EXPECT_EQ(d[0].request_id, 32u);
+  advance_to(now_ + 1000);  // Carol's lease expires: Alice is next
+  d = take_deferred();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].client, kAlice);
+  EXPECT_EQ(shard_->spare_waiters(), 2u);
+}
+
 TEST_F(ShardTest, WaitTimesOut) {
   acquire(kAlice, 10'000);
   ASSERT_FALSE(acquire(kBob, 1000, 250, 55).answered);

@@ -104,6 +104,9 @@ class Shard {
   }
   [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
   [[nodiscard]] std::size_t timers() const noexcept { return wheel_.size(); }
+  // Waiter nodes kept for reuse (see spare_waiters_).
+  [[nodiscard]] std::size_t spare_waiters() const noexcept { return spare_waiters_.size(); }
+  static constexpr std::size_t kMaxSpareWaiters = 4096;
   // Why the last token reservation failed (ERROR(kInternal) answers).
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
 
@@ -160,6 +163,13 @@ class Shard {
   // forget the key.
   void hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   void erase(KeyState& state);
+  // A waiter node at the back of state's queue: a spare one spliced over when
+  // there is one (no allocation), a new one otherwise. Fields are the caller's
+  // to set.
+  Waiter& new_waiter(KeyState& state);
+  // Moves a waiter whose timer is cancelled out of state's queue into the
+  // spares (or frees it when kMaxSpareWaiters are already kept).
+  void retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter);
   void on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
   [[nodiscard]] static std::uint32_t ttl_left(const KeyState& s, std::int64_t now_ms) noexcept;
@@ -169,6 +179,9 @@ class Shard {
   ShardTokens tokens_;
   TimerWheel wheel_;
   std::unordered_map<std::string, KeyState, StringKeyHash, StringKeyEqual> keys_;
+  // Unused waiter nodes. std::list::splice moves a node between lists without
+  // allocating, so queueing an ACQUIRE reuses a node in steady state.
+  std::list<Waiter> spare_waiters_;
   std::unordered_map<DedupKey, Answer, DedupHash> dedup_;
   std::vector<DedupKey> dedup_order_;  // FIFO eviction ring
   std::size_t dedup_next_ = 0;
