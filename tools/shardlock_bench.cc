@@ -107,6 +107,7 @@ struct Config {
   unsigned server_threads = 1;
   unsigned client_threads = 1;
   std::uint64_t seed = 42;
+  std::optional<shardlock::lease::AuthKey> auth_key;  // seals every datagram (lease mode)
 };
 
 // Counters a worker updates and the progress line reads.
@@ -309,6 +310,7 @@ int run_lease(const Config& config, Result& result) {
     options.max_ttl = std::max<milliseconds>(options.max_ttl, config.ttl);
     options.io_threads = config.server_threads;
     options.log = [](std::string_view) {};  // its lock-delay warning is ours to explain
+    options.auth_key = config.auth_key;
     server = std::make_unique<LeaseServer>(options);
     if (std::error_code ec = server->start()) {
       std::fprintf(stderr, "shardlock-bench: embedded server failed: %s (%s)\n",
@@ -338,6 +340,7 @@ int run_lease(const Config& config, Result& result) {
     LeaseClientOptions options;
     options.nodes = nodes;
     options.max_batch = config.batch;
+    options.auth_key = config.auth_key;
     auto connection = std::make_unique<LeaseClient>(options);
     if (std::error_code ec = connection->start()) {
       std::fprintf(stderr, "shardlock-bench: client failed: %s (%s)\n", ec.message().c_str(),
@@ -491,21 +494,21 @@ void print_json(const Config& config, const Result& r) {
       ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64 ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64
       ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64
       ",\"datagrams_sent\":%" PRIu64
-      ",\"allocator\":\"%s\",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+      ",\"auth\":%s,\"allocator\":\"%s\",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
       config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
       config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
       static_cast<long long>(config.ttl.count()), config.batch, r.totals.requests,
       static_cast<double>(r.totals.requests) / s, r.totals.pairs,
       static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy, r.totals.errors,
-      r.retransmissions, r.datagrams, kAllocator, latency_json(r.request_latency).c_str(),
-      latency_json(r.pair_latency).c_str());
+      r.retransmissions, r.datagrams, config.auth_key ? "true" : "false", kAllocator,
+      latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
 }
 
 void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
-  std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s\n", config.mode.c_str(),
-              r.target.c_str(), kAllocator);
+  std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s%s\n", config.mode.c_str(),
+              r.target.c_str(), kAllocator, config.auth_key ? "  auth=on" : "");
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
                 " keys, ttl %s, batch %u, %.1f s\n\n",
@@ -581,6 +584,13 @@ int main(int argc, char** argv) {
                  "(default: CPUs / 2, 1..4)")
       ->check(CLI::Range(1u, 256u));
   app.add_option("--seed", config.seed, "Workload seed")->capture_default_str();
+  std::string auth_key_file;
+  bool auth = false;
+  app.add_option("--auth-key", auth_key_file,
+                 "Key file shared with --server (shardlockctl keygen): seal every datagram");
+  app.add_flag("--auth", auth,
+               "Seal every datagram with a fresh random key (embedded server): measures the "
+               "cost of authentication");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -604,6 +614,20 @@ int main(int argc, char** argv) {
   }
   if (config.mode == "table" && !config.clients_given) {
     config.clients = std::max(1u, std::thread::hardware_concurrency());
+  }
+  if (!auth_key_file.empty()) {
+    auto loaded = shardlock::lease::load_auth_key(auth_key_file);
+    if (!loaded.key) {
+      std::fprintf(stderr, "shardlock-bench: --auth-key: %s\n", loaded.error.c_str());
+      return 2;
+    }
+    config.auth_key = loaded.key;
+  } else if (auth) {
+    if (!config.server.empty()) {
+      std::fprintf(stderr, "shardlock-bench: --auth needs the embedded server; use --auth-key\n");
+      return 2;
+    }
+    config.auth_key = shardlock::lease::generate_auth_key();
   }
   if (config.mode == "table" && !config.server.empty()) {
     std::fprintf(stderr, "shardlock-bench: --server applies to --mode lease only\n");

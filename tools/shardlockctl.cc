@@ -238,11 +238,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::string servers;
   DurationArg timeout{"2s"};
-  app.add_option("--server", servers, "HOST:PORT of the server(s), comma separated")
-      ->envname("SHARDLOCK_SERVER")
-      ->required();
+  app.add_option("--server", servers,
+                 "HOST:PORT of the server(s), comma separated (required except for keygen)")
+      ->envname("SHARDLOCK_SERVER");
   app.add_option("--timeout", timeout.text, "How long a request retransmits before 'unreachable'")
       ->capture_default_str();
+  std::string auth_key_file;
+  app.add_option("--auth-key", auth_key_file,
+                 "File with the key shared with the servers (see keygen); seals every request "
+                 "and accepts only sealed replies")
+      ->envname("SHARDLOCK_AUTH_KEY_FILE");
   app.footer(
       "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage; 3 unreachable; 4 recovering; "
       "5 server error. run: the command's status, or 75 when the lease was lost.");
@@ -275,6 +280,8 @@ int main(int argc, char** argv) {
   auto* query = app.add_subcommand("query", "Is the key held, by which token, for how long");
   query->add_option("key", key, "The key")->required();
 
+  auto* keygen = app.add_subcommand(
+      "keygen", "Print a new random auth key (64 hex digits) for shardlockd --auth-key");
   auto* stats = app.add_subcommand("stats", "Server counters and every shard's token");
 
   std::string on_lost = "term";
@@ -298,6 +305,15 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : kExitUsage;
   }
+  if (keygen->parsed()) {
+    std::printf("%s\n",
+                shardlock::lease::format_auth_key(shardlock::lease::generate_auth_key()).c_str());
+    return kExitOk;
+  }
+  if (servers.empty()) {
+    std::fprintf(stderr, "shardlockctl: --server (or SHARDLOCK_SERVER) is required\n");
+    return kExitUsage;
+  }
   if (!parse_arg(timeout, "--timeout", true) || !parse_arg(ttl, "--ttl", true) ||
       !parse_arg(wait, "--wait", false)) {
     return kExitUsage;
@@ -314,6 +330,14 @@ int main(int argc, char** argv) {
       return kExitUsage;
     }
     options.client_id = *id;
+  }
+  if (!auth_key_file.empty()) {
+    auto loaded = shardlock::lease::load_auth_key(auth_key_file);
+    if (!loaded.key) {
+      std::fprintf(stderr, "shardlockctl: --auth-key: %s\n", loaded.error.c_str());
+      return kExitUsage;
+    }
+    options.auth_key = loaded.key;
   }
   if (key.size() > kMaxKeyLength || (key.empty() && !stats->parsed())) {
     std::fprintf(stderr, "shardlockctl: keys are 1..%zu bytes\n", kMaxKeyLength);
@@ -376,7 +400,7 @@ int main(int argc, char** argv) {
     static constexpr const char* kCounterNames[kStatCounterCount] = {
         "grants",     "busy",      "queued",      "timeouts", "expirations",
         "not_owner",  "malformed", "renewed",     "released", "expired_replies",
-        "recovering", "errors",    "retransmits", "requests"};
+        "recovering", "errors",    "retransmits", "requests", "auth_failures"};
     std::string out = "{\"nodes\":[";
     int worst = kExitOk;
     for (std::size_t n = 0; n < options.nodes.size(); ++n) {

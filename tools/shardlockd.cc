@@ -82,6 +82,10 @@ int run(int argc, char** argv) {
   app.add_option("--io-threads", options.io_threads, "I/O threads, each with its own socket")
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
+  std::string auth_key_file;
+  app.add_option("--auth-key", auth_key_file,
+                 "file with the shared key (64 hex digits, from `shardlockctl keygen`): every "
+                 "datagram must then carry a valid tag, and replies are sealed");
   app.add_option("--token-block", options.token_block,
                  "tokens reserved per durable write (advanced)")
       ->capture_default_str()
@@ -114,6 +118,11 @@ int run(int argc, char** argv) {
     options.lock_delay = *delay;
   }
   options.io = *shardlock::lease::parse_io_backend(io);
+  if (!auth_key_file.empty()) {
+    auto loaded = shardlock::lease::load_auth_key(auth_key_file);
+    if (!loaded.key) return usage_error("--auth-key: " + loaded.error);
+    options.auth_key = loaded.key;
+  }
   options.log = [](std::string_view line) {
     std::fprintf(stderr, "shardlockd: %.*s\n", static_cast<int>(line.size()), line.data());
   };
@@ -141,12 +150,13 @@ int run(int argc, char** argv) {
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
-      "\"allocator\":\"%s\",\"pid\":%d}\n",
+      "\"auth\":%s,\"allocator\":\"%s\",\"pid\":%d}\n",
       json_string(server.listen_address()).c_str(), server.port(), options.shards,
       std::string(to_string(server.backend())).c_str(), options.io_threads,
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
-      static_cast<long long>(effective_delay.count()), allocator, static_cast<int>(::getpid()));
+      static_cast<long long>(effective_delay.count()), options.auth_key ? "true" : "false",
+      allocator, static_cast<int>(::getpid()));
   std::fflush(stdout);
 
   int signal_number = 0;

@@ -438,7 +438,19 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     return datagram;
   }
 
-  std::size_t encode_single(const Call& call, std::span<std::uint8_t> out) {
+  // Bytes a datagram's encoding may use: the rest is for the auth tag.
+  std::size_t payload_limit() const noexcept {
+    return kMaxDatagramSize - (options.auth_key ? kAuthTagSize : 0);
+  }
+  // Seals buffer[0, length) when authentication is on; returns the length to
+  // send (0 stays 0: nothing to send).
+  std::size_t seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept {
+    if (!options.auth_key || length == 0) return length;
+    return seal_datagram(buffer, length, *options.auth_key);
+  }
+
+  std::size_t encode_single(const Call& call, std::span<std::uint8_t> buffer) {
+    const std::span<std::uint8_t> out = buffer.first(std::min(buffer.size(), payload_limit()));
     Datagram& d = tx_datagram();
     d.batch = false;
     d.client_id = call.owner;
@@ -452,7 +464,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
                                    ? std::min(out.size(), kMaxDatagramSize)
                                    : max_reply_size(d);
     if (encode(d, out, written, pad_to) != ProtocolError::kOk) return 0;
-    return written;
+    return seal(buffer, written);
   }
 
   void transmit(std::size_t node, std::span<const std::uint8_t> bytes) {
@@ -605,7 +617,10 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // Matches the replies in one datagram to their calls.
   void on_datagram(std::span<const std::uint8_t> bytes, std::vector<ReadyCompletion>& ready) {
-    if (decode(bytes, rx_) != ProtocolError::kOk) {
+    if (options.auth_key) bytes = open_datagram(bytes, *options.auth_key);
+    // Without a key, a sealed reply is refused too (the flag check below).
+    if (bytes.empty() || decode(bytes, rx_) != ProtocolError::kOk ||
+        (!options.auth_key && (rx_.flags & kFlagAuthenticated) != 0)) {
       malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
       return;
     }
@@ -669,7 +684,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
              d.count < options.max_batch) {
         arm(*outbox_[end], now);
         (void)d.push(outbox_[end]->message());
-        if (d.count > 1 && max_reply_size(d) > kMaxDatagramSize) {
+        if (d.count > 1 && max_reply_size(d) > payload_limit()) {
           --d.count;
           break;
         }
@@ -682,7 +697,11 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       if (datagrams == out_buffers_.size()) out_buffers_.emplace_back();
       std::array<std::uint8_t, kMaxDatagramSize>& buffer = out_buffers_[datagrams++];
       std::size_t written = 0;
-      if (encode_request(d, buffer, written) != ProtocolError::kOk) written = 0;
+      if (encode_request(d, std::span(buffer).first(payload_limit()), written) !=
+          ProtocolError::kOk) {
+        written = 0;
+      }
+      written = seal(buffer, written);
       if (written > 0) outgoing_.push_back({&endpoints[node], {buffer.data(), written}});
       {
         LockGuard lock(mutex_);

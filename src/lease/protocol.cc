@@ -453,7 +453,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
   if (!r.ok()) return ProtocolError::kTruncated;
   out.count = 0;
   if (out.version != kProtocolVersion) return ProtocolError::kUnsupportedVersion;
-  if (out.flags != 0) return ProtocolError::kBadFlags;
+  if ((out.flags & ~kFlagAuthenticated) != 0) return ProtocolError::kBadFlags;
 
   if (type != static_cast<std::uint8_t>(MessageType::kBatch)) {
     if (!known_type(type)) return ProtocolError::kBadType;

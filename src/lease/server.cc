@@ -131,10 +131,12 @@ struct LeaseServer::Impl final : internal::DatagramSink {
                   std::vector<OutDatagram>& out) {
     OutDatagram& o = out.emplace_back();
     std::size_t written = 0;
-    if (encode(d, o.bytes, written, pad_to) != ProtocolError::kOk) {
+    const std::size_t room = o.bytes.size() - (options.auth_key ? kAuthTagSize : 0);
+    if (encode(d, std::span(o.bytes).first(room), written, pad_to) != ProtocolError::kOk) {
       out.pop_back();  // cannot happen for replies within the request's size
       return;
     }
+    if (options.auth_key) written = seal_datagram(o.bytes, written, *options.auth_key);
     o.peer = peer;
     o.length = static_cast<std::uint16_t>(written);
   }
@@ -182,6 +184,17 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   // Counted outside any shard. Relaxed: statistics only.
   std::atomic<std::uint64_t> malformed{0};
   std::atomic<std::uint64_t> version_errors{0};
+  std::atomic<std::uint64_t> auth_failures{0};
+  // Adds the counters kept outside the shards.
+  void add_server_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const {
+    // Relaxed: statistics.
+    counters[static_cast<std::size_t>(StatCounter::kMalformed)] +=
+        malformed.load(std::memory_order_relaxed);
+    counters[static_cast<std::size_t>(StatCounter::kErrors)] +=
+        version_errors.load(std::memory_order_relaxed);
+    counters[static_cast<std::size_t>(StatCounter::kAuthFailures)] +=
+        auth_failures.load(std::memory_order_relaxed);
+  }
   // When to lower the data dir's lease bound to this run's max TTL (set
   // before the threads start, then touched by I/O worker 0 only).
   std::optional<std::int64_t> lease_bound_settles_ms;
@@ -286,7 +299,8 @@ std::error_code LeaseServer::Impl::start() {
         std::to_string(o.io_threads) + " I/O thread(s), back end " +
         std::string(backend == IoBackend::kUring ? "io_uring (multishot recvmsg, buffer ring)"
                                                  : "socket (recvmmsg/sendmmsg)") +
-        ", max ttl " + to_string(o.max_ttl) + ", lock-delay " + to_string(lock_delay));
+        ", max ttl " + to_string(o.max_ttl) + ", lock-delay " + to_string(lock_delay) +
+        ", datagram auth " + (o.auth_key ? "on" : "off"));
 
   for (unsigned t = 0; t < fds.size(); ++t) workers.push_back(std::make_unique<Worker>());
   for (unsigned t = 0; t < fds.size(); ++t) {
@@ -372,11 +386,7 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
     const auto& c = slot->shard->counters();
     for (std::size_t i = 0; i < kStatCounterCount; ++i) reply.counters[i] += c[i];
   }
-  // Relaxed: statistics.
-  reply.counters[static_cast<std::size_t>(StatCounter::kMalformed)] +=
-      malformed.load(std::memory_order_relaxed);
-  reply.counters[static_cast<std::size_t>(StatCounter::kErrors)] +=
-      version_errors.load(std::memory_order_relaxed);
+  add_server_counters(reply.counters);
   w.stats_tokens.clear();
   for (std::size_t s = request.first_shard; s < shards.size() && w.stats_tokens.size() + 8 <= slack;
        ++s) {
@@ -394,6 +404,18 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
 void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
                                     const Peer& peer, std::vector<OutDatagram>& out) {
   Worker& w = *workers[worker];
+  constexpr std::size_t kFlagsOffset = 5;  // protocol.h header layout
+  // A sealed datagram reaching a server without a key fails too: it cannot
+  // be checked, and its sender expects sealed replies.
+  bool rejected = bytes.size() > kFlagsOffset && (bytes[kFlagsOffset] & kFlagAuthenticated) != 0;
+  if (options.auth_key) {
+    bytes = open_datagram(bytes, *options.auth_key);
+    rejected = bytes.empty();
+  }
+  if (rejected) {
+    auth_failures.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+    return;
+  }
   const ProtocolError err = decode(bytes, w.request);
   w.reply.count = 0;
   w.reply.batch = w.request.batch;
@@ -496,11 +518,7 @@ ServerStats LeaseServer::stats() const {
     for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
     s.shard_tokens.push_back(slot->shard->last_token());
   }
-  // Relaxed: statistics.
-  s.counters[static_cast<std::size_t>(StatCounter::kMalformed)] +=
-      impl_->malformed.load(std::memory_order_relaxed);
-  s.counters[static_cast<std::size_t>(StatCounter::kErrors)] +=
-      impl_->version_errors.load(std::memory_order_relaxed);
+  impl_->add_server_counters(s.counters);
   return s;
 }
 

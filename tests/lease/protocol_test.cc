@@ -214,9 +214,17 @@ TEST(Protocol, HeaderErrors) {
   EXPECT_EQ(out.request_id, one_of_each_type()[0].request_id);
   EXPECT_EQ(out.client_id, (ClientId{0xAAAA, 0xBBBB}));
 
+  // Flags: bit 0 (a sealed datagram, its tag already removed) decodes and is
+  // reported; every reserved bit is rejected.
   bad = good;
-  bad[5] = 1;  // flags
-  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags);
+  bad[5] = kFlagAuthenticated;
+  EXPECT_EQ(decode_exact(bad, out), ProtocolError::kOk);
+  EXPECT_EQ(out.flags, kFlagAuthenticated);
+  for (int bit = 1; bit < 8; ++bit) {
+    bad = good;
+    bad[5] = static_cast<std::uint8_t>(1 << bit);
+    EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags) << "bit " << bit;
+  }
   bad = good;
   bad[6] = 0x42;  // type
   EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadType);

@@ -76,6 +76,19 @@ TEST(ShardlockBenchTest, BatchedRunAgainstAnExternalServer) {
             (*j)["grants"].number);
 }
 
+TEST(ShardlockBenchTest, AuthenticatedEmbeddedRun) {
+  const auto r = run_tool(kBench, {"--duration", "1s", "--json", "--clients", "2", "--auth"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_line(r);
+  ASSERT_TRUE(j) << r.out;
+  expect_well_formed(*j, "lease");
+  EXPECT_TRUE((*j)["auth"].boolean);
+  EXPECT_EQ((*j)["errors"].number, 0);
+  // --auth makes a key for the embedded server only.
+  EXPECT_EQ(run_tool(kBench, {"--server", "127.0.0.1:9", "--auth"}).exit_code, 2);
+  EXPECT_EQ(run_tool(kBench, {"--auth-key", "/nonexistent/key"}).exit_code, 2);
+}
+
 TEST(ShardlockBenchTest, TableModeRunsTheInProcessLockTable) {
   const auto r =
       run_tool(kBench, {"--mode", "table", "--duration", "1s", "--json", "--clients", "2"});

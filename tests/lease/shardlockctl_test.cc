@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdio>
+#include <fstream>
 #include <regex>
 #include <string>
 #include <vector>
@@ -26,9 +28,10 @@ const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
 // A shardlockd on 127.0.0.1:0; address() is empty if it did not come up.
 class Daemon {
  public:
-  explicit Daemon(const std::string& lock_delay = "0")
-      : process_(kDaemon,
-                 {"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay", lock_delay}) {
+  explicit Daemon(const std::string& lock_delay = "0", const std::vector<std::string>& extra = {})
+      : process_(kDaemon, with_extra({"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay",
+                                      lock_delay},
+                                     extra)) {
     const std::string line = process_.read_line(20s);
     std::smatch m;
     static const std::regex kReady(R"re("listen":"(127\.0\.0\.1:\d+)")re");
@@ -37,6 +40,12 @@ class Daemon {
   }
   const std::string& address() const { return address_; }
   void kill9() { process_.signal(SIGKILL); }
+
+  static std::vector<std::string> with_extra(std::vector<std::string> args,
+                                             const std::vector<std::string>& extra) {
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
 
  private:
   ChildProcess process_;
@@ -152,6 +161,44 @@ TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
   EXPECT_EQ(r.exit_code, 4);
   EXPECT_EQ(parsed(r)["error"].text, "recovering");
   EXPECT_GT(parsed(r)["retry_after_ms"].number, 0);
+}
+
+TEST(ShardlockctlTest, KeygenAndAuthenticatedDaemon) {
+  const ToolResult keygen = run_tool(kCtl, {"keygen"});
+  ASSERT_EQ(keygen.exit_code, 0) << keygen.err;
+  static const std::regex kKey("^[0-9a-f]{64}\n$");
+  EXPECT_TRUE(std::regex_match(keygen.out, kKey)) << keygen.out;
+  EXPECT_NE(run_tool(kCtl, {"keygen"}).out, keygen.out);
+
+  const std::string key_file =
+      ::testing::TempDir() + "shardlockctl_test_" + std::to_string(::getpid()) + ".key";
+  std::ofstream(key_file) << keygen.out;
+  const std::string bad_file = key_file + ".bad";
+  std::ofstream(bad_file) << "xyz\n";
+
+  // A bad key file is a usage error that names the file.
+  const ToolResult bad_daemon =
+      run_tool(kDaemon, {"--listen", "127.0.0.1:0", "--auth-key", bad_file});
+  EXPECT_EQ(bad_daemon.exit_code, 2);
+  EXPECT_NE(bad_daemon.err.find(bad_file), std::string::npos) << bad_daemon.err;
+
+  Daemon d("0", {"--auth-key", key_file});
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult with_key = ctl(d, {"--auth-key", key_file, "acquire", "k", "--ttl", "10s"});
+  EXPECT_EQ(with_key.exit_code, 0) << with_key.err;
+  EXPECT_GT(parsed(with_key)["token"].number, 0);
+
+  const ToolResult without_key = ctl(d, {"--timeout", "300ms", "acquire", "k2", "--ttl", "1s"});
+  EXPECT_EQ(without_key.exit_code, 3);
+  EXPECT_EQ(ctl(d, {"--auth-key", bad_file, "query", "k"}).exit_code, 2);
+
+  const ToolResult stats = ctl(d, {"--auth-key", key_file, "stats"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  const Json counters = parsed(stats)["nodes"].items.at(0)["counters"];
+  EXPECT_GE(counters["auth_failures"].number, 1);
+  EXPECT_EQ(counters["grants"].number, 1);
+  std::remove(key_file.c_str());
+  std::remove(bad_file.c_str());
 }
 
 TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {

@@ -59,6 +59,7 @@
 #include <system_error>
 #include <vector>
 
+#include "shardlock/lease/auth.h"
 #include "shardlock/lease/protocol.h"
 
 namespace shardlock::lease {
@@ -160,6 +161,10 @@ struct LeaseClientOptions {
   // when the completions of one receive round are done, packed up to this
   // many per datagram (1 = never batch).
   std::size_t max_batch = kMaxBatch;
+  // Shared key for datagram authentication (auth.h); must match the
+  // servers'. When set, requests are sealed and replies whose tag does not
+  // verify are dropped, so a forged GRANTED is never believed.
+  std::optional<AuthKey> auth_key;
   // Wraps the default UDP transport (tests: fault injection). Null: none.
   std::function<std::unique_ptr<DatagramTransport>(std::unique_ptr<DatagramTransport>)>
       wrap_transport;

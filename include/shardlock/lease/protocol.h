@@ -11,7 +11,9 @@
 //   Header, 32 bytes:
 //     0  u32  magic        0x4B4C4853 ("SHLK" on the wire)
 //     4  u8   version      1
-//     5  u8   flags        0 (reserved; decoders reject other values)
+//     5  u8   flags        bit 0: kFlagAuthenticated, the datagram is sealed
+//                          (auth.h: the tag is removed before decode()); the
+//                          other bits are reserved and decoders reject them
 //     6  u8   type         a MessageType, or kBatch
 //     7  u8   count        1 for a single message; 1..kMaxBatch for a batch
 //     8  u64  request_id   single: the message's request id;
@@ -76,6 +78,8 @@ inline constexpr std::size_t kMaxDatagramSize = 1400;
 inline constexpr std::size_t kMaxBatch = 64;
 inline constexpr std::size_t kMinKeyLength = 1;
 inline constexpr std::size_t kMaxKeyLength = 256;
+// Header flags bit of a datagram sealed with an auth key (auth.h).
+inline constexpr std::uint8_t kFlagAuthenticated = 0x01;
 
 enum class MessageType : std::uint8_t {
   // Requests.
@@ -142,8 +146,9 @@ enum class StatCounter : std::uint8_t {
   kErrors,          // ERROR answers
   kRetransmits,     // requests answered from the dedup cache
   kRequests,        // requests processed (all types)
+  kAuthFailures,    // datagrams dropped because their auth tag did not verify
 };
-inline constexpr std::size_t kStatCounterCount = 14;
+inline constexpr std::size_t kStatCounterCount = 15;
 
 // 128-bit client identity. Random per client instance (never a thread id).
 struct ClientId {

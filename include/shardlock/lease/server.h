@@ -39,6 +39,7 @@
 #include <system_error>
 #include <vector>
 
+#include "shardlock/lease/auth.h"
 #include "shardlock/lease/protocol.h"
 
 namespace shardlock::lease {
@@ -78,6 +79,11 @@ struct LeaseServerOptions {
   IoBackend io = IoBackend::kAuto;
   // Remembered answers per shard for retransmitted requests.
   std::size_t dedup_entries_per_shard = 4096;
+  // Shared key for datagram authentication (auth.h). When set, every
+  // datagram must carry a valid tag (the others are dropped and counted as
+  // kAuthFailures) and every reply is sealed. When unset, sealed datagrams
+  // are dropped and counted the same way.
+  std::optional<AuthKey> auth_key;
   // The monotonic clock, injectable for tests. Default: CLOCK_MONOTONIC.
   std::function<std::chrono::nanoseconds()> clock;
   // Where log lines go (one line per call, no trailing newline). Default:
