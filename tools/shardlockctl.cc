@@ -130,7 +130,7 @@ const char* signal_for(const std::string& on_lost) {
 
 int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, milliseconds wait,
                 const std::string& on_lost, const std::vector<std::string>& command,
-                const std::string& servers) {
+                const std::string& servers, const std::string& auth_key_file) {
   // Signals ctl handles itself: they are blocked in every thread (the client
   // threads inherit the mask, so they must be blocked before the client
   // starts; main() does that) and taken synchronously with sigtimedwait.
@@ -157,12 +157,15 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
       "SHARDLOCK_OWNER=" + to_hex(lease.owner()),
       "SHARDLOCK_SERVER=" + servers,
   };
+  // So the command's own shardlockctl calls reach an --auth-key server too.
+  if (!auth_key_file.empty()) extra.push_back("SHARDLOCK_AUTH_KEY_FILE=" + auth_key_file);
   std::vector<char*> envp;
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "SHARDLOCK_KEY=", 14) == 0 ||
         std::strncmp(*e, "SHARDLOCK_TOKEN=", 16) == 0 ||
         std::strncmp(*e, "SHARDLOCK_OWNER=", 16) == 0 ||
-        std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0) {
+        std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0 ||
+        (!auth_key_file.empty() && std::strncmp(*e, "SHARDLOCK_AUTH_KEY_FILE=", 24) == 0)) {
       continue;
     }
     envp.push_back(*e);
@@ -429,7 +432,8 @@ int main(int argc, char** argv) {
     return worst;
   }
   if (run->parsed()) {
-    return run_command(client, key, ttl.value, wait.value, on_lost, command, servers);
+    return run_command(client, key, ttl.value, wait.value, on_lost, command, servers,
+                       auth_key_file);
   }
   return kExitUsage;
 }

@@ -192,11 +192,19 @@ TEST(ShardlockctlTest, KeygenAndAuthenticatedDaemon) {
   EXPECT_EQ(without_key.exit_code, 3);
   EXPECT_EQ(ctl(d, {"--auth-key", bad_file, "query", "k"}).exit_code, 2);
 
+  // run hands the key file to the command, whose own shardlockctl call then
+  // reaches the server.
+  const ToolResult run =
+      ctl(d, {"--auth-key", key_file, "run", "job", "--ttl", "10s", "--", "/bin/sh", "-c",
+              "test \"$SHARDLOCK_AUTH_KEY_FILE\" = '" + key_file + "' && \"$0\" query job", kCtl});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("\"held\":true"), std::string::npos) << run.out;
+
   const ToolResult stats = ctl(d, {"--auth-key", key_file, "stats"});
   ASSERT_EQ(stats.exit_code, 0) << stats.err;
   const Json counters = parsed(stats)["nodes"].items.at(0)["counters"];
   EXPECT_GE(counters["auth_failures"].number, 1);
-  EXPECT_EQ(counters["grants"].number, 1);
+  EXPECT_EQ(counters["grants"].number, 2);
   std::remove(key_file.c_str());
   std::remove(bad_file.c_str());
 }
