@@ -149,11 +149,15 @@ std::unique_ptr<LeaseServer> start_server(std::optional<AuthKey> key) {
   return server;
 }
 
-std::unique_ptr<LeaseClient> start_client(std::uint16_t port, std::optional<AuthKey> key) {
+// `timeout`: short for clients that must not be answered (the call ends when
+// it runs out), long for those that must be, so a loaded machine cannot fail
+// them.
+std::unique_ptr<LeaseClient> start_client(std::uint16_t port, std::optional<AuthKey> key,
+                                          std::chrono::milliseconds timeout) {
   LeaseClientOptions options;
   options.nodes = {"127.0.0.1:" + std::to_string(port)};
   options.auth_key = key;
-  options.request_timeout = 300ms;
+  options.request_timeout = timeout;
   auto client = std::make_unique<LeaseClient>(options);
   const std::error_code ec = client->start();
   EXPECT_FALSE(ec) << ec.message() << ": " << client->error_detail();
@@ -166,7 +170,7 @@ std::uint64_t auth_failures(const LeaseServer& server) {
 
 TEST(AuthServerTest, MatchingKeysWorkAndOthersAreDroppedAndCounted) {
   auto server = start_server(test_key());
-  auto keyed = start_client(server->port(), test_key());
+  auto keyed = start_client(server->port(), test_key(), 10s);
   AcquireResult a = keyed->acquire("k", 5s, 0ms);
   ASSERT_TRUE(a) << a.error.message();
   const std::uint64_t token = a.lease.token();
@@ -175,7 +179,7 @@ TEST(AuthServerTest, MatchingKeysWorkAndOthersAreDroppedAndCounted) {
   EXPECT_EQ(keyed->stats().counters[static_cast<std::size_t>(StatCounter::kAuthFailures)], 0u);
 
   // No key: every request is dropped, so the client hears nothing.
-  auto unkeyed = start_client(server->port(), std::nullopt);
+  auto unkeyed = start_client(server->port(), std::nullopt, 300ms);
   const AcquireResult plain = unkeyed->acquire("other", 5s, 0ms);
   EXPECT_EQ(plain.error, LeaseErrc::kUnreachable);
   const CallResult release_attempt = unkeyed->release("k", token);
@@ -184,7 +188,7 @@ TEST(AuthServerTest, MatchingKeysWorkAndOthersAreDroppedAndCounted) {
   // Another key: the same.
   AuthKey wrong = test_key();
   wrong[0] ^= 0xFF;
-  auto wrong_keyed = start_client(server->port(), wrong);
+  auto wrong_keyed = start_client(server->port(), wrong, 300ms);
   EXPECT_EQ(wrong_keyed->acquire("other", 5s, 0ms).error, LeaseErrc::kUnreachable);
 
   EXPECT_GE(auth_failures(*server), 3u);  // at least one datagram per refused call
@@ -199,7 +203,7 @@ TEST(AuthServerTest, MatchingKeysWorkAndOthersAreDroppedAndCounted) {
 
 TEST(AuthServerTest, ServerWithoutKeyDropsSealedDatagrams) {
   auto server = start_server(std::nullopt);
-  auto keyed = start_client(server->port(), test_key());
+  auto keyed = start_client(server->port(), test_key(), 300ms);
   EXPECT_EQ(keyed->acquire("k", 5s, 0ms).error, LeaseErrc::kUnreachable);
   EXPECT_GE(auth_failures(*server), 1u);
   EXPECT_EQ(server->stats().counter(StatCounter::kGrants), 0u);
@@ -260,7 +264,7 @@ TEST(AuthServerTest, KeyedClientIgnoresForgedReplies) {
     }
   });
 
-  auto client = start_client(ntohs(addr.sin_port), test_key());
+  auto client = start_client(ntohs(addr.sin_port), test_key(), 1s);
   const AcquireResult r = client->acquire("k", 5s, 0ms);
   EXPECT_EQ(r.error, LeaseErrc::kUnreachable);
   EXPECT_GE(forged.load(), 2);  // both kinds of forgery were tried
