@@ -365,7 +365,7 @@ std::uint16_t RouterSnapshot::owner_index_bounded(std::string_view key,
   if (nodes_.empty() || loads.size() != nodes_.size()) return kNoOwner;
   if (!(c > 1.0)) c = 1.25;  // also rejects NaN
   const std::uint64_t total = std::accumulate(loads.begin(), loads.end(), std::uint64_t{0});
-  const double total_weight = static_cast<double>(permutations_.size());
+  const auto total_weight = static_cast<double>(permutations_.size());
   const std::size_t bucket = bucket_of_hash(hash(key));
   const auto has_room = [&](std::uint16_t i) {
     const double capacity = std::ceil(c * static_cast<double>(total + 1) *

@@ -19,7 +19,7 @@
 //   run: the command's own exit status (128+N if killed by signal N;
 //        126 not executable, 127 not found), except
 //   75 the lease was lost while the command ran (EX_TEMPFAIL)
-#include <signal.h>
+#include <signal.h>  // NOLINT(modernize-deprecated-headers): POSIX sigtimedwait, sigset_t
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,6 +173,7 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   for (std::string& e : extra) envp.push_back(e.data());
   envp.push_back(nullptr);
   std::vector<char*> argv;
+  argv.reserve(command.size() + 1);
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
 
