@@ -655,7 +655,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   }
 
   // Sends the calls issued by completions: packed into batch datagrams per
-  // (node, owner), then every datagram of the round in one send_many().
+  // node (items of other owners than the first carry their owner, see
+  // kItemFlagOwner), then every datagram of the round in one send_many().
   void flush_outbox() {
     if (outbox_.empty()) return;
     bool stopping = false;
@@ -675,16 +676,18 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     std::size_t begin = 0;
     while (begin < outbox_.size()) {
       const std::size_t node = outbox_[begin]->node;
-      const ClientId owner = outbox_[begin]->owner;
       Datagram& d = tx_datagram();
-      d.client_id = owner;
+      d.client_id = outbox_[begin]->owner;
       d.count = 0;
       std::size_t end = begin;
-      while (end < outbox_.size() && outbox_[end]->node == node && outbox_[end]->owner == owner &&
-             d.count < options.max_batch) {
+      while (end < outbox_.size() && outbox_[end]->node == node && d.count < options.max_batch) {
         arm(*outbox_[end], now);
-        (void)d.push(outbox_[end]->message());
-        if (d.count > 1 && max_reply_size(d) > payload_limit()) {
+        Message m = outbox_[end]->message();
+        if (outbox_[end]->owner != d.client_id) m.owner = outbox_[end]->owner;
+        (void)d.push(m);
+        // The request is padded to its largest reply; items with an owner
+        // can make the request itself the larger of the two.
+        if (d.count > 1 && std::max(encoded_size(d), max_reply_size(d)) > payload_limit()) {
           --d.count;
           break;
         }

@@ -322,7 +322,9 @@ bool all_zero(std::span<const std::uint8_t> s) noexcept {
   return std::all_of(s.begin(), s.end(), [](std::uint8_t b) { return b == 0; });
 }
 
-bool framed_as_batch(const Datagram& d) noexcept { return d.batch || d.count > 1; }
+bool framed_as_batch(const Datagram& d) noexcept {
+  return d.batch || d.count > 1 || (d.count == 1 && d.messages[0].owner.has_value());
+}
 
 class ProtocolCategory final : public std::error_category {
  public:
@@ -470,11 +472,18 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
     out.batch = true;
     for (std::size_t i = 0; i < count; ++i) {
       const std::uint8_t item_type = r.u8();
-      const std::uint8_t reserved = r.u8();
+      const std::uint8_t item_flags = r.u8();
       const std::uint16_t length = r.u16();
       const std::uint64_t request_id = r.u64();
       if (!r.ok()) return ProtocolError::kTruncated;
-      if (reserved != 0) return ProtocolError::kBadFlags;
+      if ((item_flags & ~kItemFlagOwner) != 0) return ProtocolError::kBadFlags;
+      std::optional<ClientId> owner;
+      if ((item_flags & kItemFlagOwner) != 0) {
+        owner.emplace();
+        owner->lo = r.u64();
+        owner->hi = r.u64();
+        if (!r.ok()) return ProtocolError::kTruncated;
+      }
       if (!known_type(item_type)) return ProtocolError::kBadType;
       // Parse the body from exactly `length` bytes so a lying length cannot
       // make the item reach into its neighbour.
@@ -484,6 +493,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
       m = Message{};
       m.type = static_cast<MessageType>(item_type);
       m.request_id = request_id;
+      m.owner = owner;
       if (const ProtocolError e = read_body(body, m); e != ProtocolError::kOk) {
         return e == ProtocolError::kTruncated ? ProtocolError::kBadLength : e;
       }
@@ -502,7 +512,8 @@ std::size_t encoded_size(const Datagram& d) noexcept {
   for (const Message& m : d.items()) {
     const std::size_t b = body_size(m);
     if (b == SIZE_MAX || (batch && b > 0xFFFF)) return 0;
-    n += b + (batch ? kBatchItemHeaderSize : 0);
+    if (batch) n += kBatchItemHeaderSize + (m.owner ? kBatchItemOwnerSize : 0);
+    n += b;
   }
   return n;
 }
@@ -529,10 +540,14 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
   for (const Message& m : d.items()) {
     if (batch) {
       w.u8(static_cast<std::uint8_t>(m.type));
-      w.u8(0);
+      w.u8(m.owner ? kItemFlagOwner : 0);
       const std::size_t length_at = w.position();
       w.u16(0);
       w.u64(m.request_id);
+      if (m.owner) {
+        w.u64(m.owner->lo);
+        w.u64(m.owner->hi);
+      }
       const std::size_t body_at = w.position();
       write_body(w, m);
       w.patch_u16(length_at, static_cast<std::uint16_t>(w.position() - body_at));

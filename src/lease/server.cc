@@ -467,7 +467,8 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     } else {
       ShardSlot& slot = slot_for(m.key);
       LockGuard lock(slot.mu);
-      if (!slot.shard->handle(w.request.client_id, peer, m, now, r, w.deferred)) continue;
+      const ClientId owner = m.owner.value_or(w.request.client_id);
+      if (!slot.shard->handle(owner, peer, m, now, r, w.deferred)) continue;
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
         options.log("shard " + std::to_string(slot.shard->index()) +
                     ": cannot issue a token: " + slot.shard->last_error());

@@ -80,6 +80,7 @@ std::vector<Message> one_of_each_type() {
 void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.type, b.type);
   EXPECT_EQ(a.request_id, b.request_id);
+  EXPECT_EQ(a.owner, b.owner);
   EXPECT_EQ(a.key, b.key);
   EXPECT_EQ(a.token, b.token);
   EXPECT_EQ(a.ttl_ms, b.ttl_ms);
@@ -153,6 +154,46 @@ TEST(Protocol, BatchRoundTripsWithPerItemRequestIds) {
   for (std::size_t i = 0; i < d.count; ++i) expect_same(d.messages[i], out.messages[i]);
 }
 
+// Items may act for their own owner; the others keep the header's.
+TEST(Protocol, BatchItemsCarryTheirOwnOwner) {
+  Datagram d;
+  d.client_id = {1, 2};
+  d.request_id = 77;
+  std::size_t with_owner = 0;
+  for (Message m : one_of_each_type()) {
+    if (d.count % 2 == 1) {
+      m.owner = ClientId{100u + d.count, 200u + d.count};
+      ++with_owner;
+    }
+    ASSERT_TRUE(d.push(m));
+  }
+  Datagram plain = d;
+  for (Message& m : plain.items()) m.owner.reset();
+  EXPECT_EQ(encoded_size(d), encoded_size(plain) + with_owner * kBatchItemOwnerSize);
+  EXPECT_EQ(max_reply_size(d), max_reply_size(plain));  // replies carry no owner
+  const auto bytes = encode_or_die(d);
+  Datagram out;
+  ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+  EXPECT_EQ(out.client_id, (ClientId{1, 2}));
+  ASSERT_EQ(out.count, d.count);
+  for (std::size_t i = 0; i < d.count; ++i) expect_same(d.messages[i], out.messages[i]);
+
+  // One message with an owner is framed as a batch of one.
+  Datagram one = single(one_of_each_type()[0]);
+  one.messages[0].owner = ClientId{5, 6};
+  const auto one_bytes = encode_or_die(one);
+  ASSERT_EQ(decode_exact(one_bytes, out), ProtocolError::kOk);
+  EXPECT_TRUE(out.batch);
+  EXPECT_EQ(out.messages[0].owner, (ClientId{5, 6}));
+
+  // Reserved item flag bits are rejected (item flags sit at header + 1).
+  for (int bit = 1; bit < 8; ++bit) {
+    auto bad = one_bytes;
+    bad[kHeaderSize + 1] = static_cast<std::uint8_t>(kItemFlagOwner | (1 << bit));
+    EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags) << "bit " << bit;
+  }
+}
+
 TEST(Protocol, BatchOfOneKeepsBatchFraming) {
   Datagram d = single(one_of_each_type()[0]);
   d.batch = true;
@@ -176,6 +217,8 @@ TEST(Protocol, EveryTruncationOfEveryMessageIsRejected) {
   }
   Datagram all;
   for (const Message& m : one_of_each_type()) ASSERT_TRUE(all.push(m));
+  datagrams.push_back(all);
+  for (Message& m : all.items()) m.owner = ClientId{3, 4};
   datagrams.push_back(all);
 
   for (const Datagram& d : datagrams) {

@@ -113,6 +113,51 @@ TEST_P(ServerTest, BatchGetsOneReplyWithEveryRequestId) {
   }
 }
 
+// Items of one datagram that name their own owner are separate owners to the
+// server: they exclude each other, and only the holder can release.
+TEST_P(ServerTest, BatchItemsActForTheirOwnOwners) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  const ClientId other{0x5151, 0x7373};
+  const auto item = [](MessageType type, std::uint64_t id, std::optional<ClientId> owner) {
+    Message m;
+    m.type = type;
+    m.request_id = id;
+    m.key = "shared";
+    m.ttl_ms = 5000;
+    m.owner = owner;
+    return m;
+  };
+  Datagram d;
+  d.request_id = 900;
+  ASSERT_TRUE(d.push(item(MessageType::kAcquire, 901, std::nullopt)));  // the peer's own id
+  ASSERT_TRUE(d.push(item(MessageType::kAcquire, 902, other)));
+  peer.send(d);
+  Datagram reply;
+  std::vector<std::uint8_t> storage;
+  ASSERT_TRUE(peer.receive(reply, storage));
+  ASSERT_EQ(reply.count, 2);
+  EXPECT_EQ(reply.messages[0].type, MessageType::kGranted);
+  EXPECT_EQ(reply.messages[1].type, MessageType::kBusy);
+  const std::uint64_t token = reply.messages[0].token;
+
+  // `other` cannot release the peer's lease with the right token; the peer can.
+  Datagram release;
+  release.request_id = 910;
+  Message by_other = item(MessageType::kRelease, 911, other);
+  by_other.token = token;
+  Message by_holder = item(MessageType::kRelease, 912, std::nullopt);
+  by_holder.token = token;
+  ASSERT_TRUE(release.push(by_other));
+  ASSERT_TRUE(release.push(by_holder));
+  peer.send(release);
+  ASSERT_TRUE(peer.receive(reply, storage));
+  ASSERT_EQ(reply.count, 2);
+  EXPECT_EQ(reply.messages[0].type, MessageType::kNotOwner);
+  EXPECT_EQ(reply.messages[1].type, MessageType::kReleased);
+}
+
 TEST_P(ServerTest, RetransmittedAcquireGetsTheSameGrant) {
   start();
   if (IsSkipped()) return;

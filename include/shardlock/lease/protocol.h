@@ -23,7 +23,13 @@
 //
 //   Single message (type != kBatch): the body of `type` follows the header.
 //   Batch (type == kBatch): `count` items follow, each
-//     u8 type, u8 reserved (0), u16 body_length, u64 request_id, body.
+//     u8 type, u8 item_flags, u16 body_length, u64 request_id,
+//     [u128 owner: lo u64 then hi u64, only with kItemFlagOwner], body.
+//   item_flags bit 0 (kItemFlagOwner): the item acts for `owner` instead of
+//   the header's client_id, so one datagram can carry the requests of many
+//   owners (a load generator, a proxy). The other bits are reserved and
+//   decoders reject them. Replies never carry an owner: the client matches
+//   them by request id.
 //   After the last message the datagram may carry zero padding (see below).
 //   Any non-zero byte there is malformed.
 //
@@ -64,6 +70,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string_view>
 #include <system_error>
@@ -74,12 +81,15 @@ inline constexpr std::uint32_t kMagic = 0x4B4C4853;  // "SHLK" little-endian
 inline constexpr std::uint8_t kProtocolVersion = 1;
 inline constexpr std::size_t kHeaderSize = 32;
 inline constexpr std::size_t kBatchItemHeaderSize = 12;
+inline constexpr std::size_t kBatchItemOwnerSize = 16;  // with kItemFlagOwner
 inline constexpr std::size_t kMaxDatagramSize = 1400;
 inline constexpr std::size_t kMaxBatch = 64;
 inline constexpr std::size_t kMinKeyLength = 1;
 inline constexpr std::size_t kMaxKeyLength = 256;
 // Header flags bit of a datagram sealed with an auth key (auth.h).
 inline constexpr std::uint8_t kFlagAuthenticated = 0x01;
+// Batch item flags bit: the item carries its own owner (see above).
+inline constexpr std::uint8_t kItemFlagOwner = 0x01;
 
 enum class MessageType : std::uint8_t {
   // Requests.
@@ -162,6 +172,9 @@ struct ClientId {
 struct Message {
   MessageType type = MessageType::kQuery;
   std::uint64_t request_id = 0;
+  // A batch item's own owner (kItemFlagOwner); nullopt: the datagram's
+  // client_id. encode() frames a datagram whose message has one as a batch.
+  std::optional<ClientId> owner;
   std::string_view key;       // all keyed types; a view, never owned
   std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
   std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
