@@ -103,6 +103,7 @@ struct Config {
   double theta = 0.99;
   milliseconds ttl{30'000};
   unsigned batch = 1;
+  unsigned pack = static_cast<unsigned>(shardlock::lease::kMaxBatch);
   std::string mode = "lease";
   unsigned server_threads = 1;
   unsigned client_threads = 1;
@@ -339,7 +340,9 @@ int run_lease(const Config& config, Result& result) {
   for (unsigned t = 0; t < std::min(config.client_threads, config.clients); ++t) {
     LeaseClientOptions options;
     options.nodes = nodes;
-    options.max_batch = config.batch;
+    // Requests of different owners share datagrams (kItemFlagOwner) up to
+    // --pack per datagram; each owner still has one request in flight.
+    options.max_batch = config.pack;
     options.auth_key = config.auth_key;
     auto connection = std::make_unique<LeaseClient>(options);
     if (std::error_code ec = connection->start()) {
@@ -490,14 +493,14 @@ void print_json(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   std::printf(
       "{\"mode\":\"%s\",\"target\":\"%s\",\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
-      ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"ops\":%" PRIu64
-      ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64 ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64
-      ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64
-      ",\"datagrams_sent\":%" PRIu64
+      ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"pack\":%u,"
+      "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
+      ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
+      ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
       ",\"auth\":%s,\"allocator\":\"%s\",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
       config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
       config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
-      static_cast<long long>(config.ttl.count()), config.batch, r.totals.requests,
+      static_cast<long long>(config.ttl.count()), config.batch, config.pack, r.totals.requests,
       static_cast<double>(r.totals.requests) / s, r.totals.pairs,
       static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy, r.totals.errors,
       r.retransmissions, r.datagrams, config.auth_key ? "true" : "false", kAllocator,
@@ -511,9 +514,9 @@ void print_table(const Config& config, const Result& r) {
               r.target.c_str(), kAllocator, config.auth_key ? "  auth=on" : "");
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
-                " keys, ttl %s, batch %u, %.1f s\n\n",
+                " keys, ttl %s, batch %u, up to %u requests per datagram, %.1f s\n\n",
                 config.clients, std::min(config.client_threads, config.clients), config.theta,
-                config.keys, to_string(config.ttl).c_str(), config.batch, r.seconds);
+                config.keys, to_string(config.ttl).c_str(), config.batch, config.pack, r.seconds);
   } else {
     std::printf("  %u threads, Zipf theta %.2f over %" PRIu64 " keys, %.1f s\n\n", config.clients,
                 config.theta, config.keys, r.seconds);
@@ -526,7 +529,13 @@ void print_table(const Config& config, const Result& r) {
   std::printf("  %-28s %14" PRIu64 "\n", lease ? "busy answers" : "busy (try_lock failed)",
               r.totals.busy);
   std::printf("  %-28s %14" PRIu64 "\n", "errors", r.totals.errors);
-  if (lease) std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
+  if (lease) {
+    std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
+    std::printf("  %-28s %14.1f\n", "requests per datagram",
+                r.datagrams > 0 ? static_cast<double>(r.totals.requests + r.retransmissions) /
+                                      static_cast<double>(r.datagrams)
+                                : 0.0);
+  }
   std::printf("\n  %-24s %10s %10s %10s %10s %10s\n", "latency (us)", "p50", "p90", "p99", "p999",
               "max");
   const auto row = [](const char* name, const Histogram& h) {
@@ -570,6 +579,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ttl", ttl_text, "Lease TTL (lease mode)")->capture_default_str();
   app.add_option("--batch", config.batch, "Keys per datagram per client (lease mode)")
+      ->check(CLI::Range(1u, static_cast<unsigned>(kMaxBatch)))
+      ->capture_default_str();
+  app.add_option("--pack", config.pack,
+                 "Most requests per datagram, across owners (1: one request per datagram)")
       ->check(CLI::Range(1u, static_cast<unsigned>(kMaxBatch)))
       ->capture_default_str();
   app.add_option("--mode", config.mode,

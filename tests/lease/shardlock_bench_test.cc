@@ -76,6 +76,27 @@ TEST(ShardlockBenchTest, BatchedRunAgainstAnExternalServer) {
             (*j)["grants"].number);
 }
 
+// Owners' requests share datagrams by default; --pack 1 sends one request
+// per datagram. Either way every owner keeps one request in flight.
+TEST(ShardlockBenchTest, PackSetsRequestsPerDatagram) {
+  for (const char* pack : {"1", "64"}) {
+    const auto r =
+        run_tool(kBench, {"--duration", "1s", "--json", "--clients", "8", "--pack", pack});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = json_line(r);
+    ASSERT_TRUE(j) << r.out;
+    expect_well_formed(*j, "lease");
+    EXPECT_EQ((*j)["pack"].number, std::stod(pack));
+    const double per_datagram =
+        ((*j)["ops"].number + (*j)["retransmissions"].number) / (*j)["datagrams_sent"].number;
+    if (std::string(pack) == "1") {
+      EXPECT_LE(per_datagram, 1.0 + 1e-9);
+    }
+  }
+  EXPECT_EQ(run_tool(kBench, {"--pack", "0"}).exit_code, 2);
+  EXPECT_EQ(run_tool(kBench, {"--pack", "65"}).exit_code, 2);
+}
+
 TEST(ShardlockBenchTest, AuthenticatedEmbeddedRun) {
   const auto r = run_tool(kBench, {"--duration", "1s", "--json", "--clients", "2", "--auth"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
