@@ -21,10 +21,11 @@ Message DeferredReply::message() const noexcept {
 
 Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
              std::int64_t now_ms)
-    : index_(index), limits_(limits), tokens_(tokens), wheel_(now_ms) {
-  dedup_order_.reserve(std::min<std::size_t>(limits_.dedup_capacity, 1 << 16));
-  dedup_.reserve(std::min<std::size_t>(limits_.dedup_capacity, 1 << 16));
-}
+    : index_(index),
+      limits_(limits),
+      tokens_(tokens),
+      wheel_(now_ms),
+      dedup_(limits.dedup_capacity) {}
 
 Shard::~Shard() {
   for (auto& [key, state] : keys_) {
@@ -79,20 +80,7 @@ std::uint64_t Shard::request_fingerprint(MessageType type, std::string_view key)
 }
 
 void Shard::remember(const ClientId& client, std::uint64_t request_id, const Answer& answer) {
-  if (limits_.dedup_capacity == 0) return;
-  const DedupKey key{client, request_id};
-  const auto [it, inserted] = dedup_.try_emplace(key, answer);
-  if (!inserted) {
-    it->second = answer;
-    return;
-  }
-  if (dedup_order_.size() < limits_.dedup_capacity) {
-    dedup_order_.push_back(key);
-    return;
-  }
-  dedup_.erase(dedup_order_[dedup_next_]);
-  dedup_order_[dedup_next_] = key;
-  dedup_next_ = (dedup_next_ + 1) % limits_.dedup_capacity;
+  dedup_.put(client, request_id, answer);
 }
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
@@ -124,18 +112,18 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   }
   const std::uint64_t fingerprint = mutating ? request_fingerprint(request.type, request.key) : 0;
   if (mutating) {
-    if (const auto it = dedup_.find(DedupKey{client, request.request_id}); it != dedup_.end()) {
-      if (it->second.fingerprint != fingerprint) {
+    if (const Answer* cached = dedup_.find(client, request.request_id); cached != nullptr) {
+      if (cached->fingerprint != fingerprint) {
         reply.type = MessageType::kError;
         reply.error = WireError::kRequestIdReused;
         count(StatCounter::kErrors);
         return true;
       }
       count(StatCounter::kRetransmits);
-      if (it->second.type == MessageType::kAcquire) return false;  // still queued
-      reply.type = it->second.type;
-      reply.token = it->second.token;
-      reply.ttl_ms = it->second.ttl_ms;
+      if (cached->type == MessageType::kAcquire) return false;  // still queued
+      reply.type = cached->type;
+      reply.token = cached->token;
+      reply.ttl_ms = cached->ttl_ms;
       return true;
     }
   }

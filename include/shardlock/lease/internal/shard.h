@@ -37,6 +37,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shardlock/lease/internal/dedup_cache.h"
 #include "shardlock/lease/internal/string_key.h"
 #include "shardlock/lease/internal/timer_wheel.h"
 #include "shardlock/lease/internal/token_store.h"
@@ -129,16 +130,6 @@ class Shard {
     std::uint64_t request_id = 0;  // of the ACQUIRE that was granted
     std::list<Waiter> waiters;
   };
-  struct DedupKey {
-    ClientId client;
-    std::uint64_t request_id = 0;
-    friend bool operator==(const DedupKey&, const DedupKey&) = default;
-  };
-  struct DedupHash {
-    std::size_t operator()(const DedupKey& k) const noexcept {
-      return std::hash<ClientId>{}(k.client) ^ (k.request_id * 0xC2B2AE3D27D4EB4FULL);
-    }
-  };
   struct Answer {
     MessageType type = MessageType::kError;  // kAcquire while the request is queued
     std::uint64_t token = 0;
@@ -182,9 +173,7 @@ class Shard {
   // Unused waiter nodes. std::list::splice moves a node between lists without
   // allocating, so queueing an ACQUIRE reuses a node in steady state.
   std::list<Waiter> spare_waiters_;
-  std::unordered_map<DedupKey, Answer, DedupHash> dedup_;
-  std::vector<DedupKey> dedup_order_;  // FIFO eviction ring
-  std::size_t dedup_next_ = 0;
+  DedupCache<Answer> dedup_;
   std::array<std::uint64_t, kStatCounterCount> counters_{};
   std::string last_error_;
 };
