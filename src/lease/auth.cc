@@ -13,8 +13,6 @@
 namespace shardlock::lease {
 namespace {
 
-constexpr std::size_t kFlagsOffset = 5;  // header byte that holds the flags (protocol.h)
-
 // sodium_init() is thread-safe and idempotent; it only has to run before the
 // first call into libsodium, which every function here reaches through this.
 void ensure_sodium() noexcept {
@@ -89,7 +87,7 @@ std::size_t seal_datagram(std::span<std::uint8_t> buffer, std::size_t length,
     return 0;
   }
   ensure_sodium();
-  buffer[kFlagsOffset] |= kFlagAuthenticated;
+  buffer[kHeaderFlagsOffset] |= kFlagAuthenticated;
   std::array<std::uint8_t, kAuthTagSize> tag;
   tag_of(buffer.first(length), key, tag);
   std::memcpy(buffer.data() + length, tag.data(), tag.size());
@@ -99,7 +97,7 @@ std::size_t seal_datagram(std::span<std::uint8_t> buffer, std::size_t length,
 std::span<const std::uint8_t> open_datagram(std::span<const std::uint8_t> datagram,
                                             const AuthKey& key) noexcept {
   if (datagram.size() < kHeaderSize + kAuthTagSize) return {};
-  if ((datagram[kFlagsOffset] & kFlagAuthenticated) == 0) return {};
+  if ((datagram[kHeaderFlagsOffset] & kFlagAuthenticated) == 0) return {};
   ensure_sodium();
   const std::span<const std::uint8_t> body = datagram.first(datagram.size() - kAuthTagSize);
   std::array<std::uint8_t, kAuthTagSize> expected;

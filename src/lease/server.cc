@@ -404,10 +404,10 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
 void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
                                     const Peer& peer, std::vector<OutDatagram>& out) {
   Worker& w = *workers[worker];
-  constexpr std::size_t kFlagsOffset = 5;  // protocol.h header layout
   // A sealed datagram reaching a server without a key fails too: it cannot
   // be checked, and its sender expects sealed replies.
-  bool rejected = bytes.size() > kFlagsOffset && (bytes[kFlagsOffset] & kFlagAuthenticated) != 0;
+  bool rejected =
+      bytes.size() > kHeaderFlagsOffset && (bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0;
   if (options.auth_key) {
     bytes = open_datagram(bytes, *options.auth_key);
     rejected = bytes.empty();

@@ -86,6 +86,8 @@ inline constexpr std::size_t kMaxDatagramSize = 1400;
 inline constexpr std::size_t kMaxBatch = 64;
 inline constexpr std::size_t kMinKeyLength = 1;
 inline constexpr std::size_t kMaxKeyLength = 256;
+// Offset of the flags byte in the header.
+inline constexpr std::size_t kHeaderFlagsOffset = 5;
 // Header flags bit of a datagram sealed with an auth key (auth.h).
 inline constexpr std::uint8_t kFlagAuthenticated = 0x01;
 // Batch item flags bit: the item carries its own owner (see above).
