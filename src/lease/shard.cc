@@ -132,7 +132,7 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   switch (request.type) {
     case MessageType::kAcquire: {
       bool answered = true;
-      acquire(client, peer, request, now_ms, reply, answered, deferred);
+      acquire(client, peer, request, fingerprint, now_ms, reply, answered, deferred);
       return answered;
     }
     case MessageType::kRenew:
@@ -173,10 +173,9 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
 }
 
 void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
-                    std::int64_t now_ms, Message& reply, bool& answered,
+                    std::uint64_t fingerprint, std::int64_t now_ms, Message& reply, bool& answered,
                     std::vector<DeferredReply>& deferred) {
   (void)deferred;
-  const std::uint64_t fingerprint = request_fingerprint(MessageType::kAcquire, request.key);
   auto it = keys_.find(request.key);
   if (it == keys_.end()) {
     const std::uint64_t token = tokens_.next(last_error_);
@@ -234,6 +233,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   w.request_id = request.request_id;
   w.peer = peer;
   w.ttl_ms = request.ttl_ms;
+  w.fingerprint = fingerprint;
   w.state = &state;
   wheel_.schedule(w, now_ms + request.wait_ms);
   count(StatCounter::kQueued);
@@ -255,9 +255,7 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
       out.type = MessageType::kError;
       out.error = WireError::kInternal;
       count(StatCounter::kErrors);
-      remember(w.client, w.request_id,
-               Answer{MessageType::kError, 0, 0,
-                      request_fingerprint(MessageType::kAcquire, *state.key)});
+      remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0, w.fingerprint});
       retire_waiter(state, state.waiters.begin());
       continue;
     }
@@ -269,9 +267,7 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     out.token = token;
     out.ttl_ms = w.ttl_ms;
     count(StatCounter::kGrants);
-    remember(w.client, w.request_id,
-             Answer{MessageType::kGranted, token, w.ttl_ms,
-                    request_fingerprint(MessageType::kAcquire, *state.key)});
+    remember(w.client, w.request_id, Answer{MessageType::kGranted, token, w.ttl_ms, w.fingerprint});
     retire_waiter(state, state.waiters.begin());
     return;
   }
@@ -302,9 +298,7 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   out.type = MessageType::kTimeout;
   out.key = *state.key;
   count(StatCounter::kTimeouts);
-  remember(
-      w.client, w.request_id,
-      Answer{MessageType::kTimeout, 0, 0, request_fingerprint(MessageType::kAcquire, *state.key)});
+  remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0, w.fingerprint});
   retire_waiter(state, w.self);
 }
 

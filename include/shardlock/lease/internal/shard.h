@@ -119,6 +119,7 @@ class Shard {
     std::uint64_t request_id = 0;
     Peer peer;
     std::uint32_t ttl_ms = 0;
+    std::uint64_t fingerprint = 0;  // of its ACQUIRE, for the answer remembered later
     KeyState* state = nullptr;
     std::list<Waiter>::iterator self;
   };
@@ -148,7 +149,7 @@ class Shard {
   static OwnerCheck check_owner(const KeyState* state, const ClientId& client,
                                 std::uint64_t token) noexcept;
   void acquire(const ClientId& client, const Peer& peer, const Message& request,
-               std::int64_t now_ms, Message& reply, bool& answered,
+               std::uint64_t fingerprint, std::int64_t now_ms, Message& reply, bool& answered,
                std::vector<DeferredReply>& deferred);
   // The holder is gone (release or expiry): grant to the first waiter, or
   // forget the key.
