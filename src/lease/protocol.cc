@@ -396,6 +396,10 @@ std::string_view to_string(WireError code) noexcept {
       return "internal server error";
     case WireError::kRequestIdReused:
       return "request id reused for a different request";
+    case WireError::kLimitExceeded:
+      return "a server limit is reached";
+    case WireError::kResourceExhausted:
+      return "server out of memory";
   }
   return "unknown error";
 }

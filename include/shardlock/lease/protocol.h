@@ -138,6 +138,8 @@ enum class WireError : std::uint16_t {
   kNotARequest = 7,         // a reply type sent to the server
   kInternal = 8,            // the server failed (e.g. could not persist tokens)
   kRequestIdReused = 9,     // this client already used the request id for another type or key
+  kLimitExceeded = 10,      // a configured bound (keys, waiters, per-client state) is full
+  kResourceExhausted = 11,  // the server could not allocate memory for the request
 };
 [[nodiscard]] std::string_view to_string(WireError code) noexcept;
 
@@ -159,8 +161,12 @@ enum class StatCounter : std::uint8_t {
   kRetransmits,     // requests answered from the dedup cache
   kRequests,        // requests processed (all types)
   kAuthFailures,    // datagrams dropped because their auth tag did not verify
+  kStaleRequests,   // RENEW/ACQUIRE older than the lease's last applied request: no effect
+  kAmplificationDrops,  // replies not sent: they would exceed the bytes the source sent
+  kLimitRejections,     // requests refused by a configured bound (ERROR kLimitExceeded)
+  kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)
 };
-inline constexpr std::size_t kStatCounterCount = 15;
+inline constexpr std::size_t kStatCounterCount = 19;
 
 // 128-bit client identity. Random per client instance (never a thread id).
 struct ClientId {
