@@ -55,7 +55,7 @@ constexpr int kExitLeaseLost = 75;
 int exit_code_for(const std::error_code& ec) {
   if (!ec) return kExitOk;
   if (ec == LeaseErrc::kBusy || ec == LeaseErrc::kTimeout || ec == LeaseErrc::kNotOwner ||
-      ec == LeaseErrc::kExpired) {
+      ec == LeaseErrc::kExpired || ec == LeaseErrc::kGrantExpired) {
     return kExitRefused;
   }
   if (ec == LeaseErrc::kUnreachable) return kExitUnreachable;

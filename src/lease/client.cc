@@ -8,10 +8,13 @@
 #include <sys/random.h>
 #include <unistd.h>
 
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <limits>
 #include <mutex>
@@ -30,8 +33,21 @@
 namespace shardlock::lease {
 namespace internal {
 
-using Clock = std::chrono::steady_clock;
+using Clock = LeaseClock;
 using std::chrono::milliseconds;
+
+// How far below the server's deadline the client puts a lease's expiry.
+struct DriftMargin {
+  double factor = 0.01;
+  Clock::duration allowance = std::chrono::milliseconds(2);
+
+  // The expiry of a lease granted or renewed for `ttl` by a request first
+  // sent at `sent`.
+  [[nodiscard]] Clock::time_point expiry(Clock::time_point sent, milliseconds ttl) const noexcept {
+    const auto scaled = std::chrono::duration_cast<Clock::duration>(ttl * factor);
+    return sent + ttl - scaled - allowance;
+  }
+};
 
 namespace {
 
@@ -107,6 +123,21 @@ bool carries_key(MessageType reply) noexcept {
   return reply == MessageType::kGranted || reply == MessageType::kBusy ||
          reply == MessageType::kTimeout || reply == MessageType::kRenewed ||
          reply == MessageType::kQueryReply;
+}
+
+// Whether two resolved endpoints name one socket address (two spellings of
+// one node: "localhost:7420" and "127.0.0.1:7420").
+bool same_address(const Endpoint& a, const Endpoint& b) noexcept {
+  if (a.address.ss_family != b.address.ss_family) return false;
+  if (a.address.ss_family == AF_INET6) {
+    const auto& x = reinterpret_cast<const sockaddr_in6&>(a.address);
+    const auto& y = reinterpret_cast<const sockaddr_in6&>(b.address);
+    return x.sin6_port == y.sin6_port && x.sin6_scope_id == y.sin6_scope_id &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  const auto& x = reinterpret_cast<const sockaddr_in&>(a.address);
+  const auto& y = reinterpret_cast<const sockaddr_in&>(b.address);
+  return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
 }
 
 std::uint32_t clamp_ms(milliseconds d) noexcept {
@@ -208,22 +239,35 @@ struct ReadyCompletion {
 struct LeaseState {
   enum class Status : std::uint8_t { kHeld, kReleased, kLost };
 
+  // A RENEW sent and not yet superseded by a confirmed newer one: the server
+  // may still apply it, so its TTL bounds the expiry.
+  struct SentRenewal {
+    std::uint64_t request_id = 0;
+    Clock::time_point sent;  // no later than its first transmission
+    milliseconds ttl{};
+  };
+
   LeaseState(std::shared_ptr<ClientCore> owner_core, std::string lease_key,
              std::uint64_t lease_token, ClientId lease_owner, LeaseOptions lease_options,
-             Clock::time_point lease_expiry, milliseconds lease_ttl)
+             DriftMargin lease_margin, const CallResult& grant, milliseconds requested_ttl)
       : core(std::move(owner_core)),
         key(std::move(lease_key)),
         token(lease_token),
         owner(lease_owner),
         options(std::move(lease_options)),
-        expiry(lease_expiry),
-        ttl(lease_ttl) {}
+        margin(lease_margin),
+        expiry(margin.expiry(grant.first_sent, milliseconds(grant.ttl_ms))),
+        ttl(requested_ttl),
+        next_renew(grant.first_sent + std::chrono::duration_cast<Clock::duration>(
+                                          milliseconds(grant.ttl_ms) * options.renew_fraction)),
+        confirmed_request_id(grant.request_id) {}
 
   std::shared_ptr<ClientCore> core;
   const std::string key;
   const std::uint64_t token;
   const ClientId owner;
   const LeaseOptions options;
+  const DriftMargin margin;
 
   mutable Mutex mutex;
   Status status SHARDLOCK_GUARDED_BY(mutex) = Status::kHeld;
@@ -231,19 +275,45 @@ struct LeaseState {
   milliseconds ttl SHARDLOCK_GUARDED_BY(mutex);
   Clock::time_point next_renew SHARDLOCK_GUARDED_BY(mutex);
   bool renew_in_flight SHARDLOCK_GUARDED_BY(mutex) = false;
+  // The grant's request id, then the newest confirmed renewal's.
+  std::uint64_t confirmed_request_id SHARDLOCK_GUARDED_BY(mutex);
+  std::vector<SentRenewal> unconfirmed SHARDLOCK_GUARDED_BY(mutex);
   // Set once when the lease becomes lost; the watchdog thread fires it.
   bool lost_fired SHARDLOCK_GUARDED_BY(mutex) = false;
   LeaseLost lost SHARDLOCK_GUARDED_BY(mutex);
+  // Held by the watchdog thread while on_lost runs; release() and the
+  // destructor take it after marking the lease released, so they return only
+  // once a running callback has returned, and no callback starts after.
+  Mutex callback_mutex;
 
-  // Applies a RENEW answer (from the watchdog or Lease::renew()). Returns
-  // true when the lease has just become lost.
-  bool apply_renewal(const CallResult& r, Clock::time_point now) SHARDLOCK_REQUIRES(mutex) {
+  // Before a RENEW for `renew_ttl` leaves: once the server applies it, its
+  // deadline may be as early as `now` + renew_ttl, so the expiry comes in now.
+  void note_renewal_sent(std::uint64_t request_id, Clock::time_point now, milliseconds renew_ttl)
+      SHARDLOCK_REQUIRES(mutex) {
+    unconfirmed.push_back(SentRenewal{request_id, now, renew_ttl});
+    expiry = std::min(expiry, margin.expiry(now, renew_ttl));
+  }
+
+  // Applies the answer to RENEW `request_id` for `requested` (from the
+  // watchdog or Lease::renew()). Returns true when the lease has just become
+  // lost.
+  bool apply_renewal(const CallResult& r, std::uint64_t request_id, milliseconds requested,
+                     Clock::time_point now) SHARDLOCK_REQUIRES(mutex) {
     if (status != Status::kHeld) return false;
     if (!r.error) {
-      ttl = milliseconds(r.ttl_ms);
-      expiry = std::max(expiry, r.first_sent + ttl);
-      next_renew =
-          r.first_sent + std::chrono::duration_cast<Clock::duration>(ttl * options.renew_fraction);
+      // An answer older than one already applied says nothing new: the
+      // server applied the newer renewal after it.
+      if (request_id <= confirmed_request_id) return false;
+      confirmed_request_id = request_id;
+      // The server ignores renewals older than this one from now on.
+      std::erase_if(unconfirmed, [&](const SentRenewal& sr) { return sr.request_id <= request_id; });
+      const milliseconds answered(r.ttl_ms);
+      Clock::time_point bound = margin.expiry(r.first_sent, answered);
+      for (const SentRenewal& sr : unconfirmed) bound = std::min(bound, margin.expiry(sr.sent, sr.ttl));
+      expiry = std::max(expiry, bound);
+      ttl = requested;
+      next_renew = r.first_sent +
+                   std::chrono::duration_cast<Clock::duration>(answered * options.renew_fraction);
       return false;
     }
     if (r.error == LeaseErrc::kNotOwner || r.error == LeaseErrc::kExpired ||
@@ -270,6 +340,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   ClientId id;
   std::vector<Endpoint> endpoints;
   ClientRouting routing;
+  DriftMargin margin;
   std::unique_ptr<DatagramTransport> transport;
 
   std::atomic<bool> started{false};
@@ -297,6 +368,13 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         return LeaseErrc::kBadAddress;
       }
       family = e.address.ss_family;
+      for (const Endpoint& seen : endpoints) {
+        if (same_address(seen, e)) {
+          error_detail = "nodes '" + seen.text + "' and '" + e.text +
+                         "' are the same address: each server must be listed once";
+          return LeaseErrc::kBadAddress;
+        }
+      }
       endpoints.push_back(std::move(e));
     }
     routing.assign(options.nodes);
@@ -310,20 +388,35 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       }
       id = ClientId{words[0], words[1]};
     }
-    // Request ids start at a random point: the server's dedup cache is keyed
-    // by (client id, request id), so another process acting for the same
-    // owner (shardlockctl renew --owner) must not reuse the ids of the one
-    // that took the lease, or it would be answered with their cached replies.
-    std::uint64_t first_request_id = 0;
-    if (::getrandom(&first_request_id, sizeof first_request_id, 0) !=
-        static_cast<ssize_t>(sizeof first_request_id)) {
+    // Request ids start at the wall-clock millisecond shifted left by 20,
+    // plus 20 random bits. The server's dedup cache is keyed by (client id,
+    // request id) and it ignores a holder's requests older than the last one
+    // it applied, so another process acting for the same owner later
+    // (shardlockctl renew --owner) must use higher ids than the one that took
+    // the lease: it does unless that one made 2^20 calls per millisecond of
+    // its life, or the wall clock stepped back. 2^41 ms (until 2039) << 20
+    // stays below 2^62: no wrap-around for the life of the client.
+    std::uint32_t random_bits = 0;
+    if (::getrandom(&random_bits, sizeof random_bits, 0) != static_cast<ssize_t>(sizeof random_bits)) {
       error_detail = "getrandom failed";
       return {errno, std::system_category()};
     }
-    // Keep clear of wrap-around for the life of the client (2^62 calls).
+    const auto wall_ms = std::chrono::duration_cast<milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+    const std::uint64_t first_request_id =
+        (static_cast<std::uint64_t>(std::max<std::int64_t>(wall_ms, 0)) << 20) |
+        (random_bits & 0xFFFFFu);
     // Relaxed: published to the I/O thread by std::thread's start, and to
     // callers by the release store of `started` below.
-    next_request_id.store((first_request_id >> 2) + 1, std::memory_order_relaxed);
+    next_request_id.store(first_request_id + 1, std::memory_order_relaxed);
+    if (!(options.clock_drift_factor >= 0.0 && options.clock_drift_factor < 1.0) ||
+        options.clock_drift_allowance.count() < 0) {
+      error_detail = "clock_drift_factor must be in [0, 1) and clock_drift_allowance >= 0";
+      return LeaseErrc::kBadArgument;
+    }
+    margin.factor = options.clock_drift_factor;
+    margin.allowance = options.clock_drift_allowance;
     if (options.max_batch == 0) options.max_batch = 1;
     options.max_batch = std::min(options.max_batch, kMaxBatch);
     if (options.initial_retransmit.count() <= 0) options.initial_retransmit = milliseconds(1);
@@ -411,9 +504,16 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     if (to_ns(next_send) < planned_wake_ns_.load(std::memory_order_seq_cst)) wake();
   }
 
-  // Sets the request id, first-send time, deadline and first retransmission.
+  // A fresh request id. Relaxed: ids need only be unique, which the RMW
+  // guarantees.
+  std::uint64_t new_request_id() noexcept {
+    return next_request_id.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Sets the request id (unless the caller reserved one), first-send time,
+  // deadline and first retransmission.
   void arm(Call& call, Clock::time_point now) noexcept {
-    call.request_id = next_request_id.fetch_add(1, std::memory_order_relaxed);  // uniqueness only
+    if (call.request_id == 0) call.request_id = new_request_id();
     call.first_sent = now;
     call.transmissions = 1;
     call.deadline = now + call.budget;
@@ -425,6 +525,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     CallResult r;
     r.error = error;
     r.first_sent = Clock::now();
+    r.request_id = call->request_id;
     if (call->done) call->done(r);
   }
 
@@ -597,6 +698,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         CallResult r;
         r.error = LeaseErrc::kUnreachable;
         r.first_sent = call.first_sent;
+        r.request_id = call.request_id;
         r.transmissions = call.transmissions;
         ready.push_back({std::move(call.done), std::move(r)});
         pending_.erase(it);
@@ -640,6 +742,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       r.held = m.held;
       r.waiters = m.waiters;
       r.first_sent = call.first_sent;
+      r.request_id = call.request_id;
       r.transmissions = call.transmissions;
       if (m.type == MessageType::kStatsReply) {
         r.shard_count = m.shard_count;
@@ -694,9 +797,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         ++end;
       }
       d.batch = d.count > 1;
-      // Relaxed: ids need only be unique, which the RMW guarantees.
-      d.request_id = d.batch ? next_request_id.fetch_add(1, std::memory_order_relaxed)
-                             : outbox_[begin]->request_id;
+      d.request_id = d.batch ? new_request_id() : outbox_[begin]->request_id;
       if (datagrams == out_buffers_.size()) out_buffers_.emplace_back();
       std::array<std::uint8_t, kMaxDatagramSize>& buffer = out_buffers_[datagrams++];
       std::size_t written = 0;
@@ -746,7 +847,15 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     watch_cv_.notify_one();
   }
 
+  // Relaxed is enough: only the watchdog thread can see its own id here, and
+  // it stored that id itself before running any callback.
+  bool on_watchdog_thread() const noexcept {
+    return std::this_thread::get_id() == watch_thread_id_.load(std::memory_order_relaxed);
+  }
+
   void watch_loop() {
+    watch_thread_id_.store(std::this_thread::get_id(),
+                           std::memory_order_relaxed);  // see on_watchdog_thread()
     std::vector<std::shared_ptr<LeaseState>> leases;
     std::vector<std::pair<std::shared_ptr<LeaseState>, LeaseLost>> fire;
     std::unique_lock lock(watch_mutex_);
@@ -790,7 +899,14 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
         if (renew) issue_watchdog_renewal(state, ttl, deadline, now);
       }
       for (auto& [state, event] : fire) {
-        if (state->options.on_lost) state->options.on_lost(event);
+        if (!state->options.on_lost) continue;
+        LockGuard gate(state->callback_mutex);
+        {
+          LockGuard state_lock(state->mutex);
+          // release(), detach() or the destructor began: never call back.
+          if (state->status == LeaseState::Status::kReleased) continue;
+        }
+        state->options.on_lost(event);
       }
       fire.clear();
       leases.clear();
@@ -804,22 +920,34 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
   }
 
+  // A RENEW of `state` for `ttl` with its request id reserved and noted in
+  // the state (its expiry comes in first if `ttl` is shorter).
+  std::unique_ptr<Call> make_renewal(LeaseState& state, milliseconds ttl) {
+    auto call = make_call(MessageType::kRenew, state.key);
+    call->token = state.token;
+    call->ttl_ms = clamp_ms(ttl);
+    call->request_id = new_request_id();
+    LockGuard state_lock(state.mutex);
+    state.note_renewal_sent(call->request_id, Clock::now(), milliseconds(call->ttl_ms));
+    return call;
+  }
+
   void issue_watchdog_renewal(const std::shared_ptr<LeaseState>& state, milliseconds ttl,
                               Clock::time_point expiry, Clock::time_point now) {
-    auto call = make_call(MessageType::kRenew, state->key);
-    call->token = state->token;
-    call->ttl_ms = clamp_ms(ttl);
+    auto call = make_renewal(*state, ttl);
     // A renewal past the expiry is useless: the lease is lost by then.
     call->budget = std::min<Clock::duration>(
         options.request_timeout, std::max<Clock::duration>(expiry - now, Clock::duration(1)));
     std::weak_ptr<LeaseState> weak = state;
-    call->done = [this, weak](const CallResult& r) {
+    const std::uint64_t request_id = call->request_id;
+    const milliseconds requested(call->ttl_ms);
+    call->done = [this, weak, request_id, requested](const CallResult& r) {
       const std::shared_ptr<LeaseState> s = weak.lock();
       if (!s) return;
       {
         LockGuard state_lock(s->mutex);
         s->renew_in_flight = false;
-        (void)s->apply_renewal(r, Clock::now());
+        (void)s->apply_renewal(r, request_id, requested, Clock::now());
       }
       nudge_watchdog();
     };
@@ -853,6 +981,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   int wake_fd_ = -1;
   std::thread io_thread_;
   std::atomic<std::thread::id> io_thread_id_{};
+  std::atomic<std::thread::id> watch_thread_id_{};
   std::atomic<std::int64_t> planned_wake_ns_{0};
 
   Mutex mutex_;
@@ -883,7 +1012,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 using internal::Call;
 using internal::ClientCore;
 using internal::LeaseState;
-using Clock = std::chrono::steady_clock;
+using Clock = LeaseClock;
 using std::chrono::milliseconds;
 
 namespace {
@@ -916,33 +1045,49 @@ Lease& Lease::operator=(Lease&& other) noexcept {
 }
 Lease::~Lease() { release_in_background(); }
 
+namespace {
+
+// Marks `state` released (returning whether it was still held or lost, so a
+// RELEASE is worth sending), then waits for a lost callback that is running,
+// unless this is the callback's own thread.
+bool close_lease(LeaseState& state) {
+  bool was_active = false;
+  {
+    LockGuard lock(state.mutex);
+    was_active = state.status != LeaseState::Status::kReleased;
+    state.status = LeaseState::Status::kReleased;
+  }
+  if (!state.core->on_watchdog_thread()) {
+    LockGuard gate(state.callback_mutex);  // the watchdog checks kReleased under it
+  }
+  return was_active;
+}
+
+// One RELEASE of the lease's own token, not waited for. The token is this
+// Lease's alone (the server re-grants with a new token), so it can free no
+// other grant.
+void send_release(LeaseState& state) noexcept {
+  try {
+    auto call = state.core->make_call(MessageType::kRelease, state.key);
+    call->token = state.token;
+    call->done = [](const CallResult&) {};
+    state.core->submit(std::move(call));
+  } catch (...) {
+    // Best effort: an allocation failure here leaves the lease to expire.
+  }
+}
+
+}  // namespace
+
 void Lease::release_in_background() noexcept {
   if (!state_) return;
-  bool send = false;
-  {
-    LockGuard lock(state_->mutex);
-    send = state_->status != LeaseState::Status::kReleased;
-    state_->status = LeaseState::Status::kReleased;
-  }
-  if (send) {
-    try {
-      auto call = state_->core->make_call(MessageType::kRelease, state_->key);
-      call->token = state_->token;
-      call->done = [](const CallResult&) {};
-      state_->core->submit(std::move(call));
-    } catch (...) {
-      // Best effort: an allocation failure here leaves the lease to expire.
-    }
-  }
+  if (close_lease(*state_)) send_release(*state_);
   state_.reset();
 }
 
 void Lease::detach() noexcept {
   if (!state_) return;
-  {
-    LockGuard lock(state_->mutex);
-    state_->status = LeaseState::Status::kReleased;
-  }
+  (void)close_lease(*state_);
   state_.reset();
 }
 
@@ -958,7 +1103,7 @@ const std::string& Lease::key() const noexcept {
 }
 std::uint64_t Lease::token() const noexcept { return state_ ? state_->token : 0; }
 ClientId Lease::owner() const noexcept { return state_ ? state_->owner : ClientId{}; }
-Clock::time_point Lease::expiry() const noexcept {
+LeaseClock::time_point Lease::expiry() const noexcept {
   if (!state_) return {};
   LockGuard lock(state_->mutex);
   return state_->expiry;
@@ -976,14 +1121,14 @@ std::error_code Lease::renew(milliseconds ttl) {
     if (state_->status != LeaseState::Status::kHeld) return LeaseErrc::kLeaseInactive;
     if (ttl.count() <= 0) ttl = state_->ttl;
   }
-  auto call = state_->core->make_call(MessageType::kRenew, state_->key);
-  call->token = state_->token;
-  call->ttl_ms = internal::clamp_ms(ttl);
+  auto call = state_->core->make_renewal(*state_, ttl);
+  const std::uint64_t request_id = call->request_id;
+  const milliseconds requested(call->ttl_ms);
   const CallResult r = state_->core->call_sync(std::move(call));
   bool lost = false;
   {
     LockGuard lock(state_->mutex);
-    lost = state_->apply_renewal(r, Clock::now());
+    lost = state_->apply_renewal(r, request_id, requested, Clock::now());
   }
   if (lost) state_->core->nudge_watchdog();
   return r.error;
@@ -991,11 +1136,7 @@ std::error_code Lease::renew(milliseconds ttl) {
 
 std::error_code Lease::release() {
   if (!state_) return LeaseErrc::kLeaseInactive;
-  {
-    LockGuard lock(state_->mutex);
-    if (state_->status == LeaseState::Status::kReleased) return LeaseErrc::kLeaseInactive;
-    state_->status = LeaseState::Status::kReleased;
-  }
+  if (!close_lease(*state_)) return LeaseErrc::kLeaseInactive;
   auto call = state_->core->make_call(MessageType::kRelease, state_->key);
   call->token = state_->token;
   return state_->core->call_sync(std::move(call)).error;
@@ -1037,15 +1178,21 @@ AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milli
   result.retry_after_ms = r.retry_after_ms;
   result.wire_error = r.wire_error;
   if (r.error) return result;
-  const milliseconds granted(r.ttl_ms);
   const bool watched = lease_options.watchdog || static_cast<bool>(lease_options.on_lost);
-  auto state =
-      std::make_shared<LeaseState>(core_, std::string(key), r.token, core_->id,
-                                   std::move(lease_options), r.first_sent + granted, granted);
+  auto state = std::make_shared<LeaseState>(core_, std::string(key), r.token, core_->id,
+                                            std::move(lease_options), core_->margin, r, ttl);
+  bool expired = false;
   {
     LockGuard lock(state->mutex);
-    state->next_renew = r.first_sent + std::chrono::duration_cast<Clock::duration>(
-                                           granted * state->options.renew_fraction);
+    expired = Clock::now() >= state->expiry;
+  }
+  if (expired) {
+    // Waited too long, or the GRANTED came back late: the lease may still
+    // stand on the server for a moment, but the client cannot prove it.
+    (void)close_lease(*state);
+    send_release(*state);
+    result.error = LeaseErrc::kGrantExpired;
+    return result;
   }
   if (watched) core_->watch(state);
   result.lease = Lease(std::move(state));

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -135,6 +136,8 @@ std::string_view to_string(LeaseErrc e) noexcept {
       return "bad address";
     case LeaseErrc::kLeaseInactive:
       return "lease not held";
+    case LeaseErrc::kGrantExpired:
+      return "grant expired";
   }
   return "unknown";
 }
@@ -178,6 +181,13 @@ std::error_code parse_endpoint(std::string_view text, Endpoint& out) {
   out.text = std::string(text);
   ::freeaddrinfo(result);
   return {};
+}
+
+LeaseClock::time_point LeaseClock::now() noexcept {
+  timespec ts{};
+  // CLOCK_BOOTTIME cannot fail on Linux >= 2.6.39 with a valid pointer.
+  (void)::clock_gettime(CLOCK_BOOTTIME, &ts);
+  return time_point(std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec));
 }
 
 std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport>& out) {

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -174,7 +175,7 @@ TEST(LeaseClientTest, GrantsBusyReleaseAndIncreasingTokens) {
   EXPECT_GT(first.lease.token(), 0u);
   EXPECT_TRUE(first.lease.valid());
   EXPECT_EQ(first.lease.owner(), a->client_id());
-  EXPECT_LE(first.lease.expiry(), Clock::now() + 10s);
+  EXPECT_LE(first.lease.expiry(), LeaseClock::now() + 10s);
 
   AcquireResult busy = b->try_acquire("orders/1", 10s);
   EXPECT_EQ(busy.error, LeaseErrc::kBusy);
@@ -455,9 +456,9 @@ TEST(LeaseClientTest, LostCallbackFiresAtClientExpiryWithoutWatchdog) {
   AcquireResult held = a->try_acquire("unwatched", 200ms, options);
   ASSERT_TRUE(held);
   const auto expiry = held.lease.expiry();
-  while (lost.load() == 0 && Clock::now() < expiry + kSlack) std::this_thread::sleep_for(5ms);
+  while (lost.load() == 0 && LeaseClock::now() < expiry + kSlack) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(lost.load(), 1);
-  EXPECT_GE(Clock::now(), expiry);
+  EXPECT_GE(LeaseClock::now(), expiry);
 }
 
 TEST(LeaseClientTest, CallsFromCompletionsAreBatched) {
@@ -559,6 +560,197 @@ TEST(LeaseClientTest, RoutesEachKeyToItsOwnerNode) {
   EXPECT_EQ(stats.shard_count, 8u);
   EXPECT_EQ(stats.shard_tokens.size(), 8u);
   EXPECT_EQ(stats.counters[static_cast<std::size_t>(StatCounter::kGrants)], expected[1]);
+}
+
+// ---------------------------------------------------------------------------
+// Issue 11: the client-side two-holder paths. Each test failed before its fix.
+
+// Hole 1: a renewal to a shorter TTL must pull the client-side expiry in, or
+// the old holder outlives the server's deadline.
+TEST(LeaseSafetyTest, RenewalToAShorterTtlShortensTheClientExpiry) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  AcquireResult held = a->try_acquire("shrinking", 10s);
+  ASSERT_TRUE(held);
+  const auto before_renew = LeaseClock::now();
+  ASSERT_FALSE(held.lease.renew(500ms));
+  EXPECT_LE(held.lease.expiry(), before_renew + 500ms + kSlack)
+      << "the server's deadline is now about 500 ms away";
+  EXPECT_EQ(held.lease.ttl(), 500ms);
+}
+
+// Hole 2: a second Lease on the same key from the same client must not share
+// the first one's grant, so dropping the first never frees the second.
+TEST(LeaseSafetyTest, DroppingASupersededLeaseKeepsItsReplacement) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto observer = start_client({address(*server)});
+  AcquireResult first = a->try_acquire("replaced", 10s);
+  ASSERT_TRUE(first);
+  AcquireResult second = a->try_acquire("replaced", 10s);
+  ASSERT_TRUE(second);
+  EXPECT_GT(second.lease.token(), first.lease.token()) << "a fresh grant, not the old one";
+  first = AcquireResult{};  // the old Lease's destructor sends its RELEASE
+  EXPECT_EQ(first.lease.token(), 0u);
+  // A RELEASE is fire-and-forget; a QUERY sent after it on another socket can
+  // overtake it, so wait for the server to have answered it.
+  const auto begin = Clock::now();
+  while (server->stats().counter(StatCounter::kExpiredReplies) +
+                 server->stats().counter(StatCounter::kReleased) ==
+             0 &&
+         Clock::now() - begin < 5s) {
+    std::this_thread::sleep_for(2ms);
+  }
+  const CallResult q = observer->query("replaced");
+  ASSERT_FALSE(q.error);
+  EXPECT_TRUE(q.held);
+  EXPECT_EQ(q.token, second.lease.token());
+  EXPECT_TRUE(second.lease.valid());
+}
+
+// Hole 2, the lost case: a Lease the client declared lost while the server
+// still held it is re-acquired; dropping the lost one must not free the new.
+TEST(LeaseSafetyTest, DroppingALostLeaseKeepsTheReacquiredOne) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  LeaseClientOptions options;
+  options.clock_drift_factor = 0.5;  // the client gives up at half the TTL
+  auto a = start_client({address(*server)}, options);
+  auto observer = start_client({address(*server)});
+  std::atomic<int> lost{0};
+  LeaseOptions watch;
+  watch.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
+  AcquireResult old = a->try_acquire("relost", 4s, watch);
+  ASSERT_TRUE(old);
+  const auto begin = Clock::now();
+  while (lost.load() == 0 && Clock::now() - begin < 10s) std::this_thread::sleep_for(2ms);
+  ASSERT_EQ(lost.load(), 1);
+  AcquireResult again = a->try_acquire("relost", 4s);
+  ASSERT_TRUE(again) << again.error.message();
+  old = AcquireResult{};
+  std::this_thread::sleep_for(50ms);  // let a RELEASE, if one was sent, land
+  const CallResult q = observer->query("relost");
+  ASSERT_FALSE(q.error);
+  EXPECT_TRUE(q.held);
+  EXPECT_EQ(q.token, again.lease.token());
+}
+
+// Hole 3: the client-side expiry runs on CLOCK_BOOTTIME and keeps a drift
+// margin below the server's deadline.
+TEST(LeaseSafetyTest, ClientExpiryKeepsADriftMarginOnTheBootClock) {
+  timespec boot{};
+  ASSERT_EQ(::clock_gettime(CLOCK_BOOTTIME, &boot), 0);
+  const auto boot_before = std::chrono::seconds(boot.tv_sec) + std::chrono::nanoseconds(boot.tv_nsec);
+  const auto clock_reading = LeaseClock::now().time_since_epoch();
+  ASSERT_EQ(::clock_gettime(CLOCK_BOOTTIME, &boot), 0);
+  const auto boot_after = std::chrono::seconds(boot.tv_sec) + std::chrono::nanoseconds(boot.tv_nsec);
+  EXPECT_GE(clock_reading, boot_before);
+  EXPECT_LE(clock_reading, boot_after);
+
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  const auto before = LeaseClock::now();
+  AcquireResult held = a->try_acquire("drift", 1000ms);
+  const auto after = LeaseClock::now();
+  ASSERT_TRUE(held);
+  // Default margin: 1% of the TTL plus 2 ms (Redlock's drift factor), below
+  // a send time that is no later than `after`.
+  EXPECT_LE(held.lease.expiry(), after + 1000ms - 12ms);
+  EXPECT_GE(held.lease.expiry(), before + 1000ms - 12ms);
+}
+
+// Hole 4: two spellings of one node would route keys of one server as if
+// they were two; refuse the list.
+TEST(LeaseSafetyTest, DuplicateNodesAreRefused) {
+  for (const std::vector<std::string>& nodes :
+       {std::vector<std::string>{"127.0.0.1:7420", "127.0.0.1:7420"},
+        std::vector<std::string>{"localhost:7420", "127.0.0.1:7420"},
+        std::vector<std::string>{"127.0.0.1:7420", "127.0.0.2:7420", "127.0.0.1:7420"}}) {
+    LeaseClientOptions options;
+    options.nodes = nodes;
+    LeaseClient client(options);
+    EXPECT_EQ(client.start(), LeaseErrc::kBadAddress) << nodes[0] << " " << nodes[1];
+    EXPECT_NE(client.error_detail().find("same"), std::string::npos) << client.error_detail();
+  }
+}
+
+// Hole 5: once release() or the destructor has returned, the lost callback
+// neither runs nor is still running.
+TEST(LeaseSafetyTest, LostCallbackNeverOutlivesReleaseOrDestruction) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  for (const bool destroy : {false, true}) {
+    std::atomic<bool> started{false};
+    std::atomic<bool> finished{false};
+    LeaseOptions watch;
+    watch.on_lost = [&](const LeaseLost&) {
+      started.store(true);
+      std::this_thread::sleep_for(300ms);
+      finished.store(true);
+    };
+    auto held = std::make_unique<AcquireResult>(a->try_acquire("slow/callback", 100ms, watch));
+    ASSERT_TRUE(*held);
+    const auto begin = Clock::now();
+    while (!started.load() && Clock::now() - begin < 5s) std::this_thread::sleep_for(1ms);
+    ASSERT_TRUE(started.load());
+    if (destroy) {
+      held.reset();
+    } else {
+      (void)held->lease.release();
+    }
+    EXPECT_TRUE(finished.load()) << (destroy ? "destructor" : "release()")
+                                 << " returned while on_lost was running";
+  }
+}
+
+// Hole 6: a grant that arrives after its own client-side expiry is an
+// error, never a Lease that is invalid from the start.
+TEST(LeaseSafetyTest, AGrantThatArrivesExpiredIsAnError) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto holder = start_client({address(*server)});
+  auto waiter = start_client({address(*server)});
+  AcquireResult held = holder->try_acquire("late", 10s);
+  ASSERT_TRUE(held);
+  std::thread release_later([&] {
+    // The waiter's ACQUIRE must be queued before the hand-off.
+    const auto begin = Clock::now();
+    while (server->stats().counter(StatCounter::kQueued) == 0 && Clock::now() - begin < 5s)
+      std::this_thread::sleep_for(1ms);
+    std::this_thread::sleep_for(250ms);  // longer than the waiter's TTL
+    (void)held.lease.release();
+  });
+  AcquireResult late = waiter->acquire("late", 100ms, 5s);
+  release_later.join();
+  EXPECT_EQ(late.error, LeaseErrc::kGrantExpired);
+  EXPECT_TRUE(late.lease.empty());
+}
+
+// Hole 9 (client side): a second process acting for the same owner (as
+// shardlockctl renew --owner does) uses request ids above the first's, so the
+// server applies its RENEW instead of treating it as a stale replay.
+TEST(LeaseSafetyTest, ALaterClientForTheSameOwnerRenewsForReal) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto first = start_client({address(*server)});
+  AcquireResult held = first->try_acquire("handed/over", 2s);
+  ASSERT_TRUE(held);
+  const std::uint64_t token = held.lease.token();
+  held.lease.detach();
+  for (int round = 0; round < 8; ++round) {
+    std::this_thread::sleep_for(2ms);  // a later process starts later
+    LeaseClientOptions same_owner;
+    same_owner.client_id = first->client_id();
+    auto later = start_client({address(*server)}, same_owner);
+    const CallResult r = later->renew("handed/over", token, 5s);
+    ASSERT_FALSE(r.error) << r.error.message();
+    EXPECT_EQ(r.ttl_ms, 5000u) << "round " << round << ": the renewal was treated as stale";
+  }
+  EXPECT_EQ(server->stats().counter(StatCounter::kStaleRequests), 0u);
 }
 
 TEST(LeaseClientTest, ClientIdHexRoundTrips) {

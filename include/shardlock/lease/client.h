@@ -36,8 +36,18 @@
 //     call returns by its deadline: request_timeout, plus the wait of an
 //     ACQUIRE that waits.
 //   * Expiry as the client sees it: the send time of the first transmission of
-//     the granting (or renewing) request plus the TTL granted. The server
-//     started its clock later than that, so the client's view errs early.
+//     the granting (or renewing) request plus the TTL granted, minus a drift
+//     margin (clock_drift_factor x TTL + clock_drift_allowance, as Redlock's
+//     drift factor) for clock-rate differences between hosts. The server
+//     started its clock later than that send time and rounds its deadline up,
+//     so the client's view errs early. It is measured on LeaseClock
+//     (CLOCK_BOOTTIME), which keeps running during suspend.
+//   * Renewals never push the expiry past what the server may hold: a RENEW
+//     to a shorter TTL pulls the expiry in when it is sent, and an answer
+//     moves it forward only to (its send time + the TTL answered), bounded by
+//     every newer renewal still unanswered. The server applies a holder's
+//     requests in request-id order (older ones are stale), which is what
+//     makes that bound hold under reordering.
 //   * Routing: a key goes to its owner node through the Router (router.h),
 //     over the configured nodes; with one node every key goes to it.
 //   * The datagram path goes through DatagramTransport, so tests can inject
@@ -64,6 +74,18 @@
 
 namespace shardlock::lease {
 
+// The clock of client-side lease expiry: CLOCK_BOOTTIME. Unlike
+// CLOCK_MONOTONIC (std::chrono::steady_clock) it keeps counting while the
+// machine is suspended, and the server's leases expire during a suspend too.
+struct LeaseClock {
+  using duration = std::chrono::nanoseconds;
+  using rep = duration::rep;
+  using period = duration::period;
+  using time_point = std::chrono::time_point<LeaseClock>;
+  static constexpr bool is_steady = true;
+  [[nodiscard]] static time_point now() noexcept;
+};
+
 // ---------------------------------------------------------------------------
 // Errors
 // ---------------------------------------------------------------------------
@@ -82,6 +104,7 @@ enum class LeaseErrc : std::uint8_t {
   kNotStarted,     // start() has not succeeded, or the client is shutting down
   kBadAddress,     // a node address does not parse or resolve
   kLeaseInactive,  // the Lease is empty, released or already lost
+  kGrantExpired,   // granted, but the grant's client-side expiry had passed on arrival
 };
 [[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
 [[nodiscard]] const std::error_category& lease_category() noexcept;
@@ -165,6 +188,12 @@ struct LeaseClientOptions {
   // servers'. When set, requests are sealed and replies whose tag does not
   // verify are dropped, so a forged GRANTED is never believed.
   std::optional<AuthKey> auth_key;
+  // Client-side expiry = send time + TTL - (clock_drift_factor x TTL +
+  // clock_drift_allowance): the allowance for this host's clock running
+  // faster than the server's, plus scheduling. The defaults are Redlock's
+  // (1% and 2 ms). The factor must be in [0, 1).
+  double clock_drift_factor = 0.01;
+  std::chrono::milliseconds clock_drift_allowance{2};
   // Wraps the default UDP transport (tests: fault injection). Null: none.
   std::function<std::unique_ptr<DatagramTransport>(std::unique_ptr<DatagramTransport>)>
       wrap_transport;
@@ -182,7 +211,8 @@ struct CallResult {
   bool held = false;                            // QUERY_REPLY
   std::uint32_t waiters = 0;                    // QUERY_REPLY
   // When the call's first transmission left; a grant's expiry counts from it.
-  std::chrono::steady_clock::time_point first_sent;
+  LeaseClock::time_point first_sent;
+  std::uint64_t request_id = 0;  // the call's request id
   unsigned transmissions = 0;  // 1 + retransmissions
   // STATS_REPLY: one page of the server's counters and shard tokens.
   std::uint32_t shard_count = 0;
@@ -236,7 +266,10 @@ struct LeaseState;
 // A held lease: key, fencing token and the expiry the client can prove.
 // Move-only; empty after a move or default construction. Destroying a held
 // Lease releases it, best effort (one RELEASE with retransmissions, not
-// waited for). Its methods may be called from any thread, but a Lease is one
+// waited for); the destructor, like release(), waits for a lost callback
+// that is running. Every Lease carries its own token (the server gives a
+// holder that acquires again a fresh one), so releasing an old Lease never
+// frees a newer grant of the same key. Its methods may be called from any thread, but a Lease is one
 // object: do not call them concurrently with its destruction or a move.
 class Lease {
  public:
@@ -256,9 +289,11 @@ class Lease {
   [[nodiscard]] const std::string& key() const noexcept;
   [[nodiscard]] std::uint64_t token() const noexcept;
   [[nodiscard]] ClientId owner() const noexcept;
-  // The client-side expiry (steady clock); moves forward on each renewal.
-  [[nodiscard]] std::chrono::steady_clock::time_point expiry() const noexcept;
-  // The TTL the last grant or renewal confirmed.
+  // The client-side expiry (LeaseClock); moves forward on each confirmed
+  // renewal, and in at once when a renewal asks for a shorter TTL.
+  [[nodiscard]] LeaseClock::time_point expiry() const noexcept;
+  // The TTL the last grant or renewal asked for (what the watchdog renews
+  // with).
   [[nodiscard]] std::chrono::milliseconds ttl() const noexcept;
 
   // RENEW for `ttl` (0: the current TTL). Blocks until answered or
@@ -266,7 +301,8 @@ class Lease {
   // lost callback fires). Returns kLeaseInactive when not held.
   std::error_code renew(std::chrono::milliseconds ttl = std::chrono::milliseconds{0});
   // RELEASE. Blocks like renew(). Afterwards the Lease is inactive whatever
-  // the answer; the lost callback will not fire.
+  // the answer; the lost callback will not fire, and if it was running it has
+  // returned (unless release() is called from that callback itself).
   std::error_code release();
   // Lets go of the handle without releasing the lease: it stays held on the
   // server until its TTL runs out (or someone releases it by key, token and
@@ -297,7 +333,7 @@ struct AcquireResult {
 
 class LeaseClient {
  public:
-  using Clock = std::chrono::steady_clock;
+  using Clock = LeaseClock;
   using Completion = std::function<void(const CallResult&)>;
 
   explicit LeaseClient(LeaseClientOptions options);
@@ -321,7 +357,13 @@ class LeaseClient {
   // ---- blocking calls (any thread, concurrently) -------------------------
 
   // ACQUIRE `key` for `ttl`, waiting up to `wait` for a holder to let go (0:
-  // answer BUSY at once). Blocks at most wait + request_timeout.
+  // answer BUSY at once). Blocks at most wait + request_timeout. A grant that
+  // arrives after its own client-side expiry (wait >= TTL, or a GRANTED
+  // recovered late by retransmission) is released and returned as
+  // kGrantExpired: a returned Lease is valid() when acquire() returns.
+  // Acquiring a key this client already holds gives a new grant with a new
+  // token; the older Lease then finds itself superseded (lost) at its next
+  // renewal.
   [[nodiscard]] AcquireResult acquire(std::string_view key, std::chrono::milliseconds ttl,
                                       std::chrono::milliseconds wait,
                                       LeaseOptions lease_options = {});
