@@ -1,0 +1,208 @@
+// The history's text form. See history.h.
+#include "history.h"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <utility>
+
+namespace shardlock::torture {
+namespace {
+
+// Which fields each kind carries, in line order.
+enum Field : std::uint16_t {
+  kClient = 1 << 0,
+  kOp = 1 << 1,
+  kKey = 1 << 2,
+  kToken = 1 << 3,
+  kExpiry = 1 << 4,
+  kTtl = 1 << 5,
+  kWait = 1 << 6,
+  kValue = 1 << 7,
+  kHighest = 1 << 8,
+  kIncarnation = 1 << 9,
+  kLockDelay = 1 << 10,
+  kError = 1 << 11,
+};
+
+struct KindInfo {
+  EventKind kind;
+  std::string_view name;
+  std::uint16_t fields;
+};
+
+constexpr std::array<KindInfo, 26> kKinds = {{
+    {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait},
+    {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry},
+    {EventKind::kAcquireFail, "acquire_fail", kClient | kOp | kKey | kError},
+    {EventKind::kHold, "hold", kClient | kKey | kToken | kExpiry},
+    {EventKind::kRenewInvoke, "renew_invoke", kClient | kOp | kKey | kToken | kTtl},
+    {EventKind::kRenewOk, "renew_ok", kClient | kOp | kKey | kToken | kExpiry},
+    {EventKind::kRenewFail, "renew_fail", kClient | kOp | kKey | kToken | kError},
+    {EventKind::kReleaseInvoke, "release_invoke", kClient | kOp | kKey | kToken},
+    {EventKind::kReleaseOk, "release_ok", kClient | kOp | kKey | kToken},
+    {EventKind::kReleaseFail, "release_fail", kClient | kOp | kKey | kToken | kError},
+    {EventKind::kLost, "lost", kClient | kKey | kToken | kError},
+    {EventKind::kRead, "read", kClient | kKey | kValue},
+    {EventKind::kWriteInvoke, "write_invoke", kClient | kKey | kToken | kValue},
+    {EventKind::kWriteAccepted, "write_accepted", kClient | kKey | kToken | kValue},
+    {EventKind::kWriteRejected, "write_rejected", kClient | kKey | kToken | kValue | kHighest},
+    {EventKind::kFinalCounter, "final_counter", kKey | kValue},
+    {EventKind::kServerStart, "server_start", kIncarnation | kLockDelay},
+    {EventKind::kServerReady, "server_ready", kIncarnation},
+    {EventKind::kServerKill, "server_kill", kIncarnation},
+    {EventKind::kServerPause, "server_pause", kIncarnation},
+    {EventKind::kServerResume, "server_resume", kIncarnation},
+    {EventKind::kClientPause, "client_pause", kClient},
+    {EventKind::kClientResume, "client_resume", kClient},
+    {EventKind::kNetFaultsOn, "net_faults_on", 0},
+    {EventKind::kNetFaultsOff, "net_faults_off", 0},
+    {EventKind::kHealed, "healed", 0},
+}};
+
+const KindInfo& info(EventKind kind) noexcept {
+  return kKinds[static_cast<std::size_t>(kind)];
+}
+
+template <typename Int>
+bool parse_int(std::string_view text, Int& out) noexcept {
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc() && end == text.data() + text.size();
+}
+
+}  // namespace
+
+std::string_view to_string(EventKind kind) noexcept { return info(kind).name; }
+
+std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
+  for (const KindInfo& k : kKinds) {
+    if (k.name == name) return k.kind;
+  }
+  return std::nullopt;
+}
+
+std::string format_event(const Event& e) {
+  const std::uint16_t f = info(e.kind).fields;
+  std::string line = std::to_string(e.t_ns);
+  line += ' ';
+  line += to_string(e.kind);
+  const auto add = [&](std::string_view name, const std::string& value) {
+    line += ' ';
+    line += name;
+    line += '=';
+    line += value;
+  };
+  if (f & kClient) add("client", std::to_string(e.client));
+  if (f & kOp) add("op", std::to_string(e.op));
+  if (f & kKey) add("key", e.key);
+  if (f & kToken) add("token", std::to_string(e.token));
+  if (f & kExpiry) add("expiry_ns", std::to_string(e.expiry_ns));
+  if (f & kTtl) add("ttl_ms", std::to_string(e.ttl_ms));
+  if (f & kWait) add("wait_ms", std::to_string(e.wait_ms));
+  if (f & kValue) add("value", std::to_string(e.value));
+  if (f & kHighest) add("highest", std::to_string(e.highest));
+  if (f & kIncarnation) add("incarnation", std::to_string(e.incarnation));
+  if (f & kLockDelay) add("lock_delay_ms", std::to_string(e.lock_delay_ms));
+  if (f & kError) add("error", e.error.empty() ? "-" : e.error);
+  return line;
+}
+
+std::optional<Event> parse_event(std::string_view line, std::string* error) {
+  const auto fail = [&](std::string why) -> std::optional<Event> {
+    if (error != nullptr) *error = std::move(why);
+    return std::nullopt;
+  };
+  std::vector<std::string_view> words;
+  std::size_t start = 0;
+  while (start < line.size()) {
+    const std::size_t space = std::min(line.find(' ', start), line.size());
+    if (space > start) words.push_back(line.substr(start, space - start));
+    start = space + 1;
+  }
+  if (words.size() < 2) return fail("fewer than two words");
+  Event e;
+  if (!parse_int(words[0], e.t_ns)) return fail("bad time '" + std::string(words[0]) + "'");
+  const std::optional<EventKind> kind = parse_event_kind(words[1]);
+  if (!kind) return fail("unknown kind '" + std::string(words[1]) + "'");
+  e.kind = *kind;
+  std::uint16_t seen = 0;
+  for (std::size_t i = 2; i < words.size(); ++i) {
+    const std::size_t eq = words[i].find('=');
+    if (eq == std::string_view::npos) return fail("field without '='");
+    const std::string_view name = words[i].substr(0, eq);
+    const std::string_view value = words[i].substr(eq + 1);
+    bool ok = true;
+    if (name == "client") {
+      ok = parse_int(value, e.client), seen |= kClient;
+    } else if (name == "op") {
+      ok = parse_int(value, e.op), seen |= kOp;
+    } else if (name == "key") {
+      e.key = std::string(value), seen |= kKey;
+    } else if (name == "token") {
+      ok = parse_int(value, e.token), seen |= kToken;
+    } else if (name == "expiry_ns") {
+      ok = parse_int(value, e.expiry_ns), seen |= kExpiry;
+    } else if (name == "ttl_ms") {
+      ok = parse_int(value, e.ttl_ms), seen |= kTtl;
+    } else if (name == "wait_ms") {
+      ok = parse_int(value, e.wait_ms), seen |= kWait;
+    } else if (name == "value") {
+      ok = parse_int(value, e.value), seen |= kValue;
+    } else if (name == "highest") {
+      ok = parse_int(value, e.highest), seen |= kHighest;
+    } else if (name == "incarnation") {
+      ok = parse_int(value, e.incarnation), seen |= kIncarnation;
+    } else if (name == "lock_delay_ms") {
+      ok = parse_int(value, e.lock_delay_ms), seen |= kLockDelay;
+    } else if (name == "error") {
+      e.error = std::string(value), seen |= kError;
+    } else {
+      return fail("unknown field '" + std::string(name) + "'");
+    }
+    if (!ok) return fail("bad value for '" + std::string(name) + "'");
+  }
+  if (seen != info(e.kind).fields) return fail("missing fields for " + std::string(words[1]));
+  return e;
+}
+
+bool read_history(const std::string& dir, std::vector<Event>& out, std::string& error) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  std::vector<fs::path> files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".log") files.push_back(entry.path());
+  }
+  if (ec) {
+    error = "cannot list " + dir + ": " + ec.message();
+    return false;
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& path : files) {
+    std::ifstream in(path);
+    if (!in) {
+      error = "cannot read " + path.string();
+      return false;
+    }
+    std::string line;
+    std::size_t number = 0;
+    while (std::getline(in, line)) {
+      ++number;
+      if (line.empty()) continue;
+      std::string why;
+      std::optional<Event> e = parse_event(line, &why);
+      if (!e) {
+        if (in.peek() == std::char_traits<char>::eof()) break;  // a torn last line
+        error = path.string() + ":" + std::to_string(number) + ": " + why;
+        return false;
+      }
+      out.push_back(std::move(*e));
+    }
+  }
+  std::stable_sort(out.begin(), out.end(),
+                   [](const Event& a, const Event& b) { return a.t_ns < b.t_ns; });
+  return true;
+}
+
+}  // namespace shardlock::torture
