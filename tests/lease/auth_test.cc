@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -137,9 +138,11 @@ TEST(AuthSealTest, SealedDatagramsOpenOnlyUnderTheirKeyAndUntouched) {
 // ---------------------------------------------------------------------------
 // Over loopback.
 
-std::unique_ptr<LeaseServer> start_server(std::optional<AuthKey> key) {
+std::unique_ptr<LeaseServer> start_server(std::optional<AuthKey> key,
+                                          std::size_t dedup_entries_per_shard = 4096) {
   LeaseServerOptions options;
   options.shards = 4;
+  options.dedup_entries_per_shard = dedup_entries_per_shard;
   options.lock_delay = 0ms;
   options.auth_key = key;
   options.log = [](std::string_view) {};
@@ -270,6 +273,85 @@ TEST(AuthServerTest, KeyedClientIgnoresForgedReplies) {
   EXPECT_GE(forged.load(), 2);  // both kinds of forgery were tried
   done = true;
   fake.join();
+  ::close(fd);
+}
+
+
+// Wraps a client's transport and keeps a copy of every datagram it sends:
+// what an attacker on the path would capture.
+class CapturingTransport final : public DatagramTransport {
+ public:
+  CapturingTransport(std::unique_ptr<DatagramTransport> inner,
+                     std::shared_ptr<std::vector<std::vector<std::uint8_t>>> sent,
+                     std::shared_ptr<std::mutex> mutex)
+      : inner_(std::move(inner)), sent_(std::move(sent)), mutex_(std::move(mutex)) {}
+  std::error_code send(const Endpoint& to, std::span<const std::uint8_t> bytes) override {
+    {
+      std::lock_guard lock(*mutex_);
+      sent_->emplace_back(bytes.begin(), bytes.end());
+    }
+    return inner_->send(to, bytes);
+  }
+  std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
+    return inner_->receive(deliver);
+  }
+  int fd() const noexcept override { return inner_->fd(); }
+
+ private:
+  std::unique_ptr<DatagramTransport> inner_;
+  std::shared_ptr<std::vector<std::vector<std::uint8_t>>> sent_;
+  std::shared_ptr<std::mutex> mutex_;
+};
+
+// Issue 11, hole 9: with authentication on, a captured RENEW replayed after
+// its dedup entry is gone (here: no dedup cache at all) must not extend the
+// lease of a holder that has gone away.
+TEST(AuthServerTest, ReplayedRenewNeverExtendsALease) {
+  auto server = start_server(test_key(), /*dedup_entries_per_shard=*/0);
+  auto sent = std::make_shared<std::vector<std::vector<std::uint8_t>>>();
+  auto sent_mutex = std::make_shared<std::mutex>();
+  LeaseClientOptions options;
+  options.nodes = {"127.0.0.1:" + std::to_string(server->port())};
+  options.auth_key = test_key();
+  options.request_timeout = 10s;
+  options.wrap_transport = [&](std::unique_ptr<DatagramTransport> inner) {
+    return std::unique_ptr<DatagramTransport>(
+        std::make_unique<CapturingTransport>(std::move(inner), sent, sent_mutex));
+  };
+  auto victim = std::make_unique<LeaseClient>(options);
+  ASSERT_FALSE(victim->start()) << victim->error_detail();
+  AcquireResult held = victim->acquire("replayed", 3s, 0ms);
+  ASSERT_TRUE(held) << held.error.message();
+  ASSERT_FALSE(held.lease.renew(3s));
+  std::vector<std::uint8_t> captured_renew;
+  {
+    std::lock_guard lock(*sent_mutex);
+    captured_renew = sent->back();
+  }
+  held.lease.detach();  // the holder goes away without releasing
+  victim.reset();
+
+  // The attacker replays the sealed RENEW from another socket.
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(server->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  auto observer = start_client(server->port(), test_key(), 10s);
+  std::this_thread::sleep_for(1500ms);  // let the lease age, so an extension shows
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(::sendto(fd, captured_renew.data(), captured_renew.size(), 0,
+                       reinterpret_cast<const sockaddr*>(&addr), sizeof addr),
+              static_cast<ssize_t>(captured_renew.size()));
+  }
+  // The server reads its socket in arrival order: the QUERY comes after the
+  // replays.
+  const CallResult q = observer->query("replayed");
+  ASSERT_FALSE(q.error) << q.error.message();
+  EXPECT_TRUE(q.held);
+  EXPECT_LE(q.ttl_ms, 3000u - 1000u) << "a replayed RENEW moved the deadline";
+  EXPECT_EQ(server->stats().counter(StatCounter::kStaleRequests), 3u);
   ::close(fd);
 }
 
