@@ -14,10 +14,12 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -81,6 +83,11 @@ bool split_host_port(const std::string& address, std::string& host, std::string&
   return !host.empty() && port.find_first_not_of("0123456789") == std::string::npos;
 }
 
+std::uint16_t port_of(const sockaddr_storage& ss) {
+  return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(ss).sin6_port
+                                        : reinterpret_cast<const sockaddr_in&>(ss).sin_port);
+}
+
 }  // namespace
 
 struct LeaseServer::Impl final : internal::DatagramSink {
@@ -115,11 +122,18 @@ struct LeaseServer::Impl final : internal::DatagramSink {
 
   std::error_code start();
   std::error_code open_sockets();
+  // A UDP socket on `addr`, added to fds, with SO_REUSEPORT if asked.
+  std::error_code open_socket(int family, bool reuse_port, const sockaddr_storage& addr,
+                              socklen_t addr_len, int& fd);
+  // Takes this server's exclusive claim on `udp_port` (claim_fd).
+  std::error_code claim_port(std::uint16_t udp_port);
   void stop();
   void close_sockets() {
     uring_loops.clear();
     for (const int fd : fds) ::close(fd);
     fds.clear();
+    if (claim_fd >= 0) ::close(claim_fd);
+    claim_fd = -1;
   }
 
   ShardSlot& slot_for(std::string_view key) {
@@ -173,6 +187,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::vector<std::unique_ptr<ShardSlot>> shards;
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<int> fds;
+  int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
   std::vector<std::unique_ptr<internal::UringLoop>> uring_loops;
   std::vector<std::thread> threads;
   std::atomic<bool> stopping{false};
@@ -335,35 +350,88 @@ std::error_code LeaseServer::Impl::open_sockets() {
   const int family = found->ai_family;
   ::freeaddrinfo(found);
 
-  for (unsigned t = 0; t < options.io_threads; ++t) {
-    const int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      const std::error_code ec(errno, std::generic_category());
-      return fail(ec, "socket: " + ec.message());
+  // One server per port: a second one (SO_REUSEPORT or not) would split the
+  // lease table. The claim settles races between shardlock servers; the
+  // exclusive bind below catches any other holder of the port.
+  if (port_of(addr) != 0) {
+    if (const std::error_code ec = claim_port(port_of(addr))) return ec;
+  }
+  // Bound without SO_REUSEPORT, this fails while any socket holds the port
+  // (a reuseport group, or 0.0.0.0 when we bind 127.0.0.1 and the reverse),
+  // and for port 0 it picks a port no one holds.
+  int exclusive = -1;
+  if (const std::error_code ec = open_socket(family, false, addr, addr_len, exclusive)) return ec;
+  socklen_t len = sizeof addr;
+  ::getsockname(exclusive, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen = format_peer(addr);
+  if (claim_fd < 0) {
+    if (const std::error_code ec = claim_port(port_of(addr))) return ec;
+  }
+  if (options.io_threads > 1) {
+    // The reuseport group cannot join an exclusive socket; the claim keeps
+    // other shardlock servers out while the port is briefly free.
+    ::close(exclusive);
+    fds.pop_back();
+    for (unsigned t = 0; t < options.io_threads; ++t) {
+      int fd = -1;
+      if (const std::error_code ec = open_socket(family, true, addr, addr_len, fd)) return ec;
     }
-    fds.push_back(fd);
-    const int one = 1;
-    if (options.io_threads > 1 &&
-        ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
-      const std::error_code ec(errno, std::generic_category());
-      return fail(ec, "SO_REUSEPORT: " + ec.message());
+  }
+  port = port_of(addr);
+  return {};
+}
+
+std::error_code LeaseServer::Impl::open_socket(int family, bool reuse_port,
+                                               const sockaddr_storage& addr, socklen_t addr_len,
+                                               int& fd) {
+  fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    const std::error_code ec(errno, std::generic_category());
+    return fail(ec, "socket: " + ec.message());
+  }
+  fds.push_back(fd);
+  const int one = 1;
+  if (reuse_port && ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+    const std::error_code ec(errno, std::generic_category());
+    return fail(ec, "SO_REUSEPORT: " + ec.message());
+  }
+  // Best effort: bigger buffers absorb bursts between loop wake-ups.
+  const int bytes = 4 << 20;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) {
+    const std::error_code ec(errno, std::generic_category());
+    std::string detail = "bind " + options.bind_address + ": " + ec.message();
+    if (ec == std::errc::address_in_use) {
+      detail += " (another process holds UDP port " + std::to_string(port_of(addr)) + ")";
     }
-    // Best effort: bigger buffers absorb bursts between loop wake-ups.
-    const int bytes = 4 << 20;
-    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
-    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-    if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) {
-      const std::error_code ec(errno, std::generic_category());
-      return fail(ec, "bind " + options.bind_address + ": " + ec.message());
+    return fail(ec, detail);
+  }
+  return {};
+}
+
+std::error_code LeaseServer::Impl::claim_port(std::uint16_t udp_port) {
+  // Abstract AF_UNIX names live in the network namespace, as ports do, and
+  // vanish with the process, even on kill -9. Keyed by the port alone:
+  // [::]:P, 0.0.0.0:P and 127.0.0.1:P overlap in the kernel's view too.
+  claim_fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (claim_fd < 0) {
+    const std::error_code ec(errno, std::generic_category());
+    return fail(ec, "cannot claim UDP port " + std::to_string(udp_port) + ": " + ec.message());
+  }
+  sockaddr_un name{};
+  name.sun_family = AF_UNIX;
+  const int n = std::snprintf(name.sun_path + 1, sizeof name.sun_path - 1,
+                              "shardlock-lease/udp-port/%u", unsigned{udp_port});
+  const auto name_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  if (::bind(claim_fd, reinterpret_cast<const sockaddr*>(&name), name_len) != 0) {
+    const std::error_code ec(errno, std::generic_category());
+    if (ec == std::errc::address_in_use) {
+      return fail(ec, "bind " + options.bind_address + ": another shardlock server already "
+                      "serves UDP port " + std::to_string(udp_port) +
+                      " on this host (network namespace); refusing to split the lease table");
     }
-    if (t == 0) {
-      // Port 0: every further socket joins the port the kernel picked.
-      socklen_t len = sizeof addr;
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-      listen = format_peer(addr);
-      port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(addr).sin6_port
-                                              : reinterpret_cast<sockaddr_in&>(addr).sin_port);
-    }
+    return fail(ec, "cannot claim UDP port " + std::to_string(udp_port) + ": " + ec.message());
   }
   return {};
 }

@@ -1,7 +1,11 @@
 // LeaseServer over loopback, through both I/O back ends.
 #include "shardlock/lease/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <filesystem>
@@ -441,6 +445,82 @@ TEST(LeaseServerStart, PortInUseIsAnError) {
   const std::error_code ec = second.start();
   EXPECT_EQ(ec, std::errc::address_in_use);
   EXPECT_NE(second.error_detail().find("bind"), std::string::npos);
+}
+
+// A free UDP port on loopback (nothing holds it once this returns).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Two servers on one port would split the lease table between them (with
+// SO_REUSEPORT the kernel spreads clients over both): the second must fail,
+// whatever either's io_threads, and the first must keep serving.
+TEST(LeaseServerStart, SecondServerOnAServedPortIsRefused) {
+  for (const unsigned first_threads : {1u, 2u}) {
+    for (const unsigned second_threads : {1u, 2u}) {
+      for (const char* second_host : {"127.0.0.1", "0.0.0.0"}) {
+        SCOPED_TRACE(std::to_string(first_threads) + " then " + std::to_string(second_threads) +
+                     " thread(s), second on " + second_host);
+        LeaseServerOptions o;
+        o.log = [](std::string_view) {};
+        o.io = IoBackend::kSocket;
+        o.lock_delay = milliseconds{0};
+        o.io_threads = first_threads;
+        LeaseServer first(o);
+        ASSERT_FALSE(first.start()) << first.error_detail();
+        o.io_threads = second_threads;
+        o.bind_address = std::string(second_host) + ":" + std::to_string(first.port());
+        LeaseServer second(o);
+        const std::error_code ec = second.start();
+        EXPECT_EQ(ec, std::errc::address_in_use) << second.error_detail();
+        EXPECT_NE(second.error_detail().find(o.bind_address), std::string::npos)
+            << second.error_detail();
+        EXPECT_EQ(second.port(), 0);
+        UdpTestPeer peer(first.port());
+        EXPECT_EQ(peer.acquire("still-served", 1000).type, MessageType::kGranted);
+      }
+    }
+  }
+}
+
+// Two servers started at the same moment on one free port: exactly one wins.
+TEST(LeaseServerStart, SimultaneousStartsOnOnePortLeaveOneServer) {
+  for (int round = 0; round < 20; ++round) {
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    std::vector<std::unique_ptr<LeaseServer>> servers;
+    for (int i = 0; i < 2; ++i) {
+      LeaseServerOptions o;
+      o.log = [](std::string_view) {};
+      o.io = IoBackend::kSocket;
+      o.io_threads = 2;
+      o.bind_address = address;
+      servers.push_back(std::make_unique<LeaseServer>(o));
+    }
+    std::atomic<int> ready{0};
+    std::error_code results[2];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        // Relaxed: only lines the two starts up in time; join() orders the results.
+        ready.fetch_add(1, std::memory_order_relaxed);
+        while (ready.load(std::memory_order_relaxed) < 2) {
+        }
+        results[i] = servers[static_cast<std::size_t>(i)]->start();
+      });
+    }
+    for (auto& t : threads) t.join();
+    const int started = (results[0] ? 0 : 1) + (results[1] ? 0 : 1);
+    EXPECT_EQ(started, 1) << address << ": " << results[0].message() << " / "
+                          << results[1].message();
+  }
 }
 
 // A token is only issued once its block is durable: when the data dir can no

@@ -227,5 +227,28 @@ TEST_F(ShardlockdTest, SecondDaemonOnTheSameDataDirIsRefused) {
   EXPECT_NE(second.read_stderr().find("in use by another server"), std::string::npos);
 }
 
+// A stray second daemon on a served port (here with SO_REUSEPORT, another
+// data dir) would split the lease table: it must exit 1 naming the address.
+TEST_F(ShardlockdTest, SecondDaemonOnAServedPortIsRefused) {
+  Daemon first({"--listen", "127.0.0.1:0", "--data-dir", root_ + "/a", "--lock-delay", "0",
+                "--io-threads", "2"});
+  const std::uint16_t port = ready_port(first.read_line());
+  ASSERT_NE(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  for (const char* threads : {"2", "1"}) {
+    Daemon second({"--listen", address, "--data-dir", root_ + "/b", "--lock-delay", "0",
+                   "--io-threads", threads});
+    const auto result = second.finish(milliseconds{20'000});  // a second server would not exit
+    EXPECT_EQ(result.exit_code, 1);
+    const std::string& log = result.err;
+    EXPECT_NE(log.find("cannot start"), std::string::npos) << log;
+    EXPECT_NE(log.find(address), std::string::npos) << log;
+  }
+  UdpTestPeer peer(port);
+  EXPECT_EQ(peer.acquire("first-still-serves", 1000).type, MessageType::kGranted);
+  first.signal(SIGTERM);
+  EXPECT_EQ(first.wait(), 0);
+}
+
 }  // namespace
 }  // namespace shardlock::lease
