@@ -141,12 +141,19 @@ struct LeaseServer::Impl final : internal::DatagramSink {
     return *shards[h % shards.size()];
   }
 
-  void send_reply(const Datagram& d, std::size_t pad_to, const Peer& peer,
+  // Sends `d` to `peer` unless it is larger than `budget` bytes (before any
+  // auth tag): then it is withheld and counted, so no source ever gets more
+  // reply bytes than it sent.
+  void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                   std::vector<OutDatagram>& out) {
+    if (encoded_size(d) > budget) {
+      amplification_drops.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+      return;
+    }
     OutDatagram& o = out.emplace_back();
     std::size_t written = 0;
     const std::size_t room = o.bytes.size() - (options.auth_key ? kAuthTagSize : 0);
-    if (encode(d, std::span(o.bytes).first(room), written, pad_to) != ProtocolError::kOk) {
+    if (encode(d, std::span(o.bytes).first(room), written) != ProtocolError::kOk) {
       out.pop_back();  // cannot happen for replies within the request's size
       return;
     }
@@ -165,7 +172,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
       w.reply.client_id = d.client;
       (void)w.reply.push(d.message());
       w.reply.request_id = d.request_id;
-      send_reply(w.reply, 0, d.peer, out);
+      send_reply(w.reply, d.reply_credit, d.peer, out);
     }
     w.deferred.clear();
   }
@@ -200,6 +207,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::atomic<std::uint64_t> malformed{0};
   std::atomic<std::uint64_t> version_errors{0};
   std::atomic<std::uint64_t> auth_failures{0};
+  std::atomic<std::uint64_t> amplification_drops{0};
   // Adds the counters kept outside the shards.
   void add_server_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const {
     // Relaxed: statistics.
@@ -209,6 +217,8 @@ struct LeaseServer::Impl final : internal::DatagramSink {
         version_errors.load(std::memory_order_relaxed);
     counters[static_cast<std::size_t>(StatCounter::kAuthFailures)] +=
         auth_failures.load(std::memory_order_relaxed);
+    counters[static_cast<std::size_t>(StatCounter::kAmplificationDrops)] +=
+        amplification_drops.load(std::memory_order_relaxed);
   }
   // When to lower the data dir's lease bound to this run's max TTL (set
   // before the threads start, then touched by I/O worker 0 only).
@@ -499,7 +509,7 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     m.error = WireError::kUnsupportedVersion;
     w.reply.batch = false;
     (void)w.reply.push(m);
-    if (encoded_size(w.reply) <= bytes.size()) send_reply(w.reply, 0, peer, out);
+    send_reply(w.reply, bytes.size(), peer, out);
     return;
   }
   if (err != ProtocolError::kOk) {
@@ -507,10 +517,11 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     return;
   }
 
-  const std::size_t bound = max_reply_size(w.request);
+  const std::size_t bound = max_immediate_reply_size(w.request);
   if (bound > bytes.size()) {
     // Not padded for its replies: answering could amplify. ERROR items are
-    // never larger than their requests, so this answer always fits.
+    // smaller than request items, but not than reply-type items sent here
+    // (RELEASED has an empty body): send_reply() withholds what does not fit.
     for (const Message& m : w.request.items()) {
       Message e;
       e.type = MessageType::kError;
@@ -518,12 +529,18 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
       e.error = WireError::kRequestTooSmall;
       (void)w.reply.push(e);
     }
-    send_reply(w.reply, 0, peer, out);
+    send_reply(w.reply, bytes.size(), peer, out);
     return;
   }
+  // The padding beyond the bound pays either for queued ACQUIREs' later
+  // answers (deferred_reply_credit) or for one STATS page, never both.
   std::size_t stats_slack = bytes.size() - bound;
-  const std::int64_t now = now_ms();
   for (const Message& m : w.request.items()) {
+    if (m.type == MessageType::kAcquire && m.wait_ms > 0) stats_slack = 0;
+  }
+  const std::int64_t now = now_ms();
+  for (std::size_t i = 0; i < w.request.count; ++i) {
+    const Message& m = w.request.messages[i];
     Message r;
     r.request_id = m.request_id;
     if (m.type == MessageType::kStats) {
@@ -536,7 +553,9 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
       ShardSlot& slot = slot_for(m.key);
       LockGuard lock(slot.mu);
       const ClientId owner = m.owner.value_or(w.request.client_id);
-      if (!slot.shard->handle(owner, peer, m, now, r, w.deferred)) continue;
+      const auto credit = static_cast<std::uint16_t>(
+          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      if (!slot.shard->handle(owner, peer, m, now, r, w.deferred, credit)) continue;
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
         options.log("shard " + std::to_string(slot.shard->index()) +
                     ": cannot issue a token: " + slot.shard->last_error());
@@ -544,7 +563,7 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     }
     (void)w.reply.push(r);
   }
-  if (w.reply.count > 0) send_reply(w.reply, 0, peer, out);
+  if (w.reply.count > 0) send_reply(w.reply, bytes.size(), peer, out);
   send_deferred(w, out);
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "shardlock/lease/client.h"
 #include "udp_test_peer.h"
 
 namespace shardlock::lease {
@@ -324,6 +326,217 @@ TEST_P(ServerTest, UnpaddedRequestsGetRequestTooSmall) {
   EXPECT_EQ(reply.messages[0].type, MessageType::kError);
   EXPECT_EQ(reply.messages[0].error, WireError::kRequestTooSmall);
   EXPECT_EQ(reply.messages[0].request_id, 9u);
+}
+
+// Sends `bytes` raw, then a padded QUERY, and returns the datagrams that
+// arrived before the QUERY's reply (replies to `bytes`, in order).
+std::vector<std::vector<std::uint8_t>> replies_before_a_query(UdpTestPeer& peer,
+                                                             const std::vector<std::uint8_t>& bytes) {
+  peer.allow_replies_up_to(kMaxDatagramSize);  // this test checks sizes itself
+  if (!bytes.empty()) peer.send_raw(bytes);
+  Message q;
+  q.type = MessageType::kQuery;
+  q.key = "fence";
+  q.request_id = peer.next_id();
+  Datagram d;
+  (void)d.push(q);
+  peer.send(d);
+  std::vector<std::vector<std::uint8_t>> before;
+  Datagram reply;
+  std::vector<std::uint8_t> storage;
+  while (peer.receive(reply, storage)) {
+    if (reply.count == 1 && reply.messages[0].request_id == q.request_id &&
+        reply.messages[0].type == MessageType::kQueryReply) {
+      return before;
+    }
+    before.push_back(storage);
+  }
+  ADD_FAILURE() << "no reply to the QUERY";
+  return before;
+}
+
+// Reply-type items have smaller bodies than the ERROR that would refuse
+// them: an unpadded batch of 64 empty RELEASED items is 800 bytes, its
+// ERROR batch 928. Such an answer is withheld and counted, never sent.
+TEST_P(ServerTest, RefusalsLargerThanTheRequestAreWithheld) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  for (const std::size_t items : {std::size_t{64}, std::size_t{1}}) {
+    Datagram d;
+    d.batch = items > 1;
+    d.client_id = peer.id();
+    d.request_id = peer.next_id();
+    for (std::size_t i = 0; i < items; ++i) {
+      Message m;
+      m.type = MessageType::kReleased;
+      m.request_id = d.request_id + i;
+      ASSERT_TRUE(d.push(m));
+    }
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+    std::size_t n = 0;
+    ASSERT_EQ(encode(d, bytes, n), ProtocolError::kOk);
+    bytes.resize(n);
+    EXPECT_EQ(n, items > 1 ? 800u : 32u);
+    for (const auto& reply : replies_before_a_query(peer, bytes)) {
+      EXPECT_LE(reply.size(), bytes.size()) << items << " item(s)";
+    }
+  }
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), 2u);
+}
+
+// Queues one ACQUIRE (waiting) per key in `keys` from `peer` in one batch,
+// padded to `pad_to`, behind `holder`'s grants; returns the request bytes
+// and the batch's request ids.
+std::size_t queue_batch(UdpTestPeer& holder, UdpTestPeer& peer, const std::vector<std::string>& keys,
+                        std::size_t pad_to, std::vector<std::uint64_t>& ids,
+                        std::vector<std::uint64_t>& tokens) {
+  for (const std::string& key : keys) {
+    const Message g = holder.acquire(key, 60'000);
+    EXPECT_EQ(g.type, MessageType::kGranted);
+    tokens.push_back(g.token);
+  }
+  Datagram d;
+  d.request_id = peer.next_id();
+  for (const std::string& key : keys) {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = key;
+    m.ttl_ms = 60'000;
+    m.wait_ms = 60'000;
+    m.request_id = peer.next_id();
+    ids.push_back(m.request_id);
+    EXPECT_TRUE(d.push(m));
+  }
+  d.batch = true;
+  const std::size_t sent = peer.send(d, /*pad=*/pad_to == 0, pad_to).size();
+  // Everything is queued once the last key shows a waiter.
+  EXPECT_EQ(holder.query(keys.back()).waiters, 1u);
+  return sent;
+}
+
+// `holder` releases `keys`, handing them to `peer`'s waiters; adds up the
+// bytes `peer` receives and the request ids granted.
+void release_and_collect_grants(UdpTestPeer& holder, UdpTestPeer& peer,
+                                const std::vector<std::string>& keys,
+                                const std::vector<std::uint64_t>& tokens, std::size_t& total,
+                                std::set<std::uint64_t>& granted) {
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(holder.release(keys[i], tokens[i]).type, MessageType::kReleased);
+  }
+  for (const auto& bytes : replies_before_a_query(peer, {})) {
+    total += bytes.size();
+    Datagram r;
+    ASSERT_EQ(decode(bytes, r), ProtocolError::kOk);
+    for (const Message& m : r.items()) {
+      if (m.type == MessageType::kGranted) granted.insert(m.request_id);
+    }
+  }
+}
+
+// A batch padded by max_reply_size() has room for every deferred answer its
+// waiting ACQUIREs can get, each a datagram of its own: all arrive, and
+// their total stays within the request's bytes.
+TEST_P(ServerTest, DeferredRepliesOfAPaddedBatchFitItsBytes) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  UdpTestPeer peer(server_->port());
+  std::vector<std::string> keys;
+  for (char c = 'a'; c < 'a' + 25; ++c) keys.emplace_back(1, c);
+  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t> tokens;
+  const std::size_t sent = queue_batch(holder, peer, keys, 0, ids, tokens);
+  std::size_t total = 0;
+  std::set<std::uint64_t> granted;
+  release_and_collect_grants(holder, peer, keys, tokens, total, granted);
+  EXPECT_LE(total, sent);
+  EXPECT_EQ(granted.size(), keys.size());
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), 0u);
+}
+
+// A batch of ~50 waiting ACQUIREs padded only for its immediate answers
+// (1382 bytes) used to fan out into 50 GRANTED datagrams (2350 bytes). What
+// does not fit the batch's bytes is withheld and counted; a retransmission
+// (same request id) learns the grant from the dedup cache.
+TEST_P(ServerTest, DeferredRepliesBeyondTheRequestBytesAreWithheld) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  UdpTestPeer peer(server_->port());
+  std::vector<std::string> keys;
+  for (char c = 'A'; c < 'A' + 50; ++c) keys.emplace_back(1, c);
+  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t> tokens;
+  // Header + 50 x (item header + GRANTED body of a 1-byte key).
+  const std::size_t immediate_bound = kHeaderSize + 50 * (kBatchItemHeaderSize + 2 + 1 + 12);
+  const std::size_t sent = queue_batch(holder, peer, keys, immediate_bound, ids, tokens);
+  ASSERT_EQ(sent, immediate_bound);
+  std::size_t total = 0;
+  std::set<std::uint64_t> granted;
+  release_and_collect_grants(holder, peer, keys, tokens, total, granted);
+  EXPECT_LE(total, sent);
+  const std::uint64_t withheld = keys.size() - granted.size();
+  EXPECT_GT(withheld, 0u);
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), withheld);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (granted.contains(ids[i])) continue;
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = keys[i];
+    m.ttl_ms = 60'000;
+    m.wait_ms = 60'000;
+    m.request_id = ids[i];
+    EXPECT_EQ(peer.call(m).type, MessageType::kGranted) << keys[i];
+  }
+}
+
+// A LeaseClient's waiting ACQUIREs, batched on its I/O thread, are padded so
+// that each hand-off GRANTED is sent at once: none is withheld, and none
+// needs a retransmission (the client would not retransmit for a minute).
+TEST_P(ServerTest, LeaseClientWaitersGetTheirHandOffWithoutRetransmitting) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 20; ++i) keys.push_back("handoff/" + std::to_string(i));
+  std::vector<std::uint64_t> tokens;
+  for (const std::string& key : keys) {
+    const Message g = holder.acquire(key, 60'000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    tokens.push_back(g.token);
+  }
+  LeaseClientOptions co;
+  co.nodes = {server_->listen_address()};
+  co.initial_retransmit = milliseconds{60'000};
+  co.max_retransmit = milliseconds{60'000};
+  LeaseClient client(co);
+  ASSERT_FALSE(client.start()) << client.error_detail();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CallResult> results;
+  client.post([&] {
+    for (const std::string& key : keys) {
+      client.acquire_async(key, milliseconds{60'000}, milliseconds{30'000},
+                           [&](const CallResult& r) {
+                             std::scoped_lock lock(mu);
+                             results.push_back(r);
+                             cv.notify_all();
+                           });
+    }
+  });
+  for (const std::string& key : keys) {
+    while (holder.query(key).waiters != 1) std::this_thread::yield();
+  }
+  EXPECT_EQ(client.datagrams_sent(), 1u);  // one batch
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(holder.release(keys[i], tokens[i]).type, MessageType::kReleased);
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return results.size() == keys.size(); });
+  for (const CallResult& r : results) EXPECT_EQ(r.reply, MessageType::kGranted);
+  EXPECT_EQ(client.retransmissions(), 0u);
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), 0u);
 }
 
 TEST_P(ServerTest, RandomDatagramsAreDroppedAndServingContinues) {
