@@ -46,6 +46,10 @@ namespace {
 
 // Key -> shard placement. Fixed forever: changing it would move keys between
 // token counters across an upgrade.
+// Keeps floor + token_block far from wrapping, and a block's unused tokens
+// (skipped at a restart) a negligible part of the 64-bit space.
+constexpr std::uint64_t kMaxTokenBlock = std::uint64_t{1} << 40;
+
 constexpr std::uint64_t kShardSeed = 0x5348'4c4b'7368'6172ULL;  // "SHLKshar"
 
 // One shard and its lock, padded to its own cache lines so neighbouring
@@ -239,13 +243,19 @@ std::error_code LeaseServer::Impl::start() {
   if (o.max_wait.count() < 0 || o.max_wait.count() > UINT32_MAX) {
     return fail(ServerError::kBadOptions, "max_wait must be 0..49d");
   }
-  if (o.lock_delay && o.lock_delay->count() < 0) {
-    return fail(ServerError::kBadOptions, "lock_delay must be >= 0");
+  // At most the longest lease (u32 ms on the wire): start-up adds it to the
+  // clock, which must not overflow.
+  if (o.lock_delay && (o.lock_delay->count() < 0 || o.lock_delay->count() > UINT32_MAX)) {
+    return fail(ServerError::kBadOptions,
+                "lock_delay must be 0..49d, got " + to_string(*o.lock_delay));
   }
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
   }
-  if (o.token_block == 0) return fail(ServerError::kBadOptions, "token_block must be >= 1");
+  if (o.token_block == 0 || o.token_block > kMaxTokenBlock) {
+    return fail(ServerError::kBadOptions,
+                "token_block must be 1..2^40, got " + std::to_string(o.token_block));
+  }
 
   // Tokens.
   std::uint64_t floor = 0;
@@ -256,6 +266,11 @@ std::error_code LeaseServer::Impl::start() {
       return fail(ec, detail);
     }
     floor = store->floor();
+    if (floor > UINT64_MAX - o.token_block) {
+      return fail(std::make_error_code(std::errc::value_too_large),
+                  "data dir " + o.data_dir + ": token space exhausted (tokens issued up to " +
+                      std::to_string(floor) + ")");
+    }
     previous_bound = std::chrono::milliseconds(
         std::min<std::uint64_t>(store->previous_lease_bound_ms(), UINT32_MAX));
     // Until this run's lock-delay has outlasted the previous bound, a lease

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "shardlock/lease/client.h"
+#include "shardlock/lease/internal/token_store.h"
 #include "udp_test_peer.h"
 
 namespace shardlock::lease {
@@ -645,6 +647,58 @@ TEST(LeaseServerStart, BadOptionsAndAddresses) {
   o = {};
   o.bind_address = "127.0.0.1:http";
   EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadAddress));
+}
+
+// now + lock_delay used to overflow, leaving no lock-delay at all.
+TEST(LeaseServerStart, LockDelayBeyondTheWireRangeIsRefused) {
+  LeaseServerOptions o;
+  o.log = [](std::string_view) {};
+  o.lock_delay = milliseconds{std::numeric_limits<std::int64_t>::max()};
+  LeaseServer huge(o);
+  EXPECT_EQ(huge.start(), make_error_code(ServerError::kBadOptions));
+  EXPECT_NE(huge.error_detail().find("lock_delay"), std::string::npos) << huge.error_detail();
+  o.lock_delay = milliseconds{UINT32_MAX};  // the largest TTL a lease can have
+  LeaseServer longest(o);
+  EXPECT_FALSE(longest.start()) << longest.error_detail();
+  EXPECT_EQ(longest.lock_delay(), milliseconds{UINT32_MAX});
+}
+
+// floor + token_block used to wrap: the durable mark fell below tokens
+// already issued, and new tokens were issued without a durable block.
+TEST(LeaseServerStart, TokenBlockThatWouldWrapTheFloorIsRefused) {
+  char tmpl[] = "/tmp/shardlock-server-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  LeaseServerOptions o;
+  o.log = [](std::string_view) {};
+  o.io = IoBackend::kSocket;
+  o.shards = 1;
+  o.data_dir = std::string(tmpl) + "/data";
+  {
+    LeaseServer first(o);
+    ASSERT_FALSE(first.start()) << first.error_detail();  // floor 4096 from now on
+  }
+  o.token_block = std::numeric_limits<std::uint64_t>::max() - 100;
+  {
+    LeaseServer wrapping(o);
+    EXPECT_EQ(wrapping.start(), make_error_code(ServerError::kBadOptions));
+    EXPECT_NE(wrapping.error_detail().find("token_block"), std::string::npos)
+        << wrapping.error_detail();
+  }
+  // A floor at the end of the token space is an error, not a wrap.
+  {
+    std::unique_ptr<internal::TokenStore> store;
+    std::string detail;
+    ASSERT_FALSE(internal::TokenStore::open(o.data_dir, store, detail)) << detail;
+    ASSERT_FALSE(store->initialize(1, std::numeric_limits<std::uint64_t>::max() - 10, 0, detail));
+  }
+  o.token_block = 4096;
+  {
+    LeaseServer exhausted(o);
+    EXPECT_TRUE(exhausted.start());
+    EXPECT_NE(exhausted.error_detail().find("exhausted"), std::string::npos)
+        << exhausted.error_detail();
+  }
+  std::filesystem::remove_all(tmpl);
 }
 
 TEST(LeaseServerStart, PortInUseIsAnError) {

@@ -88,6 +88,29 @@ TEST_F(ShardlockdTest, HelpAndBadFlags) {
   }
 }
 
+// Numeric flags at and beyond their limits: refused as usage errors (exit
+// 2) naming the flag, never wrapped or truncated into another value.
+TEST_F(ShardlockdTest, NumericFlagsBeyondTheirRangeAreUsageErrors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lock-delay", "9223372036854775807ms"},  // used to wrap to no lock-delay
+      {"--lock-delay", "1200h"},                  // above the u32 ms of any lease
+      {"--max-ttl", "1200h"},
+      {"--max-wait", "1200h"},
+      {"--max-ttl", "99999999999999999999ms"},
+      {"--shards", "4294967297"},
+      {"--io-threads", "4294967297"},
+      {"--token-block", "18446744073709551617"},
+      {"--token-block", "18446744073709551615"},
+  };
+  for (const auto& [flag, value] : cases) {
+    const auto result =
+        Daemon({"--listen", "127.0.0.1:0", flag, value}).finish(milliseconds{20'000});
+    EXPECT_EQ(result.exit_code, 2) << flag << " " << value << ": " << result.err;
+    EXPECT_NE(result.err.find(flag), std::string::npos) << flag << " " << value << ": "
+                                                        << result.err;
+  }
+}
+
 TEST_F(ShardlockdTest, ReadyLineThenCleanStopOnSigterm) {
   for (const char* io : {"socket", "auto"}) {
     Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", io});
