@@ -98,24 +98,30 @@ int run(int argc, char** argv) {
     return usage_error(e.what());
   }
 
-  const auto ttl = shardlock::lease::parse_duration(max_ttl);
-  if (!ttl || ttl->count() == 0) {
-    return usage_error("--max-ttl: invalid duration \"" + max_ttl + "\" (use e.g. 500ms, 30s, 2m)");
-  }
-  options.max_ttl = *ttl;
-  const auto wait = shardlock::lease::parse_duration(max_wait);
-  if (!wait) {
-    return usage_error("--max-wait: invalid duration \"" + max_wait +
-                       "\" (use e.g. 500ms, 30s, 2m)");
-  }
-  options.max_wait = *wait;
-  if (lock_delay) {
-    const auto delay = shardlock::lease::parse_duration(*lock_delay);
-    if (!delay) {
-      return usage_error("--lock-delay: invalid duration \"" + *lock_delay +
-                         "\" (use e.g. 0, 500ms, 30s, 2m)");
+  // The wire carries TTLs and waits as u32 milliseconds; a lock-delay
+  // beyond the longest lease is meaningless and would overflow the clock.
+  constexpr std::chrono::milliseconds kLongest{UINT32_MAX};
+  std::string flag_error;
+  const auto duration_flag = [&](const char* flag, const std::string& text, bool allow_zero) {
+    const auto d = shardlock::lease::parse_duration(text);
+    if (!d) {
+      flag_error = std::string(flag) + ": invalid duration \"" + text +
+                   "\" (use e.g. 0, 500ms, 30s, 2m)";
+    } else if (d->count() == 0 && !allow_zero) {
+      flag_error = std::string(flag) + ": must be more than 0";
+    } else if (*d > kLongest) {
+      flag_error = std::string(flag) + ": \"" + text + "\" is above the maximum " +
+                   shardlock::lease::to_string(kLongest) + " (u32 milliseconds)";
     }
-    options.lock_delay = *delay;
+    return d.value_or(std::chrono::milliseconds{0});
+  };
+  options.max_ttl = duration_flag("--max-ttl", max_ttl, false);
+  if (!flag_error.empty()) return usage_error(flag_error);
+  options.max_wait = duration_flag("--max-wait", max_wait, true);
+  if (!flag_error.empty()) return usage_error(flag_error);
+  if (lock_delay) {
+    options.lock_delay = duration_flag("--lock-delay", *lock_delay, true);
+    if (!flag_error.empty()) return usage_error(flag_error);
   }
   options.io = *shardlock::lease::parse_io_backend(io);
   if (!auth_key_file.empty()) {

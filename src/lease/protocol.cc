@@ -187,6 +187,11 @@ std::size_t max_reply_body(const Message& m) noexcept {
   return std::max<std::size_t>(n, 2);
 }
 
+// An ACQUIRE that may wait: its answer may come later, on its own.
+bool may_be_queued(const Message& m) noexcept {
+  return m.type == MessageType::kAcquire && m.wait_ms > 0;
+}
+
 void write_body(Writer& w, const Message& m) noexcept {
   switch (m.type) {
     case MessageType::kAcquire:
@@ -566,13 +571,38 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
   return ProtocolError::kOk;
 }
 
-std::size_t max_reply_size(const Datagram& request) noexcept {
+std::size_t max_immediate_reply_size(const Datagram& request) noexcept {
   const bool batch = framed_as_batch(request);
   std::size_t n = kHeaderSize;
   for (const Message& m : request.items()) {
     n += max_reply_body(m) + (batch ? kBatchItemHeaderSize : 0);
   }
   return n;
+}
+
+std::size_t max_reply_size(const Datagram& request) noexcept {
+  if (!framed_as_batch(request)) return max_immediate_reply_size(request);
+  // A waiting ACQUIRE's later answer is a datagram of its own: a header
+  // instead of an item header (deferred_reply_credit() hands out the extra).
+  std::size_t n = max_immediate_reply_size(request);
+  for (const Message& m : request.items()) {
+    if (may_be_queued(m)) n += kHeaderSize - kBatchItemHeaderSize;
+  }
+  return n;
+}
+
+std::size_t deferred_reply_credit(const Datagram& request, std::size_t request_size,
+                                  std::size_t item) noexcept {
+  if (item >= request.count || !may_be_queued(request.messages[item])) return 0;
+  if (!framed_as_batch(request)) return request_size;  // queued: no immediate reply at all
+  const std::size_t bound = max_immediate_reply_size(request);
+  if (request_size < bound) return 0;
+  std::size_t waiting = 0;
+  for (const Message& m : request.items()) waiting += may_be_queued(m) ? 1 : 0;
+  // Its own share of the immediate bound (unused when it is queued), plus an
+  // equal share of the padding beyond that bound.
+  return kBatchItemHeaderSize + max_reply_body(request.messages[item]) +
+         (request_size - bound) / waiting;
 }
 
 ProtocolError encode_request(const Datagram& d, std::span<std::uint8_t> out,

@@ -14,10 +14,12 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <xxhash.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -44,6 +46,10 @@ namespace {
 
 // Key -> shard placement. Fixed forever: changing it would move keys between
 // token counters across an upgrade.
+// Keeps floor + token_block far from wrapping, and a block's unused tokens
+// (skipped at a restart) a negligible part of the 64-bit space.
+constexpr std::uint64_t kMaxTokenBlock = std::uint64_t{1} << 40;
+
 constexpr std::uint64_t kShardSeed = 0x5348'4c4b'7368'6172ULL;  // "SHLKshar"
 
 // One shard and its lock, padded to its own cache lines so neighbouring
@@ -81,6 +87,11 @@ bool split_host_port(const std::string& address, std::string& host, std::string&
   return !host.empty() && port.find_first_not_of("0123456789") == std::string::npos;
 }
 
+std::uint16_t port_of(const sockaddr_storage& ss) {
+  return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(ss).sin6_port
+                                        : reinterpret_cast<const sockaddr_in&>(ss).sin_port);
+}
+
 }  // namespace
 
 struct LeaseServer::Impl final : internal::DatagramSink {
@@ -115,11 +126,18 @@ struct LeaseServer::Impl final : internal::DatagramSink {
 
   std::error_code start();
   std::error_code open_sockets();
+  // A UDP socket on `addr`, added to fds, with SO_REUSEPORT if asked.
+  std::error_code open_socket(int family, bool reuse_port, const sockaddr_storage& addr,
+                              socklen_t addr_len, int& fd);
+  // Takes this server's exclusive claim on `udp_port` (claim_fd).
+  std::error_code claim_port(std::uint16_t udp_port);
   void stop();
   void close_sockets() {
     uring_loops.clear();
     for (const int fd : fds) ::close(fd);
     fds.clear();
+    if (claim_fd >= 0) ::close(claim_fd);
+    claim_fd = -1;
   }
 
   ShardSlot& slot_for(std::string_view key) {
@@ -127,12 +145,19 @@ struct LeaseServer::Impl final : internal::DatagramSink {
     return *shards[h % shards.size()];
   }
 
-  void send_reply(const Datagram& d, std::size_t pad_to, const Peer& peer,
+  // Sends `d` to `peer` unless it is larger than `budget` bytes (before any
+  // auth tag): then it is withheld and counted, so no source ever gets more
+  // reply bytes than it sent.
+  void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                   std::vector<OutDatagram>& out) {
+    if (encoded_size(d) > budget) {
+      amplification_drops.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+      return;
+    }
     OutDatagram& o = out.emplace_back();
     std::size_t written = 0;
     const std::size_t room = o.bytes.size() - (options.auth_key ? kAuthTagSize : 0);
-    if (encode(d, std::span(o.bytes).first(room), written, pad_to) != ProtocolError::kOk) {
+    if (encode(d, std::span(o.bytes).first(room), written) != ProtocolError::kOk) {
       out.pop_back();  // cannot happen for replies within the request's size
       return;
     }
@@ -151,7 +176,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
       w.reply.client_id = d.client;
       (void)w.reply.push(d.message());
       w.reply.request_id = d.request_id;
-      send_reply(w.reply, 0, d.peer, out);
+      send_reply(w.reply, d.reply_credit, d.peer, out);
     }
     w.deferred.clear();
   }
@@ -173,6 +198,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::vector<std::unique_ptr<ShardSlot>> shards;
   std::vector<std::unique_ptr<Worker>> workers;
   std::vector<int> fds;
+  int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
   std::vector<std::unique_ptr<internal::UringLoop>> uring_loops;
   std::vector<std::thread> threads;
   std::atomic<bool> stopping{false};
@@ -185,6 +211,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::atomic<std::uint64_t> malformed{0};
   std::atomic<std::uint64_t> version_errors{0};
   std::atomic<std::uint64_t> auth_failures{0};
+  std::atomic<std::uint64_t> amplification_drops{0};
   // Adds the counters kept outside the shards.
   void add_server_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const {
     // Relaxed: statistics.
@@ -194,6 +221,8 @@ struct LeaseServer::Impl final : internal::DatagramSink {
         version_errors.load(std::memory_order_relaxed);
     counters[static_cast<std::size_t>(StatCounter::kAuthFailures)] +=
         auth_failures.load(std::memory_order_relaxed);
+    counters[static_cast<std::size_t>(StatCounter::kAmplificationDrops)] +=
+        amplification_drops.load(std::memory_order_relaxed);
   }
   // When to lower the data dir's lease bound to this run's max TTL (set
   // before the threads start, then touched by I/O worker 0 only).
@@ -214,13 +243,19 @@ std::error_code LeaseServer::Impl::start() {
   if (o.max_wait.count() < 0 || o.max_wait.count() > UINT32_MAX) {
     return fail(ServerError::kBadOptions, "max_wait must be 0..49d");
   }
-  if (o.lock_delay && o.lock_delay->count() < 0) {
-    return fail(ServerError::kBadOptions, "lock_delay must be >= 0");
+  // At most the longest lease (u32 ms on the wire): start-up adds it to the
+  // clock, which must not overflow.
+  if (o.lock_delay && (o.lock_delay->count() < 0 || o.lock_delay->count() > UINT32_MAX)) {
+    return fail(ServerError::kBadOptions,
+                "lock_delay must be 0..49d, got " + to_string(*o.lock_delay));
   }
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
   }
-  if (o.token_block == 0) return fail(ServerError::kBadOptions, "token_block must be >= 1");
+  if (o.token_block == 0 || o.token_block > kMaxTokenBlock) {
+    return fail(ServerError::kBadOptions,
+                "token_block must be 1..2^40, got " + std::to_string(o.token_block));
+  }
 
   // Tokens.
   std::uint64_t floor = 0;
@@ -231,6 +266,11 @@ std::error_code LeaseServer::Impl::start() {
       return fail(ec, detail);
     }
     floor = store->floor();
+    if (floor > UINT64_MAX - o.token_block) {
+      return fail(std::make_error_code(std::errc::value_too_large),
+                  "data dir " + o.data_dir + ": token space exhausted (tokens issued up to " +
+                      std::to_string(floor) + ")");
+    }
     previous_bound = std::chrono::milliseconds(
         std::min<std::uint64_t>(store->previous_lease_bound_ms(), UINT32_MAX));
     // Until this run's lock-delay has outlasted the previous bound, a lease
@@ -335,35 +375,88 @@ std::error_code LeaseServer::Impl::open_sockets() {
   const int family = found->ai_family;
   ::freeaddrinfo(found);
 
-  for (unsigned t = 0; t < options.io_threads; ++t) {
-    const int fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0) {
-      const std::error_code ec(errno, std::generic_category());
-      return fail(ec, "socket: " + ec.message());
+  // One server per port: a second one (SO_REUSEPORT or not) would split the
+  // lease table. The claim settles races between shardlock servers; the
+  // exclusive bind below catches any other holder of the port.
+  if (port_of(addr) != 0) {
+    if (const std::error_code ec = claim_port(port_of(addr))) return ec;
+  }
+  // Bound without SO_REUSEPORT, this fails while any socket holds the port
+  // (a reuseport group, or 0.0.0.0 when we bind 127.0.0.1 and the reverse),
+  // and for port 0 it picks a port no one holds.
+  int exclusive = -1;
+  if (const std::error_code ec = open_socket(family, false, addr, addr_len, exclusive)) return ec;
+  socklen_t len = sizeof addr;
+  ::getsockname(exclusive, reinterpret_cast<sockaddr*>(&addr), &len);
+  listen = format_peer(addr);
+  if (claim_fd < 0) {
+    if (const std::error_code ec = claim_port(port_of(addr))) return ec;
+  }
+  if (options.io_threads > 1) {
+    // The reuseport group cannot join an exclusive socket; the claim keeps
+    // other shardlock servers out while the port is briefly free.
+    ::close(exclusive);
+    fds.pop_back();
+    for (unsigned t = 0; t < options.io_threads; ++t) {
+      int fd = -1;
+      if (const std::error_code ec = open_socket(family, true, addr, addr_len, fd)) return ec;
     }
-    fds.push_back(fd);
-    const int one = 1;
-    if (options.io_threads > 1 &&
-        ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
-      const std::error_code ec(errno, std::generic_category());
-      return fail(ec, "SO_REUSEPORT: " + ec.message());
+  }
+  port = port_of(addr);
+  return {};
+}
+
+std::error_code LeaseServer::Impl::open_socket(int family, bool reuse_port,
+                                               const sockaddr_storage& addr, socklen_t addr_len,
+                                               int& fd) {
+  fd = ::socket(family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  if (fd < 0) {
+    const std::error_code ec(errno, std::generic_category());
+    return fail(ec, "socket: " + ec.message());
+  }
+  fds.push_back(fd);
+  const int one = 1;
+  if (reuse_port && ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0) {
+    const std::error_code ec(errno, std::generic_category());
+    return fail(ec, "SO_REUSEPORT: " + ec.message());
+  }
+  // Best effort: bigger buffers absorb bursts between loop wake-ups.
+  const int bytes = 4 << 20;
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) {
+    const std::error_code ec(errno, std::generic_category());
+    std::string detail = "bind " + options.bind_address + ": " + ec.message();
+    if (ec == std::errc::address_in_use) {
+      detail += " (another process holds UDP port " + std::to_string(port_of(addr)) + ")";
     }
-    // Best effort: bigger buffers absorb bursts between loop wake-ups.
-    const int bytes = 4 << 20;
-    (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
-    (void)::setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
-    if (::bind(fd, reinterpret_cast<const sockaddr*>(&addr), addr_len) != 0) {
-      const std::error_code ec(errno, std::generic_category());
-      return fail(ec, "bind " + options.bind_address + ": " + ec.message());
+    return fail(ec, detail);
+  }
+  return {};
+}
+
+std::error_code LeaseServer::Impl::claim_port(std::uint16_t udp_port) {
+  // Abstract AF_UNIX names live in the network namespace, as ports do, and
+  // vanish with the process, even on kill -9. Keyed by the port alone:
+  // [::]:P, 0.0.0.0:P and 127.0.0.1:P overlap in the kernel's view too.
+  claim_fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (claim_fd < 0) {
+    const std::error_code ec(errno, std::generic_category());
+    return fail(ec, "cannot claim UDP port " + std::to_string(udp_port) + ": " + ec.message());
+  }
+  sockaddr_un name{};
+  name.sun_family = AF_UNIX;
+  const int n = std::snprintf(name.sun_path + 1, sizeof name.sun_path - 1,
+                              "shardlock-lease/udp-port/%u", unsigned{udp_port});
+  const auto name_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  if (::bind(claim_fd, reinterpret_cast<const sockaddr*>(&name), name_len) != 0) {
+    const std::error_code ec(errno, std::generic_category());
+    if (ec == std::errc::address_in_use) {
+      return fail(ec, "bind " + options.bind_address + ": another shardlock server already "
+                      "serves UDP port " + std::to_string(udp_port) +
+                      " on this host (network namespace); refusing to split the lease table");
     }
-    if (t == 0) {
-      // Port 0: every further socket joins the port the kernel picked.
-      socklen_t len = sizeof addr;
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-      listen = format_peer(addr);
-      port = ntohs(addr.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(addr).sin6_port
-                                              : reinterpret_cast<sockaddr_in&>(addr).sin_port);
-    }
+    return fail(ec, "cannot claim UDP port " + std::to_string(udp_port) + ": " + ec.message());
   }
   return {};
 }
@@ -431,7 +524,7 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     m.error = WireError::kUnsupportedVersion;
     w.reply.batch = false;
     (void)w.reply.push(m);
-    if (encoded_size(w.reply) <= bytes.size()) send_reply(w.reply, 0, peer, out);
+    send_reply(w.reply, bytes.size(), peer, out);
     return;
   }
   if (err != ProtocolError::kOk) {
@@ -439,10 +532,11 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     return;
   }
 
-  const std::size_t bound = max_reply_size(w.request);
+  const std::size_t bound = max_immediate_reply_size(w.request);
   if (bound > bytes.size()) {
     // Not padded for its replies: answering could amplify. ERROR items are
-    // never larger than their requests, so this answer always fits.
+    // smaller than request items, but not than reply-type items sent here
+    // (RELEASED has an empty body): send_reply() withholds what does not fit.
     for (const Message& m : w.request.items()) {
       Message e;
       e.type = MessageType::kError;
@@ -450,12 +544,18 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
       e.error = WireError::kRequestTooSmall;
       (void)w.reply.push(e);
     }
-    send_reply(w.reply, 0, peer, out);
+    send_reply(w.reply, bytes.size(), peer, out);
     return;
   }
+  // The padding beyond the bound pays either for queued ACQUIREs' later
+  // answers (deferred_reply_credit) or for one STATS page, never both.
   std::size_t stats_slack = bytes.size() - bound;
-  const std::int64_t now = now_ms();
   for (const Message& m : w.request.items()) {
+    if (m.type == MessageType::kAcquire && m.wait_ms > 0) stats_slack = 0;
+  }
+  const std::int64_t now = now_ms();
+  for (std::size_t i = 0; i < w.request.count; ++i) {
+    const Message& m = w.request.messages[i];
     Message r;
     r.request_id = m.request_id;
     if (m.type == MessageType::kStats) {
@@ -468,7 +568,9 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
       ShardSlot& slot = slot_for(m.key);
       LockGuard lock(slot.mu);
       const ClientId owner = m.owner.value_or(w.request.client_id);
-      if (!slot.shard->handle(owner, peer, m, now, r, w.deferred)) continue;
+      const auto credit = static_cast<std::uint16_t>(
+          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      if (!slot.shard->handle(owner, peer, m, now, r, w.deferred, credit)) continue;
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
         options.log("shard " + std::to_string(slot.shard->index()) +
                     ": cannot issue a token: " + slot.shard->last_error());
@@ -476,7 +578,7 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
     }
     (void)w.reply.push(r);
   }
-  if (w.reply.count > 0) send_reply(w.reply, 0, peer, out);
+  if (w.reply.count > 0) send_reply(w.reply, bytes.size(), peer, out);
   send_deferred(w, out);
 }
 

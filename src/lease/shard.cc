@@ -84,7 +84,8 @@ void Shard::remember(const ClientId& client, std::uint64_t request_id, const Ans
 }
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
-                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred) {
+                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred,
+                   std::uint16_t reply_credit) {
   count(StatCounter::kRequests);
   reply = Message{};
   reply.request_id = request.request_id;
@@ -132,7 +133,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   switch (request.type) {
     case MessageType::kAcquire: {
       bool answered = true;
-      acquire(client, peer, request, fingerprint, now_ms, reply, answered, deferred);
+      acquire(client, peer, request, fingerprint, reply_credit, now_ms, reply, answered,
+              deferred);
       return answered;
     }
     case MessageType::kRenew:
@@ -173,8 +175,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
 }
 
 void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
-                    std::uint64_t fingerprint, std::int64_t now_ms, Message& reply, bool& answered,
-                    std::vector<DeferredReply>& deferred) {
+                    std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
+                    Message& reply, bool& answered, std::vector<DeferredReply>& deferred) {
   (void)deferred;
   auto it = keys_.find(request.key);
   if (it == keys_.end()) {
@@ -234,6 +236,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   w.peer = peer;
   w.ttl_ms = request.ttl_ms;
   w.fingerprint = fingerprint;
+  w.reply_credit = reply_credit;
   w.state = &state;
   wheel_.schedule(w, now_ms + request.wait_ms);
   count(StatCounter::kQueued);
@@ -249,6 +252,7 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     out.peer = w.peer;
     out.client = w.client;
     out.request_id = w.request_id;
+    out.reply_credit = w.reply_credit;
     out.key = *state.key;
     const std::uint64_t token = tokens_.next(last_error_);
     if (token == 0) {
@@ -295,6 +299,7 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   out.peer = w.peer;
   out.client = w.client;
   out.request_id = w.request_id;
+  out.reply_credit = w.reply_credit;
   out.type = MessageType::kTimeout;
   out.key = *state.key;
   count(StatCounter::kTimeouts);

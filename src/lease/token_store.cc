@@ -245,10 +245,9 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
   ::closedir(d);
   if (failure) return failure;
 
-  if (!have_meta && !shard_files.empty()) {
-    detail = "data dir " + dir + ": shard token files without a meta file (refusing to start)";
-    return ServerError::kDataDirCorrupt;
-  }
+  // No meta but shard files: the very first initialize() was cut short.
+  // meta is written before any token is issued and only ever replaced by a
+  // rename, so no token exists; floor() still starts above every mark.
   for (std::uint32_t i = 0; have_meta && i < meta_shards; ++i) {
     if (!shard_files.contains(i)) {
       detail = "data dir " + dir + ": missing " + shard_file_name(i) + " (meta lists " +

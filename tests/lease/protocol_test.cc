@@ -391,6 +391,55 @@ TEST(Protocol, PaddedRequestsBoundEveryReply) {
   }
 }
 
+// Whichever waiting ACQUIREs of a padded request get queued, the immediate
+// reply to the others plus one single GRANTED per queued one fits the
+// request's bytes, and each GRANTED fits its own deferred_reply_credit().
+TEST(Protocol, PaddingCoversEveryDeferredAnswer) {
+  std::mt19937_64 rng(11);
+  for (int round = 0; round < 300; ++round) {
+    const std::string key(1 + rng() % 40, 'k');
+    Datagram req;
+    const std::size_t n = 1 + rng() % 8;
+    for (std::size_t i = 0; i < n; ++i) {
+      Message m;
+      m.type = rng() % 2 == 0 ? MessageType::kAcquire : MessageType::kRelease;
+      m.key = key;
+      m.wait_ms = static_cast<std::uint32_t>(rng() % 2);
+      ASSERT_TRUE(req.push(m));
+    }
+    std::vector<std::uint8_t> buf(kMaxDatagramSize);
+    std::size_t req_len = 0;
+    ASSERT_EQ(encode_request(req, buf, req_len), ProtocolError::kOk);
+    EXPECT_LE(max_immediate_reply_size(req), max_reply_size(req));
+    Message granted;
+    granted.type = MessageType::kGranted;
+    granted.key = key;
+    const std::size_t deferred = encoded_size(single(granted));
+    for (unsigned mask = 0; mask < (1u << n); ++mask) {
+      Datagram reply;
+      reply.batch = req.batch || req.count > 1;
+      std::size_t total = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const Message& r = req.messages[i];
+        const std::size_t credit = deferred_reply_credit(req, req_len, i);
+        const bool waits = r.type == MessageType::kAcquire && r.wait_ms > 0;
+        EXPECT_EQ(credit > 0, waits) << "only waiting ACQUIREs can be queued";
+        if ((mask >> i & 1) != 0 && waits) {
+          EXPECT_LE(deferred, credit);
+          total += credit;
+          continue;
+        }
+        Message worst;
+        worst.key = key;
+        worst.type = r.type == MessageType::kAcquire ? MessageType::kGranted : MessageType::kError;
+        ASSERT_TRUE(reply.push(worst));
+      }
+      if (reply.count > 0) total += encoded_size(reply);
+      EXPECT_LE(total, req_len) << "mask " << mask;
+    }
+  }
+}
+
 TEST(Protocol, RandomBytesNeverCrash) {
   std::mt19937_64 rng(12345);
   const auto valid = encode_or_die(single(one_of_each_type()[0]));

@@ -1,10 +1,16 @@
 // LeaseServer over loopback, through both I/O back ends.
 #include "shardlock/lease/server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <filesystem>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <random>
@@ -13,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "shardlock/lease/client.h"
+#include "shardlock/lease/internal/token_store.h"
 #include "udp_test_peer.h"
 
 namespace shardlock::lease {
@@ -322,6 +330,217 @@ TEST_P(ServerTest, UnpaddedRequestsGetRequestTooSmall) {
   EXPECT_EQ(reply.messages[0].request_id, 9u);
 }
 
+// Sends `bytes` raw, then a padded QUERY, and returns the datagrams that
+// arrived before the QUERY's reply (replies to `bytes`, in order).
+std::vector<std::vector<std::uint8_t>> replies_before_a_query(UdpTestPeer& peer,
+                                                             const std::vector<std::uint8_t>& bytes) {
+  peer.allow_replies_up_to(kMaxDatagramSize);  // this test checks sizes itself
+  if (!bytes.empty()) peer.send_raw(bytes);
+  Message q;
+  q.type = MessageType::kQuery;
+  q.key = "fence";
+  q.request_id = peer.next_id();
+  Datagram d;
+  (void)d.push(q);
+  peer.send(d);
+  std::vector<std::vector<std::uint8_t>> before;
+  Datagram reply;
+  std::vector<std::uint8_t> storage;
+  while (peer.receive(reply, storage)) {
+    if (reply.count == 1 && reply.messages[0].request_id == q.request_id &&
+        reply.messages[0].type == MessageType::kQueryReply) {
+      return before;
+    }
+    before.push_back(storage);
+  }
+  ADD_FAILURE() << "no reply to the QUERY";
+  return before;
+}
+
+// Reply-type items have smaller bodies than the ERROR that would refuse
+// them: an unpadded batch of 64 empty RELEASED items is 800 bytes, its
+// ERROR batch 928. Such an answer is withheld and counted, never sent.
+TEST_P(ServerTest, RefusalsLargerThanTheRequestAreWithheld) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer peer(server_->port());
+  for (const std::size_t items : {std::size_t{64}, std::size_t{1}}) {
+    Datagram d;
+    d.batch = items > 1;
+    d.client_id = peer.id();
+    d.request_id = peer.next_id();
+    for (std::size_t i = 0; i < items; ++i) {
+      Message m;
+      m.type = MessageType::kReleased;
+      m.request_id = d.request_id + i;
+      ASSERT_TRUE(d.push(m));
+    }
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+    std::size_t n = 0;
+    ASSERT_EQ(encode(d, bytes, n), ProtocolError::kOk);
+    bytes.resize(n);
+    EXPECT_EQ(n, items > 1 ? 800u : 32u);
+    for (const auto& reply : replies_before_a_query(peer, bytes)) {
+      EXPECT_LE(reply.size(), bytes.size()) << items << " item(s)";
+    }
+  }
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), 2u);
+}
+
+// Queues one ACQUIRE (waiting) per key in `keys` from `peer` in one batch,
+// padded to `pad_to`, behind `holder`'s grants; returns the request bytes
+// and the batch's request ids.
+std::size_t queue_batch(UdpTestPeer& holder, UdpTestPeer& peer, const std::vector<std::string>& keys,
+                        std::size_t pad_to, std::vector<std::uint64_t>& ids,
+                        std::vector<std::uint64_t>& tokens) {
+  for (const std::string& key : keys) {
+    const Message g = holder.acquire(key, 60'000);
+    EXPECT_EQ(g.type, MessageType::kGranted);
+    tokens.push_back(g.token);
+  }
+  Datagram d;
+  d.request_id = peer.next_id();
+  for (const std::string& key : keys) {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = key;
+    m.ttl_ms = 60'000;
+    m.wait_ms = 60'000;
+    m.request_id = peer.next_id();
+    ids.push_back(m.request_id);
+    EXPECT_TRUE(d.push(m));
+  }
+  d.batch = true;
+  const std::size_t sent = peer.send(d, /*pad=*/pad_to == 0, pad_to).size();
+  // Everything is queued once the last key shows a waiter.
+  EXPECT_EQ(holder.query(keys.back()).waiters, 1u);
+  return sent;
+}
+
+// `holder` releases `keys`, handing them to `peer`'s waiters; adds up the
+// bytes `peer` receives and the request ids granted.
+void release_and_collect_grants(UdpTestPeer& holder, UdpTestPeer& peer,
+                                const std::vector<std::string>& keys,
+                                const std::vector<std::uint64_t>& tokens, std::size_t& total,
+                                std::set<std::uint64_t>& granted) {
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(holder.release(keys[i], tokens[i]).type, MessageType::kReleased);
+  }
+  for (const auto& bytes : replies_before_a_query(peer, {})) {
+    total += bytes.size();
+    Datagram r;
+    ASSERT_EQ(decode(bytes, r), ProtocolError::kOk);
+    for (const Message& m : r.items()) {
+      if (m.type == MessageType::kGranted) granted.insert(m.request_id);
+    }
+  }
+}
+
+// A batch padded by max_reply_size() has room for every deferred answer its
+// waiting ACQUIREs can get, each a datagram of its own: all arrive, and
+// their total stays within the request's bytes.
+TEST_P(ServerTest, DeferredRepliesOfAPaddedBatchFitItsBytes) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  UdpTestPeer peer(server_->port());
+  std::vector<std::string> keys;
+  for (char c = 'a'; c < 'a' + 25; ++c) keys.emplace_back(1, c);
+  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t> tokens;
+  const std::size_t sent = queue_batch(holder, peer, keys, 0, ids, tokens);
+  std::size_t total = 0;
+  std::set<std::uint64_t> granted;
+  release_and_collect_grants(holder, peer, keys, tokens, total, granted);
+  EXPECT_LE(total, sent);
+  EXPECT_EQ(granted.size(), keys.size());
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), 0u);
+}
+
+// A batch of ~50 waiting ACQUIREs padded only for its immediate answers
+// (1382 bytes) used to fan out into 50 GRANTED datagrams (2350 bytes). What
+// does not fit the batch's bytes is withheld and counted; a retransmission
+// (same request id) learns the grant from the dedup cache.
+TEST_P(ServerTest, DeferredRepliesBeyondTheRequestBytesAreWithheld) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  UdpTestPeer peer(server_->port());
+  std::vector<std::string> keys;
+  for (char c = 'A'; c < 'A' + 50; ++c) keys.emplace_back(1, c);
+  std::vector<std::uint64_t> ids;
+  std::vector<std::uint64_t> tokens;
+  // Header + 50 x (item header + GRANTED body of a 1-byte key).
+  const std::size_t immediate_bound = kHeaderSize + 50 * (kBatchItemHeaderSize + 2 + 1 + 12);
+  const std::size_t sent = queue_batch(holder, peer, keys, immediate_bound, ids, tokens);
+  ASSERT_EQ(sent, immediate_bound);
+  std::size_t total = 0;
+  std::set<std::uint64_t> granted;
+  release_and_collect_grants(holder, peer, keys, tokens, total, granted);
+  EXPECT_LE(total, sent);
+  const std::uint64_t withheld = keys.size() - granted.size();
+  EXPECT_GT(withheld, 0u);
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), withheld);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (granted.contains(ids[i])) continue;
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = keys[i];
+    m.ttl_ms = 60'000;
+    m.wait_ms = 60'000;
+    m.request_id = ids[i];
+    EXPECT_EQ(peer.call(m).type, MessageType::kGranted) << keys[i];
+  }
+}
+
+// A LeaseClient's waiting ACQUIREs, batched on its I/O thread, are padded so
+// that each hand-off GRANTED is sent at once: none is withheld, and none
+// needs a retransmission (the client would not retransmit for a minute).
+TEST_P(ServerTest, LeaseClientWaitersGetTheirHandOffWithoutRetransmitting) {
+  start();
+  if (IsSkipped()) return;
+  UdpTestPeer holder(server_->port());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 20; ++i) keys.push_back("handoff/" + std::to_string(i));
+  std::vector<std::uint64_t> tokens;
+  for (const std::string& key : keys) {
+    const Message g = holder.acquire(key, 60'000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    tokens.push_back(g.token);
+  }
+  LeaseClientOptions co;
+  co.nodes = {server_->listen_address()};
+  co.initial_retransmit = milliseconds{60'000};
+  co.max_retransmit = milliseconds{60'000};
+  LeaseClient client(co);
+  ASSERT_FALSE(client.start()) << client.error_detail();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<CallResult> results;
+  client.post([&] {
+    for (const std::string& key : keys) {
+      client.acquire_async(key, milliseconds{60'000}, milliseconds{30'000},
+                           [&](const CallResult& r) {
+                             std::scoped_lock lock(mu);
+                             results.push_back(r);
+                             cv.notify_all();
+                           });
+    }
+  });
+  for (const std::string& key : keys) {
+    while (holder.query(key).waiters != 1) std::this_thread::yield();
+  }
+  EXPECT_EQ(client.datagrams_sent(), 1u);  // one batch
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(holder.release(keys[i], tokens[i]).type, MessageType::kReleased);
+  }
+  std::unique_lock lock(mu);
+  cv.wait(lock, [&] { return results.size() == keys.size(); });
+  for (const CallResult& r : results) EXPECT_EQ(r.reply, MessageType::kGranted);
+  EXPECT_EQ(client.retransmissions(), 0u);
+  EXPECT_EQ(server_->stats().counter(StatCounter::kAmplificationDrops), 0u);
+}
+
 TEST_P(ServerTest, RandomDatagramsAreDroppedAndServingContinues) {
   start();
   if (IsSkipped()) return;
@@ -430,6 +649,58 @@ TEST(LeaseServerStart, BadOptionsAndAddresses) {
   EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadAddress));
 }
 
+// now + lock_delay used to overflow, leaving no lock-delay at all.
+TEST(LeaseServerStart, LockDelayBeyondTheWireRangeIsRefused) {
+  LeaseServerOptions o;
+  o.log = [](std::string_view) {};
+  o.lock_delay = milliseconds{std::numeric_limits<std::int64_t>::max()};
+  LeaseServer huge(o);
+  EXPECT_EQ(huge.start(), make_error_code(ServerError::kBadOptions));
+  EXPECT_NE(huge.error_detail().find("lock_delay"), std::string::npos) << huge.error_detail();
+  o.lock_delay = milliseconds{UINT32_MAX};  // the largest TTL a lease can have
+  LeaseServer longest(o);
+  EXPECT_FALSE(longest.start()) << longest.error_detail();
+  EXPECT_EQ(longest.lock_delay(), milliseconds{UINT32_MAX});
+}
+
+// floor + token_block used to wrap: the durable mark fell below tokens
+// already issued, and new tokens were issued without a durable block.
+TEST(LeaseServerStart, TokenBlockThatWouldWrapTheFloorIsRefused) {
+  char tmpl[] = "/tmp/shardlock-server-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  LeaseServerOptions o;
+  o.log = [](std::string_view) {};
+  o.io = IoBackend::kSocket;
+  o.shards = 1;
+  o.data_dir = std::string(tmpl) + "/data";
+  {
+    LeaseServer first(o);
+    ASSERT_FALSE(first.start()) << first.error_detail();  // floor 4096 from now on
+  }
+  o.token_block = std::numeric_limits<std::uint64_t>::max() - 100;
+  {
+    LeaseServer wrapping(o);
+    EXPECT_EQ(wrapping.start(), make_error_code(ServerError::kBadOptions));
+    EXPECT_NE(wrapping.error_detail().find("token_block"), std::string::npos)
+        << wrapping.error_detail();
+  }
+  // A floor at the end of the token space is an error, not a wrap.
+  {
+    std::unique_ptr<internal::TokenStore> store;
+    std::string detail;
+    ASSERT_FALSE(internal::TokenStore::open(o.data_dir, store, detail)) << detail;
+    ASSERT_FALSE(store->initialize(1, std::numeric_limits<std::uint64_t>::max() - 10, 0, detail));
+  }
+  o.token_block = 4096;
+  {
+    LeaseServer exhausted(o);
+    EXPECT_TRUE(exhausted.start());
+    EXPECT_NE(exhausted.error_detail().find("exhausted"), std::string::npos)
+        << exhausted.error_detail();
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
 TEST(LeaseServerStart, PortInUseIsAnError) {
   LeaseServerOptions o;
   o.log = [](std::string_view) {};
@@ -441,6 +712,82 @@ TEST(LeaseServerStart, PortInUseIsAnError) {
   const std::error_code ec = second.start();
   EXPECT_EQ(ec, std::errc::address_in_use);
   EXPECT_NE(second.error_detail().find("bind"), std::string::npos);
+}
+
+// A free UDP port on loopback (nothing holds it once this returns).
+std::uint16_t free_port() {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a), 0);
+  socklen_t len = sizeof a;
+  EXPECT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Two servers on one port would split the lease table between them (with
+// SO_REUSEPORT the kernel spreads clients over both): the second must fail,
+// whatever either's io_threads, and the first must keep serving.
+TEST(LeaseServerStart, SecondServerOnAServedPortIsRefused) {
+  for (const unsigned first_threads : {1u, 2u}) {
+    for (const unsigned second_threads : {1u, 2u}) {
+      for (const char* second_host : {"127.0.0.1", "0.0.0.0"}) {
+        SCOPED_TRACE(std::to_string(first_threads) + " then " + std::to_string(second_threads) +
+                     " thread(s), second on " + second_host);
+        LeaseServerOptions o;
+        o.log = [](std::string_view) {};
+        o.io = IoBackend::kSocket;
+        o.lock_delay = milliseconds{0};
+        o.io_threads = first_threads;
+        LeaseServer first(o);
+        ASSERT_FALSE(first.start()) << first.error_detail();
+        o.io_threads = second_threads;
+        o.bind_address = std::string(second_host) + ":" + std::to_string(first.port());
+        LeaseServer second(o);
+        const std::error_code ec = second.start();
+        EXPECT_EQ(ec, std::errc::address_in_use) << second.error_detail();
+        EXPECT_NE(second.error_detail().find(o.bind_address), std::string::npos)
+            << second.error_detail();
+        EXPECT_EQ(second.port(), 0);
+        UdpTestPeer peer(first.port());
+        EXPECT_EQ(peer.acquire("still-served", 1000).type, MessageType::kGranted);
+      }
+    }
+  }
+}
+
+// Two servers started at the same moment on one free port: exactly one wins.
+TEST(LeaseServerStart, SimultaneousStartsOnOnePortLeaveOneServer) {
+  for (int round = 0; round < 20; ++round) {
+    const std::string address = "127.0.0.1:" + std::to_string(free_port());
+    std::vector<std::unique_ptr<LeaseServer>> servers;
+    for (int i = 0; i < 2; ++i) {
+      LeaseServerOptions o;
+      o.log = [](std::string_view) {};
+      o.io = IoBackend::kSocket;
+      o.io_threads = 2;
+      o.bind_address = address;
+      servers.push_back(std::make_unique<LeaseServer>(o));
+    }
+    std::atomic<int> ready{0};
+    std::error_code results[2];
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 2; ++i) {
+      threads.emplace_back([&, i] {
+        // Relaxed: only lines the two starts up in time; join() orders the results.
+        ready.fetch_add(1, std::memory_order_relaxed);
+        while (ready.load(std::memory_order_relaxed) < 2) {
+        }
+        results[i] = servers[static_cast<std::size_t>(i)]->start();
+      });
+    }
+    for (auto& t : threads) t.join();
+    const int started = (results[0] ? 0 : 1) + (results[1] ? 0 : 1);
+    EXPECT_EQ(started, 1) << address << ": " << results[0].message() << " / "
+                          << results[1].message();
+  }
 }
 
 // A token is only issued once its block is durable: when the data dir can no

@@ -88,6 +88,29 @@ TEST_F(ShardlockdTest, HelpAndBadFlags) {
   }
 }
 
+// Numeric flags at and beyond their limits: refused as usage errors (exit
+// 2) naming the flag, never wrapped or truncated into another value.
+TEST_F(ShardlockdTest, NumericFlagsBeyondTheirRangeAreUsageErrors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"--lock-delay", "9223372036854775807ms"},  // used to wrap to no lock-delay
+      {"--lock-delay", "1200h"},                  // above the u32 ms of any lease
+      {"--max-ttl", "1200h"},
+      {"--max-wait", "1200h"},
+      {"--max-ttl", "99999999999999999999ms"},
+      {"--shards", "4294967297"},
+      {"--io-threads", "4294967297"},
+      {"--token-block", "18446744073709551617"},
+      {"--token-block", "18446744073709551615"},
+  };
+  for (const auto& [flag, value] : cases) {
+    const auto result =
+        Daemon({"--listen", "127.0.0.1:0", flag, value}).finish(milliseconds{20'000});
+    EXPECT_EQ(result.exit_code, 2) << flag << " " << value << ": " << result.err;
+    EXPECT_NE(result.err.find(flag), std::string::npos) << flag << " " << value << ": "
+                                                        << result.err;
+  }
+}
+
 TEST_F(ShardlockdTest, ReadyLineThenCleanStopOnSigterm) {
   for (const char* io : {"socket", "auto"}) {
     Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", io});
@@ -225,6 +248,29 @@ TEST_F(ShardlockdTest, SecondDaemonOnTheSameDataDirIsRefused) {
   Daemon second({"--listen", "127.0.0.1:0", "--data-dir", dir, "--lock-delay", "0"});
   EXPECT_EQ(second.wait(), 1);
   EXPECT_NE(second.read_stderr().find("in use by another server"), std::string::npos);
+}
+
+// A stray second daemon on a served port (here with SO_REUSEPORT, another
+// data dir) would split the lease table: it must exit 1 naming the address.
+TEST_F(ShardlockdTest, SecondDaemonOnAServedPortIsRefused) {
+  Daemon first({"--listen", "127.0.0.1:0", "--data-dir", root_ + "/a", "--lock-delay", "0",
+                "--io-threads", "2"});
+  const std::uint16_t port = ready_port(first.read_line());
+  ASSERT_NE(port, 0);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  for (const char* threads : {"2", "1"}) {
+    Daemon second({"--listen", address, "--data-dir", root_ + "/b", "--lock-delay", "0",
+                   "--io-threads", threads});
+    const auto result = second.finish(milliseconds{20'000});  // a second server would not exit
+    EXPECT_EQ(result.exit_code, 1);
+    const std::string& log = result.err;
+    EXPECT_NE(log.find("cannot start"), std::string::npos) << log;
+    EXPECT_NE(log.find(address), std::string::npos) << log;
+  }
+  UdpTestPeer peer(port);
+  EXPECT_EQ(peer.acquire("first-still-serves", 1000).type, MessageType::kGranted);
+  first.signal(SIGTERM);
+  EXPECT_EQ(first.wait(), 0);
 }
 
 }  // namespace

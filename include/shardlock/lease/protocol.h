@@ -57,13 +57,18 @@
 //     STATS_REPLY u32 shard_count, u32 first_shard, u8 counter_count,
 //                 counter_count x u64, u16 token_count, token_count x u64
 //
-// Anti-amplification: a reply datagram is never larger than the request
-// datagram it answers. Some replies are larger than their requests (GRANTED
-// carries a token, QUERY_REPLY several fields), so a request must be padded up
-// to max_reply_size(); encode_request() does that. The server answers an
-// under-padded request with ERROR(kRequestTooSmall) items, which always fit.
-// STATS_REPLY returns as many shard tokens as the request's padding leaves
-// room for, starting at first_shard; page through with first_shard.
+// Anti-amplification: the reply bytes a request datagram causes, deferred
+// answers included, never exceed its own size. Some replies are larger than
+// their requests (GRANTED carries a token, QUERY_REPLY several fields), so a
+// request must be padded up to max_reply_size(); encode_request() does that.
+// The server answers a request shorter than max_immediate_reply_size() with
+// ERROR(kRequestTooSmall) items when they fit, and otherwise not at all. A
+// queued ACQUIRE's later answer (a single message) is sent only if it fits
+// the bytes the request left for it (deferred_reply_credit()); a withheld
+// one is counted (kAmplificationDrops) and a retransmission of the ACQUIRE
+// (same request id) learns the outcome. STATS_REPLY returns as many shard
+// tokens as the request's padding leaves room for, starting at first_shard;
+// page through with first_shard.
 #pragma once
 
 #include <array>
@@ -268,10 +273,26 @@ enum class ProtocolError : std::uint8_t {
 [[nodiscard]] ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out,
                                    std::size_t& written, std::size_t pad_to = 0) noexcept;
 
-// The largest reply datagram the server may send for request datagram `d`
-// (replies to every message, framed as `d` is; a STATS reply counted with no
-// shard tokens). A request datagram at least this long can always be answered.
+// The reply bytes the server may send for request datagram `request`: its
+// immediate reply (every message answered, framed as the request is; a STATS
+// reply counted with no shard tokens) plus, in a batch, 20 bytes more per
+// waiting ACQUIRE (wait_ms > 0), whose answer may come later as a single
+// message. A request datagram at least this long gets every answer.
 [[nodiscard]] std::size_t max_reply_size(const Datagram& request) noexcept;
+
+// The largest immediate reply datagram for `request` (see above). The server
+// refuses a shorter request (kRequestTooSmall).
+[[nodiscard]] std::size_t max_immediate_reply_size(const Datagram& request) noexcept;
+
+// The reply bytes item `item` of `request` (received as `request_size`
+// bytes) may use later, if the server queues it: 0 unless it is a waiting
+// ACQUIRE; the whole datagram for a single message; in a batch, the item's
+// share of the immediate bound plus an equal share of the bytes beyond that
+// bound among the waiting ACQUIREs. The immediate reply and every deferred
+// answer within these credits together never exceed `request_size` (the
+// server then sends no shard tokens in a STATS reply of that datagram).
+[[nodiscard]] std::size_t deferred_reply_credit(const Datagram& request, std::size_t request_size,
+                                                std::size_t item) noexcept;
 
 // encode() padded to max_reply_size(d), so no answer is refused for size.
 [[nodiscard]] ProtocolError encode_request(const Datagram& d, std::span<std::uint8_t> out,

@@ -127,7 +127,10 @@ class LeaseServer {
   // sockets and starts the I/O threads. Returns once the server answers
   // datagrams, or an error with nothing left running; error_detail() then
   // holds a one-line explanation (file names, the option at fault). Call at
-  // most once per object.
+  // most once per object. A UDP port that another server (any io_threads, or
+  // any other process) already holds fails with std::errc::address_in_use:
+  // one shardlock server per port per network namespace, whatever its
+  // address (0.0.0.0:P and 127.0.0.1:P exclude each other).
   [[nodiscard]] std::error_code start();
 
   // The bound UDP port; 0 before a successful start().

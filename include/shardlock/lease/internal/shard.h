@@ -74,6 +74,9 @@ struct DeferredReply {
   std::uint64_t token = 0;
   std::uint32_t ttl_ms = 0;
   WireError error = WireError::kInternal;
+  // Bytes this reply may take: what the queueing datagram left for it
+  // (anti-amplification); LeaseServer withholds a larger reply.
+  std::uint16_t reply_credit = 0;
 
   // A view of this reply; valid while *this is.
   [[nodiscard]] Message message() const noexcept;
@@ -91,9 +94,11 @@ class Shard {
   // is an answer now; false when the request was queued, or is a
   // retransmission of one still queued. Answers that this request triggers
   // for other clients (FIFO hand-off) are appended to `deferred`. STATS is
-  // not a shard request (LeaseServer answers it).
+  // not a shard request (LeaseServer answers it). A queued request's later
+  // answer carries `reply_credit` (DeferredReply::reply_credit).
   bool handle(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
-              Message& reply, std::vector<DeferredReply>& deferred);
+              Message& reply, std::vector<DeferredReply>& deferred,
+              std::uint16_t reply_credit = kMaxDatagramSize);
 
   // Fires every expiry and wait timeout due by `now_ms`.
   void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
@@ -120,6 +125,7 @@ class Shard {
     Peer peer;
     std::uint32_t ttl_ms = 0;
     std::uint64_t fingerprint = 0;  // of its ACQUIRE, for the answer remembered later
+    std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
     KeyState* state = nullptr;
     std::list<Waiter>::iterator self;
   };
@@ -149,8 +155,8 @@ class Shard {
   static OwnerCheck check_owner(const KeyState* state, const ClientId& client,
                                 std::uint64_t token) noexcept;
   void acquire(const ClientId& client, const Peer& peer, const Message& request,
-               std::uint64_t fingerprint, std::int64_t now_ms, Message& reply, bool& answered,
-               std::vector<DeferredReply>& deferred);
+               std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
+               Message& reply, bool& answered, std::vector<DeferredReply>& deferred);
   // The holder is gone (release or expiry): grant to the first waiter, or
   // forget the key.
   void hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);

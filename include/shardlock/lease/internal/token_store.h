@@ -17,6 +17,11 @@
 // open, every shard starts above floor() = the largest mark in any file, so
 // every token issued after a restart exceeds every token issued before it,
 // whatever the shard counts of the two runs.
+//
+// Write order: initialize() writes every shard file, then meta; meta is only
+// ever replaced by a rename, never removed. So a dir with shard files but no
+// meta is a first start cut short, before any token was issued: open()
+// accepts it (tokens start above the marks anyway).
 #pragma once
 
 #include <cstdint>
@@ -36,7 +41,8 @@ class TokenStore {
   // lock and reads every mark. A missing, truncated or mis-checksummed file
   // that a previous run wrote is kDataDirCorrupt (a ServerError), never a
   // silent reset; `detail` names the file. Another live owner is
-  // kDataDirLocked.
+  // kDataDirLocked. Shard files without meta are a first start cut short
+  // (see above), not an error.
   [[nodiscard]] static std::error_code open(const std::string& dir,
                                             std::unique_ptr<TokenStore>& out, std::string& detail);
 
