@@ -34,8 +34,17 @@ Shard::~Shard() {
   }
 }
 
+std::int64_t Shard::deadline_for(std::int64_t now_ms, std::uint32_t ttl_ms) noexcept {
+  // now_ms is the clock truncated to whole milliseconds, up to 1 ms before
+  // the true receive time: one more keeps the deadline at or after the true
+  // receive time + ttl, which is what a client counts from its send time.
+  return now_ms + static_cast<std::int64_t>(ttl_ms) + 1;
+}
+
 std::uint32_t Shard::ttl_left(const KeyState& s, std::int64_t now_ms) noexcept {
-  const std::int64_t left = s.deadline_ms - now_ms;
+  // The true time may be up to 1 ms past now_ms: report no more than is
+  // surely left.
+  const std::int64_t left = s.deadline_ms - now_ms - 1;
   return left <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::int64_t>(left, UINT32_MAX));
 }
 
@@ -147,10 +156,20 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
         reply.type = MessageType::kNotOwner;
         count(StatCounter::kNotOwner);
       } else if (request.type == MessageType::kRenew) {
-        wheel_.schedule(*state, now_ms + request.ttl_ms);
         reply.type = MessageType::kRenewed;
-        reply.ttl_ms = request.ttl_ms;
-        count(StatCounter::kRenewed);
+        if (request.request_id <= state->last_request_id) {
+          // Older than a request of this holder already applied: a late
+          // duplicate or a replay. Applying it could move the deadline back
+          // (a shorter TTL) or extend a lease whose holder is gone; answer
+          // the time surely left instead, which moves nothing.
+          reply.ttl_ms = ttl_left(*state, now_ms);
+          count(StatCounter::kStaleRequests);
+        } else {
+          state->last_request_id = request.request_id;
+          wheel_.schedule(*state, deadline_for(now_ms, request.ttl_ms));
+          reply.ttl_ms = request.ttl_ms;
+          count(StatCounter::kRenewed);
+        }
       } else {
         wheel_.cancel(*state);
         reply.type = MessageType::kReleased;
@@ -194,7 +213,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     state.owner = client;
     state.token = token;
     state.request_id = request.request_id;
-    wheel_.schedule(state, now_ms + request.ttl_ms);
+    state.last_request_id = request.request_id;
+    wheel_.schedule(state, deadline_for(now_ms, request.ttl_ms));
     reply.type = MessageType::kGranted;
     reply.token = token;
     reply.ttl_ms = request.ttl_ms;
@@ -206,12 +226,44 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
 
   KeyState& state = it->second;
   if (state.owner == client) {
-    // The holder asking again (a retransmission that outlived the dedup
-    // cache, or a second ACQUIRE): the same grant, with the TTL it has left.
+    if (request.request_id == state.request_id) {
+      // The granting ACQUIRE again, past its dedup entry: the same grant,
+      // with the TTL it has left.
+      reply.type = MessageType::kGranted;
+      reply.token = state.token;
+      reply.ttl_ms = ttl_left(state, now_ms);
+      count(StatCounter::kRetransmits);
+      return;
+    }
+    if (request.request_id <= state.last_request_id) {
+      // Older than what this holder had applied: a late duplicate or a
+      // replay. Handing it the live grant would give two Lease objects one
+      // token; it gets BUSY, and nothing changes.
+      reply.type = MessageType::kBusy;
+      reply.ttl_ms = ttl_left(state, now_ms);
+      count(StatCounter::kStaleRequests);
+      return;
+    }
+    // The holder acquiring again: a new grant with a new token, so the older
+    // grant's RELEASE (from a dropped or lost Lease) can never free this one;
+    // the old token's RENEW/RELEASE now get EXPIRED. Waiters keep their place.
+    const std::uint64_t token = tokens_.next(last_error_);
+    if (token == 0) {
+      reply.type = MessageType::kError;
+      reply.error = WireError::kInternal;
+      count(StatCounter::kErrors);
+      return;
+    }
+    state.token = token;
+    state.request_id = request.request_id;
+    state.last_request_id = request.request_id;
+    wheel_.schedule(state, deadline_for(now_ms, request.ttl_ms));
     reply.type = MessageType::kGranted;
-    reply.token = state.token;
-    reply.ttl_ms = ttl_left(state, now_ms);
-    count(StatCounter::kRetransmits);
+    reply.token = token;
+    reply.ttl_ms = request.ttl_ms;
+    count(StatCounter::kGrants);
+    remember(client, request.request_id,
+             Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
     return;
   }
   if (request.wait_ms == 0) {
@@ -266,7 +318,8 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     state.owner = w.client;
     state.token = token;
     state.request_id = w.request_id;
-    wheel_.schedule(state, now_ms + w.ttl_ms);
+    state.last_request_id = w.request_id;
+    wheel_.schedule(state, deadline_for(now_ms, w.ttl_ms));
     out.type = MessageType::kGranted;
     out.token = token;
     out.ttl_ms = w.ttl_ms;

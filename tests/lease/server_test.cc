@@ -245,7 +245,8 @@ TEST_P(ServerTest, ExpiryFollowsTheInjectedClock) {
   UdpTestPeer bob(server_->port());
   const Message g = alice.acquire("clock", 1000);
   ASSERT_EQ(g.type, MessageType::kGranted);
-  fake_ms->fetch_add(999, std::memory_order_relaxed);
+  // The deadline is rounded up by 1 ms (the clock is truncated to ms).
+  fake_ms->fetch_add(1000, std::memory_order_relaxed);
   EXPECT_EQ(bob.acquire("clock", 1000).type, MessageType::kBusy);
   fake_ms->fetch_add(1, std::memory_order_relaxed);
   const Message g2 = bob.acquire("clock", 1000);
@@ -253,6 +254,27 @@ TEST_P(ServerTest, ExpiryFollowsTheInjectedClock) {
   EXPECT_GT(g2.token, g.token);
   EXPECT_EQ(alice.renew("clock", g.token, 1000).type, MessageType::kExpired);
   EXPECT_EQ(server_->stats().counter(StatCounter::kExpirations), 1u);
+}
+
+// Issue 11, hole 3: a lease granted at 5.9 ms (the clock in ns) for 100 ms is
+// still held at 105.8 ms: truncating the clock must not make it end early.
+TEST_P(ServerTest, SubMillisecondClockNeverEndsALeaseEarly) {
+  auto fake_ns = std::make_shared<std::atomic<std::int64_t>>(5'900'000);
+  LeaseServerOptions o;
+  // Relaxed: the test only needs the I/O thread to see the new time eventually.
+  o.clock = [fake_ns] { return std::chrono::nanoseconds{fake_ns->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  UdpTestPeer alice(server_->port());
+  UdpTestPeer bob(server_->port());
+  const Message g = alice.acquire("sub-ms", 100);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  fake_ns->store(105'800'000, std::memory_order_relaxed);
+  const Message busy = bob.acquire("sub-ms", 100);
+  EXPECT_EQ(busy.type, MessageType::kBusy) << "the lease ended before grant + ttl";
+  EXPECT_EQ(busy.ttl_ms, 0u);
+  fake_ns->store(106'000'000, std::memory_order_relaxed);
+  EXPECT_EQ(bob.acquire("sub-ms", 100).type, MessageType::kGranted);
 }
 
 TEST_P(ServerTest, LockDelayAnswersRecovering) {

@@ -108,13 +108,72 @@ TEST_F(ShardTest, GrantBusyReleaseGrant) {
   EXPECT_EQ(counter(StatCounter::kBusy), 1u);
 }
 
-TEST_F(ShardTest, ReacquireByHolderReturnsSameGrant) {
-  const auto t = acquire(kAlice, 1000).reply.token;
+// Issue 11, hole 2: a holder that acquires again gets a new token, so the
+// RELEASE of its older Lease (dropped, or declared lost) cannot free the new
+// grant. The granting ACQUIRE itself, past its dedup entry, still gets the
+// same grant; an older request of the holder gets BUSY.
+TEST_F(ShardTest, ReacquireByHolderIsANewGrantWithANewToken) {
+  make_shard(ShardLimits{.dedup_capacity = 0});  // every retransmission is past the cache
+  const auto t = acquire(kAlice, 1000, 0, 500).reply.token;
   now_ += 400;
-  auto again = acquire(kAlice, 1000);  // new request id
+  auto retransmitted = acquire(kAlice, 1000, 0, 500);
+  ASSERT_EQ(retransmitted.reply.type, MessageType::kGranted);
+  EXPECT_EQ(retransmitted.reply.token, t);
+  EXPECT_EQ(retransmitted.reply.ttl_ms, 600u);
+
+  auto again = acquire(kAlice, 1000, 0, 501);
   ASSERT_EQ(again.reply.type, MessageType::kGranted);
-  EXPECT_EQ(again.reply.token, t);
-  EXPECT_EQ(again.reply.ttl_ms, 600u);
+  EXPECT_GT(again.reply.token, t);
+  EXPECT_EQ(again.reply.ttl_ms, 1000u);
+
+  EXPECT_EQ(release(kAlice, t, 502).reply.type, MessageType::kExpired) << "the old grant is gone";
+  auto q = query();
+  EXPECT_TRUE(q.reply.held);
+  EXPECT_EQ(q.reply.token, again.reply.token);
+
+  auto stale = acquire(kAlice, 1000, 0, 499);
+  EXPECT_EQ(stale.reply.type, MessageType::kBusy);
+  EXPECT_EQ(query().reply.token, again.reply.token);
+  EXPECT_EQ(counter(StatCounter::kStaleRequests), 1u);
+}
+
+// Issue 11, hole 9: a holder's RENEW older than one already applied (a late
+// duplicate or a replay past the dedup cache) moves nothing and reports the
+// time surely left.
+TEST_F(ShardTest, StaleRenewNeverMovesTheDeadline) {
+  make_shard(ShardLimits{.dedup_capacity = 0});
+  const auto t = acquire(kAlice, 1000, 0, 600).reply.token;
+  now_ += 100;
+  auto applied = renew(kAlice, t, 5000, 602);
+  ASSERT_EQ(applied.reply.type, MessageType::kRenewed);
+  EXPECT_EQ(applied.reply.ttl_ms, 5000u);
+  now_ += 100;
+  // Renewal 601 (sent before 602, 300 ms, arriving late) must not shorten
+  // the lease; a replay of 602 must not extend it.
+  auto late = renew(kAlice, t, 300, 601);
+  ASSERT_EQ(late.reply.type, MessageType::kRenewed);
+  EXPECT_EQ(late.reply.ttl_ms, 4900u);
+  now_ += 1000;
+  auto replay = renew(kAlice, t, 5000, 602);
+  EXPECT_EQ(replay.reply.ttl_ms, 3900u);
+  EXPECT_EQ(query().reply.ttl_ms, 3900u);
+  EXPECT_EQ(counter(StatCounter::kStaleRequests), 2u);
+  EXPECT_EQ(counter(StatCounter::kRenewed), 1u);
+}
+
+// Issue 11, hole 3: the clock reaches the shard truncated to milliseconds;
+// a deadline must still be at least the true receive time + ttl.
+TEST_F(ShardTest, DeadlinesRoundUpAndTimeLeftRoundsDown) {
+  now_ = 5;  // the true time may be 5.9 ms
+  make_shard(ShardLimits{});
+  const auto t = acquire(kAlice, 100).reply.token;
+  advance_to(105);  // the true time may be 105.8 ms: 99.9 ms after the grant
+  auto q = query();
+  EXPECT_TRUE(q.reply.held);
+  EXPECT_EQ(q.reply.token, t);
+  EXPECT_EQ(q.reply.ttl_ms, 0u) << "less than 1 ms is surely left";
+  advance_to(106);
+  EXPECT_FALSE(query().reply.held);
 }
 
 TEST_F(ShardTest, RetransmissionGetsIdenticalAnswer) {
@@ -217,8 +276,9 @@ TEST_F(ShardTest, FifoHandOffOnRelease) {
   EXPECT_GT(d[0].token, t);
   const auto bob_token = d[0].token;
 
-  // Bob's lease expires without release: Carol is next.
-  advance_to(now_ + 1999);
+  // Bob's lease expires without release (its deadline is rounded up by
+  // 1 ms): Carol is next.
+  advance_to(now_ + 2000);
   EXPECT_TRUE(take_deferred().empty());
   advance_to(now_ + 1);
   d = take_deferred();
@@ -260,7 +320,7 @@ TEST_F(ShardTest, WaiterNodesAreReused) {
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].client, kCarol);
   EXPECT_EQ(d[0].request_id, 32u);
-  advance_to(now_ + 1000);  // Carol's lease expires: Alice is next
+  advance_to(now_ + 1001);  // Carol's lease expires: Alice is next
   d = take_deferred();
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].client, kAlice);
@@ -288,7 +348,7 @@ TEST_F(ShardTest, WaitTimesOut) {
 
 TEST_F(ShardTest, ExpiryIsEnforcedEvenBeforeTheTimerIsDriven) {
   const auto t = acquire(kAlice, 100).reply.token;
-  now_ += 100;  // no advance(): handle() must still see the lease expired
+  now_ += 101;  // no advance(): handle() must still see the lease expired
   auto b = acquire(kBob, 100);
   ASSERT_EQ(b.reply.type, MessageType::kGranted);
   EXPECT_GT(b.reply.token, t);

@@ -87,36 +87,43 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   const ToolResult waited = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--wait", "200ms"});
   EXPECT_EQ(waited.exit_code, 1);
   EXPECT_EQ(parsed(waited)["error"].text, "timeout");
-  // The same owner gets the same grant back.
+  // The same owner acquiring again gets a fresh grant with a newer token;
+  // the first token is dead from then on.
   const ToolResult again = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--owner", owner});
   EXPECT_EQ(again.exit_code, 0);
-  EXPECT_EQ(parsed(again)["token"].number, grant["token"].number);
+  EXPECT_GT(parsed(again)["token"].number, grant["token"].number);
+  const ToolResult old_token =
+      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
+  EXPECT_EQ(old_token.exit_code, 1);
+  EXPECT_EQ(parsed(old_token)["error"].text, "expired");
+  const Json regrant = parsed(again);
+  const std::string token_text = std::to_string(static_cast<std::uint64_t>(regrant["token"].number));
 
   const ToolResult query = ctl(d, {"query", "deploy/prod"});
   EXPECT_EQ(query.exit_code, 0);
   const Json q = parsed(query);
   EXPECT_TRUE(q["held"].boolean);
-  EXPECT_EQ(q["token"].number, grant["token"].number);
+  EXPECT_EQ(q["token"].number, regrant["token"].number);
   EXPECT_GT(q["ttl_left_ms"].number, 0);
   EXPECT_TRUE(q.has("waiters"));
 
   const ToolResult renewed =
-      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
+      ctl(d, {"renew", "deploy/prod", "--token", token_text, "--owner", owner, "--ttl", "10s"});
   EXPECT_EQ(renewed.exit_code, 0) << renewed.out;
   EXPECT_TRUE(parsed(renewed)["renewed"].boolean);
   EXPECT_EQ(parsed(renewed)["ttl_ms"].number, 10000);
 
   const std::string stranger(32, 'a');
   const ToolResult not_owner =
-      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", stranger, "--ttl", "10s"});
+      ctl(d, {"renew", "deploy/prod", "--token", token_text, "--owner", stranger, "--ttl", "10s"});
   EXPECT_EQ(not_owner.exit_code, 1);
   EXPECT_EQ(parsed(not_owner)["error"].text, "not_owner");
 
   const ToolResult released =
-      ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
+      ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
   EXPECT_EQ(released.exit_code, 0) << released.out;
   EXPECT_TRUE(parsed(released)["released"].boolean);
-  const ToolResult twice = ctl(d, {"release", "deploy/prod", "--token", token, "--owner", owner});
+  const ToolResult twice = ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
   EXPECT_EQ(twice.exit_code, 1);
   EXPECT_EQ(parsed(twice)["error"].text, "expired");
   EXPECT_FALSE(parsed(ctl(d, {"query", "deploy/prod"}))["held"].boolean);

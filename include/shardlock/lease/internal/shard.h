@@ -18,6 +18,13 @@
 //     request id for a different request gets ERROR(kRequestIdReused), never
 //     the other request's answer (which could be a GRANTED for another key).
 //
+// A holder's requests apply in request-id order: KeyState keeps the newest
+// applied id, and an older RENEW (a late duplicate, a replay) is answered
+// RENEWED with the time left and moves nothing; an older ACQUIRE by the
+// holder gets BUSY. A newer ACQUIRE by the holder is a new grant with a new
+// token, so no two grants share a token. Deadlines are rounded up from the
+// millisecond clock, and the ttl left reported is rounded down.
+//
 // Owner checks (RENEW, RELEASE):
 //   * no live lease on the key                -> EXPIRED
 //   * same client id and same token           -> ok
@@ -135,6 +142,10 @@ class Shard {
     ClientId owner;
     std::uint64_t token = 0;
     std::uint64_t request_id = 0;  // of the ACQUIRE that was granted
+    // The holder's newest applied request id: the grant's, then each applied
+    // RENEW's. A holder's request at or below it (other than the granting
+    // ACQUIRE itself) is stale and changes nothing.
+    std::uint64_t last_request_id = 0;
     std::list<Waiter> waiters;
   };
   struct Answer {
@@ -170,6 +181,10 @@ class Shard {
   void retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter);
   void on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
+  // The deadline of a lease granted or renewed for `ttl_ms` at `now_ms`,
+  // rounded up (see shard.cc), and the time surely left of one.
+  [[nodiscard]] static std::int64_t deadline_for(std::int64_t now_ms,
+                                                 std::uint32_t ttl_ms) noexcept;
   [[nodiscard]] static std::uint32_t ttl_left(const KeyState& s, std::int64_t now_ms) noexcept;
 
   std::uint32_t index_;
