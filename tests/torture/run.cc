@@ -1,0 +1,365 @@
+// See run.h.
+#include "run.h"
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "checker.h"
+#include "history.h"
+#include "process.h"
+#include "recorder.h"
+#include "resource.h"
+
+namespace shardlock::torture {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+// The server under test and its incarnations.
+class ServerUnderTest {
+ public:
+  ServerUnderTest(const TortureOptions& o, std::string data_dir, std::string log_path,
+                  const Recorder& nemesis)
+      : options_(o), data_dir_(std::move(data_dir)), log_path_(std::move(log_path)),
+        nemesis_(nemesis) {}
+
+  // The lock-delay a safe server must keep (the history records this one);
+  // the daemon's own is 0 in the unsafe mode.
+  [[nodiscard]] int lock_delay_ms() const { return options_.max_ttl_ms; }
+  [[nodiscard]] int daemon_lock_delay_ms() const {
+    return options_.unsafe_no_lock_delay ? 0 : lock_delay_ms();
+  }
+
+  // Starts an incarnation (on the port of the first one); retries while the
+  // port is still held by the one just killed.
+  [[nodiscard]] bool start(std::string& error) {
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      ++incarnation_;
+      std::vector<std::string> argv = {
+          options_.shardlockd,
+          "--listen",
+          "127.0.0.1:" + std::to_string(port_),
+          "--max-ttl",
+          std::to_string(options_.max_ttl_ms) + "ms",
+          "--max-wait",
+          std::to_string(options_.max_wait_ms) + "ms",
+          "--lock-delay",
+          std::to_string(daemon_lock_delay_ms()) + "ms",
+          "--shards",
+          "8"};
+      if (!options_.unsafe_no_data_dir) {
+        argv.push_back("--data-dir");
+        argv.push_back(data_dir_);
+      }
+      Event start;
+      start.kind = EventKind::kServerStart;
+      start.incarnation = incarnation_;
+      start.lock_delay_ms = lock_delay_ms();
+      nemesis_.record(start);
+      if (!process_.start(argv, true, log_path_)) {
+        error = "cannot start shardlockd: " + process_.error();
+        return false;
+      }
+      const std::string ready = process_.read_line(20s);
+      const std::size_t at = ready.find("\"port\":");
+      if (ready.find("\"ready\"") != std::string::npos && at != std::string::npos) {
+        port_ = static_cast<std::uint16_t>(std::stoi(ready.substr(at + 7)));
+        Event e;
+        e.kind = EventKind::kServerReady;
+        e.incarnation = incarnation_;
+        nemesis_.record(e);
+        return true;
+      }
+      process_.kill();  // it failed to bind (the old one's port not yet free)
+      std::this_thread::sleep_for(50ms);
+    }
+    error = "shardlockd did not become ready; see " + log_path_;
+    return false;
+  }
+
+  void kill() {
+    process_.kill();
+    Event e;
+    e.kind = EventKind::kServerKill;
+    e.incarnation = incarnation_;
+    nemesis_.record(e);
+  }
+
+  void pause(std::chrono::milliseconds how_long) {
+    Event e;
+    e.kind = EventKind::kServerPause;
+    e.incarnation = incarnation_;
+    process_.signal(SIGSTOP);
+    nemesis_.record(e);
+    std::this_thread::sleep_for(how_long);
+    e.kind = EventKind::kServerResume;
+    e.t_ns = 0;
+    process_.signal(SIGCONT);
+    nemesis_.record(e);
+  }
+
+  void stop() {
+    process_.signal(SIGCONT);
+    process_.signal(SIGTERM);
+    if (!process_.wait_for(5s)) process_.kill();
+  }
+
+  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
+
+ private:
+  const TortureOptions& options_;
+  std::string data_dir_;
+  std::string log_path_;
+  const Recorder& nemesis_;
+  ChildProcess process_;
+  std::uint16_t port_ = 0;
+  std::int64_t incarnation_ = 0;
+};
+
+enum class Fault { kKill, kServerPause, kClientPause };
+
+const char* fault_name(Fault f) {
+  switch (f) {
+    case Fault::kKill:
+      return "kill -9";
+    case Fault::kServerPause:
+      return "server pause";
+    case Fault::kClientPause:
+      return "client pause";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int run_torture(const TortureOptions& o) {
+  const auto fail = [](const std::string& why) {
+    std::fprintf(stderr, "shardlock-torture: %s\n", why.c_str());
+    return 3;
+  };
+  // The run's scratch directory: data dir, logs, and the history unless kept.
+  std::string scratch_template = (fs::temp_directory_path() / "shardlock-torture-XXXXXX").string();
+  if (::mkdtemp(scratch_template.data()) == nullptr) {
+    return fail(std::string("mkdtemp: ") + std::strerror(errno));
+  }
+  const fs::path scratch = scratch_template;
+  struct RemoveOnExit {
+    fs::path path;
+    ~RemoveOnExit() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } cleanup{scratch};
+  const fs::path history_dir = o.history_dir.empty() ? scratch / "history" : fs::path(o.history_dir);
+  std::error_code ec;
+  fs::create_directories(history_dir, ec);
+  fs::create_directories(scratch / "data", ec);
+  if (ec) return fail("cannot create " + history_dir.string() + ": " + ec.message());
+  for (const auto& entry : fs::directory_iterator(history_dir, ec)) {
+    if (entry.path().extension() == ".log") fs::remove(entry.path(), ec);
+  }
+
+  Recorder nemesis;
+  if (!nemesis.open((history_dir / "nemesis.log").string())) {
+    return fail("cannot create the nemesis history: " + std::string(std::strerror(errno)));
+  }
+  FencedResource resource;
+  const std::string resource_name = "shardlock-torture-" + std::to_string(::getpid());
+  if (!resource.start(resource_name, (history_dir / "resource.log").string())) {
+    return fail(resource.error());
+  }
+  ServerUnderTest server(o, (scratch / "data").string(), (scratch / "shardlockd.log").string(),
+                         nemesis);
+  std::string error;
+  if (!server.start(error)) return fail(error);
+  UdpProxy proxy;
+  if (!proxy.start(server.port(), o.seed)) return fail("proxy: " + proxy.error());
+
+  const std::chrono::milliseconds pause_for(o.max_ttl_ms * 3 / 2);
+  const std::int64_t liveness_bound_ms =
+      o.liveness_bound_ms > 0 ? o.liveness_bound_ms
+                              : server.lock_delay_ms() + 10LL * o.max_ttl_ms + 2000;
+  const std::int64_t start_ns = monotonic_ns();
+  const std::int64_t faults_end_ns = start_ns + o.fault_seconds * 1'000'000'000LL;
+  // After the heal: long enough to judge liveness, plus a margin.
+  const std::int64_t end_ns = faults_end_ns + (liveness_bound_ms + 1000) * 1'000'000;
+
+  // Workers: this binary again, in worker mode.
+  const std::string self = self_executable();
+  std::vector<ChildProcess> workers(static_cast<std::size_t>(o.workers));
+  for (int w = 0; w < o.workers; ++w) {
+    const std::vector<std::string> argv = {self,
+                                           "worker",
+                                           "--index",
+                                           std::to_string(w),
+                                           "--clients",
+                                           std::to_string(o.clients_per_worker),
+                                           "--server",
+                                           "127.0.0.1:" + std::to_string(proxy.port()),
+                                           "--resource",
+                                           resource_name,
+                                           "--history",
+                                           history_dir.string(),
+                                           "--seed",
+                                           std::to_string(o.seed + static_cast<std::uint64_t>(w)),
+                                           "--end-ns",
+                                           std::to_string(end_ns),
+                                           "--keys",
+                                           std::to_string(o.keys),
+                                           "--ttl-ms",
+                                           std::to_string(o.max_ttl_ms),
+                                           "--max-wait-ms",
+                                           std::to_string(o.max_wait_ms)};
+    if (!workers[static_cast<std::size_t>(w)].start(
+            argv, false, (scratch / ("worker-" + std::to_string(w) + ".err")).string())) {
+      return fail("cannot start a worker: " + workers[static_cast<std::size_t>(w)].error());
+    }
+  }
+
+  // The nemesis: network faults for the whole fault phase, and the discrete
+  // faults at seeded times spread over it.
+  std::mt19937_64 random(o.seed);
+  std::vector<Fault> plan;
+  plan.insert(plan.end(), static_cast<std::size_t>(o.kills), Fault::kKill);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.server_pauses), Fault::kServerPause);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.client_pauses), Fault::kClientPause);
+  std::shuffle(plan.begin(), plan.end(), random);
+  if (o.network.any()) {
+    proxy.set_faults(o.network);
+    Event e;
+    e.kind = EventKind::kNetFaultsOn;
+    nemesis.record(e);
+  }
+  const auto progress = [&](const char* doing) {
+    if (!o.progress) return;
+    const ProxyCounters c = proxy.counters();
+    std::fprintf(stderr,
+                 "\r[%5.1fs] %-28s datagrams %llu forwarded, %llu dropped, %llu duplicated, "
+                 "%llu reordered, %llu delayed   ",
+                 static_cast<double>(monotonic_ns() - start_ns) / 1e9, doing,
+                 static_cast<unsigned long long>(c.forwarded),
+                 static_cast<unsigned long long>(c.dropped),
+                 static_cast<unsigned long long>(c.duplicated),
+                 static_cast<unsigned long long>(c.reordered),
+                 static_cast<unsigned long long>(c.delayed));
+  };
+  const auto sleep_until = [&](std::int64_t when_ns, const char* doing) {
+    while (monotonic_ns() < when_ns) {
+      progress(doing);
+      std::this_thread::sleep_for(std::chrono::nanoseconds(
+          std::min<std::int64_t>(when_ns - monotonic_ns(), 1'000'000'000)));
+    }
+  };
+  const std::int64_t slot_ns =
+      (faults_end_ns - start_ns) / static_cast<std::int64_t>(plan.size() + 1);
+  for (std::size_t i = 0; i < plan.size(); ++i) {
+    // Each fault somewhere in the middle half of its slot.
+    const std::int64_t slot_start = start_ns + static_cast<std::int64_t>(i) * slot_ns;
+    const std::int64_t at =
+        slot_start + slot_ns / 4 +
+        static_cast<std::int64_t>(random() % static_cast<std::uint64_t>(std::max<std::int64_t>(slot_ns / 2, 1)));
+    sleep_until(at, "faults");
+    progress(fault_name(plan[i]));
+    switch (plan[i]) {
+      case Fault::kKill:
+        server.kill();
+        if (!server.start(error)) return fail(error);
+        break;
+      case Fault::kServerPause:
+        server.pause(pause_for);
+        break;
+      case Fault::kClientPause: {
+        ChildProcess& victim = workers[random() % workers.size()];
+        Event e;
+        e.kind = EventKind::kClientPause;
+        e.client = static_cast<std::int64_t>(&victim - workers.data());
+        victim.signal(SIGSTOP);
+        nemesis.record(e);
+        std::this_thread::sleep_for(pause_for);
+        victim.signal(SIGCONT);
+        e.kind = EventKind::kClientResume;
+        e.t_ns = 0;
+        nemesis.record(e);
+        break;
+      }
+    }
+  }
+  sleep_until(faults_end_ns, "faults");
+  if (o.network.any()) {
+    proxy.set_faults(ProxyFaults{});
+    Event e;
+    e.kind = EventKind::kNetFaultsOff;
+    nemesis.record(e);
+  }
+  Event healed;
+  healed.kind = EventKind::kHealed;
+  nemesis.record(healed);
+  sleep_until(end_ns, "healed, judging liveness");
+
+  // Workers stop at end_ns by themselves; give stragglers a request timeout
+  // plus a wait to finish their last call.
+  for (ChildProcess& w : workers) {
+    if (!w.wait_for(std::chrono::milliseconds(o.max_wait_ms + 5000))) w.kill();
+  }
+  bool worker_failed = false;
+  for (ChildProcess& w : workers) {
+    if (WIFEXITED(w.exit_status()) && WEXITSTATUS(w.exit_status()) == 3) worker_failed = true;
+  }
+  proxy.stop();
+  resource.stop();
+  server.stop();
+  if (o.progress) std::fprintf(stderr, "\n");
+  if (worker_failed) {
+    return fail("a worker could not set up; see " + scratch.string() + "/worker-*.err");
+  }
+
+  std::vector<Event> history;
+  if (!read_history(history_dir.string(), history, error)) return fail(error);
+  CheckOptions check_options;
+  check_options.liveness_bound_ms = liveness_bound_ms;
+  const CheckReport report = check(history, check_options);
+  const double seconds = static_cast<double>(monotonic_ns() - start_ns) / 1e9;
+  const ProxyCounters c = proxy.counters();
+  if (o.json) {
+    std::printf(
+        "{\"seed\":%llu,\"seconds\":%.1f,\"events\":%zu,\"datagrams\":{\"forwarded\":%llu,"
+        "\"dropped\":%llu,\"duplicated\":%llu,\"reordered\":%llu,\"delayed\":%llu},"
+        "\"report\":%s}\n",
+        static_cast<unsigned long long>(o.seed), seconds, history.size(),
+        static_cast<unsigned long long>(c.forwarded), static_cast<unsigned long long>(c.dropped),
+        static_cast<unsigned long long>(c.duplicated),
+        static_cast<unsigned long long>(c.reordered), static_cast<unsigned long long>(c.delayed),
+        report.json().c_str());
+  } else {
+    std::printf("shardlock-torture: seed %llu, %.1f s, %zu events, %llu lease operations\n",
+                static_cast<unsigned long long>(o.seed), seconds, history.size(),
+                static_cast<unsigned long long>(report.lease_operations));
+    std::printf("datagrams: %llu forwarded, %llu dropped, %llu duplicated, %llu reordered, "
+                "%llu delayed\n",
+                static_cast<unsigned long long>(c.forwarded),
+                static_cast<unsigned long long>(c.dropped),
+                static_cast<unsigned long long>(c.duplicated),
+                static_cast<unsigned long long>(c.reordered),
+                static_cast<unsigned long long>(c.delayed));
+    std::printf("%s", report.text().c_str());
+    if (!o.history_dir.empty()) std::printf("history kept in %s\n", o.history_dir.c_str());
+  }
+  return report.ok() ? 0 : 1;
+}
+
+}  // namespace shardlock::torture

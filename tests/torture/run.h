@@ -1,0 +1,51 @@
+// run.h: one shardlock-torture run — the system under test, the nemesis
+// that injects faults into it, and the checker's verdict.
+//
+//   * shardlockd runs as a child process with a data dir; the nemesis
+//     kill -9s and restarts it on the same port, and pauses it (SIGSTOP)
+//     for longer than the max TTL.
+//   * Worker processes (this binary again, in worker mode; worker.h) run the
+//     lease clients; the nemesis pauses whole workers for longer than the
+//     max TTL (Kleppmann's paused client).
+//   * A UdpProxy (proxy.h) between the clients and the server loses,
+//     duplicates, reorders and delays datagrams during the fault phase.
+//   * A FencedResource (resource.h) in this process holds the counters.
+//   * Then the faults heal, the run goes on long enough to judge liveness,
+//     and the history is read back and checked (checker.h), which shares no
+//     code with the lease client or server.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "proxy.h"
+
+namespace shardlock::torture {
+
+struct TortureOptions {
+  std::string shardlockd;       // the daemon's path
+  std::uint64_t seed = 1;
+  int fault_seconds = 20;       // how long faults are injected
+  int workers = 4;              // worker processes
+  int clients_per_worker = 4;   // lease clients per worker
+  int keys = 8;
+  int max_ttl_ms = 1000;        // the server's --max-ttl; clients ask for up to this
+  int max_wait_ms = 1000;       // the longest wait an ACQUIRE asks for
+  ProxyFaults network;          // during the fault phase
+  int kills = 2;                // kill -9 + restart of the server
+  int server_pauses = 1;        // SIGSTOP of the server for 1.5 x max TTL
+  int client_pauses = 2;        // SIGSTOP of a worker for 1.5 x max TTL
+  std::int64_t liveness_bound_ms = 0;  // 0: lock-delay + 10 x max TTL + 2 s
+  std::string history_dir;      // keep the history here (default: a temp dir, removed)
+  bool json = false;
+  bool progress = true;
+  // Deliberately unsafe servers, to show the checker bites.
+  bool unsafe_no_lock_delay = false;  // --lock-delay 0
+  bool unsafe_no_data_dir = false;    // tokens restart from 1 after kill -9
+};
+
+// Runs and prints the report (a table, or JSON) to stdout. Returns the exit
+// status: 0 no violation, 1 violations, 3 the run could not be set up.
+int run_torture(const TortureOptions& options);
+
+}  // namespace shardlock::torture

@@ -1,0 +1,132 @@
+// shardlock-torture: a Jepsen-style fault-injection test of the lease
+// service on one machine. It runs the real shardlockd, lease clients in
+// worker processes and a fenced resource, injects network faults, kill -9
+// restarts and process pauses, then checks the history with a checker that
+// shares no code with the client or server (tests/torture/).
+//
+// Exit status: 0 no violation, 1 violations found, 2 usage, 3 the run could
+// not be set up.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "run.h"
+#include "worker.h"
+
+int main(int argc, char** argv) {
+  using shardlock::torture::TortureOptions;
+  using shardlock::torture::WorkerOptions;
+  CLI::App app{
+      "shardlock-torture: kill, pause and partition a shardlockd and its clients, then check "
+      "that no two clients held a key at once, tokens only rose, the fenced resource lost no "
+      "increment, nothing was granted during lock-delay, and every client recovered"};
+  app.set_version_flag("--version", "shardlock-torture 0.1.0");
+  TortureOptions o;
+  const std::filesystem::path self_dir = std::filesystem::path(argv[0]).parent_path();
+  o.shardlockd = (self_dir / "shardlockd").string();
+  double loss = 0.05;
+  double duplicate = 0.02;
+  double reorder = 0.05;
+  double delay = 0.05;
+  int max_delay_ms = 20;
+  app.add_option("--shardlockd", o.shardlockd, "path of the shardlockd binary")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "seed of the nemesis, the proxy and the workload")
+      ->capture_default_str();
+  app.add_option("--seconds", o.fault_seconds,
+                 "how long faults are injected (then they heal and liveness is judged)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 86400));
+  app.add_option("--workers", o.workers, "worker processes (each can be paused)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--clients", o.clients_per_worker, "lease clients per worker process")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
+  app.add_option("--keys", o.keys, "keys the clients contend for")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
+  app.add_option("--max-ttl-ms", o.max_ttl_ms,
+                 "the server's max TTL (clients ask for half to all of it; also the lock-delay "
+                 "and the pause length / 1.5)")
+      ->capture_default_str()
+      ->check(CLI::Range(50, 600000));
+  app.add_option("--max-wait-ms", o.max_wait_ms, "longest wait of a waiting ACQUIRE")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 600000));
+  app.add_option("--loss", loss, "probability a datagram is lost (each direction)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 0.9));
+  app.add_option("--duplicate", duplicate, "probability a datagram is duplicated")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--reorder", reorder, "probability a datagram is held back behind the next")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--delay", delay, "probability a datagram is delayed")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--max-delay-ms", max_delay_ms, "longest delay of a delayed datagram")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 10000));
+  app.add_option("--kills", o.kills, "kill -9 and restarts of the server")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--server-pauses", o.server_pauses, "SIGSTOPs of the server (1.5 x max TTL)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--client-pauses", o.client_pauses, "SIGSTOPs of a worker (1.5 x max TTL)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--liveness-bound-ms", o.liveness_bound_ms,
+                 "after the heal, every client must acquire within this (0: lock-delay + "
+                 "10 x max TTL + 2 s)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::int64_t{0}, std::int64_t{86400000}));
+  app.add_option("--keep-history", o.history_dir, "keep the history files in this directory");
+  app.add_flag("--json", o.json, "print the report as one JSON object");
+  bool quiet = false;
+  app.add_flag("--quiet", quiet, "no progress line");
+  app.add_flag("--unsafe-no-lock-delay", o.unsafe_no_lock_delay,
+               "run the server with --lock-delay 0 (unsafe: to show the checker catches it)");
+  app.add_flag("--unsafe-no-data-dir", o.unsafe_no_data_dir,
+               "run the server without a data dir, so tokens restart after kill -9 (unsafe: to "
+               "show the checker catches it)");
+
+  // The hidden worker mode: this binary, started by the run.
+  WorkerOptions w;
+  CLI::App* worker = app.add_subcommand("worker", "")->group("");
+  worker->add_option("--index", w.index)->required();
+  worker->add_option("--clients", w.clients)->required();
+  worker->add_option("--server", w.server)->required();
+  worker->add_option("--resource", w.resource)->required();
+  worker->add_option("--history", w.history_dir)->required();
+  worker->add_option("--seed", w.seed)->required();
+  worker->add_option("--end-ns", w.end_ns)->required();
+  worker->add_option("--keys", w.keys)->required();
+  worker->add_option("--ttl-ms", w.ttl_ms)->required();
+  worker->add_option("--max-wait-ms", w.max_wait_ms)->required();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
+    return 2;
+  }
+  if (worker->parsed()) return shardlock::torture::run_worker(w);
+  o.network = {loss, duplicate, reorder, delay, max_delay_ms};
+  o.progress = !quiet;
+  if (!std::filesystem::exists(o.shardlockd)) {
+    std::fprintf(stderr, "shardlock-torture: no shardlockd at %s (use --shardlockd)\n",
+                 o.shardlockd.c_str());
+    return 2;
+  }
+  try {
+    return shardlock::torture::run_torture(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
+    return 3;
+  }
+}
