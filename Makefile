@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-peers run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help
+        build-release build-bench format lint clean help torture
 
 all: build-release
 
@@ -17,6 +17,7 @@ help:
 	@echo "make test       dev (ASan+UBSan) tests, tsan concurrent tests, clang thread-safety build + fuzz"
 	@echo "make bench      run the lock, lock-table and router benchmarks (bench preset)"
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
+	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make format     clang-format every source file in place"
 	@echo "make lint       clang-tidy over the dev build's compile_commands.json"
 
@@ -70,6 +71,14 @@ bench: build-bench
 bench-redis: build-release
 	@tools/install-deps.sh --redis
 	bench/redis_side_by_side.sh build/release/tools/shardlock-bench
+
+# ---- the long torture run -------------------------------------------------
+# 20% loss, duplicates and reordering; kill -9 restarts; server and client
+# pauses longer than the max TTL. The short run is part of `make test`.
+TORTURE_FLAGS ?= --seconds 240 --workers 8 --clients 8 --keys 64 --loss 0.2 --duplicate 0.2 \
+                 --reorder 0.2 --delay 0.1 --kills 5 --server-pauses 2 --client-pauses 6 --seed 2026
+torture: build-release
+	build/release/tools/shardlock-torture $(TORTURE_FLAGS)
 
 # ---- house tooling -------------------------------------------------------
 SOURCES = $(shell git ls-files '*.h' '*.cc')

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   app.add_option("--liveness-bound-ms", o.liveness_bound_ms,
                  "after the heal, every client must acquire within this (0: lock-delay + "
-                 "10 x max TTL + 2 s)")
+                 "4 x max TTL + 2 s)")
       ->capture_default_str()
       ->check(CLI::Range(std::int64_t{0}, std::int64_t{86400000}));
   app.add_option("--keep-history", o.history_dir, "keep the history files in this directory");

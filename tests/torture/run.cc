@@ -193,7 +193,7 @@ int run_torture(const TortureOptions& o) {
   const std::chrono::milliseconds pause_for(o.max_ttl_ms * 3 / 2);
   const std::int64_t liveness_bound_ms =
       o.liveness_bound_ms > 0 ? o.liveness_bound_ms
-                              : server.lock_delay_ms() + 10LL * o.max_ttl_ms + 2000;
+                              : server.lock_delay_ms() + 4LL * o.max_ttl_ms + 2000;
   const std::int64_t start_ns = monotonic_ns();
   const std::int64_t faults_end_ns = start_ns + o.fault_seconds * 1'000'000'000LL;
   // After the heal: long enough to judge liveness, plus a margin.
