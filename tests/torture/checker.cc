@@ -1,9 +1,19 @@
-// See checker.h. Everything here works on history events alone.
+// The shardlock-torture checker. See checker.h.
+//
+// One sort of event indices by t_ns (ties in input order), then one pass in
+// time order for every property but overlap, which needs each grant's whole
+// interval and so sweeps a second, sorted list of intervals. Keys are interned to small ids
+// so per-key state is a vector, not a map of strings; the history's own
+// strings are referenced, never copied. Detail lines are built only for the
+// violations kept as examples, so a badly broken run of millions of events
+// costs no more than a clean one.
 #include "checker.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdio>
-#include <limits>
+#include <functional>
+#include <iterator>
 #include <optional>
 #include <tuple>
 #include <unordered_map>
@@ -12,337 +22,197 @@
 namespace shardlock::torture {
 namespace {
 
-constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::max();
+constexpr std::array<ViolationKind, 7> kAllKinds = {
+    ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
+    ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
+    ViolationKind::kLiveness,
+};
 
-std::string ms(std::int64_t ns) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3fms", static_cast<double>(ns) / 1e6);
-  return buf;
-}
+constexpr std::int64_t kNsPerMs = 1'000'000;
 
-void escape_json(std::string& out, std::string_view text) {
-  out += '"';
-  for (const char c : text) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
+std::string num(std::int64_t v) { return std::to_string(v); }
+std::string num(std::uint64_t v) { return std::to_string(v); }
+
+// Counts every violation; keeps the first max_examples of each kind.
+class Recorder {
+ public:
+  Recorder(CheckReport& report, std::size_t max_examples)
+      : report_(report), max_examples_(max_examples) {}
+
+  // `detail` is called only when the example is kept.
+  template <typename Detail>
+  void add(ViolationKind kind, std::string_view key, Detail&& detail) {
+    ++report_.violation_counts[kind];
+    std::vector<Violation>& kept = examples_[static_cast<std::size_t>(kind)];
+    if (kept.size() < max_examples_) {
+      kept.push_back(Violation{kind, std::string(key), std::forward<Detail>(detail)()});
     }
   }
-  out += '"';
-}
 
-struct OpKey {
-  std::int64_t client;
-  std::int64_t op;
-  friend bool operator<(const OpKey& a, const OpKey& b) noexcept {
-    return std::tie(a.client, a.op) < std::tie(b.client, b.op);
-  }
-};
-
-// One grant as its client saw it.
-struct Grant {
-  std::int64_t client = -1;
-  std::uint64_t token = 0;
-  std::int64_t invoked = 0;
-  std::int64_t received = 0;
-  std::int64_t expiry = 0;   // largest client-side expiry recorded
-  std::int64_t cut = kNever;  // release invocation or loss
-  [[nodiscard]] std::int64_t end() const noexcept { return std::min(expiry, cut); }
-};
-
-class Checker {
- public:
-  Checker(const CheckOptions& options, CheckReport& report) : options_(options), report_(report) {}
-
-  void violation(ViolationKind kind, const std::string& key, std::string detail) {
-    std::size_t& n = report_.violation_counts[kind];
-    if (n++ < options_.max_examples) report_.examples.push_back({kind, key, std::move(detail)});
-  }
-
-  void run(std::vector<Event> events) {
-    std::stable_sort(events.begin(), events.end(),
-                     [](const Event& a, const Event& b) { return a.t_ns < b.t_ns; });
-    collect(events);
-    check_overlap();
-    check_token_order(events);
-    check_resource(events);
-    check_lock_delay();
-    check_liveness(events);
+  // Grouped by kind, each group in detection (time) order.
+  void finish() {
+    for (std::vector<Violation>& kept : examples_) {
+      for (Violation& v : kept) report_.examples.push_back(std::move(v));
+    }
   }
 
  private:
-  using GrantKey = std::tuple<std::int64_t, std::string, std::uint64_t>;  // client, key, token
-
-  void count(const std::string& what) { ++report_.operations[what]; }
-
-  void collect(const std::vector<Event>& events) {
-    for (const Event& e : events) {
-      switch (e.kind) {
-        case EventKind::kAcquireInvoke:
-          invokes_[{e.client, e.op}] = &e;
-          break;
-        case EventKind::kAcquireOk: {
-          ++report_.lease_operations;
-          const auto it = invokes_.find({e.client, e.op});
-          const bool try_only = it != invokes_.end() && it->second->wait_ms == 0;
-          count(try_only ? "try-acquire ok" : "acquire ok");
-          Grant& g = grants_[{e.client, e.key, e.token}];
-          if (g.client < 0) {
-            g.client = e.client;
-            g.token = e.token;
-            g.received = e.t_ns;
-            g.invoked = it != invokes_.end() ? it->second->t_ns : e.t_ns;
-            grant_order_[e.key].push_back({e.client, e.key, e.token});
-          }
-          g.expiry = std::max(g.expiry, e.expiry_ns);
-          break;
-        }
-        case EventKind::kAcquireFail: {
-          ++report_.lease_operations;
-          const auto it = invokes_.find({e.client, e.op});
-          const bool try_only = it != invokes_.end() && it->second->wait_ms == 0;
-          count(std::string(try_only ? "try-acquire " : "acquire ") + e.error);
-          break;
-        }
-        case EventKind::kRenewOk:
-        case EventKind::kHold: {
-          if (e.kind == EventKind::kRenewOk) {
-            ++report_.lease_operations;
-            count("renew ok");
-          }
-          const auto it = grants_.find({e.client, e.key, e.token});
-          if (it != grants_.end()) it->second.expiry = std::max(it->second.expiry, e.expiry_ns);
-          break;
-        }
-        case EventKind::kRenewFail:
-          ++report_.lease_operations;
-          count("renew " + e.error);
-          break;
-        case EventKind::kReleaseInvoke:
-        case EventKind::kLost: {
-          if (e.kind == EventKind::kLost) count("lost (" + e.error + ")");
-          const auto it = grants_.find({e.client, e.key, e.token});
-          if (it != grants_.end()) it->second.cut = std::min(it->second.cut, e.t_ns);
-          break;
-        }
-        case EventKind::kReleaseOk:
-          ++report_.lease_operations;
-          count("release ok");
-          break;
-        case EventKind::kReleaseFail:
-          ++report_.lease_operations;
-          count("release " + e.error);
-          break;
-        case EventKind::kRead:
-          count("read");
-          break;
-        case EventKind::kWriteInvoke:
-          break;
-        case EventKind::kWriteAccepted:
-          count("write accepted");
-          break;
-        case EventKind::kWriteRejected:
-          count(e.value == -1 ? "read refused (fenced)" : "write refused (fenced)");
-          break;
-        case EventKind::kServerStart:
-          starts_.push_back(&e);
-          break;
-        case EventKind::kServerKill:
-          ++report_.faults["server kill -9"];
-          break;
-        case EventKind::kServerPause:
-          ++report_.faults["server pause"];
-          break;
-        case EventKind::kClientPause:
-          ++report_.faults["client pause"];
-          break;
-        case EventKind::kNetFaultsOn:
-          ++report_.faults["network faults (periods)"];
-          break;
-        case EventKind::kHealed:
-          healed_ = e.t_ns;
-          break;
-        default:
-          break;
-      }
-    }
-  }
-
-  // Sweep by start, keeping the two latest-ending intervals of distinct
-  // clients: any earlier interval that overlaps the next one and belongs to
-  // another client is one of them.
-  void check_overlap() {
-    for (const auto& [key, order] : grant_order_) {
-      std::vector<const Grant*> intervals;
-      for (const GrantKey& k : order) {
-        const Grant& g = grants_.at(k);
-        if (g.end() > g.received) intervals.push_back(&g);
-      }
-      std::sort(intervals.begin(), intervals.end(),
-                [](const Grant* a, const Grant* b) { return a->received < b->received; });
-      const Grant* first = nullptr;   // latest end
-      const Grant* second = nullptr;  // latest end of a client other than first's
-      for (const Grant* g : intervals) {
-        const Grant* other = first != nullptr && first->client != g->client ? first : second;
-        if (other != nullptr && other->client != g->client && other->end() > g->received) {
-          violation(ViolationKind::kOverlap, key,
-                    "client " + std::to_string(other->client) + " (token " +
-                        std::to_string(other->token) + ") valid until " + ms(other->end()) +
-                        ", client " + std::to_string(g->client) + " (token " +
-                        std::to_string(g->token) + ") granted at " + ms(g->received) +
-                        ": overlap " + ms(other->end() - g->received));
-        }
-        if (first == nullptr || g->end() > first->end()) {
-          if (first != nullptr && first->client != g->client) second = first;
-          first = g;
-        } else if (g->client != first->client && (second == nullptr || g->end() > second->end())) {
-          second = g;
-        }
-      }
-    }
-  }
-
-  void check_token_order(const std::vector<Event>& events) {
-    struct KeyState {
-      std::uint64_t max_token = 0;
-      std::int64_t max_client = -1;
-      std::unordered_map<std::uint64_t, std::int64_t> owner_of_token;
-    };
-    std::unordered_map<std::string, KeyState> keys;
-    std::map<OpKey, std::uint64_t> bar;  // the max token received when the op was invoked
-    for (std::size_t i = 0; i < events.size();) {
-      // Invokes before grants at one instant: "received before invoked" is strict.
-      std::size_t j = i;
-      while (j < events.size() && events[j].t_ns == events[i].t_ns) ++j;
-      for (std::size_t k = i; k < j; ++k) {
-        const Event& e = events[k];
-        if (e.kind == EventKind::kAcquireInvoke) bar[{e.client, e.op}] = keys[e.key].max_token;
-      }
-      for (std::size_t k = i; k < j; ++k) {
-        const Event& e = events[k];
-        if (e.kind != EventKind::kAcquireOk) continue;
-        KeyState& s = keys[e.key];
-        const auto b = bar.find({e.client, e.op});
-        if (b != bar.end() && e.token <= b->second) {
-          violation(ViolationKind::kTokenOrder, e.key,
-                    "client " + std::to_string(e.client) + " granted token " +
-                        std::to_string(e.token) + " at " + ms(e.t_ns) +
-                        ", but token " + std::to_string(b->second) +
-                        " had been granted before its ACQUIRE was invoked");
-        }
-        const auto [it, fresh] = s.owner_of_token.emplace(e.token, e.client);
-        if (!fresh && it->second != e.client) {
-          violation(ViolationKind::kDuplicateToken, e.key,
-                    "token " + std::to_string(e.token) + " granted to client " +
-                        std::to_string(it->second) + " and to client " +
-                        std::to_string(e.client));
-        }
-        if (e.token > s.max_token) {
-          s.max_token = e.token;
-          s.max_client = e.client;
-        }
-      }
-      i = j;
-    }
-  }
-
-  void check_resource(const std::vector<Event>& events) {
-    struct KeyState {
-      std::uint64_t max_token = 0;
-      std::int64_t value = 0;
-      std::uint64_t accepted = 0;
-    };
-    std::unordered_map<std::string, KeyState> keys;
-    for (const Event& e : events) {
-      if (e.kind == EventKind::kWriteAccepted) {
-        KeyState& s = keys[e.key];
-        if (e.token < s.max_token) {
-          violation(ViolationKind::kFencing, e.key,
-                    "write with token " + std::to_string(e.token) + " accepted at " +
-                        ms(e.t_ns) + " after one with token " + std::to_string(s.max_token));
-        }
-        if (e.value != s.value + 1) {
-          violation(ViolationKind::kLostIncrement, e.key,
-                    "accepted write of " + std::to_string(e.value) + " (token " +
-                        std::to_string(e.token) + ") at " + ms(e.t_ns) + " after " +
-                        std::to_string(s.value));
-        }
-        s.max_token = std::max(s.max_token, e.token);
-        s.value = e.value;
-        ++s.accepted;
-      } else if (e.kind == EventKind::kFinalCounter) {
-        const KeyState& s = keys[e.key];
-        if (e.value != static_cast<std::int64_t>(s.accepted)) {
-          violation(ViolationKind::kLostIncrement, e.key,
-                    "final counter " + std::to_string(e.value) + " but " +
-                        std::to_string(s.accepted) + " writes were accepted");
-        }
-      }
-    }
-  }
-
-  void check_lock_delay() {
-    for (const auto& [k, g] : grants_) {
-      // The latest start at or before the ACQUIRE's invocation: the old
-      // incarnation was dead by then, so only this one can have granted it.
-      const Event* start = nullptr;
-      for (const Event* s : starts_) {
-        if (s->t_ns <= g.invoked) start = s;
-      }
-      if (start == nullptr) continue;
-      const std::int64_t recovered = start->t_ns + start->lock_delay_ms * 1'000'000;
-      if (g.received < recovered) {
-        violation(ViolationKind::kLockDelay, std::get<1>(k),
-                  "client " + std::to_string(g.client) + " granted token " +
-                      std::to_string(g.token) + " at " + ms(g.received) +
-                      ", inside the lock-delay of incarnation " +
-                      std::to_string(start->incarnation) + " (started " + ms(start->t_ns) +
-                      ", delay " + std::to_string(start->lock_delay_ms) + " ms)");
-      }
-    }
-  }
-
-  void check_liveness(const std::vector<Event>& events) {
-    if (!healed_) return;
-    report_.liveness_checked = true;
-    const std::int64_t deadline = *healed_ + options_.liveness_bound_ms * 1'000'000;
-    std::map<std::int64_t, bool> acquired;  // client -> acquired in time
-    for (const Event& e : events) {
-      if (e.t_ns < *healed_ || e.client < 0) continue;
-      if (e.kind == EventKind::kWriteAccepted || e.kind == EventKind::kWriteRejected) continue;
-      bool& ok = acquired[e.client];
-      if (e.kind == EventKind::kAcquireOk && e.t_ns <= deadline) ok = true;
-    }
-    for (const auto& [client, ok] : acquired) {
-      if (!ok) {
-        violation(ViolationKind::kLiveness, "-",
-                  "client " + std::to_string(client) + " ran after the heal at " +
-                      ms(*healed_) + " but acquired nothing within " +
-                      std::to_string(options_.liveness_bound_ms) + " ms");
-      }
-    }
-  }
-
-  const CheckOptions& options_;
   CheckReport& report_;
-  std::map<OpKey, const Event*> invokes_;
-  std::map<GrantKey, Grant> grants_;
-  std::map<std::string, std::vector<GrantKey>> grant_order_;
-  std::vector<const Event*> starts_;
-  std::optional<std::int64_t> healed_;
+  std::size_t max_examples_;
+  std::array<std::vector<Violation>, kAllKinds.size()> examples_;
 };
+
+std::size_t mix(std::size_t seed, std::uint64_t v) {
+  // boost::hash_combine's mixing, widened: keys here are small dense ints.
+  return seed ^ (std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ULL + (seed << 6) + (seed >> 2));
+}
+
+// One lease grant: a client's token for a key.
+struct GrantId {
+  std::int64_t client;
+  std::uint32_t key;
+  std::uint64_t token;
+  bool operator==(const GrantId&) const = default;
+};
+struct GrantIdHash {
+  std::size_t operator()(const GrantId& g) const {
+    return mix(mix(std::hash<std::int64_t>{}(g.client), g.key), g.token);
+  }
+};
+
+struct Grant {
+  bool has_start = false;
+  std::int64_t start = 0;  // the first acquire_ok
+  bool has_end = false;
+  std::int64_t end = 0;  // the latest expiry known to the client
+  bool has_cut = false;
+  std::int64_t cut = 0;  // the first release invocation or loss
+};
+
+// The largest token granted, and which event granted it.
+struct Best {
+  bool set = false;
+  std::uint64_t token = 0;
+  std::size_t event = 0;
+  void offer(std::uint64_t t, std::size_t e) {
+    if (!set || t > token) *this = Best{true, t, e};
+  }
+  void offer(const Best& b) {
+    if (b.set) offer(b.token, b.event);
+  }
+};
+
+enum class Family : std::uint8_t { kAcquire, kRenew, kRelease };
+
+struct OpId {
+  Family family;
+  std::int64_t client;
+  std::int64_t op;
+  bool operator==(const OpId&) const = default;
+};
+struct OpIdHash {
+  std::size_t operator()(const OpId& o) const {
+    return mix(mix(static_cast<std::size_t>(o.family), static_cast<std::uint64_t>(o.client)),
+               static_cast<std::uint64_t>(o.op));
+  }
+};
+
+struct Invocation {
+  std::size_t event = 0;
+  bool try_acquire = false;  // acquire with wait_ms == 0
+  Best max_before;           // acquire: the largest token received before it
+};
+
+struct KeyState {
+  // Token order: grants received strictly before the current time, and at it
+  // (so an invocation at the same instant as a grant does not see it).
+  Best before;
+  Best at_now;
+  std::int64_t now = 0;
+  // Fencing and increments.
+  bool any_write = false;
+  std::uint64_t last_token = 0;
+  std::size_t last_write = 0;
+  std::int64_t last_value = 0;
+  std::uint64_t accepted = 0;
+};
+
+struct Interval {
+  std::int64_t start;
+  std::int64_t end;
+  std::int64_t client;
+  std::uint32_t key;
+  std::uint64_t token;
+};
+
+// The two latest-ending intervals of one key held by two different clients:
+// enough to find, for any new interval, an overlapping one of another client.
+struct TopTwo {
+  bool has_first = false;
+  bool has_second = false;
+  Interval first{};
+  Interval second{};
+
+  void offer(const Interval& x) {
+    if (has_first && first.client == x.client) {
+      if (x.end > first.end) first = x;
+    } else if (!has_first || x.end > first.end) {
+      if (has_first) second = first, has_second = true;
+      first = x, has_first = true;
+    } else if (!has_second || x.end > second.end) {
+      second = x, has_second = true;
+    }
+  }
+  // The latest-ending interval of a client other than `client`, if any.
+  const Interval* other_than(std::int64_t client) const {
+    if (has_first && first.client != client) return &first;
+    if (has_second) return &second;
+    return nullptr;
+  }
+};
+
+std::string interval_text(const Interval& x) {
+  return "client " + num(x.client) + " token " + num(x.token) + " [" + num(x.start) + ", " +
+         num(x.end) + ")";
+}
+
+std::string pad(std::string_view s, std::size_t width) {
+  std::string out(s);
+  if (out.size() < width) out.append(width - out.size(), ' ');
+  return out;
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+  out += '"';
+  for (const char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (u < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  out += '"';
+}
+
+template <typename Map, typename KeyText>
+void append_json_object(std::string& out, const Map& map, KeyText key_text) {
+  out += '{';
+  bool first = true;
+  for (const auto& [name, count] : map) {
+    if (!first) out += ',';
+    first = false;
+    append_json_string(out, key_text(name));
+    out += ':';
+    out += std::to_string(count);
+  }
+  out += '}';
+}
 
 }  // namespace
 
@@ -366,93 +236,393 @@ std::string_view to_string(ViolationKind kind) noexcept {
   return "unknown";
 }
 
-std::size_t CheckReport::count(ViolationKind kind) const noexcept {
-  const auto it = violation_counts.find(kind);
-  return it == violation_counts.end() ? 0 : it->second;
+bool CheckReport::ok() const {
+  return std::all_of(violation_counts.begin(), violation_counts.end(),
+                     [](const auto& entry) { return entry.second == 0; });
 }
 
 std::string CheckReport::text() const {
-  std::string out;
-  char line[160];
-  out += "operations                                    count\n";
-  for (const auto& [what, n] : operations) {
-    std::snprintf(line, sizeof line, "  %-40s %10llu\n", what.c_str(),
-                  static_cast<unsigned long long>(n));
-    out += line;
+  std::size_t total = 0;
+  for (const auto& [kind, count] : violation_counts) total += count;
+  std::string out =
+      ok() ? "check: OK\n" : "check: FAILED, " + std::to_string(total) + " violations\n";
+  out += "violations\n";
+  for (const ViolationKind kind : kAllKinds) {
+    const auto it = violation_counts.find(kind);
+    const std::size_t count = it == violation_counts.end() ? 0 : it->second;
+    out += "  " + pad(to_string(kind), 24) + std::to_string(count) + "\n";
   }
-  out += "faults injected                               count\n";
-  for (const auto& [what, n] : faults) {
-    std::snprintf(line, sizeof line, "  %-40s %10llu\n", what.c_str(),
-                  static_cast<unsigned long long>(n));
-    out += line;
+  out += "operations (" + std::to_string(lease_operations) + " lease operations)\n";
+  for (const auto& [name, count] : operations) {
+    out += "  " + pad(name, 24) + std::to_string(count) + "\n";
   }
-  out += "violations                                    count\n";
-  for (const ViolationKind kind :
-       {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
-        ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
-        ViolationKind::kLiveness}) {
-    std::snprintf(line, sizeof line, "  %-40s %10zu%s\n", std::string(to_string(kind)).c_str(),
-                  count(kind),
-                  kind == ViolationKind::kLiveness && !liveness_checked ? " (not checked)" : "");
-    out += line;
+  out += "faults\n";
+  for (const auto& [name, count] : faults) {
+    out += "  " + pad(name, 24) + std::to_string(count) + "\n";
   }
-  for (const Violation& v : examples) {
-    out += "  ";
-    out += to_string(v.kind);
-    out += " on " + v.key + ": " + v.detail + "\n";
+  out += liveness_checked ? "liveness checked\n" : "liveness not checked (no healed event)\n";
+  if (!examples.empty()) {
+    out += "examples\n";
+    for (const Violation& v : examples) {
+      out += "  ";
+      out += to_string(v.kind);
+      if (!v.key.empty()) out += " key=" + v.key;
+      out += ": " + v.detail + "\n";
+    }
   }
-  out += ok() ? "result: no violations\n" : "result: VIOLATIONS FOUND\n";
   return out;
 }
 
 std::string CheckReport::json() const {
   std::string out = "{\"ok\":";
   out += ok() ? "true" : "false";
+  out += ",\"violation_counts\":";
+  append_json_object(out, violation_counts, [](ViolationKind k) { return to_string(k); });
+  out += ",\"examples\":[";
+  for (std::size_t i = 0; i < examples.size(); ++i) {
+    if (i > 0) out += ',';
+    out += "{\"kind\":";
+    append_json_string(out, to_string(examples[i].kind));
+    out += ",\"key\":";
+    append_json_string(out, examples[i].key);
+    out += ",\"detail\":";
+    append_json_string(out, examples[i].detail);
+    out += '}';
+  }
+  out += "],\"operations\":";
+  append_json_object(out, operations, [](const std::string& s) -> std::string_view { return s; });
+  out += ",\"faults\":";
+  append_json_object(out, faults, [](const std::string& s) -> std::string_view { return s; });
   out += ",\"lease_operations\":" + std::to_string(lease_operations);
   out += ",\"liveness_checked\":";
   out += liveness_checked ? "true" : "false";
-  const auto counts = [&](const char* name, const std::map<std::string, std::uint64_t>& m) {
-    out += ",\"";
-    out += name;
-    out += "\":{";
-    bool first = true;
-    for (const auto& [what, n] : m) {
-      if (!first) out += ',';
-      first = false;
-      escape_json(out, what);
-      out += ':' + std::to_string(n);
-    }
-    out += '}';
-  };
-  counts("operations", operations);
-  counts("faults", faults);
-  out += ",\"violations\":{";
-  bool first = true;
-  for (const auto& [kind, n] : violation_counts) {
-    if (!first) out += ',';
-    first = false;
-    escape_json(out, to_string(kind));
-    out += ":{\"count\":" + std::to_string(n) + ",\"examples\":[";
-    bool first_example = true;
-    for (const Violation& v : examples) {
-      if (v.kind != kind) continue;
-      if (!first_example) out += ',';
-      first_example = false;
-      out += "{\"key\":";
-      escape_json(out, v.key);
-      out += ",\"detail\":";
-      escape_json(out, v.detail);
-      out += '}';
-    }
-    out += "]}";
-  }
-  out += "}}";
+  out += '}';
   return out;
 }
 
 CheckReport check(const std::vector<Event>& history, const CheckOptions& options) {
   CheckReport report;
-  Checker(options, report).run(history);
+  for (const ViolationKind kind : kAllKinds) report.violation_counts[kind] = 0;
+  for (const char* name : {"server kill -9", "server pause", "client pause", "network faults"}) {
+    report.faults[name] = 0;
+  }
+  Recorder recorder(report, options.max_examples);
+
+  // Time order; ties keep the input order (one writer's file order). Sorting
+  // (t, index) pairs keeps the comparisons in one contiguous array.
+  std::vector<std::size_t> order(history.size());
+  {
+    std::vector<std::pair<std::int64_t, std::size_t>> by_time(history.size());
+    for (std::size_t i = 0; i < history.size(); ++i) by_time[i] = {history[i].t_ns, i};
+    std::sort(by_time.begin(), by_time.end());
+    for (std::size_t i = 0; i < by_time.size(); ++i) order[i] = by_time[i].second;
+  }
+
+  // Keys, and the events the pass needs to look up by time.
+  std::unordered_map<std::string_view, std::uint32_t> key_ids;
+  std::vector<std::string_view> key_names;
+  const auto key_id = [&](const std::string& key) {
+    const auto [it, inserted] =
+        key_ids.try_emplace(key, static_cast<std::uint32_t>(key_names.size()));
+    if (inserted) key_names.push_back(key);
+    return it->second;
+  };
+  std::vector<std::size_t> starts;  // server_start events, in time order
+  bool healed = false;
+  std::int64_t healed_t = 0;  // the last healed event
+  for (const std::size_t i : order) {
+    const Event& e = history[i];
+    if (e.kind == EventKind::kServerStart) starts.push_back(i);
+    if (e.kind == EventKind::kHealed) healed = true, healed_t = e.t_ns;
+  }
+  report.liveness_checked = healed;
+  const std::int64_t live_until = healed_t + options.liveness_bound_ms * kNsPerMs;
+
+  std::vector<KeyState> keys;
+  const auto state = [&](std::uint32_t id) -> KeyState& {
+    if (id >= keys.size()) keys.resize(id + 1);
+    return keys[id];
+  };
+  std::unordered_map<GrantId, Grant, GrantIdHash> grants;
+  const auto grant = [&](const Event& e, std::uint32_t id) -> Grant& {
+    return grants[GrantId{e.client, id, e.token}];
+  };
+  std::unordered_map<OpId, Invocation, OpIdHash> invocations;
+  // Completed invocations leave the map: what stays at the end is unfinished,
+  // and a long run's memory holds only the operations in flight.
+  const auto complete = [&](Family family, const Event& e) -> std::optional<Invocation> {
+    const auto it = invocations.find(OpId{family, e.client, e.op});
+    if (it == invocations.end()) return std::nullopt;
+    Invocation inv = it->second;
+    invocations.erase(it);
+    return inv;
+  };
+  // (key id, token) -> the acquire_ok that first granted it.
+  std::unordered_map<GrantId, std::size_t, GrantIdHash> first_grant;
+  struct Liveness {
+    bool active = false;
+    std::int64_t first_active = 0;
+    bool granted = false;
+    bool any_later_grant = false;
+    std::int64_t later_grant = 0;
+  };
+  std::map<std::int64_t, Liveness> clients;
+  std::vector<std::size_t> finals;
+  const auto count = [&](std::string name) { ++report.operations[std::move(name)]; };
+  const auto outcome = [](const std::string& error) {
+    return error.empty() || error == "-" ? std::string("failed") : error;
+  };
+
+  for (const std::size_t i : order) {
+    const Event& e = history[i];
+    const std::uint32_t kid = key_id(e.key);  // "" for events without a key
+    const bool client_event =
+        e.client >= 0 && e.kind != EventKind::kClientPause && e.kind != EventKind::kClientResume;
+    if (healed && client_event && e.t_ns >= healed_t) {
+      Liveness& live = clients[e.client];
+      if (!live.active) live.active = true, live.first_active = e.t_ns;
+    }
+    switch (e.kind) {
+      case EventKind::kAcquireInvoke: {
+        KeyState& k = state(kid);
+        Invocation inv{i, e.wait_ms == 0, k.before};
+        if (k.now < e.t_ns) inv.max_before.offer(k.at_now);
+        invocations[OpId{Family::kAcquire, e.client, e.op}] = inv;
+        break;
+      }
+      case EventKind::kAcquireOk: {
+        const std::optional<Invocation> inv = complete(Family::kAcquire, e);
+        count(inv.has_value() && inv->try_acquire ? "try-acquire ok" : "acquire ok");
+        ++report.lease_operations;
+        Grant& g = grant(e, kid);
+        if (!g.has_start) g.has_start = true, g.start = e.t_ns;
+        if (!g.has_end || e.expiry_ns > g.end) g.has_end = true, g.end = e.expiry_ns;
+
+        KeyState& k = state(kid);
+        if (inv.has_value() && inv->max_before.set && e.token <= inv->max_before.token) {
+          recorder.add(ViolationKind::kTokenOrder, e.key, [&] {
+            const Event& a = history[inv->max_before.event];
+            return "client " + num(e.client) + " invoked acquire at " +
+                   num(history[inv->event].t_ns) + " and got token " + num(e.token) + " at " +
+                   num(e.t_ns) + ", but client " + num(a.client) + " had received token " +
+                   num(a.token) + " at " + num(a.t_ns);
+          });
+        }
+        if (!k.at_now.set || e.t_ns > k.now) {
+          k.before.offer(k.at_now);
+          k.at_now = Best{};
+          k.now = e.t_ns;
+        }
+        k.at_now.offer(e.token, i);
+
+        const auto [first, inserted] = first_grant.try_emplace(GrantId{-1, kid, e.token}, i);
+        if (!inserted && history[first->second].client != e.client) {
+          recorder.add(ViolationKind::kDuplicateToken, e.key, [&] {
+            const Event& a = history[first->second];
+            return "token " + num(e.token) + " granted to client " + num(a.client) + " at " +
+                   num(a.t_ns) + " and to client " + num(e.client) + " at " + num(e.t_ns);
+          });
+        }
+
+        if (inv.has_value()) {
+          const std::int64_t invoked = history[inv->event].t_ns;
+          // The latest start at or before the invocation.
+          const auto after =
+              std::upper_bound(starts.begin(), starts.end(), invoked,
+                               [&](std::int64_t t, std::size_t s) { return t < history[s].t_ns; });
+          if (after != starts.begin()) {
+            const Event& s = history[*std::prev(after)];
+            const std::int64_t delay_end = s.t_ns + s.lock_delay_ms * kNsPerMs;
+            if (e.t_ns < delay_end) {
+              recorder.add(ViolationKind::kLockDelay, e.key, [&] {
+                return "client " + num(e.client) + " invoked acquire at " + num(invoked) +
+                       " and got token " + num(e.token) + " at " + num(e.t_ns) +
+                       ", within the lock delay of incarnation " + num(s.incarnation) +
+                       " started at " + num(s.t_ns) + " (delay ends " + num(delay_end) + ")";
+              });
+            }
+          }
+        }
+
+        if (healed && e.t_ns >= healed_t) {
+          Liveness& live = clients[e.client];
+          if (e.t_ns <= live_until) live.granted = true;
+          if (!live.any_later_grant) live.any_later_grant = true, live.later_grant = e.t_ns;
+        }
+        break;
+      }
+      case EventKind::kAcquireFail: {
+        const std::optional<Invocation> inv = complete(Family::kAcquire, e);
+        count((inv.has_value() && inv->try_acquire ? "try-acquire " : "acquire ") +
+              outcome(e.error));
+        ++report.lease_operations;
+        break;
+      }
+      case EventKind::kHold:
+      case EventKind::kRenewOk: {
+        Grant& g = grant(e, kid);
+        if (!g.has_end || e.expiry_ns > g.end) g.has_end = true, g.end = e.expiry_ns;
+        if (e.kind == EventKind::kHold) {
+          count("hold");
+        } else {
+          (void)complete(Family::kRenew, e);
+          count("renew ok");
+          ++report.lease_operations;
+        }
+        break;
+      }
+      case EventKind::kRenewInvoke:
+        invocations[OpId{Family::kRenew, e.client, e.op}] = Invocation{i, false, Best{}};
+        break;
+      case EventKind::kRenewFail:
+        (void)complete(Family::kRenew, e);
+        count("renew " + outcome(e.error));
+        ++report.lease_operations;
+        break;
+      case EventKind::kReleaseInvoke:
+      case EventKind::kLost: {
+        Grant& g = grant(e, kid);
+        if (!g.has_cut) g.has_cut = true, g.cut = e.t_ns;
+        if (e.kind == EventKind::kLost) {
+          count("lost");
+        } else {
+          invocations[OpId{Family::kRelease, e.client, e.op}] = Invocation{i, false, Best{}};
+        }
+        break;
+      }
+      case EventKind::kReleaseOk:
+        (void)complete(Family::kRelease, e);
+        count("release ok");
+        ++report.lease_operations;
+        break;
+      case EventKind::kReleaseFail:
+        (void)complete(Family::kRelease, e);
+        count("release " + outcome(e.error));
+        ++report.lease_operations;
+        break;
+      case EventKind::kRead:
+        count("read");
+        break;
+      case EventKind::kWriteInvoke:
+        break;
+      case EventKind::kWriteAccepted: {
+        count("write accepted");
+        KeyState& k = state(kid);
+        if (k.any_write && e.token < k.last_token) {
+          recorder.add(ViolationKind::kFencing, e.key, [&] {
+            const Event& p = history[k.last_write];
+            return "write by client " + num(e.client) + " with token " + num(e.token) +
+                   " accepted at " + num(e.t_ns) + " after client " + num(p.client) +
+                   "'s write with token " + num(p.token) + " at " + num(p.t_ns);
+          });
+        }
+        if (e.value != k.last_value + 1) {
+          recorder.add(ViolationKind::kLostIncrement, e.key, [&] {
+            return "write by client " + num(e.client) + " with token " + num(e.token) +
+                   " accepted value " + num(e.value) + " at " + num(e.t_ns) + ", expected " +
+                   num(k.last_value + 1);
+          });
+        }
+        if (!k.any_write || e.token > k.last_token) k.last_token = e.token;
+        k.any_write = true;
+        k.last_write = i;
+        k.last_value = e.value;
+        ++k.accepted;
+        break;
+      }
+      case EventKind::kWriteRejected:
+        count(e.value == -1 ? "read refused" : "write rejected");
+        break;
+      case EventKind::kFinalCounter:
+        (void)state(kid);
+        finals.push_back(i);
+        break;
+      case EventKind::kServerKill:
+        ++report.faults["server kill -9"];
+        break;
+      case EventKind::kServerPause:
+        ++report.faults["server pause"];
+        break;
+      case EventKind::kClientPause:
+        ++report.faults["client pause"];
+        break;
+      case EventKind::kNetFaultsOn:
+        ++report.faults["network faults"];
+        break;
+      case EventKind::kServerStart:
+      case EventKind::kServerReady:
+      case EventKind::kServerResume:
+      case EventKind::kClientResume:
+      case EventKind::kNetFaultsOff:
+      case EventKind::kHealed:
+        break;
+    }
+  }
+
+  // Final counters: every accepted write must be in the count.
+  for (const std::size_t i : finals) {
+    const Event& e = history[i];
+    const KeyState& k = keys[key_ids.at(e.key)];
+    if (e.value < 0 || static_cast<std::uint64_t>(e.value) != k.accepted) {
+      recorder.add(ViolationKind::kLostIncrement, e.key, [&] {
+        return "final counter " + num(e.value) + " at " + num(e.t_ns) + ", but " + num(k.accepted) +
+               " writes were accepted";
+      });
+    }
+  }
+
+  for (const auto& [id, inv] : invocations) {
+    switch (id.family) {
+      case Family::kAcquire:
+        count(inv.try_acquire ? "try-acquire unfinished" : "acquire unfinished");
+        break;
+      case Family::kRenew:
+        count("renew unfinished");
+        break;
+      case Family::kRelease:
+        count("release unfinished");
+        break;
+    }
+  }
+
+  // Overlap: each grant's validity interval, swept by start time.
+  std::vector<Interval> intervals;
+  intervals.reserve(grants.size());
+  for (const auto& [id, g] : grants) {
+    if (!g.has_start || !g.has_end) continue;
+    const std::int64_t end = g.has_cut ? std::min(g.end, g.cut) : g.end;
+    if (end <= g.start) continue;  // never valid
+    intervals.push_back(Interval{g.start, end, id.client, id.key, id.token});
+  }
+  std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
+    return std::tie(a.start, a.end, a.key, a.client, a.token) <
+           std::tie(b.start, b.end, b.key, b.client, b.token);
+  });
+  std::vector<TopTwo> tops(key_names.size());
+  for (const Interval& x : intervals) {
+    TopTwo& top = tops[x.key];
+    const Interval* other = top.other_than(x.client);
+    if (other != nullptr && other->end > x.start) {
+      recorder.add(ViolationKind::kOverlap, key_names[x.key],
+                   [&] { return interval_text(*other) + " overlaps " + interval_text(x); });
+    }
+    top.offer(x);
+  }
+
+  if (healed) {
+    for (const auto& [client, live] : clients) {
+      if (!live.active || live.granted) continue;
+      recorder.add(ViolationKind::kLiveness, "", [&] {
+        return "client " + num(client) + " active after healed at " + num(healed_t) +
+               " (first event at " + num(live.first_active) + ") got no grant by " +
+               num(live_until) +
+               (live.any_later_grant ? "; first grant after heal at " + num(live.later_grant)
+                                     : std::string("; no grant after heal"));
+      });
+    }
+  }
+
+  recorder.finish();
   return report;
 }
 

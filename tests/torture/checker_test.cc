@@ -1,0 +1,485 @@
+// The checker's self-tests: each violation kind caught alone in a small
+// hand-made history, and a clean history full of legal near-misses judged ok.
+#include "checker.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace shardlock::torture {
+namespace {
+
+constexpr std::int64_t ms(std::int64_t v) { return v * 1'000'000; }
+
+Event make(std::int64_t t, EventKind kind) {
+  Event e;
+  e.t_ns = t;
+  e.kind = kind;
+  return e;
+}
+
+Event acquire_invoke(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+                     std::int64_t wait_ms = 1000) {
+  Event e = make(t, EventKind::kAcquireInvoke);
+  e.client = client, e.op = op, e.key = std::move(key), e.ttl_ms = 100, e.wait_ms = wait_ms;
+  return e;
+}
+Event acquire_ok(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+                 std::uint64_t token, std::int64_t expiry) {
+  Event e = make(t, EventKind::kAcquireOk);
+  e.client = client, e.op = op, e.key = std::move(key), e.token = token, e.expiry_ns = expiry;
+  return e;
+}
+Event acquire_fail(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+                   std::string error) {
+  Event e = make(t, EventKind::kAcquireFail);
+  e.client = client, e.op = op, e.key = std::move(key), e.error = std::move(error);
+  return e;
+}
+Event with_token(Event e, std::int64_t client, std::string key, std::uint64_t token) {
+  e.client = client, e.key = std::move(key), e.token = token;
+  return e;
+}
+Event hold(std::int64_t t, std::int64_t client, std::string key, std::uint64_t token,
+           std::int64_t expiry) {
+  Event e = with_token(make(t, EventKind::kHold), client, std::move(key), token);
+  e.expiry_ns = expiry;
+  return e;
+}
+Event renew_invoke(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+                   std::uint64_t token) {
+  Event e = with_token(make(t, EventKind::kRenewInvoke), client, std::move(key), token);
+  e.op = op, e.ttl_ms = 100;
+  return e;
+}
+Event renew_ok(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+               std::uint64_t token, std::int64_t expiry) {
+  Event e = with_token(make(t, EventKind::kRenewOk), client, std::move(key), token);
+  e.op = op, e.expiry_ns = expiry;
+  return e;
+}
+Event release_invoke(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+                     std::uint64_t token) {
+  Event e = with_token(make(t, EventKind::kReleaseInvoke), client, std::move(key), token);
+  e.op = op;
+  return e;
+}
+Event release_ok(std::int64_t t, std::int64_t client, std::int64_t op, std::string key,
+                 std::uint64_t token) {
+  Event e = with_token(make(t, EventKind::kReleaseOk), client, std::move(key), token);
+  e.op = op;
+  return e;
+}
+Event lost(std::int64_t t, std::int64_t client, std::string key, std::uint64_t token) {
+  Event e = with_token(make(t, EventKind::kLost), client, std::move(key), token);
+  e.error = "expired";
+  return e;
+}
+Event write_accepted(std::int64_t t, std::int64_t client, std::string key, std::uint64_t token,
+                     std::int64_t value) {
+  Event e = with_token(make(t, EventKind::kWriteAccepted), client, std::move(key), token);
+  e.value = value;
+  return e;
+}
+Event write_rejected(std::int64_t t, std::int64_t client, std::string key, std::uint64_t token,
+                     std::int64_t value, std::uint64_t highest) {
+  Event e = with_token(make(t, EventKind::kWriteRejected), client, std::move(key), token);
+  e.value = value, e.highest = highest;
+  return e;
+}
+Event final_counter(std::int64_t t, std::string key, std::int64_t value) {
+  Event e = make(t, EventKind::kFinalCounter);
+  e.key = std::move(key), e.value = value;
+  return e;
+}
+Event server_start(std::int64_t t, std::int64_t incarnation, std::int64_t lock_delay_ms) {
+  Event e = make(t, EventKind::kServerStart);
+  e.incarnation = incarnation, e.lock_delay_ms = lock_delay_ms;
+  return e;
+}
+Event server_event(std::int64_t t, EventKind kind, std::int64_t incarnation) {
+  Event e = make(t, kind);
+  e.incarnation = incarnation;
+  return e;
+}
+
+// Exactly `count` violations of `kind` and none of any other kind.
+void expect_only(const CheckReport& report, ViolationKind kind, std::size_t count = 1) {
+  for (const auto& [k, n] : report.violation_counts) {
+    EXPECT_EQ(n, k == kind ? count : 0) << to_string(k) << "\n" << report.text();
+  }
+  EXPECT_FALSE(report.ok());
+  ASSERT_FALSE(report.examples.empty());
+  for (const Violation& v : report.examples) EXPECT_EQ(v.kind, kind) << v.detail;
+}
+
+TEST(Checker, EmptyHistoryIsOk) {
+  const CheckReport report = check({}, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_FALSE(report.liveness_checked);
+  EXPECT_EQ(report.violation_counts.size(), 7u);  // every kind, at zero
+}
+
+TEST(Checker, Overlap) {
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k"),
+      acquire_ok(ms(1), 0, 1, "k", 1, ms(100)),
+      acquire_invoke(ms(50), 1, 1, "k"),
+      acquire_ok(ms(60), 1, 1, "k", 2, ms(200)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOverlap));
+  EXPECT_EQ(report.examples[0].key, "k");
+  EXPECT_NE(report.examples[0].detail.find("client 0 token 1"), std::string::npos);
+  EXPECT_NE(report.examples[0].detail.find("client 1 token 2"), std::string::npos);
+}
+
+TEST(Checker, OverlapFromRenewalOrHoldExpiry) {
+  // The grant alone ends at 50 ms; a renewal, then a hold, stretch it past 60.
+  for (const EventKind stretch : {EventKind::kRenewOk, EventKind::kHold}) {
+    const Event late = stretch == EventKind::kHold ? hold(ms(40), 0, "k", 1, ms(150))
+                                                   : renew_ok(ms(40), 0, 2, "k", 1, ms(150));
+    const std::vector<Event> history = {
+        acquire_invoke(ms(0), 0, 1, "k"),  acquire_ok(ms(1), 0, 1, "k", 1, ms(50)),   late,
+        acquire_invoke(ms(55), 1, 1, "k"), acquire_ok(ms(60), 1, 1, "k", 2, ms(200)),
+    };
+    expect_only(check(history, CheckOptions{}), ViolationKind::kOverlap);
+  }
+}
+
+TEST(Checker, OverlapHiddenBehindTheSameClientsLongerGrant) {
+  // Client 1 overlaps client 0's long grant, then client 0's second grant
+  // overlaps client 1: the latest-ending interval so far is client 0's own,
+  // so the sweep must also remember the latest-ending one of another client.
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k"),        acquire_invoke(ms(0), 1, 1, "k"),
+      acquire_invoke(ms(0), 0, 2, "k"),        acquire_ok(ms(1), 0, 1, "k", 1, ms(100)),
+      acquire_ok(ms(2), 1, 1, "k", 2, ms(50)), acquire_ok(ms(40), 0, 2, "k", 3, ms(60)),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kOverlap, 2);
+}
+
+TEST(Checker, SameClientNeverConflictsWithItself) {
+  // Three overlapping grants of one client, nested and staggered.
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k"),  acquire_ok(ms(1), 0, 1, "k", 1, ms(100)),
+      acquire_invoke(ms(5), 0, 2, "k"),  acquire_ok(ms(10), 0, 2, "k", 2, ms(50)),
+      acquire_invoke(ms(15), 0, 3, "k"), acquire_ok(ms(20), 0, 3, "k", 3, ms(150)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+}
+
+TEST(Checker, TokenOrder) {
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k"),    acquire_ok(ms(1), 0, 1, "k", 5, ms(10)),
+      release_invoke(ms(5), 0, 2, "k", 5), release_ok(ms(6), 0, 2, "k", 5),
+      acquire_invoke(ms(20), 1, 1, "k"),   acquire_ok(ms(21), 1, 1, "k", 3, ms(30)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kTokenOrder));
+  EXPECT_NE(report.examples[0].detail.find("token 5"), std::string::npos);
+}
+
+TEST(Checker, TokenOrderIgnoresConcurrentAcquires) {
+  // Client 1 invoked before client 0's grant arrived: either order is legal.
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k"),
+      acquire_invoke(ms(1), 1, 1, "k"),
+      acquire_ok(ms(2), 0, 1, "k", 5, ms(10)),
+      acquire_ok(ms(10), 1, 1, "k", 3, ms(30)),
+      // An invocation at the very instant of a grant need not see it, even
+      // when listed after it.
+      acquire_invoke(ms(25), 3, 1, "j"),
+      acquire_ok(ms(30), 3, 1, "j", 9, ms(40)),
+      acquire_invoke(ms(30), 2, 1, "j"),
+      acquire_ok(ms(40), 2, 1, "j", 8, ms(50)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+}
+
+TEST(Checker, DuplicateToken) {
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k"),
+      acquire_invoke(ms(1), 1, 1, "k"),
+      acquire_ok(ms(2), 0, 1, "k", 7, ms(3)),
+      acquire_ok(ms(5), 1, 1, "k", 7, ms(10)),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kDuplicateToken);
+}
+
+TEST(Checker, Fencing) {
+  const std::vector<Event> history = {
+      write_accepted(ms(1), 0, "k", 5, 1),
+      write_accepted(ms(2), 1, "k", 3, 2),
+      final_counter(ms(3), "k", 2),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kFencing);
+}
+
+TEST(Checker, LostIncrement) {
+  const std::vector<Event> skipped = {
+      write_accepted(ms(1), 0, "k", 1, 1),
+      write_accepted(ms(2), 0, "k", 1, 2),
+      write_accepted(ms(3), 1, "k", 2, 4),
+  };
+  expect_only(check(skipped, CheckOptions{}), ViolationKind::kLostIncrement);
+
+  const std::vector<Event> first_not_one = {write_accepted(ms(1), 0, "k", 1, 2)};
+  expect_only(check(first_not_one, CheckOptions{}), ViolationKind::kLostIncrement);
+
+  const std::vector<Event> final_short = {
+      write_accepted(ms(1), 0, "k", 1, 1),
+      write_accepted(ms(2), 0, "k", 1, 2),
+      final_counter(ms(3), "k", 3),
+  };
+  expect_only(check(final_short, CheckOptions{}), ViolationKind::kLostIncrement);
+}
+
+TEST(Checker, LockDelay) {
+  const std::vector<Event> history = {
+      server_start(ms(0), 1, 1000),
+      acquire_invoke(ms(10), 0, 1, "k"),
+      acquire_ok(ms(20), 0, 1, "k", 1, ms(120)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kLockDelay));
+  EXPECT_NE(report.examples[0].detail.find("incarnation 1"), std::string::npos);
+}
+
+TEST(Checker, LockDelayUsesTheLatestStartBeforeTheInvocation) {
+  const std::vector<Event> history = {
+      server_start(ms(0), 1, 10),
+      server_event(ms(500), EventKind::kServerKill, 1),
+      server_start(ms(600), 2, 100),
+      acquire_invoke(ms(650), 0, 1, "k"),
+      acquire_ok(ms(699), 0, 1, "k", 1, ms(800)),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kLockDelay);
+}
+
+TEST(Checker, Liveness) {
+  std::vector<Event> history = {
+      make(ms(1000), EventKind::kHealed),
+      acquire_invoke(ms(1100), 0, 1, "k"),
+      acquire_ok(ms(1500), 0, 1, "k", 1, ms(1600)),
+      acquire_invoke(ms(1200), 1, 1, "j"),
+      acquire_fail(ms(1300), 1, 1, "j", "timeout"),
+      acquire_invoke(ms(19000), 1, 2, "j"),
+      acquire_ok(ms(20000), 1, 2, "j", 2, ms(20100)),
+      // Client 2 did nothing after the heal: nothing is owed to it.
+      acquire_invoke(ms(10), 2, 1, "i"),
+      acquire_fail(ms(20), 2, 1, "i", "busy"),
+  };
+  CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.liveness_checked);
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kLiveness));
+  EXPECT_NE(report.examples[0].detail.find("client 1"), std::string::npos);
+
+  // A longer bound covers the late grant.
+  report = check(history, CheckOptions{.liveness_bound_ms = 20000});
+  EXPECT_TRUE(report.ok()) << report.text();
+
+  // Without a heal there is nothing to measure from.
+  history.erase(history.begin());
+  report = check(history, CheckOptions{});
+  EXPECT_FALSE(report.liveness_checked);
+  EXPECT_TRUE(report.ok()) << report.text();
+}
+
+TEST(Checker, ParsesTextHistory) {
+  const std::vector<std::string> lines = {
+      "1000 server_start incarnation=1 lock_delay_ms=0",
+      "2000 acquire_invoke client=0 op=1 key=k ttl_ms=100 wait_ms=0",
+      "3000 acquire_ok client=0 op=1 key=k token=1 expiry_ns=100000",
+      "4000 acquire_invoke client=1 op=1 key=k ttl_ms=100 wait_ms=0",
+      "5000 acquire_fail client=1 op=1 key=k error=busy",
+      "6000 acquire_invoke client=1 op=2 key=k ttl_ms=100 wait_ms=5000",
+      "7000 acquire_ok client=1 op=2 key=k token=2 expiry_ns=200000",
+      "8000 write_accepted client=1 key=k token=2 value=1",
+      "9000 write_rejected client=0 key=k token=1 value=-1 highest=2",
+      "10000 final_counter key=k value=1",
+  };
+  std::vector<Event> history;
+  for (const std::string& line : lines) {
+    std::string error;
+    std::optional<Event> e = parse_event(line, &error);
+    ASSERT_TRUE(e.has_value()) << line << ": " << error;
+    EXPECT_EQ(format_event(*e), line);
+    history.push_back(std::move(*e));
+  }
+  const CheckReport report = check(history, CheckOptions{});
+  expect_only(report, ViolationKind::kOverlap);
+  EXPECT_EQ(report.operations.at("try-acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("try-acquire busy"), 1u);
+  EXPECT_EQ(report.operations.at("acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("write accepted"), 1u);
+  EXPECT_EQ(report.operations.at("read refused"), 1u);
+  EXPECT_EQ(report.lease_operations, 3u);
+}
+
+// A clean run with every legal near-miss the checker must not flag.
+std::vector<Event> tricky_clean_history() {
+  return {
+      server_start(ms(0), 1, 100),
+      // Client 0 holds token 1, stretches it by a hold and a renewal, releases.
+      acquire_invoke(ms(200), 0, 1, "k"),
+      acquire_ok(ms(201), 0, 1, "k", 1, ms(300)),
+      write_accepted(ms(210), 0, "k", 1, 1),
+      hold(ms(250), 0, "k", 1, ms(300)),
+      renew_invoke(ms(260), 0, 2, "k", 1),
+      renew_ok(ms(261), 0, 2, "k", 1, ms(400)),
+      // Client 1 waits meanwhile; its grant comes right after the release
+      // invocation, long before token 1's known expiry.
+      acquire_invoke(ms(340), 1, 1, "k"),
+      release_invoke(ms(350), 0, 3, "k", 1),
+      acquire_ok(ms(351), 1, 1, "k", 2, ms(500)),
+      release_ok(ms(352), 0, 3, "k", 1),
+      write_accepted(ms(355), 1, "k", 2, 2),
+      // Client 0 waits again; client 1 loses its lease at 400, before its
+      // expiry, so client 0's grant at 410 is legal.
+      acquire_invoke(ms(360), 0, 4, "k"),
+      lost(ms(400), 1, "k", 2),
+      acquire_ok(ms(410), 0, 4, "k", 3, ms(600)),
+      write_accepted(ms(420), 0, "k", 3, 3),
+      // Client 0 re-acquires while still holding token 3: never a conflict.
+      acquire_invoke(ms(455), 0, 5, "k"),
+      acquire_ok(ms(460), 0, 5, "k", 4, ms(600)),
+      write_accepted(ms(470), 0, "k", 4, 4),
+      // A stale client's write and a refused read are fenced out, legally.
+      write_rejected(ms(480), 1, "k", 2, 5, 4),
+      write_rejected(ms(481), 1, "k", 2, -1, 4),
+      // Client 3 invokes and never hears back (killed with its server call).
+      acquire_invoke(ms(500), 3, 1, "k"),
+      // Client 1's grant starts exactly when client 0's validity ends.
+      acquire_invoke(ms(590), 1, 2, "k"),
+      acquire_ok(ms(600), 1, 2, "k", 5, ms(800)),
+      write_accepted(ms(610), 1, "k", 5, 5),
+      // Client 2 invokes before a restart and hears back after it, inside the
+      // new incarnation's lock delay: the grant is from before the restart.
+      acquire_invoke(ms(840), 2, 1, "k"),
+      server_event(ms(850), EventKind::kServerKill, 1),
+      server_start(ms(900), 2, 100),
+      acquire_ok(ms(905), 2, 1, "k", 6, ms(1000)),
+      server_event(ms(920), EventKind::kServerReady, 2),
+      make(ms(950), EventKind::kHealed),
+      // Client 1 invokes inside the lock delay; its grant arrives as it ends.
+      acquire_invoke(ms(950), 1, 3, "k"),
+      acquire_ok(ms(1000), 1, 3, "k", 7, ms(1100)),
+      write_accepted(ms(1010), 1, "k", 7, 6),
+      release_invoke(ms(1050), 1, 4, "k", 7),
+      release_ok(ms(1051), 1, 4, "k", 7),
+      // A second key of its own, unaffected by the first.
+      acquire_invoke(ms(1060), 2, 2, "j", 0),
+      acquire_ok(ms(1061), 2, 2, "j", 8, ms(1200)),
+      final_counter(ms(2000), "k", 6),
+  };
+}
+
+TEST(Checker, TrickyButCorrectHistoryIsOk) {
+  std::vector<Event> history = tricky_clean_history();
+  CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_TRUE(report.liveness_checked);
+  EXPECT_EQ(report.operations.at("acquire ok"), 7u);
+  EXPECT_EQ(report.operations.at("try-acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("acquire unfinished"), 1u);
+  EXPECT_EQ(report.operations.at("renew ok"), 1u);
+  EXPECT_EQ(report.operations.at("release ok"), 2u);
+  EXPECT_EQ(report.operations.at("lost"), 1u);
+  EXPECT_EQ(report.operations.at("write accepted"), 6u);
+  EXPECT_EQ(report.operations.at("write rejected"), 1u);
+  EXPECT_EQ(report.operations.at("read refused"), 1u);
+  EXPECT_EQ(report.faults.at("server kill -9"), 1u);
+  EXPECT_EQ(report.lease_operations, 11u);
+
+  // The order of the input does not matter (the checker sorts by time).
+  std::reverse(history.begin(), history.end());
+  report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+}
+
+TEST(Checker, OddHistoriesNeverCrash) {
+  const std::vector<Event> history = {
+      acquire_ok(ms(5), 0, 9, "k", 1, ms(1)),     // no invocation, expired at once
+      renew_ok(ms(6), 4, 9, "k", 3, ms(10)),      // renews a grant never seen
+      release_ok(ms(7), 4, 10, "k", 3),           // releases an unknown op
+      lost(ms(8), 5, "x", 0),                     // loses an unknown grant
+      acquire_fail(ms(9), 6, 1, "k", ""),         // fails an unknown op
+      final_counter(ms(10), "never-written", 0),  // a key nobody wrote
+      make(ms(11), EventKind::kNetFaultsOn),
+      make(ms(12), EventKind::kNetFaultsOff),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("acquire failed"), 1u);
+  EXPECT_EQ(report.faults.at("network faults"), 1u);
+}
+
+TEST(Checker, KeepsOnlyTheFirstExamplesButCountsAll) {
+  std::vector<Event> history;
+  for (int i = 0; i < 10; ++i) history.push_back(write_accepted(ms(i), 0, "k", 1, 2 * i + 1));
+  const CheckReport report = check(history, CheckOptions{.max_examples = 3});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kLostIncrement, 9));
+  EXPECT_EQ(report.examples.size(), 3u);
+  EXPECT_NE(report.examples[0].detail.find("value 3"), std::string::npos);
+}
+
+TEST(Checker, LargeCleanHistory) {
+  // 20 keys, 7 clients taking turns on each: 300k events.
+  std::vector<Event> history;
+  std::uint64_t token = 0;
+  for (int round = 0; round < 3000; ++round) {
+    for (int k = 0; k < 20; ++k) {
+      const std::string key = "key" + std::to_string(k);
+      const std::int64_t client = (round + k) % 7;
+      const std::int64_t t = ms(10) * round + k;
+      const std::int64_t op = 2 * (round * 20 + k);  // unique per client
+      ++token;
+      history.push_back(acquire_invoke(t, client, op, key));
+      history.push_back(acquire_ok(t + 1000, client, op, key, token, t + ms(9)));
+      history.push_back(write_accepted(t + 2000, client, key, token, round + 1));
+      history.push_back(release_invoke(t + 3000, client, op + 1, key, token));
+      history.push_back(release_ok(t + 4000, client, op + 1, key, token));
+    }
+  }
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.lease_operations, 2u * 3000 * 20);
+}
+
+TEST(Checker, JsonEscapesStrings) {
+  CheckReport report;
+  report.violation_counts[ViolationKind::kOverlap] = 1;
+  report.examples.push_back(
+      Violation{ViolationKind::kOverlap, "a\"b\\c", std::string("line\nbreak\x01tab\t")});
+  report.operations["acquire ok"] = 2;
+  const std::string json = report.json();
+  EXPECT_EQ(json.front(), '{');
+  EXPECT_EQ(json.back(), '}');
+  EXPECT_EQ(json.find('\n'), std::string::npos);
+  EXPECT_NE(json.find("\"ok\":false"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("key":"a\"b\\c")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("detail":"line\u000abreak\u0001tab\u0009")"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("overlap":1)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("operations":{"acquire ok":2})"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("liveness_checked":false)"), std::string::npos) << json;
+}
+
+TEST(Checker, TextNamesEveryKind) {
+  const CheckReport report = check({}, CheckOptions{});
+  const std::string text = report.text();
+  for (const ViolationKind kind :
+       {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
+        ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
+        ViolationKind::kLiveness}) {
+    EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
+  }
+  EXPECT_NE(text.find("OK"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardlock::torture
