@@ -79,6 +79,12 @@ int main(int argc, char** argv) {
   app.add_option("--client-pauses", o.client_pauses, "SIGSTOPs of a worker (1.5 x max TTL)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000));
+  app.add_option("--stall-per-million", o.stall_per_million,
+                 "per cycle, the chance (in millionths) a client stalls 1.5 x max TTL between "
+                 "its last validity check and its write (Kleppmann's pause; fencing must refuse "
+                 "the late write)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
   app.add_option("--liveness-bound-ms", o.liveness_bound_ms,
                  "after the heal, every client must acquire within this (0: lock-delay + "
                  "4 x max TTL + 2 s)")
@@ -107,6 +113,7 @@ int main(int argc, char** argv) {
   worker->add_option("--keys", w.keys)->required();
   worker->add_option("--ttl-ms", w.ttl_ms)->required();
   worker->add_option("--max-wait-ms", w.max_wait_ms)->required();
+  worker->add_option("--stall-per-million", w.stall_per_million);
 
   try {
     app.parse(argc, argv);

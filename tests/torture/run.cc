@@ -224,7 +224,9 @@ int run_torture(const TortureOptions& o) {
                                            "--ttl-ms",
                                            std::to_string(o.max_ttl_ms),
                                            "--max-wait-ms",
-                                           std::to_string(o.max_wait_ms)};
+                                           std::to_string(o.max_wait_ms),
+                                           "--stall-per-million",
+                                           std::to_string(o.stall_per_million)};
     if (!workers[static_cast<std::size_t>(w)].start(
             argv, false, (scratch / ("worker-" + std::to_string(w) + ".err")).string())) {
       return fail("cannot start a worker: " + workers[static_cast<std::size_t>(w)].error());

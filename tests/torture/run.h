@@ -35,6 +35,7 @@ struct TortureOptions {
   int kills = 2;                // kill -9 + restart of the server
   int server_pauses = 1;        // SIGSTOP of the server for 1.5 x max TTL
   int client_pauses = 2;        // SIGSTOP of a worker for 1.5 x max TTL
+  int stall_per_million = 2000; // per cycle: a client stalls 1.5 x max TTL before writing
   std::int64_t liveness_bound_ms = 0;  // 0: lock-delay + 4 x max TTL + 2 s
   std::string history_dir;      // keep the history here (default: a temp dir, removed)
   bool json = false;

@@ -156,6 +156,9 @@ int run_client(const WorkerOptions& o, int client) {
           hold.t_ns = 0;
           hold.expiry_ns = expiry_on_monotonic(lease);
           history.record(hold);
+          if (static_cast<int>(random.uniform(1'000'000)) < o.stall_per_million) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(o.ttl_ms * 3 / 2));
+          }
           Event w = base(EventKind::kWriteInvoke, key_name);
           w.token = token;
           w.value = value + 1;

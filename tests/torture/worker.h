@@ -28,6 +28,10 @@ struct WorkerOptions {
   int max_wait_ms = 1000;
   int request_timeout_ms = 1000;
   int initial_retransmit_ms = 5;
+  // Per million cycles: the client stalls for 1.5 x ttl_ms between its last
+  // validity check and its write (Kleppmann's GC pause), so the write often
+  // reaches the resource after another client took the key over.
+  int stall_per_million = 0;
 };
 
 // Runs the workload; returns the process exit status (0, or 3 on a setup
