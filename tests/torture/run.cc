@@ -92,7 +92,19 @@ class ServerUnderTest {
     return false;
   }
 
+  // Whether an incarnation died on its own (a crash, a sanitizer report):
+  // a failure of the system under test, whatever the history says.
+  void note_if_dead() {
+    if (process_.running() && process_.wait_for(0ms)) {
+      crashes_ += "shardlockd incarnation " + std::to_string(incarnation_) +
+                  " exited by itself (wait status " + std::to_string(process_.exit_status()) +
+                  "); see " + log_path_ + "\n";
+    }
+  }
+  [[nodiscard]] const std::string& crashes() const noexcept { return crashes_; }
+
   void kill() {
+    note_if_dead();
     process_.kill();
     Event e;
     e.kind = EventKind::kServerKill;
@@ -114,6 +126,7 @@ class ServerUnderTest {
   }
 
   void stop() {
+    note_if_dead();
     process_.signal(SIGCONT);
     process_.signal(SIGTERM);
     if (!process_.wait_for(5s)) process_.kill();
@@ -129,6 +142,7 @@ class ServerUnderTest {
   ChildProcess process_;
   std::uint16_t port_ = 0;
   std::int64_t incarnation_ = 0;
+  std::string crashes_;
 };
 
 enum class Fault { kKill, kServerPause, kClientPause };
@@ -319,8 +333,15 @@ int run_torture(const TortureOptions& o) {
     if (!w.wait_for(std::chrono::milliseconds(o.max_wait_ms + 5000))) w.kill();
   }
   bool worker_failed = false;
-  for (ChildProcess& w : workers) {
-    if (WIFEXITED(w.exit_status()) && WEXITSTATUS(w.exit_status()) == 3) worker_failed = true;
+  std::string crashes;
+  for (std::size_t i = 0; i < workers.size(); ++i) {
+    const int status = workers[i].exit_status();
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 3) worker_failed = true;
+    if (!WIFEXITED(status) || (WEXITSTATUS(status) != 0 && WEXITSTATUS(status) != 3)) {
+      crashes += "worker " + std::to_string(i) + " ended with wait status " +
+                 std::to_string(status) + "; see " + scratch.string() + "/worker-" +
+                 std::to_string(i) + ".err\n";
+    }
   }
   proxy.stop();
   resource.stop();
@@ -360,6 +381,13 @@ int run_torture(const TortureOptions& o) {
                 static_cast<unsigned long long>(c.delayed));
     std::printf("%s", report.text().c_str());
     if (!o.history_dir.empty()) std::printf("history kept in %s\n", o.history_dir.c_str());
+  }
+  crashes += server.crashes();
+  if (!crashes.empty()) {
+    std::fprintf(stderr, "shardlock-torture: a process of the system under test died:\n%s",
+                 crashes.c_str());
+    cleanup.path.clear();  // keep the logs it points to
+    return 1;
   }
   return report.ok() ? 0 : 1;
 }
