@@ -13,6 +13,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -44,13 +45,29 @@ using internal::TokenStore;
 
 namespace {
 
-// Key -> shard placement. Fixed forever: changing it would move keys between
-// token counters across an upgrade.
 // Keeps floor + token_block far from wrapping, and a block's unused tokens
 // (skipped at a restart) a negligible part of the 64-bit space.
 constexpr std::uint64_t kMaxTokenBlock = std::uint64_t{1} << 40;
 
-constexpr std::uint64_t kShardSeed = 0x5348'4c4b'7368'6172ULL;  // "SHLKshar"
+// A secret per-process seed for every hash of remote input (key -> shard,
+// the shards' tables), so colliding keys or ids cannot be built offline. The
+// key -> shard placement may change across restarts: every shard of a new
+// run starts above the largest token any shard issued before (token_store),
+// so a key's tokens still rise.
+std::uint64_t secret_seed() {
+  std::uint64_t seed = 0;
+  if (::getrandom(&seed, sizeof seed, 0) != static_cast<ssize_t>(sizeof seed)) {
+    seed = static_cast<std::uint64_t>(
+               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+           (static_cast<std::uint64_t>(::getpid()) << 32);
+  }
+  return seed;
+}
+
+// ceil(total / parts), at least 1: one shard's share of a server-wide bound.
+std::size_t share(std::size_t total, std::size_t parts) {
+  return std::max<std::size_t>(1, total / parts + (total % parts != 0 ? 1 : 0));
+}
 
 // One shard and its lock, padded to its own cache lines so neighbouring
 // shards' locks do not false-share.
@@ -141,7 +158,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   }
 
   ShardSlot& slot_for(std::string_view key) {
-    const std::uint64_t h = XXH3_64bits_withSeed(key.data(), key.size(), kShardSeed);
+    const std::uint64_t h = XXH3_64bits_withSeed(key.data(), key.size(), shard_seed);
     return *shards[h % shards.size()];
   }
 
@@ -183,13 +200,31 @@ struct LeaseServer::Impl final : internal::DatagramSink {
 
   void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
 
+  // The loops' entry points: without memory a datagram or a tick is given
+  // up (counted), never the I/O thread; the shards stay consistent on their
+  // own (Shard::handle answers ERROR(kResourceExhausted)).
   void on_datagram(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
-                   std::vector<OutDatagram>& out) override;
+                   std::vector<OutDatagram>& out) override {
+    try {
+      handle_datagram(worker, bytes, peer, out);
+    } catch (const std::bad_alloc&) {
+      allocation_failures.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+    }
+  }
+  void handle_datagram(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
+                       std::vector<OutDatagram>& out);
   void on_oversized() override {
     // Relaxed: a statistic; STATS readers need no ordering with it.
     malformed.fetch_add(1, std::memory_order_relaxed);
   }
-  void on_tick(unsigned worker, std::vector<OutDatagram>& out) override;
+  void on_tick(unsigned worker, std::vector<OutDatagram>& out) override {
+    try {
+      tick(worker, out);
+    } catch (const std::bad_alloc&) {
+      allocation_failures.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
+    }
+  }
+  void tick(unsigned worker, std::vector<OutDatagram>& out);
   void log(std::string_view line) override { options.log(line); }
 
   LeaseServerOptions options;
@@ -211,6 +246,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::atomic<std::uint64_t> malformed{0};
   std::atomic<std::uint64_t> version_errors{0};
   std::atomic<std::uint64_t> auth_failures{0};
+  std::atomic<std::uint64_t> allocation_failures{0};
   std::atomic<std::uint64_t> amplification_drops{0};
   // Adds the counters kept outside the shards.
   void add_server_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const {
@@ -221,12 +257,16 @@ struct LeaseServer::Impl final : internal::DatagramSink {
         version_errors.load(std::memory_order_relaxed);
     counters[static_cast<std::size_t>(StatCounter::kAuthFailures)] +=
         auth_failures.load(std::memory_order_relaxed);
+    counters[static_cast<std::size_t>(StatCounter::kAllocationFailures)] +=
+        allocation_failures.load(std::memory_order_relaxed);
     counters[static_cast<std::size_t>(StatCounter::kAmplificationDrops)] +=
         amplification_drops.load(std::memory_order_relaxed);
   }
   // When to lower the data dir's lease bound to this run's max TTL (set
   // before the threads start, then touched by I/O worker 0 only).
   std::optional<std::int64_t> lease_bound_settles_ms;
+  // Key -> shard placement seed (secret, per process; see secret_seed()).
+  std::uint64_t shard_seed = 0;
 };
 
 std::error_code LeaseServer::Impl::start() {
@@ -251,6 +291,14 @@ std::error_code LeaseServer::Impl::start() {
   }
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
+  }
+  for (const auto& [name, value] :
+       {std::pair<const char*, std::size_t>{"max_keys", o.max_keys},
+        {"max_waiters", o.max_waiters},
+        {"max_waiters_per_key", o.max_waiters_per_key},
+        {"max_leases_per_client", o.max_leases_per_client},
+        {"max_waiters_per_client", o.max_waiters_per_client}}) {
+    if (value == 0) return fail(ServerError::kBadOptions, std::string(name) + " must be >= 1");
   }
   if (o.token_block == 0 || o.token_block > kMaxTokenBlock) {
     return fail(ServerError::kBadOptions,
@@ -298,6 +346,13 @@ std::error_code LeaseServer::Impl::start() {
   limits.max_wait_ms = static_cast<std::uint32_t>(o.max_wait.count());
   limits.dedup_capacity = o.dedup_entries_per_shard;
   limits.recovering_until_ms = now + lock_delay.count();
+  limits.max_keys = share(o.max_keys, o.shards);
+  limits.max_waiters = share(o.max_waiters, o.shards);
+  limits.max_waiters_per_key = o.max_waiters_per_key;
+  limits.max_leases_per_client = share(o.max_leases_per_client, o.shards);
+  limits.max_waiters_per_client = share(o.max_waiters_per_client, o.shards);
+  shard_seed = secret_seed();
+  limits.hash_seed = secret_seed();
   if (store && previous_bound > o.max_ttl) {
     lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
   }
@@ -494,7 +549,7 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
   reply.shard_tokens_le = w.stats_tokens;
 }
 
-void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
+void LeaseServer::Impl::handle_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
                                     const Peer& peer, std::vector<OutDatagram>& out) {
   Worker& w = *workers[worker];
   // A sealed datagram reaching a server without a key fails too: it cannot
@@ -582,7 +637,7 @@ void LeaseServer::Impl::on_datagram(unsigned worker, std::span<const std::uint8_
   send_deferred(w, out);
 }
 
-void LeaseServer::Impl::on_tick(unsigned worker, std::vector<OutDatagram>& out) {
+void LeaseServer::Impl::tick(unsigned worker, std::vector<OutDatagram>& out) {
   Worker& w = *workers[worker];
   const std::int64_t now = now_ms();
   for (std::size_t s = worker; s < shards.size(); s += workers.size()) {

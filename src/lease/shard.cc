@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <iterator>
+#include <new>
 
 namespace shardlock::lease::internal {
 
@@ -25,7 +26,50 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
       limits_(limits),
       tokens_(tokens),
       wheel_(now_ms),
-      dedup_(limits.dedup_capacity) {}
+      keys_(16, StringKeyHash(limits.hash_seed)),
+      dedup_(limits.dedup_capacity, limits.hash_seed),
+      waiter_index_(16, SeededHash{limits.hash_seed}),
+      usage_(16, SeededHash{limits.hash_seed}) {}
+
+std::size_t Shard::SeededHash::operator()(const WaiterId& id) const noexcept {
+  const std::uint64_t words[3] = {id.client.lo, id.client.hi, id.request_id};
+  return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
+}
+
+std::size_t Shard::SeededHash::operator()(const ClientId& id) const noexcept {
+  const std::uint64_t words[2] = {id.lo, id.hi};
+  return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
+}
+
+void Shard::use(const ClientId& client, long leases, long waiters) {
+  auto it = usage_.find(client);
+  if (it == usage_.end()) {
+    if (leases <= 0 && waiters <= 0) return;
+    it = usage_.try_emplace(client).first;  // may throw; nothing changed yet
+  }
+  it->second.leases = static_cast<std::size_t>(static_cast<long>(it->second.leases) + leases);
+  it->second.waiters = static_cast<std::size_t>(static_cast<long>(it->second.waiters) + waiters);
+  if (it->second.leases == 0 && it->second.waiters == 0) usage_.erase(it);
+}
+
+bool Shard::may_hold(const ClientId& client) const {
+  const auto it = usage_.find(client);
+  return it == usage_.end() || it->second.leases < limits_.max_leases_per_client;
+}
+
+bool Shard::may_queue(const ClientId& client, const KeyState& state) const {
+  if (waiter_index_.size() >= limits_.max_waiters) return false;
+  if (state.waiters.size() >= limits_.max_waiters_per_key) return false;
+  const auto it = usage_.find(client);
+  return it == usage_.end() || it->second.waiters < limits_.max_waiters_per_client;
+}
+
+void Shard::refuse(Message& reply) noexcept {
+  reply.type = MessageType::kError;
+  reply.error = WireError::kLimitExceeded;
+  count(StatCounter::kLimitRejections);
+  count(StatCounter::kErrors);
+}
 
 Shard::~Shard() {
   for (auto& [key, state] : keys_) {
@@ -89,7 +133,13 @@ std::uint64_t Shard::request_fingerprint(MessageType type, std::string_view key)
 }
 
 void Shard::remember(const ClientId& client, std::uint64_t request_id, const Answer& answer) {
-  dedup_.put(client, request_id, answer);
+  try {
+    dedup_.put(client, request_id, answer);
+  } catch (const std::bad_alloc&) {
+    // Not remembered: a retransmission is decided afresh, which the
+    // request-id rules keep safe (same grant, stale, or found queued).
+    count(StatCounter::kAllocationFailures);
+  }
 }
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
@@ -138,6 +188,22 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
     }
   }
 
+  try {
+    return decide(client, peer, request, fingerprint, reply_credit, now_ms, reply, deferred);
+  } catch (const std::bad_alloc&) {
+    // Every step allocates before it changes state, so the shard is as it
+    // was before this request (a token may have been skipped).
+    reply.type = MessageType::kError;
+    reply.error = WireError::kResourceExhausted;
+    count(StatCounter::kAllocationFailures);
+    count(StatCounter::kErrors);
+    return true;
+  }
+}
+
+bool Shard::decide(const ClientId& client, const Peer& peer, const Message& request,
+                   std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
+                   Message& reply, std::vector<DeferredReply>& deferred) {
   KeyState* state = find_live(request.key, now_ms, deferred);
   switch (request.type) {
     case MessageType::kAcquire: {
@@ -199,6 +265,10 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   (void)deferred;
   auto it = keys_.find(request.key);
   if (it == keys_.end()) {
+    if (keys_.size() >= limits_.max_keys || !may_hold(client)) {
+      refuse(reply);
+      return;
+    }
     const std::uint64_t token = tokens_.next(last_error_);
     if (token == 0) {
       reply.type = MessageType::kError;
@@ -206,7 +276,13 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       count(StatCounter::kErrors);
       return;  // not remembered: a retry may succeed once the disk recovers
     }
-    it = keys_.try_emplace(std::string(request.key)).first;
+    it = keys_.try_emplace(std::string(request.key)).first;  // may throw: nothing changed
+    try {
+      use(client, 1, 0);
+    } catch (...) {
+      keys_.erase(it);
+      throw;
+    }
     KeyState& state = it->second;
     state.key = &it->first;
     state.kind = kLeaseExpiry;
@@ -275,13 +351,32 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   }
   // A retransmission of a queued request whose dedup entry was evicted must
   // not queue a second time.
-  for (const Waiter& w : state.waiters) {
-    if (w.client == client && w.request_id == request.request_id) {
-      answered = false;
-      return;
-    }
+  const WaiterId id{client, request.request_id};
+  if (waiter_index_.find(id) != waiter_index_.end()) {
+    answered = false;
+    return;
   }
-  Waiter& w = new_waiter(state);
+  if (!may_queue(client, state)) {
+    refuse(reply);
+    return;
+  }
+  // Everything that allocates comes first, undone if a later step throws.
+  const auto slot = waiter_index_.try_emplace(id, nullptr).first;
+  Waiter* queued = nullptr;
+  try {
+    use(client, 0, 1);
+    try {
+      queued = &new_waiter(state);
+    } catch (...) {
+      use(client, 0, -1);
+      throw;
+    }
+  } catch (...) {
+    waiter_index_.erase(slot);
+    throw;
+  }
+  slot->second = queued;
+  Waiter& w = *queued;
   w.kind = kWaitTimeout;
   w.client = client;
   w.request_id = request.request_id;
@@ -296,20 +391,36 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   answered = false;
 }
 
-void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
-  while (!state.waiters.empty()) {
-    Waiter& w = state.waiters.front();
-    wheel_.cancel(w);
-    DeferredReply& out = deferred.emplace_back();
+void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
+                  std::vector<DeferredReply>& deferred) noexcept {
+  try {
+    DeferredReply out;
     out.peer = w.peer;
     out.client = w.client;
     out.request_id = w.request_id;
     out.reply_credit = w.reply_credit;
     out.key = *state.key;
+    out.type = type;
+    out.token = token;
+    out.ttl_ms = type == MessageType::kGranted ? w.ttl_ms : 0;
+    out.error = WireError::kInternal;
+    deferred.push_back(std::move(out));
+  } catch (const std::bad_alloc&) {
+    count(StatCounter::kAllocationFailures);
+  }
+}
+
+void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
+  // The holder is gone. Nothing below allocates or throws (use() only
+  // adjusts entries that exist; defer() and remember() swallow allocation
+  // failures), so a hand-off always completes.
+  use(state.owner, -1, 0);
+  while (!state.waiters.empty()) {
+    Waiter& w = state.waiters.front();
+    wheel_.cancel(w);
     const std::uint64_t token = tokens_.next(last_error_);
     if (token == 0) {
-      out.type = MessageType::kError;
-      out.error = WireError::kInternal;
+      defer(w, state, MessageType::kError, 0, deferred);
       count(StatCounter::kErrors);
       remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0, w.fingerprint});
       retire_waiter(state, state.waiters.begin());
@@ -320,11 +431,10 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     state.request_id = w.request_id;
     state.last_request_id = w.request_id;
     wheel_.schedule(state, deadline_for(now_ms, w.ttl_ms));
-    out.type = MessageType::kGranted;
-    out.token = token;
-    out.ttl_ms = w.ttl_ms;
+    defer(w, state, MessageType::kGranted, token, deferred);
     count(StatCounter::kGrants);
     remember(w.client, w.request_id, Answer{MessageType::kGranted, token, w.ttl_ms, w.fingerprint});
+    use(w.client, 1, 0);  // its entry exists: it counts this waiter
     retire_waiter(state, state.waiters.begin());
     return;
   }
@@ -348,13 +458,7 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   }
   auto& w = static_cast<Waiter&>(node);
   KeyState& state = *w.state;
-  DeferredReply& out = deferred.emplace_back();
-  out.peer = w.peer;
-  out.client = w.client;
-  out.request_id = w.request_id;
-  out.reply_credit = w.reply_credit;
-  out.type = MessageType::kTimeout;
-  out.key = *state.key;
+  defer(w, state, MessageType::kTimeout, 0, deferred);
   count(StatCounter::kTimeouts);
   remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0, w.fingerprint});
   retire_waiter(state, w.self);
@@ -372,6 +476,8 @@ Shard::Waiter& Shard::new_waiter(KeyState& state) {
 }
 
 void Shard::retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter) {
+  waiter_index_.erase(WaiterId{waiter->client, waiter->request_id});
+  use(waiter->client, 0, -1);
   if (spare_waiters_.size() < kMaxSpareWaiters) {
     spare_waiters_.splice(spare_waiters_.end(), state.waiters, waiter);
   } else {

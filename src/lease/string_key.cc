@@ -5,7 +5,7 @@
 namespace shardlock::lease::internal {
 
 std::size_t StringKeyHash::operator()(std::string_view s) const noexcept {
-  return static_cast<std::size_t>(XXH3_64bits_withSeed(s.data(), s.size(), 0x5eed0f5a11ULL));
+  return static_cast<std::size_t>(XXH3_64bits_withSeed(s.data(), s.size(), seed));
 }
 
 }  // namespace shardlock::lease::internal

@@ -853,6 +853,40 @@ TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
   EXPECT_TRUE(logged);
 }
 
+// Issue 11, hole 8: the key -> shard placement is seeded by a secret drawn
+// at every start, so keys land on other shards after a restart. Their tokens
+// must still rise: every shard of a new run starts above every token issued.
+TEST(LeaseServerStart, TokensRiseAcrossRestartsWhateverShardAKeyLandsOn) {
+  char tmpl[] = "/tmp/shardlock-server-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  LeaseServerOptions o;
+  o.io = IoBackend::kSocket;
+  o.lock_delay = milliseconds{0};
+  o.shards = 16;
+  o.token_block = 8;
+  o.data_dir = std::string(tmpl) + "/data";
+  o.log = [](std::string_view) {};
+  std::map<std::string, std::uint64_t> last;
+  for (int run = 0; run < 3; ++run) {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    UdpTestPeer peer(server.port());
+    for (int k = 0; k < 32; ++k) {
+      const std::string key = "key-" + std::to_string(k);
+      // Uneven use, so the shards' counters differ a lot.
+      for (int i = 0; i <= k % 5; ++i) {
+        const Message g = peer.acquire(key, 1000);
+        ASSERT_EQ(g.type, MessageType::kGranted);
+        EXPECT_GT(g.token, last[key]) << key << " in run " << run;
+        last[key] = g.token;
+        ASSERT_EQ(peer.release(key, g.token).type, MessageType::kReleased);
+      }
+    }
+    server.stop();
+  }
+  std::filesystem::remove_all(tmpl);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, ServerTest,
                          ::testing::Values(IoBackend::kSocket, IoBackend::kUring),
                          [](const auto& param_info) {

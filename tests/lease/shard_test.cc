@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "shardlock/lease/internal/string_key.h"
 #include "shardlock/lease/internal/timer_wheel.h"
 
 namespace shardlock::lease::internal {
@@ -492,6 +493,99 @@ TEST(TimerWheel, FireMayCancelAnotherDueNode) {
   });
   EXPECT_EQ(count, 1);
   EXPECT_EQ(wheel.size(), 0u);
+}
+
+
+// ---------------------------------------------------------------------------
+// Issue 11, hole 8: every structure a peer can grow is bounded, refused with
+// ERROR(kLimitExceeded) and counted; nothing already granted is touched.
+
+TEST_F(ShardTest, HeldKeysAreBounded) {
+  make_shard(ShardLimits{.max_keys = 2});
+  const auto a = acquire(kAlice, 1000, 0, 0, "a");
+  ASSERT_EQ(a.reply.type, MessageType::kGranted);
+  ASSERT_EQ(acquire(kBob, 1000, 0, 0, "b").reply.type, MessageType::kGranted);
+  const auto c = acquire(kCarol, 1000, 0, 0, "c");
+  EXPECT_EQ(c.reply.type, MessageType::kError);
+  EXPECT_EQ(c.reply.error, WireError::kLimitExceeded);
+  EXPECT_EQ(counter(StatCounter::kLimitRejections), 1u);
+  EXPECT_TRUE(query("a").reply.held);
+  ASSERT_EQ(release(kAlice, a.reply.token, 0, "a").reply.type, MessageType::kReleased);
+  EXPECT_EQ(acquire(kCarol, 1000, 0, 0, "c").reply.type, MessageType::kGranted);
+}
+
+TEST_F(ShardTest, WaitersAreBoundedPerKeyAndInTotal) {
+  make_shard(ShardLimits{.max_waiters = 3, .max_waiters_per_key = 2});
+  acquire(kAlice, 10'000, 0, 0, "a");
+  acquire(kAlice, 10'000, 0, 0, "b");
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 0, "a").answered);
+  ASSERT_FALSE(acquire(kCarol, 1000, 5000, 0, "a").answered);
+  const auto third = acquire(ClientId{4, 4}, 1000, 5000, 0, "a");
+  ASSERT_TRUE(third.answered);
+  EXPECT_EQ(third.reply.error, WireError::kLimitExceeded) << "per key";
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 0, "b").answered);
+  const auto fourth = acquire(kCarol, 1000, 5000, 0, "b");
+  ASSERT_TRUE(fourth.answered);
+  EXPECT_EQ(fourth.reply.error, WireError::kLimitExceeded) << "in total";
+  EXPECT_EQ(counter(StatCounter::kLimitRejections), 2u);
+  EXPECT_EQ(shard_->queued_waiters(), 3u);
+  EXPECT_EQ(query("a").reply.waiters, 2u);
+}
+
+TEST_F(ShardTest, PerClientLeasesAndWaitersAreBounded) {
+  make_shard(ShardLimits{.max_leases_per_client = 2, .max_waiters_per_client = 1});
+  ASSERT_EQ(acquire(kAlice, 1000, 0, 0, "a").reply.type, MessageType::kGranted);
+  const auto b = acquire(kAlice, 1000, 0, 0, "b");
+  ASSERT_EQ(b.reply.type, MessageType::kGranted);
+  EXPECT_EQ(acquire(kAlice, 1000, 0, 0, "c").reply.error, WireError::kLimitExceeded);
+  EXPECT_EQ(acquire(kBob, 1000, 0, 0, "c").reply.type, MessageType::kGranted) << "others are not";
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 0, "a").answered);
+  EXPECT_EQ(acquire(kBob, 1000, 5000, 0, "b").reply.error, WireError::kLimitExceeded);
+  // A released lease frees its slot.
+  ASSERT_EQ(release(kAlice, b.reply.token, 0, "b").reply.type, MessageType::kReleased);
+  EXPECT_EQ(acquire(kAlice, 1000, 0, 0, "d").reply.type, MessageType::kGranted);
+  // Usage is forgotten once a client holds and waits for nothing.
+  advance_to(now_ + 5001);
+  take_deferred();
+  EXPECT_EQ(shard_->tracked_clients(), 0u);
+  EXPECT_EQ(shard_->queued_waiters(), 0u);
+}
+
+// The queued-retransmission lookup is an index, kept exact through every way
+// a waiter leaves (hand-off, timeout, its key going away).
+TEST_F(ShardTest, QueuedRetransmissionsAreFoundInLongQueues) {
+  make_shard(ShardLimits{.dedup_capacity = 0});
+  const auto t = acquire(kAlice, 1000).reply.token;
+  constexpr int kWaiters = 2000;
+  for (int i = 0; i < kWaiters; ++i) {
+    ASSERT_FALSE(acquire(ClientId{10, static_cast<std::uint64_t>(i)}, 1000, 5000, 7000 + i).answered);
+  }
+  // Retransmissions of the first and the last: neither queued again.
+  EXPECT_FALSE(acquire(ClientId{10, 0}, 1000, 5000, 7000).answered);
+  EXPECT_FALSE(acquire(ClientId{10, kWaiters - 1}, 1000, 5000, 7000 + kWaiters - 1).answered);
+  EXPECT_EQ(query().reply.waiters, static_cast<std::uint32_t>(kWaiters));
+  EXPECT_EQ(shard_->queued_waiters(), static_cast<std::size_t>(kWaiters));
+  ASSERT_EQ(release(kAlice, t).reply.type, MessageType::kReleased);
+  EXPECT_EQ(shard_->queued_waiters(), static_cast<std::size_t>(kWaiters - 1));
+  // The granted one, retransmitted, is the holder now: same grant.
+  const auto again = acquire(ClientId{10, 0}, 1000, 5000, 7000);
+  EXPECT_EQ(again.reply.type, MessageType::kGranted);
+  advance_to(now_ + 5001);  // the rest time out, the lease expires
+  take_deferred();
+  EXPECT_EQ(shard_->queued_waiters(), 0u);
+  EXPECT_EQ(shard_->held_keys(), 0u);
+  EXPECT_EQ(shard_->tracked_clients(), 0u);
+}
+
+TEST(StringKeyHashTest, TheSeedChangesEveryHash) {
+  const StringKeyHash a(1);
+  const StringKeyHash b(2);
+  int equal = 0;
+  for (int i = 0; i < 64; ++i) {
+    const std::string key = "key-" + std::to_string(i);
+    equal += a(key) == b(key) ? 1 : 0;
+  }
+  EXPECT_EQ(equal, 0);
 }
 
 }  // namespace

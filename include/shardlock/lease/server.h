@@ -12,7 +12,7 @@
 //
 // Design (details and measured behaviour in docs/lease-server.md)
 //   * State: `shards` independent shards; a key's shard is
-//     XXH3_64bits_withSeed(key, kShardSeed) % shards. Each shard owns its
+//     XXH3_64bits_withSeed(key, secret per-process seed) % shards. Each shard owns its
 //     lease table, FIFO waiters per key, 64-bit token counter, timer wheel and
 //     bounded dedup cache, all behind one lock per shard, so any I/O thread
 //     can serve any key and shards never wait on each other.
@@ -79,6 +79,20 @@ struct LeaseServerOptions {
   IoBackend io = IoBackend::kAuto;
   // Remembered answers per shard for retransmitted requests.
   std::size_t dedup_entries_per_shard = 4096;
+  // Bounds on memory (each >= 1). A request past one is answered
+  // ERROR(kLimitExceeded) and counted as kLimitRejections; nothing already
+  // granted is touched. Server-wide bounds are enforced per shard as
+  // ceil(bound / shards); keys spread over shards by a secret hash, so a
+  // client cannot aim them at one shard. The per-client bounds are enforced
+  // the same way, per shard, so one client id can reach up to
+  // shards x ceil(bound / shards) in all (about the bound when it is much
+  // larger than the shard count). A queued ACQUIRE handed the lease is
+  // granted even if its client is at max_leases_per_client by then.
+  std::size_t max_keys = 1'000'000;               // held keys
+  std::size_t max_waiters = 1'000'000;            // queued ACQUIREs, all keys
+  std::size_t max_waiters_per_key = 10'000;       // queued ACQUIREs on one key
+  std::size_t max_leases_per_client = 100'000;    // keys held by one client id
+  std::size_t max_waiters_per_client = 100'000;   // ACQUIREs queued by one client id
   // Shared key for datagram authentication (auth.h). When set, every
   // datagram must carry a valid tag (the others are dropped and counted as
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams

@@ -15,6 +15,8 @@
 // quarter of the server's CPU samples under shardlock-bench.
 #pragma once
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -32,8 +34,11 @@ class DedupCache {
 
   // capacity 0 disables the cache (find() never finds, put() keeps nothing).
   // The index is allocated here (16 bytes per entry of capacity); the ring
-  // grows as entries arrive.
-  explicit DedupCache(std::size_t capacity) : capacity_(std::min(capacity, kMaxCapacity)) {
+  // grows as entries arrive (put() may throw std::bad_alloc until it is
+  // full, leaving the cache unchanged). `seed` keys the index hash: client
+  // ids and request ids come from the network, so a server passes a secret.
+  explicit DedupCache(std::size_t capacity, std::uint64_t seed = 0)
+      : capacity_(std::min(capacity, kMaxCapacity)), seed_(seed) {
     std::size_t slots = 1;
     while (slots < 2 * capacity_) slots *= 2;
     index_.assign(capacity_ == 0 ? 0 : slots, Slot{});
@@ -98,14 +103,12 @@ class DedupCache {
     std::uint32_t hash = 0;      // low bits of hash(): the slot's home is hash & mask_
   };
 
-  // Request ids are sequential per client, so mix before masking.
-  static std::uint32_t hash(const ClientId& client, std::uint64_t request_id) noexcept {
-    std::uint64_t h =
-        client.lo ^ (client.hi * 0x9E3779B97F4A7C15ULL) ^ (request_id * 0xC2B2AE3D27D4EB4FULL);
-    h ^= h >> 32;
-    h *= 0xD6E8FEB86659FD93ULL;
-    h ^= h >> 32;
-    return static_cast<std::uint32_t>(h);
+  // XXH3 over (client id, request id) with the cache's seed: both come from
+  // the network, so with a secret seed the slots of chosen ids cannot be
+  // predicted (no offline-built collision chains).
+  std::uint32_t hash(const ClientId& client, std::uint64_t request_id) const noexcept {
+    const std::uint64_t words[3] = {client.lo, client.hi, request_id};
+    return static_cast<std::uint32_t>(XXH3_64bits_withSeed(words, sizeof words, seed_));
   }
 
   // Removes ring position `position` from the index (backward-shift delete).
@@ -129,6 +132,7 @@ class DedupCache {
   }
 
   std::size_t capacity_;
+  std::uint64_t seed_;
   std::vector<Entry> ring_;  // insertion order, wrapping at capacity_
   std::size_t oldest_ = 0;   // once full: the next position to overwrite
   std::vector<Slot> index_;

@@ -68,6 +68,17 @@ struct ShardLimits {
   std::size_t dedup_capacity = 4096;
   // ACQUIRE answers RECOVERING while now < recovering_until_ms.
   std::int64_t recovering_until_ms = 0;
+  // Bounds on this shard's memory. A request past one is answered
+  // ERROR(kLimitExceeded) and counted in kLimitRejections. LeaseServer passes
+  // each server-wide limit divided over the shards (see server.h).
+  std::size_t max_keys = SIZE_MAX;                // held keys
+  std::size_t max_waiters = SIZE_MAX;             // queued ACQUIREs, all keys
+  std::size_t max_waiters_per_key = SIZE_MAX;     // queued ACQUIREs on one key
+  std::size_t max_leases_per_client = SIZE_MAX;   // keys one client id holds here
+  std::size_t max_waiters_per_client = SIZE_MAX;  // ACQUIREs one client id has queued here
+  // Seeds every hash of remote input in the shard (key table, dedup index,
+  // per-client tables); LeaseServer draws it from getrandom() at start.
+  std::uint64_t hash_seed = 0;
 };
 
 // An answer decided after its request: a queued ACQUIRE granted on hand-off,
@@ -116,6 +127,9 @@ class Shard {
     return counters_;
   }
   [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
+  [[nodiscard]] std::size_t queued_waiters() const noexcept { return waiter_index_.size(); }
+  // Client ids with a lease held or an ACQUIRE queued here.
+  [[nodiscard]] std::size_t tracked_clients() const noexcept { return usage_.size(); }
   [[nodiscard]] std::size_t timers() const noexcept { return wheel_.size(); }
   // Waiter nodes kept for reuse (see spare_waiters_).
   [[nodiscard]] std::size_t spare_waiters() const noexcept { return spare_waiters_.size(); }
@@ -148,6 +162,22 @@ class Shard {
     std::uint64_t last_request_id = 0;
     std::list<Waiter> waiters;
   };
+  // (client id, request id) of a queued ACQUIRE: the waiter index's key.
+  struct WaiterId {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    friend bool operator==(const WaiterId&, const WaiterId&) = default;
+  };
+  struct SeededHash {
+    std::uint64_t seed = 0;
+    std::size_t operator()(const WaiterId& id) const noexcept;
+    std::size_t operator()(const ClientId& id) const noexcept;
+  };
+  // What one client id holds and has queued in this shard.
+  struct Usage {
+    std::size_t leases = 0;
+    std::size_t waiters = 0;
+  };
   struct Answer {
     MessageType type = MessageType::kError;  // kAcquire while the request is queued
     std::uint64_t token = 0;
@@ -165,6 +195,11 @@ class Shard {
                       std::vector<DeferredReply>& deferred);
   static OwnerCheck check_owner(const KeyState* state, const ClientId& client,
                                 std::uint64_t token) noexcept;
+  // handle() past validation, lock-delay and the dedup cache; may throw
+  // std::bad_alloc, with the shard unchanged.
+  bool decide(const ClientId& client, const Peer& peer, const Message& request,
+              std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
+              Message& reply, std::vector<DeferredReply>& deferred);
   void acquire(const ClientId& client, const Peer& peer, const Message& request,
                std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
                Message& reply, bool& answered, std::vector<DeferredReply>& deferred);
@@ -180,6 +215,19 @@ class Shard {
   // spares (or frees it when kMaxSpareWaiters are already kept).
   void retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter);
   void on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // Appends an answer for waiter `w` of `state` to `deferred`. Never throws:
+  // without memory the answer is not sent (it is remembered; the waiter's
+  // retransmission gets it), and the failure is counted.
+  void defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
+             std::vector<DeferredReply>& deferred) noexcept;
+  // Usage of `client`, adjusted by `leases` and `waiters`; an entry is
+  // dropped at zero. Growing may throw std::bad_alloc (before any change).
+  void use(const ClientId& client, long leases, long waiters);
+  // Whether `client` may hold one more lease / queue one more ACQUIRE.
+  [[nodiscard]] bool may_hold(const ClientId& client) const;
+  [[nodiscard]] bool may_queue(const ClientId& client, const KeyState& state) const;
+  // A request refused by a limit.
+  void refuse(Message& reply) noexcept;
   void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
   // The deadline of a lease granted or renewed for `ttl_ms` at `now_ms`,
   // rounded up (see shard.cc), and the time surely left of one.
@@ -196,6 +244,10 @@ class Shard {
   // allocating, so queueing an ACQUIRE reuses a node in steady state.
   std::list<Waiter> spare_waiters_;
   DedupCache<Answer> dedup_;
+  // Every queued waiter by (client id, request id), so a retransmitted
+  // ACQUIRE still queued is found in O(1), however long the queue.
+  std::unordered_map<WaiterId, Waiter*, SeededHash> waiter_index_;
+  std::unordered_map<ClientId, Usage, SeededHash> usage_;
   std::array<std::uint64_t, kStatCounterCount> counters_{};
   std::string last_error_;
 };
