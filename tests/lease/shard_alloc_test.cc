@@ -24,6 +24,9 @@ void never_fail() { allocations_left = -1; }
 
 // Replacing the global allocation functions is allowed by the standard and
 // works under ASan (the executable's definitions win over the runtime's).
+// GCC cannot see that these deletes pair with the malloc-based new below.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 void* operator new(std::size_t size) {
   if (allocations_left == 0) throw std::bad_alloc();
   if (allocations_left > 0) --allocations_left;
@@ -36,6 +39,7 @@ void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+#pragma GCC diagnostic pop
 
 namespace shardlock::lease::internal {
 namespace {

@@ -415,8 +415,11 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         }
         k.at_now.offer(e.token, i);
 
-        const auto [first, inserted] = first_grant.try_emplace(GrantId{-1, kid, e.token}, i);
-        if (!inserted && history[first->second].client != e.client) {
+        // Not a structured binding: lambdas cannot capture those before
+        // clang 16.
+        const auto emplaced = first_grant.try_emplace(GrantId{-1, kid, e.token}, i);
+        const auto first = emplaced.first;
+        if (!emplaced.second && history[first->second].client != e.client) {
           recorder.add(ViolationKind::kDuplicateToken, e.key, [&] {
             const Event& a = history[first->second];
             return "token " + num(e.token) + " granted to client " + num(a.client) + " at " +
@@ -610,7 +613,9 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
   }
 
   if (healed) {
-    for (const auto& [client, live] : clients) {
+    for (const auto& entry : clients) {
+      const auto client = entry.first;  // named, not bound: see above
+      const auto& live = entry.second;
       if (!live.active || live.granted) continue;
       recorder.add(ViolationKind::kLiveness, "", [&] {
         return "client " + num(client) + " active after healed at " + num(healed_t) +
