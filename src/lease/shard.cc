@@ -418,7 +418,12 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
   while (!state.waiters.empty()) {
     Waiter& w = state.waiters.front();
     wheel_.cancel(w);
-    const std::uint64_t token = tokens_.next(last_error_);
+    std::uint64_t token = 0;
+    try {
+      token = tokens_.next(last_error_);
+    } catch (const std::bad_alloc&) {
+      count(StatCounter::kAllocationFailures);  // answered as a failed reservation
+    }
     if (token == 0) {
       defer(w, state, MessageType::kError, 0, deferred);
       count(StatCounter::kErrors);

@@ -853,6 +853,33 @@ TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
   EXPECT_TRUE(logged);
 }
 
+// Issue 11, hole 8: two servers place the same keys on different shards (a
+// secret seed per start), so colliding keys cannot be prepared offline.
+TEST(LeaseServerStart, KeyPlacementIsSecretPerServer) {
+  const auto placement = [] {
+    LeaseServerOptions o;
+    o.io = IoBackend::kSocket;
+    o.lock_delay = milliseconds{0};
+    o.log = [](std::string_view) {};
+    LeaseServer server(o);
+    EXPECT_FALSE(server.start()) << server.error_detail();
+    UdpTestPeer peer(server.port());
+    std::vector<std::size_t> shards;
+    for (int i = 0; i < 16; ++i) {
+      const ServerStats before = server.stats();
+      const Message g = peer.acquire("placed/" + std::to_string(i), 1000);
+      EXPECT_EQ(g.type, MessageType::kGranted);
+      const ServerStats after = server.stats();
+      for (std::size_t s = 0; s < after.shard_tokens.size(); ++s) {
+        if (after.shard_tokens[s] != before.shard_tokens[s]) shards.push_back(s);
+      }
+    }
+    EXPECT_EQ(shards.size(), 16u);
+    return shards;
+  };
+  EXPECT_NE(placement(), placement());
+}
+
 // Issue 11, hole 8: the key -> shard placement is seeded by a secret drawn
 // at every start, so keys land on other shards after a restart. Their tokens
 // must still rise: every shard of a new run starts above every token issued.
