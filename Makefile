@@ -75,7 +75,7 @@ bench-redis: build-release
 # ---- the long torture run -------------------------------------------------
 # 20% loss, duplicates and reordering; kill -9 restarts; server and client
 # pauses longer than the max TTL. The short run is part of `make test`.
-TORTURE_FLAGS ?= --seconds 240 --workers 8 --clients 8 --keys 64 --loss 0.2 --duplicate 0.2 \
+TORTURE_FLAGS ?= --seconds 420 --workers 8 --clients 8 --keys 64 --loss 0.2 --duplicate 0.2 \
                  --reorder 0.2 --delay 0.1 --kills 5 --server-pauses 2 --client-pauses 6 --seed 2026
 torture: build-release
 	build/release/tools/shardlock-torture $(TORTURE_FLAGS)
