@@ -176,9 +176,10 @@ std::string interval_text(const Interval& x) {
          num(x.end) + ")";
 }
 
+// `s` and spaces up to `width`, always at least one space after it.
 std::string pad(std::string_view s, std::size_t width) {
   std::string out(s);
-  if (out.size() < width) out.append(width - out.size(), ' ');
+  out.append(out.size() < width ? width - out.size() : 1, ' ');
   return out;
 }
 
@@ -250,15 +251,15 @@ std::string CheckReport::text() const {
   for (const ViolationKind kind : kAllKinds) {
     const auto it = violation_counts.find(kind);
     const std::size_t count = it == violation_counts.end() ? 0 : it->second;
-    out += "  " + pad(to_string(kind), 24) + std::to_string(count) + "\n";
+    out += "  " + pad(to_string(kind), 28) + std::to_string(count) + "\n";
   }
   out += "operations (" + std::to_string(lease_operations) + " lease operations)\n";
   for (const auto& [name, count] : operations) {
-    out += "  " + pad(name, 24) + std::to_string(count) + "\n";
+    out += "  " + pad(name, 28) + std::to_string(count) + "\n";
   }
   out += "faults\n";
   for (const auto& [name, count] : faults) {
-    out += "  " + pad(name, 24) + std::to_string(count) + "\n";
+    out += "  " + pad(name, 28) + std::to_string(count) + "\n";
   }
   out += liveness_checked ? "liveness checked\n" : "liveness not checked (no healed event)\n";
   if (!examples.empty()) {
