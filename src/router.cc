@@ -493,12 +493,17 @@ void Router::publish(std::shared_ptr<RouterSnapshot> next) {
   next->epoch_ = epoch_.load(std::memory_order_relaxed) + 1;  // only writers store it
   const std::uint64_t epoch = next->epoch_;
   const Published* fresh = new Published{std::move(next)};
+  // The epoch goes first. Stored after the exchange, a reader could get the
+  // new snapshot from snapshot() and then, still seeing the old epoch, the
+  // old one from its thread cache in current(): epochs going backwards on one
+  // thread. Stored before, a reader that got the new snapshot (its seq_cst
+  // load reads this exchange, which the store is sequenced before) also sees
+  // the new epoch, so current() refreshes. The cost: for the instant of a
+  // publish, epoch() may name a snapshot that snapshot() does not return yet.
+  // Release: pairs with the acquire load in epoch().
+  epoch_.store(epoch, std::memory_order_release);
   // seq_cst: pairs with the reader's seq_cst pointer load (see snapshot()).
   const Published* old = current_.exchange(fresh, std::memory_order_seq_cst);
-  // Release: pairs with the acquire load in epoch(); current()'s relaxed load
-  // only needs to notice the change, which the exchange above has already
-  // made reachable.
-  epoch_.store(epoch, std::memory_order_release);
   // Grace period: flip the phase so new readers count on the other counter,
   // then wait for the readers counted on the old one. seq_cst pairs with the
   // reader's phase load and increment (see snapshot()).

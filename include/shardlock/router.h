@@ -313,6 +313,8 @@ class Router {
     const RouterSnapshot& s = current();
     return {s.nodes().begin(), s.nodes().end()};
   }
+  // The epoch of the newest change; during a publish it may run one ahead of
+  // the snapshot that snapshot() returns (see publish()).
   std::uint64_t epoch() const noexcept { return epoch_.load(std::memory_order_acquire); }
 
   // The current snapshot, to do several consistent lookups or to keep
