@@ -163,10 +163,13 @@ struct UdpProxy::Impl {
       }
     }
     while (!queue.empty() && queue.top().due_ns <= now) {
+      {
+        // Counted before it leaves, so whoever receives it sees the count.
+        std::lock_guard lock(mutex);
+        ++counters.forwarded;
+      }
       send_now(queue.top().where, queue.top().bytes);
       queue.pop();
-      std::lock_guard lock(mutex);
-      ++counters.forwarded;
     }
   }
 
