@@ -84,7 +84,10 @@ struct Grant {
   bool has_start = false;
   std::int64_t start = 0;  // the first acquire_ok
   bool has_end = false;
-  std::int64_t end = 0;  // the latest expiry known to the client
+  // The client-side expiry as last recorded (events come in time order). A
+  // renewal to a shorter TTL moves the client's expiry in, so the largest
+  // one ever recorded would overstate what the client still relied on.
+  std::int64_t end = 0;
   bool has_cut = false;
   std::int64_t cut = 0;  // the first release invocation or loss
 };
@@ -397,7 +400,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         ++report.lease_operations;
         Grant& g = grant(e, kid);
         if (!g.has_start) g.has_start = true, g.start = e.t_ns;
-        if (!g.has_end || e.expiry_ns > g.end) g.has_end = true, g.end = e.expiry_ns;
+        g.has_end = true, g.end = e.expiry_ns;
 
         KeyState& k = state(kid);
         if (inv.has_value() && inv->max_before.set && e.token <= inv->max_before.token) {
@@ -465,7 +468,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       case EventKind::kHold:
       case EventKind::kRenewOk: {
         Grant& g = grant(e, kid);
-        if (!g.has_end || e.expiry_ns > g.end) g.has_end = true, g.end = e.expiry_ns;
+        g.has_end = true, g.end = e.expiry_ns;
         if (e.kind == EventKind::kHold) {
           count("hold");
         } else {
