@@ -15,7 +15,7 @@ all: build-release
 help:
 	@echo "make run        build the release preset and run the main job (shardlock-bench)"
 	@echo "make test       dev (ASan+UBSan) tests, tsan concurrent tests, clang thread-safety build + fuzz"
-	@echo "make bench      run the lock, lock-table and router benchmarks (bench preset)"
+	@echo "make bench      run the lock, lock-table, router and lease-path benchmarks (bench preset)"
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make format     clang-format every source file in place"
@@ -67,6 +67,7 @@ bench: build-bench
 	build/bench/bench/locks_benchmark
 	@if [ -x build/bench/bench/lock_table_benchmark ]; then build/bench/bench/lock_table_benchmark; fi
 	@if [ -x build/bench/bench/router_benchmark ]; then build/bench/bench/router_benchmark; fi
+	@if [ -x build/bench/bench/lease_benchmark ]; then build/bench/bench/lease_benchmark; fi
 
 bench-redis: build-release
 	@tools/install-deps.sh --redis

@@ -1,0 +1,178 @@
+// The lease service's request path in user space, piece by piece: the codec,
+// the shard state machine, the dedup cache and the timer wheel. No sockets:
+// what these cost is what the server adds to the network round trip.
+//
+//   build/bench/bench/lease_benchmark
+#include <benchmark/benchmark.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardlock/lease/internal/dedup_cache.h"
+#include "shardlock/lease/internal/shard.h"
+#include "shardlock/lease/internal/timer_wheel.h"
+#include "shardlock/lease/protocol.h"
+
+namespace shardlock::lease {
+namespace {
+
+using internal::DedupCache;
+using internal::DeferredReply;
+using internal::Peer;
+using internal::Shard;
+using internal::ShardLimits;
+using internal::ShardTokens;
+using internal::TimerNode;
+using internal::TimerWheel;
+
+std::vector<std::string> make_keys(std::size_t n) {
+  std::vector<std::string> keys;
+  keys.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) keys.push_back("orders/" + std::to_string(i * 7919));
+  return keys;
+}
+
+Datagram acquire_datagram(std::string_view key, std::size_t items) {
+  Datagram d;
+  d.client_id = ClientId{0x1234, 0x5678};
+  d.request_id = 1;
+  for (std::size_t i = 0; i < items; ++i) {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.request_id = 100 + i;
+    m.key = key;
+    m.ttl_ms = 30'000;
+    m.wait_ms = 0;
+    (void)d.push(m);
+  }
+  d.batch = items > 1;
+  return d;
+}
+
+// Encoding one request datagram, padded for its replies (what a client does
+// per send). Arg: items per datagram.
+void BM_EncodeAcquire(benchmark::State& state) {
+  const Datagram d = acquire_datagram("orders/42", static_cast<std::size_t>(state.range(0)));
+  std::array<std::uint8_t, kMaxDatagramSize> out{};
+  for (auto _ : state) {
+    std::size_t written = 0;
+    benchmark::DoNotOptimize(encode_request(d, out, written));
+    benchmark::DoNotOptimize(written);
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_EncodeAcquire)->Arg(1)->Arg(16);
+
+// Decoding it (what the server does per datagram).
+void BM_DecodeAcquire(benchmark::State& state) {
+  const Datagram d = acquire_datagram("orders/42", static_cast<std::size_t>(state.range(0)));
+  std::array<std::uint8_t, kMaxDatagramSize> bytes{};
+  std::size_t written = 0;
+  if (encode_request(d, bytes, written) != ProtocolError::kOk) {
+    state.SkipWithError("encode failed");
+    return;
+  }
+  Datagram in;
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(decode(std::span(bytes).first(written), in));
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+BENCHMARK(BM_DecodeAcquire)->Arg(1)->Arg(16);
+
+// One ACQUIRE of a free key and its RELEASE, through the shard state machine
+// (dedup cache, key table, timer wheel, token counter).
+void BM_ShardAcquireRelease(benchmark::State& state) {
+  Shard shard(0, ShardLimits{}, ShardTokens{}, 1000);
+  const std::vector<std::string> keys = make_keys(1024);
+  const ClientId client{1, 1};
+  const Peer peer;
+  std::vector<DeferredReply> deferred;
+  Message reply;
+  std::uint64_t request_id = 1;
+  std::size_t k = 0;
+  for (auto _ : state) {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = keys[k++ & 1023];
+    m.ttl_ms = 30'000;
+    m.request_id = ++request_id;
+    (void)shard.handle(client, peer, m, 1000, reply, deferred);
+    m.type = MessageType::kRelease;
+    m.token = reply.token;
+    m.request_id = ++request_id;
+    (void)shard.handle(client, peer, m, 1000, reply, deferred);
+    benchmark::DoNotOptimize(reply);
+  }
+  state.SetItemsProcessed(state.iterations() * 2);
+}
+BENCHMARK(BM_ShardAcquireRelease);
+
+// A retransmitted ACQUIRE that is still queued, past the dedup cache, behind
+// Arg waiters on one key: one index lookup, whatever the queue length (it
+// was a scan of the queue).
+void BM_ShardQueuedRetransmission(benchmark::State& state) {
+  Shard shard(0, ShardLimits{.dedup_capacity = 0}, ShardTokens{}, 1000);
+  const Peer peer;
+  std::vector<DeferredReply> deferred;
+  Message reply;
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = "hot";
+  m.ttl_ms = 30'000;
+  m.request_id = 1;
+  (void)shard.handle(ClientId{0, 0}, peer, m, 1000, reply, deferred);
+  m.wait_ms = 60'000;
+  const auto waiters = static_cast<std::uint64_t>(state.range(0));
+  for (std::uint64_t i = 1; i <= waiters; ++i) {
+    m.request_id = 1000 + i;
+    (void)shard.handle(ClientId{i, i}, peer, m, 1000, reply, deferred);
+  }
+  m.request_id = 1000 + waiters;  // the last in line retransmits
+  const ClientId last{waiters, waiters};
+  for (auto _ : state) {
+    benchmark::DoNotOptimize(shard.handle(last, peer, m, 1000, reply, deferred));
+  }
+}
+BENCHMARK(BM_ShardQueuedRetransmission)->Arg(16)->Arg(1024)->Arg(8192);
+
+// The dedup cache once it is full: a put evicts the oldest entry, then the
+// lookup a retransmission makes.
+void BM_DedupCachePutFind(benchmark::State& state) {
+  DedupCache<std::uint64_t> cache(4096, 42);
+  const ClientId client{7, 7};
+  std::uint64_t request_id = 0;
+  for (; request_id < 4096; ++request_id) cache.put(client, request_id, request_id);
+  for (auto _ : state) {
+    cache.put(client, request_id, request_id);
+    benchmark::DoNotOptimize(cache.find(client, request_id - 100));
+    ++request_id;
+  }
+}
+BENCHMARK(BM_DedupCachePutFind);
+
+// Scheduling a lease's expiry and moving time past it (the wheel's work per
+// lease that expires without release).
+void BM_TimerWheelScheduleAndFire(benchmark::State& state) {
+  std::int64_t now = 0;
+  TimerWheel wheel(now);
+  std::vector<TimerNode> nodes(1024);
+  std::size_t fired = 0;
+  std::size_t i = 0;
+  for (auto _ : state) {
+    wheel.schedule(nodes[i++ & 1023], now + 30);
+    now += 1;
+    wheel.advance(now, [&](TimerNode&) { ++fired; });
+  }
+  for (TimerNode& node : nodes) wheel.cancel(node);
+  benchmark::DoNotOptimize(fired);
+}
+BENCHMARK(BM_TimerWheelScheduleAndFire);
+
+}  // namespace
+}  // namespace shardlock::lease
+
+BENCHMARK_MAIN();
