@@ -1291,6 +1291,9 @@ void LeaseClient::post(std::function<void()> fn) { core_->post(std::move(fn)); }
 std::uint64_t LeaseClient::datagrams_sent() const noexcept {
   return core_->sent.load(std::memory_order_relaxed);  // a statistic
 }
+std::uint64_t LeaseClient::malformed_replies() const noexcept {
+  return core_->malformed_.load(std::memory_order_relaxed);  // a statistic
+}
 std::uint64_t LeaseClient::retransmissions() const noexcept {
   return core_->retransmits.load(std::memory_order_relaxed);  // a statistic
 }

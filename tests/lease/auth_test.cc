@@ -271,6 +271,8 @@ TEST(AuthServerTest, KeyedClientIgnoresForgedReplies) {
   const AcquireResult r = client->acquire("k", 5s, 0ms);
   EXPECT_EQ(r.error, LeaseErrc::kUnreachable);
   EXPECT_GE(forged.load(), 2);  // both kinds of forgery were tried
+  // Every forgery was counted as a malformed reply, none as an answer.
+  EXPECT_GE(client->malformed_replies(), 2u);
   done = true;
   fake.join();
   ::close(fd);

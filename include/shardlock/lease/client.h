@@ -404,6 +404,10 @@ class LeaseClient {
   // Datagrams sent and retransmissions made so far (relaxed counters).
   [[nodiscard]] std::uint64_t datagrams_sent() const noexcept;
   [[nodiscard]] std::uint64_t retransmissions() const noexcept;
+  // Datagrams received that were not a valid reply: undecodable, or failing
+  // (or lacking, when a key is set) the auth tag. Such a datagram completes
+  // nothing. A relaxed counter.
+  [[nodiscard]] std::uint64_t malformed_replies() const noexcept;
 
  private:
   std::shared_ptr<internal::ClientCore> core_;
