@@ -401,11 +401,25 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (stats->parsed()) {
-    static constexpr const char* kCounterNames[kStatCounterCount] = {
-        "grants",     "busy",      "queued",      "timeouts", "expirations",
-        "not_owner",  "malformed", "renewed",     "released", "expired_replies",
-        "recovering", "errors",    "retransmits", "requests", "auth_failures",
-        "stale_requests", "amplification_drops", "limit_rejections", "allocation_failures"};
+    static constexpr const char* kCounterNames[kStatCounterCount] = {"grants",
+                                                                     "busy",
+                                                                     "queued",
+                                                                     "timeouts",
+                                                                     "expirations",
+                                                                     "not_owner",
+                                                                     "malformed",
+                                                                     "renewed",
+                                                                     "released",
+                                                                     "expired_replies",
+                                                                     "recovering",
+                                                                     "errors",
+                                                                     "retransmits",
+                                                                     "requests",
+                                                                     "auth_failures",
+                                                                     "stale_requests",
+                                                                     "amplification_drops",
+                                                                     "limit_rejections",
+                                                                     "allocation_failures"};
     std::string out = "{\"nodes\":[";
     int worst = kExitOk;
     for (std::size_t n = 0; n < options.nodes.size(); ++n) {

@@ -94,8 +94,8 @@ int run(int argc, char** argv) {
   // Memory bounds: past one, a request is answered ERROR(limit exceeded).
   constexpr std::size_t kMaxBound = std::size_t{1} << 40;
   for (const auto& [flag, field, what] :
-       {std::tuple<const char*, std::size_t*, const char*>{
-            "--max-keys", &options.max_keys, "held keys, all shards"},
+       {std::tuple<const char*, std::size_t*, const char*>{"--max-keys", &options.max_keys,
+                                                           "held keys, all shards"},
         {"--max-waiters", &options.max_waiters, "queued ACQUIREs, all keys"},
         {"--max-waiters-per-key", &options.max_waiters_per_key, "queued ACQUIREs on one key"},
         {"--max-leases-per-client", &options.max_leases_per_client,
@@ -121,8 +121,8 @@ int run(int argc, char** argv) {
   const auto duration_flag = [&](const char* flag, const std::string& text, bool allow_zero) {
     const auto d = shardlock::lease::parse_duration(text);
     if (!d) {
-      flag_error = std::string(flag) + ": invalid duration \"" + text +
-                   "\" (use e.g. 0, 500ms, 30s, 2m)";
+      flag_error =
+          std::string(flag) + ": invalid duration \"" + text + "\" (use e.g. 0, 500ms, 30s, 2m)";
     } else if (d->count() == 0 && !allow_zero) {
       flag_error = std::string(flag) + ": must be more than 0";
     } else if (*d > kLongest) {

@@ -3,12 +3,11 @@
 // docs/client.md.
 #include "shardlock/lease/client.h"
 
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <unistd.h>
-
-#include <netinet/in.h>
 
 #include <algorithm>
 #include <atomic>
@@ -306,10 +305,12 @@ struct LeaseState {
       if (request_id <= confirmed_request_id) return false;
       confirmed_request_id = request_id;
       // The server ignores renewals older than this one from now on.
-      std::erase_if(unconfirmed, [&](const SentRenewal& sr) { return sr.request_id <= request_id; });
+      std::erase_if(unconfirmed,
+                    [&](const SentRenewal& sr) { return sr.request_id <= request_id; });
       const milliseconds answered(r.ttl_ms);
       Clock::time_point bound = margin.expiry(r.first_sent, answered);
-      for (const SentRenewal& sr : unconfirmed) bound = std::min(bound, margin.expiry(sr.sent, sr.ttl));
+      for (const SentRenewal& sr : unconfirmed)
+        bound = std::min(bound, margin.expiry(sr.sent, sr.ttl));
       expiry = std::max(expiry, bound);
       ttl = requested;
       next_renew = r.first_sent +
@@ -397,7 +398,8 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     // its life, or the wall clock stepped back. 2^41 ms (until 2039) << 20
     // stays below 2^62: no wrap-around for the life of the client.
     std::uint32_t random_bits = 0;
-    if (::getrandom(&random_bits, sizeof random_bits, 0) != static_cast<ssize_t>(sizeof random_bits)) {
+    if (::getrandom(&random_bits, sizeof random_bits, 0) !=
+        static_cast<ssize_t>(sizeof random_bits)) {
       error_detail = "getrandom failed";
       return {errno, std::system_category()};
     }

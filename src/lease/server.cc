@@ -57,8 +57,7 @@ constexpr std::uint64_t kMaxTokenBlock = std::uint64_t{1} << 40;
 std::uint64_t secret_seed() {
   std::uint64_t seed = 0;
   if (::getrandom(&seed, sizeof seed, 0) != static_cast<ssize_t>(sizeof seed)) {
-    seed = static_cast<std::uint64_t>(
-               std::chrono::steady_clock::now().time_since_epoch().count()) ^
+    seed = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
            (static_cast<std::uint64_t>(::getpid()) << 32);
   }
   return seed;
@@ -292,12 +291,11 @@ std::error_code LeaseServer::Impl::start() {
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
   }
-  for (const auto& [name, value] :
-       {std::pair<const char*, std::size_t>{"max_keys", o.max_keys},
-        {"max_waiters", o.max_waiters},
-        {"max_waiters_per_key", o.max_waiters_per_key},
-        {"max_leases_per_client", o.max_leases_per_client},
-        {"max_waiters_per_client", o.max_waiters_per_client}}) {
+  for (const auto& [name, value] : {std::pair<const char*, std::size_t>{"max_keys", o.max_keys},
+                                    {"max_waiters", o.max_waiters},
+                                    {"max_waiters_per_key", o.max_waiters_per_key},
+                                    {"max_leases_per_client", o.max_leases_per_client},
+                                    {"max_waiters_per_client", o.max_waiters_per_client}}) {
     if (value == 0) return fail(ServerError::kBadOptions, std::string(name) + " must be >= 1");
   }
   if (o.token_block == 0 || o.token_block > kMaxTokenBlock) {
@@ -507,9 +505,11 @@ std::error_code LeaseServer::Impl::claim_port(std::uint16_t udp_port) {
   if (::bind(claim_fd, reinterpret_cast<const sockaddr*>(&name), name_len) != 0) {
     const std::error_code ec(errno, std::generic_category());
     if (ec == std::errc::address_in_use) {
-      return fail(ec, "bind " + options.bind_address + ": another shardlock server already "
-                      "serves UDP port " + std::to_string(udp_port) +
-                      " on this host (network namespace); refusing to split the lease table");
+      return fail(ec, "bind " + options.bind_address +
+                          ": another shardlock server already "
+                          "serves UDP port " +
+                          std::to_string(udp_port) +
+                          " on this host (network namespace); refusing to split the lease table");
     }
     return fail(ec, "cannot claim UDP port " + std::to_string(udp_port) + ": " + ec.message());
   }
@@ -550,7 +550,7 @@ void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_
 }
 
 void LeaseServer::Impl::handle_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
-                                    const Peer& peer, std::vector<OutDatagram>& out) {
+                                        const Peer& peer, std::vector<OutDatagram>& out) {
   Worker& w = *workers[worker];
   // A sealed datagram reaching a server without a key fails too: it cannot
   // be checked, and its sender expects sealed replies.

@@ -208,8 +208,7 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
   switch (request.type) {
     case MessageType::kAcquire: {
       bool answered = true;
-      acquire(client, peer, request, fingerprint, reply_credit, now_ms, reply, answered,
-              deferred);
+      acquire(client, peer, request, fingerprint, reply_credit, now_ms, reply, answered, deferred);
       return answered;
     }
     case MessageType::kRenew:

@@ -278,7 +278,6 @@ TEST(AuthServerTest, KeyedClientIgnoresForgedReplies) {
   ::close(fd);
 }
 
-
 // Wraps a client's transport and keeps a copy of every datagram it sends:
 // what an attacker on the path would capture.
 class CapturingTransport final : public DatagramTransport {

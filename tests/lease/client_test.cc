@@ -642,10 +642,12 @@ TEST(LeaseSafetyTest, DroppingALostLeaseKeepsTheReacquiredOne) {
 TEST(LeaseSafetyTest, ClientExpiryKeepsADriftMarginOnTheBootClock) {
   timespec boot{};
   ASSERT_EQ(::clock_gettime(CLOCK_BOOTTIME, &boot), 0);
-  const auto boot_before = std::chrono::seconds(boot.tv_sec) + std::chrono::nanoseconds(boot.tv_nsec);
+  const auto boot_before =
+      std::chrono::seconds(boot.tv_sec) + std::chrono::nanoseconds(boot.tv_nsec);
   const auto clock_reading = LeaseClock::now().time_since_epoch();
   ASSERT_EQ(::clock_gettime(CLOCK_BOOTTIME, &boot), 0);
-  const auto boot_after = std::chrono::seconds(boot.tv_sec) + std::chrono::nanoseconds(boot.tv_nsec);
+  const auto boot_after =
+      std::chrono::seconds(boot.tv_sec) + std::chrono::nanoseconds(boot.tv_nsec);
   EXPECT_GE(clock_reading, boot_before);
   EXPECT_LE(clock_reading, boot_after);
 

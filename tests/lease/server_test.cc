@@ -262,7 +262,9 @@ TEST_P(ServerTest, SubMillisecondClockNeverEndsALeaseEarly) {
   auto fake_ns = std::make_shared<std::atomic<std::int64_t>>(5'900'000);
   LeaseServerOptions o;
   // Relaxed: the test only needs the I/O thread to see the new time eventually.
-  o.clock = [fake_ns] { return std::chrono::nanoseconds{fake_ns->load(std::memory_order_relaxed)}; };
+  o.clock = [fake_ns] {
+    return std::chrono::nanoseconds{fake_ns->load(std::memory_order_relaxed)};
+  };
   start(o);
   if (IsSkipped()) return;
   UdpTestPeer alice(server_->port());
@@ -354,8 +356,8 @@ TEST_P(ServerTest, UnpaddedRequestsGetRequestTooSmall) {
 
 // Sends `bytes` raw, then a padded QUERY, and returns the datagrams that
 // arrived before the QUERY's reply (replies to `bytes`, in order).
-std::vector<std::vector<std::uint8_t>> replies_before_a_query(UdpTestPeer& peer,
-                                                             const std::vector<std::uint8_t>& bytes) {
+std::vector<std::vector<std::uint8_t>> replies_before_a_query(
+    UdpTestPeer& peer, const std::vector<std::uint8_t>& bytes) {
   peer.allow_replies_up_to(kMaxDatagramSize);  // this test checks sizes itself
   if (!bytes.empty()) peer.send_raw(bytes);
   Message q;
@@ -412,9 +414,9 @@ TEST_P(ServerTest, RefusalsLargerThanTheRequestAreWithheld) {
 // Queues one ACQUIRE (waiting) per key in `keys` from `peer` in one batch,
 // padded to `pad_to`, behind `holder`'s grants; returns the request bytes
 // and the batch's request ids.
-std::size_t queue_batch(UdpTestPeer& holder, UdpTestPeer& peer, const std::vector<std::string>& keys,
-                        std::size_t pad_to, std::vector<std::uint64_t>& ids,
-                        std::vector<std::uint64_t>& tokens) {
+std::size_t queue_batch(UdpTestPeer& holder, UdpTestPeer& peer,
+                        const std::vector<std::string>& keys, std::size_t pad_to,
+                        std::vector<std::uint64_t>& ids, std::vector<std::uint64_t>& tokens) {
   for (const std::string& key : keys) {
     const Message g = holder.acquire(key, 60'000);
     EXPECT_EQ(g.type, MessageType::kGranted);

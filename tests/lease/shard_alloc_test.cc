@@ -76,7 +76,8 @@ class ShardAllocationTest : public ::testing::Test {
     return m;
   }
   // Handles `m` with allocation number `fail_at` (0-based) failing; -1: none.
-  bool handle(Shard& shard, const ClientId& c, const Message& m, Message& reply, long fail_at = -1) {
+  bool handle(Shard& shard, const ClientId& c, const Message& m, Message& reply,
+              long fail_at = -1) {
     fail_after(fail_at);
     const bool answered = shard.handle(c, peer_, m, now_, reply, deferred_);
     never_fail();

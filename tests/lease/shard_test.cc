@@ -495,7 +495,6 @@ TEST(TimerWheel, FireMayCancelAnotherDueNode) {
   EXPECT_EQ(wheel.size(), 0u);
 }
 
-
 // ---------------------------------------------------------------------------
 // Issue 11, hole 8: every structure a peer can grow is bounded, refused with
 // ERROR(kLimitExceeded) and counted; nothing already granted is touched.
@@ -558,7 +557,8 @@ TEST_F(ShardTest, QueuedRetransmissionsAreFoundInLongQueues) {
   const auto t = acquire(kAlice, 1000).reply.token;
   constexpr int kWaiters = 2000;
   for (int i = 0; i < kWaiters; ++i) {
-    ASSERT_FALSE(acquire(ClientId{10, static_cast<std::uint64_t>(i)}, 1000, 5000, 7000 + i).answered);
+    ASSERT_FALSE(
+        acquire(ClientId{10, static_cast<std::uint64_t>(i)}, 1000, 5000, 7000 + i).answered);
   }
   // Retransmissions of the first and the last: neither queued again.
   EXPECT_FALSE(acquire(ClientId{10, 0}, 1000, 5000, 7000).answered);

@@ -97,7 +97,8 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   EXPECT_EQ(old_token.exit_code, 1);
   EXPECT_EQ(parsed(old_token)["error"].text, "expired");
   const Json regrant = parsed(again);
-  const std::string token_text = std::to_string(static_cast<std::uint64_t>(regrant["token"].number));
+  const std::string token_text =
+      std::to_string(static_cast<std::uint64_t>(regrant["token"].number));
 
   const ToolResult query = ctl(d, {"query", "deploy/prod"});
   EXPECT_EQ(query.exit_code, 0);
@@ -123,7 +124,8 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
       ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
   EXPECT_EQ(released.exit_code, 0) << released.out;
   EXPECT_TRUE(parsed(released)["released"].boolean);
-  const ToolResult twice = ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
+  const ToolResult twice =
+      ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
   EXPECT_EQ(twice.exit_code, 1);
   EXPECT_EQ(parsed(twice)["error"].text, "expired");
   EXPECT_FALSE(parsed(ctl(d, {"query", "deploy/prod"}))["held"].boolean);

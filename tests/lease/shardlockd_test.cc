@@ -106,8 +106,8 @@ TEST_F(ShardlockdTest, NumericFlagsBeyondTheirRangeAreUsageErrors) {
     const auto result =
         Daemon({"--listen", "127.0.0.1:0", flag, value}).finish(milliseconds{20'000});
     EXPECT_EQ(result.exit_code, 2) << flag << " " << value << ": " << result.err;
-    EXPECT_NE(result.err.find(flag), std::string::npos) << flag << " " << value << ": "
-                                                        << result.err;
+    EXPECT_NE(result.err.find(flag), std::string::npos)
+        << flag << " " << value << ": " << result.err;
   }
 }
 

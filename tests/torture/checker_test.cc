@@ -153,9 +153,9 @@ TEST(Checker, ARenewalToAShorterTtlEndsTheIntervalEarlier) {
   // Client 0 renews from an expiry at 150 ms down to one at 50 ms; the
   // server, which shortened the lease too, grants client 1 at 60 ms.
   const std::vector<Event> history = {
-      acquire_invoke(ms(0), 0, 1, "k"),  acquire_ok(ms(1), 0, 1, "k", 1, ms(150)),
+      acquire_invoke(ms(0), 0, 1, "k"),   acquire_ok(ms(1), 0, 1, "k", 1, ms(150)),
       renew_invoke(ms(10), 0, 2, "k", 1), renew_ok(ms(12), 0, 2, "k", 1, ms(50)),
-      acquire_invoke(ms(20), 1, 1, "k"), acquire_ok(ms(60), 1, 1, "k", 2, ms(200)),
+      acquire_invoke(ms(20), 1, 1, "k"),  acquire_ok(ms(60), 1, 1, "k", 2, ms(200)),
   };
   const CheckReport report = check(history, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();

@@ -62,9 +62,7 @@ constexpr std::array<KindInfo, 26> kKinds = {{
     {EventKind::kHealed, "healed", 0},
 }};
 
-const KindInfo& info(EventKind kind) noexcept {
-  return kKinds[static_cast<std::size_t>(kind)];
-}
+const KindInfo& info(EventKind kind) noexcept { return kKinds[static_cast<std::size_t>(kind)]; }
 
 template <typename Int>
 bool parse_int(std::string_view text, Int& out) noexcept {

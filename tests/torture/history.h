@@ -44,16 +44,16 @@ enum class EventKind : std::uint8_t {
   kWriteRejected,  // client key token value highest
   kFinalCounter,   // key value                      (at the end of the run)
   // The nemesis.
-  kServerStart,    // incarnation lock_delay_ms      (t = before exec)
-  kServerReady,    // incarnation
-  kServerKill,     // incarnation                    (SIGKILL sent; t = after waitpid)
-  kServerPause,    // incarnation
-  kServerResume,   // incarnation
-  kClientPause,    // client
-  kClientResume,   // client
-  kNetFaultsOn,    // (loss/duplication/reordering/delay active)
-  kNetFaultsOff,   //
-  kHealed,         // (the last fault has healed; liveness is measured from here)
+  kServerStart,   // incarnation lock_delay_ms      (t = before exec)
+  kServerReady,   // incarnation
+  kServerKill,    // incarnation                    (SIGKILL sent; t = after waitpid)
+  kServerPause,   // incarnation
+  kServerResume,  // incarnation
+  kClientPause,   // client
+  kClientResume,  // client
+  kNetFaultsOn,   // (loss/duplication/reordering/delay active)
+  kNetFaultsOff,  //
+  kHealed,        // (the last fault has healed; liveness is measured from here)
 };
 
 // "acquire_invoke", "acquire_ok", ... (the kinds' names on the wire).
@@ -63,11 +63,11 @@ enum class EventKind : std::uint8_t {
 struct Event {
   std::int64_t t_ns = 0;
   EventKind kind = EventKind::kAcquireInvoke;
-  std::int64_t client = -1;        // worker index; -1 when not applicable
-  std::int64_t op = -1;            // per-worker operation number
+  std::int64_t client = -1;  // worker index; -1 when not applicable
+  std::int64_t op = -1;      // per-worker operation number
   std::string key;
   std::uint64_t token = 0;
-  std::int64_t expiry_ns = 0;      // the client's own expiry, on CLOCK_MONOTONIC
+  std::int64_t expiry_ns = 0;  // the client's own expiry, on CLOCK_MONOTONIC
   std::int64_t ttl_ms = 0;
   std::int64_t wait_ms = 0;
   std::int64_t value = 0;          // counter value read / written / final
@@ -85,6 +85,7 @@ struct Event {
 // Every event of every *.log file in `dir`, sorted by t_ns (stable). Returns
 // false, with `error` set, when a file cannot be read or a line does not
 // parse (a torn last line of a killed writer is skipped, not an error).
-[[nodiscard]] bool read_history(const std::string& dir, std::vector<Event>& out, std::string& error);
+[[nodiscard]] bool read_history(const std::string& dir, std::vector<Event>& out,
+                                std::string& error);
 
 }  // namespace shardlock::torture

@@ -71,8 +71,8 @@ struct UdpProxy::Impl {
   ProxyCounters counters;
 
   // Proxy thread only.
-  std::map<std::uint64_t, int> upstream_of;   // client address -> upstream fd
-  std::map<int, sockaddr_in> client_of;       // upstream fd -> client address
+  std::map<std::uint64_t, int> upstream_of;  // client address -> upstream fd
+  std::map<int, sockaddr_in> client_of;      // upstream fd -> client address
   std::priority_queue<Scheduled, std::vector<Scheduled>, std::greater<>> queue;
   std::uint64_t sequence = 0;
   std::optional<Scheduled> held_up;    // reordering, client -> server

@@ -44,8 +44,8 @@ class EchoServer {
           std::lock_guard lock(mutex_);
           peers_.insert(ntohs(from.sin_port));
         }
-        (void)::sendto(fd_, buf, static_cast<std::size_t>(n), 0,
-                       reinterpret_cast<sockaddr*>(&from), from_len);
+        (void)::sendto(fd_, buf, static_cast<std::size_t>(n), 0, reinterpret_cast<sockaddr*>(&from),
+                       from_len);
       }
     });
   }

@@ -49,9 +49,9 @@ TEST(FencedResourceTest, FencesReadsAndWritesAndRecordsEveryDecision) {
     seen.push_back(std::string(to_string(e.kind)) + " " + e.key + " " + std::to_string(e.token) +
                    " " + std::to_string(e.value));
   }
-  EXPECT_EQ(seen, (std::vector<std::string>{
-                      "write_accepted k 5 1", "write_rejected k 5 2", "write_rejected k 5 -1",
-                      "write_accepted k 6 2", "final_counter k 0 2", "final_counter other 0 0"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"write_accepted k 5 1", "write_rejected k 5 2",
+                                            "write_rejected k 5 -1", "write_accepted k 6 2",
+                                            "final_counter k 0 2", "final_counter other 0 0"}));
   std::filesystem::remove_all(dir);
 }
 

@@ -35,7 +35,9 @@ class ServerUnderTest {
  public:
   ServerUnderTest(const TortureOptions& o, std::string data_dir, std::string log_path,
                   const Recorder& nemesis)
-      : options_(o), data_dir_(std::move(data_dir)), log_path_(std::move(log_path)),
+      : options_(o),
+        data_dir_(std::move(data_dir)),
+        log_path_(std::move(log_path)),
         nemesis_(nemesis) {}
 
   // The lock-delay a safe server must keep (the history records this one);
@@ -50,18 +52,17 @@ class ServerUnderTest {
   [[nodiscard]] bool start(std::string& error) {
     for (int attempt = 0; attempt < 50; ++attempt) {
       ++incarnation_;
-      std::vector<std::string> argv = {
-          options_.shardlockd,
-          "--listen",
-          "127.0.0.1:" + std::to_string(port_),
-          "--max-ttl",
-          std::to_string(options_.max_ttl_ms) + "ms",
-          "--max-wait",
-          std::to_string(options_.max_wait_ms) + "ms",
-          "--lock-delay",
-          std::to_string(daemon_lock_delay_ms()) + "ms",
-          "--shards",
-          "8"};
+      std::vector<std::string> argv = {options_.shardlockd,
+                                       "--listen",
+                                       "127.0.0.1:" + std::to_string(port_),
+                                       "--max-ttl",
+                                       std::to_string(options_.max_ttl_ms) + "ms",
+                                       "--max-wait",
+                                       std::to_string(options_.max_wait_ms) + "ms",
+                                       "--lock-delay",
+                                       std::to_string(daemon_lock_delay_ms()) + "ms",
+                                       "--shards",
+                                       "8"};
       if (!options_.unsafe_no_data_dir) {
         argv.push_back("--data-dir");
         argv.push_back(data_dir_);
@@ -179,7 +180,8 @@ int run_torture(const TortureOptions& o) {
       fs::remove_all(path, ec);
     }
   } cleanup{scratch};
-  const fs::path history_dir = o.history_dir.empty() ? scratch / "history" : fs::path(o.history_dir);
+  const fs::path history_dir =
+      o.history_dir.empty() ? scratch / "history" : fs::path(o.history_dir);
   std::error_code ec;
   fs::create_directories(history_dir, ec);
   fs::create_directories(scratch / "data", ec);
@@ -205,9 +207,9 @@ int run_torture(const TortureOptions& o) {
   if (!proxy.start(server.port(), o.seed)) return fail("proxy: " + proxy.error());
 
   const std::chrono::milliseconds pause_for(o.max_ttl_ms * 3 / 2);
-  const std::int64_t liveness_bound_ms =
-      o.liveness_bound_ms > 0 ? o.liveness_bound_ms
-                              : server.lock_delay_ms() + 4LL * o.max_ttl_ms + 2000;
+  const std::int64_t liveness_bound_ms = o.liveness_bound_ms > 0
+                                             ? o.liveness_bound_ms
+                                             : server.lock_delay_ms() + 4LL * o.max_ttl_ms + 2000;
   const std::int64_t start_ns = monotonic_ns();
   const std::int64_t faults_end_ns = start_ns + o.fault_seconds * 1'000'000'000LL;
   // After the heal: long enough to judge liveness, plus a margin.
@@ -264,15 +266,14 @@ int run_torture(const TortureOptions& o) {
   const auto progress = [&](const char* doing) {
     if (!o.progress) return;
     const ProxyCounters c = proxy.counters();
-    std::fprintf(stderr,
-                 "\r[%5.1fs] %-28s datagrams %llu forwarded, %llu dropped, %llu duplicated, "
-                 "%llu reordered, %llu delayed   ",
-                 static_cast<double>(monotonic_ns() - start_ns) / 1e9, doing,
-                 static_cast<unsigned long long>(c.forwarded),
-                 static_cast<unsigned long long>(c.dropped),
-                 static_cast<unsigned long long>(c.duplicated),
-                 static_cast<unsigned long long>(c.reordered),
-                 static_cast<unsigned long long>(c.delayed));
+    std::fprintf(
+        stderr,
+        "\r[%5.1fs] %-28s datagrams %llu forwarded, %llu dropped, %llu duplicated, "
+        "%llu reordered, %llu delayed   ",
+        static_cast<double>(monotonic_ns() - start_ns) / 1e9, doing,
+        static_cast<unsigned long long>(c.forwarded), static_cast<unsigned long long>(c.dropped),
+        static_cast<unsigned long long>(c.duplicated), static_cast<unsigned long long>(c.reordered),
+        static_cast<unsigned long long>(c.delayed));
   };
   const auto sleep_until = [&](std::int64_t when_ns, const char* doing) {
     while (monotonic_ns() < when_ns) {
@@ -288,7 +289,8 @@ int run_torture(const TortureOptions& o) {
     const std::int64_t slot_start = start_ns + static_cast<std::int64_t>(i) * slot_ns;
     const std::int64_t at =
         slot_start + slot_ns / 4 +
-        static_cast<std::int64_t>(random() % static_cast<std::uint64_t>(std::max<std::int64_t>(slot_ns / 2, 1)));
+        static_cast<std::int64_t>(
+            random() % static_cast<std::uint64_t>(std::max<std::int64_t>(slot_ns / 2, 1)));
     sleep_until(at, "faults");
     progress(fault_name(plan[i]));
     switch (plan[i]) {
@@ -365,20 +367,18 @@ int run_torture(const TortureOptions& o) {
         "\"report\":%s}\n",
         static_cast<unsigned long long>(o.seed), seconds, history.size(),
         static_cast<unsigned long long>(c.forwarded), static_cast<unsigned long long>(c.dropped),
-        static_cast<unsigned long long>(c.duplicated),
-        static_cast<unsigned long long>(c.reordered), static_cast<unsigned long long>(c.delayed),
-        report.json().c_str());
+        static_cast<unsigned long long>(c.duplicated), static_cast<unsigned long long>(c.reordered),
+        static_cast<unsigned long long>(c.delayed), report.json().c_str());
   } else {
     std::printf("shardlock-torture: seed %llu, %.1f s, %zu events, %llu lease operations\n",
                 static_cast<unsigned long long>(o.seed), seconds, history.size(),
                 static_cast<unsigned long long>(report.lease_operations));
-    std::printf("datagrams: %llu forwarded, %llu dropped, %llu duplicated, %llu reordered, "
-                "%llu delayed\n",
-                static_cast<unsigned long long>(c.forwarded),
-                static_cast<unsigned long long>(c.dropped),
-                static_cast<unsigned long long>(c.duplicated),
-                static_cast<unsigned long long>(c.reordered),
-                static_cast<unsigned long long>(c.delayed));
+    std::printf(
+        "datagrams: %llu forwarded, %llu dropped, %llu duplicated, %llu reordered, "
+        "%llu delayed\n",
+        static_cast<unsigned long long>(c.forwarded), static_cast<unsigned long long>(c.dropped),
+        static_cast<unsigned long long>(c.duplicated), static_cast<unsigned long long>(c.reordered),
+        static_cast<unsigned long long>(c.delayed));
     std::printf("%s", report.text().c_str());
     if (!o.history_dir.empty()) std::printf("history kept in %s\n", o.history_dir.c_str());
   }

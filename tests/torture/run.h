@@ -23,21 +23,21 @@
 namespace shardlock::torture {
 
 struct TortureOptions {
-  std::string shardlockd;       // the daemon's path
+  std::string shardlockd;  // the daemon's path
   std::uint64_t seed = 1;
-  int fault_seconds = 20;       // how long faults are injected
-  int workers = 4;              // worker processes
-  int clients_per_worker = 4;   // lease clients per worker
+  int fault_seconds = 20;      // how long faults are injected
+  int workers = 4;             // worker processes
+  int clients_per_worker = 4;  // lease clients per worker
   int keys = 8;
-  int max_ttl_ms = 1000;        // the server's --max-ttl; clients ask for up to this
-  int max_wait_ms = 1000;       // the longest wait an ACQUIRE asks for
-  ProxyFaults network;          // during the fault phase
-  int kills = 2;                // kill -9 + restart of the server
-  int server_pauses = 1;        // SIGSTOP of the server for 1.5 x max TTL
-  int client_pauses = 2;        // SIGSTOP of a worker for 1.5 x max TTL
-  int stall_per_million = 2000; // per cycle: a client stalls 1.5 x max TTL before writing
+  int max_ttl_ms = 1000;               // the server's --max-ttl; clients ask for up to this
+  int max_wait_ms = 1000;              // the longest wait an ACQUIRE asks for
+  ProxyFaults network;                 // during the fault phase
+  int kills = 2;                       // kill -9 + restart of the server
+  int server_pauses = 1;               // SIGSTOP of the server for 1.5 x max TTL
+  int client_pauses = 2;               // SIGSTOP of a worker for 1.5 x max TTL
+  int stall_per_million = 2000;        // per cycle: a client stalls 1.5 x max TTL before writing
   std::int64_t liveness_bound_ms = 0;  // 0: lock-delay + 4 x max TTL + 2 s
-  std::string history_dir;      // keep the history here (default: a temp dir, removed)
+  std::string history_dir;             // keep the history here (default: a temp dir, removed)
   bool json = false;
   bool progress = true;
   // Deliberately unsafe servers, to show the checker bites.

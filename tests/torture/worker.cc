@@ -108,8 +108,8 @@ int run_client(const WorkerOptions& o, int client) {
       history.record(fail);
       if (got.error == LeaseErrc::kBusy) std::this_thread::sleep_for(1ms);
       if (got.error == LeaseErrc::kRecovering) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(
-            std::min<std::uint32_t>(got.retry_after_ms, 100) + 1));
+        std::this_thread::sleep_for(
+            std::chrono::milliseconds(std::min<std::uint32_t>(got.retry_after_ms, 100) + 1));
       }
       continue;
     }
@@ -145,8 +145,8 @@ int run_client(const WorkerOptions& o, int client) {
       hold.token = token;
       hold.expiry_ns = expiry_on_monotonic(lease);
       history.record(hold);
-      const std::string read = resource.call("R " + key_name + " " + std::to_string(token) +
-                                             " " + std::to_string(client));
+      const std::string read = resource.call("R " + key_name + " " + std::to_string(token) + " " +
+                                             std::to_string(client));
       if (read.rfind("OK ", 0) == 0) {
         const std::int64_t value = std::stoll(read.substr(3));
         Event r = base(EventKind::kRead, key_name);
@@ -189,9 +189,8 @@ int run_worker(const WorkerOptions& o) {
   std::vector<int> status(static_cast<std::size_t>(o.clients), 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < o.clients; ++t) {
-    threads.emplace_back([&, t] {
-      status[static_cast<std::size_t>(t)] = run_client(o, o.index * o.clients + t);
-    });
+    threads.emplace_back(
+        [&, t] { status[static_cast<std::size_t>(t)] = run_client(o, o.index * o.clients + t); });
   }
   for (std::thread& t : threads) t.join();
   for (const int s : status) {

@@ -213,7 +213,7 @@ struct CallResult {
   // When the call's first transmission left; a grant's expiry counts from it.
   LeaseClock::time_point first_sent;
   std::uint64_t request_id = 0;  // the call's request id
-  unsigned transmissions = 0;  // 1 + retransmissions
+  unsigned transmissions = 0;    // 1 + retransmissions
   // STATS_REPLY: one page of the server's counters and shard tokens.
   std::uint32_t shard_count = 0;
   std::uint32_t first_shard = 0;
@@ -269,8 +269,8 @@ struct LeaseState;
 // waited for); the destructor, like release(), waits for a lost callback
 // that is running. Every Lease carries its own token (the server gives a
 // holder that acquires again a fresh one), so releasing an old Lease never
-// frees a newer grant of the same key. Its methods may be called from any thread, but a Lease is one
-// object: do not call them concurrently with its destruction or a move.
+// frees a newer grant of the same key. Its methods may be called from any thread, but a Lease is
+// one object: do not call them concurrently with its destruction or a move.
 class Lease {
  public:
   Lease() noexcept;

@@ -151,22 +151,22 @@ enum class WireError : std::uint16_t {
 // STATS_REPLY counters, in wire order. Decoders ignore counters past the ones
 // they know, and read missing ones as 0, so new counters can be appended.
 enum class StatCounter : std::uint8_t {
-  kGrants = 0,      // GRANTED answers (immediate and handed off to waiters)
-  kBusy,            // BUSY answers
-  kQueued,          // ACQUIREs queued behind a holder
-  kTimeouts,        // TIMEOUT answers
-  kExpirations,     // leases that expired without release
-  kNotOwner,        // NOT_OWNER answers
-  kMalformed,       // datagrams dropped by the codec
-  kRenewed,         // RENEWED answers
-  kReleased,        // RELEASED answers
-  kExpiredReplies,  // EXPIRED answers
-  kRecovering,      // RECOVERING answers
-  kErrors,          // ERROR answers
-  kRetransmits,     // requests answered from the dedup cache
-  kRequests,        // requests processed (all types)
-  kAuthFailures,    // datagrams dropped because their auth tag did not verify
-  kStaleRequests,   // RENEW/ACQUIRE older than the lease's last applied request: no effect
+  kGrants = 0,          // GRANTED answers (immediate and handed off to waiters)
+  kBusy,                // BUSY answers
+  kQueued,              // ACQUIREs queued behind a holder
+  kTimeouts,            // TIMEOUT answers
+  kExpirations,         // leases that expired without release
+  kNotOwner,            // NOT_OWNER answers
+  kMalformed,           // datagrams dropped by the codec
+  kRenewed,             // RENEWED answers
+  kReleased,            // RELEASED answers
+  kExpiredReplies,      // EXPIRED answers
+  kRecovering,          // RECOVERING answers
+  kErrors,              // ERROR answers
+  kRetransmits,         // requests answered from the dedup cache
+  kRequests,            // requests processed (all types)
+  kAuthFailures,        // datagrams dropped because their auth tag did not verify
+  kStaleRequests,       // RENEW/ACQUIRE older than the lease's last applied request: no effect
   kAmplificationDrops,  // replies not sent: they would exceed the bytes the source sent
   kLimitRejections,     // requests refused by a configured bound (ERROR kLimitExceeded)
   kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)

@@ -145,7 +145,7 @@ class Shard {
     std::uint64_t request_id = 0;
     Peer peer;
     std::uint32_t ttl_ms = 0;
-    std::uint64_t fingerprint = 0;  // of its ACQUIRE, for the answer remembered later
+    std::uint64_t fingerprint = 0;   // of its ACQUIRE, for the answer remembered later
     std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
     KeyState* state = nullptr;
     std::list<Waiter>::iterator self;
