@@ -258,6 +258,37 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
   }
 }
 
+std::uint64_t Shard::next_token(Message& reply) {
+  const std::uint64_t token = tokens_.next(last_error_);
+  if (token == 0) {
+    // Not remembered: a retry may succeed once the disk recovers.
+    reply.type = MessageType::kError;
+    reply.error = WireError::kInternal;
+    count(StatCounter::kErrors);
+  }
+  return token;
+}
+
+void Shard::hold(KeyState& state, const ClientId& client, std::uint64_t request_id,
+                 std::uint64_t token, std::uint32_t ttl_ms, std::int64_t now_ms) noexcept {
+  state.owner = client;
+  state.token = token;
+  state.request_id = request_id;
+  state.last_request_id = request_id;
+  wheel_.schedule(state, deadline_for(now_ms, ttl_ms));
+}
+
+void Shard::grant(KeyState& state, const ClientId& client, const Message& request,
+                  std::uint64_t token, std::uint64_t fingerprint, std::int64_t now_ms,
+                  Message& reply) {
+  hold(state, client, request.request_id, token, request.ttl_ms, now_ms);
+  reply.type = MessageType::kGranted;
+  reply.token = token;
+  reply.ttl_ms = request.ttl_ms;
+  count(StatCounter::kGrants);
+  remember(client, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
+}
+
 void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
                     std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
                     Message& reply, bool& answered, std::vector<DeferredReply>& deferred) {
@@ -268,13 +299,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       refuse(reply);
       return;
     }
-    const std::uint64_t token = tokens_.next(last_error_);
-    if (token == 0) {
-      reply.type = MessageType::kError;
-      reply.error = WireError::kInternal;
-      count(StatCounter::kErrors);
-      return;  // not remembered: a retry may succeed once the disk recovers
-    }
+    const std::uint64_t token = next_token(reply);
+    if (token == 0) return;
     it = keys_.try_emplace(std::string(request.key)).first;  // may throw: nothing changed
     try {
       use(client, 1, 0);
@@ -285,17 +311,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     KeyState& state = it->second;
     state.key = &it->first;
     state.kind = kLeaseExpiry;
-    state.owner = client;
-    state.token = token;
-    state.request_id = request.request_id;
-    state.last_request_id = request.request_id;
-    wheel_.schedule(state, deadline_for(now_ms, request.ttl_ms));
-    reply.type = MessageType::kGranted;
-    reply.token = token;
-    reply.ttl_ms = request.ttl_ms;
-    count(StatCounter::kGrants);
-    remember(client, request.request_id,
-             Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
+    grant(state, client, request, token, fingerprint, now_ms, reply);
     return;
   }
 
@@ -322,23 +338,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     // The holder acquiring again: a new grant with a new token, so the older
     // grant's RELEASE (from a dropped or lost Lease) can never free this one;
     // the old token's RENEW/RELEASE now get EXPIRED. Waiters keep their place.
-    const std::uint64_t token = tokens_.next(last_error_);
-    if (token == 0) {
-      reply.type = MessageType::kError;
-      reply.error = WireError::kInternal;
-      count(StatCounter::kErrors);
-      return;
-    }
-    state.token = token;
-    state.request_id = request.request_id;
-    state.last_request_id = request.request_id;
-    wheel_.schedule(state, deadline_for(now_ms, request.ttl_ms));
-    reply.type = MessageType::kGranted;
-    reply.token = token;
-    reply.ttl_ms = request.ttl_ms;
-    count(StatCounter::kGrants);
-    remember(client, request.request_id,
-             Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
+    const std::uint64_t token = next_token(reply);
+    if (token != 0) grant(state, client, request, token, fingerprint, now_ms, reply);
     return;
   }
   if (request.wait_ms == 0) {
@@ -430,11 +431,7 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
       retire_waiter(state, state.waiters.begin());
       continue;
     }
-    state.owner = w.client;
-    state.token = token;
-    state.request_id = w.request_id;
-    state.last_request_id = w.request_id;
-    wheel_.schedule(state, deadline_for(now_ms, w.ttl_ms));
+    hold(state, w.client, w.request_id, token, w.ttl_ms, now_ms);
     defer(w, state, MessageType::kGranted, token, deferred);
     count(StatCounter::kGrants);
     remember(w.client, w.request_id, Answer{MessageType::kGranted, token, w.ttl_ms, w.fingerprint});

@@ -203,6 +203,14 @@ class Shard {
   void acquire(const ClientId& client, const Peer& peer, const Message& request,
                std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
                Message& reply, bool& answered, std::vector<DeferredReply>& deferred);
+  // A new token, or 0 with `reply` set to ERROR(kInternal).
+  std::uint64_t next_token(Message& reply);
+  // Makes `client` the holder of `state` with `token` until now + ttl.
+  void hold(KeyState& state, const ClientId& client, std::uint64_t request_id, std::uint64_t token,
+            std::uint32_t ttl_ms, std::int64_t now_ms) noexcept;
+  // hold() for ACQUIRE `request`, answered GRANTED and remembered.
+  void grant(KeyState& state, const ClientId& client, const Message& request, std::uint64_t token,
+             std::uint64_t fingerprint, std::int64_t now_ms, Message& reply);
   // The holder is gone (release or expiry): grant to the first waiter, or
   // forget the key.
   void hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
