@@ -26,7 +26,7 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
       limits_(limits),
       tokens_(tokens),
       wheel_(now_ms),
-      keys_(16, StringKeyHash(limits.hash_seed)),
+      keys_(16),
       dedup_(limits.dedup_capacity, limits.hash_seed),
       waiter_index_(16, SeededHash{limits.hash_seed}),
       usage_(16, SeededHash{limits.hash_seed}) {}
@@ -109,7 +109,7 @@ bool Shard::validate(const Message& request, Message& reply) const noexcept {
   return false;
 }
 
-Shard::KeyState* Shard::find_live(std::string_view key, std::int64_t now_ms,
+Shard::KeyState* Shard::find_live(const KeyRef& key, std::int64_t now_ms,
                                   std::vector<DeferredReply>& deferred) {
   // Fire due timers first, so a lease whose expiry tick has not been driven
   // yet is never treated as live, and waiters are handed off in order.
@@ -126,10 +126,12 @@ Shard::OwnerCheck Shard::check_owner(const KeyState* state, const ClientId& clie
   return OwnerCheck::kNotOwner;
 }
 
-std::uint64_t Shard::request_fingerprint(MessageType type, std::string_view key) noexcept {
-  // Seeded by the type so that equal keys of different types differ.
-  return XXH3_64bits_withSeed(key.data(), key.size(),
-                              0xF1A9'0000ULL + static_cast<std::uint64_t>(type));
+std::uint64_t Shard::request_fingerprint(MessageType type, std::uint64_t key_hash) noexcept {
+  // The key's secret-seeded hash, mixed with the type so that equal keys of
+  // different types differ. Two requests that differ collide with
+  // probability 2^-64, and the seed is not known to clients.
+  const std::uint64_t words[2] = {key_hash, static_cast<std::uint64_t>(type)};
+  return XXH3_64bits(words, sizeof words);
 }
 
 void Shard::remember(const ClientId& client, std::uint64_t request_id, const Answer& answer) {
@@ -143,8 +145,8 @@ void Shard::remember(const ClientId& client, std::uint64_t request_id, const Ans
 }
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
-                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred,
-                   std::uint16_t reply_credit) {
+                   std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
+                   std::vector<DeferredReply>& deferred, std::uint16_t reply_credit) {
   count(StatCounter::kRequests);
   reply = Message{};
   reply.request_id = request.request_id;
@@ -170,7 +172,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
     count(StatCounter::kRecovering);
     return true;
   }
-  const std::uint64_t fingerprint = mutating ? request_fingerprint(request.type, request.key) : 0;
+  const KeyRef key{request.key, key_hash};
+  const std::uint64_t fingerprint = mutating ? request_fingerprint(request.type, key_hash) : 0;
   if (mutating) {
     if (const Answer* cached = dedup_.find(client, request.request_id); cached != nullptr) {
       if (cached->fingerprint != fingerprint) {
@@ -189,7 +192,7 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   }
 
   try {
-    return decide(client, peer, request, fingerprint, reply_credit, now_ms, reply, deferred);
+    return decide(client, peer, request, key, fingerprint, reply_credit, now_ms, reply, deferred);
   } catch (const std::bad_alloc&) {
     // Every step allocates before it changes state, so the shard is as it
     // was before this request (a token may have been skipped).
@@ -202,13 +205,14 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
 }
 
 bool Shard::decide(const ClientId& client, const Peer& peer, const Message& request,
-                   std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
-                   Message& reply, std::vector<DeferredReply>& deferred) {
-  KeyState* state = find_live(request.key, now_ms, deferred);
+                   const KeyRef& key, std::uint64_t fingerprint, std::uint16_t reply_credit,
+                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred) {
+  KeyState* state = find_live(key, now_ms, deferred);
   switch (request.type) {
     case MessageType::kAcquire: {
       bool answered = true;
-      acquire(client, peer, request, fingerprint, reply_credit, now_ms, reply, answered, deferred);
+      acquire(client, peer, request, key, state, fingerprint, reply_credit, now_ms, reply,
+              answered);
       return answered;
     }
     case MessageType::kRenew:
@@ -290,18 +294,19 @@ void Shard::grant(KeyState& state, const ClientId& client, const Message& reques
 }
 
 void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
-                    std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
-                    Message& reply, bool& answered, std::vector<DeferredReply>& deferred) {
-  (void)deferred;
-  auto it = keys_.find(request.key);
-  if (it == keys_.end()) {
+                    const KeyRef& key, KeyState* held, std::uint64_t fingerprint,
+                    std::uint16_t reply_credit, std::int64_t now_ms, Message& reply,
+                    bool& answered) {
+  if (held == nullptr) {
     if (keys_.size() >= limits_.max_keys || !may_hold(client)) {
       refuse(reply);
       return;
     }
     const std::uint64_t token = next_token(reply);
     if (token == 0) return;
-    it = keys_.try_emplace(std::string(request.key)).first;  // may throw: nothing changed
+    // May throw: nothing changed. The stored key keeps its hash, so the
+    // table never hashes the text again.
+    const auto it = keys_.try_emplace(HashedKey{std::string(key.text), key.hash}).first;
     try {
       use(client, 1, 0);
     } catch (...) {
@@ -315,7 +320,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     return;
   }
 
-  KeyState& state = it->second;
+  KeyState& state = *held;
   if (state.owner == client) {
     if (request.request_id == state.request_id) {
       // The granting ACQUIRE again, past its dedup entry: the same grant,
@@ -399,7 +404,7 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
     out.client = w.client;
     out.request_id = w.request_id;
     out.reply_credit = w.reply_credit;
-    out.key = *state.key;
+    out.key = state.key->text;
     out.type = type;
     out.token = token;
     out.ttl_ms = type == MessageType::kGranted ? w.ttl_ms : 0;

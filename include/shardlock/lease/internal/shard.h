@@ -33,9 +33,6 @@
 //   * otherwise                               -> NOT_OWNER
 #pragma once
 
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <array>
 #include <cstdint>
 #include <list>
@@ -45,22 +42,13 @@
 #include <vector>
 
 #include "shardlock/lease/internal/dedup_cache.h"
+#include "shardlock/lease/internal/peer.h"
 #include "shardlock/lease/internal/string_key.h"
 #include "shardlock/lease/internal/timer_wheel.h"
 #include "shardlock/lease/internal/token_store.h"
 #include "shardlock/lease/protocol.h"
 
 namespace shardlock::lease::internal {
-
-// A UDP peer address (IPv4 or IPv6), stored inline.
-struct Peer {
-  union {
-    sockaddr sa;
-    sockaddr_in v4;
-    sockaddr_in6 v6;
-  } addr{};
-  socklen_t len = 0;
-};
 
 struct ShardLimits {
   std::uint32_t max_ttl_ms = 60'000;
@@ -114,9 +102,23 @@ class Shard {
   // for other clients (FIFO hand-off) are appended to `deferred`. STATS is
   // not a shard request (LeaseServer answers it). A queued request's later
   // answer carries `reply_credit` (DeferredReply::reply_credit).
+  // `key_hash` is key_hash(request.key), computed once by the caller (which
+  // also picks the shard with it) and used for every lookup here.
+  bool handle(const ClientId& client, const Peer& peer, const Message& request,
+              std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
+              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize);
+  // The same, hashing the key here.
   bool handle(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
               Message& reply, std::vector<DeferredReply>& deferred,
-              std::uint16_t reply_credit = kMaxDatagramSize);
+              std::uint16_t reply_credit = kMaxDatagramSize) {
+    return handle(client, peer, request, key_hash(request.key), now_ms, reply, deferred,
+                  reply_credit);
+  }
+
+  // The hash handle() expects for `key`: hash_key() under ShardLimits::hash_seed.
+  [[nodiscard]] std::uint64_t key_hash(std::string_view key) const noexcept {
+    return hash_key(key, limits_.hash_seed);
+  }
 
   // Fires every expiry and wait timeout due by `now_ms`.
   void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
@@ -152,7 +154,7 @@ class Shard {
   };
   // The node is the lease's expiry timer.
   struct KeyState : TimerNode {
-    const std::string* key = nullptr;  // the map's key, stable for the node's life
+    const HashedKey* key = nullptr;  // the map's key, stable for the node's life
     ClientId owner;
     std::uint64_t token = 0;
     std::uint64_t request_id = 0;  // of the ACQUIRE that was granted
@@ -184,25 +186,26 @@ class Shard {
     std::uint32_t ttl_ms = 0;
     std::uint64_t fingerprint = 0;  // request_fingerprint() of the request answered
   };
-  // The request's type and key, hashed: what a retransmission must repeat.
+  // The request's type and key (by its hash): what a retransmission must
+  // repeat.
   [[nodiscard]] static std::uint64_t request_fingerprint(MessageType type,
-                                                         std::string_view key) noexcept;
+                                                         std::uint64_t key_hash) noexcept;
   enum class OwnerCheck { kOk, kExpired, kNotOwner };
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
   [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
-  KeyState* find_live(std::string_view key, std::int64_t now_ms,
-                      std::vector<DeferredReply>& deferred);
+  KeyState* find_live(const KeyRef& key, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   static OwnerCheck check_owner(const KeyState* state, const ClientId& client,
                                 std::uint64_t token) noexcept;
   // handle() past validation, lock-delay and the dedup cache; may throw
   // std::bad_alloc, with the shard unchanged.
-  bool decide(const ClientId& client, const Peer& peer, const Message& request,
+  bool decide(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
               std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
               Message& reply, std::vector<DeferredReply>& deferred);
-  void acquire(const ClientId& client, const Peer& peer, const Message& request,
-               std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
-               Message& reply, bool& answered, std::vector<DeferredReply>& deferred);
+  // ACQUIRE of `key`, held as `state` (null when free).
+  void acquire(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
+               KeyState* state, std::uint64_t fingerprint, std::uint16_t reply_credit,
+               std::int64_t now_ms, Message& reply, bool& answered);
   // A new token, or 0 with `reply` set to ERROR(kInternal).
   std::uint64_t next_token(Message& reply);
   // Makes `client` the holder of `state` with `token` until now + ttl.
@@ -247,7 +250,7 @@ class Shard {
   ShardLimits limits_;
   ShardTokens tokens_;
   TimerWheel wheel_;
-  std::unordered_map<std::string, KeyState, StringKeyHash, StringKeyEqual> keys_;
+  std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
   // Unused waiter nodes. std::list::splice moves a node between lists without
   // allocating, so queueing an ACQUIRE reuses a node in steady state.
   std::list<Waiter> spare_waiters_;
