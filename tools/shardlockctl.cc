@@ -401,25 +401,6 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (stats->parsed()) {
-    static constexpr const char* kCounterNames[kStatCounterCount] = {"grants",
-                                                                     "busy",
-                                                                     "queued",
-                                                                     "timeouts",
-                                                                     "expirations",
-                                                                     "not_owner",
-                                                                     "malformed",
-                                                                     "renewed",
-                                                                     "released",
-                                                                     "expired_replies",
-                                                                     "recovering",
-                                                                     "errors",
-                                                                     "retransmits",
-                                                                     "requests",
-                                                                     "auth_failures",
-                                                                     "stale_requests",
-                                                                     "amplification_drops",
-                                                                     "limit_rejections",
-                                                                     "allocation_failures"};
     std::string out = "{\"nodes\":[";
     int worst = kExitOk;
     for (std::size_t n = 0; n < options.nodes.size(); ++n) {
@@ -434,7 +415,8 @@ int main(int argc, char** argv) {
       out += ",\"shards\":" + std::to_string(s.shard_count) + ",\"counters\":{";
       for (std::size_t i = 0; i < kStatCounterCount; ++i) {
         if (i > 0) out += ',';
-        out += std::string("\"") + kCounterNames[i] + "\":" + std::to_string(s.counters[i]);
+        out += std::string("\"") + std::string(to_string(static_cast<StatCounter>(i))) +
+               "\":" + std::to_string(s.counters[i]);
       }
       out += "},\"shard_tokens\":[";
       for (std::size_t i = 0; i < s.shard_tokens.size(); ++i) {

@@ -20,7 +20,7 @@
 #include <system_error>
 #include <vector>
 
-#include "shardlock/lease/internal/shard.h"
+#include "shardlock/lease/internal/peer.h"
 #include "shardlock/lease/protocol.h"
 
 namespace shardlock::lease::internal {
@@ -42,6 +42,9 @@ class DatagramSink {
                            std::vector<OutDatagram>& out) = 0;
   // A datagram the loop dropped before decoding (too large, truncated).
   virtual void on_oversized() = 0;
+  // A reply the loop could not send: no send slot, the socket buffer full
+  // (EAGAIN, ENOBUFS) or a failed send completion. Clients retransmit.
+  virtual void on_send_drop() = 0;
   // A loop-level failure worth an operator's attention (one line).
   virtual void log(std::string_view line) = 0;
   // Drives the timers this worker owns; appends deferred replies to `out`.

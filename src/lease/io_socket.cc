@@ -18,7 +18,7 @@ constexpr std::size_t kRecvBufferSize = 2048;
 // Receive batches per wake-up before timers get their turn.
 constexpr int kRecvRoundsPerTick = 16;
 
-void send_all(int fd, std::vector<OutDatagram>& out) {
+void send_all(int fd, std::vector<OutDatagram>& out, DatagramSink& sink) {
   std::array<mmsghdr, kSendBatch> msgs;
   std::array<iovec, kSendBatch> iovs;
   std::size_t next = 0;
@@ -34,14 +34,16 @@ void send_all(int fd, std::vector<OutDatagram>& out) {
       msgs[i].msg_hdr.msg_iovlen = 1;
     }
     const int sent = ::sendmmsg(fd, msgs.data(), n, MSG_DONTWAIT);
-    if (sent < 0) {
-      if (errno == EINTR) continue;
-      // EAGAIN (socket buffer full) or a per-destination error: the
-      // datagram is lost, as any UDP datagram may be; clients retransmit.
+    if (sent < 0 && errno == EINTR) continue;
+    if (sent <= 0) {
+      // EAGAIN or ENOBUFS (socket buffer full) or a per-destination error
+      // for the first datagram: it is lost, as any UDP datagram may be, and
+      // counted; clients retransmit.
+      sink.on_send_drop();
       ++next;
       continue;
     }
-    next += static_cast<std::size_t>(sent == 0 ? 1 : sent);
+    next += static_cast<std::size_t>(sent);
   }
   out.clear();
 }
@@ -80,11 +82,11 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
         }
         sink.on_datagram(worker, {buffers[i].data(), msgs[i].msg_len}, peers[i], out);
       }
-      send_all(fd, out);
+      send_all(fd, out, sink);
       if (static_cast<unsigned>(n) < kRecvBatch) break;
     }
     sink.on_tick(worker, out);
-    send_all(fd, out);
+    send_all(fd, out, sink);
   }
 }
 

@@ -96,11 +96,15 @@ struct UringLoop::State {
     return true;
   }
 
-  void queue_sends(std::vector<OutDatagram>& out) {
+  // Queues a sendmsg per datagram; one without a free slot or SQE is
+  // dropped and counted (the client retransmits).
+  void queue_sends(std::vector<OutDatagram>& out, DatagramSink& sink) {
     for (OutDatagram& d : out) {
-      if (free_slots.empty()) break;  // drop: the client will retransmit
-      io_uring_sqe* s = sqe();
-      if (s == nullptr) break;
+      io_uring_sqe* s = free_slots.empty() ? nullptr : sqe();
+      if (s == nullptr) {
+        sink.on_send_drop();
+        continue;
+      }
       const std::uint32_t index = free_slots.back();
       free_slots.pop_back();
       SendSlot& slot = send_slots[index];
@@ -196,8 +200,9 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
       ++seen;
       const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
       if (tag != kRecvTag) {
-        st.free_slots.push_back(
-            static_cast<std::uint32_t>(tag));  // a send finished (or failed: lost datagram)
+        // A send finished; a failed one (e.g. -ENOBUFS) is a lost datagram.
+        if (cqe->res < 0) sink.on_send_drop();
+        st.free_slots.push_back(static_cast<std::uint32_t>(tag));
         continue;
       }
       if ((cqe->flags & IORING_CQE_F_MORE) == 0) need_arm = true;
@@ -217,11 +222,11 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
         sink.on_datagram(worker, {payload, length}, peer, out);
       }
       st.recycle(id);
-      if (out.size() >= 32) st.queue_sends(out);
+      if (out.size() >= 32) st.queue_sends(out, sink);
     }
     io_uring_cq_advance(&st.ring, seen);
     sink.on_tick(worker, out);
-    st.queue_sends(out);
+    st.queue_sends(out, sink);
   }
 }
 

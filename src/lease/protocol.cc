@@ -6,6 +6,7 @@
 #include "shardlock/lease/protocol.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 
@@ -379,6 +380,31 @@ std::string_view to_string(MessageType type) noexcept {
       return "BATCH";
   }
   return "UNKNOWN";
+}
+
+std::string_view to_string(StatCounter counter) noexcept {
+  static constexpr std::array<std::string_view, kStatCounterCount> kNames = {"grants",
+                                                                             "busy",
+                                                                             "queued",
+                                                                             "timeouts",
+                                                                             "expirations",
+                                                                             "not_owner",
+                                                                             "malformed",
+                                                                             "renewed",
+                                                                             "released",
+                                                                             "expired_replies",
+                                                                             "recovering",
+                                                                             "errors",
+                                                                             "retransmits",
+                                                                             "requests",
+                                                                             "auth_failures",
+                                                                             "stale_requests",
+                                                                             "amplification_drops",
+                                                                             "limit_rejections",
+                                                                             "allocation_failures",
+                                                                             "send_drops"};
+  const auto i = static_cast<std::size_t>(counter);
+  return i < kNames.size() ? kNames[i] : "unknown";
 }
 
 std::string_view to_string(WireError code) noexcept {

@@ -1,5 +1,6 @@
-// LeaseServer: options, start-up (data dir, sockets, back end), the request
-// path from decoded datagram to shard and back, and STATS.
+// LeaseServer: options, start-up (data dir, shards, sockets, back end) and
+// the I/O threads. The request path from datagram to shard and back is the
+// Dispatcher's (dispatcher.h).
 //
 // Threading: every I/O thread may serve any key. Each shard is guarded by its
 // own shardlock::Mutex (critical sections: one hash lookup, a timer relink,
@@ -17,7 +18,6 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include <atomic>
 #include <cstddef>
@@ -26,6 +26,7 @@
 #include <mutex>
 #include <thread>
 
+#include "dispatcher.h"
 #include "io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/duration.h"
@@ -36,7 +37,7 @@
 
 namespace shardlock::lease {
 
-using internal::DeferredReply;
+using internal::Dispatcher;
 using internal::OutDatagram;
 using internal::Peer;
 using internal::Shard;
@@ -67,13 +68,6 @@ std::uint64_t secret_seed() {
 std::size_t share(std::size_t total, std::size_t parts) {
   return std::max<std::size_t>(1, total / parts + (total % parts != 0 ? 1 : 0));
 }
-
-// One shard and its lock, padded to its own cache lines so neighbouring
-// shards' locks do not false-share.
-struct alignas(64) ShardSlot {
-  Mutex mu;
-  std::unique_ptr<Shard> shard SHARDLOCK_PT_GUARDED_BY(mu);
-};
 
 std::int64_t to_ms(std::chrono::nanoseconds ns) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(ns).count();
@@ -111,14 +105,6 @@ std::uint16_t port_of(const sockaddr_storage& ss) {
 }  // namespace
 
 struct LeaseServer::Impl final : internal::DatagramSink {
-  // Scratch space of one I/O thread, reused for every datagram.
-  struct Worker {
-    Datagram request;
-    Datagram reply;
-    std::vector<DeferredReply> deferred;
-    std::vector<std::uint8_t> stats_tokens;
-  };
-
   explicit Impl(LeaseServerOptions o) : options(std::move(o)) {
     if (!options.clock) {
       options.clock = [] { return std::chrono::steady_clock::now().time_since_epoch(); };
@@ -156,81 +142,24 @@ struct LeaseServer::Impl final : internal::DatagramSink {
     claim_fd = -1;
   }
 
-  ShardSlot& slot_for(std::string_view key) {
-    const std::uint64_t h = XXH3_64bits_withSeed(key.data(), key.size(), shard_seed);
-    return *shards[h % shards.size()];
-  }
-
-  // Sends `d` to `peer` unless it is larger than `budget` bytes (before any
-  // auth tag): then it is withheld and counted, so no source ever gets more
-  // reply bytes than it sent.
-  void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
-                  std::vector<OutDatagram>& out) {
-    if (encoded_size(d) > budget) {
-      amplification_drops.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
-      return;
-    }
-    OutDatagram& o = out.emplace_back();
-    std::size_t written = 0;
-    const std::size_t room = o.bytes.size() - (options.auth_key ? kAuthTagSize : 0);
-    if (encode(d, std::span(o.bytes).first(room), written) != ProtocolError::kOk) {
-      out.pop_back();  // cannot happen for replies within the request's size
-      return;
-    }
-    if (options.auth_key) written = seal_datagram(o.bytes, written, *options.auth_key);
-    o.peer = peer;
-    o.length = static_cast<std::uint16_t>(written);
-  }
-
-  void send_deferred(Worker& w, std::vector<OutDatagram>& out) {
-    for (const DeferredReply& d : w.deferred) {
-      if (d.type == MessageType::kError) {
-        options.log("cannot issue a token to a waiter on a key; answered ERROR(internal)");
-      }
-      w.reply.count = 0;
-      w.reply.batch = false;
-      w.reply.client_id = d.client;
-      (void)w.reply.push(d.message());
-      w.reply.request_id = d.request_id;
-      send_reply(w.reply, d.reply_credit, d.peer, out);
-    }
-    w.deferred.clear();
-  }
-
-  void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
-
-  // The loops' entry points: without memory a datagram or a tick is given
-  // up (counted), never the I/O thread; the shards stay consistent on their
-  // own (Shard::handle answers ERROR(kResourceExhausted)).
+  // The loops' entry points (io_loop.h).
   void on_datagram(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
                    std::vector<OutDatagram>& out) override {
-    try {
-      handle_datagram(worker, bytes, peer, out);
-    } catch (const std::bad_alloc&) {
-      allocation_failures.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
-    }
+    dispatcher->handle(worker, bytes, peer, out);
   }
-  void handle_datagram(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
-                       std::vector<OutDatagram>& out);
-  void on_oversized() override {
-    // Relaxed: a statistic; STATS readers need no ordering with it.
-    malformed.fetch_add(1, std::memory_order_relaxed);
-  }
+  void on_oversized() override { dispatcher->count_oversized(); }
+  void on_send_drop() override { dispatcher->count_send_drop(); }
   void on_tick(unsigned worker, std::vector<OutDatagram>& out) override {
-    try {
-      tick(worker, out);
-    } catch (const std::bad_alloc&) {
-      allocation_failures.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
-    }
+    dispatcher->tick(worker, out);
+    if (worker == 0) settle_lease_bound();
   }
-  void tick(unsigned worker, std::vector<OutDatagram>& out);
+  void settle_lease_bound();
   void log(std::string_view line) override { options.log(line); }
 
   LeaseServerOptions options;
   std::string error_detail;
   std::unique_ptr<TokenStore> store;
-  std::vector<std::unique_ptr<ShardSlot>> shards;
-  std::vector<std::unique_ptr<Worker>> workers;
+  std::unique_ptr<Dispatcher> dispatcher;
   std::vector<int> fds;
   int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
   std::vector<std::unique_ptr<internal::UringLoop>> uring_loops;
@@ -241,31 +170,9 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::chrono::milliseconds lock_delay{0};
   std::uint16_t port = 0;
   std::string listen;
-  // Counted outside any shard. Relaxed: statistics only.
-  std::atomic<std::uint64_t> malformed{0};
-  std::atomic<std::uint64_t> version_errors{0};
-  std::atomic<std::uint64_t> auth_failures{0};
-  std::atomic<std::uint64_t> allocation_failures{0};
-  std::atomic<std::uint64_t> amplification_drops{0};
-  // Adds the counters kept outside the shards.
-  void add_server_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const {
-    // Relaxed: statistics.
-    counters[static_cast<std::size_t>(StatCounter::kMalformed)] +=
-        malformed.load(std::memory_order_relaxed);
-    counters[static_cast<std::size_t>(StatCounter::kErrors)] +=
-        version_errors.load(std::memory_order_relaxed);
-    counters[static_cast<std::size_t>(StatCounter::kAuthFailures)] +=
-        auth_failures.load(std::memory_order_relaxed);
-    counters[static_cast<std::size_t>(StatCounter::kAllocationFailures)] +=
-        allocation_failures.load(std::memory_order_relaxed);
-    counters[static_cast<std::size_t>(StatCounter::kAmplificationDrops)] +=
-        amplification_drops.load(std::memory_order_relaxed);
-  }
   // When to lower the data dir's lease bound to this run's max TTL (set
   // before the threads start, then touched by I/O worker 0 only).
   std::optional<std::int64_t> lease_bound_settles_ms;
-  // Key -> shard placement seed (secret, per process; see secret_seed()).
-  std::uint64_t shard_seed = 0;
 };
 
 std::error_code LeaseServer::Impl::start() {
@@ -349,23 +256,29 @@ std::error_code LeaseServer::Impl::start() {
   limits.max_waiters_per_key = o.max_waiters_per_key;
   limits.max_leases_per_client = share(o.max_leases_per_client, o.shards);
   limits.max_waiters_per_client = share(o.max_waiters_per_client, o.shards);
-  shard_seed = secret_seed();
+  // One secret seed for the key hash, which places a key on a shard and
+  // indexes the shard's tables (see Dispatcher).
   limits.hash_seed = secret_seed();
   if (store && previous_bound > o.max_ttl) {
     lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
   }
+  std::vector<std::unique_ptr<Shard>> shards;
   shards.reserve(o.shards);
   for (std::uint32_t i = 0; i < o.shards; ++i) {
-    auto slot = std::make_unique<ShardSlot>();
     ShardTokens tokens =
         store ? ShardTokens(store.get(), i, floor, floor + o.token_block, o.token_block)
               : ShardTokens(0);
-    LockGuard lock(slot->mu);
-    slot->shard = std::make_unique<Shard>(i, limits, tokens, now);
-    shards.push_back(std::move(slot));
+    shards.push_back(std::make_unique<Shard>(i, limits, tokens, now));
   }
 
   if (const std::error_code ec = open_sockets()) return ec;
+  internal::DispatcherOptions d;
+  d.auth_key = o.auth_key;
+  d.clock = o.clock;
+  d.log = o.log;
+  d.key_seed = limits.hash_seed;
+  d.workers = static_cast<unsigned>(fds.size());
+  dispatcher = std::make_unique<Dispatcher>(std::move(d), std::move(shards));
 
   // Back end.
   backend = o.io == IoBackend::kSocket ? IoBackend::kSocket : IoBackend::kUring;
@@ -395,7 +308,6 @@ std::error_code LeaseServer::Impl::start() {
         ", max ttl " + to_string(o.max_ttl) + ", lock-delay " + to_string(lock_delay) +
         ", datagram auth " + (o.auth_key ? "on" : "off"));
 
-  for (unsigned t = 0; t < fds.size(); ++t) workers.push_back(std::make_unique<Worker>());
   for (unsigned t = 0; t < fds.size(); ++t) {
     if (backend == IoBackend::kUring) {
       threads.emplace_back([this, t] { uring_loops[t]->run(t, *this, stopping); });
@@ -524,135 +436,15 @@ void LeaseServer::Impl::stop() {
   close_sockets();
 }
 
-void LeaseServer::Impl::fill_stats(Worker& w, const Message& request, std::size_t slack,
-                                   Message& reply) {
-  reply.type = MessageType::kStatsReply;
-  reply.shard_count = static_cast<std::uint32_t>(shards.size());
-  reply.first_shard = request.first_shard;
-  for (const auto& slot : shards) {
-    LockGuard lock(slot->mu);
-    const auto& c = slot->shard->counters();
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) reply.counters[i] += c[i];
-  }
-  add_server_counters(reply.counters);
-  w.stats_tokens.clear();
-  for (std::size_t s = request.first_shard; s < shards.size() && w.stats_tokens.size() + 8 <= slack;
-       ++s) {
-    std::uint64_t token = 0;
-    {
-      LockGuard lock(shards[s]->mu);
-      token = shards[s]->shard->last_token();
-    }
-    for (int b = 0; b < 8; ++b)
-      w.stats_tokens.push_back(static_cast<std::uint8_t>(token >> (8 * b)));
-  }
-  reply.shard_tokens_le = w.stats_tokens;
-}
-
-void LeaseServer::Impl::handle_datagram(unsigned worker, std::span<const std::uint8_t> bytes,
-                                        const Peer& peer, std::vector<OutDatagram>& out) {
-  Worker& w = *workers[worker];
-  // A sealed datagram reaching a server without a key fails too: it cannot
-  // be checked, and its sender expects sealed replies.
-  bool rejected =
-      bytes.size() > kHeaderFlagsOffset && (bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0;
-  if (options.auth_key) {
-    bytes = open_datagram(bytes, *options.auth_key);
-    rejected = bytes.empty();
-  }
-  if (rejected) {
-    auth_failures.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
-    return;
-  }
-  const ProtocolError err = decode(bytes, w.request);
-  w.reply.count = 0;
-  w.reply.batch = w.request.batch;
-  w.reply.client_id = w.request.client_id;
-  w.reply.request_id = w.request.request_id;
-
-  if (err == ProtocolError::kUnsupportedVersion) {
-    // Answer in our version so the sender learns why; only if it fits.
-    version_errors.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
-    Message m;
-    m.type = MessageType::kError;
-    m.request_id = w.request.request_id;
-    m.error = WireError::kUnsupportedVersion;
-    w.reply.batch = false;
-    (void)w.reply.push(m);
-    send_reply(w.reply, bytes.size(), peer, out);
-    return;
-  }
-  if (err != ProtocolError::kOk) {
-    malformed.fetch_add(1, std::memory_order_relaxed);  // relaxed: statistics
-    return;
-  }
-
-  const std::size_t bound = max_immediate_reply_size(w.request);
-  if (bound > bytes.size()) {
-    // Not padded for its replies: answering could amplify. ERROR items are
-    // smaller than request items, but not than reply-type items sent here
-    // (RELEASED has an empty body): send_reply() withholds what does not fit.
-    for (const Message& m : w.request.items()) {
-      Message e;
-      e.type = MessageType::kError;
-      e.request_id = m.request_id;
-      e.error = WireError::kRequestTooSmall;
-      (void)w.reply.push(e);
-    }
-    send_reply(w.reply, bytes.size(), peer, out);
-    return;
-  }
-  // The padding beyond the bound pays either for queued ACQUIREs' later
-  // answers (deferred_reply_credit) or for one STATS page, never both.
-  std::size_t stats_slack = bytes.size() - bound;
-  for (const Message& m : w.request.items()) {
-    if (m.type == MessageType::kAcquire && m.wait_ms > 0) stats_slack = 0;
-  }
-  const std::int64_t now = now_ms();
-  for (std::size_t i = 0; i < w.request.count; ++i) {
-    const Message& m = w.request.messages[i];
-    Message r;
-    r.request_id = m.request_id;
-    if (m.type == MessageType::kStats) {
-      fill_stats(w, m, stats_slack, r);
-      stats_slack = 0;  // one page per datagram
-    } else if (!is_request(m.type)) {
-      r.type = MessageType::kError;
-      r.error = WireError::kNotARequest;
-    } else {
-      ShardSlot& slot = slot_for(m.key);
-      LockGuard lock(slot.mu);
-      const ClientId owner = m.owner.value_or(w.request.client_id);
-      const auto credit = static_cast<std::uint16_t>(
-          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
-      if (!slot.shard->handle(owner, peer, m, now, r, w.deferred, credit)) continue;
-      if (r.type == MessageType::kError && r.error == WireError::kInternal) {
-        options.log("shard " + std::to_string(slot.shard->index()) +
-                    ": cannot issue a token: " + slot.shard->last_error());
-      }
-    }
-    (void)w.reply.push(r);
-  }
-  if (w.reply.count > 0) send_reply(w.reply, bytes.size(), peer, out);
-  send_deferred(w, out);
-}
-
-void LeaseServer::Impl::tick(unsigned worker, std::vector<OutDatagram>& out) {
-  Worker& w = *workers[worker];
-  const std::int64_t now = now_ms();
-  for (std::size_t s = worker; s < shards.size(); s += workers.size()) {
-    LockGuard lock(shards[s]->mu);
-    shards[s]->shard->advance(now, w.deferred);
-  }
-  send_deferred(w, out);
-  if (worker == 0 && lease_bound_settles_ms && now >= *lease_bound_settles_ms) {
-    // Every lease of an earlier run has expired by now; from here on only
-    // this run's max TTL bounds what a restart must wait for.
-    lease_bound_settles_ms.reset();
-    std::string detail;
-    if (store->record_lease_bound(static_cast<std::uint64_t>(options.max_ttl.count()), detail)) {
-      options.log("cannot record the lease bound: " + detail);
-    }
+void LeaseServer::Impl::settle_lease_bound() {
+  // Touched by I/O worker 0 only.
+  if (!lease_bound_settles_ms || now_ms() < *lease_bound_settles_ms) return;
+  // Every lease of an earlier run has expired by now; from here on only this
+  // run's max TTL bounds what a restart must wait for.
+  lease_bound_settles_ms.reset();
+  std::string detail;
+  if (store->record_lease_bound(static_cast<std::uint64_t>(options.max_ttl.count()), detail)) {
+    options.log("cannot record the lease bound: " + detail);
   }
 }
 
@@ -669,15 +461,7 @@ const std::string& LeaseServer::error_detail() const noexcept { return impl_->er
 void LeaseServer::stop() { impl_->stop(); }
 
 ServerStats LeaseServer::stats() const {
-  ServerStats s;
-  for (const auto& slot : impl_->shards) {
-    LockGuard lock(slot->mu);
-    const auto& c = slot->shard->counters();
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
-    s.shard_tokens.push_back(slot->shard->last_token());
-  }
-  impl_->add_server_counters(s.counters);
-  return s;
+  return impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
 }
 
 }  // namespace shardlock::lease

@@ -170,8 +170,11 @@ enum class StatCounter : std::uint8_t {
   kAmplificationDrops,  // replies not sent: they would exceed the bytes the source sent
   kLimitRejections,     // requests refused by a configured bound (ERROR kLimitExceeded)
   kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)
+  kSendDrops,           // replies that never left: no send slot, socket buffer full, failed send
 };
-inline constexpr std::size_t kStatCounterCount = 19;
+inline constexpr std::size_t kStatCounterCount = 20;
+// The counter's name in STATS output ("grants", "send_drops", ...).
+[[nodiscard]] std::string_view to_string(StatCounter counter) noexcept;
 
 // 128-bit client identity. Random per client instance (never a thread id).
 struct ClientId {

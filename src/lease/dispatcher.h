@@ -1,0 +1,131 @@
+// Dispatcher: the step between the I/O loops and the shards. No sockets.
+//
+// For each received datagram, in order:
+//   1. authentication (when a key is set): a datagram that fails is counted
+//      in auth_failures and dropped;
+//   2. decoding: a malformed one is counted and dropped; one of another
+//      protocol version gets ERROR(unsupported version) in ours;
+//   3. the anti-amplification check: a request not padded for its answers
+//      gets ERROR(request too small) items, and no reply is ever larger than
+//      the datagram that asked for it (larger ones are withheld, counted);
+//   4. for each item: STATS is answered here from every shard's counters;
+//      anything else goes to the shard its key hashes to, under that shard's
+//      lock, with the key hashed once for the whole path;
+//   5. the reply datagram, then any answers the items triggered for queued
+//      waiters (FIFO hand-off), are appended to the caller's list.
+// tick() drives the timers of the shards a worker owns (s % workers).
+//
+// Threading: any number of I/O threads call handle() and tick() at once,
+// each with its own worker index; a shard's state is only touched under its
+// lock. Not API: LeaseServer's building block, and testable without it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "io_loop.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/auth.h"
+#include "shardlock/lease/internal/peer.h"
+#include "shardlock/lease/internal/shard.h"
+#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/server.h"
+#include "shardlock/mutex.h"
+
+namespace shardlock::lease::internal {
+
+struct DispatcherOptions {
+  // Seals and checks every datagram when set (auth.h).
+  std::optional<AuthKey> auth_key;
+  // The server's monotonic clock (whole milliseconds are what shards see).
+  std::function<std::chrono::nanoseconds()> clock;
+  // One line per call.
+  std::function<void(std::string_view)> log;
+  // Seed of the one hash a key gets (hash_key()): picks its shard from the
+  // high bits, indexes the shard's table with the rest. The shards must have
+  // been built with ShardLimits::hash_seed equal to it.
+  std::uint64_t key_seed = 0;
+  // I/O threads: one scratch space each.
+  unsigned workers = 1;
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Shard>> shards);
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Decides one datagram from `peer` and appends what goes out to `replies`.
+  // Never throws: without memory the datagram is given up and counted (the
+  // shards stay consistent; see Shard::handle). Call with a worker index
+  // below options.workers that no other thread is using.
+  void handle(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
+              std::vector<OutDatagram>& replies) noexcept;
+
+  // Fires due timers of the shards this worker owns; appends the answers.
+  void tick(unsigned worker, std::vector<OutDatagram>& replies) noexcept;
+
+  // A datagram dropped before decoding (larger than any valid one).
+  void count_oversized() noexcept { count(malformed_); }
+  // A reply datagram that never left: no send slot, a full socket buffer
+  // (EAGAIN, ENOBUFS) or a failed send completion.
+  void count_send_drop() noexcept { count(send_drops_); }
+
+  // Every counter, shards' and this dispatcher's, and each shard's last token.
+  [[nodiscard]] ServerStats stats() const;
+  [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
+  // The shard `key` goes to.
+  [[nodiscard]] std::size_t shard_of(std::string_view key) const noexcept;
+
+ private:
+  // One shard and its lock, padded to its own cache lines so neighbouring
+  // shards' locks do not false-share.
+  struct alignas(64) ShardSlot {
+    mutable Mutex mu;
+    std::unique_ptr<Shard> shard SHARDLOCK_PT_GUARDED_BY(mu);
+  };
+  // Scratch space of one I/O thread, reused for every datagram.
+  struct Worker {
+    Datagram request;
+    Datagram reply;
+    std::vector<DeferredReply> deferred;
+    std::vector<std::uint8_t> stats_tokens;
+  };
+
+  static void count(std::atomic<std::uint64_t>& c) noexcept {
+    c.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic, read by STATS only
+  }
+  void decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
+              std::vector<OutDatagram>& replies);
+  // Answers every item of a request that is too small for its answers.
+  void refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
+                       std::vector<OutDatagram>& replies);
+  void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
+                  std::vector<OutDatagram>& replies);
+  void send_deferred(Worker& w, std::vector<OutDatagram>& replies);
+  void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
+  void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
+  [[nodiscard]] std::int64_t now_ms() const;
+
+  DispatcherOptions options_;
+  std::vector<std::unique_ptr<ShardSlot>> shards_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  // Counted outside any shard.
+  std::atomic<std::uint64_t> malformed_{0};
+  std::atomic<std::uint64_t> errors_{0};
+  std::atomic<std::uint64_t> auth_failures_{0};
+  std::atomic<std::uint64_t> allocation_failures_{0};
+  std::atomic<std::uint64_t> amplification_drops_{0};
+  std::atomic<std::uint64_t> send_drops_{0};
+};
+
+}  // namespace shardlock::lease::internal
