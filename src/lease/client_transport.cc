@@ -16,6 +16,7 @@
 #include <string>
 
 #include "shardlock/lease/client.h"
+#include "udp.h"
 
 namespace shardlock::lease {
 
@@ -44,25 +45,12 @@ class UdpTransport final : public DatagramTransport {
   }
 
   void send_many(std::span<const Outgoing> datagrams) override {
-    std::array<mmsghdr, kBatch * 2> headers{};
-    std::array<iovec, kBatch * 2> iovs{};
-    std::size_t done = 0;
-    while (done < datagrams.size()) {
-      const std::size_t n = std::min(headers.size(), datagrams.size() - done);
-      for (std::size_t i = 0; i < n; ++i) {
-        const Outgoing& d = datagrams[done + i];
-        iovs[i] = {const_cast<std::uint8_t*>(d.bytes.data()), d.bytes.size()};
-        headers[i] = {};
-        headers[i].msg_hdr.msg_name = const_cast<sockaddr_storage*>(&d.to->address);
-        headers[i].msg_hdr.msg_namelen = d.to->length;
-        headers[i].msg_hdr.msg_iov = &iovs[i];
-        headers[i].msg_hdr.msg_iovlen = 1;
-      }
-      const int sent = ::sendmmsg(fd_, headers.data(), static_cast<unsigned>(n), MSG_DONTWAIT);
-      // A datagram the kernel refused (buffer full) is a lost datagram: the
-      // retransmission timer covers it. Skip it rather than spin.
-      done += sent > 0 ? static_cast<std::size_t>(sent) : 1;
-    }
+    // A datagram the kernel refused (buffer full) is a lost datagram: the
+    // retransmission timer covers it.
+    (void)internal::send_batched(fd_, datagrams.size(), [&](std::size_t i) {
+      const Outgoing& d = datagrams[i];
+      return internal::OutgoingView{&d.to->address, d.to->length, d.bytes};
+    });
   }
 
   std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
@@ -70,23 +58,13 @@ class UdpTransport final : public DatagramTransport {
     // Bounded: at most kRounds x kBatch datagrams per call, so a flood cannot
     // keep the I/O thread from its timers.
     for (int round = 0; round < kRounds; ++round) {
-      std::array<mmsghdr, kBatch> headers{};
-      std::array<iovec, kBatch> iovs{};
-      for (std::size_t i = 0; i < kBatch; ++i) {
-        iovs[i] = {buffers_[i].data(), buffers_[i].size()};
-        headers[i].msg_hdr.msg_iov = &iovs[i];
-        headers[i].msg_hdr.msg_iovlen = 1;
-      }
-      const int n = ::recvmmsg(fd_, headers.data(), kBatch, MSG_DONTWAIT, nullptr);
-      if (n <= 0) break;
-      for (int i = 0; i < n; ++i) {
-        const auto& h = headers[static_cast<std::size_t>(i)];
+      const std::size_t n = batch_.receive(fd_);
+      for (std::size_t i = 0; i < n; ++i) {
         // A datagram larger than the buffer is truncated; the codec rejects it.
-        if (h.msg_hdr.msg_flags & MSG_TRUNC) continue;
-        deliver({buffers_[static_cast<std::size_t>(i)].data(), h.msg_len});
+        if (!batch_.truncated(i)) deliver(batch_.bytes(i));
       }
-      total += static_cast<std::size_t>(n);
-      if (static_cast<std::size_t>(n) < kBatch) break;
+      total += n;
+      if (n < kBatch) break;
     }
     return total;
   }
@@ -97,8 +75,7 @@ class UdpTransport final : public DatagramTransport {
   static constexpr std::size_t kBatch = 32;
   static constexpr int kRounds = 8;
   int fd_;
-  // Larger than kMaxDatagramSize so an oversized datagram shows as MSG_TRUNC.
-  std::array<std::array<std::uint8_t, 2048>, kBatch> buffers_{};
+  internal::ReceiveBatch<kBatch> batch_;
 };
 
 int hex_value(char c) noexcept {
@@ -148,38 +125,12 @@ const std::error_category& lease_category() noexcept {
 }
 
 std::error_code parse_endpoint(std::string_view text, Endpoint& out) {
-  std::string host;
-  std::string port;
-  if (!text.empty() && text.front() == '[') {
-    const auto close = text.find(']');
-    if (close == std::string_view::npos || close + 1 >= text.size() || text[close + 1] != ':') {
-      return LeaseErrc::kBadAddress;
-    }
-    host = std::string(text.substr(1, close - 1));
-    port = std::string(text.substr(close + 2));
-  } else {
-    const auto colon = text.rfind(':');
-    if (colon == std::string_view::npos || colon == 0) return LeaseErrc::kBadAddress;
-    host = std::string(text.substr(0, colon));
-    port = std::string(text.substr(colon + 1));
-  }
-  if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos || std::stoul(port) == 0 ||
-      std::stoul(port) > 65535) {
+  std::string detail;
+  if (!internal::resolve_udp_address(text, /*passive=*/false, /*allow_port_zero=*/false,
+                                     out.address, out.length, detail)) {
     return LeaseErrc::kBadAddress;
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_NUMERICSERV;
-  addrinfo* result = nullptr;
-  if (::getaddrinfo(host.c_str(), port.c_str(), &hints, &result) != 0 || result == nullptr) {
-    return LeaseErrc::kBadAddress;
-  }
-  std::memcpy(&out.address, result->ai_addr, result->ai_addrlen);
-  out.length = static_cast<socklen_t>(result->ai_addrlen);
   out.text = std::string(text);
-  ::freeaddrinfo(result);
   return {};
 }
 

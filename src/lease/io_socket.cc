@@ -2,59 +2,32 @@
 #include <poll.h>
 #include <sys/socket.h>
 
-#include <cerrno>
-#include <cstring>
+#include <memory>
 
 #include "io_loop.h"
+#include "udp.h"
 
 namespace shardlock::lease::internal {
 namespace {
 
-constexpr unsigned kRecvBatch = 32;
-constexpr unsigned kSendBatch = 64;
-// Larger than any valid datagram, so an oversized one is seen whole (and
-// dropped as malformed) rather than silently cut.
-constexpr std::size_t kRecvBufferSize = 2048;
+constexpr std::size_t kRecvBatch = 32;
 // Receive batches per wake-up before timers get their turn.
 constexpr int kRecvRoundsPerTick = 16;
 
+// Sends and clears `out`; each datagram the kernel refuses is counted.
 void send_all(int fd, std::vector<OutDatagram>& out, DatagramSink& sink) {
-  std::array<mmsghdr, kSendBatch> msgs;
-  std::array<iovec, kSendBatch> iovs;
-  std::size_t next = 0;
-  while (next < out.size()) {
-    const unsigned n = static_cast<unsigned>(std::min<std::size_t>(kSendBatch, out.size() - next));
-    for (unsigned i = 0; i < n; ++i) {
-      OutDatagram& d = out[next + i];
-      iovs[i] = {d.bytes.data(), d.length};
-      msgs[i] = {};
-      msgs[i].msg_hdr.msg_name = &d.peer.addr;
-      msgs[i].msg_hdr.msg_namelen = d.peer.len;
-      msgs[i].msg_hdr.msg_iov = &iovs[i];
-      msgs[i].msg_hdr.msg_iovlen = 1;
-    }
-    const int sent = ::sendmmsg(fd, msgs.data(), n, MSG_DONTWAIT);
-    if (sent < 0 && errno == EINTR) continue;
-    if (sent <= 0) {
-      // EAGAIN or ENOBUFS (socket buffer full) or a per-destination error
-      // for the first datagram: it is lost, as any UDP datagram may be, and
-      // counted; clients retransmit.
-      sink.on_send_drop();
-      ++next;
-      continue;
-    }
-    next += static_cast<std::size_t>(sent);
-  }
+  const std::size_t lost = send_batched(fd, out.size(), [&](std::size_t i) {
+    const OutDatagram& d = out[i];
+    return OutgoingView{&d.peer.addr, d.peer.len, {d.bytes.data(), d.length}};
+  });
+  for (std::size_t i = 0; i < lost; ++i) sink.on_send_drop();
   out.clear();
 }
 
 }  // namespace
 
 void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop) {
-  std::vector<std::array<std::uint8_t, kRecvBufferSize>> buffers(kRecvBatch);
-  std::array<Peer, kRecvBatch> peers;
-  std::array<mmsghdr, kRecvBatch> msgs;
-  std::array<iovec, kRecvBatch> iovs;
+  auto batch = std::make_unique<ReceiveBatch<kRecvBatch>>();
   std::vector<OutDatagram> out;
   out.reserve(std::size_t{kRecvBatch} * 2);
 
@@ -64,26 +37,16 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
     pollfd p{fd, POLLIN, 0};
     const int ready = ::poll(&p, 1, kTickMs);
     for (int round = 0; ready > 0 && round < kRecvRoundsPerTick; ++round) {
-      for (unsigned i = 0; i < kRecvBatch; ++i) {
-        iovs[i] = {buffers[i].data(), buffers[i].size()};
-        msgs[i] = {};
-        msgs[i].msg_hdr.msg_name = &peers[i].addr;
-        msgs[i].msg_hdr.msg_namelen = sizeof(peers[i].addr);
-        msgs[i].msg_hdr.msg_iov = &iovs[i];
-        msgs[i].msg_hdr.msg_iovlen = 1;
-      }
-      const int n = ::recvmmsg(fd, msgs.data(), kRecvBatch, MSG_DONTWAIT, nullptr);
-      if (n <= 0) break;
-      for (int i = 0; i < n; ++i) {
-        peers[i].len = msgs[i].msg_hdr.msg_namelen;
-        if ((msgs[i].msg_hdr.msg_flags & MSG_TRUNC) != 0) {
+      const std::size_t n = batch->receive(fd);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (batch->truncated(i)) {
           sink.on_oversized();
           continue;
         }
-        sink.on_datagram(worker, {buffers[i].data(), msgs[i].msg_len}, peers[i], out);
+        sink.on_datagram(worker, batch->bytes(i), batch->peer(i), out);
       }
       send_all(fd, out, sink);
-      if (static_cast<unsigned>(n) < kRecvBatch) break;
+      if (n < kRecvBatch) break;
     }
     sink.on_tick(worker, out);
     send_all(fd, out, sink);

@@ -12,8 +12,6 @@
 // lock. Timers of shard s are driven by I/O thread s % io_threads.
 #include "shardlock/lease/server.h"
 
-#include <arpa/inet.h>
-#include <netdb.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -34,12 +32,14 @@
 #include "shardlock/lease/internal/token_store.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
+#include "udp.h"
 
 namespace shardlock::lease {
 
 using internal::Dispatcher;
 using internal::OutDatagram;
 using internal::Peer;
+using internal::port_of;
 using internal::Shard;
 using internal::ShardTokens;
 using internal::TokenStore;
@@ -71,35 +71,6 @@ std::size_t share(std::size_t total, std::size_t parts) {
 
 std::int64_t to_ms(std::chrono::nanoseconds ns) {
   return std::chrono::duration_cast<std::chrono::milliseconds>(ns).count();
-}
-
-std::string format_peer(const sockaddr_storage& ss) {
-  char host[INET6_ADDRSTRLEN] = {};
-  if (ss.ss_family == AF_INET6) {
-    const auto& a = reinterpret_cast<const sockaddr_in6&>(ss);
-    ::inet_ntop(AF_INET6, &a.sin6_addr, host, sizeof host);
-    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a.sin6_port));
-  }
-  const auto& a = reinterpret_cast<const sockaddr_in&>(ss);
-  ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
-  return std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
-}
-
-// "HOST:PORT" / "[V6]:PORT" -> host, port.
-bool split_host_port(const std::string& address, std::string& host, std::string& port) {
-  const std::size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == address.size()) return false;
-  host = address.substr(0, colon);
-  port = address.substr(colon + 1);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return !host.empty() && port.find_first_not_of("0123456789") == std::string::npos;
-}
-
-std::uint16_t port_of(const sockaddr_storage& ss) {
-  return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6&>(ss).sin6_port
-                                        : reinterpret_cast<const sockaddr_in&>(ss).sin_port);
 }
 
 }  // namespace
@@ -319,26 +290,14 @@ std::error_code LeaseServer::Impl::start() {
 }
 
 std::error_code LeaseServer::Impl::open_sockets() {
-  std::string host;
-  std::string service;
-  if (!split_host_port(options.bind_address, host, service)) {
-    return fail(ServerError::kBadAddress, "bind address must be HOST:PORT or [V6]:PORT, got \"" +
-                                              options.bind_address + "\"");
-  }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_DGRAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  if (const int rc = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); rc != 0) {
-    return fail(ServerError::kBadAddress,
-                "cannot resolve \"" + options.bind_address + "\": " + ::gai_strerror(rc));
-  }
   sockaddr_storage addr{};
-  std::memcpy(&addr, found->ai_addr, found->ai_addrlen);
-  const socklen_t addr_len = found->ai_addrlen;
-  const int family = found->ai_family;
-  ::freeaddrinfo(found);
+  socklen_t addr_len = 0;
+  std::string detail;
+  if (!internal::resolve_udp_address(options.bind_address, /*passive=*/true,
+                                     /*allow_port_zero=*/true, addr, addr_len, detail)) {
+    return fail(ServerError::kBadAddress, "bind address: " + detail);
+  }
+  const int family = addr.ss_family;
 
   // One server per port: a second one (SO_REUSEPORT or not) would split the
   // lease table. The claim settles races between shardlock servers; the
@@ -353,7 +312,7 @@ std::error_code LeaseServer::Impl::open_sockets() {
   if (const std::error_code ec = open_socket(family, false, addr, addr_len, exclusive)) return ec;
   socklen_t len = sizeof addr;
   ::getsockname(exclusive, reinterpret_cast<sockaddr*>(&addr), &len);
-  listen = format_peer(addr);
+  listen = internal::format_address(addr);
   if (claim_fd < 0) {
     if (const std::error_code ec = claim_port(port_of(addr))) return ec;
   }
