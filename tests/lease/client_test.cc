@@ -636,7 +636,10 @@ TEST(LeaseSafetyTest, DroppingALostLeaseKeepsTheReacquiredOne) {
   AcquireResult again = a->try_acquire("relost", 4s);
   ASSERT_TRUE(again) << again.error.message();
   old = AcquireResult{};
-  std::this_thread::sleep_for(50ms);  // let a RELEASE, if one was sent, land
+  // A RELEASE, if one was sent, left a's socket in that assignment, before
+  // this QUERY; the server serves one client socket in order, so once a's
+  // QUERY is answered that RELEASE has been applied. No sleep needed.
+  ASSERT_FALSE(a->query("relost").error);
   const CallResult q = observer->query("relost");
   ASSERT_FALSE(q.error);
   EXPECT_TRUE(q.held);
