@@ -14,7 +14,9 @@
 #include <thread>
 #include <vector>
 
+#include "poll_until.h"
 #include "shardlock/instrumented.h"
+#include "shardlock/internal/thread_annotations.h"
 #include "shardlock/mutex.h"
 #include "shardlock/spin_lock.h"
 
@@ -311,8 +313,29 @@ TEST(LockTableTest, WithLockRethrowsInTheCallerAndStaysUsable) {
   EXPECT_TRUE(table.try_lock("k"));
 }
 
+// A SpinLock that shows when a thread is blocked in lock(), so a test can
+// wait for a waiter to block instead of sleeping and hoping it has. Behind
+// Instrumented<> that proves contention: its lock() tries once first.
+class SHARDLOCK_CAPABILITY("mutex") WaiterCountingSpinLock {
+ public:
+  void lock() noexcept SHARDLOCK_ACQUIRE() {
+    // Relaxed: a test-side signal only; the lock itself orders the data.
+    waiters.fetch_add(1, std::memory_order_relaxed);
+    lock_.lock();
+    waiters.fetch_sub(1, std::memory_order_relaxed);
+  }
+  [[nodiscard]] bool try_lock() noexcept SHARDLOCK_TRY_ACQUIRE(true) { return lock_.try_lock(); }
+  void unlock() noexcept SHARDLOCK_RELEASE() { lock_.unlock(); }
+
+  // Threads inside lock(), over every instance.
+  static inline std::atomic<int> waiters{0};
+
+ private:
+  SpinLock lock_;
+};
+
 TEST(LockTableTest, StatisticsCountPerStripeAndFindTheHottest) {
-  LockTable<Instrumented<SpinLock>> table(64, 3);
+  LockTable<Instrumented<WaiterCountingSpinLock>> table(64, 3);
   const auto [key, same_stripe, other_stripe] = colliding_keys(table);
   for (int i = 0; i < 3; ++i) auto g = table.lock(key);
   { auto g = table.lock(same_stripe); }
@@ -323,22 +346,19 @@ TEST(LockTableTest, StatisticsCountPerStripeAndFindTheHottest) {
   EXPECT_EQ(table.total_stats().contended, 0u);
 
   // Make other_stripe's stripe contended: hold it while a second thread
-  // blocks on it. Repeat until the waiter was seen waiting (it could in
-  // principle be descheduled until after we release).
+  // blocks on it, and release only once it is blocked.
   const int contended_key = other_stripe;  // lambdas cannot capture bindings
   const std::size_t hot = table.stripe_of(contended_key);
-  while (table.stripe_stats(hot).contended == 0) {
+  {
     auto held = table.lock(contended_key);
-    std::atomic<bool> started{false};
-    std::thread waiter([&] {
-      started.store(true, std::memory_order_release);
-      auto g = table.lock(contended_key);
-    });
-    while (!started.load(std::memory_order_acquire)) std::this_thread::yield();
-    std::this_thread::sleep_for(5ms);
+    std::thread waiter([&] { auto g = table.lock(contended_key); });
+    EXPECT_TRUE(test_support::poll_until([] {
+      return WaiterCountingSpinLock::waiters.load() == 1;
+    })) << "the waiter never blocked";
     held.unlock();
     waiter.join();
   }
+  EXPECT_EQ(table.stripe_stats(hot).contended, 1u);
   const auto top = table.hottest(2);
   ASSERT_EQ(top.size(), 2u);
   EXPECT_EQ(top[0].stripe, hot);

@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "poll_until.h"
 #include "shardlock/lease/server.h"
 #include "shardlock/workload/zipf.h"
 
@@ -216,13 +217,18 @@ TEST(LeaseClientTest, WaitingAcquireIsHandedOverOnRelease) {
   AcquireResult held = a->try_acquire("jobs/nightly", 10s);
   ASSERT_TRUE(held);
   std::thread releaser([&] {
-    std::this_thread::sleep_for(100ms);
+    // Release only once b's ACQUIRE is queued on the server, so the grant
+    // below is a hand-off, not a fresh acquire of a free key.
+    EXPECT_TRUE(test_support::poll_until([&] { return a->query("jobs/nightly").waiters == 1; },
+                                         test_support::kPollTimeout, 2ms))
+        << "b's ACQUIRE never queued";
     EXPECT_FALSE(held.lease.release());
   });
   AcquireResult waited = b->acquire("jobs/nightly", 10s, 5s);
   releaser.join();
   ASSERT_TRUE(waited) << waited.error.message();
   EXPECT_GT(waited.lease.token(), held.lease.token());
+  EXPECT_GE(server->stats().counter(StatCounter::kQueued), 1u);
 
   AcquireResult timed_out = a->acquire("jobs/nightly", 10s, 100ms);
   EXPECT_EQ(timed_out.error, LeaseErrc::kTimeout);
@@ -630,7 +636,10 @@ TEST(LeaseSafetyTest, DroppingALostLeaseKeepsTheReacquiredOne) {
   AcquireResult again = a->try_acquire("relost", 4s);
   ASSERT_TRUE(again) << again.error.message();
   old = AcquireResult{};
-  std::this_thread::sleep_for(50ms);  // let a RELEASE, if one was sent, land
+  // A RELEASE, if one was sent, left a's socket in that assignment, before
+  // this QUERY; the server serves one client socket in order, so once a's
+  // QUERY is answered that RELEASE has been applied. No sleep needed.
+  ASSERT_FALSE(a->query("relost").error);
   const CallResult q = observer->query("relost");
   ASSERT_FALSE(q.error);
   EXPECT_TRUE(q.held);

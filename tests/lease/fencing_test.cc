@@ -33,12 +33,33 @@ TEST(FencingValidator, AcceptsEqualOrHigherRejectsLower) {
   EXPECT_TRUE(fence.check_and_advance("k", 1));
 }
 
+// Each rejection pinned down, so a validator that accepts everything, or
+// that remembers a rejected token, fails here: the token just below the
+// highest, token 0, a stale token on one key while another key is lower.
+TEST(FencingValidator, RejectsEveryLowerTokenAndRemembersNothingOfIt) {
+  FencingValidator fence;
+  ASSERT_TRUE(fence.check_and_advance("k", 100));
+  ASSERT_TRUE(fence.check_and_advance("low", 3));
+  for (const std::uint64_t stale : {std::uint64_t{99}, std::uint64_t{50}, std::uint64_t{0}}) {
+    EXPECT_FALSE(fence.check_and_advance("k", stale)) << "token " << stale;
+    EXPECT_EQ(fence.highest("k"), 100u) << "a rejected token " << stale << " moved the key";
+  }
+  EXPECT_FALSE(fence.check_and_advance("low", 2));
+  EXPECT_EQ(fence.highest("low"), 3u);
+  // The equal token stays accepted after rejections, and changes nothing.
+  EXPECT_TRUE(fence.check_and_advance("k", 100));
+  EXPECT_EQ(fence.highest("k"), 100u);
+  EXPECT_FALSE(fence.highest("never seen").has_value());
+}
+
 TEST(FencingValidator, ConcurrentWritersNeverMoveAKeyBackwards) {
   FencingValidator fence(16);
   constexpr int kThreads = 4;
   constexpr int kOps = 20'000;
   std::atomic<std::uint64_t> max_submitted[4] = {};
   std::atomic<int> regressions{0};
+  std::atomic<int> rejections{0};
+  std::atomic<int> wrong_rejections{0};
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
@@ -55,12 +76,21 @@ TEST(FencingValidator, ConcurrentWritersNeverMoveAKeyBackwards) {
         if (fence.check_and_advance(key, token)) {
           // Whatever was accepted is now a floor for everyone.
           if (fence.highest(key).value_or(0) < token) ++regressions;
+        } else {
+          ++rejections;
+          // Rejected only below an accepted token, and the key never moves
+          // back, so it is still above this one.
+          if (fence.highest(key).value_or(0) <= token) ++wrong_rejections;
         }
       }
     });
   }
   for (auto& t : threads) t.join();
   EXPECT_EQ(regressions.load(), 0);
+  EXPECT_EQ(wrong_rejections.load(), 0);
+  // 80,000 random tokens over four keys: most arrive below the key's
+  // running maximum, so a validator that rejects none is broken.
+  EXPECT_GT(rejections.load(), 0);
   for (std::size_t k = 0; k < 4; ++k) {
     EXPECT_EQ(fence.highest("key" + std::to_string(k)), max_submitted[k].load());
   }

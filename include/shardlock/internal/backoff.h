@@ -55,6 +55,10 @@ class Backoff {
     return start_ns_ == 0 ? 0 : monotonic_nanos() - start_ns_;
   }
 
+  // The pause the next wait() makes, in nanoseconds: what makes the
+  // doubling and its cap testable (tests/backoff_test.cc).
+  std::uint32_t next_delay_ns() const noexcept { return delay_ns_; }
+
  private:
   std::int64_t budget_ns_;
   std::uint32_t max_delay_ns_;
