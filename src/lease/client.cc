@@ -22,11 +22,11 @@
 #include <unordered_map>
 #include <utility>
 
+#include "client_routing.h"
 #include "shardlock/internal/futex.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
-#include "shardlock/router.h"
 #include "shardlock/workload/zipf.h"
 
 namespace shardlock::lease {
@@ -124,21 +124,6 @@ bool carries_key(MessageType reply) noexcept {
          reply == MessageType::kQueryReply;
 }
 
-// Whether two resolved endpoints name one socket address (two spellings of
-// one node: "localhost:7420" and "127.0.0.1:7420").
-bool same_address(const Endpoint& a, const Endpoint& b) noexcept {
-  if (a.address.ss_family != b.address.ss_family) return false;
-  if (a.address.ss_family == AF_INET6) {
-    const auto& x = reinterpret_cast<const sockaddr_in6&>(a.address);
-    const auto& y = reinterpret_cast<const sockaddr_in6&>(b.address);
-    return x.sin6_port == y.sin6_port && x.sin6_scope_id == y.sin6_scope_id &&
-           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
-  }
-  const auto& x = reinterpret_cast<const sockaddr_in&>(a.address);
-  const auto& y = reinterpret_cast<const sockaddr_in&>(b.address);
-  return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
-}
-
 std::uint32_t clamp_ms(milliseconds d) noexcept {
   if (d.count() <= 0) return 0;
   return static_cast<std::uint32_t>(
@@ -146,46 +131,6 @@ std::uint32_t clamp_ms(milliseconds d) noexcept {
 }
 
 }  // namespace
-
-// Key -> node index, through the Router over the configured node addresses.
-// Every client must agree on the mapping, so the Router's seed and bucket
-// count are fixed here: 2^16 buckets (128 KiB per client) balance a handful
-// of nodes within ~1% and build in well under a millisecond, where the
-// Router's default 2^22 would cost 8 MiB per LeaseClient.
-class ClientRouting {
- public:
-  static constexpr int kBucketBits = 16;
-
-  void assign(const std::vector<std::string>& nodes) {
-    if (nodes.size() <= 1) return;  // one node owns everything
-    std::vector<Node> members;
-    members.reserve(nodes.size());
-    for (const std::string& n : nodes) members.push_back(Node{n, 1});
-    router_ = std::make_unique<Router>(RouterOptions{kDefaultRouterSeed, kBucketBits});
-    if (router_->assign(members) != RouterStatus::kOk) {
-      router_.reset();  // duplicate addresses: fall back to the first node
-      return;
-    }
-    snapshot_ = router_->snapshot();
-    // The snapshot sorts nodes by id; map its indices back to ours.
-    for (const Node& member : snapshot_->nodes()) {
-      const auto it = std::find(nodes.begin(), nodes.end(), member.id);
-      index_.push_back(static_cast<std::size_t>(it - nodes.begin()));
-    }
-  }
-
-  // Never blocks: one hash and one table lookup in an immutable snapshot.
-  std::size_t node_for(std::string_view key) const noexcept {
-    if (!snapshot_) return 0;
-    const std::uint16_t owner = snapshot_->owner_index(key);
-    return owner == RouterSnapshot::kNoOwner ? 0 : index_[owner];
-  }
-
- private:
-  std::unique_ptr<Router> router_;
-  std::shared_ptr<const RouterSnapshot> snapshot_;
-  std::vector<std::size_t> index_;
-};
 
 // One outstanding request. Owned by ClientCore::pending_ from its first
 // transmission until its completion is taken.
