@@ -16,7 +16,6 @@
 #include <cstring>
 #include <deque>
 #include <limits>
-#include <mutex>
 #include <queue>
 #include <thread>
 #include <unordered_map>
@@ -392,15 +391,17 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
     }
     wake();
     if (io_thread_.joinable()) io_thread_.join();
+    std::thread watch_thread;
     {
-      std::lock_guard lock(watch_mutex_);
+      LockGuard lock(watch_mutex_);
       watch_stop_ = true;
+      watch_thread.swap(watch_thread_);  // watch() starts no thread from now on
     }
     watch_cv_.notify_all();
-    if (watch_thread_.joinable()) watch_thread_.join();
+    if (watch_thread.joinable()) watch_thread.join();
     std::vector<std::shared_ptr<LeaseState>> watched;
     {
-      std::lock_guard lock(watch_mutex_);
+      LockGuard lock(watch_mutex_);
       watched.swap(watched_);  // breaks the core <-> lease reference cycle
     }
   }
@@ -778,7 +779,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   // ---------------------------------------------------------------- watchdog
   void watch(std::shared_ptr<LeaseState> state) {
-    std::lock_guard lock(watch_mutex_);
+    LockGuard lock(watch_mutex_);
     if (watch_stop_) return;
     watched_.push_back(std::move(state));
     watch_dirty_ = true;
@@ -788,7 +789,7 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
 
   void nudge_watchdog() {
     {
-      std::lock_guard lock(watch_mutex_);
+      LockGuard lock(watch_mutex_);
       watch_dirty_ = true;
     }
     watch_cv_.notify_one();
@@ -805,11 +806,13 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
                            std::memory_order_relaxed);  // see on_watchdog_thread()
     std::vector<std::shared_ptr<LeaseState>> leases;
     std::vector<std::pair<std::shared_ptr<LeaseState>, LeaseLost>> fire;
-    std::unique_lock lock(watch_mutex_);
-    while (!watch_stop_) {
-      leases = watched_;
-      watch_dirty_ = false;
-      lock.unlock();
+    for (;;) {
+      {
+        LockGuard lock(watch_mutex_);
+        if (watch_stop_) break;
+        leases = watched_;
+        watch_dirty_ = false;
+      }
       const Clock::time_point now = Clock::now();
       Clock::time_point next = now + std::chrono::seconds(1);
       std::vector<const LeaseState*> finished;
@@ -857,13 +860,14 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
       }
       fire.clear();
       leases.clear();
-      lock.lock();
+      LockGuard lock(watch_mutex_);
       if (!finished.empty()) {
         std::erase_if(watched_, [&](const auto& s) {
           return std::find(finished.begin(), finished.end(), s.get()) != finished.end();
         });
       }
-      if (!watch_dirty_ && !watch_stop_) watch_cv_.wait_until(lock, next);
+      // Unlocks watch_mutex_ while it sleeps and takes it again to return.
+      if (!watch_dirty_ && !watch_stop_) watch_cv_.wait_until(watch_mutex_, next);
     }
   }
 
@@ -946,12 +950,14 @@ struct ClientCore : std::enable_shared_from_this<ClientCore> {
   std::vector<DatagramTransport::Outgoing> outgoing_;
   Datagram rx_;
 
-  std::mutex watch_mutex_;
-  std::condition_variable watch_cv_;
-  bool watch_stop_ = false;
-  bool watch_dirty_ = false;
-  std::vector<std::shared_ptr<LeaseState>> watched_;
-  std::thread watch_thread_;
+  Mutex watch_mutex_;
+  // condition_variable_any waits on the annotated Mutex itself, so the
+  // analysis sees watch_mutex_ held across the wait (as it is on return).
+  std::condition_variable_any watch_cv_;
+  bool watch_stop_ SHARDLOCK_GUARDED_BY(watch_mutex_) = false;
+  bool watch_dirty_ SHARDLOCK_GUARDED_BY(watch_mutex_) = false;
+  std::vector<std::shared_ptr<LeaseState>> watched_ SHARDLOCK_GUARDED_BY(watch_mutex_);
+  std::thread watch_thread_ SHARDLOCK_GUARDED_BY(watch_mutex_);
 };
 
 }  // namespace internal
