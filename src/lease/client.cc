@@ -1,5 +1,5 @@
-// LeaseClient and Lease: start-up, the watchdog and the sync wrapper over the
-// call engine (call_engine.h). Design notes in client.h and docs/client.md.
+// LeaseClient and Lease: start-up and the sync wrapper over the call engine
+// (call_engine.h) and the watchdog (watchdog.h). Design notes in client.h and docs/client.md.
 #include "shardlock/lease/client.h"
 
 #include <sys/random.h>
@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <thread>
 #include <utility>
 
@@ -17,121 +16,13 @@
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
+#include "watchdog.h"
 
 namespace shardlock::lease {
 namespace internal {
 
 using Clock = LeaseClock;
 using std::chrono::milliseconds;
-
-// How far below the server's deadline the client puts a lease's expiry.
-struct DriftMargin {
-  double factor = 0.01;
-  Clock::duration allowance = std::chrono::milliseconds(2);
-
-  // The expiry of a lease granted or renewed for `ttl` by a request first
-  // sent at `sent`.
-  [[nodiscard]] Clock::time_point expiry(Clock::time_point sent, milliseconds ttl) const noexcept {
-    const auto scaled = std::chrono::duration_cast<Clock::duration>(ttl * factor);
-    return sent + ttl - scaled - allowance;
-  }
-};
-
-// Shared state of one Lease (the handle is Lease; the watchdog and the I/O
-// thread's renewal completions hold it too).
-struct LeaseState {
-  enum class Status : std::uint8_t { kHeld, kReleased, kLost };
-
-  // A RENEW sent and not yet superseded by a confirmed newer one: the server
-  // may still apply it, so its TTL bounds the expiry.
-  struct SentRenewal {
-    std::uint64_t request_id = 0;
-    Clock::time_point sent;  // no later than its first transmission
-    milliseconds ttl{};
-  };
-
-  LeaseState(std::shared_ptr<ClientCore> owner_core, std::string lease_key,
-             std::uint64_t lease_token, ClientId lease_owner, LeaseOptions lease_options,
-             DriftMargin lease_margin, const CallResult& grant, milliseconds requested_ttl)
-      : core(std::move(owner_core)),
-        key(std::move(lease_key)),
-        token(lease_token),
-        owner(lease_owner),
-        options(std::move(lease_options)),
-        margin(lease_margin),
-        expiry(margin.expiry(grant.first_sent, milliseconds(grant.ttl_ms))),
-        ttl(requested_ttl),
-        next_renew(grant.first_sent + std::chrono::duration_cast<Clock::duration>(
-                                          milliseconds(grant.ttl_ms) * options.renew_fraction)),
-        confirmed_request_id(grant.request_id) {}
-
-  std::shared_ptr<ClientCore> core;
-  const std::string key;
-  const std::uint64_t token;
-  const ClientId owner;
-  const LeaseOptions options;
-  const DriftMargin margin;
-
-  mutable Mutex mutex;
-  Status status SHARDLOCK_GUARDED_BY(mutex) = Status::kHeld;
-  Clock::time_point expiry SHARDLOCK_GUARDED_BY(mutex);
-  milliseconds ttl SHARDLOCK_GUARDED_BY(mutex);
-  Clock::time_point next_renew SHARDLOCK_GUARDED_BY(mutex);
-  bool renew_in_flight SHARDLOCK_GUARDED_BY(mutex) = false;
-  // The grant's request id, then the newest confirmed renewal's.
-  std::uint64_t confirmed_request_id SHARDLOCK_GUARDED_BY(mutex);
-  std::vector<SentRenewal> unconfirmed SHARDLOCK_GUARDED_BY(mutex);
-  // Set once when the lease becomes lost; the watchdog thread fires it.
-  bool lost_fired SHARDLOCK_GUARDED_BY(mutex) = false;
-  LeaseLost lost SHARDLOCK_GUARDED_BY(mutex);
-  // Held by the watchdog thread while on_lost runs; release() and the
-  // destructor take it after marking the lease released, so they return only
-  // once a running callback has returned, and no callback starts after.
-  Mutex callback_mutex;
-
-  // Before a RENEW for `renew_ttl` leaves: once the server applies it, its
-  // deadline may be as early as `now` + renew_ttl, so the expiry comes in now.
-  void note_renewal_sent(std::uint64_t request_id, Clock::time_point now, milliseconds renew_ttl)
-      SHARDLOCK_REQUIRES(mutex) {
-    unconfirmed.push_back(SentRenewal{request_id, now, renew_ttl});
-    expiry = std::min(expiry, margin.expiry(now, renew_ttl));
-  }
-
-  // Applies the answer to RENEW `request_id` for `requested` (from the
-  // watchdog or Lease::renew()). Returns true when the lease has just become
-  // lost.
-  bool apply_renewal(const CallResult& r, std::uint64_t request_id, milliseconds requested,
-                     Clock::time_point now) SHARDLOCK_REQUIRES(mutex) {
-    if (status != Status::kHeld) return false;
-    if (!r.error) {
-      // An answer older than one already applied says nothing new: the
-      // server applied the newer renewal after it.
-      if (request_id <= confirmed_request_id) return false;
-      confirmed_request_id = request_id;
-      // The server ignores renewals older than this one from now on.
-      std::erase_if(unconfirmed,
-                    [&](const SentRenewal& sr) { return sr.request_id <= request_id; });
-      const milliseconds answered(r.ttl_ms);
-      Clock::time_point bound = margin.expiry(r.first_sent, answered);
-      for (const SentRenewal& sr : unconfirmed)
-        bound = std::min(bound, margin.expiry(sr.sent, sr.ttl));
-      expiry = std::max(expiry, bound);
-      ttl = requested;
-      next_renew = r.first_sent +
-                   std::chrono::duration_cast<Clock::duration>(answered * options.renew_fraction);
-      return false;
-    }
-    if (r.error == LeaseErrc::kNotOwner || r.error == LeaseErrc::kExpired ||
-        r.error == LeaseErrc::kServerError) {
-      status = Status::kLost;
-      lost = LeaseLost{key, token, r.error, r.error != LeaseErrc::kServerError};
-      return true;
-    }
-    // No answer: try again at once; the expiry check catches a dead server.
-    next_renew = now;
-    return false;
-  }
-};
 
 struct ClientCore {
   explicit ClientCore(LeaseClientOptions options) { setup.options = std::move(options); }
@@ -140,6 +31,7 @@ struct ClientCore {
   std::string error_detail;
   DriftMargin margin;
   CallEngine engine{setup};
+  Watchdog watchdog{engine};
 
   // ---------------------------------------------------------------- start
   std::error_code start() {
@@ -232,147 +124,7 @@ struct ClientCore {
   // Stops both threads and completes what is outstanding with kNotStarted.
   void shutdown() {
     engine.stop();
-    std::thread watch_thread;
-    {
-      LockGuard lock(watch_mutex_);
-      watch_stop_ = true;
-      watch_thread.swap(watch_thread_);  // watch() starts no thread from now on
-    }
-    watch_cv_.notify_all();
-    if (watch_thread.joinable()) watch_thread.join();
-    std::vector<std::shared_ptr<LeaseState>> watched;
-    {
-      LockGuard lock(watch_mutex_);
-      watched.swap(watched_);  // breaks the core <-> lease reference cycle
-    }
-  }
-
-  // ---------------------------------------------------------------- watchdog
-  void watch(std::shared_ptr<LeaseState> state) {
-    LockGuard lock(watch_mutex_);
-    if (watch_stop_) return;
-    watched_.push_back(std::move(state));
-    watch_dirty_ = true;
-    if (!watch_thread_.joinable()) watch_thread_ = std::thread([this] { watch_loop(); });
-    watch_cv_.notify_one();
-  }
-
-  void nudge_watchdog() {
-    {
-      LockGuard lock(watch_mutex_);
-      watch_dirty_ = true;
-    }
-    watch_cv_.notify_one();
-  }
-
-  // Relaxed is enough: only the watchdog thread can see its own id here, and
-  // it stored that id itself before running any callback.
-  bool on_watchdog_thread() const noexcept {
-    return std::this_thread::get_id() == watch_thread_id_.load(std::memory_order_relaxed);
-  }
-
-  void watch_loop() {
-    watch_thread_id_.store(std::this_thread::get_id(),
-                           std::memory_order_relaxed);  // see on_watchdog_thread()
-    std::vector<std::shared_ptr<LeaseState>> leases;
-    std::vector<std::pair<std::shared_ptr<LeaseState>, LeaseLost>> fire;
-    for (;;) {
-      {
-        LockGuard lock(watch_mutex_);
-        if (watch_stop_) break;
-        leases = watched_;
-        watch_dirty_ = false;
-      }
-      const Clock::time_point now = Clock::now();
-      Clock::time_point next = now + std::chrono::seconds(1);
-      std::vector<const LeaseState*> finished;
-      for (const auto& state : leases) {
-        bool renew = false;
-        milliseconds ttl{};
-        Clock::time_point deadline;
-        {
-          LockGuard state_lock(state->mutex);
-          if (state->status == LeaseState::Status::kHeld && now >= state->expiry) {
-            state->status = LeaseState::Status::kLost;
-            state->lost = LeaseLost{state->key, state->token, LeaseErrc::kExpired, false};
-          }
-          if (state->status == LeaseState::Status::kLost && !state->lost_fired) {
-            state->lost_fired = true;
-            fire.emplace_back(state, state->lost);
-          }
-          if (state->status != LeaseState::Status::kHeld) {
-            finished.push_back(state.get());
-            continue;
-          }
-          next = std::min(next, state->expiry);
-          if (state->options.watchdog && !state->renew_in_flight) {
-            if (now >= state->next_renew) {
-              state->renew_in_flight = true;
-              renew = true;
-              ttl = state->ttl;
-              deadline = state->expiry;
-            } else {
-              next = std::min(next, state->next_renew);
-            }
-          }
-        }
-        if (renew) issue_watchdog_renewal(state, ttl, deadline, now);
-      }
-      for (auto& [state, event] : fire) {
-        if (!state->options.on_lost) continue;
-        LockGuard gate(state->callback_mutex);
-        {
-          LockGuard state_lock(state->mutex);
-          // release(), detach() or the destructor began: never call back.
-          if (state->status == LeaseState::Status::kReleased) continue;
-        }
-        state->options.on_lost(event);
-      }
-      fire.clear();
-      leases.clear();
-      LockGuard lock(watch_mutex_);
-      if (!finished.empty()) {
-        std::erase_if(watched_, [&](const auto& s) {
-          return std::find(finished.begin(), finished.end(), s.get()) != finished.end();
-        });
-      }
-      // Unlocks watch_mutex_ while it sleeps and takes it again to return.
-      if (!watch_dirty_ && !watch_stop_) watch_cv_.wait_until(watch_mutex_, next);
-    }
-  }
-
-  // A RENEW of `state` for `ttl` with its request id reserved and noted in
-  // the state (its expiry comes in first if `ttl` is shorter).
-  std::unique_ptr<Call> make_renewal(LeaseState& state, milliseconds ttl) {
-    auto call = engine.make_call(MessageType::kRenew, state.key);
-    call->token = state.token;
-    call->ttl_ms = clamp_ms(ttl);
-    call->request_id = engine.new_request_id();
-    LockGuard state_lock(state.mutex);
-    state.note_renewal_sent(call->request_id, Clock::now(), milliseconds(call->ttl_ms));
-    return call;
-  }
-
-  void issue_watchdog_renewal(const std::shared_ptr<LeaseState>& state, milliseconds ttl,
-                              Clock::time_point expiry, Clock::time_point now) {
-    auto call = make_renewal(*state, ttl);
-    // A renewal past the expiry is useless: the lease is lost by then.
-    call->budget = std::min<Clock::duration>(
-        setup.options.request_timeout, std::max<Clock::duration>(expiry - now, Clock::duration(1)));
-    std::weak_ptr<LeaseState> weak = state;
-    const std::uint64_t request_id = call->request_id;
-    const milliseconds requested(call->ttl_ms);
-    call->done = [this, weak, request_id, requested](const CallResult& r) {
-      const std::shared_ptr<LeaseState> s = weak.lock();
-      if (!s) return;
-      {
-        LockGuard state_lock(s->mutex);
-        s->renew_in_flight = false;
-        (void)s->apply_renewal(r, request_id, requested, Clock::now());
-      }
-      nudge_watchdog();
-    };
-    engine.submit(std::move(call));
+    watchdog.stop();
   }
 
   // Blocks the calling thread until `call` completes.
@@ -395,18 +147,6 @@ struct ClientCore {
     }
     return std::move(waiter->result);
   }
-
- private:
-  std::atomic<std::thread::id> watch_thread_id_{};
-
-  Mutex watch_mutex_;
-  // condition_variable_any waits on the annotated Mutex itself, so the
-  // analysis sees watch_mutex_ held across the wait (as it is on return).
-  std::condition_variable_any watch_cv_;
-  bool watch_stop_ SHARDLOCK_GUARDED_BY(watch_mutex_) = false;
-  bool watch_dirty_ SHARDLOCK_GUARDED_BY(watch_mutex_) = false;
-  std::vector<std::shared_ptr<LeaseState>> watched_ SHARDLOCK_GUARDED_BY(watch_mutex_);
-  std::thread watch_thread_ SHARDLOCK_GUARDED_BY(watch_mutex_);
 };
 
 }  // namespace internal
@@ -459,7 +199,7 @@ bool close_lease(LeaseState& state) {
     was_active = state.status != LeaseState::Status::kReleased;
     state.status = LeaseState::Status::kReleased;
   }
-  if (!state.core->on_watchdog_thread()) {
+  if (!state.core->watchdog.on_thread()) {
     LockGuard gate(state.callback_mutex);  // the watchdog checks kReleased under it
   }
   return was_active;
@@ -523,7 +263,7 @@ std::error_code Lease::renew(milliseconds ttl) {
     if (state_->status != LeaseState::Status::kHeld) return LeaseErrc::kLeaseInactive;
     if (ttl.count() <= 0) ttl = state_->ttl;
   }
-  auto call = state_->core->make_renewal(*state_, ttl);
+  auto call = internal::make_renewal(state_->core->engine, *state_, ttl);
   const std::uint64_t request_id = call->request_id;
   const milliseconds requested(call->ttl_ms);
   const CallResult r = state_->core->call_sync(std::move(call));
@@ -532,7 +272,7 @@ std::error_code Lease::renew(milliseconds ttl) {
     LockGuard lock(state_->mutex);
     lost = state_->apply_renewal(r, request_id, requested, Clock::now());
   }
-  if (lost) state_->core->nudge_watchdog();
+  if (lost) state_->core->watchdog.nudge();
   return r.error;
 }
 
@@ -596,7 +336,7 @@ AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milli
     result.error = LeaseErrc::kGrantExpired;
     return result;
   }
-  if (watched) core_->watch(state);
+  if (watched) core_->watchdog.watch(state);
   result.lease = Lease(std::move(state));
   return result;
 }
