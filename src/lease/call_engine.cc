@@ -63,8 +63,9 @@ std::error_code error_for(MessageType reply) noexcept {
   }
 }
 
-// Whether `reply` can answer `request`; anything else is ignored (a stray or
-// forged datagram must not complete a call).
+// Reply matching: answers() and carries_key() are the two rules on_datagram()
+// applies. Whether `reply` can answer `request`; anything else is ignored (a
+// stray or forged datagram must not complete a call).
 bool answers(MessageType request, MessageType reply) noexcept {
   if (reply == MessageType::kError || reply == MessageType::kRecovering) return true;
   switch (request) {
@@ -86,6 +87,7 @@ bool answers(MessageType request, MessageType reply) noexcept {
   }
 }
 
+// Whether `reply` echoes the request's key, which must then match the call's.
 bool carries_key(MessageType reply) noexcept {
   return reply == MessageType::kGranted || reply == MessageType::kBusy ||
          reply == MessageType::kTimeout || reply == MessageType::kRenewed ||

@@ -1,22 +1,21 @@
-// LeaseClient and Lease: start-up and the sync wrapper over the call engine
-// (call_engine.h) and the watchdog (watchdog.h). Design notes in client.h and docs/client.md.
+// The LeaseClient facade: start-up, the blocking and async calls, stats and
+// the sync wrapper. Calls travel through the call engine (call_engine.h);
+// leases are renewed by the watchdog (watchdog.h) and handled in lease.cc.
+// Design notes in client.h and docs/client.md.
 #include "shardlock/lease/client.h"
 
 #include <sys/random.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
-#include <thread>
 #include <utility>
 
-#include "call_engine.h"
+#include "client_core.h"
 #include "client_routing.h"
 #include "shardlock/internal/futex.h"
-#include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lock_guard.h"
-#include "shardlock/mutex.h"
-#include "watchdog.h"
 
 namespace shardlock::lease {
 namespace internal {
@@ -24,136 +23,124 @@ namespace internal {
 using Clock = LeaseClock;
 using std::chrono::milliseconds;
 
-struct ClientCore {
-  explicit ClientCore(LeaseClientOptions options) { setup.options = std::move(options); }
-
-  ClientSetup setup;
-  std::string error_detail;
-  DriftMargin margin;
-  CallEngine engine{setup};
-  Watchdog watchdog{engine};
-
-  // ---------------------------------------------------------------- start
-  std::error_code start() {
-    // start() is called once, before any other thread uses the core.
-    if (engine.started()) return LeaseErrc::kBadArgument;
-    if (setup.options.nodes.empty()) {
-      error_detail = "no nodes configured";
+std::error_code ClientCore::start() {
+  if (engine.started()) return LeaseErrc::kBadArgument;
+  if (setup.options.nodes.empty()) {
+    error_detail = "no nodes configured";
+    return LeaseErrc::kBadAddress;
+  }
+  int family = AF_UNSPEC;
+  for (const std::string& node : setup.options.nodes) {
+    Endpoint e;
+    if (parse_endpoint(node, e)) {
+      error_detail = "bad node address '" + node + "' (want HOST:PORT)";
       return LeaseErrc::kBadAddress;
     }
-    int family = AF_UNSPEC;
-    for (const std::string& node : setup.options.nodes) {
-      Endpoint e;
-      if (parse_endpoint(node, e)) {
-        error_detail = "bad node address '" + node + "' (want HOST:PORT)";
+    if (family != AF_UNSPEC && e.address.ss_family != family) {
+      error_detail = "nodes mix IPv4 and IPv6 addresses";
+      return LeaseErrc::kBadAddress;
+    }
+    family = e.address.ss_family;
+    for (const Endpoint& seen : setup.endpoints) {
+      if (same_address(seen, e)) {
+        error_detail = "nodes '" + seen.text + "' and '" + e.text +
+                       "' are the same address: each server must be listed once";
         return LeaseErrc::kBadAddress;
       }
-      if (family != AF_UNSPEC && e.address.ss_family != family) {
-        error_detail = "nodes mix IPv4 and IPv6 addresses";
-        return LeaseErrc::kBadAddress;
-      }
-      family = e.address.ss_family;
-      for (const Endpoint& seen : setup.endpoints) {
-        if (same_address(seen, e)) {
-          error_detail = "nodes '" + seen.text + "' and '" + e.text +
-                         "' are the same address: each server must be listed once";
-          return LeaseErrc::kBadAddress;
-        }
-      }
-      setup.endpoints.push_back(std::move(e));
     }
-    setup.routing.assign(setup.options.nodes);
-    if (setup.options.client_id) {
-      setup.id = *setup.options.client_id;
-    } else {
-      std::array<std::uint64_t, 2> words{};
-      if (::getrandom(words.data(), sizeof words, 0) != static_cast<ssize_t>(sizeof words)) {
-        error_detail = "getrandom failed";
-        return {errno, std::system_category()};
-      }
-      setup.id = ClientId{words[0], words[1]};
-    }
-    // Request ids start at the wall-clock millisecond shifted left by 20,
-    // plus 20 random bits. The server's dedup cache is keyed by (client id,
-    // request id) and it ignores a holder's requests older than the last one
-    // it applied, so another process acting for the same owner later
-    // (shardlockctl renew --owner) must use higher ids than the one that took
-    // the lease: it does unless that one made 2^20 calls per millisecond of
-    // its life, or the wall clock stepped back. 2^41 ms (until 2039) << 20
-    // stays below 2^62: no wrap-around for the life of the client.
-    std::uint32_t random_bits = 0;
-    if (::getrandom(&random_bits, sizeof random_bits, 0) !=
-        static_cast<ssize_t>(sizeof random_bits)) {
+    setup.endpoints.push_back(std::move(e));
+  }
+  setup.routing.assign(setup.options.nodes);
+  if (setup.options.client_id) {
+    setup.id = *setup.options.client_id;
+  } else {
+    std::array<std::uint64_t, 2> words{};
+    if (::getrandom(words.data(), sizeof words, 0) != static_cast<ssize_t>(sizeof words)) {
       error_detail = "getrandom failed";
       return {errno, std::system_category()};
     }
-    const auto wall_ms = std::chrono::duration_cast<milliseconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
-    const std::uint64_t first_request_id =
-        (static_cast<std::uint64_t>(std::max<std::int64_t>(wall_ms, 0)) << 20) |
-        (random_bits & 0xFFFFFu);
-    engine.set_first_request_id(first_request_id + 1);
-    if (!(setup.options.clock_drift_factor >= 0.0 && setup.options.clock_drift_factor < 1.0) ||
-        setup.options.clock_drift_allowance.count() < 0) {
-      error_detail = "clock_drift_factor must be in [0, 1) and clock_drift_allowance >= 0";
-      return LeaseErrc::kBadArgument;
-    }
-    margin.factor = setup.options.clock_drift_factor;
-    margin.allowance = setup.options.clock_drift_allowance;
-    if (setup.options.max_batch == 0) setup.options.max_batch = 1;
-    setup.options.max_batch = std::min(setup.options.max_batch, kMaxBatch);
-    if (setup.options.initial_retransmit.count() <= 0)
-      setup.options.initial_retransmit = milliseconds(1);
-    setup.options.max_retransmit =
-        std::max(setup.options.max_retransmit, setup.options.initial_retransmit);
-
-    if (std::error_code ec = make_udp_transport(family, setup.transport)) {
-      error_detail = "cannot open a UDP socket: " + ec.message();
-      return ec;
-    }
-    if (setup.options.wrap_transport)
-      setup.transport = setup.options.wrap_transport(std::move(setup.transport));
-    if (std::error_code ec = engine.start()) {
-      error_detail = "eventfd failed";
-      return ec;
-    }
-    return {};
+    setup.id = ClientId{words[0], words[1]};
   }
-
-  // Stops both threads and completes what is outstanding with kNotStarted.
-  void shutdown() {
-    engine.stop();
-    watchdog.stop();
+  // Request ids start at the wall-clock millisecond shifted left by 20,
+  // plus 20 random bits. The server's dedup cache is keyed by (client id,
+  // request id) and it ignores a holder's requests older than the last one
+  // it applied, so another process acting for the same owner later
+  // (shardlockctl renew --owner) must use higher ids than the one that took
+  // the lease: it does unless that one made 2^20 calls per millisecond of
+  // its life, or the wall clock stepped back. 2^41 ms (until 2039) << 20
+  // stays below 2^62: no wrap-around for the life of the client.
+  std::uint32_t random_bits = 0;
+  if (::getrandom(&random_bits, sizeof random_bits, 0) !=
+      static_cast<ssize_t>(sizeof random_bits)) {
+    error_detail = "getrandom failed";
+    return {errno, std::system_category()};
   }
-
-  // Blocks the calling thread until `call` completes.
-  CallResult call_sync(std::unique_ptr<Call> call) {
-    struct Waiter {
-      std::atomic<std::uint32_t> done{0};
-      CallResult result;
-    };
-    auto waiter = std::make_shared<Waiter>();
-    call->done = [waiter](const CallResult& r) {
-      waiter->result = r;
-      // Release pairs with the acquire load below: the result is visible
-      // before `done` reads 1.
-      waiter->done.store(1, std::memory_order_release);
-      shardlock::internal::futex_wake(&waiter->done, 1);
-    };
-    engine.submit(std::move(call));
-    while (waiter->done.load(std::memory_order_acquire) == 0) {
-      shardlock::internal::futex_wait(&waiter->done, 0);
-    }
-    return std::move(waiter->result);
+  const auto wall_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  const std::uint64_t first_request_id =
+      (static_cast<std::uint64_t>(std::max<std::int64_t>(wall_ms, 0)) << 20) |
+      (random_bits & 0xFFFFFu);
+  engine.set_first_request_id(first_request_id + 1);
+  if (!(setup.options.clock_drift_factor >= 0.0 && setup.options.clock_drift_factor < 1.0) ||
+      setup.options.clock_drift_allowance.count() < 0) {
+    error_detail = "clock_drift_factor must be in [0, 1) and clock_drift_allowance >= 0";
+    return LeaseErrc::kBadArgument;
   }
-};
+  margin.factor = setup.options.clock_drift_factor;
+  margin.allowance = setup.options.clock_drift_allowance;
+  if (setup.options.max_batch == 0) setup.options.max_batch = 1;
+  setup.options.max_batch = std::min(setup.options.max_batch, kMaxBatch);
+  if (setup.options.initial_retransmit.count() <= 0)
+    setup.options.initial_retransmit = milliseconds(1);
+  setup.options.max_retransmit =
+      std::max(setup.options.max_retransmit, setup.options.initial_retransmit);
+
+  if (std::error_code ec = make_udp_transport(family, setup.transport)) {
+    error_detail = "cannot open a UDP socket: " + ec.message();
+    return ec;
+  }
+  if (setup.options.wrap_transport)
+    setup.transport = setup.options.wrap_transport(std::move(setup.transport));
+  if (std::error_code ec = engine.start()) {
+    error_detail = "eventfd failed";
+    return ec;
+  }
+  return {};
+}
+
+void ClientCore::shutdown() {
+  engine.stop();
+  watchdog.stop();
+}
+
+CallResult ClientCore::call_sync(std::unique_ptr<Call> call) {
+  struct Waiter {
+    std::atomic<std::uint32_t> done{0};
+    CallResult result;
+  };
+  auto waiter = std::make_shared<Waiter>();
+  call->done = [waiter](const CallResult& r) {
+    waiter->result = r;
+    // Release pairs with the acquire load below: the result is visible
+    // before `done` reads 1.
+    waiter->done.store(1, std::memory_order_release);
+    shardlock::internal::futex_wake(&waiter->done, 1);
+  };
+  engine.submit(std::move(call));
+  while (waiter->done.load(std::memory_order_acquire) == 0) {
+    shardlock::internal::futex_wait(&waiter->done, 0);
+  }
+  return std::move(waiter->result);
+}
 
 }  // namespace internal
 
 using internal::Call;
 using internal::ClientCore;
+using internal::close_lease;
 using internal::LeaseState;
+using internal::send_release;
 using Clock = LeaseClock;
 using std::chrono::milliseconds;
 
@@ -172,117 +159,6 @@ CallResult failed(LeaseErrc e) {
 }
 
 }  // namespace
-
-// ------------------------------------------------------------------- Lease
-
-Lease::Lease() noexcept = default;
-Lease::Lease(std::shared_ptr<LeaseState> state) noexcept : state_(std::move(state)) {}
-Lease::Lease(Lease&& other) noexcept = default;
-Lease& Lease::operator=(Lease&& other) noexcept {
-  if (this != &other) {
-    release_in_background();
-    state_ = std::move(other.state_);
-  }
-  return *this;
-}
-Lease::~Lease() { release_in_background(); }
-
-namespace {
-
-// Marks `state` released (returning whether it was still held or lost, so a
-// RELEASE is worth sending), then waits for a lost callback that is running,
-// unless this is the callback's own thread.
-bool close_lease(LeaseState& state) {
-  bool was_active = false;
-  {
-    LockGuard lock(state.mutex);
-    was_active = state.status != LeaseState::Status::kReleased;
-    state.status = LeaseState::Status::kReleased;
-  }
-  if (!state.core->watchdog.on_thread()) {
-    LockGuard gate(state.callback_mutex);  // the watchdog checks kReleased under it
-  }
-  return was_active;
-}
-
-// One RELEASE of the lease's own token, not waited for. The token is this
-// Lease's alone (the server re-grants with a new token), so it can free no
-// other grant.
-void send_release(LeaseState& state) noexcept {
-  try {
-    auto call = state.core->engine.make_call(MessageType::kRelease, state.key);
-    call->token = state.token;
-    call->done = [](const CallResult&) {};
-    state.core->engine.submit(std::move(call));
-  } catch (...) {
-    // Best effort: an allocation failure here leaves the lease to expire.
-  }
-}
-
-}  // namespace
-
-void Lease::release_in_background() noexcept {
-  if (!state_) return;
-  if (close_lease(*state_)) send_release(*state_);
-  state_.reset();
-}
-
-void Lease::detach() noexcept {
-  if (!state_) return;
-  (void)close_lease(*state_);
-  state_.reset();
-}
-
-bool Lease::valid() const noexcept {
-  if (!state_) return false;
-  LockGuard lock(state_->mutex);
-  return state_->status == LeaseState::Status::kHeld && Clock::now() < state_->expiry;
-}
-
-const std::string& Lease::key() const noexcept {
-  static const std::string kEmpty;
-  return state_ ? state_->key : kEmpty;
-}
-std::uint64_t Lease::token() const noexcept { return state_ ? state_->token : 0; }
-ClientId Lease::owner() const noexcept { return state_ ? state_->owner : ClientId{}; }
-LeaseClock::time_point Lease::expiry() const noexcept {
-  if (!state_) return {};
-  LockGuard lock(state_->mutex);
-  return state_->expiry;
-}
-milliseconds Lease::ttl() const noexcept {
-  if (!state_) return {};
-  LockGuard lock(state_->mutex);
-  return state_->ttl;
-}
-
-std::error_code Lease::renew(milliseconds ttl) {
-  if (!state_) return LeaseErrc::kLeaseInactive;
-  {
-    LockGuard lock(state_->mutex);
-    if (state_->status != LeaseState::Status::kHeld) return LeaseErrc::kLeaseInactive;
-    if (ttl.count() <= 0) ttl = state_->ttl;
-  }
-  auto call = internal::make_renewal(state_->core->engine, *state_, ttl);
-  const std::uint64_t request_id = call->request_id;
-  const milliseconds requested(call->ttl_ms);
-  const CallResult r = state_->core->call_sync(std::move(call));
-  bool lost = false;
-  {
-    LockGuard lock(state_->mutex);
-    lost = state_->apply_renewal(r, request_id, requested, Clock::now());
-  }
-  if (lost) state_->core->watchdog.nudge();
-  return r.error;
-}
-
-std::error_code Lease::release() {
-  if (!state_) return LeaseErrc::kLeaseInactive;
-  if (!close_lease(*state_)) return LeaseErrc::kLeaseInactive;
-  auto call = state_->core->engine.make_call(MessageType::kRelease, state_->key);
-  call->token = state_->token;
-  return state_->core->call_sync(std::move(call)).error;
-}
 
 // ------------------------------------------------------------- LeaseClient
 
