@@ -1,0 +1,216 @@
+// CallEngine: moves a LeaseClient's calls to their replies. Private to
+// src/lease/.
+//
+// It owns every outstanding Call: encodes and sends it, runs the I/O thread
+// (receive, match replies by request id, retransmit from a timer heap, run
+// completions) and packs the calls that completions issue into batch
+// datagrams per node and owner.
+//
+// Threading: make_call(), submit() and post() may be called from any thread.
+// stopping_, pending_, timers_ and posted_ are guarded by mutex_; the outbox
+// and send buffers belong to the I/O thread alone. Completions run on the I/O
+// thread with mutex_ not held.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <queue>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "client_routing.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/client.h"
+#include "shardlock/mutex.h"
+
+namespace shardlock::lease::internal {
+
+using Clock = LeaseClock;
+
+// `d` as the wire's 32-bit milliseconds: negative is 0, too long the maximum.
+inline std::uint32_t clamp_ms(std::chrono::milliseconds d) noexcept {
+  if (d.count() <= 0) return 0;
+  return static_cast<std::uint32_t>(std::min<std::chrono::milliseconds::rep>(
+      d.count(), std::numeric_limits<std::uint32_t>::max()));
+}
+
+// The client's configuration as LeaseClient::start() resolved it. Written
+// only by start(), before the I/O thread starts; read-only afterwards, from
+// any thread.
+struct ClientSetup {
+  LeaseClientOptions options;
+  ClientId id;
+  std::vector<Endpoint> endpoints;  // one per options.nodes entry
+  ClientRouting routing;
+  std::unique_ptr<DatagramTransport> transport;
+};
+
+// One outstanding request. Owned by CallEngine::pending_ from its first
+// transmission until its completion is taken.
+struct Call {
+  MessageType type = MessageType::kQuery;
+  std::uint64_t request_id = 0;
+  std::string key;
+  std::uint64_t token = 0;
+  std::uint32_t ttl_ms = 0;
+  std::uint32_t wait_ms = 0;
+  std::uint32_t first_shard = 0;
+  std::size_t node = 0;
+  ClientId owner;            // the header's client id
+  Clock::duration budget{};  // deadline - first transmission
+  Clock::time_point first_sent;
+  Clock::time_point deadline;
+  Clock::time_point next_send;
+  Clock::duration interval{};
+  unsigned transmissions = 0;
+  LeaseClient::Completion done;
+
+  [[nodiscard]] Message message() const noexcept {
+    Message m;
+    m.type = type;
+    m.request_id = request_id;
+    m.key = key;
+    m.token = token;
+    m.ttl_ms = ttl_ms;
+    m.wait_ms = wait_ms;
+    m.first_shard = first_shard;
+    return m;
+  }
+};
+
+class CallEngine {
+ public:
+  // `setup` must outlive the engine.
+  explicit CallEngine(const ClientSetup& setup) noexcept : setup_(setup) {}
+  ~CallEngine();
+  CallEngine(const CallEngine&) = delete;
+  CallEngine& operator=(const CallEngine&) = delete;
+
+  // Whether start() succeeded; until then every call completes at once with
+  // kNotStarted.
+  [[nodiscard]] bool started() const noexcept {
+    return started_.load(std::memory_order_acquire);  // pairs with start()'s release
+  }
+  // Request ids count up from `first`. Call before start().
+  void set_first_request_id(std::uint64_t first) noexcept;
+  // Opens the wake-up eventfd and starts the I/O thread; the setup must be
+  // complete. Call once. Returns the errno of a failed eventfd().
+  [[nodiscard]] std::error_code start();
+  // Stops and joins the I/O thread: everything outstanding, and every call
+  // submitted afterwards, completes with kNotStarted. Not from the I/O
+  // thread.
+  void stop();
+
+  // A call of `type` for `key`, routed to the key's node, in the client's own
+  // name, with request_timeout as its budget. Never blocks.
+  [[nodiscard]] std::unique_ptr<Call> make_call(MessageType type, std::string_view key) const;
+  // A fresh request id, for a caller that must know it before submit().
+  [[nodiscard]] std::uint64_t new_request_id() noexcept {
+    // Relaxed: ids need only be unique, which the RMW guarantees.
+    return next_request_id_.fetch_add(1, std::memory_order_relaxed);
+  }
+  // Issues `call`; its `done` runs exactly once, on the I/O thread (or on the
+  // caller's, when the engine is not running). From the I/O thread the call
+  // joins the outbox, sent batched when the receive round ends; from any
+  // other thread it is sent now. Never waits for the reply.
+  void submit(std::unique_ptr<Call> call);
+  // Runs `fn` on the I/O thread soon.
+  void post(std::function<void()> fn);
+
+  // Statistics; relaxed counters.
+  [[nodiscard]] std::uint64_t datagrams_sent() const noexcept {
+    return sent_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t retransmissions() const noexcept {
+    return retransmits_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t malformed_replies() const noexcept {
+    return malformed_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  struct TimerEntry {
+    Clock::time_point when;
+    std::uint64_t request_id;
+    friend bool operator>(const TimerEntry& a, const TimerEntry& b) noexcept {
+      return a.when > b.when;
+    }
+  };
+  struct ReadyCompletion {
+    LeaseClient::Completion done;
+    CallResult result;
+  };
+  // Encoded retransmissions of one round: (node, bytes).
+  using Resends = std::vector<std::pair<std::size_t, std::vector<std::uint8_t>>>;
+
+  // Sets the request id (unless the caller reserved one), first-send time,
+  // deadline and first retransmission.
+  void arm(Call& call, Clock::time_point now) noexcept;
+  static void complete_now(std::unique_ptr<Call> call, LeaseErrc error);
+
+  // Bytes a datagram's encoding may use: the rest is for the auth tag.
+  [[nodiscard]] std::size_t payload_limit() const noexcept;
+  // Seals buffer[0, length) when authentication is on; returns the length to
+  // send (0 stays 0: nothing to send).
+  std::size_t seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept;
+  std::size_t encode_single(const Call& call, std::span<std::uint8_t> buffer) const;
+  void transmit(std::size_t node, std::span<const std::uint8_t> bytes);
+  // Sends outgoing_ (I/O thread only).
+  void transmit_many();
+  void wake() noexcept;
+  [[nodiscard]] bool on_io_thread() const noexcept;
+
+  void io_loop();
+  void drop_stale_timers() SHARDLOCK_REQUIRES(mutex_);
+  void collect_due_timers(Clock::time_point now, std::vector<ReadyCompletion>& ready,
+                          Resends& resend) SHARDLOCK_REQUIRES(mutex_);
+  // Matches the replies in one datagram to their calls.
+  void on_datagram(std::span<const std::uint8_t> bytes, std::vector<ReadyCompletion>& ready);
+  // Sends the calls issued by completions, batched.
+  void flush_outbox();
+
+  const ClientSetup& setup_;
+
+  std::atomic<bool> started_{false};
+  std::atomic<std::uint64_t> next_request_id_{1};
+  std::atomic<std::uint64_t> sent_{0};
+  std::atomic<std::uint64_t> retransmits_{0};
+  std::atomic<std::uint64_t> malformed_{0};
+
+  int wake_fd_ = -1;
+  std::thread io_thread_;  // started by start(), joined by stop()
+  std::atomic<std::thread::id> io_thread_id_{};
+  // When the sleeping I/O thread plans to wake (ns of Clock; 0 while awake):
+  // a submitter whose first retransmission is due earlier writes the eventfd.
+  std::atomic<std::int64_t> planned_wake_ns_{0};
+
+  Mutex mutex_;
+  bool stopping_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  std::unordered_map<std::uint64_t, std::unique_ptr<Call>> pending_ SHARDLOCK_GUARDED_BY(mutex_);
+  std::priority_queue<TimerEntry, std::vector<TimerEntry>, std::greater<>> timers_
+      SHARDLOCK_GUARDED_BY(mutex_);
+  std::vector<std::function<void()>> posted_ SHARDLOCK_GUARDED_BY(mutex_);
+
+  // I/O thread only.
+  std::vector<std::unique_ptr<Call>> outbox_;
+  // A deque: growing it keeps earlier buffers in place, and outgoing_ points
+  // into them until the round is sent.
+  std::deque<std::array<std::uint8_t, kMaxDatagramSize>> out_buffers_;
+  std::vector<DatagramTransport::Outgoing> outgoing_;
+  Datagram rx_;
+};
+
+}  // namespace shardlock::lease::internal
