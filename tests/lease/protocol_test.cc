@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -475,6 +477,85 @@ TEST(Protocol, MutatedValidDatagramsNeverCrash) {
       ASSERT_EQ(encode(out, again, n), ProtocolError::kOk);
     }
   }
+}
+
+std::string to_hex(std::span<const std::uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  for (const std::uint8_t b : bytes) {
+    s += kDigits[b >> 4];
+    s += kDigits[b & 0xF];
+  }
+  return s;
+}
+
+// The wire bytes of every message, as the codec wrote them before issue 12
+// derived it from one table: a change to the codec cannot change the format
+// unnoticed. Also pins the reply bound each request is padded to.
+TEST(Protocol, WireBytesArePinned) {
+  struct Pinned {
+    MessageType type;
+    const char* body;
+    std::size_t max_reply_size;
+  };
+  const Pinned pinned[] = {
+      {MessageType::kAcquire, "09006f72646572732f343230750000f4010000", 55},
+      {MessageType::kRenew, "09006f72646572732f34324d00000000000000e8030000", 47},
+      {MessageType::kRelease, "09006f72646572732f34324e00000000000000", 34},
+      {MessageType::kQuery, "09006f72646572732f3432", 60},
+      {MessageType::kStats, "07000000", 195},
+      {MessageType::kGranted, "09006f72646572732f3432f0ffffffffffffff30750000", 34},
+      {MessageType::kBusy, "09006f72646572732f3432d2040000", 34},
+      {MessageType::kTimeout, "09006f72646572732f3432", 34},
+      {MessageType::kRenewed, "09006f72646572732f3432e7030000", 34},
+      {MessageType::kReleased, "", 34},
+      {MessageType::kNotOwner, "", 34},
+      {MessageType::kExpired, "", 34},
+      {MessageType::kRecovering, "e1100000", 34},
+      {MessageType::kError, "0300", 34},
+      {MessageType::kQueryReply, "09006f72646572732f34320105000000000000001100000003000000", 34},
+      {MessageType::kStatsReply,
+       "4000000003000000"
+       "13e803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
+       "ed03000000000000ee03000000000000ef03000000000000f003000000000000f103000000000000"
+       "f203000000000000f303000000000000f403000000000000f503000000000000f603000000000000"
+       "f703000000000000f803000000000000f903000000000000fa03000000000000"
+       "020001000000000000000200000000000009",
+       34},
+  };
+  const auto all = one_of_each_type();
+  ASSERT_EQ(all.size(), std::size(pinned));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    SCOPED_TRACE(std::string(to_string(all[i].type)));
+    ASSERT_EQ(all[i].type, pinned[i].type);
+    const auto bytes = encode_or_die(single(all[i]));
+    ASSERT_GE(bytes.size(), kHeaderSize);
+    EXPECT_EQ(to_hex(std::span(bytes).subspan(kHeaderSize)), pinned[i].body);
+    EXPECT_EQ(max_reply_size(single(all[i])), pinned[i].max_reply_size);
+    EXPECT_EQ(max_immediate_reply_size(single(all[i])), pinned[i].max_reply_size);
+  }
+  const auto acquire_bytes = encode_or_die(single(all[0]));
+  EXPECT_EQ(to_hex(std::span(acquire_bytes).first(kHeaderSize)),
+            "53484c4b010001010077665544332211aaaa000000000000bbbb000000000000");
+
+  // A padded batch: an ACQUIRE with its own owner and a RELEASE.
+  Datagram d;
+  d.client_id = {1, 2};
+  d.request_id = 99;
+  Message acquire = all[0];
+  acquire.owner = ClientId{3, 4};
+  ASSERT_TRUE(d.push(acquire));
+  ASSERT_TRUE(d.push(all[2]));
+  EXPECT_EQ(max_reply_size(d), 101u);
+  EXPECT_EQ(max_immediate_reply_size(d), 81u);
+  std::vector<std::uint8_t> buf(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode_request(d, buf, n), ProtocolError::kOk);
+  EXPECT_EQ(to_hex(std::span(buf).first(n)),
+            "53484c4b0100ff02630000000000000001000000000000000200000000000000"
+            "0101130000776655443322110300000000000000040000000000000009006f72646572732f343230750000"
+            "f4010000"
+            "03001300027766554433221109006f72646572732f34324e00000000000000");
 }
 
 TEST(Protocol, ErrorCategory) {
