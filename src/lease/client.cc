@@ -98,31 +98,10 @@ std::error_code error_for(MessageType reply) noexcept {
 // Whether `reply` can answer `request`; anything else is ignored (a stray or
 // forged datagram must not complete a call).
 bool answers(MessageType request, MessageType reply) noexcept {
-  if (reply == MessageType::kError || reply == MessageType::kRecovering) return true;
-  switch (request) {
-    case MessageType::kAcquire:
-      return reply == MessageType::kGranted || reply == MessageType::kBusy ||
-             reply == MessageType::kTimeout;
-    case MessageType::kRenew:
-      return reply == MessageType::kRenewed || reply == MessageType::kNotOwner ||
-             reply == MessageType::kExpired;
-    case MessageType::kRelease:
-      return reply == MessageType::kReleased || reply == MessageType::kNotOwner ||
-             reply == MessageType::kExpired;
-    case MessageType::kQuery:
-      return reply == MessageType::kQueryReply;
-    case MessageType::kStats:
-      return reply == MessageType::kStatsReply;
-    default:
-      return false;
-  }
+  return reply_answers(request, reply);
 }
 
-bool carries_key(MessageType reply) noexcept {
-  return reply == MessageType::kGranted || reply == MessageType::kBusy ||
-         reply == MessageType::kTimeout || reply == MessageType::kRenewed ||
-         reply == MessageType::kQueryReply;
-}
+bool carries_key(MessageType reply) noexcept { return reply_carries_key(reply); }
 
 // Whether two resolved endpoints name one socket address (two spellings of
 // one node: "localhost:7420" and "127.0.0.1:7420").

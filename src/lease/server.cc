@@ -606,7 +606,7 @@ void LeaseServer::Impl::handle_datagram(unsigned worker, std::span<const std::ui
   // answers (deferred_reply_credit) or for one STATS page, never both.
   std::size_t stats_slack = bytes.size() - bound;
   for (const Message& m : w.request.items()) {
-    if (m.type == MessageType::kAcquire && m.wait_ms > 0) stats_slack = 0;
+    if (may_answer_later(m)) stats_slack = 0;
   }
   const std::int64_t now = now_ms();
   for (std::size_t i = 0; i < w.request.count; ++i) {
