@@ -63,37 +63,6 @@ std::error_code error_for(MessageType reply) noexcept {
   }
 }
 
-// Reply matching: answers() and carries_key() are the two rules on_datagram()
-// applies. Whether `reply` can answer `request`; anything else is ignored (a
-// stray or forged datagram must not complete a call).
-bool answers(MessageType request, MessageType reply) noexcept {
-  if (reply == MessageType::kError || reply == MessageType::kRecovering) return true;
-  switch (request) {
-    case MessageType::kAcquire:
-      return reply == MessageType::kGranted || reply == MessageType::kBusy ||
-             reply == MessageType::kTimeout;
-    case MessageType::kRenew:
-      return reply == MessageType::kRenewed || reply == MessageType::kNotOwner ||
-             reply == MessageType::kExpired;
-    case MessageType::kRelease:
-      return reply == MessageType::kReleased || reply == MessageType::kNotOwner ||
-             reply == MessageType::kExpired;
-    case MessageType::kQuery:
-      return reply == MessageType::kQueryReply;
-    case MessageType::kStats:
-      return reply == MessageType::kStatsReply;
-    default:
-      return false;
-  }
-}
-
-// Whether `reply` echoes the request's key, which must then match the call's.
-bool carries_key(MessageType reply) noexcept {
-  return reply == MessageType::kGranted || reply == MessageType::kBusy ||
-         reply == MessageType::kTimeout || reply == MessageType::kRenewed ||
-         reply == MessageType::kQueryReply;
-}
-
 std::array<std::uint8_t, kMaxDatagramSize>& tx_buffer() noexcept {
   thread_local std::array<std::uint8_t, kMaxDatagramSize> buffer{};
   return buffer;
@@ -394,7 +363,8 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     const auto it = pending_.find(m.request_id);
     if (it == pending_.end()) continue;  // a duplicate, or an answer that came too late
     Call& call = *it->second;
-    if (!answers(call.type, m.type) || (carries_key(m.type) && m.key != call.key)) continue;
+    if (!reply_answers(call.type, m.type) || (reply_carries_key(m.type) && m.key != call.key))
+      continue;
     CallResult r;
     r.error = error_for(m.type);
     r.reply = m.type;

@@ -16,6 +16,7 @@
 #include "client_routing.h"
 #include "shardlock/internal/futex.h"
 #include "shardlock/lock_guard.h"
+#include "udp.h"
 
 namespace shardlock::lease {
 namespace internal {
@@ -42,7 +43,8 @@ std::error_code ClientCore::start() {
     }
     family = e.address.ss_family;
     for (const Endpoint& seen : setup.endpoints) {
-      if (same_address(seen, e)) {
+      // Two spellings of one node ("localhost:7420", "127.0.0.1:7420").
+      if (same_address(seen.address, e.address)) {
         error_detail = "nodes '" + seen.text + "' and '" + e.text +
                        "' are the same address: each server must be listed once";
         return LeaseErrc::kBadAddress;

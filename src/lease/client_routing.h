@@ -43,8 +43,4 @@ class ClientRouting {
   std::vector<std::size_t> index_;
 };
 
-// Whether two resolved endpoints name one socket address (two spellings of
-// one node: "localhost:7420" and "127.0.0.1:7420").
-[[nodiscard]] bool same_address(const Endpoint& a, const Endpoint& b) noexcept;
-
 }  // namespace shardlock::lease::internal

@@ -169,7 +169,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   // answers (deferred_reply_credit) or for one STATS page, never both.
   std::size_t stats_slack = bytes.size() - bound;
   for (const Message& m : w.request.items()) {
-    if (m.type == MessageType::kAcquire && m.wait_ms > 0) stats_slack = 0;
+    if (may_answer_later(m)) stats_slack = 0;
   }
   // 4.
   const std::int64_t now = now_ms();

@@ -1,14 +1,18 @@
 // The lease wire codec. See protocol.h for the format.
 //
 // Reader and Writer are bounds-checked cursors: every read tests the remaining
-// length first and latches an error instead of reading past the span, so the
-// body decoders can be written as straight-line field lists.
+// length first and latches an error instead of reading past the span, so a
+// body is read field after field with one check at the end. The fields of
+// each body come from kMessageBodies (protocol.h), the reply bound from
+// kRequestReplies.
 #include "shardlock/lease/protocol.h"
 
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <string>
+#include <type_traits>
+#include <utility>
 
 namespace shardlock::lease {
 namespace {
@@ -101,227 +105,232 @@ class Writer {
   bool ok_ = true;
 };
 
-constexpr std::size_t kKeyPrefix = 2;
-constexpr std::size_t kStatsReplyFixed = 4 + 4 + 1 + 8 * kStatCounterCount + 2;
+// ---- Body codecs, derived from kMessageBodies --------------------------------
+//
+// FieldCodec<F> is one field's codec: fits() (the value fits its length
+// prefix), variable_size() (bytes beyond body_field_size(F)), write() and
+// read() (false for a value the format forbids; a short input only latches
+// the Reader). Each row of kMessageBodies becomes straight-line code that
+// calls them in order, so the walk costs what the hand-written lists did.
 
-bool known_type(std::uint8_t t) noexcept {
-  return is_request(static_cast<MessageType>(t)) || is_reply(static_cast<MessageType>(t));
+template <BodyField F>
+struct FieldCodec;
+
+template <BodyField F>
+struct FixedField {
+  static constexpr bool fits(const Message&) noexcept { return true; }
+  static constexpr std::size_t variable_size(const Message&) noexcept { return 0; }
+};
+
+// An unsigned integer field of body_field_size(F) bytes stored in `Member`.
+template <BodyField F, auto Member>
+struct UintField : FixedField<F> {
+  static constexpr std::size_t kWidth = body_field_size(F);
+  static void write(Writer& w, const Message& m) noexcept { w.uint(m.*Member, kWidth); }
+  static bool read(Reader& r, Message& m) noexcept {
+    using Value = std::remove_cvref_t<decltype(m.*Member)>;
+    static_assert(sizeof(Value) == kWidth);
+    m.*Member = static_cast<Value>(r.uint(kWidth));
+    return true;
+  }
+};
+
+template <>
+struct FieldCodec<BodyField::kToken> : UintField<BodyField::kToken, &Message::token> {};
+template <>
+struct FieldCodec<BodyField::kTtl> : UintField<BodyField::kTtl, &Message::ttl_ms> {};
+template <>
+struct FieldCodec<BodyField::kWait> : UintField<BodyField::kWait, &Message::wait_ms> {};
+template <>
+struct FieldCodec<BodyField::kRetryAfter>
+    : UintField<BodyField::kRetryAfter, &Message::retry_after_ms> {};
+template <>
+struct FieldCodec<BodyField::kWaiters> : UintField<BodyField::kWaiters, &Message::waiters> {};
+template <>
+struct FieldCodec<BodyField::kFirstShard>
+    : UintField<BodyField::kFirstShard, &Message::first_shard> {};
+template <>
+struct FieldCodec<BodyField::kShardCount>
+    : UintField<BodyField::kShardCount, &Message::shard_count> {};
+
+template <>
+struct FieldCodec<BodyField::kErrorCode> : FixedField<BodyField::kErrorCode> {
+  static_assert(body_field_size(BodyField::kErrorCode) == sizeof(WireError));
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u16(static_cast<std::uint16_t>(m.error));
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    m.error = static_cast<WireError>(r.u16());  // unknown codes are the reader's to judge
+    return true;
+  }
+};
+
+template <>
+struct FieldCodec<BodyField::kHeld> : FixedField<BodyField::kHeld> {
+  static_assert(body_field_size(BodyField::kHeld) == 1);
+  static void write(Writer& w, const Message& m) noexcept { w.u8(m.held ? 1 : 0); }
+  static bool read(Reader& r, Message& m) noexcept {
+    const std::uint8_t held = r.u8();
+    m.held = held == 1;
+    return held <= 1;
+  }
+};
+
+template <>
+struct FieldCodec<BodyField::kKey> {
+  static_assert(body_field_size(BodyField::kKey) == 2);  // u16 length
+  static bool fits(const Message& m) noexcept { return m.key.size() <= 0xFFFF; }
+  static std::size_t variable_size(const Message& m) noexcept { return m.key.size(); }
+  static void write(Writer& w, const Message& m) noexcept { w.key(m.key); }
+  static bool read(Reader& r, Message& m) noexcept {
+    m.key = r.key();
+    return true;
+  }
+};
+
+// Encoders write every counter this version knows; decoders ignore the ones
+// past it and read missing ones as 0 (Message{} starts them at 0).
+template <>
+struct FieldCodec<BodyField::kCounters> : FixedField<BodyField::kCounters> {
+  static_assert(body_field_size(BodyField::kCounters) == 1 + 8 * kStatCounterCount);
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u8(static_cast<std::uint8_t>(kStatCounterCount));
+    for (const std::uint64_t c : m.counters) w.u64(c);
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    const std::size_t n = r.u8();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint64_t v = r.u64();
+      if (i < kStatCounterCount) m.counters[i] = v;
+    }
+    return true;
+  }
+};
+
+template <>
+struct FieldCodec<BodyField::kShardTokens> {
+  static_assert(body_field_size(BodyField::kShardTokens) == 2);  // u16 count
+  static bool fits(const Message& m) noexcept {
+    return m.shard_tokens_le.size() % 8 == 0 && m.shard_tokens_le.size() / 8 <= 0xFFFF;
+  }
+  static std::size_t variable_size(const Message& m) noexcept { return m.shard_tokens_le.size(); }
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u16(static_cast<std::uint16_t>(m.shard_tokens_le.size() / 8));
+    w.bytes(m.shard_tokens_le.data(), m.shard_tokens_le.size());
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    const std::size_t tokens = r.u16();
+    m.shard_tokens_le = r.bytes(tokens * 8);
+    return true;
+  }
+};
+
+// Calls fn(FieldCodec<F>{}) for each field F of row `Row`, in wire order.
+template <std::size_t Row, class Fn>
+void for_each_field(Fn&& fn) noexcept {
+  [&]<std::size_t... I>(std::index_sequence<I...>) {
+    (fn(FieldCodec<kMessageBodies[Row].fields[I]>{}), ...);
+  }
+  (std::make_index_sequence<kMessageBodies[Row].field_count>{});
 }
+
+// Body size of `m` (of row `Row`), or SIZE_MAX when it cannot be encoded.
+template <std::size_t Row>
+std::size_t row_body_size(const Message& m) noexcept {
+  bool fits = true;
+  std::size_t n = kMessageBodies[Row].fixed_size();
+  for_each_field<Row>([&](auto codec) {
+    fits = fits && codec.fits(m);
+    n += codec.variable_size(m);
+  });
+  return fits ? n : SIZE_MAX;
+}
+
+template <std::size_t Row>
+void row_write_body(Writer& w, const Message& m) noexcept {
+  for_each_field<Row>([&](auto codec) { codec.write(w, m); });
+}
+
+// Reads every field, then judges: a short input is kTruncated even where a
+// field read before the end was also invalid.
+template <std::size_t Row>
+ProtocolError row_read_body(Reader& r, Message& m) noexcept {
+  bool valid = true;
+  for_each_field<Row>([&](auto codec) {
+    if (!codec.read(r, m)) valid = false;
+  });
+  if (!r.ok()) return ProtocolError::kTruncated;
+  return valid ? ProtocolError::kOk : ProtocolError::kBadField;
+}
+
+// Calls fn(std::integral_constant<std::size_t, row>{}) for a row of
+// kMessageBodies known only at run time: a binary search the compiler
+// inlines, so each row's straight-line code is inlined too.
+template <std::size_t Lo = 0, std::size_t Hi = kMessageBodies.size(), class Fn>
+decltype(auto) with_row(std::size_t row, Fn&& fn) noexcept {
+  if constexpr (Hi - Lo == 1) {
+    return fn(std::integral_constant<std::size_t, Lo>{});
+  } else {
+    constexpr std::size_t kMid = Lo + (Hi - Lo) / 2;
+    if (row < kMid) return with_row<Lo, kMid>(row, std::forward<Fn>(fn));
+    return with_row<kMid, Hi>(row, std::forward<Fn>(fn));
+  }
+}
+
+static_assert(
+    [] {
+      for (const MessageBody& body : kMessageBodies) {
+        if (is_request(body.type) == is_reply(body.type)) return false;
+      }
+      return true;
+    }(),
+    "every row of kMessageBodies is a request or a reply, never both");
+
+// What the codec needs of each type byte, computed from the two tables.
+struct TypeFacts {
+  static constexpr std::uint8_t kNoRow = 0xFF;
+  std::uint8_t row = kNoRow;   // in kMessageBodies; kNoRow: no message has this type
+  ReplyBodyBound reply_bound;  // max_reply_body_bound(type)
+};
+
+constexpr auto kTypeFacts = [] {
+  std::array<TypeFacts, 256> facts{};
+  for (std::size_t t = 0; t < facts.size(); ++t) {
+    facts[t].reply_bound = max_reply_body_bound(static_cast<MessageType>(t));
+  }
+  for (std::size_t row = 0; row < kMessageBodies.size(); ++row) {
+    facts[static_cast<std::uint8_t>(kMessageBodies[row].type)].row = static_cast<std::uint8_t>(row);
+  }
+  return facts;
+}();
+
+const TypeFacts& facts_of(MessageType type) noexcept {
+  return kTypeFacts[static_cast<std::uint8_t>(type)];
+}
+
+bool known_type(std::uint8_t t) noexcept { return kTypeFacts[t].row != TypeFacts::kNoRow; }
 
 // Body size of `m`, or SIZE_MAX when it cannot be encoded.
 std::size_t body_size(const Message& m) noexcept {
-  const bool key_ok = m.key.size() <= 0xFFFF;
-  const std::size_t k = kKeyPrefix + m.key.size();
-  std::size_t n = 0;
-  switch (m.type) {
-    case MessageType::kAcquire:
-      n = k + 8;
-      break;
-    case MessageType::kRenew:
-      n = k + 12;
-      break;
-    case MessageType::kRelease:
-      n = k + 8;
-      break;
-    case MessageType::kQuery:
-      n = k;
-      break;
-    case MessageType::kStats:
-      return 4;
-    case MessageType::kGranted:
-      n = k + 12;
-      break;
-    case MessageType::kBusy:
-      n = k + 4;
-      break;
-    case MessageType::kTimeout:
-      n = k;
-      break;
-    case MessageType::kRenewed:
-      n = k + 4;
-      break;
-    case MessageType::kReleased:
-    case MessageType::kNotOwner:
-    case MessageType::kExpired:
-      return 0;
-    case MessageType::kRecovering:
-      return 4;
-    case MessageType::kError:
-      return 2;
-    case MessageType::kQueryReply:
-      n = k + 17;
-      break;
-    case MessageType::kStatsReply:
-      if (m.shard_tokens_le.size() % 8 != 0 || m.shard_tokens_le.size() / 8 > 0xFFFF) {
-        return SIZE_MAX;
-      }
-      return kStatsReplyFixed + m.shard_tokens_le.size();
-    default:
-      return SIZE_MAX;
-  }
-  return key_ok ? n : SIZE_MAX;
+  const std::size_t row = facts_of(m.type).row;
+  if (row == TypeFacts::kNoRow) return SIZE_MAX;
+  return with_row(row, [&m](auto r) { return row_body_size<r()>(m); });
 }
 
 // The largest reply body for request `m` (STATS counted without tokens).
 std::size_t max_reply_body(const Message& m) noexcept {
-  const std::size_t k = kKeyPrefix + m.key.size();
-  std::size_t n = 2;  // ERROR always possible
-  switch (m.type) {
-    case MessageType::kAcquire:
-      n = std::max<std::size_t>(k + 12, 4);
-      break;  // GRANTED / RECOVERING
-    case MessageType::kRenew:
-      n = k + 4;
-      break;  // RENEWED
-    case MessageType::kRelease:
-      n = 0;
-      break;  // RELEASED etc.
-    case MessageType::kQuery:
-      n = k + 17;
-      break;  // QUERY_REPLY
-    case MessageType::kStats:
-      n = kStatsReplyFixed;
-      break;
-    default:
-      break;
-  }
-  return std::max<std::size_t>(n, 2);
+  return facts_of(m.type).reply_bound(m.key.size());
 }
 
-// An ACQUIRE that may wait: its answer may come later, on its own.
-bool may_be_queued(const Message& m) noexcept {
-  return m.type == MessageType::kAcquire && m.wait_ms > 0;
-}
-
+// Precondition: m.type is known (encoded_size() accepted it).
 void write_body(Writer& w, const Message& m) noexcept {
-  switch (m.type) {
-    case MessageType::kAcquire:
-      w.key(m.key);
-      w.u32(m.ttl_ms);
-      w.u32(m.wait_ms);
-      break;
-    case MessageType::kRenew:
-      w.key(m.key);
-      w.u64(m.token);
-      w.u32(m.ttl_ms);
-      break;
-    case MessageType::kRelease:
-      w.key(m.key);
-      w.u64(m.token);
-      break;
-    case MessageType::kQuery:
-    case MessageType::kTimeout:
-      w.key(m.key);
-      break;
-    case MessageType::kStats:
-      w.u32(m.first_shard);
-      break;
-    case MessageType::kGranted:
-      w.key(m.key);
-      w.u64(m.token);
-      w.u32(m.ttl_ms);
-      break;
-    case MessageType::kBusy:
-    case MessageType::kRenewed:
-      w.key(m.key);
-      w.u32(m.ttl_ms);
-      break;
-    case MessageType::kRecovering:
-      w.u32(m.retry_after_ms);
-      break;
-    case MessageType::kError:
-      w.u16(static_cast<std::uint16_t>(m.error));
-      break;
-    case MessageType::kQueryReply:
-      w.key(m.key);
-      w.u8(m.held ? 1 : 0);
-      w.u64(m.token);
-      w.u32(m.ttl_ms);
-      w.u32(m.waiters);
-      break;
-    case MessageType::kStatsReply:
-      w.u32(m.shard_count);
-      w.u32(m.first_shard);
-      w.u8(static_cast<std::uint8_t>(kStatCounterCount));
-      for (std::uint64_t c : m.counters) w.u64(c);
-      w.u16(static_cast<std::uint16_t>(m.shard_tokens_le.size() / 8));
-      w.bytes(m.shard_tokens_le.data(), m.shard_tokens_le.size());
-      break;
-    default:
-      break;  // RELEASED, NOT_OWNER, EXPIRED: empty
-  }
+  with_row(facts_of(m.type).row, [&](auto r) { row_write_body<r()>(w, m); });
 }
 
-// Reads the body of `m.type` (already set). Returns kOk or the error.
+// Reads the body of `m.type` (already set, and known). Returns kOk or the
+// error.
 ProtocolError read_body(Reader& r, Message& m) noexcept {
-  switch (m.type) {
-    case MessageType::kAcquire:
-      m.key = r.key();
-      m.ttl_ms = r.u32();
-      m.wait_ms = r.u32();
-      break;
-    case MessageType::kRenew:
-      m.key = r.key();
-      m.token = r.u64();
-      m.ttl_ms = r.u32();
-      break;
-    case MessageType::kRelease:
-      m.key = r.key();
-      m.token = r.u64();
-      break;
-    case MessageType::kQuery:
-    case MessageType::kTimeout:
-      m.key = r.key();
-      break;
-    case MessageType::kStats:
-      m.first_shard = r.u32();
-      break;
-    case MessageType::kGranted:
-      m.key = r.key();
-      m.token = r.u64();
-      m.ttl_ms = r.u32();
-      break;
-    case MessageType::kBusy:
-    case MessageType::kRenewed:
-      m.key = r.key();
-      m.ttl_ms = r.u32();
-      break;
-    case MessageType::kReleased:
-    case MessageType::kNotOwner:
-    case MessageType::kExpired:
-      break;
-    case MessageType::kRecovering:
-      m.retry_after_ms = r.u32();
-      break;
-    case MessageType::kError:
-      m.error = static_cast<WireError>(r.u16());
-      break;
-    case MessageType::kQueryReply: {
-      m.key = r.key();
-      const std::uint8_t held = r.u8();
-      m.token = r.u64();
-      m.ttl_ms = r.u32();
-      m.waiters = r.u32();
-      if (r.ok() && held > 1) return ProtocolError::kBadField;
-      m.held = held == 1;
-      break;
-    }
-    case MessageType::kStatsReply: {
-      m.shard_count = r.u32();
-      m.first_shard = r.u32();
-      const std::size_t n = r.u8();
-      for (std::size_t i = 0; i < n; ++i) {
-        const std::uint64_t v = r.u64();
-        if (i < kStatCounterCount) m.counters[i] = v;
-      }
-      const std::size_t tokens = r.u16();
-      m.shard_tokens_le = r.bytes(tokens * 8);
-      break;
-    }
-    default:
-      return ProtocolError::kBadType;
-  }
-  return r.ok() ? ProtocolError::kOk : ProtocolError::kTruncated;
+  return with_row(facts_of(m.type).row, [&](auto row) { return row_read_body<row()>(r, m); });
 }
 
 bool all_zero(std::span<const std::uint8_t> s) noexcept {
@@ -343,43 +352,9 @@ class ProtocolCategory final : public std::error_category {
 }  // namespace
 
 std::string_view to_string(MessageType type) noexcept {
-  switch (type) {
-    case MessageType::kAcquire:
-      return "ACQUIRE";
-    case MessageType::kRenew:
-      return "RENEW";
-    case MessageType::kRelease:
-      return "RELEASE";
-    case MessageType::kQuery:
-      return "QUERY";
-    case MessageType::kStats:
-      return "STATS";
-    case MessageType::kGranted:
-      return "GRANTED";
-    case MessageType::kBusy:
-      return "BUSY";
-    case MessageType::kTimeout:
-      return "TIMEOUT";
-    case MessageType::kRenewed:
-      return "RENEWED";
-    case MessageType::kReleased:
-      return "RELEASED";
-    case MessageType::kNotOwner:
-      return "NOT_OWNER";
-    case MessageType::kExpired:
-      return "EXPIRED";
-    case MessageType::kRecovering:
-      return "RECOVERING";
-    case MessageType::kError:
-      return "ERROR";
-    case MessageType::kQueryReply:
-      return "QUERY_REPLY";
-    case MessageType::kStatsReply:
-      return "STATS_REPLY";
-    case MessageType::kBatch:
-      return "BATCH";
-  }
-  return "UNKNOWN";
+  if (type == MessageType::kBatch) return "BATCH";
+  const MessageBody* body = message_body(type);
+  return body == nullptr ? "UNKNOWN" : body->name;
 }
 
 std::string_view to_string(StatCounter counter) noexcept {
@@ -612,19 +587,19 @@ std::size_t max_reply_size(const Datagram& request) noexcept {
   // instead of an item header (deferred_reply_credit() hands out the extra).
   std::size_t n = max_immediate_reply_size(request);
   for (const Message& m : request.items()) {
-    if (may_be_queued(m)) n += kHeaderSize - kBatchItemHeaderSize;
+    if (may_answer_later(m)) n += kHeaderSize - kBatchItemHeaderSize;
   }
   return n;
 }
 
 std::size_t deferred_reply_credit(const Datagram& request, std::size_t request_size,
                                   std::size_t item) noexcept {
-  if (item >= request.count || !may_be_queued(request.messages[item])) return 0;
+  if (item >= request.count || !may_answer_later(request.messages[item])) return 0;
   if (!framed_as_batch(request)) return request_size;  // queued: no immediate reply at all
   const std::size_t bound = max_immediate_reply_size(request);
   if (request_size < bound) return 0;
   std::size_t waiting = 0;
-  for (const Message& m : request.items()) waiting += may_be_queued(m) ? 1 : 0;
+  for (const Message& m : request.items()) waiting += may_answer_later(m) ? 1 : 0;
   // Its own share of the immediate bound (unused when it is queued), plus an
   // equal share of the padding beyond that bound.
   return kBatchItemHeaderSize + max_reply_body(request.messages[item]) +

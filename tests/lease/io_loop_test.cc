@@ -53,7 +53,8 @@ class RecordingSink final : public DatagramSink {
                    std::vector<OutDatagram>& out) override {
     std::string payload(bytes.begin(), bytes.end());
     OutDatagram& reply = out.emplace_back();
-    reply.peer = peer;
+    // A reply to "unsendable" has no destination: the kernel refuses it.
+    if (payload != "unsendable") reply.peer = peer;
     const std::string answer = std::string(kReplyPrefix) + payload;
     reply.length = static_cast<std::uint16_t>(answer.size());
     std::memcpy(reply.bytes.data(), answer.data(), answer.size());
@@ -61,6 +62,7 @@ class RecordingSink final : public DatagramSink {
     received_.push_back({worker, std::move(payload), peer});
   }
   void on_oversized() override { oversized_.fetch_add(1, std::memory_order_relaxed); }
+  void on_send_drop() override { send_drops_.fetch_add(1, std::memory_order_relaxed); }
   void log(std::string_view line) override {
     std::lock_guard lock(mutex_);
     logged_.emplace_back(line);
@@ -84,6 +86,7 @@ class RecordingSink final : public DatagramSink {
   // Relaxed: plain counters, read after polling or after the loop joined.
   int oversized() const { return oversized_.load(std::memory_order_relaxed); }
   int ticks() const { return ticks_.load(std::memory_order_relaxed); }
+  int send_drops() const { return send_drops_.load(std::memory_order_relaxed); }
 
  private:
   mutable std::mutex mutex_;
@@ -91,6 +94,7 @@ class RecordingSink final : public DatagramSink {
   std::vector<std::string> logged_;
   std::atomic<int> oversized_{0};
   std::atomic<int> ticks_{0};
+  std::atomic<int> send_drops_{0};
 };
 
 // A UDP socket bound to 127.0.0.1 on a kernel-chosen port.
@@ -245,6 +249,19 @@ TEST_P(IoLoopTest, OversizedDatagramIsReportedNotDelivered) {
   const std::vector<RecordingSink::Received> received = sink_.received();
   ASSERT_EQ(received.size(), 1u);
   EXPECT_EQ(received[0].bytes, "after");
+}
+
+// A reply the kernel refuses is reported as a send drop; the loop goes on.
+TEST_P(IoLoopTest, ARefusedReplyIsReportedAsASendDrop) {
+  LoopbackSocket client;
+  client.send_to(server_, "unsendable");
+  ASSERT_TRUE(poll_until([&] { return sink_.send_drops() == 1; }))
+      << "send drops: " << sink_.send_drops();
+  client.send_to(server_, "after");
+  const std::optional<std::string> reply = client.receive(std::chrono::seconds(10));
+  ASSERT_TRUE(reply.has_value());
+  EXPECT_EQ(*reply, std::string(kReplyPrefix) + "after");
+  EXPECT_EQ(sink_.send_drops(), 1);
 }
 
 TEST_P(IoLoopTest, TicksWhileIdleAndStopsWhenAsked) {

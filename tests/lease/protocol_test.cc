@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -474,6 +476,270 @@ TEST(Protocol, MutatedValidDatagramsNeverCrash) {
       std::size_t n = 0;
       ASSERT_EQ(encode(out, again, n), ProtocolError::kOk);
     }
+  }
+}
+
+std::string to_hex(std::span<const std::uint8_t> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string s;
+  for (const std::uint8_t b : bytes) {
+    s += kDigits[b >> 4];
+    s += kDigits[b & 0xF];
+  }
+  return s;
+}
+
+// The wire bytes of every message, as the codec wrote them before issue 12
+// derived it from one table: a change to the codec cannot change the format
+// unnoticed. Also pins the reply bound each request is padded to.
+TEST(Protocol, WireBytesArePinned) {
+  struct Pinned {
+    MessageType type;
+    const char* body;
+    std::size_t max_reply_size;
+  };
+  const Pinned pinned[] = {
+      {MessageType::kAcquire, "09006f72646572732f343230750000f4010000", 55},
+      {MessageType::kRenew, "09006f72646572732f34324d00000000000000e8030000", 47},
+      {MessageType::kRelease, "09006f72646572732f34324e00000000000000", 34},
+      {MessageType::kQuery, "09006f72646572732f3432", 60},
+      {MessageType::kStats, "07000000", 203},
+      {MessageType::kGranted, "09006f72646572732f3432f0ffffffffffffff30750000", 34},
+      {MessageType::kBusy, "09006f72646572732f3432d2040000", 34},
+      {MessageType::kTimeout, "09006f72646572732f3432", 34},
+      {MessageType::kRenewed, "09006f72646572732f3432e7030000", 34},
+      {MessageType::kReleased, "", 34},
+      {MessageType::kNotOwner, "", 34},
+      {MessageType::kExpired, "", 34},
+      {MessageType::kRecovering, "e1100000", 34},
+      {MessageType::kError, "0300", 34},
+      {MessageType::kQueryReply, "09006f72646572732f34320105000000000000001100000003000000", 34},
+      {MessageType::kStatsReply,
+       "4000000003000000"
+       "14e803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
+       "ed03000000000000ee03000000000000ef03000000000000f003000000000000f103000000000000"
+       "f203000000000000f303000000000000f403000000000000f503000000000000f603000000000000"
+       "f703000000000000f803000000000000f903000000000000fa03000000000000fb03000000000000"
+       "020001000000000000000200000000000009",
+       34},
+  };
+  const auto all = one_of_each_type();
+  ASSERT_EQ(all.size(), std::size(pinned));
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    SCOPED_TRACE(std::string(to_string(all[i].type)));
+    ASSERT_EQ(all[i].type, pinned[i].type);
+    const auto bytes = encode_or_die(single(all[i]));
+    ASSERT_GE(bytes.size(), kHeaderSize);
+    EXPECT_EQ(to_hex(std::span(bytes).subspan(kHeaderSize)), pinned[i].body);
+    EXPECT_EQ(max_reply_size(single(all[i])), pinned[i].max_reply_size);
+    EXPECT_EQ(max_immediate_reply_size(single(all[i])), pinned[i].max_reply_size);
+  }
+  const auto acquire_bytes = encode_or_die(single(all[0]));
+  EXPECT_EQ(to_hex(std::span(acquire_bytes).first(kHeaderSize)),
+            "53484c4b010001010077665544332211aaaa000000000000bbbb000000000000");
+
+  // A padded batch: an ACQUIRE with its own owner and a RELEASE.
+  Datagram d;
+  d.client_id = {1, 2};
+  d.request_id = 99;
+  Message acquire = all[0];
+  acquire.owner = ClientId{3, 4};
+  ASSERT_TRUE(d.push(acquire));
+  ASSERT_TRUE(d.push(all[2]));
+  EXPECT_EQ(max_reply_size(d), 101u);
+  EXPECT_EQ(max_immediate_reply_size(d), 81u);
+  std::vector<std::uint8_t> buf(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode_request(d, buf, n), ProtocolError::kOk);
+  EXPECT_EQ(to_hex(std::span(buf).first(n)),
+            "53484c4b0100ff02630000000000000001000000000000000200000000000000"
+            "0101130000776655443322110300000000000000040000000000000009006f72646572732f343230750000"
+            "f4010000"
+            "03001300027766554433221109006f72646572732f34324e00000000000000");
+}
+
+// ---- The tables (kMessageBodies, kRequestReplies) ----------------------------
+
+// The samples the tests above round-trip and truncate cover every row of
+// kMessageBodies, so a new message type cannot go untested.
+TEST(ProtocolTable, SamplesCoverEveryMessageBody) {
+  const auto all = one_of_each_type();
+  ASSERT_EQ(all.size(), kMessageBodies.size());
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    EXPECT_EQ(all[i].type, kMessageBodies[i].type) << i;
+    EXPECT_EQ(to_string(all[i].type), kMessageBodies[i].name);
+  }
+}
+
+TEST(ProtocolTable, EveryTypeIsARequestOrAReplyWithABody) {
+  for (unsigned t = 0; t < 256; ++t) {
+    const auto type = static_cast<MessageType>(t);
+    SCOPED_TRACE(t);
+    EXPECT_FALSE(is_request(type) && is_reply(type));
+    EXPECT_EQ(message_body(type) != nullptr, is_request(type) || is_reply(type));
+    if (message_body(type) != nullptr) {
+      EXPECT_EQ(message_body(type)->type, type);
+    }
+  }
+  EXPECT_EQ(message_body(MessageType::kBatch), nullptr);
+  // Every reply answers some request.
+  for (const MessageBody& body : kMessageBodies) {
+    if (!is_reply(body.type)) continue;
+    bool answers_one = false;
+    for (const RequestReplies& row : kRequestReplies) {
+      answers_one = answers_one || reply_answers(row.request, body.type);
+    }
+    EXPECT_TRUE(answers_one) << to_string(body.type);
+  }
+}
+
+TEST(ProtocolTable, EveryRequestHasAnswersAndErrorIsOne) {
+  ASSERT_FALSE(kRequestReplies.empty());
+  for (const RequestReplies& row : kRequestReplies) {
+    SCOPED_TRACE(std::string(to_string(row.request)));
+    EXPECT_TRUE(is_request(row.request));
+    ASSERT_NE(message_body(row.request), nullptr);
+    EXPECT_GE(row.replies.count, 2u) << "an answer besides ERROR";
+    EXPECT_TRUE(row.replies.contains(MessageType::kError)) << "any request can be refused";
+    for (const MessageType reply : row.replies) {
+      EXPECT_TRUE(is_reply(reply)) << to_string(reply);
+      EXPECT_TRUE(reply_answers(row.request, reply)) << to_string(reply);
+      EXPECT_FALSE(row.also_accepted.contains(reply)) << "listed twice: " << to_string(reply);
+    }
+    for (const MessageType reply : row.also_accepted) {
+      EXPECT_TRUE(is_reply(reply)) << to_string(reply);
+      EXPECT_TRUE(reply_answers(row.request, reply)) << to_string(reply);
+    }
+    // Only a request with a wait field can be queued.
+    EXPECT_EQ(row.queues_when_waiting, message_body(row.request)->has(BodyField::kWait));
+  }
+  // Requests, and types that are no request, are never answers.
+  for (const RequestReplies& row : kRequestReplies) {
+    for (unsigned t = 0; t < 256; ++t) {
+      const auto type = static_cast<MessageType>(t);
+      if (!is_reply(type)) {
+        EXPECT_FALSE(reply_answers(row.request, type)) << t;
+      }
+      EXPECT_FALSE(reply_answers(type, row.request)) << t;
+    }
+  }
+}
+
+// reply_answers() and reply_carries_key() give exactly what the client's own
+// lists said before issue 12 moved them into the table.
+TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
+  using enum MessageType;
+  const auto answered_before = [](MessageType request, MessageType reply) {
+    if (reply == kError || reply == kRecovering) return true;
+    switch (request) {
+      case kAcquire:
+        return reply == kGranted || reply == kBusy || reply == kTimeout;
+      case kRenew:
+      case kRelease:
+        return reply == (request == kRenew ? kRenewed : kReleased) || reply == kNotOwner ||
+               reply == kExpired;
+      case kQuery:
+        return reply == kQueryReply;
+      case kStats:
+        return reply == kStatsReply;
+      default:
+        return false;
+    }
+  };
+  for (const RequestReplies& row : kRequestReplies) {
+    for (unsigned t = 0; t < 256; ++t) {
+      const auto reply = static_cast<MessageType>(t);
+      EXPECT_EQ(reply_answers(row.request, reply), answered_before(row.request, reply))
+          << to_string(row.request) << " / " << t;
+    }
+  }
+  for (unsigned t = 0; t < 256; ++t) {
+    const auto reply = static_cast<MessageType>(t);
+    const bool carried_before = reply == kGranted || reply == kBusy || reply == kTimeout ||
+                                reply == kRenewed || reply == kQueryReply;
+    EXPECT_EQ(reply_carries_key(reply), carried_before) << t;
+  }
+}
+
+// The encoded body of every message is the table's fixed size plus its key
+// and shard tokens, single or batched, and encoded_size() is what encode()
+// writes.
+TEST(ProtocolTable, SizesAreTheBytesWritten) {
+  for (Message m : one_of_each_type()) {
+    SCOPED_TRACE(std::string(to_string(m.type)));
+    const MessageBody& body = *message_body(m.type);
+    const std::size_t expected = body.fixed_size() +
+                                 (body.has(BodyField::kKey) ? m.key.size() : 0) +
+                                 m.shard_tokens_le.size();
+    const auto bytes = encode_or_die(single(m));
+    EXPECT_EQ(bytes.size(), encoded_size(single(m)));
+    EXPECT_EQ(bytes.size(), kHeaderSize + expected);
+    m.owner = ClientId{1, 2};
+    const auto batched = encode_or_die(single(m));
+    EXPECT_EQ(batched.size(), encoded_size(single(m)));
+    EXPECT_EQ(batched.size(), kHeaderSize + kBatchItemHeaderSize + kBatchItemOwnerSize + expected);
+  }
+}
+
+// Cutting any field of any message short inside a batch item (whose length
+// then disagrees with its body) is rejected too, not just a short datagram.
+TEST(ProtocolTable, EveryShortBodyIsRejected) {
+  for (const Message& m : one_of_each_type()) {
+    Datagram d = single(m);
+    d.batch = true;
+    const auto bytes = encode_or_die(d);
+    const std::size_t body_at = kHeaderSize + kBatchItemHeaderSize;
+    const std::size_t body_length = bytes.size() - body_at;
+    for (std::size_t len = 0; len < body_length; ++len) {
+      SCOPED_TRACE(::testing::Message() << to_string(m.type) << " body length " << len);
+      std::vector<std::uint8_t> cut(bytes.begin(),
+                                    bytes.begin() + static_cast<long>(body_at + len));
+      cut[kHeaderSize + 2] = static_cast<std::uint8_t>(len);
+      cut[kHeaderSize + 3] = static_cast<std::uint8_t>(len >> 8);
+      Datagram out;
+      EXPECT_EQ(decode_exact(cut, out), ProtocolError::kBadLength);
+    }
+  }
+}
+
+// max_reply_size() of a request is the largest body among the replies its
+// row lists, each with the request's key and STATS_REPLY without tokens.
+TEST(ProtocolTable, ReplyBoundIsTheLargestListedReply) {
+  for (const RequestReplies& row : kRequestReplies) {
+    for (const std::size_t key_length : {0, 1, 9, 40, 256, 300}) {
+      SCOPED_TRACE(::testing::Message() << to_string(row.request) << " key " << key_length);
+      const std::string key(key_length, 'k');
+      Message request;
+      request.type = row.request;
+      request.key = key;
+      const std::size_t bound = max_reply_size(single(request)) - kHeaderSize;
+      EXPECT_EQ(bound, max_reply_body_bound(row.request)(key_length));
+      std::size_t largest = 0;
+      for (const MessageType type : row.replies) {
+        Message reply;
+        reply.type = type;
+        reply.key = key;
+        const std::size_t body = encoded_size(single(reply)) - kHeaderSize;
+        EXPECT_LE(body, bound) << to_string(type);
+        largest = std::max(largest, body);
+      }
+      EXPECT_EQ(largest, bound);
+    }
+  }
+  // A reply type sent as a request gets ERROR(kNotARequest).
+  Message reply;
+  reply.type = MessageType::kGranted;
+  reply.key = "k";
+  EXPECT_EQ(max_reply_size(single(reply)),
+            kHeaderSize + message_body(MessageType::kError)->fixed_size());
+}
+
+TEST(ProtocolTable, OnlyAWaitingAcquireMayBeAnsweredLater) {
+  for (Message m : one_of_each_type()) {
+    m.wait_ms = 0;
+    EXPECT_FALSE(may_answer_later(m)) << to_string(m.type);
+    m.wait_ms = 1;
+    EXPECT_EQ(may_answer_later(m), m.type == MessageType::kAcquire) << to_string(m.type);
   }
 }
 

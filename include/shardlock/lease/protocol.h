@@ -40,7 +40,8 @@
 //   (a queued ACQUIRE granted or timed out) arrive as single messages.
 //
 //   Bodies (key = u16 length + bytes; the codec accepts any length that fits,
-//   the server answers ERROR for keys outside 1..kMaxKeyLength):
+//   the server answers ERROR for keys outside 1..kMaxKeyLength). The codec
+//   reads and writes them from kMessageBodies below, field by field:
 //     ACQUIRE     key, u32 ttl_ms, u32 wait_ms
 //     RENEW       key, u64 token, u32 ttl_ms
 //     RELEASE     key, u64 token
@@ -57,10 +58,26 @@
 //     STATS_REPLY u32 shard_count, u32 first_shard, u8 counter_count,
 //                 counter_count x u64, u16 token_count, token_count x u64
 //
+//   Which reply answers which request (kRequestReplies below):
+//     request   the server sends                          a client also takes
+//     ACQUIRE   GRANTED BUSY TIMEOUT RECOVERING ERROR     -
+//     RENEW     RENEWED NOT_OWNER EXPIRED ERROR           RECOVERING
+//     RELEASE   RELEASED NOT_OWNER EXPIRED ERROR          RECOVERING
+//     QUERY     QUERY_REPLY ERROR                         RECOVERING
+//     STATS     STATS_REPLY ERROR                         RECOVERING
+//   A reply type sent as a request is answered ERROR(kNotARequest). An
+//   ACQUIRE that waits (wait_ms > 0) may be answered later, on its own
+//   (GRANTED, TIMEOUT or ERROR). A client ignores a reply that does not
+//   answer its request (reply_answers()), and one that carries a key
+//   (reply_carries_key(): GRANTED, BUSY, TIMEOUT, RENEWED, QUERY_REPLY)
+//   other than its request's.
+//
 // Anti-amplification: the reply bytes a request datagram causes, deferred
 // answers included, never exceed its own size. Some replies are larger than
 // their requests (GRANTED carries a token, QUERY_REPLY several fields), so a
 // request must be padded up to max_reply_size(); encode_request() does that.
+// The bound of one request is the largest body among the replies the server
+// sends it (max_reply_body_bound()), a key counted at the request's length.
 // The server answers a request shorter than max_immediate_reply_size() with
 // ERROR(kRequestTooSmall) items when they fit, and otherwise not at all. A
 // queued ACQUIRE's later answer (a single message) is sent only if it fits
@@ -75,6 +92,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -121,15 +139,8 @@ enum class MessageType : std::uint8_t {
   kBatch = 0xFF,
 };
 
-// True for the five request types.
-[[nodiscard]] constexpr bool is_request(MessageType type) noexcept {
-  return static_cast<std::uint8_t>(type) >= 0x01 && static_cast<std::uint8_t>(type) <= 0x05;
-}
-// True for the reply types.
-[[nodiscard]] constexpr bool is_reply(MessageType type) noexcept {
-  return static_cast<std::uint8_t>(type) >= 0x81 && static_cast<std::uint8_t>(type) <= 0x8B;
-}
-// "ACQUIRE", "GRANTED", ...; "UNKNOWN" for other values.
+// "ACQUIRE", "GRANTED", ... (kMessageBodies), "BATCH"; "UNKNOWN" for other
+// values.
 [[nodiscard]] std::string_view to_string(MessageType type) noexcept;
 
 // The code carried by an ERROR reply: the request parsed but was refused.
@@ -176,6 +187,238 @@ inline constexpr std::size_t kStatCounterCount = 20;
 // The counter's name in STATS output ("grants", "send_drops", ...).
 [[nodiscard]] std::string_view to_string(StatCounter counter) noexcept;
 
+// ---- The message body table ---------------------------------------------
+
+// A body field: the Message member it carries and its wire codec.
+enum class BodyField : std::uint8_t {
+  kKey,          // u16 length + bytes                Message::key
+  kToken,        // u64                               Message::token
+  kTtl,          // u32                               Message::ttl_ms
+  kWait,         // u32                               Message::wait_ms
+  kRetryAfter,   // u32                               Message::retry_after_ms
+  kErrorCode,    // u16, a WireError                  Message::error
+  kHeld,         // u8, 0 or 1 (else kBadField)       Message::held
+  kWaiters,      // u32                               Message::waiters
+  kFirstShard,   // u32                               Message::first_shard
+  kShardCount,   // u32                               Message::shard_count
+  kCounters,     // u8 n, n x u64 (see StatCounter)   Message::counters
+  kShardTokens,  // u16 n, n x u64                    Message::shard_tokens_le
+};
+
+// The bytes `field` takes besides a key's bytes and the shard tokens: the
+// whole field, or its length prefix. kCounters: the kStatCounterCount
+// counters an encoder writes.
+[[nodiscard]] constexpr std::size_t body_field_size(BodyField field) noexcept {
+  switch (field) {
+    case BodyField::kKey:
+    case BodyField::kErrorCode:
+    case BodyField::kShardTokens:
+      return 2;
+    case BodyField::kToken:
+      return 8;
+    case BodyField::kTtl:
+    case BodyField::kWait:
+    case BodyField::kRetryAfter:
+    case BodyField::kWaiters:
+    case BodyField::kFirstShard:
+    case BodyField::kShardCount:
+      return 4;
+    case BodyField::kHeld:
+      return 1;
+    case BodyField::kCounters:
+      return 1 + 8 * kStatCounterCount;
+  }
+  return 0;
+}
+
+inline constexpr std::size_t kMaxBodyFields = 5;
+
+// One message type: its name and its body, field by field in wire order.
+struct MessageBody {
+  MessageType type;
+  std::string_view name;
+  std::array<BodyField, kMaxBodyFields> fields{};
+  std::size_t field_count = 0;
+
+  constexpr MessageBody(MessageType t, std::string_view n,
+                        std::initializer_list<BodyField> body) noexcept
+      : type(t), name(n) {
+    for (const BodyField f : body) fields[field_count++] = f;  // > kMaxBodyFields: not constant
+  }
+  [[nodiscard]] constexpr bool has(BodyField field) const noexcept {
+    for (std::size_t i = 0; i < field_count; ++i) {
+      if (fields[i] == field) return true;
+    }
+    return false;
+  }
+  // The body's size with an empty key and no shard tokens.
+  [[nodiscard]] constexpr std::size_t fixed_size() const noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < field_count; ++i) n += body_field_size(fields[i]);
+    return n;
+  }
+};
+
+// Every message type's body. encoded_size(), encode() and decode() walk this
+// table; the body list at the top of this file says the same in prose.
+// Columns: clang-format would run them together.
+// clang-format off
+inline constexpr auto kMessageBodies = [] {
+  using enum MessageType;
+  using enum BodyField;
+  return std::array{
+      //          type         name           body, in wire order
+      MessageBody{kAcquire,    "ACQUIRE",     {kKey, kTtl, kWait}},
+      MessageBody{kRenew,      "RENEW",       {kKey, kToken, kTtl}},
+      MessageBody{kRelease,    "RELEASE",     {kKey, kToken}},
+      MessageBody{kQuery,      "QUERY",       {kKey}},
+      MessageBody{kStats,      "STATS",       {kFirstShard}},
+      MessageBody{kGranted,    "GRANTED",     {kKey, kToken, kTtl}},
+      MessageBody{kBusy,       "BUSY",        {kKey, kTtl}},
+      MessageBody{kTimeout,    "TIMEOUT",     {kKey}},
+      MessageBody{kRenewed,    "RENEWED",     {kKey, kTtl}},
+      MessageBody{kReleased,   "RELEASED",    {}},
+      MessageBody{kNotOwner,   "NOT_OWNER",   {}},
+      MessageBody{kExpired,    "EXPIRED",     {}},
+      MessageBody{kRecovering, "RECOVERING",  {kRetryAfter}},
+      MessageBody{kError,      "ERROR",       {kErrorCode}},
+      MessageBody{kQueryReply, "QUERY_REPLY", {kKey, kHeld, kToken, kTtl, kWaiters}},
+      MessageBody{kStatsReply, "STATS_REPLY", {kShardCount, kFirstShard, kCounters, kShardTokens}},
+  };
+}();
+// clang-format on
+
+// The row of kMessageBodies for `type`; nullptr for kBatch and unknown values.
+[[nodiscard]] constexpr const MessageBody* message_body(MessageType type) noexcept {
+  for (const MessageBody& body : kMessageBodies) {
+    if (body.type == type) return &body;
+  }
+  return nullptr;
+}
+
+// ---- The request -> reply table ------------------------------------------
+
+// A few message types: the replies of one request.
+struct MessageTypeList {
+  std::array<MessageType, 6> types{};
+  std::size_t count = 0;
+
+  constexpr MessageTypeList(std::initializer_list<MessageType> list) noexcept {
+    for (const MessageType t : list) types[count++] = t;  // more than 6: not constant
+  }
+  [[nodiscard]] constexpr const MessageType* begin() const noexcept { return types.data(); }
+  [[nodiscard]] constexpr const MessageType* end() const noexcept { return types.data() + count; }
+  [[nodiscard]] constexpr bool contains(MessageType type) const noexcept {
+    for (const MessageType t : *this) {
+      if (t == type) return true;
+    }
+    return false;
+  }
+};
+
+// Which replies answer one request type.
+struct RequestReplies {
+  MessageType request;
+  // What the server sends it, at once or later. ERROR is in every row: any
+  // request can be refused. The reply bound (max_reply_body_bound()) counts
+  // exactly these.
+  MessageTypeList replies;
+  // Replies a client also takes as the answer, though the server never sends
+  // them for this request: RECOVERING, which a client reads as the lock-delay
+  // whatever it asked. Outside the reply bound, so the server must not start
+  // sending them without moving them to `replies`.
+  MessageTypeList also_accepted;
+  // Whether the answer may come later, as a datagram of its own: a request
+  // that waits (wait_ms > 0) is queued behind the holder.
+  bool queues_when_waiting = false;
+};
+
+// Columns: clang-format would run them together.
+// clang-format off
+inline constexpr auto kRequestReplies = [] {
+  using enum MessageType;
+  using Row = RequestReplies;
+  return std::array{
+      //  request   replies the server sends                          also accepted  queues
+      Row{kAcquire, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},            true},
+      Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError},          {kRecovering}, false},
+      Row{kRelease, {kReleased, kNotOwner, kExpired, kError},         {kRecovering}, false},
+      Row{kQuery,   {kQueryReply, kError},                            {kRecovering}, false},
+      Row{kStats,   {kStatsReply, kError},                            {kRecovering}, false},
+  };
+}();
+// clang-format on
+
+// True for the request types: the rows of kRequestReplies.
+[[nodiscard]] constexpr bool is_request(MessageType type) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request == type) return true;
+  }
+  return false;
+}
+
+// True for the reply types: those that answer some request.
+[[nodiscard]] constexpr bool is_reply(MessageType type) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.replies.contains(type) || row.also_accepted.contains(type)) return true;
+  }
+  return false;
+}
+
+// Whether a client takes `reply` as the answer to `request`; anything else
+// is ignored (a stray or forged datagram must not complete a call).
+[[nodiscard]] constexpr bool reply_answers(MessageType request, MessageType reply) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request == request) {
+      return row.replies.contains(reply) || row.also_accepted.contains(reply);
+    }
+  }
+  return false;
+}
+
+// Whether `reply` carries its request's key, which a client then checks.
+[[nodiscard]] constexpr bool reply_carries_key(MessageType reply) noexcept {
+  for (const MessageBody& body : kMessageBodies) {
+    if (body.type == reply) return is_reply(reply) && body.has(BodyField::kKey);
+  }
+  return false;
+}
+
+// The largest reply body the server sends to a request, as a function of the
+// request's key length: the larger of `keyed` plus the key length (the
+// replies that carry the key, if any) and `unkeyed` (those that do not).
+struct ReplyBodyBound {
+  bool carries_key = false;
+  std::size_t keyed = 0;    // largest body of a reply with the key, less the key's bytes
+  std::size_t unkeyed = 0;  // largest body of a reply without it
+
+  [[nodiscard]] constexpr std::size_t operator()(std::size_t key_length) const noexcept {
+    if (!carries_key || keyed + key_length < unkeyed) return unkeyed;
+    return keyed + key_length;
+  }
+};
+
+// The reply body bound of `request` from its row of kRequestReplies, a
+// STATS_REPLY counted with no shard tokens. A type that is no request is
+// answered ERROR(kNotARequest).
+[[nodiscard]] constexpr ReplyBodyBound max_reply_body_bound(MessageType request) noexcept {
+  ReplyBodyBound bound;
+  const auto add = [&bound](MessageType reply) {
+    for (const MessageBody& body : kMessageBodies) {
+      if (body.type != reply) continue;
+      std::size_t& largest = body.has(BodyField::kKey) ? bound.keyed : bound.unkeyed;
+      if (body.fixed_size() > largest) largest = body.fixed_size();
+      bound.carries_key = bound.carries_key || body.has(BodyField::kKey);
+    }
+  };
+  if (!is_request(request)) add(MessageType::kError);
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request != request) continue;
+    for (const MessageType reply : row.replies) add(reply);
+  }
+  return bound;
+}
+
 // 128-bit client identity. Random per client instance (never a thread id).
 struct ClientId {
   std::uint64_t lo = 0;
@@ -215,6 +458,15 @@ struct Message {
     return counters[static_cast<std::size_t>(c)];
   }
 };
+
+// Whether the answer to `request` may come later, as a datagram of its own
+// (RequestReplies::queues_when_waiting): a waiting ACQUIRE.
+[[nodiscard]] constexpr bool may_answer_later(const Message& request) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request == request.type) return row.queues_when_waiting && request.wait_ms > 0;
+  }
+  return false;
+}
 
 // A whole datagram: header fields plus 1..kMaxBatch messages.
 struct Datagram {
