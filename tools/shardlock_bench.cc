@@ -13,6 +13,7 @@
 // asks for B distinct keys per datagram and releases them in one.
 // Table mode: --clients threads locking LockTable stripes by Zipf key.
 // Output: a live progress line on stderr, then a table (or --json).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -107,6 +108,7 @@ struct Config {
   std::string mode = "lease";
   unsigned server_threads = 1;
   unsigned client_threads = 1;
+  unsigned busy_poll_us = 50;  // lease mode: server and client busy-poll window
   std::uint64_t seed = 42;
   std::optional<shardlock::lease::AuthKey> auth_key;  // seals every datagram (lease mode)
 };
@@ -141,7 +143,18 @@ struct Result {
   Histogram pair_latency;     // ACQUIRE sent -> RELEASE answered, granted pairs
   std::uint64_t retransmissions = 0;
   std::uint64_t datagrams = 0;
+  double cpu_seconds = 0;  // user + system CPU of this process during the run
 };
+
+// User + system CPU time this process has used so far.
+double process_cpu_seconds() {
+  rusage u{};
+  (void)::getrusage(RUSAGE_SELF, &u);
+  const auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_usec) / 1e6;
+  };
+  return seconds(u.ru_utime) + seconds(u.ru_stime);
+}
 
 // Progress on stderr: on a terminal, one line rewritten each second; else a
 // plain line every 5 s, so logs stay short.
@@ -182,8 +195,12 @@ class Progress {
   double last_print_ = 0;
 };
 
+// Runs for config.duration; returns the seconds it ran and sets
+// result.cpu_seconds to the CPU time the process used meanwhile.
 template <class Collect>
-double run_for(const Config& config, Progress& progress, std::atomic<bool>& stop, Collect collect) {
+double run_for(const Config& config, Progress& progress, std::atomic<bool>& stop, Collect collect,
+               Result& result) {
+  const double cpu_begin = process_cpu_seconds();
   const auto begin = Clock::now();
   const auto end = begin + config.duration;
   while (Clock::now() < end) {
@@ -194,6 +211,7 @@ double run_for(const Config& config, Progress& progress, std::atomic<bool>& stop
     }
   }
   stop.store(true, std::memory_order_relaxed);  // workers poll it; no data rides on it
+  result.cpu_seconds = process_cpu_seconds() - cpu_begin;
   return std::chrono::duration<double>(Clock::now() - begin).count();
 }
 
@@ -312,6 +330,7 @@ int run_lease(const Config& config, Result& result) {
     options.io_threads = config.server_threads;
     options.log = [](std::string_view) {};  // its lock-delay warning is ours to explain
     options.auth_key = config.auth_key;
+    options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
     server = std::make_unique<LeaseServer>(options);
     if (std::error_code ec = server->start()) {
       std::fprintf(stderr, "shardlock-bench: embedded server failed: %s (%s)\n",
@@ -344,6 +363,7 @@ int run_lease(const Config& config, Result& result) {
     // --pack per datagram; each owner still has one request in flight.
     options.max_batch = config.pack;
     options.auth_key = config.auth_key;
+    options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
     auto connection = std::make_unique<LeaseClient>(options);
     if (std::error_code ec = connection->start()) {
       std::fprintf(stderr, "shardlock-bench: client failed: %s (%s)\n", ec.message().c_str(),
@@ -381,7 +401,7 @@ int run_lease(const Config& config, Result& result) {
     for (const auto& c : clients) t.add(c->live);
     return t;
   };
-  result.seconds = run_for(config, progress, stop, collect);
+  result.seconds = run_for(config, progress, stop, collect, result);
   result.totals = collect();  // throughput counts what finished inside the run
   progress.finish();
   // Drain: every round ends within its calls' deadlines.
@@ -449,7 +469,7 @@ int run_table(const Config& config, Result& result) {
     for (const auto& c : live) t.add(*c);
     return t;
   };
-  result.seconds = run_for(config, progress, stop, collect);
+  result.seconds = run_for(config, progress, stop, collect, result);
   for (auto& t : threads) t.join();
   result.totals = collect();
   progress.finish();
@@ -497,13 +517,15 @@ void print_json(const Config& config, const Result& r) {
       "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
       ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
       ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
-      ",\"auth\":%s,\"allocator\":\"%s\",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+      ",\"auth\":%s,\"allocator\":\"%s\",\"busy_poll_us\":%u,\"cpu_s\":%.3f,"
+      "\"cpu_cores\":%.2f,\"latency_us\":%s,\"pair_latency_us\":%s}\n",
       config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
       config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
       static_cast<long long>(config.ttl.count()), config.batch, config.pack, r.totals.requests,
       static_cast<double>(r.totals.requests) / s, r.totals.pairs,
       static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy, r.totals.errors,
       r.retransmissions, r.datagrams, config.auth_key ? "true" : "false", kAllocator,
+      config.busy_poll_us, r.cpu_seconds, r.cpu_seconds / s,
       latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
 }
 
@@ -525,6 +547,7 @@ void print_table(const Config& config, const Result& r) {
               static_cast<double>(r.totals.requests) / s);
   std::printf("  %-28s %14.0f\n", "acquire+release pairs/s",
               static_cast<double>(r.totals.pairs) / s);
+  std::printf("  %-28s %14.2f\n", "CPU cores used (process)", r.cpu_seconds / s);
   std::printf("  %-28s %14" PRIu64 "\n", "grants", r.totals.grants);
   std::printf("  %-28s %14" PRIu64 "\n", lease ? "busy answers" : "busy (try_lock failed)",
               r.totals.busy);
@@ -596,6 +619,11 @@ int main(int argc, char** argv) {
                  "LeaseClients (sockets and I/O threads) the lease-mode clients are spread over "
                  "(default: CPUs / 2, 1..4)")
       ->check(CLI::Range(1u, 256u));
+  app.add_option("--busy-poll-us", config.busy_poll_us,
+                 "Lease mode: microseconds the embedded server's and the clients' I/O threads "
+                 "keep polling before they sleep (lower latency for CPU); 0 = off")
+      ->capture_default_str()
+      ->check(CLI::Range(0u, 10'000u));
   app.add_option("--seed", config.seed, "Workload seed")->capture_default_str();
   std::string auth_key_file;
   bool auth = false;

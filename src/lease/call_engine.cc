@@ -3,6 +3,7 @@
 #include "call_engine.h"
 
 #include <poll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -226,21 +227,39 @@ bool CallEngine::on_io_thread() const noexcept {
 
 // --------------------------------------------------------------- I/O loop
 
+std::size_t CallEngine::busy_poll(
+    const std::function<void(std::span<const std::uint8_t>)>& deliver) {
+  const auto window = setup_.options.busy_poll;
+  if (window.count() <= 0) return 0;
+  const Clock::time_point until = Clock::now() + window;
+  do {
+    if (const std::size_t n = setup_.transport->receive(deliver); n > 0) return n;
+    // Yield, not pause: on a machine with fewer free cores than spinning
+    // threads (the server may be one of them), the thread that will
+    // produce the reply gets this core at once.
+    ::sched_yield();
+  } while (Clock::now() < until);
+  return 0;
+}
+
 void CallEngine::io_loop() {
   io_thread_id_.store(std::this_thread::get_id(),
                       std::memory_order_relaxed);  // see on_io_thread()
   std::vector<ReadyCompletion> ready;
   std::vector<std::function<void()>> posted;
   Resends resend;
-  const auto deliver = [&](std::span<const std::uint8_t> bytes) { on_datagram(bytes, ready); };
+  const std::function<void(std::span<const std::uint8_t>)> deliver =
+      [&](std::span<const std::uint8_t> bytes) { on_datagram(bytes, ready); };
   // Under load replies are usually waiting already: while the last round
   // read some, read again without poll() (one syscall fewer per round).
   std::size_t received = 0;
   for (;;) {
     int timeout_ms = -1;
+    bool awaiting_replies = false;
     {
       LockGuard lock(mutex_);
       if (stopping_) break;
+      awaiting_replies = !pending_.empty();
       drop_stale_timers();
       std::int64_t planned = std::numeric_limits<std::int64_t>::max();
       if (!timers_.empty()) {
@@ -258,7 +277,10 @@ void CallEngine::io_loop() {
     if (poll_interval.count() > 0 && (timeout_ms < 0 || timeout_ms > poll_interval.count())) {
       timeout_ms = static_cast<int>(poll_interval.count());
     }
-    if (received == 0) {
+    // Replies due soon: spin on the socket before sleeping (busy_poll).
+    const std::size_t spun =
+        received == 0 && awaiting_replies && timeout_ms != 0 ? busy_poll(deliver) : 0;
+    if (received == 0 && spun == 0) {
       std::array<pollfd, 2> fds{};
       fds[0] = {setup_.transport->fd(), POLLIN, 0};
       fds[1] = {wake_fd_, POLLIN, 0};
@@ -271,7 +293,7 @@ void CallEngine::io_loop() {
         (void)!::read(wake_fd_, &value, sizeof value);
       }
     }
-    received = setup_.transport->receive(deliver);
+    received = spun > 0 ? spun : setup_.transport->receive(deliver);
     {
       LockGuard lock(mutex_);
       posted.swap(posted_);

@@ -174,6 +174,9 @@ class CallEngine {
   [[nodiscard]] bool on_io_thread() const noexcept;
 
   void io_loop();
+  // Receives without sleeping for up to options.busy_poll; returns how many
+  // datagrams were delivered (0: none came, or busy polling is off).
+  std::size_t busy_poll(const std::function<void(std::span<const std::uint8_t>)>& deliver);
   void drop_stale_timers() SHARDLOCK_REQUIRES(mutex_);
   void collect_due_timers(Clock::time_point now, std::vector<ReadyCompletion>& ready,
                           Resends& resend) SHARDLOCK_REQUIRES(mutex_);

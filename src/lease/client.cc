@@ -91,6 +91,11 @@ std::error_code ClientCore::start() {
   }
   margin.factor = setup.options.clock_drift_factor;
   margin.allowance = setup.options.clock_drift_allowance;
+  if (setup.options.busy_poll.count() < 0 ||
+      setup.options.busy_poll > std::chrono::milliseconds(10)) {
+    error_detail = "busy_poll must be 0..10ms";
+    return LeaseErrc::kBadArgument;
+  }
   if (setup.options.max_batch == 0) setup.options.max_batch = 1;
   setup.options.max_batch = std::min(setup.options.max_batch, kMaxBatch);
   if (setup.options.initial_retransmit.count() <= 0)

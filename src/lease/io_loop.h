@@ -10,8 +10,11 @@
 //     submitted together with the next wait.
 #pragma once
 
+#include <sched.h>
+
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -27,6 +30,36 @@ namespace shardlock::lease::internal {
 
 // How often an idle loop wakes to drive timers and notice stop().
 inline constexpr int kTickMs = 2;
+
+// Whether a busy-polling loop keeps spinning, and when it last ticked: the
+// loops share the rule that timers are driven at most once per millisecond
+// while spinning, so a spinning thread does not take every shard lock it
+// owns on each empty poll.
+class SpinWindow {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit SpinWindow(std::chrono::microseconds length) noexcept : length_(length) {}
+  // A datagram arrived now: spin for the window's length from here.
+  void on_activity(Clock::time_point now) noexcept { until_ = now + length_; }
+  [[nodiscard]] bool spinning(Clock::time_point now) const noexcept {
+    return length_.count() > 0 && now < until_;
+  }
+  // A spinning pass found nothing. Yields rather than pausing: with fewer
+  // free cores than spinning threads (the client on this host may spin
+  // too), the thread that will produce the next datagram gets the core.
+  static void idle() noexcept { ::sched_yield(); }
+  // Whether to drive the timers now; call after each pass of the loop.
+  [[nodiscard]] bool tick_due(Clock::time_point now) noexcept {
+    if (now - last_tick_ < std::chrono::milliseconds(1) && spinning(now)) return false;
+    last_tick_ = now;
+    return true;
+  }
+
+ private:
+  std::chrono::microseconds length_;
+  Clock::time_point until_{};
+  Clock::time_point last_tick_{};
+};
 
 struct OutDatagram {
   Peer peer;
@@ -51,8 +84,13 @@ class DatagramSink {
   virtual void on_tick(unsigned worker, std::vector<OutDatagram>& out) = 0;
 };
 
+// How long a loop keeps polling without sleeping after its last datagram
+// (LeaseServerOptions::busy_poll); zero: it sleeps at once.
+using BusyPoll = std::chrono::microseconds;
+
 // Serves `fd` until `stop` reads true.
-void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop);
+void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop,
+                     BusyPoll busy_poll = BusyPoll::zero());
 
 class UringLoop {
  public:
@@ -66,7 +104,8 @@ class UringLoop {
   UringLoop& operator=(const UringLoop&) = delete;
 
   // Serves the socket until `stop` reads true. Call from one thread.
-  void run(unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop);
+  void run(unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop,
+           BusyPoll busy_poll = BusyPoll::zero());
 
  private:
   struct State;

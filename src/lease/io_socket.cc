@@ -26,7 +26,9 @@ void send_all(int fd, std::vector<OutDatagram>& out, DatagramSink& sink) {
 
 }  // namespace
 
-void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop) {
+void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop,
+                     BusyPoll busy_poll) {
+  SpinWindow spin(busy_poll);
   auto batch = std::make_unique<ReceiveBatch<kRecvBatch>>();
   std::vector<OutDatagram> out;
   out.reserve(std::size_t{kRecvBatch} * 2);
@@ -34,10 +36,18 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
   // Relaxed: stop only asks the loop to finish; LeaseServer::stop() joins
   // the thread, which orders everything after it.
   while (!stop.load(std::memory_order_relaxed)) {
-    pollfd p{fd, POLLIN, 0};
-    const int ready = ::poll(&p, 1, kTickMs);
-    for (int round = 0; ready > 0 && round < kRecvRoundsPerTick; ++round) {
+    // While spinning, try the socket directly (recvmmsg returns at once
+    // when it is empty); otherwise sleep in poll until data or the tick.
+    const bool spinning = spin.spinning(SpinWindow::Clock::now());
+    bool ready = spinning;
+    if (!ready) {
+      pollfd p{fd, POLLIN, 0};
+      ready = ::poll(&p, 1, kTickMs) > 0;
+    }
+    for (int round = 0; ready && round < kRecvRoundsPerTick; ++round) {
       const std::size_t n = batch->receive(fd);
+      if (n > 0) spin.on_activity(SpinWindow::Clock::now());
+      if (n == 0 && spinning && round == 0) SpinWindow::idle();
       for (std::size_t i = 0; i < n; ++i) {
         if (batch->truncated(i)) {
           sink.on_oversized();
@@ -48,8 +58,10 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
       send_all(fd, out, sink);
       if (n < kRecvBatch) break;
     }
-    sink.on_tick(worker, out);
-    send_all(fd, out, sink);
+    if (spin.tick_due(SpinWindow::Clock::now())) {
+      sink.on_tick(worker, out);
+      send_all(fd, out, sink);
+    }
   }
 }
 

@@ -176,18 +176,32 @@ std::error_code UringLoop::create(int fd, std::unique_ptr<UringLoop>& out, std::
   return {};
 }
 
-void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop) {
+void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>& stop,
+                    BusyPoll busy_poll) {
   State& st = *state_;
+  SpinWindow spin(busy_poll);
   std::vector<OutDatagram> out;
   out.reserve(64);
   bool need_arm = true;
   // Relaxed: see run_socket_loop; LeaseServer::stop() joins this thread.
   while (!stop.load(std::memory_order_relaxed)) {
     if (need_arm) need_arm = !st.arm_receive();
-    __kernel_timespec timeout{0, kTickMs * 1'000'000LL};
-    io_uring_cqe* first = nullptr;
-    const int rc = io_uring_submit_and_wait_timeout(&st.ring, &first, 1, &timeout, nullptr);
-    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY) {
+    int rc = 0;
+    const bool spinning = spin.spinning(SpinWindow::Clock::now());
+    if (spinning) {
+      // Hand over queued SQEs without waiting, then look at the CQ: a
+      // receive completion is posted as soon as the datagram lands.
+      rc = io_uring_submit(&st.ring);
+      if (rc >= 0) {
+        io_uring_cqe* first = nullptr;
+        (void)io_uring_peek_cqe(&st.ring, &first);
+      }
+    } else {
+      __kernel_timespec timeout{0, kTickMs * 1'000'000LL};
+      io_uring_cqe* first = nullptr;
+      rc = io_uring_submit_and_wait_timeout(&st.ring, &first, 1, &timeout, nullptr);
+    }
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EBUSY && rc != -EAGAIN) {
       sink.log(std::string("io_uring worker ") + std::to_string(worker) +
                " stopped: io_uring_submit_and_wait_timeout: " + std::strerror(-rc));
       break;
@@ -220,12 +234,14 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
             static_cast<const std::uint8_t*>(io_uring_recvmsg_payload(msg, &st.recv_template));
         const unsigned length = io_uring_recvmsg_payload_length(msg, cqe->res, &st.recv_template);
         sink.on_datagram(worker, {payload, length}, peer, out);
+        spin.on_activity(SpinWindow::Clock::now());
       }
       st.recycle(id);
       if (out.size() >= 32) st.queue_sends(out, sink);
     }
     io_uring_cq_advance(&st.ring, seen);
-    sink.on_tick(worker, out);
+    if (spinning && seen == 0) SpinWindow::idle();
+    if (spin.tick_due(SpinWindow::Clock::now())) sink.on_tick(worker, out);
     st.queue_sends(out, sink);
   }
 }

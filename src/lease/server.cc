@@ -166,6 +166,10 @@ std::error_code LeaseServer::Impl::start() {
     return fail(ServerError::kBadOptions,
                 "lock_delay must be 0..49d, got " + to_string(*o.lock_delay));
   }
+  if (o.busy_poll.count() < 0 || o.busy_poll > std::chrono::milliseconds(10)) {
+    return fail(ServerError::kBadOptions,
+                "busy_poll must be 0..10ms, got " + std::to_string(o.busy_poll.count()) + "us");
+  }
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
   }
@@ -277,13 +281,16 @@ std::error_code LeaseServer::Impl::start() {
         std::string(backend == IoBackend::kUring ? "io_uring (multishot recvmsg, buffer ring)"
                                                  : "socket (recvmmsg/sendmmsg)") +
         ", max ttl " + to_string(o.max_ttl) + ", lock-delay " + to_string(lock_delay) +
-        ", datagram auth " + (o.auth_key ? "on" : "off"));
+        ", datagram auth " + (o.auth_key ? "on" : "off") + ", busy-poll " +
+        std::to_string(o.busy_poll.count()) + "us");
 
   for (unsigned t = 0; t < fds.size(); ++t) {
     if (backend == IoBackend::kUring) {
-      threads.emplace_back([this, t] { uring_loops[t]->run(t, *this, stopping); });
+      threads.emplace_back(
+          [this, t] { uring_loops[t]->run(t, *this, stopping, options.busy_poll); });
     } else {
-      threads.emplace_back([this, t] { internal::run_socket_loop(fds[t], t, *this, stopping); });
+      threads.emplace_back(
+          [this, t] { internal::run_socket_loop(fds[t], t, *this, stopping, options.busy_poll); });
     }
   }
   return {};

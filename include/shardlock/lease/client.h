@@ -184,6 +184,11 @@ struct LeaseClientOptions {
   // when the completions of one receive round are done, packed up to this
   // many per datagram (1 = never batch).
   std::size_t max_batch = kMaxBatch;
+  // While calls are outstanding, the I/O thread polls its socket without
+  // sleeping for up to this long before it blocks in poll(): a reply that
+  // lands within the window skips the wake-up. Costs CPU only while waiting
+  // for replies; zero turns it off. At most 10 ms.
+  std::chrono::microseconds busy_poll{50};
   // Shared key for datagram authentication (auth.h); must match the
   // servers'. When set, requests are sealed and replies whose tag does not
   // verify are dropped, so a forged GRANTED is never believed.
