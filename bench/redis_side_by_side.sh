@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # shardlock-bench side by side with Redis's lock recipe, on loopback.
 #
-#   bench/redis_side_by_side.sh [PATH/TO/shardlock-bench]
+#   bench/redis_side_by_side.sh [PATH/TO/shardlock-bench [PATH/TO/udp-echo-floor]]
 #
 # Redis: acquire = SET key owner NX PX 30000, release = EVALSHA of the
 # compare-and-delete Lua script (GET == owner -> DEL), each through
 # redis-benchmark, unpipelined. shardlock: shardlock-bench acquire+release
 # pairs against its embedded server. Both at 1 and at 50 clients over the
-# same key space. Prints pairs/s and per-request p50/p99 with ratios.
+# same key space. Prints pairs/s and per-request p50/p99 with ratios, and in
+# the same run the bare UDP echo floor (udp-echo-floor, blocking and
+# busy-polling) that bounds any one-client round trip on this host.
 #
 # Environment: DURATION (shardlock run per client count, default 5s),
 # KEYS (key space, default 100000), REDIS_PORT (default 16391; never the
@@ -19,6 +21,7 @@
 set -euo pipefail
 
 bench=${1:-build/release/tools/shardlock-bench}
+echo_floor=${2:-$(dirname "$(dirname "$bench")")/bench/udp-echo-floor}
 duration=${DURATION:-5s}
 keys=${KEYS:-100000}
 port=${REDIS_PORT:-16391}
@@ -33,6 +36,7 @@ for tool in redis-server redis-cli redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "redis_side_by_side: $tool not found (make bench-redis installs it)" >&2; exit 1; }
 done
 [ -x "$bench" ] || { echo "redis_side_by_side: $bench not built (make build-release)" >&2; exit 1; }
+[ -x "$echo_floor" ] || { echo "redis_side_by_side: $echo_floor not built (make build-release)" >&2; exit 1; }
 
 cli() { timeout 10 redis-cli -h 127.0.0.1 -p "$port" "$@"; }
 
@@ -67,6 +71,14 @@ sha=$(cli script load "$release_lua")
 
 echo "machine: $(nproc) CPUs, $(uname -sr), load average $(cut -d' ' -f1-3 /proc/loadavg)" >&2
 echo "redis: $(redis-server --version | cut -d' ' -f3) on 127.0.0.1:$port; key space $keys; shardlock theta $theta, redis uniform" >&2
+
+floor_seconds=${duration%s}
+case "$floor_seconds" in ''|*[!0-9]*) floor_seconds=5 ;; esac
+for mode in blocking busy-poll; do
+  echo "udp-echo-floor: $mode, ${floor_seconds}s ..." >&2
+  timeout "$step_timeout" "$echo_floor" --mode "$mode" --duration "$floor_seconds" --json \
+    >"$workdir/floor_$mode.json"
+done
 
 for c in "${client_counts[@]}"; do
   echo "shardlock-bench: $c client(s), $duration ..." >&2
@@ -123,9 +135,25 @@ for c in counts:
           f" shardlock busy {s['busy']}, errors {s['errors']}, retransmissions {s['retransmissions']})")
     summary[c] = rows
 print()
-print("  goals: pairs/s ratio >= 3.00x at 50 clients; p99 ratio <= 0.50x at 1 client")
+print("  the floor: a bare UDP echo on loopback, one datagram in flight (udp-echo-floor), same run")
+floor = {m: json.load(open(f"{workdir}/floor_{m}.json")) for m in ("blocking", "busy-poll")}
+print(f"  {'':>7}  {'metric':<10} {'echo':>12} {'shardlock/echo':>16}")
+one = json.load(open(f"{workdir}/shardlock_1.json")) if "1" in counts else None
+for m in ("blocking", "busy-poll"):
+    for q in ("p50", "p99"):
+        e = floor[m]["latency_us"][q]
+        ratio = f"{one['latency_us'][q] / e:6.2f}x" if one and e > 0 else "-"
+        print(f"  {m:>9}  {q + ' us':<10} {e:12.1f} {ratio:>16}")
+if one:
+    print(f"  shardlock at 1 client: busy-poll {one.get('busy_poll_us', 0)} us, "
+          f"{one.get('cpu_cores', 0):.2f} CPU cores (server + client, one process)")
+print()
+print("  goals: pairs/s ratio >= 3.00x at 50 clients; at 1 client p99 <= 0.50x Redis "
+      "and <= 1.50x the busy-poll echo")
 if "50" in summary:
     print(f"  measured: pairs/s at 50 clients {fmt_ratio(summary['50'][0][3]).strip()}", end="")
 if "1" in summary:
-    print(f", p99 at 1 client {fmt_ratio(summary['1'][2][3]).strip()}")
+    e99 = floor["busy-poll"]["latency_us"]["p99"]
+    print(f", p99 at 1 client {fmt_ratio(summary['1'][2][3]).strip()} of Redis, "
+          f"{one['latency_us']['p99'] / e99:.2f}x the busy-poll echo")
 PY
