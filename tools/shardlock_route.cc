@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "shardlock/router.h"
 
 namespace {
@@ -29,7 +30,9 @@ using shardlock::Router;
 using shardlock::RouterOptions;
 using shardlock::RouterSnapshot;
 
-constexpr int kBadInput = 2;
+constexpr const char* kTool = "shardlock-route";
+// Unreadable or malformed input is a usage error too.
+constexpr int kBadInput = shardlock::tools::kExitUsage;
 
 // Reads and parses a membership file; prints "FILE:LINE: message" on error.
 std::optional<std::vector<Node>> load_membership(const std::string& path) {
@@ -169,13 +172,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-bits", options.bucket_bits, "log2 of the bucket count")
       ->check(CLI::Range(shardlock::kMinBucketBits, shardlock::kMaxBucketBits))
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kBadInput;
+  if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
+    return *status;
   }
 
   if (!diff_paths.empty()) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/command_line.h"
 #include "run.h"
 #include "worker.h"
 
@@ -115,12 +116,9 @@ int main(int argc, char** argv) {
   worker->add_option("--max-wait-ms", w.max_wait_ms)->required();
   worker->add_option("--stall-per-million", w.stall_per_million);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
-    return 2;
+  if (const auto status =
+          shardlock::tools::parse_command_line(app, argc, argv, "shardlock-torture")) {
+    return *status;
   }
   if (worker->parsed()) return shardlock::torture::run_worker(w);
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
