@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 CMAKE ?= cmake
 CTEST ?= ctest
 
-.PHONY: all deps deps-peers run test test-dev test-tsan test-clang bench bench-redis \
+.PHONY: all deps deps-release deps-peers run test test-dev test-tsan test-clang bench bench-redis \
         build-release build-bench format lint clean help torture
 
 all: build-release
@@ -24,11 +24,16 @@ help:
 deps:
 	@tools/install-deps.sh
 
+# The release build needs neither the test tools nor the benchmark peers;
+# CMake measures the peers only where they are installed.
+deps-release:
+	@tools/install-deps.sh --release
+
 deps-peers:
 	@tools/install-deps.sh --peers
 
 # ---- the main job --------------------------------------------------------
-build-release: deps-peers
+build-release: deps-release
 	$(CMAKE) --preset release >/dev/null
 	$(CMAKE) --build --preset release -j $(JOBS)
 
