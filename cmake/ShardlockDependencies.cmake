@@ -1,7 +1,8 @@
 # Finds shardlock's dependencies and wraps each in a shardlock::<name>
 # imported target. A missing required dependency stops configure with the
 # Debian package that provides it. Installed with the package config, so a
-# find_package(shardlock) consumer resolves them the same way.
+# find_package(shardlock) consumer resolves them the same way: xxhash always,
+# liburing and libsodium only when it asks for the lease component.
 include_guard(GLOBAL)
 
 find_package(Threads REQUIRED)
@@ -28,16 +29,23 @@ function(shardlock_require_pkg name module debian_package)
   target_link_libraries(shardlock::${name} INTERFACE PkgConfig::SHARDLOCK_PC_${name})
 endfunction()
 
+# lock_table.h and router.h hash inline, so every consumer needs xxhash.
 shardlock_require_pkg(xxhash libxxhash libxxhash-dev)
-# The static shardlock::lease archive carries liburing and libsodium as
-# link-only dependencies, so consumers resolve them too.
-shardlock_require_pkg(uring liburing liburing-dev)
-shardlock_require_pkg(sodium libsodium libsodium-dev)
+
+# The lease service's. The static shardlock::lease archive carries liburing
+# and libsodium as link-only dependencies, so a consumer of the lease
+# component resolves them too; a consumer of the locks alone never looks.
+function(shardlock_find_lease_dependencies)
+  shardlock_require_pkg(uring liburing liburing-dev)
+  shardlock_require_pkg(sodium libsodium libsodium-dev)
+endfunction()
 
 # Everything below is needed to build shardlock itself, not to consume it.
 if(SHARDLOCK_CONSUMER)
   return()
 endif()
+
+shardlock_find_lease_dependencies()
 
 if(SHARDLOCK_BUILD_TOOLS OR SHARDLOCK_BUILD_BENCH)
   shardlock_require_pkg(jemalloc jemalloc libjemalloc-dev)
