@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <new>
 #include <string>
 
 #include "common/command_line.h"
@@ -83,6 +84,23 @@ TEST(DurationFlagTest, ACallerChosenUpperBound) {
   const DurationFlag over =
       parse_duration_flag("--x", "2s", ZeroDuration::kAllowed, milliseconds(1000));
   EXPECT_EQ(over.error, "--x: \"2s\" is above the maximum 1s");
+}
+
+TEST(RunMainTest, ReturnsWhatRunReturns) {
+  char name[] = "tool";
+  char* argv[] = {name, nullptr};
+  EXPECT_EQ(run_main(
+                "tool", 9, [](int argc, char**) { return argc + 40; }, 1, argv),
+            41);
+}
+
+TEST(RunMainTest, AnEscapingExceptionBecomesTheFailureStatus) {
+  char name[] = "tool";
+  char* argv[] = {name, nullptr};
+  const auto throws = [](int, char**) -> int { throw std::bad_alloc(); };
+  EXPECT_EQ(run_main("tool", 9, throws, 1, argv), 9);
+  const auto throws_other = [](int, char**) -> int { throw 42; };
+  EXPECT_EQ(run_main("tool", 3, throws_other, 1, argv), 3);
 }
 
 class AuthKeyFlagTest : public ::testing::Test {

@@ -18,7 +18,7 @@ release=(
 )
 # The dev, tsan and clang presets' tests, the fuzz targets and make lint.
 testing=(
-  git clang-14 libclang-rt-14-dev clang-tidy
+  git clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
 )
 peers=(libtbb-dev libabsl-dev libck-dev)

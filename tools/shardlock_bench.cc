@@ -541,9 +541,7 @@ void print_table(const Config& config, const Result& r) {
   std::printf("\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Config config;
   CLI::App app{
       "shardlock-bench: hot-key lock workload. With no flags it starts an embedded LeaseServer on "
@@ -635,3 +633,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return shardlock::tools::run_main(kTool, 1, run, argc, argv); }

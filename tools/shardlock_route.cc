@@ -143,9 +143,7 @@ void print_diff(const RouterSnapshot& before, const RouterSnapshot& after) {
   std::printf("minimum for this change %.6f (%.4f%%)\n", ideal, 100 * ideal);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "Shows which node owns a key under shardlock's consistent-hash Router.\n"
       "Membership files hold one \"node [weight]\" per line (weight 1..1024, default 1);\n"
@@ -210,3 +208,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return shardlock::tools::run_main(kTool, 1, run, argc, argv); }

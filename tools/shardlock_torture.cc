@@ -15,7 +15,9 @@
 #include "run.h"
 #include "worker.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   using shardlock::torture::TortureOptions;
   using shardlock::torture::WorkerOptions;
   CLI::App app{
@@ -134,4 +136,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
     return 3;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main("shardlock-torture", 3, run, argc, argv);
 }

@@ -19,7 +19,7 @@
 //   run: the command's own exit status (128+N if killed by signal N;
 //        126 not executable, 127 not found), except
 //   75 the lease was lost while the command ran (EX_TEMPFAIL)
-#include <signal.h>  // NOLINT(modernize-deprecated-headers): POSIX sigtimedwait, sigset_t
+#include <signal.h>  // POSIX sigtimedwait, sigset_t: not in <csignal>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -220,9 +220,7 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   return kExitError;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "shardlockctl: take, renew, release and inspect shardlock leases; run a command under a "
       "lease"};
@@ -431,4 +429,10 @@ int main(int argc, char** argv) {
                        auth_key_file);
   }
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main(kTool, kExitError, run, argc, argv);
 }

@@ -158,11 +158,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    // Only allocation failure can get here; say so rather than terminate().
-    std::cerr << "shardlockd: fatal: " << e.what() << "\n";
-    return kExitStartFailed;
-  }
+  return shardlock::tools::run_main(kTool, kExitStartFailed, run, argc, argv);
 }

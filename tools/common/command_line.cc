@@ -1,5 +1,7 @@
 #include "common/command_line.h"
 
+#include <cstdio>
+#include <exception>
 #include <iostream>
 
 #include "shardlock/lease/duration.h"
@@ -19,6 +21,19 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, std:
     return usage_error(tool, e.what());
   }
   return std::nullopt;
+}
+
+int run_main(std::string_view tool, int failure_status, int (*run)(int, char**), int argc,
+             char** argv) noexcept {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%.*s: fatal: %s\n", static_cast<int>(tool.size()), tool.data(), e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%.*s: fatal: unknown exception\n", static_cast<int>(tool.size()),
+                 tool.data());
+  }
+  return failure_status;
 }
 
 DurationFlag parse_duration_flag(std::string_view flag, std::string_view text, ZeroDuration zero,

@@ -26,6 +26,12 @@ int usage_error(std::string_view tool, std::string_view message);
 [[nodiscard]] std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv,
                                                     std::string_view tool);
 
+// What main() returns: run(argc, argv), or `failure_status` when an exception
+// escapes it (allocation failure, in practice), after printing
+// "<tool>: fatal: <what>" on stderr rather than calling std::terminate().
+int run_main(std::string_view tool, int failure_status, int (*run)(int, char**), int argc,
+             char** argv) noexcept;
+
 // The longest duration the wire carries: TTLs and waits are u32 milliseconds.
 inline constexpr std::chrono::milliseconds kLongestWireDuration{UINT32_MAX};
 
