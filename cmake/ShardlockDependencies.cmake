@@ -47,32 +47,30 @@ endif()
 
 shardlock_find_lease_dependencies()
 
+# shardlock_require_config(<package> <debian package>...): find_package in
+# CONFIG mode, or stop configure with the Debian packages that provide it. A
+# macro, so the package's variables land where find_package would put them.
+macro(shardlock_require_config package)
+  find_package(${package} CONFIG QUIET)
+  if(NOT ${package}_FOUND)
+    string(JOIN " " shardlock_debian_packages ${ARGN})
+    message(FATAL_ERROR
+      "shardlock: required dependency ${package} not found. Install it with: "
+      "apt-get install ${shardlock_debian_packages} (or run tools/install-deps.sh)")
+  endif()
+endmacro()
+
 if(SHARDLOCK_BUILD_TOOLS OR SHARDLOCK_BUILD_BENCH)
   shardlock_require_pkg(jemalloc jemalloc libjemalloc-dev)
-  find_package(CLI11 CONFIG QUIET)
-  if(NOT CLI11_FOUND)
-    message(FATAL_ERROR
-      "shardlock: required dependency CLI11 not found. "
-      "Install it with: apt-get install libcli11-dev (or run tools/install-deps.sh)")
-  endif()
+  shardlock_require_config(CLI11 libcli11-dev)
 endif()
 
 if(SHARDLOCK_BUILD_TESTS)
-  find_package(GTest CONFIG QUIET)
-  if(NOT GTest_FOUND)
-    message(FATAL_ERROR
-      "shardlock: GoogleTest not found. Install it with: "
-      "apt-get install libgtest-dev libgmock-dev (or run tools/install-deps.sh)")
-  endif()
+  shardlock_require_config(GTest libgtest-dev libgmock-dev)
 endif()
 
 if(SHARDLOCK_BUILD_BENCH)
-  find_package(benchmark CONFIG QUIET)
-  if(NOT benchmark_FOUND)
-    message(FATAL_ERROR
-      "shardlock: Google Benchmark not found. Install it with: "
-      "apt-get install libbenchmark-dev (or run tools/install-deps.sh)")
-  endif()
+  shardlock_require_config(benchmark libbenchmark-dev)
 
   # Optional peers, measured side by side when present.
   find_package(TBB CONFIG QUIET)
