@@ -5,8 +5,8 @@
 //   shardlock-route nodes.txt --random 1000000 distribution over random keys
 //   shardlock-route --diff old.txt new.txt     fraction of keys that move
 //
-// Exit codes: 0 success, 2 bad input (unreadable or malformed membership
-// file, bad flags).
+// Exit codes: 0 success, 1 an unexpected failure (out of memory), 2 bad
+// input (unreadable or malformed membership file, bad flags).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -31,6 +31,7 @@ using shardlock::RouterOptions;
 using shardlock::RouterSnapshot;
 
 constexpr const char* kTool = "shardlock-route";
+constexpr int kFailed = 1;
 // Unreadable or malformed input is a usage error too.
 constexpr int kBadInput = shardlock::tools::kExitUsage;
 
@@ -211,4 +212,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return shardlock::tools::run_main(kTool, 1, run, argc, argv); }
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main(kTool, kFailed, run, argc, argv);
+}

@@ -5,7 +5,7 @@
 // shares no code with the client or server (tests/torture/).
 //
 // Exit status: 0 no violation, 1 violations found, 2 usage, 3 the run could
-// not be set up.
+// not be set up (or failed unexpectedly).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -16,6 +16,8 @@
 #include "worker.h"
 
 namespace {
+
+constexpr int kExitNotSetUp = 3;
 
 int run(int argc, char** argv) {
   using shardlock::torture::TortureOptions;
@@ -134,12 +136,12 @@ int run(int argc, char** argv) {
     return shardlock::torture::run_torture(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
-    return 3;
+    return kExitNotSetUp;
   }
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  return shardlock::tools::run_main("shardlock-torture", 3, run, argc, argv);
+  return shardlock::tools::run_main("shardlock-torture", kExitNotSetUp, run, argc, argv);
 }
