@@ -1,7 +1,8 @@
 # Finds shardlock's dependencies and wraps each in a shardlock::<name>
 # imported target. A missing required dependency stops configure with the
 # Debian package that provides it. Installed with the package config, so a
-# find_package(shardlock) consumer resolves them the same way.
+# find_package(shardlock) consumer resolves them the same way: xxhash always,
+# liburing and libsodium only when it asks for the lease component.
 include_guard(GLOBAL)
 
 find_package(Threads REQUIRED)
@@ -28,43 +29,48 @@ function(shardlock_require_pkg name module debian_package)
   target_link_libraries(shardlock::${name} INTERFACE PkgConfig::SHARDLOCK_PC_${name})
 endfunction()
 
+# lock_table.h and router.h hash inline, so every consumer needs xxhash.
 shardlock_require_pkg(xxhash libxxhash libxxhash-dev)
-# The static shardlock::lease archive carries liburing and libsodium as
-# link-only dependencies, so consumers resolve them too.
-shardlock_require_pkg(uring liburing liburing-dev)
-shardlock_require_pkg(sodium libsodium libsodium-dev)
+
+# The lease service's. The static shardlock::lease archive carries liburing
+# and libsodium as link-only dependencies, so a consumer of the lease
+# component resolves them too; a consumer of the locks alone never looks.
+function(shardlock_find_lease_dependencies)
+  shardlock_require_pkg(uring liburing liburing-dev)
+  shardlock_require_pkg(sodium libsodium libsodium-dev)
+endfunction()
 
 # Everything below is needed to build shardlock itself, not to consume it.
 if(SHARDLOCK_CONSUMER)
   return()
 endif()
 
+shardlock_find_lease_dependencies()
+
+# shardlock_require_config(<package> <debian package>...): find_package in
+# CONFIG mode, or stop configure with the Debian packages that provide it. A
+# macro, so the package's variables land where find_package would put them.
+macro(shardlock_require_config package)
+  find_package(${package} CONFIG QUIET)
+  if(NOT ${package}_FOUND)
+    string(JOIN " " shardlock_debian_packages ${ARGN})
+    message(FATAL_ERROR
+      "shardlock: required dependency ${package} not found. Install it with: "
+      "apt-get install ${shardlock_debian_packages} (or run tools/install-deps.sh)")
+  endif()
+endmacro()
+
 if(SHARDLOCK_BUILD_TOOLS OR SHARDLOCK_BUILD_BENCH)
   shardlock_require_pkg(jemalloc jemalloc libjemalloc-dev)
-  find_package(CLI11 CONFIG QUIET)
-  if(NOT CLI11_FOUND)
-    message(FATAL_ERROR
-      "shardlock: required dependency CLI11 not found. "
-      "Install it with: apt-get install libcli11-dev (or run tools/install-deps.sh)")
-  endif()
+  shardlock_require_config(CLI11 libcli11-dev)
 endif()
 
 if(SHARDLOCK_BUILD_TESTS)
-  find_package(GTest CONFIG QUIET)
-  if(NOT GTest_FOUND)
-    message(FATAL_ERROR
-      "shardlock: GoogleTest not found. Install it with: "
-      "apt-get install libgtest-dev libgmock-dev (or run tools/install-deps.sh)")
-  endif()
+  shardlock_require_config(GTest libgtest-dev libgmock-dev)
 endif()
 
 if(SHARDLOCK_BUILD_BENCH)
-  find_package(benchmark CONFIG QUIET)
-  if(NOT benchmark_FOUND)
-    message(FATAL_ERROR
-      "shardlock: Google Benchmark not found. Install it with: "
-      "apt-get install libbenchmark-dev (or run tools/install-deps.sh)")
-  endif()
+  shardlock_require_config(benchmark libbenchmark-dev)
 
   # Optional peers, measured side by side when present.
   find_package(TBB CONFIG QUIET)
@@ -72,9 +78,17 @@ if(SHARDLOCK_BUILD_BENCH)
   if(PkgConfig_FOUND)
     pkg_check_modules(SHARDLOCK_PC_ck QUIET IMPORTED_TARGET GLOBAL ck)
   endif()
+  # Each is 1 or 0 (pkg_check_modules leaves ck's unset when it finds nothing).
+  foreach(peer TBB_FOUND absl_FOUND SHARDLOCK_PC_ck_FOUND)
+    if(${peer})
+      set(${peer} 1)
+    else()
+      set(${peer} 0)
+    endif()
+  endforeach()
   set(SHARDLOCK_HAVE_TBB ${TBB_FOUND})
   set(SHARDLOCK_HAVE_ABSL ${absl_FOUND})
   set(SHARDLOCK_HAVE_CK ${SHARDLOCK_PC_ck_FOUND})
-  message(STATUS "shardlock benchmark peers: tbb=${TBB_FOUND} absl=${absl_FOUND} ck=${SHARDLOCK_PC_ck_FOUND} "
-                 "(install with tools/install-deps.sh --peers)")
+  message(STATUS "shardlock benchmark peers (optional): tbb=${TBB_FOUND} absl=${absl_FOUND} "
+                 "ck=${SHARDLOCK_PC_ck_FOUND} (install with tools/install-deps.sh --peers)")
 endif()

@@ -3,11 +3,19 @@
 #include "shardlock/internal/backoff.h"
 
 namespace shardlock {
+namespace {
+
+// Pauses double from Backoff::kMinDelayNs up to this between two looks at the
+// word (40, 80, ..., 640 ns): the spin phase lasts only kSpinNs, so it looks
+// often rather than backing off to SpinLock's 2 us.
+constexpr std::uint32_t kMaxSpinDelayNs = 640;
+
+}  // namespace
 
 bool Mutex::lock_slow(std::int64_t deadline_ns) noexcept {
-  // Spin phase: bounded in time, retrying the CAS whenever the word reads 0.
-  const std::int64_t spin_until = internal::monotonic_nanos() + kSpinNs;
-  std::uint32_t delay_ns = internal::Backoff::kMinDelayNs;
+  // Spin phase: bounded in time (kSpinNs, then park rather than yield),
+  // retrying the CAS whenever the word reads 0.
+  internal::Backoff backoff(kSpinNs, kMaxSpinDelayNs);
   for (;;) {
     std::uint32_t seen = state_.load(std::memory_order_relaxed);
     if (seen == kUnlocked) {
@@ -18,11 +26,8 @@ bool Mutex::lock_slow(std::int64_t deadline_ns) noexcept {
       }
       continue;
     }
-    const std::int64_t now = internal::monotonic_nanos();
-    if (now >= spin_until) break;
-    if (deadline_ns >= 0 && now >= deadline_ns) return false;
-    internal::pause_for(delay_ns);
-    if (delay_ns < 512) delay_ns *= 2;
+    if (deadline_ns >= 0 && internal::monotonic_nanos() >= deadline_ns) return false;
+    if (backoff.spin()) break;
   }
 
   // Park phase. Exchanging in 2 (rather than CAS 0 -> 1) is what makes a

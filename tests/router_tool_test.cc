@@ -18,7 +18,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-const std::string kRoute = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlock-route";
+const std::string kRoute = SHARDLOCK_TOOL_SHARDLOCK_ROUTE;
 
 struct ToolResult {
   int exit_code = -1;

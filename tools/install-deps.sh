@@ -1,32 +1,43 @@
 #!/usr/bin/env bash
 # Installs the Debian packages shardlock needs, and only the missing ones.
 #
-#   tools/install-deps.sh            required build, test and tool dependencies
-#   tools/install-deps.sh --peers    also the optional benchmark peers
+#   tools/install-deps.sh            everything to build and test (make test, make lint)
+#   tools/install-deps.sh --release  only what the release build needs (make run)
+#   tools/install-deps.sh --peers    also the optional benchmark peers (make bench)
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
 #
 # Runs `apt-get update` at most once per call, and only when something is
 # missing. When not root, prints the exact command to run instead and fails.
 set -euo pipefail
 
-required=(
-  build-essential cmake pkg-config git
-  clang-14 libclang-rt-14-dev
-  libgtest-dev libgmock-dev libbenchmark-dev
+# The release preset: libraries, tools and benchmarks, no tests.
+release=(
+  build-essential cmake ninja-build pkg-config
+  libbenchmark-dev
   liburing-dev libjemalloc-dev libxxhash-dev libcli11-dev libsodium-dev
+)
+# The dev, tsan and clang presets' tests, the fuzz targets and make lint.
+testing=(
+  git clang-14 libclang-rt-14-dev clang-tidy-14
+  libgtest-dev libgmock-dev
 )
 peers=(libtbb-dev libabsl-dev libck-dev)
 redis=(redis-server redis-tools)
 
-want=("${required[@]}")
+want=("${release[@]}")
+with_testing=1
 for arg in "$@"; do
   case "$arg" in
+    --release) with_testing=0 ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
+if [ "$with_testing" -eq 1 ]; then
+  want+=("${testing[@]}")
+fi
 
 missing=()
 for pkg in "${want[@]}"; do

@@ -32,6 +32,9 @@
 #include <thread>
 #include <vector>
 
+#include "common/allocator.h"
+#include "common/command_line.h"
+#include "common/json.h"
 #include "shardlock/lease/client.h"
 #include "shardlock/lease/duration.h"
 #include "shardlock/lease/server.h"
@@ -44,6 +47,8 @@ using namespace shardlock;
 using namespace shardlock::lease;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+
+constexpr const char* kTool = "shardlock-bench";
 
 // Log-linear latency histogram in nanoseconds: 32 sub-buckets per power of
 // two (~3% resolution). One writer; merged after the run.
@@ -484,21 +489,6 @@ int run_table(const Config& config, Result& result) {
 
 double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
-#ifdef SHARDLOCK_WITH_JEMALLOC
-constexpr const char* kAllocator = "jemalloc";
-#else
-constexpr const char* kAllocator = "system";
-#endif
-
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (char ch : s) {
-    if (ch == '"' || ch == '\\') out += '\\';
-    out += ch;
-  }
-  return out;
-}
-
 std::string latency_json(const Histogram& h) {
   char buffer[256];
   std::snprintf(buffer, sizeof buffer,
@@ -511,29 +501,29 @@ std::string latency_json(const Histogram& h) {
 
 void print_json(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
-  std::printf(
-      "{\"mode\":\"%s\",\"target\":\"%s\",\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
-      ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"pack\":%u,"
-      "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
-      ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64 ",\"errors\":%" PRIu64
-      ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
-      ",\"auth\":%s,\"allocator\":\"%s\",\"busy_poll_us\":%u,\"cpu_s\":%.3f,"
-      "\"cpu_cores\":%.2f,\"latency_us\":%s,\"pair_latency_us\":%s}\n",
-      config.mode.c_str(), json_escape(r.target).c_str(), r.seconds, config.clients, config.keys,
-      config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u, config.theta,
-      static_cast<long long>(config.ttl.count()), config.batch, config.pack, r.totals.requests,
-      static_cast<double>(r.totals.requests) / s, r.totals.pairs,
-      static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy, r.totals.errors,
-      r.retransmissions, r.datagrams, config.auth_key ? "true" : "false", kAllocator,
-      config.busy_poll_us, r.cpu_seconds, r.cpu_seconds / s,
-      latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
+  std::printf("{\"mode\":\"%s\",\"target\":%s,\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
+              ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"pack\":%u,"
+              "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
+              ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64
+              ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
+              ",\"auth\":%s,\"allocator\":\"%s\",\"busy_poll_us\":%u,\"cpu_s\":%.3f,"
+              "\"cpu_cores\":%.2f,\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+              config.mode.c_str(), tools::json_string(r.target).c_str(), r.seconds, config.clients,
+              config.keys,
+              config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u,
+              config.theta, static_cast<long long>(config.ttl.count()), config.batch, config.pack,
+              r.totals.requests, static_cast<double>(r.totals.requests) / s, r.totals.pairs,
+              static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy,
+              r.totals.errors, r.retransmissions, r.datagrams, config.auth_key ? "true" : "false",
+              tools::kAllocatorName, config.busy_poll_us, r.cpu_seconds, r.cpu_seconds / s,
+              latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
 }
 
 void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
   std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s%s\n", config.mode.c_str(),
-              r.target.c_str(), kAllocator, config.auth_key ? "  auth=on" : "");
+              r.target.c_str(), tools::kAllocatorName, config.auth_key ? "  auth=on" : "");
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
                 " keys, ttl %s, batch %u, up to %u requests per datagram, %.1f s\n\n",
@@ -574,9 +564,7 @@ void print_table(const Config& config, const Result& r) {
   std::printf("\n");
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   Config config;
   CLI::App app{
       "shardlock-bench: hot-key lock workload. With no flags it starts an embedded LeaseServer on "
@@ -632,21 +620,15 @@ int main(int argc, char** argv) {
   app.add_flag("--auth", auth,
                "Seal every datagram with a fresh random key (embedded server): measures the "
                "cost of authentication");
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : 2;
-  }
-  const auto duration = parse_duration(duration_text);
-  const auto ttl = parse_duration(ttl_text);
-  if (!duration || duration->count() <= 0 || !ttl || ttl->count() <= 0 ||
-      ttl->count() > std::numeric_limits<std::uint32_t>::max()) {
-    std::fprintf(stderr, "shardlock-bench: bad --duration or --ttl (write e.g. 500ms, 10s, 2m)\n");
-    return 2;
-  }
-  config.duration = *duration;
-  config.ttl = *ttl;
+  if (const auto status = tools::parse_command_line(app, argc, argv, kTool)) return *status;
+  // --duration never goes on the wire: no bound but the clock's.
+  const auto duration = tools::parse_duration_flag(
+      "--duration", duration_text, tools::ZeroDuration::kRejected, milliseconds::max());
+  if (!duration.error.empty()) return tools::usage_error(kTool, duration.error);
+  const auto ttl = tools::parse_duration_flag("--ttl", ttl_text, tools::ZeroDuration::kRejected);
+  if (!ttl.error.empty()) return tools::usage_error(kTool, ttl.error);
+  config.duration = duration.value;
+  config.ttl = ttl.value;
   config.clients_given = app.count("--clients") > 0;
   if (app.count("--client-threads") == 0) {
     // One client I/O thread per two CPUs, 1..4: on a 2-CPU machine the
@@ -656,23 +638,17 @@ int main(int argc, char** argv) {
   if (config.mode == "table" && !config.clients_given) {
     config.clients = std::max(1u, std::thread::hardware_concurrency());
   }
-  if (!auth_key_file.empty()) {
-    auto loaded = shardlock::lease::load_auth_key(auth_key_file);
-    if (!loaded.key) {
-      std::fprintf(stderr, "shardlock-bench: --auth-key: %s\n", loaded.error.c_str());
-      return 2;
-    }
-    config.auth_key = loaded.key;
-  } else if (auth) {
+  const auto auth_key = tools::load_auth_key_flag(auth_key_file);
+  if (!auth_key.error.empty()) return tools::usage_error(kTool, auth_key.error);
+  config.auth_key = auth_key.key;
+  if (auth && !config.auth_key) {
     if (!config.server.empty()) {
-      std::fprintf(stderr, "shardlock-bench: --auth needs the embedded server; use --auth-key\n");
-      return 2;
+      return tools::usage_error(kTool, "--auth needs the embedded server; use --auth-key");
     }
     config.auth_key = shardlock::lease::generate_auth_key();
   }
   if (config.mode == "table" && !config.server.empty()) {
-    std::fprintf(stderr, "shardlock-bench: --server applies to --mode lease only\n");
-    return 2;
+    return tools::usage_error(kTool, "--server applies to --mode lease only");
   }
 
   Result result;
@@ -685,3 +661,7 @@ int main(int argc, char** argv) {
   }
   return 0;
 }
+
+}  // namespace
+
+int main(int argc, char** argv) { return shardlock::tools::run_main(kTool, 1, run, argc, argv); }

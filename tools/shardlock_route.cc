@@ -5,8 +5,8 @@
 //   shardlock-route nodes.txt --random 1000000 distribution over random keys
 //   shardlock-route --diff old.txt new.txt     fraction of keys that move
 //
-// Exit codes: 0 success, 2 bad input (unreadable or malformed membership
-// file, bad flags).
+// Exit codes: 0 success, 1 an unexpected failure (out of memory), 2 bad
+// input (unreadable or malformed membership file, bad flags).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
 #include "shardlock/router.h"
 
 namespace {
@@ -29,7 +30,10 @@ using shardlock::Router;
 using shardlock::RouterOptions;
 using shardlock::RouterSnapshot;
 
-constexpr int kBadInput = 2;
+constexpr const char* kTool = "shardlock-route";
+constexpr int kFailed = 1;
+// Unreadable or malformed input is a usage error too.
+constexpr int kBadInput = shardlock::tools::kExitUsage;
 
 // Reads and parses a membership file; prints "FILE:LINE: message" on error.
 std::optional<std::vector<Node>> load_membership(const std::string& path) {
@@ -140,9 +144,7 @@ void print_diff(const RouterSnapshot& before, const RouterSnapshot& after) {
   std::printf("minimum for this change %.6f (%.4f%%)\n", ideal, 100 * ideal);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "Shows which node owns a key under shardlock's consistent-hash Router.\n"
       "Membership files hold one \"node [weight]\" per line (weight 1..1024, default 1);\n"
@@ -169,13 +171,8 @@ int main(int argc, char** argv) {
   app.add_option("--bucket-bits", options.bucket_bits, "log2 of the bucket count")
       ->check(CLI::Range(shardlock::kMinBucketBits, shardlock::kMaxBucketBits))
       ->capture_default_str();
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::Success& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    app.exit(e);
-    return kBadInput;
+  if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
+    return *status;
   }
 
   if (!diff_paths.empty()) {
@@ -211,4 +208,10 @@ int main(int argc, char** argv) {
     std::cout << '\n';
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main(kTool, kFailed, run, argc, argv);
 }

@@ -5,16 +5,21 @@
 // shares no code with the client or server (tests/torture/).
 //
 // Exit status: 0 no violation, 1 violations found, 2 usage, 3 the run could
-// not be set up.
+// not be set up (or failed unexpectedly).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
+#include "common/command_line.h"
 #include "run.h"
 #include "worker.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+constexpr int kExitNotSetUp = 3;
+
+int run(int argc, char** argv) {
   using shardlock::torture::TortureOptions;
   using shardlock::torture::WorkerOptions;
   CLI::App app{
@@ -115,12 +120,9 @@ int main(int argc, char** argv) {
   worker->add_option("--max-wait-ms", w.max_wait_ms)->required();
   worker->add_option("--stall-per-million", w.stall_per_million);
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
-    return 2;
+  if (const auto status =
+          shardlock::tools::parse_command_line(app, argc, argv, "shardlock-torture")) {
+    return *status;
   }
   if (worker->parsed()) return shardlock::torture::run_worker(w);
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
@@ -134,6 +136,12 @@ int main(int argc, char** argv) {
     return shardlock::torture::run_torture(o);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
-    return 3;
+    return kExitNotSetUp;
   }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main("shardlock-torture", kExitNotSetUp, run, argc, argv);
 }

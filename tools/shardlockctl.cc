@@ -19,7 +19,7 @@
 //   run: the command's own exit status (128+N if killed by signal N;
 //        126 not executable, 127 not found), except
 //   75 the lease was lost while the command ran (EX_TEMPFAIL)
-#include <signal.h>  // NOLINT(modernize-deprecated-headers): POSIX sigtimedwait, sigset_t
+#include <signal.h>  // POSIX sigtimedwait, sigset_t: not in <csignal>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,19 +34,23 @@
 #include <string>
 #include <vector>
 
+#include "common/command_line.h"
+#include "common/json.h"
 #include "shardlock/lease/client.h"
-#include "shardlock/lease/duration.h"
 
 extern char** environ;
 
 namespace {
 
 using namespace shardlock::lease;
+using shardlock::tools::json_string;
+using shardlock::tools::kExitUsage;
+using shardlock::tools::ZeroDuration;
 using std::chrono::milliseconds;
 
+constexpr const char* kTool = "shardlockctl";
 constexpr int kExitOk = 0;
 constexpr int kExitRefused = 1;
-constexpr int kExitUsage = 2;
 constexpr int kExitUnreachable = 3;
 constexpr int kExitRecovering = 4;
 constexpr int kExitError = 5;
@@ -75,23 +79,6 @@ std::string error_name(const std::error_code& ec) {
   return name;
 }
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const unsigned char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += static_cast<char>(ch);
-    } else if (ch < 0x20) {
-      char buffer[8];
-      std::snprintf(buffer, sizeof buffer, "\\u%04x", ch);
-      out += buffer;
-    } else {
-      out += static_cast<char>(ch);
-    }
-  }
-  return out + "\"";
-}
-
 // Prints {"key":..,"error":..[,extra]} and returns the exit code for `ec`.
 int print_error(std::string_view key, const std::error_code& ec, const std::string& extra = {}) {
   std::printf("{\"key\":%s,\"error\":%s%s}\n", json_string(key).c_str(),
@@ -109,16 +96,16 @@ struct DurationArg {
   milliseconds value{0};
 };
 
-bool parse_arg(DurationArg& d, const char* flag, bool positive) {
+// Parses `d.text` (an unset subcommand flag stays empty and 0) into
+// `d.value`; prints the usage error and returns false when it is not valid.
+bool parse_arg(DurationArg& d, const char* flag, ZeroDuration zero) {
   if (d.text.empty()) return true;
-  const auto parsed = parse_duration(d.text);
-  if (!parsed || (positive && parsed->count() <= 0) ||
-      parsed->count() > static_cast<long long>(std::numeric_limits<std::uint32_t>::max())) {
-    std::fprintf(stderr, "shardlockctl: bad %s '%s' (write e.g. 500ms, 30s, 2m)\n", flag,
-                 d.text.c_str());
+  const auto parsed = shardlock::tools::parse_duration_flag(flag, d.text, zero);
+  if (!parsed.error.empty()) {
+    shardlock::tools::usage_error(kTool, parsed.error);
     return false;
   }
-  d.value = *parsed;
+  d.value = parsed.value;
   return true;
 }
 
@@ -233,9 +220,7 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   return kExitError;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
+int run(int argc, char** argv) {
   CLI::App app{
       "shardlockctl: take, renew, release and inspect shardlock leases; run a command under a "
       "lease"};
@@ -303,11 +288,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run->add_option("command", command, "-- COMMAND ARGS...")->required();
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    const int code = app.exit(e);
-    return code == 0 ? 0 : kExitUsage;
+  if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
+    return *status;
   }
   if (keygen->parsed()) {
     std::printf("%s\n",
@@ -315,11 +297,11 @@ int main(int argc, char** argv) {
     return kExitOk;
   }
   if (servers.empty()) {
-    std::fprintf(stderr, "shardlockctl: --server (or SHARDLOCK_SERVER) is required\n");
-    return kExitUsage;
+    return shardlock::tools::usage_error(kTool, "--server (or SHARDLOCK_SERVER) is required");
   }
-  if (!parse_arg(timeout, "--timeout", true) || !parse_arg(ttl, "--ttl", true) ||
-      !parse_arg(wait, "--wait", false)) {
+  if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
+      !parse_arg(ttl, "--ttl", ZeroDuration::kRejected) ||
+      !parse_arg(wait, "--wait", ZeroDuration::kAllowed)) {
     return kExitUsage;
   }
 
@@ -335,14 +317,9 @@ int main(int argc, char** argv) {
     }
     options.client_id = *id;
   }
-  if (!auth_key_file.empty()) {
-    auto loaded = shardlock::lease::load_auth_key(auth_key_file);
-    if (!loaded.key) {
-      std::fprintf(stderr, "shardlockctl: --auth-key: %s\n", loaded.error.c_str());
-      return kExitUsage;
-    }
-    options.auth_key = loaded.key;
-  }
+  const auto auth = shardlock::tools::load_auth_key_flag(auth_key_file);
+  if (!auth.error.empty()) return shardlock::tools::usage_error(kTool, auth.error);
+  options.auth_key = auth.key;
   if (key.size() > kMaxKeyLength || (key.empty() && !stats->parsed())) {
     std::fprintf(stderr, "shardlockctl: keys are 1..%zu bytes\n", kMaxKeyLength);
     return kExitUsage;
@@ -434,4 +411,10 @@ int main(int argc, char** argv) {
                        auth_key_file);
   }
   return kExitUsage;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main(kTool, kExitError, run, argc, argv);
 }

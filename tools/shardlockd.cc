@@ -16,7 +16,9 @@
 #include <string>
 #include <tuple>
 
-#include "shardlock/lease/duration.h"
+#include "common/allocator.h"
+#include "common/command_line.h"
+#include "common/json.h"
 #include "shardlock/lease/server.h"
 
 namespace {
@@ -24,32 +26,13 @@ namespace {
 using shardlock::lease::IoBackend;
 using shardlock::lease::LeaseServer;
 using shardlock::lease::LeaseServerOptions;
+using shardlock::tools::json_string;
+using shardlock::tools::ZeroDuration;
 
+constexpr const char* kTool = "shardlockd";
 constexpr int kExitStartFailed = 1;
-constexpr int kExitUsage = 2;
 
-// Minimal JSON string escaping for paths and addresses.
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
-int usage_error(const std::string& message) {
-  std::cerr << "shardlockd: " << message << "\nRun with --help for usage.\n";
-  return kExitUsage;
-}
+int usage_error(std::string_view message) { return shardlock::tools::usage_error(kTool, message); }
 
 int run(int argc, char** argv) {
   CLI::App app{
@@ -113,45 +96,32 @@ int run(int argc, char** argv) {
         ->check(CLI::Range(std::size_t{1}, kMaxBound));
   }
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
-    return usage_error(e.what());
+  if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
+    return *status;
   }
   options.busy_poll = std::chrono::microseconds(busy_poll_us);
 
-  // The wire carries TTLs and waits as u32 milliseconds; a lock-delay
-  // beyond the longest lease is meaningless and would overflow the clock.
-  constexpr std::chrono::milliseconds kLongest{UINT32_MAX};
-  std::string flag_error;
-  const auto duration_flag = [&](const char* flag, const std::string& text, bool allow_zero) {
-    const auto d = shardlock::lease::parse_duration(text);
-    if (!d) {
-      flag_error =
-          std::string(flag) + ": invalid duration \"" + text + "\" (use e.g. 0, 500ms, 30s, 2m)";
-    } else if (d->count() == 0 && !allow_zero) {
-      flag_error = std::string(flag) + ": must be more than 0";
-    } else if (*d > kLongest) {
-      flag_error = std::string(flag) + ": \"" + text + "\" is above the maximum " +
-                   shardlock::lease::to_string(kLongest) + " (u32 milliseconds)";
-    }
-    return d.value_or(std::chrono::milliseconds{0});
-  };
-  options.max_ttl = duration_flag("--max-ttl", max_ttl, false);
-  if (!flag_error.empty()) return usage_error(flag_error);
-  options.max_wait = duration_flag("--max-wait", max_wait, true);
-  if (!flag_error.empty()) return usage_error(flag_error);
+  // The wire carries TTLs and waits as u32 milliseconds (the flags' upper
+  // bound); a lock-delay beyond the longest lease is meaningless and would
+  // overflow the clock.
+  const auto max_ttl_flag =
+      shardlock::tools::parse_duration_flag("--max-ttl", max_ttl, ZeroDuration::kRejected);
+  if (!max_ttl_flag.error.empty()) return usage_error(max_ttl_flag.error);
+  options.max_ttl = max_ttl_flag.value;
+  const auto max_wait_flag =
+      shardlock::tools::parse_duration_flag("--max-wait", max_wait, ZeroDuration::kAllowed);
+  if (!max_wait_flag.error.empty()) return usage_error(max_wait_flag.error);
+  options.max_wait = max_wait_flag.value;
   if (lock_delay) {
-    options.lock_delay = duration_flag("--lock-delay", *lock_delay, true);
-    if (!flag_error.empty()) return usage_error(flag_error);
+    const auto lock_delay_flag =
+        shardlock::tools::parse_duration_flag("--lock-delay", *lock_delay, ZeroDuration::kAllowed);
+    if (!lock_delay_flag.error.empty()) return usage_error(lock_delay_flag.error);
+    options.lock_delay = lock_delay_flag.value;
   }
   options.io = *shardlock::lease::parse_io_backend(io);
-  if (!auth_key_file.empty()) {
-    auto loaded = shardlock::lease::load_auth_key(auth_key_file);
-    if (!loaded.key) return usage_error("--auth-key: " + loaded.error);
-    options.auth_key = loaded.key;
-  }
+  const auto auth = shardlock::tools::load_auth_key_flag(auth_key_file);
+  if (!auth.error.empty()) return usage_error(auth.error);
+  options.auth_key = auth.key;
   options.log = [](std::string_view line) {
     std::fprintf(stderr, "shardlockd: %.*s\n", static_cast<int>(line.size()), line.data());
   };
@@ -171,11 +141,6 @@ int run(int argc, char** argv) {
     return kExitStartFailed;
   }
   const auto effective_delay = server.lock_delay();
-#ifdef SHARDLOCK_WITH_JEMALLOC
-  const char* allocator = "jemalloc";
-#else
-  const char* allocator = "system";
-#endif
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
@@ -185,7 +150,7 @@ int run(int argc, char** argv) {
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
       static_cast<long long>(effective_delay.count()), options.auth_key ? "true" : "false",
-      allocator, static_cast<int>(::getpid()));
+      shardlock::tools::kAllocatorName, static_cast<int>(::getpid()));
   std::fflush(stdout);
 
   int signal_number = 0;
@@ -200,11 +165,5 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    // Only allocation failure can get here; say so rather than terminate().
-    std::cerr << "shardlockd: fatal: " << e.what() << "\n";
-    return kExitStartFailed;
-  }
+  return shardlock::tools::run_main(kTool, kExitStartFailed, run, argc, argv);
 }

@@ -13,11 +13,11 @@
 //   * Wake-ups: at least every kTickMs (the wait's timeout) to drive timers.
 #include <liburing.h>
 #include <sys/mman.h>
-#include <sys/utsname.h>
 
 #include <cerrno>
-#include <cstdio>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "io_loop.h"
 #include "shardlock/lease/server.h"
@@ -34,13 +34,33 @@ constexpr std::size_t kBufferSize =
 constexpr unsigned kSendSlots = 256;
 constexpr std::uint64_t kRecvTag = ~std::uint64_t{0};
 
-bool kernel_at_least(int major, int minor) {
-  utsname u{};
-  if (::uname(&u) != 0) return false;
-  int got_major = 0;
-  int got_minor = 0;
-  if (std::sscanf(u.release, "%d.%d", &got_major, &got_minor) != 2) return false;
-  return got_major > major || (got_major == major && got_minor >= minor);
+// What the loop needs from the ring, asked of the kernel rather than read
+// from its version (distribution kernels backport io_uring). EXT_ARG:
+// io_uring_submit_and_wait_timeout() waits without a timeout SQE. FAST_POLL:
+// a recvmsg on an empty socket is polled, not parked on a kernel worker.
+// Multishot recvmsg has no opcode or feature bit of its own; it came in 6.0
+// with IORING_OP_SEND_ZC, so that opcode stands for it in the probe. The
+// provided-buffer ring is checked when it is registered.
+constexpr unsigned kRequiredFeatures = IORING_FEAT_EXT_ARG | IORING_FEAT_FAST_POLL;
+constexpr std::pair<int, const char*> kRequiredOps[] = {
+    {IORING_OP_RECVMSG, "RECVMSG"},
+    {IORING_OP_SENDMSG, "SENDMSG"},
+    {IORING_OP_SEND_ZC, "SEND_ZC (multishot recvmsg)"}};
+
+// Empty when `ring` (created with `features`) can run the loop; otherwise
+// what it lacks.
+std::string missing_support(io_uring& ring, unsigned features) {
+  if ((features & kRequiredFeatures) != kRequiredFeatures) {
+    return "io_uring lacks IORING_FEAT_EXT_ARG or IORING_FEAT_FAST_POLL";
+  }
+  io_uring_probe* probe = io_uring_get_probe_ring(&ring);
+  if (probe == nullptr) return "io_uring_get_probe_ring failed (no opcode probe)";
+  std::string missing;
+  for (const auto& [op, name] : kRequiredOps) {
+    if (!io_uring_opcode_supported(probe, op)) missing += std::string(" ") + name;
+  }
+  io_uring_free_probe(probe);
+  return missing.empty() ? missing : "io_uring lacks opcodes:" + missing;
 }
 
 }  // namespace
@@ -128,18 +148,19 @@ UringLoop::UringLoop(std::unique_ptr<State> state) : state_(std::move(state)) {}
 UringLoop::~UringLoop() = default;
 
 std::error_code UringLoop::create(int fd, std::unique_ptr<UringLoop>& out, std::string& detail) {
-  if (!kernel_at_least(6, 0)) {
-    detail = "kernel older than 6.0 (no multishot recvmsg)";
-    return ServerError::kUringUnavailable;
-  }
   auto st = std::make_unique<State>();
   st->fd = fd;
-  if (const int rc = io_uring_queue_init(kRingEntries, &st->ring, 0); rc < 0) {
-    detail = std::string("io_uring_queue_init: ") + std::strerror(-rc) +
+  io_uring_params params{};
+  if (const int rc = io_uring_queue_init_params(kRingEntries, &st->ring, &params); rc < 0) {
+    detail = std::string("io_uring_queue_init_params: ") + std::strerror(-rc) +
              (rc == -EPERM ? " (kernel.io_uring_disabled?)" : "");
     return ServerError::kUringUnavailable;
   }
   st->ring_ready = true;
+  if (std::string missing = missing_support(st->ring, params.features); !missing.empty()) {
+    detail = std::move(missing);
+    return ServerError::kUringUnavailable;
+  }
 
   st->buffer_ring_bytes = kBufferCount * sizeof(io_uring_buf);
   void* mem = ::mmap(nullptr, st->buffer_ring_bytes, PROT_READ | PROT_WRITE,

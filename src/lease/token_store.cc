@@ -235,7 +235,7 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
     }
     if (failure) {
       detail = "data dir " + dir;
-      detail += ": " + name + ": " + why;
+      detail.append(": ").append(name).append(": ").append(why);
       detail +=
           " (refusing to start: tokens could go backwards; restore the file or "
           "remove the whole directory to reset tokens deliberately)";

@@ -1,6 +1,7 @@
 // Built against an installed shardlock through find_package(shardlock): one
 // call into each installed layer, so a missing header, library or transitive
-// dependency (xxhash, liburing, libsodium) fails this build.
+// dependency fails this build. Built twice (CMakeLists.txt): the locks alone,
+// then with the lease component (liburing, libsodium).
 #include <mutex>
 
 #include "shardlock/lock_table.h"

@@ -1,5 +1,6 @@
 # Run with cmake -P: install BUILD_DIR into a scratch prefix, then configure,
-# build and run the consumer project against it.
+# build and run the consumer project against it twice: the locks alone
+# (with only xxhash visible to pkg-config) and with the lease component.
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(prefix "${WORK_DIR}/prefix")
 
@@ -11,11 +12,34 @@ function(run_step)
 endfunction()
 
 run_step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
-run_step(${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${WORK_DIR}/build"
-  -DCMAKE_PREFIX_PATH=${prefix}
-  -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
-  "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
-  "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}"
-  -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
-run_step(${CMAKE_COMMAND} --build "${WORK_DIR}/build")
-run_step("${WORK_DIR}/build/consumer")
+
+# A pkg-config search path with xxhash and nothing else: the locks-only
+# consumer must configure without liburing's or libsodium's .pc files.
+execute_process(COMMAND pkg-config --variable=pcfiledir libxxhash
+  OUTPUT_VARIABLE xxhash_pc_dir OUTPUT_STRIP_TRAILING_WHITESPACE RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0 OR NOT EXISTS "${xxhash_pc_dir}/libxxhash.pc")
+  message(FATAL_ERROR "consumer test: pkg-config cannot find libxxhash")
+endif()
+set(locks_only_pc "${WORK_DIR}/pkgconfig-xxhash-only")
+file(COPY "${xxhash_pc_dir}/libxxhash.pc" DESTINATION "${locks_only_pc}")
+
+foreach(variant locks lease)
+  set(build "${WORK_DIR}/build-${variant}")
+  if(variant STREQUAL "lease")
+    set(env "")
+    set(lease ON)
+  else()
+    set(env ${CMAKE_COMMAND} -E env "PKG_CONFIG_LIBDIR=${locks_only_pc}" PKG_CONFIG_PATH=)
+    set(lease OFF)
+  endif()
+  message(STATUS "consumer test: ${variant}")
+  run_step(${env} ${CMAKE_COMMAND} -S "${SOURCE_DIR}" -B "${build}"
+    -DCONSUMER_LEASE=${lease}
+    -DCMAKE_PREFIX_PATH=${prefix}
+    -DCMAKE_CXX_COMPILER=${CXX_COMPILER}
+    "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
+    "-DCMAKE_EXE_LINKER_FLAGS=${LINKER_FLAGS}"
+    -DCMAKE_BUILD_TYPE=${BUILD_TYPE})
+  run_step(${CMAKE_COMMAND} --build "${build}")
+  run_step("${build}/consumer")
+endforeach()

@@ -18,7 +18,7 @@ using testing::Json;
 using testing::json_line;
 using testing::run_tool;
 
-const std::string kBench = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlock-bench";
+const std::string kBench = SHARDLOCK_TOOL_SHARDLOCK_BENCH;
 
 // The fields every result carries, with the invariants between them.
 void expect_well_formed(const Json& j, const std::string& mode) {

@@ -22,8 +22,8 @@ using testing::json_line;
 using testing::run_tool;
 using testing::ToolResult;
 
-const std::string kCtl = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockctl";
-const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
+const std::string kCtl = SHARDLOCK_TOOL_SHARDLOCKCTL;
+const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 
 // A shardlockd on 127.0.0.1:0; address() is empty if it did not come up.
 class Daemon {

@@ -31,7 +31,7 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 using test_support::UdpTestPeer;
 
-const std::string kDaemon = std::string(SHARDLOCK_TOOLS_DIR) + "/shardlockd";
+const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 
 // shardlockd as a child process with stdout and stderr captured.
 class Daemon : public testing::ChildProcess {

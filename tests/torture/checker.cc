@@ -19,8 +19,12 @@
 #include <unordered_map>
 #include <utility>
 
+#include "common/json.h"
+
 namespace shardlock::torture {
 namespace {
+
+using tools::append_json_string;
 
 constexpr std::array<ViolationKind, 7> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
@@ -184,24 +188,6 @@ std::string pad(std::string_view s, std::size_t width) {
   std::string out(s);
   out.append(out.size() < width ? width - out.size() : 1, ' ');
   return out;
-}
-
-void append_json_string(std::string& out, std::string_view s) {
-  out += '"';
-  for (const char c : s) {
-    const auto u = static_cast<unsigned char>(c);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (u < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(u));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  out += '"';
 }
 
 template <typename Map, typename KeyText>

@@ -26,9 +26,10 @@ inline void pause_for(std::uint32_t nanos) noexcept {
 }
 
 // Exponential backoff from kMinDelay to kMaxDelay nanoseconds per round.
-// Once `spin_budget_ns` has passed since the first wait, every round also
-// yields the CPU, so a preempted lock holder gets to run when threads
-// outnumber cores.
+// Once `spin_budget_ns` has passed since the first wait, every wait() round
+// also yields the CPU, so a preempted lock holder gets to run when threads
+// outnumber cores. A waiter that has a better place to go once the budget is
+// spent (Mutex parks on its futex) calls spin() instead, which never yields.
 class Backoff {
  public:
   static constexpr std::uint32_t kMinDelayNs = 40;
@@ -40,14 +41,18 @@ class Backoff {
 
   // One round of waiting. Returns true once the spin budget is spent.
   bool wait() noexcept {
+    if (!spin()) return false;
+    sched_yield();
+    return true;
+  }
+
+  // One round of pausing, without yielding. Returns true once the spin
+  // budget is spent.
+  bool spin() noexcept {
     if (start_ns_ == 0) start_ns_ = monotonic_nanos();
     pause_for(delay_ns_);
     delay_ns_ = std::min(delay_ns_ * 2, max_delay_ns_);
-    if (monotonic_nanos() - start_ns_ >= budget_ns_) {
-      sched_yield();
-      return true;
-    }
-    return false;
+    return monotonic_nanos() - start_ns_ >= budget_ns_;
   }
 
   // Nanoseconds since the first wait() (0 before it).

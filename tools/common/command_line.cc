@@ -1,0 +1,71 @@
+#include "common/command_line.h"
+
+#include <cstdio>
+#include <exception>
+#include <iostream>
+
+#include "shardlock/lease/duration.h"
+
+namespace shardlock::tools {
+
+int usage_error(std::string_view tool, std::string_view message) {
+  std::cerr << tool << ": " << message << "\nRun with --help for usage.\n";
+  return kExitUsage;
+}
+
+std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, std::string_view tool) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    return usage_error(tool, e.what());
+  }
+  return std::nullopt;
+}
+
+int run_main(std::string_view tool, int failure_status, int (*run)(int, char**), int argc,
+             char** argv) noexcept {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%.*s: fatal: %s\n", static_cast<int>(tool.size()), tool.data(), e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%.*s: fatal: unknown exception\n", static_cast<int>(tool.size()),
+                 tool.data());
+  }
+  return failure_status;
+}
+
+DurationFlag parse_duration_flag(std::string_view flag, std::string_view text, ZeroDuration zero,
+                                 std::chrono::milliseconds longest) {
+  DurationFlag result;
+  const std::optional<std::chrono::milliseconds> parsed = lease::parse_duration(text);
+  std::string name(flag);
+  if (!parsed) {
+    result.error =
+        name + ": invalid duration \"" + std::string(text) + "\" (use e.g. 0, 500ms, 30s, 2m)";
+  } else if (parsed->count() == 0 && zero == ZeroDuration::kRejected) {
+    result.error = name + ": must be more than 0";
+  } else if (*parsed > longest) {
+    result.error = name + ": \"" + std::string(text) + "\" is above the maximum " +
+                   lease::to_string(longest) +
+                   (longest == kLongestWireDuration ? " (u32 milliseconds)" : "");
+  } else {
+    result.value = *parsed;
+  }
+  return result;
+}
+
+AuthKeyFlag load_auth_key_flag(const std::string& path) {
+  AuthKeyFlag result;
+  if (path.empty()) return result;
+  lease::AuthKeyFile loaded = lease::load_auth_key(path);
+  if (loaded.key) {
+    result.key = loaded.key;
+  } else {
+    result.error = "--auth-key: " + loaded.error;
+  }
+  return result;
+}
+
+}  // namespace shardlock::tools
