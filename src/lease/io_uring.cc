@@ -150,8 +150,18 @@ UringLoop::~UringLoop() = default;
 std::error_code UringLoop::create(int fd, std::unique_ptr<UringLoop>& out, std::string& detail) {
   auto st = std::make_unique<State>();
   st->fd = fd;
+  // Cooperative task running (5.19+): completion work for this ring runs
+  // when the loop enters the kernel (it does on every pass, waiting or
+  // busy-polling), not through an interrupt of the running thread. Kernels
+  // without it get a plain ring.
   io_uring_params params{};
-  if (const int rc = io_uring_queue_init_params(kRingEntries, &st->ring, &params); rc < 0) {
+  params.flags = IORING_SETUP_COOP_TASKRUN | IORING_SETUP_TASKRUN_FLAG;
+  int init = io_uring_queue_init_params(kRingEntries, &st->ring, &params);
+  if (init == -EINVAL) {
+    params = {};
+    init = io_uring_queue_init_params(kRingEntries, &st->ring, &params);
+  }
+  if (const int rc = init; rc < 0) {
     detail = std::string("io_uring_queue_init_params: ") + std::strerror(-rc) +
              (rc == -EPERM ? " (kernel.io_uring_disabled?)" : "");
     return ServerError::kUringUnavailable;
@@ -210,13 +220,9 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
     int rc = 0;
     const bool spinning = spin.spinning(SpinWindow::Clock::now());
     if (spinning) {
-      // Hand over queued SQEs without waiting, then look at the CQ: a
-      // receive completion is posted as soon as the datagram lands.
-      rc = io_uring_submit(&st.ring);
-      if (rc >= 0) {
-        io_uring_cqe* first = nullptr;
-        (void)io_uring_peek_cqe(&st.ring, &first);
-      }
+      // Hand over queued SQEs and run the ring's pending completion work
+      // (a datagram that landed is posted to the CQ here) without waiting.
+      rc = io_uring_submit_and_get_events(&st.ring);
     } else {
       __kernel_timespec timeout{0, kTickMs * 1'000'000LL};
       io_uring_cqe* first = nullptr;
