@@ -688,6 +688,26 @@ TEST(LeaseSafetyTest, DuplicateNodesAreRefused) {
   }
 }
 
+TEST(LeaseClientStart, AddressesFollowTheServersRuleAndBusyPollIsBounded) {
+  // One HOST:PORT rule for server and client (udp.h): no port 0 or beyond
+  // 65535 for a server to reach, brackets for IPv6 with a port.
+  for (const char* bad : {"127.0.0.1:0", "127.0.0.1:65536", "127.0.0.1:", ":7420", "[::1]7420",
+                          "no-port", "127.0.0.1:7a"}) {
+    Endpoint e;
+    EXPECT_EQ(parse_endpoint(bad, e), LeaseErrc::kBadAddress) << bad;
+  }
+  for (const char* good : {"127.0.0.1:7420", "[::1]:7420", "localhost:65535"}) {
+    Endpoint e;
+    EXPECT_FALSE(parse_endpoint(good, e)) << good;
+  }
+  LeaseClientOptions options;
+  options.nodes = {"127.0.0.1:7420"};
+  options.busy_poll = std::chrono::microseconds{10'001};
+  LeaseClient client(options);
+  EXPECT_EQ(client.start(), LeaseErrc::kBadArgument);
+  EXPECT_NE(client.error_detail().find("busy_poll"), std::string::npos) << client.error_detail();
+}
+
 // Hole 5: once release() or the destructor has returned, the lost callback
 // neither runs nor is still running.
 TEST(LeaseSafetyTest, LostCallbackNeverOutlivesReleaseOrDestruction) {

@@ -99,6 +99,8 @@ TEST_F(ShardlockdTest, NumericFlagsBeyondTheirRangeAreUsageErrors) {
       {"--max-ttl", "99999999999999999999ms"},
       {"--shards", "4294967297"},
       {"--io-threads", "4294967297"},
+      {"--busy-poll-us", "10001"},
+      {"--busy-poll-us", "-1"},
       {"--token-block", "18446744073709551617"},
       {"--token-block", "18446744073709551615"},
   };
