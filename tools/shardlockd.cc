@@ -66,7 +66,7 @@ int run(int argc, char** argv) {
   app.add_option("--io-threads", options.io_threads, "I/O threads, each with its own socket")
       ->capture_default_str()
       ->check(CLI::Range(1u, 256u));
-  unsigned busy_poll_us = static_cast<unsigned>(options.busy_poll.count());
+  auto busy_poll_us = static_cast<unsigned>(options.busy_poll.count());
   app.add_option("--busy-poll-us", busy_poll_us,
                  "microseconds an I/O thread keeps polling after a datagram before it sleeps: "
                  "lower latency for some CPU while traffic flows; 0 = off")
