@@ -63,8 +63,11 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
   try {
     const std::int64_t now = now_ms();
     for (std::size_t s = worker; s < shards_.size(); s += workers_.size()) {
-      LockGuard lock(shards_[s]->mu);
-      shards_[s]->shard->advance(now, w.deferred);
+      ShardSlot& slot = *shards_[s];
+      if (slot.timers.load(std::memory_order_relaxed) == 0) continue;  // see ShardSlot::timers
+      LockGuard lock(slot.mu);
+      slot.shard->advance(now, w.deferred);
+      slot.note_timers();
     }
     send_deferred(w, replies);
   } catch (const std::bad_alloc&) {
@@ -191,7 +194,10 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       const auto credit = static_cast<std::uint16_t>(
           std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
       LockGuard lock(slot.mu);
-      if (!slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit)) continue;
+      const bool answered =
+          slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit);
+      slot.note_timers();
+      if (!answered) continue;
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
         options_.log("shard " + std::to_string(slot.shard->index()) +
                      ": cannot issue a token: " + slot.shard->last_error());

@@ -15,6 +15,7 @@
 #include <sys/mman.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -33,6 +34,7 @@ constexpr std::size_t kBufferSize =
     sizeof(io_uring_recvmsg_out) + sizeof(sockaddr_in6) + kPayloadRoom;
 constexpr unsigned kSendSlots = 256;
 constexpr std::uint64_t kRecvTag = ~std::uint64_t{0};
+constexpr std::uint64_t kCancelTag = kRecvTag - 1;
 
 // What the loop needs from the ring, asked of the kernel rather than read
 // from its version (distribution kernels backport io_uring). EXT_ARG:
@@ -114,6 +116,38 @@ struct UringLoop::State {
     s->buf_group = kBufferGroup;
     io_uring_sqe_set_data64(s, kRecvTag);
     return true;
+  }
+
+  // Ends every request on the socket and waits (bounded) for their last
+  // completions. A request still armed when the ring is torn down keeps the
+  // socket open until the kernel's asynchronous ring clean-up runs, so a
+  // server restarted at once found its port still bound (EADDRINUSE).
+  void drain() {
+    if (io_uring_sqe* s = sqe(); s != nullptr) {
+      io_uring_prep_cancel_fd(s, fd, IORING_ASYNC_CANCEL_ALL);
+      io_uring_sqe_set_data64(s, kCancelTag);
+    }
+    bool receive_ended = false;
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    while ((!receive_ended || free_slots.size() < kSendSlots) &&
+           std::chrono::steady_clock::now() < give_up) {
+      __kernel_timespec timeout{0, 10'000'000};
+      io_uring_cqe* first = nullptr;
+      (void)io_uring_submit_and_wait_timeout(&ring, &first, 1, &timeout, nullptr);
+      unsigned head = 0;
+      unsigned seen = 0;
+      io_uring_cqe* cqe = nullptr;
+      io_uring_for_each_cqe(&ring, head, cqe) {
+        ++seen;
+        const std::uint64_t tag = io_uring_cqe_get_data64(cqe);
+        if (tag == kRecvTag) {
+          if ((cqe->flags & IORING_CQE_F_MORE) == 0) receive_ended = true;
+        } else if (tag != kCancelTag) {
+          free_slots.push_back(static_cast<std::uint32_t>(tag));
+        }
+      }
+      io_uring_cq_advance(&ring, seen);
+    }
   }
 
   // Queues a sendmsg per datagram; one without a free slot or SQE is
@@ -271,6 +305,7 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
     if (spin.tick_due(SpinWindow::Clock::now())) sink.on_tick(worker, out);
     st.queue_sends(out, sink);
   }
+  st.drain();
 }
 
 }  // namespace shardlock::lease::internal

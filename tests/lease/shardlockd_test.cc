@@ -275,5 +275,23 @@ TEST_F(ShardlockdTest, SecondDaemonOnAServedPortIsRefused) {
   EXPECT_EQ(first.wait(), 0);
 }
 
+// A daemon stopped with SIGTERM hands its port back before it exits, so a
+// restart on the same port (systemd Restart=, an operator) binds at once.
+// io_uring kept the socket open past exit while a receive was still armed.
+TEST_F(ShardlockdTest, ARestartOnTheSamePortBindsAtOnce) {
+  std::uint16_t port = 0;
+  for (int restart = 0; restart < 4; ++restart) {
+    const std::string listen = "127.0.0.1:" + std::to_string(port);
+    Daemon daemon({"--listen", listen, "--data-dir", root_ + "/restart", "--lock-delay", "0"});
+    const std::uint16_t bound = ready_port(daemon.read_line());
+    ASSERT_NE(bound, 0) << "restart " << restart << " on " << listen;
+    port = bound;
+    UdpTestPeer peer(port);
+    EXPECT_EQ(peer.acquire("k" + std::to_string(restart), 1000).type, MessageType::kGranted);
+    daemon.signal(SIGTERM);
+    EXPECT_EQ(daemon.wait(), 0);
+  }
+}
+
 }  // namespace
 }  // namespace shardlock::lease
