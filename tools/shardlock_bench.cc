@@ -112,6 +112,7 @@ struct Config {
   unsigned pack = static_cast<unsigned>(shardlock::lease::kMaxBatch);
   std::string mode = "lease";
   unsigned server_threads = 1;
+  std::string server_io = "auto";  // the embedded server's I/O back end
   unsigned client_threads = 1;
   unsigned busy_poll_us = 50;  // lease mode: server and client busy-poll window
   std::uint64_t seed = 42;
@@ -333,6 +334,9 @@ int run_lease(const Config& config, Result& result) {
     options.lock_delay = milliseconds(0);
     options.max_ttl = std::max<milliseconds>(options.max_ttl, config.ttl);
     options.io_threads = config.server_threads;
+    options.io = config.server_io == "uring"    ? IoBackend::kUring
+                 : config.server_io == "socket" ? IoBackend::kSocket
+                                                : IoBackend::kAuto;
     options.log = [](std::string_view) {};  // its lock-delay warning is ours to explain
     options.auth_key = config.auth_key;
     options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
@@ -603,6 +607,11 @@ int run(int argc, char** argv) {
   app.add_option("--server-threads", config.server_threads, "I/O threads of the embedded server")
       ->check(CLI::Range(1u, 64u))
       ->capture_default_str();
+  app.add_option(
+         "--server-io", config.server_io,
+         "I/O back end of the embedded server: auto (io_uring if available), uring or socket")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "uring", "socket"}));
   app.add_option("--client-threads", config.client_threads,
                  "LeaseClients (sockets and I/O threads) the lease-mode clients are spread over "
                  "(default: CPUs / 2, 1..4)")
