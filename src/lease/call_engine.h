@@ -79,15 +79,13 @@ struct Call {
   LeaseClient::Completion done;
 
   [[nodiscard]] Message message() const noexcept {
-    Message m;
-    m.type = type;
-    m.request_id = request_id;
-    m.key = key;
-    m.token = token;
-    m.ttl_ms = ttl_ms;
-    m.wait_ms = wait_ms;
-    m.first_shard = first_shard;
-    return m;
+    return Message{.type = type,
+                   .request_id = request_id,
+                   .key = key,
+                   .token = token,
+                   .ttl_ms = ttl_ms,
+                   .wait_ms = wait_ms,
+                   .first_shard = first_shard};
   }
 };
 

@@ -10,14 +10,12 @@
 namespace shardlock::lease::internal {
 
 Message DeferredReply::message() const noexcept {
-  Message m;
-  m.type = type;
-  m.request_id = request_id;
-  m.key = key;
-  m.token = token;
-  m.ttl_ms = ttl_ms;
-  m.error = error;
-  return m;
+  return Message{.type = type,
+                 .request_id = request_id,
+                 .key = key,
+                 .token = token,
+                 .ttl_ms = ttl_ms,
+                 .error = error};
 }
 
 Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,

@@ -433,7 +433,7 @@ struct Message {
   std::uint64_t request_id = 0;
   // A batch item's own owner (kItemFlagOwner); nullopt: the datagram's
   // client_id. encode() frames a datagram whose message has one as a batch.
-  std::optional<ClientId> owner;
+  std::optional<ClientId> owner{};
   std::string_view key;       // all keyed types; a view, never owned
   std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
   std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
@@ -447,7 +447,7 @@ struct Message {
   std::array<std::uint64_t, kStatCounterCount> counters{};  // STATS_REPLY
   // STATS_REPLY shard tokens as raw little-endian u64s (first_shard onward);
   // read them with shard_token().
-  std::span<const std::uint8_t> shard_tokens_le;
+  std::span<const std::uint8_t> shard_tokens_le{};
 
   [[nodiscard]] std::size_t shard_token_count() const noexcept {
     return shard_tokens_le.size() / 8;
