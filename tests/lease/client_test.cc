@@ -401,7 +401,11 @@ TEST(LeaseClientTest, LostCallbackFiresOnceWhenTheServerStops) {
   };
   AcquireResult held = a->try_acquire("doomed", 600ms, watch);
   ASSERT_TRUE(held);
-  std::this_thread::sleep_for(700ms);  // past one TTL: renewed by the watchdog
+  // The watchdog has renewed it at least twice (past one TTL), seen on the
+  // server, not assumed from elapsed time.
+  ASSERT_TRUE(
+      test_support::poll_until([&] { return server->stats().counter(StatCounter::kRenewed) >= 2; },
+                               test_support::kPollTimeout, 5ms));
   EXPECT_TRUE(held.lease.valid());
   server->stop();
   const auto stopped = Clock::now();
