@@ -144,12 +144,13 @@ class IoLoopTest : public ::testing::TestWithParam<Loop> {
   void SetUp() override {
     ASSERT_GE(server_.fd, 0);
     if (GetParam() == Loop::kUring) {
-      std::unique_ptr<UringLoop> loop;
       std::string detail;
-      if (const std::error_code ec = UringLoop::create(server_.fd, loop, detail)) {
+      if (const std::error_code ec = UringLoop::create(server_.fd, uring_, detail)) {
         GTEST_SKIP() << "io_uring unavailable: " << ec.message() << ": " << detail;
       }
-      thread_ = std::thread([this, loop = std::move(loop)] { loop->run(kWorker, sink_, stop_); });
+      // The ring outlives run(): a test can look at the socket after the
+      // loop returned and before the ring is torn down.
+      thread_ = std::thread([this] { uring_->run(kWorker, sink_, stop_); });
     } else {
       thread_ = std::thread([this] { run_socket_loop(server_.fd, kWorker, sink_, stop_); });
     }
@@ -163,6 +164,7 @@ class IoLoopTest : public ::testing::TestWithParam<Loop> {
   }
 
   LoopbackSocket server_;
+  std::unique_ptr<UringLoop> uring_;  // the io_uring case's loop
   RecordingSink sink_;
   std::atomic<bool> stop_{false};
   std::thread thread_;
@@ -262,6 +264,26 @@ TEST_P(IoLoopTest, ARefusedReplyIsReportedAsASendDrop) {
   ASSERT_TRUE(reply.has_value());
   EXPECT_EQ(*reply, std::string(kReplyPrefix) + "after");
   EXPECT_EQ(sink_.send_drops(), 1);
+}
+
+// When run() returns, the loop holds nothing on its socket: closing the
+// socket frees the port at once, even while the ring still exists. An
+// io_uring receive left armed kept the socket bound until the ring's
+// asynchronous clean-up, so a restarted server found its port taken.
+TEST_P(IoLoopTest, AStoppedLoopLeavesItsPortFree) {
+  LoopbackSocket client;
+  client.send_to(server_, "before stop");
+  ASSERT_TRUE(client.receive(std::chrono::seconds(10)).has_value());
+  stop();
+  ::close(server_.fd);
+  server_.fd = -1;
+  const int again = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(again, 0);
+  const int rc =
+      ::bind(again, reinterpret_cast<const sockaddr*>(&server_.address), sizeof server_.address);
+  const int error = errno;
+  ::close(again);
+  EXPECT_EQ(rc, 0) << "port " << ntohs(server_.address.sin_port) << ": " << std::strerror(error);
 }
 
 TEST_P(IoLoopTest, TicksWhileIdleAndStopsWhenAsked) {
