@@ -3,7 +3,6 @@
 #include "call_engine.h"
 
 #include <poll.h>
-#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -13,6 +12,7 @@
 #include "shardlock/lease/auth.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/workload/zipf.h"
+#include "udp.h"
 
 namespace shardlock::lease::internal {
 namespace {
@@ -234,10 +234,7 @@ std::size_t CallEngine::busy_poll(
   const Clock::time_point until = Clock::now() + window;
   do {
     if (const std::size_t n = setup_.transport->receive(deliver); n > 0) return n;
-    // Yield, not pause: on a machine with fewer free cores than spinning
-    // threads (the server may be one of them), the thread that will
-    // produce the reply gets this core at once.
-    ::sched_yield();
+    idle_while_polling();
   } while (Clock::now() < until);
   return 0;
 }

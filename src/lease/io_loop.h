@@ -10,8 +10,6 @@
 //     submitted together with the next wait.
 #pragma once
 
-#include <sched.h>
-
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -44,10 +42,6 @@ class SpinWindow {
   [[nodiscard]] bool spinning(Clock::time_point now) const noexcept {
     return length_.count() > 0 && now < until_;
   }
-  // A spinning pass found nothing. Yields rather than pausing: with fewer
-  // free cores than spinning threads (the client on this host may spin
-  // too), the thread that will produce the next datagram gets the core.
-  static void idle() noexcept { ::sched_yield(); }
   // Whether to drive the timers now; call after each pass of the loop.
   [[nodiscard]] bool tick_due(Clock::time_point now) noexcept {
     if (now - last_tick_ < std::chrono::milliseconds(1) && spinning(now)) return false;

@@ -47,7 +47,7 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
     for (int round = 0; ready && round < kRecvRoundsPerTick; ++round) {
       const std::size_t n = batch->receive(fd);
       if (n > 0) spin.on_activity(SpinWindow::Clock::now());
-      if (n == 0 && spinning && round == 0) SpinWindow::idle();
+      if (n == 0 && spinning && round == 0) idle_while_polling();
       for (std::size_t i = 0; i < n; ++i) {
         if (batch->truncated(i)) {
           sink.on_oversized();

@@ -22,6 +22,7 @@
 
 #include "io_loop.h"
 #include "shardlock/lease/server.h"
+#include "udp.h"
 
 namespace shardlock::lease::internal {
 namespace {
@@ -301,7 +302,7 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
       if (out.size() >= 32) st.queue_sends(out, sink);
     }
     io_uring_cq_advance(&st.ring, seen);
-    if (spinning && seen == 0) SpinWindow::idle();
+    if (spinning && seen == 0) idle_while_polling();
     if (spin.tick_due(SpinWindow::Clock::now())) sink.on_tick(worker, out);
     st.queue_sends(out, sink);
   }

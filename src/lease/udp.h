@@ -3,6 +3,7 @@
 #pragma once
 
 #include <netinet/in.h>
+#include <sched.h>
 #include <sys/socket.h>
 
 #include <array>
@@ -35,6 +36,12 @@ namespace shardlock::lease::internal {
 [[nodiscard]] std::uint16_t port_of(const sockaddr_storage& address) noexcept;
 // Same family, address, port (and IPv6 scope).
 [[nodiscard]] bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) noexcept;
+
+// What a busy-polling thread (server I/O loop, client I/O thread) does after
+// an empty poll: yield rather than pause. With fewer free cores than
+// spinning threads (a server and a client on one host), the thread that will
+// produce the next datagram then gets the core at once.
+inline void idle_while_polling() noexcept { ::sched_yield(); }
 
 // Larger than any valid datagram (kMaxDatagramSize), so an oversized one is
 // seen whole and dropped as malformed rather than silently cut.
