@@ -115,6 +115,8 @@ std::string_view to_string(LeaseErrc e) noexcept {
       return "lease not held";
     case LeaseErrc::kGrantExpired:
       return "grant expired";
+    case LeaseErrc::kCrossNode:
+      return "keys owned by different nodes";
   }
   return "unknown";
 }

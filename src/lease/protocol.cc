@@ -49,6 +49,10 @@ class Reader {
     pos_ += n;
     return s;
   }
+  // The bytes read since position `from`.
+  [[nodiscard]] std::span<const std::uint8_t> since(std::size_t from) const noexcept {
+    return in_.subspan(from, pos_ - from);
+  }
   std::string_view key() noexcept {
     const std::size_t n = u16();
     auto s = bytes(n);
@@ -152,6 +156,64 @@ struct FieldCodec<BodyField::kFirstShard>
 template <>
 struct FieldCodec<BodyField::kShardCount>
     : UintField<BodyField::kShardCount, &Message::shard_count> {};
+
+template <>
+struct FieldCodec<BodyField::kPermits> : UintField<BodyField::kPermits, &Message::permits> {};
+template <>
+struct FieldCodec<BodyField::kHolders> : UintField<BodyField::kHolders, &Message::holders> {};
+template <>
+struct FieldCodec<BodyField::kIndex> : UintField<BodyField::kIndex, &Message::index> {};
+
+template <>
+struct FieldCodec<BodyField::kMode> : FixedField<BodyField::kMode> {
+  static_assert(body_field_size(BodyField::kMode) == sizeof(LeaseMode));
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u8(static_cast<std::uint8_t>(m.mode));
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    const std::uint8_t mode = r.u8();
+    m.mode = static_cast<LeaseMode>(mode);
+    return mode <= static_cast<std::uint8_t>(LeaseMode::kPermit);
+  }
+};
+
+// u8 count, then each key as u16 length + bytes. The entries stay a view;
+// KeyList walks them.
+template <>
+struct FieldCodec<BodyField::kKeyList> {
+  static_assert(body_field_size(BodyField::kKeyList) == 1);  // u8 count
+  static bool fits(const Message& /*m*/) noexcept { return true; }
+  static std::size_t variable_size(const Message& m) noexcept { return m.key_list.size(); }
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u8(m.key_count);
+    w.bytes(m.key_list.data(), m.key_list.size());
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    m.key_count = r.u8();
+    const std::size_t from = r.position();
+    for (std::size_t i = 0; i < m.key_count; ++i) (void)r.key();
+    if (r.ok()) m.key_list = r.since(from);
+    return true;
+  }
+};
+
+template <>
+struct FieldCodec<BodyField::kTokenList> {
+  static_assert(body_field_size(BodyField::kTokenList) == 1);  // u8 count
+  static bool fits(const Message& m) noexcept {
+    return m.tokens_le.size() % 8 == 0 && m.tokens_le.size() / 8 <= 0xFF;
+  }
+  static std::size_t variable_size(const Message& m) noexcept { return m.tokens_le.size(); }
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u8(static_cast<std::uint8_t>(m.tokens_le.size() / 8));
+    w.bytes(m.tokens_le.data(), m.tokens_le.size());
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    const std::size_t tokens = r.u8();
+    m.tokens_le = r.bytes(tokens * 8);
+    return true;
+  }
+};
 
 template <>
 struct FieldCodec<BodyField::kErrorCode> : FixedField<BodyField::kErrorCode> {
@@ -319,7 +381,7 @@ std::size_t body_size(const Message& m) noexcept {
 
 // The largest reply body for request `m` (STATS counted without tokens).
 std::size_t max_reply_body(const Message& m) noexcept {
-  return facts_of(m.type).reply_bound(m.key.size());
+  return facts_of(m.type).reply_bound(m.key.size(), m.key_count);
 }
 
 // Precondition: m.type is known (encoded_size() accepted it).
@@ -406,8 +468,28 @@ std::string_view to_string(WireError code) noexcept {
       return "a server limit is reached";
     case WireError::kResourceExhausted:
       return "server out of memory";
+    case WireError::kLeaseKindMismatch:
+      return "key in use as another lease kind or permit limit";
+    case WireError::kPermitsOutOfRange:
+      return "permits out of range";
+    case WireError::kBadKeyList:
+      return "bad key list (none, too many, or a key twice)";
+    case WireError::kBadMode:
+      return "bad lease mode";
   }
   return "unknown error";
+}
+
+std::string_view to_string(LeaseMode mode) noexcept {
+  switch (mode) {
+    case LeaseMode::kExclusive:
+      return "exclusive";
+    case LeaseMode::kShared:
+      return "shared";
+    case LeaseMode::kPermit:
+      return "permit";
+  }
+  return "unknown";
 }
 
 std::string_view to_string(ProtocolError e) noexcept {
@@ -443,10 +525,61 @@ const std::error_category& protocol_category() noexcept {
   return category;
 }
 
-std::uint64_t Message::shard_token(std::size_t i) const noexcept {
+namespace {
+
+std::uint64_t load_u64_le(std::span<const std::uint8_t> bytes, std::size_t i) noexcept {
   std::uint64_t v = 0;
-  for (std::size_t b = 0; b < 8; ++b) v |= std::uint64_t{shard_tokens_le[i * 8 + b]} << (8 * b);
+  for (std::size_t b = 0; b < 8; ++b) v |= std::uint64_t{bytes[i * 8 + b]} << (8 * b);
   return v;
+}
+
+}  // namespace
+
+std::uint64_t Message::shard_token(std::size_t i) const noexcept {
+  return load_u64_le(shard_tokens_le, i);
+}
+
+std::uint64_t Message::listed_token(std::size_t i) const noexcept {
+  return load_u64_le(tokens_le, i);
+}
+
+KeyList::iterator::iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept
+    : rest_(rest), left_(left) {
+  load();
+}
+
+void KeyList::iterator::load() noexcept {
+  if (left_ == 0) return;
+  if (rest_.size() < 2) {
+    left_ = 0;  // malformed: stop
+    return;
+  }
+  const std::size_t n = rest_[0] | (std::size_t{rest_[1]} << 8);
+  if (rest_.size() - 2 < n) {
+    left_ = 0;
+    return;
+  }
+  current_ = {reinterpret_cast<const char*>(rest_.data() + 2), n};
+}
+
+KeyList::iterator& KeyList::iterator::operator++() noexcept {
+  if (left_ == 0) return *this;
+  rest_ = rest_.subspan(2 + current_.size());
+  --left_;
+  load();
+  return *this;
+}
+
+bool encode_key_list(std::span<const std::string_view> keys, std::vector<std::uint8_t>& out) {
+  out.clear();
+  if (keys.size() > 0xFF) return false;
+  for (const std::string_view k : keys) {
+    if (k.size() > 0xFFFF) return false;
+    out.push_back(static_cast<std::uint8_t>(k.size()));
+    out.push_back(static_cast<std::uint8_t>(k.size() >> 8));
+    out.insert(out.end(), k.begin(), k.end());
+  }
+  return true;
 }
 
 ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {

@@ -43,6 +43,30 @@ std::vector<Message> one_of_each_type() {
   });
   add(MessageType::kQuery, [](Message& m) { m.key = kKey; });
   add(MessageType::kStats, [](Message& m) { m.first_shard = 7; });
+  add(MessageType::kAcquireShared, [](Message& m) {
+    m.key = kKey;
+    m.ttl_ms = 30000;
+    m.wait_ms = 500;
+  });
+  add(MessageType::kAcquirePermit, [](Message& m) {
+    m.key = kKey;
+    m.ttl_ms = 30000;
+    m.wait_ms = 500;
+    m.permits = 3;
+  });
+  static const std::vector<std::uint8_t> key_list = [] {
+    const std::string_view keys[] = {"a", "orders/42"};
+    std::vector<std::uint8_t> out;
+    EXPECT_TRUE(encode_key_list(keys, out));
+    return out;
+  }();
+  add(MessageType::kAcquireMany, [](Message& m) {
+    m.mode = LeaseMode::kShared;
+    m.ttl_ms = 30000;
+    m.wait_ms = 500;
+    m.key_count = 2;
+    m.key_list = key_list;
+  });
   add(MessageType::kGranted, [](Message& m) {
     m.key = kKey;
     m.token = 0xFFFFFFFFFFFFFFF0ULL;
@@ -68,6 +92,9 @@ std::vector<Message> one_of_each_type() {
     m.token = 5;
     m.ttl_ms = 17;
     m.waiters = 3;
+    m.mode = LeaseMode::kPermit;
+    m.holders = 2;
+    m.permits = 4;
   });
   static const std::vector<std::uint8_t> tokens = {1, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 9};
   add(MessageType::kStatsReply, [](Message& m) {
@@ -75,6 +102,14 @@ std::vector<Message> one_of_each_type() {
     m.first_shard = 3;
     for (std::size_t i = 0; i < kStatCounterCount; ++i) m.counters[i] = 1000 + i;
     m.shard_tokens_le = tokens;
+  });
+  add(MessageType::kGrantedMany, [](Message& m) {
+    m.ttl_ms = 30000;
+    m.tokens_le = tokens;
+  });
+  add(MessageType::kBusyMany, [](Message& m) {
+    m.index = 1;
+    m.ttl_ms = 1234;
   });
   return all;
 }
@@ -96,6 +131,17 @@ void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.first_shard, b.first_shard);
   EXPECT_EQ(a.shard_count, b.shard_count);
   EXPECT_EQ(a.counters, b.counters);
+  EXPECT_EQ(a.mode, b.mode);
+  EXPECT_EQ(a.permits, b.permits);
+  EXPECT_EQ(a.holders, b.holders);
+  EXPECT_EQ(a.index, b.index);
+  EXPECT_EQ(a.key_count, b.key_count);
+  EXPECT_TRUE(
+      std::equal(a.key_list.begin(), a.key_list.end(), b.key_list.begin(), b.key_list.end()));
+  ASSERT_EQ(a.listed_token_count(), b.listed_token_count());
+  for (std::size_t i = 0; i < a.listed_token_count(); ++i) {
+    EXPECT_EQ(a.listed_token(i), b.listed_token(i));
+  }
   ASSERT_EQ(a.shard_token_count(), b.shard_token_count());
   for (std::size_t i = 0; i < a.shard_token_count(); ++i) {
     EXPECT_EQ(a.shard_token(i), b.shard_token(i));
@@ -502,8 +548,11 @@ TEST(Protocol, WireBytesArePinned) {
       {MessageType::kAcquire, "09006f72646572732f343230750000f4010000", 55},
       {MessageType::kRenew, "09006f72646572732f34324d00000000000000e8030000", 47},
       {MessageType::kRelease, "09006f72646572732f34324e00000000000000", 34},
-      {MessageType::kQuery, "09006f72646572732f3432", 60},
+      {MessageType::kQuery, "09006f72646572732f3432", 69},
       {MessageType::kStats, "07000000", 203},
+      {MessageType::kAcquireShared, "09006f72646572732f343230750000f4010000", 55},
+      {MessageType::kAcquirePermit, "09006f72646572732f343230750000f401000003000000", 55},
+      {MessageType::kAcquireMany, "0130750000f40100000201006109006f72646572732f3432", 53},
       {MessageType::kGranted, "09006f72646572732f3432f0ffffffffffffff30750000", 34},
       {MessageType::kBusy, "09006f72646572732f3432d2040000", 34},
       {MessageType::kTimeout, "09006f72646572732f3432", 34},
@@ -513,7 +562,8 @@ TEST(Protocol, WireBytesArePinned) {
       {MessageType::kExpired, "", 34},
       {MessageType::kRecovering, "e1100000", 34},
       {MessageType::kError, "0300", 34},
-      {MessageType::kQueryReply, "09006f72646572732f34320105000000000000001100000003000000", 34},
+      {MessageType::kQueryReply,
+       "09006f72646572732f34320105000000000000001100000003000000020200000004000000", 34},
       {MessageType::kStatsReply,
        "4000000003000000"
        "14e803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
@@ -522,6 +572,8 @@ TEST(Protocol, WireBytesArePinned) {
        "f703000000000000f803000000000000f903000000000000fa03000000000000fb03000000000000"
        "020001000000000000000200000000000009",
        34},
+      {MessageType::kGrantedMany, "307500000201000000000000000200000000000009", 34},
+      {MessageType::kBusyMany, "01d2040000", 34},
   };
   const auto all = one_of_each_type();
   ASSERT_EQ(all.size(), std::size(pinned));
@@ -633,7 +685,11 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
     if (reply == kError || reply == kRecovering) return true;
     switch (request) {
       case kAcquire:
+      case kAcquireShared:
+      case kAcquirePermit:
         return reply == kGranted || reply == kBusy || reply == kTimeout;
+      case kAcquireMany:
+        return reply == kGrantedMany || reply == kBusyMany || reply == kTimeout;
       case kRenew:
       case kRelease:
         return reply == (request == kRenew ? kRenewed : kReleased) || reply == kNotOwner ||
@@ -670,7 +726,7 @@ TEST(ProtocolTable, SizesAreTheBytesWritten) {
     const MessageBody& body = *message_body(m.type);
     const std::size_t expected = body.fixed_size() +
                                  (body.has(BodyField::kKey) ? m.key.size() : 0) +
-                                 m.shard_tokens_le.size();
+                                 m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size();
     const auto bytes = encode_or_die(single(m));
     EXPECT_EQ(bytes.size(), encoded_size(single(m)));
     EXPECT_EQ(bytes.size(), kHeaderSize + expected);
@@ -734,12 +790,69 @@ TEST(ProtocolTable, ReplyBoundIsTheLargestListedReply) {
             kHeaderSize + message_body(MessageType::kError)->fixed_size());
 }
 
+// ACQUIRE_MANY's padding pays for a token per key it lists: its largest
+// reply, GRANTED_MANY, fits the padded request whatever the keys' lengths.
+TEST(ProtocolTable, AcquireManyIsPaddedForATokenPerKey) {
+  for (std::size_t keys = 1; keys <= kMaxKeysPerRequest; ++keys) {
+    for (const std::size_t key_length : {1, 7, 256}) {
+      std::vector<std::string> names;
+      for (std::size_t i = 0; i < keys; ++i)
+        names.push_back(std::string(key_length, static_cast<char>('a' + i)));
+      std::vector<std::string_view> views(names.begin(), names.end());
+      std::vector<std::uint8_t> list;
+      ASSERT_TRUE(encode_key_list(views, list));
+      Message request;
+      request.type = MessageType::kAcquireMany;
+      request.key_count = static_cast<std::uint8_t>(keys);
+      request.key_list = list;
+      request.wait_ms = 1;
+      std::vector<std::uint8_t> buf(kMaxDatagramSize);
+      std::size_t written = 0;
+      if (encode_request(single(request), buf, written) != ProtocolError::kOk) {
+        EXPECT_GT(keys * (2 + key_length), 1000U) << "only too many long keys overflow";
+        continue;
+      }
+      std::vector<std::uint8_t> tokens(8 * keys, 0xFF);
+      Message granted;
+      granted.type = MessageType::kGrantedMany;
+      granted.tokens_le = tokens;
+      EXPECT_LE(encoded_size(single(granted)), written) << keys << " keys of " << key_length;
+      // The list reads back key by key.
+      Datagram out;
+      ASSERT_EQ(decode(std::span(buf).first(written), out), ProtocolError::kOk);
+      std::size_t i = 0;
+      for (const std::string_view k : KeyList(out.messages[0])) EXPECT_EQ(k, names[i++]);
+      EXPECT_EQ(i, keys);
+    }
+  }
+}
+
+// A key list whose count says more keys than its bytes hold is truncated;
+// a lease mode past kPermit is a bad field.
+TEST(ProtocolTable, MalformedKeyListsAndModesAreRejected) {
+  const std::string_view keys[] = {"a", "bb"};
+  std::vector<std::uint8_t> list;
+  ASSERT_TRUE(encode_key_list(keys, list));
+  Message m;
+  m.type = MessageType::kAcquireMany;
+  m.key_count = 3;  // one more than the entries
+  m.key_list = list;
+  auto bytes = encode_or_die(single(m));
+  Datagram out;
+  EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kTruncated);
+  m.key_count = 2;
+  bytes = encode_or_die(single(m));
+  ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+  bytes[kHeaderSize] = 3;  // the mode byte
+  EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kBadField);
+}
+
 TEST(ProtocolTable, OnlyAWaitingAcquireMayBeAnsweredLater) {
   for (Message m : one_of_each_type()) {
     m.wait_ms = 0;
     EXPECT_FALSE(may_answer_later(m)) << to_string(m.type);
     m.wait_ms = 1;
-    EXPECT_EQ(may_answer_later(m), m.type == MessageType::kAcquire) << to_string(m.type);
+    EXPECT_EQ(may_answer_later(m), is_acquire(m.type)) << to_string(m.type);
   }
 }
 

@@ -105,6 +105,7 @@ enum class LeaseErrc : std::uint8_t {
   kBadAddress,     // a node address does not parse or resolve
   kLeaseInactive,  // the Lease is empty, released or already lost
   kGrantExpired,   // granted, but the grant's client-side expiry had passed on arrival
+  kCrossNode,      // acquire_many() keys owned by different nodes (refused before sending)
 };
 [[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
 [[nodiscard]] const std::error_category& lease_category() noexcept;
@@ -215,6 +216,11 @@ struct CallResult {
   WireError wire_error = WireError::kInternal;  // ERROR
   bool held = false;                            // QUERY_REPLY
   std::uint32_t waiters = 0;                    // QUERY_REPLY
+  LeaseMode mode = LeaseMode::kExclusive;       // QUERY_REPLY
+  std::uint32_t holders = 0;                    // QUERY_REPLY
+  std::uint32_t permits = 0;                    // QUERY_REPLY: a semaphore key's limit
+  std::vector<std::uint64_t> tokens;            // GRANTED_MANY: one per key, in request order
+  std::uint8_t busy_index = 0;                  // BUSY_MANY: the first busy key's index
   // When the call's first transmission left; a grant's expiry counts from it.
   LeaseClock::time_point first_sent;
   std::uint64_t request_id = 0;  // the call's request id
@@ -293,6 +299,9 @@ class Lease {
 
   [[nodiscard]] const std::string& key() const noexcept;
   [[nodiscard]] std::uint64_t token() const noexcept;
+  // How the lease holds its key: exclusive, shared, or one of `permits()`.
+  [[nodiscard]] LeaseMode mode() const noexcept;
+  [[nodiscard]] std::uint32_t permits() const noexcept;  // 0 unless kPermit
   [[nodiscard]] ClientId owner() const noexcept;
   // The client-side expiry (LeaseClock); moves forward on each confirmed
   // renewal, and in at once when a renewal asks for a shorter TTL.
@@ -328,6 +337,18 @@ struct AcquireResult {
   Lease lease;
   std::uint32_t holder_ttl_left_ms = 0;         // kBusy: the holder's ttl left
   std::uint32_t retry_after_ms = 0;             // kRecovering
+  WireError wire_error = WireError::kInternal;  // kServerError
+  explicit operator bool() const noexcept { return !error; }
+};
+
+// The outcome of acquire_many(): one Lease per key (in the order asked), or
+// none and why.
+struct MultiAcquireResult {
+  std::error_code error;                 // empty exactly when `leases` holds every key
+  std::vector<Lease> leases;             // each with its own token, renewed and lost on its own
+  std::string busy_key;                  // kBusy: the first busy key (in the server's order)
+  std::uint32_t holder_ttl_left_ms = 0;  // kBusy: its holder's ttl left
+  std::uint32_t retry_after_ms = 0;      // kRecovering
   WireError wire_error = WireError::kInternal;  // kServerError
   explicit operator bool() const noexcept { return !error; }
 };
@@ -376,6 +397,32 @@ class LeaseClient {
                                           LeaseOptions lease_options = {}) {
     return acquire(key, ttl, std::chrono::milliseconds{0}, std::move(lease_options));
   }
+  // A shared (read) lease: held alongside other shared leases, never with an
+  // exclusive one. Waits FIFO: behind a queued exclusive ACQUIRE it waits
+  // for that one (writers do not starve). Each shared holder has its own
+  // token, renewals and expiry. Otherwise as acquire().
+  [[nodiscard]] AcquireResult acquire_shared(std::string_view key, std::chrono::milliseconds ttl,
+                                             std::chrono::milliseconds wait,
+                                             LeaseOptions lease_options = {});
+  // One of at most `permits` leases on `key` (a counting semaphore, as
+  // Curator's InterProcessSemaphoreV2 or Redisson's PermitExpirableSemaphore).
+  // The limit is the first acquirer's until the key is idle; another limit
+  // meanwhile is kServerError with wire_error kLeaseKindMismatch. Acquiring
+  // again gives this client another permit. Otherwise as acquire().
+  [[nodiscard]] AcquireResult acquire_permit(std::string_view key, std::uint32_t permits,
+                                             std::chrono::milliseconds ttl,
+                                             std::chrono::milliseconds wait,
+                                             LeaseOptions lease_options = {});
+  // Every key in `keys` (1..kMaxKeysPerRequest, distinct, all owned by one
+  // node, else kBadArgument / kCrossNode before sending) in `mode`
+  // (exclusive or shared), all or nothing: every Lease, or none and, when
+  // busy, which key was. With a wait the server takes the keys in its global
+  // order, so two overlapping acquire_many() calls never deadlock.
+  [[nodiscard]] MultiAcquireResult acquire_many(std::span<const std::string_view> keys,
+                                                std::chrono::milliseconds ttl,
+                                                std::chrono::milliseconds wait,
+                                                LeaseMode mode = LeaseMode::kExclusive,
+                                                LeaseOptions lease_options = {});
   // Raw RENEW/RELEASE by key and token, for an owner that holds no Lease
   // object (shardlockctl). The caller's client id must be the owner's.
   [[nodiscard]] CallResult renew(std::string_view key, std::uint64_t token,
@@ -399,6 +446,14 @@ class LeaseClient {
   void acquire_async(std::string_view key, std::chrono::milliseconds ttl,
                      std::chrono::milliseconds wait, Completion done,
                      std::optional<ClientId> owner = std::nullopt);
+  // ACQUIRE_SHARED (mode kShared) or ACQUIRE_PERMIT (kPermit, with `permits`).
+  void acquire_async(std::string_view key, LeaseMode mode, std::uint32_t permits,
+                     std::chrono::milliseconds ttl, std::chrono::milliseconds wait, Completion done,
+                     std::optional<ClientId> owner = std::nullopt);
+  // ACQUIRE_MANY; the result's tokens (GRANTED_MANY) or busy_index (BUSY_MANY).
+  void acquire_many_async(std::span<const std::string_view> keys, LeaseMode mode,
+                          std::chrono::milliseconds ttl, std::chrono::milliseconds wait,
+                          Completion done, std::optional<ClientId> owner = std::nullopt);
   void renew_async(std::string_view key, std::uint64_t token, std::chrono::milliseconds ttl,
                    Completion done, std::optional<ClientId> owner = std::nullopt);
   void release_async(std::string_view key, std::uint64_t token, Completion done,

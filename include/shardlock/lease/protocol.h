@@ -42,7 +42,12 @@
 //   Bodies (key = u16 length + bytes; the codec accepts any length that fits,
 //   the server answers ERROR for keys outside 1..kMaxKeyLength). The codec
 //   reads and writes them from kMessageBodies below, field by field:
-//     ACQUIRE     key, u32 ttl_ms, u32 wait_ms
+//     ACQUIRE     key, u32 ttl_ms, u32 wait_ms               (exclusive)
+//     ACQUIRE_SHARED  key, u32 ttl_ms, u32 wait_ms           (shared)
+//     ACQUIRE_PERMIT  key, u32 ttl_ms, u32 wait_ms, u32 permits
+//     ACQUIRE_MANY    u8 mode, u32 ttl_ms, u32 wait_ms, keys
+//                     (keys = u8 n, n x (u16 length + bytes); mode 0
+//                     exclusive, 1 shared)
 //     RENEW       key, u64 token, u32 ttl_ms
 //     RELEASE     key, u64 token
 //     QUERY       key
@@ -54,20 +59,32 @@
 //     RELEASED, NOT_OWNER, EXPIRED   (empty)
 //     RECOVERING  u32 retry_after_ms
 //     ERROR       u16 code (a WireError)
-//     QUERY_REPLY key, u8 held, u64 token, u32 ttl_left_ms, u32 waiters
+//     GRANTED_MANY  u32 ttl_ms, tokens (u8 n, n x u64: one per key, in
+//                   the request's key order)
+//     BUSY_MANY     u8 index (the first busy key, in the request's order),
+//                   u32 ttl_left_ms of that key
+//     QUERY_REPLY key, u8 held, u64 token, u32 ttl_left_ms, u32 waiters,
+//                 u8 mode, u32 holders, u32 permits
+//                 (token and ttl_left: the newest grant's, and the longest
+//                 any holder has left; permits: the limit of a semaphore key,
+//                 else 0)
 //     STATS_REPLY u32 shard_count, u32 first_shard, u8 counter_count,
 //                 counter_count x u64, u16 token_count, token_count x u64
 //
 //   Which reply answers which request (kRequestReplies below):
 //     request   the server sends                          a client also takes
 //     ACQUIRE   GRANTED BUSY TIMEOUT RECOVERING ERROR     -
+//       (also ACQUIRE_SHARED and ACQUIRE_PERMIT)
+//     ACQUIRE_MANY  GRANTED_MANY BUSY_MANY TIMEOUT RECOVERING ERROR
 //     RENEW     RENEWED NOT_OWNER EXPIRED ERROR           RECOVERING
 //     RELEASE   RELEASED NOT_OWNER EXPIRED ERROR          RECOVERING
 //     QUERY     QUERY_REPLY ERROR                         RECOVERING
 //     STATS     STATS_REPLY ERROR                         RECOVERING
 //   A reply type sent as a request is answered ERROR(kNotARequest). An
-//   ACQUIRE that waits (wait_ms > 0) may be answered later, on its own
-//   (GRANTED, TIMEOUT or ERROR). A client ignores a reply that does not
+//   ACQUIRE of any kind that waits (wait_ms > 0) may be answered later, on
+//   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR). A TIMEOUT answering
+//   ACQUIRE_MANY carries an empty key: the request's key field, which
+//   ACQUIRE_MANY does not have. A client ignores a reply that does not
 //   answer its request (reply_answers()), and one that carries a key
 //   (reply_carries_key(): GRANTED, BUSY, TIMEOUT, RENEWED, QUERY_REPLY)
 //   other than its request's.
@@ -86,6 +103,22 @@
 // (same request id) learns the outcome. STATS_REPLY returns as many shard
 // tokens as the request's padding leaves room for, starting at first_shard;
 // page through with first_shard.
+//
+// Lease kinds (the shard's rules; docs/lease-server.md has the details)
+//   * exclusive (ACQUIRE): one holder. shared (ACQUIRE_SHARED): any number of
+//     shared holders, no exclusive one. Waiters are FIFO per key across both
+//     modes: a shared ACQUIRE behind a queued exclusive one waits for it.
+//   * permit (ACQUIRE_PERMIT, a counting semaphore): at most `permits`
+//     holders. The first acquirer's limit holds until the key is idle;
+//     another limit, or a lock ACQUIRE on a semaphore key (or the reverse),
+//     is ERROR(kLeaseKindMismatch) while the key is in use.
+//   * Every holder has its own token, expiry, RENEW and RELEASE (by key and
+//     token, as for an exclusive lease).
+//   * ACQUIRE_MANY takes up to kMaxKeysPerRequest distinct keys of one node
+//     all-or-nothing, in one mode: GRANTED_MANY with a token per key, or
+//     nothing held (BUSY_MANY names the first busy key). With a wait, keys are
+//     taken in the server's global key order, so two such requests never
+//     wait for each other in a cycle.
 #pragma once
 
 #include <array>
@@ -97,6 +130,7 @@
 #include <span>
 #include <string_view>
 #include <system_error>
+#include <vector>
 
 namespace shardlock::lease {
 
@@ -109,6 +143,10 @@ inline constexpr std::size_t kMaxDatagramSize = 1400;
 inline constexpr std::size_t kMaxBatch = 64;
 inline constexpr std::size_t kMinKeyLength = 1;
 inline constexpr std::size_t kMaxKeyLength = 256;
+// Keys of one ACQUIRE_MANY.
+inline constexpr std::size_t kMaxKeysPerRequest = 16;
+// The largest permit limit of ACQUIRE_PERMIT.
+inline constexpr std::uint32_t kMaxPermits = 65535;
 // Offset of the flags byte in the header.
 inline constexpr std::size_t kHeaderFlagsOffset = 5;
 // Header flags bit of a datagram sealed with an auth key (auth.h).
@@ -123,6 +161,9 @@ enum class MessageType : std::uint8_t {
   kRelease = 0x03,
   kQuery = 0x04,
   kStats = 0x05,
+  kAcquireShared = 0x06,
+  kAcquirePermit = 0x07,
+  kAcquireMany = 0x08,
   // Replies.
   kGranted = 0x81,
   kBusy = 0x82,
@@ -135,6 +176,8 @@ enum class MessageType : std::uint8_t {
   kError = 0x89,
   kQueryReply = 0x8A,
   kStatsReply = 0x8B,
+  kGrantedMany = 0x8C,
+  kBusyMany = 0x8D,
   // Header type of a batch datagram; never the type of a Message.
   kBatch = 0xFF,
 };
@@ -156,7 +199,37 @@ enum class WireError : std::uint16_t {
   kRequestIdReused = 9,     // this client already used the request id for another type or key
   kLimitExceeded = 10,      // a configured bound (keys, waiters, per-client state) is full
   kResourceExhausted = 11,  // the server could not allocate memory for the request
+  kLeaseKindMismatch = 12,  // the key is in use as another kind (lock vs semaphore, another limit)
+  kPermitsOutOfRange = 13,  // ACQUIRE_PERMIT with permits 0 or above kMaxPermits
+  kBadKeyList = 14,         // ACQUIRE_MANY with 0 or too many keys, or one key twice
+  kBadMode = 15,            // ACQUIRE_MANY with a mode other than exclusive or shared
 };
+
+// How a lease holds its key (ACQUIRE_MANY's mode, QUERY_REPLY's mode).
+enum class LeaseMode : std::uint8_t {
+  kExclusive = 0,  // ACQUIRE: the only holder
+  kShared = 1,     // ACQUIRE_SHARED: with other shared holders
+  kPermit = 2,     // ACQUIRE_PERMIT: one of at most `permits` holders
+};
+// "exclusive", "shared", "permit"; "unknown" for other values.
+[[nodiscard]] std::string_view to_string(LeaseMode mode) noexcept;
+// The acquire request of each single-key mode.
+[[nodiscard]] constexpr MessageType acquire_type(LeaseMode mode) noexcept {
+  switch (mode) {
+    case LeaseMode::kShared:
+      return MessageType::kAcquireShared;
+    case LeaseMode::kPermit:
+      return MessageType::kAcquirePermit;
+    case LeaseMode::kExclusive:
+      break;
+  }
+  return MessageType::kAcquire;
+}
+// True for ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT and ACQUIRE_MANY.
+[[nodiscard]] constexpr bool is_acquire(MessageType type) noexcept {
+  return type == MessageType::kAcquire || type == MessageType::kAcquireShared ||
+         type == MessageType::kAcquirePermit || type == MessageType::kAcquireMany;
+}
 [[nodiscard]] std::string_view to_string(WireError code) noexcept;
 
 // STATS_REPLY counters, in wire order. Decoders ignore counters past the ones
@@ -203,6 +276,12 @@ enum class BodyField : std::uint8_t {
   kShardCount,   // u32                               Message::shard_count
   kCounters,     // u8 n, n x u64 (see StatCounter)   Message::counters
   kShardTokens,  // u16 n, n x u64                    Message::shard_tokens_le
+  kMode,         // u8, a LeaseMode (else kBadField)   Message::mode
+  kPermits,      // u32                               Message::permits
+  kHolders,      // u32                               Message::holders
+  kIndex,        // u8                                Message::index
+  kKeyList,      // u8 n, n x (u16 length + bytes)    Message::key_count, key_list
+  kTokenList,    // u8 n, n x u64                     Message::tokens_le
 };
 
 // The bytes `field` takes besides a key's bytes and the shard tokens: the
@@ -214,6 +293,14 @@ enum class BodyField : std::uint8_t {
     case BodyField::kErrorCode:
     case BodyField::kShardTokens:
       return 2;
+    case BodyField::kMode:
+    case BodyField::kIndex:
+    case BodyField::kKeyList:
+    case BodyField::kTokenList:
+      return 1;
+    case BodyField::kPermits:
+    case BodyField::kHolders:
+      return 4;
     case BodyField::kToken:
       return 8;
     case BodyField::kTtl:
@@ -231,7 +318,7 @@ enum class BodyField : std::uint8_t {
   return 0;
 }
 
-inline constexpr std::size_t kMaxBodyFields = 5;
+inline constexpr std::size_t kMaxBodyFields = 8;
 
 // One message type: its name and its body, field by field in wire order.
 struct MessageBody {
@@ -273,6 +360,9 @@ inline constexpr auto kMessageBodies = [] {
       MessageBody{kRelease,    "RELEASE",     {kKey, kToken}},
       MessageBody{kQuery,      "QUERY",       {kKey}},
       MessageBody{kStats,      "STATS",       {kFirstShard}},
+      MessageBody{kAcquireShared, "ACQUIRE_SHARED", {kKey, kTtl, kWait}},
+      MessageBody{kAcquirePermit, "ACQUIRE_PERMIT", {kKey, kTtl, kWait, kPermits}},
+      MessageBody{kAcquireMany,   "ACQUIRE_MANY",   {kMode, kTtl, kWait, kKeyList}},
       MessageBody{kGranted,    "GRANTED",     {kKey, kToken, kTtl}},
       MessageBody{kBusy,       "BUSY",        {kKey, kTtl}},
       MessageBody{kTimeout,    "TIMEOUT",     {kKey}},
@@ -282,8 +372,11 @@ inline constexpr auto kMessageBodies = [] {
       MessageBody{kExpired,    "EXPIRED",     {}},
       MessageBody{kRecovering, "RECOVERING",  {kRetryAfter}},
       MessageBody{kError,      "ERROR",       {kErrorCode}},
-      MessageBody{kQueryReply, "QUERY_REPLY", {kKey, kHeld, kToken, kTtl, kWaiters}},
+      MessageBody{kQueryReply, "QUERY_REPLY", {kKey, kHeld, kToken, kTtl, kWaiters, kMode,
+                                               kHolders, kPermits}},
       MessageBody{kStatsReply, "STATS_REPLY", {kShardCount, kFirstShard, kCounters, kShardTokens}},
+      MessageBody{kGrantedMany, "GRANTED_MANY", {kTtl, kTokenList}},
+      MessageBody{kBusyMany,    "BUSY_MANY",    {kIndex, kTtl}},
   };
 }();
 // clang-format on
@@ -341,6 +434,9 @@ inline constexpr auto kRequestReplies = [] {
   return std::array{
       //  request   replies the server sends                          also accepted  queues
       Row{kAcquire, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},            true},
+      Row{kAcquireShared, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},      true},
+      Row{kAcquirePermit, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},      true},
+      Row{kAcquireMany, {kGrantedMany, kBusyMany, kTimeout, kRecovering, kError}, {}, true},
       Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError},          {kRecovering}, false},
       Row{kRelease, {kReleased, kNotOwner, kExpired, kError},         {kRecovering}, false},
       Row{kQuery,   {kQueryReply, kError},                            {kRecovering}, false},
@@ -385,16 +481,23 @@ inline constexpr auto kRequestReplies = [] {
 }
 
 // The largest reply body the server sends to a request, as a function of the
-// request's key length: the larger of `keyed` plus the key length (the
-// replies that carry the key, if any) and `unkeyed` (those that do not).
+// request's key length and its key-list length (ACQUIRE_MANY): the largest of
+// `keyed` plus the key length (the replies that carry the key, if any),
+// `listed` plus 8 bytes per listed key (those that carry a token per key),
+// and `unkeyed` (the others).
 struct ReplyBodyBound {
   bool carries_key = false;
+  bool carries_tokens = false;
   std::size_t keyed = 0;    // largest body of a reply with the key, less the key's bytes
-  std::size_t unkeyed = 0;  // largest body of a reply without it
+  std::size_t listed = 0;   // largest body of a reply with a token list, less its tokens
+  std::size_t unkeyed = 0;  // largest body of a reply with neither
 
-  [[nodiscard]] constexpr std::size_t operator()(std::size_t key_length) const noexcept {
-    if (!carries_key || keyed + key_length < unkeyed) return unkeyed;
-    return keyed + key_length;
+  [[nodiscard]] constexpr std::size_t operator()(std::size_t key_length,
+                                                 std::size_t listed_keys = 0) const noexcept {
+    std::size_t n = unkeyed;
+    if (carries_key && keyed + key_length > n) n = keyed + key_length;
+    if (carries_tokens && listed + 8 * listed_keys > n) n = listed + 8 * listed_keys;
+    return n;
   }
 };
 
@@ -406,9 +509,12 @@ struct ReplyBodyBound {
   const auto add = [&bound](MessageType reply) {
     for (const MessageBody& body : kMessageBodies) {
       if (body.type != reply) continue;
-      std::size_t& largest = body.has(BodyField::kKey) ? bound.keyed : bound.unkeyed;
+      const bool keyed = body.has(BodyField::kKey);
+      const bool listed = body.has(BodyField::kTokenList);
+      std::size_t& largest = keyed ? bound.keyed : listed ? bound.listed : bound.unkeyed;
       if (body.fixed_size() > largest) largest = body.fixed_size();
-      bound.carries_key = bound.carries_key || body.has(BodyField::kKey);
+      bound.carries_key = bound.carries_key || keyed;
+      bound.carries_tokens = bound.carries_tokens || listed;
     }
   };
   if (!is_request(request)) add(MessageType::kError);
@@ -438,10 +544,21 @@ struct Message {
   std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
   std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
   std::uint32_t wait_ms = 0;  // ACQUIRE
-  std::uint32_t retry_after_ms = 0;                         // RECOVERING
-  WireError error = WireError::kInternal;                   // ERROR
-  bool held = false;                                        // QUERY_REPLY
-  std::uint32_t waiters = 0;                                // QUERY_REPLY
+  std::uint32_t retry_after_ms = 0;        // RECOVERING
+  WireError error = WireError::kInternal;  // ERROR
+  bool held = false;                       // QUERY_REPLY
+  std::uint32_t waiters = 0;               // QUERY_REPLY
+  LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY, QUERY_REPLY
+  std::uint32_t permits = 0;               // ACQUIRE_PERMIT, QUERY_REPLY
+  std::uint32_t holders = 0;               // QUERY_REPLY
+  std::uint8_t index = 0;                  // BUSY_MANY
+  // ACQUIRE_MANY: key_count keys as their wire entries (u16 length + bytes
+  // each, without the count byte); read them with KeyList, build them with
+  // encode_key_list().
+  std::uint8_t key_count = 0;
+  std::span<const std::uint8_t> key_list{};
+  // GRANTED_MANY tokens as raw little-endian u64s; read with listed_token().
+  std::span<const std::uint8_t> tokens_le{};
   std::uint32_t first_shard = 0;                            // STATS, STATS_REPLY
   std::uint32_t shard_count = 0;                            // STATS_REPLY
   std::array<std::uint64_t, kStatCounterCount> counters{};  // STATS_REPLY
@@ -457,7 +574,57 @@ struct Message {
   [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
     return counters[static_cast<std::size_t>(c)];
   }
+  [[nodiscard]] std::size_t listed_token_count() const noexcept { return tokens_le.size() / 8; }
+  // Precondition: i < listed_token_count().
+  [[nodiscard]] std::uint64_t listed_token(std::size_t i) const noexcept;
 };
+
+// The keys of an ACQUIRE_MANY (Message::key_count and key_list), in order.
+// A decoded message's list is well formed (decode() checked it); walking a
+// hand-built malformed one stops early.
+class KeyList {
+ public:
+  KeyList(std::uint8_t count, std::span<const std::uint8_t> entries) noexcept
+      : count_(count), entries_(entries) {}
+  explicit KeyList(const Message& m) noexcept : KeyList(m.key_count, m.key_list) {}
+
+  class iterator {
+   public:
+    using value_type = std::string_view;
+    using difference_type = std::ptrdiff_t;
+    iterator() noexcept = default;
+    iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept;
+    [[nodiscard]] std::string_view operator*() const noexcept { return current_; }
+    iterator& operator++() noexcept;
+    iterator operator++(int) noexcept {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.left_ == b.left_;
+    }
+
+   private:
+    void load() noexcept;
+    std::span<const std::uint8_t> rest_{};
+    std::size_t left_ = 0;
+    std::string_view current_{};
+  };
+  [[nodiscard]] iterator begin() const noexcept { return {entries_, count_}; }
+  [[nodiscard]] iterator end() const noexcept { return {}; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+
+ private:
+  std::uint8_t count_;
+  std::span<const std::uint8_t> entries_;
+};
+
+// Writes `keys` as key-list entries into `out` (resized), for
+// Message::key_list; false when there are more than 255 keys or a key is
+// longer than 65535 bytes.
+[[nodiscard]] bool encode_key_list(std::span<const std::string_view> keys,
+                                   std::vector<std::uint8_t>& out);
 
 // Whether the answer to `request` may come later, as a datagram of its own
 // (RequestReplies::queues_when_waiting): a waiting ACQUIRE.
