@@ -72,7 +72,7 @@ void Shard::refuse(Message& reply) noexcept {
 Shard::~Shard() {
   for (auto& [key, state] : keys_) {
     for (Waiter& w : state.waiters) wheel_.cancel(w);
-    wheel_.cancel(state);
+    for (Holder& h : state.holders) wheel_.cancel(h);
   }
 }
 
@@ -83,24 +83,34 @@ std::int64_t Shard::deadline_for(std::int64_t now_ms, std::uint32_t ttl_ms) noex
   return now_ms + static_cast<std::int64_t>(ttl_ms) + 1;
 }
 
-std::uint32_t Shard::ttl_left(const KeyState& s, std::int64_t now_ms) noexcept {
+std::uint32_t Shard::ttl_left(const Holder& h, std::int64_t now_ms) noexcept {
   // The true time may be up to 1 ms past now_ms: report no more than is
   // surely left.
-  const std::int64_t left = s.deadline_ms - now_ms - 1;
+  const std::int64_t left = h.deadline_ms - now_ms - 1;
   return left <= 0 ? 0 : static_cast<std::uint32_t>(std::min<std::int64_t>(left, UINT32_MAX));
+}
+
+std::uint32_t Shard::ttl_left(const KeyState& s, std::int64_t now_ms) noexcept {
+  std::uint32_t longest = 0;
+  for (const Holder& h : s.holders) longest = std::max(longest, ttl_left(h, now_ms));
+  return longest;
 }
 
 bool Shard::validate(const Message& request, Message& reply) const noexcept {
   reply.type = MessageType::kError;
+  const bool acquire = is_acquire(request.type);
   if (request.key.size() < kMinKeyLength) {
     reply.error = WireError::kBadKey;
   } else if (request.key.size() > kMaxKeyLength) {
     reply.error = WireError::kKeyTooLong;
-  } else if ((request.type == MessageType::kAcquire || request.type == MessageType::kRenew) &&
+  } else if ((acquire || request.type == MessageType::kRenew) &&
              (request.ttl_ms == 0 || request.ttl_ms > limits_.max_ttl_ms)) {
     reply.error = WireError::kTtlOutOfRange;
-  } else if (request.type == MessageType::kAcquire && request.wait_ms > limits_.max_wait_ms) {
+  } else if (acquire && request.wait_ms > limits_.max_wait_ms) {
     reply.error = WireError::kWaitOutOfRange;
+  } else if (request.type == MessageType::kAcquirePermit &&
+             (request.permits == 0 || request.permits > kMaxPermits)) {
+    reply.error = WireError::kPermitsOutOfRange;
   } else {
     return true;
   }
@@ -116,12 +126,19 @@ Shard::KeyState* Shard::find_live(const KeyRef& key, std::int64_t now_ms,
   return it == keys_.end() ? nullptr : &it->second;
 }
 
-Shard::OwnerCheck Shard::check_owner(const KeyState* state, const ClientId& client,
-                                     std::uint64_t token) noexcept {
+Shard::OwnerCheck Shard::check_owner(KeyState* state, const ClientId& client, std::uint64_t token,
+                                     Holder*& holder) noexcept {
   if (state == nullptr) return OwnerCheck::kExpired;
-  if (state->owner == client && state->token == token) return OwnerCheck::kOk;
-  if (token < state->token) return OwnerCheck::kExpired;
-  return OwnerCheck::kNotOwner;
+  std::uint64_t newest = 0;
+  for (Holder& h : state->holders) {
+    if (h.token == token && !h.pending) {
+      if (!(h.owner == client)) return OwnerCheck::kNotOwner;
+      holder = &h;
+      return OwnerCheck::kOk;
+    }
+    newest = std::max(newest, h.token);
+  }
+  return token < newest ? OwnerCheck::kExpired : OwnerCheck::kNotOwner;
 }
 
 std::uint64_t Shard::request_fingerprint(MessageType type, std::uint64_t key_hash) noexcept {
@@ -150,10 +167,11 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   reply.request_id = request.request_id;
   reply.key = request.key;
 
-  const bool mutating = request.type == MessageType::kAcquire ||
-                        request.type == MessageType::kRenew ||
-                        request.type == MessageType::kRelease;
+  const bool acquire = is_acquire(request.type) && request.type != MessageType::kAcquireMany;
+  const bool mutating =
+      acquire || request.type == MessageType::kRenew || request.type == MessageType::kRelease;
   if (!mutating && request.type != MessageType::kQuery) {
+    // ACQUIRE_MANY is the Dispatcher's (it spans shards); STATS too.
     reply.type = MessageType::kError;
     reply.error = WireError::kNotARequest;
     count(StatCounter::kErrors);
@@ -163,7 +181,7 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
     count(StatCounter::kErrors);
     return true;
   }
-  if (request.type == MessageType::kAcquire && now_ms < limits_.recovering_until_ms) {
+  if (acquire && now_ms < limits_.recovering_until_ms) {
     reply.type = MessageType::kRecovering;
     reply.retry_after_ms = static_cast<std::uint32_t>(
         std::min<std::int64_t>(limits_.recovering_until_ms - now_ms, UINT32_MAX));
@@ -185,6 +203,7 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
       reply.type = cached->type;
       reply.token = cached->token;
       reply.ttl_ms = cached->ttl_ms;
+      reply.error = cached->error;
       return true;
     }
   }
@@ -207,15 +226,10 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
                    std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred) {
   KeyState* state = find_live(key, now_ms, deferred);
   switch (request.type) {
-    case MessageType::kAcquire: {
-      bool answered = true;
-      acquire(client, peer, request, key, state, fingerprint, reply_credit, now_ms, reply,
-              answered);
-      return answered;
-    }
     case MessageType::kRenew:
     case MessageType::kRelease: {
-      const OwnerCheck check = check_owner(state, client, request.token);
+      Holder* holder = nullptr;
+      const OwnerCheck check = check_owner(state, client, request.token, holder);
       if (check == OwnerCheck::kExpired) {
         reply.type = MessageType::kExpired;
         count(StatCounter::kExpiredReplies);
@@ -224,40 +238,81 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
         count(StatCounter::kNotOwner);
       } else if (request.type == MessageType::kRenew) {
         reply.type = MessageType::kRenewed;
-        if (request.request_id <= state->last_request_id) {
+        if (request.request_id <= holder->last_request_id) {
           // Older than a request of this holder already applied: a late
           // duplicate or a replay. Applying it could move the deadline back
           // (a shorter TTL) or extend a lease whose holder is gone; answer
           // the time surely left instead, which moves nothing.
-          reply.ttl_ms = ttl_left(*state, now_ms);
+          reply.ttl_ms = ttl_left(*holder, now_ms);
           count(StatCounter::kStaleRequests);
         } else {
-          state->last_request_id = request.request_id;
-          wheel_.schedule(*state, deadline_for(now_ms, request.ttl_ms));
+          holder->last_request_id = request.request_id;
+          wheel_.schedule(*holder, deadline_for(now_ms, request.ttl_ms));
           reply.ttl_ms = request.ttl_ms;
           count(StatCounter::kRenewed);
         }
       } else {
-        wheel_.cancel(*state);
         reply.type = MessageType::kReleased;
         count(StatCounter::kReleased);
-        hand_off(*state, now_ms, deferred);  // may erase *state
+        drop_holder(*holder, now_ms, deferred);  // may erase *state
       }
       remember(client, request.request_id,
                Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
       return true;
     }
-    default: {  // kQuery
+    case MessageType::kQuery: {
       reply.type = MessageType::kQueryReply;
       if (state != nullptr) {
         reply.held = true;
-        reply.token = state->token;
+        for (const Holder& h : state->holders) reply.token = std::max(reply.token, h.token);
         reply.ttl_ms = ttl_left(*state, now_ms);
         reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
+        reply.holders = static_cast<std::uint32_t>(state->holders.size());
+        reply.permits = state->permits;
+        reply.mode = state->permits != 0  ? LeaseMode::kPermit
+                     : state->exclusive() ? LeaseMode::kExclusive
+                                          : LeaseMode::kShared;
       }
       return true;
     }
+    default: {  // the single-key ACQUIREs
+      bool answered = true;
+      acquire(client, peer, request, key, state, fingerprint, reply_credit, now_ms, reply,
+              answered);
+      return answered;
+    }
   }
+}
+
+namespace {
+
+LeaseMode mode_of(MessageType acquire) noexcept {
+  switch (acquire) {
+    case MessageType::kAcquireShared:
+      return LeaseMode::kShared;
+    case MessageType::kAcquirePermit:
+      return LeaseMode::kPermit;
+    default:
+      return LeaseMode::kExclusive;
+  }
+}
+
+}  // namespace
+
+bool Shard::fits(const KeyState& state, LeaseMode mode) noexcept {
+  switch (mode) {
+    case LeaseMode::kExclusive:
+      return state.holders.empty();
+    case LeaseMode::kShared:
+      return !state.exclusive();
+    case LeaseMode::kPermit:
+      return state.holders.size() < state.permits;
+  }
+  return false;
+}
+
+bool Shard::same_kind(const KeyState& state, LeaseMode mode, std::uint32_t permits) noexcept {
+  return mode == LeaseMode::kPermit ? state.permits == permits : state.permits == 0;
 }
 
 std::uint64_t Shard::next_token(Message& reply) {
@@ -271,78 +326,126 @@ std::uint64_t Shard::next_token(Message& reply) {
   return token;
 }
 
-void Shard::hold(KeyState& state, const ClientId& client, std::uint64_t request_id,
-                 std::uint64_t token, std::uint32_t ttl_ms, std::int64_t now_ms) noexcept {
-  state.owner = client;
-  state.token = token;
-  state.request_id = request_id;
-  state.last_request_id = request_id;
-  wheel_.schedule(state, deadline_for(now_ms, ttl_ms));
+Shard::KeyState& Shard::add_key(const KeyRef& key, LeaseMode mode, std::uint32_t permits) {
+  // The stored key keeps its hash, so the table never hashes the text again.
+  const auto it = keys_.try_emplace(HashedKey{std::string(key.text), key.hash}).first;
+  KeyState& state = it->second;
+  state.key = &it->first;
+  state.permits = mode == LeaseMode::kPermit ? permits : 0;
+  return state;
 }
 
-void Shard::grant(KeyState& state, const ClientId& client, const Message& request,
-                  std::uint64_t token, std::uint64_t fingerprint, std::int64_t now_ms,
-                  Message& reply) {
-  hold(state, client, request.request_id, token, request.ttl_ms, now_ms);
+Shard::Holder& Shard::add_holder(KeyState& state, const ClientId& client) {
+  use(client, 1, 0);  // may throw: nothing changed yet
+  if (spare_holders_.empty()) {
+    try {
+      state.holders.emplace_back();
+    } catch (...) {
+      use(client, -1, 0);
+      throw;
+    }
+  } else {
+    state.holders.splice(state.holders.end(), spare_holders_, spare_holders_.begin());
+  }
+  Holder& h = state.holders.back();
+  h.self = std::prev(state.holders.end());
+  h.state = &state;
+  h.owner = client;
+  h.kind = kLeaseExpiry;
+  h.pending = false;
+  ++leases_;
+  return h;
+}
+
+void Shard::hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
+                 std::uint32_t ttl_ms, std::int64_t now_ms) noexcept {
+  h.token = token;
+  h.request_id = request_id;
+  h.last_request_id = request_id;
+  h.mode = mode;
+  wheel_.schedule(h, deadline_for(now_ms, ttl_ms));
+}
+
+void Shard::grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
+                  std::uint64_t fingerprint, std::int64_t now_ms, Message& reply) {
+  hold(h, request.request_id, token, mode, request.ttl_ms, now_ms);
   reply.type = MessageType::kGranted;
   reply.token = token;
   reply.ttl_ms = request.ttl_ms;
   count(StatCounter::kGrants);
-  remember(client, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
+  remember(h.owner, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
 }
 
 void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
                     const KeyRef& key, KeyState* held, std::uint64_t fingerprint,
                     std::uint16_t reply_credit, std::int64_t now_ms, Message& reply,
                     bool& answered) {
+  const LeaseMode mode = mode_of(request.type);
   if (held == nullptr) {
-    if (keys_.size() >= limits_.max_keys || !may_hold(client)) {
+    if (leases_ >= limits_.max_keys || !may_hold(client)) {
       refuse(reply);
       return;
     }
     const std::uint64_t token = next_token(reply);
     if (token == 0) return;
-    // May throw: nothing changed. The stored key keeps its hash, so the
-    // table never hashes the text again.
-    const auto it = keys_.try_emplace(HashedKey{std::string(key.text), key.hash}).first;
+    KeyState& state = add_key(key, mode, request.permits);  // may throw: nothing changed
     try {
-      use(client, 1, 0);
+      grant(add_holder(state, client), request, mode, token, fingerprint, now_ms, reply);
     } catch (...) {
-      keys_.erase(it);
+      keys_.erase(keys_.find(*state.key));
       throw;
     }
-    KeyState& state = it->second;
-    state.key = &it->first;
-    state.kind = kLeaseExpiry;
-    grant(state, client, request, token, fingerprint, now_ms, reply);
     return;
   }
 
   KeyState& state = *held;
-  if (state.owner == client) {
-    if (request.request_id == state.request_id) {
+  if (!same_kind(state, mode, request.permits)) {
+    reply.type = MessageType::kError;
+    reply.error = WireError::kLeaseKindMismatch;
+    count(StatCounter::kErrors);
+    remember(client, request.request_id,
+             Answer{reply.type, 0, 0, fingerprint, WireError::kLeaseKindMismatch});
+    return;
+  }
+  for (Holder& h : state.holders) {
+    if (!(h.owner == client) || h.pending) continue;
+    if (request.request_id == h.request_id) {
       // The granting ACQUIRE again, past its dedup entry: the same grant,
       // with the TTL it has left.
       reply.type = MessageType::kGranted;
-      reply.token = state.token;
-      reply.ttl_ms = ttl_left(state, now_ms);
+      reply.token = h.token;
+      reply.ttl_ms = ttl_left(h, now_ms);
       count(StatCounter::kRetransmits);
       return;
     }
-    if (request.request_id <= state.last_request_id) {
+    if (request.request_id <= h.last_request_id) {
       // Older than what this holder had applied: a late duplicate or a
-      // replay. Handing it the live grant would give two Lease objects one
-      // token; it gets BUSY, and nothing changes.
+      // replay. Granting it would give two Lease objects one token, or take
+      // a second hold nobody asked for; it gets BUSY, and nothing changes.
       reply.type = MessageType::kBusy;
-      reply.ttl_ms = ttl_left(state, now_ms);
+      reply.ttl_ms = ttl_left(h, now_ms);
       count(StatCounter::kStaleRequests);
       return;
     }
-    // The holder acquiring again: a new grant with a new token, so the older
-    // grant's RELEASE (from a dropped or lost Lease) can never free this one;
-    // the old token's RENEW/RELEASE now get EXPIRED. Waiters keep their place.
+    if (mode == LeaseMode::kExclusive && h.mode == LeaseMode::kExclusive) {
+      // The exclusive holder acquiring again: a new grant with a new token,
+      // so the older grant's RELEASE (from a dropped or lost Lease) can never
+      // free this one; the old token's RENEW/RELEASE now get EXPIRED.
+      // Waiters keep their place.
+      const std::uint64_t token = next_token(reply);
+      if (token != 0) grant(h, request, mode, token, fingerprint, now_ms, reply);
+      return;
+    }
+  }
+  if (state.waiters.empty() && fits(state, mode)) {
+    // Another shared holder, or another permit.
+    if (leases_ >= limits_.max_keys || !may_hold(client)) {
+      refuse(reply);
+      return;
+    }
     const std::uint64_t token = next_token(reply);
-    if (token != 0) grant(state, client, request, token, fingerprint, now_ms, reply);
+    if (token == 0) return;
+    grant(add_holder(state, client), request, mode, token, fingerprint, now_ms, reply);
     return;
   }
   if (request.wait_ms == 0) {
@@ -354,8 +457,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   }
   // A retransmission of a queued request whose dedup entry was evicted must
   // not queue a second time.
-  const WaiterId id{client, request.request_id};
-  if (waiter_index_.find(id) != waiter_index_.end()) {
+  if (waiter_index_.find(WaiterId{client, request.request_id}) != waiter_index_.end()) {
     answered = false;
     return;
   }
@@ -363,7 +465,21 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     refuse(reply);
     return;
   }
+  Waiter& w = enqueue(state, client, request.request_id);
+  w.peer = peer;
+  w.ttl_ms = request.ttl_ms;
+  w.mode = mode;
+  w.fingerprint = fingerprint;
+  w.reply_credit = reply_credit;
+  wheel_.schedule(w, now_ms + request.wait_ms);
+  count(StatCounter::kQueued);
+  remember(client, request.request_id, Answer{MessageType::kAcquire, 0, 0, fingerprint});
+  answered = false;
+}
+
+Shard::Waiter& Shard::enqueue(KeyState& state, const ClientId& client, std::uint64_t request_id) {
   // Everything that allocates comes first, undone if a later step throws.
+  const WaiterId id{client, request_id};
   const auto slot = waiter_index_.try_emplace(id, nullptr).first;
   Waiter* queued = nullptr;
   try {
@@ -382,16 +498,11 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   Waiter& w = *queued;
   w.kind = kWaitTimeout;
   w.client = client;
-  w.request_id = request.request_id;
-  w.peer = peer;
-  w.ttl_ms = request.ttl_ms;
-  w.fingerprint = fingerprint;
-  w.reply_credit = reply_credit;
+  w.request_id = request_id;
+  w.multi = nullptr;
+  w.part = 0;
   w.state = &state;
-  wheel_.schedule(w, now_ms + request.wait_ms);
-  count(StatCounter::kQueued);
-  remember(client, request.request_id, Answer{MessageType::kAcquire, 0, 0, fingerprint});
-  answered = false;
+  return w;
 }
 
 void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
@@ -402,7 +513,8 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
     out.client = w.client;
     out.request_id = w.request_id;
     out.reply_credit = w.reply_credit;
-    out.key = state.key->text;
+    out.multi = w.multi;
+    if (w.multi == nullptr) out.key = state.key->text;
     out.type = type;
     out.token = token;
     out.ttl_ms = type == MessageType::kGranted ? w.ttl_ms : 0;
@@ -413,12 +525,23 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
   }
 }
 
-void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
-  // The holder is gone. Nothing below allocates or throws (use() only
-  // adjusts entries that exist; defer() and remember() swallow allocation
-  // failures), so a hand-off always completes.
-  use(state.owner, -1, 0);
-  while (!state.waiters.empty()) {
+void Shard::drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
+  KeyState& state = *h.state;
+  wheel_.cancel(h);
+  use(h.owner, -1, 0);
+  --leases_;
+  spare_holders_.splice(spare_holders_.end(), state.holders, h.self);
+  if (spare_holders_.size() > kMaxSpareWaiters) spare_holders_.pop_front();
+  serve_waiters(state, now_ms, deferred);  // may erase state
+}
+
+void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
+                          std::vector<DeferredReply>& deferred) {
+  // Nothing below throws: add_holder() usually reuses the node the holder
+  // that left gave back, and a waiter it cannot make a holder (no memory, no
+  // token) is answered ERROR; defer() and remember() swallow allocation
+  // failures. So a hand-off always completes.
+  while (!state.waiters.empty() && fits(state, state.waiters.front().mode)) {
     Waiter& w = state.waiters.front();
     wheel_.cancel(w);
     std::uint64_t token = 0;
@@ -427,22 +550,42 @@ void Shard::hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredR
     } catch (const std::bad_alloc&) {
       count(StatCounter::kAllocationFailures);  // answered as a failed reservation
     }
-    if (token == 0) {
+    Holder* h = nullptr;
+    if (token != 0) {
+      try {
+        h = &add_holder(state, w.client);
+      } catch (const std::bad_alloc&) {
+        count(StatCounter::kAllocationFailures);
+      }
+    }
+    if (h == nullptr) {
       defer(w, state, MessageType::kError, 0, deferred);
       count(StatCounter::kErrors);
-      remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0, w.fingerprint});
+      if (w.multi == nullptr) {
+        remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0, w.fingerprint});
+      }
       retire_waiter(state, state.waiters.begin());
       continue;
     }
-    hold(state, w.client, w.request_id, token, w.ttl_ms, now_ms);
-    defer(w, state, MessageType::kGranted, token, deferred);
     count(StatCounter::kGrants);
-    remember(w.client, w.request_id, Answer{MessageType::kGranted, token, w.ttl_ms, w.fingerprint});
-    use(w.client, 1, 0);  // its entry exists: it counts this waiter
+    if (w.multi != nullptr) {
+      // A part of an ACQUIRE_MANY: held pending until the request completes
+      // or gives up, which the Dispatcher decides with every shard it spans.
+      MultiAcquire& m = *w.multi;
+      hold(*h, m.request_id, token, m.mode, m.ttl_ms, std::max(m.wait_deadline_ms, now_ms));
+      h->pending = true;
+      m.parts[w.part].token = token;
+      m.taken = w.part + 1;
+      defer(w, state, MessageType::kGranted, token, deferred);
+    } else {
+      hold(*h, w.request_id, token, w.mode, w.ttl_ms, now_ms);
+      defer(w, state, MessageType::kGranted, token, deferred);
+      remember(w.client, w.request_id,
+               Answer{MessageType::kGranted, token, w.ttl_ms, w.fingerprint});
+    }
     retire_waiter(state, state.waiters.begin());
-    return;
   }
-  erase(state);
+  if (state.holders.empty()) erase(state);
 }
 
 void Shard::erase(KeyState& state) {
@@ -450,22 +593,27 @@ void Shard::erase(KeyState& state) {
     wheel_.cancel(state.waiters.front());
     retire_waiter(state, state.waiters.begin());
   }
-  wheel_.cancel(state);
   keys_.erase(keys_.find(*state.key));
 }
 
 void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
   if (node.kind == kLeaseExpiry) {
     count(StatCounter::kExpirations);
-    hand_off(static_cast<KeyState&>(node), now_ms, deferred);
+    drop_holder(static_cast<Holder&>(node), now_ms, deferred);
     return;
   }
   auto& w = static_cast<Waiter&>(node);
   KeyState& state = *w.state;
   defer(w, state, MessageType::kTimeout, 0, deferred);
   count(StatCounter::kTimeouts);
-  remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0, w.fingerprint});
+  if (w.multi == nullptr) {
+    remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0, w.fingerprint});
+  }
+  const bool front = w.self == state.waiters.begin();
   retire_waiter(state, w.self);
+  // A waiter that gave up at the front may have kept out those behind it (a
+  // writer behind readers, readers behind it).
+  if (front) serve_waiters(state, now_ms, deferred);
 }
 
 Shard::Waiter& Shard::new_waiter(KeyState& state) {
@@ -491,6 +639,94 @@ void Shard::retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter) {
 
 void Shard::advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
   wheel_.advance(now_ms, [&](TimerNode& node) { on_timer(node, now_ms, deferred); });
+}
+
+// ---- ACQUIRE_MANY parts ----------------------------------------------------
+
+Shard::PartState Shard::probe(const MultiAcquire& m, const MultiAcquire::Part& part,
+                              std::int64_t now_ms, std::uint32_t& ttl_left_ms,
+                              std::vector<DeferredReply>& deferred) {
+  KeyState* state = find_live(KeyRef{part.key, part.hash}, now_ms, deferred);
+  if (state == nullptr) {
+    return leases_ >= limits_.max_keys || !may_hold(m.client) ? PartState::kLimit
+                                                              : PartState::kFree;
+  }
+  if (!same_kind(*state, m.mode, 0)) return PartState::kKindMismatch;
+  if (state->waiters.empty() && fits(*state, m.mode)) {
+    return leases_ >= limits_.max_keys || !may_hold(m.client) ? PartState::kLimit
+                                                              : PartState::kFree;
+  }
+  ttl_left_ms = ttl_left(*state, now_ms);
+  return PartState::kBusy;
+}
+
+std::uint64_t Shard::take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms) {
+  const std::uint64_t token = tokens_.next(last_error_);
+  if (token == 0) return 0;
+  const KeyRef key{part.key, part.hash};
+  const auto it = keys_.find(key);
+  KeyState* state = it == keys_.end() ? nullptr : &it->second;
+  const bool added = state == nullptr;
+  if (added) state = &add_key(key, m.mode, 0);
+  Holder* h = nullptr;
+  try {
+    h = &add_holder(*state, m.client);
+  } catch (...) {
+    if (added) keys_.erase(keys_.find(*state->key));
+    throw;
+  }
+  // Pending until the request's wait runs out, plus its TTL: it outlives the
+  // request, which completes (confirm) or gives up (abandon) by then.
+  hold(*h, m.request_id, token, m.mode, m.ttl_ms, std::max(m.wait_deadline_ms, now_ms));
+  h->pending = true;
+  part.token = token;
+  count(StatCounter::kGrants);
+  return token;
+}
+
+bool Shard::queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms) {
+  const MultiAcquire::Part& p = m.parts[part];
+  const auto it = keys_.find(KeyRef{p.key, p.hash});
+  if (it == keys_.end()) return false;  // probe() said busy under this lock: cannot happen
+  KeyState& state = it->second;
+  if (!may_queue(m.client, state)) {
+    count(StatCounter::kLimitRejections);
+    return false;
+  }
+  // The waiter index is keyed by (client, request id); each part waits in
+  // its own shard at most once at a time, so the pair is unique here.
+  Waiter& w = enqueue(state, m.client, m.request_id);
+  w.peer = m.peer;
+  w.ttl_ms = m.ttl_ms;
+  w.mode = m.mode;
+  w.reply_credit = m.reply_credit;
+  w.multi = &m;
+  w.part = part;
+  wheel_.schedule(w, std::max(m.wait_deadline_ms, now_ms));
+  count(StatCounter::kQueued);
+  return true;
+}
+
+Shard::Holder* Shard::pending_holder(const MultiAcquire& m, const MultiAcquire::Part& part) {
+  const auto it = keys_.find(KeyRef{part.key, part.hash});
+  if (it == keys_.end()) return nullptr;
+  for (Holder& h : it->second.holders) {
+    if (h.pending && h.token == part.token && h.owner == m.client) return &h;
+  }
+  return nullptr;
+}
+
+void Shard::confirm(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms) {
+  Holder* h = pending_holder(m, part);
+  if (h == nullptr) return;
+  h->pending = false;
+  wheel_.schedule(*h, deadline_for(now_ms, m.ttl_ms));
+}
+
+void Shard::abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+                    std::vector<DeferredReply>& deferred) {
+  Holder* h = pending_holder(m, part);
+  if (h != nullptr) drop_holder(*h, now_ms, deferred);
 }
 
 }  // namespace shardlock::lease::internal

@@ -6,17 +6,35 @@
 // Not API: LeaseServer's building block.
 //
 // State
-//   * keys_: key -> KeyState { holder (client id, token, grant request id,
-//     expiry on the server's monotonic clock), FIFO list of waiters }. A key
-//     is present only while it is held; waiters exist only behind a holder.
+//   * keys_: key -> KeyState { holders (each: client id, token, mode, grant
+//     request id, its own expiry timer), FIFO list of waiters, and the
+//     permit limit of a semaphore key (0 for a lock key) }. A key is present
+//     only while it has a holder; waiters exist only behind holders.
 //   * tokens_: the shard's strictly increasing counter (token_store.h).
-//   * wheel_: one timer per held key (expiry) and per waiter (wait_ms).
+//   * wheel_: one timer per holder (expiry) and per waiter (wait_ms).
 //   * dedup_: (client id, request id) -> the answer given, FIFO-bounded, so
 //     a retransmitted ACQUIRE / RENEW / RELEASE gets the identical answer and
 //     a retransmitted queued ACQUIRE is not queued twice. Each entry keeps a
 //     fingerprint of the request's type and key: a client that reuses a
 //     request id for a different request gets ERROR(kRequestIdReused), never
 //     the other request's answer (which could be a GRANTED for another key).
+//
+// Lease kinds (protocol.h): a lock key has one exclusive holder or any
+// number of shared holders; a semaphore key (ACQUIRE_PERMIT) has at most
+// `permits` holders, the limit fixed by the acquirer that found it idle.
+// Waiters are served strictly from the front of the key's FIFO, each when
+// its mode fits the holders (exclusive: none; shared: no exclusive one;
+// permit: fewer than the limit), so a request never overtakes an earlier
+// one: a shared ACQUIRE behind a queued exclusive one waits for it. A new
+// ACQUIRE is granted at once only when nobody waits and its mode fits.
+//
+// Multi-key (ACQUIRE_MANY) parts: the Dispatcher takes a request's keys in
+// the global order (shard, hash, key) through probe() / take() / queue(),
+// holding the locks of every shard involved. A part taken before the
+// request completes is a pending holder that only the request's completion
+// (confirm()) or abandonment (abandon()) changes; a queued part is a waiter
+// like any other, and its hand-off or timeout is a DeferredReply carrying
+// the request (DeferredReply::multi) for the Dispatcher to continue.
 //
 // A holder's requests apply in request-id order: KeyState keeps the newest
 // applied id, and an older RENEW (a late duplicate, a replay) is answered
@@ -26,11 +44,12 @@
 // millisecond clock, and the ttl left reported is rounded down.
 //
 // Owner checks (RENEW, RELEASE):
-//   * no live lease on the key                -> EXPIRED
-//   * same client id and same token           -> ok
-//   * token lower than the live lease's token -> EXPIRED (superseded; this
-//     is what a late retransmission sees, so it is never a false NOT_OWNER)
-//   * otherwise                               -> NOT_OWNER
+//   * no live lease on the key                   -> EXPIRED
+//   * a holder with this token and client id     -> ok (that holder)
+//   * token lower than the newest holder's token -> EXPIRED (superseded;
+//     this is what a late retransmission sees, so it is never a false
+//     NOT_OWNER)
+//   * otherwise                                  -> NOT_OWNER
 #pragma once
 
 #include <array>
@@ -59,7 +78,7 @@ struct ShardLimits {
   // Bounds on this shard's memory. A request past one is answered
   // ERROR(kLimitExceeded) and counted in kLimitRejections. LeaseServer passes
   // each server-wide limit divided over the shards (see server.h).
-  std::size_t max_keys = SIZE_MAX;                // held keys
+  std::size_t max_keys = SIZE_MAX;                // leases held (each holder counts)
   std::size_t max_waiters = SIZE_MAX;             // queued ACQUIREs, all keys
   std::size_t max_waiters_per_key = SIZE_MAX;     // queued ACQUIREs on one key
   std::size_t max_leases_per_client = SIZE_MAX;   // keys one client id holds here
@@ -67,6 +86,27 @@ struct ShardLimits {
   // Seeds every hash of remote input in the shard (key table, dedup index,
   // per-client tables); LeaseServer draws it from getrandom() at start.
   std::uint64_t hash_seed = 0;
+};
+
+// One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
+// through their pending holders and waiters of its parts.
+struct MultiAcquire {
+  struct Part {
+    std::string key;
+    std::uint64_t hash = 0;   // hash_key(key)
+    std::uint32_t shard = 0;  // the Dispatcher's shard index
+    std::uint8_t index = 0;   // position in the request's key list
+    std::uint64_t token = 0;  // once taken
+  };
+  ClientId client;
+  std::uint64_t request_id = 0;
+  Peer peer;
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t ttl_ms = 0;
+  std::int64_t wait_deadline_ms = 0;  // arrival + wait_ms
+  std::uint16_t reply_credit = 0;
+  std::vector<Part> parts;  // in the global order (shard, hash, key)
+  std::size_t taken = 0;    // parts[0, taken) are held, pending until confirmed
 };
 
 // An answer decided after its request: a queued ACQUIRE granted on hand-off,
@@ -83,6 +123,10 @@ struct DeferredReply {
   // Bytes this reply may take: what the queueing datagram left for it
   // (anti-amplification); LeaseServer withholds a larger reply.
   std::uint16_t reply_credit = 0;
+  // Not a reply but a step of this ACQUIRE_MANY for the Dispatcher: its
+  // queued part was granted (kGranted; `multi->taken` counts it), its wait
+  // ran out (kTimeout), or a token could not be issued (kError).
+  MultiAcquire* multi = nullptr;
 
   // A view of this reply; valid while *this is.
   [[nodiscard]] Message message() const noexcept;
@@ -123,12 +167,36 @@ class Shard {
   // Fires every expiry and wait timeout due by `now_ms`.
   void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
 
+  // ---- ACQUIRE_MANY parts (see the top of this file) ----
+  enum class PartState { kFree, kBusy, kKindMismatch, kLimit };
+  // Whether `part` of `m` could be taken now (firing due timers first);
+  // kBusy sets `ttl_left` to the longest a holder has left.
+  PartState probe(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+                  std::uint32_t& ttl_left, std::vector<DeferredReply>& deferred);
+  // Takes a part probe() found free: a pending holder until the request's
+  // wait deadline plus its TTL. Returns its token, or 0 when none could be
+  // issued (last_error()). May throw std::bad_alloc, with nothing changed.
+  std::uint64_t take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms);
+  // Queues `m` for a busy part until m.wait_deadline_ms; false when a limit
+  // refuses it. May throw std::bad_alloc, with nothing changed.
+  bool queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms);
+  // The request completed: its pending holder of `part` becomes a lease
+  // expiring TTL after `now_ms`.
+  void confirm(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms);
+  // The request failed: its pending holder of `part` goes, handing off.
+  void abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+               std::vector<DeferredReply>& deferred);
+  [[nodiscard]] const ShardLimits& limits() const noexcept { return limits_; }
+  // Counts a multi-key request's outcome in this shard's counters.
+  void count_outcome(StatCounter c) noexcept { count(c); }
+
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
   [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
     return counters_;
   }
   [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
+  [[nodiscard]] std::size_t leases() const noexcept { return leases_; }
   [[nodiscard]] std::size_t queued_waiters() const noexcept { return waiter_index_.size(); }
   // Client ids with a lease held or an ACQUIRE queued here.
   [[nodiscard]] std::size_t tracked_clients() const noexcept { return usage_.size(); }
@@ -147,14 +215,16 @@ class Shard {
     std::uint64_t request_id = 0;
     Peer peer;
     std::uint32_t ttl_ms = 0;
+    LeaseMode mode = LeaseMode::kExclusive;
     std::uint64_t fingerprint = 0;   // of its ACQUIRE, for the answer remembered later
     std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
+    MultiAcquire* multi = nullptr;   // set for a part of an ACQUIRE_MANY
+    std::size_t part = 0;            // which part of `multi`
     KeyState* state = nullptr;
     std::list<Waiter>::iterator self;
   };
-  // The node is the lease's expiry timer.
-  struct KeyState : TimerNode {
-    const HashedKey* key = nullptr;  // the map's key, stable for the node's life
+  // One lease on a key; the node is its expiry timer.
+  struct Holder : TimerNode {
     ClientId owner;
     std::uint64_t token = 0;
     std::uint64_t request_id = 0;  // of the ACQUIRE that was granted
@@ -162,7 +232,21 @@ class Shard {
     // RENEW's. A holder's request at or below it (other than the granting
     // ACQUIRE itself) is stale and changes nothing.
     std::uint64_t last_request_id = 0;
+    LeaseMode mode = LeaseMode::kExclusive;
+    // Taken for an ACQUIRE_MANY that has not completed: no RENEW or RELEASE
+    // applies to it until confirm().
+    bool pending = false;
+    KeyState* state = nullptr;
+    std::list<Holder>::iterator self;
+  };
+  struct KeyState {
+    const HashedKey* key = nullptr;  // the map's key, stable for the node's life
+    std::uint32_t permits = 0;       // a semaphore key's limit; 0 for a lock key
+    std::list<Holder> holders;       // oldest grant first
     std::list<Waiter> waiters;
+    [[nodiscard]] bool exclusive() const noexcept {
+      return !holders.empty() && holders.front().mode == LeaseMode::kExclusive;
+    }
   };
   // (client id, request id) of a queued ACQUIRE: the waiter index's key.
   struct WaiterId {
@@ -184,7 +268,8 @@ class Shard {
     MessageType type = MessageType::kError;  // kAcquire while the request is queued
     std::uint64_t token = 0;
     std::uint32_t ttl_ms = 0;
-    std::uint64_t fingerprint = 0;  // request_fingerprint() of the request answered
+    std::uint64_t fingerprint = 0;           // request_fingerprint() of the request answered
+    WireError error = WireError::kInternal;  // type kError
   };
   // The request's type and key (by its hash): what a retransmission must
   // repeat.
@@ -195,28 +280,44 @@ class Shard {
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
   [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
   KeyState* find_live(const KeyRef& key, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
-  static OwnerCheck check_owner(const KeyState* state, const ClientId& client,
-                                std::uint64_t token) noexcept;
+  // The holder RENEW/RELEASE with `token` from `client` acts on (set with kOk).
+  static OwnerCheck check_owner(KeyState* state, const ClientId& client, std::uint64_t token,
+                                Holder*& holder) noexcept;
   // handle() past validation, lock-delay and the dedup cache; may throw
   // std::bad_alloc, with the shard unchanged.
   bool decide(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
               std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
               Message& reply, std::vector<DeferredReply>& deferred);
-  // ACQUIRE of `key`, held as `state` (null when free).
+  // An ACQUIRE of any single-key kind for `key`, held as `state` (null when
+  // free).
   void acquire(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
                KeyState* state, std::uint64_t fingerprint, std::uint16_t reply_credit,
                std::int64_t now_ms, Message& reply, bool& answered);
+  // Whether a new holder in `mode` fits `state`'s holders now (waiters aside).
+  [[nodiscard]] static bool fits(const KeyState& state, LeaseMode mode) noexcept;
+  // Whether `mode` with `permits` may use `state` at all (lock vs semaphore).
+  [[nodiscard]] static bool same_kind(const KeyState& state, LeaseMode mode,
+                                      std::uint32_t permits) noexcept;
+  // A new key entry, held by nobody yet. May throw; nothing changed then.
+  KeyState& add_key(const KeyRef& key, LeaseMode mode, std::uint32_t permits);
   // A new token, or 0 with `reply` set to ERROR(kInternal).
   std::uint64_t next_token(Message& reply);
-  // Makes `client` the holder of `state` with `token` until now + ttl.
-  void hold(KeyState& state, const ClientId& client, std::uint64_t request_id, std::uint64_t token,
+  // A holder node at the back of `state`'s holders, counted in leases_ and
+  // the client's usage: a spare node when there is one. May throw, with
+  // nothing changed.
+  Holder& add_holder(KeyState& state, const ClientId& client);
+  // Sets `h` to hold with `token` until now + ttl.
+  void hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
             std::uint32_t ttl_ms, std::int64_t now_ms) noexcept;
   // hold() for ACQUIRE `request`, answered GRANTED and remembered.
-  void grant(KeyState& state, const ClientId& client, const Message& request, std::uint64_t token,
+  void grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
              std::uint64_t fingerprint, std::int64_t now_ms, Message& reply);
-  // The holder is gone (release or expiry): grant to the first waiter, or
-  // forget the key.
-  void hand_off(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // `h` is gone (release, expiry, abandonment): serve the waiters it was
+  // keeping out, and forget the key if nobody holds it then.
+  void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // Grants waiters from the front of `state`'s queue while each fits; forgets
+  // the key when it ends with no holder.
+  void serve_waiters(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   void erase(KeyState& state);
   // A waiter node at the back of state's queue: a spare one spliced over when
   // there is one (no allocation), a new one otherwise. Fields are the caller's
@@ -225,6 +326,9 @@ class Shard {
   // Moves a waiter whose timer is cancelled out of state's queue into the
   // spares (or frees it when kMaxSpareWaiters are already kept).
   void retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter);
+  // Queues `client`'s request on `state`, all allocation first. May throw,
+  // with nothing changed.
+  Waiter& enqueue(KeyState& state, const ClientId& client, std::uint64_t request_id);
   void on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   // Appends an answer for waiter `w` of `state` to `deferred`. Never throws:
   // without memory the answer is not sent (it is remembered; the waiter's
@@ -244,16 +348,23 @@ class Shard {
   // rounded up (see shard.cc), and the time surely left of one.
   [[nodiscard]] static std::int64_t deadline_for(std::int64_t now_ms,
                                                  std::uint32_t ttl_ms) noexcept;
+  [[nodiscard]] static std::uint32_t ttl_left(const Holder& h, std::int64_t now_ms) noexcept;
+  // The longest any holder of `state` has left.
   [[nodiscard]] static std::uint32_t ttl_left(const KeyState& s, std::int64_t now_ms) noexcept;
+  // The pending holder `m` took for `part`.
+  Holder* pending_holder(const MultiAcquire& m, const MultiAcquire::Part& part);
 
   std::uint32_t index_;
   ShardLimits limits_;
   ShardTokens tokens_;
   TimerWheel wheel_;
   std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
-  // Unused waiter nodes. std::list::splice moves a node between lists without
-  // allocating, so queueing an ACQUIRE reuses a node in steady state.
+  // Unused waiter and holder nodes. std::list::splice moves a node between
+  // lists without allocating, so queueing and granting reuse nodes in steady
+  // state.
   std::list<Waiter> spare_waiters_;
+  std::list<Holder> spare_holders_;
+  std::size_t leases_ = 0;  // holders over all keys
   DedupCache<Answer> dedup_;
   // Every queued waiter by (client id, request id), so a retransmitted
   // ACQUIRE still queued is found in O(1), however long the queue.
