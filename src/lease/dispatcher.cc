@@ -1,8 +1,11 @@
 // The request path between the I/O loops and the shards. See dispatcher.h.
 #include "dispatcher.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <new>
+#include <tuple>
 #include <utility>
 
 #include "shardlock/lease/internal/string_key.h"
@@ -11,7 +14,10 @@
 namespace shardlock::lease::internal {
 
 Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Shard>> shards)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
+      active_many_(16, MultiIdHash{options_.key_seed}),
+      many_answers_(limits_.dedup_capacity, options_.key_seed) {
   shards_.reserve(shards.size());
   for (auto& shard : shards) {
     auto slot = std::make_unique<ShardSlot>();
@@ -96,7 +102,15 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
 }
 
 void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) {
-  for (const DeferredReply& d : w.deferred) {
+  // A step of an ACQUIRE_MANY may hand keys off and append more answers, so
+  // this walks by index over a list that can grow.
+  for (std::size_t i = 0; i < w.deferred.size(); ++i) {
+    if (w.deferred[i].multi != nullptr) {
+      const DeferredReply step = w.deferred[i];
+      continue_many(w, step, replies);
+      continue;
+    }
+    const DeferredReply& d = w.deferred[i];
     if (d.type == MessageType::kError) {
       options_.log("cannot issue a token to a waiter on a key; answered ERROR(internal)");
     }
@@ -187,6 +201,12 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       r.type = MessageType::kError;
       r.error = WireError::kNotARequest;
       count(errors_);
+    } else if (m.type == MessageType::kAcquireMany) {
+      const auto credit = static_cast<std::uint16_t>(
+          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      if (!acquire_many(w, m.owner.value_or(w.request.client_id), peer, m, credit, now, r, i)) {
+        continue;
+      }
     } else {
       const std::uint64_t key_hash = hash_key(m.key, options_.key_seed);
       ShardSlot& slot = *shards_[shard_index(key_hash, shards_.size())];
@@ -247,6 +267,7 @@ void Dispatcher::add_own_counters(
   add(StatCounter::kAllocationFailures, allocation_failures_);
   add(StatCounter::kAmplificationDrops, amplification_drops_);
   add(StatCounter::kSendDrops, send_drops_);
+  add(StatCounter::kRequests, requests_);
 }
 
 ServerStats Dispatcher::stats() const {
@@ -259,6 +280,256 @@ ServerStats Dispatcher::stats() const {
   }
   add_own_counters(s.counters);
   return s;
+}
+
+// ---- ACQUIRE_MANY ------------------------------------------------------------
+
+std::size_t Dispatcher::MultiIdHash::operator()(const MultiId& id) const noexcept {
+  const std::uint64_t words[3] = {id.client.lo, id.client.hi, id.request_id};
+  return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
+}
+
+Shard& Dispatcher::shard_at(std::uint32_t index) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+  return *shards_[index]->shard;  // callers hold its lock (lock_parts)
+}
+
+// Parts are sorted by shard, so one pass sees each shard once, in ascending
+// order: every multi-shard locker takes them in the same order.
+void Dispatcher::lock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+  for (std::size_t i = 0; i < m.parts.size(); ++i) {
+    if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) shards_[m.parts[i].shard]->mu.lock();
+  }
+}
+
+void Dispatcher::unlock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+  for (std::size_t i = m.parts.size(); i-- > 0;) {
+    if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) {
+      ShardSlot& slot = *shards_[m.parts[i].shard];
+      slot.note_timers();
+      slot.mu.unlock();
+    }
+  }
+}
+
+namespace {
+
+// What a retransmission of an ACQUIRE_MANY must repeat: its mode and keys,
+// in order.
+std::uint64_t many_fingerprint(const Message& m, std::uint64_t seed) noexcept {
+  // The mode picks one of three seeds derived from the secret one.
+  const std::uint64_t mode_seed =
+      seed ^ (0x9E3779B97F4A7C15ULL * (static_cast<std::uint64_t>(m.mode) + 1));
+  return XXH3_64bits_withSeed(m.key_list.data(), m.key_list.size(), mode_seed);
+}
+
+// Why ACQUIRE_MANY `m` cannot be taken at all, if it cannot.
+std::optional<WireError> check_many(const Message& m, const ShardLimits& limits) {
+  if (m.mode != LeaseMode::kExclusive && m.mode != LeaseMode::kShared) return WireError::kBadMode;
+  if (m.key_count == 0 || m.key_count > kMaxKeysPerRequest) return WireError::kBadKeyList;
+  if (m.ttl_ms == 0 || m.ttl_ms > limits.max_ttl_ms) return WireError::kTtlOutOfRange;
+  if (m.wait_ms > limits.max_wait_ms) return WireError::kWaitOutOfRange;
+  std::array<std::string_view, kMaxKeysPerRequest> keys{};
+  std::size_t n = 0;
+  for (const std::string_view key : KeyList(m)) {
+    if (key.size() < kMinKeyLength) return WireError::kBadKey;
+    if (key.size() > kMaxKeyLength) return WireError::kKeyTooLong;
+    keys[n++] = key;
+  }
+  std::sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
+  if (std::adjacent_find(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n)) !=
+      keys.begin() + static_cast<std::ptrdiff_t>(n)) {
+    return WireError::kBadKeyList;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void Dispatcher::fill_many(const MultiAnswer& answer, std::span<std::uint8_t> tokens,
+                           Message& reply) {
+  reply.type = answer.type;
+  reply.ttl_ms = answer.ttl_ms;
+  reply.index = answer.index;
+  reply.error = answer.error;
+  if (answer.type != MessageType::kGrantedMany) return;
+  for (std::size_t i = 0; i < answer.count; ++i) {
+    for (std::size_t b = 0; b < 8; ++b) {
+      tokens[i * 8 + b] = static_cast<std::uint8_t>(answer.tokens[i] >> (8 * b));
+    }
+  }
+  reply.tokens_le = tokens.first(8 * std::size_t{answer.count});
+}
+
+bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer, const Message& m,
+                              std::uint16_t credit, std::int64_t now, Message& reply,
+                              std::size_t item) {
+  count(requests_);
+  const auto refuse = [&](WireError e) {
+    reply.type = MessageType::kError;
+    reply.error = e;
+    count(errors_);
+    return true;
+  };
+  if (const auto error = check_many(m, limits_)) return refuse(*error);
+  if (now < limits_.recovering_until_ms) {
+    reply.type = MessageType::kRecovering;
+    reply.retry_after_ms = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(limits_.recovering_until_ms - now, UINT32_MAX));
+    return true;
+  }
+  const std::uint64_t fingerprint = many_fingerprint(m, options_.key_seed);
+  auto owned = std::make_unique<MultiAcquire>();
+  MultiAcquire& multi = *owned;
+  {
+    LockGuard lock(multi_mu_);
+    if (active_many_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
+    if (const MultiAnswer* cached = many_answers_.find(owner, m.request_id)) {
+      if (cached->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
+      fill_many(*cached, w.many_tokens[item], reply);
+      return true;
+    }
+    active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
+  }
+  multi.client = owner;
+  multi.request_id = m.request_id;
+  multi.peer = peer;
+  multi.mode = m.mode;
+  multi.ttl_ms = m.ttl_ms;
+  multi.wait_deadline_ms = now + m.wait_ms;
+  multi.reply_credit = credit;
+  std::uint8_t index = 0;
+  for (const std::string_view key : KeyList(m)) {
+    MultiAcquire::Part& part = multi.parts.emplace_back();
+    part.key = std::string(key);
+    part.hash = hash_key(key, options_.key_seed);
+    part.shard = static_cast<std::uint32_t>(shard_index(part.hash, shards_.size()));
+    part.index = index++;
+  }
+  std::sort(multi.parts.begin(), multi.parts.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.shard, a.hash, a.key) < std::tie(b.shard, b.hash, b.key);
+  });
+  multi.fingerprint = fingerprint;
+  lock_parts(multi);
+  std::optional<MultiAnswer> answer;
+  try {
+    answer = step_many(multi, true, now, w.deferred);
+  } catch (const std::bad_alloc&) {
+    abandon_many(multi, now, w.deferred);
+    answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
+    count(allocation_failures_);
+  }
+  unlock_parts(multi);
+  if (!answer) return false;  // queued: `multi` is the shards' now, until its step comes
+  if (answer->type == MessageType::kError) count(errors_);
+  fill_many(*answer, w.many_tokens[item], reply);
+  finish_many(multi, *answer);
+  return true;
+}
+
+std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bool first,
+                                                             std::int64_t now,
+                                                             std::vector<DeferredReply>& deferred) {
+  const auto fail = [&](WireError e) {
+    abandon_many(m, now, deferred);
+    return MultiAnswer{.type = MessageType::kError, .error = e};
+  };
+  const auto state_error = [&](Shard::PartState state) {
+    return fail(state == Shard::PartState::kKindMismatch ? WireError::kLeaseKindMismatch
+                                                         : WireError::kLimitExceeded);
+  };
+  if (first) {
+    // All or nothing: every key is looked at before any is taken.
+    for (std::size_t i = 0; i < m.parts.size(); ++i) {
+      std::uint32_t ttl_left = 0;
+      const Shard::PartState state =
+          shard_at(m.parts[i].shard).probe(m, m.parts[i], now, ttl_left, deferred);
+      if (state == Shard::PartState::kFree) continue;
+      if (state != Shard::PartState::kBusy) return state_error(state);
+      if (m.wait_deadline_ms <= now) {
+        shard_at(m.parts[i].shard).count_outcome(StatCounter::kBusy);
+        return MultiAnswer{
+            .type = MessageType::kBusyMany, .ttl_ms = ttl_left, .index = m.parts[i].index};
+      }
+      break;  // waits: walk below
+    }
+  }
+  // Take keys in the global order; queue on the first busy one.
+  for (std::size_t i = m.taken; i < m.parts.size(); ++i) {
+    MultiAcquire::Part& part = m.parts[i];
+    Shard& shard = shard_at(part.shard);
+    std::uint32_t ttl_left = 0;
+    const Shard::PartState state = shard.probe(m, part, now, ttl_left, deferred);
+    if (state == Shard::PartState::kBusy) {
+      if (!shard.queue(m, i, now)) return fail(WireError::kLimitExceeded);
+      return std::nullopt;
+    }
+    if (state != Shard::PartState::kFree) return state_error(state);
+    if (shard.take(m, part, now) == 0) {
+      options_.log("shard " + std::to_string(shard.index()) +
+                   ": cannot issue a token: " + shard.last_error());
+      return fail(WireError::kInternal);
+    }
+    m.taken = i + 1;
+  }
+  MultiAnswer granted{.type = MessageType::kGrantedMany, .ttl_ms = m.ttl_ms};
+  granted.count = static_cast<std::uint8_t>(m.parts.size());
+  for (const MultiAcquire::Part& part : m.parts) {
+    shard_at(part.shard).confirm(m, part, now);
+    granted.tokens[part.index] = part.token;
+  }
+  return granted;
+}
+
+void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,
+                              std::vector<DeferredReply>& deferred) {
+  for (std::size_t i = 0; i < m.taken; ++i) {
+    shard_at(m.parts[i].shard).abandon(m, m.parts[i], now, deferred);
+  }
+  m.taken = 0;
+}
+
+void Dispatcher::finish_many(const MultiAcquire& m, MultiAnswer answer) {
+  answer.fingerprint = m.fingerprint;
+  LockGuard lock(multi_mu_);
+  try {
+    many_answers_.put(m.client, m.request_id, answer);
+  } catch (const std::bad_alloc&) {
+    count(allocation_failures_);  // a retransmission then starts afresh
+  }
+  active_many_.erase(MultiId{m.client, m.request_id});  // destroys m
+}
+
+void Dispatcher::continue_many(Worker& w, const DeferredReply& d,
+                               std::vector<OutDatagram>& replies) {
+  MultiAcquire& m = *d.multi;
+  const std::int64_t now = now_ms();
+  std::optional<MultiAnswer> answer;
+  lock_parts(m);
+  try {
+    if (d.type == MessageType::kGranted) {
+      answer = step_many(m, false, now, w.deferred);
+    } else {
+      abandon_many(m, now, w.deferred);
+      answer = MultiAnswer{.type = d.type, .error = d.error};
+    }
+  } catch (const std::bad_alloc&) {
+    abandon_many(m, now, w.deferred);
+    answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
+    count(allocation_failures_);
+  }
+  unlock_parts(m);
+  if (!answer) return;  // queued on its next key
+  if (answer->type == MessageType::kError) count(errors_);
+  w.reply.count = 0;
+  w.reply.batch = false;
+  w.reply.client_id = m.client;
+  w.reply.request_id = m.request_id;
+  Message reply;
+  reply.request_id = m.request_id;
+  fill_many(*answer, w.deferred_tokens, reply);
+  (void)w.reply.push(reply);
+  send_reply(w.reply, m.reply_credit, m.peer, replies);
+  finish_many(m, *answer);
 }
 
 }  // namespace shardlock::lease::internal

@@ -9,11 +9,29 @@
 //      gets ERROR(request too small) items, and no reply is ever larger than
 //      the datagram that asked for it (larger ones are withheld, counted);
 //   4. for each item: STATS is answered here from every shard's counters;
+//      ACQUIRE_MANY is taken here across the shards of its keys (below);
 //      anything else goes to the shard its key hashes to, under that shard's
 //      lock, with the key hashed once for the whole path;
 //   5. the reply datagram, then any answers the items triggered for queued
 //      waiters (FIFO hand-off), are appended to the caller's list.
 // tick() drives the timers of the shards a worker owns (s % workers).
+//
+// ACQUIRE_MANY: its keys are sorted into the global order (shard index,
+// key hash, key) and every step runs with the locks of all its shards,
+// taken in ascending shard order (as lock_many() takes stripes), so a step
+// is atomic with respect to every other request on those keys:
+//   * first, every key is probed: all free -> all taken and confirmed
+//     (GRANTED_MANY); a kind mismatch or a limit -> ERROR; otherwise, with
+//     no wait, BUSY_MANY naming the first busy key, and nothing was taken;
+//   * with a wait, the free keys before the first busy one are taken as
+//     pending holds and the request queues on that key. Its hand-off (a
+//     DeferredReply with `multi`) continues the walk from there; its
+//     timeout, or an error, abandons every pending hold.
+// A request waits on one key at a time and holds only keys before it in
+// the global order, so no two requests wait for each other in a cycle.
+// In-progress requests and recent answers live in a table of their own
+// (multi_mu_, never held with a shard lock), so a retransmission is not
+// taken twice and gets the answer given.
 //
 // Threading: any number of I/O threads call handle() and tick() at once,
 // each with its own worker index; a shard's state is only touched under its
@@ -29,11 +47,13 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/auth.h"
+#include "shardlock/lease/internal/dedup_cache.h"
 #include "shardlock/lease/internal/peer.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/protocol.h"
@@ -108,6 +128,29 @@ class Dispatcher {
     Datagram reply;
     std::vector<DeferredReply> deferred;
     std::vector<std::uint8_t> stats_tokens;
+    // GRANTED_MANY tokens of each item of the reply being built, and of a
+    // deferred one.
+    std::array<std::array<std::uint8_t, 8 * kMaxKeysPerRequest>, kMaxBatch> many_tokens{};
+    std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
+  };
+  // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
+  struct MultiAnswer {
+    MessageType type = MessageType::kError;  // kGrantedMany, kBusyMany, kTimeout, kError
+    std::uint32_t ttl_ms = 0;
+    std::uint8_t index = 0;  // kBusyMany
+    WireError error = WireError::kInternal;
+    std::uint8_t count = 0;  // tokens, in the request's key order
+    std::array<std::uint64_t, kMaxKeysPerRequest> tokens{};
+    std::uint64_t fingerprint = 0;  // of the request (mode, ttl-free: its keys in order)
+  };
+  struct MultiId {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    friend bool operator==(const MultiId&, const MultiId&) = default;
+  };
+  struct MultiIdHash {
+    std::uint64_t seed = 0;
+    std::size_t operator()(const MultiId& id) const noexcept;
   };
 
   static void count(std::atomic<std::uint64_t>& c) noexcept {
@@ -125,6 +168,26 @@ class Dispatcher {
   void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   [[nodiscard]] std::int64_t now_ms() const;
 
+  // ACQUIRE_MANY `m` of `owner`: false when it was queued (or is already in
+  // progress), else `reply` is the answer.
+  bool acquire_many(Worker& w, const ClientId& owner, const Peer& peer, const Message& m,
+                    std::uint16_t credit, std::int64_t now, Message& reply, std::size_t item);
+  // Continues `d.multi` after its queued part was granted, or gives it up.
+  void continue_many(Worker& w, const DeferredReply& d, std::vector<OutDatagram>& replies);
+  // One step of `m` under all its shards' locks: nullopt while it waits.
+  std::optional<MultiAnswer> step_many(MultiAcquire& m, bool first, std::int64_t now,
+                                       std::vector<DeferredReply>& deferred);
+  // Gives up `m`: every pending hold goes.
+  void abandon_many(MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred);
+  // Remembers `answer` for m's retransmissions and forgets m (destroying it).
+  void finish_many(const MultiAcquire& m, MultiAnswer answer);
+  // `answer` as a reply message; its tokens go to `tokens`.
+  static void fill_many(const MultiAnswer& answer, std::span<std::uint8_t> tokens, Message& reply);
+  // The shards of `m`'s parts, locked in ascending order / unlocked.
+  void lock_parts(const MultiAcquire& m);
+  void unlock_parts(const MultiAcquire& m);
+  Shard& shard_at(std::uint32_t index);
+
   DispatcherOptions options_;
   std::vector<std::unique_ptr<ShardSlot>> shards_;
   std::vector<std::unique_ptr<Worker>> workers_;
@@ -135,6 +198,13 @@ class Dispatcher {
   std::atomic<std::uint64_t> allocation_failures_{0};
   std::atomic<std::uint64_t> amplification_drops_{0};
   std::atomic<std::uint64_t> send_drops_{0};
+  std::atomic<std::uint64_t> requests_{0};
+  // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
+  ShardLimits limits_;
+  mutable Mutex multi_mu_;
+  std::unordered_map<MultiId, std::unique_ptr<MultiAcquire>, MultiIdHash> active_many_
+      SHARDLOCK_GUARDED_BY(multi_mu_);
+  DedupCache<MultiAnswer> many_answers_ SHARDLOCK_GUARDED_BY(multi_mu_);
 };
 
 }  // namespace shardlock::lease::internal

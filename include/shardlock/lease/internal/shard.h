@@ -105,8 +105,9 @@ struct MultiAcquire {
   std::uint32_t ttl_ms = 0;
   std::int64_t wait_deadline_ms = 0;  // arrival + wait_ms
   std::uint16_t reply_credit = 0;
-  std::vector<Part> parts;  // in the global order (shard, hash, key)
-  std::size_t taken = 0;    // parts[0, taken) are held, pending until confirmed
+  std::uint64_t fingerprint = 0;  // the Dispatcher's, for retransmissions
+  std::vector<Part> parts;        // in the global order (shard, hash, key)
+  std::size_t taken = 0;          // parts[0, taken) are held, pending until confirmed
 };
 
 // An answer decided after its request: a queued ACQUIRE granted on hand-off,
