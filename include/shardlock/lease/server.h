@@ -94,11 +94,12 @@ struct LeaseServerOptions {
   // the same way, per shard, so one client id can reach up to
   // shards x ceil(bound / shards) in all (about the bound when it is much
   // larger than the shard count). A queued ACQUIRE handed the lease is
-  // granted even if its client is at max_leases_per_client by then.
-  std::size_t max_keys = 1'000'000;              // held keys
+  // granted even if its client is at max_leases_per_client by then. Leases
+  // count holders: a key with three shared holders counts three.
+  std::size_t max_keys = 1'000'000;              // leases held, all keys
   std::size_t max_waiters = 1'000'000;           // queued ACQUIREs, all keys
   std::size_t max_waiters_per_key = 10'000;      // queued ACQUIREs on one key
-  std::size_t max_leases_per_client = 100'000;   // keys held by one client id
+  std::size_t max_leases_per_client = 100'000;   // leases held by one client id
   std::size_t max_waiters_per_client = 100'000;  // ACQUIREs queued by one client id
   // Shared key for datagram authentication (auth.h). When set, every
   // datagram must carry a valid tag (the others are dropped and counted as
