@@ -83,12 +83,13 @@ int run(int argc, char** argv) {
   // Memory bounds: past one, a request is answered ERROR(limit exceeded).
   constexpr std::size_t kMaxBound = std::size_t{1} << 40;
   for (const auto& [flag, field, what] :
-       {std::tuple<const char*, std::size_t*, const char*>{"--max-keys", &options.max_keys,
-                                                           "held keys, all shards"},
+       {std::tuple<const char*, std::size_t*, const char*>{
+            "--max-keys", &options.max_keys,
+            "leases held, all shards (each shared or permit holder counts)"},
         {"--max-waiters", &options.max_waiters, "queued ACQUIREs, all keys"},
         {"--max-waiters-per-key", &options.max_waiters_per_key, "queued ACQUIREs on one key"},
         {"--max-leases-per-client", &options.max_leases_per_client,
-         "keys one client id may hold (enforced per shard as ceil(n / shards))"},
+         "leases one client id may hold (enforced per shard as ceil(n / shards))"},
         {"--max-waiters-per-client", &options.max_waiters_per_client,
          "ACQUIREs one client id may have queued (per shard as ceil(n / shards))"}}) {
     app.add_option(flag, *field, what)
