@@ -731,6 +731,34 @@ TEST_F(ShardTest, EachSharedHolderExpiresOnItsOwn) {
   EXPECT_EQ(query().reply.ttl_ms, 5000u);
 }
 
+// The same, with the newer holder expiring first: its token is above the
+// remaining holder's, and it is still a lease that ended, not someone else's.
+TEST_F(ShardTest, TheNewestSharedHolderExpiringGetsExpiredNotNotOwner) {
+  const auto t1 = acquire_shared(kAlice, 3000).reply.token;
+  const auto t2 = acquire_shared(kBob, 1000).reply.token;
+  ASSERT_GT(t2, t1);
+  advance_to(now_ + 1001);
+  EXPECT_EQ(query().reply.holders, 1u);
+  EXPECT_EQ(renew(kBob, t2, 1000).reply.type, MessageType::kExpired);
+  EXPECT_EQ(release(kBob, t2).reply.type, MessageType::kExpired);
+  EXPECT_EQ(counter(StatCounter::kNotOwner), 0u);
+  EXPECT_EQ(renew(kAlice, t1, 1000).reply.type, MessageType::kRenewed);
+  // A token never issued is still NOT_OWNER.
+  EXPECT_EQ(release(kBob, shard_->last_token() + 1).reply.type, MessageType::kNotOwner);
+}
+
+// A lost RELEASED past the dedup cache must turn into EXPIRED, never a false
+// NOT_OWNER (docs/lease-server.md), also when other readers remain.
+TEST_F(ShardTest, LateReleaseRetransmissionOfASharedHolderIsExpired) {
+  make_shard(ShardLimits{.dedup_capacity = 0});
+  const auto t1 = acquire_shared(kAlice, 1000, 0, 10).reply.token;
+  const auto t2 = acquire_shared(kBob, 1000, 0, 20).reply.token;
+  ASSERT_EQ(release(kBob, t2, 21).reply.type, MessageType::kReleased);
+  EXPECT_EQ(release(kBob, t2, 21).reply.type, MessageType::kExpired);
+  ASSERT_EQ(release(kAlice, t1, 11).reply.type, MessageType::kReleased);
+  EXPECT_EQ(release(kAlice, t1, 11).reply.type, MessageType::kExpired);
+}
+
 TEST_F(ShardTest, AnExclusiveTokenExceedsEveryEarlierGrantOnTheKey) {
   std::uint64_t highest = 0;
   std::vector<std::uint64_t> readers;
