@@ -400,6 +400,14 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   }
 
   KeyState& state = *held;
+  // A retransmission of a queued request whose dedup entry was evicted must
+  // not queue a second time, nor be taken below for a stale request of a
+  // lease the client also holds on the key (a second permit or read): it is
+  // still queued, and a BUSY would make the client drop the grant to come.
+  if (waiter_index_.contains(WaiterId{client, request.request_id})) {
+    answered = false;
+    return;
+  }
   if (!same_kind(state, mode, request.permits)) {
     reply.type = MessageType::kError;
     reply.error = WireError::kLeaseKindMismatch;
@@ -454,12 +462,6 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     reply.ttl_ms = ttl_left(state, now_ms);
     count(StatCounter::kBusy);
     remember(client, request.request_id, Answer{reply.type, 0, reply.ttl_ms, fingerprint});
-    return;
-  }
-  // A retransmission of a queued request whose dedup entry was evicted must
-  // not queue a second time.
-  if (waiter_index_.find(WaiterId{client, request.request_id}) != waiter_index_.end()) {
-    answered = false;
     return;
   }
   if (!may_queue(client, state)) {

@@ -966,6 +966,33 @@ TEST_F(ShardTest, SharedReacquireAddsAHolderExclusiveReacquireReplaces) {
   EXPECT_EQ(d[0].client, kCarol);
 }
 
+// A client may hold a lease on a key and also wait on it (a second permit, a
+// second read behind a queued writer). Its queued ACQUIRE, retransmitted past
+// the dedup cache after the client's lease applied a newer request, is still
+// queued: it must not be answered BUSY (the client would give up on it, and
+// the permit granted to it later would be held by nobody until it expires).
+TEST_F(ShardTest, QueuedRetransmissionOfAHolderIsNotAnsweredBusy) {
+  make_shard(ShardLimits{.dedup_capacity = 0});
+  const auto mine = acquire_permit(kAlice, 1, 1000, 0, 10).reply.token;
+  ASSERT_FALSE(acquire_permit(kAlice, 1, 1000, 5000, 11).answered);
+  ASSERT_EQ(renew(kAlice, mine, 1000, 12).reply.type, MessageType::kRenewed);
+  const auto dup = acquire_permit(kAlice, 1, 1000, 5000, 11);
+  EXPECT_FALSE(dup.answered) << "answered " << to_string(dup.reply.type);
+  EXPECT_EQ(query().reply.waiters, 1u);
+  ASSERT_EQ(release(kAlice, mine, 13).reply.type, MessageType::kReleased);
+  const auto d = take_deferred();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].request_id, 11u);
+
+  // The same for a reader queued behind a writer.
+  const auto r = acquire_shared(kAlice, 1000, 0, 20, "s").reply.token;
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 0, "s").answered);
+  ASSERT_FALSE(acquire_shared(kAlice, 1000, 5000, 21, "s").answered);
+  ASSERT_EQ(renew(kAlice, r, 1000, 22, "s").reply.type, MessageType::kRenewed);
+  EXPECT_FALSE(acquire_shared(kAlice, 1000, 5000, 21, "s").answered);
+  EXPECT_EQ(query("s").reply.waiters, 2u);
+}
+
 TEST_F(ShardTest, RetransmittedPermitAcquireNeverTakesASecondPermit) {
   for (const std::size_t dedup : {std::size_t{4096}, std::size_t{0}}) {
     SCOPED_TRACE(dedup);
