@@ -759,6 +759,88 @@ TEST_F(ShardTest, LateReleaseRetransmissionOfASharedHolderIsExpired) {
   EXPECT_EQ(release(kAlice, t1, 11).reply.type, MessageType::kExpired);
 }
 
+// Readers and writers under random traffic: after every step the holders
+// QUERY reports are exactly the leases granted and not yet ended, an
+// exclusive one is alone, and nothing is granted at once past a queue.
+TEST_F(ShardTest, SharedAndExclusiveHoldersNeverMixUnderRandomTraffic) {
+  std::mt19937_64 rng(11);
+  struct Live {
+    ClientId client;
+    bool exclusive = false;
+    std::int64_t deadline = 0;
+  };
+  std::map<std::uint64_t, Live> live;         // token -> lease
+  std::map<std::uint64_t, bool> queued_mode;  // request id -> exclusive
+  std::uint64_t rid = 1000;
+  auto expire = [&] {
+    std::erase_if(live, [&](const auto& e) { return e.second.deadline <= now_; });
+  };
+  auto drain = [&] {
+    for (const DeferredReply& d : take_deferred()) {
+      if (d.type != MessageType::kGranted) continue;
+      live[d.token] = Live{d.client, queued_mode.at(d.request_id), now_ + d.ttl_ms + 1};
+    }
+  };
+  for (int step = 0; step < 5000; ++step) {
+    const ClientId c{9, rng() % 5};
+    switch (rng() % 4) {
+      case 0: {
+        const bool exclusive = rng() % 3 == 0;
+        const auto ttl = static_cast<std::uint32_t>(5 + rng() % 60);
+        const auto wait = static_cast<std::uint32_t>(rng() % 2 ? 0 : rng() % 40);
+        const auto id = ++rid;
+        queued_mode[id] = exclusive;
+        const auto waiting = query().reply.waiters;
+        drain();
+        expire();
+        // An exclusive holder re-acquiring replaces its own grant.
+        bool replaces = false;
+        if (exclusive) {
+          for (const auto& [t, l] : live) replaces |= l.exclusive && l.client == c;
+        }
+        const auto r = exclusive ? acquire(c, ttl, wait, id) : acquire_shared(c, ttl, wait, id);
+        drain();
+        if (r.answered && r.reply.type == MessageType::kGranted) {
+          EXPECT_TRUE(waiting == 0 || replaces) << "granted past a queue, step " << step;
+          if (replaces) live.clear();
+          live[r.reply.token] = Live{c, exclusive, now_ + ttl + 1};
+        }
+        break;
+      }
+      case 1: {
+        expire();
+        if (live.empty()) break;
+        const auto it = std::next(live.begin(), static_cast<long>(rng() % live.size()));
+        const auto r = release(it->second.client, it->first, ++rid);
+        EXPECT_EQ(r.reply.type, MessageType::kReleased);
+        live.erase(it);
+        drain();
+        break;
+      }
+      default:
+        advance_to(now_ + static_cast<std::int64_t>(rng() % 15));
+        drain();
+        break;
+    }
+    expire();
+    const auto q = query();
+    drain();
+    expire();
+    ASSERT_EQ(q.reply.holders, live.size()) << "step " << step;
+    std::size_t exclusive = 0;
+    for (const auto& [t, l] : live) exclusive += l.exclusive ? 1 : 0;
+    ASSERT_TRUE(exclusive == 0 || live.size() == 1) << "step " << step;
+    if (q.reply.held) {
+      EXPECT_EQ(q.reply.mode, exclusive ? LeaseMode::kExclusive : LeaseMode::kShared);
+      EXPECT_EQ(q.reply.token, live.rbegin()->first);
+    }
+  }
+  // The run went through queues, hand-offs and timeouts.
+  EXPECT_GT(counter(StatCounter::kQueued), 100u);
+  EXPECT_GT(counter(StatCounter::kTimeouts), 10u);
+  EXPECT_GT(counter(StatCounter::kExpirations), 100u);
+}
+
 TEST_F(ShardTest, AnExclusiveTokenExceedsEveryEarlierGrantOnTheKey) {
   std::uint64_t highest = 0;
   std::vector<std::uint64_t> readers;
