@@ -129,16 +129,16 @@ Shard::KeyState* Shard::find_live(const KeyRef& key, std::int64_t now_ms,
 Shard::OwnerCheck Shard::check_owner(KeyState* state, const ClientId& client, std::uint64_t token,
                                      Holder*& holder) noexcept {
   if (state == nullptr) return OwnerCheck::kExpired;
-  std::uint64_t newest = 0;
   for (Holder& h : state->holders) {
-    if (h.token == token && !h.pending) {
-      if (!(h.owner == client)) return OwnerCheck::kNotOwner;
-      holder = &h;
-      return OwnerCheck::kOk;
-    }
-    newest = std::max(newest, h.token);
+    if (h.token != token) continue;
+    if (h.pending || !(h.owner == client)) return OwnerCheck::kNotOwner;
+    holder = &h;
+    return OwnerCheck::kOk;
   }
-  return token < newest ? OwnerCheck::kExpired : OwnerCheck::kNotOwner;
+  // Not the newest holder's token but the newest grant's: shared and permit
+  // holders leave in any order, so the lease that ended may have been newer
+  // than every holder left.
+  return token <= state->newest_token ? OwnerCheck::kExpired : OwnerCheck::kNotOwner;
 }
 
 std::uint64_t Shard::request_fingerprint(MessageType type, std::uint64_t key_hash) noexcept {
@@ -363,6 +363,7 @@ void Shard::hold(Holder& h, std::uint64_t request_id, std::uint64_t token, Lease
   h.request_id = request_id;
   h.last_request_id = request_id;
   h.mode = mode;
+  h.state->newest_token = std::max(h.state->newest_token, token);
   wheel_.schedule(h, deadline_for(now_ms, ttl_ms));
 }
 
@@ -399,6 +400,14 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   }
 
   KeyState& state = *held;
+  // A retransmission of a queued request whose dedup entry was evicted must
+  // not queue a second time, nor be taken below for a stale request of a
+  // lease the client also holds on the key (a second permit or read): it is
+  // still queued, and a BUSY would make the client drop the grant to come.
+  if (waiter_index_.contains(WaiterId{client, request.request_id})) {
+    answered = false;
+    return;
+  }
   if (!same_kind(state, mode, request.permits)) {
     reply.type = MessageType::kError;
     reply.error = WireError::kLeaseKindMismatch;
@@ -453,12 +462,6 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     reply.ttl_ms = ttl_left(state, now_ms);
     count(StatCounter::kBusy);
     remember(client, request.request_id, Answer{reply.type, 0, reply.ttl_ms, fingerprint});
-    return;
-  }
-  // A retransmission of a queued request whose dedup entry was evicted must
-  // not queue a second time.
-  if (waiter_index_.find(WaiterId{client, request.request_id}) != waiter_index_.end()) {
-    answered = false;
     return;
   }
   if (!may_queue(client, state)) {

@@ -46,9 +46,11 @@
 // Owner checks (RENEW, RELEASE):
 //   * no live lease on the key                   -> EXPIRED
 //   * a holder with this token and client id     -> ok (that holder)
-//   * token lower than the newest holder's token -> EXPIRED (superseded;
-//     this is what a late retransmission sees, so it is never a false
-//     NOT_OWNER)
+//   * a pending holder's token (not a lease yet) -> NOT_OWNER
+//   * any other token up to the newest granted on the key -> EXPIRED (a
+//     lease that ended or was superseded; this is what a late retransmission
+//     sees, so it is never a false NOT_OWNER, even when the lease that ended
+//     was newer than the shared holders still there)
 //   * otherwise                                  -> NOT_OWNER
 #pragma once
 
@@ -243,7 +245,10 @@ class Shard {
   struct KeyState {
     const HashedKey* key = nullptr;  // the map's key, stable for the node's life
     std::uint32_t permits = 0;       // a semaphore key's limit; 0 for a lock key
-    std::list<Holder> holders;       // oldest grant first
+    // The newest token granted on the key since it entered keys_, held or
+    // not: a token at or below it that no holder has is a lease that ended.
+    std::uint64_t newest_token = 0;
+    std::list<Holder> holders;  // oldest grant first
     std::list<Waiter> waiters;
     [[nodiscard]] bool exclusive() const noexcept {
       return !holders.empty() && holders.front().mode == LeaseMode::kExclusive;
