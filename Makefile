@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-release deps-peers run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture
+        build-release build-bench format lint clean help torture package
 
 all: build-release
 
@@ -20,6 +20,7 @@ help:
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make format     clang-format every source file in place"
 	@echo "make lint       clang-tidy over src/ and tools/ (part of make test's clang stage)"
+	@echo "make package    the Debian package (release build): build/release/shardlock_*.deb"
 
 deps:
 	@tools/install-deps.sh
@@ -36,6 +37,11 @@ deps-peers:
 build-release: deps-release
 	$(CMAKE) --preset release >/dev/null
 	$(CMAKE) --build --preset release -j $(JOBS)
+
+# The .deb: tools, systemd unit, headers, static libraries, CMake package
+# (packaging/). Needs dpkg-shlibdeps (dpkg-dev) for its Depends line.
+package: build-release
+	cd build/release && cpack -G DEB
 
 run: build-release
 	@if [ -x build/release/tools/shardlock-bench ]; then \
