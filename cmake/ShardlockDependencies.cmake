@@ -65,6 +65,13 @@ if(SHARDLOCK_BUILD_TOOLS OR SHARDLOCK_BUILD_BENCH)
   shardlock_require_config(CLI11 libcli11-dev)
 endif()
 
+# shardlockd --metrics (src/metrics/): prometheus-cpp's pull side.
+if(SHARDLOCK_BUILD_TOOLS AND NOT TARGET shardlock::prometheus)
+  shardlock_require_config(prometheus-cpp prometheus-cpp-dev)
+  add_library(shardlock::prometheus INTERFACE IMPORTED GLOBAL)
+  target_link_libraries(shardlock::prometheus INTERFACE prometheus-cpp::pull)
+endif()
+
 if(SHARDLOCK_BUILD_TESTS)
   shardlock_require_config(GTest libgtest-dev libgmock-dev)
 endif()

@@ -15,6 +15,7 @@ release=(
   build-essential cmake ninja-build pkg-config
   libbenchmark-dev
   liburing-dev libjemalloc-dev libxxhash-dev libcli11-dev libsodium-dev
+  prometheus-cpp-dev
 )
 # The dev, tsan and clang presets' tests, the fuzz targets and make lint.
 testing=(

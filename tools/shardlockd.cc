@@ -19,6 +19,7 @@
 #include "common/allocator.h"
 #include "common/command_line.h"
 #include "common/json.h"
+#include "prometheus_exporter.h"
 #include "shardlock/lease/server.h"
 
 namespace {
@@ -51,6 +52,10 @@ int run(int argc, char** argv) {
   app.add_option("--shards", options.shards, "number of shards (1..65536)")
       ->capture_default_str()
       ->check(CLI::Range(1u, 65536u));
+  std::string metrics_address;
+  app.add_option("--metrics", metrics_address,
+                 "serve Prometheus metrics at http://HOST:PORT/metrics (off by default; "
+                 "give 127.0.0.1:PORT unless other hosts must scrape it; port 0 picks one)");
   app.add_option("--data-dir", options.data_dir,
                  "directory for the durable token high-water marks; without it tokens restart "
                  "from 1 after a restart");
@@ -141,23 +146,42 @@ int run(int argc, char** argv) {
               << ")\n";
     return kExitStartFailed;
   }
+  // The exporter's civetweb threads start here, after the mask above, so the
+  // stop signals still reach only sigwait().
+  std::unique_ptr<shardlock::lease::PrometheusExporter> exporter;
+  if (!metrics_address.empty()) {
+    std::string detail;
+    if (const std::error_code ec = shardlock::lease::PrometheusExporter::start(
+            server, metrics_address, exporter, detail)) {
+      std::cerr << "shardlockd: cannot start: " << detail << "\n";
+      server.stop();
+      return kExitStartFailed;
+    }
+  }
+  std::string metrics_json = "null";
+  if (exporter) {
+    const std::size_t colon = metrics_address.rfind(':');
+    metrics_json =
+        json_string(metrics_address.substr(0, colon + 1) + std::to_string(exporter->port()));
+  }
   const auto effective_delay = server.lock_delay();
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
-      "\"auth\":%s,\"allocator\":\"%s\",\"pid\":%d}\n",
+      "\"auth\":%s,\"metrics\":%s,\"allocator\":\"%s\",\"pid\":%d}\n",
       json_string(server.listen_address()).c_str(), server.port(), options.shards,
       std::string(to_string(server.backend())).c_str(), options.io_threads,
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
       static_cast<long long>(effective_delay.count()), options.auth_key ? "true" : "false",
-      shardlock::tools::kAllocatorName, static_cast<int>(::getpid()));
+      metrics_json.c_str(), shardlock::tools::kAllocatorName, static_cast<int>(::getpid()));
   std::fflush(stdout);
 
   int signal_number = 0;
   sigwait(&stop_signals, &signal_number);
   options.log(std::string("received ") + (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") +
               ", stopping");
+  exporter.reset();
   server.stop();
   options.log("stopped");
   return 0;

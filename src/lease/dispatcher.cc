@@ -53,8 +53,10 @@ std::size_t Dispatcher::shard_of(std::string_view key) const noexcept {
 void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
                         std::vector<OutDatagram>& replies) noexcept {
   Worker& w = *workers_[worker];
+  const std::chrono::nanoseconds start = options_.clock();
   try {
     decide(w, bytes, peer, replies);
+    w.latency.record(options_.clock() - start);
   } catch (const std::bad_alloc&) {
     // Given up whole: the client retransmits. Answers already decided for
     // waiters are remembered by their shards, so their retransmissions get
@@ -277,8 +279,14 @@ ServerStats Dispatcher::stats() const {
     const auto& c = slot->shard->counters();
     for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
     s.shard_tokens.push_back(slot->shard->last_token());
+    s.leases += slot->shard->leases();
+    s.keys += slot->shard->held_keys();
+    s.waiters += slot->shard->queued_waiters();
   }
   add_own_counters(s.counters);
+  for (const auto& w : workers_) w->latency.add_to(s.request_latency);
+  const std::int64_t left = limits_.recovering_until_ms - now_ms();
+  s.lock_delay_left = std::chrono::milliseconds(left > 0 ? left : 0);
   return s;
 }
 

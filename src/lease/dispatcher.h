@@ -54,6 +54,7 @@
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/auth.h"
 #include "shardlock/lease/internal/dedup_cache.h"
+#include "shardlock/lease/internal/latency_histogram.h"
 #include "shardlock/lease/internal/peer.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/protocol.h"
@@ -132,6 +133,8 @@ class Dispatcher {
     // deferred one.
     std::array<std::array<std::uint8_t, 8 * kMaxKeysPerRequest>, kMaxBatch> many_tokens{};
     std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
+    // handle()'s time per datagram; written by this worker's thread only.
+    AtomicLatencyHistogram latency;
   };
   // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
   struct MultiAnswer {

@@ -427,7 +427,9 @@ const std::string& LeaseServer::error_detail() const noexcept { return impl_->er
 void LeaseServer::stop() { impl_->stop(); }
 
 ServerStats LeaseServer::stats() const {
-  return impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
+  ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
+  if (impl_->store) impl_->store->add_stats(stats);
+  return stats;
 }
 
 }  // namespace shardlock::lease

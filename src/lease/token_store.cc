@@ -11,6 +11,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -306,12 +307,18 @@ std::error_code TokenStore::record_lease_bound(std::uint64_t lease_bound_ms, std
 
 std::error_code TokenStore::reserve(std::uint32_t shard, std::uint64_t high_water,
                                     std::string& detail) {
-  if (const std::error_code ec =
-          write_named(dir_fd_, dir_, shard_file_name(shard),
-                      make_record(kShardMagic, shard, 0, high_water), detail)) {
-    return ec;
-  }
-  return sync_dir(dir_fd_, dir_, detail);
+  const auto start = std::chrono::steady_clock::now();
+  std::error_code ec = write_named(dir_fd_, dir_, shard_file_name(shard),
+                                   make_record(kShardMagic, shard, 0, high_water), detail);
+  if (!ec) ec = sync_dir(dir_fd_, dir_, detail);
+  reservation_latency_.record(std::chrono::steady_clock::now() - start);
+  reservations_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
+  return ec;
+}
+
+void TokenStore::add_stats(ServerStats& stats) const noexcept {
+  stats.token_reservations += reservations_.load(std::memory_order_relaxed);  // a statistic
+  reservation_latency_.add_to(stats.token_reservation_latency);
 }
 
 std::uint64_t ShardTokens::next(std::string& detail) {

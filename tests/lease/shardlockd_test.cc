@@ -129,6 +129,30 @@ TEST_F(ShardlockdTest, ReadyLineThenCleanStopOnSigterm) {
   }
 }
 
+// --metrics: the ready line names the bound address; an address that cannot
+// be served is a start-up failure that says why, and no server keeps running.
+TEST_F(ShardlockdTest, MetricsAddressInTheReadyLineAndBadOnesRefused) {
+  {
+    Daemon d({"--listen", "127.0.0.1:0", "--metrics", "127.0.0.1:0"});
+    const std::string line = d.read_line();
+    ASSERT_NE(ready_port(line), 0) << line;
+    EXPECT_TRUE(std::regex_search(line, std::regex(R"re("metrics":"127\.0\.0\.1:[1-9]\d*")re")))
+        << line;
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+  }
+  {
+    Daemon d({"--listen", "127.0.0.1:0"});
+    EXPECT_NE(d.read_line().find("\"metrics\":null"), std::string::npos);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+  }
+  const auto bad =
+      Daemon({"--listen", "127.0.0.1:0", "--metrics", "9464"}).finish(milliseconds{20'000});
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("HOST:PORT"), std::string::npos) << bad.err;
+}
+
 TEST_F(ShardlockdTest, CorruptDataDirIsAStartUpError) {
   const std::string dir = root_ + "/data";
   {

@@ -128,10 +128,34 @@ enum class ServerError : std::uint8_t {
   return {static_cast<int>(e), server_category()};
 }
 
-// A snapshot of the server's counters (the same ones STATS returns).
+// A latency distribution: how many samples fell at or below each bound
+// (and above the last), and their sum. Buckets are not cumulative.
+struct LatencyHistogram {
+  static constexpr std::array<std::uint32_t, 19> kUpperBoundsUs = {
+      1,     2,     5,      10,     20,     50,      100,     200,     500,      1'000,
+      2'000, 5'000, 10'000, 20'000, 50'000, 100'000, 200'000, 500'000, 1'000'000};
+  std::array<std::uint64_t, kUpperBoundsUs.size() + 1> counts{};  // last: above 1 s
+  std::uint64_t count = 0;
+  double sum_seconds = 0;
+};
+
+// A snapshot of the server's counters (the same ones STATS returns), plus
+// what metrics export besides them.
 struct ServerStats {
   std::array<std::uint64_t, kStatCounterCount> counters{};
   std::vector<std::uint64_t> shard_tokens;  // the last token each shard issued
+  std::uint64_t leases = 0;                 // held now (each shared or permit holder counts)
+  std::uint64_t keys = 0;                   // keys with a holder now
+  std::uint64_t waiters = 0;                // queued ACQUIREs now
+  // How long ACQUIRE still answers RECOVERING (the lock-delay); 0 once over.
+  std::chrono::milliseconds lock_delay_left{0};
+  // Token blocks made durable (--data-dir), and how long each took (write,
+  // fsync, rename, fsync of the directory).
+  std::uint64_t token_reservations = 0;
+  LatencyHistogram token_reservation_latency;
+  // From a datagram's arrival at the dispatcher to its replies being decided
+  // (the server's own share of a request's latency; not socket time).
+  LatencyHistogram request_latency;
   [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
     return counters[static_cast<std::size_t>(c)];
   }

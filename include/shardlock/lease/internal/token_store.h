@@ -24,10 +24,14 @@
 // accepts it (tokens start above the marks anyway).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <system_error>
+
+#include "shardlock/lease/internal/latency_histogram.h"
+#include "shardlock/lease/server.h"
 
 namespace shardlock::lease::internal {
 
@@ -70,6 +74,8 @@ class TokenStore {
                                         std::string& detail);
 
   [[nodiscard]] const std::string& dir() const noexcept { return dir_; }
+  // Reservations made so far and their durations, added to `stats`.
+  void add_stats(ServerStats& stats) const noexcept;
 
  private:
   TokenStore() = default;
@@ -80,6 +86,8 @@ class TokenStore {
   std::uint64_t floor_ = 0;
   std::uint64_t lease_bound_ms_ = 0;
   std::uint32_t shards_ = 0;
+  std::atomic<std::uint64_t> reservations_{0};
+  AtomicLatencyHistogram reservation_latency_;
 };
 
 // One shard's token counter. Not thread-safe: the shard lock guards it.
