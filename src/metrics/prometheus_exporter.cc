@@ -20,20 +20,22 @@ prometheus::MetricFamily family(std::string name, std::string help, prometheus::
   return prometheus::MetricFamily{"shardlock_" + std::move(name), std::move(help), type, {}};
 }
 
-prometheus::MetricFamily counter(std::string name, std::string help, double value) {
-  auto f = family(std::move(name), std::move(help), prometheus::MetricType::Counter);
+// A family of one unlabelled counter or gauge.
+prometheus::MetricFamily single(std::string name, std::string help, prometheus::MetricType type,
+                                double value) {
+  auto f = family(std::move(name), std::move(help), type);
   prometheus::ClientMetric m;
-  m.counter.value = value;
+  (type == prometheus::MetricType::Counter ? m.counter.value : m.gauge.value) = value;
   f.metric.push_back(std::move(m));
   return f;
 }
 
+prometheus::MetricFamily counter(std::string name, std::string help, double value) {
+  return single(std::move(name), std::move(help), prometheus::MetricType::Counter, value);
+}
+
 prometheus::MetricFamily gauge(std::string name, std::string help, double value) {
-  auto f = family(std::move(name), std::move(help), prometheus::MetricType::Gauge);
-  prometheus::ClientMetric m;
-  m.gauge.value = value;
-  f.metric.push_back(std::move(m));
-  return f;
+  return single(std::move(name), std::move(help), prometheus::MetricType::Gauge, value);
 }
 
 prometheus::MetricFamily histogram(std::string name, std::string help, const LatencyHistogram& h) {
