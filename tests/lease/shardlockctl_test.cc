@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <fstream>
 #include <regex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -350,16 +349,15 @@ TEST(ShardlockctlTest, AcquireSharedPermitsAndSeveralKeys) {
   EXPECT_EQ(granted["ttl_ms"].number, 30000);
   ASSERT_EQ(granted["leases"].items.size(), 3u);
   const std::vector<std::string> order = {"m/c", "m/a", "m/b"};
-  std::set<double> tokens;
   for (std::size_t i = 0; i < order.size(); ++i) {
     const Json& lease = granted["leases"].items[i];
     EXPECT_EQ(lease["key"].text, order[i]);
-    tokens.insert(lease["token"].number);
+    EXPECT_GT(lease["token"].number, 0);
+    // Each key's own token (tokens count per shard, so keys may share one).
     const Json q = parsed(ctl(d, {"query", order[i]}));
     EXPECT_TRUE(q["held"].boolean) << order[i];
     EXPECT_EQ(q["token"].number, lease["token"].number) << order[i];
   }
-  EXPECT_EQ(tokens.size(), 3u);
 
   // All or nothing: one held key refuses the lot, and names it.
   const ToolResult refused = ctl(d, {"acquire", "m/d", "m/a", "--ttl", "30s"});
@@ -452,7 +450,6 @@ TEST(ShardlockctlTest, RunHoldsSeveralKeysOrASharedLeaseWhileTheCommandRuns) {
   ASSERT_TRUE(
       std::regex_search(r.out, m, std::regex(R"(jobs/a,jobs/b (\d+),(\d+) exclusive\n(\{.*\}))")))
       << r.out;
-  EXPECT_NE(m[1].str(), m[2].str());
   const auto inside = testing::JsonParser::parse(m[3].str());
   ASSERT_TRUE(inside);
   EXPECT_TRUE((*inside)["held"].boolean);
