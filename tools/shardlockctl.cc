@@ -16,7 +16,7 @@
 // its own on success). Exit codes, as with flock -n:
 //   0  granted / renewed / released / answered
 //   1  busy or timed out (acquire, run); not owner or expired (renew, release)
-//   2  usage error
+//   2  usage error (also: several keys owned by different nodes)
 //   3  server unreachable
 //   4  server recovering (lock-delay after a restart)
 //   5  the server answered ERROR, or a local failure
@@ -357,8 +357,9 @@ int run(int argc, char** argv) {
                  "and accepts only sealed replies")
       ->envname("SHARDLOCK_AUTH_KEY_FILE");
   app.footer(
-      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage; 3 unreachable; 4 recovering; "
-      "5 server error. run: the command's status, or 75 when the lease was lost.");
+      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage (or keys of different "
+      "nodes); 3 unreachable; 4 recovering; 5 server error. run: the command's status, or 75 "
+      "when a lease was lost.");
 
   std::string key;
   std::vector<std::string> keys;  // acquire and run
