@@ -241,6 +241,7 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
   if (acquired.error) return print_acquire_error(keys, acquired);
   std::vector<Lease>& leases = acquired.leases;
   std::vector<std::string> tokens;
+  tokens.reserve(leases.size());
   for (const Lease& lease : leases) tokens.push_back(std::to_string(lease.token()));
 
   // The child's environment: ours plus the lease.
@@ -532,7 +533,7 @@ int run(int argc, char** argv) {
     if (first.mode() == LeaseMode::kPermit)
       kind_fields += ",\"permits\":" + std::to_string(first.permits());
     const std::string common = ",\"ttl_ms\":" + std::to_string(first.ttl().count()) +
-                               ",\"owner\":\"" + to_hex(first.owner()) + "\"" + kind_fields;
+                               ",\"owner\":" + json_string(to_hex(first.owner())) + kind_fields;
     if (keys.size() == 1) {
       std::printf("{\"key\":%s,\"token\":%" PRIu64 "%s}\n", json_string(keys[0]).c_str(),
                   first.token(), common.c_str());

@@ -242,14 +242,15 @@ std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<Clien
   const bool watched = lease_options.watchdog || static_cast<bool>(lease_options.on_lost);
   std::vector<std::shared_ptr<LeaseState>> states;
   states.reserve(keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    // Each lease renews and is lost on its own, so each gets its own copy of
-    // the options (and of on_lost).
-    LeaseOptions options = i + 1 == keys.size() ? std::move(lease_options) : lease_options;
+  const auto add = [&](std::size_t i, LeaseOptions options) {
     states.push_back(std::make_shared<LeaseState>(core, std::string(keys[i]), tokens[i], kind,
                                                   core->setup.id, std::move(options), core->margin,
                                                   grant, ttl));
-  }
+  };
+  // Each lease renews and is lost on its own, with its own copy of the
+  // options (and of on_lost); the last takes the caller's.
+  for (std::size_t i = 0; i + 1 < keys.size(); ++i) add(i, lease_options);
+  add(keys.size() - 1, std::move(lease_options));
   bool expired = false;
   {
     // One grant, one expiry: every state has the same.
