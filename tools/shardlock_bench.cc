@@ -11,6 +11,10 @@
 // --client-threads LeaseClients (sockets and I/O threads), as redis-benchmark
 // multiplexes its connections over one event loop. With --batch B an owner
 // asks for B distinct keys per datagram and releases them in one.
+// --read-fraction F makes that fraction of the acquires shared
+// (ACQUIRE_SHARED) instead of exclusive; --keys-per-op K makes each acquire
+// one ACQUIRE_MANY over K distinct keys (all or nothing), released key by
+// key, and a pair one such acquire with its K releases.
 // Table mode: --clients threads locking LockTable stripes by Zipf key.
 // Output: a live progress line on stderr, then a table (or --json).
 #include <sys/resource.h>
@@ -21,6 +25,7 @@
 #include <array>
 #include <atomic>
 #include <bit>
+#include <charconv>
 #include <chrono>
 #include <cinttypes>
 #include <cmath>
@@ -109,6 +114,8 @@ struct Config {
   double theta = 0.99;
   milliseconds ttl{30'000};
   unsigned batch = 1;
+  double read_fraction = 0.0;  // lease mode: share of acquires that are shared
+  unsigned keys_per_op = 1;    // lease mode: keys per ACQUIRE_MANY (1: plain ACQUIRE)
   unsigned pack = static_cast<unsigned>(shardlock::lease::kMaxBatch);
   std::string mode = "lease";
   unsigned server_threads = 1;
@@ -128,11 +135,16 @@ struct alignas(128) LiveCounters {
   std::atomic<std::uint64_t> grants{0};
   std::atomic<std::uint64_t> busy{0};
   std::atomic<std::uint64_t> errors{0};
+  std::atomic<std::uint64_t> acquires{0};         // acquire answers (any outcome)
+  std::atomic<std::uint64_t> shared_acquires{0};  // ... of shared acquires
 };
 
 struct Totals {
   std::uint64_t requests = 0, pairs = 0, grants = 0, busy = 0, errors = 0;
+  std::uint64_t acquires = 0, shared_acquires = 0;
   void add(const LiveCounters& c) {
+    acquires += c.acquires.load(std::memory_order_relaxed);
+    shared_acquires += c.shared_acquires.load(std::memory_order_relaxed);
     requests += c.requests.load(std::memory_order_relaxed);
     pairs += c.pairs.load(std::memory_order_relaxed);
     grants += c.grants.load(std::memory_order_relaxed);
@@ -235,15 +247,19 @@ struct BenchClient {
   std::vector<std::string> keys;
   std::vector<std::uint64_t> tokens;
   std::vector<bool> granted;
+  std::vector<bool> shared;   // per acquire of the round: ACQUIRE_SHARED
+  workload::SplitMix64 coin;  // draws shared or exclusive
   unsigned outstanding = 0;
   unsigned granted_count = 0;
+  unsigned released_count = 0;  // multi-key rounds: RELEASEs answered yes
   Clock::time_point round_start;
   Clock::time_point release_start;
   // Set by the I/O thread when it stops issuing; release pairs with the
   // acquire load in the main thread, which then reads the histograms.
   std::atomic<bool> idle{false};
 
-  explicit BenchClient(workload::ZipfGenerator generator) : zipf(std::move(generator)) {}
+  BenchClient(workload::ZipfGenerator generator, std::uint64_t coin_seed)
+      : zipf(std::move(generator)), coin(coin_seed) {}
 };
 
 class LeaseBench {
@@ -253,6 +269,10 @@ class LeaseBench {
   void start_round(BenchClient& c) {
     if (stop_.load(std::memory_order_relaxed)) {
       c.idle.store(true, std::memory_order_release);
+      return;
+    }
+    if (config_.keys_per_op > 1) {
+      start_multi_key_round(c);
       return;
     }
     const unsigned b = config_.batch;
@@ -268,27 +288,23 @@ class LeaseBench {
         if (std::find(c.keys.begin(), c.keys.begin() + i, key) == c.keys.begin() + i) break;
       }
       c.keys[i] = std::move(key);
+      c.shared[i] = draw_shared(c);
     }
     for (unsigned i = 0; i < b; ++i) {
       c.client->acquire_async(
-          c.keys[i], config_.ttl, milliseconds(0),
-          [this, &c, i](const CallResult& r) { on_acquired(c, i, r); }, c.owner);
+          c.keys[i], c.shared[i] ? LeaseMode::kShared : LeaseMode::kExclusive, 0, config_.ttl,
+          milliseconds(0), [this, &c, i](const CallResult& r) { on_acquired(c, i, r); }, c.owner);
     }
   }
 
   void on_acquired(BenchClient& c, unsigned i, const CallResult& r) {
     const auto now = Clock::now();
     c.request_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
-    c.live.requests.fetch_add(1, std::memory_order_relaxed);
+    count_acquire(c, c.shared[i], r);
     c.granted[i] = !r.error;
     if (!r.error) {
       c.tokens[i] = r.token;
       ++c.granted_count;
-      c.live.grants.fetch_add(1, std::memory_order_relaxed);
-    } else if (r.error == LeaseErrc::kBusy) {
-      c.live.busy.fetch_add(1, std::memory_order_relaxed);
-    } else {
-      c.live.errors.fetch_add(1, std::memory_order_relaxed);
     }
     if (--c.outstanding != 0) return;
     if (c.granted_count == 0) {
@@ -305,20 +321,93 @@ class LeaseBench {
     }
   }
 
+  // One ACQUIRE_MANY over keys_per_op distinct keys of one node.
+  void start_multi_key_round(BenchClient& c) {
+    const unsigned k = config_.keys_per_op;
+    c.round_start = Clock::now();
+    c.outstanding = 1;
+    std::size_t node = 0;
+    for (unsigned i = 0; i < k; ++i) {
+      // Distinct (the server refuses a key twice) and, over several nodes,
+      // owned by the first key's node (one node grants all or nothing).
+      std::string key;
+      for (int attempt = 0; attempt < 256; ++attempt) {
+        key = "k:" + std::to_string(c.zipf.next());
+        if (std::find(c.keys.begin(), c.keys.begin() + i, key) != c.keys.begin() + i) continue;
+        if (i == 0 || c.client->node_for(key) == node) break;
+      }
+      if (i == 0) node = c.client->node_for(key);
+      c.keys[i] = std::move(key);
+    }
+    c.shared[0] = draw_shared(c);
+    std::vector<std::string_view> keys(c.keys.begin(), c.keys.begin() + k);
+    c.client->acquire_many_async(
+        keys, c.shared[0] ? LeaseMode::kShared : LeaseMode::kExclusive, config_.ttl,
+        milliseconds(0), [this, &c](const CallResult& r) { on_acquired_many(c, r); }, c.owner);
+  }
+
+  void on_acquired_many(BenchClient& c, const CallResult& r) {
+    const auto now = Clock::now();
+    c.request_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
+    count_acquire(c, c.shared[0], r);
+    if (r.error) {
+      start_round(c);
+      return;
+    }
+    // The engine takes a GRANTED_MANY only with a token per key asked.
+    c.outstanding = config_.keys_per_op;
+    c.released_count = 0;
+    c.release_start = Clock::now();
+    for (unsigned i = 0; i < config_.keys_per_op; ++i) {
+      c.client->release_async(
+          c.keys[i], r.tokens[i], [this, &c](const CallResult& rr) { on_released(c, rr); },
+          c.owner);
+    }
+  }
+
   void on_released(BenchClient& c, const CallResult& r) {
     const auto now = Clock::now();
     c.request_latency.record(static_cast<std::uint64_t>((now - c.release_start).count()));
     c.live.requests.fetch_add(1, std::memory_order_relaxed);
+    const bool multi_key = config_.keys_per_op > 1;
     if (r.error) {
       c.live.errors.fetch_add(1, std::memory_order_relaxed);
+    } else if (multi_key) {
+      ++c.released_count;
     } else {
       c.live.pairs.fetch_add(1, std::memory_order_relaxed);
       c.pair_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
     }
-    if (--c.outstanding == 0) start_round(c);
+    if (--c.outstanding != 0) return;
+    // A multi-key pair: the ACQUIRE_MANY and every one of its RELEASEs.
+    if (multi_key && c.released_count == config_.keys_per_op) {
+      c.live.pairs.fetch_add(1, std::memory_order_relaxed);
+      c.pair_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
+    }
+    start_round(c);
   }
 
  private:
+  // Whether the next acquire is shared: true with probability read_fraction.
+  bool draw_shared(BenchClient& c) const noexcept {
+    if (config_.read_fraction <= 0.0) return false;
+    return static_cast<double>(c.coin.next() >> 11) * 0x1.0p-53 < config_.read_fraction;
+  }
+
+  // Counts one acquire answer (relaxed: statistics, see LiveCounters).
+  static void count_acquire(BenchClient& c, bool shared, const CallResult& r) {
+    c.live.requests.fetch_add(1, std::memory_order_relaxed);
+    c.live.acquires.fetch_add(1, std::memory_order_relaxed);
+    if (shared) c.live.shared_acquires.fetch_add(1, std::memory_order_relaxed);
+    if (!r.error) {
+      c.live.grants.fetch_add(1, std::memory_order_relaxed);
+    } else if (r.error == LeaseErrc::kBusy) {
+      c.live.busy.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      c.live.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
   const Config& config_;
   std::atomic<bool>& stop_;
 };
@@ -383,12 +472,15 @@ int run_lease(const Config& config, Result& result) {
   }
   std::vector<std::unique_ptr<BenchClient>> clients;
   for (unsigned i = 0; i < config.clients; ++i) {
-    auto c = std::make_unique<BenchClient>(base.fork(config.seed * 1'000'003 + i));
+    auto c = std::make_unique<BenchClient>(base.fork(config.seed * 1'000'003 + i),
+                                           config.seed * 7'000'003 + i);
     c->client = connections[i % connections.size()].get();
     c->owner = random_client_id();
-    c->keys.resize(config.batch);
-    c->tokens.resize(config.batch);
-    c->granted.resize(config.batch);
+    const unsigned slots = std::max(config.batch, config.keys_per_op);
+    c->keys.resize(slots);
+    c->tokens.resize(slots);
+    c->granted.resize(slots);
+    c->shared.resize(slots);
     clients.push_back(std::move(c));
   }
   // Fail fast on a wrong --server rather than benchmarking timeouts.
@@ -511,7 +603,8 @@ void print_json(const Config& config, const Result& r) {
               ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64
               ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
               ",\"auth\":%s,\"allocator\":\"%s\",\"busy_poll_us\":%u,\"cpu_s\":%.3f,"
-              "\"cpu_cores\":%.2f,\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+              "\"cpu_cores\":%.2f,\"read_fraction\":%.3f,\"keys_per_op\":%u,\"acquires\":%" PRIu64
+              ",\"shared_acquires\":%" PRIu64 ",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
               config.mode.c_str(), tools::json_string(r.target).c_str(), r.seconds, config.clients,
               config.keys,
               config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u,
@@ -520,6 +613,7 @@ void print_json(const Config& config, const Result& r) {
               static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy,
               r.totals.errors, r.retransmissions, r.datagrams, config.auth_key ? "true" : "false",
               tools::kAllocatorName, config.busy_poll_us, r.cpu_seconds, r.cpu_seconds / s,
+              config.read_fraction, config.keys_per_op, r.totals.acquires, r.totals.shared_acquires,
               latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
 }
 
@@ -530,9 +624,12 @@ void print_table(const Config& config, const Result& r) {
               r.target.c_str(), tools::kAllocatorName, config.auth_key ? "  auth=on" : "");
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
-                " keys, ttl %s, batch %u, up to %u requests per datagram, %.1f s\n\n",
+                " keys, ttl %s, batch %u, up to %u requests per datagram, %.1f s\n",
                 config.clients, std::min(config.client_threads, config.clients), config.theta,
                 config.keys, to_string(config.ttl).c_str(), config.batch, config.pack, r.seconds);
+    std::printf("  read fraction %.2f (shared acquires), %u key%s per acquire%s\n\n",
+                config.read_fraction, config.keys_per_op, config.keys_per_op == 1 ? "" : "s",
+                config.keys_per_op > 1 ? " (ACQUIRE_MANY, all or nothing)" : "");
   } else {
     std::printf("  %u threads, Zipf theta %.2f over %" PRIu64 " keys, %.1f s\n\n", config.clients,
                 config.theta, config.keys, r.seconds);
@@ -547,6 +644,7 @@ void print_table(const Config& config, const Result& r) {
               r.totals.busy);
   std::printf("  %-28s %14" PRIu64 "\n", "errors", r.totals.errors);
   if (lease) {
+    std::printf("  %-28s %14" PRIu64 "\n", "shared acquires", r.totals.shared_acquires);
     std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
     std::printf("  %-28s %14.1f\n", "requests per datagram",
                 r.datagrams > 0 ? static_cast<double>(r.totals.requests + r.retransmissions) /
@@ -595,6 +693,25 @@ int run(int argc, char** argv) {
   app.add_option("--ttl", ttl_text, "Lease TTL (lease mode)")->capture_default_str();
   app.add_option("--batch", config.batch, "Keys per datagram per client (lease mode)")
       ->check(CLI::Range(1u, static_cast<unsigned>(kMaxBatch)))
+      ->capture_default_str();
+  app.add_option("--read-fraction", config.read_fraction,
+                 "Lease mode: the fraction of acquires that are shared (ACQUIRE_SHARED) instead "
+                 "of exclusive, 0..1")
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            double value = 0;
+            const char* end = text.data() + text.size();
+            const auto parsed = std::from_chars(text.data(), end, value);
+            if (parsed.ec != std::errc{} || parsed.ptr != end || !(value >= 0.0 && value <= 1.0))
+              return "want a fraction from 0 to 1 (e.g. 0.9), got '" + text + "'";
+            return {};
+          },
+          "0..1"))
+      ->capture_default_str();
+  app.add_option("--keys-per-op", config.keys_per_op,
+                 "Lease mode: each acquire is one ACQUIRE_MANY over this many distinct keys "
+                 "(all or nothing, one node), released key by key; 1..16 (1: plain ACQUIRE)")
+      ->check(CLI::Range(1u, static_cast<unsigned>(kMaxKeysPerRequest)))
       ->capture_default_str();
   app.add_option("--pack", config.pack,
                  "Most requests per datagram, across owners (1: one request per datagram)")
@@ -658,6 +775,20 @@ int run(int argc, char** argv) {
   }
   if (config.mode == "table" && !config.server.empty()) {
     return tools::usage_error(kTool, "--server applies to --mode lease only");
+  }
+  if (config.mode == "table" && (config.read_fraction > 0.0 || config.keys_per_op > 1)) {
+    return tools::usage_error(kTool,
+                              "--read-fraction and --keys-per-op apply to --mode lease only");
+  }
+  if (config.keys_per_op > 1 && config.batch > 1) {
+    return tools::usage_error(
+        kTool,
+        "--keys-per-op and --batch exclude each other: an ACQUIRE_MANY already carries "
+        "several keys");
+  }
+  if (config.keys_per_op > config.keys) {
+    return tools::usage_error(kTool, "--keys-per-op " + std::to_string(config.keys_per_op) +
+                                         " needs at least as many --keys");
   }
 
   Result result;

@@ -1,18 +1,22 @@
 // shardlockctl: the command-line client of the lease service.
 //
 //   shardlockctl --server HOST:PORT[,HOST:PORT...] SUBCOMMAND
-//     acquire KEY --ttl DUR [--wait DUR] [--owner HEX]
+//     acquire KEY... --ttl DUR [--wait DUR] [--shared | --permits P] [--owner HEX]
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
 //     query   KEY
 //     stats
-//     run     KEY --ttl DUR [--wait DUR] [--on-lost term|kill|ignore] -- COMMAND ARGS...
+//     run     KEY... --ttl DUR [--wait DUR] [--shared | --permits P]
+//             [--on-lost term|kill|ignore] -- COMMAND ARGS...
+//
+// Several keys (up to 16, all owned by one node) are taken all or nothing
+// with one ACQUIRE_MANY, exclusive or --shared; --permits takes one key.
 //
 // Every subcommand prints one JSON object on stdout (run prints nothing of
 // its own on success). Exit codes, as with flock -n:
 //   0  granted / renewed / released / answered
 //   1  busy or timed out (acquire, run); not owner or expired (renew, release)
-//   2  usage error
+//   2  usage error (also: several keys owned by different nodes)
 //   3  server unreachable
 //   4  server recovering (lock-delay after a restart)
 //   5  the server answered ERROR, or a local failure
@@ -31,6 +35,8 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -64,7 +70,7 @@ int exit_code_for(const std::error_code& ec) {
   }
   if (ec == LeaseErrc::kUnreachable) return kExitUnreachable;
   if (ec == LeaseErrc::kRecovering) return kExitRecovering;
-  if (ec == LeaseErrc::kBadArgument) return kExitUsage;
+  if (ec == LeaseErrc::kBadArgument || ec == LeaseErrc::kCrossNode) return kExitUsage;
   return kExitError;
 }
 
@@ -91,6 +97,95 @@ std::string wire_error_field(const std::error_code& ec, WireError wire) {
   return ",\"wire_error\":" + json_string(to_string(wire));
 }
 
+// `keys` as a JSON array of strings.
+std::string json_keys(const std::vector<std::string>& keys) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0) out += ',';
+    out += json_string(keys[i]);
+  }
+  return out + "]";
+}
+
+// `items` joined by `separator`.
+std::string joined(const std::vector<std::string>& items, char separator) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += separator;
+    out += items[i];
+  }
+  return out;
+}
+
+// How acquire and run take their keys.
+struct KindArg {
+  bool shared = false;
+  std::uint32_t permits = 0;  // 0: not a semaphore
+  [[nodiscard]] LeaseMode mode() const noexcept {
+    return permits > 0 ? LeaseMode::kPermit : shared ? LeaseMode::kShared : LeaseMode::kExclusive;
+  }
+};
+
+// The leases of one acquire or run: every key's, or none and why.
+struct Acquired {
+  std::error_code error;
+  std::vector<Lease> leases;
+  std::string busy_key;
+  std::uint32_t ttl_left_ms = 0;
+  std::uint32_t retry_after_ms = 0;
+  WireError wire_error = WireError::kInternal;
+};
+
+// One key: ACQUIRE, ACQUIRE_SHARED or ACQUIRE_PERMIT. Several: one
+// ACQUIRE_MANY, all or nothing.
+Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys, KindArg kind,
+                      milliseconds ttl, milliseconds wait, LeaseOptions options) {
+  Acquired out;
+  if (keys.size() == 1) {
+    AcquireResult r = kind.permits > 0 ? client.acquire_permit(keys[0], kind.permits, ttl, wait,
+                                                               std::move(options))
+                      : kind.shared ? client.acquire_shared(keys[0], ttl, wait, std::move(options))
+                                    : client.acquire(keys[0], ttl, wait, std::move(options));
+    out.error = r.error;
+    if (r.error == LeaseErrc::kBusy) out.busy_key = keys[0];
+    out.ttl_left_ms = r.holder_ttl_left_ms;
+    out.retry_after_ms = r.retry_after_ms;
+    out.wire_error = r.wire_error;
+    if (!r.error) out.leases.push_back(std::move(r.lease));
+    return out;
+  }
+  const std::vector<std::string_view> views(keys.begin(), keys.end());
+  MultiAcquireResult r = client.acquire_many(views, ttl, wait, kind.mode(), std::move(options));
+  out.error = r.error;
+  out.busy_key = std::move(r.busy_key);
+  out.ttl_left_ms = r.holder_ttl_left_ms;
+  out.retry_after_ms = r.retry_after_ms;
+  out.wire_error = r.wire_error;
+  out.leases = std::move(r.leases);
+  return out;
+}
+
+// Prints why `keys` were not acquired ({"key":..} for one key, {"keys":[..]}
+// for several) and returns the exit code.
+int print_acquire_error(const std::vector<std::string>& keys, const Acquired& a) {
+  std::string extra = wire_error_field(a.error, a.wire_error);
+  if (a.error == LeaseErrc::kBusy) {
+    if (keys.size() > 1) extra += ",\"busy_key\":" + json_string(a.busy_key);
+    extra += ",\"ttl_left_ms\":" + std::to_string(a.ttl_left_ms);
+  }
+  if (a.error == LeaseErrc::kRecovering)
+    extra += ",\"retry_after_ms\":" + std::to_string(a.retry_after_ms);
+  if (a.error == LeaseErrc::kCrossNode) {
+    std::fprintf(stderr,
+                 "shardlockctl: the keys are owned by different nodes; one acquire takes keys of "
+                 "one node\n");
+  }
+  if (keys.size() == 1) return print_error(keys[0], a.error, extra);
+  std::printf("{\"keys\":%s,\"error\":%s%s}\n", json_keys(keys).c_str(),
+              json_string(error_name(a.error)).c_str(), extra.c_str());
+  return exit_code_for(a.error);
+}
+
 struct DurationArg {
   std::string text;
   milliseconds value{0};
@@ -115,9 +210,10 @@ const char* signal_for(const std::string& on_lost) {
   return on_lost == "kill" ? "SIGKILL" : on_lost == "term" ? "SIGTERM" : "none";
 }
 
-int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, milliseconds wait,
-                const std::string& on_lost, const std::vector<std::string>& command,
-                const std::string& servers, const std::string& auth_key_file) {
+int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindArg kind,
+                milliseconds ttl, milliseconds wait, const std::string& on_lost,
+                const std::vector<std::string>& command, const std::string& servers,
+                const std::string& auth_key_file) {
   // Signals ctl handles itself: they are blocked in every thread (the client
   // threads inherit the mask, so they must be blocked before the client
   // starts; main() does that) and taken synchronously with sigtimedwait.
@@ -125,23 +221,36 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   sigemptyset(&handled);
   for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&handled, s);
 
+  // Which key was lost first; written on the watchdog thread, read below.
+  struct Loss {
+    std::mutex mutex;
+    std::string key;
+  } loss;
   std::atomic<bool> lost{false};
   LeaseOptions options;
   options.watchdog = true;
-  // Written on the watchdog thread, read by the loop below; relaxed is
-  // enough, the flag carries no other data.
-  options.on_lost = [&lost](const LeaseLost&) { lost.store(true, std::memory_order_relaxed); };
-  AcquireResult acquired = client.acquire(key, ttl, wait, std::move(options));
-  if (!acquired) {
-    return print_error(key, acquired.error, wire_error_field(acquired.error, acquired.wire_error));
-  }
-  Lease& lease = acquired.lease;
+  options.on_lost = [&lost, &loss](const LeaseLost& event) {
+    {
+      std::lock_guard lock(loss.mutex);
+      if (loss.key.empty()) loss.key = event.key;
+    }
+    // Relaxed is enough: the key rides under loss.mutex, not on the flag.
+    lost.store(true, std::memory_order_relaxed);
+  };
+  Acquired acquired = acquire_keys(client, keys, kind, ttl, wait, std::move(options));
+  if (acquired.error) return print_acquire_error(keys, acquired);
+  std::vector<Lease>& leases = acquired.leases;
+  std::vector<std::string> tokens;
+  tokens.reserve(leases.size());
+  for (const Lease& lease : leases) tokens.push_back(std::to_string(lease.token()));
 
   // The child's environment: ours plus the lease.
+  // Several keys: comma separated, in the order given.
   std::vector<std::string> extra = {
-      "SHARDLOCK_KEY=" + key,
-      "SHARDLOCK_TOKEN=" + std::to_string(lease.token()),
-      "SHARDLOCK_OWNER=" + to_hex(lease.owner()),
+      "SHARDLOCK_KEY=" + joined(keys, ','),
+      "SHARDLOCK_TOKEN=" + joined(tokens, ','),
+      "SHARDLOCK_MODE=" + std::string(to_string(kind.mode())),
+      "SHARDLOCK_OWNER=" + to_hex(leases.front().owner()),
       "SHARDLOCK_SERVER=" + servers,
   };
   // So the command's own shardlockctl calls reach an --auth-key server too.
@@ -150,6 +259,7 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   for (char** e = environ; *e != nullptr; ++e) {
     if (std::strncmp(*e, "SHARDLOCK_KEY=", 14) == 0 ||
         std::strncmp(*e, "SHARDLOCK_TOKEN=", 16) == 0 ||
+        std::strncmp(*e, "SHARDLOCK_MODE=", 15) == 0 ||
         std::strncmp(*e, "SHARDLOCK_OWNER=", 16) == 0 ||
         std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0 ||
         (!auth_key_file.empty() && std::strncmp(*e, "SHARDLOCK_AUTH_KEY_FILE=", 24) == 0)) {
@@ -178,7 +288,7 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   if (spawn_error != 0) {
     std::fprintf(stderr, "shardlockctl: cannot run '%s': %s\n", argv[0],
                  std::strerror(spawn_error));
-    (void)lease.release();
+    for (Lease& lease : leases) (void)lease.release();
     return spawn_error == ENOENT ? 127 : 126;
   }
 
@@ -193,7 +303,12 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
     }
     if (lost.load(std::memory_order_relaxed) && !signalled_for_loss) {
       signalled_for_loss = true;
-      std::fprintf(stderr, "shardlockctl: lease on '%s' lost; %s the command\n", key.c_str(),
+      std::string lost_key;
+      {
+        std::lock_guard lock(loss.mutex);
+        lost_key = loss.key;
+      }
+      std::fprintf(stderr, "shardlockctl: lease on '%s' lost; %s the command\n", lost_key.c_str(),
                    on_lost == "ignore" ? "not signalling" : signal_for(on_lost));
       if (on_lost == "term") ::kill(child, SIGTERM);
       if (on_lost == "kill") ::kill(child, SIGKILL);
@@ -207,10 +322,15 @@ int run_command(LeaseClient& client, const std::string& key, milliseconds ttl, m
   }
 
   const bool was_lost = lost.load(std::memory_order_relaxed);
-  if (!was_lost) {
+  if (was_lost) {
+    // The other keys' leases (each is lost on its own) get one RELEASE each,
+    // not waited for: their server may be the one that stopped answering.
+    leases.clear();
+  }
+  for (Lease& lease : leases) {
     const std::error_code released = lease.release();
     if (released) {
-      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", key.c_str(),
+      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", lease.key().c_str(),
                    released.message().c_str());
     }
   }
@@ -238,20 +358,38 @@ int run(int argc, char** argv) {
                  "and accepts only sealed replies")
       ->envname("SHARDLOCK_AUTH_KEY_FILE");
   app.footer(
-      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage; 3 unreachable; 4 recovering; "
-      "5 server error. run: the command's status, or 75 when the lease was lost.");
+      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage (or keys of different "
+      "nodes); 3 unreachable; 4 recovering; 5 server error. run: the command's status, or 75 "
+      "when a lease was lost.");
 
   std::string key;
+  std::vector<std::string> keys;  // acquire and run
+  KindArg kind;
   DurationArg ttl;
   DurationArg wait{"0"};
   std::string owner_hex;
   std::uint64_t token = 0;
+  // acquire and run take their keys the same way.
+  const auto add_kind_flags = [&kind](CLI::App* sub) {
+    sub->add_flag("--shared", kind.shared,
+                  "Shared (read) lease: held alongside other shared leases, never with an "
+                  "exclusive one");
+    sub->add_option("--permits", kind.permits,
+                    "One of at most P leases on the key (a semaphore); the first holder's P holds "
+                    "while the key is in use. One key only; not with --shared")
+        ->check(CLI::Range(1u, static_cast<unsigned>(kMaxPermits)));
+  };
 
-  auto* acquire = app.add_subcommand("acquire", "Take a lease; prints {key, token, ttl_ms, owner}");
-  acquire->add_option("key", key, "The key")->required();
+  auto* acquire = app.add_subcommand(
+      "acquire",
+      "Take a lease; prints {key, token, ttl_ms, owner, mode}. Several keys (up to 16, of one "
+      "node) are taken all or nothing; prints {leases: [{key, token}...], ttl_ms, owner, mode}, or "
+      "when one is held {keys, error: busy, busy_key}");
+  acquire->add_option("key", keys, "The key(s)")->required();
   acquire->add_option("--ttl", ttl.text, "Lease duration, e.g. 30s")->required();
-  acquire->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")
+  acquire->add_option("--wait", wait.text, "Wait up to this long for the holder(s) to let go")
       ->capture_default_str();
+  add_kind_flags(acquire);
   acquire->add_option("--owner", owner_hex,
                       "Act as this owner (32 hex digits); default: a new random owner");
 
@@ -266,7 +404,10 @@ int run(int argc, char** argv) {
   release->add_option("--token", token, "The lease's token")->required();
   release->add_option("--owner", owner_hex, "The owner printed by acquire")->required();
 
-  auto* query = app.add_subcommand("query", "Is the key held, by which token, for how long");
+  auto* query = app.add_subcommand(
+      "query",
+      "Is the key held, how (mode: exclusive, shared or permit), by how many holders (and the "
+      "permit limit), the newest token, the longest ttl left, and how many wait");
   query->add_option("key", key, "The key")->required();
 
   auto* keygen = app.add_subcommand(
@@ -275,20 +416,39 @@ int run(int argc, char** argv) {
 
   std::string on_lost = "term";
   std::vector<std::string> command;
-  auto* run = app.add_subcommand("run",
-                                 "Hold a lease while COMMAND runs (like flock); the command sees "
-                                 "SHARDLOCK_KEY and SHARDLOCK_TOKEN");
-  run->add_option("key", key, "The key")->required();
+  auto* run = app.add_subcommand(
+      "run",
+      "Hold a lease (or several keys' leases, all or nothing) while COMMAND runs, like flock; the "
+      "command sees SHARDLOCK_KEY, SHARDLOCK_TOKEN (comma separated for several keys, in the "
+      "order given), SHARDLOCK_MODE, SHARDLOCK_OWNER and SHARDLOCK_SERVER");
+  run->add_option("key", keys, "The key(s), then -- COMMAND ARGS...")->required();
   run->add_option("--ttl", ttl.text, "Lease duration; renewed every ttl/3 while the command runs")
       ->required();
-  run->add_option("--wait", wait.text, "Wait up to this long for the holder to let go")
+  run->add_option("--wait", wait.text, "Wait up to this long for the holder(s) to let go")
       ->capture_default_str();
-  run->add_option("--on-lost", on_lost, "What to do to the command if the lease is lost")
+  add_kind_flags(run);
+  run->add_option("--on-lost", on_lost, "What to do to the command if a lease is lost")
       ->check(CLI::IsMember({"term", "kill", "ignore"}))
       ->capture_default_str();
-  run->add_option("command", command, "-- COMMAND ARGS...")->required();
+  run->footer("The command follows --: shardlockctl run KEY... --ttl 30s -- COMMAND ARGS...");
 
-  if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
+  // run's keys and its command are both positional, so CLI11 would hand
+  // the command's words to the keys: everything after run's first "--" is
+  // the command, and CLI11 sees only what comes before.
+  std::vector<char*> args(argv, argv + argc);
+  bool run_named = false;
+  for (std::size_t i = 1; i < args.size(); ++i) {
+    const std::string_view arg = args[i];
+    if (arg == "run") run_named = true;
+    if (run_named && arg == "--") {
+      for (std::size_t j = i + 1; j < args.size(); ++j) command.emplace_back(args[j]);
+      args.resize(i);
+      break;
+    }
+  }
+
+  if (const auto status = shardlock::tools::parse_command_line(app, static_cast<int>(args.size()),
+                                                               args.data(), kTool)) {
     return *status;
   }
   if (keygen->parsed()) {
@@ -320,9 +480,36 @@ int run(int argc, char** argv) {
   const auto auth = shardlock::tools::load_auth_key_flag(auth_key_file);
   if (!auth.error.empty()) return shardlock::tools::usage_error(kTool, auth.error);
   options.auth_key = auth.key;
-  if (key.size() > kMaxKeyLength || (key.empty() && !stats->parsed())) {
-    std::fprintf(stderr, "shardlockctl: keys are 1..%zu bytes\n", kMaxKeyLength);
-    return kExitUsage;
+  if (acquire->parsed() || run->parsed()) {
+    if (kind.shared && kind.permits > 0) {
+      return shardlock::tools::usage_error(
+          kTool, "--shared and --permits exclude each other: a key is a lock or a semaphore");
+    }
+    if (kind.permits > 0 && keys.size() > 1) {
+      return shardlock::tools::usage_error(kTool, "--permits takes one key");
+    }
+    if (keys.size() > kMaxKeysPerRequest) {
+      return shardlock::tools::usage_error(kTool, "at most " + std::to_string(kMaxKeysPerRequest) +
+                                                      " keys at once, got " +
+                                                      std::to_string(keys.size()));
+    }
+    const std::set<std::string> distinct(keys.begin(), keys.end());
+    if (distinct.size() != keys.size()) {
+      return shardlock::tools::usage_error(kTool, "each key may be given only once");
+    }
+    if (run->parsed() && command.empty()) {
+      return shardlock::tools::usage_error(kTool, "run: give the command after --");
+    }
+  } else if (!command.empty()) {
+    return shardlock::tools::usage_error(kTool, "only run takes -- COMMAND");
+  }
+  std::vector<std::string> checked_keys = keys;
+  if (!stats->parsed() && keys.empty()) checked_keys.push_back(key);
+  for (const std::string& k : checked_keys) {
+    if (k.size() < kMinKeyLength || k.size() > kMaxKeyLength) {
+      std::fprintf(stderr, "shardlockctl: keys are 1..%zu bytes\n", kMaxKeyLength);
+      return kExitUsage;
+    }
   }
   if (run->parsed()) {
     // Before any client thread exists, so every thread inherits the mask.
@@ -339,20 +526,28 @@ int run(int argc, char** argv) {
   }
 
   if (acquire->parsed()) {
-    AcquireResult r = client.acquire(key, ttl.value, wait.value);
-    if (!r) {
-      std::string extra = wire_error_field(r.error, r.wire_error);
-      if (r.error == LeaseErrc::kBusy)
-        extra += ",\"ttl_left_ms\":" + std::to_string(r.holder_ttl_left_ms);
-      if (r.error == LeaseErrc::kRecovering)
-        extra += ",\"retry_after_ms\":" + std::to_string(r.retry_after_ms);
-      return print_error(key, r.error, extra);
+    Acquired a = acquire_keys(client, keys, kind, ttl.value, wait.value, {});
+    if (a.error) return print_acquire_error(keys, a);
+    const Lease& first = a.leases.front();
+    std::string kind_fields = ",\"mode\":" + json_string(to_string(first.mode()));
+    if (first.mode() == LeaseMode::kPermit)
+      kind_fields += ",\"permits\":" + std::to_string(first.permits());
+    const std::string common = ",\"ttl_ms\":" + std::to_string(first.ttl().count()) +
+                               ",\"owner\":" + json_string(to_hex(first.owner())) + kind_fields;
+    if (keys.size() == 1) {
+      std::printf("{\"key\":%s,\"token\":%" PRIu64 "%s}\n", json_string(keys[0]).c_str(),
+                  first.token(), common.c_str());
+    } else {
+      std::string leases = "[";
+      for (std::size_t i = 0; i < a.leases.size(); ++i) {
+        if (i > 0) leases += ',';
+        leases += "{\"key\":" + json_string(a.leases[i].key()) +
+                  ",\"token\":" + std::to_string(a.leases[i].token()) + "}";
+      }
+      std::printf("{\"leases\":%s]%s}\n", leases.c_str(), common.c_str());
     }
-    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%lld,\"owner\":\"%s\"}\n",
-                json_string(key).c_str(), r.lease.token(),
-                static_cast<long long>(r.lease.ttl().count()), to_hex(r.lease.owner()).c_str());
-    // The lease outlives this process: let go of the handle, not the lease.
-    r.lease.detach();
+    // The leases outlive this process: let go of the handles, not the leases.
+    for (Lease& lease : a.leases) lease.detach();
     return kExitOk;
   }
   if (renew->parsed()) {
@@ -372,9 +567,11 @@ int run(int argc, char** argv) {
   if (query->parsed()) {
     const CallResult r = client.query(key);
     if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf("{\"key\":%s,\"held\":%s,\"token\":%" PRIu64
-                ",\"ttl_left_ms\":%u,\"waiters\":%u}\n",
-                json_string(key).c_str(), r.held ? "true" : "false", r.token, r.ttl_ms, r.waiters);
+    std::printf(
+        "{\"key\":%s,\"held\":%s,\"mode\":%s,\"holders\":%u,\"permits\":%u,"
+        "\"token\":%" PRIu64 ",\"ttl_left_ms\":%u,\"waiters\":%u}\n",
+        json_string(key).c_str(), r.held ? "true" : "false", json_string(to_string(r.mode)).c_str(),
+        r.holders, r.permits, r.token, r.ttl_ms, r.waiters);
     return kExitOk;
   }
   if (stats->parsed()) {
@@ -407,7 +604,7 @@ int run(int argc, char** argv) {
     return worst;
   }
   if (run->parsed()) {
-    return run_command(client, key, ttl.value, wait.value, on_lost, command, servers,
+    return run_command(client, keys, kind, ttl.value, wait.value, on_lost, command, servers,
                        auth_key_file);
   }
   return kExitUsage;

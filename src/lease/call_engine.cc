@@ -44,12 +44,14 @@ Clock::duration jittered(Clock::duration interval) noexcept {
 std::error_code error_for(MessageType reply) noexcept {
   switch (reply) {
     case MessageType::kGranted:
+    case MessageType::kGrantedMany:
     case MessageType::kRenewed:
     case MessageType::kReleased:
     case MessageType::kQueryReply:
     case MessageType::kStatsReply:
       return {};
     case MessageType::kBusy:
+    case MessageType::kBusyMany:
       return LeaseErrc::kBusy;
     case MessageType::kTimeout:
       return LeaseErrc::kTimeout;
@@ -72,6 +74,21 @@ std::array<std::uint8_t, kMaxDatagramSize>& tx_buffer() noexcept {
 Datagram& tx_datagram() noexcept {
   thread_local Datagram datagram;
   return datagram;
+}
+
+// Whether a reply that answers `call`'s type is well formed for this very
+// call: a GRANTED_MANY must carry a token per key asked, and a BUSY_MANY
+// must name one of them. Anything else would hand the caller leases it
+// cannot match to keys.
+bool fits_call(const Call& call, const Message& reply) noexcept {
+  switch (reply.type) {
+    case MessageType::kGrantedMany:
+      return reply.listed_token_count() == call.key_count;
+    case MessageType::kBusyMany:
+      return reply.index < call.key_count;
+    default:
+      return true;
+  }
 }
 
 }  // namespace
@@ -182,6 +199,17 @@ std::size_t CallEngine::payload_limit() const noexcept {
 std::size_t CallEngine::seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept {
   if (!setup_.options.auth_key || length == 0) return length;
   return seal_datagram(buffer, length, *setup_.options.auth_key);
+}
+
+bool CallEngine::fits_one_datagram(const Call& call) const {
+  Datagram& d = tx_datagram();
+  d.batch = false;
+  d.client_id = call.owner;
+  d.request_id = call.request_id;
+  d.count = 0;
+  (void)d.push(call.message());
+  const std::size_t size = encoded_size(d);
+  return size != 0 && std::max(size, max_reply_size(d)) <= payload_limit();
 }
 
 std::size_t CallEngine::encode_single(const Call& call, std::span<std::uint8_t> buffer) const {
@@ -384,6 +412,12 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     Call& call = *it->second;
     if (!reply_answers(call.type, m.type) || (reply_carries_key(m.type) && m.key != call.key))
       continue;
+    if (!fits_call(call, m)) {
+      // Decodes, but cannot be this call's answer: counted, and the call
+      // waits for a good one (or its deadline).
+      malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
+      continue;
+    }
     CallResult r;
     r.error = error_for(m.type);
     r.reply = m.type;
@@ -393,6 +427,15 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     r.wire_error = m.error;
     r.held = m.held;
     r.waiters = m.waiters;
+    r.mode = m.mode;
+    r.holders = m.holders;
+    r.permits = m.permits;
+    r.busy_index = m.index;
+    if (m.type == MessageType::kGrantedMany) {
+      r.tokens.reserve(m.listed_token_count());
+      for (std::size_t i = 0; i < m.listed_token_count(); ++i)
+        r.tokens.push_back(m.listed_token(i));
+    }
     r.first_sent = call.first_sent;
     r.request_id = call.request_id;
     r.transmissions = call.transmissions;

@@ -68,6 +68,12 @@ struct Call {
   std::uint32_t ttl_ms = 0;
   std::uint32_t wait_ms = 0;
   std::uint32_t first_shard = 0;
+  LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY
+  std::uint32_t permits = 0;               // ACQUIRE_PERMIT
+  // ACQUIRE_MANY: the keys as wire entries (encode_key_list()); `key` stays
+  // empty, as the TIMEOUT answering it carries no key.
+  std::uint8_t key_count = 0;
+  std::vector<std::uint8_t> key_list;
   std::size_t node = 0;
   ClientId owner;            // the header's client id
   Clock::duration budget{};  // deadline - first transmission
@@ -85,6 +91,10 @@ struct Call {
                    .token = token,
                    .ttl_ms = ttl_ms,
                    .wait_ms = wait_ms,
+                   .mode = mode,
+                   .permits = permits,
+                   .key_count = key_count,
+                   .key_list = key_list,
                    .first_shard = first_shard};
   }
 };
@@ -115,6 +125,10 @@ class CallEngine {
   // A call of `type` for `key`, routed to the key's node, in the client's own
   // name, with request_timeout as its budget. Never blocks.
   [[nodiscard]] std::unique_ptr<Call> make_call(MessageType type, std::string_view key) const;
+  // Whether `call` encodes as one datagram within the size limit (with the
+  // auth tag, when one is configured) and its padded reply fits too. An
+  // ACQUIRE_MANY of many long keys may not.
+  [[nodiscard]] bool fits_one_datagram(const Call& call) const;
   // A fresh request id, for a caller that must know it before submit().
   [[nodiscard]] std::uint64_t new_request_id() noexcept {
     // Relaxed: ids need only be unique, which the RMW guarantees.

@@ -158,11 +158,118 @@ std::error_code check_key(std::string_view key) noexcept {
   return {};
 }
 
-CallResult failed(LeaseErrc e) {
+CallResult failed(std::error_code e) {
   CallResult r;
   r.error = e;
   r.first_sent = Clock::now();
   return r;
+}
+
+bool valid_lease_options(const LeaseOptions& options) noexcept {
+  return options.renew_fraction > 0.0 && options.renew_fraction < 1.0;
+}
+
+bool valid_timing(milliseconds ttl, milliseconds wait) noexcept {
+  return ttl.count() > 0 && wait.count() >= 0;
+}
+
+// The ACQUIRE, ACQUIRE_SHARED or ACQUIRE_PERMIT of `key`, or kBadArgument
+// for what the server would refuse anyway (the key's length, a TTL of 0, a
+// negative wait, permits outside 1..kMaxPermits, an unknown mode).
+std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseMode mode,
+                                  std::uint32_t permits, milliseconds ttl, milliseconds wait,
+                                  std::unique_ptr<Call>& out) {
+  if (check_key(key) || !valid_timing(ttl, wait)) return LeaseErrc::kBadArgument;
+  if (mode != LeaseMode::kExclusive && mode != LeaseMode::kShared && mode != LeaseMode::kPermit)
+    return LeaseErrc::kBadArgument;
+  if (mode == LeaseMode::kPermit && (permits == 0 || permits > kMaxPermits))
+    return LeaseErrc::kBadArgument;
+  out = core.engine.make_call(acquire_type(mode), key);
+  out->ttl_ms = internal::clamp_ms(ttl);
+  out->wait_ms = internal::clamp_ms(wait);
+  out->permits = mode == LeaseMode::kPermit ? permits : 0;
+  out->budget += wait;
+  return {};
+}
+
+// The ACQUIRE_MANY of `keys`, or why not: kBadArgument for a list the server
+// would refuse (0 or more than kMaxKeysPerRequest keys, a key twice or of a
+// bad length, a mode other than exclusive or shared, a request too large for
+// one datagram) or bad timing; kCrossNode when the keys are not all owned by
+// one node, since one server can only grant its own keys all-or-nothing.
+std::error_code make_acquire_many_call(ClientCore& core, std::span<const std::string_view> keys,
+                                       LeaseMode mode, milliseconds ttl, milliseconds wait,
+                                       std::unique_ptr<Call>& out) {
+  if (keys.empty() || keys.size() > kMaxKeysPerRequest || !valid_timing(ttl, wait) ||
+      (mode != LeaseMode::kExclusive && mode != LeaseMode::kShared)) {
+    return LeaseErrc::kBadArgument;
+  }
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (check_key(keys[i])) return LeaseErrc::kBadArgument;
+    // At most 16 keys: the quadratic scan is cheaper than a set.
+    for (std::size_t j = 0; j < i; ++j) {
+      if (keys[j] == keys[i]) return LeaseErrc::kBadArgument;
+    }
+  }
+  const std::size_t node = core.setup.routing.node_for(keys.front());
+  for (const std::string_view key : keys) {
+    if (core.setup.routing.node_for(key) != node) return LeaseErrc::kCrossNode;
+  }
+  auto call = core.engine.make_call(MessageType::kAcquireMany, {});
+  call->node = node;
+  call->mode = mode;
+  call->ttl_ms = internal::clamp_ms(ttl);
+  call->wait_ms = internal::clamp_ms(wait);
+  call->budget += wait;
+  call->key_count = static_cast<std::uint8_t>(keys.size());
+  if (!encode_key_list(keys, call->key_list) || !core.engine.fits_one_datagram(*call))
+    return LeaseErrc::kBadArgument;
+  out = std::move(call);
+  return {};
+}
+
+// The leases of one grant, a state per key (keys[i] holds tokens[i]), each
+// watched when its options ask for it. Empty when the grant's client-side
+// expiry had passed on arrival (a long wait, or a GRANTED recovered late by
+// retransmission): then every key is released, best effort, and the caller
+// reports kGrantExpired, so a returned Lease is valid when it is returned.
+std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<ClientCore>& core,
+                                                     std::span<const std::string_view> keys,
+                                                     std::span<const std::uint64_t> tokens,
+                                                     LeaseState::Kind kind,
+                                                     LeaseOptions lease_options,
+                                                     const CallResult& grant, milliseconds ttl) {
+  const bool watched = lease_options.watchdog || static_cast<bool>(lease_options.on_lost);
+  std::vector<std::shared_ptr<LeaseState>> states;
+  states.reserve(keys.size());
+  const auto add = [&](std::size_t i, LeaseOptions options) {
+    states.push_back(std::make_shared<LeaseState>(core, std::string(keys[i]), tokens[i], kind,
+                                                  core->setup.id, std::move(options), core->margin,
+                                                  grant, ttl));
+  };
+  // Each lease renews and is lost on its own, with its own copy of the
+  // options (and of on_lost); the last takes the caller's.
+  for (std::size_t i = 0; i + 1 < keys.size(); ++i) add(i, lease_options);
+  add(keys.size() - 1, std::move(lease_options));
+  bool expired = false;
+  {
+    // One grant, one expiry: every state has the same.
+    LockGuard lock(states.front()->mutex);
+    expired = Clock::now() >= states.front()->expiry;
+  }
+  if (expired) {
+    // The leases may still stand on the server for a moment, but the client
+    // cannot prove it: give them back.
+    for (const auto& state : states) {
+      (void)close_lease(*state);
+      send_release(*state);
+    }
+    return {};
+  }
+  if (watched) {
+    for (const auto& state : states) core->watchdog.watch(state);
+  }
+  return states;
 }
 
 }  // namespace
@@ -183,44 +290,74 @@ std::size_t LeaseClient::node_for(std::string_view key) const noexcept {
 
 AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milliseconds wait,
                                    LeaseOptions lease_options) {
+  return acquire_one(key, LeaseMode::kExclusive, 0, ttl, wait, std::move(lease_options));
+}
+
+AcquireResult LeaseClient::acquire_shared(std::string_view key, milliseconds ttl, milliseconds wait,
+                                          LeaseOptions lease_options) {
+  return acquire_one(key, LeaseMode::kShared, 0, ttl, wait, std::move(lease_options));
+}
+
+AcquireResult LeaseClient::acquire_permit(std::string_view key, std::uint32_t permits,
+                                          milliseconds ttl, milliseconds wait,
+                                          LeaseOptions lease_options) {
+  return acquire_one(key, LeaseMode::kPermit, permits, ttl, wait, std::move(lease_options));
+}
+
+AcquireResult LeaseClient::acquire_one(std::string_view key, LeaseMode mode, std::uint32_t permits,
+                                       milliseconds ttl, milliseconds wait,
+                                       LeaseOptions lease_options) {
   AcquireResult result;
-  if (std::error_code ec = check_key(key)) {
-    result.error = ec;
-    return result;
-  }
-  if (ttl.count() <= 0 || wait.count() < 0 || !(lease_options.renew_fraction > 0.0) ||
-      !(lease_options.renew_fraction < 1.0)) {
-    result.error = LeaseErrc::kBadArgument;
-    return result;
-  }
-  auto call = core_->engine.make_call(MessageType::kAcquire, key);
-  call->ttl_ms = internal::clamp_ms(ttl);
-  call->wait_ms = internal::clamp_ms(wait);
-  call->budget += wait;
+  std::unique_ptr<Call> call;
+  result.error = make_acquire_call(*core_, key, mode, permits, ttl, wait, call);
+  if (!result.error && !valid_lease_options(lease_options)) result.error = LeaseErrc::kBadArgument;
+  if (result.error) return result;
   const CallResult r = core_->call_sync(std::move(call));
   result.error = r.error;
   result.holder_ttl_left_ms = r.reply == MessageType::kBusy ? r.ttl_ms : 0;
   result.retry_after_ms = r.retry_after_ms;
   result.wire_error = r.wire_error;
   if (r.error) return result;
-  const bool watched = lease_options.watchdog || static_cast<bool>(lease_options.on_lost);
-  auto state = std::make_shared<LeaseState>(core_, std::string(key), r.token, core_->setup.id,
-                                            std::move(lease_options), core_->margin, r, ttl);
-  bool expired = false;
-  {
-    LockGuard lock(state->mutex);
-    expired = Clock::now() >= state->expiry;
-  }
-  if (expired) {
-    // Waited too long, or the GRANTED came back late: the lease may still
-    // stand on the server for a moment, but the client cannot prove it.
-    (void)close_lease(*state);
-    send_release(*state);
+  const std::string_view keys[] = {key};
+  const std::uint64_t tokens[] = {r.token};
+  std::vector<std::shared_ptr<LeaseState>> states =
+      admit_grant(core_, keys, tokens, {mode, mode == LeaseMode::kPermit ? permits : 0},
+                  std::move(lease_options), r, ttl);
+  if (states.empty()) {
     result.error = LeaseErrc::kGrantExpired;
     return result;
   }
-  if (watched) core_->watchdog.watch(state);
-  result.lease = Lease(std::move(state));
+  result.lease = Lease(std::move(states.front()));
+  return result;
+}
+
+MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> keys,
+                                             milliseconds ttl, milliseconds wait, LeaseMode mode,
+                                             LeaseOptions lease_options) {
+  MultiAcquireResult result;
+  std::unique_ptr<Call> call;
+  result.error = make_acquire_many_call(*core_, keys, mode, ttl, wait, call);
+  if (!result.error && !valid_lease_options(lease_options)) result.error = LeaseErrc::kBadArgument;
+  if (result.error) return result;
+  const CallResult r = core_->call_sync(std::move(call));
+  result.error = r.error;
+  if (r.reply == MessageType::kBusyMany) {
+    // The engine took BUSY_MANY only with an index inside the key list.
+    result.busy_key = std::string(keys[r.busy_index]);
+    result.holder_ttl_left_ms = r.ttl_ms;
+  }
+  result.retry_after_ms = r.retry_after_ms;
+  result.wire_error = r.wire_error;
+  if (r.error) return result;
+  // The engine took GRANTED_MANY only with a token per key.
+  std::vector<std::shared_ptr<LeaseState>> states =
+      admit_grant(core_, keys, r.tokens, {mode, 0}, std::move(lease_options), r, ttl);
+  if (states.empty()) {
+    result.error = LeaseErrc::kGrantExpired;
+    return result;
+  }
+  result.leases.reserve(states.size());
+  for (auto& state : states) result.leases.push_back(Lease(std::move(state)));
   return result;
 }
 
@@ -271,14 +408,30 @@ ServerStatsReply LeaseClient::stats(std::size_t node) {
 
 void LeaseClient::acquire_async(std::string_view key, milliseconds ttl, milliseconds wait,
                                 Completion done, std::optional<ClientId> owner) {
-  if (check_key(key) || ttl.count() <= 0 || wait.count() < 0) {
-    done(failed(LeaseErrc::kBadArgument));
+  acquire_async(key, LeaseMode::kExclusive, 0, ttl, wait, std::move(done), owner);
+}
+
+void LeaseClient::acquire_async(std::string_view key, LeaseMode mode, std::uint32_t permits,
+                                milliseconds ttl, milliseconds wait, Completion done,
+                                std::optional<ClientId> owner) {
+  std::unique_ptr<Call> call;
+  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, call)) {
+    done(failed(ec));
     return;
   }
-  auto call = core_->engine.make_call(MessageType::kAcquire, key);
-  call->ttl_ms = internal::clamp_ms(ttl);
-  call->wait_ms = internal::clamp_ms(wait);
-  call->budget += wait;
+  call->done = std::move(done);
+  if (owner) call->owner = *owner;
+  core_->engine.submit(std::move(call));
+}
+
+void LeaseClient::acquire_many_async(std::span<const std::string_view> keys, LeaseMode mode,
+                                     milliseconds ttl, milliseconds wait, Completion done,
+                                     std::optional<ClientId> owner) {
+  std::unique_ptr<Call> call;
+  if (std::error_code ec = make_acquire_many_call(*core_, keys, mode, ttl, wait, call)) {
+    done(failed(ec));
+    return;
+  }
   call->done = std::move(done);
   if (owner) call->owner = *owner;
   core_->engine.submit(std::move(call));

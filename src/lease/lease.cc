@@ -79,6 +79,10 @@ const std::string& Lease::key() const noexcept {
   return state_ ? state_->key : kEmpty;
 }
 std::uint64_t Lease::token() const noexcept { return state_ ? state_->token : 0; }
+LeaseMode Lease::mode() const noexcept {
+  return state_ ? state_->kind.mode : LeaseMode::kExclusive;
+}
+std::uint32_t Lease::permits() const noexcept { return state_ ? state_->kind.permits : 0; }
 ClientId Lease::owner() const noexcept { return state_ ? state_->owner : ClientId{}; }
 LeaseClock::time_point Lease::expiry() const noexcept {
   if (!state_) return {};

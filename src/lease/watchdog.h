@@ -54,12 +54,20 @@ struct LeaseState {
     milliseconds ttl{};
   };
 
+  // How a lease holds its key; renewal and loss are the same for every mode.
+  struct Kind {
+    LeaseMode mode = LeaseMode::kExclusive;
+    std::uint32_t permits = 0;  // kPermit only
+  };
+
   LeaseState(std::shared_ptr<ClientCore> owner_core, std::string lease_key,
-             std::uint64_t lease_token, ClientId lease_owner, LeaseOptions lease_options,
-             DriftMargin lease_margin, const CallResult& grant, milliseconds requested_ttl)
+             std::uint64_t lease_token, Kind lease_kind, ClientId lease_owner,
+             LeaseOptions lease_options, DriftMargin lease_margin, const CallResult& grant,
+             milliseconds requested_ttl)
       : core(std::move(owner_core)),
         key(std::move(lease_key)),
         token(lease_token),
+        kind(lease_kind),
         owner(lease_owner),
         options(std::move(lease_options)),
         margin(lease_margin),
@@ -83,6 +91,7 @@ struct LeaseState {
   std::shared_ptr<ClientCore> core;
   const std::string key;
   const std::uint64_t token;
+  const Kind kind;
   const ClientId owner;
   const LeaseOptions options;
   const DriftMargin margin;

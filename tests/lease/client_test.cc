@@ -6,14 +6,17 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -811,6 +814,538 @@ TEST(LeaseClientTest, NodeListsAndAddresses) {
   LeaseClient client(mixed);
   EXPECT_EQ(client.start(), LeaseErrc::kBadAddress);
   EXPECT_EQ(client.try_acquire("k", 1s).error, LeaseErrc::kNotStarted);
+}
+
+// ---------------------------------------------------------------------------
+// Lease kinds: shared and permit leases, and acquire_many (all or nothing).
+
+TEST(LeaseKindsTest, SharedLeasesCoexistAndKeepAnExclusiveOneOut) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  auto writer = start_client({address(*server)});
+
+  AcquireResult first = a->acquire_shared("doc/1", 10s, 0ms);
+  ASSERT_TRUE(first) << first.error.message();
+  AcquireResult second = b->acquire_shared("doc/1", 10s, 0ms);
+  ASSERT_TRUE(second) << second.error.message();
+  EXPECT_EQ(first.lease.mode(), LeaseMode::kShared);
+  EXPECT_EQ(second.lease.mode(), LeaseMode::kShared);
+  EXPECT_EQ(first.lease.permits(), 0u);
+  EXPECT_NE(first.lease.token(), second.lease.token()) << "every holder has its own token";
+  EXPECT_TRUE(first.lease.valid());
+  EXPECT_TRUE(second.lease.valid());
+
+  AcquireResult excluded = writer->try_acquire("doc/1", 10s);
+  EXPECT_EQ(excluded.error, LeaseErrc::kBusy);
+  EXPECT_TRUE(excluded.lease.empty());
+  EXPECT_GT(excluded.holder_ttl_left_ms, 0u);
+
+  const CallResult q = writer->query("doc/1");
+  ASSERT_FALSE(q.error) << q.error.message();
+  EXPECT_TRUE(q.held);
+  EXPECT_EQ(q.mode, LeaseMode::kShared);
+  EXPECT_EQ(q.holders, 2u);
+  EXPECT_EQ(q.permits, 0u);
+
+  // One shared holder letting go leaves the key shared by the other.
+  EXPECT_FALSE(first.lease.release());
+  EXPECT_EQ(writer->try_acquire("doc/1", 10s).error, LeaseErrc::kBusy);
+  EXPECT_EQ(writer->query("doc/1").holders, 1u);
+  EXPECT_FALSE(second.lease.release());
+
+  // And the reverse: an exclusive holder keeps readers out.
+  AcquireResult exclusive = writer->try_acquire("doc/1", 10s);
+  ASSERT_TRUE(exclusive) << exclusive.error.message();
+  EXPECT_EQ(exclusive.lease.mode(), LeaseMode::kExclusive);
+  EXPECT_EQ(a->acquire_shared("doc/1", 10s, 0ms).error, LeaseErrc::kBusy);
+  EXPECT_EQ(a->query("doc/1").mode, LeaseMode::kExclusive);
+
+  EXPECT_EQ(a->acquire_shared("", 1s, 0ms).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->acquire_shared("doc/2", 0ms, 0ms).error, LeaseErrc::kBadArgument);
+}
+
+TEST(LeaseKindsTest, PermitKeyGrantsUpToItsLimit) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  constexpr std::uint32_t kPermits = 3;
+  std::vector<std::unique_ptr<LeaseClient>> clients;
+  for (std::uint32_t i = 0; i <= kPermits + 1; ++i)
+    clients.push_back(start_client({address(*server)}));
+
+  std::vector<Lease> held;
+  std::set<std::uint64_t> tokens;
+  for (std::uint32_t i = 0; i < kPermits; ++i) {
+    AcquireResult r = clients[i]->acquire_permit("pool/db", kPermits, 10s, 0ms);
+    ASSERT_TRUE(r) << "permit " << i << ": " << r.error.message();
+    EXPECT_EQ(r.lease.mode(), LeaseMode::kPermit);
+    EXPECT_EQ(r.lease.permits(), kPermits);
+    tokens.insert(r.lease.token());
+    held.push_back(std::move(r.lease));
+  }
+  EXPECT_EQ(tokens.size(), kPermits) << "each permit has its own token";
+
+  AcquireResult full = clients[kPermits]->acquire_permit("pool/db", kPermits, 10s, 0ms);
+  EXPECT_EQ(full.error, LeaseErrc::kBusy);
+  EXPECT_TRUE(full.lease.empty());
+
+  const CallResult q = clients[kPermits]->query("pool/db");
+  ASSERT_FALSE(q.error) << q.error.message();
+  EXPECT_TRUE(q.held);
+  EXPECT_EQ(q.mode, LeaseMode::kPermit);
+  EXPECT_EQ(q.holders, kPermits);
+  EXPECT_EQ(q.permits, kPermits);
+
+  // While the key is in use its limit is the first acquirer's, and it is no
+  // lock.
+  AcquireResult other_limit = clients[kPermits + 1]->acquire_permit("pool/db", 5, 10s, 0ms);
+  EXPECT_EQ(other_limit.error, LeaseErrc::kServerError);
+  EXPECT_EQ(other_limit.wire_error, WireError::kLeaseKindMismatch);
+  AcquireResult as_lock = clients[kPermits + 1]->try_acquire("pool/db", 10s);
+  EXPECT_EQ(as_lock.error, LeaseErrc::kServerError);
+  EXPECT_EQ(as_lock.wire_error, WireError::kLeaseKindMismatch);
+
+  // A permit given back makes room for one more.
+  EXPECT_FALSE(held.back().release());
+  held.pop_back();
+  AcquireResult next = clients[kPermits]->acquire_permit("pool/db", kPermits, 10s, 0ms);
+  EXPECT_TRUE(next) << next.error.message();
+
+  EXPECT_EQ(clients[0]->acquire_permit("pool/x", 0, 1s, 0ms).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(clients[0]->acquire_permit("pool/x", kMaxPermits + 1, 1s, 0ms).error,
+            LeaseErrc::kBadArgument);
+}
+
+TEST(LeaseKindsTest, AcquireManyGrantsEveryKeyWithItsOwnToken) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  const std::vector<std::string_view> keys = {"acct/3", "acct/1", "acct/2"};
+
+  // Tokens count per shard, so two keys may carry equal tokens; what holds
+  // is that each lease carries its own key's token, as the server has it,
+  // and a later grant of the key carries a larger one.
+  std::vector<std::uint64_t> earlier;
+  {
+    MultiAcquireResult first = a->acquire_many(keys, 10s, 0ms);
+    ASSERT_TRUE(first) << first.error.message();
+    ASSERT_EQ(first.leases.size(), keys.size());
+    for (Lease& lease : first.leases) {
+      earlier.push_back(lease.token());
+      EXPECT_FALSE(lease.release());
+    }
+  }
+  MultiAcquireResult r = a->acquire_many(keys, 10s, 0ms);
+  ASSERT_TRUE(r) << r.error.message();
+  ASSERT_EQ(r.leases.size(), keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(r.leases[i].key(), keys[i]) << "leases come in the caller's order";
+    EXPECT_EQ(r.leases[i].mode(), LeaseMode::kExclusive);
+    EXPECT_TRUE(r.leases[i].valid());
+    EXPECT_GT(r.leases[i].token(), earlier[i]) << keys[i];
+    const CallResult q = b->query(keys[i]);
+    ASSERT_FALSE(q.error) << q.error.message();
+    EXPECT_TRUE(q.held);
+    EXPECT_EQ(q.token, r.leases[i].token()) << keys[i];
+    EXPECT_EQ(b->try_acquire(keys[i], 1s).error, LeaseErrc::kBusy) << keys[i];
+  }
+
+  // Each lease is released on its own.
+  EXPECT_FALSE(r.leases[1].release());
+  EXPECT_TRUE(b->try_acquire("acct/1", 1s)) << "released with its own token";
+  EXPECT_EQ(b->try_acquire("acct/2", 1s).error, LeaseErrc::kBusy);
+
+  // Shared: two owners hold the same keys together.
+  const std::vector<std::string_view> read = {"acct/7", "acct/8"};
+  MultiAcquireResult reader_a = a->acquire_many(read, 10s, 0ms, LeaseMode::kShared);
+  MultiAcquireResult reader_b = b->acquire_many(read, 10s, 0ms, LeaseMode::kShared);
+  ASSERT_TRUE(reader_a) << reader_a.error.message();
+  ASSERT_TRUE(reader_b) << reader_b.error.message();
+  for (const Lease& lease : reader_a.leases) EXPECT_EQ(lease.mode(), LeaseMode::kShared);
+  EXPECT_EQ(b->query("acct/8").holders, 2u);
+}
+
+TEST(LeaseKindsTest, AcquireManyHoldsNothingWhenOneKeyIsBusy) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  auto observer = start_client({address(*server)});
+  AcquireResult taken = b->try_acquire("set/b", 10s);
+  ASSERT_TRUE(taken);
+
+  const std::vector<std::string_view> keys = {"set/a", "set/b", "set/c"};
+  MultiAcquireResult r = a->acquire_many(keys, 10s, 0ms);
+  EXPECT_EQ(r.error, LeaseErrc::kBusy);
+  EXPECT_EQ(r.busy_key, "set/b");
+  EXPECT_GT(r.holder_ttl_left_ms, 0u);
+  EXPECT_TRUE(r.leases.empty());
+  for (const std::string_view key : {"set/a", "set/c"}) {
+    EXPECT_FALSE(observer->query(key).held) << key << " stayed held by the refused request";
+    AcquireResult free = observer->try_acquire(key, 1s);
+    EXPECT_TRUE(free) << key << ": " << free.error.message();
+  }
+
+  // A wait that runs out is a timeout, and still holds nothing.
+  MultiAcquireResult waited =
+      a->acquire_many(std::vector<std::string_view>{"set/d", "set/b"}, 10s, 100ms);
+  EXPECT_EQ(waited.error, LeaseErrc::kTimeout);
+  EXPECT_TRUE(waited.leases.empty());
+  EXPECT_FALSE(observer->query("set/d").held);
+}
+
+TEST(LeaseKindsTest, AcquireManyRefusesABadKeyListBeforeSending) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  const std::uint64_t sent_before = a->datagrams_sent();
+
+  EXPECT_EQ(a->acquire_many({}, 1s, 0ms).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->acquire_many(std::vector<std::string_view>{"x", "y", "x"}, 1s, 0ms).error,
+            LeaseErrc::kBadArgument);
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i <= kMaxKeysPerRequest; ++i)
+    names.push_back("many/" + std::to_string(i));
+  std::vector<std::string_view> seventeen(names.begin(), names.end());
+  ASSERT_EQ(seventeen.size(), 17u);
+  EXPECT_EQ(a->acquire_many(seventeen, 1s, 0ms).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->acquire_many(std::vector<std::string_view>{"x", ""}, 1s, 0ms).error,
+            LeaseErrc::kBadArgument);
+  const std::string too_long(kMaxKeyLength + 1, 'k');
+  EXPECT_EQ(a->acquire_many(std::vector<std::string_view>{"x", too_long}, 1s, 0ms).error,
+            LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->acquire_many(std::vector<std::string_view>{"x"}, 1s, 0ms, LeaseMode::kPermit).error,
+            LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->acquire_many(std::vector<std::string_view>{"x"}, 0ms, 0ms).error,
+            LeaseErrc::kBadArgument);
+  // Sixteen keys of the longest length do not fit in one datagram.
+  std::vector<std::string> long_names;
+  for (std::size_t i = 0; i < kMaxKeysPerRequest; ++i) {
+    long_names.push_back(std::string(kMaxKeyLength - 2, 'k') + std::to_string(10 + i));
+  }
+  const std::vector<std::string_view> oversized(long_names.begin(), long_names.end());
+  EXPECT_EQ(a->acquire_many(oversized, 1s, 0ms).error, LeaseErrc::kBadArgument);
+  EXPECT_EQ(a->datagrams_sent(), sent_before) << "refused before sending";
+
+  // The async call refuses the same lists, at once.
+  std::atomic<int> refused{0};
+  a->acquire_many_async(seventeen, LeaseMode::kExclusive, 1s, 0ms, [&](const CallResult& r) {
+    if (r.error == LeaseErrc::kBadArgument) refused.fetch_add(1);
+  });
+  EXPECT_EQ(refused.load(), 1);
+
+  // Sixteen short keys are fine.
+  seventeen.pop_back();
+  MultiAcquireResult sixteen = a->acquire_many(seventeen, 1s, 0ms);
+  ASSERT_TRUE(sixteen) << sixteen.error.message();
+  EXPECT_EQ(sixteen.leases.size(), kMaxKeysPerRequest);
+}
+
+TEST(LeaseKindsTest, AcquireManyRefusesKeysOfDifferentNodes) {
+  auto one = start_server();
+  auto two = start_server();
+  ASSERT_TRUE(one && two);
+  auto client = start_client({address(*one), address(*two)});
+  std::array<std::string, 2> on_node;
+  for (int i = 0; on_node[0].empty() || on_node[1].empty(); ++i) {
+    ASSERT_LT(i, 1000) << "no key routed to one of the nodes";
+    const std::string key = "split/" + std::to_string(i);
+    std::string& slot = on_node[client->node_for(key)];
+    if (slot.empty()) slot = key;
+  }
+  const std::uint64_t sent_before = client->datagrams_sent();
+  MultiAcquireResult r =
+      client->acquire_many(std::vector<std::string_view>{on_node[0], on_node[1]}, 1s, 0ms);
+  EXPECT_EQ(r.error, LeaseErrc::kCrossNode);
+  EXPECT_TRUE(r.leases.empty());
+  EXPECT_EQ(client->datagrams_sent(), sent_before) << "refused before sending";
+  EXPECT_EQ(one->stats().counter(StatCounter::kRequests), 0u);
+  EXPECT_EQ(two->stats().counter(StatCounter::kRequests), 0u);
+
+  // Keys of one node go to that node, whichever it is.
+  std::string second_on_two;
+  for (int i = 0; second_on_two.empty(); ++i) {
+    ASSERT_LT(i, 1000);
+    const std::string key = "together/" + std::to_string(i);
+    if (client->node_for(key) == 1) second_on_two = key;
+  }
+  MultiAcquireResult same =
+      client->acquire_many(std::vector<std::string_view>{on_node[1], second_on_two}, 5s, 0ms);
+  ASSERT_TRUE(same) << same.error.message();
+  EXPECT_EQ(two->stats().counter(StatCounter::kGrants), 2u);
+  EXPECT_EQ(one->stats().counter(StatCounter::kGrants), 0u);
+}
+
+TEST(LeaseKindsTest, WatchdogRenewsSharedAndMultiKeyLeasesPastTheirTtl) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto a = start_client({address(*server)});
+  auto b = start_client({address(*server)});
+  std::atomic<int> lost{0};
+  LeaseOptions watch;
+  watch.watchdog = true;
+  watch.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
+  constexpr auto kTtl = 900ms;
+
+  AcquireResult shared = a->acquire_shared("watched/shared", kTtl, 0ms, watch);
+  ASSERT_TRUE(shared) << shared.error.message();
+  MultiAcquireResult many = a->acquire_many(std::vector<std::string_view>{"watched/1", "watched/2"},
+                                            kTtl, 0ms, LeaseMode::kExclusive, watch);
+  ASSERT_TRUE(many) << many.error.message();
+  std::vector<const Lease*> leases = {&shared.lease, &many.leases[0], &many.leases[1]};
+  std::vector<LeaseClock::time_point> granted_expiry;
+  for (const Lease* lease : leases) granted_expiry.push_back(lease->expiry());
+  const LeaseClock::time_point latest =
+      *std::max_element(granted_expiry.begin(), granted_expiry.end());
+
+  // Past every lease's first expiry, each still held: its expiry moved on.
+  ASSERT_TRUE(test_support::poll_until([&] { return LeaseClock::now() > latest + 100ms; },
+                                       test_support::kPollTimeout, 10ms));
+  for (std::size_t i = 0; i < leases.size(); ++i) {
+    EXPECT_TRUE(leases[i]->valid()) << leases[i]->key();
+    EXPECT_GT(leases[i]->expiry(), granted_expiry[i]) << leases[i]->key();
+  }
+  EXPECT_EQ(lost.load(), 0);
+  EXPECT_GE(server->stats().counter(StatCounter::kRenewed), 3u);
+  EXPECT_EQ(b->try_acquire("watched/shared", 1s).error, LeaseErrc::kBusy);
+  EXPECT_EQ(b->try_acquire("watched/1", 1s).error, LeaseErrc::kBusy);
+  EXPECT_EQ(b->try_acquire("watched/2", 1s).error, LeaseErrc::kBusy);
+  EXPECT_TRUE(b->acquire_shared("watched/shared", 1s, 0ms)) << "still shared, not exclusive";
+
+  EXPECT_FALSE(shared.lease.release());
+  for (Lease& lease : many.leases) EXPECT_FALSE(lease.release());
+  EXPECT_EQ(lost.load(), 0) << "a released lease is never reported lost";
+}
+
+TEST(LeaseKindsTest, AsyncAcquiresOfEveryKind) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto client = start_client({address(*server)});
+  const ClientId reader_a = random_client_id();
+  const ClientId reader_b = random_client_id();
+  const ClientId writer = random_client_id();
+  std::mutex mutex;
+  std::map<std::string, CallResult> results;
+  std::atomic<int> done{0};
+  const auto record = [&](std::string name) {
+    return [&, name](const CallResult& r) {
+      {
+        std::lock_guard lock(mutex);
+        results[name] = r;
+      }
+      done.fetch_add(1);
+    };
+  };
+  const std::vector<std::string_view> keys = {"async/1", "async/2"};
+  client->acquire_async("async/shared", LeaseMode::kShared, 0, 5s, 0ms, record("shared a"),
+                        reader_a);
+  client->acquire_async("async/shared", LeaseMode::kShared, 0, 5s, 0ms, record("shared b"),
+                        reader_b);
+  client->acquire_async("async/permit", LeaseMode::kPermit, 1, 5s, 0ms, record("permit"), reader_a);
+  client->acquire_many_async(keys, LeaseMode::kExclusive, 5s, 0ms, record("many"), writer);
+  ASSERT_TRUE(test_support::poll_until([&] { return done.load() == 4; }));
+  // After the others, so it is busy on both counts.
+  client->acquire_async("async/permit", LeaseMode::kPermit, 1, 5s, 0ms, record("permit 2"),
+                        reader_b);
+  client->acquire_many_async(keys, LeaseMode::kShared, 5s, 0ms, record("many 2"), reader_a);
+  ASSERT_TRUE(test_support::poll_until([&] { return done.load() == 6; }));
+
+  std::lock_guard lock(mutex);
+  EXPECT_FALSE(results["shared a"].error) << results["shared a"].error.message();
+  EXPECT_FALSE(results["shared b"].error) << results["shared b"].error.message();
+  EXPECT_NE(results["shared a"].token, results["shared b"].token);
+  EXPECT_FALSE(results["permit"].error) << results["permit"].error.message();
+  EXPECT_EQ(results["permit 2"].error, LeaseErrc::kBusy);
+  const CallResult& many = results["many"];
+  ASSERT_FALSE(many.error) << many.error.message();
+  EXPECT_EQ(many.reply, MessageType::kGrantedMany);
+  ASSERT_EQ(many.tokens.size(), 2u);
+  EXPECT_GT(many.tokens[0], 0u);
+  EXPECT_GT(many.tokens[1], 0u);
+  EXPECT_GT(many.ttl_ms, 0u);
+  EXPECT_EQ(results["many 2"].error, LeaseErrc::kBusy);
+  EXPECT_EQ(results["many 2"].reply, MessageType::kBusyMany);
+  EXPECT_LT(results["many 2"].busy_index, 2u);
+}
+
+// ---------------------------------------------------------------------------
+// A scripted node: answers the client with replies no correct server sends,
+// to check what the client believes.
+
+std::vector<std::uint8_t> encode_reply(const ClientId& to, const Message& reply) {
+  Datagram d;
+  d.client_id = to;
+  d.request_id = reply.request_id;
+  (void)d.push(reply);
+  std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+  std::size_t written = 0;
+  EXPECT_EQ(encode(d, bytes, written), ProtocolError::kOk);
+  bytes.resize(written);
+  return bytes;
+}
+
+std::vector<std::uint8_t> tokens_le(const std::vector<std::uint64_t>& tokens) {
+  std::vector<std::uint8_t> bytes;
+  for (const std::uint64_t t : tokens) {
+    for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<std::uint8_t>(t >> (8 * i)));
+  }
+  return bytes;
+}
+
+// What the scripted node saw of an ACQUIRE_MANY.
+struct SeenAcquireMany {
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t wait_ms = 0;
+  std::vector<std::string> keys;
+};
+
+class ScriptedNode {
+ public:
+  // Answers every request datagram with answer(request, from client id):
+  // encoded replies, sent in order.
+  using Answer =
+      std::function<std::vector<std::vector<std::uint8_t>>(const Message&, const ClientId&)>;
+
+  explicit ScriptedNode(Answer answer) : answer_(std::move(answer)) {
+    fd_ = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    EXPECT_GE(fd_, 0);
+    sockaddr_in bound{};
+    bound.sin_family = AF_INET;
+    bound.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&bound), sizeof bound), 0);
+    socklen_t length = sizeof bound;
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&bound), &length), 0);
+    port_ = ntohs(bound.sin_port);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~ScriptedNode() {
+    stop_.store(true);
+    thread_.join();
+    ::close(fd_);
+  }
+  ScriptedNode(const ScriptedNode&) = delete;
+  ScriptedNode& operator=(const ScriptedNode&) = delete;
+
+  [[nodiscard]] std::string address() const { return "127.0.0.1:" + std::to_string(port_); }
+
+ private:
+  void run() {
+    std::vector<std::uint8_t> buffer(kMaxDatagramSize);
+    Datagram request;
+    while (!stop_.load()) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 10) <= 0) continue;
+      sockaddr_storage from{};
+      socklen_t from_length = sizeof from;
+      const ssize_t n = ::recvfrom(fd_, buffer.data(), buffer.size(), 0,
+                                   reinterpret_cast<sockaddr*>(&from), &from_length);
+      if (n <= 0) continue;
+      if (decode(std::span(buffer.data(), static_cast<std::size_t>(n)), request) !=
+          ProtocolError::kOk) {
+        continue;
+      }
+      for (const Message& m : request.items()) {
+        for (const auto& reply : answer_(m, m.owner.value_or(request.client_id))) {
+          (void)::sendto(fd_, reply.data(), reply.size(), 0, reinterpret_cast<sockaddr*>(&from),
+                         from_length);
+        }
+      }
+    }
+  }
+
+  Answer answer_;
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+TEST(LeaseKindsTest, GrantedManyWithoutATokenPerKeyIsIgnored) {
+  std::mutex mutex;
+  SeenAcquireMany seen;
+  ScriptedNode node([&](const Message& m, const ClientId& from) {
+    std::vector<std::vector<std::uint8_t>> replies;
+    if (m.type != MessageType::kAcquireMany) return replies;
+    {
+      std::lock_guard lock(mutex);
+      seen.mode = m.mode;
+      seen.wait_ms = m.wait_ms;
+      seen.keys.clear();
+      for (const std::string_view key : KeyList(m)) seen.keys.emplace_back(key);
+    }
+    const auto short_list = tokens_le({11, 12});
+    const auto long_list = tokens_le({11, 12, 13, 14});
+    const auto good = tokens_le({11, 12, 13});
+    Message base;
+    base.request_id = m.request_id;
+    base.ttl_ms = 10'000;
+    Message r = base;
+    r.type = MessageType::kGrantedMany;
+    r.tokens_le = short_list;
+    replies.push_back(encode_reply(from, r));
+    r.tokens_le = long_list;
+    replies.push_back(encode_reply(from, r));
+    Message busy = base;
+    busy.type = MessageType::kBusyMany;
+    busy.index = 3;  // names no key of the request
+    replies.push_back(encode_reply(from, busy));
+    r.tokens_le = good;
+    replies.push_back(encode_reply(from, r));
+    return replies;
+  });
+  auto client = start_client({node.address()});
+  const std::vector<std::string_view> keys = {"s/2", "s/1", "s/3"};
+  MultiAcquireResult r = client->acquire_many(keys, 10s, 250ms, LeaseMode::kShared);
+  ASSERT_TRUE(r) << r.error.message();
+  ASSERT_EQ(r.leases.size(), 3u);
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(r.leases[i].key(), keys[i]);
+    EXPECT_EQ(r.leases[i].token(), 11 + i);
+    EXPECT_EQ(r.leases[i].mode(), LeaseMode::kShared);
+  }
+  EXPECT_GE(client->malformed_replies(), 3u);
+  std::lock_guard lock(mutex);
+  EXPECT_EQ(seen.mode, LeaseMode::kShared);
+  EXPECT_EQ(seen.wait_ms, 250u);
+  EXPECT_EQ(seen.keys, (std::vector<std::string>{"s/2", "s/1", "s/3"}));
+  for (Lease& lease : r.leases) lease.detach();  // the node does not answer RELEASE
+}
+
+TEST(LeaseKindsTest, BusyManyNamesTheKeyAndTimeoutCarriesNoKey) {
+  ScriptedNode node([&](const Message& m, const ClientId& from) {
+    std::vector<std::vector<std::uint8_t>> replies;
+    if (m.type != MessageType::kAcquireMany) return replies;
+    if (m.wait_ms == 0) {
+      Message busy;
+      busy.type = MessageType::kBusyMany;
+      busy.request_id = m.request_id;
+      busy.ttl_ms = 1234;
+      busy.index = 1;
+      replies.push_back(encode_reply(from, busy));
+      return replies;
+    }
+    // A TIMEOUT with a key answers a keyed request, never an ACQUIRE_MANY.
+    Message timeout;
+    timeout.type = MessageType::kTimeout;
+    timeout.request_id = m.request_id;
+    timeout.key = "b";
+    replies.push_back(encode_reply(from, timeout));
+    timeout.key = {};
+    replies.push_back(encode_reply(from, timeout));
+    return replies;
+  });
+  auto client = start_client({node.address()});
+  const std::vector<std::string_view> keys = {"a", "b", "c"};
+  MultiAcquireResult busy = client->acquire_many(keys, 10s, 0ms);
+  EXPECT_EQ(busy.error, LeaseErrc::kBusy);
+  EXPECT_EQ(busy.busy_key, "b");
+  EXPECT_EQ(busy.holder_ttl_left_ms, 1234u);
+  EXPECT_TRUE(busy.leases.empty());
+  MultiAcquireResult timed_out = client->acquire_many(keys, 10s, 50ms);
+  EXPECT_EQ(timed_out.error, LeaseErrc::kTimeout);
+  EXPECT_TRUE(timed_out.busy_key.empty());
 }
 
 }  // namespace

@@ -138,6 +138,92 @@ TEST(ShardlockBenchTest, BadFlagsAreUsageErrors) {
   EXPECT_NE(help.out.find("--server"), std::string::npos);
 }
 
+// --read-fraction: that share of the acquires is shared. All shared never
+// meets a busy key; none shared sends no ACQUIRE_SHARED.
+TEST(ShardlockBenchTest, ReadFractionMakesThatShareOfAcquiresShared) {
+  for (const char* fraction : {"0", "0.5", "1"}) {
+    SCOPED_TRACE(fraction);
+    const auto r = run_tool(kBench, {"--duration", "1s", "--json", "--clients", "8", "--keys", "50",
+                                     "--read-fraction", fraction});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto j = json_line(r);
+    ASSERT_TRUE(j) << r.out;
+    expect_well_formed(*j, "lease");
+    EXPECT_EQ((*j)["read_fraction"].number, std::stod(fraction));
+    EXPECT_EQ((*j)["keys_per_op"].number, 1);
+    const double acquires = (*j)["acquires"].number;
+    const double shared = (*j)["shared_acquires"].number;
+    // The counters are read while the owners finish their last round, one
+    // answer each at most: they may disagree by up to one per owner.
+    constexpr double kInFlight = 8;
+    EXPECT_NEAR(acquires, (*j)["grants"].number + (*j)["busy"].number + (*j)["errors"].number,
+                kInFlight);
+    EXPECT_EQ((*j)["errors"].number, 0);
+    if (std::string(fraction) == "0") {
+      EXPECT_EQ(shared, 0);
+    } else if (std::string(fraction) == "1") {
+      EXPECT_NEAR(shared, acquires, kInFlight);
+      EXPECT_EQ((*j)["busy"].number, 0) << "shared holders never exclude each other";
+    } else {
+      EXPECT_GT(shared, 0);
+      EXPECT_LT(shared, acquires);
+    }
+  }
+}
+
+// --keys-per-op: each acquire is one ACQUIRE_MANY; a pair is that acquire and
+// its K releases, so the server granted K keys per counted grant.
+TEST(ShardlockBenchTest, KeysPerOpAcquiresSeveralKeysAtOnce) {
+  LeaseServerOptions options;
+  options.lock_delay = 0ms;
+  options.log = [](std::string_view) {};
+  LeaseServer server(options);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto r = run_tool(
+      kBench, {"--server", server.listen_address(), "--duration", "1s", "--json", "--clients", "4",
+               "--keys", "200", "--keys-per-op", "4", "--read-fraction", "0.25"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = json_line(r);
+  ASSERT_TRUE(j) << r.out;
+  expect_well_formed(*j, "lease");
+  EXPECT_EQ((*j)["keys_per_op"].number, 4);
+  EXPECT_EQ((*j)["read_fraction"].number, 0.25);
+  EXPECT_EQ((*j)["errors"].number, 0);
+  // Every grant the bench counted was four keys on the server (plus any
+  // still in flight when the run ended), and each op released key by key.
+  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kGrants)),
+            4 * (*j)["grants"].number);
+  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kReleased)),
+            4 * (*j)["pairs"].number);
+
+  const auto table = run_tool(kBench, {"--duration", "1s", "--clients", "2", "--keys", "100",
+                                       "--keys-per-op", "3", "--read-fraction", "0.5"});
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  for (const char* text : {"read fraction 0.50", "3 keys per acquire", "shared acquires"}) {
+    EXPECT_NE(table.out.find(text), std::string::npos) << text << " missing from:\n" << table.out;
+  }
+}
+
+TEST(ShardlockBenchTest, LeaseKindFlagsAreRangeChecked) {
+  const auto usage = [](std::vector<std::string> args) {
+    const auto r = run_tool(kBench, args);
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    return r.err;
+  };
+  EXPECT_NE(usage({"--read-fraction", "1.5"}).find("--read-fraction"), std::string::npos);
+  usage({"--read-fraction", "-0.1"});
+  usage({"--read-fraction", "half"});
+  EXPECT_NE(usage({"--keys-per-op", "0"}).find("--keys-per-op"), std::string::npos);
+  usage({"--keys-per-op", "17"});
+  EXPECT_NE(usage({"--keys-per-op", "2", "--batch", "4"}).find("--batch"), std::string::npos);
+  usage({"--keys-per-op", "8", "--keys", "4"});
+  usage({"--mode", "table", "--read-fraction", "0.5"});
+  usage({"--mode", "table", "--keys-per-op", "2"});
+  const auto help = run_tool(kBench, {"--help"});
+  EXPECT_NE(help.out.find("--read-fraction"), std::string::npos);
+  EXPECT_NE(help.out.find("--keys-per-op"), std::string::npos);
+}
+
 TEST(ShardlockBenchTest, UnreachableServerFailsFast) {
   // Port 9 (discard) on loopback: nothing answers.
   const auto r =

@@ -3,6 +3,7 @@
 // when it exits, and a lost lease signals it.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "client_tool_support.h"
+#include "shardlock/lease/client.h"
 
 namespace shardlock::lease {
 namespace {
@@ -297,6 +299,185 @@ TEST(ShardlockctlTest, RunSignalsTheCommandWhenTheLeaseIsLost) {
       EXPECT_NE(r.out.find("finished"), std::string::npos) << r.out;
     }
   }
+}
+
+// Shared and permit leases, and several keys in one acquire (all or
+// nothing), with the kind and holders visible in query.
+TEST(ShardlockctlTest, AcquireSharedPermitsAndSeveralKeys) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+
+  const ToolResult reader = ctl(d, {"acquire", "doc", "--ttl", "30s", "--shared"});
+  ASSERT_EQ(reader.exit_code, 0) << reader.out << reader.err;
+  const Json first = parsed(reader);
+  EXPECT_EQ(first["mode"].text, "shared");
+  EXPECT_GT(first["token"].number, 0);
+  const ToolResult second_reader = ctl(d, {"acquire", "doc", "--ttl", "30s", "--shared"});
+  ASSERT_EQ(second_reader.exit_code, 0) << second_reader.out;
+  EXPECT_NE(parsed(second_reader)["token"].number, first["token"].number);
+  const ToolResult writer = ctl(d, {"acquire", "doc", "--ttl", "30s"});
+  EXPECT_EQ(writer.exit_code, 1);
+  EXPECT_EQ(parsed(writer)["error"].text, "busy");
+  const Json shared_query = parsed(ctl(d, {"query", "doc"}));
+  EXPECT_TRUE(shared_query["held"].boolean);
+  EXPECT_EQ(shared_query["mode"].text, "shared");
+  EXPECT_EQ(shared_query["holders"].number, 2);
+  EXPECT_EQ(shared_query["permits"].number, 0);
+  EXPECT_EQ(shared_query["waiters"].number, 0);
+
+  for (int i = 0; i < 2; ++i) {
+    const ToolResult permit = ctl(d, {"acquire", "pool", "--ttl", "30s", "--permits", "2"});
+    ASSERT_EQ(permit.exit_code, 0) << permit.out;
+    EXPECT_EQ(parsed(permit)["mode"].text, "permit");
+    EXPECT_EQ(parsed(permit)["permits"].number, 2);
+  }
+  EXPECT_EQ(ctl(d, {"acquire", "pool", "--ttl", "30s", "--permits", "2"}).exit_code, 1);
+  const ToolResult other_limit = ctl(d, {"acquire", "pool", "--ttl", "30s", "--permits", "3"});
+  EXPECT_EQ(other_limit.exit_code, 5);
+  EXPECT_EQ(parsed(other_limit)["error"].text, "server_error");
+  EXPECT_TRUE(parsed(other_limit).has("wire_error"));
+  const Json pool = parsed(ctl(d, {"query", "pool"}));
+  EXPECT_EQ(pool["mode"].text, "permit");
+  EXPECT_EQ(pool["holders"].number, 2);
+  EXPECT_EQ(pool["permits"].number, 2);
+
+  // Several keys: one token each, in the order given.
+  const ToolResult many = ctl(d, {"acquire", "m/c", "m/a", "m/b", "--ttl", "30s"});
+  ASSERT_EQ(many.exit_code, 0) << many.out << many.err;
+  const Json granted = parsed(many);
+  EXPECT_EQ(granted["mode"].text, "exclusive");
+  EXPECT_EQ(granted["ttl_ms"].number, 30000);
+  ASSERT_EQ(granted["leases"].items.size(), 3u);
+  const std::vector<std::string> order = {"m/c", "m/a", "m/b"};
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const Json& lease = granted["leases"].items[i];
+    EXPECT_EQ(lease["key"].text, order[i]);
+    EXPECT_GT(lease["token"].number, 0);
+    // Each key's own token (tokens count per shard, so keys may share one).
+    const Json q = parsed(ctl(d, {"query", order[i]}));
+    EXPECT_TRUE(q["held"].boolean) << order[i];
+    EXPECT_EQ(q["token"].number, lease["token"].number) << order[i];
+  }
+
+  // All or nothing: one held key refuses the lot, and names it.
+  const ToolResult refused = ctl(d, {"acquire", "m/d", "m/a", "--ttl", "30s"});
+  EXPECT_EQ(refused.exit_code, 1);
+  const Json busy = parsed(refused);
+  EXPECT_EQ(busy["error"].text, "busy");
+  EXPECT_EQ(busy["busy_key"].text, "m/a");
+  ASSERT_EQ(busy["keys"].items.size(), 2u);
+  EXPECT_GT(busy["ttl_left_ms"].number, 0);
+  EXPECT_FALSE(parsed(ctl(d, {"query", "m/d"}))["held"].boolean);
+
+  // Several keys shared, by two owners at once.
+  EXPECT_EQ(ctl(d, {"acquire", "r/1", "r/2", "--ttl", "30s", "--shared"}).exit_code, 0);
+  const ToolResult readers = ctl(d, {"acquire", "r/1", "r/2", "--ttl", "30s", "--shared"});
+  EXPECT_EQ(readers.exit_code, 0) << readers.out;
+  EXPECT_EQ(parsed(readers)["mode"].text, "shared");
+  EXPECT_EQ(parsed(ctl(d, {"query", "r/2"}))["holders"].number, 2);
+}
+
+TEST(ShardlockctlTest, LeaseKindFlagsAreCheckedBeforeAnythingIsSent) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const auto usage = [&](std::vector<std::string> args) {
+    const ToolResult r = ctl(d, std::move(args));
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_FALSE(r.err.empty());
+    return r.err;
+  };
+  EXPECT_NE(usage({"acquire", "k", "--ttl", "1s", "--shared", "--permits", "2"}).find("--permits"),
+            std::string::npos);
+  EXPECT_NE(usage({"acquire", "a", "b", "--ttl", "1s", "--permits", "2"}).find("one key"),
+            std::string::npos);
+  EXPECT_NE(usage({"acquire", "a", "b", "a", "--ttl", "1s"}).find("once"), std::string::npos);
+  std::vector<std::string> seventeen = {"acquire", "--ttl", "1s"};
+  for (int i = 0; i < 17; ++i) seventeen.push_back("k" + std::to_string(i));
+  EXPECT_NE(usage(seventeen).find("16"), std::string::npos);
+  usage({"acquire", "k", "--ttl", "1s", "--permits", "0"});
+  usage({"acquire", "k", "--ttl", "1s", "--permits", "65536"});
+  usage({"acquire", "k", "--ttl", "1s", "--permits", "many"});
+  usage({"run", "k", "--ttl", "1s", "--shared", "--permits", "2", "--", "true"});
+  EXPECT_NE(usage({"run", "a", "b", "--ttl", "1s"}).find("--"), std::string::npos);
+  usage({"run", "a", "", "--ttl", "1s", "--", "true"});
+  // Nothing reached the server.
+  const Json counters = parsed(ctl(d, {"stats"}))["nodes"].items.at(0)["counters"];
+  EXPECT_EQ(counters["grants"].number, 0);
+  EXPECT_EQ(counters["requests"].number, 0);
+
+  for (const char* sub : {"acquire", "run"}) {
+    const ToolResult help = run_tool(kCtl, {sub, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << sub;
+    EXPECT_NE(help.out.find("--shared"), std::string::npos) << sub;
+    EXPECT_NE(help.out.find("--permits"), std::string::npos) << sub;
+  }
+  EXPECT_NE(run_tool(kCtl, {"query", "--help"}).out.find("holders"), std::string::npos);
+}
+
+TEST(ShardlockctlTest, SeveralKeysOfDifferentNodesAreAUsageError) {
+  Daemon one;
+  Daemon two;
+  ASSERT_FALSE(one.address().empty());
+  ASSERT_FALSE(two.address().empty());
+  LeaseClientOptions options;
+  options.nodes = {one.address(), two.address()};
+  LeaseClient router(options);
+  ASSERT_FALSE(router.start());
+  std::array<std::string, 2> on_node;
+  for (int i = 0; on_node[0].empty() || on_node[1].empty(); ++i) {
+    ASSERT_LT(i, 1000);
+    const std::string key = "split/" + std::to_string(i);
+    std::string& slot = on_node[router.node_for(key)];
+    if (slot.empty()) slot = key;
+  }
+  const ToolResult r = run_tool(kCtl, {"--server", one.address() + "," + two.address(), "acquire",
+                                       on_node[0], on_node[1], "--ttl", "10s"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(parsed(r)["error"].text, "keys_owned_by_different_nodes");
+  EXPECT_NE(r.err.find("different nodes"), std::string::npos) << r.err;
+}
+
+TEST(ShardlockctlTest, RunHoldsSeveralKeysOrASharedLeaseWhileTheCommandRuns) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  // The child sees every key and token, and checks the second from inside.
+  const std::string script = "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN $SHARDLOCK_MODE\"; \"" + kCtl +
+                             "\" --server \"$SHARDLOCK_SERVER\" query jobs/b; exit 3";
+  const ToolResult r =
+      ctl(d, {"run", "jobs/a", "jobs/b", "--ttl", "5s", "--", "/bin/sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(r.out, m, std::regex(R"(jobs/a,jobs/b (\d+),(\d+) exclusive\n(\{.*\}))")))
+      << r.out;
+  const auto inside = testing::JsonParser::parse(m[3].str());
+  ASSERT_TRUE(inside);
+  EXPECT_TRUE((*inside)["held"].boolean);
+  EXPECT_EQ(std::to_string(static_cast<std::uint64_t>((*inside)["token"].number)), m[2].str());
+  // Both released when the command exited.
+  EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/a"}))["held"].boolean);
+  EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/b"}))["held"].boolean);
+
+  // One key held elsewhere: run starts nothing and holds nothing.
+  ASSERT_EQ(ctl(d, {"acquire", "jobs/b", "--ttl", "30s"}).exit_code, 0);
+  const ToolResult busy =
+      ctl(d, {"run", "jobs/a", "jobs/b", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(busy.out.find("ran"), std::string::npos);
+  EXPECT_EQ(parsed(busy)["busy_key"].text, "jobs/b");
+  EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/a"}))["held"].boolean);
+
+  // run --shared next to another reader; an exclusive run is refused.
+  ASSERT_EQ(ctl(d, {"acquire", "report", "--ttl", "30s", "--shared"}).exit_code, 0);
+  const ToolResult shared =
+      ctl(d, {"run", "report", "--ttl", "5s", "--shared", "--", "/bin/sh", "-c",
+              "\"$0\" --server \"$SHARDLOCK_SERVER\" query report", kCtl});
+  EXPECT_EQ(shared.exit_code, 0) << shared.err;
+  const Json during = parsed(shared);
+  EXPECT_EQ(during["mode"].text, "shared");
+  EXPECT_EQ(during["holders"].number, 2);
+  EXPECT_EQ(parsed(ctl(d, {"query", "report"}))["holders"].number, 1) << "released on exit";
+  EXPECT_EQ(ctl(d, {"run", "report", "--ttl", "5s", "--", "true"}).exit_code, 1);
 }
 
 }  // namespace

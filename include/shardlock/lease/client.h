@@ -346,7 +346,7 @@ struct AcquireResult {
 struct MultiAcquireResult {
   std::error_code error;                 // empty exactly when `leases` holds every key
   std::vector<Lease> leases;             // each with its own token, renewed and lost on its own
-  std::string busy_key;                  // kBusy: the first busy key (in the server's order)
+  std::string busy_key;                  // kBusy: the busy key the server named (BUSY_MANY)
   std::uint32_t holder_ttl_left_ms = 0;  // kBusy: its holder's ttl left
   std::uint32_t retry_after_ms = 0;      // kRecovering
   WireError wire_error = WireError::kInternal;  // kServerError
@@ -407,8 +407,10 @@ class LeaseClient {
   // One of at most `permits` leases on `key` (a counting semaphore, as
   // Curator's InterProcessSemaphoreV2 or Redisson's PermitExpirableSemaphore).
   // The limit is the first acquirer's until the key is idle; another limit
-  // meanwhile is kServerError with wire_error kLeaseKindMismatch. Acquiring
-  // again gives this client another permit. Otherwise as acquire().
+  // meanwhile is kServerError with wire_error kLeaseKindMismatch, and so is
+  // a permit on a key held as a lock (or the reverse). `permits` outside
+  // 1..kMaxPermits is kBadArgument before sending. Acquiring again gives
+  // this client another permit. Otherwise as acquire().
   [[nodiscard]] AcquireResult acquire_permit(std::string_view key, std::uint32_t permits,
                                              std::chrono::milliseconds ttl,
                                              std::chrono::milliseconds wait,
@@ -416,8 +418,13 @@ class LeaseClient {
   // Every key in `keys` (1..kMaxKeysPerRequest, distinct, all owned by one
   // node, else kBadArgument / kCrossNode before sending) in `mode`
   // (exclusive or shared), all or nothing: every Lease, or none and, when
-  // busy, which key was. With a wait the server takes the keys in its global
-  // order, so two overlapping acquire_many() calls never deadlock.
+  // busy, which key was. One ACQUIRE_MANY datagram carries them all, so
+  // keys whose bytes do not fit in it are kBadArgument too. With a wait the
+  // server takes the keys in its global order, so two overlapping
+  // acquire_many() calls never deadlock. Each Lease has its own token and
+  // is renewed, released and lost on its own (each with a copy of
+  // `lease_options`). A grant that arrives expired releases every key
+  // (kGrantExpired), as acquire().
   [[nodiscard]] MultiAcquireResult acquire_many(std::span<const std::string_view> keys,
                                                 std::chrono::milliseconds ttl,
                                                 std::chrono::milliseconds wait,
@@ -465,11 +472,18 @@ class LeaseClient {
   [[nodiscard]] std::uint64_t datagrams_sent() const noexcept;
   [[nodiscard]] std::uint64_t retransmissions() const noexcept;
   // Datagrams received that were not a valid reply: undecodable, or failing
-  // (or lacking, when a key is set) the auth tag. Such a datagram completes
-  // nothing. A relaxed counter.
+  // (or lacking, when a key is set) the auth tag; and replies that decode
+  // but cannot answer their call (a GRANTED_MANY without exactly one token
+  // per key asked, a BUSY_MANY naming no key of it). Such a datagram or
+  // reply completes nothing. A relaxed counter.
   [[nodiscard]] std::uint64_t malformed_replies() const noexcept;
 
  private:
+  // acquire(), acquire_shared() and acquire_permit() (permits: kPermit only).
+  AcquireResult acquire_one(std::string_view key, LeaseMode mode, std::uint32_t permits,
+                            std::chrono::milliseconds ttl, std::chrono::milliseconds wait,
+                            LeaseOptions lease_options);
+
   std::shared_ptr<internal::ClientCore> core_;
 };
 
