@@ -110,7 +110,7 @@ TEST_F(MetricsTest, CountersAndGaugesMoveWithTraffic) {
   ASSERT_FALSE(client.start()) << client.error_detail();
   auto a = client.acquire("metrics/a", 30s, 0ms);
   auto b = client.acquire("metrics/b", 30s, 0ms);
-  auto shared = client.acquire("metrics/c", 30s, 0ms);
+  auto shared = client.acquire_shared("metrics/c", 30s, 0ms);
   ASSERT_TRUE(a && b && shared);
   LeaseClient other(options);
   ASSERT_FALSE(other.start());
