@@ -25,18 +25,27 @@ enum Field : std::uint16_t {
   kIncarnation = 1 << 9,
   kLockDelay = 1 << 10,
   kError = 1 << 11,
+  kMode = 1 << 12,
+  kPermits = 1 << 13,
+  kKeys = 1 << 14,    // replaces kKey in a multi-key acquire
+  kTokens = 1 << 15,  // replaces kToken in a multi-key acquire_ok
 };
+
+// What an acquire event may add: its mode, and a key list in place of its key.
+constexpr std::uint16_t kAcquireExtras = kMode | kPermits | kKeys;
 
 struct KindInfo {
   EventKind kind;
   std::string_view name;
   std::uint16_t fields;
+  std::uint16_t optional = 0;
 };
 
 constexpr std::array<KindInfo, 26> kKinds = {{
-    {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait},
-    {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry},
-    {EventKind::kAcquireFail, "acquire_fail", kClient | kOp | kKey | kError},
+    {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait,
+     kAcquireExtras},
+    {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry, kAcquireExtras},
+    {EventKind::kAcquireFail, "acquire_fail", kClient | kOp | kKey | kError, kAcquireExtras},
     {EventKind::kHold, "hold", kClient | kKey | kToken | kExpiry},
     {EventKind::kRenewInvoke, "renew_invoke", kClient | kOp | kKey | kToken | kTtl},
     {EventKind::kRenewOk, "renew_ok", kClient | kOp | kKey | kToken | kExpiry},
@@ -70,9 +79,52 @@ bool parse_int(std::string_view text, Int& out) noexcept {
   return ec == std::errc() && end == text.data() + text.size();
 }
 
+template <typename Item, typename Text>
+std::string join(const std::vector<Item>& items, Text text) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i > 0) out += ',';
+    out += text(items[i]);
+  }
+  return out;
+}
+
+// "a,b,c" -> {a, b, c}; "" -> {}.
+std::vector<std::string_view> split_list(std::string_view text) {
+  std::vector<std::string_view> items;
+  if (text.empty()) return items;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    items.push_back(text.substr(start, comma - start));
+    if (comma == text.size()) return items;
+    start = comma + 1;
+  }
+}
+
 }  // namespace
 
 std::string_view to_string(EventKind kind) noexcept { return info(kind).name; }
+
+std::string_view to_string(AcquireMode mode) noexcept {
+  switch (mode) {
+    case AcquireMode::kExclusive:
+      return "exclusive";
+    case AcquireMode::kShared:
+      return "shared";
+    case AcquireMode::kPermit:
+      return "permit";
+  }
+  return "unknown";
+}
+
+std::optional<AcquireMode> parse_acquire_mode(std::string_view name) noexcept {
+  for (const AcquireMode mode :
+       {AcquireMode::kExclusive, AcquireMode::kShared, AcquireMode::kPermit}) {
+    if (to_string(mode) == name) return mode;
+  }
+  return std::nullopt;
+}
 
 std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
   for (const KindInfo& k : kKinds) {
@@ -82,7 +134,9 @@ std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
 }
 
 std::string format_event(const Event& e) {
-  const std::uint16_t f = info(e.kind).fields;
+  const KindInfo& k = info(e.kind);
+  const bool multi = (k.optional & kKeys) != 0 && e.multi_key();
+  const std::uint16_t f = k.fields;
   std::string line = std::to_string(e.t_ns);
   line += ' ';
   line += to_string(e.kind);
@@ -94,8 +148,20 @@ std::string format_event(const Event& e) {
   };
   if (f & kClient) add("client", std::to_string(e.client));
   if (f & kOp) add("op", std::to_string(e.op));
-  if (f & kKey) add("key", e.key);
-  if (f & kToken) add("token", std::to_string(e.token));
+  if (f & kKey) {
+    if (multi) {
+      add("keys", join(e.keys, [](const std::string& key) -> const std::string& { return key; }));
+    } else {
+      add("key", e.key);
+    }
+  }
+  if (f & kToken) {
+    if (multi) {
+      add("tokens", join(e.tokens, [](std::uint64_t t) { return std::to_string(t); }));
+    } else {
+      add("token", std::to_string(e.token));
+    }
+  }
   if (f & kExpiry) add("expiry_ns", std::to_string(e.expiry_ns));
   if (f & kTtl) add("ttl_ms", std::to_string(e.ttl_ms));
   if (f & kWait) add("wait_ms", std::to_string(e.wait_ms));
@@ -104,6 +170,10 @@ std::string format_event(const Event& e) {
   if (f & kIncarnation) add("incarnation", std::to_string(e.incarnation));
   if (f & kLockDelay) add("lock_delay_ms", std::to_string(e.lock_delay_ms));
   if (f & kError) add("error", e.error.empty() ? "-" : e.error);
+  if (k.optional & kMode) {
+    if (e.mode != AcquireMode::kExclusive) add("mode", std::string(to_string(e.mode)));
+    if (e.mode == AcquireMode::kPermit || e.permits != 0) add("permits", std::to_string(e.permits));
+  }
   return line;
 }
 
@@ -156,12 +226,38 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
       ok = parse_int(value, e.lock_delay_ms), seen |= kLockDelay;
     } else if (name == "error") {
       e.error = std::string(value), seen |= kError;
+    } else if (name == "mode") {
+      const std::optional<AcquireMode> mode = parse_acquire_mode(value);
+      ok = mode.has_value(), seen |= kMode;
+      if (ok) e.mode = *mode;
+    } else if (name == "permits") {
+      ok = parse_int(value, e.permits), seen |= kPermits;
+    } else if (name == "keys") {
+      e.keys.clear();
+      for (const std::string_view key : split_list(value)) e.keys.emplace_back(key);
+      ok = !e.keys.empty(), seen |= kKeys;
+    } else if (name == "tokens") {
+      e.tokens.clear();
+      for (const std::string_view token : split_list(value)) {
+        e.tokens.push_back(0);
+        ok = ok && parse_int(token, e.tokens.back());
+      }
+      seen |= kTokens;
     } else {
       return fail("unknown field '" + std::string(name) + "'");
     }
     if (!ok) return fail("bad value for '" + std::string(name) + "'");
   }
-  if (seen != info(e.kind).fields) return fail("missing fields for " + std::string(words[1]));
+  const KindInfo& k = info(e.kind);
+  std::uint16_t required = k.fields;
+  if (seen & kKeys) {
+    if (!(k.optional & kKeys)) return fail("keys= on " + std::string(words[1]));
+    required = static_cast<std::uint16_t>((required & ~kKey) | kKeys);
+    if (required & kToken) required = static_cast<std::uint16_t>((required & ~kToken) | kTokens);
+  }
+  const std::uint16_t allowed = required | (k.optional & (kMode | kPermits));
+  if ((seen & required) != required) return fail("missing fields for " + std::string(words[1]));
+  if (seen & ~allowed) return fail("unexpected fields for " + std::string(words[1]));
   return e;
 }
 

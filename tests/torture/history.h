@@ -9,7 +9,20 @@
 //
 // t_ns is CLOCK_MONOTONIC in nanoseconds: every process of the run shares
 // that clock on one machine, so intervals from different files compare
-// exactly. Values contain no spaces (keys are generated without them).
+// exactly. Values contain no spaces (keys are generated without them) and
+// keys no commas (lists are comma-separated).
+//
+// Lease kinds. The acquire events (invoke, ok, fail) may carry
+//   mode=shared|permit   absent for exclusive, so lines written before the
+//                        kinds existed read as exclusive acquires;
+//   permits=P            with mode=permit: the semaphore's limit asked for.
+// A multi-key (all-or-nothing) acquire is one operation: its events carry
+// keys=a,b,c in place of key= (in the order asked), and its acquire_ok
+// carries tokens=t1,t2,t3 in place of token= (one per granted key, in the
+// order of its keys=, which lists the keys granted) and one expiry_ns for
+// all of them. Everything after the grant (hold, renew, release, lost,
+// reads and writes) is per key and token, as for a single-key lease, so a
+// multi-key grant of n keys becomes n ordinary holds.
 //
 // This header is the only thing the harness and the checker share. The
 // checker shares no code with the lease client or server.
@@ -26,9 +39,10 @@ namespace shardlock::torture {
 // Every kind of event, with the fields it carries.
 enum class EventKind : std::uint8_t {
   // Workers (client = the worker's index; op = per-worker operation number).
-  kAcquireInvoke,  // client op key ttl_ms wait_ms
-  kAcquireOk,      // client op key token expiry_ns  (t = grant received)
-  kAcquireFail,    // client op key error            (error: busy, timeout, ...)
+  // key/token become keys/tokens for a multi-key acquire; [mode permits].
+  kAcquireInvoke,  // client op key ttl_ms wait_ms [mode permits]
+  kAcquireOk,      // client op key token expiry_ns [mode permits]  (t = grant received)
+  kAcquireFail,    // client op key error [mode permits]  (error: busy, timeout, ...)
   kHold,           // client key token expiry_ns     (the worker relies on the lease at t)
   kRenewInvoke,    // client op key token ttl_ms
   kRenewOk,        // client op key token expiry_ns
@@ -56,6 +70,16 @@ enum class EventKind : std::uint8_t {
   kHealed,        // (the last fault has healed; liveness is measured from here)
 };
 
+// How an acquire holds its key(s).
+enum class AcquireMode : std::uint8_t {
+  kExclusive,  // one holder, the only one that writes
+  kShared,     // any number of shared holders, which only read
+  kPermit,     // one of at most `permits` holders (a counting semaphore)
+};
+// "exclusive", "shared", "permit".
+[[nodiscard]] std::string_view to_string(AcquireMode mode) noexcept;
+[[nodiscard]] std::optional<AcquireMode> parse_acquire_mode(std::string_view name) noexcept;
+
 // "acquire_invoke", "acquire_ok", ... (the kinds' names on the wire).
 [[nodiscard]] std::string_view to_string(EventKind kind) noexcept;
 [[nodiscard]] std::optional<EventKind> parse_event_kind(std::string_view name) noexcept;
@@ -70,11 +94,19 @@ struct Event {
   std::int64_t expiry_ns = 0;  // the client's own expiry, on CLOCK_MONOTONIC
   std::int64_t ttl_ms = 0;
   std::int64_t wait_ms = 0;
-  std::int64_t value = 0;          // counter value read / written / final
-  std::uint64_t highest = 0;       // kWriteRejected: the token that fenced it out
-  std::int64_t incarnation = 0;    // server events
-  std::int64_t lock_delay_ms = 0;  // kServerStart
-  std::string error;               // *Fail, kLost
+  std::int64_t value = 0;                      // counter value read / written / final
+  std::uint64_t highest = 0;                   // kWriteRejected: the token that fenced it out
+  std::int64_t incarnation = 0;                // server events
+  std::int64_t lock_delay_ms = 0;              // kServerStart
+  std::string error;                           // *Fail, kLost
+  AcquireMode mode = AcquireMode::kExclusive;  // acquire events
+  std::int64_t permits = 0;                    // acquire events with mode kPermit
+  // A multi-key acquire (acquire events): the keys, non-empty, and `key` is
+  // unused; its acquire_ok's tokens, one per key of `keys`.
+  std::vector<std::string> keys;
+  std::vector<std::uint64_t> tokens;
+
+  [[nodiscard]] bool multi_key() const noexcept { return !keys.empty(); }
 };
 
 // The line for `e` (no newline): only the fields its kind carries.
