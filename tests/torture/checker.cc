@@ -1,12 +1,12 @@
 // The shardlock-torture checker. See checker.h.
 //
 // One sort of event indices by t_ns (ties in input order), then one pass in
-// time order for every property but overlap, which needs each grant's whole
-// interval and so sweeps a second, sorted list of intervals. Keys are interned to small ids
-// so per-key state is a vector, not a map of strings; the history's own
-// strings are referenced, never copied. Detail lines are built only for the
-// violations kept as examples, so a badly broken run of millions of events
-// costs no more than a clean one.
+// time order for every property but overlap and permit_limit, which need
+// each grant's whole interval and so sweep a second, sorted list of
+// intervals. Keys are interned to small ids so per-key state is a vector, not
+// a map of strings; the history's own strings are referenced, never copied.
+// Detail lines are built only for the violations kept as examples, so a
+// badly broken run of millions of events costs no more than a clean one.
 #include "checker.h"
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include <functional>
 #include <iterator>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -26,11 +27,12 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 7> kAllKinds = {
+constexpr std::array<ViolationKind, 9> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
-    ViolationKind::kLiveness,
+    ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
 };
+constexpr std::size_t kModeCount = 3;
 
 constexpr std::int64_t kNsPerMs = 1'000'000;
 
@@ -93,7 +95,9 @@ struct Grant {
   // one ever recorded would overstate what the client still relied on.
   std::int64_t end = 0;
   bool has_cut = false;
-  std::int64_t cut = 0;  // the first release invocation or loss
+  std::int64_t cut = 0;                        // the first release invocation or loss
+  AcquireMode mode = AcquireMode::kExclusive;  // the first acquire_ok's
+  std::int64_t permits = 0;
 };
 
 // The largest token granted, and which event granted it.
@@ -128,6 +132,8 @@ struct Invocation {
   std::size_t event = 0;
   bool try_acquire = false;  // acquire with wait_ms == 0
   Best max_before;           // acquire: the largest token received before it
+  // A multi-key acquire: each key's id and largest token received before it.
+  std::vector<std::pair<std::uint32_t, Best>> many;
 };
 
 struct KeyState {
@@ -136,6 +142,12 @@ struct KeyState {
   Best before;
   Best at_now;
   std::int64_t now = 0;
+  // The largest token received before `t` (t >= every grant seen so far).
+  [[nodiscard]] Best received_before(std::int64_t t) const {
+    Best b = before;
+    if (now < t) b.offer(at_now);
+    return b;
+  }
   // Fencing and increments.
   bool any_write = false;
   std::uint64_t last_token = 0;
@@ -150,6 +162,36 @@ struct Interval {
   std::int64_t client;
   std::uint32_t key;
   std::uint64_t token;
+  AcquireMode mode;
+  std::int64_t permits;
+};
+
+// Whether holders in modes `a` and `b` (of different clients) may not
+// overlap on one key.
+bool conflicts(AcquireMode a, AcquireMode b) {
+  return a == AcquireMode::kExclusive || b == AcquireMode::kExclusive || a != b;
+}
+
+// A key's permit holders open at the sweep's current instant: a min-heap by
+// end, and the limits they were granted under.
+struct OpenPermits {
+  std::vector<Interval> open;
+  std::multiset<std::int64_t> limits;
+
+  static bool later_end(const Interval& a, const Interval& b) { return a.end > b.end; }
+  // Drops the holders whose interval ended at or before `t`.
+  void close_until(std::int64_t t) {
+    while (!open.empty() && open.front().end <= t) {
+      limits.erase(limits.find(open.front().permits));
+      std::pop_heap(open.begin(), open.end(), later_end);
+      open.pop_back();
+    }
+  }
+  void add(const Interval& x) {
+    open.push_back(x);
+    std::push_heap(open.begin(), open.end(), later_end);
+    limits.insert(x.permits);
+  }
 };
 
 // The two latest-ending intervals of one key held by two different clients:
@@ -179,8 +221,56 @@ struct TopTwo {
 };
 
 std::string interval_text(const Interval& x) {
-  return "client " + num(x.client) + " token " + num(x.token) + " [" + num(x.start) + ", " +
-         num(x.end) + ")";
+  std::string text = "client " + num(x.client);
+  if (x.mode != AcquireMode::kExclusive) text += " " + std::string(to_string(x.mode));
+  return text + " token " + num(x.token) + " [" + num(x.start) + ", " + num(x.end) + ")";
+}
+
+// "shared ", "permit ", "multi ", "multi shared ", or "" for an exclusive
+// single-key acquire (the names the report had before the other kinds).
+std::string kind_prefix(const Event& e) {
+  std::string prefix = e.multi_key() ? "multi " : "";
+  if (e.mode != AcquireMode::kExclusive) prefix += std::string(to_string(e.mode)) + " ";
+  return prefix;
+}
+
+std::string key_list(const std::vector<std::string_view>& keys) {
+  std::string text = "{";
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (i > 0) text += ",";
+    text += keys[i];
+  }
+  return text + "}";
+}
+
+// "a,b,c" for a multi-key acquire event, else its key.
+std::string keys_text(const Event& e) {
+  if (!e.multi_key()) return e.key;
+  std::string text;
+  for (const std::string& key : e.keys) text += (text.empty() ? "" : ",") + key;
+  return text;
+}
+
+// "token 5", or "tokens 5,9" for a multi-key grant.
+std::string tokens_text(const Event& e) {
+  if (!e.multi_key()) return "token " + num(e.token);
+  std::string text;
+  for (const std::uint64_t t : e.tokens) text += (text.empty() ? "" : ",") + num(t);
+  return "tokens " + text;
+}
+
+// The token `e` (an acquire_ok) granted on `key`.
+std::uint64_t token_of(const Event& e, std::string_view key) {
+  for (std::size_t n = 0; n < std::min(e.keys.size(), e.tokens.size()); ++n) {
+    if (e.keys[n] == key) return e.tokens[n];
+  }
+  return e.token;
+}
+
+// The keys an acquire event names (`keys`, or its one `key`).
+std::vector<std::string_view> keys_of(const Event& e) {
+  if (!e.multi_key()) return {e.key};
+  return {e.keys.begin(), e.keys.end()};
 }
 
 // `s` and spaces up to `width`, always at least one space after it.
@@ -222,6 +312,10 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "lock_delay";
     case ViolationKind::kLiveness:
       return "liveness";
+    case ViolationKind::kPermitLimit:
+      return "permit_limit";
+    case ViolationKind::kAllOrNothing:
+      return "all_or_nothing";
   }
   return "unknown";
 }
@@ -374,47 +468,92 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     }
     switch (e.kind) {
       case EventKind::kAcquireInvoke: {
-        KeyState& k = state(kid);
-        Invocation inv{i, e.wait_ms == 0, k.before};
-        if (k.now < e.t_ns) inv.max_before.offer(k.at_now);
-        invocations[OpId{Family::kAcquire, e.client, e.op}] = inv;
+        Invocation inv{i, e.wait_ms == 0, state(kid).received_before(e.t_ns), {}};
+        for (const std::string& key : e.keys) {  // a multi-key acquire
+          const std::uint32_t id = key_id(key);
+          inv.many.emplace_back(id, state(id).received_before(e.t_ns));
+        }
+        invocations[OpId{Family::kAcquire, e.client, e.op}] = std::move(inv);
         break;
       }
       case EventKind::kAcquireOk: {
         const std::optional<Invocation> inv = complete(Family::kAcquire, e);
-        count(inv.has_value() && inv->try_acquire ? "try-acquire ok" : "acquire ok");
+        const Event& asked = inv.has_value() ? history[inv->event] : e;
+        count(kind_prefix(asked) +
+              (inv.has_value() && inv->try_acquire ? "try-acquire ok" : "acquire ok"));
         ++report.lease_operations;
-        Grant& g = grant(e, kid);
-        if (!g.has_start) g.has_start = true, g.start = e.t_ns;
-        g.has_end = true, g.end = e.expiry_ns;
 
-        KeyState& k = state(kid);
-        if (inv.has_value() && inv->max_before.set && e.token <= inv->max_before.token) {
-          recorder.add(ViolationKind::kTokenOrder, e.key, [&] {
-            const Event& a = history[inv->max_before.event];
-            return "client " + num(e.client) + " invoked acquire at " +
-                   num(history[inv->event].t_ns) + " and got token " + num(e.token) + " at " +
-                   num(e.t_ns) + ", but client " + num(a.client) + " had received token " +
-                   num(a.token) + " at " + num(a.t_ns);
-          });
+        // What the event grants: a (key, token) per key.
+        std::vector<std::pair<std::uint32_t, std::uint64_t>> granted;
+        if (e.multi_key()) {
+          for (std::size_t n = 0; n < std::min(e.keys.size(), e.tokens.size()); ++n) {
+            granted.emplace_back(key_id(e.keys[n]), e.tokens[n]);
+          }
+        } else {
+          granted.emplace_back(kid, e.token);
         }
-        if (!k.at_now.set || e.t_ns > k.now) {
-          k.before.offer(k.at_now);
-          k.at_now = Best{};
-          k.now = e.t_ns;
-        }
-        k.at_now.offer(e.token, i);
 
-        // Not a structured binding: lambdas cannot capture those before
-        // clang 16.
-        const auto emplaced = first_grant.try_emplace(GrantId{-1, kid, e.token}, i);
-        const auto first = emplaced.first;
-        if (!emplaced.second && history[first->second].client != e.client) {
-          recorder.add(ViolationKind::kDuplicateToken, e.key, [&] {
-            const Event& a = history[first->second];
-            return "token " + num(e.token) + " granted to client " + num(a.client) + " at " +
-                   num(a.t_ns) + " and to client " + num(e.client) + " at " + num(e.t_ns);
-          });
+        if (e.multi_key() || asked.multi_key()) {
+          std::vector<std::string_view> wanted = keys_of(asked);
+          std::vector<std::string_view> got = keys_of(e);
+          std::sort(wanted.begin(), wanted.end());
+          std::sort(got.begin(), got.end());
+          if (wanted != got || e.tokens.size() != got.size()) {
+            recorder.add(ViolationKind::kAllOrNothing, keys_text(asked), [&] {
+              return "client " + num(e.client) + " asked for " + key_list(keys_of(asked)) + " at " +
+                     num(history[inv.has_value() ? inv->event : i].t_ns) + " and was granted " +
+                     key_list(keys_of(e)) + " with " +
+                     num(static_cast<std::uint64_t>(e.tokens.size())) + " tokens at " + num(e.t_ns);
+            });
+          }
+        }
+
+        for (const auto& entry : granted) {
+          const std::uint32_t id = entry.first;  // named, not bound: see below
+          const std::uint64_t token = entry.second;
+          const std::string_view key = key_names[id];
+          Grant& g = grants[GrantId{e.client, id, token}];
+          if (!g.has_start) {
+            g.has_start = true, g.start = e.t_ns;
+            g.mode = e.mode, g.permits = e.permits;
+          }
+          g.has_end = true, g.end = e.expiry_ns;
+
+          Best max_before;
+          if (inv.has_value() && inv->many.empty()) max_before = inv->max_before;
+          if (inv.has_value()) {
+            for (const auto& [asked_id, best] : inv->many) {
+              if (asked_id == id) max_before = best;
+            }
+          }
+          KeyState& k = state(id);
+          if (max_before.set && token <= max_before.token) {
+            recorder.add(ViolationKind::kTokenOrder, key, [&] {
+              const Event& a = history[max_before.event];
+              return "client " + num(e.client) + " invoked acquire at " +
+                     num(history[inv->event].t_ns) + " and got token " + num(token) + " at " +
+                     num(e.t_ns) + ", but client " + num(a.client) + " had received token " +
+                     num(token_of(a, key)) + " at " + num(a.t_ns);
+            });
+          }
+          if (!k.at_now.set || e.t_ns > k.now) {
+            k.before.offer(k.at_now);
+            k.at_now = Best{};
+            k.now = e.t_ns;
+          }
+          k.at_now.offer(token, i);
+
+          // Not a structured binding: lambdas cannot capture those before
+          // clang 16.
+          const auto emplaced = first_grant.try_emplace(GrantId{-1, id, token}, i);
+          const auto first = emplaced.first;
+          if (!emplaced.second && history[first->second].client != e.client) {
+            recorder.add(ViolationKind::kDuplicateToken, key, [&] {
+              const Event& a = history[first->second];
+              return "token " + num(token) + " granted to client " + num(a.client) + " at " +
+                     num(a.t_ns) + " and to client " + num(e.client) + " at " + num(e.t_ns);
+            });
+          }
         }
 
         if (inv.has_value()) {
@@ -427,9 +566,9 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
             const Event& s = history[*std::prev(after)];
             const std::int64_t delay_end = s.t_ns + s.lock_delay_ms * kNsPerMs;
             if (e.t_ns < delay_end) {
-              recorder.add(ViolationKind::kLockDelay, e.key, [&] {
+              recorder.add(ViolationKind::kLockDelay, keys_text(e), [&] {
                 return "client " + num(e.client) + " invoked acquire at " + num(invoked) +
-                       " and got token " + num(e.token) + " at " + num(e.t_ns) +
+                       " and got " + tokens_text(e) + " at " + num(e.t_ns) +
                        ", within the lock delay of incarnation " + num(s.incarnation) +
                        " started at " + num(s.t_ns) + " (delay ends " + num(delay_end) + ")";
               });
@@ -446,7 +585,9 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       }
       case EventKind::kAcquireFail: {
         const std::optional<Invocation> inv = complete(Family::kAcquire, e);
-        count((inv.has_value() && inv->try_acquire ? "try-acquire " : "acquire ") +
+        const Event& asked = inv.has_value() ? history[inv->event] : e;
+        count(kind_prefix(asked) +
+              (inv.has_value() && inv->try_acquire ? "try-acquire " : "acquire ") +
               outcome(e.error));
         ++report.lease_operations;
         break;
@@ -465,7 +606,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         break;
       }
       case EventKind::kRenewInvoke:
-        invocations[OpId{Family::kRenew, e.client, e.op}] = Invocation{i, false, Best{}};
+        invocations[OpId{Family::kRenew, e.client, e.op}] = Invocation{i, false, Best{}, {}};
         break;
       case EventKind::kRenewFail:
         (void)complete(Family::kRenew, e);
@@ -479,7 +620,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         if (e.kind == EventKind::kLost) {
           count("lost");
         } else {
-          invocations[OpId{Family::kRelease, e.client, e.op}] = Invocation{i, false, Best{}};
+          invocations[OpId{Family::kRelease, e.client, e.op}] = Invocation{i, false, Best{}, {}};
         }
         break;
       }
@@ -578,28 +719,58 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     }
   }
 
-  // Overlap: each grant's validity interval, swept by start time.
+  // Overlap and permit_limit: each grant's validity interval, swept by start
+  // time.
   std::vector<Interval> intervals;
   intervals.reserve(grants.size());
   for (const auto& [id, g] : grants) {
     if (!g.has_start || !g.has_end) continue;
     const std::int64_t end = g.has_cut ? std::min(g.end, g.cut) : g.end;
     if (end <= g.start) continue;  // never valid
-    intervals.push_back(Interval{g.start, end, id.client, id.key, id.token});
+    intervals.push_back(Interval{g.start, end, id.client, id.key, id.token, g.mode, g.permits});
   }
   std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
     return std::tie(a.start, a.end, a.key, a.client, a.token) <
            std::tie(b.start, b.end, b.key, b.client, b.token);
   });
-  std::vector<TopTwo> tops(key_names.size());
+  // Per key and mode, the latest-ending intervals so far: an interval
+  // overlaps a conflicting one exactly when it starts before the latest end
+  // among that mode's intervals of other clients.
+  std::vector<std::array<TopTwo, kModeCount>> tops(key_names.size());
+  std::vector<OpenPermits> permits(key_names.size());
   for (const Interval& x : intervals) {
-    TopTwo& top = tops[x.key];
-    const Interval* other = top.other_than(x.client);
-    if (other != nullptr && other->end > x.start) {
-      recorder.add(ViolationKind::kOverlap, key_names[x.key],
-                   [&] { return interval_text(*other) + " overlaps " + interval_text(x); });
+    std::array<TopTwo, kModeCount>& top = tops[x.key];
+    for (const AcquireMode mode :
+         {AcquireMode::kExclusive, AcquireMode::kShared, AcquireMode::kPermit}) {
+      if (!conflicts(x.mode, mode)) continue;
+      const Interval* other = top[static_cast<std::size_t>(mode)].other_than(x.client);
+      if (other != nullptr && other->end > x.start) {
+        recorder.add(ViolationKind::kOverlap, key_names[x.key],
+                     [&] { return interval_text(*other) + " overlaps " + interval_text(x); });
+        break;  // one violation per interval, as before the kinds
+      }
     }
-    top.offer(x);
+    top[static_cast<std::size_t>(x.mode)].offer(x);
+
+    if (x.mode != AcquireMode::kPermit) continue;
+    OpenPermits& open = permits[x.key];
+    open.close_until(x.start);
+    open.add(x);
+    const std::int64_t limit = *open.limits.begin();
+    if (static_cast<std::int64_t>(open.open.size()) > limit) {
+      recorder.add(ViolationKind::kPermitLimit, key_names[x.key], [&] {
+        std::vector<Interval> holders = open.open;
+        std::sort(holders.begin(), holders.end(),
+                  [](const Interval& a, const Interval& b) { return a.start < b.start; });
+        std::string text = num(static_cast<std::uint64_t>(holders.size())) + " permit holders at " +
+                           num(x.start) + " (limit " + num(limit) + "):";
+        for (std::size_t n = 0; n < holders.size() && n < 8; ++n) {
+          text += (n > 0 ? "; " : " ") + interval_text(holders[n]) + " permits " +
+                  num(holders[n].permits);
+        }
+        return text;
+      });
+    }
   }
 
   if (healed) {

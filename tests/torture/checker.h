@@ -4,20 +4,48 @@
 // from include/shardlock/ and links only the standard library, so a bug in
 // the lease client or server cannot hide itself by also living here.
 //
-// Properties, per key (a correct system produces no violation):
-//   overlap          no two different clients hold overlapping validity
-//                    intervals (grant received .. its last known expiry, cut
-//                    at the client's release invocation or loss);
+// Properties, per key (a correct system produces no violation). A holder's
+// validity interval runs from its grant received to its last known expiry
+// (the grant's, a renewal's or a hold's, as last recorded), cut at its
+// release invocation or loss. Only holders of different clients conflict: a
+// client that acquires again while holding gets a new grant that supersedes
+// its own older one (client.h), which is no conflict.
+//   overlap          no exclusive holder's interval overlaps another client's
+//                    holder's (exclusive, shared or permit) on the same key.
+//                    Shared holders may overlap each other, and permit
+//                    holders each other (permit_limit judges those); a shared
+//                    and a permit holder never overlap (a key in use is a
+//                    lock or a semaphore, never both);
+//   permit_limit     at no instant do more permit holders' intervals overlap
+//                    on a key than the smallest limit (permits=) any of them
+//                    was granted under. Every grant counts, two of one client
+//                    included: each is a permit of its own;
+//   all_or_nothing   a multi-key grant covers exactly the keys its acquire
+//                    asked for (as a set), with one token per key. Tokens
+//                    are per key, so two keys of one grant may carry the same
+//                    number; that each key's token is fresh on that key is
+//                    duplicate_token's and token_order's business. Each key
+//                    of the grant is then an ordinary holder in every other
+//                    property. (A failed multi-key acquire that left some
+//                    keys held is invisible to a client's history; it shows
+//                    as waits and busy answers, not here.);
 //   token_order      a grant received before another grant's acquire was
-//                    invoked has a smaller token;
-//   duplicate_token  one token is never granted to two different clients;
-//   fencing          accepted writes carry non-decreasing tokens;
+//                    invoked has a smaller token, whatever the two grants'
+//                    kinds: every grant on a key (shared and permit ones
+//                    too) takes a new token from one rising counter, so a
+//                    shared holder's token also orders it after every grant
+//                    it followed. Concurrent shared holders may be granted
+//                    in any order;
+//   duplicate_token  one token of a key is never granted to two different
+//                    clients, whatever the kinds;
+//   fencing          accepted writes carry non-decreasing tokens (only
+//                    exclusive holders write; shared ones only read);
 //   lost_increment   accepted values count 1, 2, 3, ... and the final counter
 //                    equals the number of accepted writes;
-//   lock_delay       no grant invoked after a server start is received within
-//                    that start's lock delay;
+//   lock_delay       no grant (of any kind) invoked after a server start is
+//                    received within that start's lock delay;
 //   liveness         after the last fault heals, every client still active
-//                    gets a grant within the liveness bound.
+//                    gets a grant (of any kind) within the liveness bound.
 #pragma once
 
 #include <cstddef>
@@ -44,6 +72,8 @@ enum class ViolationKind : std::uint8_t {
   kLostIncrement,
   kLockDelay,
   kLiveness,
+  kPermitLimit,
+  kAllOrNothing,
 };
 
 struct Violation {
@@ -59,6 +89,9 @@ struct CheckReport {
   std::vector<Violation> examples;
   // Completed operations by name ("acquire ok", "try-acquire busy", "renew ok",
   // "release ok", "lost", "read", "read refused", "write accepted", ...).
+  // Acquires other than exclusive single-key ones are prefixed with their
+  // kind: "shared acquire ok", "permit try-acquire busy", "multi acquire ok"
+  // (exclusive multi-key), "multi shared acquire ok".
   // Invocations with no completion appear as "<op> unfinished".
   std::map<std::string, std::uint64_t> operations;
   // "server kill -9", "server pause", "client pause", "network faults".
@@ -74,7 +107,7 @@ struct CheckReport {
 };
 
 // "overlap", "token_order", "duplicate_token", "fencing", "lost_increment",
-// "lock_delay", "liveness".
+// "lock_delay", "liveness", "permit_limit", "all_or_nothing".
 [[nodiscard]] std::string_view to_string(ViolationKind kind) noexcept;
 
 // Judges `history` (any order; sorted by t_ns here, stable). Never throws on

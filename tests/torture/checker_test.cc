@@ -94,6 +94,24 @@ Event final_counter(std::int64_t t, std::string key, std::int64_t value) {
   e.key = std::move(key), e.value = value;
   return e;
 }
+// `e` (an acquire event) in `mode`, with `permits` for kPermit.
+Event in_mode(Event e, AcquireMode mode, std::int64_t permits = 0) {
+  e.mode = mode, e.permits = permits;
+  return e;
+}
+Event acquire_many_invoke(std::int64_t t, std::int64_t client, std::int64_t op,
+                          std::vector<std::string> keys, std::int64_t wait_ms = 1000) {
+  Event e = acquire_invoke(t, client, op, "", wait_ms);
+  e.keys = std::move(keys);
+  return e;
+}
+Event acquire_many_ok(std::int64_t t, std::int64_t client, std::int64_t op,
+                      std::vector<std::string> keys, std::vector<std::uint64_t> tokens,
+                      std::int64_t expiry) {
+  Event e = acquire_ok(t, client, op, "", 0, expiry);
+  e.keys = std::move(keys), e.tokens = std::move(tokens);
+  return e;
+}
 Event server_start(std::int64_t t, std::int64_t incarnation, std::int64_t lock_delay_ms) {
   Event e = make(t, EventKind::kServerStart);
   e.incarnation = incarnation, e.lock_delay_ms = lock_delay_ms;
@@ -119,7 +137,7 @@ TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 7u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 9u);  // every kind, at zero
 }
 
 TEST(Checker, Overlap) {
@@ -463,6 +481,377 @@ TEST(Checker, LargeCleanHistory) {
   EXPECT_EQ(report.lease_operations, 2u * 3000 * 20);
 }
 
+// ---- Lease kinds: shared, permit, multi-key -------------------------------
+
+constexpr AcquireMode kShared = AcquireMode::kShared;
+constexpr AcquireMode kPermit = AcquireMode::kPermit;
+
+TEST(CheckerKinds, SharedHoldersMayOverlap) {
+  const std::vector<Event> history = {
+      in_mode(acquire_invoke(ms(0), 0, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(1), 0, 1, "k", 1, ms(100)), kShared),
+      in_mode(acquire_invoke(ms(10), 1, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(11), 1, 1, "k", 2, ms(150)), kShared),
+      in_mode(acquire_invoke(ms(20), 2, 1, "k", 0), kShared),
+      in_mode(acquire_ok(ms(21), 2, 1, "k", 3, ms(90)), kShared),
+      // An exclusive holder after every shared one has ended.
+      acquire_invoke(ms(30), 3, 1, "k"),
+      acquire_ok(ms(150), 3, 1, "k", 4, ms(200)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("shared acquire ok"), 2u);
+  EXPECT_EQ(report.operations.at("shared try-acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("acquire ok"), 1u);
+}
+
+TEST(CheckerKinds, ExclusiveOverlappingASharedHolderIsAnOverlap) {
+  // The shared holder first, then the exclusive one; and the other way round.
+  for (const bool shared_first : {true, false}) {
+    const AcquireMode first = shared_first ? kShared : AcquireMode::kExclusive;
+    const AcquireMode second = shared_first ? AcquireMode::kExclusive : kShared;
+    const std::vector<Event> history = {
+        in_mode(acquire_invoke(ms(0), 0, 1, "k"), first),
+        in_mode(acquire_ok(ms(1), 0, 1, "k", 1, ms(100)), first),
+        in_mode(acquire_invoke(ms(50), 1, 1, "k"), second),
+        in_mode(acquire_ok(ms(60), 1, 1, "k", 2, ms(200)), second),
+    };
+    const CheckReport report = check(history, CheckOptions{});
+    ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOverlap));
+    EXPECT_NE(report.examples[0].detail.find("shared"), std::string::npos)
+        << report.examples[0].detail;
+  }
+}
+
+TEST(CheckerKinds, ExclusiveOverlapsTheLongestOfManySharedHolders) {
+  // Client 1's short shared grant ends before the exclusive one starts;
+  // client 0's longer one does not, and two other shared ones overlap it
+  // legally on the way.
+  const std::vector<Event> history = {
+      in_mode(acquire_invoke(ms(0), 0, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(1), 0, 1, "k", 1, ms(100)), kShared),
+      in_mode(acquire_invoke(ms(0), 1, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(2), 1, 1, "k", 2, ms(40)), kShared),
+      in_mode(acquire_invoke(ms(0), 4, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(3), 4, 1, "k", 3, ms(30)), kShared),
+      acquire_invoke(ms(45), 2, 1, "k"),
+      acquire_ok(ms(50), 2, 1, "k", 4, ms(200)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOverlap));
+  EXPECT_NE(report.examples[0].detail.find("client 0 shared token 1"), std::string::npos)
+      << report.examples[0].detail;
+}
+
+TEST(CheckerKinds, SharedAndPermitHoldersNeverShareAKey) {
+  const std::vector<Event> history = {
+      in_mode(acquire_invoke(ms(0), 0, 1, "k"), kPermit, 5),
+      in_mode(acquire_ok(ms(1), 0, 1, "k", 1, ms(100)), kPermit, 5),
+      in_mode(acquire_invoke(ms(10), 1, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(11), 1, 1, "k", 2, ms(100)), kShared),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kOverlap);
+}
+
+TEST(CheckerKinds, ExclusiveOverlappingAPermitHolderIsAnOverlap) {
+  const std::vector<Event> history = {
+      in_mode(acquire_invoke(ms(0), 0, 1, "s"), kPermit, 2),
+      in_mode(acquire_ok(ms(1), 0, 1, "s", 1, ms(100)), kPermit, 2),
+      acquire_invoke(ms(10), 1, 1, "s"),
+      acquire_ok(ms(11), 1, 1, "s", 2, ms(100)),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kOverlap);
+}
+
+// Permit holders of "s" under limit `permits`, each [start, end) ms, one
+// client each unless `clients` says otherwise.
+std::vector<Event> permit_holders(std::int64_t permits,
+                                  const std::vector<std::pair<int, int>>& spans,
+                                  std::vector<std::int64_t> clients = {},
+                                  std::vector<std::int64_t> limits = {}) {
+  std::vector<Event> history;
+  for (std::size_t n = 0; n < spans.size(); ++n) {
+    const std::int64_t client = n < clients.size() ? clients[n] : static_cast<std::int64_t>(n);
+    const std::int64_t limit = n < limits.size() ? limits[n] : permits;
+    const auto op = static_cast<std::int64_t>(2 * n + 1);
+    const auto token = static_cast<std::uint64_t>(n + 1);
+    history.push_back(
+        in_mode(acquire_invoke(ms(spans[n].first) - 1, client, op, "s"), kPermit, limit));
+    history.push_back(
+        in_mode(acquire_ok(ms(spans[n].first), client, op, "s", token, ms(spans[n].second + 50)),
+                kPermit, limit));
+    history.push_back(release_invoke(ms(spans[n].second), client, op + 1, "s", token));
+    history.push_back(release_ok(ms(spans[n].second) + 1, client, op + 1, "s", token));
+  }
+  return history;
+}
+
+TEST(CheckerKinds, PermitHoldersUpToTheLimitMayOverlap) {
+  // Two at a time all along; the third starts exactly as the second ends.
+  CheckReport report = check(permit_holders(2, {{1, 100}, {10, 50}, {50, 120}}), CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("permit acquire ok"), 3u);
+  // Three at once under a limit of three.
+  report = check(permit_holders(3, {{1, 100}, {10, 50}, {20, 120}}), CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+}
+
+TEST(CheckerKinds, PermitLimit) {
+  // P + 1 = 3 holders at once from 50 to 60.
+  CheckReport report = check(permit_holders(2, {{1, 100}, {10, 60}, {50, 120}}), CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kPermitLimit));
+  EXPECT_EQ(report.examples[0].key, "s");
+  EXPECT_NE(report.examples[0].detail.find("3 permit holders at 50000000 (limit 2)"),
+            std::string::npos)
+      << report.examples[0].detail;
+
+  // Every holder that starts while P are open is one violation.
+  report = check(permit_holders(1, {{1, 100}, {10, 60}, {20, 30}, {70, 80}}), CheckOptions{});
+  expect_only(report, ViolationKind::kPermitLimit, 3);
+}
+
+TEST(CheckerKinds, PermitLimitCountsTwoPermitsOfOneClient) {
+  // Client 0 holds two permits, client 1 a third, under a limit of 2.
+  const CheckReport report =
+      check(permit_holders(2, {{1, 100}, {10, 60}, {20, 120}}, {0, 0, 1}), CheckOptions{});
+  expect_only(report, ViolationKind::kPermitLimit);
+}
+
+TEST(CheckerKinds, PermitLimitIsTheSmallestAnyOpenHolderWasGranted) {
+  // Three open holders: fine under 3, 3, 3; not when one was granted under 2.
+  CheckReport report =
+      check(permit_holders(3, {{1, 100}, {10, 60}, {20, 120}}, {}, {3, 3, 3}), CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  report = check(permit_holders(3, {{1, 100}, {10, 60}, {20, 120}}, {}, {3, 2, 3}), CheckOptions{});
+  expect_only(report, ViolationKind::kPermitLimit);
+}
+
+TEST(CheckerKinds, AllOrNothingGrantCoversTheKeysAskedForInAnyOrder) {
+  const std::vector<Event> history = {
+      acquire_many_invoke(ms(0), 0, 1, {"a", "b", "c"}),
+      acquire_many_ok(ms(1), 0, 1, {"c", "a", "b"}, {7, 5, 6}, ms(100)),
+      // Tokens are per key: two keys of one grant may carry the same number.
+      acquire_many_invoke(ms(200), 1, 1, {"d", "e"}, 0),
+      acquire_many_ok(ms(201), 1, 1, {"d", "e"}, {5, 5}, ms(300)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("multi acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("multi try-acquire ok"), 1u);
+  EXPECT_EQ(report.lease_operations, 2u);
+}
+
+TEST(CheckerKinds, AllOrNothing) {
+  const std::vector<std::vector<Event>> broken = {
+      // A key missing from the grant.
+      {acquire_many_invoke(ms(0), 0, 1, {"a", "b", "c"}),
+       acquire_many_ok(ms(1), 0, 1, {"a", "b"}, {1, 2}, ms(100))},
+      // A key granted that was not asked for.
+      {acquire_many_invoke(ms(0), 0, 1, {"a", "b"}),
+       acquire_many_ok(ms(1), 0, 1, {"a", "b", "z"}, {1, 2, 3}, ms(100))},
+      // Every key, but a token short.
+      {acquire_many_invoke(ms(0), 0, 1, {"a", "b", "c"}),
+       acquire_many_ok(ms(1), 0, 1, {"a", "b", "c"}, {1, 2}, ms(100))},
+      // A multi-key acquire answered by a single-key grant.
+      {acquire_many_invoke(ms(0), 0, 1, {"a", "b"}), acquire_ok(ms(1), 0, 1, "a", 1, ms(100))},
+      // A single-key acquire answered by a multi-key grant.
+      {acquire_invoke(ms(0), 0, 1, "a"), acquire_many_ok(ms(1), 0, 1, {"a", "b"}, {1, 2}, ms(100))},
+  };
+  for (const std::vector<Event>& history : broken) {
+    const CheckReport report = check(history, CheckOptions{});
+    ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kAllOrNothing));
+    EXPECT_NE(report.examples[0].detail.find("asked for {a"), std::string::npos)
+        << report.examples[0].detail;
+  }
+}
+
+TEST(CheckerKinds, MultiKeyGrantsTakePartInOverlap) {
+  const std::vector<Event> history = {
+      acquire_many_invoke(ms(0), 0, 1, {"a", "b"}),
+      acquire_many_ok(ms(1), 0, 1, {"a", "b"}, {5, 7}, ms(100)),
+      release_invoke(ms(20), 0, 2, "a", 5),  // a is free from 20, b is not
+      acquire_invoke(ms(30), 1, 1, "a"),
+      acquire_ok(ms(31), 1, 1, "a", 6, ms(200)),
+      acquire_invoke(ms(40), 2, 1, "b"),
+      acquire_ok(ms(50), 2, 1, "b", 8, ms(200)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOverlap));
+  EXPECT_EQ(report.examples[0].key, "b");
+}
+
+TEST(CheckerKinds, MultiKeyGrantsTakePartInTokenOrderAndDuplicates) {
+  std::vector<Event> history = {
+      acquire_many_invoke(ms(0), 0, 1, {"a", "b"}),
+      acquire_many_ok(ms(1), 0, 1, {"a", "b"}, {5, 9}, ms(10)),
+      // Client 1 asks for b after token 9 arrived and gets 8.
+      acquire_invoke(ms(20), 1, 1, "b"),
+      acquire_ok(ms(21), 1, 1, "b", 8, ms(30)),
+  };
+  CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kTokenOrder));
+  EXPECT_NE(report.examples[0].detail.find("had received token 9"), std::string::npos)
+      << report.examples[0].detail;
+
+  // The other way round: a multi-key grant below an earlier single one.
+  history = {
+      acquire_invoke(ms(0), 1, 1, "b"),
+      acquire_ok(ms(1), 1, 1, "b", 8, ms(10)),
+      acquire_many_invoke(ms(20), 0, 1, {"a", "b"}),
+      acquire_many_ok(ms(21), 0, 1, {"a", "b"}, {5, 6}, ms(30)),
+  };
+  ASSERT_NO_FATAL_FAILURE(expect_only(check(history, CheckOptions{}), ViolationKind::kTokenOrder));
+
+  history = {
+      acquire_many_invoke(ms(0), 0, 1, {"a", "b"}),
+      acquire_invoke(ms(0), 1, 1, "b"),
+      acquire_many_ok(ms(1), 0, 1, {"a", "b"}, {5, 9}, ms(5)),
+      acquire_ok(ms(6), 1, 1, "b", 9, ms(30)),
+  };
+  expect_only(check(history, CheckOptions{}), ViolationKind::kDuplicateToken);
+}
+
+TEST(CheckerKinds, TokenOrderHoldsForSharedHolders) {
+  // Client 1's shared acquire is invoked after client 0's shared grant
+  // arrived, so its token must be larger, though the two may overlap.
+  std::vector<Event> history = {
+      in_mode(acquire_invoke(ms(0), 0, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(1), 0, 1, "k", 5, ms(100)), kShared),
+      in_mode(acquire_invoke(ms(10), 1, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(11), 1, 1, "k", 4, ms(100)), kShared),
+  };
+  ASSERT_NO_FATAL_FAILURE(expect_only(check(history, CheckOptions{}), ViolationKind::kTokenOrder));
+
+  // Invoked before that grant arrived: either order is legal.
+  history[2].t_ns = ms(1) - 1;
+  std::sort(history.begin(), history.end(),
+            [](const Event& a, const Event& b) { return a.t_ns < b.t_ns; });
+  CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+
+  // Two shared holders with one token.
+  history[3].token = 5;
+  expect_only(check(history, CheckOptions{}), ViolationKind::kDuplicateToken);
+}
+
+TEST(CheckerKinds, ParsesAndFormatsTheKinds) {
+  const std::vector<std::string> lines = {
+      "1000 acquire_invoke client=0 op=1 key=k ttl_ms=100 wait_ms=0 mode=shared",
+      "2000 acquire_ok client=0 op=1 key=k token=1 expiry_ns=100000000 mode=shared",
+      "3000 acquire_invoke client=1 op=1 key=s ttl_ms=100 wait_ms=5 mode=permit permits=2",
+      "4000 acquire_fail client=1 op=1 key=s error=timeout mode=permit permits=2",
+      "5000 acquire_invoke client=2 op=1 keys=a,b,c ttl_ms=100 wait_ms=10",
+      "6000 acquire_ok client=2 op=1 keys=a,b,c tokens=4,5,6 expiry_ns=90000000",
+      "7000 acquire_invoke client=2 op=2 keys=a,k ttl_ms=100 wait_ms=0",
+      "8000 acquire_fail client=2 op=2 keys=a,k error=busy",
+      "9000 hold client=2 key=b token=5 expiry_ns=95000000",
+  };
+  std::vector<Event> history;
+  for (const std::string& line : lines) {
+    std::string error;
+    std::optional<Event> e = parse_event(line, &error);
+    ASSERT_TRUE(e.has_value()) << line << ": " << error;
+    EXPECT_EQ(format_event(*e), line);
+    history.push_back(std::move(*e));
+  }
+  EXPECT_EQ(history[0].mode, AcquireMode::kShared);
+  EXPECT_EQ(history[2].mode, AcquireMode::kPermit);
+  EXPECT_EQ(history[2].permits, 2);
+  EXPECT_EQ(history[4].mode, AcquireMode::kExclusive);
+  EXPECT_EQ(history[5].keys, (std::vector<std::string>{"a", "b", "c"}));
+  EXPECT_EQ(history[5].tokens, (std::vector<std::uint64_t>{4, 5, 6}));
+  // An explicit mode=exclusive reads like no mode at all.
+  const std::optional<Event> exclusive =
+      parse_event("1 acquire_invoke client=0 op=1 key=k ttl_ms=1 wait_ms=0 mode=exclusive");
+  ASSERT_TRUE(exclusive.has_value());
+  EXPECT_EQ(format_event(*exclusive), "1 acquire_invoke client=0 op=1 key=k ttl_ms=1 wait_ms=0");
+
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("shared try-acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("permit acquire timeout"), 1u);
+  EXPECT_EQ(report.operations.at("multi acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("multi try-acquire busy"), 1u);
+
+  for (const char* bad : {
+           "1 acquire_invoke client=0 op=1 key=k keys=a,b ttl_ms=1 wait_ms=0",  // both
+           "1 acquire_invoke client=0 op=1 keys= ttl_ms=1 wait_ms=0",           // empty list
+           "1 acquire_ok client=0 op=1 keys=a,b token=1 expiry_ns=1",           // token, not tokens
+           "1 acquire_ok client=0 op=1 key=a tokens=1 expiry_ns=1",             // tokens, no keys
+           "1 acquire_ok client=0 op=1 keys=a,b tokens=1,x expiry_ns=1",        // bad token
+           "1 acquire_invoke client=0 op=1 key=k ttl_ms=1 wait_ms=0 mode=bogus",
+           "1 hold client=0 keys=a,b token=1 expiry_ns=1",  // per key after the grant
+           "1 hold client=0 key=a token=1 expiry_ns=1 mode=shared",
+       }) {
+    std::string error;
+    EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;
+    EXPECT_FALSE(error.empty()) << bad;
+  }
+}
+
+// A clean run of every kind with the legal near-misses of each.
+TEST(CheckerKinds, MixedKindsCleanHistoryIsOk) {
+  std::vector<Event> history = {
+      // Two shared readers of k overlap, then an exclusive writer follows.
+      in_mode(acquire_invoke(ms(0), 0, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(1), 0, 1, "k", 1, ms(100)), kShared),
+      in_mode(acquire_invoke(ms(2), 1, 1, "k"), kShared),
+      in_mode(acquire_ok(ms(3), 1, 1, "k", 2, ms(100)), kShared),
+      hold(ms(4), 1, "k", 2, ms(100)),
+      release_invoke(ms(40), 0, 2, "k", 1),
+      acquire_invoke(ms(41), 2, 1, "k"),
+      lost(ms(60), 1, "k", 2),  // the second reader's renewal failed
+      acquire_ok(ms(61), 2, 1, "k", 3, ms(150)),
+      write_accepted(ms(62), 2, "k", 3, 1),
+      release_invoke(ms(70), 2, 2, "k", 3),
+      // A multi-key writer of k and j, each key with its own token; then a
+      // shared reader of j after it let go.
+      acquire_many_invoke(ms(65), 0, 3, {"k", "j"}),
+      acquire_many_ok(ms(71), 0, 3, {"k", "j"}, {4, 1}, ms(200)),
+      write_accepted(ms(72), 0, "k", 4, 2),
+      write_accepted(ms(73), 0, "j", 1, 1),
+      release_invoke(ms(80), 0, 4, "k", 4),
+      release_invoke(ms(81), 0, 5, "j", 1),
+      in_mode(acquire_invoke(ms(75), 3, 1, "j"), kShared),
+      in_mode(acquire_ok(ms(81), 3, 1, "j", 2, ms(150)), kShared),
+      // Semaphore s, limit 2: two holders, a third once one releases, and a
+      // holder that asked again (a second permit of client 4).
+      in_mode(acquire_invoke(ms(0), 4, 1, "s"), kPermit, 2),
+      in_mode(acquire_ok(ms(1), 4, 1, "s", 1, ms(100)), kPermit, 2),
+      in_mode(acquire_invoke(ms(0), 5, 1, "s"), kPermit, 2),
+      in_mode(acquire_ok(ms(2), 5, 1, "s", 2, ms(100)), kPermit, 2),
+      in_mode(acquire_invoke(ms(10), 6, 1, "s"), kPermit, 2),
+      release_invoke(ms(30), 5, 2, "s", 2),
+      in_mode(acquire_ok(ms(31), 6, 1, "s", 3, ms(100)), kPermit, 2),
+      lost(ms(50), 6, "s", 3),
+      in_mode(acquire_invoke(ms(51), 4, 2, "s"), kPermit, 2),
+      in_mode(acquire_ok(ms(52), 4, 2, "s", 4, ms(100)), kPermit, 2),
+      final_counter(ms(300), "k", 2),
+      final_counter(ms(300), "j", 1),
+  };
+  std::sort(history.begin(), history.end(),
+            [](const Event& a, const Event& b) { return a.t_ns < b.t_ns; });
+  CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("shared acquire ok"), 3u);
+  EXPECT_EQ(report.operations.at("permit acquire ok"), 4u);
+  EXPECT_EQ(report.operations.at("multi acquire ok"), 1u);
+  EXPECT_EQ(report.operations.at("acquire ok"), 1u);
+
+  std::reverse(history.begin(), history.end());
+  report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+}
+
+TEST(CheckerKinds, JsonAndTextCountTheNewKinds) {
+  const CheckReport report = check(permit_holders(1, {{1, 100}, {10, 60}}), CheckOptions{});
+  const std::string json = report.json();
+  EXPECT_NE(json.find(R"("permit_limit":1)"), std::string::npos) << json;
+  EXPECT_NE(json.find(R"("all_or_nothing":0)"), std::string::npos) << json;
+  const std::string text = report.text();
+  EXPECT_NE(text.find("permit_limit                1"), std::string::npos) << text;
+}
+
 TEST(Checker, JsonEscapesStrings) {
   CheckReport report;
   report.violation_counts[ViolationKind::kOverlap] = 1;
@@ -487,7 +876,7 @@ TEST(Checker, TextNamesEveryKind) {
   for (const ViolationKind kind :
        {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
         ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
-        ViolationKind::kLiveness}) {
+        ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
