@@ -23,9 +23,11 @@ int run(int argc, char** argv) {
   using shardlock::torture::TortureOptions;
   using shardlock::torture::WorkerOptions;
   CLI::App app{
-      "shardlock-torture: kill, pause and partition a shardlockd and its clients, then check "
-      "that no two clients held a key at once, tokens only rose, the fenced resource lost no "
-      "increment, nothing was granted during lock-delay, and every client recovered"};
+      "shardlock-torture: kill, pause and partition a shardlockd and its clients (exclusive, "
+      "shared, permit and multi-key leases), then check that no exclusive holder shared its key, "
+      "no semaphore had more than its permits, multi-key grants were all-or-nothing, tokens "
+      "only rose, the fenced resource lost no increment, nothing was granted during "
+      "lock-delay, and every client recovered"};
   app.set_version_flag("--version", "shardlock-torture 0.1.0");
   TortureOptions o;
   const std::filesystem::path self_dir = std::filesystem::path(argv[0]).parent_path();
@@ -90,6 +92,24 @@ int run(int argc, char** argv) {
                  "the late write)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1000000));
+  app.add_option("--read-fraction", o.read_fraction,
+                 "share of client cycles that take a shared (read) lease and only read")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--permit-fraction", o.permit_fraction,
+                 "share of client cycles that take one of --permits permits of a semaphore key")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--multi-fraction", o.multi_fraction,
+                 "share of client cycles that take 2..3 keys all-or-nothing and write each")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--permits", o.permits, "permits (P) of every semaphore key")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 65535));
+  app.add_option("--permit-keys", o.permit_keys, "semaphore keys the permit cycles contend for")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000000));
   app.add_option("--liveness-bound-ms", o.liveness_bound_ms,
                  "after the heal, every client must acquire within this (0: lock-delay + "
                  "4 x max TTL + 2 s)")
@@ -119,12 +139,23 @@ int run(int argc, char** argv) {
   worker->add_option("--ttl-ms", w.ttl_ms)->required();
   worker->add_option("--max-wait-ms", w.max_wait_ms)->required();
   worker->add_option("--stall-per-million", w.stall_per_million);
+  worker->add_option("--read-fraction", w.read_fraction);
+  worker->add_option("--permit-fraction", w.permit_fraction);
+  worker->add_option("--multi-fraction", w.multi_fraction);
+  worker->add_option("--permits", w.permits);
+  worker->add_option("--permit-keys", w.permit_keys);
 
   if (const auto status =
           shardlock::tools::parse_command_line(app, argc, argv, "shardlock-torture")) {
     return *status;
   }
   if (worker->parsed()) return shardlock::torture::run_worker(w);
+  if (o.read_fraction + o.permit_fraction + o.multi_fraction > 1.0) {
+    std::fprintf(stderr,
+                 "shardlock-torture: --read-fraction + --permit-fraction + --multi-fraction "
+                 "exceed 1\n");
+    return 2;
+  }
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
   o.progress = !quiet;
   if (!std::filesystem::exists(o.shardlockd)) {

@@ -242,7 +242,17 @@ int run_torture(const TortureOptions& o) {
                                            "--max-wait-ms",
                                            std::to_string(o.max_wait_ms),
                                            "--stall-per-million",
-                                           std::to_string(o.stall_per_million)};
+                                           std::to_string(o.stall_per_million),
+                                           "--read-fraction",
+                                           std::to_string(o.read_fraction),
+                                           "--permit-fraction",
+                                           std::to_string(o.permit_fraction),
+                                           "--multi-fraction",
+                                           std::to_string(o.multi_fraction),
+                                           "--permits",
+                                           std::to_string(o.permits),
+                                           "--permit-keys",
+                                           std::to_string(o.permit_keys)};
     if (!workers[static_cast<std::size_t>(w)].start(
             argv, false, (scratch / ("worker-" + std::to_string(w) + ".err")).string())) {
       return fail("cannot start a worker: " + workers[static_cast<std::size_t>(w)].error());

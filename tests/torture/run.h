@@ -40,6 +40,12 @@ struct TortureOptions {
   std::string history_dir;             // keep the history here (default: a temp dir, removed)
   bool json = false;
   bool progress = true;
+  // The workload's mix of lease kinds (worker.h); the rest is exclusive.
+  double read_fraction = 0.2;    // shared (read) leases
+  double permit_fraction = 0.1;  // permits of semaphore keys
+  double multi_fraction = 0.1;   // multi-key all-or-nothing leases
+  int permits = 2;               // P of every semaphore key
+  int permit_keys = 2;           // semaphore keys
   // Deliberately unsafe servers, to show the checker bites.
   bool unsafe_no_lock_delay = false;  // --lock-delay 0
   bool unsafe_no_data_dir = false;    // tokens restart from 1 after kill -9

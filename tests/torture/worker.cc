@@ -1,12 +1,16 @@
 // See worker.h.
 #include "worker.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -26,7 +30,9 @@ using lease::LeaseClientOptions;
 using lease::LeaseClock;
 using lease::LeaseErrc;
 using lease::LeaseLost;
+using lease::LeaseMode;
 using lease::LeaseOptions;
+using lease::MultiAcquireResult;
 
 // The client-side expiry of `lease` on the history's clock. Lease::expiry()
 // runs on CLOCK_BOOTTIME, which differs from CLOCK_MONOTONIC by a constant
@@ -46,7 +52,287 @@ std::string error_name(const std::error_code& ec) {
   return name.empty() ? "-" : name;
 }
 
-// One lease client's loop.
+// What one cycle of a client does.
+enum class Cycle { kExclusive, kShared, kPermit, kMulti };
+
+// One lease client's loop: its history, its resource connection and its
+// LeaseClient, and the steps every kind of cycle shares.
+class ClientLoop {
+ public:
+  ClientLoop(const WorkerOptions& o, int client, const Recorder& history,
+             ResourceConnection& resource, LeaseClient& lease_client)
+      : o_(o),
+        client_(client),
+        history_(history),
+        resource_(resource),
+        lease_client_(lease_client),
+        random_(o.seed * 1000003 + static_cast<std::uint64_t>(client)) {}
+
+  void run() {
+    while (monotonic_ns() < o_.end_ns) {
+      switch (pick_cycle()) {
+        case Cycle::kExclusive:
+          exclusive_cycle();
+          break;
+        case Cycle::kShared:
+          shared_cycle();
+          break;
+        case Cycle::kPermit:
+          permit_cycle();
+          break;
+        case Cycle::kMulti:
+          multi_cycle();
+          break;
+      }
+    }
+  }
+
+ private:
+  Cycle pick_cycle() {
+    const double r = static_cast<double>(random_.uniform(1'000'000)) / 1e6;
+    if (r < o_.read_fraction) return Cycle::kShared;
+    if (r < o_.read_fraction + o_.permit_fraction) return Cycle::kPermit;
+    if (r < o_.read_fraction + o_.permit_fraction + o_.multi_fraction) return Cycle::kMulti;
+    return Cycle::kExclusive;
+  }
+
+  std::string random_key() { return "key-" + std::to_string(random_.uniform(o_.keys)); }
+
+  Event base(EventKind kind, const std::string& key) const {
+    Event e;
+    e.kind = kind;
+    e.client = client_;
+    e.key = key;
+    return e;
+  }
+
+  // The acquire_invoke of a new operation, recorded: a quarter try-acquire,
+  // the rest wait in the key's FIFO queue; a TTL of half to all the max.
+  Event invoke(const std::string& key, AcquireMode mode, std::int64_t permits,
+               std::vector<std::string> keys = {}) {
+    const bool try_only = random_.uniform(4) == 0;
+    Event e = base(EventKind::kAcquireInvoke, key);
+    e.op = ++op_;
+    e.wait_ms = try_only ? 0 : static_cast<int>(1 + random_.uniform(o_.max_wait_ms));
+    e.ttl_ms = o_.ttl_ms / 2 + static_cast<int>(random_.uniform(o_.ttl_ms / 2 + 1));
+    e.mode = mode;
+    e.permits = permits;
+    e.keys = std::move(keys);
+    history_.record(e);
+    return e;
+  }
+
+  // Renewed by the watchdog; a loss is recorded when the callback runs.
+  LeaseOptions watch() const {
+    LeaseOptions watch;
+    watch.watchdog = true;
+    watch.on_lost = [&history = history_, client = client_](const LeaseLost& lost) {
+      Event e;
+      e.kind = EventKind::kLost;
+      e.client = client;
+      e.key = lost.key;
+      e.token = lost.token;
+      e.error = error_name(lost.reason);
+      history.record(e);
+    };
+    return watch;
+  }
+
+  // Records the failure of `invoked` and backs off as the error asks.
+  void failed(const Event& invoked, const std::error_code& error, std::uint32_t retry_after_ms) {
+    Event fail = base(EventKind::kAcquireFail, invoked.key);
+    fail.op = invoked.op;
+    fail.mode = invoked.mode;
+    fail.permits = invoked.permits;
+    fail.keys = invoked.keys;
+    fail.error = error_name(error);
+    history_.record(fail);
+    if (error == LeaseErrc::kBusy) std::this_thread::sleep_for(1ms);
+    if (error == LeaseErrc::kRecovering) {
+      std::this_thread::sleep_for(
+          std::chrono::milliseconds(std::min<std::uint32_t>(retry_after_ms, 100) + 1));
+    }
+  }
+
+  Event granted(const Event& invoked, const Lease& lease) const {
+    Event ok = base(EventKind::kAcquireOk, invoked.key);
+    ok.op = invoked.op;
+    ok.token = lease.token();
+    ok.expiry_ns = expiry_on_monotonic(lease);
+    ok.mode = invoked.mode;
+    ok.permits = invoked.permits;
+    return ok;
+  }
+
+  // Now and then a RENEW to the TTL asked for, besides the watchdog's.
+  void maybe_renew(Lease& lease, std::int64_t ttl_ms) {
+    if (random_.uniform(4) != 0) return;
+    Event renew = base(EventKind::kRenewInvoke, lease.key());
+    renew.op = ++op_;
+    renew.token = lease.token();
+    renew.ttl_ms = ttl_ms;
+    history_.record(renew);
+    const std::error_code ec = lease.renew(std::chrono::milliseconds(ttl_ms));
+    Event done = base(ec ? EventKind::kRenewFail : EventKind::kRenewOk, lease.key());
+    done.op = renew.op;
+    done.token = renew.token;
+    if (ec) {
+      done.error = error_name(ec);
+    } else {
+      done.expiry_ns = expiry_on_monotonic(lease);
+    }
+    history_.record(done);
+  }
+
+  // Records that the client relies on `lease` now, if it is still valid.
+  bool hold(const Lease& lease) const {
+    if (!lease.valid()) return false;
+    Event hold = base(EventKind::kHold, lease.key());
+    hold.token = lease.token();
+    hold.expiry_ns = expiry_on_monotonic(lease);
+    history_.record(hold);
+    return true;
+  }
+
+  // A fenced read of the lease's key; nullopt when refused or failed.
+  std::optional<std::int64_t> read(const Lease& lease) {
+    const std::string reply = resource_.call(
+        "R " + lease.key() + " " + std::to_string(lease.token()) + " " + std::to_string(client_));
+    if (reply.rfind("OK ", 0) != 0) return std::nullopt;
+    Event r = base(EventKind::kRead, lease.key());
+    r.value = std::stoll(reply.substr(3));
+    history_.record(r);
+    return r.value;
+  }
+
+  // The exclusive holder's read-modify-write, relying on the lease only
+  // while it is valid.
+  void increment(const Lease& lease) {
+    if (!hold(lease)) return;
+    const std::optional<std::int64_t> value = read(lease);
+    if (!value || !hold(lease)) return;
+    if (static_cast<int>(random_.uniform(1'000'000)) < o_.stall_per_million) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(o_.ttl_ms * 3 / 2));
+    }
+    Event w = base(EventKind::kWriteInvoke, lease.key());
+    w.token = lease.token();
+    w.value = *value + 1;
+    history_.record(w);
+    (void)resource_.call("W " + lease.key() + " " + std::to_string(lease.token()) + " " +
+                         std::to_string(*value + 1) + " " + std::to_string(client_));
+  }
+
+  // Holds on for up to `max_ms` (at least 1 ms), then says it still holds.
+  void linger(Lease& lease, int max_ms) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(1 + random_.uniform(static_cast<std::uint64_t>(max_ms))));
+    (void)hold(lease);
+  }
+
+  void release(Lease& lease) {
+    Event release = base(EventKind::kReleaseInvoke, lease.key());
+    release.op = ++op_;
+    release.token = lease.token();
+    history_.record(release);
+    const std::error_code ec = lease.release();
+    Event done = base(ec ? EventKind::kReleaseFail : EventKind::kReleaseOk, release.key);
+    done.op = release.op;
+    done.token = release.token;
+    if (ec) done.error = error_name(ec);
+    history_.record(done);
+  }
+
+  // Acquire, maybe renew, read-modify-write, release.
+  void exclusive_cycle() {
+    const Event invoked = invoke(random_key(), AcquireMode::kExclusive, 0);
+    AcquireResult got = lease_client_.acquire(invoked.key, ttl(invoked), wait(invoked), watch());
+    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    history_.record(granted(invoked, got.lease));
+    maybe_renew(got.lease, invoked.ttl_ms);
+    increment(got.lease);
+    release(got.lease);
+  }
+
+  // A reader: shared lease, a fenced read, a short stay so readers overlap.
+  void shared_cycle() {
+    const Event invoked = invoke(random_key(), AcquireMode::kShared, 0);
+    AcquireResult got =
+        lease_client_.acquire_shared(invoked.key, ttl(invoked), wait(invoked), watch());
+    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    history_.record(granted(invoked, got.lease));
+    maybe_renew(got.lease, invoked.ttl_ms);
+    if (hold(got.lease)) {
+      (void)read(got.lease);
+      linger(got.lease, o_.ttl_ms / 8);
+    }
+    release(got.lease);
+  }
+
+  // One of P permits of a semaphore key, held for a while (past the
+  // watchdog's first renewal, often), then released.
+  void permit_cycle() {
+    const std::string key = "sem-" + std::to_string(random_.uniform(o_.permit_keys));
+    const Event invoked = invoke(key, AcquireMode::kPermit, o_.permits);
+    AcquireResult got = lease_client_.acquire_permit(key, static_cast<std::uint32_t>(o_.permits),
+                                                     ttl(invoked), wait(invoked), watch());
+    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    history_.record(granted(invoked, got.lease));
+    maybe_renew(got.lease, invoked.ttl_ms);
+    if (hold(got.lease)) linger(got.lease, o_.ttl_ms / 2);
+    release(got.lease);
+  }
+
+  // 2..3 distinct keys all-or-nothing, exclusive; each key's counter
+  // incremented with that key's token; every lease released.
+  void multi_cycle() {
+    const std::size_t count =
+        std::min<std::size_t>(2 + random_.uniform(2), static_cast<std::size_t>(o_.keys));
+    std::vector<std::string> keys;
+    while (keys.size() < count) {
+      std::string key = random_key();
+      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+    }
+    const Event invoked = invoke("", AcquireMode::kExclusive, 0, keys);
+    const std::vector<std::string_view> views(keys.begin(), keys.end());
+    MultiAcquireResult got = lease_client_.acquire_many(views, ttl(invoked), wait(invoked),
+                                                        LeaseMode::kExclusive, watch());
+    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    Event ok = base(EventKind::kAcquireOk, "");
+    ok.op = invoked.op;
+    ok.expiry_ns = std::numeric_limits<std::int64_t>::max();
+    for (const Lease& lease : got.leases) {
+      ok.keys.push_back(lease.key());
+      ok.tokens.push_back(lease.token());
+      ok.expiry_ns = std::min(ok.expiry_ns, expiry_on_monotonic(lease));
+    }
+    if (got.leases.empty()) {
+      // Success with no lease: recorded as the keys asked for with no
+      // tokens, which the checker reports (all_or_nothing).
+      ok.keys = invoked.keys;
+      ok.expiry_ns = monotonic_ns();
+    }
+    history_.record(ok);
+    for (Lease& lease : got.leases) increment(lease);
+    for (Lease& lease : got.leases) release(lease);
+  }
+
+  static std::chrono::milliseconds ttl(const Event& invoked) {
+    return std::chrono::milliseconds(invoked.ttl_ms);
+  }
+  static std::chrono::milliseconds wait(const Event& invoked) {
+    return std::chrono::milliseconds(invoked.wait_ms);
+  }
+
+  const WorkerOptions& o_;
+  const int client_;
+  const Recorder& history_;
+  ResourceConnection& resource_;
+  LeaseClient& lease_client_;
+  workload::SplitMix64 random_;
+  std::int64_t op_ = 0;
+};
+
+// One lease client: its history file, resource connection and LeaseClient.
 int run_client(const WorkerOptions& o, int client) {
   Recorder history;
   if (!history.open(o.history_dir + "/client-" + std::to_string(client) + ".log")) {
@@ -68,118 +354,7 @@ int run_client(const WorkerOptions& o, int client) {
     std::fprintf(stderr, "worker: %s\n", lease_client.error_detail().c_str());
     return 3;
   }
-  workload::SplitMix64 random(o.seed * 1000003 + static_cast<std::uint64_t>(client));
-  std::int64_t op = 0;
-  const auto base = [&](EventKind kind, const std::string& key_name) {
-    Event e;
-    e.kind = kind;
-    e.client = client;
-    e.key = key_name;
-    return e;
-  };
-  while (monotonic_ns() < o.end_ns) {
-    const std::string key_name = "key-" + std::to_string(random.uniform(o.keys));
-    // A quarter try-acquire, the rest wait in the key's FIFO queue.
-    const bool try_only = random.uniform(4) == 0;
-    const int wait_ms = try_only ? 0 : static_cast<int>(1 + random.uniform(o.max_wait_ms));
-    const int ttl_ms = o.ttl_ms / 2 + static_cast<int>(random.uniform(o.ttl_ms / 2 + 1));
-    Event invoke = base(EventKind::kAcquireInvoke, key_name);
-    invoke.op = ++op;
-    invoke.ttl_ms = ttl_ms;
-    invoke.wait_ms = wait_ms;
-    history.record(invoke);
-    LeaseOptions watch;
-    watch.watchdog = true;
-    watch.on_lost = [&history, client](const LeaseLost& lost) {
-      Event e;
-      e.kind = EventKind::kLost;
-      e.client = client;
-      e.key = lost.key;
-      e.token = lost.token;
-      e.error = error_name(lost.reason);
-      history.record(e);
-    };
-    AcquireResult got = lease_client.acquire(key_name, std::chrono::milliseconds(ttl_ms),
-                                             std::chrono::milliseconds(wait_ms), watch);
-    if (!got) {
-      Event fail = base(EventKind::kAcquireFail, key_name);
-      fail.op = invoke.op;
-      fail.error = error_name(got.error);
-      history.record(fail);
-      if (got.error == LeaseErrc::kBusy) std::this_thread::sleep_for(1ms);
-      if (got.error == LeaseErrc::kRecovering) {
-        std::this_thread::sleep_for(
-            std::chrono::milliseconds(std::min<std::uint32_t>(got.retry_after_ms, 100) + 1));
-      }
-      continue;
-    }
-    Lease& lease = got.lease;
-    const std::uint64_t token = lease.token();
-    Event ok = base(EventKind::kAcquireOk, key_name);
-    ok.op = invoke.op;
-    ok.token = token;
-    ok.expiry_ns = expiry_on_monotonic(lease);
-    history.record(ok);
-
-    if (random.uniform(4) == 0) {
-      Event renew = base(EventKind::kRenewInvoke, key_name);
-      renew.op = ++op;
-      renew.token = token;
-      renew.ttl_ms = ttl_ms;
-      history.record(renew);
-      const std::error_code ec = lease.renew(std::chrono::milliseconds(ttl_ms));
-      Event done = base(ec ? EventKind::kRenewFail : EventKind::kRenewOk, key_name);
-      done.op = renew.op;
-      done.token = token;
-      if (ec) {
-        done.error = error_name(ec);
-      } else {
-        done.expiry_ns = expiry_on_monotonic(lease);
-      }
-      history.record(done);
-    }
-
-    // Read-modify-write, relying on the lease only while it is valid.
-    if (lease.valid()) {
-      Event hold = base(EventKind::kHold, key_name);
-      hold.token = token;
-      hold.expiry_ns = expiry_on_monotonic(lease);
-      history.record(hold);
-      const std::string read = resource.call("R " + key_name + " " + std::to_string(token) + " " +
-                                             std::to_string(client));
-      if (read.rfind("OK ", 0) == 0) {
-        const std::int64_t value = std::stoll(read.substr(3));
-        Event r = base(EventKind::kRead, key_name);
-        r.value = value;
-        history.record(r);
-        if (lease.valid()) {
-          hold.t_ns = 0;
-          hold.expiry_ns = expiry_on_monotonic(lease);
-          history.record(hold);
-          if (static_cast<int>(random.uniform(1'000'000)) < o.stall_per_million) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(o.ttl_ms * 3 / 2));
-          }
-          Event w = base(EventKind::kWriteInvoke, key_name);
-          w.token = token;
-          w.value = value + 1;
-          history.record(w);
-          (void)resource.call("W " + key_name + " " + std::to_string(token) + " " +
-                              std::to_string(value + 1) + " " + std::to_string(client));
-        }
-      }
-    }
-
-    Event release = base(EventKind::kReleaseInvoke, key_name);
-    release.op = ++op;
-    release.token = token;
-    history.record(release);
-    const std::error_code ec = lease.release();
-    Event done = base(ec ? EventKind::kReleaseFail : EventKind::kReleaseOk, key_name);
-    done.op = release.op;
-    done.token = token;
-    if (ec) done.error = error_name(ec);
-    history.record(done);
-  }
+  ClientLoop(o, client, history, resource, lease_client).run();
   return 0;
 }
 

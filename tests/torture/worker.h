@@ -1,13 +1,29 @@
 // worker.h: one worker process of a torture run. It runs `clients` lease
 // clients, each on its own thread with its own LeaseClient (its own owner
-// identity), looping over the workload until end_ns:
+// identity), looping until end_ns over cycles of four kinds, picked per
+// cycle by the client's seeded random stream:
 //
-//   acquire a key of a small set (try-acquire or a bounded wait),
-//   sometimes renew it, read the key's counter from the fenced resource,
-//   write counter + 1 with the lease's token, release.
+//   exclusive  acquire a key of a small set (key-N), sometimes renew it,
+//              read the key's counter from the fenced resource, write
+//              counter + 1 with the lease's token, release;
+//   shared     (read_fraction) a shared lease on such a key, one fenced read
+//              of its counter (a reader never writes), a short stay so
+//              readers overlap, release. The read raises the key's fence to
+//              the reader's token, so an exclusive holder that lost its
+//              lease cannot write under a reader; a reader whose token is
+//              below a concurrent reader's is refused ("read refused");
+//   permit     (permit_fraction) one of `permits` permits of a semaphore key
+//              (sem-N, a separate set: a key in use is a lock or a
+//              semaphore, never both), held up to half a TTL (so the
+//              watchdog renews it), release;
+//   multi      (multi_fraction) 2..3 distinct key-N keys exclusive,
+//              all-or-nothing (acquire_many), then each key's counter
+//              incremented as an exclusive holder does, with that key's own
+//              token, then each lease released.
 //
-// Every step is recorded (history.h) in the client's own file, with the
-// client-side expiry it relied on converted to CLOCK_MONOTONIC.
+// Every acquire is a try-acquire a quarter of the time, else waits a bounded
+// time. Every step is recorded (history.h) in the client's own file, with
+// the client-side expiry it relied on converted to CLOCK_MONOTONIC.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +48,12 @@ struct WorkerOptions {
   // validity check and its write (Kleppmann's GC pause), so the write often
   // reaches the resource after another client took the key over.
   int stall_per_million = 0;
+  // The mix of cycles (the rest are exclusive); their sum is at most 1.
+  double read_fraction = 0.2;
+  double permit_fraction = 0.1;
+  double multi_fraction = 0.1;
+  int permits = 2;      // P of every semaphore key
+  int permit_keys = 2;  // semaphore keys sem-0 .. sem-(permit_keys - 1)
 };
 
 // Runs the workload; returns the process exit status (0, or 3 on a setup
