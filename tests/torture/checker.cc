@@ -330,19 +330,23 @@ std::string CheckReport::text() const {
   for (const auto& [kind, count] : violation_counts) total += count;
   std::string out =
       ok() ? "check: OK\n" : "check: FAILED, " + std::to_string(total) + " violations\n";
+  // One column for every name, wide enough for the longest ("multi shared
+  // try-acquire grant_expired").
+  std::size_t width = 28;
+  for (const auto& entry : operations) width = std::max(width, entry.first.size() + 2);
   out += "violations\n";
   for (const ViolationKind kind : kAllKinds) {
     const auto it = violation_counts.find(kind);
     const std::size_t count = it == violation_counts.end() ? 0 : it->second;
-    out += "  " + pad(to_string(kind), 28) + std::to_string(count) + "\n";
+    out += "  " + pad(to_string(kind), width) + std::to_string(count) + "\n";
   }
   out += "operations (" + std::to_string(lease_operations) + " lease operations)\n";
   for (const auto& [name, count] : operations) {
-    out += "  " + pad(name, 28) + std::to_string(count) + "\n";
+    out += "  " + pad(name, width) + std::to_string(count) + "\n";
   }
   out += "faults\n";
   for (const auto& [name, count] : faults) {
-    out += "  " + pad(name, 28) + std::to_string(count) + "\n";
+    out += "  " + pad(name, width) + std::to_string(count) + "\n";
   }
   out += liveness_checked ? "liveness checked\n" : "liveness not checked (no healed event)\n";
   if (!examples.empty()) {
