@@ -263,13 +263,13 @@ class ClientLoop {
     maybe_renew(got.lease, invoked.ttl_ms);
     if (hold(got.lease)) {
       (void)read(got.lease);
-      linger(got.lease, o_.ttl_ms / 8);
+      linger(got.lease, o_.ttl_ms / 16);
     }
     release(got.lease);
   }
 
-  // One of P permits of a semaphore key, held for a while (past the
-  // watchdog's first renewal, often), then released.
+  // One of P permits of a semaphore key, held for a while (now and then
+  // past the watchdog's first renewal), then released.
   void permit_cycle() {
     const std::string key = "sem-" + std::to_string(random_.uniform(o_.permit_keys));
     const Event invoked = invoke(key, AcquireMode::kPermit, o_.permits);
@@ -278,7 +278,7 @@ class ClientLoop {
     if (!got) return failed(invoked, got.error, got.retry_after_ms);
     history_.record(granted(invoked, got.lease));
     maybe_renew(got.lease, invoked.ttl_ms);
-    if (hold(got.lease)) linger(got.lease, o_.ttl_ms / 2);
+    if (hold(got.lease)) linger(got.lease, o_.ttl_ms / 4);
     release(got.lease);
   }
 

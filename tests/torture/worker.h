@@ -7,23 +7,26 @@
 //              read the key's counter from the fenced resource, write
 //              counter + 1 with the lease's token, release;
 //   shared     (read_fraction) a shared lease on such a key, one fenced read
-//              of its counter (a reader never writes), a short stay so
-//              readers overlap, release. The read raises the key's fence to
-//              the reader's token, so an exclusive holder that lost its
-//              lease cannot write under a reader; a reader whose token is
-//              below a concurrent reader's is refused ("read refused");
+//              of its counter (a reader never writes), a stay of up to
+//              1/16 of the max TTL so readers overlap, release. The read
+//              raises the key's fence to the reader's token, so an exclusive
+//              holder that lost its lease cannot write under a reader; a
+//              reader whose token is below a concurrent reader's is refused
+//              ("read refused");
 //   permit     (permit_fraction) one of `permits` permits of a semaphore key
 //              (sem-N, a separate set: a key in use is a lock or a
-//              semaphore, never both), held up to half a TTL (so the
-//              watchdog renews it), release;
+//              semaphore, never both), held up to a quarter of the max TTL
+//              (sometimes past the watchdog's first renewal), release;
 //   multi      (multi_fraction) 2..3 distinct key-N keys exclusive,
 //              all-or-nothing (acquire_many), then each key's counter
 //              incremented as an exclusive holder does, with that key's own
 //              token, then each lease released.
 //
-// Every acquire is a try-acquire a quarter of the time, else waits a bounded
-// time. Every step is recorded (history.h) in the client's own file, with
-// the client-side expiry it relied on converted to CLOCK_MONOTONIC.
+// The stays are short so the exclusive cycles, which the write properties
+// judge, keep most of the run's time. Every acquire is a try-acquire a
+// quarter of the time, else waits a bounded time. Every step is recorded
+// (history.h) in the client's own file, with the client-side expiry it
+// relied on converted to CLOCK_MONOTONIC.
 #pragma once
 
 #include <cstdint>
