@@ -97,7 +97,7 @@ KeyValue to_key_value(const mvccpb::KeyValue& kv) {
 }
 
 template <class T>
-void set_error(EtcdResult<T>& result, EtcdErrc errc, std::string detail) {
+void set_error(EtcdResult<T>& result, EtcdErrc errc, std::string&& detail) {
   result.error = make_error_code(errc);
   result.detail = std::move(detail);
 }
@@ -213,9 +213,11 @@ class KeepAliveStream {
   }
 
  private:
-  enum class Op : std::intptr_t { kStart = 1, kWrite, kRead, kFinish };
+  enum class Op : std::uint8_t { kStart, kWrite, kRead, kFinish };
+  // A completion-queue tag per operation: the address of its own byte.
   static void* tag(Op op) noexcept {
-    return reinterpret_cast<void*>(static_cast<std::intptr_t>(op));
+    static char tags[4];
+    return &tags[static_cast<std::size_t>(op)];
   }
 
   // Waits for `op` to complete. False, with `result` set and the stream
@@ -769,7 +771,8 @@ std::string prefix_range_end(std::string_view prefix) {
     }
     end.pop_back();
   }
-  return std::string(1, '\0');
+  end.push_back('\0');  // etcd's "to the end of the key space"
+  return end;
 }
 
 }  // namespace shardlock::cluster
