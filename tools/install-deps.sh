@@ -5,6 +5,10 @@
 #   tools/install-deps.sh --release  only what the release build needs (make run)
 #   tools/install-deps.sh --peers    also the optional benchmark peers (make bench)
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
+#   tools/install-deps.sh --cluster  only the release set plus the cluster set
+#
+# The default set includes the cluster set: the dev and tsan presets build
+# the etcd client (src/cluster/) and its tests run a real etcd.
 #
 # Runs `apt-get update` at most once per call, and only when something is
 # missing. When not root, prints the exact command to run instead and fails.
@@ -22,6 +26,13 @@ testing=(
   git clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
 )
+# The etcd client (src/cluster/): gRPC, protobuf and their code generators,
+# and etcd itself for the tests. etcd's .proto files are not here: they come
+# from tools/fetch-etcd-protos.sh (apt-get download, never installed).
+cluster=(
+  etcd-server etcd-client
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+)
 peers=(libtbb-dev libabsl-dev libck-dev)
 redis=(redis-server redis-tools)
 
@@ -30,14 +41,15 @@ with_testing=1
 for arg in "$@"; do
   case "$arg" in
     --release) with_testing=0 ;;
+    --cluster) with_testing=0; want+=("${cluster[@]}") ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
 if [ "$with_testing" -eq 1 ]; then
-  want+=("${testing[@]}")
+  want+=("${testing[@]}" "${cluster[@]}")
 fi
 
 missing=()

@@ -1,0 +1,778 @@
+// See etcd_client.h.
+//
+// Unary calls (Range, Put, DeleteRange, Txn, LeaseGrant, LeaseRevoke) use
+// gRPC's blocking API with a per-call deadline. The two streams differ:
+//  - LeaseKeepAlive runs on gRPC's completion-queue API, because the stream
+//    stays open across calls while each keep-alive still needs its own
+//    deadline, which a blocking Read() cannot have.
+//  - Watch runs on the blocking API on its own thread; cancel() unblocks its
+//    Read() with ClientContext::TryCancel().
+#include "etcd_client.h"
+
+#include <grpc/support/time.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <charconv>
+#include <condition_variable>
+#include <thread>
+#include <utility>
+
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lock_guard.h"
+#include "shardlock/mutex.h"
+
+namespace shardlock::cluster {
+namespace {
+
+namespace pb = etcdserverpb;
+using std::chrono::milliseconds;
+
+class EtcdCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "shardlock.etcd"; }
+  std::string message(int e) const override {
+    return std::string(to_string(static_cast<EtcdErrc>(e)));
+  }
+};
+
+// gRPC deadlines on the monotonic clock, so a wall-clock step moves none.
+gpr_timespec deadline_after(milliseconds timeout) {
+  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                      gpr_time_from_millis(timeout.count(), GPR_TIMESPAN));
+}
+
+// Reconnecting quickly matters more here than sparing a dead etcd a few
+// SYNs: a cluster node must notice etcd is back well within a lease TTL.
+// gRPC also takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the time one
+// connection attempt gets to finish its HTTP/2 handshake, so that one stays
+// generous (5 s): at 100 ms, attempts to a freshly restarted etcd time out
+// before its SETTINGS frame arrives, again and again.
+// The keep-alive pings find a silently dead connection (a partition) under
+// a watch that would otherwise wait on it forever; 10 s stays above etcd's
+// --grpc-keepalive-min-time (5 s), below which etcd drops the connection.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& target,
+                                            const EtcdClientOptions& options) {
+  grpc::ChannelArguments args;
+  const int max_backoff = static_cast<int>(std::max<milliseconds::rep>(
+      1, std::min<milliseconds::rep>(options.max_reconnect_backoff.count(), 1 << 30)));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5'000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// "HOST:PORT" or "[V6]:PORT", optionally "http://"-prefixed. On success
+// `out` is the gRPC target.
+bool parse_endpoint(std::string_view text, std::string& out) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  if (text.starts_with("http://")) text.remove_prefix(7);
+  if (!text.empty() && text.back() == '/') text.remove_suffix(1);
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  const std::string_view host = text.substr(0, colon);
+  const std::string_view port = text.substr(colon + 1);
+  if (host.front() == '[' ? host.back() != ']' || host.size() < 3
+                          : host.find(':') != std::string_view::npos) {
+    return false;
+  }
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc{} || end != port.data() + port.size() || value == 0 || value > 65535) {
+    return false;
+  }
+  out = std::string(text);
+  return true;
+}
+
+KeyValue to_key_value(const mvccpb::KeyValue& kv) {
+  return KeyValue{kv.key(),          kv.value(),   kv.create_revision(),
+                  kv.mod_revision(), kv.version(), kv.lease()};
+}
+
+template <class T>
+void set_error(EtcdResult<T>& result, EtcdErrc errc, std::string&& detail) {
+  result.error = make_error_code(errc);
+  result.detail = std::move(detail);
+}
+
+// One etcd endpoint: a channel and the three service stubs on it.
+struct Endpoint {
+  std::string target;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::KV::Stub> kv;
+  std::unique_ptr<pb::Lease::Stub> lease;
+  std::unique_ptr<pb::Watch::Stub> watch;
+};
+
+std::string_view state_name(grpc_connectivity_state state) {
+  switch (state) {
+    case GRPC_CHANNEL_IDLE:
+      return "idle";
+    case GRPC_CHANNEL_CONNECTING:
+      return "connecting";
+    case GRPC_CHANNEL_READY:
+      return "ready";
+    case GRPC_CHANNEL_TRANSIENT_FAILURE:
+      return "failing to connect";
+    case GRPC_CHANNEL_SHUTDOWN:
+      return "shut down";
+  }
+  return "unknown";
+}
+
+// A call that ran out of time: kDeadlineExceeded when etcd was connected and
+// did not answer in time, kUnavailable when there was no connection to it.
+template <class T>
+void set_deadline_error(EtcdResult<T>& result, const Endpoint& endpoint, std::string_view what) {
+  const grpc_connectivity_state state = endpoint.channel->GetState(false);
+  if (state == GRPC_CHANNEL_READY) {
+    set_error(result, EtcdErrc::kDeadlineExceeded,
+              "etcd " + endpoint.target + ": " + std::string(what) + " before the deadline");
+  } else {
+    set_error(result, EtcdErrc::kUnavailable,
+              "etcd " + endpoint.target + ": no connection before the deadline (" +
+                  std::string(state_name(state)) + ")");
+  }
+}
+
+// The grpc::Status of a failed call, as an EtcdErrc and a detail that names
+// the endpoint.
+template <class T>
+void set_status_error(EtcdResult<T>& result, const Endpoint& endpoint, const grpc::Status& status) {
+  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    set_deadline_error(result, endpoint, "no answer");
+    return;
+  }
+  set_error(result, errc_from_grpc_status(static_cast<int>(status.error_code())),
+            "etcd " + endpoint.target + ": " + status.error_message());
+}
+
+bool moves_to_next_endpoint(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+}
+
+// ---------------------------------------------------------------------------
+// The LeaseKeepAlive stream
+// ---------------------------------------------------------------------------
+
+// One open LeaseKeepAlive stream on one endpoint. At most one operation is
+// in flight at a time, so every completion is the one being waited for. Not
+// thread-safe: EtcdClient::Impl serialises its use.
+class KeepAliveStream {
+ public:
+  explicit KeepAliveStream(const Endpoint& endpoint) : endpoint_(endpoint) {
+    context_.set_wait_for_ready(true);  // see EtcdClient::Impl::unary()
+  }
+  ~KeepAliveStream() { close(); }
+  KeepAliveStream(const KeepAliveStream&) = delete;
+  KeepAliveStream& operator=(const KeepAliveStream&) = delete;
+
+  [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
+  [[nodiscard]] bool broken() const noexcept { return broken_; }
+
+  // One keep-alive, all of it (opening the stream if not yet open) before
+  // `deadline`. On failure the stream is broken and closed, and `result`
+  // says why.
+  void keep_alive(std::int64_t lease_id, gpr_timespec deadline, EtcdResult<std::int64_t>& result) {
+    if (!stream_) {
+      stream_ = endpoint_.lease->AsyncLeaseKeepAlive(&context_, &queue_, tag(Op::kStart));
+      ++in_flight_;
+      if (!step(Op::kStart, deadline, result)) return;
+    }
+    pb::LeaseKeepAliveRequest request;
+    request.set_id(lease_id);
+    stream_->Write(request, tag(Op::kWrite));
+    ++in_flight_;
+    if (!step(Op::kWrite, deadline, result)) return;
+    pb::LeaseKeepAliveResponse response;
+    stream_->Read(&response, tag(Op::kRead));
+    ++in_flight_;
+    if (!step(Op::kRead, deadline, result)) return;
+    if (response.id() != lease_id) {
+      set_error(result, EtcdErrc::kProtocol,
+                "etcd " + endpoint_.target + ": keep-alive answer for lease " +
+                    std::to_string(response.id()) + ", asked for " + std::to_string(lease_id));
+      fail();
+      return;
+    }
+    if (response.ttl() <= 0) {
+      set_error(result, EtcdErrc::kLeaseExpired,
+                "etcd " + endpoint_.target + ": lease " + std::to_string(lease_id) +
+                    " has expired or been revoked");
+      return;
+    }
+    result.value = response.ttl();
+  }
+
+ private:
+  enum class Op : std::uint8_t { kStart, kWrite, kRead, kFinish };
+  // A completion-queue tag per operation: the address of its own byte.
+  static void* tag(Op op) noexcept {
+    static char tags[4];
+    return &tags[static_cast<std::size_t>(op)];
+  }
+
+  // Waits for `op` to complete. False, with `result` set and the stream
+  // closed, when it failed or the deadline passed first.
+  bool step(Op op, gpr_timespec deadline, EtcdResult<std::int64_t>& result) {
+    void* got = nullptr;
+    bool ok = false;
+    switch (queue_.AsyncNext(&got, &ok, deadline)) {
+      case grpc::CompletionQueue::GOT_EVENT:
+        --in_flight_;
+        if (got == tag(op) && ok) return true;
+        break;
+      case grpc::CompletionQueue::TIMEOUT:
+        set_deadline_error(result, endpoint_, "no keep-alive answer");
+        fail();
+        return false;
+      case grpc::CompletionQueue::SHUTDOWN:
+        break;
+    }
+    // The stream ended: its final status says why.
+    const grpc::Status status = fail();
+    if (status.ok()) {
+      set_error(result, EtcdErrc::kUnavailable,
+                "etcd " + endpoint_.target + ": keep-alive stream closed by etcd");
+    } else {
+      set_status_error(result, endpoint_, status);
+    }
+    return false;
+  }
+
+  // Cancels the call, collects what is in flight and the final status, and
+  // shuts the queue down; the stream is unusable from here on.
+  grpc::Status fail() {
+    broken_ = true;
+    return close();
+  }
+
+  grpc::Status close() {
+    if (closed_) return final_status_;
+    closed_ = true;
+    context_.TryCancel();
+    void* got = nullptr;
+    bool ok = false;
+    // After TryCancel every pending operation completes promptly.
+    while (in_flight_ > 0 && queue_.Next(&got, &ok)) --in_flight_;
+    if (stream_) {
+      stream_->Finish(&final_status_, tag(Op::kFinish));
+      queue_.Next(&got, &ok);
+    }
+    queue_.Shutdown();
+    while (queue_.Next(&got, &ok)) {
+    }
+    return final_status_;
+  }
+
+  const Endpoint& endpoint_;
+  // context_ and queue_ outlive stream_, which lives in the call they own.
+  grpc::ClientContext context_;
+  grpc::CompletionQueue queue_;
+  std::unique_ptr<
+      grpc::ClientAsyncReaderWriter<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse>>
+      stream_;
+  int in_flight_ = 0;
+  bool broken_ = false;
+  bool closed_ = false;
+  grpc::Status final_status_;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// EtcdClient::Impl
+// ---------------------------------------------------------------------------
+
+struct EtcdClient::Impl {
+  EtcdClientOptions options;
+  std::vector<Endpoint> endpoints;  // fixed after connect(): read without locking
+  // Which endpoint calls go to (modulo the count). Relaxed: it is only a
+  // hint, and guards no data; a call racing a move uses either endpoint.
+  std::atomic<std::size_t> current{0};
+
+  Mutex keep_alive_mutex;
+  std::unique_ptr<KeepAliveStream> keep_alive SHARDLOCK_GUARDED_BY(keep_alive_mutex);
+
+  std::size_t pick() const noexcept { return current.load(std::memory_order_relaxed); }
+  const Endpoint& endpoint(std::size_t index) const noexcept {
+    return endpoints[index % endpoints.size()];
+  }
+  // After a call to endpoint `index` failed as unreachable, the calls after
+  // it go to the next one (unless another call moved on already).
+  void moved_away_from(std::size_t index) noexcept {
+    current.compare_exchange_strong(index, index + 1, std::memory_order_relaxed);
+  }
+
+  // Runs `call(stub endpoint, context)` with the call deadline; on failure
+  // fills `result`'s error. True on success.
+  template <class T, class Call>
+  bool unary(EtcdResult<T>& result, Call&& call) {
+    const std::size_t index = pick();
+    const Endpoint& target = endpoint(index);
+    grpc::ClientContext context;
+    context.set_deadline(deadline_after(options.call_timeout));
+    // Wait for a connection (up to the deadline) rather than fail fast:
+    // with the blocking API only a thread inside a call polls gRPC's
+    // sockets, and fail-fast calls on a channel that is failing to connect
+    // return without polling, so a reconnection in progress would never
+    // see etcd's handshake and would time out (seen after an etcd restart:
+    // every attempt timed out before the server's SETTINGS frame).
+    context.set_wait_for_ready(true);
+    const grpc::Status status = call(target, context);
+    if (status.ok()) return true;
+    if (moves_to_next_endpoint(status)) moved_away_from(index);
+    set_status_error(result, target, status);
+    return false;
+  }
+};
+
+EtcdResult<std::unique_ptr<EtcdClient>> EtcdClient::connect(const EtcdClientOptions& options) {
+  EtcdResult<std::unique_ptr<EtcdClient>> result;
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  std::string_view rest = options.endpoints;
+  while (true) {
+    const std::size_t comma = rest.find(',');
+    const std::string_view item = rest.substr(0, comma);
+    std::string target;
+    if (!parse_endpoint(item, target)) {
+      set_error(result, EtcdErrc::kBadEndpoint,
+                "etcd endpoint '" + std::string(item) + "' is not HOST:PORT (in '" +
+                    options.endpoints + "')");
+      return result;
+    }
+    Endpoint endpoint;
+    endpoint.target = target;
+    endpoint.channel = make_channel(target, options);
+    endpoint.kv = pb::KV::NewStub(endpoint.channel);
+    endpoint.lease = pb::Lease::NewStub(endpoint.channel);
+    endpoint.watch = pb::Watch::NewStub(endpoint.channel);
+    impl->endpoints.push_back(std::move(endpoint));
+    if (comma == std::string_view::npos) break;
+    rest.remove_prefix(comma + 1);
+  }
+  if (options.call_timeout <= milliseconds::zero()) {
+    set_error(result, EtcdErrc::kBadEndpoint, "etcd client: call_timeout must be positive");
+    return result;
+  }
+  result.value.reset(new EtcdClient(std::move(impl)));
+  return result;
+}
+
+EtcdClient::EtcdClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EtcdClient::~EtcdClient() {
+  LockGuard lock(impl_->keep_alive_mutex);
+  impl_->keep_alive.reset();
+}
+
+std::string EtcdClient::current_endpoint() const { return impl_->endpoint(impl_->pick()).target; }
+
+EtcdResult<LeaseGrant> EtcdClient::grant_lease(std::int64_t ttl_seconds) {
+  EtcdResult<LeaseGrant> result;
+  pb::LeaseGrantRequest request;
+  request.set_ttl(ttl_seconds);
+  pb::LeaseGrantResponse response;
+  if (!impl_->unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+        return e.lease->LeaseGrant(&context, request, &response);
+      })) {
+    return result;
+  }
+  if (!response.error().empty()) {
+    set_error(result, EtcdErrc::kServerError, "etcd: lease grant: " + response.error());
+    return result;
+  }
+  result.value = LeaseGrant{response.id(), response.ttl()};
+  return result;
+}
+
+EtcdResult<std::int64_t> EtcdClient::keep_alive_once(std::int64_t lease_id) {
+  EtcdResult<std::int64_t> result;
+  const gpr_timespec deadline = deadline_after(impl_->options.call_timeout);
+  LockGuard lock(impl_->keep_alive_mutex);
+  // A stream left open by an earlier call may have died since (etcd
+  // restarted); a keep-alive is idempotent, so such a failure is retried
+  // once on a fresh stream, within the same deadline.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const bool reused = impl_->keep_alive != nullptr;
+    if (!impl_->keep_alive) {
+      const std::size_t index = impl_->pick();
+      impl_->keep_alive = std::make_unique<KeepAliveStream>(impl_->endpoint(index));
+    }
+    result = {};
+    impl_->keep_alive->keep_alive(lease_id, deadline, result);
+    if (!impl_->keep_alive->broken()) return result;
+    const std::size_t index = impl_->pick();
+    if (&impl_->endpoint(index) == &impl_->keep_alive->endpoint() &&
+        (result.error == EtcdErrc::kUnavailable || result.error == EtcdErrc::kDeadlineExceeded)) {
+      impl_->moved_away_from(index);
+    }
+    impl_->keep_alive.reset();
+    if (!reused || result.error == EtcdErrc::kDeadlineExceeded) break;
+  }
+  return result;
+}
+
+EtcdStatus EtcdClient::revoke_lease(std::int64_t lease_id) {
+  EtcdStatus result;
+  pb::LeaseRevokeRequest request;
+  request.set_id(lease_id);
+  pb::LeaseRevokeResponse response;
+  impl_->unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+    return e.lease->LeaseRevoke(&context, request, &response);
+  });
+  return result;
+}
+
+EtcdResult<std::int64_t> EtcdClient::put(std::string_view key, std::string_view value,
+                                         std::int64_t lease_id) {
+  EtcdResult<std::int64_t> result;
+  pb::PutRequest request;
+  request.set_key(std::string(key));
+  request.set_value(std::string(value));
+  request.set_lease(lease_id);
+  pb::PutResponse response;
+  if (impl_->unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+        return e.kv->Put(&context, request, &response);
+      })) {
+    result.value = response.header().revision();
+  }
+  return result;
+}
+
+namespace {
+
+EtcdResult<RangeResult> range(EtcdClient::Impl& impl, std::string key, std::string range_end) {
+  EtcdResult<RangeResult> result;
+  pb::RangeRequest request;
+  request.set_key(std::move(key));
+  request.set_range_end(std::move(range_end));
+  pb::RangeResponse response;
+  if (impl.unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+        return e.kv->Range(&context, request, &response);
+      })) {
+    result.value.revision = response.header().revision();
+    result.value.kvs.reserve(static_cast<std::size_t>(response.kvs_size()));
+    for (const mvccpb::KeyValue& kv : response.kvs()) {
+      result.value.kvs.push_back(to_key_value(kv));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+EtcdResult<RangeResult> EtcdClient::get(std::string_view key) {
+  return range(*impl_, std::string(key), {});
+}
+
+EtcdResult<RangeResult> EtcdClient::get_prefix(std::string_view prefix) {
+  // etcd reads key "\0" with range_end "\0" as every key.
+  return range(*impl_, prefix.empty() ? std::string(1, '\0') : std::string(prefix),
+               prefix_range_end(prefix));
+}
+
+EtcdResult<std::int64_t> EtcdClient::delete_key(std::string_view key) {
+  EtcdResult<std::int64_t> result;
+  pb::DeleteRangeRequest request;
+  request.set_key(std::string(key));
+  pb::DeleteRangeResponse response;
+  if (impl_->unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+        return e.kv->DeleteRange(&context, request, &response);
+      })) {
+    result.value = response.deleted();
+  }
+  return result;
+}
+
+namespace {
+
+// If `compare` holds, put key=value (under `lease_id`); otherwise read the
+// key, to report what stood in the way.
+EtcdResult<TxnResult> put_if(EtcdClient::Impl& impl, pb::Compare compare, std::string_view key,
+                             std::string_view value, std::int64_t lease_id) {
+  EtcdResult<TxnResult> result;
+  pb::TxnRequest request;
+  *request.add_compare() = std::move(compare);
+  pb::PutRequest* put = request.add_success()->mutable_request_put();
+  put->set_key(std::string(key));
+  put->set_value(std::string(value));
+  put->set_lease(lease_id);
+  request.add_failure()->mutable_request_range()->set_key(std::string(key));
+  pb::TxnResponse response;
+  if (!impl.unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+        return e.kv->Txn(&context, request, &response);
+      })) {
+    return result;
+  }
+  result.value.applied = response.succeeded();
+  result.value.revision = response.header().revision();
+  if (!response.succeeded()) {
+    if (response.responses_size() != 1 || !response.responses(0).has_response_range()) {
+      set_error(result, EtcdErrc::kProtocol, "etcd: a failed transaction without its read");
+      return result;
+    }
+    const pb::RangeResponse& read = response.responses(0).response_range();
+    if (read.kvs_size() > 0) result.value.current = to_key_value(read.kvs(0));
+  }
+  return result;
+}
+
+}  // namespace
+
+EtcdResult<TxnResult> EtcdClient::put_if_absent(std::string_view key, std::string_view value,
+                                                std::int64_t lease_id) {
+  pb::Compare compare;
+  compare.set_key(std::string(key));
+  compare.set_target(pb::Compare::CREATE);
+  compare.set_result(pb::Compare::EQUAL);
+  compare.set_create_revision(0);  // a oneof: setting 0 still selects the field
+  return put_if(*impl_, std::move(compare), key, value, lease_id);
+}
+
+EtcdResult<TxnResult> EtcdClient::put_if_mod_revision(std::string_view key, std::string_view value,
+                                                      std::int64_t expected_mod_revision) {
+  pb::Compare compare;
+  compare.set_key(std::string(key));
+  compare.set_target(pb::Compare::MOD);
+  compare.set_result(pb::Compare::EQUAL);
+  compare.set_mod_revision(expected_mod_revision);
+  return put_if(*impl_, std::move(compare), key, value, 0);
+}
+
+// ---------------------------------------------------------------------------
+// Watches
+// ---------------------------------------------------------------------------
+
+struct EtcdWatch::State {
+  EtcdClient::Impl* client = nullptr;
+  std::string prefix;
+  WatchCallback callback;
+  std::thread thread;  // started by watch_prefix(), joined by cancel()
+
+  Mutex mutex;
+  // condition_variable_any waits on the annotated Mutex itself.
+  std::condition_variable_any wake;
+  bool stopping SHARDLOCK_GUARDED_BY(mutex) = false;
+  // The open stream's context, for cancel() to TryCancel (null between
+  // streams).
+  grpc::ClientContext* context SHARDLOCK_GUARDED_BY(mutex) = nullptr;
+
+  void run(std::int64_t start_revision);
+  // One stream: false when the watch is over (stopped, or ended by etcd).
+  bool run_stream(std::int64_t& next_revision, grpc::Status& status);
+};
+
+namespace {
+
+WatchUpdate error_update(EtcdErrc errc, std::string detail, std::int64_t revision) {
+  WatchUpdate update;
+  update.error = make_error_code(errc);
+  update.detail = std::move(detail);
+  update.revision = revision;
+  return update;
+}
+
+}  // namespace
+
+bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& status) {
+  const std::size_t index = client->pick();
+  const Endpoint& target = client->endpoint(index);
+  grpc::ClientContext stream_context;
+  stream_context.set_wait_for_ready(true);  // see EtcdClient::Impl::unary()
+  {
+    LockGuard lock(mutex);
+    if (stopping) return false;
+    context = &stream_context;
+  }
+  auto stream = target.watch->Watch(&stream_context);
+  pb::WatchRequest request;
+  pb::WatchCreateRequest* create = request.mutable_create_request();
+  create->set_key(prefix.empty() ? std::string(1, '\0') : prefix);
+  create->set_range_end(prefix_range_end(prefix));
+  create->set_start_revision(next_revision);
+  bool more = true;
+  if (stream->Write(request)) {
+    pb::WatchResponse response;
+    while (more && stream->Read(&response)) {
+      const std::int64_t revision = response.header().revision();
+      if (response.compact_revision() != 0) {
+        callback(error_update(
+            EtcdErrc::kCompacted,
+            "etcd " + target.target + ": watch from revision " + std::to_string(next_revision) +
+                " is compacted (oldest kept: " + std::to_string(response.compact_revision()) + ")",
+            revision));
+        more = false;
+      } else if (response.canceled()) {
+        callback(error_update(
+            EtcdErrc::kServerError,
+            "etcd " + target.target + ": watch cancelled by etcd: " + response.cancel_reason(),
+            revision));
+        more = false;
+      } else if (response.created()) {
+        // From here on, a reconnect resumes where this stream started.
+        if (next_revision == 0) next_revision = revision + 1;
+      } else if (response.events_size() > 0) {
+        WatchUpdate update;
+        update.revision = revision;
+        update.events.reserve(static_cast<std::size_t>(response.events_size()));
+        for (const mvccpb::Event& event : response.events()) {
+          update.events.push_back(WatchEvent{event.type() == mvccpb::Event::DELETE
+                                                 ? WatchEventType::kDelete
+                                                 : WatchEventType::kPut,
+                                             to_key_value(event.kv())});
+        }
+        next_revision = update.events.back().kv.mod_revision + 1;
+        callback(update);
+      }
+    }
+  }
+  if (!more) stream_context.TryCancel();
+  status = stream->Finish();
+  {
+    LockGuard lock(mutex);
+    context = nullptr;
+    if (stopping) return false;
+  }
+  if (more && moves_to_next_endpoint(status)) client->moved_away_from(index);
+  return more;
+}
+
+void EtcdWatch::State::run(std::int64_t start_revision) {
+  std::int64_t next_revision = start_revision;
+  milliseconds backoff{50};
+  const milliseconds max_backoff =
+      std::max(milliseconds{50}, client->options.max_reconnect_backoff);
+  for (;;) {
+    grpc::Status status;
+    if (!run_stream(next_revision, status)) return;
+    // The stream broke (etcd restarted, or is unreachable): wait a little,
+    // then resume from next_revision.
+    LockGuard lock(mutex);
+    if (!stopping) wake.wait_for(mutex, backoff);
+    if (stopping) return;
+    backoff = std::min(backoff * 2, max_backoff);
+  }
+}
+
+std::unique_ptr<EtcdWatch> EtcdClient::watch_prefix(std::string_view prefix,
+                                                    std::int64_t start_revision,
+                                                    WatchCallback callback) {
+  auto state = std::make_unique<EtcdWatch::State>();
+  state->client = impl_.get();
+  state->prefix = std::string(prefix);
+  state->callback = std::move(callback);
+  EtcdWatch::State* raw = state.get();
+  state->thread = std::thread([raw, start_revision] { raw->run(start_revision); });
+  return std::unique_ptr<EtcdWatch>(new EtcdWatch(std::move(state)));
+}
+
+EtcdWatch::EtcdWatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
+
+EtcdWatch::~EtcdWatch() { cancel(); }
+
+void EtcdWatch::cancel() {
+  {
+    LockGuard lock(state_->mutex);
+    state_->stopping = true;
+    if (state_->context != nullptr) state_->context->TryCancel();
+  }
+  state_->wake.notify_all();
+  if (state_->thread.joinable()) state_->thread.join();
+}
+
+// ---------------------------------------------------------------------------
+// Errors and helpers
+// ---------------------------------------------------------------------------
+
+std::string_view to_string(EtcdErrc e) noexcept {
+  switch (e) {
+    case EtcdErrc::kOk:
+      return "ok";
+    case EtcdErrc::kBadEndpoint:
+      return "bad etcd endpoint";
+    case EtcdErrc::kUnavailable:
+      return "etcd unavailable";
+    case EtcdErrc::kDeadlineExceeded:
+      return "etcd call deadline exceeded";
+    case EtcdErrc::kCancelled:
+      return "etcd call cancelled";
+    case EtcdErrc::kNotFound:
+      return "not found in etcd";
+    case EtcdErrc::kInvalidArgument:
+      return "etcd refused the request as invalid";
+    case EtcdErrc::kFailedPrecondition:
+      return "etcd failed precondition";
+    case EtcdErrc::kCompacted:
+      return "etcd revision compacted";
+    case EtcdErrc::kPermissionDenied:
+      return "etcd permission denied";
+    case EtcdErrc::kResourceExhausted:
+      return "etcd resource exhausted";
+    case EtcdErrc::kLeaseExpired:
+      return "etcd lease expired";
+    case EtcdErrc::kProtocol:
+      return "unexpected answer from etcd";
+    case EtcdErrc::kServerError:
+      return "etcd server error";
+  }
+  return "unknown etcd error";
+}
+
+const std::error_category& etcd_category() noexcept {
+  static const EtcdCategory category;
+  return category;
+}
+
+EtcdErrc errc_from_grpc_status(int grpc_status_code) noexcept {
+  switch (static_cast<grpc::StatusCode>(grpc_status_code)) {
+    case grpc::StatusCode::OK:
+      return EtcdErrc::kOk;
+    case grpc::StatusCode::UNAVAILABLE:
+      return EtcdErrc::kUnavailable;
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return EtcdErrc::kDeadlineExceeded;
+    case grpc::StatusCode::CANCELLED:
+      return EtcdErrc::kCancelled;
+    case grpc::StatusCode::NOT_FOUND:
+      return EtcdErrc::kNotFound;
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return EtcdErrc::kInvalidArgument;
+    case grpc::StatusCode::FAILED_PRECONDITION:
+      return EtcdErrc::kFailedPrecondition;
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return EtcdErrc::kCompacted;
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return EtcdErrc::kPermissionDenied;
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return EtcdErrc::kResourceExhausted;
+    default:
+      return EtcdErrc::kServerError;
+  }
+}
+
+std::string prefix_range_end(std::string_view prefix) {
+  std::string end(prefix);
+  while (!end.empty()) {
+    auto& last = reinterpret_cast<unsigned char&>(end.back());
+    if (last < 0xff) {
+      ++last;
+      return end;
+    }
+    end.pop_back();
+  }
+  end.push_back('\0');  // etcd's "to the end of the key space"
+  return end;
+}
+
+}  // namespace shardlock::cluster
