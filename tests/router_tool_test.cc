@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include "shardlock/router.h"
 
@@ -62,6 +63,21 @@ class RouterToolTest : public ::testing::Test {
     ToolResult result;
     result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     result.out = slurp(out);
+    result.err = slurp(err);
+    return result;
+  }
+
+  // Runs `command` through the shell; `{route}` and `{err}` stand for the
+  // tool and a file that catches its stderr.
+  ToolResult shell(std::string command) {
+    const fs::path err = dir_ / "stderr.txt";
+    for (const auto& [name, value] :
+         {std::pair<std::string, std::string>{"{route}", kRoute}, {"{err}", err.string()}}) {
+      command.replace(command.find(name), name.size(), value);
+    }
+    const int status = std::system(command.c_str());
+    ToolResult result;
+    result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
     result.err = slurp(err);
     return result;
   }
@@ -128,6 +144,21 @@ TEST_F(RouterToolTest, BadInputExitsTwoWithTheLine) {
   r = run("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.out.find("--diff"), std::string::npos);
+}
+
+// Output that could not be written, or keys that could not be read, is a
+// failure: an owner list cut short must not exit 0.
+TEST_F(RouterToolTest, UnwritableOutputOrUnreadableInputFails) {
+  const std::string nodes = write("nodes.txt", "a\nb\n");
+  if (fs::exists("/dev/full")) {
+    const ToolResult full = shell("{route} " + nodes + " --random 1000 >/dev/full 2>{err}");
+    EXPECT_EQ(full.exit_code, 1) << full.err;
+    EXPECT_NE(full.err.find("cannot write the output"), std::string::npos) << full.err;
+  }
+  // A directory opens for reading but every read fails (EISDIR).
+  const ToolResult unreadable = shell("{route} " + nodes + " <" + dir_.string() + " 2>{err}");
+  EXPECT_EQ(unreadable.exit_code, 2) << unreadable.err;
+  EXPECT_NE(unreadable.err.find("cannot read the keys"), std::string::npos) << unreadable.err;
 }
 
 }  // namespace

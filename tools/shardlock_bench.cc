@@ -17,6 +17,13 @@
 // key, and a pair one such acquire with its K releases.
 // Table mode: --clients threads locking LockTable stripes by Zipf key.
 // Output: a live progress line on stderr, then a table (or --json).
+//
+// A run fails loudly (exit 4, the reason on stderr) when no acquire was
+// granted or when errors are more than half of the answered requests: a
+// throughput of refusals is not a result. An error is any answer that is
+// neither a grant, a release nor BUSY (BUSY is contention, the workload's
+// normal outcome): ERROR replies by their wire code, unreachable,
+// recovering, timeout, refused releases.
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -32,6 +39,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -54,6 +62,61 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* kTool = "shardlock-bench";
+
+// Exit codes (also in --help).
+constexpr int kExitRunFailed = 1;
+constexpr int kExitUsage = tools::kExitUsage;
+constexpr int kExitNoAnswer = 3;
+constexpr int kExitErrorsDominate = 4;
+
+// A run fails when more than this fraction of its answered requests were
+// errors (or when nothing was granted at all).
+constexpr double kMaxErrorFraction = 0.5;
+
+// Why an answer was an error, as a stable snake_case name: the key of its
+// count in the JSON's "errors_by_kind". The first kWireErrorSlots are the
+// ERROR reply's WireError code (0: a code this build does not know).
+constexpr std::size_t kWireErrorSlots = 16;
+constexpr std::array<std::string_view, kWireErrorSlots + 6> kErrorKindNames = {
+    "unknown_server_error",
+    "unsupported_version",
+    "bad_key",
+    "key_too_long",
+    "ttl_out_of_range",
+    "wait_out_of_range",
+    "request_too_small",
+    "not_a_request",
+    "internal_server_error",
+    "request_id_reused",
+    "limit_exceeded",
+    "resource_exhausted",
+    "lease_kind_mismatch",
+    "permits_out_of_range",
+    "bad_key_list",
+    "bad_mode",
+    "unreachable",
+    "recovering",
+    "timeout",
+    "not_owner",
+    "expired",
+    "client_error"};
+static_assert(static_cast<std::size_t>(WireError::kBadMode) == kWireErrorSlots - 1,
+              "a new WireError needs its name in kErrorKindNames");
+constexpr std::size_t kErrorKindCount = kErrorKindNames.size();
+
+// The kErrorKindNames index of a failed call's error (not BUSY).
+std::size_t error_kind(const CallResult& r) noexcept {
+  if (r.error == LeaseErrc::kServerError) {
+    const auto code = static_cast<std::size_t>(r.wire_error);
+    return code < kWireErrorSlots ? code : 0;
+  }
+  if (r.error == LeaseErrc::kUnreachable) return kWireErrorSlots;
+  if (r.error == LeaseErrc::kRecovering) return kWireErrorSlots + 1;
+  if (r.error == LeaseErrc::kTimeout) return kWireErrorSlots + 2;
+  if (r.error == LeaseErrc::kNotOwner) return kWireErrorSlots + 3;
+  if (r.error == LeaseErrc::kExpired) return kWireErrorSlots + 4;
+  return kWireErrorSlots + 5;
+}
 
 // Log-linear latency histogram in nanoseconds: 32 sub-buckets per power of
 // two (~3% resolution). One writer; merged after the run.
@@ -137,12 +200,17 @@ struct alignas(128) LiveCounters {
   std::atomic<std::uint64_t> errors{0};
   std::atomic<std::uint64_t> acquires{0};         // acquire answers (any outcome)
   std::atomic<std::uint64_t> shared_acquires{0};  // ... of shared acquires
+  std::array<std::atomic<std::uint64_t>, kErrorKindCount> errors_by_kind{};  // sums to errors
 };
 
 struct Totals {
   std::uint64_t requests = 0, pairs = 0, grants = 0, busy = 0, errors = 0;
   std::uint64_t acquires = 0, shared_acquires = 0;
+  std::array<std::uint64_t, kErrorKindCount> errors_by_kind{};
   void add(const LiveCounters& c) {
+    for (std::size_t i = 0; i < kErrorKindCount; ++i) {
+      errors_by_kind[i] += c.errors_by_kind[i].load(std::memory_order_relaxed);
+    }
     acquires += c.acquires.load(std::memory_order_relaxed);
     shared_acquires += c.shared_acquires.load(std::memory_order_relaxed);
     requests += c.requests.load(std::memory_order_relaxed);
@@ -161,8 +229,30 @@ struct Result {
   Histogram pair_latency;     // ACQUIRE sent -> RELEASE answered, granted pairs
   std::uint64_t retransmissions = 0;
   std::uint64_t datagrams = 0;
-  double cpu_seconds = 0;  // user + system CPU of this process during the run
+  double cpu_seconds = 0;   // user + system CPU of this process during the run
+  std::string first_error;  // what the first error answer said; empty if none
 };
+
+// Why the run failed (errors dominate, or nothing was granted); empty when
+// it did not.
+std::string failure_reason(const Result& r) {
+  const Totals& t = r.totals;
+  const bool errors_dominate =
+      t.requests > 0 &&
+      static_cast<double>(t.errors) > kMaxErrorFraction * static_cast<double>(t.requests);
+  if (t.grants > 0 && !errors_dominate) return {};
+  std::string why = std::to_string(t.errors) + " of " + std::to_string(t.requests) +
+                    " answered requests were errors, " + std::to_string(t.grants) +
+                    " acquires granted";
+  if (!r.first_error.empty()) {
+    why += "; first error: " + r.first_error;
+  } else if (t.requests == 0) {
+    why += "; no request was answered";
+  } else if (t.busy > 0) {
+    why += "; every acquire was answered busy (is another client holding every key?)";
+  }
+  return why;
+}
 
 // User + system CPU time this process has used so far.
 double process_cpu_seconds() {
@@ -264,7 +354,16 @@ struct BenchClient {
 
 class LeaseBench {
  public:
-  LeaseBench(const Config& config, std::atomic<bool>& stop) : config_(config), stop_(stop) {}
+  // `nodes`: HOST:PORT of each node, to name the one that did not answer.
+  LeaseBench(const Config& config, std::vector<std::string> nodes, std::atomic<bool>& stop)
+      : config_(config), nodes_(std::move(nodes)), stop_(stop) {}
+
+  // What the first error answer said (for the failure message); empty if
+  // there was none. Call after the owners are idle.
+  std::string first_error() const {
+    std::lock_guard lock(first_error_mutex_);
+    return first_error_;
+  }
 
   void start_round(BenchClient& c) {
     if (stop_.load(std::memory_order_relaxed)) {
@@ -300,7 +399,7 @@ class LeaseBench {
   void on_acquired(BenchClient& c, unsigned i, const CallResult& r) {
     const auto now = Clock::now();
     c.request_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
-    count_acquire(c, c.shared[i], r);
+    count_acquire(c, c.shared[i], c.keys[i], r);
     c.granted[i] = !r.error;
     if (!r.error) {
       c.tokens[i] = r.token;
@@ -316,7 +415,7 @@ class LeaseBench {
     for (unsigned k = 0; k < config_.batch; ++k) {
       if (!c.granted[k]) continue;
       c.client->release_async(
-          c.keys[k], c.tokens[k], [this, &c](const CallResult& rr) { on_released(c, rr); },
+          c.keys[k], c.tokens[k], [this, &c, k](const CallResult& rr) { on_released(c, k, rr); },
           c.owner);
     }
   }
@@ -349,7 +448,7 @@ class LeaseBench {
   void on_acquired_many(BenchClient& c, const CallResult& r) {
     const auto now = Clock::now();
     c.request_latency.record(static_cast<std::uint64_t>((now - c.round_start).count()));
-    count_acquire(c, c.shared[0], r);
+    count_acquire(c, c.shared[0], c.keys[0], r);
     if (r.error) {
       start_round(c);
       return;
@@ -360,18 +459,18 @@ class LeaseBench {
     c.release_start = Clock::now();
     for (unsigned i = 0; i < config_.keys_per_op; ++i) {
       c.client->release_async(
-          c.keys[i], r.tokens[i], [this, &c](const CallResult& rr) { on_released(c, rr); },
+          c.keys[i], r.tokens[i], [this, &c, i](const CallResult& rr) { on_released(c, i, rr); },
           c.owner);
     }
   }
 
-  void on_released(BenchClient& c, const CallResult& r) {
+  void on_released(BenchClient& c, unsigned i, const CallResult& r) {
     const auto now = Clock::now();
     c.request_latency.record(static_cast<std::uint64_t>((now - c.release_start).count()));
     c.live.requests.fetch_add(1, std::memory_order_relaxed);
     const bool multi_key = config_.keys_per_op > 1;
     if (r.error) {
-      c.live.errors.fetch_add(1, std::memory_order_relaxed);
+      count_error(c, c.keys[i], r);
     } else if (multi_key) {
       ++c.released_count;
     } else {
@@ -395,7 +494,7 @@ class LeaseBench {
   }
 
   // Counts one acquire answer (relaxed: statistics, see LiveCounters).
-  static void count_acquire(BenchClient& c, bool shared, const CallResult& r) {
+  void count_acquire(BenchClient& c, bool shared, std::string_view key, const CallResult& r) {
     c.live.requests.fetch_add(1, std::memory_order_relaxed);
     c.live.acquires.fetch_add(1, std::memory_order_relaxed);
     if (shared) c.live.shared_acquires.fetch_add(1, std::memory_order_relaxed);
@@ -404,12 +503,55 @@ class LeaseBench {
     } else if (r.error == LeaseErrc::kBusy) {
       c.live.busy.fetch_add(1, std::memory_order_relaxed);
     } else {
-      c.live.errors.fetch_add(1, std::memory_order_relaxed);
+      count_error(c, key, r);
     }
   }
 
+  // Counts one error answer by kind (relaxed: statistics) and keeps the
+  // first one's text.
+  void count_error(BenchClient& c, std::string_view key, const CallResult& r) {
+    c.live.errors.fetch_add(1, std::memory_order_relaxed);
+    c.live.errors_by_kind[error_kind(r)].fetch_add(1, std::memory_order_relaxed);
+    // Relaxed: only skips the lock once some error was kept; the text
+    // itself is read and written under first_error_mutex_.
+    if (have_first_error_.load(std::memory_order_relaxed)) return;
+    std::string text = describe_error(*c.client, key, r);
+    std::lock_guard lock(first_error_mutex_);
+    if (first_error_.empty()) first_error_ = std::move(text);
+    have_first_error_.store(true, std::memory_order_relaxed);
+  }
+
+  // The failure message's account of one error answer: the server's own
+  // words where it gave some.
+  std::string describe_error(LeaseClient& client, std::string_view key, const CallResult& r) const {
+    if (r.error == LeaseErrc::kServerError) {
+      std::string text = "the server answered ERROR: " + std::string(to_string(r.wire_error));
+      if (r.wire_error == WireError::kTtlOutOfRange) {
+        text += " (--ttl " + to_string(config_.ttl) + " is above the server's --max-ttl)";
+      }
+      return text;
+    }
+    if (r.error == LeaseErrc::kUnreachable) {
+      const std::size_t node = client.node_for(key);
+      return "unreachable: no answer from " +
+             (node < nodes_.size() ? nodes_[node] : std::string("the server"));
+    }
+    if (r.error == LeaseErrc::kRecovering) {
+      return "recovering: the server is in its lock-delay (retry after " +
+             std::to_string(r.retry_after_ms) + " ms)";
+    }
+    if (r.error.category() == lease_category()) {
+      return std::string(to_string(static_cast<LeaseErrc>(r.error.value())));
+    }
+    return r.error.message();
+  }
+
   const Config& config_;
+  const std::vector<std::string> nodes_;
   std::atomic<bool>& stop_;
+  mutable std::mutex first_error_mutex_;
+  std::string first_error_;  // guarded by first_error_mutex_
+  std::atomic<bool> have_first_error_{false};
 };
 
 int run_lease(const Config& config, Result& result) {
@@ -433,7 +575,7 @@ int run_lease(const Config& config, Result& result) {
     if (std::error_code ec = server->start()) {
       std::fprintf(stderr, "shardlock-bench: embedded server failed: %s (%s)\n",
                    ec.message().c_str(), server->error_detail().c_str());
-      return 1;
+      return kExitRunFailed;
     }
     nodes.push_back(server->listen_address());
     result.target = "embedded " + nodes[0];
@@ -451,7 +593,7 @@ int run_lease(const Config& config, Result& result) {
   }
 
   std::atomic<bool> stop{false};
-  LeaseBench bench(config, stop);
+  LeaseBench bench(config, nodes, stop);
   const workload::ZipfGenerator base(config.keys, config.theta, config.seed);
   std::vector<std::unique_ptr<LeaseClient>> connections;
   for (unsigned t = 0; t < std::min(config.client_threads, config.clients); ++t) {
@@ -466,7 +608,7 @@ int run_lease(const Config& config, Result& result) {
     if (std::error_code ec = connection->start()) {
       std::fprintf(stderr, "shardlock-bench: client failed: %s (%s)\n", ec.message().c_str(),
                    connection->error_detail().c_str());
-      return ec == LeaseErrc::kBadAddress ? 2 : 1;
+      return ec == LeaseErrc::kBadAddress ? kExitUsage : kExitRunFailed;
     }
     connections.push_back(std::move(connection));
   }
@@ -489,7 +631,7 @@ int run_lease(const Config& config, Result& result) {
     if (probe.error) {
       std::fprintf(stderr, "shardlock-bench: %s does not answer: %s\n", result.target.c_str(),
                    probe.error.message().c_str());
-      return 3;
+      return kExitNoAnswer;
     }
   }
   for (auto& c : clients) {
@@ -516,11 +658,12 @@ int run_lease(const Config& config, Result& result) {
   for (auto& c : clients) {
     if (!c->idle.load(std::memory_order_acquire)) {
       std::fprintf(stderr, "shardlock-bench: a client did not drain in time\n");
-      return 1;
+      return kExitRunFailed;
     }
     result.request_latency.merge(c->request_latency);
     result.pair_latency.merge(c->pair_latency);
   }
+  result.first_error = bench.first_error();
   for (const auto& connection : connections) {
     result.retransmissions += connection->retransmissions();
     result.datagrams += connection->datagrams_sent();
@@ -595,6 +738,17 @@ std::string latency_json(const Histogram& h) {
   return buffer;
 }
 
+// {"ttl_out_of_range":123,"unreachable":4}: the error kinds that occurred.
+std::string errors_by_kind_json(const Totals& t) {
+  std::string out = "{";
+  for (std::size_t i = 0; i < kErrorKindCount; ++i) {
+    if (t.errors_by_kind[i] == 0) continue;
+    if (out.size() > 1) out += ',';
+    out += tools::json_string(kErrorKindNames[i]) + ":" + std::to_string(t.errors_by_kind[i]);
+  }
+  return out + "}";
+}
+
 void print_json(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   std::printf("{\"mode\":\"%s\",\"target\":%s,\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
@@ -604,7 +758,9 @@ void print_json(const Config& config, const Result& r) {
               ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
               ",\"auth\":%s,\"allocator\":\"%s\",\"busy_poll_us\":%u,\"cpu_s\":%.3f,"
               "\"cpu_cores\":%.2f,\"read_fraction\":%.3f,\"keys_per_op\":%u,\"acquires\":%" PRIu64
-              ",\"shared_acquires\":%" PRIu64 ",\"latency_us\":%s,\"pair_latency_us\":%s}\n",
+              ",\"shared_acquires\":%" PRIu64
+              ",\"errors_by_kind\":%s,\"first_error\":%s,\"ok\":%s,\"latency_us\":%s,"
+              "\"pair_latency_us\":%s}\n",
               config.mode.c_str(), tools::json_string(r.target).c_str(), r.seconds, config.clients,
               config.keys,
               config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u,
@@ -614,7 +770,10 @@ void print_json(const Config& config, const Result& r) {
               r.totals.errors, r.retransmissions, r.datagrams, config.auth_key ? "true" : "false",
               tools::kAllocatorName, config.busy_poll_us, r.cpu_seconds, r.cpu_seconds / s,
               config.read_fraction, config.keys_per_op, r.totals.acquires, r.totals.shared_acquires,
-              latency_json(r.request_latency).c_str(), latency_json(r.pair_latency).c_str());
+              errors_by_kind_json(r.totals).c_str(),
+              r.first_error.empty() ? "null" : tools::json_string(r.first_error).c_str(),
+              failure_reason(r).empty() ? "true" : "false", latency_json(r.request_latency).c_str(),
+              latency_json(r.pair_latency).c_str());
 }
 
 void print_table(const Config& config, const Result& r) {
@@ -643,6 +802,11 @@ void print_table(const Config& config, const Result& r) {
   std::printf("  %-28s %14" PRIu64 "\n", lease ? "busy answers" : "busy (try_lock failed)",
               r.totals.busy);
   std::printf("  %-28s %14" PRIu64 "\n", "errors", r.totals.errors);
+  for (std::size_t i = 0; i < kErrorKindCount; ++i) {
+    if (r.totals.errors_by_kind[i] == 0) continue;
+    std::printf("    %-26s %14" PRIu64 "\n", std::string(kErrorKindNames[i]).c_str(),
+                r.totals.errors_by_kind[i]);
+  }
   if (lease) {
     std::printf("  %-28s %14" PRIu64 "\n", "shared acquires", r.totals.shared_acquires);
     std::printf("  %-28s %14" PRIu64 "\n", "retransmissions", r.retransmissions);
@@ -671,6 +835,11 @@ int run(int argc, char** argv) {
   CLI::App app{
       "shardlock-bench: hot-key lock workload. With no flags it starts an embedded LeaseServer on "
       "127.0.0.1:0 and runs Zipf 0.99 acquire+release pairs over 100k keys for 10 s."};
+  app.footer(
+      "Exit codes: 0 ok; 1 the run failed (embedded server, client set-up, drain); 2 usage; "
+      "3 the --server does not answer; 4 errors dominated: no acquire was granted, or more than "
+      "half of the answered requests were errors (not BUSY) - stderr names the first error, the "
+      "JSON has ok:false and errors_by_kind.");
   std::string duration_text = "10s";
   std::string ttl_text = "30s";
   app.add_option("--server", config.server,
@@ -799,9 +968,15 @@ int run(int argc, char** argv) {
   } else {
     print_table(config, result);
   }
+  if (const std::string why = failure_reason(result); !why.empty()) {
+    std::fprintf(stderr, "shardlock-bench: the run failed: %s\n", why.c_str());
+    return kExitErrorsDominate;
+  }
   return 0;
 }
 
 }  // namespace
 
-int main(int argc, char** argv) { return shardlock::tools::run_main(kTool, 1, run, argc, argv); }
+int main(int argc, char** argv) {
+  return shardlock::tools::run_main(kTool, kExitRunFailed, run, argc, argv);
+}

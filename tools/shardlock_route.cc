@@ -5,8 +5,9 @@
 //   shardlock-route nodes.txt --random 1000000 distribution over random keys
 //   shardlock-route --diff old.txt new.txt     fraction of keys that move
 //
-// Exit codes: 0 success, 1 an unexpected failure (out of memory), 2 bad
-// input (unreadable or malformed membership file, bad flags).
+// Exit codes: 0 success, 1 an unexpected failure (out of memory, stdout
+// could not be written), 2 bad input (unreadable or malformed membership
+// file, unreadable stdin, bad flags).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
@@ -150,6 +151,9 @@ int run(int argc, char** argv) {
       "Membership files hold one \"node [weight]\" per line (weight 1..1024, default 1);\n"
       "blank lines and text after '#' are ignored."};
   app.set_version_flag("--version", "shardlock-route 0.1.0");
+  app.footer(
+      "Exit codes: 0 success; 1 an unexpected failure, or stdout could not be written; 2 bad "
+      "input (unreadable or malformed membership file, unreadable stdin, bad flags).");
   std::string membership_path;
   std::vector<std::string> diff_paths;
   std::uint64_t random_keys = 0;
@@ -206,6 +210,12 @@ int run(int argc, char** argv) {
     const std::vector<shardlock::NodeId> owners = snapshot->owners(key, replicas);
     for (std::size_t i = 0; i < owners.size(); ++i) std::cout << (i ? "," : "") << owners[i];
     std::cout << '\n';
+  }
+  // getline stops at a read error as at the end: only the stream tells them
+  // apart, and a cut-off key list must not look like a complete answer.
+  if (std::cin.bad() || std::ferror(stdin) != 0) {
+    std::cerr << "shardlock-route: cannot read the keys on stdin\n";
+    return kBadInput;
   }
   return 0;
 }

@@ -19,9 +19,11 @@
 //   2  usage error (also: several keys owned by different nodes)
 //   3  server unreachable
 //   4  server recovering (lock-delay after a restart)
-//   5  the server answered ERROR, or a local failure
+//   5  the server answered ERROR, incomplete stats, or a local failure
+//      (stdout could not be written: keygen > /full/disk)
 //   run: the command's own exit status (128+N if killed by signal N;
-//        126 not executable, 127 not found), except
+//        126 not executable, 127 not found), except 5 when it cannot be
+//        learned, and
 //   75 the lease was lost while the command ran (EX_TEMPFAIL)
 #include <signal.h>  // POSIX sigtimedwait, sigset_t: not in <csignal>
 #include <spawn.h>
@@ -294,11 +296,15 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
 
   bool signalled_for_loss = false;
   int status = 0;
+  bool status_known = true;
   for (;;) {
     const pid_t done = ::waitpid(child, &status, WNOHANG);
     if (done == child) break;
     if (done < 0 && errno != EINTR) {
-      status = 0;
+      // Not a 0 by default: the command's fate is unknown.
+      std::fprintf(stderr, "shardlockctl: cannot learn how the command ended: waitpid: %s\n",
+                   std::strerror(errno));
+      status_known = false;
       break;
     }
     if (lost.load(std::memory_order_relaxed) && !signalled_for_loss) {
@@ -335,6 +341,7 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
     }
   }
   if (was_lost) return kExitLeaseLost;
+  if (!status_known) return kExitError;
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return kExitError;
@@ -359,8 +366,9 @@ int run(int argc, char** argv) {
       ->envname("SHARDLOCK_AUTH_KEY_FILE");
   app.footer(
       "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage (or keys of different "
-      "nodes); 3 unreachable; 4 recovering; 5 server error. run: the command's status, or 75 "
-      "when a lease was lost.");
+      "nodes); 3 unreachable; 4 recovering; 5 server error, incomplete stats or a local failure "
+      "(e.g. stdout could not be written). run: the command's status (5 if it cannot be "
+      "learned), or 75 when a lease was lost.");
 
   std::string key;
   std::vector<std::string> keys;  // acquire and run
@@ -517,6 +525,13 @@ int run(int argc, char** argv) {
     sigemptyset(&handled);
     for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&handled, s);
     pthread_sigmask(SIG_BLOCK, &handled, nullptr);
+    // SIGCHLD ignored (inherited across exec from a parent that ignores it)
+    // would have the kernel reap the command, so its exit status could
+    // never be read, and run reported 0 whatever the command did.
+    struct sigaction default_action {};
+    default_action.sa_handler = SIG_DFL;
+    sigemptyset(&default_action.sa_mask);
+    sigaction(SIGCHLD, &default_action, nullptr);
   }
 
   LeaseClient client(options);
@@ -586,7 +601,17 @@ int run(int argc, char** argv) {
         worst = std::max(worst, exit_code_for(s.error));
         continue;
       }
-      out += ",\"shards\":" + std::to_string(s.shard_count) + ",\"counters\":{";
+      out += ",\"shards\":" + std::to_string(s.shard_count);
+      if (s.shard_tokens.size() < s.shard_count) {
+        // The server stopped paging early: what follows is a part, not the
+        // whole, and must not read as the server's state.
+        std::fprintf(stderr,
+                     "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
+                     options.nodes[n].c_str(), s.shard_tokens.size(), s.shard_count);
+        out += ",\"error\":\"incomplete\"";
+        worst = std::max(worst, kExitError);
+      }
+      out += ",\"counters\":{";
       for (std::size_t i = 0; i < kStatCounterCount; ++i) {
         if (i > 0) out += ',';
         out += std::string("\"") + std::string(to_string(static_cast<StatCounter>(i))) +

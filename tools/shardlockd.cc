@@ -3,7 +3,8 @@
 // Prints one JSON line to stdout once the socket is bound:
 //   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...}
 // logs to stderr, and stops cleanly on SIGTERM or SIGINT.
-// Exit codes: 0 clean stop or --help, 1 start-up failure, 2 bad flags.
+// Exit codes: 0 clean stop or --help, 1 start-up failure (or the ready line
+// could not be written to stdout), 2 bad flags.
 #include <pthread.h>
 #include <unistd.h>
 
@@ -40,6 +41,9 @@ int run(int argc, char** argv) {
       "shardlockd: UDP lease server with fencing tokens that survive kill -9.\n"
       "Durations are written like 500ms, 30s, 2m, 1m30s."};
   app.set_version_flag("--version", "shardlockd 0.1.0");
+  app.footer(
+      "Exit codes: 0 clean stop (SIGTERM, SIGINT); 1 start-up failure, or the ready line could "
+      "not be written to stdout; 2 bad flags.");
   LeaseServerOptions options;
   options.bind_address = "127.0.0.1:7420";
   std::string max_ttl = "60s";

@@ -1,6 +1,7 @@
 // shardlock-bench as a process: a short run against its embedded server, an
 // external server and the in-process LockTable each exit 0 with one
-// well-formed JSON result; bad flags are usage errors.
+// well-formed JSON result; bad flags are usage errors; a run the server
+// refuses fails loudly (exit 4, the cause on stderr).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -23,12 +24,20 @@ const std::string kBench = SHARDLOCK_TOOL_SHARDLOCK_BENCH;
 // The fields every result carries, with the invariants between them.
 void expect_well_formed(const Json& j, const std::string& mode) {
   ASSERT_EQ(j.kind, Json::Kind::kObject);
-  for (const char* field : {"mode", "target", "duration_s", "clients", "keys", "theta", "ttl_ms",
-                            "batch", "ops", "ops_per_s", "pairs", "pairs_per_s", "grants", "busy",
-                            "errors", "allocator", "latency_us", "pair_latency_us"}) {
+  for (const char* field :
+       {"mode",           "target",      "duration_s", "clients",   "keys",
+        "theta",          "ttl_ms",      "batch",      "ops",       "ops_per_s",
+        "pairs",          "pairs_per_s", "grants",     "busy",      "errors",
+        "errors_by_kind", "first_error", "ok",         "allocator", "latency_us",
+        "pair_latency_us"}) {
     EXPECT_TRUE(j.has(field)) << field;
   }
   EXPECT_EQ(j["mode"].text, mode);
+  EXPECT_TRUE(j["ok"].boolean);
+  ASSERT_EQ(j["errors_by_kind"].kind, Json::Kind::kObject);
+  double by_kind = 0;
+  for (const auto& [kind, count] : j["errors_by_kind"].fields) by_kind += count.number;
+  EXPECT_EQ(by_kind, j["errors"].number) << "the breakdown sums to the errors";
   EXPECT_GT(j["duration_s"].number, 0.5);
   EXPECT_GT(j["ops"].number, 0);
   EXPECT_GT(j["grants"].number, 0);
@@ -54,6 +63,59 @@ TEST(ShardlockBenchTest, ShortEmbeddedRunPrintsOneJsonResult) {
   EXPECT_EQ((*j)["clients"].number, 4);
   EXPECT_EQ((*j)["keys"].number, 1000);
   EXPECT_NE((*j)["target"].text.find("embedded 127.0.0.1:"), std::string::npos);
+  EXPECT_EQ((*j)["errors"].number, 0);
+  EXPECT_TRUE((*j)["errors_by_kind"].fields.empty());
+  EXPECT_EQ((*j)["first_error"].kind, Json::Kind::kNull);
+}
+
+// The reported case: every ACQUIRE is refused (ERROR ttl out of range), so
+// the run measured refusals. It must not pass for a result: exit 4, the
+// server's error on stderr, ok:false and the breakdown in the JSON.
+TEST(ShardlockBenchTest, TtlAboveTheServersMaximumFailsLoudly) {
+  LeaseServerOptions options;
+  options.lock_delay = 0ms;
+  options.max_ttl = 1s;
+  options.log = [](std::string_view) {};
+  LeaseServer server(options);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+                                   "--json", "--clients", "2", "--ttl", "5s"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("ttl out of range"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--max-ttl"), std::string::npos) << r.err;
+  const auto j = json_line(r);
+  ASSERT_TRUE(j) << r.out;
+  EXPECT_FALSE((*j)["ok"].boolean);
+  EXPECT_EQ((*j)["grants"].number, 0);
+  EXPECT_GT((*j)["errors"].number, 0);
+  EXPECT_EQ((*j)["errors_by_kind"]["ttl_out_of_range"].number, (*j)["errors"].number);
+  EXPECT_NE((*j)["first_error"].text.find("ttl out of range"), std::string::npos);
+
+  // The table says it too, and still exits 4.
+  const auto table = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+                                       "--clients", "2", "--ttl", "5s"});
+  EXPECT_EQ(table.exit_code, 4) << table.err;
+  EXPECT_NE(table.out.find("ttl_out_of_range"), std::string::npos) << table.out;
+  EXPECT_NE(table.err.find("ttl out of range"), std::string::npos) << table.err;
+  EXPECT_NE(run_tool(kBench, {"--help"}).out.find("4 errors dominated"), std::string::npos);
+}
+
+// A server in its lock-delay answers every ACQUIRE RECOVERING: nothing is
+// granted, and the message says why.
+TEST(ShardlockBenchTest, AServerInItsLockDelayFailsTheRun) {
+  LeaseServerOptions options;
+  options.lock_delay = 60s;
+  options.log = [](std::string_view) {};
+  LeaseServer server(options);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+                                   "--json", "--clients", "2"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  EXPECT_NE(r.err.find("recovering: the server is in its lock-delay"), std::string::npos) << r.err;
+  const auto j = json_line(r);
+  ASSERT_TRUE(j) << r.out;
+  EXPECT_FALSE((*j)["ok"].boolean);
+  EXPECT_GT((*j)["errors_by_kind"]["recovering"].number, 0);
 }
 
 TEST(ShardlockBenchTest, BatchedRunAgainstAnExternalServer) {

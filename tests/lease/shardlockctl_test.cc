@@ -1,18 +1,26 @@
 // shardlockctl over a real shardlockd: JSON output and exit codes of every
 // subcommand, and `run` - the command sees its lease, the lease is released
 // when it exits, and a lost lease signals it.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "client_tool_support.h"
 #include "shardlock/lease/client.h"
+#include "shardlock/lease/protocol.h"
 
 namespace shardlock::lease {
 namespace {
@@ -478,6 +486,80 @@ TEST(ShardlockctlTest, RunHoldsSeveralKeysOrASharedLeaseWhileTheCommandRuns) {
   EXPECT_EQ(during["holders"].number, 2);
   EXPECT_EQ(parsed(ctl(d, {"query", "report"}))["holders"].number, 1) << "released on exit";
   EXPECT_EQ(ctl(d, {"run", "report", "--ttl", "5s", "--", "true"}).exit_code, 1);
+}
+
+// ---------------------------------------------------------- loud failures
+
+// A key that could not be written is no key: keygen (like every subcommand)
+// fails when stdout cannot take its output.
+TEST(ShardlockctlTest, OutputThatCannotBeWrittenIsAFailure) {
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const ToolResult r = run_tool("/bin/sh", {"-c", "exec \"$0\" keygen > /dev/full", kCtl});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_NE(r.err.find("cannot write the output"), std::string::npos) << r.err;
+}
+
+// A parent that ignores SIGCHLD passes that on across exec; the kernel then
+// reaps the command itself, and run reported 0 whatever the command did.
+TEST(ShardlockctlTest, RunReportsTheCommandsStatusWhenSigchldWasIgnored) {
+  if (::access("/usr/bin/perl", X_OK) != 0) GTEST_SKIP() << "no perl to ignore SIGCHLD with";
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult r =
+      run_tool("/usr/bin/perl",
+               {"-e", "$SIG{CHLD} = 'IGNORE'; exec @ARGV or exit 99", kCtl, "--server", d.address(),
+                "run", "job", "--ttl", "10s", "--", "/bin/sh", "-c", "exit 7"});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+}
+
+// A server that answers STATS with fewer shard tokens than its shard count
+// and then an empty page: ctl must not print the part as the whole.
+TEST(ShardlockctlTest, StatsThatStopPagingEarlyAreAnError) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    std::array<std::uint8_t, kMaxDatagramSize> in{};
+    std::array<std::uint8_t, kMaxDatagramSize> out{};
+    while (!stop.load(std::memory_order_relaxed)) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      sockaddr_in from{};
+      socklen_t from_length = sizeof from;
+      const ssize_t n =
+          ::recvfrom(fd, in.data(), in.size(), 0, reinterpret_cast<sockaddr*>(&from), &from_length);
+      Datagram request;
+      if (n <= 0 || decode({in.data(), static_cast<std::size_t>(n)}, request) != ProtocolError::kOk)
+        continue;
+      Datagram reply;
+      reply.request_id = request.request_id;
+      reply.client_id = request.client_id;
+      Message m;
+      m.type = MessageType::kStatsReply;
+      m.request_id = request.messages[0].request_id;
+      m.first_shard = request.messages[0].first_shard;
+      m.shard_count = 4;  // and never a token
+      (void)reply.push(m);
+      std::size_t written = 0;
+      if (encode(reply, out, written) != ProtocolError::kOk) continue;
+      (void)::sendto(fd, out.data(), written, 0, reinterpret_cast<sockaddr*>(&from), from_length);
+    }
+  });
+  const ToolResult r =
+      run_tool(kCtl, {"--server", "127.0.0.1:" + std::to_string(ntohs(address.sin_port)),
+                      "--timeout", "1s", "stats"});
+  stop.store(true, std::memory_order_relaxed);
+  server.join();
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 5) << r.out << r.err;
+  EXPECT_EQ(parsed(r)["nodes"].items.at(0)["error"].text, "incomplete");
+  EXPECT_NE(r.err.find("0 of 4 shard tokens"), std::string::npos) << r.err;
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 #include "common/command_line.h"
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <iostream>
 
@@ -26,7 +28,18 @@ std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, std:
 int run_main(std::string_view tool, int failure_status, int (*run)(int, char**), int argc,
              char** argv) noexcept {
   try {
-    return run(argc, argv);
+    const int status = run(argc, argv);
+    // What a tool prints is its result: output lost to a full disk or a bad
+    // descriptor must not pass for success.
+    std::cout.flush();
+    errno = 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0 || !std::cout) {
+      std::fprintf(stderr, "%.*s: cannot write the output to stdout%s%s\n",
+                   static_cast<int>(tool.size()), tool.data(), errno != 0 ? ": " : "",
+                   errno != 0 ? std::strerror(errno) : "");
+      return status == 0 ? failure_status : status;
+    }
+    return status;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%.*s: fatal: %s\n", static_cast<int>(tool.size()), tool.data(), e.what());
   } catch (...) {

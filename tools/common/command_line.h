@@ -29,6 +29,8 @@ int usage_error(std::string_view tool, std::string_view message);
 // What main() returns: run(argc, argv), or `failure_status` when an exception
 // escapes it (allocation failure, in practice), after printing
 // "<tool>: fatal: <what>" on stderr rather than calling std::terminate().
+// Also `failure_status` in place of a 0 when stdout could not be written
+// (flushed here; e.g. a full disk), after saying so on stderr.
 int run_main(std::string_view tool, int failure_status, int (*run)(int, char**), int argc,
              char** argv) noexcept;
 
