@@ -320,6 +320,14 @@ std::string_view to_string(ViolationKind kind) noexcept {
   return "unknown";
 }
 
+std::uint64_t CheckReport::grants() const {
+  std::uint64_t n = 0;
+  for (const auto& [name, count] : operations) {
+    if (name.ends_with("acquire ok")) n += count;
+  }
+  return n;
+}
+
 bool CheckReport::ok() const {
   return std::all_of(violation_counts.begin(), violation_counts.end(),
                      [](const auto& entry) { return entry.second == 0; });

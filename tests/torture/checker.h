@@ -102,6 +102,12 @@ struct CheckReport {
   bool liveness_checked = false;
 
   [[nodiscard]] bool ok() const;
+  // Grants received, of every kind (the "... acquire ok" operations).
+  [[nodiscard]] std::uint64_t grants() const;
+  // False for a history that is no evidence either way: no grant at all, or
+  // no healed event (liveness not judged). A harness must not report such a
+  // run as a pass.
+  [[nodiscard]] bool judged_something() const { return grants() > 0 && liveness_checked; }
   [[nodiscard]] std::string text() const;  // a readable summary table
   [[nodiscard]] std::string json() const;  // one JSON object, one line
 };

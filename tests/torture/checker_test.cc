@@ -140,6 +140,30 @@ TEST(Checker, EmptyHistoryIsOk) {
   EXPECT_EQ(report.violation_counts.size(), 9u);  // every kind, at zero
 }
 
+// A history without grants, or without a healed event, has no violation
+// and yet proves nothing: the harness must not call it a pass.
+TEST(Checker, AHistoryWithoutGrantsOrAHealJudgesNothing) {
+  EXPECT_FALSE(check({}, CheckOptions{}).judged_something());
+  const std::vector<Event> refused = {
+      make(ms(0), EventKind::kHealed),
+      acquire_invoke(ms(10), 0, 1, "k", 0),
+      acquire_fail(ms(20), 0, 1, "k", "recovering"),
+  };
+  const CheckReport none = check(refused, CheckOptions{});
+  EXPECT_EQ(none.grants(), 0u);
+  EXPECT_FALSE(none.judged_something());
+  const std::vector<Event> unhealed = {
+      acquire_invoke(ms(10), 0, 1, "k"),
+      acquire_ok(ms(20), 0, 1, "k", 1, ms(500)),
+  };
+  const CheckReport granted = check(unhealed, CheckOptions{});
+  EXPECT_EQ(granted.grants(), 1u);
+  EXPECT_FALSE(granted.judged_something());
+  std::vector<Event> healed = unhealed;
+  healed.push_back(make(ms(0), EventKind::kHealed));
+  EXPECT_TRUE(check(healed, CheckOptions{}).judged_something());
+}
+
 TEST(Checker, Overlap) {
   const std::vector<Event> history = {
       acquire_invoke(ms(0), 0, 1, "k"),

@@ -399,6 +399,16 @@ int run_torture(const TortureOptions& o) {
     cleanup.path.clear();  // keep the logs it points to
     return 1;
   }
+  // A run that judged nothing is no evidence of safety: it fails, saying why,
+  // rather than printing a clean report.
+  if (!report.judged_something()) {
+    std::fprintf(stderr, "shardlock-torture: %s, so the run checked nothing; see %s\n",
+                 report.grants() == 0 ? "no client was ever granted a lease"
+                                      : "the history has no healed event (liveness was not judged)",
+                 (scratch / "worker-*.err").c_str());
+    cleanup.path.clear();  // keep the logs it points to
+    return 1;
+  }
   return report.ok() ? 0 : 1;
 }
 
