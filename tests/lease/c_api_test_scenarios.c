@@ -291,11 +291,11 @@ const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void
   atomic_init(&lost_record.calls, 0);
   CHECK_STATUS(shardlock_client_create(server, NULL, 300, &client), SHARDLOCK_OK);
 
-  /* The watchdog keeps a 400 ms lease across several TTLs. */
-  CHECK_STATUS(shardlock_acquire(client, "c-api/kept", 400, 0, SHARDLOCK_EXCLUSIVE, 0,
+  /* The watchdog keeps a 600 ms lease across three TTLs. */
+  CHECK_STATUS(shardlock_acquire(client, "c-api/kept", 600, 0, SHARDLOCK_EXCLUSIVE, 0,
                                  SHARDLOCK_WATCHDOG, record_lost, &kept_record, &kept),
                SHARDLOCK_OK);
-  sleep_ms(1500);
+  sleep_ms(1800);
   CHECK(shardlock_lease_valid(kept) == 1);
   CHECK(atomic_load(&kept_record.calls) == 0);
   CHECK_STATUS(shardlock_lease_release(kept), SHARDLOCK_OK);
