@@ -5,11 +5,12 @@ set(SHARDLOCK_WARNINGS "" CACHE STRING
   "Warning flags for shardlock's own targets (set by the developer presets; never PUBLIC)")
 option(SHARDLOCK_JEMALLOC "Link jemalloc into shardlockd, shardlock-bench and the other tools" ON)
 
-# shardlock_apply_warnings(<target>): the preset's warnings, PRIVATE only.
+# shardlock_apply_warnings(<target>): the preset's warnings, PRIVATE only, on
+# C++ sources (some, such as -Wnon-virtual-dtor, mean nothing to C).
 function(shardlock_apply_warnings target)
   if(SHARDLOCK_WARNINGS)
     separate_arguments(flags UNIX_COMMAND "${SHARDLOCK_WARNINGS}")
-    target_compile_options(${target} PRIVATE ${flags})
+    target_compile_options(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:${flags}>")
   endif()
 endfunction()
 

@@ -1,0 +1,637 @@
+"""Client and Lease: shardlock leases from Python over UDP, no C++ involved.
+
+The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
+
+* One UDP socket and one random 128-bit client id per Client. The id owns
+  every lease the client takes: two Clients exclude each other, two threads
+  of one Client do not.
+* A receiver thread matches replies to calls by request id (and checks the
+  reply type and key, so a stray datagram completes nothing). The calling
+  thread sends and retransmits its own request with the SAME request id, after
+  20 ms doubling to 400 ms, each interval jittered by +-25%, until the call's
+  deadline (the request timeout plus an acquire's wait); the server's dedup
+  cache answers a retransmission, so a lost GRANTED never becomes a second
+  grant.
+* Expiry as the client sees it: the send time of the first transmission of
+  the granting (or renewing) request plus the TTL granted, minus a drift
+  margin (1% of the TTL + 2 ms), on CLOCK_BOOTTIME. It errs early.
+* A watchdog thread (started with the first lease that needs it) renews each
+  watched lease at ttl/3 after its last confirmed send, retrying until the
+  expiry, and calls on_lost exactly once when a lease is lost. It renews one
+  lease at a time.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+import weakref
+from typing import Callable, Dict, List, Optional, Tuple, Union
+
+from . import protocol as p
+from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
+                     LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
+                     ServerError, ShardlockError, UnreachableError, WaitTimeoutError)
+
+if hasattr(time, "CLOCK_BOOTTIME"):
+    def _now() -> float:
+        """Seconds on CLOCK_BOOTTIME, which keeps counting through a suspend
+        (as the server's lease deadlines do)."""
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+else:  # pragma: no cover - not Linux
+    _now = time.monotonic
+
+Key = Union[str, bytes]
+OnLost = Callable[["Lease", ShardlockError], None]
+
+_HELD, _LOST, _RELEASED = "held", "lost", "released"
+
+
+def _parse_server(text: str) -> Tuple[str, int]:
+    """"HOST:PORT" or "[IPv6]:PORT"."""
+    if text.startswith("["):
+        host, sep, port = text[1:].partition("]:")
+    else:
+        host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError("server address must be HOST:PORT or [IPV6]:PORT, not %r" % text)
+    return host, int(port)
+
+
+def _key_bytes(key: Key) -> bytes:
+    data = key.encode("utf-8") if isinstance(key, str) else bytes(key)
+    if not p.MIN_KEY_LENGTH <= len(data) <= p.MAX_KEY_LENGTH:
+        raise ValueError("a key must be 1..256 bytes, not %d" % len(data))
+    return data
+
+
+def _to_ms(seconds: float, name: str, allow_zero: bool) -> int:
+    ms = int(round(seconds * 1000))
+    if ms < (0 if allow_zero else 1) or ms > 0xFFFFFFFF:
+        raise ValueError("%s out of range: %r s" % (name, seconds))
+    return ms
+
+
+class _Call:
+    __slots__ = ("message", "done", "reply")
+
+    def __init__(self, message: p.Message) -> None:
+        self.message = message
+        self.done = threading.Event()
+        self.reply: Optional[p.Message] = None
+
+
+class QueryResult:
+    """A QUERY answer: whether the key is held, how, and by how many."""
+
+    def __init__(self, m: p.Message) -> None:
+        self.held = bool(m.held)
+        self.token = m.token  # the newest grant's
+        self.ttl_left_ms = m.ttl_ms  # the longest any holder has left
+        self.waiters = m.waiters
+        self.mode = ("exclusive", "shared", "permit")[m.mode]
+        self.holders = m.holders
+        self.permits = m.permits
+
+    def __repr__(self) -> str:
+        return ("QueryResult(held=%r, token=%d, ttl_left_ms=%d, waiters=%d, mode=%r, holders=%d)"
+                % (self.held, self.token, self.ttl_left_ms, self.waiters, self.mode, self.holders))
+
+
+class Lease:
+    """A held lease: key, fencing token and the expiry the client can prove.
+
+    A context manager: leaving the `with` block releases it, and raises
+    LeaseLostError if the lease was lost while the block ran (unless another
+    exception is already on its way). Its methods may be called from any
+    thread. A Lease that is garbage collected while held sends one RELEASE
+    (best effort); with the watchdog on, keep a reference to it.
+    """
+
+    def __init__(self, client: "Client", key: bytes, token: int, mode: int, ttl_ms: int,
+                 expiry: float, sent: float, watchdog: bool, on_lost: Optional[OnLost],
+                 renew_fraction: float) -> None:
+        self._client = client
+        self._key = key
+        self._token = token
+        self._mode = mode
+        self._on_lost = on_lost
+        self._watchdog = watchdog
+        self._renew_fraction = renew_fraction
+        self._lock = threading.Lock()
+        # Held by the watchdog while it runs on_lost; release() takes it, so
+        # no callback outlives a release().
+        self._callback_lock = threading.Lock()
+        # All below under _lock.
+        self._status = _HELD
+        self._lost_reason: Optional[ShardlockError] = None
+        self._lost_fired = False
+        self._ttl_ms = ttl_ms
+        self._expiry = expiry
+        self._confirmed_sent = sent  # send time of the last confirmed grant or renewal
+        self._confirmed_id = 0  # request id of the last applied renewal
+        self._pending: Dict[int, Tuple[float, int]] = {}  # renewal id -> (sent, ttl_ms)
+
+    # ---- accessors ------------------------------------------------------
+
+    @property
+    def key(self) -> str:
+        return self._key.decode("utf-8", errors="replace")
+
+    @property
+    def key_bytes(self) -> bytes:
+        return self._key
+
+    @property
+    def token(self) -> int:
+        """The fencing token: pass it to the resource, which rejects older ones."""
+        return self._token
+
+    @property
+    def mode(self) -> str:
+        return ("exclusive", "shared", "permit")[self._mode]
+
+    @property
+    def ttl(self) -> float:
+        """The TTL (seconds) the last grant or renewal asked for."""
+        with self._lock:
+            return self._ttl_ms / 1000.0
+
+    @property
+    def valid(self) -> bool:
+        """True while held, not lost, and the client-side expiry is ahead."""
+        with self._lock:
+            return self._status == _HELD and _now() < self._expiry
+
+    def remaining(self) -> float:
+        """Seconds until the client-side expiry; 0 once passed, released or lost."""
+        with self._lock:
+            if self._status != _HELD:
+                return 0.0
+            return max(0.0, self._expiry - _now())
+
+    # ---- calls ------------------------------------------------------------
+
+    def renew(self, ttl: Optional[float] = None) -> None:
+        """RENEW for `ttl` seconds (None: the current TTL). Blocks up to the
+        request timeout. NotOwnerError / LeaseExpiredError mean the lease is
+        lost (on_lost fires); LeaseInactiveError that it was already."""
+        with self._lock:
+            if self._status != _HELD:
+                raise LeaseInactiveError("the lease on %r is not held" % self.key)
+            ttl_ms = self._ttl_ms if ttl is None else _to_ms(ttl, "ttl", False)
+        self._renew_once(ttl_ms, self._client.request_timeout)
+
+    def release(self) -> None:
+        """RELEASE, waiting for the answer. The lease is inactive afterwards
+        whatever the answer, and on_lost will not fire (if it is running,
+        this waits for it, unless called from it). Raises LeaseInactiveError
+        if it was released before, NotOwnerError / LeaseExpiredError if the
+        server no longer had it, UnreachableError without an answer."""
+        if not self._close():
+            raise LeaseInactiveError("the lease on %r was released already" % self.key)
+        reply = self._client._call(p.Message(type=p.RELEASE, key=self._key, token=self._token))
+        if reply is None:
+            raise UnreachableError("no answer to RELEASE of %r" % self.key)
+        _raise_for_reply(reply, self.key)
+
+    def __enter__(self) -> "Lease":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        with self._lock:
+            lost = self._lost_reason if self._status == _LOST else None
+        try:
+            self.release()
+        except ShardlockError:
+            pass  # it expires on the server at the latest; loss is reported below
+        if lost is not None and exc_type is None:
+            raise LeaseLostError(self.key, lost)
+
+    def __del__(self) -> None:
+        try:
+            if self._close():
+                self._client._send_once(p.Message(type=p.RELEASE, key=self._key,
+                                                  token=self._token))
+        except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to do
+            pass
+
+    def __repr__(self) -> str:
+        return "Lease(key=%r, token=%d, mode=%s, valid=%r)" % (
+            self.key, self._token, self.mode, self.valid)
+
+    # ---- internals ----------------------------------------------------------
+
+    def _close(self) -> bool:
+        """Marks the lease released; True if it was not released before.
+        Waits for a running callback unless on the watchdog thread."""
+        with self._lock:
+            was_open = self._status != _RELEASED
+            self._status = _RELEASED
+        if not self._client._on_watchdog_thread():
+            with self._callback_lock:
+                pass
+        return was_open
+
+    def _margin(self, ttl_ms: int) -> float:
+        return self._client._drift_margin(ttl_ms)
+
+    def _renew_once(self, ttl_ms: int, timeout: float) -> None:
+        """One RENEW call and its bookkeeping (see client.h: renewals never
+        push the expiry past what the server may hold)."""
+        message = p.Message(type=p.RENEW, key=self._key, token=self._token, ttl_ms=ttl_ms)
+        request_id = self._client._new_request_id()
+        sent = _now()
+        with self._lock:
+            self._pending[request_id] = (sent, ttl_ms)
+            self._ttl_ms = ttl_ms
+            # The server may apply a shorter TTL at any moment: pull in now.
+            self._expiry = min(self._expiry, sent + ttl_ms / 1000.0 - self._margin(ttl_ms))
+        reply = self._client._call(message, timeout=timeout, request_id=request_id, sent=sent)
+        with self._lock:
+            self._pending.pop(request_id, None)
+            if reply is not None and reply.type == p.RENEWED:
+                if request_id > self._confirmed_id:
+                    self._confirmed_id = request_id
+                    expiry = sent + reply.ttl_ms / 1000.0 - self._margin(reply.ttl_ms)
+                    for newer_id, (newer_sent, newer_ttl) in self._pending.items():
+                        if newer_id > request_id:
+                            expiry = min(expiry, newer_sent + newer_ttl / 1000.0 -
+                                         self._margin(newer_ttl))
+                    if self._status == _HELD:
+                        self._expiry = expiry
+                        self._confirmed_sent = sent
+                return
+        if reply is None:
+            raise UnreachableError("no answer to RENEW of %r" % self.key)
+        try:
+            _raise_for_reply(reply, self.key)
+        except (NotOwnerError, LeaseExpiredError, ServerError) as error:
+            self._mark_lost(error)
+            raise
+
+    def _mark_lost(self, reason: ShardlockError) -> None:
+        with self._lock:
+            if self._status != _HELD:
+                return
+            self._status = _LOST
+            self._lost_reason = reason
+        self._client._watchdog_nudge()
+
+    def _fire_lost(self) -> None:
+        """On the watchdog thread: on_lost, once, unless released meanwhile."""
+        with self._callback_lock:
+            with self._lock:
+                if self._status != _LOST or self._lost_fired:
+                    return
+                self._lost_fired = True
+                reason = self._lost_reason
+            if self._on_lost is not None and reason is not None:
+                try:
+                    self._on_lost(self, reason)
+                except Exception:  # noqa: BLE001 - a callback's bug must not stop the watchdog
+                    pass
+
+    def _watch_step(self, now: float) -> Optional[float]:
+        """The watchdog's look at this lease: renews it if due, marks it lost
+        if its expiry passed, fires on_lost. Returns when to look again, or
+        None to stop watching."""
+        with self._lock:
+            status = self._status
+            expiry = self._expiry
+            due = self._confirmed_sent + self._ttl_ms / 1000.0 * self._renew_fraction
+            ttl_ms = self._ttl_ms
+        if status == _RELEASED:
+            return None
+        if status == _HELD and now >= expiry:
+            self._mark_lost(LeaseExpiredError(
+                "the lease on %r expired with no confirmed renewal" % self.key))
+            status = _LOST
+        if status == _LOST:
+            self._fire_lost()
+            return None
+        if self._watchdog and now >= due:
+            try:
+                # Retried until the expiry (later the lease is lost anyway),
+                # one request timeout at a time so other leases get a turn.
+                self._renew_once(ttl_ms, max(0.001, min(expiry - now,
+                                                        self._client.request_timeout)))
+            except ShardlockError:
+                pass  # lost (marked) or unanswered (the expiry will tell)
+            return _now()
+        return min(expiry, due) if self._watchdog else expiry
+
+
+def _raise_for_reply(reply: p.Message, key: str) -> None:
+    """Raises the error a non-success reply means; returns on success."""
+    t = reply.type
+    if t in (p.GRANTED, p.RENEWED, p.RELEASED, p.QUERY_REPLY):
+        return
+    if t == p.BUSY:
+        raise BusyError(key, reply.ttl_ms)
+    if t == p.TIMEOUT:
+        raise WaitTimeoutError("the wait for %r ran out" % key)
+    if t == p.RECOVERING:
+        raise RecoveringError(reply.retry_after_ms)
+    if t == p.NOT_OWNER:
+        raise NotOwnerError("%r is held by another owner" % key)
+    if t == p.EXPIRED:
+        raise LeaseExpiredError("the server no longer has the lease on %r" % key)
+    if t == p.ERROR:
+        raise ServerError(reply.error, p.WIRE_ERRORS.get(reply.error, "unknown error"))
+    raise ShardlockError("unexpected reply %s" % p.type_name(t))
+
+
+class Client:
+    """A shardlock lease client for one server.
+
+        client = Client("127.0.0.1:7420")
+        with client.lock("orders/42", ttl=30) as lease:
+            storage.write(data, fence=lease.token)
+
+    `server`: "HOST:PORT" or "[IPV6]:PORT" (default: $SHARDLOCK_SERVER).
+    Times are in seconds. Thread-safe. Close it (or use it as a context
+    manager) to stop its threads; leases still alive then become inert and
+    expire on the server after their TTL.
+    """
+
+    def __init__(self, server: Optional[str] = None, *, request_timeout: float = 2.0,
+                 initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
+                 clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
+                 client_id: Optional[bytes] = None) -> None:
+        server = server or os.environ.get("SHARDLOCK_SERVER")
+        if not server:
+            raise ValueError("no server: pass HOST:PORT or set SHARDLOCK_SERVER")
+        if "," in server:
+            raise ValueError("this client speaks to one server; routing over several "
+                             "nodes is not implemented")
+        if not 0 <= clock_drift_factor < 1:
+            raise ValueError("clock_drift_factor must be in [0, 1)")
+        host, port = _parse_server(server)
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        self.server = server
+        self.request_timeout = request_timeout
+        self._address = address
+        self._initial_retransmit = initial_retransmit
+        self._max_retransmit = max_retransmit
+        self._drift_factor = clock_drift_factor
+        self._drift_allowance = clock_drift_allowance
+        raw_id = client_id if client_id is not None else os.urandom(16)
+        if len(raw_id) != 16:
+            raise ValueError("client_id must be 16 bytes")
+        self._client_id = (int.from_bytes(raw_id[:8], "little"),
+                           int.from_bytes(raw_id[8:], "little"))
+        # Request ids start at the wall-clock millisecond << 20 plus 20
+        # random bits, as the C++ client's: a later process acting for the
+        # same owner neither collides in the server's dedup cache nor sends
+        # ids below ones the server applied (older ids are stale to it).
+        self._next_id = ((int(time.time() * 1000) << 20) | random.getrandbits(20)) \
+            & 0xFFFFFFFFFFFFFFFF
+        self._random = random.Random()
+        self._lock = threading.Lock()
+        self._calls: Dict[int, _Call] = {}
+        self._closed = False
+        self._socket = socket.socket(family, socket.SOCK_DGRAM)
+        self._socket.settimeout(0.1)  # the receiver checks _closed this often
+        self._receiver = threading.Thread(target=self._receive_loop,
+                                          name="shardlock-receiver", daemon=True)
+        self._receiver.start()
+        self._watch_cond = threading.Condition()
+        self._watched: List["weakref.ReferenceType[Lease]"] = []
+        self._watch_changed = False  # under _watch_cond: look again before sleeping
+        self._watchdog: Optional[threading.Thread] = None
+
+    # ---- public -------------------------------------------------------------
+
+    @property
+    def client_id(self) -> str:
+        """The owner identity: 32 hex digits, hi then lo (as shardlockctl)."""
+        lo, hi = self._client_id
+        return "%016x%016x" % (hi, lo)
+
+    def acquire(self, key: Key, ttl: float, wait: float = 0, *, shared: bool = False,
+                permits: int = 0, watchdog: bool = True, on_lost: Optional[OnLost] = None,
+                renew_fraction: float = 1.0 / 3.0) -> Lease:
+        """Takes `key` for `ttl` seconds, waiting up to `wait` seconds for a
+        holder to let go (0: BusyError at once). Exclusive by default;
+        `shared=True` for a shared lease; `permits=N` for one of N permits
+        (a counting semaphore). With `watchdog` the lease renews itself at
+        renew_fraction x ttl; `on_lost(lease, reason)` runs once, on the
+        watchdog thread, if the lease is lost.
+
+        Blocks at most wait + request_timeout. Raises BusyError,
+        WaitTimeoutError, UnreachableError, RecoveringError, ServerError or
+        GrantExpiredError; ValueError for bad arguments. The Lease returned
+        is valid."""
+        data = _key_bytes(key)
+        ttl_ms = _to_ms(ttl, "ttl", False)
+        wait_ms = _to_ms(wait, "wait", True)
+        if not 0 < renew_fraction < 1:
+            raise ValueError("renew_fraction must be in (0, 1)")
+        if permits:
+            if shared:
+                raise ValueError("a lease is shared or one of permits, not both")
+            if not 1 <= permits <= p.MAX_PERMITS:
+                raise ValueError("permits must be 1..65535")
+            message = p.Message(type=p.ACQUIRE_PERMIT, key=data, ttl_ms=ttl_ms,
+                                wait_ms=wait_ms, permits=permits)
+            mode = p.MODE_PERMIT
+        else:
+            message = p.Message(type=p.ACQUIRE_SHARED if shared else p.ACQUIRE, key=data,
+                                ttl_ms=ttl_ms, wait_ms=wait_ms)
+            mode = p.MODE_SHARED if shared else p.MODE_EXCLUSIVE
+        sent = _now()
+        reply = self._call(message, timeout=self.request_timeout + wait_ms / 1000.0, sent=sent)
+        key_text = data.decode("utf-8", errors="replace")
+        if reply is None:
+            raise UnreachableError("no answer from %s to ACQUIRE %r" % (self.server, key_text))
+        _raise_for_reply(reply, key_text)
+        expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
+        if _now() >= expiry:
+            self._call(p.Message(type=p.RELEASE, key=data, token=reply.token))
+            raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
+        lease = Lease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
+                      on_lost, renew_fraction)
+        if watchdog or on_lost is not None:
+            self._watch(lease)
+        return lease
+
+    def lock(self, key: Key, ttl: float = 30, wait: float = 0, **options) -> Lease:
+        """An exclusive lease, for `with client.lock(key, ttl=30) as lease:`.
+        As acquire()."""
+        return self.acquire(key, ttl, wait, **options)
+
+    def lock_shared(self, key: Key, ttl: float = 30, wait: float = 0, **options) -> Lease:
+        """A shared lease: held alongside other shared leases, never with an
+        exclusive one. As acquire()."""
+        return self.acquire(key, ttl, wait, shared=True, **options)
+
+    def query(self, key: Key) -> QueryResult:
+        """QUERY: who holds `key` and how (no lease taken)."""
+        data = _key_bytes(key)
+        reply = self._call(p.Message(type=p.QUERY, key=data))
+        if reply is None:
+            raise UnreachableError("no answer from %s to QUERY" % self.server)
+        _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
+        return QueryResult(reply)
+
+    def close(self) -> None:
+        """Stops the threads and closes the socket. Calls in flight raise
+        ClientClosedError. Must not be called from an on_lost callback."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            calls = list(self._calls.values())
+        for call in calls:
+            call.done.set()
+        with self._watch_cond:
+            self._watch_cond.notify_all()
+        if self._watchdog is not None and self._watchdog is not threading.current_thread():
+            self._watchdog.join()
+        self._receiver.join()
+        self._socket.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    # ---- calls ------------------------------------------------------------
+
+    def _drift_margin(self, ttl_ms: int) -> float:
+        return self._drift_factor * ttl_ms / 1000.0 + self._drift_allowance
+
+    def _new_request_id(self) -> int:
+        with self._lock:
+            request_id = self._next_id
+            self._next_id = (self._next_id + 1) & 0xFFFFFFFFFFFFFFFF
+            return request_id
+
+    def _send_once(self, message: p.Message) -> None:
+        """One datagram, no answer awaited (a best-effort RELEASE)."""
+        if self._closed:
+            return
+        message.request_id = self._new_request_id()
+        try:
+            self._socket.sendto(p.encode_request(message, self._client_id), self._address)
+        except OSError:
+            pass
+
+    def _call(self, message: p.Message, timeout: Optional[float] = None,
+              request_id: Optional[int] = None, sent: Optional[float] = None
+              ) -> Optional[p.Message]:
+        """Sends `message` and retransmits it (same request id) until it is
+        answered or `timeout` seconds pass; returns the reply, or None.
+        Raises ClientClosedError if the client is closed."""
+        message.request_id = self._new_request_id() if request_id is None else request_id
+        data = p.encode_request(message, self._client_id)
+        call = _Call(message)
+        with self._lock:
+            if self._closed:
+                raise ClientClosedError("the client is closed")
+            self._calls[message.request_id] = call
+        start = _now() if sent is None else sent
+        deadline = start + (self.request_timeout if timeout is None else timeout)
+        interval = self._initial_retransmit
+        try:
+            while True:
+                try:
+                    self._socket.sendto(data, self._address)
+                except OSError:
+                    pass  # as a lost datagram: retransmitted
+                left = deadline - _now()
+                if left <= 0:
+                    return None
+                jittered = interval * self._random.uniform(0.75, 1.25)
+                if call.done.wait(min(jittered, left)):
+                    if self._closed and call.reply is None:
+                        raise ClientClosedError("the client is closed")
+                    return call.reply
+                interval = min(interval * 2, self._max_retransmit)
+        finally:
+            with self._lock:
+                self._calls.pop(message.request_id, None)
+
+    def _receive_loop(self) -> None:
+        while not self._closed:
+            try:
+                data = self._socket.recv(p.MAX_DATAGRAM_SIZE + 64)
+            except socket.timeout:
+                continue
+            except OSError:
+                if self._closed:
+                    return
+                time.sleep(0.01)  # e.g. ECONNREFUSED from an ICMP error: keep going
+                continue
+            try:
+                datagram = p.decode(data)
+            except p.ProtocolError:
+                continue  # not a reply this client can read: completes nothing
+            for reply in datagram.messages:
+                with self._lock:
+                    call = self._calls.get(reply.request_id)
+                if call is None or call.done.is_set():
+                    continue
+                request = call.message
+                if not p.reply_answers(request.type, reply.type):
+                    continue
+                if p.reply_carries_key(reply.type) and reply.key != request.key:
+                    continue
+                call.reply = reply
+                call.done.set()
+
+    # ---- the watchdog -------------------------------------------------------
+
+    def _on_watchdog_thread(self) -> bool:
+        return self._watchdog is not None and self._watchdog is threading.current_thread()
+
+    def _watch(self, lease: Lease) -> None:
+        with self._watch_cond:
+            self._watched.append(weakref.ref(lease))
+            self._watch_changed = True
+            if self._watchdog is None:
+                self._watchdog = threading.Thread(target=self._watchdog_loop,
+                                                  name="shardlock-watchdog", daemon=True)
+                self._watchdog.start()
+            self._watch_cond.notify_all()
+
+    def _watchdog_nudge(self) -> None:
+        with self._watch_cond:
+            self._watch_changed = True
+            self._watch_cond.notify_all()
+
+    def _watchdog_loop(self) -> None:
+        while not self._closed:
+            with self._watch_cond:
+                refs = list(self._watched)
+                self._watch_changed = False
+            wake = _now() + 1.0
+            finished = []
+            for ref in refs:
+                lease = ref()
+                if lease is None:
+                    finished.append(ref)
+                    continue
+                try:
+                    when = lease._watch_step(_now())
+                except ClientClosedError:
+                    return
+                if when is None:
+                    finished.append(ref)
+                else:
+                    wake = min(wake, when)
+                del lease
+            with self._watch_cond:
+                for ref in finished:
+                    self._watched.remove(ref)
+                if self._closed:
+                    return
+                delay = wake - _now()
+                # A lease added or lost during the pass was not looked at.
+                if delay > 0 and not self._watch_changed:
+                    self._watch_cond.wait(delay)

@@ -1,0 +1,314 @@
+"""The shardlock lease wire format (UDP, version 1): a pure codec.
+
+Bytes in, a message or a ProtocolError out; it never touches a socket. The
+format is documented byte by byte at the top of
+include/shardlock/lease/protocol.h; this module implements the part a client
+needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
+RENEW, RELEASE, QUERY) and every reply a server sends to them, single or
+batched. Batched requests, ACQUIRE_MANY, STATS and authentication are not
+implemented.
+
+Header, 32 bytes, little-endian:
+    u32 magic 0x4B4C4853 ("SHLK"), u8 version 1, u8 flags (0), u8 type,
+    u8 count (1), u64 request_id, u64 client_id lo, u64 client_id hi
+then the body of `type` (a key is u16 length + bytes).
+
+Anti-amplification: a request must be padded with zeros up to the largest
+reply the server may send to it (max_reply_size()), or the server answers
+ERROR(REQUEST_TOO_SMALL). encode_request() pads.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+MAGIC = 0x4B4C4853
+VERSION = 1
+HEADER_SIZE = 32
+BATCH_ITEM_HEADER_SIZE = 12
+BATCH_ITEM_OWNER_SIZE = 16
+MAX_DATAGRAM_SIZE = 1400
+MAX_BATCH = 64
+MIN_KEY_LENGTH = 1
+MAX_KEY_LENGTH = 256
+MAX_PERMITS = 65535
+FLAG_AUTHENTICATED = 0x01
+ITEM_FLAG_OWNER = 0x01
+
+# Message types.
+ACQUIRE = 0x01
+RENEW = 0x02
+RELEASE = 0x03
+QUERY = 0x04
+STATS = 0x05
+ACQUIRE_SHARED = 0x06
+ACQUIRE_PERMIT = 0x07
+ACQUIRE_MANY = 0x08
+GRANTED = 0x81
+BUSY = 0x82
+TIMEOUT = 0x83
+RENEWED = 0x84
+RELEASED = 0x85
+NOT_OWNER = 0x86
+EXPIRED = 0x87
+RECOVERING = 0x88
+ERROR = 0x89
+QUERY_REPLY = 0x8A
+STATS_REPLY = 0x8B
+GRANTED_MANY = 0x8C
+BUSY_MANY = 0x8D
+BATCH = 0xFF
+
+# Lease modes (QUERY_REPLY's mode).
+MODE_EXCLUSIVE = 0
+MODE_SHARED = 1
+MODE_PERMIT = 2
+
+# WireError: the code an ERROR reply carries.
+WIRE_ERRORS = {
+    1: "unsupported protocol version",
+    2: "empty key",
+    3: "key longer than 256 bytes",
+    4: "ttl out of range",
+    5: "wait out of range",
+    6: "request datagram too small for its reply",
+    7: "not a request",
+    8: "internal server error",
+    9: "request id reused for a different request",
+    10: "a server limit is reached",
+    11: "server out of memory",
+    12: "key in use as another lease kind or permit limit",
+    13: "permits out of range",
+    14: "bad key list (none, too many, or a key twice)",
+    15: "bad lease mode",
+}
+ERROR_REQUEST_TOO_SMALL = 6
+
+# Each body field in wire order: (attribute, struct format or "key").
+_KEY = "key"
+_BODIES = {
+    ACQUIRE: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I")),
+    ACQUIRE_SHARED: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I")),
+    ACQUIRE_PERMIT: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I"), ("permits", "I")),
+    RENEW: (("key", _KEY), ("token", "Q"), ("ttl_ms", "I")),
+    RELEASE: (("key", _KEY), ("token", "Q")),
+    QUERY: (("key", _KEY),),
+    GRANTED: (("key", _KEY), ("token", "Q"), ("ttl_ms", "I")),
+    BUSY: (("key", _KEY), ("ttl_ms", "I")),
+    TIMEOUT: (("key", _KEY),),
+    RENEWED: (("key", _KEY), ("ttl_ms", "I")),
+    RELEASED: (),
+    NOT_OWNER: (),
+    EXPIRED: (),
+    RECOVERING: (("retry_after_ms", "I"),),
+    ERROR: (("error", "H"),),
+    QUERY_REPLY: (("key", _KEY), ("held", "B"), ("token", "Q"), ("ttl_ms", "I"),
+                  ("waiters", "I"), ("mode", "B"), ("holders", "I"), ("permits", "I")),
+}
+
+# What the server sends each request (kRequestReplies). The reply bound is
+# computed from exactly these; RECOVERING is also taken as an answer to the
+# others (the server's lock-delay).
+_REPLIES = {
+    ACQUIRE: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR),
+    ACQUIRE_SHARED: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR),
+    ACQUIRE_PERMIT: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR),
+    RENEW: (RENEWED, NOT_OWNER, EXPIRED, ERROR),
+    RELEASE: (RELEASED, NOT_OWNER, EXPIRED, ERROR),
+    QUERY: (QUERY_REPLY, ERROR),
+}
+_ALSO_ACCEPTED = {RENEW: (RECOVERING,), RELEASE: (RECOVERING,), QUERY: (RECOVERING,)}
+
+_NAMES = {
+    ACQUIRE: "ACQUIRE", RENEW: "RENEW", RELEASE: "RELEASE", QUERY: "QUERY",
+    STATS: "STATS", ACQUIRE_SHARED: "ACQUIRE_SHARED", ACQUIRE_PERMIT: "ACQUIRE_PERMIT",
+    ACQUIRE_MANY: "ACQUIRE_MANY", GRANTED: "GRANTED", BUSY: "BUSY", TIMEOUT: "TIMEOUT",
+    RENEWED: "RENEWED", RELEASED: "RELEASED", NOT_OWNER: "NOT_OWNER", EXPIRED: "EXPIRED",
+    RECOVERING: "RECOVERING", ERROR: "ERROR", QUERY_REPLY: "QUERY_REPLY",
+    STATS_REPLY: "STATS_REPLY", GRANTED_MANY: "GRANTED_MANY", BUSY_MANY: "BUSY_MANY",
+    BATCH: "BATCH",
+}
+
+_HEADER = struct.Struct("<IBBBBQQQ")
+_BATCH_ITEM = struct.Struct("<BBHQ")
+
+
+def type_name(message_type: int) -> str:
+    """"ACQUIRE", "GRANTED", ...; "UNKNOWN" for other values."""
+    return _NAMES.get(message_type, "UNKNOWN")
+
+
+class ProtocolError(ValueError):
+    """Bytes that are not a datagram this codec can read or write."""
+
+
+@dataclass
+class Message:
+    """One request or reply; only the fields of its type are meaningful."""
+
+    type: int
+    request_id: int = 0
+    key: bytes = b""
+    token: int = 0
+    ttl_ms: int = 0  # ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
+    wait_ms: int = 0
+    permits: int = 0
+    retry_after_ms: int = 0
+    error: int = 0
+    held: int = 0
+    waiters: int = 0
+    mode: int = 0
+    holders: int = 0
+
+
+def _body_size(message: Message) -> int:
+    n = 0
+    for _, fmt in _BODIES[message.type]:
+        n += 2 + len(message.key) if fmt == _KEY else struct.calcsize("<" + fmt)
+    return n
+
+
+def _fixed_size(message_type: int) -> Tuple[bool, int]:
+    """(carries a key, body size less the key's bytes)."""
+    keyed = False
+    n = 0
+    for _, fmt in _BODIES[message_type]:
+        if fmt == _KEY:
+            keyed = True
+            n += 2
+        else:
+            n += struct.calcsize("<" + fmt)
+    return keyed, n
+
+
+def max_reply_body(request: Message) -> int:
+    """The largest reply body the server sends to `request`
+    (max_reply_body_bound() in protocol.h): a key is counted at the
+    request's key length."""
+    largest = 0
+    for reply in _REPLIES[request.type]:
+        keyed, n = _fixed_size(reply)
+        largest = max(largest, n + (len(request.key) if keyed else 0))
+    return largest
+
+
+def max_reply_size(request: Message) -> int:
+    """The size a single-message request datagram must be padded to."""
+    return HEADER_SIZE + max_reply_body(request)
+
+
+def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = True) -> bytes:
+    """A single-message request datagram for `client_id` (lo, hi), zero-padded
+    to max_reply_size() unless `pad` is false (tests only: the server refuses
+    such a request)."""
+    if message.type not in _REPLIES:
+        raise ProtocolError("not a request type this codec encodes: %s" % type_name(message.type))
+    if len(message.key) > 0xFFFF:
+        raise ProtocolError("key too long for its u16 length")
+    lo, hi = client_id
+    out = bytearray(_HEADER.pack(MAGIC, VERSION, 0, message.type, 1, message.request_id, lo, hi))
+    for attribute, fmt in _BODIES[message.type]:
+        if fmt == _KEY:
+            out += struct.pack("<H", len(message.key)) + message.key
+        else:
+            out += struct.pack("<" + fmt, getattr(message, attribute))
+    if pad:
+        out += bytes(max(0, max_reply_size(message) - len(out)))
+    if len(out) > MAX_DATAGRAM_SIZE:
+        raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
+    return bytes(out)
+
+
+@dataclass
+class Datagram:
+    request_id: int
+    client_id: Tuple[int, int]
+    messages: List[Message]
+
+
+def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[Message, int]:
+    """Reads one body from the front of `body`; returns it and its size."""
+    fields = _BODIES.get(message_type)
+    if fields is None:
+        raise ProtocolError("unknown message type 0x%02x" % message_type)
+    m = Message(type=message_type, request_id=request_id)
+    at = 0
+    for attribute, fmt in fields:
+        if fmt == _KEY:
+            if at + 2 > len(body):
+                raise ProtocolError("truncated")
+            (length,) = struct.unpack_from("<H", body, at)
+            at += 2
+            if at + length > len(body):
+                raise ProtocolError("truncated")
+            m.key = bytes(body[at:at + length])
+            at += length
+        else:
+            size = struct.calcsize("<" + fmt)
+            if at + size > len(body):
+                raise ProtocolError("truncated")
+            (value,) = struct.unpack_from("<" + fmt, body, at)
+            setattr(m, attribute, value)
+            at += size
+    if message_type == QUERY_REPLY and (m.held > 1 or m.mode > MODE_PERMIT):
+        raise ProtocolError("bad field")
+    return m, at
+
+
+def decode(data: bytes) -> Datagram:
+    """Decodes a datagram of the message types above (single or batch).
+    Raises ProtocolError for anything else; never reads outside `data`."""
+    view = memoryview(data)
+    if len(view) < HEADER_SIZE:
+        raise ProtocolError("truncated")
+    magic, version, flags, message_type, count, request_id, lo, hi = _HEADER.unpack_from(view, 0)
+    if magic != MAGIC:
+        raise ProtocolError("bad magic")
+    if version != VERSION:
+        raise ProtocolError("unsupported version %d" % version)
+    if flags != 0:
+        raise ProtocolError("flags 0x%02x: authenticated or reserved" % flags)
+    messages = []
+    at = HEADER_SIZE
+    if message_type != BATCH:
+        if count != 1:
+            raise ProtocolError("bad count")
+        m, size = _decode_body(message_type, view[at:], request_id)
+        messages.append(m)
+        at += size
+    else:
+        if count == 0 or count > MAX_BATCH:
+            raise ProtocolError("bad count")
+        for _ in range(count):
+            if at + BATCH_ITEM_HEADER_SIZE > len(view):
+                raise ProtocolError("truncated")
+            item_type, item_flags, body_length, item_id = _BATCH_ITEM.unpack_from(view, at)
+            at += BATCH_ITEM_HEADER_SIZE
+            if item_flags & ~ITEM_FLAG_OWNER:
+                raise ProtocolError("bad item flags")
+            if item_flags & ITEM_FLAG_OWNER:
+                at += BATCH_ITEM_OWNER_SIZE  # replies never carry one; skip it
+            if at + body_length > len(view):
+                raise ProtocolError("truncated")
+            m, size = _decode_body(item_type, view[at:at + body_length], item_id)
+            if size != body_length:
+                raise ProtocolError("bad length")
+            messages.append(m)
+            at += body_length
+    if any(view[at:]):
+        raise ProtocolError("non-zero padding")
+    return Datagram(request_id=request_id, client_id=(lo, hi), messages=messages)
+
+
+def reply_answers(request_type: int, reply_type: int) -> bool:
+    """Whether a client takes `reply_type` as the answer to `request_type`."""
+    return reply_type in _REPLIES.get(request_type, ()) or \
+        reply_type in _ALSO_ACCEPTED.get(request_type, ())
+
+
+def reply_carries_key(reply_type: int) -> bool:
+    """Whether the reply carries its request's key, which a client checks."""
+    fields = _BODIES.get(reply_type, ())
+    return reply_type >= 0x80 and any(fmt == _KEY for _, fmt in fields)

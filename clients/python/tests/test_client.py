@@ -1,0 +1,316 @@
+"""The Python client against a real shardlockd, with no C++ on the client
+side: the package's own codec and socket.
+
+The daemon's path comes from $SHARDLOCKD (ctest sets it); without it these
+tests are skipped. Each test class starts its own daemon on 127.0.0.1:0 with
+--lock-delay 0 and reads the port from its JSON ready line.
+"""
+
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import shardlock  # noqa: E402
+from shardlock import protocol as p  # noqa: E402
+
+DAEMON = os.environ.get("SHARDLOCKD")
+
+
+class Daemon:
+    """shardlockd as a child process."""
+
+    def __init__(self):
+        if not DAEMON:
+            raise unittest.SkipTest("set SHARDLOCKD to the shardlockd binary")
+        if not os.access(DAEMON, os.X_OK):
+            raise AssertionError("SHARDLOCKD=%s is not an executable" % DAEMON)
+        self.stderr = tempfile.TemporaryFile()
+        self.process = subprocess.Popen(
+            [DAEMON, "--listen", "127.0.0.1:0", "--lock-delay", "0", "--shards", "4"],
+            stdout=subprocess.PIPE, stderr=self.stderr)
+        ready, _, _ = select.select([self.process.stdout], [], [], 30)
+        line = self.process.stdout.readline() if ready else b""
+        if not line:
+            self.kill()
+            self.stderr.seek(0)
+            raise AssertionError("shardlockd did not start: %s" % self.stderr.read().decode())
+        event = json.loads(line)
+        assert event["event"] == "ready", line
+        self.port = event["port"]
+        self.address = "127.0.0.1:%d" % self.port
+
+    def kill(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGKILL)
+        self.process.wait()
+        self.process.stdout.close()
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self.kill()
+        self.stderr.close()
+
+
+def wait_until(predicate, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+class ServerTestCase(unittest.TestCase):
+    def setUp(self):
+        self.daemon = Daemon()
+        self.clients = []
+
+    def tearDown(self):
+        for client in self.clients:
+            client.close()
+        self.daemon.stop()
+
+    def client(self, **options):
+        c = shardlock.Client(self.daemon.address, **options)
+        self.clients.append(c)
+        return c
+
+
+class Locks(ServerTestCase):
+    def test_lock_and_unlock(self):
+        a = self.client()
+        with a.lock("py/a", ttl=5) as lease:
+            self.assertTrue(lease.valid)
+            self.assertGreater(lease.token, 0)
+            self.assertEqual(lease.key, "py/a")
+            self.assertEqual(lease.mode, "exclusive")
+            self.assertTrue(4 < lease.remaining() <= 5)
+            q = a.query("py/a")
+            self.assertTrue(q.held)
+            self.assertEqual(q.token, lease.token)
+        self.assertFalse(lease.valid)
+        self.assertEqual(lease.remaining(), 0)
+        self.assertFalse(a.query("py/a").held)
+        with self.assertRaises(shardlock.LeaseInactiveError):
+            lease.release()
+
+    def test_busy_from_a_second_client(self):
+        a, b = self.client(), self.client()
+        self.assertNotEqual(a.client_id, b.client_id)
+        with a.lock("py/busy", ttl=5):
+            with self.assertRaises(shardlock.BusyError) as busy:
+                b.lock("py/busy", ttl=5)
+            self.assertGreater(busy.exception.holder_ttl_left_ms, 0)
+            with self.assertRaises(shardlock.WaitTimeoutError):
+                b.lock("py/busy", ttl=5, wait=0.2)
+        with b.lock("py/busy", ttl=5) as lease:
+            self.assertTrue(lease.valid)
+
+    def test_a_waiting_acquire_is_handed_the_lease(self):
+        a, b = self.client(), self.client()
+        held = a.lock("py/handoff", ttl=5)
+        got = {}
+
+        def waiter():
+            got["lease"] = b.lock("py/handoff", ttl=5, wait=5)
+
+        thread = threading.Thread(target=waiter)
+        thread.start()
+        self.assertTrue(wait_until(lambda: a.query("py/handoff").waiters == 1))
+        held.release()
+        thread.join(10)
+        self.assertGreater(got["lease"].token, held.token)
+        got["lease"].release()
+
+    def test_shared_leases_coexist(self):
+        a, b, c = self.client(), self.client(), self.client()
+        with a.lock_shared("py/shared", ttl=5) as ra, b.lock_shared("py/shared", ttl=5) as rb:
+            self.assertEqual(ra.mode, "shared")
+            self.assertNotEqual(ra.token, rb.token)
+            q = c.query("py/shared")
+            self.assertEqual((q.held, q.mode, q.holders), (True, "shared", 2))
+            with self.assertRaises(shardlock.BusyError):
+                c.lock("py/shared", ttl=5)
+        with c.lock("py/shared", ttl=5):
+            with self.assertRaises(shardlock.BusyError):
+                a.lock_shared("py/shared", ttl=5)
+
+    def test_permits(self):
+        a, b, c = self.client(), self.client(), self.client()
+        with a.lock("py/permits", ttl=5, permits=2), b.lock("py/permits", ttl=5, permits=2):
+            with self.assertRaises(shardlock.BusyError):
+                c.lock("py/permits", ttl=5, permits=2)
+            with self.assertRaises(shardlock.ServerError) as error:
+                c.lock("py/permits", ttl=5, permits=3)
+            self.assertEqual(error.exception.code, 12)  # kLeaseKindMismatch
+
+    def test_tokens_rise(self):
+        clients = [self.client(), self.client()]
+        tokens = []
+        for i in range(6):
+            with clients[i % 2].lock("py/tokens", ttl=5) as lease:
+                tokens.append(lease.token)
+        self.assertEqual(tokens, sorted(set(tokens)))
+
+    def test_renew_and_explicit_ttl(self):
+        a = self.client()
+        lease = a.acquire("py/renew", ttl=5, watchdog=False)
+        lease.renew(2)
+        self.assertLessEqual(lease.remaining(), 2)
+        self.assertEqual(lease.ttl, 2)
+        lease.renew()
+        lease.release()
+        with self.assertRaises(shardlock.LeaseInactiveError):
+            lease.renew()
+
+    def test_bad_arguments_raise_value_error(self):
+        a = self.client()
+        for kwargs in (dict(key="", ttl=1), dict(key="k" * 257, ttl=1), dict(key="k", ttl=0),
+                       dict(key="k", ttl=1, wait=-1), dict(key="k", ttl=1, permits=70000),
+                       dict(key="k", ttl=1, permits=2, shared=True)):
+            with self.subTest(**{k: str(v)[:10] for k, v in kwargs.items()}):
+                with self.assertRaises(ValueError):
+                    a.acquire(**kwargs)
+        with self.assertRaises(ValueError):
+            shardlock.Client("no-port")
+        # Above the server's --max-ttl (60 s by default): the server's ERROR.
+        with self.assertRaises(shardlock.ServerError) as error:
+            a.lock("py/k", ttl=3600)
+        self.assertEqual(error.exception.code, 4)
+
+
+class Watchdog(ServerTestCase):
+    def test_the_watchdog_keeps_a_one_second_lease_past_three_seconds(self):
+        a, b = self.client(), self.client()
+        lost = []
+        with a.lock("py/watched", ttl=1, on_lost=lambda lease, why: lost.append(why)) as lease:
+            time.sleep(3.2)
+            self.assertTrue(lease.valid)
+            with self.assertRaises(shardlock.BusyError):
+                b.lock("py/watched", ttl=1)
+        self.assertEqual(lost, [])
+
+    def test_on_lost_fires_once_when_the_server_is_killed(self):
+        a = self.client(request_timeout=0.5)
+        calls = []
+        fired = threading.Event()
+
+        def on_lost(lease, reason):
+            calls.append((lease.key, reason, threading.current_thread().name))
+            fired.set()
+
+        with self.assertRaises(shardlock.LeaseLostError) as lost:
+            with a.lock("py/lost", ttl=1, on_lost=on_lost) as lease:
+                self.daemon.kill()
+                self.assertTrue(fired.wait(5))
+                self.assertFalse(lease.valid)
+                time.sleep(0.5)
+        self.assertEqual(len(calls), 1)
+        key, reason, thread_name = calls[0]
+        self.assertEqual(key, "py/lost")
+        self.assertIsInstance(reason, shardlock.LeaseExpiredError)
+        self.assertEqual(thread_name, "shardlock-watchdog")
+        self.assertIsInstance(lost.exception.reason, shardlock.LeaseExpiredError)
+        # And with the server gone, calls are unreachable by their deadline.
+        start = time.monotonic()
+        with self.assertRaises(shardlock.UnreachableError):
+            a.lock("py/lost", ttl=1)
+        self.assertLess(time.monotonic() - start, 5)
+
+
+class Wire(ServerTestCase):
+    """Raw datagrams to the server: the package's codec, nothing else."""
+
+    def exchange(self, data):
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.settimeout(5)
+            s.sendto(data, ("127.0.0.1", self.daemon.port))
+            return p.decode(s.recv(2048)).messages[0]
+
+    def test_a_request_must_be_padded_to_the_size_the_server_requires(self):
+        client_id = (int.from_bytes(os.urandom(8), "little"), 1)
+        m = p.Message(type=p.ACQUIRE, request_id=1, key=b"py/wire", ttl_ms=5000)
+        short = p.encode_request(m, client_id, pad=False)
+        padded = p.encode_request(m, client_id)
+        self.assertEqual(len(short), p.HEADER_SIZE + 2 + 7 + 8)
+        self.assertEqual(len(padded), p.HEADER_SIZE + 14 + 7)  # a GRANTED of this key
+        self.assertEqual(len(padded), p.max_reply_size(m))
+        reply = self.exchange(short)
+        self.assertEqual((reply.type, reply.error), (p.ERROR, p.ERROR_REQUEST_TOO_SMALL))
+        one_short = padded[:-1]
+        reply = self.exchange(one_short)
+        self.assertEqual((reply.type, reply.error), (p.ERROR, p.ERROR_REQUEST_TOO_SMALL))
+        m.request_id = 2
+        reply = self.exchange(p.encode_request(m, client_id))
+        self.assertEqual((reply.type, reply.key, reply.ttl_ms), (p.GRANTED, b"py/wire", 5000))
+        self.assertGreater(reply.token, 0)
+
+    def test_a_lost_reply_is_recovered_by_retransmitting_the_same_request_id(self):
+        relay = DroppingRelay(("127.0.0.1", self.daemon.port), drop_replies=2)
+        try:
+            a = shardlock.Client("127.0.0.1:%d" % relay.port)
+            self.clients.append(a)
+            with a.lock("py/retransmit", ttl=5) as lease:
+                self.assertEqual(self.client().query("py/retransmit").token, lease.token)
+            acquires = [d for d in relay.requests if d.messages[0].type == p.ACQUIRE]
+            self.assertGreaterEqual(len(acquires), 3)
+            self.assertEqual(len({d.request_id for d in acquires}), 1)
+        finally:
+            relay.close()
+
+
+class DroppingRelay:
+    """A UDP relay between one client and the server that loses the first
+    `drop_replies` replies and records every request it forwards."""
+
+    def __init__(self, server, drop_replies):
+        self.server = server
+        self.drop_replies = drop_replies
+        self.requests = []
+        self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.front.bind(("127.0.0.1", 0))
+        self.back = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.port = self.front.getsockname()[1]
+        self.peer = None
+        self.running = True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while self.running:
+            readable, _, _ = select.select([self.front, self.back], [], [], 0.05)
+            for s in readable:
+                data, source = s.recvfrom(2048)
+                if s is self.front:
+                    self.peer = source
+                    self.requests.append(p.decode(data))
+                    self.back.sendto(data, self.server)
+                elif self.drop_replies > 0:
+                    self.drop_replies -= 1
+                elif self.peer is not None:
+                    self.front.sendto(data, self.peer)
+
+    def close(self):
+        self.running = False
+        self.thread.join()
+        self.front.close()
+        self.back.close()
+
+
+if __name__ == "__main__":
+    unittest.main()

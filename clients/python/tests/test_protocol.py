@@ -1,0 +1,140 @@
+"""The pure codec: bytes pinned against the C++ codec's own test, padding
+sizes, and every truncation of every reply."""
+
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from shardlock import protocol as p  # noqa: E402
+
+KEY = b"orders/42"
+CLIENT = (0xAAAA, 0xBBBB)
+REQUEST_ID = 0x1122334455667700
+
+
+class PinnedBytes(unittest.TestCase):
+    """The same messages as tests/lease/protocol_test.cc WireBytesArePinned,
+    which pins the C++ encoder's bytes."""
+
+    def test_acquire_matches_the_cpp_codec(self):
+        m = p.Message(type=p.ACQUIRE, request_id=REQUEST_ID, key=KEY, ttl_ms=30000, wait_ms=500)
+        data = p.encode_request(m, CLIENT, pad=False)
+        self.assertEqual(data[:p.HEADER_SIZE].hex(),
+                         "53484c4b010001010077665544332211aaaa000000000000bbbb000000000000")
+        self.assertEqual(data[p.HEADER_SIZE:].hex(), "09006f72646572732f343230750000f4010000")
+
+    def test_other_request_bodies_match(self):
+        cases = [
+            (p.Message(type=p.RENEW, key=KEY, token=77, ttl_ms=1000),
+             "09006f72646572732f34324d00000000000000e8030000"),
+            (p.Message(type=p.RELEASE, key=KEY, token=78),
+             "09006f72646572732f34324e00000000000000"),
+            (p.Message(type=p.QUERY, key=KEY), "09006f72646572732f3432"),
+            (p.Message(type=p.ACQUIRE_SHARED, key=KEY, ttl_ms=30000, wait_ms=500),
+             "09006f72646572732f343230750000f4010000"),
+            (p.Message(type=p.ACQUIRE_PERMIT, key=KEY, ttl_ms=30000, wait_ms=500, permits=3),
+             "09006f72646572732f343230750000f401000003000000"),
+        ]
+        for message, body in cases:
+            with self.subTest(p.type_name(message.type)):
+                data = p.encode_request(message, CLIENT, pad=False)
+                self.assertEqual(data[p.HEADER_SIZE:].hex(), body)
+
+    def test_requests_are_padded_to_the_pinned_reply_sizes(self):
+        # max_reply_size() of each request in WireBytesArePinned.
+        cases = [
+            (p.Message(type=p.ACQUIRE, key=KEY, ttl_ms=30000, wait_ms=500), 55),
+            (p.Message(type=p.RENEW, key=KEY, token=77, ttl_ms=1000), 47),
+            (p.Message(type=p.RELEASE, key=KEY, token=78), 34),
+            (p.Message(type=p.QUERY, key=KEY), 69),
+            (p.Message(type=p.ACQUIRE_SHARED, key=KEY, ttl_ms=30000, wait_ms=500), 55),
+            (p.Message(type=p.ACQUIRE_PERMIT, key=KEY, ttl_ms=30000, wait_ms=500, permits=3), 55),
+        ]
+        for message, size in cases:
+            with self.subTest(p.type_name(message.type)):
+                self.assertEqual(p.max_reply_size(message), size)
+                padded = p.encode_request(message, CLIENT)
+                self.assertEqual(len(padded), max(size, len(p.encode_request(
+                    message, CLIENT, pad=False))))
+                self.assertFalse(any(padded[len(p.encode_request(message, CLIENT, pad=False)):]))
+
+    def test_replies_decode_from_the_pinned_bytes(self):
+        header = ("53484c4b0100%02x01" "0077665544332211"
+                  "aaaa000000000000bbbb000000000000")
+        cases = [
+            (p.GRANTED, "09006f72646572732f3432f0ffffffffffffff30750000",
+             dict(key=KEY, token=0xFFFFFFFFFFFFFFF0, ttl_ms=30000)),
+            (p.BUSY, "09006f72646572732f3432d2040000", dict(key=KEY, ttl_ms=1234)),
+            (p.TIMEOUT, "09006f72646572732f3432", dict(key=KEY)),
+            (p.RENEWED, "09006f72646572732f3432e7030000", dict(key=KEY, ttl_ms=999)),
+            (p.RELEASED, "", {}),
+            (p.NOT_OWNER, "", {}),
+            (p.EXPIRED, "", {}),
+            (p.RECOVERING, "e1100000", dict(retry_after_ms=4321)),
+            (p.ERROR, "0300", dict(error=3)),
+            (p.QUERY_REPLY,
+             "09006f72646572732f34320105000000000000001100000003000000020200000004000000",
+             dict(key=KEY, held=1, token=5, ttl_ms=17, waiters=3, mode=2, holders=2,
+                  permits=4)),
+        ]
+        for message_type, body, fields in cases:
+            with self.subTest(p.type_name(message_type)):
+                data = bytes.fromhex(header % message_type + body)
+                d = p.decode(data)
+                self.assertEqual(d.request_id, REQUEST_ID)
+                self.assertEqual(d.client_id, CLIENT)
+                self.assertEqual(len(d.messages), 1)
+                m = d.messages[0]
+                self.assertEqual(m.type, message_type)
+                self.assertEqual(m.request_id, REQUEST_ID)
+                for name, value in fields.items():
+                    self.assertEqual(getattr(m, name), value, name)
+                # Zero padding is allowed, anything else is not.
+                self.assertEqual(p.decode(data + bytes(7)).messages[0], m)
+                with self.assertRaises(p.ProtocolError):
+                    p.decode(data + b"\x00\x01")
+                # Every truncation is refused, never misread.
+                for n in range(len(data)):
+                    with self.assertRaises(p.ProtocolError):
+                        p.decode(data[:n])
+
+
+class Decoding(unittest.TestCase):
+    def test_rejects_bad_headers(self):
+        good = bytes.fromhex("53484c4b01008501" "0100000000000000") + bytes(16)
+        self.assertEqual(p.decode(good).messages[0].type, p.RELEASED)
+        for at, value in ((0, 0x00), (4, 2), (5, 1), (6, 0x42), (7, 2)):
+            with self.subTest(at=at):
+                bad = bytearray(good)
+                bad[at] = value
+                with self.assertRaises(p.ProtocolError):
+                    p.decode(bytes(bad))
+
+    def test_a_batch_reply_decodes_every_item(self):
+        header = bytes.fromhex("53484c4b0100ff02" "0900000000000000") + bytes(16)
+        released = bytes.fromhex("8500" "0000" "0100000000000000")
+        renewed = bytes.fromhex("8400" "0700" "0200000000000000") + \
+            bytes.fromhex("0100") + b"k" + bytes.fromhex("e8030000")
+        d = p.decode(header + released + renewed)
+        self.assertEqual([(m.type, m.request_id) for m in d.messages],
+                         [(p.RELEASED, 1), (p.RENEWED, 2)])
+        self.assertEqual(d.messages[1].key, b"k")
+        self.assertEqual(d.messages[1].ttl_ms, 1000)
+        whole = header + released + renewed
+        for n in range(p.HEADER_SIZE, len(whole)):
+            with self.assertRaises(p.ProtocolError):
+                p.decode(whole[:n])
+
+    def test_reply_matching_follows_the_request_table(self):
+        self.assertTrue(p.reply_answers(p.ACQUIRE, p.GRANTED))
+        self.assertTrue(p.reply_answers(p.RENEW, p.RECOVERING))
+        self.assertFalse(p.reply_answers(p.ACQUIRE, p.RENEWED))
+        self.assertFalse(p.reply_answers(p.RELEASE, p.GRANTED))
+        self.assertTrue(p.reply_carries_key(p.BUSY))
+        self.assertFalse(p.reply_carries_key(p.RELEASED))
+
+
+if __name__ == "__main__":
+    unittest.main()

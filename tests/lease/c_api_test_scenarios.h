@@ -1,0 +1,20 @@
+// The C ABI's scenarios (c_api_test_scenarios.c, compiled as C); each returns
+// NULL when it passes, or what failed and where.
+#ifndef SHARDLOCK_TESTS_LEASE_C_API_TEST_SCENARIOS_H_
+#define SHARDLOCK_TESTS_LEASE_C_API_TEST_SCENARIOS_H_
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char* c_api_exclusive(const char* server);
+const char* c_api_shared_and_permits(const char* server);
+const char* c_api_bad_arguments(const char* server);
+// Calls stop_server(context) part way, to lose a lease.
+const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void*), void* context);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif  // SHARDLOCK_TESTS_LEASE_C_API_TEST_SCENARIOS_H_
