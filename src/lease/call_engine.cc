@@ -442,7 +442,7 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     if (m.type == MessageType::kStatsReply) {
       r.shard_count = m.shard_count;
       r.first_shard = m.first_shard;
-      r.counters = m.counters;
+      for (std::size_t i = 0; i < kStatCounterCount; ++i) r.counters[i] = m.counter_at(i);
       r.shard_tokens.reserve(m.shard_token_count());
       for (std::size_t i = 0; i < m.shard_token_count(); ++i)
         r.shard_tokens.push_back(m.shard_token(i));

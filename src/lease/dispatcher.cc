@@ -236,12 +236,19 @@ void Dispatcher::fill_stats(Worker& w, const Message& request, std::size_t slack
   reply.type = MessageType::kStatsReply;
   reply.shard_count = static_cast<std::uint32_t>(shards_.size());
   reply.first_shard = request.first_shard;
+  std::array<std::uint64_t, kStatCounterCount> counters{};
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
     const auto& c = slot->shard->counters();
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) reply.counters[i] += c[i];
+    for (std::size_t i = 0; i < kStatCounterCount; ++i) counters[i] += c[i];
   }
-  add_own_counters(reply.counters);
+  add_own_counters(counters);
+  for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+    for (std::size_t b = 0; b < 8; ++b) {
+      w.stats_counters[i * 8 + b] = static_cast<std::uint8_t>(counters[i] >> (8 * b));
+    }
+  }
+  reply.counters_le = w.stats_counters;
   w.stats_tokens.clear();
   for (std::size_t s = request.first_shard;
        s < shards_.size() && w.stats_tokens.size() + 8 <= slack; ++s) {

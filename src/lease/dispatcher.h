@@ -129,6 +129,7 @@ class Dispatcher {
     Datagram reply;
     std::vector<DeferredReply> deferred;
     std::vector<std::uint8_t> stats_tokens;
+    std::array<std::uint8_t, 8 * kStatCounterCount> stats_counters{};
     // GRANTED_MANY tokens of each item of the reply being built, and of a
     // deferred one.
     std::array<std::array<std::uint8_t, 8 * kMaxKeysPerRequest>, kMaxBatch> many_tokens{};

@@ -250,21 +250,22 @@ struct FieldCodec<BodyField::kKey> {
   }
 };
 
-// Encoders write every counter this version knows; decoders ignore the ones
-// past it and read missing ones as 0 (Message{} starts them at 0).
+// Encoders write every counter this version knows (fits() insists, so the
+// table's fixed size is the bytes written); decoders keep a view of however
+// many came, and counter_at() reads missing ones as 0.
 template <>
 struct FieldCodec<BodyField::kCounters> : FixedField<BodyField::kCounters> {
   static_assert(body_field_size(BodyField::kCounters) == 1 + 8 * kStatCounterCount);
+  static bool fits(const Message& m) noexcept {
+    return m.counters_le.size() == 8 * kStatCounterCount;
+  }
   static void write(Writer& w, const Message& m) noexcept {
     w.u8(static_cast<std::uint8_t>(kStatCounterCount));
-    for (const std::uint64_t c : m.counters) w.u64(c);
+    w.bytes(m.counters_le.data(), m.counters_le.size());
   }
   static bool read(Reader& r, Message& m) noexcept {
     const std::size_t n = r.u8();
-    for (std::size_t i = 0; i < n; ++i) {
-      const std::uint64_t v = r.u64();
-      if (i < kStatCounterCount) m.counters[i] = v;
-    }
+    m.counters_le = r.bytes(n * 8);
     return true;
   }
 };
@@ -537,6 +538,10 @@ std::uint64_t load_u64_le(std::span<const std::uint8_t> bytes, std::size_t i) no
 
 std::uint64_t Message::shard_token(std::size_t i) const noexcept {
   return load_u64_le(shard_tokens_le, i);
+}
+
+std::uint64_t Message::counter_at(std::size_t i) const noexcept {
+  return i < counters_le.size() / 8 ? load_u64_le(counters_le, i) : 0;
 }
 
 std::uint64_t Message::listed_token(std::size_t i) const noexcept {

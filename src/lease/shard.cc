@@ -257,7 +257,10 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
         drop_holder(*holder, now_ms, deferred);  // may erase *state
       }
       remember(client, request.request_id,
-               Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
+               Answer{.type = reply.type,
+                      .ttl_ms = reply.ttl_ms,
+                      .token = reply.token,
+                      .fingerprint = fingerprint});
       return true;
     }
     case MessageType::kQuery: {
@@ -374,7 +377,11 @@ void Shard::grant(Holder& h, const Message& request, LeaseMode mode, std::uint64
   reply.token = token;
   reply.ttl_ms = request.ttl_ms;
   count(StatCounter::kGrants);
-  remember(h.owner, request.request_id, Answer{reply.type, reply.token, reply.ttl_ms, fingerprint});
+  remember(h.owner, request.request_id,
+           Answer{.type = reply.type,
+                  .ttl_ms = reply.ttl_ms,
+                  .token = reply.token,
+                  .fingerprint = fingerprint});
 }
 
 void Shard::acquire(const ClientId& client, const Peer& peer, const Message& request,
@@ -413,7 +420,9 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     reply.error = WireError::kLeaseKindMismatch;
     count(StatCounter::kErrors);
     remember(client, request.request_id,
-             Answer{reply.type, 0, 0, fingerprint, WireError::kLeaseKindMismatch});
+             Answer{.type = reply.type,
+                    .error = WireError::kLeaseKindMismatch,
+                    .fingerprint = fingerprint});
     return;
   }
   for (Holder& h : state.holders) {
@@ -461,7 +470,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     reply.type = MessageType::kBusy;
     reply.ttl_ms = ttl_left(state, now_ms);
     count(StatCounter::kBusy);
-    remember(client, request.request_id, Answer{reply.type, 0, reply.ttl_ms, fingerprint});
+    remember(client, request.request_id,
+             Answer{.type = reply.type, .ttl_ms = reply.ttl_ms, .fingerprint = fingerprint});
     return;
   }
   if (!may_queue(client, state)) {
@@ -476,7 +486,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   w.reply_credit = reply_credit;
   wheel_.schedule(w, now_ms + request.wait_ms);
   count(StatCounter::kQueued);
-  remember(client, request.request_id, Answer{MessageType::kAcquire, 0, 0, fingerprint});
+  remember(client, request.request_id,
+           Answer{.type = MessageType::kAcquire, .fingerprint = fingerprint});
   answered = false;
 }
 
@@ -565,7 +576,8 @@ void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
       defer(w, state, MessageType::kError, 0, deferred);
       count(StatCounter::kErrors);
       if (w.multi == nullptr) {
-        remember(w.client, w.request_id, Answer{MessageType::kError, 0, 0, w.fingerprint});
+        remember(w.client, w.request_id,
+                 Answer{.type = MessageType::kError, .fingerprint = w.fingerprint});
       }
       retire_waiter(state, state.waiters.begin());
       continue;
@@ -584,7 +596,10 @@ void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
       hold(*h, w.request_id, token, w.mode, w.ttl_ms, now_ms);
       defer(w, state, MessageType::kGranted, token, deferred);
       remember(w.client, w.request_id,
-               Answer{MessageType::kGranted, token, w.ttl_ms, w.fingerprint});
+               Answer{.type = MessageType::kGranted,
+                      .ttl_ms = w.ttl_ms,
+                      .token = token,
+                      .fingerprint = w.fingerprint});
     }
     retire_waiter(state, state.waiters.begin());
   }
@@ -610,7 +625,8 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   defer(w, state, MessageType::kTimeout, 0, deferred);
   count(StatCounter::kTimeouts);
   if (w.multi == nullptr) {
-    remember(w.client, w.request_id, Answer{MessageType::kTimeout, 0, 0, w.fingerprint});
+    remember(w.client, w.request_id,
+             Answer{.type = MessageType::kTimeout, .fingerprint = w.fingerprint});
   }
   const bool front = w.self == state.waiters.begin();
   retire_waiter(state, w.self);

@@ -311,7 +311,7 @@ TEST_F(DispatcherTest, StatsCarryTheDispatchersOwnCounters) {
   const Datagram r = decoded(out[0]);
   ASSERT_EQ(r.messages[0].type, MessageType::kStatsReply);
   EXPECT_EQ(r.messages[0].shard_count, 4u);
-  EXPECT_EQ(r.messages[0].counters[static_cast<std::size_t>(StatCounter::kSendDrops)], 2u);
+  EXPECT_EQ(r.messages[0].counter(StatCounter::kSendDrops), 2u);
   EXPECT_EQ(to_string(StatCounter::kSendDrops), "send_drops");
 }
 

@@ -18,6 +18,9 @@ namespace {
 
 const std::string kKey = "orders/42";
 
+// The counters of a STATS_REPLY: an encoder must write all of them.
+const std::vector<std::uint8_t> kZeroCounters(8 * kStatCounterCount, 0);
+
 std::vector<Message> one_of_each_type() {
   std::vector<Message> all;
   auto add = [&](MessageType t, auto fill) {
@@ -100,7 +103,15 @@ std::vector<Message> one_of_each_type() {
   add(MessageType::kStatsReply, [](Message& m) {
     m.shard_count = 64;
     m.first_shard = 3;
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) m.counters[i] = 1000 + i;
+    static const std::vector<std::uint8_t> counters = [] {
+      std::vector<std::uint8_t> out;
+      for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+        for (std::size_t b = 0; b < 8; ++b)
+          out.push_back(static_cast<std::uint8_t>((1000 + i) >> (8 * b)));
+      }
+      return out;
+    }();
+    m.counters_le = counters;
     m.shard_tokens_le = tokens;
   });
   add(MessageType::kGrantedMany, [](Message& m) {
@@ -130,7 +141,8 @@ void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.waiters, b.waiters);
   EXPECT_EQ(a.first_shard, b.first_shard);
   EXPECT_EQ(a.shard_count, b.shard_count);
-  EXPECT_EQ(a.counters, b.counters);
+  for (std::size_t i = 0; i < kStatCounterCount + 1; ++i)
+    EXPECT_EQ(a.counter_at(i), b.counter_at(i));
   EXPECT_EQ(a.mode, b.mode);
   EXPECT_EQ(a.permits, b.permits);
   EXPECT_EQ(a.holders, b.holders);
@@ -421,6 +433,7 @@ TEST(Protocol, PaddedRequestsBoundEveryReply) {
           break;
         default:
           worst.type = MessageType::kStatsReply;
+          worst.counters_le = kZeroCounters;
           break;
       }
       ASSERT_TRUE(reply.push(worst));
@@ -775,6 +788,7 @@ TEST(ProtocolTable, ReplyBoundIsTheLargestListedReply) {
         Message reply;
         reply.type = type;
         reply.key = key;
+        reply.counters_le = kZeroCounters;
         const std::size_t body = encoded_size(single(reply)) - kHeaderSize;
         EXPECT_LE(body, bound) << to_string(type);
         largest = std::max(largest, body);

@@ -545,6 +545,8 @@ TEST(ShardlockctlTest, StatsThatStopPagingEarlyAreAnError) {
       m.request_id = request.messages[0].request_id;
       m.first_shard = request.messages[0].first_shard;
       m.shard_count = 4;  // and never a token
+      static const std::array<std::uint8_t, 8 * kStatCounterCount> counters{};
+      m.counters_le = counters;
       (void)reply.push(m);
       std::size_t written = 0;
       if (encode(reply, out, written) != ProtocolError::kOk) continue;

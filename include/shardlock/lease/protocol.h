@@ -274,7 +274,7 @@ enum class BodyField : std::uint8_t {
   kWaiters,      // u32                               Message::waiters
   kFirstShard,   // u32                               Message::first_shard
   kShardCount,   // u32                               Message::shard_count
-  kCounters,     // u8 n, n x u64 (see StatCounter)   Message::counters
+  kCounters,     // u8 n, n x u64 (see StatCounter)   Message::counters_le
   kShardTokens,  // u16 n, n x u64                    Message::shard_tokens_le
   kMode,         // u8, a LeaseMode (else kBadField)   Message::mode
   kPermits,      // u32                               Message::permits
@@ -559,9 +559,12 @@ struct Message {
   std::span<const std::uint8_t> key_list{};
   // GRANTED_MANY tokens as raw little-endian u64s; read with listed_token().
   std::span<const std::uint8_t> tokens_le{};
-  std::uint32_t first_shard = 0;                            // STATS, STATS_REPLY
-  std::uint32_t shard_count = 0;                            // STATS_REPLY
-  std::array<std::uint64_t, kStatCounterCount> counters{};  // STATS_REPLY
+  std::uint32_t first_shard = 0;  // STATS, STATS_REPLY
+  std::uint32_t shard_count = 0;  // STATS_REPLY
+  // STATS_REPLY counters as raw little-endian u64s, in StatCounter order; read
+  // them with counter(). An encoder writes exactly kStatCounterCount. A view,
+  // like the key: a Message stays small (it is copied and zeroed per item).
+  std::span<const std::uint8_t> counters_le{};
   // STATS_REPLY shard tokens as raw little-endian u64s (first_shard onward);
   // read them with shard_token().
   std::span<const std::uint8_t> shard_tokens_le{};
@@ -572,8 +575,10 @@ struct Message {
   // Precondition: i < shard_token_count().
   [[nodiscard]] std::uint64_t shard_token(std::size_t i) const noexcept;
   [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
-    return counters[static_cast<std::size_t>(c)];
+    return counter_at(static_cast<std::size_t>(c));
   }
+  // Counter `i`, or 0 past the ones the datagram carries.
+  [[nodiscard]] std::uint64_t counter_at(std::size_t i) const noexcept;
   [[nodiscard]] std::size_t listed_token_count() const noexcept { return tokens_le.size() / 8; }
   // Precondition: i < listed_token_count().
   [[nodiscard]] std::uint64_t listed_token(std::size_t i) const noexcept;
