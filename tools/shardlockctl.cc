@@ -608,7 +608,7 @@ int run(int argc, char** argv) {
         std::fprintf(stderr,
                      "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
                      options.nodes[n].c_str(), s.shard_tokens.size(), s.shard_count);
-        out += ",\"error\":\"incomplete\"";
+        out += R"(,"error":"incomplete")";
         worst = std::max(worst, kExitError);
       }
       out += ",\"counters\":{";
