@@ -232,6 +232,13 @@ class MembershipTest : public ::testing::Test {
     return true;
   }
 
+  // CAS wins summed over `members`.
+  static std::uint64_t publishes(const std::vector<Membership*>& members) {
+    std::uint64_t total = 0;
+    for (Membership* member : members) total += member->stats().maps_published;
+    return total;
+  }
+
   std::unique_ptr<ClusterRouting> routing_of(const ClusterMap& map) const {
     std::unique_ptr<ClusterRouting> routing;
     EXPECT_EQ(ClusterRouting::build(map, router_options_, routing), RouterStatus::kOk);
@@ -300,6 +307,7 @@ TEST_F(MembershipTest, ANodeWhoseLeaseExpiresLeavesTheMapAtAHigherEpoch) {
       },
       test_support::kPollTimeout, milliseconds(20)));
   const std::uint64_t before = a->current_map()->epoch;
+  const std::uint64_t published_before = publishes({a, b});
 
   // A crash: no revoke, the keep-alives stop, etcd expires the lease.
   c->stop(StopMode::kAbandonLease);
@@ -312,6 +320,8 @@ TEST_F(MembershipTest, ANodeWhoseLeaseExpiresLeavesTheMapAtAHigherEpoch) {
       << "a: epoch " << a->current_map()->epoch << ", " << a->current_map()->members.size()
       << " members";
   EXPECT_GT(b->current_map()->epoch, before);
+  // Both saw the same change and raced to publish it; one CAS won.
+  EXPECT_EQ(publishes({a, b}) - published_before, 1u);
 }
 
 TEST_F(MembershipTest, AJoinerRaisesTheEpochAndTakesOnlyBucketsThatMoveToIt) {
@@ -326,6 +336,7 @@ TEST_F(MembershipTest, AJoinerRaisesTheEpochAndTakesOnlyBucketsThatMoveToIt) {
       test_support::kPollTimeout, milliseconds(20)));
   const auto before_map = a->current_map();
   const auto before = routing_of(*before_map);
+  const std::uint64_t published_before = publishes({a, b, c});
 
   Membership* d = start("d");
   ASSERT_NE(d, nullptr);
@@ -334,6 +345,8 @@ TEST_F(MembershipTest, AJoinerRaisesTheEpochAndTakesOnlyBucketsThatMoveToIt) {
         return converged({a, b, c, d}, {"a", "b", "c", "d"}, before_map->epoch);
       },
       test_support::kPollTimeout, milliseconds(20)));
+  // Four nodes may react to the join; exactly one CAS publishes it.
+  EXPECT_EQ(publishes({a, b, c, d}) - published_before, 1u);
   const auto after = routing_of(*d->current_map());
   ASSERT_EQ(before->bucket_count(), after->bucket_count());
   std::size_t moved = 0;
