@@ -165,6 +165,41 @@ TEST(ClusterRoutingTest, EqualMapsGiveEqualOwnersAndAKeyMapsToItsBucketsOwner) {
   EXPECT_EQ(empty->owner_of("k"), nullptr);
 }
 
+TEST(MembershipOptionsTest, BadOptionsAreRefusedBeforeAnyIo) {
+  MembershipOptions good;
+  good.endpoints = "127.0.0.1:1";  // never contacted
+  good.prefix = "/shardlock/x/";
+  good.node_id = "a";
+  good.advertise = "127.0.0.1:7000";
+  good.data_dir = "/nonexistent-never-created";
+  const auto refused = [](MembershipOptions options) {
+    std::unique_ptr<Membership> member;
+    std::string detail;
+    const std::error_code ec = Membership::start(std::move(options), member, detail);
+    EXPECT_FALSE(detail.empty());
+    return ec == MembershipErrc::kInvalidOptions && member == nullptr;
+  };
+  MembershipOptions o = good;
+  o.node_id = "a/b";
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.advertise = "127.0.0.1";
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.prefix = "/shardlock/x";
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.weight = 0;
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.data_dir.clear();
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.lease_ttl = seconds(2);
+  o.drift_margin = seconds(1);
+  EXPECT_TRUE(refused(o));
+}
+
 // ---------------------------------------------------------------------------
 // Against etcd
 // ---------------------------------------------------------------------------
@@ -488,6 +523,22 @@ TEST_F(MembershipTest, ALostLeaseIsReplacedAndTheMapShowsTheNodeAgain) {
   ASSERT_TRUE(key.ok());
   ASSERT_EQ(key.value.kvs.size(), 1u);
   EXPECT_EQ(key.value.kvs[0].lease, b->lease_id());
+}
+
+TEST_F(MembershipTest, MalformedValuesInEtcdAreCountedAndIgnored) {
+  Membership* a = start("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  ASSERT_TRUE(a->etcd().put(prefix_ + "members/x", "not a member").ok());
+  ASSERT_TRUE(a->etcd().put(prefix_ + "members/bad/id", "address=h:1 weight=1 state=active").ok());
+  ASSERT_TRUE(poll_until([&] { return a->stats().bad_values >= 2; }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  // A map value that does not decode is replaced by the live membership.
+  ASSERT_TRUE(a->etcd().put(prefix_ + "map", "garbage").ok());
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, before); }, test_support::kPollTimeout,
+                         milliseconds(20)));
 }
 
 TEST_F(MembershipTest, ASecondNodeWithALiveIdIsRefused) {
