@@ -1,0 +1,314 @@
+// membership.h: one node's membership in a shardlock cluster, and the bucket
+// map with its epoch that every node agrees on (docs/cluster.md).
+//
+//   MembershipOptions options;
+//   options.endpoints = "127.0.0.1:2379";
+//   options.prefix = "/shardlock/prod/";
+//   options.node_id = "n1";
+//   options.advertise = "10.0.0.7:7700";
+//   options.data_dir = "/var/lib/shardlock";
+//   options.on_map_change = [](const ClusterMap& map) { ... };
+//   std::unique_ptr<Membership> member;
+//   if (auto ec = Membership::start(options, member, detail)) ...;
+//   member->lease_alive();          // the grant path's check (b)
+//   member->current_map();          // the newest map, epoch included
+//
+// Layout in etcd, under the prefix:
+//   members/<id>  "address=HOST:PORT weight=W state=active|draining", under
+//                 the node's own etcd lease (TTL 5 s, kept alive every TTL/3)
+//   map           the published membership, one "<id> <address> <weight>"
+//                 line per member in id order after a version line; its
+//                 mod_revision is the map's epoch
+//
+// How the map is agreed: every node watches the prefix. When the live,
+// active member keys differ from the published map, a node publishes the new
+// membership with a compare-and-swap on the map key's mod_revision (or
+// put-if-absent the first time), so of several nodes that react to the same
+// change exactly one succeeds; the others' CAS fails, they re-read and see
+// the winner's map. Every node adopts the map it reads with the key's
+// mod_revision as the epoch, so all nodes end up on the same map and epoch.
+// A node persists the highest epoch it has adopted (EpochFile) before it
+// adopts a map, and refuses a map with a lower epoch, also after a restart.
+//
+// The local lease deadline (the grant path fails closed past it) is the send
+// time of the last acknowledged keep-alive plus the TTL etcd answered minus
+// the drift margin, on the injected monotonic clock. Measuring from the send,
+// not the answer, errs early: etcd started its TTL after we sent. A
+// keep-alive that finds the lease gone makes the deadline pass at once, and
+// the node registers again under a new lease.
+//
+// Threads: a keep-alive thread and a map thread (which owns the watch and
+// does the reads and CAS writes). The map callback runs on the map thread, or
+// on the caller's thread inside start(); it must not call stop().
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "epoch_file.h"
+#include "etcd_client.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/mutex.h"
+#include "shardlock/router.h"
+
+namespace shardlock::cluster {
+
+// ---------------------------------------------------------------------------
+// Values and their encodings (pure: bytes in, a value or nothing out)
+// ---------------------------------------------------------------------------
+
+enum class MemberState : std::uint8_t { kActive, kDraining };
+[[nodiscard]] std::string_view to_string(MemberState state) noexcept;
+
+// A member as its etcd key describes it.
+struct MemberRecord {
+  std::string address;  // HOST:PORT
+  std::uint32_t weight = 1;
+  MemberState state = MemberState::kActive;
+
+  friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
+};
+[[nodiscard]] std::string encode_member(const MemberRecord& record);
+// "address=... weight=... state=..." in any order; unknown fields are
+// ignored (a newer node may add some). Nothing when a required field is
+// missing or malformed.
+[[nodiscard]] std::optional<MemberRecord> decode_member(std::string_view text);
+
+// A member of a published map.
+struct ClusterMember {
+  std::string id;
+  std::string address;
+  std::uint32_t weight = 1;
+
+  friend bool operator==(const ClusterMember&, const ClusterMember&) = default;
+};
+
+// A published map: the membership the buckets are computed from, and its
+// epoch (the etcd mod_revision of the map key; 0 for "no map yet").
+struct ClusterMap {
+  std::uint64_t epoch = 0;
+  std::vector<ClusterMember> members;  // sorted by id, ids distinct
+
+  friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
+};
+// The map key's value for `members` (which must be sorted by id).
+[[nodiscard]] std::string encode_map_members(const std::vector<ClusterMember>& members);
+// Nothing for anything encode_map_members() would not produce: a bad
+// version line, a malformed line, ids out of order or repeated, a weight of
+// 0 or above RouterSnapshot::kMaxWeight.
+[[nodiscard]] std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text);
+
+// A node id usable in an etcd key and a map line: 1..128 bytes of
+// [A-Za-z0-9._-].
+[[nodiscard]] bool valid_node_id(std::string_view id) noexcept;
+
+// ---------------------------------------------------------------------------
+// Routing over a map
+// ---------------------------------------------------------------------------
+
+// The Router's view of a ClusterMap: node ids are member ids and weights the
+// members' weights, so equal maps give equal bucket owners in every process
+// (the Router is a pure function of the nodes and RouterOptions; all nodes
+// must use the same options). Immutable and thread-safe once built.
+class ClusterRouting {
+ public:
+  // kOk, or the Router's reason for refusing the members (a map that
+  // decode_map_members() accepted is always accepted here).
+  [[nodiscard]] static RouterStatus build(const ClusterMap& map, const RouterOptions& options,
+                                          std::unique_ptr<ClusterRouting>& out);
+
+  [[nodiscard]] const ClusterMap& map() const noexcept { return map_; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return map_.epoch; }
+  [[nodiscard]] const RouterSnapshot& snapshot() const noexcept { return *snapshot_; }
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return snapshot_->bucket_count(); }
+  [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
+    return snapshot_->bucket_of_hash(snapshot_->hash(key));
+  }
+  // The owner of a key or a bucket; null when the map has no members.
+  // `bucket` must be below bucket_count().
+  [[nodiscard]] const ClusterMember* owner_of(std::string_view key) const noexcept {
+    return owner_of_bucket(bucket_of(key));
+  }
+  [[nodiscard]] const ClusterMember* owner_of_bucket(std::size_t bucket) const noexcept;
+
+ private:
+  ClusterRouting() = default;
+  ClusterMap map_;
+  std::shared_ptr<const RouterSnapshot> snapshot_;
+};
+
+// ---------------------------------------------------------------------------
+// Errors and stats
+// ---------------------------------------------------------------------------
+
+enum class MembershipErrc : std::uint8_t {
+  kOk = 0,
+  kInvalidOptions,   // a bad node id, address, weight, TTL, margin or prefix
+  kMemberExists,     // members/<id> is held under another live etcd lease
+  kStaleMap,         // a map with an epoch below the highest this node has seen
+  kEpochFileFailed,  // the epoch file could not be read or written
+};
+[[nodiscard]] std::string_view to_string(MembershipErrc e) noexcept;
+[[nodiscard]] const std::error_category& membership_category() noexcept;
+[[nodiscard]] inline std::error_code make_error_code(MembershipErrc e) noexcept {
+  return {static_cast<int>(e), membership_category()};
+}
+
+struct MembershipStats {
+  std::uint64_t registrations = 0;       // leases granted with the member key put (start included)
+  std::uint64_t keep_alives_acked = 0;   // keep-alives etcd acknowledged
+  std::uint64_t keep_alives_failed = 0;  // keep-alives that failed (any reason)
+  std::uint64_t leases_lost = 0;         // keep-alives that found the lease gone
+  std::uint64_t maps_published = 0;      // CAS writes of the map key this node won
+  std::uint64_t maps_adopted = 0;        // maps taken as current (each a higher epoch)
+  std::uint64_t maps_refused = 0;        // maps ignored for an epoch below highest_epoch
+  std::uint64_t last_refused_epoch = 0;
+  std::uint64_t bad_values = 0;  // member or map values that did not decode
+  std::uint64_t etcd_errors = 0;
+  std::uint64_t epoch_file_errors = 0;  // maps not adopted because the epoch file write failed
+  std::uint64_t highest_epoch = 0;      // as persisted
+};
+
+// ---------------------------------------------------------------------------
+// The node's membership
+// ---------------------------------------------------------------------------
+
+struct MembershipOptions {
+  std::string endpoints;  // etcd, "HOST:PORT[,HOST:PORT...]"
+  std::string prefix;     // the cluster's key prefix, e.g. "/shardlock/prod/"; ends in '/'
+  std::string node_id;    // valid_node_id()
+  std::string advertise;  // HOST:PORT clients reach this node at
+  std::uint32_t weight = 1;
+  // The data dir holding the epoch file (EpochFile); required.
+  std::string data_dir;
+  // The etcd lease TTL asked for; etcd may grant more (never less than 2 s).
+  std::chrono::seconds lease_ttl{5};
+  // Subtracted from every lease deadline; must be below half the TTL.
+  std::chrono::milliseconds drift_margin{500};
+  // Every etcd call's deadline; 0 means lease_ttl / 3, so a keep-alive that
+  // hangs cannot hide the deadline passing.
+  std::chrono::milliseconds call_timeout{0};
+  // How soon a failed map read or write is tried again.
+  std::chrono::milliseconds retry_interval{250};
+  // The monotonic clock (a steady_clock time_since_epoch). Default:
+  // std::chrono::steady_clock.
+  std::function<std::chrono::nanoseconds()> clock;
+  // Called with each map this node adopts, in epoch order (see the header
+  // comment for the thread).
+  std::function<void(const ClusterMap&)> on_map_change;
+  // One line per notable event (refused maps, lost leases, etcd errors).
+  // Default: stderr.
+  std::function<void(std::string_view)> log;
+};
+
+enum class StopMode : std::uint8_t {
+  kRevokeLease,   // a clean leave: etcd deletes the member key at once
+  kAbandonLease,  // what a crash looks like: the key goes when the TTL runs out
+};
+
+class Membership {
+ public:
+  // Validates the options, opens the epoch file, grants an etcd lease and
+  // puts members/<id> under it only if absent; then reads (and, if the
+  // membership changed, publishes) the map once and starts the threads.
+  // Blocks for a few etcd round trips. Errors: kInvalidOptions,
+  // kMemberExists (another live lease holds the id; `detail` names it),
+  // kEpochFileFailed, or an EtcdErrc when etcd cannot be reached. A map that
+  // cannot be read yet is not an error: the map thread keeps trying.
+  [[nodiscard]] static std::error_code start(MembershipOptions options,
+                                             std::unique_ptr<Membership>& out, std::string& detail);
+
+  // stop(kRevokeLease).
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  // Stops both threads (waiting for an etcd call in flight, bounded by the
+  // call timeout) and ends the lease as `mode` says. lease_alive() is false
+  // afterwards. Idempotent; not from the map callback.
+  void stop(StopMode mode = StopMode::kRevokeLease);
+
+  // Whether the node's etcd lease is known alive at `now` (the clock's
+  // time): now < lease_deadline(). Lock-free; the grant path calls it.
+  [[nodiscard]] bool lease_alive(std::chrono::nanoseconds now) const noexcept {
+    return now < lease_deadline();
+  }
+  [[nodiscard]] bool lease_alive() const { return lease_alive(options_.clock()); }
+  [[nodiscard]] std::chrono::nanoseconds lease_deadline() const noexcept {
+    // Relaxed is enough: the deadline is a value on its own, nothing else is
+    // published through it, and it is read again on every check.
+    return std::chrono::nanoseconds(deadline_ns_.load(std::memory_order_relaxed));
+  }
+
+  // The newest adopted map; epoch 0 and no members before the first.
+  [[nodiscard]] std::shared_ptr<const ClusterMap> current_map() const;
+
+  // Sets this node's member state to draining (kept across re-registration),
+  // so the next map leaves it out while its member key stays alive. One
+  // etcd put.
+  [[nodiscard]] EtcdStatus drain();
+
+  // The etcd lease the member key is under now (0 while re-registering).
+  [[nodiscard]] std::int64_t lease_id() const;
+  [[nodiscard]] MembershipStats stats() const;
+  [[nodiscard]] const MembershipOptions& options() const noexcept { return options_; }
+  // The etcd client this node uses (for tests and tools; thread-safe).
+  [[nodiscard]] EtcdClient& etcd() noexcept { return *client_; }
+
+ private:
+  explicit Membership(MembershipOptions options);
+
+  std::string member_key() const { return options_.prefix + "members/" + options_.node_id; }
+  std::string map_key() const { return options_.prefix + "map"; }
+  std::chrono::nanoseconds now() const { return options_.clock(); }
+  void set_deadline(std::chrono::nanoseconds send_time, std::int64_t ttl_seconds);
+  void note(std::string_view line);
+  void note_etcd_error(std::string_view what, const std::string& detail);
+
+  // Grants a lease and puts the member key under it if absent.
+  std::error_code register_member(std::string& detail);
+  void keep_alive_loop();
+  void map_loop(std::int64_t watch_from);
+  // One read of the prefix, adoption of the map read, and a CAS publish when
+  // the live membership differs from it. The revision read, or nothing when
+  // etcd failed.
+  std::optional<std::int64_t> reconcile();
+  // Persists and publishes (members, epoch) unless the epoch is old.
+  void adopt(std::vector<ClusterMember> members, std::uint64_t epoch);
+
+  MembershipOptions options_;
+  std::unique_ptr<EtcdClient> client_;
+  std::unique_ptr<EpochFile> epoch_file_;  // map thread (and start()) only
+
+  // Nanoseconds on options_.clock; 0 (never alive) until registered.
+  std::atomic<std::int64_t> deadline_ns_{0};
+
+  mutable Mutex mutex_;
+  std::condition_variable_any wake_;  // waits on mutex_ itself
+  bool stopping_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  bool stopped_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  bool map_dirty_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  bool watch_failed_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  std::int64_t lease_id_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
+  MemberState state_ SHARDLOCK_GUARDED_BY(mutex_) = MemberState::kActive;
+  std::shared_ptr<const ClusterMap> map_ SHARDLOCK_GUARDED_BY(mutex_);
+  MembershipStats stats_ SHARDLOCK_GUARDED_BY(mutex_);
+
+  std::thread keep_alive_thread_;
+  std::thread map_thread_;
+};
+
+}  // namespace shardlock::cluster
+
+template <>
+struct std::is_error_code_enum<shardlock::cluster::MembershipErrc> : std::true_type {};

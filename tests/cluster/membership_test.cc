@@ -1,0 +1,589 @@
+// Membership, the map's epoch, the epoch file and routing over a map, against
+// a real single-member etcd (tests/cluster/etcd_process.h). The etcd tests
+// skip when /usr/bin/etcd is missing; the encoding tests always run.
+#include "membership.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "epoch_file.h"
+#include "etcd_process.h"
+#include "poll_until.h"
+
+namespace shardlock::cluster {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+using test_support::EtcdProcess;
+using test_support::poll_until;
+
+// etcd's minimum TTL, so leaving members expire quickly.
+constexpr seconds kTtl{2};
+constexpr milliseconds kMargin{500};
+// Small tables keep the Router's builds cheap under the sanitizers; the
+// mapping is the same function at any size.
+constexpr int kTestBucketBits = 12;
+
+std::string make_temp_dir() {
+  std::string pattern =
+      (std::filesystem::temp_directory_path() / "shardlock-members-XXXXXX").string();
+  return ::mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+}
+
+// Collects log lines from every member's threads.
+class LogLines {
+ public:
+  std::function<void(std::string_view)> sink() {
+    return [this](std::string_view line) {
+      std::lock_guard lock(mutex_);
+      lines_.emplace_back(line);
+    };
+  }
+  bool contains(std::string_view text) const {
+    std::lock_guard lock(mutex_);
+    for (const std::string& line : lines_) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> lines_;
+};
+
+std::vector<std::string> ids_of(const ClusterMap& map) {
+  std::vector<std::string> ids;
+  for (const ClusterMember& member : map.members) ids.push_back(member.id);
+  return ids;
+}
+
+// ---------------------------------------------------------------------------
+// Pure parts
+// ---------------------------------------------------------------------------
+
+TEST(MemberValue, RoundTripsAndRejectsMalformedInput) {
+  const MemberRecord record{"127.0.0.1:7700", 3, MemberState::kDraining};
+  EXPECT_EQ(encode_member(record), "address=127.0.0.1:7700 weight=3 state=draining");
+  EXPECT_EQ(decode_member(encode_member(record)), record);
+  // Any order, unknown fields ignored.
+  EXPECT_EQ(decode_member("state=active future=1 weight=1 address=[::1]:9"),
+            (MemberRecord{"[::1]:9", 1, MemberState::kActive}));
+  for (const char* bad :
+       {"", "address=h:1 weight=1", "address=h:1 weight=0 state=active",
+        "address=h:1 weight=1025 state=active", "address=h weight=1 state=active",
+        "address=h:1 weight=1 state=gone", "address=h:1  weight=1 state=active",
+        "address=:1 weight=1 state=active", "address=h:70000 weight=1 state=active"}) {
+    EXPECT_FALSE(decode_member(bad).has_value()) << "'" << bad << "'";
+  }
+}
+
+TEST(MapValue, RoundTripsAndRejectsWhatEncodeWouldNotProduce) {
+  const std::vector<ClusterMember> members = {{"a", "127.0.0.1:1", 1}, {"b", "127.0.0.1:2", 7}};
+  const std::string text = encode_map_members(members);
+  EXPECT_EQ(text, "shardlock-map v1\na 127.0.0.1:1 1\nb 127.0.0.1:2 7\n");
+  EXPECT_EQ(decode_map_members(text), members);
+  EXPECT_EQ(decode_map_members("shardlock-map v1\n"), std::vector<ClusterMember>{});
+  for (const char* bad : {"", "shardlock-map v1", "shardlock-map v2\n",
+                          "shardlock-map v1\nb h:2 1\na h:1 1\n",  // out of order
+                          "shardlock-map v1\na h:1 1\na h:1 1\n",  // repeated
+                          "shardlock-map v1\na h:1 0\n", "shardlock-map v1\na h:1\n",
+                          "shardlock-map v1\na/b h:1 1\n", "shardlock-map v1\n\n"}) {
+    EXPECT_FALSE(decode_map_members(bad).has_value()) << "'" << bad << "'";
+  }
+  EXPECT_TRUE(valid_node_id("node-1.a_b"));
+  EXPECT_FALSE(valid_node_id(""));
+  EXPECT_FALSE(valid_node_id("a/b"));
+  EXPECT_FALSE(valid_node_id(std::string(129, 'a')));
+}
+
+TEST(EpochFileTest, RecordsDurablyNeverGoesBackAndRefusesACorruptFile) {
+  const std::string dir = make_temp_dir();
+  ASSERT_FALSE(dir.empty());
+  std::string detail;
+  {
+    std::unique_ptr<EpochFile> file;
+    ASSERT_FALSE(EpochFile::open(dir, file, detail)) << detail;
+    EXPECT_EQ(file->highest(), 0u);
+    ASSERT_FALSE(file->record(41, detail)) << detail;
+    ASSERT_FALSE(file->record(7, detail)) << detail;  // lower: a no-op
+    EXPECT_EQ(file->highest(), 41u);
+  }
+  {
+    std::unique_ptr<EpochFile> file;
+    ASSERT_FALSE(EpochFile::open(dir, file, detail)) << detail;
+    EXPECT_EQ(file->highest(), 41u);
+  }
+  std::uint64_t epoch = 0;
+  EXPECT_TRUE(EpochFile::decode(EpochFile::encode(5), epoch));
+  EXPECT_EQ(epoch, 5u);
+  {
+    std::ofstream out(dir + "/" + EpochFile::kFileName, std::ios::trunc);
+    out << "shardlock-cluster-epoch v1 42 0000000000000000\n";  // a bad checksum
+  }
+  std::unique_ptr<EpochFile> file;
+  const std::error_code ec = EpochFile::open(dir, file, detail);
+  EXPECT_EQ(ec, std::errc::illegal_byte_sequence);
+  EXPECT_NE(detail.find(EpochFile::kFileName), std::string::npos) << detail;
+  EXPECT_EQ(file, nullptr);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(ClusterRoutingTest, EqualMapsGiveEqualOwnersAndAKeyMapsToItsBucketsOwner) {
+  RouterOptions options;
+  options.bucket_bits = kTestBucketBits;
+  const ClusterMap map{7, {{"a", "h:1", 1}, {"b", "h:2", 2}, {"c", "h:3", 1}}};
+  ClusterMap shuffled = map;
+  std::swap(shuffled.members[0], shuffled.members[2]);  // build() sorts
+  std::unique_ptr<ClusterRouting> one;
+  std::unique_ptr<ClusterRouting> two;
+  ASSERT_EQ(ClusterRouting::build(map, options, one), RouterStatus::kOk);
+  ASSERT_EQ(ClusterRouting::build(shuffled, options, two), RouterStatus::kOk);
+  ASSERT_EQ(one->bucket_count(), std::size_t{1} << kTestBucketBits);
+  for (std::size_t bucket = 0; bucket < one->bucket_count(); ++bucket) {
+    ASSERT_NE(one->owner_of_bucket(bucket), nullptr);
+    ASSERT_EQ(one->owner_of_bucket(bucket)->id, two->owner_of_bucket(bucket)->id) << bucket;
+  }
+  EXPECT_EQ(one->owner_of("some-key")->id, one->snapshot().owner("some-key"));
+  EXPECT_EQ(one->owner_of("some-key"), one->owner_of_bucket(one->bucket_of("some-key")));
+  EXPECT_EQ(one->epoch(), 7u);
+
+  std::unique_ptr<ClusterRouting> empty;
+  ASSERT_EQ(ClusterRouting::build(ClusterMap{}, options, empty), RouterStatus::kOk);
+  EXPECT_EQ(empty->owner_of("k"), nullptr);
+}
+
+TEST(MembershipOptionsTest, BadOptionsAreRefusedBeforeAnyIo) {
+  MembershipOptions good;
+  good.endpoints = "127.0.0.1:1";  // never contacted
+  good.prefix = "/shardlock/x/";
+  good.node_id = "a";
+  good.advertise = "127.0.0.1:7000";
+  good.data_dir = "/nonexistent-never-created";
+  const auto refused = [](MembershipOptions options) {
+    std::unique_ptr<Membership> member;
+    std::string detail;
+    const std::error_code ec = Membership::start(std::move(options), member, detail);
+    EXPECT_FALSE(detail.empty());
+    return ec == MembershipErrc::kInvalidOptions && member == nullptr;
+  };
+  MembershipOptions o = good;
+  o.node_id = "a/b";
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.advertise = "127.0.0.1";
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.prefix = "/shardlock/x";
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.weight = 0;
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.data_dir.clear();
+  EXPECT_TRUE(refused(o));
+  o = good;
+  o.lease_ttl = seconds(2);
+  o.drift_margin = seconds(1);
+  EXPECT_TRUE(refused(o));
+}
+
+// ---------------------------------------------------------------------------
+// Against etcd
+// ---------------------------------------------------------------------------
+
+class MembershipTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!EtcdProcess::available()) return;
+    etcd_ = new EtcdProcess();
+    if (!etcd_->start()) start_error_ = etcd_->error();
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+  }
+  void SetUp() override {
+    if (!EtcdProcess::available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    prefix_ = "/shardlock/" +
+              std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "/";
+    base_dir_ = make_temp_dir();
+    ASSERT_FALSE(base_dir_.empty());
+    router_options_.bucket_bits = kTestBucketBits;
+  }
+  void TearDown() override {
+    members_.clear();  // stops them (revoking their leases)
+    if (!base_dir_.empty()) std::filesystem::remove_all(base_dir_);
+  }
+
+  MembershipOptions options_for(const std::string& id, const std::string& endpoints = {}) {
+    MembershipOptions options;
+    options.endpoints = endpoints.empty() ? etcd_->endpoint() : endpoints;
+    options.prefix = prefix_;
+    options.node_id = id;
+    options.advertise = "127.0.0.1:" + std::to_string(7000 + id.size() + id.back());
+    options.data_dir = base_dir_ + "/" + id;
+    options.lease_ttl = kTtl;
+    options.drift_margin = kMargin;
+    options.retry_interval = milliseconds(100);
+    options.log = log_.sink();
+    return options;
+  }
+
+  // Starts a member and keeps it in members_ (stopped at TearDown).
+  Membership* start(MembershipOptions options) {
+    std::unique_ptr<Membership> member;
+    std::string detail;
+    const std::error_code ec = Membership::start(std::move(options), member, detail);
+    EXPECT_FALSE(ec) << ec.message() << ": " << detail;
+    if (ec) return nullptr;
+    members_.push_back(std::move(member));
+    return members_.back().get();
+  }
+  Membership* start(const std::string& id) { return start(options_for(id)); }
+
+  // Every member in `members` has the same map, with exactly `ids`, at an
+  // epoch above `above`.
+  static bool converged(const std::vector<Membership*>& members,
+                        const std::vector<std::string>& ids, std::uint64_t above) {
+    const auto first = members.front()->current_map();
+    if (first->epoch <= above || ids_of(*first) != ids) return false;
+    for (Membership* member : members) {
+      if (*member->current_map() != *first) return false;
+    }
+    return true;
+  }
+
+  // CAS wins summed over `members`.
+  static std::uint64_t publishes(const std::vector<Membership*>& members) {
+    std::uint64_t total = 0;
+    for (Membership* member : members) total += member->stats().maps_published;
+    return total;
+  }
+
+  std::unique_ptr<ClusterRouting> routing_of(const ClusterMap& map) const {
+    std::unique_ptr<ClusterRouting> routing;
+    EXPECT_EQ(ClusterRouting::build(map, router_options_, routing), RouterStatus::kOk);
+    return routing;
+  }
+
+  static EtcdProcess* etcd_;
+  static std::string start_error_;
+  std::string prefix_;
+  std::string base_dir_;
+  RouterOptions router_options_;
+  LogLines log_;
+  std::vector<std::unique_ptr<Membership>> members_;
+};
+
+EtcdProcess* MembershipTest::etcd_ = nullptr;
+std::string MembershipTest::start_error_;
+
+TEST_F(MembershipTest, ThreeNodesConvergeOnOneMapWhoseEpochIsTheMapKeysRevision) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  Membership* c = start("c");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b, c}, {"a", "b", "c"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const auto map = a->current_map();
+  EXPECT_EQ(map->members[1].address, b->options().advertise);
+  EXPECT_EQ(map->members[1].weight, 1u);
+
+  // The epoch is the map key's mod_revision as etcd has it.
+  const auto read = a->etcd().get(prefix_ + "map");
+  ASSERT_TRUE(read.ok()) << read.detail;
+  ASSERT_EQ(read.value.kvs.size(), 1u);
+  EXPECT_EQ(static_cast<std::uint64_t>(read.value.kvs[0].mod_revision), map->epoch);
+  EXPECT_EQ(decode_map_members(read.value.kvs[0].value), map->members);
+
+  // Each member key is under its node's own lease.
+  for (Membership* member : {a, b, c}) {
+    const auto key = a->etcd().get(prefix_ + "members/" + member->options().node_id);
+    ASSERT_TRUE(key.ok());
+    ASSERT_EQ(key.value.kvs.size(), 1u);
+    EXPECT_EQ(key.value.kvs[0].lease, member->lease_id());
+    EXPECT_TRUE(member->lease_alive());
+    // The epoch each adopted is persisted.
+    EXPECT_EQ(member->stats().highest_epoch, map->epoch);
+  }
+  // Every published map was adopted by its publisher, and publishes are CAS
+  // wins: no more of them than the maps that ever existed for this prefix.
+  std::uint64_t published = 0;
+  for (Membership* member : {a, b, c}) published += member->stats().maps_published;
+  EXPECT_GE(published, 1u);
+  EXPECT_LE(published, 3u);  // at most one per membership change: +a, +b, +c
+}
+
+TEST_F(MembershipTest, ANodeWhoseLeaseExpiresLeavesTheMapAtAHigherEpoch) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  Membership* c = start("c");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b, c}, {"a", "b", "c"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  const std::uint64_t published_before = publishes({a, b});
+
+  // A crash: no revoke, the keep-alives stop, etcd expires the lease.
+  c->stop(StopMode::kAbandonLease);
+  EXPECT_FALSE(c->lease_alive());
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, before);
+      },
+      test_support::kPollTimeout, milliseconds(20)))
+      << "a: epoch " << a->current_map()->epoch << ", " << a->current_map()->members.size()
+      << " members";
+  EXPECT_GT(b->current_map()->epoch, before);
+  // Both saw the same change and raced to publish it; one CAS won.
+  EXPECT_EQ(publishes({a, b}) - published_before, 1u);
+}
+
+TEST_F(MembershipTest, AJoinerRaisesTheEpochAndTakesOnlyBucketsThatMoveToIt) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  Membership* c = start("c");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b, c}, {"a", "b", "c"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const auto before_map = a->current_map();
+  const auto before = routing_of(*before_map);
+  const std::uint64_t published_before = publishes({a, b, c});
+
+  Membership* d = start("d");
+  ASSERT_NE(d, nullptr);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b, c, d}, {"a", "b", "c", "d"}, before_map->epoch);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  // Four nodes may react to the join; exactly one CAS publishes it.
+  EXPECT_EQ(publishes({a, b, c, d}) - published_before, 1u);
+  const auto after = routing_of(*d->current_map());
+  ASSERT_EQ(before->bucket_count(), after->bucket_count());
+  std::size_t moved = 0;
+  for (std::size_t bucket = 0; bucket < after->bucket_count(); ++bucket) {
+    const ClusterMember* old_owner = before->owner_of_bucket(bucket);
+    const ClusterMember* new_owner = after->owner_of_bucket(bucket);
+    ASSERT_TRUE(old_owner && new_owner);
+    if (old_owner->id != new_owner->id) {
+      ++moved;
+      ASSERT_EQ(new_owner->id, "d") << "bucket " << bucket << " moved from " << old_owner->id;
+    }
+  }
+  EXPECT_GT(moved, 0u);
+  EXPECT_LT(moved, after->bucket_count() / 2);  // about a quarter
+}
+
+TEST_F(MembershipTest, APersistedHigherEpochMakesARestartedNodeRefuseTheMap) {
+  MembershipOptions options = options_for("a");
+  Membership* a = start(options);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const std::uint64_t epoch = a->current_map()->epoch;
+  members_.clear();  // stops it, revoking its lease
+
+  // As if this node had seen a much newer map before etcd lost it.
+  {
+    std::unique_ptr<EpochFile> file;
+    std::string detail;
+    ASSERT_FALSE(EpochFile::open(options.data_dir, file, detail)) << detail;
+    ASSERT_EQ(file->highest(), epoch);
+    ASSERT_FALSE(file->record(epoch + 1000, detail)) << detail;
+  }
+  std::vector<ClusterMap> seen;
+  std::mutex seen_mutex;
+  options.on_map_change = [&](const ClusterMap& map) {
+    std::lock_guard lock(seen_mutex);
+    seen.push_back(map);
+  };
+  Membership* restarted = start(options);
+  ASSERT_NE(restarted, nullptr);
+  ASSERT_TRUE(poll_until([&] { return restarted->stats().maps_refused >= 1; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  const MembershipStats stats = restarted->stats();
+  EXPECT_EQ(stats.highest_epoch, epoch + 1000);
+  EXPECT_EQ(stats.last_refused_epoch, epoch);
+  EXPECT_EQ(stats.maps_adopted, 0u);
+  EXPECT_EQ(restarted->current_map()->epoch, 0u);
+  EXPECT_TRUE(log_.contains("refusing cluster map epoch " + std::to_string(epoch)));
+  std::lock_guard lock(seen_mutex);
+  EXPECT_TRUE(seen.empty());
+}
+
+TEST_F(MembershipTest, LeaseAliveIsADeadlineOnTheInjectedClock) {
+  auto fake_now = std::make_shared<std::atomic<std::int64_t>>(
+      std::chrono::duration_cast<nanoseconds>(seconds(1000)).count());
+  MembershipOptions options = options_for("a");
+  options.clock = [fake_now] { return nanoseconds(fake_now->load(std::memory_order_relaxed)); };
+  Membership* a = start(options);
+  ASSERT_NE(a, nullptr);
+  // The clock stands still: every acknowledged keep-alive was sent at 1000 s,
+  // so the deadline is 1000 s + the TTL etcd granted (2 s) - the margin.
+  const nanoseconds expected = seconds(1000) + kTtl - kMargin;
+  ASSERT_TRUE(poll_until([&] { return a->stats().keep_alives_acked >= 2; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_EQ(a->lease_deadline(), expected);
+  EXPECT_TRUE(a->lease_alive());
+  EXPECT_TRUE(a->lease_alive(expected - nanoseconds(1)));
+  EXPECT_FALSE(a->lease_alive(expected));
+  EXPECT_FALSE(a->lease_alive(expected + seconds(60)));
+
+  // The clock jumps 10 s (a pause): past the deadline, until a keep-alive
+  // sent at the new time is acknowledged and moves it.
+  fake_now->store(std::chrono::duration_cast<nanoseconds>(seconds(1010)).count(),
+                  std::memory_order_relaxed);
+  ASSERT_TRUE(poll_until([&] { return a->lease_deadline() == expected + seconds(10); },
+                         test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_TRUE(a->lease_alive());
+}
+
+TEST_F(MembershipTest, ADrainedNodeLeavesTheNextMapWhileItsKeyStaysAlive) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  Membership* c = start("c");
+  ASSERT_TRUE(a && b && c);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b, c}, {"a", "b", "c"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  const EtcdStatus drained = c->drain();
+  ASSERT_TRUE(drained.ok()) << drained.detail;
+  // c itself follows the map that leaves it out.
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b, c}, {"a", "b"}, before);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const auto key = a->etcd().get(prefix_ + "members/c");
+  ASSERT_TRUE(key.ok()) << key.detail;
+  ASSERT_EQ(key.value.kvs.size(), 1u);
+  EXPECT_EQ(key.value.kvs[0].lease, c->lease_id());
+  const auto record = decode_member(key.value.kvs[0].value);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->state, MemberState::kDraining);
+  EXPECT_TRUE(c->lease_alive());
+}
+
+TEST_F(MembershipTest, ALostLeaseIsReplacedAndTheMapShowsTheNodeAgain) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  const std::int64_t old_lease = b->lease_id();
+  ASSERT_TRUE(a->etcd().revoke_lease(old_lease).ok());  // etcd drops b's key now
+
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const std::int64_t lease = b->lease_id();
+        return lease != 0 && lease != old_lease;
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const MembershipStats stats = b->stats();
+  EXPECT_GE(stats.leases_lost, 1u);
+  EXPECT_GE(stats.registrations, 2u);
+  // The map moved on (b left, then came back) and shows b under its new key.
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, before) && b->lease_alive();
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const auto key = a->etcd().get(prefix_ + "members/b");
+  ASSERT_TRUE(key.ok());
+  ASSERT_EQ(key.value.kvs.size(), 1u);
+  EXPECT_EQ(key.value.kvs[0].lease, b->lease_id());
+}
+
+TEST_F(MembershipTest, MalformedValuesInEtcdAreCountedAndIgnored) {
+  Membership* a = start("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  ASSERT_TRUE(a->etcd().put(prefix_ + "members/x", "not a member").ok());
+  ASSERT_TRUE(a->etcd().put(prefix_ + "members/bad/id", "address=h:1 weight=1 state=active").ok());
+  ASSERT_TRUE(poll_until([&] { return a->stats().bad_values >= 2; }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  // A map value that does not decode is replaced by the live membership.
+  ASSERT_TRUE(a->etcd().put(prefix_ + "map", "garbage").ok());
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, before); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+}
+
+TEST_F(MembershipTest, ASecondNodeWithALiveIdIsRefused) {
+  ASSERT_NE(start("a"), nullptr);
+  MembershipOptions options = options_for("a");
+  options.data_dir = base_dir_ + "/other";
+  std::unique_ptr<Membership> twin;
+  std::string detail;
+  EXPECT_EQ(Membership::start(options, twin, detail), MembershipErrc::kMemberExists);
+  EXPECT_NE(detail.find("members/a"), std::string::npos) << detail;
+  EXPECT_EQ(twin, nullptr);
+}
+
+TEST(MembershipEtcdKilled, LeaseAliveTurnsFalseWithinTtlPlusMargin) {
+  if (!EtcdProcess::available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
+  EtcdProcess etcd;
+  ASSERT_TRUE(etcd.start()) << etcd.error();
+  const std::string dir = make_temp_dir();
+  ASSERT_FALSE(dir.empty());
+  MembershipOptions options;
+  options.endpoints = etcd.endpoint();
+  options.prefix = "/shardlock/killed/";
+  options.node_id = "a";
+  options.advertise = "127.0.0.1:7001";
+  options.data_dir = dir;
+  options.lease_ttl = kTtl;
+  options.drift_margin = kMargin;
+  options.log = [](std::string_view) {};
+  std::unique_ptr<Membership> a;
+  std::string detail;
+  ASSERT_FALSE(Membership::start(options, a, detail)) << detail;
+  ASSERT_TRUE(poll_until([&] { return a->stats().keep_alives_acked >= 1; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  ASSERT_TRUE(a->lease_alive());
+
+  const nanoseconds killed_at = std::chrono::steady_clock::now().time_since_epoch();
+  etcd.kill();
+  // Every acknowledged keep-alive was sent before the kill, so the deadline
+  // is at most killed_at + TTL - margin; polling longer than that is slack.
+  EXPECT_TRUE(poll_until([&] { return !a->lease_alive(); }, kTtl + kMargin, milliseconds(10)));
+  EXPECT_LE(a->lease_deadline(), killed_at + kTtl - kMargin);
+  EXPECT_FALSE(a->lease_alive());
+  a->stop(StopMode::kAbandonLease);
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace shardlock::cluster
