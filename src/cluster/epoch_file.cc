@@ -11,6 +11,8 @@
 #include <cstdio>
 #include <string_view>
 
+#include "shardlock/internal/durable_file.h"
+
 namespace shardlock::cluster {
 namespace {
 
@@ -26,35 +28,6 @@ std::string hex64(std::uint64_t v) {
   std::array<char, 17> text{};
   std::snprintf(text.data(), text.size(), "%016llx", static_cast<unsigned long long>(v));
   return {text.data(), 16};
-}
-
-// Temp file, write, fsync, rename over `name`; the caller fsyncs the
-// directory. The same steps as write_record() in src/lease/token_store.cc,
-// which keeps its copy private to that file (and src/lease/ is out of this
-// change's reach); both should move to one shared helper.
-std::error_code replace_file(int dir_fd, const std::string& name, std::string_view bytes) {
-  const std::string tmp = name + ".tmp";
-  const int fd = ::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_code();
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::error_code ec = errno_code();
-      ::close(fd);
-      return ec;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::error_code ec = errno_code();
-    ::close(fd);
-    return ec;
-  }
-  if (::close(fd) != 0) return errno_code();
-  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) return errno_code();
-  return {};
 }
 
 }  // namespace
@@ -147,7 +120,8 @@ std::error_code EpochFile::open(const std::string& dir, std::unique_ptr<EpochFil
 
 std::error_code EpochFile::record(std::uint64_t epoch, std::string& detail) {
   if (epoch <= highest_) return {};
-  if (const std::error_code ec = replace_file(dir_fd_, kFileName, encode(epoch))) {
+  if (const std::error_code ec =
+          shardlock::internal::replace_file_durably(dir_fd_, kFileName, encode(epoch))) {
     detail = describe("cannot write", path(), ec);
     return ec;
   }

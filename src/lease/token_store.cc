@@ -17,9 +17,12 @@
 #include <set>
 #include <string_view>
 
+#include "shardlock/internal/durable_file.h"
 #include "shardlock/lease/server.h"
 
 namespace shardlock::lease::internal {
+
+using shardlock::internal::replace_file_durably;
 namespace {
 
 constexpr std::size_t kRecordSize = 32;
@@ -127,28 +130,8 @@ std::error_code read_record(int dir_fd, const std::string& name, Record& r, std:
 
 // temp file, write, fsync, rename over `name`. The caller fsyncs the directory.
 std::error_code write_record(int dir_fd, const std::string& name, const Record& r) {
-  const std::string tmp = name + ".tmp";
-  const int fd = ::openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_code();
-  std::size_t done = 0;
-  while (done < r.size()) {
-    const ssize_t n = ::write(fd, r.data() + done, r.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const std::error_code ec = errno_code();
-      ::close(fd);
-      return ec;
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0) {
-    const std::error_code ec = errno_code();
-    ::close(fd);
-    return ec;
-  }
-  if (::close(fd) != 0) return errno_code();
-  if (::renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) return errno_code();
-  return {};
+  return replace_file_durably(dir_fd, name,
+                              std::span(reinterpret_cast<const char*>(r.data()), r.size()));
 }
 
 }  // namespace
