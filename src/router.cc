@@ -505,11 +505,21 @@ void Router::publish(std::shared_ptr<RouterSnapshot> next) {
   // seq_cst: pairs with the reader's seq_cst pointer load (see snapshot()).
   const Published* old = current_.exchange(fresh, std::memory_order_seq_cst);
   // Grace period: flip the phase so new readers count on the other counter,
-  // then wait for the readers counted on the old one. seq_cst pairs with the
-  // reader's phase load and increment (see snapshot()).
-  const std::uint32_t phase = reader_phase_.fetch_add(1, std::memory_order_seq_cst);
-  while (readers_[phase & 1].value.load(std::memory_order_seq_cst) != 0) {
-    std::this_thread::yield();
+  // then wait for the readers counted on the old one; then the same again
+  // for the other counter. One flip is not enough: a reader that loaded the
+  // phase before an earlier publish's flip may increment its (now stale)
+  // counter after that publish polled it, load the pointer this publish is
+  // retiring, and be counted on the counter a single flip here would not
+  // wait for (TSan caught that use-after-free in
+  // RouterTest.LookupsRunWhileMembershipChanges). Waiting on both, each
+  // after a flip, covers every reader that can still hold `old`, as SRCU's
+  // synchronize does. seq_cst pairs with the reader's phase load and
+  // increment (see snapshot()).
+  for (int pass = 0; pass < 2; ++pass) {
+    const std::uint32_t phase = reader_phase_.fetch_add(1, std::memory_order_seq_cst);
+    while (readers_[phase & 1].value.load(std::memory_order_seq_cst) != 0) {
+      std::this_thread::yield();
+    }
   }
   delete old;
 }
