@@ -1,0 +1,183 @@
+#include "activation.h"
+
+#include <algorithm>
+#include <cassert>
+#include <map>
+#include <span>
+#include <tuple>
+#include <utility>
+
+namespace shardlock::cluster {
+
+BucketActivation::BucketActivation(ActivationOptions options) : options_(std::move(options)) {
+  assert(valid_node_id(options_.node_id));
+  assert(options_.lock_delay >= Time{0});
+  self_ = intern(options_.node_id);
+  chains_.emplace_back();  // chain 0: settled
+}
+
+BucketActivation::NodeIndex BucketActivation::intern(std::string_view id) {
+  if (auto found = find(id)) return *found;
+  const auto index = static_cast<NodeIndex>(nodes_.size());
+  nodes_.push_back(Node{.id = std::string(id), .acked_epoch = 0, .gone_at = std::nullopt});
+  node_by_id_.emplace(std::string(id), index);
+  return index;
+}
+
+std::optional<BucketActivation::NodeIndex> BucketActivation::find(std::string_view id) const {
+  const auto it = node_by_id_.find(std::string(id));
+  if (it == node_by_id_.end()) return std::nullopt;
+  return it->second;
+}
+
+bool BucketActivation::released(NodeIndex node, Time now) const {
+  const Node& n = nodes_[node];
+  if (epoch_ != 0 && n.acked_epoch == epoch_) return true;
+  return n.gone_at && now >= *n.gone_at + options_.lock_delay;
+}
+
+MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
+  if (map.epoch <= epoch_) return MapVerdict::kStale;
+  std::unique_ptr<ClusterRouting> routing;
+  if (ClusterRouting::build(map, options_.router_options, routing) != RouterStatus::kOk) {
+    return MapVerdict::kUnroutable;
+  }
+  const bool first = routing_ == nullptr;
+  if (!first && routing->bucket_count() != owner_.size()) return MapVerdict::kBucketCount;
+
+  // The Router's member index -> our node index.
+  std::vector<NodeIndex> node_of_member;
+  node_of_member.reserve(map.members.size());
+  for (const ClusterMember& member : map.members) node_of_member.push_back(intern(member.id));
+  const std::span<const std::uint16_t> table = routing->snapshot().table();
+  auto owner_in_new_map = [&](std::size_t bucket) {
+    if (bucket >= table.size()) return kNoNode;  // an empty map has no table
+    const std::uint16_t index = table[bucket];
+    if (index == RouterSnapshot::kNoOwner || index >= node_of_member.size()) return kNoNode;
+    return node_of_member[index];
+  };
+
+  hand_off_.clear();
+  if (first) {
+    owner_.resize(routing->bucket_count());
+    chain_of_bucket_.assign(routing->bucket_count(), 0);
+    for (std::size_t b = 0; b < owner_.size(); ++b) owner_[b] = owner_in_new_map(b);
+    for (NodeIndex node : node_of_member) {
+      if (node != self_) first_map_members_.push_back(node);
+    }
+    gate_opens_at_ = now + options_.lock_delay;
+  } else {
+    // A moved bucket's new chain: its old chain plus its old owner, minus its
+    // new owner. Buckets move in groups (one leaving node's buckets to a few
+    // heirs), so the result is cached per (old chain, old owner, new owner).
+    std::map<std::tuple<ChainIndex, NodeIndex, NodeIndex>, ChainIndex> moved;
+    for (std::size_t b = 0; b < owner_.size(); ++b) {
+      const NodeIndex before = owner_[b];
+      const NodeIndex after = owner_in_new_map(b);
+      if (before == after) continue;
+      if (before == self_) hand_off_.push_back(b);
+      const auto key = std::make_tuple(chain_of_bucket_[b], before, after);
+      auto it = moved.find(key);
+      if (it == moved.end()) {
+        std::vector<NodeIndex> chain = chains_[chain_of_bucket_[b]];
+        if (before != kNoNode && std::find(chain.begin(), chain.end(), before) == chain.end()) {
+          chain.push_back(before);
+        }
+        std::erase(chain, after);
+        ChainIndex index = 0;
+        if (!chain.empty()) {
+          index = static_cast<ChainIndex>(chains_.size());
+          chains_.push_back(std::move(chain));
+        }
+        it = moved.emplace(key, index).first;
+      }
+      chain_of_bucket_[b] = it->second;
+      owner_[b] = after;
+    }
+  }
+  epoch_ = map.epoch;
+  routing_ = std::move(routing);
+  compact_chains();
+  // Acks of this epoch that arrived before the map did count now.
+  release_settled(now);
+  return MapVerdict::kAdopted;
+}
+
+void BucketActivation::on_handoff(std::string_view node_id, std::uint64_t epoch) {
+  const NodeIndex node = intern(node_id);
+  if (node == self_) return;
+  Node& n = nodes_[node];
+  if (epoch <= n.acked_epoch) return;
+  n.acked_epoch = epoch;
+  if (epoch_ != 0 && epoch == epoch_) release(node);
+}
+
+void BucketActivation::on_member_gone(std::string_view node_id, Time now) {
+  const NodeIndex node = intern(node_id);
+  if (node == self_) return;
+  Node& n = nodes_[node];
+  if (!n.gone_at) n.gone_at = now;
+}
+
+void BucketActivation::on_member_registered(std::string_view node_id, Time now) {
+  const NodeIndex node = intern(node_id);
+  if (node == self_) return;
+  // The old incarnation's leases are over if the delay has passed: release
+  // it first, so the buckets it blocked stay active. A released node is out
+  // of every chain and re-enters one only by owning a bucket and losing it
+  // again; then this incarnation must ack or go away again.
+  if (released(node, now)) release(node);
+  nodes_[node].gone_at.reset();
+}
+
+void BucketActivation::release(NodeIndex node) {
+  // Sound for every chain at once: the current map gives none of a chain's
+  // buckets to a node in that chain (on_map drops the new owner), so an ack
+  // of the current map, or the end of the node's leases, lets go of them all.
+  for (std::vector<NodeIndex>& chain : chains_) std::erase(chain, node);
+  std::erase(first_map_members_, node);
+}
+
+void BucketActivation::release_settled(Time now) {
+  for (NodeIndex node = 0; node < nodes_.size(); ++node) {
+    if (node != self_ && released(node, now)) release(node);
+  }
+}
+
+void BucketActivation::compact_chains() {
+  std::vector<ChainIndex> renumbered(chains_.size(), 0);
+  std::vector<bool> used(chains_.size(), false);
+  for (ChainIndex chain : chain_of_bucket_) used[chain] = true;
+  std::vector<std::vector<NodeIndex>> kept;
+  kept.emplace_back();
+  for (ChainIndex chain = 1; chain < chains_.size(); ++chain) {
+    if (!used[chain] || chains_[chain].empty()) continue;
+    renumbered[chain] = static_cast<ChainIndex>(kept.size());
+    kept.push_back(std::move(chains_[chain]));
+  }
+  for (ChainIndex& chain : chain_of_bucket_) chain = renumbered[chain];
+  chains_ = std::move(kept);
+}
+
+bool BucketActivation::owns(std::size_t bucket) const noexcept {
+  return bucket < owner_.size() && owner_[bucket] == self_;
+}
+
+bool BucketActivation::may_grant(std::size_t bucket, Time now) const {
+  if (!owns(bucket)) return false;
+  if (now < gate_opens_at_) return false;
+  for (NodeIndex node : first_map_members_) {
+    if (!released(node, now)) return false;
+  }
+  for (NodeIndex node : chains_[chain_of_bucket_[bucket]]) {
+    if (!released(node, now)) return false;
+  }
+  return true;
+}
+
+bool BucketActivation::ready_to_ack(std::uint64_t epoch,
+                                    std::size_t live_leases_on_unowned_buckets) const noexcept {
+  return epoch_ != 0 && epoch == epoch_ && live_leases_on_unowned_buckets == 0;
+}
+
+}  // namespace shardlock::cluster

@@ -1,0 +1,184 @@
+// activation.h: which buckets one node may grant in the newest map it knows,
+// rule 3 of docs/cluster.md "Who may grant". Pure: no etcd, no sockets, no
+// clock of its own; the caller feeds it maps, hand-off records, member-key
+// events and the monotonic time.
+//
+//   BucketActivation activation({.node_id = "n2", .lock_delay = 47s});
+//   activation.on_map(map, now);                  // each adopted map
+//   activation.on_handoff("n1", epoch);           // handoff/n1 read or changed
+//   activation.on_member_gone("n1", now);         // members/n1 deleted
+//   activation.on_member_registered("n1", now);   // members/n1 put again
+//   if (activation.may_grant(bucket, now)) ...;   // the grant path
+//   for (auto b : activation.buckets_to_hand_off()) ...;  // stop, release
+//   if (activation.ready_to_ack(epoch, leases_on_unowned)) write handoff/n2
+//
+// The rule. A bucket b is active at this node N in the current map E when
+//   - E gives b to N,
+//   - every node that may still hold a lease on b has let go of it: it wrote
+//     handoff/X == E (so it let go of every bucket E does not give it, and E
+//     gives b to N), or its member key vanished and lock_delay has passed on
+//     N's clock since N saw it go,
+//   - and the start-up gate below is open.
+//
+// Who "may still hold a lease on b": every owner b had in the maps N saw since
+// b was last settled, except the current owner. This is the chain A->B->C:
+// if b moves A->B in E2 and B->C in E3 before B activated, C cannot know
+// whether B ever activated (A may have acked E2), nor whether A's leases have
+// ended, so C waits for both A and B. A node leaves the chain for good once
+// it is released (acked, or gone plus the delay); it re-enters only by owning
+// b again and losing it again. A bucket owned in consecutive maps keeps its
+// state, so an active bucket stays active.
+//
+// Why an ack counts only when it equals E, not when it is >= E (a deliberate
+// narrowing of the design's wording). handoff/X holds only X's newest epoch,
+// and a node may skip maps (the map thread reads the newest map, not every
+// one). If X acked E5 while N is still at E3, E5 may give b back to X, and X
+// may have gone from E1 straight to E5 keeping b active and its leases live:
+// ">= E3" would let N grant beside them. An ack == E3 proves X let go of b in
+// the very map N is looking at. The cost is liveness only: N waits until it
+// adopts the map X acked, and every live node acks every map it adopts. The
+// same narrowing keeps "stays active" safe across skipped maps: nobody else
+// can activate N's bucket without N's ack of exactly their epoch.
+//
+// The start-up gate. N's first map comes with no history: N cannot know who
+// owned its buckets before. So every member of the first map (other than N)
+// must be released as above, and lock_delay must pass from the first map's
+// time (for owners that were already gone, or draining nodes outside the map:
+// the delay covers those that lost etcd, not a draining node that is live but
+// slow to see the map). Only then does any bucket activate.
+//
+// The caller's duties: report every adopted map in epoch order (older or equal
+// epochs are ignored), every handoff/<id> value, and every delete and put of a
+// member key, in the order etcd's watch delivers them. A restarted node must
+// not ack (ready_to_ack's lease count) until its previous run's leases are
+// over (TokenStore::previous_lease_bound_ms()).
+//
+// Memory: one 4-byte chain index per bucket plus the distinct chains, so the
+// default 2^22 buckets cost 16 MiB. on_map() and a release are O(buckets).
+//
+// Not thread-safe: one thread (or a lock the caller holds) drives it.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "membership.h"
+#include "shardlock/router.h"
+
+namespace shardlock::cluster {
+
+struct ActivationOptions {
+  std::string node_id;  // this node; valid_node_id()
+  // max lease TTL + etcd lease TTL + drift margin (docs/cluster.md).
+  std::chrono::nanoseconds lock_delay{0};
+  // Must equal the options every node routes with.
+  RouterOptions router_options;
+};
+
+enum class MapVerdict : std::uint8_t {
+  kAdopted,
+  kStale,        // epoch <= the current map's: ignored
+  kUnroutable,   // the Router refused the members: ignored
+  kBucketCount,  // a different bucket count than the first map's: ignored
+};
+
+class BucketActivation {
+ public:
+  // Times are on the caller's monotonic clock (a steady_clock
+  // time_since_epoch, like MembershipOptions::clock).
+  using Time = std::chrono::nanoseconds;
+
+  explicit BucketActivation(ActivationOptions options);
+
+  // Adopts `map` as current unless its epoch is not above the current one.
+  // Buckets this node owned before and `map` does not give it are returned by
+  // buckets_to_hand_off() from now on, and may_grant() refuses them at once.
+  MapVerdict on_map(const ClusterMap& map, Time now);
+
+  // handoff/<node_id> holds `epoch`. Values below one already seen are
+  // ignored; this node's own record is ignored.
+  void on_handoff(std::string_view node_id, std::uint64_t epoch);
+
+  // members/<node_id> vanished at `now` (its etcd lease ended). The first
+  // time counts until the key is registered again.
+  void on_member_gone(std::string_view node_id, Time now);
+  // members/<node_id> was put at `now` (a restart or a re-registration): its
+  // earlier gone time no longer speaks for the leases it may take from now on.
+  void on_member_registered(std::string_view node_id, Time now);
+
+  // Whether this node may grant or renew in `bucket` at `now` (rule 3 only;
+  // rules 1 and 2, ownership at the lease path and the etcd lease deadline,
+  // are the caller's too). False before the first map and for a bucket out
+  // of range.
+  [[nodiscard]] bool may_grant(std::size_t bucket, Time now) const;
+
+  // Whether the current map gives `bucket` to this node (rule 1).
+  [[nodiscard]] bool owns(std::size_t bucket) const noexcept;
+
+  // The buckets the latest adopted map took from this node, ascending: stop
+  // granting them (may_grant already refuses) and end or release their
+  // leases. Empty before the second map.
+  [[nodiscard]] const std::vector<std::size_t>& buckets_to_hand_off() const noexcept {
+    return hand_off_;
+  }
+
+  // Whether this node may write handoff/<id> = `epoch`: `epoch` is the
+  // current map's, and `live_leases_on_unowned_buckets` (the caller's count
+  // of leases it still holds in buckets owns() is false for, from any earlier
+  // map) is 0.
+  [[nodiscard]] bool ready_to_ack(std::uint64_t epoch,
+                                  std::size_t live_leases_on_unowned_buckets) const noexcept;
+
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return chain_of_bucket_.size(); }
+  [[nodiscard]] const ActivationOptions& options() const noexcept { return options_; }
+
+ private:
+  using NodeIndex = std::uint32_t;
+  using ChainIndex = std::uint32_t;  // 0: the empty chain (settled)
+  static constexpr NodeIndex kNoNode = ~NodeIndex{0};
+
+  struct Node {
+    std::string id;
+    std::uint64_t acked_epoch = 0;
+    std::optional<Time> gone_at;
+  };
+
+  NodeIndex intern(std::string_view id);
+  std::optional<NodeIndex> find(std::string_view id) const;
+  // Released for the current map: acked exactly it, or gone long enough.
+  bool released(NodeIndex node, Time now) const;
+  // Removes `node` from every chain and from the start-up gate.
+  void release(NodeIndex node);
+  // Releases every node acked == epoch_ or gone long enough at `now`.
+  void release_settled(Time now);
+  // Drops chains no bucket refers to and renumbers the rest.
+  void compact_chains();
+
+  ActivationOptions options_;
+  NodeIndex self_ = 0;
+  std::vector<Node> nodes_;
+  std::unordered_map<std::string, NodeIndex> node_by_id_;
+
+  std::uint64_t epoch_ = 0;
+  std::unique_ptr<ClusterRouting> routing_;
+  // owner_[b]: the current owner's node index, or kNoNode.
+  std::vector<NodeIndex> owner_;
+  std::vector<ChainIndex> chain_of_bucket_;
+  std::vector<std::vector<NodeIndex>> chains_;  // chains_[0] is always empty
+  std::vector<std::size_t> hand_off_;
+
+  // The start-up gate: the first map's other members, until released, and
+  // the time it opens at the earliest.
+  std::vector<NodeIndex> first_map_members_;
+  Time gate_opens_at_{0};
+};
+
+}  // namespace shardlock::cluster

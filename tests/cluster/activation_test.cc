@@ -1,0 +1,309 @@
+// BucketActivation, rule 3 of docs/cluster.md "Who may grant": which buckets
+// one node may grant, driven by maps, hand-off records, member-key events and
+// an injected monotonic time. Pure: no etcd.
+#include "activation.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace shardlock::cluster {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+using std::chrono::seconds;
+using Time = BucketActivation::Time;
+
+constexpr nanoseconds kLockDelay = seconds(47);
+// 256 buckets: the mapping is the same function at any size.
+constexpr int kBucketBits = 8;
+
+RouterOptions router_options() {
+  RouterOptions options;
+  options.bucket_bits = kBucketBits;
+  return options;
+}
+
+ClusterMap make_map(std::uint64_t epoch, const std::vector<std::string>& ids) {
+  ClusterMap map;
+  map.epoch = epoch;
+  for (const std::string& id : ids) map.members.push_back({id, id + ":7700", 1});
+  return map;
+}
+
+// The owner id of every bucket in `map`.
+std::vector<std::string> owners(const ClusterMap& map) {
+  std::unique_ptr<ClusterRouting> routing;
+  EXPECT_EQ(ClusterRouting::build(map, router_options(), routing), RouterStatus::kOk);
+  std::vector<std::string> out;
+  for (std::size_t b = 0; b < routing->bucket_count(); ++b) {
+    const ClusterMember* owner = routing->owner_of_bucket(b);
+    out.push_back(owner ? owner->id : "");
+  }
+  return out;
+}
+
+// Buckets owned by `from` in `before` and by `to` in `after`.
+std::vector<std::size_t> moved(const ClusterMap& before, const ClusterMap& after,
+                               const std::string& from, const std::string& to) {
+  const std::vector<std::string> a = owners(before);
+  const std::vector<std::string> b = owners(after);
+  std::vector<std::size_t> out;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (a[i] == from && b[i] == to) out.push_back(i);
+  }
+  return out;
+}
+
+BucketActivation make(const std::string& self) {
+  return BucketActivation(ActivationOptions{
+      .node_id = self, .lock_delay = kLockDelay, .router_options = router_options()});
+}
+
+// Adopts `map` as the first map at `now` and opens the start-up gate: every
+// other member acks its epoch and the lock-delay passes. Returns the time
+// the gate opened.
+Time settle_first_map(BucketActivation& activation, const ClusterMap& map, Time now) {
+  EXPECT_EQ(activation.on_map(map, now), MapVerdict::kAdopted);
+  for (const ClusterMember& member : map.members) activation.on_handoff(member.id, map.epoch);
+  return now + kLockDelay;
+}
+
+const ClusterMap kThree = make_map(10, {"n1", "n2", "n3"});
+
+TEST(BucketActivation, NothingIsActiveBeforeTheFirstMap) {
+  BucketActivation activation = make("n2");
+  EXPECT_FALSE(activation.may_grant(0, Time{0}));
+  EXPECT_FALSE(activation.ready_to_ack(0, 0));
+  EXPECT_TRUE(activation.buckets_to_hand_off().empty());
+}
+
+TEST(BucketActivation, FirstMapWaitsForEveryOtherMemberAndTheLockDelay) {
+  BucketActivation activation = make("n2");
+  const Time start = seconds(5);
+  ASSERT_EQ(activation.on_map(kThree, start), MapVerdict::kAdopted);
+  const std::vector<std::size_t> mine = moved(kThree, kThree, "n2", "n2");
+  ASSERT_FALSE(mine.empty());
+  const std::size_t b = mine.front();
+  EXPECT_TRUE(activation.owns(b));
+  const Time later = start + kLockDelay;
+  EXPECT_FALSE(activation.may_grant(b, later));  // no acks yet
+  activation.on_handoff("n1", 10);
+  EXPECT_FALSE(activation.may_grant(b, later));  // n3 still missing
+  activation.on_handoff("n3", 10);
+  EXPECT_FALSE(activation.may_grant(b, later - nanoseconds(1)));
+  EXPECT_TRUE(activation.may_grant(b, later));
+  // Never a bucket the map gives to another node.
+  for (std::size_t other : moved(kThree, kThree, "n1", "n1")) {
+    EXPECT_FALSE(activation.may_grant(other, later));
+  }
+}
+
+TEST(BucketActivation, UnchangedBucketsStayActiveAcrossAMapChange) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const ClusterMap four = make_map(20, {"n1", "n2", "n3", "n4"});
+  const std::vector<std::size_t> kept = moved(kThree, four, "n2", "n2");
+  ASSERT_FALSE(kept.empty());
+  for (std::size_t b : kept) ASSERT_TRUE(activation.may_grant(b, open));
+
+  ASSERT_EQ(activation.on_map(four, open), MapVerdict::kAdopted);
+  // No ack of epoch 20 from anyone, and no time passed.
+  for (std::size_t b : kept) EXPECT_TRUE(activation.may_grant(b, open)) << b;
+  // What n4 took is n2's no longer, at once.
+  const std::vector<std::size_t> taken = moved(kThree, four, "n2", "n4");
+  ASSERT_FALSE(taken.empty());
+  for (std::size_t b : taken) EXPECT_FALSE(activation.may_grant(b, open)) << b;
+}
+
+TEST(BucketActivation, MovedBucketsWaitForThePreviousOwnersAckOfExactlyThisEpoch) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const ClusterMap two = make_map(20, {"n2", "n3"});  // n1 drains: alive, not in the map
+  const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
+  const std::vector<std::size_t> kept = moved(kThree, two, "n2", "n2");
+  ASSERT_FALSE(gained.empty());
+  ASSERT_FALSE(kept.empty());
+  ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
+
+  const Time much_later = open + 10 * kLockDelay;
+  for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, much_later)) << b;
+  activation.on_handoff("n3", 20);  // not a holder of these buckets
+  for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, much_later)) << b;
+  // An ack of a newer map this node has not seen proves nothing about this
+  // one (that map may give the buckets back to n1).
+  activation.on_handoff("n1", 25);
+  for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, much_later)) << b;
+  for (std::size_t b : kept) EXPECT_TRUE(activation.may_grant(b, open)) << b;
+
+  // Once this node adopts the map n1 acked, the ack counts.
+  const ClusterMap two_again = make_map(25, {"n2", "n3"});
+  ASSERT_EQ(activation.on_map(two_again, open), MapVerdict::kAdopted);
+  for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, open)) << b;
+}
+
+TEST(BucketActivation, MovedBucketsActivateOnTheAckOfTheCurrentEpoch) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const ClusterMap two = make_map(20, {"n2", "n3"});
+  const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
+  ASSERT_FALSE(gained.empty());
+  ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
+  for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, open)) << b;
+  activation.on_handoff("n1", 20);
+  for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, open)) << b;
+}
+
+TEST(BucketActivation, AnAckBeforeTheMapCountsWhenTheMapArrives) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const ClusterMap two = make_map(20, {"n2", "n3"});
+  activation.on_handoff("n1", 20);  // n1 saw the map first
+  ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
+  for (std::size_t b : moved(kThree, two, "n1", "n2")) EXPECT_TRUE(activation.may_grant(b, open));
+}
+
+TEST(BucketActivation, ADeadOwnersBucketsActivateExactlyAtGoneTimePlusLockDelay) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const Time gone = open + seconds(100);
+  activation.on_member_gone("n1", gone);
+  const ClusterMap two = make_map(20, {"n2", "n3"});
+  const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
+  ASSERT_FALSE(gained.empty());
+  ASSERT_EQ(activation.on_map(two, gone + seconds(5)), MapVerdict::kAdopted);
+  activation.on_handoff("n3", 20);
+
+  const Time ready = gone + kLockDelay;
+  for (std::size_t b : gained) {
+    EXPECT_FALSE(activation.may_grant(b, ready - milliseconds(1))) << b;
+    EXPECT_FALSE(activation.may_grant(b, ready - nanoseconds(1))) << b;
+    EXPECT_TRUE(activation.may_grant(b, ready)) << b;
+  }
+  // A second "gone" event does not move the time later.
+  activation.on_member_gone("n1", ready);
+  for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, ready)) << b;
+}
+
+TEST(BucketActivation, ANodeThatRegistersAgainMustAckForItsNewIncarnation) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const Time gone = open + seconds(1);
+  activation.on_member_gone("n1", gone);
+  activation.on_member_registered("n1", gone + seconds(2));  // restarted quickly
+  const ClusterMap two = make_map(20, {"n2", "n3"});
+  const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
+  ASSERT_FALSE(gained.empty());
+  ASSERT_EQ(activation.on_map(two, gone + seconds(3)), MapVerdict::kAdopted);
+  // The old gone time no longer releases n1.
+  for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, gone + 10 * kLockDelay));
+  activation.on_handoff("n1", 20);
+  for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, gone + 10 * kLockDelay));
+}
+
+// A single-member map owns every bucket, which makes chains explicit.
+class Chain : public ::testing::Test {
+ protected:
+  // C sees A own everything (E1, settled), then B (E2, A never acks, so B
+  // never activates), then itself (E3).
+  void SetUp() override {
+    ASSERT_EQ(c_.on_map(make_map(1, {"A"}), Time{0}), MapVerdict::kAdopted);
+    c_.on_handoff("A", 1);
+    ASSERT_EQ(c_.on_map(make_map(2, {"B"}), seconds(60)), MapVerdict::kAdopted);
+    ASSERT_EQ(c_.on_map(make_map(3, {"C"}), seconds(61)), MapVerdict::kAdopted);
+    ASSERT_TRUE(c_.owns(kBucket));
+  }
+  static constexpr std::size_t kBucket = 17;
+  const Time much_later_ = seconds(61) + 10 * kLockDelay;
+  BucketActivation c_ = make("C");
+};
+
+TEST_F(Chain, TheOwnerBeforeTheUnactivatedOwnerMustStillAck) {
+  EXPECT_FALSE(c_.may_grant(kBucket, much_later_));
+  c_.on_handoff("B", 3);
+  EXPECT_FALSE(c_.may_grant(kBucket, much_later_));  // A may still hold leases
+  c_.on_handoff("A", 3);
+  EXPECT_TRUE(c_.may_grant(kBucket, much_later_));
+}
+
+TEST_F(Chain, OrTheOwnerBeforeMustBeGoneForTheLockDelay) {
+  c_.on_handoff("B", 3);
+  const Time gone = seconds(70);
+  c_.on_member_gone("A", gone);
+  EXPECT_FALSE(c_.may_grant(kBucket, gone + kLockDelay - nanoseconds(1)));
+  EXPECT_TRUE(c_.may_grant(kBucket, gone + kLockDelay));
+}
+
+TEST_F(Chain, TheUnactivatedOwnerMustAckToo) {
+  c_.on_handoff("A", 3);
+  EXPECT_FALSE(c_.may_grant(kBucket, much_later_));  // B may have activated after all
+  c_.on_handoff("B", 3);
+  EXPECT_TRUE(c_.may_grant(kBucket, much_later_));
+}
+
+TEST(BucketActivation, RegainingALostBucketWaitsForTheOwnerInBetween) {
+  // A -> B -> A: B may have activated on A's ack of E2.
+  BucketActivation a = make("A");
+  ASSERT_EQ(a.on_map(make_map(1, {"A"}), Time{0}), MapVerdict::kAdopted);
+  const Time open = Time{0} + kLockDelay;
+  ASSERT_TRUE(a.may_grant(3, open));
+  ASSERT_EQ(a.on_map(make_map(2, {"B"}), open), MapVerdict::kAdopted);
+  EXPECT_FALSE(a.may_grant(3, open));
+  ASSERT_EQ(a.on_map(make_map(3, {"A"}), open), MapVerdict::kAdopted);
+  EXPECT_FALSE(a.may_grant(3, open));
+  a.on_handoff("B", 3);
+  EXPECT_TRUE(a.may_grant(3, open));
+}
+
+TEST(BucketActivation, AnOlderOrEqualMapIsIgnored) {
+  BucketActivation activation = make("n2");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const std::vector<std::size_t> mine = moved(kThree, kThree, "n2", "n2");
+  // An older map that would give n2's buckets away, and one with the same
+  // epoch: neither is adopted.
+  EXPECT_EQ(activation.on_map(make_map(9, {"n1", "n3"}), open), MapVerdict::kStale);
+  EXPECT_EQ(activation.on_map(make_map(10, {"n1", "n3"}), open), MapVerdict::kStale);
+  EXPECT_EQ(activation.epoch(), 10U);
+  EXPECT_TRUE(activation.buckets_to_hand_off().empty());
+  for (std::size_t b : mine) EXPECT_TRUE(activation.may_grant(b, open)) << b;
+}
+
+TEST(BucketActivation, LostBucketsAreReportedForHandOffAtOnce) {
+  BucketActivation activation = make("n1");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  const std::vector<std::size_t> had = moved(kThree, kThree, "n1", "n1");
+  ASSERT_FALSE(had.empty());
+  for (std::size_t b : had) ASSERT_TRUE(activation.may_grant(b, open));
+
+  const ClusterMap two = make_map(20, {"n2", "n3"});  // n1 drains
+  ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
+  EXPECT_EQ(activation.buckets_to_hand_off(), had);
+  for (std::size_t b : had) EXPECT_FALSE(activation.may_grant(b, open)) << b;
+  // It may ack the new epoch only once its leases there are over.
+  EXPECT_FALSE(activation.ready_to_ack(20, 3));
+  EXPECT_TRUE(activation.ready_to_ack(20, 0));
+  EXPECT_FALSE(activation.ready_to_ack(10, 0));
+  EXPECT_FALSE(activation.ready_to_ack(21, 0));
+
+  // The next map reports only what it takes.
+  ASSERT_EQ(activation.on_map(make_map(30, {"n2", "n3"}), open), MapVerdict::kAdopted);
+  EXPECT_TRUE(activation.buckets_to_hand_off().empty());
+}
+
+TEST(BucketActivation, AnEmptyMapOwnsNothing) {
+  BucketActivation activation = make("n1");
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  ASSERT_EQ(activation.on_map(make_map(20, {}), open), MapVerdict::kAdopted);
+  EXPECT_EQ(activation.buckets_to_hand_off(), moved(kThree, kThree, "n1", "n1"));
+  for (std::size_t b = 0; b < activation.bucket_count(); ++b) {
+    EXPECT_FALSE(activation.may_grant(b, open));
+  }
+}
+
+}  // namespace
+}  // namespace shardlock::cluster
