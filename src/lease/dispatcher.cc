@@ -58,11 +58,11 @@ void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, co
     decide(w, bytes, peer, replies);
     w.latency.record(options_.clock() - start);
   } catch (const std::bad_alloc&) {
-    // Given up whole: the client retransmits. Answers already decided for
-    // waiters are remembered by their shards, so their retransmissions get
-    // them too.
-    w.deferred.clear();
+    // Given up: the client retransmits. Answers already decided for waiters
+    // still go out if they can (and are remembered by their shards), and the
+    // ACQUIRE_MANY steps among them are taken.
     count(allocation_failures_);
+    send_deferred(w, replies);
   }
 }
 
@@ -75,13 +75,24 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
       if (slot.timers.load(std::memory_order_relaxed) == 0) continue;  // see ShardSlot::timers
       LockGuard lock(slot.mu);
       slot.shard->advance(now, w.deferred);
+      while (MultiAcquire* m = slot.shard->take_stalled()) {
+        try {
+          DeferredReply step;
+          step.multi = m;
+          step.type = m->stalled_step;
+          w.deferred.push_back(std::move(step));
+        } catch (const std::bad_alloc&) {
+          slot.shard->stall(*m, m->stalled_step);  // the next tick tries again
+          count(allocation_failures_);
+          break;
+        }
+      }
       slot.note_timers();
     }
-    send_deferred(w, replies);
   } catch (const std::bad_alloc&) {
-    w.deferred.clear();
     count(allocation_failures_);
   }
+  send_deferred(w, replies);
 }
 
 void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
@@ -103,25 +114,32 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
   o.length = static_cast<std::uint16_t>(written);
 }
 
-void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) {
+void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept {
   // A step of an ACQUIRE_MANY may hand keys off and append more answers, so
-  // this walks by index over a list that can grow.
+  // this walks by index over a list that can grow. Every record is taken
+  // whatever happened to the one before: a reply that cannot be sent for want
+  // of memory is lost (its answer is remembered for the retransmission), but
+  // an ACQUIRE_MANY step is never skipped, or its request would wait forever.
   for (std::size_t i = 0; i < w.deferred.size(); ++i) {
-    if (w.deferred[i].multi != nullptr) {
-      const DeferredReply step = w.deferred[i];
-      continue_many(w, step, replies);
-      continue;
+    try {
+      if (w.deferred[i].multi != nullptr) {
+        const DeferredReply step = w.deferred[i];  // no key: copying allocates nothing
+        continue_many(w, step, replies);
+        continue;
+      }
+      const DeferredReply& d = w.deferred[i];
+      if (d.type == MessageType::kError) {
+        options_.log("cannot issue a token to a waiter on a key; answered ERROR(internal)");
+      }
+      w.reply.count = 0;
+      w.reply.batch = false;
+      w.reply.client_id = d.client;
+      (void)w.reply.push(d.message());
+      w.reply.request_id = d.request_id;
+      send_reply(w.reply, d.reply_credit, d.peer, replies);
+    } catch (const std::bad_alloc&) {
+      count(allocation_failures_);
     }
-    const DeferredReply& d = w.deferred[i];
-    if (d.type == MessageType::kError) {
-      options_.log("cannot issue a token to a waiter on a key; answered ERROR(internal)");
-    }
-    w.reply.count = 0;
-    w.reply.batch = false;
-    w.reply.client_id = d.client;
-    (void)w.reply.push(d.message());
-    w.reply.request_id = d.request_id;
-    send_reply(w.reply, d.reply_credit, d.peer, replies);
   }
   w.deferred.clear();
 }
@@ -393,18 +411,10 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
     return true;
   }
   const std::uint64_t fingerprint = many_fingerprint(m, options_.key_seed);
+  // Built whole before it is registered: a registered request that is never
+  // stepped would wait forever. An allocation failure here leaves nothing.
   auto owned = std::make_unique<MultiAcquire>();
   MultiAcquire& multi = *owned;
-  {
-    LockGuard lock(multi_mu_);
-    if (active_many_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
-    if (const MultiAnswer* cached = many_answers_.find(owner, m.request_id)) {
-      if (cached->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
-      fill_many(*cached, w.many_tokens[item], reply);
-      return true;
-    }
-    active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
-  }
   multi.client = owner;
   multi.request_id = m.request_id;
   multi.peer = peer;
@@ -412,6 +422,7 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
   multi.ttl_ms = m.ttl_ms;
   multi.wait_deadline_ms = now + m.wait_ms;
   multi.reply_credit = credit;
+  multi.parts.reserve(m.key_count);
   std::uint8_t index = 0;
   for (const std::string_view key : KeyList(m)) {
     MultiAcquire::Part& part = multi.parts.emplace_back();
@@ -423,6 +434,16 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
   std::sort(multi.parts.begin(), multi.parts.end(), [](const auto& a, const auto& b) {
     return std::tie(a.shard, a.hash, a.key) < std::tie(b.shard, b.hash, b.key);
   });
+  {
+    LockGuard lock(multi_mu_);
+    if (active_many_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
+    if (const MultiAnswer* cached = many_answers_.find(owner, m.request_id)) {
+      if (cached->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
+      fill_many(*cached, w.many_tokens[item], reply);
+      return true;
+    }
+    active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
+  }
   multi.fingerprint = fingerprint;
   lock_parts(multi);
   std::optional<MultiAnswer> answer;
@@ -543,7 +564,11 @@ void Dispatcher::continue_many(Worker& w, const DeferredReply& d,
   reply.request_id = m.request_id;
   fill_many(*answer, w.deferred_tokens, reply);
   (void)w.reply.push(reply);
-  send_reply(w.reply, m.reply_credit, m.peer, replies);
+  try {
+    send_reply(w.reply, m.reply_credit, m.peer, replies);
+  } catch (const std::bad_alloc&) {
+    count(allocation_failures_);  // lost; the retransmission gets the answer below
+  }
   finish_many(m, *answer);
 }
 

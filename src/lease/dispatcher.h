@@ -119,8 +119,9 @@ class Dispatcher {
     // one-client p99. Relaxed: a timer armed after the read is fired by the
     // next tick, and every request fires due timers itself first.
     std::atomic<std::size_t> timers{0};
+    // A stalled ACQUIRE_MANY step counts as a timer, so tick() visits it.
     void note_timers() SHARDLOCK_REQUIRES(mu) {
-      timers.store(shard->timers(), std::memory_order_relaxed);
+      timers.store(shard->timers() + (shard->has_stalled() ? 1 : 0), std::memory_order_relaxed);
     }
   };
   // Scratch space of one I/O thread, reused for every datagram.
@@ -167,7 +168,7 @@ class Dispatcher {
                        std::vector<OutDatagram>& replies);
   void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                   std::vector<OutDatagram>& replies);
-  void send_deferred(Worker& w, std::vector<OutDatagram>& replies);
+  void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;
   void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
   void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   [[nodiscard]] std::int64_t now_ms() const;

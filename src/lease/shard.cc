@@ -536,6 +536,9 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
     deferred.push_back(std::move(out));
   } catch (const std::bad_alloc&) {
     count(StatCounter::kAllocationFailures);
+    // A single ACQUIRE's answer is remembered and its retransmission gets
+    // it; an ACQUIRE_MANY's step must not be lost, or it waits forever.
+    if (w.multi != nullptr) stall(*w.multi, type);
   }
 }
 

@@ -1,13 +1,19 @@
-// The shard state machine when memory runs out (issue 11, hole 8): every
+// The shard state machine (and the dispatcher's multi-key path) when memory
+// runs out (issue 11, hole 8): every
 // allocation a request makes is failed in turn, by a global operator new
 // that throws on command, and the shard must answer ERROR(kResourceExhausted)
 // or succeed, stay consistent, and go on serving.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <new>
+#include <string>
 #include <vector>
 
+#include "dispatcher.h"
 #include "shardlock/lease/internal/shard.h"
 
 namespace {
@@ -170,6 +176,109 @@ TEST_F(ShardAllocationTest, HandOffAlwaysCompletes) {
     EXPECT_EQ(reply.token, bob_token);
     EXPECT_EQ(shard.queued_waiters(), 0u);
     EXPECT_EQ(shard.tracked_clients(), 1u);
+  }
+  EXPECT_TRUE(reached_success);
+}
+
+// An ACQUIRE_MANY waiting on a key whose RELEASE runs out of memory at any
+// allocation: the request is never left waiting forever. Once its wait and
+// TTL have passed, its retransmission is answered (GRANTED_MANY, or an
+// ERROR or TIMEOUT), and the keys end up free.
+class DispatcherAllocationTest : public ::testing::Test {
+ protected:
+  void make() {
+    ShardLimits limits;
+    limits.hash_seed = 0x5eed;
+    std::vector<std::unique_ptr<Shard>> shards;
+    for (std::uint32_t i = 0; i < 4; ++i) {
+      shards.push_back(std::make_unique<Shard>(i, limits, ShardTokens{}, now_ms_));
+    }
+    DispatcherOptions o;
+    o.clock = [this] { return std::chrono::milliseconds(now_ms_); };
+    o.log = [](std::string_view) {};
+    o.key_seed = limits.hash_seed;
+    dispatcher_ = std::make_unique<Dispatcher>(std::move(o), std::move(shards));
+  }
+  std::vector<OutDatagram> send(const ClientId& client, const Message& m, long fail_at = -1) {
+    Datagram d;
+    d.client_id = client;
+    d.request_id = m.request_id;
+    EXPECT_TRUE(d.push(m));
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+    std::size_t n = 0;
+    EXPECT_EQ(encode_request(d, bytes, n), ProtocolError::kOk);
+    std::vector<OutDatagram> out;
+    out.reserve(8);
+    if (fail_at >= 0) fail_after(fail_at);
+    dispatcher_->handle(0, std::span(bytes).first(n), peer_, out);
+    never_fail();
+    return out;
+  }
+  Message single(MessageType type, const std::string& key, std::uint64_t id) {
+    Message m;
+    m.type = type;
+    m.key = keys_.emplace_back(key);
+    m.request_id = id;
+    m.ttl_ms = 1000;
+    return m;
+  }
+  Message many(std::uint64_t id) {
+    const std::string_view keys[] = {"m1", "m2", "m3"};
+    EXPECT_TRUE(encode_key_list(keys, list_));
+    Message m;
+    m.type = MessageType::kAcquireMany;
+    m.request_id = id;
+    m.ttl_ms = 1000;
+    m.wait_ms = 5000;
+    m.key_count = 3;
+    m.key_list = list_;
+    return m;
+  }
+  static Message first(const std::vector<OutDatagram>& out, const ClientId& to) {
+    for (const OutDatagram& o : out) {
+      Datagram d;
+      if (decode({o.bytes.data(), o.length}, d) == ProtocolError::kOk && d.client_id == to) {
+        Message m = d.messages[0];
+        m.key = {};  // a view into `o`; not needed
+        m.tokens_le = {};
+        return m;
+      }
+    }
+    Message none;
+    none.type = MessageType::kStats;  // no answer
+    return none;
+  }
+
+  std::int64_t now_ms_ = 1'000'000;
+  Peer peer_;
+  std::deque<std::string> keys_;
+  std::vector<std::uint8_t> list_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+};
+
+TEST_F(DispatcherAllocationTest, AWaitingAcquireManyIsNeverStrandedByARelease) {
+  bool reached_success = false;
+  for (long fail_at = 0; fail_at < 400 && !reached_success; ++fail_at) {
+    SCOPED_TRACE(fail_at);
+    now_ms_ = 1'000'000;
+    make();
+    const Message held = first(send(kBob, single(MessageType::kAcquire, "m2", 1)), kBob);
+    ASSERT_EQ(held.type, MessageType::kGranted);
+    ASSERT_TRUE(send(kAlice, many(7)).empty());  // queued behind Bob
+    Message release = single(MessageType::kRelease, "m2", 2);
+    release.token = held.token;
+    const auto out = send(kBob, release, fail_at);
+    reached_success = first(out, kAlice).type == MessageType::kGrantedMany;
+    // Past the wait and the TTL every lease and wait has run out; the
+    // retransmission must be answered, never silently ignored as waiting.
+    now_ms_ += 5000 + 1000 + 10;
+    std::vector<OutDatagram> ticked;
+    dispatcher_->tick(0, ticked);
+    const Message again = first(send(kAlice, many(7)), kAlice);
+    EXPECT_NE(again.type, MessageType::kStats) << "the ACQUIRE_MANY is stranded";
+    EXPECT_TRUE(again.type == MessageType::kGrantedMany || again.type == MessageType::kError ||
+                again.type == MessageType::kTimeout)
+        << to_string(again.type);
   }
   EXPECT_TRUE(reached_success);
 }

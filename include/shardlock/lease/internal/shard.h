@@ -60,6 +60,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "shardlock/lease/internal/dedup_cache.h"
@@ -110,6 +111,10 @@ struct MultiAcquire {
   std::uint64_t fingerprint = 0;  // the Dispatcher's, for retransmissions
   std::vector<Part> parts;        // in the global order (shard, hash, key)
   std::size_t taken = 0;          // parts[0, taken) are held, pending until confirmed
+  // A step whose DeferredReply could not be allocated waits here, linked in
+  // its shard's stalled list (no allocation), for the Dispatcher's next tick.
+  MessageType stalled_step = MessageType::kGranted;
+  MultiAcquire* next_stalled = nullptr;
 };
 
 // An answer decided after its request: a queued ACQUIRE granted on hand-off,
@@ -190,6 +195,20 @@ class Shard {
   void abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                std::vector<DeferredReply>& deferred);
   [[nodiscard]] const ShardLimits& limits() const noexcept { return limits_; }
+  // ACQUIRE_MANY steps that could not be handed out for want of memory (see
+  // MultiAcquire::next_stalled); the Dispatcher takes them on its tick, and
+  // puts one back with stall() if it still cannot.
+  [[nodiscard]] bool has_stalled() const noexcept { return stalled_ != nullptr; }
+  [[nodiscard]] MultiAcquire* take_stalled() noexcept {
+    MultiAcquire* m = stalled_;
+    if (m != nullptr) stalled_ = std::exchange(m->next_stalled, nullptr);
+    return m;
+  }
+  void stall(MultiAcquire& m, MessageType step) noexcept {
+    m.stalled_step = step;
+    m.next_stalled = stalled_;
+    stalled_ = &m;
+  }
   // Counts a multi-key request's outcome in this shard's counters.
   void count_outcome(StatCounter c) noexcept { count(c); }
 
@@ -374,7 +393,8 @@ class Shard {
   // state.
   std::list<Waiter> spare_waiters_;
   std::list<Holder> spare_holders_;
-  std::size_t leases_ = 0;  // holders over all keys
+  std::size_t leases_ = 0;           // holders over all keys
+  MultiAcquire* stalled_ = nullptr;  // see take_stalled()
   DedupCache<Answer> dedup_;
   // Every queued waiter by (client id, request id), so a retransmitted
   // ACQUIRE still queued is found in O(1), however long the queue.
