@@ -23,6 +23,7 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using test_support::EtcdProcess;
+using test_support::EtcdSuiteTest;
 using test_support::poll_until;
 
 std::unique_ptr<EtcdClient> connect_or_die(const std::string& endpoints,
@@ -74,33 +75,19 @@ class WatchLog {
 };
 
 // One etcd for the suite; each test works under its own key prefix.
-class EtcdClientTest : public ::testing::Test {
+class EtcdClientTest : public EtcdSuiteTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!EtcdProcess::available()) return;
-    etcd_ = new EtcdProcess();
-    if (!etcd_->start()) start_error_ = etcd_->error();
-  }
-  static void TearDownTestSuite() {
-    delete etcd_;
-    etcd_ = nullptr;
-  }
   void SetUp() override {
-    if (!EtcdProcess::available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
-    ASSERT_TRUE(start_error_.empty()) << start_error_;
+    EtcdSuiteTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
     client_ = connect_or_die(etcd_->endpoint());
     ASSERT_NE(client_, nullptr);
-    prefix_ = std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "/";
+    prefix_ = test_name() + "/";
   }
 
-  static EtcdProcess* etcd_;
-  static std::string start_error_;
   std::unique_ptr<EtcdClient> client_;
   std::string prefix_;
 };
-
-EtcdProcess* EtcdClientTest::etcd_ = nullptr;
-std::string EtcdClientTest::start_error_;
 
 TEST(EtcdPrefix, RangeEndCoversExactlyThePrefix) {
   EXPECT_EQ(prefix_range_end("a/"), "a0");

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -184,6 +185,35 @@ class EtcdProcess {
   std::uint16_t client_port_ = 0;
   std::uint16_t peer_port_ = 0;
   std::string error_;
+};
+
+// A fixture base with one etcd for the whole suite (started once, stopped
+// after the last test). A derived SetUp() calls EtcdSuiteTest::SetUp() first
+// and returns if the test was skipped (no etcd binary) or failed (etcd did
+// not start); each test then works under its own key prefix.
+class EtcdSuiteTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!EtcdProcess::available()) return;
+    etcd_ = new EtcdProcess();
+    if (!etcd_->start()) start_error_ = etcd_->error();
+  }
+  static void TearDownTestSuite() {
+    delete etcd_;
+    etcd_ = nullptr;
+    start_error_.clear();
+  }
+  void SetUp() override {
+    if (!EtcdProcess::available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
+    ASSERT_TRUE(start_error_.empty()) << start_error_;
+  }
+  // The test's name: a key prefix no other test of the suite uses.
+  static std::string test_name() {
+    return ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  }
+
+  inline static EtcdProcess* etcd_ = nullptr;
+  inline static std::string start_error_;
 };
 
 }  // namespace shardlock::test_support

@@ -27,6 +27,7 @@ using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 using std::chrono::seconds;
 using test_support::EtcdProcess;
+using test_support::EtcdSuiteTest;
 using test_support::poll_until;
 
 // etcd's minimum TTL, so leaving members expire quickly.
@@ -204,22 +205,12 @@ TEST(MembershipOptionsTest, BadOptionsAreRefusedBeforeAnyIo) {
 // Against etcd
 // ---------------------------------------------------------------------------
 
-class MembershipTest : public ::testing::Test {
+class MembershipTest : public EtcdSuiteTest {
  protected:
-  static void SetUpTestSuite() {
-    if (!EtcdProcess::available()) return;
-    etcd_ = new EtcdProcess();
-    if (!etcd_->start()) start_error_ = etcd_->error();
-  }
-  static void TearDownTestSuite() {
-    delete etcd_;
-    etcd_ = nullptr;
-  }
   void SetUp() override {
-    if (!EtcdProcess::available()) GTEST_SKIP() << EtcdProcess::kMissingMessage;
-    ASSERT_TRUE(start_error_.empty()) << start_error_;
-    prefix_ = "/shardlock/" +
-              std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "/";
+    EtcdSuiteTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    prefix_ = "/shardlock/" + test_name() + "/";
     base_dir_ = make_temp_dir();
     ASSERT_FALSE(base_dir_.empty());
     router_options_.bucket_bits = kTestBucketBits;
@@ -280,17 +271,12 @@ class MembershipTest : public ::testing::Test {
     return routing;
   }
 
-  static EtcdProcess* etcd_;
-  static std::string start_error_;
   std::string prefix_;
   std::string base_dir_;
   RouterOptions router_options_;
   LogLines log_;
   std::vector<std::unique_ptr<Membership>> members_;
 };
-
-EtcdProcess* MembershipTest::etcd_ = nullptr;
-std::string MembershipTest::start_error_;
 
 TEST_F(MembershipTest, ThreeNodesConvergeOnOneMapWhoseEpochIsTheMapKeysRevision) {
   Membership* a = start("a");
