@@ -55,7 +55,7 @@ void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, co
   Worker& w = *workers_[worker];
   const std::chrono::nanoseconds start = options_.clock();
   try {
-    decide(w, bytes, peer, replies);
+    decide(w, bytes, peer, start, replies);
     w.latency.record(options_.clock() - start);
   } catch (const std::bad_alloc&) {
     // Given up: the client retransmits. Answers already decided for waiters
@@ -161,7 +161,7 @@ void Dispatcher::refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer
 }
 
 void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
-                        std::vector<OutDatagram>& replies) {
+                        std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies) {
   // 1. A sealed datagram reaching a server without a key fails too: it
   // cannot be checked, and its sender expects sealed replies.
   bool rejected =
@@ -209,7 +209,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     if (may_answer_later(m)) stats_slack = 0;
   }
   // 4.
-  const std::int64_t now = now_ms();
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(arrived).count();
   for (std::size_t i = 0; i < w.request.count; ++i) {
     const Message& m = w.request.messages[i];
     Message r;

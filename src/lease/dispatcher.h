@@ -161,8 +161,10 @@ class Dispatcher {
   static void count(std::atomic<std::uint64_t>& c) noexcept {
     c.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic, read by STATS only
   }
+  // `arrived`: the clock when handle() took the datagram (one reading serves
+  // both the shards' time and the latency histogram).
   void decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
-              std::vector<OutDatagram>& replies);
+              std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies);
   // Answers every item of a request that is too small for its answers.
   void refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
                        std::vector<OutDatagram>& replies);
