@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <numeric>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -163,6 +164,14 @@ template <>
 struct FieldCodec<BodyField::kHolders> : UintField<BodyField::kHolders, &Message::holders> {};
 template <>
 struct FieldCodec<BodyField::kIndex> : UintField<BodyField::kIndex, &Message::index> {};
+template <>
+struct FieldCodec<BodyField::kEpoch> : UintField<BodyField::kEpoch, &Message::epoch> {};
+template <>
+struct FieldCodec<BodyField::kFirstMember>
+    : UintField<BodyField::kFirstMember, &Message::first_member> {};
+template <>
+struct FieldCodec<BodyField::kMemberCount>
+    : UintField<BodyField::kMemberCount, &Message::member_count> {};
 
 template <>
 struct FieldCodec<BodyField::kMode> : FixedField<BodyField::kMode> {
@@ -194,6 +203,40 @@ struct FieldCodec<BodyField::kKeyList> {
     for (std::size_t i = 0; i < m.key_count; ++i) (void)r.key();
     if (r.ok()) m.key_list = r.since(from);
     return true;
+  }
+};
+
+// Whether a member-list entry holds what decode() accepts.
+constexpr bool valid_member(std::size_t id_length, std::size_t address_length,
+                            std::uint32_t weight) noexcept {
+  return id_length >= 1 && id_length <= kMaxMemberIdLength && address_length >= 1 &&
+         address_length <= kMaxMemberAddressLength && weight >= 1;
+}
+
+// u8 count, then each member as u16 length + id, u16 length + address, u32
+// weight. The entries stay a view; MemberList walks them. Every entry is
+// read before judging, so a short list is kTruncated even after a bad one.
+template <>
+struct FieldCodec<BodyField::kMemberList> {
+  static_assert(body_field_size(BodyField::kMemberList) == 1);  // u8 count
+  static bool fits(const Message& /*m*/) noexcept { return true; }
+  static std::size_t variable_size(const Message& m) noexcept { return m.member_list.size(); }
+  static void write(Writer& w, const Message& m) noexcept {
+    w.u8(m.member_list_count);
+    w.bytes(m.member_list.data(), m.member_list.size());
+  }
+  static bool read(Reader& r, Message& m) noexcept {
+    m.member_list_count = r.u8();
+    const std::size_t from = r.position();
+    bool valid = true;
+    for (std::size_t i = 0; i < m.member_list_count && r.ok(); ++i) {
+      const std::size_t id_length = r.key().size();
+      const std::size_t address_length = r.key().size();
+      const std::uint32_t weight = r.u32();
+      valid = valid && valid_member(id_length, address_length, weight);
+    }
+    if (r.ok()) m.member_list = r.since(from);
+    return valid;
   }
 };
 
@@ -575,6 +618,51 @@ KeyList::iterator& KeyList::iterator::operator++() noexcept {
   return *this;
 }
 
+MemberList::iterator::iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept
+    : rest_(rest), left_(left) {
+  load();
+}
+
+void MemberList::iterator::load() noexcept {
+  if (left_ == 0) return;
+  Reader r(rest_);
+  const std::string_view id = r.key();
+  const std::string_view address = r.key();
+  const std::uint32_t weight = r.u32();
+  if (!r.ok()) {
+    left_ = 0;  // malformed: stop
+    return;
+  }
+  current_ = {id, address, weight};
+  entry_size_ = r.position();
+}
+
+MemberList::iterator& MemberList::iterator::operator++() noexcept {
+  if (left_ == 0) return *this;
+  rest_ = rest_.subspan(entry_size_);
+  --left_;
+  load();
+  return *this;
+}
+
+bool encode_member_list(std::span<const MemberEntry> members, std::vector<std::uint8_t>& out) {
+  out.clear();
+  if (members.size() > 0xFF) return false;
+  for (const MemberEntry& m : members) {
+    if (!valid_member(m.id.size(), m.address.size(), m.weight)) return false;
+  }
+  out.resize(std::accumulate(
+      members.begin(), members.end(), std::size_t{0},
+      [](std::size_t n, const MemberEntry& m) { return n + member_entry_size(m); }));
+  Writer w(out);
+  for (const MemberEntry& m : members) {
+    w.key(m.id);
+    w.key(m.address);
+    w.u32(m.weight);
+  }
+  return w.ok();
+}
+
 bool encode_key_list(std::span<const std::string_view> keys, std::vector<std::uint8_t>& out) {
   out.clear();
   if (keys.size() > 0xFF) return false;
@@ -602,8 +690,13 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
   out.client_id.hi = r.u64();
   if (!r.ok()) return ProtocolError::kTruncated;
   out.count = 0;
+  out.epoch.reset();
   if (out.version != kProtocolVersion) return ProtocolError::kUnsupportedVersion;
-  if ((out.flags & ~kFlagAuthenticated) != 0) return ProtocolError::kBadFlags;
+  if ((out.flags & ~(kFlagAuthenticated | kFlagEpoch)) != 0) return ProtocolError::kBadFlags;
+  if ((out.flags & kFlagEpoch) != 0) {
+    out.epoch = r.u64();
+    if (!r.ok()) return ProtocolError::kTruncated;
+  }
 
   if (type != static_cast<std::uint8_t>(MessageType::kBatch)) {
     if (!known_type(type)) return ProtocolError::kBadType;
@@ -655,7 +748,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
 
 std::size_t encoded_size(const Datagram& d) noexcept {
   if (d.count == 0 || d.count > kMaxBatch) return 0;
-  std::size_t n = kHeaderSize;
+  std::size_t n = kHeaderSize + (d.epoch ? kEpochSize : 0);
   const bool batch = framed_as_batch(d);
   for (const Message& m : d.items()) {
     const std::size_t b = body_size(m);
@@ -679,12 +772,13 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
   Writer w(out);
   w.u32(kMagic);
   w.u8(d.version);
-  w.u8(d.flags);
+  w.u8(static_cast<std::uint8_t>((d.flags & ~kFlagEpoch) | (d.epoch ? kFlagEpoch : 0)));
   w.u8(static_cast<std::uint8_t>(batch ? MessageType::kBatch : d.messages[0].type));
   w.u8(d.count);
   w.u64(batch ? d.request_id : d.messages[0].request_id);
   w.u64(d.client_id.lo);
   w.u64(d.client_id.hi);
+  if (d.epoch) w.u64(*d.epoch);
   for (const Message& m : d.items()) {
     if (batch) {
       w.u8(static_cast<std::uint8_t>(m.type));

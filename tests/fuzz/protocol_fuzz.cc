@@ -36,12 +36,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
 
   static Datagram second;
   if (shardlock::lease::decode(out, second) != ProtocolError::kOk) std::abort();
-  if (second.count != first.count || second.batch != first.batch) std::abort();
+  if (second.count != first.count || second.batch != first.batch || second.epoch != first.epoch) {
+    std::abort();
+  }
   for (std::size_t i = 0; i < first.count; ++i) {
     const auto& a = first.messages[i];
     const auto& b = second.messages[i];
     if (a.type != b.type || a.request_id != b.request_id || a.key != b.key || a.token != b.token ||
-        a.ttl_ms != b.ttl_ms) {
+        a.ttl_ms != b.ttl_ms || a.epoch != b.epoch || a.member_list_count != b.member_list_count ||
+        a.member_list.size() != b.member_list.size()) {
       std::abort();
     }
   }

@@ -122,6 +122,21 @@ std::vector<Message> one_of_each_type() {
     m.index = 1;
     m.ttl_ms = 1234;
   });
+  add(MessageType::kMap, [](Message& m) { m.first_member = 5; });
+  add(MessageType::kRedirect, [](Message& m) { m.epoch = 0x0000000100000002ULL; });
+  static const std::vector<std::uint8_t> members = [] {
+    const MemberEntry entries[] = {{"n2", "10.0.0.2:7000", 1}, {"node-3", "[::1]:7001", 300}};
+    std::vector<std::uint8_t> out;
+    EXPECT_TRUE(encode_member_list(entries, out));
+    return out;
+  }();
+  add(MessageType::kMapReply, [](Message& m) {
+    m.epoch = 7;
+    m.member_count = 3;
+    m.first_member = 1;
+    m.member_list_count = 2;
+    m.member_list = members;
+  });
   return all;
 }
 
@@ -158,6 +173,12 @@ void expect_same(const Message& a, const Message& b) {
   for (std::size_t i = 0; i < a.shard_token_count(); ++i) {
     EXPECT_EQ(a.shard_token(i), b.shard_token(i));
   }
+  EXPECT_EQ(a.epoch, b.epoch);
+  EXPECT_EQ(a.first_member, b.first_member);
+  EXPECT_EQ(a.member_count, b.member_count);
+  EXPECT_EQ(a.member_list_count, b.member_list_count);
+  EXPECT_TRUE(std::equal(a.member_list.begin(), a.member_list.end(), b.member_list.begin(),
+                         b.member_list.end()));
 }
 
 Datagram single(const Message& m) {
@@ -280,6 +301,14 @@ TEST(Protocol, EveryTruncationOfEveryMessageIsRejected) {
   datagrams.push_back(all);
   for (Message& m : all.items()) m.owner = ClientId{3, 4};
   datagrams.push_back(all);
+  // With a map epoch after the header, single and batched.
+  for (const Message& m : one_of_each_type()) {
+    Datagram e = single(m);
+    e.epoch = 0x0102030405060708ULL;
+    datagrams.push_back(e);
+  }
+  all.epoch = 9;
+  datagrams.push_back(all);
 
   for (const Datagram& d : datagrams) {
     const auto bytes = encode_or_die(d);
@@ -318,12 +347,14 @@ TEST(Protocol, HeaderErrors) {
   EXPECT_EQ(out.client_id, (ClientId{0xAAAA, 0xBBBB}));
 
   // Flags: bit 0 (a sealed datagram, its tag already removed) decodes and is
-  // reported; every reserved bit is rejected.
+  // reported; bit 1 (kFlagEpoch) has its own tests; every reserved bit is
+  // rejected.
   bad = good;
   bad[5] = kFlagAuthenticated;
   EXPECT_EQ(decode_exact(bad, out), ProtocolError::kOk);
   EXPECT_EQ(out.flags, kFlagAuthenticated);
-  for (int bit = 1; bit < 8; ++bit) {
+  EXPECT_FALSE(out.epoch.has_value());
+  for (int bit = 2; bit < 8; ++bit) {
     bad = good;
     bad[5] = static_cast<std::uint8_t>(1 << bit);
     EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags) << "bit " << bit;
@@ -587,6 +618,24 @@ TEST(Protocol, WireBytesArePinned) {
        34},
       {MessageType::kGrantedMany, "307500000201000000000000000200000000000009", 34},
       {MessageType::kBusyMany, "01d2040000", 34},
+      {MessageType::kMap, "05000000", 49},
+      {MessageType::kRedirect, "0200000001000000", 34},
+      {MessageType::kMapReply,
+       "0700000000000000"
+       "03000000"
+       "01000000"
+       "02"
+       "0200"
+       "6e32"
+       "0d00"
+       "31302e302e302e323a37303030"
+       "01000000"
+       "0600"
+       "6e6f64652d33"
+       "0a00"
+       "5b3a3a315d3a37303031"
+       "2c010000",
+       34},
   };
   const auto all = one_of_each_type();
   ASSERT_EQ(all.size(), std::size(pinned));
@@ -602,6 +651,16 @@ TEST(Protocol, WireBytesArePinned) {
   const auto acquire_bytes = encode_or_die(single(all[0]));
   EXPECT_EQ(to_hex(std::span(acquire_bytes).first(kHeaderSize)),
             "53484c4b010001010077665544332211aaaa000000000000bbbb000000000000");
+
+  // With a map epoch: flag bit 1, the u64 after the header, then the body.
+  Datagram with_epoch = single(all[0]);
+  with_epoch.epoch = 0x0102030405060708ULL;
+  const auto epoch_bytes = encode_or_die(with_epoch);
+  EXPECT_EQ(to_hex(epoch_bytes),
+            "53484c4b010201010077665544332211aaaa000000000000bbbb000000000000"
+            "0807060504030201"
+            "09006f72646572732f343230750000f4010000");
+  EXPECT_EQ(max_reply_size(with_epoch), 55u);  // the reply carries no epoch
 
   // A padded batch: an ACQUIRE with its own owner and a RELEASE.
   Datagram d;
@@ -715,10 +774,19 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
         return false;
     }
   };
+  // What issue 14 (clusters) added: REDIRECT to the requests on a key whose
+  // owner a map decides, and the MAP request.
+  const auto answered_now = [&](MessageType request, MessageType reply) {
+    if (request == kMap) return reply == kMapReply || reply == kError || reply == kRecovering;
+    if (reply == kRedirect) {
+      return is_acquire(request) || request == kRenew || request == kQuery;
+    }
+    return answered_before(request, reply);
+  };
   for (const RequestReplies& row : kRequestReplies) {
     for (unsigned t = 0; t < 256; ++t) {
       const auto reply = static_cast<MessageType>(t);
-      EXPECT_EQ(reply_answers(row.request, reply), answered_before(row.request, reply))
+      EXPECT_EQ(reply_answers(row.request, reply), answered_now(row.request, reply))
           << to_string(row.request) << " / " << t;
     }
   }
@@ -737,9 +805,9 @@ TEST(ProtocolTable, SizesAreTheBytesWritten) {
   for (Message m : one_of_each_type()) {
     SCOPED_TRACE(std::string(to_string(m.type)));
     const MessageBody& body = *message_body(m.type);
-    const std::size_t expected = body.fixed_size() +
-                                 (body.has(BodyField::kKey) ? m.key.size() : 0) +
-                                 m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size();
+    const std::size_t expected =
+        body.fixed_size() + (body.has(BodyField::kKey) ? m.key.size() : 0) +
+        m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() + m.member_list.size();
     const auto bytes = encode_or_die(single(m));
     EXPECT_EQ(bytes.size(), encoded_size(single(m)));
     EXPECT_EQ(bytes.size(), kHeaderSize + expected);
@@ -861,12 +929,325 @@ TEST(ProtocolTable, MalformedKeyListsAndModesAreRejected) {
   EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kBadField);
 }
 
+// REDIRECT answers the requests a cluster node may send to the key's owner,
+// never RELEASE (a lease is released where it was granted), STATS or MAP;
+// the server sends it (it is in the reply bound) and it carries no key.
+TEST(ProtocolTable, RedirectAnswersTheKeyedRequestsButRelease) {
+  using enum MessageType;
+  for (const MessageType request :
+       {kAcquire, kAcquireShared, kAcquirePermit, kAcquireMany, kRenew, kQuery}) {
+    bool sent = false;
+    for (const RequestReplies& row : kRequestReplies) {
+      if (row.request == request) sent = row.replies.contains(kRedirect);
+    }
+    EXPECT_TRUE(sent) << to_string(request);
+    EXPECT_TRUE(reply_answers(request, kRedirect)) << to_string(request);
+  }
+  for (const MessageType request : {kRelease, kStats, kMap}) {
+    EXPECT_FALSE(reply_answers(request, kRedirect)) << to_string(request);
+  }
+  EXPECT_FALSE(reply_carries_key(kRedirect));
+  EXPECT_TRUE(reply_answers(kMap, kMapReply));
+  EXPECT_TRUE(reply_answers(kMap, kRecovering));
+  EXPECT_FALSE(reply_answers(kStats, kMapReply));
+  EXPECT_FALSE(reply_carries_key(kMapReply));
+  EXPECT_EQ(to_string(kRedirect), "REDIRECT");
+  EXPECT_EQ(to_string(kMap), "MAP");
+  EXPECT_EQ(to_string(kMapReply), "MAP_REPLY");
+}
+
+// REDIRECT's 8 bytes never change how far a request is padded: for any
+// valid key (or key list), the request's own body or another reply it may
+// get is at least as large, so a client built before REDIRECT pads its
+// requests enough for a server that sends it.
+TEST(ProtocolTable, RedirectDoesNotChangeRequestPadding) {
+  const std::size_t redirect = message_body(MessageType::kRedirect)->fixed_size();
+  ASSERT_EQ(redirect, 8u);
+  for (const RequestReplies& row : kRequestReplies) {
+    if (!row.replies.contains(MessageType::kRedirect)) continue;
+    for (const std::size_t key_length :
+         {kMinKeyLength, std::size_t{2}, std::size_t{9}, kMaxKeyLength}) {
+      SCOPED_TRACE(::testing::Message() << to_string(row.request) << " key " << key_length);
+      const std::string key(key_length, 'k');
+      const std::string_view keys[] = {key};
+      std::vector<std::uint8_t> list;
+      ASSERT_TRUE(encode_key_list(keys, list));
+      Message request;
+      request.type = row.request;
+      request.key = key;
+      if (row.request == MessageType::kAcquireMany) {
+        request.key = {};
+        request.key_count = 1;
+        request.key_list = list;
+      }
+      const std::size_t request_body = encoded_size(single(request)) - kHeaderSize;
+      std::size_t other_replies = 0;
+      for (const MessageType type : row.replies) {
+        if (type == MessageType::kRedirect) continue;
+        other_replies = std::max(other_replies, message_body(type)->fixed_size());
+      }
+      EXPECT_GE(std::max(request_body, other_replies), redirect);
+      // And the padded size is the larger of the request and its bound.
+      std::vector<std::uint8_t> buf(kMaxDatagramSize);
+      std::size_t written = 0;
+      ASSERT_EQ(encode_request(single(request), buf, written), ProtocolError::kOk);
+      EXPECT_EQ(written, kHeaderSize +
+                             std::max(request_body, max_reply_size(single(request)) - kHeaderSize));
+    }
+  }
+}
+
+// A MAP request is padded for a MAP_REPLY without members: epoch, member
+// count, first member and the list's count byte.
+TEST(ProtocolTable, MapIsPaddedForAnEmptyMapReply) {
+  Message map;
+  map.type = MessageType::kMap;
+  EXPECT_EQ(max_reply_size(single(map)), kHeaderSize + 8 + 4 + 4 + 1);
+  Message empty;
+  empty.type = MessageType::kMapReply;
+  EXPECT_EQ(encoded_size(single(empty)), max_reply_size(single(map)));
+}
+
 TEST(ProtocolTable, OnlyAWaitingAcquireMayBeAnsweredLater) {
   for (Message m : one_of_each_type()) {
     m.wait_ms = 0;
     EXPECT_FALSE(may_answer_later(m)) << to_string(m.type);
     m.wait_ms = 1;
     EXPECT_EQ(may_answer_later(m), is_acquire(m.type)) << to_string(m.type);
+  }
+}
+
+// ---- The map epoch (kFlagEpoch) -------------------------------------------
+
+// Every message, single or batched, round-trips with an epoch; the datagram
+// is 8 bytes longer and its reply bound is unchanged.
+TEST(ProtocolEpoch, RoundTripsSingleAndBatched) {
+  for (const std::uint64_t epoch : {std::uint64_t{0}, std::uint64_t{1}, ~std::uint64_t{0}}) {
+    for (const Message& m : one_of_each_type()) {
+      SCOPED_TRACE(::testing::Message() << to_string(m.type) << " epoch " << epoch);
+      Datagram d = single(m);
+      const std::size_t plain_size = encoded_size(d);
+      const std::size_t plain_bound = max_reply_size(d);
+      const std::size_t plain_immediate = max_immediate_reply_size(d);
+      d.epoch = epoch;
+      EXPECT_EQ(encoded_size(d), plain_size + kEpochSize);
+      EXPECT_EQ(max_reply_size(d), plain_bound);
+      EXPECT_EQ(max_immediate_reply_size(d), plain_immediate);
+      const auto bytes = encode_or_die(d);
+      EXPECT_EQ(bytes.size(), plain_size + kEpochSize);
+      EXPECT_EQ(bytes[kHeaderFlagsOffset], kFlagEpoch);
+      Datagram out;
+      ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+      EXPECT_EQ(out.epoch, epoch);
+      EXPECT_EQ(out.flags, kFlagEpoch);
+      ASSERT_EQ(out.count, 1);
+      expect_same(m, out.messages[0]);
+    }
+  }
+  Datagram all;
+  all.client_id = {1, 2};
+  all.request_id = 3;
+  all.epoch = 42;
+  for (const Message& m : one_of_each_type()) ASSERT_TRUE(all.push(m));
+  const auto bytes = encode_or_die(all);
+  Datagram out;
+  ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+  EXPECT_TRUE(out.batch);
+  EXPECT_EQ(out.epoch, 42u);
+  ASSERT_EQ(out.count, all.count);
+  for (std::size_t i = 0; i < all.count; ++i) expect_same(all.messages[i], out.messages[i]);
+  // Re-encoding what was decoded gives the same bytes.
+  EXPECT_EQ(encode_or_die(out), bytes);
+}
+
+// The flag follows `epoch`, not `flags`: no epoch, no flag; a decoded
+// datagram without the flag has no epoch even when decoded into one that had.
+TEST(ProtocolEpoch, FlagIsSetExactlyWhenTheEpochIs) {
+  Datagram d = single(one_of_each_type()[0]);
+  d.flags = kFlagEpoch;  // stale: no epoch
+  const auto plain = encode_or_die(d);
+  EXPECT_EQ(plain[kHeaderFlagsOffset], 0);
+  EXPECT_EQ(plain, encode_or_die(single(one_of_each_type()[0])));
+  Datagram out;
+  out.epoch = 5;
+  ASSERT_EQ(decode_exact(plain, out), ProtocolError::kOk);
+  EXPECT_FALSE(out.epoch.has_value());
+
+  // With the other flag too (a sealed datagram whose tag was removed).
+  d.flags = kFlagAuthenticated;
+  d.epoch = 3;
+  const auto both = encode_or_die(d);
+  EXPECT_EQ(both[kHeaderFlagsOffset], kFlagAuthenticated | kFlagEpoch);
+  ASSERT_EQ(decode_exact(both, out), ProtocolError::kOk);
+  EXPECT_EQ(out.epoch, 3u);
+  EXPECT_EQ(out.flags, kFlagAuthenticated | kFlagEpoch);
+}
+
+// A datagram that sets the flag but ends inside the epoch is truncated; one
+// that sets it without an epoch misreads its body as the epoch and fails.
+TEST(ProtocolEpoch, ShortEpochIsTruncated) {
+  const auto header = encode_or_die(single(one_of_each_type()[4]));  // STATS: 4-byte body
+  Datagram out;
+  for (std::size_t extra = 0; extra < kEpochSize; ++extra) {
+    std::vector<std::uint8_t> bytes(header.begin(), header.begin() + kHeaderSize);
+    bytes[kHeaderFlagsOffset] = kFlagEpoch;
+    bytes.resize(kHeaderSize + extra, 0);
+    EXPECT_EQ(decode_exact(bytes, out), ProtocolError::kTruncated) << extra;
+  }
+  auto flagged = header;
+  flagged[kHeaderFlagsOffset] = kFlagEpoch;  // 4 body bytes where 8 + 4 belong
+  EXPECT_EQ(decode_exact(flagged, out), ProtocolError::kTruncated);
+}
+
+// encode_request() pads a request with an epoch to the same reply bound; the
+// anti-amplification check (the reply fits the request) holds a fortiori.
+TEST(ProtocolEpoch, PaddedRequestWithEpochIsNoShorter) {
+  for (const Message& m : one_of_each_type()) {
+    if (!is_request(m.type)) continue;
+    SCOPED_TRACE(std::string(to_string(m.type)));
+    Datagram d = single(m);
+    std::vector<std::uint8_t> buf(kMaxDatagramSize);
+    std::size_t plain = 0;
+    ASSERT_EQ(encode_request(d, buf, plain), ProtocolError::kOk);
+    d.epoch = 77;
+    std::size_t with_epoch = 0;
+    ASSERT_EQ(encode_request(d, buf, with_epoch), ProtocolError::kOk);
+    EXPECT_GE(with_epoch, plain);
+    EXPECT_GE(with_epoch, max_reply_size(d));
+    EXPECT_EQ(with_epoch, std::max(encoded_size(d), max_reply_size(d)));
+  }
+}
+
+// ---- MAP_REPLY's member list ------------------------------------------------
+
+TEST(ProtocolMembers, ListReadsBackMemberByMember) {
+  const std::string long_id(kMaxMemberIdLength, 'i');
+  const std::string long_address(kMaxMemberAddressLength, 'a');
+  const MemberEntry entries[] = {
+      {"a", "h:1", 1}, {long_id, long_address, 0xFFFFFFFF}, {"node-2", "127.0.0.1:7000", 3}};
+  std::vector<std::uint8_t> list;
+  ASSERT_TRUE(encode_member_list(entries, list));
+  std::size_t size = 0;
+  for (const MemberEntry& e : entries) size += member_entry_size(e);
+  EXPECT_EQ(list.size(), size);
+  Message m;
+  m.type = MessageType::kMapReply;
+  m.epoch = 12;
+  m.member_count = 3;
+  m.member_list_count = 3;
+  m.member_list = list;
+  Datagram out;
+  ASSERT_EQ(decode_exact(encode_or_die(single(m)), out), ProtocolError::kOk);
+  const Message& got = out.messages[0];
+  EXPECT_EQ(got.epoch, 12u);
+  EXPECT_EQ(got.member_count, 3u);
+  const MemberList members(got);
+  ASSERT_EQ(members.size(), 3u);
+  std::size_t i = 0;
+  for (const MemberEntry& e : members) {
+    ASSERT_LT(i, std::size(entries));
+    EXPECT_EQ(e.id, entries[i].id);
+    EXPECT_EQ(e.address, entries[i].address);
+    EXPECT_EQ(e.weight, entries[i].weight);
+    ++i;
+  }
+  EXPECT_EQ(i, 3u);
+  // A non-cluster server's answer: epoch 0, no members.
+  Message none;
+  none.type = MessageType::kMapReply;
+  ASSERT_EQ(decode_exact(encode_or_die(single(none)), out), ProtocolError::kOk);
+  EXPECT_EQ(out.messages[0].epoch, 0u);
+  EXPECT_EQ(MemberList(out.messages[0]).begin(), MemberList(out.messages[0]).end());
+}
+
+TEST(ProtocolMembers, EncoderRefusesWhatDecodeWouldRefuse) {
+  const std::string too_long_id(kMaxMemberIdLength + 1, 'i');
+  const std::string too_long_address(kMaxMemberAddressLength + 1, 'a');
+  std::vector<std::uint8_t> list;
+  for (const MemberEntry bad :
+       {MemberEntry{"", "h:1", 1}, MemberEntry{too_long_id, "h:1", 1}, MemberEntry{"n", "", 1},
+        MemberEntry{"n", too_long_address, 1}, MemberEntry{"n", "h:1", 0}}) {
+    const MemberEntry one[] = {bad};
+    EXPECT_FALSE(encode_member_list(one, list)) << bad.id.size() << " " << bad.address.size();
+  }
+  const std::vector<MemberEntry> many(256, MemberEntry{"n", "h:1", 1});
+  EXPECT_FALSE(encode_member_list(many, list));
+  EXPECT_TRUE(encode_member_list(std::span(many).first(255), list));
+}
+
+// Hand-built entries outside the bounds are kBadField; a count above the
+// entries is kTruncated (single) or kBadLength (in a batch item).
+TEST(ProtocolMembers, BadEntriesAreRejected) {
+  // One entry, written field by field so its bounds can be broken.
+  const auto entry = [](std::size_t id_length, std::size_t address_length, std::uint32_t weight) {
+    std::vector<std::uint8_t> e;
+    e.push_back(static_cast<std::uint8_t>(id_length));
+    e.push_back(static_cast<std::uint8_t>(id_length >> 8));
+    e.insert(e.end(), id_length, 'i');
+    e.push_back(static_cast<std::uint8_t>(address_length));
+    e.push_back(static_cast<std::uint8_t>(address_length >> 8));
+    e.insert(e.end(), address_length, 'a');
+    for (int b = 0; b < 4; ++b) e.push_back(static_cast<std::uint8_t>(weight >> (8 * b)));
+    return e;
+  };
+  const auto decode_list = [](std::uint8_t count, const std::vector<std::uint8_t>& list,
+                              bool batch) {
+    Message m;
+    m.type = MessageType::kMapReply;
+    m.epoch = 1;
+    m.member_count = count;
+    m.member_list_count = count;
+    m.member_list = list;
+    Datagram d = single(m);
+    d.batch = batch;
+    Datagram out;
+    return decode_exact(encode_or_die(d), out);
+  };
+  struct Case {
+    std::size_t id_length, address_length;
+    std::uint32_t weight;
+    ProtocolError expected;
+  };
+  const Case cases[] = {
+      {1, 1, 1, ProtocolError::kOk},
+      {kMaxMemberIdLength, kMaxMemberAddressLength, 1, ProtocolError::kOk},
+      {0, 5, 1, ProtocolError::kBadField},
+      {kMaxMemberIdLength + 1, 5, 1, ProtocolError::kBadField},
+      {3, 0, 1, ProtocolError::kBadField},
+      {3, kMaxMemberAddressLength + 1, 1, ProtocolError::kBadField},
+      {3, 5, 0, ProtocolError::kBadField},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << c.id_length << " " << c.address_length << " " << c.weight);
+    // Alone, and after a good entry.
+    EXPECT_EQ(decode_list(1, entry(c.id_length, c.address_length, c.weight), false), c.expected);
+    auto two = entry(2, 9, 1);
+    const auto second = entry(c.id_length, c.address_length, c.weight);
+    two.insert(two.end(), second.begin(), second.end());
+    EXPECT_EQ(decode_list(2, two, false), c.expected);
+    EXPECT_EQ(decode_list(2, two, true), c.expected);
+  }
+  // More members counted than the bytes hold.
+  EXPECT_EQ(decode_list(2, entry(2, 9, 1), false), ProtocolError::kTruncated);
+  EXPECT_EQ(decode_list(2, entry(2, 9, 1), true), ProtocolError::kBadLength);
+  // A bad entry followed by a short one: truncation wins, as for every body.
+  auto bad_then_short = entry(0, 9, 1);
+  EXPECT_EQ(decode_list(2, bad_then_short, false), ProtocolError::kTruncated);
+}
+
+// Walking a hand-built list that is cut short stops at the last whole entry.
+TEST(ProtocolMembers, WalkingAMalformedListStops) {
+  const MemberEntry entries[] = {{"a", "h:1", 1}, {"bb", "h:2", 2}};
+  std::vector<std::uint8_t> list;
+  ASSERT_TRUE(encode_member_list(entries, list));
+  for (std::size_t cut = 0; cut <= list.size(); ++cut) {
+    std::size_t walked = 0;
+    for (const MemberEntry& e : MemberList(2, std::span(list).first(cut))) {
+      EXPECT_EQ(e.weight, walked + 1);
+      ++walked;
+    }
+    const std::size_t whole = cut >= list.size() ? 2 : cut >= member_entry_size(entries[0]) ? 1 : 0;
+    EXPECT_EQ(walked, whole) << cut;
   }
 }
 

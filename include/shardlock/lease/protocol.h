@@ -12,14 +12,20 @@
 //     0  u32  magic        0x4B4C4853 ("SHLK" on the wire)
 //     4  u8   version      1
 //     5  u8   flags        bit 0: kFlagAuthenticated, the datagram is sealed
-//                          (auth.h: the tag is removed before decode()); the
-//                          other bits are reserved and decoders reject them
+//                          (auth.h: the tag is removed before decode());
+//                          bit 1: kFlagEpoch, a map epoch follows the header;
+//                          the other bits are reserved and decoders reject
+//                          them
 //     6  u8   type         a MessageType, or kBatch
 //     7  u8   count        1 for a single message; 1..kMaxBatch for a batch
 //     8  u64  request_id   single: the message's request id;
 //                          batch: an id for the datagram, echoed in the reply
 //    16  u128 client_id    lo u64 then hi u64: random per client instance,
 //                          the owner identity of every lease it takes
+//
+//   With kFlagEpoch, a u64 map epoch follows the header (Datagram::epoch):
+//   a cluster client's map epoch (docs/cluster.md), on requests only; the
+//   body or the batch items come after it. Replies never carry it.
 //
 //   Single message (type != kBatch): the body of `type` follows the header.
 //   Batch (type == kBatch): `count` items follow, each
@@ -52,6 +58,7 @@
 //     RELEASE     key, u64 token
 //     QUERY       key
 //     STATS       u32 first_shard
+//     MAP         u32 first_member
 //     GRANTED     key, u64 token, u32 ttl_ms
 //     BUSY        key, u32 ttl_left_ms
 //     TIMEOUT     key
@@ -63,6 +70,16 @@
 //                   the request's key order)
 //     BUSY_MANY     u8 index (the first busy key, in the request's order),
 //                   u32 ttl_left_ms of that key
+//     REDIRECT    u64 epoch: a cluster node whose map (of that epoch) gives
+//                 the key to another node; the client refreshes its map if
+//                 it is older and goes to the owner
+//     MAP_REPLY   u64 epoch, u32 member_count, u32 first_member, members
+//                 (members = u8 n, n x (u16 id_length + id, u16
+//                 address_length + address, u32 weight): the map's members
+//                 first_member onward; member_count: all of them; ids of
+//                 1..kMaxMemberIdLength bytes, addresses of
+//                 1..kMaxMemberAddressLength bytes, weight >= 1. Epoch 0
+//                 and no members: the server is no cluster node)
 //     QUERY_REPLY key, u8 held, u64 token, u32 ttl_left_ms, u32 waiters,
 //                 u8 mode, u32 holders, u32 permits
 //                 (token and ttl_left: the newest grant's, and the longest
@@ -74,12 +91,15 @@
 //   Which reply answers which request (kRequestReplies below):
 //     request   the server sends                          a client also takes
 //     ACQUIRE   GRANTED BUSY TIMEOUT RECOVERING ERROR     -
+//               REDIRECT
 //       (also ACQUIRE_SHARED and ACQUIRE_PERMIT)
 //     ACQUIRE_MANY  GRANTED_MANY BUSY_MANY TIMEOUT RECOVERING ERROR
-//     RENEW     RENEWED NOT_OWNER EXPIRED ERROR           RECOVERING
+//                   REDIRECT
+//     RENEW     RENEWED NOT_OWNER EXPIRED ERROR REDIRECT  RECOVERING
 //     RELEASE   RELEASED NOT_OWNER EXPIRED ERROR          RECOVERING
-//     QUERY     QUERY_REPLY ERROR                         RECOVERING
+//     QUERY     QUERY_REPLY ERROR REDIRECT                RECOVERING
 //     STATS     STATS_REPLY ERROR                         RECOVERING
+//     MAP       MAP_REPLY ERROR                           RECOVERING
 //   A reply type sent as a request is answered ERROR(kNotARequest). An
 //   ACQUIRE of any kind that waits (wait_ms > 0) may be answered later, on
 //   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR). A TIMEOUT answering
@@ -102,7 +122,12 @@
 // one is counted (kAmplificationDrops) and a retransmission of the ACQUIRE
 // (same request id) learns the outcome. STATS_REPLY returns as many shard
 // tokens as the request's padding leaves room for, starting at first_shard;
-// page through with first_shard.
+// page through with first_shard. MAP_REPLY likewise: its bound counts no
+// members, and it carries as many as the padding leaves room for, starting
+// at first_member. REDIRECT (8 bytes) never changes how far a request is
+// padded: the request's own body, or another reply it may get, is at least
+// as large for any valid key. The epoch of kFlagEpoch makes a request 8
+// bytes longer and its reply no longer.
 //
 // Lease kinds (the shard's rules; docs/lease-server.md has the details)
 //   * exclusive (ACQUIRE): one holder. shared (ACQUIRE_SHARED): any number of
@@ -151,6 +176,13 @@ inline constexpr std::uint32_t kMaxPermits = 65535;
 inline constexpr std::size_t kHeaderFlagsOffset = 5;
 // Header flags bit of a datagram sealed with an auth key (auth.h).
 inline constexpr std::uint8_t kFlagAuthenticated = 0x01;
+// Header flags bit of a datagram with a u64 map epoch after the header.
+inline constexpr std::uint8_t kFlagEpoch = 0x02;
+// The size of that epoch.
+inline constexpr std::size_t kEpochSize = 8;
+// The bounds of a MAP_REPLY member's id and address (decode() checks them).
+inline constexpr std::size_t kMaxMemberIdLength = 128;
+inline constexpr std::size_t kMaxMemberAddressLength = 64;
 // Batch item flags bit: the item carries its own owner (see above).
 inline constexpr std::uint8_t kItemFlagOwner = 0x01;
 
@@ -164,6 +196,7 @@ enum class MessageType : std::uint8_t {
   kAcquireShared = 0x06,
   kAcquirePermit = 0x07,
   kAcquireMany = 0x08,
+  kMap = 0x09,
   // Replies.
   kGranted = 0x81,
   kBusy = 0x82,
@@ -178,6 +211,8 @@ enum class MessageType : std::uint8_t {
   kStatsReply = 0x8B,
   kGrantedMany = 0x8C,
   kBusyMany = 0x8D,
+  kRedirect = 0x8E,
+  kMapReply = 0x8F,
   // Header type of a batch datagram; never the type of a Message.
   kBatch = 0xFF,
 };
@@ -282,6 +317,12 @@ enum class BodyField : std::uint8_t {
   kIndex,        // u8                                Message::index
   kKeyList,      // u8 n, n x (u16 length + bytes)    Message::key_count, key_list
   kTokenList,    // u8 n, n x u64                     Message::tokens_le
+  kEpoch,        // u64                               Message::epoch
+  kFirstMember,  // u32                               Message::first_member
+  kMemberCount,  // u32                               Message::member_count
+  // u8 n, n x (u16 length + id, u16 length + address, u32 weight); ids,
+  // addresses or weights out of bounds: kBadField.
+  kMemberList,  //                                    Message::member_list_count, member_list
 };
 
 // The bytes `field` takes besides a key's bytes and the shard tokens: the
@@ -297,11 +338,13 @@ enum class BodyField : std::uint8_t {
     case BodyField::kIndex:
     case BodyField::kKeyList:
     case BodyField::kTokenList:
+    case BodyField::kMemberList:
       return 1;
     case BodyField::kPermits:
     case BodyField::kHolders:
       return 4;
     case BodyField::kToken:
+    case BodyField::kEpoch:
       return 8;
     case BodyField::kTtl:
     case BodyField::kWait:
@@ -309,6 +352,8 @@ enum class BodyField : std::uint8_t {
     case BodyField::kWaiters:
     case BodyField::kFirstShard:
     case BodyField::kShardCount:
+    case BodyField::kFirstMember:
+    case BodyField::kMemberCount:
       return 4;
     case BodyField::kHeld:
       return 1;
@@ -377,6 +422,9 @@ inline constexpr auto kMessageBodies = [] {
       MessageBody{kStatsReply, "STATS_REPLY", {kShardCount, kFirstShard, kCounters, kShardTokens}},
       MessageBody{kGrantedMany, "GRANTED_MANY", {kTtl, kTokenList}},
       MessageBody{kBusyMany,    "BUSY_MANY",    {kIndex, kTtl}},
+      MessageBody{kMap,         "MAP",          {kFirstMember}},
+      MessageBody{kRedirect,    "REDIRECT",     {kEpoch}},
+      MessageBody{kMapReply,    "MAP_REPLY",    {kEpoch, kMemberCount, kFirstMember, kMemberList}},
   };
 }();
 // clang-format on
@@ -432,15 +480,16 @@ inline constexpr auto kRequestReplies = [] {
   using enum MessageType;
   using Row = RequestReplies;
   return std::array{
-      //  request   replies the server sends                          also accepted  queues
-      Row{kAcquire, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},            true},
-      Row{kAcquireShared, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},      true},
-      Row{kAcquirePermit, {kGranted, kBusy, kTimeout, kRecovering, kError}, {},      true},
-      Row{kAcquireMany, {kGrantedMany, kBusyMany, kTimeout, kRecovering, kError}, {}, true},
-      Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError},          {kRecovering}, false},
-      Row{kRelease, {kReleased, kNotOwner, kExpired, kError},         {kRecovering}, false},
-      Row{kQuery,   {kQueryReply, kError},                            {kRecovering}, false},
-      Row{kStats,   {kStatsReply, kError},                            {kRecovering}, false},
+      //  request   replies the server sends                                    also accepted  queues
+      Row{kAcquire, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},            true},
+      Row{kAcquireShared, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},      true},
+      Row{kAcquirePermit, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},      true},
+      Row{kAcquireMany, {kGrantedMany, kBusyMany, kTimeout, kRecovering, kError, kRedirect}, {}, true},
+      Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError, kRedirect},         {kRecovering}, false},
+      Row{kRelease, {kReleased, kNotOwner, kExpired, kError},                   {kRecovering}, false},
+      Row{kQuery,   {kQueryReply, kError, kRedirect},                           {kRecovering}, false},
+      Row{kStats,   {kStatsReply, kError},                                      {kRecovering}, false},
+      Row{kMap,     {kMapReply, kError},                                        {kRecovering}, false},
   };
 }();
 // clang-format on
@@ -502,8 +551,8 @@ struct ReplyBodyBound {
 };
 
 // The reply body bound of `request` from its row of kRequestReplies, a
-// STATS_REPLY counted with no shard tokens. A type that is no request is
-// answered ERROR(kNotARequest).
+// STATS_REPLY counted with no shard tokens and a MAP_REPLY with no members. A type that is no
+// request is answered ERROR(kNotARequest).
 [[nodiscard]] constexpr ReplyBodyBound max_reply_body_bound(MessageType request) noexcept {
   ReplyBodyBound bound;
   const auto add = [&bound](MessageType reply) {
@@ -568,6 +617,14 @@ struct Message {
   // STATS_REPLY shard tokens as raw little-endian u64s (first_shard onward);
   // read them with shard_token().
   std::span<const std::uint8_t> shard_tokens_le{};
+  std::uint64_t epoch = 0;         // REDIRECT, MAP_REPLY: the sender's map epoch
+  std::uint32_t first_member = 0;  // MAP, MAP_REPLY
+  std::uint32_t member_count = 0;  // MAP_REPLY: the map's members, all pages
+  // MAP_REPLY: member_list_count members as their wire entries (without the
+  // count byte); read them with MemberList, build them with
+  // encode_member_list().
+  std::uint8_t member_list_count = 0;
+  std::span<const std::uint8_t> member_list{};
 
   [[nodiscard]] std::size_t shard_token_count() const noexcept {
     return shard_tokens_le.size() / 8;
@@ -631,6 +688,67 @@ class KeyList {
 [[nodiscard]] bool encode_key_list(std::span<const std::string_view> keys,
                                    std::vector<std::uint8_t>& out);
 
+// One member of a MAP_REPLY: views into the datagram.
+struct MemberEntry {
+  std::string_view id;
+  std::string_view address;  // "host:port"
+  std::uint32_t weight = 1;
+};
+
+// The members of a MAP_REPLY (Message::member_list_count and member_list),
+// in order. A decoded message's list is well formed (decode() checked it);
+// walking a hand-built malformed one stops early.
+class MemberList {
+ public:
+  MemberList(std::uint8_t count, std::span<const std::uint8_t> entries) noexcept
+      : count_(count), entries_(entries) {}
+  explicit MemberList(const Message& m) noexcept : MemberList(m.member_list_count, m.member_list) {}
+
+  class iterator {
+   public:
+    using value_type = MemberEntry;
+    using difference_type = std::ptrdiff_t;
+    iterator() noexcept = default;
+    iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept;
+    [[nodiscard]] const MemberEntry& operator*() const noexcept { return current_; }
+    [[nodiscard]] const MemberEntry* operator->() const noexcept { return &current_; }
+    iterator& operator++() noexcept;
+    iterator operator++(int) noexcept {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.left_ == b.left_;
+    }
+
+   private:
+    void load() noexcept;
+    std::span<const std::uint8_t> rest_{};
+    std::size_t left_ = 0;
+    std::size_t entry_size_ = 0;  // wire bytes of current_
+    MemberEntry current_{};
+  };
+  [[nodiscard]] iterator begin() const noexcept { return {entries_, count_}; }
+  [[nodiscard]] iterator end() const noexcept { return {}; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+
+ private:
+  std::uint8_t count_;
+  std::span<const std::uint8_t> entries_;
+};
+
+// The wire size of one member-list entry.
+[[nodiscard]] constexpr std::size_t member_entry_size(const MemberEntry& m) noexcept {
+  return 2 + m.id.size() + 2 + m.address.size() + 4;
+}
+
+// Writes `members` as member-list entries into `out` (resized), for
+// Message::member_list; false when there are more than 255 members or one
+// that decode() would refuse (id or address empty or too long, weight 0).
+[[nodiscard]] bool encode_member_list(std::span<const MemberEntry> members,
+                                      std::vector<std::uint8_t>& out);
+
 // Whether the answer to `request` may come later, as a datagram of its own
 // (RequestReplies::queues_when_waiting): a waiting ACQUIRE.
 [[nodiscard]] constexpr bool may_answer_later(const Message& request) noexcept {
@@ -649,6 +767,11 @@ struct Datagram {
   bool batch = false;
   std::uint64_t request_id = 0;  // single: equals messages[0].request_id
   ClientId client_id;
+  // The sender's map epoch (kFlagEpoch): encode() writes it and sets the flag
+  // iff it is set (whatever `flags` says of that bit); decode() reads it iff
+  // the flag is set. Cluster clients set it on requests; replies never carry
+  // it.
+  std::optional<std::uint64_t> epoch{};
   std::uint8_t count = 0;
   std::array<Message, kMaxBatch> messages{};
 
@@ -701,8 +824,9 @@ enum class ProtocolError : std::uint8_t {
                                    std::size_t& written, std::size_t pad_to = 0) noexcept;
 
 // The reply bytes the server may send for request datagram `request`: its
-// immediate reply (every message answered, framed as the request is; a STATS
-// reply counted with no shard tokens) plus, in a batch, 20 bytes more per
+// immediate reply (every message answered, framed as the request is, with no
+// epoch; a STATS reply counted with no shard tokens, a MAP reply with no
+// members) plus, in a batch, 20 bytes more per
 // waiting ACQUIRE (wait_ms > 0), whose answer may come later as a single
 // message. A request datagram at least this long gets every answer.
 [[nodiscard]] std::size_t max_reply_size(const Datagram& request) noexcept;
