@@ -210,6 +210,11 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   }
   // 4.
   const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(arrived).count();
+  // A client with a newer map than this node's: the node has not seen it
+  // yet, and must not grant by the older one (docs/cluster.md, Clients).
+  // Relaxed: see gate_epoch_.
+  const std::uint64_t gate_epoch = gate_epoch_.load(std::memory_order_relaxed);
+  const bool behind = gate_epoch != 0 && w.request.epoch.value_or(0) > gate_epoch;
   for (std::size_t i = 0; i < w.request.count; ++i) {
     const Message& m = w.request.messages[i];
     Message r;
@@ -217,6 +222,13 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     if (m.type == MessageType::kStats) {
       fill_stats(w, m, stats_slack, r);
       stats_slack = 0;  // one page per datagram
+    } else if (m.type == MessageType::kMap) {
+      fill_map(w, m, stats_slack, r);
+      stats_slack = 0;
+    } else if (behind && is_request(m.type) && m.type != MessageType::kRelease) {
+      r.type = MessageType::kRecovering;
+      r.retry_after_ms = kBehindRetryMs;
+      count(behind_maps_);
     } else if (!is_request(m.type)) {
       r.type = MessageType::kError;
       r.error = WireError::kNotARequest;
@@ -295,6 +307,60 @@ void Dispatcher::add_own_counters(
   add(StatCounter::kAmplificationDrops, amplification_drops_);
   add(StatCounter::kSendDrops, send_drops_);
   add(StatCounter::kRequests, requests_);
+  add(StatCounter::kRecovering, behind_maps_);
+}
+
+void Dispatcher::fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply) {
+  reply.type = MessageType::kMapReply;
+  std::shared_ptr<const ClusterGate> gate;
+  {
+    LockGuard lock(gate_mu_);
+    gate = gate_;
+  }
+  w.map_members.clear();
+  if (!gate) return;  // not a cluster node: epoch 0, no members
+  reply.epoch = gate->epoch;
+  reply.member_count = static_cast<std::uint32_t>(gate->members.size());
+  reply.first_member = request.first_member;
+  std::vector<MemberEntry> page;
+  std::size_t bytes = 0;
+  for (std::size_t i = request.first_member; i < gate->members.size() && page.size() < 255; ++i) {
+    const ClusterGate::Member& member = gate->members[i];
+    bytes += 2 + member.id.size() + 2 + member.address.size() + 4;
+    if (bytes > slack) break;
+    page.push_back({member.id, member.address, member.weight});
+  }
+  if (!encode_member_list(page, w.map_members)) page.clear();  // ids and addresses are bounded
+  reply.member_list_count = static_cast<std::uint8_t>(page.size());
+  reply.member_list = w.map_members;
+}
+
+void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    slot->shard->set_gate(gate);
+  }
+  const std::uint64_t epoch = gate ? gate->epoch : 0;
+  LockGuard lock(gate_mu_);
+  gate_ = std::move(gate);
+  gate_epoch_.store(epoch, std::memory_order_relaxed);  // relaxed: see gate_epoch_
+}
+
+std::size_t Dispatcher::count_leases(const std::function<bool(std::string_view key)>& pred) const {
+  std::size_t n = 0;
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    n += slot->shard->count_leases(pred);
+  }
+  return n;
+}
+
+bool Dispatcher::needs_new_epoch() const {
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    if (slot->shard->needs_new_epoch()) return true;
+  }
+  return false;
 }
 
 ServerStats Dispatcher::stats() const {
@@ -384,6 +450,8 @@ void Dispatcher::fill_many(const MultiAnswer& answer, std::span<std::uint8_t> to
   reply.ttl_ms = answer.ttl_ms;
   reply.index = answer.index;
   reply.error = answer.error;
+  reply.epoch = answer.epoch;
+  if (answer.type == MessageType::kRecovering) reply.retry_after_ms = answer.ttl_ms;
   if (answer.type != MessageType::kGrantedMany) return;
   for (std::size_t i = 0; i < answer.count; ++i) {
     for (std::size_t b = 0; b < 8; ++b) {
@@ -469,7 +537,18 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
     abandon_many(m, now, deferred);
     return MultiAnswer{.type = MessageType::kError, .error = e};
   };
-  const auto state_error = [&](Shard::PartState state) {
+  const auto state_error = [&](Shard::PartState state, Shard& shard) {
+    if (state == Shard::PartState::kRedirect || state == Shard::PartState::kNotReady) {
+      // The cluster gate refused a key: nothing is held, and the client
+      // goes to the owner or tries again (never remembered: finish_many).
+      abandon_many(m, now, deferred);
+      Message refusal;
+      shard.refuse_by_gate(state == Shard::PartState::kRedirect ? ClusterGate::Verdict::kRedirect
+                                                                : ClusterGate::Verdict::kNotReady,
+                           refusal);
+      return MultiAnswer{
+          .type = refusal.type, .ttl_ms = refusal.retry_after_ms, .epoch = refusal.epoch};
+    }
     return fail(state == Shard::PartState::kKindMismatch ? WireError::kLeaseKindMismatch
                                                          : WireError::kLimitExceeded);
   };
@@ -480,7 +559,7 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
       const Shard::PartState state =
           shard_at(m.parts[i].shard).probe(m, m.parts[i], now, ttl_left, deferred);
       if (state == Shard::PartState::kFree) continue;
-      if (state != Shard::PartState::kBusy) return state_error(state);
+      if (state != Shard::PartState::kBusy) return state_error(state, shard_at(m.parts[i].shard));
       if (m.wait_deadline_ms <= now) {
         shard_at(m.parts[i].shard).count_outcome(StatCounter::kBusy);
         return MultiAnswer{
@@ -499,7 +578,7 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
       if (!shard.queue(m, i, now)) return fail(WireError::kLimitExceeded);
       return std::nullopt;
     }
-    if (state != Shard::PartState::kFree) return state_error(state);
+    if (state != Shard::PartState::kFree) return state_error(state, shard);
     if (shard.take(m, part, now) == 0) {
       options_.log("shard " + std::to_string(shard.index()) +
                    ": cannot issue a token: " + shard.last_error());
@@ -527,8 +606,12 @@ void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,
 void Dispatcher::finish_many(const MultiAcquire& m, MultiAnswer answer) {
   answer.fingerprint = m.fingerprint;
   LockGuard lock(multi_mu_);
+  // A gate's refusal is not the request's outcome: its retransmission asks
+  // again (by then the key may be grantable here).
+  const bool gated =
+      answer.type == MessageType::kRedirect || answer.type == MessageType::kRecovering;
   try {
-    many_answers_.put(m.client, m.request_id, answer);
+    if (!gated) many_answers_.put(m.client, m.request_id, answer);
   } catch (const std::bad_alloc&) {
     count(allocation_failures_);  // a retransmission then starts afresh
   }
@@ -546,7 +629,8 @@ void Dispatcher::continue_many(Worker& w, const DeferredReply& d,
       answer = step_many(m, false, now, w.deferred);
     } else {
       abandon_many(m, now, w.deferred);
-      answer = MultiAnswer{.type = d.type, .error = d.error};
+      answer = MultiAnswer{
+          .type = d.type, .ttl_ms = d.retry_after_ms, .epoch = d.epoch, .error = d.error};
     }
   } catch (const std::bad_alloc&) {
     abandon_many(m, now, w.deferred);

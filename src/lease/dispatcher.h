@@ -107,6 +107,17 @@ class Dispatcher {
   // The shard `key` goes to.
   [[nodiscard]] std::size_t shard_of(std::string_view key) const noexcept;
 
+  // ---- Cluster mode (cluster_gate.h) ----
+  // Hands `gate` to every shard, each under its lock, and answers MAP from
+  // it. Returns once every shard has it: a grant decided after this sees it.
+  void publish_gate(std::shared_ptr<const ClusterGate> gate);
+  // Leases on keys `pred` is true for, over every shard (each under its
+  // lock); for a hand-off. O(keys held).
+  [[nodiscard]] std::size_t count_leases(
+      const std::function<bool(std::string_view key)>& pred) const;
+  // Whether some shard ran out of token counter in the current epoch.
+  [[nodiscard]] bool needs_new_epoch() const;
+
  private:
   // One shard and its lock, padded to its own cache lines so neighbouring
   // shards' locks do not false-share.
@@ -135,14 +146,18 @@ class Dispatcher {
     // deferred one.
     std::array<std::array<std::uint8_t, 8 * kMaxKeysPerRequest>, kMaxBatch> many_tokens{};
     std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
+    std::vector<std::uint8_t> map_members;  // MAP_REPLY entries
     // handle()'s time per datagram; written by this worker's thread only.
     AtomicLatencyHistogram latency;
   };
   // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
   struct MultiAnswer {
-    MessageType type = MessageType::kError;  // kGrantedMany, kBusyMany, kTimeout, kError
-    std::uint32_t ttl_ms = 0;
-    std::uint8_t index = 0;  // kBusyMany
+    // kGrantedMany, kBusyMany, kTimeout, kError; kRedirect and kRecovering
+    // (the cluster gate refused a key) are answered but never remembered.
+    MessageType type = MessageType::kError;
+    std::uint32_t ttl_ms = 0;  // kGrantedMany, kBusyMany; retry_after_ms for kRecovering
+    std::uint64_t epoch = 0;   // kRedirect
+    std::uint8_t index = 0;    // kBusyMany
     WireError error = WireError::kInternal;
     std::uint8_t count = 0;  // tokens, in the request's key order
     std::array<std::uint64_t, kMaxKeysPerRequest> tokens{};
@@ -172,6 +187,9 @@ class Dispatcher {
                   std::vector<OutDatagram>& replies);
   void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;
   void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
+  // MAP_REPLY: the gate's map, as many members from request.first_member as
+  // `slack` bytes allow.
+  void fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply);
   void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   [[nodiscard]] std::int64_t now_ms() const;
 
@@ -206,8 +224,18 @@ class Dispatcher {
   std::atomic<std::uint64_t> amplification_drops_{0};
   std::atomic<std::uint64_t> send_drops_{0};
   std::atomic<std::uint64_t> requests_{0};
+  std::atomic<std::uint64_t> behind_maps_{0};  // RECOVERING: a client's map was newer
+  static constexpr std::uint32_t kBehindRetryMs = 20;
   // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
   ShardLimits limits_;
+  // The gate MAP answers from (the shards have their own copies).
+  mutable Mutex gate_mu_;
+  std::shared_ptr<const ClusterGate> gate_ SHARDLOCK_GUARDED_BY(gate_mu_);
+  // gate_->epoch, 0 without a gate: a request carrying a newer epoch meets
+  // a node that has not seen that map yet. Relaxed: a hint, read per datagram;
+  // the grant decisions themselves read the shards' gates under their locks.
+  std::atomic<std::uint64_t> gate_epoch_{0};
+
   mutable Mutex multi_mu_;
   std::unordered_map<MultiId, std::unique_ptr<MultiAcquire>, MultiIdHash> active_many_
       SHARDLOCK_GUARDED_BY(multi_mu_);

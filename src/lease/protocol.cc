@@ -483,7 +483,8 @@ std::string_view to_string(StatCounter counter) noexcept {
                                                                              "amplification_drops",
                                                                              "limit_rejections",
                                                                              "allocation_failures",
-                                                                             "send_drops"};
+                                                                             "send_drops",
+                                                                             "redirects"};
   const auto i = static_cast<std::size_t>(counter);
   return i < kNames.size() ? kNames[i] : "unknown";
 }

@@ -28,6 +28,7 @@
 #include "io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/duration.h"
+#include "shardlock/lease/internal/cluster_gate.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/internal/token_store.h"
 #include "shardlock/lock_guard.h"
@@ -254,6 +255,12 @@ std::error_code LeaseServer::Impl::start() {
   d.key_seed = limits.hash_seed;
   d.workers = static_cast<unsigned>(fds.size());
   dispatcher = std::make_unique<Dispatcher>(std::move(d), std::move(shards));
+  if (options.start_closed) {
+    // Cluster mode: nothing is granted before the cluster layer says what.
+    auto closed = std::make_shared<internal::ClusterGate>();
+    closed->lease_deadline = [] { return std::chrono::nanoseconds(0); };
+    dispatcher->publish_gate(std::move(closed));
+  }
 
   // Back end.
   backend = o.io == IoBackend::kSocket ? IoBackend::kSocket : IoBackend::kUring;
@@ -425,6 +432,20 @@ IoBackend LeaseServer::backend() const noexcept { return impl_->backend; }
 std::chrono::milliseconds LeaseServer::lock_delay() const noexcept { return impl_->lock_delay; }
 const std::string& LeaseServer::error_detail() const noexcept { return impl_->error_detail; }
 void LeaseServer::stop() { impl_->stop(); }
+
+void LeaseServer::publish_cluster_gate(std::shared_ptr<const internal::ClusterGate> gate) {
+  if (impl_->dispatcher) impl_->dispatcher->publish_gate(std::move(gate));
+}
+
+std::size_t LeaseServer::count_leases(const std::function<bool(std::string_view key)>& pred) const {
+  return impl_->dispatcher ? impl_->dispatcher->count_leases(pred) : 0;
+}
+
+bool LeaseServer::needs_new_epoch() const {
+  return impl_->dispatcher && impl_->dispatcher->needs_new_epoch();
+}
+
+std::chrono::nanoseconds LeaseServer::now() const { return impl_->options.clock(); }
 
 ServerStats LeaseServer::stats() const {
   ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};

@@ -4,18 +4,25 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <functional>
 #include <iterator>
 #include <new>
+
+#include "shardlock/cluster/epoch_token.h"
 
 namespace shardlock::lease::internal {
 
 Message DeferredReply::message() const noexcept {
-  return Message{.type = type,
-                 .request_id = request_id,
-                 .key = key,
-                 .token = token,
-                 .ttl_ms = ttl_ms,
-                 .error = error};
+  Message m;
+  m.type = type;
+  m.request_id = request_id;
+  m.key = key;
+  m.token = token;
+  m.ttl_ms = ttl_ms;
+  m.error = error;
+  m.epoch = epoch;
+  m.retry_after_ms = retry_after_ms;
+  return m;
 }
 
 Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
@@ -204,6 +211,17 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
       reply.token = cached->token;
       reply.ttl_ms = cached->ttl_ms;
       reply.error = cached->error;
+      if (cached->type == MessageType::kRedirect) reply.epoch = cached->token;
+      if (cached->type == MessageType::kRecovering) reply.retry_after_ms = cached->ttl_ms;
+      return true;
+    }
+  }
+  // RELEASE is never gated: a lease this node granted ends here, whoever
+  // owns the key now, and ending it early only shortens a hand-off.
+  if (request.type != MessageType::kRelease) {
+    if (const auto verdict = gate_verdict(request.key, now_ms);
+        verdict != ClusterGate::Verdict::kGrant) {
+      refuse_by_gate(verdict, reply);  // not remembered: a retransmission asks again
       return true;
     }
   }
@@ -318,8 +336,50 @@ bool Shard::same_kind(const KeyState& state, LeaseMode mode, std::uint32_t permi
   return mode == LeaseMode::kPermit ? state.permits == permits : state.permits == 0;
 }
 
+void Shard::refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcept {
+  if (verdict == ClusterGate::Verdict::kRedirect) {
+    reply.type = MessageType::kRedirect;
+    reply.epoch = gate_->epoch;
+    count(StatCounter::kRedirects);
+  } else {
+    reply.type = MessageType::kRecovering;
+    reply.retry_after_ms = gate_->retry_after_ms;
+    count(StatCounter::kRecovering);
+  }
+}
+
+std::uint64_t Shard::issue_token() {
+  const std::uint64_t raw = tokens_.next(last_error_);
+  if (raw == 0 || !gate_) return raw;
+  // Cluster mode: the epoch in the high half, a counter from 1 per epoch in
+  // the low half. The counter is the durable one less its value before the
+  // epoch's first token, so it rises within the epoch across everything this
+  // run does; a restart never grants in an epoch it granted in before
+  // (ClusterGate::min_grant_epoch).
+  if (gate_->epoch != token_epoch_) {
+    token_epoch_ = gate_->epoch;
+    epoch_base_ = raw - 1;
+    counter_exhausted_ = false;
+  }
+  const std::uint64_t token = cluster::compose_token(token_epoch_, raw - epoch_base_);
+  if (token == cluster::kInvalidToken) {
+    last_error_ = "the token counter of epoch " + std::to_string(token_epoch_) +
+                  " is used up; the node needs a new epoch";
+    counter_exhausted_ = true;
+  }
+  return token;
+}
+
+std::size_t Shard::count_leases(const std::function<bool(std::string_view key)>& pred) const {
+  std::size_t n = 0;
+  for (const auto& [key, state] : keys_) {
+    if (pred(key.text)) n += state.holders.size();
+  }
+  return n;
+}
+
 std::uint64_t Shard::next_token(Message& reply) {
-  const std::uint64_t token = tokens_.next(last_error_);
+  const std::uint64_t token = issue_token();
   if (token == 0) {
     // Not remembered: a retry may succeed once the disk recovers.
     reply.type = MessageType::kError;
@@ -533,6 +593,8 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
     out.token = token;
     out.ttl_ms = type == MessageType::kGranted ? w.ttl_ms : 0;
     out.error = WireError::kInternal;
+    if (type == MessageType::kRedirect) out.epoch = gate_->epoch;
+    if (type == MessageType::kRecovering) out.retry_after_ms = gate_->retry_after_ms;
     deferred.push_back(std::move(out));
   } catch (const std::bad_alloc&) {
     count(StatCounter::kAllocationFailures);
@@ -561,9 +623,27 @@ void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
   while (!state.waiters.empty() && fits(state, state.waiters.front().mode)) {
     Waiter& w = state.waiters.front();
     wheel_.cancel(w);
+    if (const auto verdict = gate_verdict(state.key->text, now_ms);
+        verdict != ClusterGate::Verdict::kGrant) {
+      // The key is no longer grantable here (handed off, or the node failed
+      // closed): every waiter learns it now instead of at its timeout.
+      Message refusal;
+      refuse_by_gate(verdict, refusal);
+      defer(w, state, refusal.type, 0, deferred);
+      if (w.multi == nullptr) {
+        // The dedup entry said "queued"; a retransmission must now get this.
+        remember(w.client, w.request_id,
+                 Answer{.type = refusal.type,
+                        .ttl_ms = refusal.retry_after_ms,
+                        .token = refusal.epoch,
+                        .fingerprint = w.fingerprint});
+      }
+      retire_waiter(state, state.waiters.begin());
+      continue;
+    }
     std::uint64_t token = 0;
     try {
-      token = tokens_.next(last_error_);
+      token = issue_token();
     } catch (const std::bad_alloc&) {
       count(StatCounter::kAllocationFailures);  // answered as a failed reservation
     }
@@ -669,6 +749,14 @@ Shard::PartState Shard::probe(const MultiAcquire& m, const MultiAcquire::Part& p
                               std::int64_t now_ms, std::uint32_t& ttl_left_ms,
                               std::vector<DeferredReply>& deferred) {
   KeyState* state = find_live(KeyRef{part.key, part.hash}, now_ms, deferred);
+  switch (gate_verdict(part.key, now_ms)) {
+    case ClusterGate::Verdict::kRedirect:
+      return PartState::kRedirect;
+    case ClusterGate::Verdict::kNotReady:
+      return PartState::kNotReady;
+    case ClusterGate::Verdict::kGrant:
+      break;
+  }
   if (state == nullptr) {
     return leases_ >= limits_.max_keys || !may_hold(m.client) ? PartState::kLimit
                                                               : PartState::kFree;
@@ -683,7 +771,7 @@ Shard::PartState Shard::probe(const MultiAcquire& m, const MultiAcquire::Part& p
 }
 
 std::uint64_t Shard::take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms) {
-  const std::uint64_t token = tokens_.next(last_error_);
+  const std::uint64_t token = issue_token();
   if (token == 0) return 0;
   const KeyRef key{part.key, part.hash};
   const auto it = keys_.find(key);

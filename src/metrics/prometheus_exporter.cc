@@ -66,6 +66,8 @@ std::string counter_help(StatCounter c) {
       return "Replies withheld because they would exceed the bytes the source sent.";
     case StatCounter::kSendDrops:
       return "Replies that never left (no send slot, full socket buffer, failed send).";
+    case StatCounter::kRedirects:
+      return "Requests answered REDIRECT: the cluster map gives the key to another node.";
     default:
       return "The STATS counter " + std::string(to_string(c)) + " (docs/lease-server.md).";
   }

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "shardlock/lease/auth.h"
+#include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/router.h"
 
 namespace shardlock::lease::internal {
 namespace {
@@ -520,6 +522,144 @@ TEST_F(DispatcherTest, BadAcquireManysAreRefusedWithTheReason) {
   EXPECT_EQ(only_reply_to(send(kBob, {permit}, bob_), bob_).type, MessageType::kGranted);
   EXPECT_EQ(refused(many({"a", "sem"}, 8)), WireError::kLeaseKindMismatch);
   EXPECT_FALSE(held("a"));
+}
+
+// ---- Cluster mode: the gate, MAP, and clients ahead of the node ------------
+
+class DispatcherGateTest : public DispatcherTest {
+ protected:
+  // A gate of `epoch` over members "a" (this node), "b" and "c"; buckets of
+  // "a" are active unless `active` is false.
+  void publish(std::uint64_t epoch, bool active = true, std::size_t id_length = 1) {
+    Router router(RouterOptions{.bucket_bits = 8});
+    std::vector<Node> nodes;
+    auto gate = std::make_shared<ClusterGate>();
+    for (const char c : std::string("abc")) {
+      const std::string id = std::string(id_length, c);
+      nodes.push_back({id, 1});
+      gate->members.push_back({id, "127.0.0.1:" + std::to_string(7000 + c), 1});
+    }
+    EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
+    gate->epoch = epoch;
+    gate->routing = router.snapshot();
+    gate->buckets.assign(gate->routing->bucket_count(), ClusterGate::kForeign);
+    for (std::size_t b = 0; b < gate->routing->bucket_count(); ++b) {
+      if (gate->routing->table()[b] == 0) {
+        gate->buckets[b] = active ? ClusterGate::kActive : ClusterGate::kOwned;
+      }
+    }
+    gate->lease_deadline = [] { return std::chrono::hours(1); };
+    routing_ = gate->routing;
+    dispatcher_->publish_gate(std::move(gate));
+  }
+  // A key this node ("a...") owns, and one it does not.
+  std::string key_of(bool mine) {
+    for (int i = 0;; ++i) {
+      std::string key = "key-" + std::to_string(i);
+      if ((routing_->owner_index(key) == 0) == mine) return key;
+    }
+  }
+  // MAP from `first`, padded `slack` bytes past its bound.
+  Message map_page(std::uint32_t first, std::size_t slack) {
+    Datagram d;
+    d.client_id = kAlice;
+    Message m;
+    m.type = MessageType::kMap;
+    m.request_id = ++query_id_;
+    m.first_member = first;
+    d.request_id = m.request_id;
+    EXPECT_TRUE(d.push(m));
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+    std::size_t n = 0;
+    EXPECT_EQ(encode(d, bytes, n, max_reply_size(d) + slack), ProtocolError::kOk);
+    bytes.resize(n);
+    return only_reply_to(handle(bytes, alice_), alice_);
+  }
+  std::shared_ptr<const RouterSnapshot> routing_;
+};
+
+TEST_F(DispatcherGateTest, MapOfASingleNodeIsEpochZero) {
+  const Message r = map_page(0, 600);
+  EXPECT_EQ(r.type, MessageType::kMapReply);
+  EXPECT_EQ(r.epoch, 0u);
+  EXPECT_EQ(r.member_count, 0u);
+}
+
+TEST_F(DispatcherGateTest, MapPagesTheMembersThePaddingPaysFor) {
+  publish(12, true, /*id_length=*/100);
+  std::vector<std::string> ids;
+  std::uint32_t first = 0;
+  for (int pages = 0; pages < 10 && ids.size() < 3; ++pages) {
+    // Room for one 100-byte id with its address, never two.
+    const Message r = map_page(first, 150);
+    ASSERT_EQ(r.type, MessageType::kMapReply);
+    EXPECT_EQ(r.epoch, 12u);
+    EXPECT_EQ(r.member_count, 3u);
+    EXPECT_EQ(r.first_member, first);
+    ASSERT_EQ(r.member_list_count, 1u);
+    for (const MemberEntry& e : MemberList(r)) {
+      ids.emplace_back(e.id);
+      EXPECT_EQ(e.weight, 1u);
+    }
+    ++first;
+  }
+  EXPECT_EQ(ids, (std::vector<std::string>{std::string(100, 'a'), std::string(100, 'b'),
+                                           std::string(100, 'c')}));
+  EXPECT_EQ(map_page(0, 0).member_list_count, 0u);  // no padding, no members
+}
+
+TEST_F(DispatcherGateTest, KeysOfOtherNodesAreRedirectedAndOwnKeysGranted) {
+  publish(5);
+  const Message redirected = only_reply_to(
+      send(kAlice, {request(MessageType::kAcquire, key_of(false), 1)}, alice_), alice_);
+  EXPECT_EQ(redirected.type, MessageType::kRedirect);
+  EXPECT_EQ(redirected.epoch, 5u);
+  const std::uint64_t token = single_token(kAlice, key_of(true), 2, alice_);
+  EXPECT_EQ(token >> 32, 5u);
+  EXPECT_EQ(counter(StatCounter::kRedirects), 1u);
+}
+
+TEST_F(DispatcherGateTest, AClientWithANewerMapIsToldToRetryNotGranted) {
+  publish(5);
+  Datagram d;
+  d.client_id = kAlice;
+  d.epoch = 6;  // the client saw a map this node has not
+  Message m = request(MessageType::kAcquire, key_of(true), 1);
+  d.request_id = 1;
+  ASSERT_TRUE(d.push(m));
+  std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode_request(d, bytes, n), ProtocolError::kOk);
+  bytes.resize(n);
+  EXPECT_EQ(only_reply_to(handle(bytes, alice_), alice_).type, MessageType::kRecovering);
+  EXPECT_FALSE(held(key_of(true)));
+  // The same epoch as the node's is served.
+  d.epoch = 5;
+  d.messages[0].request_id = d.request_id = 2;
+  bytes.assign(kMaxDatagramSize, 0);
+  ASSERT_EQ(encode_request(d, bytes, n), ProtocolError::kOk);
+  bytes.resize(n);
+  EXPECT_EQ(only_reply_to(handle(bytes, alice_), alice_).type, MessageType::kGranted);
+}
+
+TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndIsNotRemembered) {
+  publish(5);
+  const std::string mine = key_of(true);
+  const std::string theirs = key_of(false);
+  const Message r = only_reply_to(send(kAlice, {many({mine, theirs}, 9)}, alice_), alice_);
+  EXPECT_EQ(r.type, MessageType::kRedirect);
+  EXPECT_FALSE(held(mine));
+  // Inactive own keys: RECOVERING, nothing held either.
+  publish(6, /*active=*/false);
+  const Message waiting =
+      only_reply_to(send(kAlice, {many({mine}, 10, /*wait_ms=*/500)}, alice_), alice_);
+  EXPECT_EQ(waiting.type, MessageType::kRecovering);
+  EXPECT_FALSE(held(mine));
+  // Once active, the retransmission (same request id) is decided afresh.
+  publish(7);
+  const Message granted = only_reply_to(send(kAlice, {many({mine}, 10, 500)}, alice_), alice_);
+  ASSERT_EQ(granted.type, MessageType::kGrantedMany);
+  EXPECT_EQ(granted.listed_token(0) >> 32, 7u);
 }
 
 }  // namespace

@@ -95,9 +95,10 @@
 //       (also ACQUIRE_SHARED and ACQUIRE_PERMIT)
 //     ACQUIRE_MANY  GRANTED_MANY BUSY_MANY TIMEOUT RECOVERING ERROR
 //                   REDIRECT
-//     RENEW     RENEWED NOT_OWNER EXPIRED ERROR REDIRECT  RECOVERING
+//     RENEW     RENEWED NOT_OWNER EXPIRED ERROR REDIRECT  -
+//               RECOVERING (a cluster node not ready to grant the key)
 //     RELEASE   RELEASED NOT_OWNER EXPIRED ERROR          RECOVERING
-//     QUERY     QUERY_REPLY ERROR REDIRECT                RECOVERING
+//     QUERY     QUERY_REPLY ERROR REDIRECT RECOVERING     -
 //     STATS     STATS_REPLY ERROR                         RECOVERING
 //     MAP       MAP_REPLY ERROR                           RECOVERING
 //   A reply type sent as a request is answered ERROR(kNotARequest). An
@@ -290,8 +291,9 @@ enum class StatCounter : std::uint8_t {
   kLimitRejections,     // requests refused by a configured bound (ERROR kLimitExceeded)
   kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)
   kSendDrops,           // replies that never left: no send slot, socket buffer full, failed send
+  kRedirects,           // REDIRECT answers: the cluster map gives the key to another node
 };
-inline constexpr std::size_t kStatCounterCount = 20;
+inline constexpr std::size_t kStatCounterCount = 21;
 // The counter's name in STATS output ("grants", "send_drops", ...).
 [[nodiscard]] std::string_view to_string(StatCounter counter) noexcept;
 
@@ -485,9 +487,9 @@ inline constexpr auto kRequestReplies = [] {
       Row{kAcquireShared, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},      true},
       Row{kAcquirePermit, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},      true},
       Row{kAcquireMany, {kGrantedMany, kBusyMany, kTimeout, kRecovering, kError, kRedirect}, {}, true},
-      Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError, kRedirect},         {kRecovering}, false},
+      Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError, kRedirect, kRecovering}, {}, false},
       Row{kRelease, {kReleased, kNotOwner, kExpired, kError},                   {kRecovering}, false},
-      Row{kQuery,   {kQueryReply, kError, kRedirect},                           {kRecovering}, false},
+      Row{kQuery,   {kQueryReply, kError, kRedirect, kRecovering},              {},            false},
       Row{kStats,   {kStatsReply, kError},                                      {kRecovering}, false},
       Row{kMap,     {kMapReply, kError},                                        {kRecovering}, false},
   };

@@ -44,6 +44,10 @@
 
 namespace shardlock::lease {
 
+namespace internal {
+struct ClusterGate;
+}  // namespace internal
+
 // Which datagram loop serves the socket.
 enum class IoBackend : std::uint8_t {
   kAuto,    // io_uring when the kernel allows it, else kSocket (logged)
@@ -106,6 +110,10 @@ struct LeaseServerOptions {
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams
   // are dropped and counted the same way.
   std::optional<AuthKey> auth_key;
+  // Cluster mode (src/cluster/cluster_node.h): start with a closed gate, so
+  // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
+  // map, until the cluster layer publishes one (publish_cluster_gate()).
+  bool start_closed = false;
   // The monotonic clock, injectable for tests. Default: CLOCK_MONOTONIC.
   std::function<std::chrono::nanoseconds()> clock;
   // Where log lines go (one line per call, no trailing newline). Default:
@@ -196,6 +204,19 @@ class LeaseServer {
   // Stops the I/O threads and closes the sockets. Blocks until the threads
   // have exited (a few milliseconds). Idempotent; safe before start().
   void stop();
+
+  // ---- Cluster mode: the cluster layer's hooks (src/cluster/cluster_node.h
+  // drives them; not for other use). Each needs a successful start().
+  // Every grant, renew and QUERY then asks `gate` first, and MAP answers
+  // from it; returns once every shard has it (internal/cluster_gate.h).
+  void publish_cluster_gate(std::shared_ptr<const internal::ClusterGate> gate);
+  // Leases held on keys `pred` is true for (each shard under its lock).
+  [[nodiscard]] std::size_t count_leases(
+      const std::function<bool(std::string_view key)>& pred) const;
+  // Whether a shard's token counter ran out in the current epoch.
+  [[nodiscard]] bool needs_new_epoch() const;
+  // The clock the server runs on (options.clock, or CLOCK_MONOTONIC).
+  [[nodiscard]] std::chrono::nanoseconds now() const;
 
  private:
   struct Impl;

@@ -56,6 +56,7 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <string>
 #include <string_view>
@@ -63,6 +64,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardlock/lease/internal/cluster_gate.h"
 #include "shardlock/lease/internal/dedup_cache.h"
 #include "shardlock/lease/internal/peer.h"
 #include "shardlock/lease/internal/string_key.h"
@@ -123,10 +125,14 @@ struct DeferredReply {
   Peer peer;
   ClientId client;
   std::uint64_t request_id = 0;
-  MessageType type = MessageType::kGranted;  // kGranted, kTimeout or kError
+  // kGranted, kTimeout, kError, or (the cluster gate refused the grant)
+  // kRedirect or kRecovering.
+  MessageType type = MessageType::kGranted;
   std::string key;
   std::uint64_t token = 0;
   std::uint32_t ttl_ms = 0;
+  std::uint64_t epoch = 0;           // kRedirect
+  std::uint32_t retry_after_ms = 0;  // kRecovering
   WireError error = WireError::kInternal;
   // Bytes this reply may take: what the queueing datagram left for it
   // (anti-amplification); LeaseServer withholds a larger reply.
@@ -176,7 +182,8 @@ class Shard {
   void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
 
   // ---- ACQUIRE_MANY parts (see the top of this file) ----
-  enum class PartState { kFree, kBusy, kKindMismatch, kLimit };
+  // kRedirect, kNotReady: the cluster gate refuses the key (gate()).
+  enum class PartState { kFree, kBusy, kKindMismatch, kLimit, kRedirect, kNotReady };
   // Whether `part` of `m` could be taken now (firing due timers first);
   // kBusy sets `ttl_left` to the longest a holder has left.
   PartState probe(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
@@ -195,6 +202,28 @@ class Shard {
   void abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                std::vector<DeferredReply>& deferred);
   [[nodiscard]] const ShardLimits& limits() const noexcept { return limits_; }
+
+  // ---- Cluster mode (cluster_gate.h) ----
+  // From now on every grant and renew (ACQUIREs of all kinds, RENEW, waiters
+  // handed a key, ACQUIRE_MANY parts) and every QUERY asks `gate` first; a
+  // refusal is answered REDIRECT or RECOVERING and changes nothing. Tokens
+  // are then compose_token(gate->epoch, counter), the counter counting from
+  // 1 again in each epoch (still drawn from the durable per-shard counter,
+  // so it only rises). Null: a single node, tokens are the bare counter.
+  void set_gate(std::shared_ptr<const ClusterGate> gate) noexcept { gate_ = std::move(gate); }
+  [[nodiscard]] const ClusterGate* gate() const noexcept { return gate_.get(); }
+  // Fills `reply` with the REDIRECT or RECOVERING of a gate's refusal
+  // `verdict`, and counts it. Precondition: gate() is set.
+  void refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcept;
+  // Whether the low half of the tokens ran out in the gate's epoch: nothing
+  // more is granted until the cluster publishes a new epoch.
+  [[nodiscard]] bool needs_new_epoch() const noexcept {
+    return counter_exhausted_ && gate_ && gate_->epoch == token_epoch_;
+  }
+  // Leases (holders, pending ones included) on keys for which `pred(key)`
+  // is true: the hand-off's count of leases left in buckets given away.
+  [[nodiscard]] std::size_t count_leases(
+      const std::function<bool(std::string_view key)>& pred) const;
   // ACQUIRE_MANY steps that could not be handed out for want of memory (see
   // MultiAcquire::next_stalled); the Dispatcher takes them on its tick, and
   // puts one back with stall() if it still cannot.
@@ -308,6 +337,14 @@ class Shard {
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
   [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
+  // The gate's verdict on `key` now: kGrant without a gate.
+  [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
+                                                  std::int64_t now_ms) const noexcept {
+    return gate_ ? gate_->check(key, now_ms) : ClusterGate::Verdict::kGrant;
+  }
+  // The next token (composed with the gate's epoch in cluster mode), or 0
+  // with last_error_ set.
+  std::uint64_t issue_token();
   KeyState* find_live(const KeyRef& key, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
   // The holder RENEW/RELEASE with `token` from `client` acts on (set with kOk).
   static OwnerCheck check_owner(KeyState* state, const ClientId& client, std::uint64_t token,
@@ -386,6 +423,12 @@ class Shard {
   std::uint32_t index_;
   ShardLimits limits_;
   ShardTokens tokens_;
+  std::shared_ptr<const ClusterGate> gate_;
+  // The epoch of the last composed token and the raw counter value before
+  // its first one: counter = raw - epoch_base_ (see issue_token()).
+  std::uint64_t token_epoch_ = 0;
+  std::uint64_t epoch_base_ = 0;
+  bool counter_exhausted_ = false;  // in token_epoch_
   TimerWheel wheel_;
   std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
   // Unused waiter and holder nodes. std::list::splice moves a node between

@@ -1,0 +1,84 @@
+// ClusterGate: what the cluster lets this node grant, as the shards see it
+// (docs/cluster.md, "Who may grant"). Not API: the cluster layer builds one
+// per change (a new map, a bucket activated, a hand-off) and the server
+// hands it to every shard under that shard's lock (Dispatcher::publish_gate).
+//
+// Why under each shard's lock and not through one shared pointer: a node
+// writes its hand-off acknowledgement only after every shard has the gate
+// that refuses the moved buckets and it has then counted no live lease in
+// them, both under the shard locks. A grant decided under a shard lock after
+// that count therefore sees the new gate, so no grant can slip in between
+// the count and the acknowledgement that would let the new owner grant too.
+//
+// A single shardlockd has no gate (null): every key is its own.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardlock/router.h"
+
+namespace shardlock::lease::internal {
+
+struct ClusterGate {
+  enum class Verdict : std::uint8_t {
+    kGrant,     // this node may grant and renew the key now
+    kRedirect,  // the map gives the key to another node: REDIRECT with `epoch`
+    kNotReady,  // the key is this node's but not grantable yet: RECOVERING
+  };
+  // Per bucket.
+  enum BucketState : std::uint8_t {
+    kForeign = 0,  // another node's in this map
+    kOwned = 1,    // this node's, not active yet (hand-off or lock-delay pending)
+    kActive = 2,   // this node's, and grantable
+  };
+  struct Member {
+    std::string id;
+    std::string address;
+    std::uint32_t weight = 1;
+  };
+
+  // The map's epoch: the high half of every token issued under this gate.
+  std::uint64_t epoch = 0;
+  // Nothing is granted under an epoch below this: the epochs a previous run
+  // of this node may have granted in (its persisted highest epoch + 1), so a
+  // restarted node never issues a token its earlier run may have issued.
+  std::uint64_t min_grant_epoch = 0;
+  // The map's buckets and owners, and each bucket's state here. Null: no
+  // map yet, every key is refused RECOVERING (a closed gate).
+  std::shared_ptr<const RouterSnapshot> routing;
+  std::vector<std::uint8_t> buckets;
+  // The node's etcd lease deadline on the server's clock; a grant needs the
+  // time before it (fail closed). Must not be empty.
+  std::function<std::chrono::nanoseconds()> lease_deadline;
+  // The map's members in id order, for MAP replies.
+  std::vector<Member> members;
+  // How long a RECOVERING answer asks clients to wait.
+  std::uint32_t retry_after_ms = 50;
+
+  [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
+    return routing->bucket_of_hash(routing->hash(key));
+  }
+
+  // The verdict for `key` at `now_ms` (whole milliseconds of the server's
+  // clock, rounded down). Never throws; cheap: one hash, one table load and
+  // one clock reading of the deadline.
+  [[nodiscard]] Verdict check(std::string_view key, std::int64_t now_ms) const noexcept {
+    if (!routing) return Verdict::kNotReady;  // no map yet: closed
+    const std::size_t bucket = bucket_of(key);
+    const std::uint8_t state = bucket < buckets.size() ? buckets[bucket] : std::uint8_t{kForeign};
+    if (state == kForeign) return Verdict::kRedirect;
+    if (state != kActive || epoch < min_grant_epoch) return Verdict::kNotReady;
+    // now_ms is rounded down, so the true time may be up to 1 ms later: err
+    // towards failing closed.
+    const std::chrono::nanoseconds latest = std::chrono::milliseconds(now_ms + 1);
+    return latest < lease_deadline() ? Verdict::kGrant : Verdict::kNotReady;
+  }
+};
+
+}  // namespace shardlock::lease::internal
