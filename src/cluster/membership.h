@@ -1,5 +1,7 @@
 // membership.h: one node's membership in a shardlock cluster, and the bucket
-// map with its epoch that every node agrees on (docs/cluster.md).
+// map with its epoch that every node agrees on (docs/cluster.md). The values
+// themselves (MemberRecord, ClusterMap, ClusterRouting) and their encodings
+// are gRPC-free and live in the core library: shardlock/cluster/cluster_map.h.
 //
 //   MembershipOptions options;
 //   options.endpoints = "127.0.0.1:2379";
@@ -57,95 +59,12 @@
 
 #include "epoch_file.h"
 #include "etcd_client.h"
+#include "shardlock/cluster/cluster_map.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
 
 namespace shardlock::cluster {
-
-// ---------------------------------------------------------------------------
-// Values and their encodings (pure: bytes in, a value or nothing out)
-// ---------------------------------------------------------------------------
-
-enum class MemberState : std::uint8_t { kActive, kDraining };
-[[nodiscard]] std::string_view to_string(MemberState state) noexcept;
-
-// A member as its etcd key describes it.
-struct MemberRecord {
-  std::string address;  // HOST:PORT
-  std::uint32_t weight = 1;
-  MemberState state = MemberState::kActive;
-
-  friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
-};
-[[nodiscard]] std::string encode_member(const MemberRecord& record);
-// "address=... weight=... state=..." in any order; unknown fields are
-// ignored (a newer node may add some). Nothing when a required field is
-// missing or malformed.
-[[nodiscard]] std::optional<MemberRecord> decode_member(std::string_view text);
-
-// A member of a published map.
-struct ClusterMember {
-  std::string id;
-  std::string address;
-  std::uint32_t weight = 1;
-
-  friend bool operator==(const ClusterMember&, const ClusterMember&) = default;
-};
-
-// A published map: the membership the buckets are computed from, and its
-// epoch (the etcd mod_revision of the map key; 0 for "no map yet").
-struct ClusterMap {
-  std::uint64_t epoch = 0;
-  std::vector<ClusterMember> members;  // sorted by id, ids distinct
-
-  friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
-};
-// The map key's value for `members` (which must be sorted by id).
-[[nodiscard]] std::string encode_map_members(const std::vector<ClusterMember>& members);
-// Nothing for anything encode_map_members() would not produce: a bad
-// version line, a malformed line, ids out of order or repeated, a weight of
-// 0 or above RouterSnapshot::kMaxWeight.
-[[nodiscard]] std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text);
-
-// A node id usable in an etcd key and a map line: 1..128 bytes of
-// [A-Za-z0-9._-].
-[[nodiscard]] bool valid_node_id(std::string_view id) noexcept;
-
-// ---------------------------------------------------------------------------
-// Routing over a map
-// ---------------------------------------------------------------------------
-
-// The Router's view of a ClusterMap: node ids are member ids and weights the
-// members' weights, so equal maps give equal bucket owners in every process
-// (the Router is a pure function of the nodes and RouterOptions; all nodes
-// must use the same options). Immutable and thread-safe once built.
-class ClusterRouting {
- public:
-  // kOk, or the Router's reason for refusing the members (a map that
-  // decode_map_members() accepted is always accepted here).
-  [[nodiscard]] static RouterStatus build(const ClusterMap& map, const RouterOptions& options,
-                                          std::unique_ptr<ClusterRouting>& out);
-
-  [[nodiscard]] const ClusterMap& map() const noexcept { return map_; }
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return map_.epoch; }
-  [[nodiscard]] const RouterSnapshot& snapshot() const noexcept { return *snapshot_; }
-  [[nodiscard]] std::size_t bucket_count() const noexcept { return snapshot_->bucket_count(); }
-  [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
-    return snapshot_->bucket_of_hash(snapshot_->hash(key));
-  }
-  // The owner of a key or a bucket; null when the map has no members.
-  // `bucket` must be below bucket_count().
-  [[nodiscard]] const ClusterMember* owner_of(std::string_view key) const noexcept {
-    return owner_of_bucket(bucket_of(key));
-  }
-  [[nodiscard]] const ClusterMember* owner_of_bucket(std::size_t bucket) const noexcept;
-
- private:
-  ClusterRouting() = default;
-  ClusterMap map_;
-  std::shared_ptr<const RouterSnapshot> snapshot_;
-};
 
 // ---------------------------------------------------------------------------
 // Errors and stats

@@ -1,6 +1,7 @@
-// Membership, the map's epoch, the epoch file and routing over a map, against
-// a real single-member etcd (tests/cluster/etcd_process.h). The etcd tests
-// skip when /usr/bin/etcd is missing; the encoding tests always run.
+// Membership, the map's epoch and the epoch file, against a real
+// single-member etcd (tests/cluster/etcd_process.h). The etcd tests skip when
+// /usr/bin/etcd is missing; the epoch file and option tests always run. The
+// values and routing over a map are tested in tests/cluster_map_test.cc.
 #include "membership.h"
 
 #include <gtest/gtest.h>
@@ -75,41 +76,6 @@ std::vector<std::string> ids_of(const ClusterMap& map) {
 // Pure parts
 // ---------------------------------------------------------------------------
 
-TEST(MemberValue, RoundTripsAndRejectsMalformedInput) {
-  const MemberRecord record{"127.0.0.1:7700", 3, MemberState::kDraining};
-  EXPECT_EQ(encode_member(record), "address=127.0.0.1:7700 weight=3 state=draining");
-  EXPECT_EQ(decode_member(encode_member(record)), record);
-  // Any order, unknown fields ignored.
-  EXPECT_EQ(decode_member("state=active future=1 weight=1 address=[::1]:9"),
-            (MemberRecord{"[::1]:9", 1, MemberState::kActive}));
-  for (const char* bad :
-       {"", "address=h:1 weight=1", "address=h:1 weight=0 state=active",
-        "address=h:1 weight=1025 state=active", "address=h weight=1 state=active",
-        "address=h:1 weight=1 state=gone", "address=h:1  weight=1 state=active",
-        "address=:1 weight=1 state=active", "address=h:70000 weight=1 state=active"}) {
-    EXPECT_FALSE(decode_member(bad).has_value()) << "'" << bad << "'";
-  }
-}
-
-TEST(MapValue, RoundTripsAndRejectsWhatEncodeWouldNotProduce) {
-  const std::vector<ClusterMember> members = {{"a", "127.0.0.1:1", 1}, {"b", "127.0.0.1:2", 7}};
-  const std::string text = encode_map_members(members);
-  EXPECT_EQ(text, "shardlock-map v1\na 127.0.0.1:1 1\nb 127.0.0.1:2 7\n");
-  EXPECT_EQ(decode_map_members(text), members);
-  EXPECT_EQ(decode_map_members("shardlock-map v1\n"), std::vector<ClusterMember>{});
-  for (const char* bad : {"", "shardlock-map v1", "shardlock-map v2\n",
-                          "shardlock-map v1\nb h:2 1\na h:1 1\n",  // out of order
-                          "shardlock-map v1\na h:1 1\na h:1 1\n",  // repeated
-                          "shardlock-map v1\na h:1 0\n", "shardlock-map v1\na h:1\n",
-                          "shardlock-map v1\na/b h:1 1\n", "shardlock-map v1\n\n"}) {
-    EXPECT_FALSE(decode_map_members(bad).has_value()) << "'" << bad << "'";
-  }
-  EXPECT_TRUE(valid_node_id("node-1.a_b"));
-  EXPECT_FALSE(valid_node_id(""));
-  EXPECT_FALSE(valid_node_id("a/b"));
-  EXPECT_FALSE(valid_node_id(std::string(129, 'a')));
-}
-
 TEST(EpochFileTest, RecordsDurablyNeverGoesBackAndRefusesACorruptFile) {
   const std::string dir = make_temp_dir();
   ASSERT_FALSE(dir.empty());
@@ -140,30 +106,6 @@ TEST(EpochFileTest, RecordsDurablyNeverGoesBackAndRefusesACorruptFile) {
   EXPECT_NE(detail.find(EpochFile::kFileName), std::string::npos) << detail;
   EXPECT_EQ(file, nullptr);
   std::filesystem::remove_all(dir);
-}
-
-TEST(ClusterRoutingTest, EqualMapsGiveEqualOwnersAndAKeyMapsToItsBucketsOwner) {
-  RouterOptions options;
-  options.bucket_bits = kTestBucketBits;
-  const ClusterMap map{7, {{"a", "h:1", 1}, {"b", "h:2", 2}, {"c", "h:3", 1}}};
-  ClusterMap shuffled = map;
-  std::swap(shuffled.members[0], shuffled.members[2]);  // build() sorts
-  std::unique_ptr<ClusterRouting> one;
-  std::unique_ptr<ClusterRouting> two;
-  ASSERT_EQ(ClusterRouting::build(map, options, one), RouterStatus::kOk);
-  ASSERT_EQ(ClusterRouting::build(shuffled, options, two), RouterStatus::kOk);
-  ASSERT_EQ(one->bucket_count(), std::size_t{1} << kTestBucketBits);
-  for (std::size_t bucket = 0; bucket < one->bucket_count(); ++bucket) {
-    ASSERT_NE(one->owner_of_bucket(bucket), nullptr);
-    ASSERT_EQ(one->owner_of_bucket(bucket)->id, two->owner_of_bucket(bucket)->id) << bucket;
-  }
-  EXPECT_EQ(one->owner_of("some-key")->id, one->snapshot().owner("some-key"));
-  EXPECT_EQ(one->owner_of("some-key"), one->owner_of_bucket(one->bucket_of("some-key")));
-  EXPECT_EQ(one->epoch(), 7u);
-
-  std::unique_ptr<ClusterRouting> empty;
-  ASSERT_EQ(ClusterRouting::build(ClusterMap{}, options, empty), RouterStatus::kOk);
-  EXPECT_EQ(empty->owner_of("k"), nullptr);
 }
 
 TEST(MembershipOptionsTest, BadOptionsAreRefusedBeforeAnyIo) {
