@@ -10,6 +10,7 @@
 //   options.advertise = "10.0.0.7:7700";
 //   options.data_dir = "/var/lib/shardlock";
 //   options.on_map_change = [](const ClusterMap& map) { ... };
+//   options.on_view = [](const ClusterView& view) { ... };  // hand-offs, gone members
 //   std::unique_ptr<Membership> member;
 //   if (auto ec = Membership::start(options, member, detail)) ...;
 //   member->lease_alive();          // the grant path's check (b)
@@ -235,8 +236,8 @@ class Membership {
 
   // Sets this node's member state to draining (kept across re-registration),
   // so the next map leaves it out while its member key stays alive. One
-  // etcd put. A drain by code is never undone by a drain/<self> key going
-  // away.
+  // etcd put, after a registration in flight (at most two etcd calls). A
+  // drain by code is never undone by a drain/<self> key going away.
   [[nodiscard]] EtcdStatus drain();
 
   // Puts handoff/<node_id> = `epoch` (decimal) under the node's current etcd
@@ -289,8 +290,10 @@ class Membership {
   // Grants a lease and puts the member key under it if absent; the put's
   // revision in `revision`.
   std::error_code register_member(std::string& detail, std::int64_t* revision = nullptr);
-  // Puts the member key with state_ (under member_key_mutex_, held).
-  EtcdStatus put_member_state(MemberState state, std::int64_t lease);
+  // Puts the member key with `state` under `lease`; the caller holds
+  // member_key_mutex_ and has just set state_ to `state`.
+  EtcdStatus put_member_state(MemberState state, std::int64_t lease)
+      SHARDLOCK_REQUIRES(member_key_mutex_);
   // A drain/<self> key appeared or went: switches state_ and puts the member
   // key. True when it put (the caller reads again), false when nothing
   // changed or no lease; nothing when the put failed.
