@@ -20,39 +20,6 @@ constexpr milliseconds kHandOffCountInterval{100};
 
 }  // namespace
 
-bool parse_etcd_url(std::string_view url, std::string& endpoints, std::string& error) {
-  constexpr std::string_view kScheme = "etcd://";
-  if (url.starts_with(kScheme)) {
-    url.remove_prefix(kScheme.size());
-  } else if (url.find("://") != std::string_view::npos) {
-    error = "'" + std::string(url) + "' is not an etcd:// URL";
-    return false;
-  }
-  endpoints.clear();
-  while (!url.empty()) {
-    const std::size_t comma = url.find(',');
-    const std::string_view endpoint = url.substr(0, comma);
-    const std::size_t colon = endpoint.rfind(':');
-    const std::string_view port =
-        colon == std::string_view::npos ? std::string_view() : endpoint.substr(colon + 1);
-    if (colon == 0 || port.empty() || port.size() > 5 ||
-        port.find_first_not_of("0123456789") != std::string_view::npos ||
-        std::stoul(std::string(port)) > 65535) {
-      error = "'" + std::string(endpoint) + "' is not HOST:PORT";
-      return false;
-    }
-    if (!endpoints.empty()) endpoints += ',';
-    endpoints += endpoint;
-    if (comma == std::string_view::npos) break;
-    url.remove_prefix(comma + 1);
-  }
-  if (endpoints.empty()) {
-    error = "no etcd endpoint given";
-    return false;
-  }
-  return true;
-}
-
 ClusterNode::ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server)
     : options_(std::move(options)), server_(server) {
   if (!options_.log) {
@@ -69,6 +36,10 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
                                    std::unique_ptr<ClusterNode>& out, std::string& detail) {
   if (options.data_dir.empty()) {
     detail = "cluster mode needs a data dir (tokens and epochs must survive a restart)";
+    return make_error_code(MembershipErrc::kInvalidOptions);
+  }
+  if (!valid_node_id(options.node_id)) {
+    detail = "bad node id '" + options.node_id + "': 1..128 of [A-Za-z0-9._-]";
     return make_error_code(MembershipErrc::kInvalidOptions);
   }
   if (!valid_node_id(options.cluster_name)) {

@@ -59,11 +59,6 @@
 
 namespace shardlock::cluster {
 
-// "etcd://HOST:PORT[,HOST:PORT...]" (the scheme may be left out) as the
-// endpoint list MembershipOptions::endpoints takes; false with `error` for
-// another scheme, an empty list or an endpoint that is not HOST:PORT.
-[[nodiscard]] bool parse_etcd_url(std::string_view url, std::string& endpoints, std::string& error);
-
 struct ClusterNodeOptions {
   std::string endpoints;  // etcd, "HOST:PORT[,HOST:PORT...]"
   std::string cluster_name = "default";

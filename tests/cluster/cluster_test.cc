@@ -10,11 +10,14 @@
 // timing check is a lower bound (no grant before the lock-delay), which a
 // slow machine cannot break.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +25,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "etcd_process.h"
@@ -334,6 +338,43 @@ TEST_F(ClusterTest, AKilledNodesKeysMoveOnlyAfterTheLockDelayWithHigherTokens) {
   // n2's member key vanish, which is after the kill.
   ASSERT_TRUE(first_grant);
   EXPECT_GE(*first_grant - killed_at, kLockDelay);
+}
+
+TEST_F(ClusterTest, BadClusterFlagsAreUsageErrorsAndAnUnreachableEtcdFailsTheStart) {
+  const auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), kDaemon);
+    torture::ChildProcess p;
+    EXPECT_TRUE(p.start(args, /*capture_stdout=*/true, root_ + "/flags.log"));
+    EXPECT_TRUE(p.wait_for(30s));
+    std::ifstream log(root_ + "/flags.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    return std::make_pair(WIFEXITED(p.exit_status()) ? WEXITSTATUS(p.exit_status()) : -1, text);
+  };
+  const std::string etcd = "etcd://" + etcd_->endpoint();
+  const std::string dir = root_ + "/d";
+  auto [code, log] = run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--data-dir", dir});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("--node-id"), std::string::npos) << log;
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--node-id", "x"});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("--data-dir"), std::string::npos) << log;
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", "http://" + etcd_->endpoint(),
+                             "--node-id", "x", "--data-dir", dir});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("is not etcd://"), std::string::npos) << log;
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--node-id", "x"});
+  EXPECT_EQ(code, 2) << "--node-id without --cluster";
+  std::tie(code, log) =
+      run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--node-id", "bad/id", "--data-dir", dir});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("--node-id 'bad/id'"), std::string::npos) << log;
+  // Nothing listens on this port: the start fails, it does not hang.
+  const std::string nowhere =
+      "etcd://127.0.0.1:" + std::to_string(test_support::free_loopback_port());
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", nowhere, "--node-id", "x",
+                             "--data-dir", dir, "--etcd-lease-ttl", "2s"});
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(log.find("cannot join the cluster"), std::string::npos) << log;
 }
 
 }  // namespace
