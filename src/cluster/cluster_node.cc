@@ -102,10 +102,33 @@ void ClusterNode::stop(StopMode mode) {
   if (driver_.joinable()) driver_.join();
   // Nothing more is granted here: a closed gate, which also drops every
   // reference to the membership before it goes.
+  publish_closed_gate();
+  if (membership_) membership_->stop(mode);
+}
+
+void ClusterNode::publish_closed_gate() {
   auto closed = std::make_shared<lease::internal::ClusterGate>();
   closed->lease_deadline = [] { return nanoseconds(0); };
   server_.publish_cluster_gate(std::move(closed));
-  if (membership_) membership_->stop(mode);
+}
+
+void ClusterNode::start_over() {
+  note(
+      "registered again under a new etcd lease: granting nothing until this node's buckets "
+      "are active again, as after a start");
+  publish_closed_gate();
+  gate_.reset();
+  map_.reset();
+  routing_.reset();
+  seen_members_.clear();
+  activation_ = std::make_unique<BucketActivation>(
+      ActivationOptions{.node_id = options_.node_id,
+                        .lock_delay = lock_delay_,
+                        .router_options = cluster_router_options()});
+  skip_views_through_ = self_create_revision_;
+  LockGuard lock(mutex_);
+  stats_.acked_epoch = 0;  // handoff/<id> went with the old lease
+  ++stats_.restarts;
 }
 
 ClusterNodeStats ClusterNode::stats() const {
@@ -133,6 +156,11 @@ void ClusterNode::run() {
       views.swap(views_);
     }
     const nanoseconds now = server_.now();
+    const std::uint64_t registration = membership_->registration();
+    if (registration != registration_) {
+      if (registration_ != 0) start_over();
+      registration_ = registration;
+    }
     apply_views(std::move(views), now);
     publish(now);
     if (now - last_count >= kHandOffCountInterval) {
@@ -150,6 +178,14 @@ void ClusterNode::run() {
 
 void ClusterNode::apply_views(std::vector<ClusterView> views, nanoseconds now) {
   for (const ClusterView& view : views) {
+    for (const ClusterView::Member& member : view.members) {
+      if (member.id == options_.node_id) self_create_revision_ = member.create_revision;
+    }
+    // After start_over(): only what was read after the new registration.
+    if (skip_views_through_ != 0) {
+      if (self_create_revision_ <= skip_views_through_) continue;
+      skip_views_through_ = 0;
+    }
     // Member keys: gone, new, or registered again (a new create revision is
     // a new incarnation even if no view saw the key missing).
     std::unordered_map<std::string, SeenMember> present;

@@ -340,6 +340,52 @@ TEST_F(ClusterTest, AKilledNodesKeysMoveOnlyAfterTheLockDelayWithHigherTokens) {
   EXPECT_GE(*first_grant - killed_at, kLockDelay);
 }
 
+// A node paused past its etcd lease wakes up with a map that still gives it
+// buckets the cluster has given away meanwhile. It must grant none of them:
+// its lease is gone, and once it registers again it starts over as at a
+// start, never granting by what it knew under the old lease.
+TEST_F(ClusterTest, ANodePausedPastItsEtcdLeaseGrantsNothingItGaveAwayWhenItWakes) {
+  for (const char* id : {"n1", "n2", "n3"}) start_node(id);
+  auto before = client_with_members({"n1", "n2", "n3"});
+  const auto keys = keys_by_owner(*before, 6);
+  for (const std::string& key : keys.at("n2")) ASSERT_TRUE(acquire_until_granted(*before, key));
+  NodeProcess& paused = *nodes_.at("n2");
+  paused.process.signal(SIGSTOP);
+  auto after = client_with_members({"n1", "n3"});
+  // The new owners hold every one of n2's keys when it wakes.
+  std::vector<lease::Lease> held;
+  for (const std::string& key : keys.at("n2")) {
+    ASSERT_TRUE(acquire_until_granted(*after, key));
+    lease::LeaseOptions renewed;
+    renewed.watchdog = true;
+    auto lease = after->try_acquire(key, 2000ms, renewed);
+    ASSERT_TRUE(lease) << key << ": " << lease.error.message();
+    held.push_back(std::move(lease.lease));
+  }
+  paused.process.signal(SIGCONT);
+  // The woken node registers again and the next map gives it its buckets
+  // back, so the new owners' leases end (their renewals are redirected) and
+  // are handed back. Until the first of them ends, the woken node must
+  // grant none of its old keys.
+  auto direct = direct_client(paused.address);
+  const auto all_valid = [&] {
+    return std::all_of(held.begin(), held.end(), [](const lease::Lease& l) { return l.valid(); });
+  };
+  const auto until = std::chrono::steady_clock::now() + 8s;
+  int refused = 0;
+  while (std::chrono::steady_clock::now() < until && all_valid()) {
+    for (const std::string& key : keys.at("n2")) {
+      auto result = direct->try_acquire(key, 1000ms);
+      if (result && all_valid()) {
+        ADD_FAILURE() << key << " granted by the woken node while another holds it";
+      }
+      if (!result) ++refused;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GT(refused, 0);
+}
+
 TEST_F(ClusterTest, BadClusterFlagsAreUsageErrorsAndAnUnreachableEtcdFailsTheStart) {
   const auto run = [&](std::vector<std::string> args) {
     args.insert(args.begin(), kDaemon);
