@@ -118,6 +118,7 @@ void ClusterNode::start_over() {
       "are active again, as after a start");
   publish_closed_gate();
   gate_.reset();
+  activation_pending_ = false;
   map_.reset();
   routing_.reset();
   seen_members_.clear();
@@ -161,8 +162,12 @@ void ClusterNode::run() {
       if (registration_ != 0) start_over();
       registration_ = registration;
     }
+    // A gate changes with news from etcd, or with time while some bucket of
+    // this node waits for its lock-delay; otherwise there is nothing to redo
+    // (the 65536 bucket states cost about a millisecond to recompute).
+    const bool news = !views.empty();
     apply_views(std::move(views), now);
-    publish(now);
+    if (news || activation_pending_) publish(now);
     if (now - last_count >= kHandOffCountInterval) {
       last_count = now;
       hand_off(now);
@@ -238,6 +243,7 @@ void ClusterNode::publish(nanoseconds now) {
       buckets[b] = lease::internal::ClusterGate::kOwned;
     }
   }
+  activation_pending_ = active < owned;
   if (gate_ && gate_->epoch == map_->epoch && gate_->buckets == buckets) return;
   auto gate = std::make_shared<lease::internal::ClusterGate>();
   gate->epoch = map_->epoch;

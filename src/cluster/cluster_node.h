@@ -148,6 +148,7 @@ class ClusterNode {
   std::shared_ptr<const ClusterRouting> routing_;
   std::shared_ptr<const lease::internal::ClusterGate> gate_;
   std::uint64_t new_epoch_asked_for_ = 0;
+  bool activation_pending_ = false;  // an owned bucket is not active yet
   // The membership registration the activation state belongs to, and this
   // node's member key's create revision as the views last showed it.
   std::uint64_t registration_ = 0;
