@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-release deps-peers run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture package
+        build-release build-bench format lint clean help torture package bench-cluster
 
 all: build-release
 
@@ -17,6 +17,7 @@ help:
 	@echo "make test       dev (ASan+UBSan) tests, tsan concurrent tests, clang thread-safety build + fuzz"
 	@echo "make bench      run the lock, lock-table, router and lease-path benchmarks (bench preset)"
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
+	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, etcd requests, kill -9 window"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make format     clang-format every source file in place"
 	@echo "make lint       clang-tidy over src/ and tools/ (part of make test's clang stage)"
@@ -84,6 +85,11 @@ bench: build-bench
 bench-redis: build-release
 	@tools/install-deps.sh --redis
 	bench/redis_side_by_side.sh build/release/tools/shardlock-bench
+
+# The cluster's numbers: throughput at 1 and 3 nodes, etcd requests, the
+# unavailability window after kill -9 (real etcd on loopback).
+bench-cluster: build-release
+	bench/cluster_numbers.sh build/release
 
 # ---- the long torture run -------------------------------------------------
 # 20% loss, duplicates and reordering; kill -9 restarts; server and client

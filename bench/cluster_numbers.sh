@@ -14,7 +14,9 @@
 #
 #   bench/cluster_numbers.sh [BUILD_DIR]      (default build/release)
 #
-# Environment: DURATION (each bench run, default 10s), CLIENTS (default 50),
+# Environment: DURATION (each bench run, default 10s), ROUNDS (interleaved
+# rounds of the three throughput runs, default 3; the table has each round
+# and the medians), CLIENTS (default 50),
 # MAX_TTL (the nodes' --max-ttl and the bench's --ttl, default 2s),
 # ETCD_TTL (--etcd-lease-ttl, default 2s), BUSY_POLL (the nodes' --busy-poll-us,
 # default 50). Everything binds 127.0.0.1, runs
@@ -26,6 +28,7 @@ daemon=$build/tools/shardlockd
 bench=$build/tools/shardlock-bench
 ctl=$build/tools/shardlockctl
 duration=${DURATION:-10s}
+rounds=${ROUNDS:-3}
 clients=${CLIENTS:-50}
 max_ttl=${MAX_TTL:-2s}
 etcd_ttl=${ETCD_TTL:-2s}
@@ -59,6 +62,7 @@ timeout 900 etcd --name=bench --data-dir="$work/etcd" \
   --listen-peer-urls="http://127.0.0.1:$peer_port" --initial-advertise-peer-urls="http://127.0.0.1:$peer_port" \
   --initial-cluster="bench=http://127.0.0.1:$peer_port" --log-level=warn >"$work/etcd.log" 2>&1 &
 pids+=($!)
+disown $!  # no job notices when the trap kills it
 for _ in $(seq 100); do
   curl -fs "http://127.0.0.1:$etcd_port/health" | grep -q '"health":"true"' && break
   sleep 0.1
@@ -87,6 +91,7 @@ start_node() {
     2>"$work/$cluster-$id.err" &
   node_pid[$cluster-$id]=$!
   pids+=($!)
+  disown $!
   node_addr[$cluster-$id]="127.0.0.1:$port"
   for _ in $(seq 300); do
     grep -q '"event":"ready"' "$work/$cluster-$id.out" 2>/dev/null && return 0
@@ -129,20 +134,31 @@ run_bench() {
   echo "$json" >"$work/bench-$label.json"
 }
 
-echo "== 1. throughput at $clients clients ($duration each)"
+echo "== 1. throughput at $clients clients ($duration each, $rounds interleaved rounds)"
 start_node "" plain
-run_bench plain "${node_addr[-plain]}"
 start_node one n1
 wait_grantable "${node_addr[one-n1]}"
-run_bench one-node "${node_addr[one-n1]}" --discover
 for id in n1 n2 n3; do start_node three "$id"; done
 three="${node_addr[three-n1]},${node_addr[three-n2]},${node_addr[three-n3]}"
 wait_grantable "$three"
-run_bench three-nodes "$three" --discover
-printf '| %-24s | %12s | %10s | %8s |\n' "servers" "pairs/s" "pair p99 (us)" "vs plain"
+declare -A all_pairs all_p99
+for round in $(seq "$rounds"); do
+  run_bench plain "${node_addr[-plain]}"
+  run_bench one-node "${node_addr[one-n1]}" --discover
+  run_bench three-nodes "$three" --discover
+  for label in plain one-node three-nodes; do
+    all_pairs[$label]+="${pairs[$label]} "
+    all_p99[$label]+="${p99[$label]} "
+  done
+done
+median() { python3 -c "import statistics, sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
+printf '| %-12s | %-30s | %-30s | %12s | %14s | %8s |\n' "servers" "pairs/s per round" \
+  "pair p99 (us) per round" "median pairs/s" "median p99 (us)" "vs plain"
+plain_median=$(median ${all_pairs[plain]})
 for label in plain one-node three-nodes; do
-  printf '| %-24s | %12.0f | %10s | %7.2fx |\n' "$label" "${pairs[$label]}" "${p99[$label]}" \
-    "$(python3 -c "print(${pairs[$label]} / ${pairs[plain]})")"
+  m=$(median ${all_pairs[$label]})
+  printf '| %-12s | %-30s | %-30s | %12.0f | %14.0f | %7.2fx |\n' "$label" "${all_pairs[$label]}" \
+    "${all_p99[$label]}" "$m" "$(median ${all_p99[$label]})" "$(python3 -c "print($m / $plain_median)")"
 done
 
 echo
