@@ -131,6 +131,8 @@ int run(int argc, char** argv) {
   worker->add_option("--index", w.index)->required();
   worker->add_option("--clients", w.clients)->required();
   worker->add_option("--server", w.server)->required();
+  worker->add_flag("--cluster", w.cluster);
+  worker->add_option("--node-names", w.node_names);
   worker->add_option("--resource", w.resource)->required();
   worker->add_option("--history", w.history_dir)->required();
   worker->add_option("--seed", w.seed)->required();
