@@ -133,6 +133,17 @@ void expect_only(const CheckReport& report, ViolationKind kind, std::size_t coun
   for (const Violation& v : report.examples) EXPECT_EQ(v.kind, kind) << v.detail;
 }
 
+// Parses each line into `history`, and expects it to format back unchanged.
+void parse_lines(const std::vector<std::string>& lines, std::vector<Event>& history) {
+  for (const std::string& line : lines) {
+    std::string error;
+    std::optional<Event> e = parse_event(line, &error);
+    ASSERT_TRUE(e.has_value()) << line << ": " << error;
+    EXPECT_EQ(format_event(*e), line);
+    history.push_back(std::move(*e));
+  }
+}
+
 TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
@@ -358,13 +369,7 @@ TEST(Checker, ParsesTextHistory) {
       "10000 final_counter key=k value=1",
   };
   std::vector<Event> history;
-  for (const std::string& line : lines) {
-    std::string error;
-    std::optional<Event> e = parse_event(line, &error);
-    ASSERT_TRUE(e.has_value()) << line << ": " << error;
-    EXPECT_EQ(format_event(*e), line);
-    history.push_back(std::move(*e));
-  }
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
   const CheckReport report = check(history, CheckOptions{});
   expect_only(report, ViolationKind::kOverlap);
   EXPECT_EQ(report.operations.at("try-acquire ok"), 1u);
@@ -771,13 +776,7 @@ TEST(CheckerKinds, ParsesAndFormatsTheKinds) {
       "9000 hold client=2 key=b token=5 expiry_ns=95000000",
   };
   std::vector<Event> history;
-  for (const std::string& line : lines) {
-    std::string error;
-    std::optional<Event> e = parse_event(line, &error);
-    ASSERT_TRUE(e.has_value()) << line << ": " << error;
-    EXPECT_EQ(format_event(*e), line);
-    history.push_back(std::move(*e));
-  }
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
   EXPECT_EQ(history[0].mode, AcquireMode::kShared);
   EXPECT_EQ(history[2].mode, AcquireMode::kPermit);
   EXPECT_EQ(history[2].permits, 2);
@@ -1034,13 +1033,7 @@ TEST(CheckerCluster, ParsesAndFormatsTheClusterEvents) {
       "13 client_cut_off node=n1",
   };
   std::vector<Event> history;
-  for (const std::string& line : lines) {
-    std::string error;
-    std::optional<Event> e = parse_event(line, &error);
-    ASSERT_TRUE(e.has_value()) << line << ": " << error;
-    EXPECT_EQ(format_event(*e), line);
-    history.push_back(std::move(*e));
-  }
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
   EXPECT_EQ(history[0].epoch, 7u);
   EXPECT_EQ(history[0].owners,
             (std::vector<std::pair<std::string, std::string>>{{"key-0", "n1"}, {"key-1", "n2"}}));
