@@ -405,7 +405,14 @@ int run_torture(const TortureOptions& o) {
     cleanup.path.clear();  // keep the logs it points to
     return 1;
   }
-  return report.ok() ? 0 : 1;
+  if (!report.ok()) {
+    // The servers' logs help explain a violation.
+    std::fprintf(stderr, "shardlock-torture: violations; the servers' logs are kept in %s\n",
+                 scratch.c_str());
+    cleanup.path.clear();
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace shardlock::torture
