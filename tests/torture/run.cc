@@ -202,8 +202,11 @@ int run_torture(const TortureOptions& o) {
       o.liveness_bound_ms > 0 ? o.liveness_bound_ms : system->liveness_bound_ms();
   const std::int64_t start_ns = monotonic_ns();
   const std::int64_t faults_end_ns = start_ns + o.fault_seconds * 1'000'000'000LL;
-  // After the heal: long enough to judge liveness, plus a margin.
-  const std::int64_t end_ns = faults_end_ns + (liveness_bound_ms + 1000) * 1'000'000;
+  // After the heal: long enough to judge liveness, plus a margin, plus the
+  // longest fault, by which the last one may overrun the fault phase and
+  // so delay the heal.
+  const std::int64_t end_ns =
+      faults_end_ns + (liveness_bound_ms + 1000 + system->longest_fault_ms()) * 1'000'000;
 
   // Workers: this binary again, in worker mode.
   const std::string self = self_executable();
