@@ -169,6 +169,8 @@ class Histogram {
 
 struct Config {
   std::string server;
+  bool discover =
+      false;  // --server lists seeds of a cluster (LeaseClientOptions::discover_cluster)
   bool json = false;
   milliseconds duration{10'000};
   unsigned clients = 50;
@@ -354,9 +356,7 @@ struct BenchClient {
 
 class LeaseBench {
  public:
-  // `nodes`: HOST:PORT of each node, to name the one that did not answer.
-  LeaseBench(const Config& config, std::vector<std::string> nodes, std::atomic<bool>& stop)
-      : config_(config), nodes_(std::move(nodes)), stop_(stop) {}
+  LeaseBench(const Config& config, std::atomic<bool>& stop) : config_(config), stop_(stop) {}
 
   // What the first error answer said (for the failure message); empty if
   // there was none. Call after the owners are idle.
@@ -532,9 +532,8 @@ class LeaseBench {
       return text;
     }
     if (r.error == LeaseErrc::kUnreachable) {
-      const std::size_t node = client.node_for(key);
-      return "unreachable: no answer from " +
-             (node < nodes_.size() ? nodes_[node] : std::string("the server"));
+      const std::string node = client.address_for(key);
+      return "unreachable: no answer from " + (node.empty() ? std::string("the server") : node);
     }
     if (r.error == LeaseErrc::kRecovering) {
       return "recovering: the server is in its lock-delay (retry after " +
@@ -547,7 +546,6 @@ class LeaseBench {
   }
 
   const Config& config_;
-  const std::vector<std::string> nodes_;
   std::atomic<bool>& stop_;
   mutable std::mutex first_error_mutex_;
   std::string first_error_;  // guarded by first_error_mutex_
@@ -593,12 +591,13 @@ int run_lease(const Config& config, Result& result) {
   }
 
   std::atomic<bool> stop{false};
-  LeaseBench bench(config, nodes, stop);
+  LeaseBench bench(config, stop);
   const workload::ZipfGenerator base(config.keys, config.theta, config.seed);
   std::vector<std::unique_ptr<LeaseClient>> connections;
   for (unsigned t = 0; t < std::min(config.client_threads, config.clients); ++t) {
     LeaseClientOptions options;
     options.nodes = nodes;
+    options.discover_cluster = config.discover;
     // Requests of different owners share datagrams (kItemFlagOwner) up to
     // --pack per datagram; each owner still has one request in flight.
     options.max_batch = config.pack;
@@ -608,7 +607,9 @@ int run_lease(const Config& config, Result& result) {
     if (std::error_code ec = connection->start()) {
       std::fprintf(stderr, "shardlock-bench: client failed: %s (%s)\n", ec.message().c_str(),
                    connection->error_detail().c_str());
-      return ec == LeaseErrc::kBadAddress ? kExitUsage : kExitRunFailed;
+      if (ec == LeaseErrc::kBadAddress) return kExitUsage;
+      // --discover: no seed answered with the cluster's map.
+      return ec == LeaseErrc::kUnreachable ? kExitNoAnswer : kExitRunFailed;
     }
     connections.push_back(std::move(connection));
   }
@@ -844,6 +845,9 @@ int run(int argc, char** argv) {
   std::string ttl_text = "30s";
   app.add_option("--server", config.server,
                  "Target an external shardlockd: HOST:PORT[,HOST:PORT...]");
+  app.add_flag("--discover", config.discover,
+               "Lease mode, with --server: the servers are seeds of a cluster (docs/cluster.md); "
+               "the clients ask them for the cluster's map and send each key to its owner node");
   app.add_flag("--json", config.json,
                "Print one JSON object instead of the table (no progress line)");
   app.add_option("--duration", duration_text, "How long to run, e.g. 10s, 500ms, 1m")
@@ -944,6 +948,9 @@ int run(int argc, char** argv) {
   }
   if (config.mode == "table" && !config.server.empty()) {
     return tools::usage_error(kTool, "--server applies to --mode lease only");
+  }
+  if (config.discover && config.server.empty()) {
+    return tools::usage_error(kTool, "--discover needs --server: the seeds of the cluster");
   }
   if (config.mode == "table" && (config.read_fraction > 0.0 || config.keys_per_op > 1)) {
     return tools::usage_error(kTool,

@@ -1,6 +1,6 @@
 // shardlockctl: the command-line client of the lease service.
 //
-//   shardlockctl --server HOST:PORT[,HOST:PORT...] SUBCOMMAND
+//   shardlockctl --server HOST:PORT[,HOST:PORT...] [--discover] SUBCOMMAND
 //     acquire KEY... --ttl DUR [--wait DUR] [--shared | --permits P] [--owner HEX]
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
@@ -11,6 +11,8 @@
 //
 // Several keys (up to 16, all owned by one node) are taken all or nothing
 // with one ACQUIRE_MANY, exclusive or --shared; --permits takes one key.
+// --discover talks to a cluster (docs/cluster.md): the --server addresses
+// are seeds that give the cluster's map, and each key goes to its owner.
 //
 // Every subcommand prints one JSON object on stdout (run prints nothing of
 // its own on success). Exit codes, as with flock -n:
@@ -359,6 +361,11 @@ int run(int argc, char** argv) {
       ->envname("SHARDLOCK_SERVER");
   app.add_option("--timeout", timeout.text, "How long a request retransmits before 'unreachable'")
       ->capture_default_str();
+  bool discover = false;
+  app.add_flag("--discover", discover,
+               "The servers are seeds of a cluster (docs/cluster.md): ask them for the cluster's "
+               "map and send each key to the node that owns it, following redirects. stats "
+               "still asks the --server nodes");
   std::string auth_key_file;
   app.add_option("--auth-key", auth_key_file,
                  "File with the key shared with the servers (see keygen); seals every request "
@@ -475,6 +482,7 @@ int run(int argc, char** argv) {
 
   LeaseClientOptions options;
   options.nodes = split_node_list(servers);
+  options.discover_cluster = discover;
   options.request_timeout = timeout.value;
   if (!owner_hex.empty()) {
     const auto id = parse_client_id(owner_hex);
@@ -537,7 +545,9 @@ int run(int argc, char** argv) {
   LeaseClient client(options);
   if (std::error_code ec = client.start()) {
     std::fprintf(stderr, "shardlockctl: %s\n", client.error_detail().c_str());
-    return ec == LeaseErrc::kBadAddress ? kExitUsage : kExitError;
+    if (ec == LeaseErrc::kBadAddress) return kExitUsage;
+    // --discover: no seed answered with the cluster's map.
+    return ec == LeaseErrc::kUnreachable ? kExitUnreachable : kExitError;
   }
 
   if (acquire->parsed()) {

@@ -14,8 +14,10 @@ using std::chrono::milliseconds;
 using std::chrono::nanoseconds;
 using std::chrono::seconds;
 
-constexpr std::string_view kMapVersionLine = "shardlock-map v1";
-constexpr std::size_t kMaxNodeIdBytes = 128;
+constexpr std::string_view kMembersDir = "members/";
+constexpr std::string_view kHandoffDir = "handoff/";
+constexpr std::string_view kDrainDir = "drain/";
+constexpr std::string_view kMapKey = "map";
 
 class MembershipCategory final : public std::error_category {
  public:
@@ -25,165 +27,72 @@ class MembershipCategory final : public std::error_category {
   }
 };
 
-bool parse_u32(std::string_view text, std::uint32_t& out) noexcept {
+bool parse_u64(std::string_view text, std::uint64_t& out) noexcept {
   if (text.empty()) return false;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
   return ec == std::errc{} && end == text.data() + text.size();
 }
 
-bool valid_weight(std::uint32_t weight) noexcept {
-  return weight >= 1 && weight <= RouterSnapshot::kMaxWeight;
-}
+// One read of the prefix, decoded: the view's members, hand-offs and drains,
+// and the map key (still encoded: reconcile() adopts it, read_view() only
+// decodes it).
+struct DecodedPrefix {
+  ClusterView view;
+  const KeyValue* map_kv = nullptr;  // into the read
+  std::uint64_t bad = 0;             // values skipped: members, hand-offs, drain ids
+};
 
-// HOST:PORT with a non-empty host (an IPv6 host in brackets) and a port in
-// 1..65535; no whitespace, which would break the map's line format.
-bool valid_address(std::string_view address) noexcept {
-  if (address.empty() || address.size() > 300) return false;
-  for (const char c : address) {
-    if (c <= ' ' || c == 0x7f) return false;
-  }
-  const std::size_t colon = address.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  std::uint32_t port = 0;
-  return parse_u32(address.substr(colon + 1), port) && port >= 1 && port <= 65535;
-}
-
-// Splits on single spaces; empty fields are kept (and then rejected).
-std::vector<std::string_view> split(std::string_view text, char separator) {
-  std::vector<std::string_view> fields;
-  std::size_t start = 0;
-  for (;;) {
-    const std::size_t end = text.find(separator, start);
-    if (end == std::string_view::npos) {
-      fields.push_back(text.substr(start));
-      return fields;
+DecodedPrefix decode_prefix(std::string_view prefix, const RangeResult& read) {
+  DecodedPrefix out;
+  out.view.revision = read.revision;
+  // The id after `dir` in `key`, when `key` is prefix + dir + something.
+  const auto id_in = [prefix](std::string_view key,
+                              std::string_view dir) -> std::optional<std::string_view> {
+    if (!key.starts_with(prefix)) return std::nullopt;
+    key.remove_prefix(prefix.size());
+    if (!key.starts_with(dir)) return std::nullopt;
+    return key.substr(dir.size());
+  };
+  // etcd answers in key order, so each list comes out sorted by id.
+  for (const KeyValue& kv : read.kvs) {
+    if (kv.key.size() == prefix.size() + kMapKey.size() && kv.key.starts_with(prefix) &&
+        kv.key.ends_with(kMapKey)) {
+      out.map_kv = &kv;
+    } else if (const auto member_id = id_in(kv.key, kMembersDir)) {
+      std::optional<MemberRecord> record = decode_member(kv.value);
+      if (!valid_node_id(*member_id) || !record) {
+        ++out.bad;
+        continue;
+      }
+      out.view.members.push_back(
+          {std::string(*member_id), std::move(*record), kv.create_revision, kv.lease});
+    } else if (const auto handoff_id = id_in(kv.key, kHandoffDir)) {
+      std::uint64_t epoch = 0;
+      if (!valid_node_id(*handoff_id) || !parse_u64(kv.value, epoch)) {
+        ++out.bad;
+        continue;
+      }
+      out.view.handoffs.push_back({std::string(*handoff_id), epoch});
+    } else if (const auto drain_id = id_in(kv.key, kDrainDir)) {
+      if (!valid_node_id(*drain_id)) {
+        ++out.bad;
+        continue;
+      }
+      out.view.drains.emplace_back(*drain_id);
     }
-    fields.push_back(text.substr(start, end - start));
-    start = end + 1;
+    // Any other key is a later addition: ignored.
   }
+  return out;
+}
+
+EtcdStatus status_of(const std::error_code& error, std::string detail) {
+  EtcdStatus status;
+  status.error = error;
+  status.detail = std::move(detail);
+  return status;
 }
 
 }  // namespace
-
-// ---------------------------------------------------------------------------
-// Encodings
-// ---------------------------------------------------------------------------
-
-std::string_view to_string(MemberState state) noexcept {
-  return state == MemberState::kDraining ? "draining" : "active";
-}
-
-bool valid_node_id(std::string_view id) noexcept {
-  if (id.empty() || id.size() > kMaxNodeIdBytes) return false;
-  return std::all_of(id.begin(), id.end(), [](char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-           c == '_' || c == '-';
-  });
-}
-
-std::string encode_member(const MemberRecord& record) {
-  return "address=" + record.address + " weight=" + std::to_string(record.weight) +
-         " state=" + std::string(to_string(record.state));
-}
-
-std::optional<MemberRecord> decode_member(std::string_view text) {
-  MemberRecord record;
-  bool have_address = false;
-  bool have_weight = false;
-  bool have_state = false;
-  for (const std::string_view field : split(text, ' ')) {
-    const std::size_t equals = field.find('=');
-    if (equals == std::string_view::npos) return std::nullopt;
-    const std::string_view name = field.substr(0, equals);
-    const std::string_view value = field.substr(equals + 1);
-    if (name == "address") {
-      if (!valid_address(value)) return std::nullopt;
-      record.address = std::string(value);
-      have_address = true;
-    } else if (name == "weight") {
-      if (!parse_u32(value, record.weight) || !valid_weight(record.weight)) return std::nullopt;
-      have_weight = true;
-    } else if (name == "state") {
-      if (value == "active") {
-        record.state = MemberState::kActive;
-      } else if (value == "draining") {
-        record.state = MemberState::kDraining;
-      } else {
-        return std::nullopt;
-      }
-      have_state = true;
-    }
-  }
-  if (!have_address || !have_weight || !have_state) return std::nullopt;
-  return record;
-}
-
-std::string encode_map_members(const std::vector<ClusterMember>& members) {
-  std::string text(kMapVersionLine);
-  text += '\n';
-  for (const ClusterMember& member : members) {
-    text += member.id;
-    text += ' ';
-    text += member.address;
-    text += ' ';
-    text += std::to_string(member.weight);
-    text += '\n';
-  }
-  return text;
-}
-
-std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text) {
-  if (!text.ends_with('\n')) return std::nullopt;
-  std::vector<std::string_view> lines = split(text.substr(0, text.size() - 1), '\n');
-  if (lines.empty() || lines.front() != kMapVersionLine) return std::nullopt;
-  std::vector<ClusterMember> members;
-  members.reserve(lines.size() - 1);
-  for (std::size_t i = 1; i < lines.size(); ++i) {
-    const std::vector<std::string_view> fields = split(lines[i], ' ');
-    if (fields.size() != 3 || !valid_node_id(fields[0]) || !valid_address(fields[1])) {
-      return std::nullopt;
-    }
-    ClusterMember member{std::string(fields[0]), std::string(fields[1]), 0};
-    if (!parse_u32(fields[2], member.weight) || !valid_weight(member.weight)) return std::nullopt;
-    if (!members.empty() && !(members.back().id < member.id)) return std::nullopt;
-    members.push_back(std::move(member));
-  }
-  return members;
-}
-
-// ---------------------------------------------------------------------------
-// Routing
-// ---------------------------------------------------------------------------
-
-RouterStatus ClusterRouting::build(const ClusterMap& map, const RouterOptions& options,
-                                   std::unique_ptr<ClusterRouting>& out) {
-  std::unique_ptr<ClusterRouting> routing(new ClusterRouting());
-  routing->map_ = map;
-  // The Router keeps its nodes sorted by id; so must the map, for table
-  // indices to be member indices.
-  std::sort(routing->map_.members.begin(), routing->map_.members.end(),
-            [](const ClusterMember& a, const ClusterMember& b) { return a.id < b.id; });
-  std::vector<Node> nodes;
-  nodes.reserve(routing->map_.members.size());
-  for (const ClusterMember& member : routing->map_.members) {
-    nodes.push_back(Node{member.id, member.weight});
-  }
-  Router router(options);
-  if (const RouterStatus status = router.assign(nodes); status != RouterStatus::kOk) {
-    return status;
-  }
-  routing->snapshot_ = router.snapshot();  // outlives the Router
-  out = std::move(routing);
-  return RouterStatus::kOk;
-}
-
-const ClusterMember* ClusterRouting::owner_of_bucket(std::size_t bucket) const noexcept {
-  const std::span<const std::uint16_t> table = snapshot_->table();
-  if (bucket >= table.size()) return nullptr;
-  const std::uint16_t index = table[bucket];
-  if (index == RouterSnapshot::kNoOwner || index >= map_.members.size()) return nullptr;
-  return &map_.members[index];
-}
 
 // ---------------------------------------------------------------------------
 // Errors
@@ -229,10 +138,10 @@ std::error_code Membership::start(MembershipOptions options, std::unique_ptr<Mem
   if (!valid_node_id(options.node_id)) {
     return invalid("node id '" + options.node_id + "' is not 1..128 bytes of [A-Za-z0-9._-]");
   }
-  if (!valid_address(options.advertise)) {
+  if (!valid_member_address(options.advertise)) {
     return invalid("advertise address '" + options.advertise + "' is not HOST:PORT");
   }
-  if (!valid_weight(options.weight)) {
+  if (options.weight < 1 || options.weight > RouterSnapshot::kMaxWeight) {
     return invalid("weight " + std::to_string(options.weight) + " is not in 1.." +
                    std::to_string(RouterSnapshot::kMaxWeight));
   }
@@ -274,7 +183,15 @@ std::error_code Membership::start(MembershipOptions options, std::unique_ptr<Mem
     return connected.error;
   }
   member->client_ = std::move(connected.value);
-  if (const std::error_code ec = member->register_member(detail)) return ec;
+  std::int64_t registered_at = 0;
+  if (const std::error_code ec = member->register_member(detail, &registered_at)) return ec;
+  {
+    // Every start begins a new epoch: one published after this registration
+    // (docs/cluster.md, Epochs).
+    LockGuard lock(member->mutex_);
+    member->epoch_wanted_ = true;
+    member->epoch_wanted_above_ = static_cast<std::uint64_t>(registered_at);
+  }
 
   const std::optional<std::int64_t> revision = member->reconcile();
   member->keep_alive_thread_ = std::thread([m = member.get()] { m->keep_alive_loop(); });
@@ -325,22 +242,129 @@ MembershipStats Membership::stats() const {
 }
 
 EtcdStatus Membership::drain() {
+  LockGuard order(member_key_mutex_);
   std::int64_t lease = 0;
   {
     LockGuard lock(mutex_);
     state_ = MemberState::kDraining;  // a re-registration keeps it
+    drained_by_key_ = false;          // code's drain: a drain key going away leaves it
     lease = lease_id_;
   }
-  EtcdStatus result;
+  // Not registered right now: the next registration puts the draining state.
+  if (lease == 0) return {};
+  return put_member_state(MemberState::kDraining, lease);
+}
+
+EtcdStatus Membership::put_member_state(MemberState state, std::int64_t lease) {
+  const auto put = client_->put(member_key(),
+                                encode_member({options_.advertise, options_.weight, state}), lease);
+  return status_of(put.error, put.detail);
+}
+
+std::optional<bool> Membership::follow_drain_key(bool drain_key_present) {
+  LockGuard order(member_key_mutex_);
+  MemberState target = MemberState::kActive;
+  std::int64_t lease = 0;
+  {
+    LockGuard lock(mutex_);
+    if (drain_key_present && state_ == MemberState::kActive) {
+      state_ = MemberState::kDraining;
+      drained_by_key_ = true;
+      ++stats_.drains_by_key;
+    } else if (!drain_key_present && state_ == MemberState::kDraining && drained_by_key_) {
+      state_ = MemberState::kActive;
+      drained_by_key_ = false;
+      ++stats_.drains_cancelled;
+    } else {
+      return false;
+    }
+    target = state_;
+    lease = lease_id_;
+  }
+  note(std::string(target == MemberState::kDraining ? "draining: " : "active again: ") +
+       options_.prefix + std::string(kDrainDir) + options_.node_id +
+       (target == MemberState::kDraining ? " was put" : " was deleted"));
+  // Not registered right now: the next registration puts the new state.
+  if (lease == 0) return false;
+  const EtcdStatus put = put_member_state(target, lease);
+  if (!put.ok()) {
+    note_etcd_error("cannot put " + member_key(), put.detail);
+    return std::nullopt;
+  }
+  return true;
+}
+
+EtcdStatus Membership::put_handoff(std::uint64_t epoch) {
+  const std::int64_t lease = lease_id();
   if (lease == 0) {
-    // Not registered right now; the next registration puts the draining state.
+    return status_of(make_error_code(EtcdErrc::kNotFound),
+                     "node " + options_.node_id +
+                         " is not registered right now (no etcd lease); not putting " +
+                         handoff_key());
+  }
+  const auto put = client_->put(handoff_key(), std::to_string(epoch), lease);
+  return status_of(put.error, put.detail);
+}
+
+void Membership::request_new_epoch() {
+  {
+    LockGuard lock(mutex_);
+    if (!epoch_wanted_) {
+      epoch_wanted_ = true;
+      epoch_wanted_above_ = map_->epoch;
+    } else {
+      epoch_wanted_above_ = std::max(epoch_wanted_above_, map_->epoch);
+    }
+    ++stats_.epochs_requested;
+    map_dirty_ = true;
+  }
+  wake_.notify_all();
+}
+
+EtcdStatus Membership::request_drain(EtcdClient& client, std::string_view prefix,
+                                     std::string_view node_id) {
+  if (!valid_node_id(node_id)) {
+    return status_of(
+        make_error_code(EtcdErrc::kInvalidArgument),
+        "node id '" + std::string(node_id) + "' is not 1..128 bytes of [A-Za-z0-9._-]");
+  }
+  const auto put =
+      client.put(std::string(prefix) + std::string(kDrainDir) + std::string(node_id), "1");
+  return status_of(put.error, put.detail);
+}
+
+EtcdStatus Membership::cancel_drain(EtcdClient& client, std::string_view prefix,
+                                    std::string_view node_id) {
+  if (!valid_node_id(node_id)) {
+    return status_of(
+        make_error_code(EtcdErrc::kInvalidArgument),
+        "node id '" + std::string(node_id) + "' is not 1..128 bytes of [A-Za-z0-9._-]");
+  }
+  const auto deleted =
+      client.delete_key(std::string(prefix) + std::string(kDrainDir) + std::string(node_id));
+  return status_of(deleted.error, deleted.detail);
+}
+
+EtcdResult<ClusterView> Membership::read_view(EtcdClient& client, std::string_view prefix,
+                                              std::uint64_t* bad_values) {
+  EtcdResult<ClusterView> result;
+  const auto read = client.get_prefix(prefix);
+  if (!read.ok()) {
+    result.error = read.error;
+    result.detail = read.detail;
     return result;
   }
-  const auto put = client_->put(
-      member_key(), encode_member({options_.advertise, options_.weight, MemberState::kDraining}),
-      lease);
-  result.error = put.error;
-  result.detail = put.detail;
+  DecodedPrefix decoded = decode_prefix(prefix, read.value);
+  if (decoded.map_kv != nullptr) {
+    if (auto members = decode_map_members(decoded.map_kv->value)) {
+      decoded.view.map = std::make_shared<const ClusterMap>(ClusterMap{
+          static_cast<std::uint64_t>(decoded.map_kv->mod_revision), std::move(*members)});
+    } else {
+      ++decoded.bad;
+    }
+  }
+  if (bad_values != nullptr) *bad_values = decoded.bad;
+  result.value = std::move(decoded.view);
   return result;
 }
 
@@ -362,7 +386,8 @@ void Membership::set_deadline(nanoseconds send_time, std::int64_t ttl_seconds) {
   deadline_ns_.store(deadline.count(), std::memory_order_relaxed);
 }
 
-std::error_code Membership::register_member(std::string& detail) {
+std::error_code Membership::register_member(std::string& detail, std::int64_t* revision) {
+  LockGuard order(member_key_mutex_);
   const nanoseconds send_time = now();
   const auto granted = client_->grant_lease(options_.lease_ttl.count());
   if (!granted.ok()) {
@@ -390,6 +415,7 @@ std::error_code Membership::register_member(std::string& detail) {
     return make_error_code(MembershipErrc::kMemberExists);
   }
   set_deadline(send_time, granted.value.ttl_seconds);
+  if (revision != nullptr) *revision = put.value.revision;
   LockGuard lock(mutex_);
   lease_id_ = lease;
   ++stats_.registrations;
@@ -494,55 +520,66 @@ void Membership::map_loop(std::int64_t watch_from) {
 }
 
 std::optional<std::int64_t> Membership::reconcile() {
-  const std::string members_prefix = options_.prefix + "members/";
   const std::string map_key = this->map_key();
-  std::int64_t revision = 0;
-  // Losing a CAS means another node published; read again to adopt its map.
+  std::optional<ClusterView> view;
+  // Losing a CAS means another node published, and a drain key makes this
+  // node put its own member key: either way, read again. The attempts bound
+  // a pass; the next watch event starts another.
   for (int attempt = 0; attempt < 4; ++attempt) {
     const auto read = client_->get_prefix(options_.prefix);
     if (!read.ok()) {
       note_etcd_error("cannot read " + options_.prefix, read.detail);
       return std::nullopt;
     }
-    revision = read.value.revision;
-    std::vector<ClusterMember> live;
-    const KeyValue* map_kv = nullptr;
-    std::uint64_t bad = 0;
-    for (const KeyValue& kv : read.value.kvs) {
-      if (kv.key == map_key) {
-        map_kv = &kv;
-        continue;
-      }
-      if (!kv.key.starts_with(members_prefix)) continue;  // handoff/ and later keys
-      std::string id = kv.key.substr(members_prefix.size());
-      const std::optional<MemberRecord> record = decode_member(kv.value);
-      if (!valid_node_id(id) || !record) {
-        ++bad;
-        continue;
-      }
-      if (record->state == MemberState::kActive) {
-        live.push_back({std::move(id), record->address, record->weight});
-      }
-    }
-    std::sort(live.begin(), live.end(),
-              [](const ClusterMember& a, const ClusterMember& b) { return a.id < b.id; });
+    DecodedPrefix decoded = decode_prefix(options_.prefix, read.value);
+    view = std::move(decoded.view);
+    const bool drain_key =
+        std::binary_search(view->drains.begin(), view->drains.end(), options_.node_id);
+    const std::optional<bool> put_own_key = follow_drain_key(drain_key);
+    if (!put_own_key) return std::nullopt;  // the put failed; retried after retry_interval
+
     std::optional<std::vector<ClusterMember>> published;
-    if (map_kv != nullptr) {
-      published = decode_map_members(map_kv->value);
+    if (decoded.map_kv != nullptr) {
+      published = decode_map_members(decoded.map_kv->value);
       if (published) {
-        adopt(*published, static_cast<std::uint64_t>(map_kv->mod_revision));
+        adopt(*published, static_cast<std::uint64_t>(decoded.map_kv->mod_revision));
       } else {
-        ++bad;
+        ++decoded.bad;
       }
     }
-    if (bad != 0) {
+    if (decoded.bad != 0) {
       LockGuard lock(mutex_);
-      stats_.bad_values += bad;
+      stats_.bad_values += decoded.bad;
+    }
+    if (*put_own_key) continue;  // this read is already out of date
+
+    std::vector<ClusterMember> live;
+    bool registered = false;  // this node's key is in the read, under its current lease
+    const std::int64_t lease = lease_id();
+    for (const ClusterView::Member& member : view->members) {
+      if (member.id == options_.node_id) registered = lease != 0 && member.lease == lease;
+      if (member.record.state == MemberState::kActive) {
+        live.push_back({member.id, member.record.address, member.record.weight});
+      }
+    }
+    bool republish = false;
+    {
+      LockGuard lock(mutex_);
+      if (epoch_wanted_ && map_->epoch > epoch_wanted_above_) epoch_wanted_ = false;
+      // Not over a map this node refused (an older epoch than it has seen:
+      // etcd restored from a snapshot): a re-put would burn revisions and
+      // move every other node to a new epoch for a node that cannot adopt
+      // it anyway.
+      const bool adopted_published =
+          published && map_->epoch == static_cast<std::uint64_t>(decoded.map_kv->mod_revision);
+      republish = epoch_wanted_ && registered && adopted_published;
     }
     // An empty membership gives no owners at all; keep the last map instead.
-    if (live.empty() || (published && *published == live)) return revision;
-    const auto swapped = client_->put_if_mod_revision(map_key, encode_map_members(live),
-                                                      map_kv != nullptr ? map_kv->mod_revision : 0);
+    const bool unchanged = published && *published == live;
+    if (live.empty() || (unchanged && !republish)) break;
+    const auto swapped =
+        client_->put_if_mod_revision(map_key, encode_map_members(live),
+                                     decoded.map_kv != nullptr ? decoded.map_kv->mod_revision : 0);
     if (!swapped.ok()) {
       note_etcd_error("cannot publish " + map_key, swapped.detail);
       return std::nullopt;
@@ -551,13 +588,21 @@ std::optional<std::int64_t> Membership::reconcile() {
       {
         LockGuard lock(mutex_);
         ++stats_.maps_published;
+        if (unchanged) ++stats_.maps_republished;
+        // Served whether or not adopt() takes it: a revision above every
+        // wanted one now exists, and wanting more would re-put forever.
+        epoch_wanted_ = false;
       }
       // The transaction's revision is the map key's new mod_revision.
       adopt(std::move(live), static_cast<std::uint64_t>(swapped.value.revision));
-      return revision;
+      break;
     }
   }
-  return revision;
+  if (options_.on_view) {
+    view->map = current_map();
+    options_.on_view(*view);
+  }
+  return view->revision;
 }
 
 void Membership::adopt(std::vector<ClusterMember> members, std::uint64_t epoch) {

@@ -1,5 +1,7 @@
 // membership.h: one node's membership in a shardlock cluster, and the bucket
-// map with its epoch that every node agrees on (docs/cluster.md).
+// map with its epoch that every node agrees on (docs/cluster.md). The values
+// themselves (MemberRecord, ClusterMap, ClusterRouting) and their encodings
+// are gRPC-free and live in the core library: shardlock/cluster/cluster_map.h.
 //
 //   MembershipOptions options;
 //   options.endpoints = "127.0.0.1:2379";
@@ -19,6 +21,10 @@
 //   map           the published membership, one "<id> <address> <weight>"
 //                 line per member in id order after a version line; its
 //                 mod_revision is the map's epoch
+//   handoff/<id>  the newest epoch node <id> has handed off (decimal), under
+//                 that node's etcd lease (put_handoff())
+//   drain/<id>    an operator's drain request for node <id>, any value,
+//                 permanent until deleted (request_drain(), cancel_drain())
 //
 // How the map is agreed: every node watches the prefix. When the live,
 // active member keys differ from the published map, a node publishes the new
@@ -30,6 +36,19 @@
 // A node persists the highest epoch it has adopted (EpochFile) before it
 // adopts a map, and refuses a map with a lower epoch, also after a restart.
 //
+// A fresh epoch on every start: the first reconcile after start() publishes
+// the membership again even when the map already equals it (the CAS re-put
+// of the same value gives the map key a new mod_revision), unless some node
+// publishes a map after this node registered anyway. So a restarted node
+// never works in an epoch it worked in before the restart; the token scheme
+// (epoch << 32 | a per-epoch counter) relies on it. request_new_epoch() asks
+// for the same at run time.
+//
+// Drain by key: when drain/<self> appears and the node is active, it puts
+// its member key with state=draining (as drain() does), so the next map
+// leaves it out; when the key goes again it puts state=active, but only if
+// the key, not a drain() call, made it drain.
+//
 // The local lease deadline (the grant path fails closed past it) is the send
 // time of the last acknowledged keep-alive plus the TTL etcd answered minus
 // the drift margin, on the injected monotonic clock. Measuring from the send,
@@ -38,8 +57,9 @@
 // the node registers again under a new lease.
 //
 // Threads: a keep-alive thread and a map thread (which owns the watch and
-// does the reads and CAS writes). The map callback runs on the map thread, or
-// on the caller's thread inside start(); it must not call stop().
+// does the reads and CAS writes). The map and view callbacks run on the map
+// thread, or on the caller's thread inside start(); they must not call
+// stop().
 #pragma once
 
 #include <atomic>
@@ -57,95 +77,12 @@
 
 #include "epoch_file.h"
 #include "etcd_client.h"
+#include "shardlock/cluster/cluster_map.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
 
 namespace shardlock::cluster {
-
-// ---------------------------------------------------------------------------
-// Values and their encodings (pure: bytes in, a value or nothing out)
-// ---------------------------------------------------------------------------
-
-enum class MemberState : std::uint8_t { kActive, kDraining };
-[[nodiscard]] std::string_view to_string(MemberState state) noexcept;
-
-// A member as its etcd key describes it.
-struct MemberRecord {
-  std::string address;  // HOST:PORT
-  std::uint32_t weight = 1;
-  MemberState state = MemberState::kActive;
-
-  friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
-};
-[[nodiscard]] std::string encode_member(const MemberRecord& record);
-// "address=... weight=... state=..." in any order; unknown fields are
-// ignored (a newer node may add some). Nothing when a required field is
-// missing or malformed.
-[[nodiscard]] std::optional<MemberRecord> decode_member(std::string_view text);
-
-// A member of a published map.
-struct ClusterMember {
-  std::string id;
-  std::string address;
-  std::uint32_t weight = 1;
-
-  friend bool operator==(const ClusterMember&, const ClusterMember&) = default;
-};
-
-// A published map: the membership the buckets are computed from, and its
-// epoch (the etcd mod_revision of the map key; 0 for "no map yet").
-struct ClusterMap {
-  std::uint64_t epoch = 0;
-  std::vector<ClusterMember> members;  // sorted by id, ids distinct
-
-  friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
-};
-// The map key's value for `members` (which must be sorted by id).
-[[nodiscard]] std::string encode_map_members(const std::vector<ClusterMember>& members);
-// Nothing for anything encode_map_members() would not produce: a bad
-// version line, a malformed line, ids out of order or repeated, a weight of
-// 0 or above RouterSnapshot::kMaxWeight.
-[[nodiscard]] std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text);
-
-// A node id usable in an etcd key and a map line: 1..128 bytes of
-// [A-Za-z0-9._-].
-[[nodiscard]] bool valid_node_id(std::string_view id) noexcept;
-
-// ---------------------------------------------------------------------------
-// Routing over a map
-// ---------------------------------------------------------------------------
-
-// The Router's view of a ClusterMap: node ids are member ids and weights the
-// members' weights, so equal maps give equal bucket owners in every process
-// (the Router is a pure function of the nodes and RouterOptions; all nodes
-// must use the same options). Immutable and thread-safe once built.
-class ClusterRouting {
- public:
-  // kOk, or the Router's reason for refusing the members (a map that
-  // decode_map_members() accepted is always accepted here).
-  [[nodiscard]] static RouterStatus build(const ClusterMap& map, const RouterOptions& options,
-                                          std::unique_ptr<ClusterRouting>& out);
-
-  [[nodiscard]] const ClusterMap& map() const noexcept { return map_; }
-  [[nodiscard]] std::uint64_t epoch() const noexcept { return map_.epoch; }
-  [[nodiscard]] const RouterSnapshot& snapshot() const noexcept { return *snapshot_; }
-  [[nodiscard]] std::size_t bucket_count() const noexcept { return snapshot_->bucket_count(); }
-  [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
-    return snapshot_->bucket_of_hash(snapshot_->hash(key));
-  }
-  // The owner of a key or a bucket; null when the map has no members.
-  // `bucket` must be below bucket_count().
-  [[nodiscard]] const ClusterMember* owner_of(std::string_view key) const noexcept {
-    return owner_of_bucket(bucket_of(key));
-  }
-  [[nodiscard]] const ClusterMember* owner_of_bucket(std::size_t bucket) const noexcept;
-
- private:
-  ClusterRouting() = default;
-  ClusterMap map_;
-  std::shared_ptr<const RouterSnapshot> snapshot_;
-};
 
 // ---------------------------------------------------------------------------
 // Errors and stats
@@ -164,16 +101,46 @@ enum class MembershipErrc : std::uint8_t {
   return {static_cast<int>(e), membership_category()};
 }
 
+// What one read of the cluster's prefix showed, decoded: the driver's input
+// for everything but the map's adoption (which Membership does itself).
+struct ClusterView {
+  struct Member {
+    std::string id;
+    MemberRecord record;
+    std::int64_t create_revision = 0;  // of the members/<id> key: a new one means re-registered
+    std::int64_t lease = 0;            // the etcd lease the key is under
+  };
+  struct Handoff {
+    std::string id;
+    std::uint64_t epoch = 0;  // handoff/<id>'s value
+  };
+
+  std::int64_t revision = 0;  // the etcd revision of the read
+  // From Membership's on_view: current_map() once the map read was adopted
+  // (or refused), so it may be a map this pass published, newer than
+  // `revision`. From read_view(): the map key as read (its epoch the key's
+  // mod_revision), or null when there is none or it does not decode.
+  std::shared_ptr<const ClusterMap> map;
+  std::vector<Member> members;      // every members/<id> that decodes, in id order
+  std::vector<Handoff> handoffs;    // every handoff/<id> that decodes, in id order
+  std::vector<std::string> drains;  // the ids with a drain/<id> key, in order
+};
+
 struct MembershipStats {
   std::uint64_t registrations = 0;       // leases granted with the member key put (start included)
   std::uint64_t keep_alives_acked = 0;   // keep-alives etcd acknowledged
   std::uint64_t keep_alives_failed = 0;  // keep-alives that failed (any reason)
   std::uint64_t leases_lost = 0;         // keep-alives that found the lease gone
   std::uint64_t maps_published = 0;      // CAS writes of the map key this node won
+  std::uint64_t maps_republished = 0;    // of those, re-puts of an unchanged membership
+                                         // (a fresh epoch for a start or a request)
+  std::uint64_t epochs_requested = 0;    // request_new_epoch() calls
+  std::uint64_t drains_by_key = 0;       // switches to draining for a drain/<self> key
+  std::uint64_t drains_cancelled = 0;    // switches back to active when it went
   std::uint64_t maps_adopted = 0;        // maps taken as current (each a higher epoch)
   std::uint64_t maps_refused = 0;        // maps ignored for an epoch below highest_epoch
   std::uint64_t last_refused_epoch = 0;
-  std::uint64_t bad_values = 0;  // member or map values that did not decode
+  std::uint64_t bad_values = 0;  // member, handoff, drain or map values that did not decode
   std::uint64_t etcd_errors = 0;
   std::uint64_t epoch_file_errors = 0;  // maps not adopted because the epoch file write failed
   std::uint64_t highest_epoch = 0;      // as persisted
@@ -206,6 +173,19 @@ struct MembershipOptions {
   // Called with each map this node adopts, in epoch order (see the header
   // comment for the thread).
   std::function<void(const ClusterMap&)> on_map_change;
+  // Called after every successful pass over the prefix (the first inside
+  // start(), then on the map thread after each watch event or retry), once
+  // the map read was adopted or refused, with what the pass read. A pass
+  // that loses the map CAS reads again; the view is its final read. Views
+  // come in revision order, but not one per revision: a change between two
+  // reads may be seen only as its end state.
+  //
+  // Views carry states, not events: the driver derives them by comparing a
+  // view with the previous one, and must. A member is gone when its id is
+  // no longer in `members` (its etcd lease ended or it left); it registered
+  // (again) when its id is new or its create_revision changed, which is the
+  // only sign of a node that left and came back between two views.
+  std::function<void(const ClusterView&)> on_view;
   // One line per notable event (refused maps, lost leases, etcd errors).
   // Default: stderr.
   std::function<void(std::string_view)> log;
@@ -255,8 +235,38 @@ class Membership {
 
   // Sets this node's member state to draining (kept across re-registration),
   // so the next map leaves it out while its member key stays alive. One
-  // etcd put.
+  // etcd put. A drain by code is never undone by a drain/<self> key going
+  // away.
   [[nodiscard]] EtcdStatus drain();
+
+  // Puts handoff/<node_id> = `epoch` (decimal) under the node's current etcd
+  // lease, so it vanishes with the node. One etcd put. kNotFound when the
+  // node is not registered right now (re-registering after a lost lease), or
+  // etcd's error.
+  [[nodiscard]] EtcdStatus put_handoff(std::uint64_t epoch);
+
+  // Asks for a map with an epoch above the current one, with the same
+  // membership if nothing changes: the map thread re-puts the map (a CAS)
+  // on its next pass, unless a newer map arrives first. Done only while
+  // this node is registered and the live membership is non-empty; until
+  // then the request waits. Thread-safe, never blocks on etcd.
+  void request_new_epoch();
+
+  // For operator tools, which are not members. An operator drain: puts
+  // drain/<node_id> = "1" under `prefix` (permanent, no lease); the node
+  // drains on its next pass. cancel_drain() deletes the key (not an error
+  // when it is absent). One etcd call each; a node_id that is not
+  // valid_node_id() is kInvalidArgument without I/O.
+  [[nodiscard]] static EtcdStatus request_drain(EtcdClient& client, std::string_view prefix,
+                                                std::string_view node_id);
+  [[nodiscard]] static EtcdStatus cancel_drain(EtcdClient& client, std::string_view prefix,
+                                               std::string_view node_id);
+  // One read of `prefix`, decoded (ClusterView::map as read, not adopted).
+  // Values that do not decode are skipped and counted in `bad_values` when
+  // it is given.
+  [[nodiscard]] static EtcdResult<ClusterView> read_view(EtcdClient& client,
+                                                         std::string_view prefix,
+                                                         std::uint64_t* bad_values = nullptr);
 
   // The etcd lease the member key is under now (0 while re-registering).
   [[nodiscard]] std::int64_t lease_id() const;
@@ -269,14 +279,22 @@ class Membership {
   explicit Membership(MembershipOptions options);
 
   std::string member_key() const { return options_.prefix + "members/" + options_.node_id; }
+  std::string handoff_key() const { return options_.prefix + "handoff/" + options_.node_id; }
   std::string map_key() const { return options_.prefix + "map"; }
   std::chrono::nanoseconds now() const { return options_.clock(); }
   void set_deadline(std::chrono::nanoseconds send_time, std::int64_t ttl_seconds);
   void note(std::string_view line);
   void note_etcd_error(std::string_view what, const std::string& detail);
 
-  // Grants a lease and puts the member key under it if absent.
-  std::error_code register_member(std::string& detail);
+  // Grants a lease and puts the member key under it if absent; the put's
+  // revision in `revision`.
+  std::error_code register_member(std::string& detail, std::int64_t* revision = nullptr);
+  // Puts the member key with state_ (under member_key_mutex_, held).
+  EtcdStatus put_member_state(MemberState state, std::int64_t lease);
+  // A drain/<self> key appeared or went: switches state_ and puts the member
+  // key. True when it put (the caller reads again), false when nothing
+  // changed or no lease; nothing when the put failed.
+  std::optional<bool> follow_drain_key(bool drain_key_present);
   void keep_alive_loop();
   void map_loop(std::int64_t watch_from);
   // One read of the prefix, adoption of the map read, and a CAS publish when
@@ -290,6 +308,12 @@ class Membership {
   std::unique_ptr<EtcdClient> client_;
   std::unique_ptr<EpochFile> epoch_file_;  // map thread (and start()) only
 
+  // Serialises every write of members/<self> with the state it writes
+  // (register_member, drain, follow_drain_key), so the last put always
+  // carries the current state_. Taken before mutex_, never after it; held
+  // across one etcd call.
+  Mutex member_key_mutex_;
+
   // Nanoseconds on options_.clock; 0 (never alive) until registered.
   std::atomic<std::int64_t> deadline_ns_{0};
 
@@ -301,6 +325,12 @@ class Membership {
   bool watch_failed_ SHARDLOCK_GUARDED_BY(mutex_) = false;
   std::int64_t lease_id_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
   MemberState state_ SHARDLOCK_GUARDED_BY(mutex_) = MemberState::kActive;
+  // state_ is kDraining because of a drain/<self> key, not drain().
+  bool drained_by_key_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  // A fresh epoch is wanted: a map with an epoch above epoch_wanted_above_
+  // (the registration's revision at start, the current epoch on a request).
+  bool epoch_wanted_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  std::uint64_t epoch_wanted_above_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
   std::shared_ptr<const ClusterMap> map_ SHARDLOCK_GUARDED_BY(mutex_);
   MembershipStats stats_ SHARDLOCK_GUARDED_BY(mutex_);
 

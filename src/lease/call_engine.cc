@@ -49,6 +49,7 @@ std::error_code error_for(MessageType reply) noexcept {
     case MessageType::kReleased:
     case MessageType::kQueryReply:
     case MessageType::kStatsReply:
+    case MessageType::kMapReply:
       return {};
     case MessageType::kBusy:
     case MessageType::kBusyMany:
@@ -60,6 +61,9 @@ std::error_code error_for(MessageType reply) noexcept {
     case MessageType::kNotOwner:
       return LeaseErrc::kNotOwner;
     case MessageType::kExpired:
+    // Completes only a RENEW (the engine follows the others): the node let
+    // the key go to another owner, and with it the lease.
+    case MessageType::kRedirect:
       return LeaseErrc::kExpired;
     default:
       return LeaseErrc::kServerError;
@@ -74,6 +78,13 @@ std::array<std::uint8_t, kMaxDatagramSize>& tx_buffer() noexcept {
 Datagram& tx_datagram() noexcept {
   thread_local Datagram datagram;
   return datagram;
+}
+
+// STATS and MAP: their replies carry as many shard tokens or members as the
+// request's padding leaves room for (anti-amplification), so they are padded
+// to a whole datagram, alone.
+bool asks_for_a_page(const Call& call) noexcept {
+  return call.type == MessageType::kStats || call.type == MessageType::kMap;
 }
 
 // Whether a reply that answers `call`'s type is well formed for this very
@@ -126,10 +137,41 @@ std::unique_ptr<Call> CallEngine::make_call(MessageType type, std::string_view k
   auto call = std::make_unique<Call>();
   call->type = type;
   call->key = std::string(key);
-  call->node = key.empty() ? 0 : setup_.routing.node_for(key);
   call->owner = setup_.id;
   call->budget = setup_.options.request_timeout;
+  // Before start() there is no node yet (the call then fails kNotStarted).
+  if (setup_.endpoints.empty()) return call;
+  call->to = &setup_.endpoints.front();
+  if (setup_.cluster) {
+    if (const auto view = setup_.cluster->current()) {
+      call->epoch = view->epoch;
+      if (!key.empty()) call->to = view->owner_of(key);
+    }
+  } else if (!key.empty()) {
+    call->to = &setup_.endpoints[setup_.routing.node_for(key)];
+  }
   return call;
+}
+
+bool CallEngine::route_keys(std::span<const std::string_view> keys, Call& call) const {
+  if (keys.empty()) return false;
+  if (setup_.cluster) {
+    const auto view = setup_.cluster->current();
+    if (!view) return false;
+    const std::size_t owner = view->owner_index(keys.front());
+    for (const std::string_view key : keys) {
+      if (view->owner_index(key) != owner) return false;
+    }
+    call.to = view->endpoints[owner];
+    call.epoch = view->epoch;
+    return true;
+  }
+  const std::size_t node = setup_.routing.node_for(keys.front());
+  for (const std::string_view key : keys) {
+    if (setup_.routing.node_for(key) != node) return false;
+  }
+  call.to = &setup_.endpoints[node];
+  return true;
 }
 
 void CallEngine::submit(std::unique_ptr<Call> call) {
@@ -144,7 +186,7 @@ void CallEngine::submit(std::unique_ptr<Call> call) {
   const Clock::time_point now = Clock::now();
   arm(*call, now);
   const std::size_t length = encode_single(*call, tx_buffer());
-  const std::size_t node = call->node;
+  const Endpoint* to = call->to;
   const Clock::time_point next_send = call->next_send;
   {
     LockGuard lock(mutex_);
@@ -159,7 +201,7 @@ void CallEngine::submit(std::unique_ptr<Call> call) {
     complete_now(std::move(call), LeaseErrc::kNotStarted);
     return;
   }
-  transmit(node, {tx_buffer().data(), length});
+  transmit(*to, {tx_buffer().data(), length});
   // seq_cst pairs with the store in io_loop(), made under mutex_ before it
   // sleeps: either it saw our timer, or we see its planned wake time.
   if (to_ns(next_send) < planned_wake_ns_.load(std::memory_order_seq_cst)) wake();
@@ -176,8 +218,9 @@ void CallEngine::post(std::function<void()> fn) {
 void CallEngine::arm(Call& call, Clock::time_point now) noexcept {
   if (call.request_id == 0) call.request_id = new_request_id();
   call.first_sent = now;
-  call.transmissions = 1;
-  call.deadline = now + call.budget;
+  ++call.transmissions;
+  // A redirected call keeps the deadline of its first transmission.
+  if (call.deadline == Clock::time_point{}) call.deadline = now + call.budget;
   call.interval = setup_.options.initial_retransmit;
   call.next_send = std::min(now + jittered(call.interval), call.deadline);
 }
@@ -187,6 +230,16 @@ void CallEngine::complete_now(std::unique_ptr<Call> call, LeaseErrc error) {
   r.error = error;
   r.first_sent = Clock::now();
   r.request_id = call->request_id;
+  if (call->done) call->done(r);
+}
+
+void CallEngine::fail(std::unique_ptr<Call> call, LeaseErrc error) {
+  CallResult r;
+  r.error = error;
+  r.first_sent = call->first_sent;
+  r.request_id = call->request_id;
+  r.transmissions = call->transmissions;
+  r.node = call->to;
   if (call->done) call->done(r);
 }
 
@@ -205,6 +258,7 @@ bool CallEngine::fits_one_datagram(const Call& call) const {
   Datagram& d = tx_datagram();
   d.batch = false;
   d.client_id = call.owner;
+  d.epoch = call.epoch;
   d.request_id = call.request_id;
   d.count = 0;
   (void)d.push(call.message());
@@ -217,22 +271,21 @@ std::size_t CallEngine::encode_single(const Call& call, std::span<std::uint8_t> 
   Datagram& d = tx_datagram();
   d.batch = false;
   d.client_id = call.owner;
+  d.epoch = call.epoch;
   d.request_id = call.request_id;
   d.count = 0;
   (void)d.push(call.message());
   std::size_t written = 0;
-  // A STATS reply carries as many shard tokens as the request's padding
-  // leaves room for (anti-amplification), so STATS asks for a full page.
   const std::size_t pad_to =
-      call.type == MessageType::kStats ? std::min(out.size(), kMaxDatagramSize) : max_reply_size(d);
+      asks_for_a_page(call) ? std::min(out.size(), kMaxDatagramSize) : max_reply_size(d);
   if (encode(d, out, written, pad_to) != ProtocolError::kOk) return 0;
   return seal(buffer, written);
 }
 
-void CallEngine::transmit(std::size_t node, std::span<const std::uint8_t> bytes) {
+void CallEngine::transmit(const Endpoint& to, std::span<const std::uint8_t> bytes) {
   if (bytes.empty()) return;
   sent_.fetch_add(1, std::memory_order_relaxed);  // a statistic
-  (void)setup_.transport->send(setup_.endpoints[node], bytes);
+  (void)setup_.transport->send(to, bytes);
 }
 
 void CallEngine::transmit_many() {
@@ -326,13 +379,13 @@ void CallEngine::io_loop() {
     }
     if (!resend.empty()) {
       outgoing_.clear();
-      for (const auto& [node, bytes] : resend)
-        outgoing_.push_back({&setup_.endpoints[node], bytes});
+      for (const auto& [to, bytes] : resend) outgoing_.push_back({to, bytes});
       transmit_many();
       resend.clear();
     }
     for (ReadyCompletion& c : ready) c.done(c.result);
     ready.clear();
+    follow_redirects();
     for (auto& fn : posted) fn();
     posted.clear();
     flush_outbox();
@@ -350,6 +403,8 @@ void CallEngine::io_loop() {
     }
     for (auto& call : outbox_) calls.push_back(std::move(call));
     outbox_.clear();
+    for (auto& [call, epoch] : redirected_) calls.push_back(std::move(call));
+    redirected_.clear();
     if (calls.empty()) break;
     for (auto& call : calls) complete_now(std::move(call), LeaseErrc::kNotStarted);
   }
@@ -375,10 +430,13 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
     Call& call = *it->second;
     if (now >= call.deadline) {
       CallResult r;
-      r.error = LeaseErrc::kUnreachable;
+      // Answered REDIRECT last (a parked call, a node behind us): the node
+      // was there, the owner was not reached.
+      r.error = call.redirected ? LeaseErrc::kRedirected : LeaseErrc::kUnreachable;
       r.first_sent = call.first_sent;
       r.request_id = call.request_id;
       r.transmissions = call.transmissions;
+      r.node = call.to;
       ready.push_back({std::move(call.done), std::move(r)});
       pending_.erase(it);
       continue;
@@ -392,7 +450,7 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
     timers_.push({call.next_send, call.request_id});
     std::vector<std::uint8_t> bytes(kMaxDatagramSize);
     bytes.resize(encode_single(call, bytes));
-    resend.emplace_back(call.node, std::move(bytes));
+    resend.emplace_back(call.to, std::move(bytes));
   }
 }
 
@@ -412,6 +470,12 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     Call& call = *it->second;
     if (!reply_answers(call.type, m.type) || (reply_carries_key(m.type) && m.key != call.key))
       continue;
+    if (m.type == MessageType::kRedirect && call.type != MessageType::kRenew) {
+      // Followed once this round's completions have run (follow_redirects()).
+      redirected_.emplace_back(std::move(it->second), m.epoch);
+      pending_.erase(it);
+      continue;
+    }
     if (!fits_call(call, m)) {
       // Decodes, but cannot be this call's answer: counted, and the call
       // waits for a good one (or its deadline).
@@ -439,6 +503,16 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     r.first_sent = call.first_sent;
     r.request_id = call.request_id;
     r.transmissions = call.transmissions;
+    r.node = call.to;
+    r.epoch = m.epoch;
+    if (m.type == MessageType::kMapReply) {
+      r.member_count = m.member_count;
+      r.first_member = m.first_member;
+      r.members.reserve(m.member_list_count);
+      for (const MemberEntry& e : MemberList(m)) {
+        r.members.push_back(MapMember{std::string(e.id), std::string(e.address), e.weight});
+      }
+    }
     if (m.type == MessageType::kStatsReply) {
       r.shard_count = m.shard_count;
       r.first_shard = m.first_shard;
@@ -464,8 +538,10 @@ void CallEngine::flush_outbox() {
   }
   if (stopping) return;  // io_loop() fails them on its way out
   const Clock::time_point now = Clock::now();
+  // One datagram goes to one node with one epoch.
   std::stable_sort(outbox_.begin(), outbox_.end(), [](const auto& a, const auto& b) {
-    if (a->node != b->node) return a->node < b->node;
+    if (a->to != b->to) return std::less<>{}(a->to, b->to);
+    if (a->epoch != b->epoch) return a->epoch < b->epoch;
     if (a->owner.hi != b->owner.hi) return a->owner.hi < b->owner.hi;
     return a->owner.lo < b->owner.lo;
   });
@@ -473,13 +549,16 @@ void CallEngine::flush_outbox() {
   std::size_t datagrams = 0;
   std::size_t begin = 0;
   while (begin < outbox_.size()) {
-    const std::size_t node = outbox_[begin]->node;
+    const Endpoint* to = outbox_[begin]->to;
     Datagram& d = tx_datagram();
     d.client_id = outbox_[begin]->owner;
+    d.epoch = outbox_[begin]->epoch;
     d.count = 0;
     std::size_t end = begin;
-    while (end < outbox_.size() && outbox_[end]->node == node &&
+    while (end < outbox_.size() && outbox_[end]->to == to && outbox_[end]->epoch == d.epoch &&
            d.count < setup_.options.max_batch) {
+      // A paging call travels alone, padded for a whole page.
+      if (d.count > 0 && asks_for_a_page(*outbox_[end])) break;
       arm(*outbox_[end], now);
       Message m = outbox_[end]->message();
       if (outbox_[end]->owner != d.client_id) m.owner = outbox_[end]->owner;
@@ -491,18 +570,23 @@ void CallEngine::flush_outbox() {
         break;
       }
       ++end;
+      if (asks_for_a_page(*outbox_[end - 1])) break;
     }
-    d.batch = d.count > 1;
-    d.request_id = d.batch ? new_request_id() : outbox_[begin]->request_id;
     if (datagrams == out_buffers_.size()) out_buffers_.emplace_back();
     std::array<std::uint8_t, kMaxDatagramSize>& buffer = out_buffers_[datagrams++];
     std::size_t written = 0;
-    if (encode_request(d, std::span(buffer).first(payload_limit()), written) !=
-        ProtocolError::kOk) {
-      written = 0;
+    if (asks_for_a_page(*outbox_[begin])) {
+      written = encode_single(*outbox_[begin], buffer);  // reuses `d`; sealed
+    } else {
+      d.batch = d.count > 1;
+      d.request_id = d.batch ? new_request_id() : outbox_[begin]->request_id;
+      if (encode_request(d, std::span(buffer).first(payload_limit()), written) !=
+          ProtocolError::kOk) {
+        written = 0;
+      }
+      written = seal(buffer, written);
     }
-    written = seal(buffer, written);
-    if (written > 0) outgoing_.push_back({&setup_.endpoints[node], {buffer.data(), written}});
+    if (written > 0) outgoing_.push_back({to, {buffer.data(), written}});
     {
       LockGuard lock(mutex_);
       for (std::size_t i = begin; i < end; ++i) {
@@ -515,6 +599,138 @@ void CallEngine::flush_outbox() {
   }
   outbox_.clear();
   transmit_many();
+}
+
+// -------------------------------------------------------------- redirects
+
+void CallEngine::on_map_refreshed() {
+  if (!on_io_thread()) {
+    post([this] { on_map_refreshed(); });
+    return;
+  }
+  std::vector<std::unique_ptr<Call>> calls;
+  {
+    LockGuard lock(mutex_);
+    for (const std::uint64_t request_id : parked_) {
+      const auto it = pending_.find(request_id);
+      if (it == pending_.end() || !it->second->parked) continue;  // completed at its deadline
+      calls.push_back(std::move(it->second));
+      pending_.erase(it);
+    }
+  }
+  parked_.clear();
+  const auto view = setup_.cluster ? setup_.cluster->current() : nullptr;
+  for (auto& call : calls) {
+    call->parked = false;
+    if (!view) {
+      fail(std::move(call), LeaseErrc::kRedirected);
+    } else if (reroute(*call, *view)) {
+      resend_now(std::move(call));
+    } else {
+      fail(std::move(call), LeaseErrc::kCrossNode);
+    }
+  }
+}
+
+void CallEngine::follow_redirects() {
+  // Following one may complete calls whose completions issue more; they
+  // join the outbox, never this list.
+  std::vector<std::pair<std::unique_ptr<Call>, std::uint64_t>> redirected;
+  redirected.swap(redirected_);
+  for (auto& [call, epoch] : redirected) follow_redirect(std::move(call), epoch);
+}
+
+void CallEngine::follow_redirect(std::unique_ptr<Call> call, std::uint64_t epoch) {
+  call->redirected = true;
+  const auto view = setup_.cluster ? setup_.cluster->current() : nullptr;
+  if (!view) {
+    fail(std::move(call), LeaseErrc::kRedirected);  // not in cluster mode
+    return;
+  }
+  if (epoch < view->epoch && call->epoch == view->epoch) {
+    // The node is behind our map, which routed the call to it: it will
+    // catch up. Ask it again shortly, within the deadline; not a hop, since
+    // the owner did not move.
+    resend_later(std::move(call), kRedirectRetry);
+    return;
+  }
+  if (++call->redirects > kMaxRedirects) {
+    fail(std::move(call), LeaseErrc::kRedirected);
+    return;
+  }
+  if (epoch > view->epoch) {
+    // Its map is newer: wait for ours to catch up, asking that node first.
+    const Endpoint* from = call->to;
+    park(std::move(call));
+    setup_.cluster->refresh(from);
+    return;
+  }
+  if (call->epoch != view->epoch) {
+    // Routed under an older map than ours (refreshed since it was sent): its
+    // owner may have moved.
+    if (reroute(*call, *view)) {
+      call->redirected = false;
+      resend_now(std::move(call));
+    } else {
+      fail(std::move(call), LeaseErrc::kCrossNode);
+    }
+    return;
+  }
+  // The same map, yet another owner: the node is mid-change or misconfigured.
+  // Ask again shortly, bounded by kMaxRedirects.
+  resend_later(std::move(call), kRedirectRetry);
+}
+
+bool CallEngine::reroute(Call& call, const ClusterMapView& view) {
+  call.epoch = view.epoch;
+  if (call.type != MessageType::kAcquireMany) {
+    call.to = view.owner_of(call.key);
+    return true;
+  }
+  std::optional<std::size_t> owner;
+  for (const std::string_view key : KeyList(call.key_count, call.key_list)) {
+    const std::size_t index = view.owner_index(key);
+    if (owner && *owner != index) return false;
+    owner = index;
+  }
+  if (!owner) return false;
+  call.to = view.endpoints[*owner];
+  return true;
+}
+
+void CallEngine::resend_now(std::unique_ptr<Call> call) {
+  call->request_id = new_request_id();
+  outbox_.push_back(std::move(call));  // flush_outbox() arms and sends it
+}
+
+void CallEngine::resend_later(std::unique_ptr<Call> call, Clock::duration delay) {
+  call->request_id = new_request_id();
+  // The timer sends it as a retransmission, which doubles the interval:
+  // start from half the first one.
+  call->interval = setup_.options.initial_retransmit / 2;
+  call->next_send = std::min(Clock::now() + delay, call->deadline);
+  keep_pending(std::move(call));
+}
+
+void CallEngine::keep_pending(std::unique_ptr<Call> call) {
+  {
+    LockGuard lock(mutex_);
+    if (!stopping_) {
+      timers_.push({call->next_send, call->request_id});
+      const std::uint64_t request_id = call->request_id;
+      pending_.emplace(request_id, std::move(call));
+      return;
+    }
+  }
+  complete_now(std::move(call), LeaseErrc::kNotStarted);
+}
+
+void CallEngine::park(std::unique_ptr<Call> call) {
+  call->request_id = new_request_id();
+  call->parked = true;
+  call->next_send = call->deadline;  // its timer only fails it at the deadline
+  parked_.push_back(call->request_id);
+  keep_pending(std::move(call));
 }
 
 }  // namespace shardlock::lease::internal

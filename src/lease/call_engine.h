@@ -7,9 +7,20 @@
 // datagrams per node and owner.
 //
 // Threading: make_call(), submit() and post() may be called from any thread.
-// stopping_, pending_, timers_ and posted_ are guarded by mutex_; the outbox
-// and send buffers belong to the I/O thread alone. Completions run on the I/O
-// thread with mutex_ not held.
+// stopping_, pending_, timers_ and posted_ are guarded by mutex_; the outbox,
+// the send buffers and the redirect bookkeeping belong to the I/O thread
+// alone. Completions run on the I/O thread with mutex_ not held.
+//
+// Redirects (cluster mode): a call answered REDIRECT leaves pending_ and is
+// followed on the I/O thread once the round's completions have run. A node
+// with a newer map than ours: the call is parked (in pending_, unsent, its
+// timer at its deadline) until the map refresh it triggered ends, then sent
+// to its owner under the new map. A call routed under an older map than the
+// current one: sent to its owner now. A node behind ours: the call is sent
+// to it again in kRedirectRetry. Each follow-up is a fresh request id, so a
+// late answer to the old one completes nothing, and keeps the call's
+// deadline. A RENEW answered REDIRECT completes as kExpired (the lease is
+// lost); RELEASE is never redirected.
 #pragma once
 
 #include <algorithm>
@@ -32,6 +43,7 @@
 #include <vector>
 
 #include "client_routing.h"
+#include "cluster_directory.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/client.h"
 #include "shardlock/mutex.h"
@@ -53,9 +65,12 @@ inline std::uint32_t clamp_ms(std::chrono::milliseconds d) noexcept {
 struct ClientSetup {
   LeaseClientOptions options;
   ClientId id;
-  std::vector<Endpoint> endpoints;  // one per options.nodes entry
-  ClientRouting routing;
+  std::vector<Endpoint> endpoints;  // one per options.nodes entry (cluster mode: the seeds)
+  ClientRouting routing;            // over `endpoints`; unused in cluster mode
   std::unique_ptr<DatagramTransport> transport;
+  // Cluster mode only (options.discover_cluster): the map and its refresh.
+  // Internally synchronized.
+  std::unique_ptr<ClusterDirectory> cluster;
 };
 
 // One outstanding request. Owned by CallEngine::pending_ from its first
@@ -68,17 +83,27 @@ struct Call {
   std::uint32_t ttl_ms = 0;
   std::uint32_t wait_ms = 0;
   std::uint32_t first_shard = 0;
+  std::uint32_t first_member = 0;          // MAP
   LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY
   std::uint32_t permits = 0;               // ACQUIRE_PERMIT
   // ACQUIRE_MANY: the keys as wire entries (encode_key_list()); `key` stays
   // empty, as the TIMEOUT answering it carries no key.
   std::uint8_t key_count = 0;
   std::vector<std::uint8_t> key_list;
-  std::size_t node = 0;
+  // Where it goes: a configured node, or a map member (cluster mode). Never
+  // null once made; stable for the client's life.
+  const Endpoint* to = nullptr;
+  // Cluster mode: the epoch of the map it was routed with, sent in the
+  // datagram's header (kFlagEpoch); nullopt before the first map.
+  std::optional<std::uint64_t> epoch;
+  unsigned redirects = 0;    // REDIRECTs followed (at most kMaxRedirects)
+  bool redirected = false;   // its last answer was a REDIRECT: its deadline fails it kRedirected
+  bool parked = false;       // waiting for a map refresh; unsent, its timer is its deadline
   ClientId owner;            // the header's client id
   Clock::duration budget{};  // deadline - first transmission
+  // The first transmission to its current node (a redirect moves it).
   Clock::time_point first_sent;
-  Clock::time_point deadline;
+  Clock::time_point deadline;  // set once, on the first transmission
   Clock::time_point next_send;
   Clock::duration interval{};
   unsigned transmissions = 0;
@@ -95,7 +120,8 @@ struct Call {
                    .permits = permits,
                    .key_count = key_count,
                    .key_list = key_list,
-                   .first_shard = first_shard};
+                   .first_shard = first_shard,
+                   .first_member = first_member};
   }
 };
 
@@ -122,9 +148,17 @@ class CallEngine {
   // thread.
   void stop();
 
-  // A call of `type` for `key`, routed to the key's node, in the client's own
-  // name, with request_timeout as its budget. Never blocks.
+  // A call of `type` for `key`, routed to the key's node (an empty key: the
+  // first configured node), in the client's own name, with request_timeout
+  // as its budget. Never blocks.
   [[nodiscard]] std::unique_ptr<Call> make_call(MessageType type, std::string_view key) const;
+  // Routes `call` to the node that owns all of `keys` under the current
+  // routing (and sets its epoch); false, leaving it unrouted, when they have
+  // different owners. Never blocks.
+  [[nodiscard]] bool route_keys(std::span<const std::string_view> keys, Call& call) const;
+  // A map refresh ended: sends the calls parked for it to their owners under
+  // the map now current. Called by ClusterDirectory; any thread.
+  void on_map_refreshed();
   // Whether `call` encodes as one datagram within the size limit (with the
   // auth tag, when one is configured) and its padded reply fits too. An
   // ACQUIRE_MANY of many long keys may not.
@@ -166,12 +200,18 @@ class CallEngine {
     CallResult result;
   };
   // Encoded retransmissions of one round: (node, bytes).
-  using Resends = std::vector<std::pair<std::size_t, std::vector<std::uint8_t>>>;
+  using Resends = std::vector<std::pair<const Endpoint*, std::vector<std::uint8_t>>>;
+  // How long a call waits before it asks a node whose map is behind ours
+  // again.
+  static constexpr std::chrono::milliseconds kRedirectRetry{20};
 
   // Sets the request id (unless the caller reserved one), first-send time,
   // deadline and first retransmission.
   void arm(Call& call, Clock::time_point now) noexcept;
   static void complete_now(std::unique_ptr<Call> call, LeaseErrc error);
+  // Completes `call` with `error`, keeping what it learned on the way (its
+  // transmissions, its node). Outside mutex_.
+  static void fail(std::unique_ptr<Call> call, LeaseErrc error);
 
   // Bytes a datagram's encoding may use: the rest is for the auth tag.
   [[nodiscard]] std::size_t payload_limit() const noexcept;
@@ -179,7 +219,7 @@ class CallEngine {
   // send (0 stays 0: nothing to send).
   std::size_t seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept;
   std::size_t encode_single(const Call& call, std::span<std::uint8_t> buffer) const;
-  void transmit(std::size_t node, std::span<const std::uint8_t> bytes);
+  void transmit(const Endpoint& to, std::span<const std::uint8_t> bytes);
   // Sends outgoing_ (I/O thread only).
   void transmit_many();
   void wake() noexcept;
@@ -196,6 +236,23 @@ class CallEngine {
   void on_datagram(std::span<const std::uint8_t> bytes, std::vector<ReadyCompletion>& ready);
   // Sends the calls issued by completions, batched.
   void flush_outbox();
+
+  // ---- Redirects (I/O thread only) ----
+  // Follows the REDIRECTs this round received (redirected_).
+  void follow_redirects();
+  void follow_redirect(std::unique_ptr<Call> call, std::uint64_t epoch);
+  // Routes `call` under `view`; false when its ACQUIRE_MANY keys now have
+  // different owners (the caller then fails it kCrossNode).
+  static bool reroute(Call& call, const ClusterMapView& view);
+  // Sends `call` again with a fresh request id: now, batched with the round's
+  // outbox, or after `delay` through its retransmission timer.
+  void resend_now(std::unique_ptr<Call> call);
+  void resend_later(std::unique_ptr<Call> call, Clock::duration delay);
+  // Keeps `call` (fresh id, unsent) until on_map_refreshed() or its deadline.
+  void park(std::unique_ptr<Call> call);
+  // Puts `call` in pending_ with its timer at next_send; fails it
+  // kNotStarted when the engine is stopping.
+  void keep_pending(std::unique_ptr<Call> call) SHARDLOCK_EXCLUDES(mutex_);
 
   const ClientSetup& setup_;
 
@@ -221,6 +278,11 @@ class CallEngine {
 
   // I/O thread only.
   std::vector<std::unique_ptr<Call>> outbox_;
+  // Calls answered REDIRECT in this round, with the redirecting node's epoch.
+  std::vector<std::pair<std::unique_ptr<Call>, std::uint64_t>> redirected_;
+  // Request ids of the parked calls (some may have completed at their
+  // deadline since).
+  std::vector<std::uint64_t> parked_;
   // A deque: growing it keeps earlier buffers in place, and outgoing_ points
   // into them until the round is sent.
   std::deque<std::array<std::uint8_t, kMaxDatagramSize>> out_buffers_;

@@ -52,7 +52,13 @@ std::error_code ClientCore::start() {
     }
     setup.endpoints.push_back(std::move(e));
   }
-  setup.routing.assign(setup.options.nodes);
+  if (setup.options.discover_cluster) {
+    std::vector<const Endpoint*> seeds;
+    for (const Endpoint& e : setup.endpoints) seeds.push_back(&e);
+    setup.cluster = std::make_unique<ClusterDirectory>(engine, std::move(seeds), family);
+  } else {
+    setup.routing.assign(setup.options.nodes);
+  }
   if (setup.options.client_id) {
     setup.id = *setup.options.client_id;
   } else {
@@ -112,6 +118,12 @@ std::error_code ClientCore::start() {
   if (std::error_code ec = engine.start()) {
     error_detail = "eventfd failed";
     return ec;
+  }
+  if (setup.cluster) {
+    if (std::error_code ec = setup.cluster->discover(error_detail)) {
+      engine.stop();  // calls fail kNotStarted from now on
+      return ec;
+    }
   }
   return {};
 }
@@ -211,12 +223,8 @@ std::error_code make_acquire_many_call(ClientCore& core, std::span<const std::st
       if (keys[j] == keys[i]) return LeaseErrc::kBadArgument;
     }
   }
-  const std::size_t node = core.setup.routing.node_for(keys.front());
-  for (const std::string_view key : keys) {
-    if (core.setup.routing.node_for(key) != node) return LeaseErrc::kCrossNode;
-  }
   auto call = core.engine.make_call(MessageType::kAcquireMany, {});
-  call->node = node;
+  if (!core.engine.route_keys(keys, *call)) return LeaseErrc::kCrossNode;
   call->mode = mode;
   call->ttl_ms = internal::clamp_ms(ttl);
   call->wait_ms = internal::clamp_ms(wait);
@@ -285,7 +293,28 @@ std::error_code LeaseClient::start() { return core_->start(); }
 const std::string& LeaseClient::error_detail() const noexcept { return core_->error_detail; }
 ClientId LeaseClient::client_id() const noexcept { return core_->setup.id; }
 std::size_t LeaseClient::node_for(std::string_view key) const noexcept {
+  if (core_->setup.cluster) {
+    const auto view = core_->setup.cluster->current();
+    return view ? view->owner_index(key) : 0;
+  }
   return core_->setup.routing.node_for(key);
+}
+
+std::string LeaseClient::address_for(std::string_view key) const {
+  const auto call = core_->engine.make_call(MessageType::kQuery, key);
+  return call->to != nullptr ? call->to->text : std::string();
+}
+
+std::uint64_t LeaseClient::map_epoch() const noexcept {
+  if (!core_->setup.cluster) return 0;
+  const auto view = core_->setup.cluster->current();
+  return view ? view->epoch : 0;
+}
+
+std::vector<MapMember> LeaseClient::map_members() const {
+  if (!core_->setup.cluster) return {};
+  const auto view = core_->setup.cluster->current();
+  return view ? view->members : std::vector<MapMember>{};
 }
 
 AcquireResult LeaseClient::acquire(std::string_view key, milliseconds ttl, milliseconds wait,
@@ -391,7 +420,7 @@ ServerStatsReply LeaseClient::stats(std::size_t node) {
   // reports (and a hard cap, should a server never make progress).
   for (int page = 0; page < 65536; ++page) {
     auto call = core_->engine.make_call(MessageType::kStats, {});
-    call->node = node;
+    if (node < core_->setup.endpoints.size()) call->to = &core_->setup.endpoints[node];
     call->first_shard = static_cast<std::uint32_t>(out.shard_tokens.size());
     const CallResult r = core_->call_sync(std::move(call));
     if (r.error) {

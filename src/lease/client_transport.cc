@@ -117,6 +117,8 @@ std::string_view to_string(LeaseErrc e) noexcept {
       return "grant expired";
     case LeaseErrc::kCrossNode:
       return "keys owned by different nodes";
+    case LeaseErrc::kRedirected:
+      return "redirected: the key's owner node was not reached";
   }
   return "unknown";
 }

@@ -27,6 +27,7 @@ bool close_lease(LeaseState& state) {
 void send_release(LeaseState& state) noexcept {
   try {
     auto call = state.core->engine.make_call(MessageType::kRelease, state.key);
+    if (state.node != nullptr) call->to = state.node;
     call->token = state.token;
     call->done = [](const CallResult&) {};
     state.core->engine.submit(std::move(call));
@@ -119,6 +120,7 @@ std::error_code Lease::release() {
   if (!state_) return LeaseErrc::kLeaseInactive;
   if (!close_lease(*state_)) return LeaseErrc::kLeaseInactive;
   auto call = state_->core->engine.make_call(MessageType::kRelease, state_->key);
+  if (state_->node != nullptr) call->to = state_->node;
   call->token = state_->token;
   return state_->core->call_sync(std::move(call)).error;
 }

@@ -51,6 +51,7 @@ bool LeaseState::apply_renewal(const CallResult& r, std::uint64_t request_id,
 
 std::unique_ptr<Call> make_renewal(CallEngine& engine, LeaseState& state, milliseconds ttl) {
   auto call = engine.make_call(MessageType::kRenew, state.key);
+  if (state.node != nullptr) call->to = state.node;
   call->token = state.token;
   call->ttl_ms = clamp_ms(ttl);
   call->request_id = engine.new_request_id();

@@ -71,6 +71,7 @@ struct LeaseState {
         owner(lease_owner),
         options(std::move(lease_options)),
         margin(lease_margin),
+        node(grant.node),
         expiry(margin.expiry(grant.first_sent, milliseconds(grant.ttl_ms))),
         ttl(requested_ttl),
         next_renew(grant.first_sent + std::chrono::duration_cast<Clock::duration>(
@@ -95,6 +96,9 @@ struct LeaseState {
   const ClientId owner;
   const LeaseOptions options;
   const DriftMargin margin;
+  // The node that granted it: its renewals and its release go there, not to
+  // wherever a newer cluster map routes the key.
+  const Endpoint* const node;
 
   mutable Mutex mutex;
   Status status SHARDLOCK_GUARDED_BY(mutex) = Status::kHeld;

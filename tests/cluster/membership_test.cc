@@ -1,6 +1,7 @@
-// Membership, the map's epoch, the epoch file and routing over a map, against
-// a real single-member etcd (tests/cluster/etcd_process.h). The etcd tests
-// skip when /usr/bin/etcd is missing; the encoding tests always run.
+// Membership, the map's epoch and the epoch file, against a real
+// single-member etcd (tests/cluster/etcd_process.h). The etcd tests skip when
+// /usr/bin/etcd is missing; the epoch file and option tests always run. The
+// values and routing over a map are tested in tests/cluster_map_test.cc.
 #include "membership.h"
 
 #include <gtest/gtest.h>
@@ -11,8 +12,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <list>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -65,6 +68,31 @@ class LogLines {
   std::vector<std::string> lines_;
 };
 
+// Collects the views a member's on_view reports. Must outlive the member:
+// use MembershipTest::new_views().
+class Views {
+ public:
+  std::function<void(const ClusterView&)> sink() {
+    return [this](const ClusterView& view) {
+      std::lock_guard lock(mutex_);
+      views_.push_back(view);
+    };
+  }
+  std::optional<ClusterView> last() const {
+    std::lock_guard lock(mutex_);
+    if (views_.empty()) return std::nullopt;
+    return views_.back();
+  }
+  std::vector<ClusterView> all() const {
+    std::lock_guard lock(mutex_);
+    return views_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<ClusterView> views_;
+};
+
 std::vector<std::string> ids_of(const ClusterMap& map) {
   std::vector<std::string> ids;
   for (const ClusterMember& member : map.members) ids.push_back(member.id);
@@ -74,41 +102,6 @@ std::vector<std::string> ids_of(const ClusterMap& map) {
 // ---------------------------------------------------------------------------
 // Pure parts
 // ---------------------------------------------------------------------------
-
-TEST(MemberValue, RoundTripsAndRejectsMalformedInput) {
-  const MemberRecord record{"127.0.0.1:7700", 3, MemberState::kDraining};
-  EXPECT_EQ(encode_member(record), "address=127.0.0.1:7700 weight=3 state=draining");
-  EXPECT_EQ(decode_member(encode_member(record)), record);
-  // Any order, unknown fields ignored.
-  EXPECT_EQ(decode_member("state=active future=1 weight=1 address=[::1]:9"),
-            (MemberRecord{"[::1]:9", 1, MemberState::kActive}));
-  for (const char* bad :
-       {"", "address=h:1 weight=1", "address=h:1 weight=0 state=active",
-        "address=h:1 weight=1025 state=active", "address=h weight=1 state=active",
-        "address=h:1 weight=1 state=gone", "address=h:1  weight=1 state=active",
-        "address=:1 weight=1 state=active", "address=h:70000 weight=1 state=active"}) {
-    EXPECT_FALSE(decode_member(bad).has_value()) << "'" << bad << "'";
-  }
-}
-
-TEST(MapValue, RoundTripsAndRejectsWhatEncodeWouldNotProduce) {
-  const std::vector<ClusterMember> members = {{"a", "127.0.0.1:1", 1}, {"b", "127.0.0.1:2", 7}};
-  const std::string text = encode_map_members(members);
-  EXPECT_EQ(text, "shardlock-map v1\na 127.0.0.1:1 1\nb 127.0.0.1:2 7\n");
-  EXPECT_EQ(decode_map_members(text), members);
-  EXPECT_EQ(decode_map_members("shardlock-map v1\n"), std::vector<ClusterMember>{});
-  for (const char* bad : {"", "shardlock-map v1", "shardlock-map v2\n",
-                          "shardlock-map v1\nb h:2 1\na h:1 1\n",  // out of order
-                          "shardlock-map v1\na h:1 1\na h:1 1\n",  // repeated
-                          "shardlock-map v1\na h:1 0\n", "shardlock-map v1\na h:1\n",
-                          "shardlock-map v1\na/b h:1 1\n", "shardlock-map v1\n\n"}) {
-    EXPECT_FALSE(decode_map_members(bad).has_value()) << "'" << bad << "'";
-  }
-  EXPECT_TRUE(valid_node_id("node-1.a_b"));
-  EXPECT_FALSE(valid_node_id(""));
-  EXPECT_FALSE(valid_node_id("a/b"));
-  EXPECT_FALSE(valid_node_id(std::string(129, 'a')));
-}
 
 TEST(EpochFileTest, RecordsDurablyNeverGoesBackAndRefusesACorruptFile) {
   const std::string dir = make_temp_dir();
@@ -140,30 +133,6 @@ TEST(EpochFileTest, RecordsDurablyNeverGoesBackAndRefusesACorruptFile) {
   EXPECT_NE(detail.find(EpochFile::kFileName), std::string::npos) << detail;
   EXPECT_EQ(file, nullptr);
   std::filesystem::remove_all(dir);
-}
-
-TEST(ClusterRoutingTest, EqualMapsGiveEqualOwnersAndAKeyMapsToItsBucketsOwner) {
-  RouterOptions options;
-  options.bucket_bits = kTestBucketBits;
-  const ClusterMap map{7, {{"a", "h:1", 1}, {"b", "h:2", 2}, {"c", "h:3", 1}}};
-  ClusterMap shuffled = map;
-  std::swap(shuffled.members[0], shuffled.members[2]);  // build() sorts
-  std::unique_ptr<ClusterRouting> one;
-  std::unique_ptr<ClusterRouting> two;
-  ASSERT_EQ(ClusterRouting::build(map, options, one), RouterStatus::kOk);
-  ASSERT_EQ(ClusterRouting::build(shuffled, options, two), RouterStatus::kOk);
-  ASSERT_EQ(one->bucket_count(), std::size_t{1} << kTestBucketBits);
-  for (std::size_t bucket = 0; bucket < one->bucket_count(); ++bucket) {
-    ASSERT_NE(one->owner_of_bucket(bucket), nullptr);
-    ASSERT_EQ(one->owner_of_bucket(bucket)->id, two->owner_of_bucket(bucket)->id) << bucket;
-  }
-  EXPECT_EQ(one->owner_of("some-key")->id, one->snapshot().owner("some-key"));
-  EXPECT_EQ(one->owner_of("some-key"), one->owner_of_bucket(one->bucket_of("some-key")));
-  EXPECT_EQ(one->epoch(), 7u);
-
-  std::unique_ptr<ClusterRouting> empty;
-  ASSERT_EQ(ClusterRouting::build(ClusterMap{}, options, empty), RouterStatus::kOk);
-  EXPECT_EQ(empty->owner_of("k"), nullptr);
 }
 
 TEST(MembershipOptionsTest, BadOptionsAreRefusedBeforeAnyIo) {
@@ -271,10 +240,14 @@ class MembershipTest : public EtcdSuiteTest {
     return routing;
   }
 
+  // A collector that outlives every member (they stop in TearDown).
+  Views& new_views() { return views_.emplace_back(); }
+
   std::string prefix_;
   std::string base_dir_;
   RouterOptions router_options_;
   LogLines log_;
+  std::list<Views> views_;
   std::vector<std::unique_ptr<Membership>> members_;
 };
 
@@ -536,6 +509,255 @@ TEST_F(MembershipTest, ASecondNodeWithALiveIdIsRefused) {
   EXPECT_EQ(Membership::start(options, twin, detail), MembershipErrc::kMemberExists);
   EXPECT_NE(detail.find("members/a"), std::string::npos) << detail;
   EXPECT_EQ(twin, nullptr);
+}
+
+const ClusterView::Member* find_member(const ClusterView& view, std::string_view id) {
+  for (const ClusterView::Member& member : view.members) {
+    if (member.id == id) return &member;
+  }
+  return nullptr;
+}
+
+TEST_F(MembershipTest, EveryPassReportsAViewOfMembersHandoffsAndDrainsWithTheAdoptedMap) {
+  Views& views = new_views();
+  MembershipOptions options = options_for("a");
+  options.on_view = views.sink();
+  Membership* a = start(options);
+  ASSERT_NE(a, nullptr);
+  // The first pass runs inside start(), so its view is there already.
+  ASSERT_TRUE(views.last().has_value());
+  Membership* b = start("b");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+
+  ASSERT_TRUE(a->put_handoff(a->current_map()->epoch).ok());
+  ASSERT_TRUE(a->etcd().put(prefix_ + "handoff/x", "not a number").ok());
+  ASSERT_TRUE(a->etcd().put(prefix_ + "drain/b", "1").ok());
+  ASSERT_TRUE(a->etcd().put(prefix_ + "handoff/y", "42").ok());  // the last write: seen last
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const auto view = views.last();
+        return view && !view->handoffs.empty() && view->handoffs.back().id == "y";
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const ClusterView view = *views.last();
+  // The map is the adopted one; b drains (the key), so the map may have
+  // moved on to {a} by now, and the view shows whatever a adopted.
+  EXPECT_EQ(*view.map, *a->current_map());
+  ASSERT_EQ(view.members.size(), 2u);
+  EXPECT_EQ(view.members[0].id, "a");
+  EXPECT_EQ(view.members[1].id, "b");
+  const auto key = a->etcd().get(prefix_ + "members/a");
+  ASSERT_TRUE(key.ok());
+  ASSERT_EQ(key.value.kvs.size(), 1u);
+  EXPECT_EQ(view.members[0].create_revision, key.value.kvs[0].create_revision);
+  EXPECT_EQ(view.members[0].lease, a->lease_id());
+  EXPECT_EQ(view.members[0].record.address, a->options().advertise);
+  EXPECT_EQ(view.members[1].lease, b->lease_id());
+  // handoff/x does not decode: skipped and counted.
+  ASSERT_EQ(view.handoffs.size(), 2u);
+  EXPECT_EQ(view.handoffs[0].id, "a");
+  EXPECT_EQ(view.handoffs[1].id, "y");
+  EXPECT_EQ(view.handoffs[1].epoch, 42u);
+  EXPECT_GE(a->stats().bad_values, 1u);
+  EXPECT_EQ(view.drains, std::vector<std::string>{"b"});
+  // Views come in revision order.
+  const std::vector<ClusterView> all = views.all();
+  for (std::size_t i = 1; i < all.size(); ++i) {
+    EXPECT_LE(all[i - 1].revision, all[i].revision);
+  }
+}
+
+TEST_F(MembershipTest, AReRegisteredMemberShowsANewCreateRevisionInTheView) {
+  Views& views = new_views();
+  MembershipOptions options = options_for("a");
+  options.on_view = views.sink();
+  Membership* a = start(options);
+  Membership* b = start("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const auto view = views.last();
+        return view && find_member(*view, "b") != nullptr;
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const std::int64_t first_created = find_member(*views.last(), "b")->create_revision;
+  const std::int64_t old_lease = b->lease_id();
+  ASSERT_TRUE(a->etcd().revoke_lease(old_lease).ok());  // etcd drops b's key now
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const auto view = views.last();
+        const ClusterView::Member* member = view ? find_member(*view, "b") : nullptr;
+        return member != nullptr && member->create_revision != first_created;
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const ClusterView view = *views.last();
+  const ClusterView::Member* member = find_member(view, "b");
+  ASSERT_NE(member, nullptr);
+  EXPECT_GT(member->create_revision, first_created);
+  EXPECT_NE(member->lease, old_lease);
+}
+
+TEST_F(MembershipTest, AHandoffIsPutUnderTheNodesLeaseAndRefusedWhenNotRegistered) {
+  Membership* a = start("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(a->put_handoff(12345).ok());
+  const auto key = a->etcd().get(prefix_ + "handoff/a");
+  ASSERT_TRUE(key.ok()) << key.detail;
+  ASSERT_EQ(key.value.kvs.size(), 1u);
+  EXPECT_EQ(key.value.kvs[0].value, "12345");
+  EXPECT_EQ(key.value.kvs[0].lease, a->lease_id());
+
+  // A crash-like stop leaves the key until the lease expires; the node has
+  // no lease any more, so a hand-off is refused without I/O.
+  a->stop(StopMode::kAbandonLease);
+  const EtcdStatus refused = a->put_handoff(12346);
+  EXPECT_EQ(refused.error, EtcdErrc::kNotFound);
+  EXPECT_NE(refused.detail.find("not registered"), std::string::npos) << refused.detail;
+  // The key goes with the lease.
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const auto read = a->etcd().get(prefix_ + "handoff/a");
+        return read.ok() && read.value.kvs.empty();
+      },
+      test_support::kPollTimeout, milliseconds(50)));
+}
+
+TEST_F(MembershipTest, ADrainKeyDrainsTheNodeAndDeletingItBringsItBack) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  const auto state_of_b = [&]() -> std::optional<MemberState> {
+    const auto read = a->etcd().get(prefix_ + "members/b");
+    if (!read.ok() || read.value.kvs.size() != 1) return std::nullopt;
+    const auto record = decode_member(read.value.kvs[0].value);
+    return record ? std::optional(record->state) : std::nullopt;
+  };
+
+  ASSERT_TRUE(Membership::request_drain(a->etcd(), prefix_, "b").ok());
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a"}, before);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_EQ(state_of_b(), MemberState::kDraining);
+  EXPECT_TRUE(b->lease_alive());
+  EXPECT_EQ(b->stats().drains_by_key, 1u);
+  const std::uint64_t drained = a->current_map()->epoch;
+
+  ASSERT_TRUE(Membership::cancel_drain(a->etcd(), prefix_, "b").ok());
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, drained);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_EQ(state_of_b(), MemberState::kActive);
+  EXPECT_EQ(b->stats().drains_cancelled, 1u);
+  // Cancelling again is not an error; a bad id is refused.
+  EXPECT_TRUE(Membership::cancel_drain(a->etcd(), prefix_, "b").ok());
+  EXPECT_EQ(Membership::request_drain(a->etcd(), prefix_, "b/c").error, EtcdErrc::kInvalidArgument);
+}
+
+TEST_F(MembershipTest, ADrainByCodeOutlivesADrainKeyThatComesAndGoes) {
+  Views& views_of_b = new_views();
+  MembershipOptions options = options_for("b");
+  options.on_view = views_of_b.sink();
+  Membership* a = start("a");
+  Membership* b = start(options);
+  ASSERT_TRUE(a && b);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  ASSERT_TRUE(b->drain().ok());
+  ASSERT_TRUE(Membership::request_drain(a->etcd(), prefix_, "b").ok());
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const auto view = views_of_b.last();
+        return view && view->drains == std::vector<std::string>{"b"};
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  ASSERT_TRUE(Membership::cancel_drain(a->etcd(), prefix_, "b").ok());
+  // b has passed over the prefix without the key.
+  ASSERT_TRUE(poll_until(
+      [&] {
+        const auto view = views_of_b.last();
+        return view && view->drains.empty();
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_EQ(b->stats().drains_by_key, 0u);  // it was draining already
+  EXPECT_EQ(b->stats().drains_cancelled, 0u);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a"}, 0);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  const auto read = a->etcd().get(prefix_ + "members/b");
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read.value.kvs.size(), 1u);
+  EXPECT_EQ(decode_member(read.value.kvs[0].value)->state, MemberState::kDraining);
+}
+
+TEST_F(MembershipTest, EveryStartAndEveryRequestBeginsANewEpochWithTheSameMembers) {
+  MembershipOptions options = options_for("a");
+  Membership* a = start(options);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const std::uint64_t first = a->current_map()->epoch;
+  members_.clear();  // stops it, revoking its lease; the map key stays
+
+  // The same id and data dir against the same etcd: the membership is the
+  // same as the published map, and still the epoch rises.
+  Membership* restarted = start(options);
+  ASSERT_NE(restarted, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({restarted}, {"a"}, first); },
+                         test_support::kPollTimeout, milliseconds(20)));
+  const std::uint64_t second = restarted->current_map()->epoch;
+  EXPECT_GT(second, first);
+  EXPECT_EQ(restarted->stats().maps_republished, 1u);
+  const auto read = restarted->etcd().get(prefix_ + "map");
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read.value.kvs.size(), 1u);
+  EXPECT_EQ(static_cast<std::uint64_t>(read.value.kvs[0].mod_revision), second);
+
+  restarted->request_new_epoch();
+  ASSERT_TRUE(poll_until([&] { return converged({restarted}, {"a"}, second); },
+                         test_support::kPollTimeout, milliseconds(20)));
+  const MembershipStats stats = restarted->stats();
+  EXPECT_EQ(stats.epochs_requested, 1u);
+  EXPECT_EQ(stats.maps_republished, 2u);
+  EXPECT_EQ(stats.highest_epoch, restarted->current_map()->epoch);
+}
+
+TEST_F(MembershipTest, AJoinerStartsANewEpochWithOnePublish) {
+  Membership* a = start("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const std::uint64_t before = a->current_map()->epoch;
+  const std::uint64_t published_before = publishes({a});
+  Membership* b = start("b");
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(poll_until(
+      [&] {
+        return converged({a, b}, {"a", "b"}, before);
+      },
+      test_support::kPollTimeout, milliseconds(20)));
+  // The joiner's fresh epoch is the map that adds it, whoever published it.
+  EXPECT_EQ(publishes({a, b}) - published_before, 1u);
+  EXPECT_EQ(a->stats().maps_republished + b->stats().maps_republished, 0u);
 }
 
 TEST(MembershipEtcdKilled, LeaseAliveTurnsFalseWithinTtlPlusMargin) {

@@ -2,8 +2,10 @@
 // call into each installed layer, so a missing header, library or transitive
 // dependency fails this build. Built twice (CMakeLists.txt): the locks alone,
 // then with the lease component (liburing, libsodium).
+#include <memory>
 #include <mutex>
 
+#include "shardlock/cluster/cluster_map.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
@@ -29,6 +31,14 @@ int main() {
   shardlock::Router router;
   if (router.add("node-a") != shardlock::RouterStatus::kOk) return 1;
   if (router.owner("consumer") != "node-a") return 1;
+
+  // The cluster's map types are core: no gRPC needed to route over a map.
+  std::unique_ptr<shardlock::cluster::ClusterRouting> routing;
+  const shardlock::cluster::ClusterMap map{1, {{"node-a", "127.0.0.1:7700", 1}}};
+  if (shardlock::cluster::ClusterRouting::build(map, routing) != shardlock::RouterStatus::kOk ||
+      routing->owner_of("consumer") == nullptr) {
+    return 1;
+  }
 
 #if defined(SHARDLOCK_CONSUMER_HAS_LEASE)
   shardlock::lease::LeaseServerOptions options;

@@ -195,9 +195,26 @@ TEST(ShardlockBenchTest, BadFlagsAreUsageErrors) {
   EXPECT_EQ(run_tool(kBench, {"--mode", "bogus"}).exit_code, 2);
   EXPECT_EQ(run_tool(kBench, {"--batch", "0"}).exit_code, 2);
   EXPECT_EQ(run_tool(kBench, {"--no-such-flag"}).exit_code, 2);
+  EXPECT_EQ(run_tool(kBench, {"--discover"}).exit_code, 2);  // seeds come from --server
   const auto help = run_tool(kBench, {"--help"});
   EXPECT_EQ(help.exit_code, 0);
   EXPECT_NE(help.out.find("--server"), std::string::npos);
+  EXPECT_NE(help.out.find("--discover"), std::string::npos);
+}
+
+// --discover: the --server addresses are cluster seeds. A single server
+// (no cluster node) gives no map, so the run cannot start: exit 3, as for a
+// server that does not answer, naming the seed.
+TEST(ShardlockBenchTest, DiscoverWithoutAClusterNodeDoesNotStart) {
+  LeaseServerOptions options;
+  options.lock_delay = 0ms;
+  options.log = [](std::string_view) {};
+  LeaseServer server(options);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--discover", "--duration",
+                                   "1s", "--json", "--clients", "1"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find(server.listen_address()), std::string::npos) << r.err;
 }
 
 // --read-fraction: that share of the acquires is shared. All shared never

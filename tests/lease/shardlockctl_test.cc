@@ -182,6 +182,22 @@ TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
   EXPECT_GT(parsed(r)["retry_after_ms"].number, 0);
 }
 
+// --discover: the --server addresses are cluster seeds. A single shardlockd
+// is no cluster node and gives no map: exit 3, as for a server that does
+// not answer, with the seed named on stderr.
+TEST(ShardlockctlTest, DiscoverNeedsAClusterNodeAmongTheSeeds) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult r = ctl(d, {"--discover", "--timeout", "300ms", "query", "k"});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find(d.address()), std::string::npos) << r.err;
+  EXPECT_EQ(
+      run_tool(kCtl, {"--server", "127.0.0.1:9", "--discover", "--timeout", "300ms", "query", "k"})
+          .exit_code,
+      3);
+  EXPECT_NE(run_tool(kCtl, {"--help"}).out.find("--discover"), std::string::npos);
+}
+
 TEST(ShardlockctlTest, KeygenAndAuthenticatedDaemon) {
   const ToolResult keygen = run_tool(kCtl, {"keygen"});
   ASSERT_EQ(keygen.exit_code, 0) << keygen.err;

@@ -50,6 +50,13 @@
 //     makes that bound hold under reordering.
 //   * Routing: a key goes to its owner node through the Router (router.h),
 //     over the configured nodes; with one node every key goes to it.
+//   * Cluster mode (discover_cluster, docs/cluster.md): the configured nodes
+//     are seeds. start() asks them for the cluster's map (MAP), and keys are
+//     routed over the map's members by id and weight, as the nodes route
+//     them. Every request carries the map's epoch. A REDIRECT from a node
+//     with a newer map makes the client refresh its map (one refresh at a
+//     time) and send the call to the new owner, within the call's deadline.
+//     A lease renews and releases at the node that granted it.
 //   * The datagram path goes through DatagramTransport, so tests can inject
 //     loss, duplication and reordering in front of the real socket.
 #pragma once
@@ -106,7 +113,15 @@ enum class LeaseErrc : std::uint8_t {
   kLeaseInactive,  // the Lease is empty, released or already lost
   kGrantExpired,   // granted, but the grant's client-side expiry had passed on arrival
   kCrossNode,      // acquire_many() keys owned by different nodes (refused before sending)
+  // A cluster node answered REDIRECT (not the key's owner) and the client
+  // could not reach the owner: more than kMaxRedirects redirects, still
+  // redirected at the call's deadline, or not in cluster mode
+  // (discover_cluster off).
+  kRedirected,
 };
+// The most redirects (REDIRECT answers that move a call to another node or
+// refresh the map) one call follows before it fails with kRedirected.
+inline constexpr unsigned kMaxRedirects = 8;
 [[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
 [[nodiscard]] const std::error_category& lease_category() noexcept;
 [[nodiscard]] inline std::error_code make_error_code(LeaseErrc e) noexcept {
@@ -170,7 +185,17 @@ class DatagramTransport {
 struct LeaseClientOptions {
   // "HOST:PORT" of every node. Keys are routed to their owner with the
   // Router; one node is the usual case. All nodes share one address family.
+  // With discover_cluster: seeds, asked for the cluster's map.
   std::vector<std::string> nodes;
+  // Cluster mode (docs/cluster.md): start() asks the seeds in `nodes`, in
+  // turn, for the cluster's map (MAP, paged) until one answers with a map
+  // (epoch > 0); when none does it fails with kUnreachable, and
+  // error_detail() gives each seed's reason ("not a cluster node" for one
+  // that answered epoch 0). Keys are then routed over the map's members,
+  // every request carries the map's epoch, and REDIRECTs are followed. The members must share the
+  // seeds' address family; addresses are resolved on the client's I/O thread, so maps should hold
+  // numeric addresses.
+  bool discover_cluster = false;
   // The owner identity; random (getrandom) when empty. Set it only to act for
   // an owner that already exists (shardlockctl renew/release --owner).
   std::optional<ClientId> client_id;
@@ -205,6 +230,14 @@ struct LeaseClientOptions {
       wrap_transport;
 };
 
+// One member of a cluster map (MAP_REPLY), owned.
+struct MapMember {
+  std::string id;
+  std::string address;  // "HOST:PORT"
+  std::uint32_t weight = 1;
+  friend bool operator==(const MapMember&, const MapMember&) = default;
+};
+
 // The answer to one call, as the async interface delivers it and the sync
 // helpers below read it.
 struct CallResult {
@@ -230,6 +263,15 @@ struct CallResult {
   std::uint32_t first_shard = 0;
   std::array<std::uint64_t, kStatCounterCount> counters{};
   std::vector<std::uint64_t> shard_tokens;
+  // REDIRECT, MAP_REPLY: the node's map epoch. MAP_REPLY: one page of the
+  // map's members (first_member onward) and how many it has in all.
+  std::uint64_t epoch = 0;
+  std::uint32_t member_count = 0;
+  std::uint32_t first_member = 0;
+  std::vector<MapMember> members;
+  // The node the call was last sent to (null if it never was): the one that
+  // answered, when an answer came. Owned by the client, valid while it lives.
+  const Endpoint* node = nullptr;
 };
 
 // What a lease-lost callback learns.
@@ -238,7 +280,8 @@ struct LeaseLost {
   std::uint64_t token = 0;
   // kExpired: the client-side expiry passed with no confirmed renewal (the
   //   server did not answer in time, or the watchdog was off);
-  // kNotOwner / kExpired from the server: the renewal was refused;
+  // kNotOwner / kExpired from the server: the renewal was refused (in
+  // cluster mode a REDIRECT counts as kExpired: the node handed the key off);
   // kServerError: the renewal was answered with ERROR.
   std::error_code reason;
   bool refused_by_server = false;
@@ -377,8 +420,16 @@ class LeaseClient {
   [[nodiscard]] const std::string& error_detail() const noexcept;
 
   [[nodiscard]] ClientId client_id() const noexcept;
-  // The node index (into options.nodes) that owns `key`.
+  // The node index (into options.nodes) that owns `key`. In cluster mode:
+  // the index of its owner among the current map's members (sorted by id),
+  // which a map refresh may change.
   [[nodiscard]] std::size_t node_for(std::string_view key) const noexcept;
+  // "HOST:PORT" of the node that owns `key` now; empty before start().
+  [[nodiscard]] std::string address_for(std::string_view key) const;
+  // Cluster mode: the epoch and the members of the current map (0 and none
+  // otherwise, or before start()).
+  [[nodiscard]] std::uint64_t map_epoch() const noexcept;
+  [[nodiscard]] std::vector<MapMember> map_members() const;
 
   // ---- blocking calls (any thread, concurrently) -------------------------
 
@@ -436,7 +487,8 @@ class LeaseClient {
                                  std::chrono::milliseconds ttl);
   [[nodiscard]] CallResult release(std::string_view key, std::uint64_t token);
   [[nodiscard]] CallResult query(std::string_view key);
-  // STATS of node `node`, every shard's token (paged as needed).
+  // STATS of node `node` (an index into options.nodes, in cluster mode too),
+  // every shard's token (paged as needed).
   [[nodiscard]] ServerStatsReply stats(std::size_t node = 0);
 
   // ---- asynchronous calls -------------------------------------------------

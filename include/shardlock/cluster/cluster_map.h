@@ -1,0 +1,154 @@
+// cluster_map.h: the values a shardlock cluster agrees on through etcd (a
+// member's record, the published map and its epoch), their one-line text
+// encodings, and routing over a map (docs/cluster.md).
+//
+// Pure and free of gRPC: the node's membership (src/cluster/membership.h)
+// writes and reads these values in etcd, and a client that learns a map from
+// a node routes with the same ClusterRouting, so both sides compute the same
+// bucket owners.
+//
+//   std::unique_ptr<ClusterRouting> routing;
+//   if (ClusterRouting::build(map, cluster_router_options(), routing) == RouterStatus::kOk) {
+//     const ClusterMember* owner = routing->owner_of("some-key");
+//   }
+//
+// Decoders take untrusted bytes (whatever is in etcd) and never throw or
+// crash on them: they return nothing for anything the encoders would not
+// produce.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "shardlock/router.h"
+
+namespace shardlock::cluster {
+
+// ---------------------------------------------------------------------------
+// Names
+// ---------------------------------------------------------------------------
+
+// A node id usable in an etcd key and a map line: 1..128 bytes of
+// [A-Za-z0-9._-]. Cluster names follow the same rule.
+[[nodiscard]] bool valid_node_id(std::string_view id) noexcept;
+
+// HOST:PORT with a non-empty host (an IPv6 host in brackets) and a port in
+// 1..65535, at most 300 bytes, no whitespace or control characters (which
+// would break the map's line format).
+[[nodiscard]] bool valid_member_address(std::string_view address) noexcept;
+
+// The etcd key prefix of the cluster named `cluster_name`: "/shardlock/<name>/".
+// Empty when the name is not valid_node_id() (so it cannot escape the
+// /shardlock/ namespace or collide with another cluster's keys).
+[[nodiscard]] std::string cluster_prefix(std::string_view cluster_name);
+
+// The etcd endpoints of a --cluster URL, "etcd://HOST:PORT[,HOST:PORT...]",
+// as EtcdClientOptions::endpoints takes them ("HOST:PORT[,HOST:PORT...]").
+// Nothing when the scheme is not etcd:// or an endpoint is not
+// valid_member_address().
+[[nodiscard]] std::optional<std::string> etcd_endpoints_of_url(std::string_view url);
+
+// ---------------------------------------------------------------------------
+// Values and their encodings (pure: bytes in, a value or nothing out)
+// ---------------------------------------------------------------------------
+
+enum class MemberState : std::uint8_t { kActive, kDraining };
+[[nodiscard]] std::string_view to_string(MemberState state) noexcept;
+
+// A member as its etcd key describes it.
+struct MemberRecord {
+  std::string address;  // HOST:PORT
+  std::uint32_t weight = 1;
+  MemberState state = MemberState::kActive;
+
+  friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
+};
+[[nodiscard]] std::string encode_member(const MemberRecord& record);
+// "address=... weight=... state=..." in any order; unknown fields are
+// ignored (a newer node may add some). Nothing when a required field is
+// missing or malformed.
+[[nodiscard]] std::optional<MemberRecord> decode_member(std::string_view text);
+
+// A member of a published map.
+struct ClusterMember {
+  std::string id;
+  std::string address;
+  std::uint32_t weight = 1;
+
+  friend bool operator==(const ClusterMember&, const ClusterMember&) = default;
+};
+
+// A published map: the membership the buckets are computed from, and its
+// epoch (the etcd mod_revision of the map key; 0 for "no map yet").
+struct ClusterMap {
+  std::uint64_t epoch = 0;
+  std::vector<ClusterMember> members;  // sorted by id, ids distinct
+
+  friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
+};
+// The map key's value for `members` (which must be sorted by id).
+[[nodiscard]] std::string encode_map_members(const std::vector<ClusterMember>& members);
+// Nothing for anything encode_map_members() would not produce: a bad
+// version line, a malformed line, ids out of order or repeated, a weight of
+// 0 or above RouterSnapshot::kMaxWeight.
+[[nodiscard]] std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text);
+
+// ---------------------------------------------------------------------------
+// Routing over a map
+// ---------------------------------------------------------------------------
+
+// The Router options every cluster node and every cluster client must use:
+// all nodes and clients must agree, or they disagree on bucket owners and a
+// client's request lands on a node that redirects it forever. 2^16 buckets
+// (the lease client's own routing uses the same count: 128 KiB a table,
+// balance within about 1% for a handful of nodes, built in well under a
+// millisecond) and the Router's default seed. Changing either is a new wire
+// version of the cluster, not a setting.
+[[nodiscard]] RouterOptions cluster_router_options() noexcept;
+
+// The Router's view of a ClusterMap: node ids are member ids and weights the
+// members' weights, so equal maps give equal bucket owners in every process
+// (the Router is a pure function of the nodes and RouterOptions). Immutable
+// and thread-safe once built.
+class ClusterRouting {
+ public:
+  // kOk, or the Router's reason for refusing the members (a map that
+  // decode_map_members() accepted is always accepted here). `options` must
+  // be what every node and client uses: leave it at cluster_router_options()
+  // outside tests.
+  [[nodiscard]] static RouterStatus build(const ClusterMap& map, const RouterOptions& options,
+                                          std::unique_ptr<ClusterRouting>& out);
+  [[nodiscard]] static RouterStatus build(const ClusterMap& map,
+                                          std::unique_ptr<ClusterRouting>& out) {
+    return build(map, cluster_router_options(), out);
+  }
+
+  [[nodiscard]] const ClusterMap& map() const noexcept { return map_; }
+  [[nodiscard]] std::uint64_t epoch() const noexcept { return map_.epoch; }
+  [[nodiscard]] const RouterSnapshot& snapshot() const noexcept { return *snapshot_; }
+  [[nodiscard]] std::size_t bucket_count() const noexcept { return snapshot_->bucket_count(); }
+  [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
+    return snapshot_->bucket_of_hash(snapshot_->hash(key));
+  }
+  // The owner of a key or a bucket; null when the map has no members.
+  // `bucket` must be below bucket_count().
+  [[nodiscard]] const ClusterMember* owner_of(std::string_view key) const noexcept {
+    return owner_of_bucket(bucket_of(key));
+  }
+  [[nodiscard]] const ClusterMember* owner_of_bucket(std::size_t bucket) const noexcept;
+  // How many buckets each member owns, in map().members order (the counts
+  // sum to bucket_count() when the map has members). O(bucket_count()).
+  [[nodiscard]] std::vector<std::size_t> buckets_per_member() const;
+
+ private:
+  ClusterRouting() = default;
+  ClusterMap map_;
+  std::shared_ptr<const RouterSnapshot> snapshot_;
+};
+
+}  // namespace shardlock::cluster

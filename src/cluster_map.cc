@@ -1,0 +1,214 @@
+// The cluster's values, their encodings and routing over a map. The design
+// note is in include/shardlock/cluster/cluster_map.h and docs/cluster.md.
+#include "shardlock/cluster/cluster_map.h"
+
+#include <algorithm>
+#include <charconv>
+#include <span>
+#include <utility>
+
+namespace shardlock::cluster {
+namespace {
+
+constexpr std::string_view kMapVersionLine = "shardlock-map v1";
+constexpr std::size_t kMaxNodeIdBytes = 128;
+constexpr std::size_t kMaxAddressBytes = 300;
+constexpr std::string_view kClusterUrlScheme = "etcd://";
+// The lease client routes with the same count (src/lease/client_routing.h).
+constexpr int kClusterBucketBits = 16;
+
+bool parse_u32(std::string_view text, std::uint32_t& out) noexcept {
+  if (text.empty()) return false;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
+  return ec == std::errc{} && end == text.data() + text.size();
+}
+
+bool valid_weight(std::uint32_t weight) noexcept {
+  return weight >= 1 && weight <= RouterSnapshot::kMaxWeight;
+}
+
+// Splits on `separator`; empty fields are kept (and then rejected).
+std::vector<std::string_view> split(std::string_view text, char separator) {
+  std::vector<std::string_view> fields;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t end = text.find(separator, start);
+    if (end == std::string_view::npos) {
+      fields.push_back(text.substr(start));
+      return fields;
+    }
+    fields.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Names
+// ---------------------------------------------------------------------------
+
+bool valid_node_id(std::string_view id) noexcept {
+  if (id.empty() || id.size() > kMaxNodeIdBytes) return false;
+  return std::all_of(id.begin(), id.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  });
+}
+
+bool valid_member_address(std::string_view address) noexcept {
+  if (address.empty() || address.size() > kMaxAddressBytes) return false;
+  for (const char c : address) {
+    if (c <= ' ' || c == 0x7f) return false;
+  }
+  const std::size_t colon = address.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  std::uint32_t port = 0;
+  return parse_u32(address.substr(colon + 1), port) && port >= 1 && port <= 65535;
+}
+
+std::string cluster_prefix(std::string_view cluster_name) {
+  if (!valid_node_id(cluster_name)) return {};
+  return "/shardlock/" + std::string(cluster_name) + "/";
+}
+
+std::optional<std::string> etcd_endpoints_of_url(std::string_view url) {
+  if (!url.starts_with(kClusterUrlScheme)) return std::nullopt;
+  const std::string_view list = url.substr(kClusterUrlScheme.size());
+  std::string endpoints;
+  for (const std::string_view endpoint : split(list, ',')) {
+    if (!valid_member_address(endpoint)) return std::nullopt;
+    if (!endpoints.empty()) endpoints += ',';
+    endpoints += endpoint;
+  }
+  return endpoints;
+}
+
+// ---------------------------------------------------------------------------
+// Encodings
+// ---------------------------------------------------------------------------
+
+std::string_view to_string(MemberState state) noexcept {
+  return state == MemberState::kDraining ? "draining" : "active";
+}
+
+std::string encode_member(const MemberRecord& record) {
+  return "address=" + record.address + " weight=" + std::to_string(record.weight) +
+         " state=" + std::string(to_string(record.state));
+}
+
+std::optional<MemberRecord> decode_member(std::string_view text) {
+  MemberRecord record;
+  bool have_address = false;
+  bool have_weight = false;
+  bool have_state = false;
+  for (const std::string_view field : split(text, ' ')) {
+    const std::size_t equals = field.find('=');
+    if (equals == std::string_view::npos) return std::nullopt;
+    const std::string_view name = field.substr(0, equals);
+    const std::string_view value = field.substr(equals + 1);
+    if (name == "address") {
+      if (!valid_member_address(value)) return std::nullopt;
+      record.address = std::string(value);
+      have_address = true;
+    } else if (name == "weight") {
+      if (!parse_u32(value, record.weight) || !valid_weight(record.weight)) return std::nullopt;
+      have_weight = true;
+    } else if (name == "state") {
+      if (value == "active") {
+        record.state = MemberState::kActive;
+      } else if (value == "draining") {
+        record.state = MemberState::kDraining;
+      } else {
+        return std::nullopt;
+      }
+      have_state = true;
+    }
+  }
+  if (!have_address || !have_weight || !have_state) return std::nullopt;
+  return record;
+}
+
+std::string encode_map_members(const std::vector<ClusterMember>& members) {
+  std::string text(kMapVersionLine);
+  text += '\n';
+  for (const ClusterMember& member : members) {
+    text += member.id;
+    text += ' ';
+    text += member.address;
+    text += ' ';
+    text += std::to_string(member.weight);
+    text += '\n';
+  }
+  return text;
+}
+
+std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text) {
+  if (!text.ends_with('\n')) return std::nullopt;
+  std::vector<std::string_view> lines = split(text.substr(0, text.size() - 1), '\n');
+  if (lines.empty() || lines.front() != kMapVersionLine) return std::nullopt;
+  std::vector<ClusterMember> members;
+  members.reserve(lines.size() - 1);
+  for (std::size_t i = 1; i < lines.size(); ++i) {
+    const std::vector<std::string_view> fields = split(lines[i], ' ');
+    if (fields.size() != 3 || !valid_node_id(fields[0]) || !valid_member_address(fields[1])) {
+      return std::nullopt;
+    }
+    ClusterMember member{std::string(fields[0]), std::string(fields[1]), 0};
+    if (!parse_u32(fields[2], member.weight) || !valid_weight(member.weight)) return std::nullopt;
+    if (!members.empty() && !(members.back().id < member.id)) return std::nullopt;
+    members.push_back(std::move(member));
+  }
+  return members;
+}
+
+// ---------------------------------------------------------------------------
+// Routing
+// ---------------------------------------------------------------------------
+
+RouterOptions cluster_router_options() noexcept {
+  RouterOptions options;
+  options.seed = kDefaultRouterSeed;
+  options.bucket_bits = kClusterBucketBits;
+  return options;
+}
+
+RouterStatus ClusterRouting::build(const ClusterMap& map, const RouterOptions& options,
+                                   std::unique_ptr<ClusterRouting>& out) {
+  std::unique_ptr<ClusterRouting> routing(new ClusterRouting());
+  routing->map_ = map;
+  // The Router keeps its nodes sorted by id; so must the map, for table
+  // indices to be member indices.
+  std::sort(routing->map_.members.begin(), routing->map_.members.end(),
+            [](const ClusterMember& a, const ClusterMember& b) { return a.id < b.id; });
+  std::vector<Node> nodes;
+  nodes.reserve(routing->map_.members.size());
+  for (const ClusterMember& member : routing->map_.members) {
+    nodes.push_back(Node{member.id, member.weight});
+  }
+  Router router(options);
+  if (const RouterStatus status = router.assign(nodes); status != RouterStatus::kOk) {
+    return status;
+  }
+  routing->snapshot_ = router.snapshot();  // outlives the Router
+  out = std::move(routing);
+  return RouterStatus::kOk;
+}
+
+const ClusterMember* ClusterRouting::owner_of_bucket(std::size_t bucket) const noexcept {
+  const std::span<const std::uint16_t> table = snapshot_->table();
+  if (bucket >= table.size()) return nullptr;
+  const std::uint16_t index = table[bucket];
+  if (index == RouterSnapshot::kNoOwner || index >= map_.members.size()) return nullptr;
+  return &map_.members[index];
+}
+
+std::vector<std::size_t> ClusterRouting::buckets_per_member() const {
+  std::vector<std::size_t> counts(map_.members.size(), 0);
+  for (const std::uint16_t index : snapshot_->table()) {
+    if (index != RouterSnapshot::kNoOwner && index < counts.size()) ++counts[index];
+  }
+  return counts;
+}
+
+}  // namespace shardlock::cluster
