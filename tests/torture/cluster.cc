@@ -14,8 +14,8 @@
 
 #include "etcd_client.h"
 #include "etcd_server.h"
-#include "membership.h"
 #include "server_process.h"
+#include "shardlock/cluster/cluster_map.h"
 #include "tcp_proxy.h"
 
 namespace shardlock::torture {
@@ -23,14 +23,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
-
-// The Router options every node and client routes a map with (2^16
-// buckets, the default seed; docs/cluster.md).
-RouterOptions cluster_routing_options() {
-  RouterOptions options;
-  options.bucket_bits = 16;
-  return options;
-}
 
 struct Node {
   std::string id;
@@ -300,8 +292,8 @@ class ClusterUnderTest final : public SystemUnderTest {
       map.epoch = static_cast<std::uint64_t>(event.kv.mod_revision);
       map.members = std::move(*members);
       std::unique_ptr<cluster::ClusterRouting> routing;
-      if (cluster::ClusterRouting::build(map, cluster_routing_options(), routing) !=
-          RouterStatus::kOk) {
+      // With the options every node and client uses.
+      if (cluster::ClusterRouting::build(map, routing) != RouterStatus::kOk) {
         continue;
       }
       Event e;

@@ -156,18 +156,6 @@ class AnsweringNodes final : public lease::DatagramTransport {
   std::map<std::pair<std::string, std::uint64_t>, std::string> granted_;
 };
 
-// Sets discover_cluster where the client has it (docs/cluster.md,
-// "Clients"); false where it does not.
-template <typename Options>
-bool discover_cluster(Options& options) {
-  if constexpr (requires { options.discover_cluster; }) {
-    options.discover_cluster = true;
-    return true;
-  } else {
-    return false;
-  }
-}
-
 // What one cycle of a client does.
 enum class Cycle { kExclusive, kShared, kPermit, kMulti };
 
@@ -470,10 +458,7 @@ int run_client(const WorkerOptions& o, int client) {
   options.nodes = split(o.server, ',');
   AnsweringNodes* nodes = nullptr;
   if (o.cluster) {
-    if (!discover_cluster(options)) {
-      std::fprintf(stderr, "worker: this LeaseClient has no cluster mode (discover_cluster)\n");
-      return 3;
-    }
+    options.discover_cluster = true;
     auto names = std::make_shared<std::map<std::string, std::string>>();
     for (const std::string& entry : split(o.node_names, ',')) {
       const std::size_t eq = entry.find('=');
