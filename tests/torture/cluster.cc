@@ -68,8 +68,8 @@ class ClusterUnderTest final : public SystemUnderTest {
     for (int i = 1; i <= count; ++i) {
       auto node = std::make_unique<Node>();
       node->id = "n" + std::to_string(i);
-      const std::uint16_t port = free_loopback_udp_port();
-      if (port == 0 || !node->proxy.start(port, options_.seed + static_cast<std::uint64_t>(i))) {
+      // The node's port is its first incarnation's (set once it is ready).
+      if (!node->proxy.start(0, options_.seed + static_cast<std::uint64_t>(i))) {
         error = "proxy of " + node->id + ": " + node->proxy.error();
         return false;
       }
@@ -78,11 +78,11 @@ class ClusterUnderTest final : public SystemUnderTest {
         return false;
       }
       node->server = std::make_unique<ServerUnderTest>(
-          config(*node, port), (scratch_ / (node->id + ".log")).string(), nemesis_);
+          config(*node), (scratch_ / (node->id + ".log")).string(), nemesis_);
       nodes_.push_back(std::move(node));
     }
     for (int i = 0; i < options_.cluster_nodes; ++i) {
-      if (!nodes_[static_cast<std::size_t>(i)]->server->start(error)) return false;
+      if (!start_node(*nodes_[static_cast<std::size_t>(i)], error)) return false;
     }
     // Serve only once every node is in the map.
     std::set<std::string> all;
@@ -144,14 +144,14 @@ class ClusterUnderTest final : public SystemUnderTest {
     switch (fault) {
       case Fault::kKill:
         victim.server->kill();
-        return victim.server->start(error);
+        return start_node(victim, error);
       case Fault::kServerPause:
         victim.server->pause(pause_for());
         return true;
       case Fault::kJoin: {
         Node& extra = *nodes_.back();
         record(EventKind::kNodeJoin, extra.id);
-        if (!extra.server->start(error)) return false;
+        if (!start_node(extra, error)) return false;
         std::this_thread::sleep_for(membership_change_for());
         record(EventKind::kNodeLeave, extra.id);
         extra.server->stop();
@@ -241,11 +241,17 @@ class ClusterUnderTest final : public SystemUnderTest {
     return std::chrono::milliseconds(3 * etcd_ttl_ms() + 1000);
   }
 
-  ServerConfig config(const Node& node, std::uint16_t port) const {
+  // Starts (or restarts) a node, and points its proxy at its port.
+  static bool start_node(Node& node, std::string& error) {
+    if (!node.server->start(error)) return false;
+    node.proxy.set_server_port(node.server->port());
+    return true;
+  }
+
+  ServerConfig config(const Node& node) const {
     ServerConfig c;
     c.shardlockd = options_.shardlockd;
     c.node = node.id;
-    c.port = port;
     c.lock_delay_ms = options_.max_ttl_ms;
     const fs::path data = scratch_ / ("data-" + node.id);
     std::error_code ignored;

@@ -14,10 +14,8 @@
 #include <vector>
 
 namespace shardlock::torture {
-namespace {
-
-std::uint16_t free_loopback_port_of(int type) {
-  const int fd = ::socket(AF_INET, type | SOCK_CLOEXEC, 0);
+std::uint16_t free_loopback_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
   sockaddr_in address{};
   address.sin_family = AF_INET;
@@ -32,11 +30,6 @@ std::uint16_t free_loopback_port_of(int type) {
   ::close(fd);
   return port;
 }
-
-}  // namespace
-
-std::uint16_t free_loopback_port() { return free_loopback_port_of(SOCK_STREAM); }
-std::uint16_t free_loopback_udp_port() { return free_loopback_port_of(SOCK_DGRAM); }
 
 std::string http_get_loopback(std::uint16_t port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);

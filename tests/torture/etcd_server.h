@@ -29,8 +29,6 @@ namespace shardlock::torture {
 
 // A loopback TCP port nothing listens on right now (0 when none is found).
 [[nodiscard]] std::uint16_t free_loopback_port();
-// The same for UDP.
-[[nodiscard]] std::uint16_t free_loopback_udp_port();
 
 // One HTTP/1.0 GET to 127.0.0.1:port; the whole answer, or empty.
 [[nodiscard]] std::string http_get_loopback(std::uint16_t port, const std::string& path);
