@@ -18,6 +18,9 @@
 #include "common/command_line.h"
 #include "run.h"
 #include "worker.h"
+#ifdef SHARDLOCK_TORTURE_CLUSTER
+#include "cluster.h"
+#endif
 
 namespace {
 
@@ -207,10 +210,15 @@ int run(int argc, char** argv) {
     std::fprintf(stderr, "shardlock-torture: a cluster node needs its data dir\n");
     return 2;
   }
-  if (o.cluster_nodes > 0 && !shardlock::torture::cluster_mode_available()) {
+#ifdef SHARDLOCK_TORTURE_CLUSTER
+  const shardlock::torture::ClusterFactory make_cluster = shardlock::torture::make_cluster;
+#else
+  const shardlock::torture::ClusterFactory make_cluster = nullptr;
+  if (o.cluster_nodes > 0) {
     std::fprintf(stderr, "shardlock-torture: this build has no cluster mode (no grpc++)\n");
     return 2;
   }
+#endif
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
   o.progress = !quiet;
   if (!std::filesystem::exists(o.shardlockd)) {
@@ -219,7 +227,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   try {
-    return shardlock::torture::run_torture(o);
+    return shardlock::torture::run_torture(o, make_cluster);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
     return kExitNotSetUp;

@@ -19,16 +19,13 @@
 #include <vector>
 
 #include "checker.h"
+#include "etcd_server.h"
 #include "history.h"
 #include "process.h"
 #include "recorder.h"
 #include "resource.h"
 #include "server_process.h"
 #include "system.h"
-#ifdef SHARDLOCK_TORTURE_CLUSTER
-#include "cluster.h"
-#include "etcd_server.h"
-#endif
 
 namespace shardlock::torture {
 namespace {
@@ -131,15 +128,7 @@ const char* fault_name(Fault f) noexcept {
   return "?";
 }
 
-bool cluster_mode_available() noexcept {
-#ifdef SHARDLOCK_TORTURE_CLUSTER
-  return true;
-#else
-  return false;
-#endif
-}
-
-int run_torture(const TortureOptions& o) {
+int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   const auto fail = [](const std::string& why) {
     std::fprintf(stderr, "shardlock-torture: %s\n", why.c_str());
     return 3;
@@ -178,16 +167,15 @@ int run_torture(const TortureOptions& o) {
   }
   std::unique_ptr<SystemUnderTest> system;
   if (o.cluster_nodes > 0) {
-#ifdef SHARDLOCK_TORTURE_CLUSTER
+    if (make_cluster == nullptr) {
+      return fail("this build has no cluster mode (the cluster layer needs grpc++)");
+    }
     if (!EtcdProcess::available()) {
       std::fprintf(stderr, "shardlock-torture: cluster mode skipped: %s\n",
                    EtcdProcess::kMissingMessage);
       return kExitSkipped;
     }
     system = make_cluster(o, scratch, nemesis);
-#else
-    return fail("this build has no cluster mode (the cluster layer needs grpc++)");
-#endif
   } else {
     system = std::make_unique<SingleServer>(o, scratch, nemesis);
   }

@@ -23,9 +23,13 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <string>
 
 #include "proxy.h"
+#include "recorder.h"
+#include "system.h"
 
 namespace shardlock::torture {
 
@@ -65,15 +69,20 @@ struct TortureOptions {
   int client_partitions = 0;  // the clients are cut off from a node, then healed
 };
 
-// Whether this build has cluster mode (the cluster layer, with gRPC).
-[[nodiscard]] bool cluster_mode_available() noexcept;
+// Builds cluster mode's system under test (cluster.h: make_cluster) in the
+// run's scratch directory, recording into the nemesis history.
+using ClusterFactory = std::unique_ptr<SystemUnderTest> (*)(const TortureOptions& options,
+                                                            const std::filesystem::path& scratch,
+                                                            const Recorder& nemesis);
 
 // The exit status of a cluster run where etcd is not installed.
 inline constexpr int kExitSkipped = 77;
 
 // Runs and prints the report (a table, or JSON) to stdout. Returns the exit
 // status: 0 no violation, 1 violations, 3 the run could not be set up,
-// kExitSkipped cluster mode without etcd.
-int run_torture(const TortureOptions& options);
+// kExitSkipped cluster mode without etcd. Cluster mode needs `make_cluster`
+// (the tool passes it where the build has the cluster layer; the harness
+// library itself links no gRPC).
+int run_torture(const TortureOptions& options, ClusterFactory make_cluster = nullptr);
 
 }  // namespace shardlock::torture
