@@ -108,8 +108,9 @@ struct TcpProxy::Impl {
       // relaxed: a flag polled each round; a connection accepted just before
       // a cut is reset in the next round.
       if (cut.load(std::memory_order_relaxed)) {
-        reset(client);
+        // Counted first, so whoever sees the reset sees the count.
         resets.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
+        reset(client);
         continue;
       }
       const int upstream = connect_upstream();
@@ -127,8 +128,8 @@ struct TcpProxy::Impl {
     while (!stopping.load(std::memory_order_relaxed)) {  // relaxed: a stop flag, joined after
       if (cut.load(std::memory_order_relaxed)) {         // relaxed: see accept_all()
         for (Connection& c : open) {
+          resets.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic, counted first
           reset(c.client), reset(c.upstream);
-          resets.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
         }
         open.clear();
       }
