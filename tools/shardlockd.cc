@@ -22,6 +22,11 @@
 #include "common/json.h"
 #include "prometheus_exporter.h"
 #include "shardlock/lease/server.h"
+#ifdef SHARDLOCK_HAVE_CLUSTER
+#include <thread>
+
+#include "cluster_node.h"
+#endif
 
 namespace {
 
@@ -35,6 +40,35 @@ constexpr const char* kTool = "shardlockd";
 constexpr int kExitStartFailed = 1;
 
 int usage_error(std::string_view message) { return shardlock::tools::usage_error(kTool, message); }
+
+#ifdef SHARDLOCK_HAVE_CLUSTER
+// Joins the cluster; 0 or an exit code. A member key still held by this
+// node's previous run (killed before its etcd lease ran out) is waited out.
+int join_cluster(const shardlock::cluster::ClusterNodeOptions& options,
+                 shardlock::lease::LeaseServer& server,
+                 std::unique_ptr<shardlock::cluster::ClusterNode>& node) {
+  const auto give_up =
+      std::chrono::steady_clock::now() + 2 * options.lease_ttl + std::chrono::seconds(1);
+  bool told = false;
+  for (;;) {
+    std::string detail;
+    const std::error_code ec =
+        shardlock::cluster::ClusterNode::start(options, server, node, detail);
+    if (!ec) return 0;
+    if (ec != shardlock::cluster::MembershipErrc::kMemberExists ||
+        std::chrono::steady_clock::now() >= give_up) {
+      std::cerr << "shardlockd: cannot join the cluster: " << detail << " (" << ec.message()
+                << ")\n";
+      return kExitStartFailed;
+    }
+    if (!told) {
+      std::cerr << "shardlockd: " << detail << "; waiting for it to expire\n";
+      told = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
+}
+#endif
 
 int run(int argc, char** argv) {
   CLI::App app{
@@ -106,6 +140,33 @@ int run(int argc, char** argv) {
         ->check(CLI::Range(std::size_t{1}, kMaxBound));
   }
 
+#ifdef SHARDLOCK_HAVE_CLUSTER
+  shardlock::cluster::ClusterNodeOptions cluster;
+  std::string cluster_url;
+  std::string etcd_lease_ttl = "5s";
+  auto* cluster_flag = app.add_option(
+      "--cluster", cluster_url,
+      "etcd://HOST:PORT[,HOST:PORT...]: join this cluster (docs/cluster.md); needs --node-id "
+      "and --data-dir. Without it the node serves every key itself");
+  app.add_option("--node-id", cluster.node_id, "this node's id in the cluster ([A-Za-z0-9._-])")
+      ->needs(cluster_flag);
+  app.add_option("--advertise", cluster.advertise,
+                 "HOST:PORT clients reach this node at (default: the bound address)")
+      ->needs(cluster_flag);
+  app.add_option("--weight", cluster.weight, "this node's share of the buckets, relative")
+      ->capture_default_str()
+      ->check(CLI::Range(1u, 1000u))
+      ->needs(cluster_flag);
+  app.add_option("--cluster-name", cluster.cluster_name,
+                 "the cluster's name: its keys in etcd live under /shardlock/NAME/")
+      ->capture_default_str()
+      ->needs(cluster_flag);
+  app.add_option("--etcd-lease-ttl", etcd_lease_ttl,
+                 "TTL of this node's etcd lease: how soon a dead node's keys move")
+      ->capture_default_str()
+      ->needs(cluster_flag);
+#endif
+
   if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
     return *status;
   }
@@ -135,6 +196,27 @@ int run(int argc, char** argv) {
   options.log = [](std::string_view line) {
     std::fprintf(stderr, "shardlockd: %.*s\n", static_cast<int>(line.size()), line.data());
   };
+#ifdef SHARDLOCK_HAVE_CLUSTER
+  if (!cluster_url.empty()) {
+    std::string error;
+    if (!shardlock::cluster::parse_etcd_url(cluster_url, cluster.endpoints, error)) {
+      return usage_error("--cluster: " + error);
+    }
+    if (cluster.node_id.empty()) return usage_error("--cluster needs --node-id");
+    if (options.data_dir.empty()) return usage_error("--cluster needs --data-dir");
+    const auto ttl_flag = shardlock::tools::parse_duration_flag("--etcd-lease-ttl", etcd_lease_ttl,
+                                                                ZeroDuration::kRejected);
+    if (!ttl_flag.error.empty()) return usage_error(ttl_flag.error);
+    if (ttl_flag.value < std::chrono::seconds(2) || ttl_flag.value > std::chrono::minutes(10)) {
+      return usage_error("--etcd-lease-ttl must be 2s..10m");
+    }
+    cluster.lease_ttl = std::chrono::duration_cast<std::chrono::seconds>(ttl_flag.value);
+    cluster.max_ttl = options.max_ttl;
+    cluster.data_dir = options.data_dir;
+    cluster.log = options.log;
+    options.start_closed = true;  // nothing granted before the cluster says what
+  }
+#endif
 
   // Block the stop signals before any thread exists, so every server thread
   // inherits the mask and sigwait() below is the only receiver.
@@ -150,6 +232,16 @@ int run(int argc, char** argv) {
               << ")\n";
     return kExitStartFailed;
   }
+#ifdef SHARDLOCK_HAVE_CLUSTER
+  std::unique_ptr<shardlock::cluster::ClusterNode> node;
+  if (!cluster_url.empty()) {
+    if (cluster.advertise.empty()) cluster.advertise = server.listen_address();
+    if (const int status = join_cluster(cluster, server, node)) {
+      server.stop();
+      return status;
+    }
+  }
+#endif
   // The exporter's civetweb threads start here, after the mask above, so the
   // stop signals still reach only sigwait().
   std::unique_ptr<shardlock::lease::PrometheusExporter> exporter;
@@ -169,16 +261,30 @@ int run(int argc, char** argv) {
         json_string(metrics_address.substr(0, colon + 1) + std::to_string(exporter->port()));
   }
   const auto effective_delay = server.lock_delay();
+  std::string cluster_json = "null";
+#ifdef SHARDLOCK_HAVE_CLUSTER
+  if (node) {
+    const auto stats = node->stats();
+    cluster_json =
+        "{\"node_id\":" + json_string(cluster.node_id) +
+        ",\"advertise\":" + json_string(cluster.advertise) +
+        ",\"epoch\":" + std::to_string(stats.membership.highest_epoch) + ",\"lock_delay_ms\":" +
+        std::to_string(
+            std::chrono::duration_cast<std::chrono::milliseconds>(node->lock_delay()).count()) +
+        "}";
+  }
+#endif
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
-      "\"auth\":%s,\"metrics\":%s,\"allocator\":\"%s\",\"pid\":%d}\n",
+      "\"auth\":%s,\"metrics\":%s,\"allocator\":\"%s\",\"cluster\":%s,\"pid\":%d}\n",
       json_string(server.listen_address()).c_str(), server.port(), options.shards,
       std::string(to_string(server.backend())).c_str(), options.io_threads,
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
       static_cast<long long>(effective_delay.count()), options.auth_key ? "true" : "false",
-      metrics_json.c_str(), shardlock::tools::kAllocatorName, static_cast<int>(::getpid()));
+      metrics_json.c_str(), shardlock::tools::kAllocatorName, cluster_json.c_str(),
+      static_cast<int>(::getpid()));
   std::fflush(stdout);
 
   int signal_number = 0;
@@ -186,6 +292,9 @@ int run(int argc, char** argv) {
   options.log(std::string("received ") + (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") +
               ", stopping");
   exporter.reset();
+#ifdef SHARDLOCK_HAVE_CLUSTER
+  if (node) node->stop(shardlock::cluster::StopMode::kRevokeLease);  // a clean leave
+#endif
   server.stop();
   options.log("stopped");
   return 0;

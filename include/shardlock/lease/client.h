@@ -119,8 +119,9 @@ enum class LeaseErrc : std::uint8_t {
   // (discover_cluster off).
   kRedirected,
 };
-// The most redirects (REDIRECT answers that move a call to another node or
-// refresh the map) one call follows before it fails with kRedirected.
+// The most REDIRECTs one call follows before it fails with kRedirected. One
+// from a node whose map is behind the client's does not count: the call
+// waits for that node to catch up, within its deadline.
 inline constexpr unsigned kMaxRedirects = 8;
 [[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
 [[nodiscard]] const std::error_category& lease_category() noexcept;
@@ -192,9 +193,9 @@ struct LeaseClientOptions {
   // (epoch > 0); when none does it fails with kUnreachable, and
   // error_detail() gives each seed's reason ("not a cluster node" for one
   // that answered epoch 0). Keys are then routed over the map's members,
-  // every request carries the map's epoch, and REDIRECTs are followed. The members must share the
-  // seeds' address family; addresses are resolved on the client's I/O thread, so maps should hold
-  // numeric addresses.
+  // every request carries the map's epoch, and REDIRECTs are followed. The
+  // members must share the seeds' address family; addresses are resolved on
+  // the client's I/O thread, so maps should hold numeric addresses.
   bool discover_cluster = false;
   // The owner identity; random (getrandom) when empty. Set it only to act for
   // an owner that already exists (shardlockctl renew/release --owner).

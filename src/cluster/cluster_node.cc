@@ -1,0 +1,288 @@
+// One cluster node's driver. See cluster_node.h.
+#include "cluster_node.h"
+
+#include <cstdio>
+#include <utility>
+
+#include "epoch_file.h"
+#include "shardlock/lock_guard.h"
+
+namespace shardlock::cluster {
+
+using std::chrono::milliseconds;
+using std::chrono::nanoseconds;
+
+namespace {
+
+// How often the driver counts the leases left in buckets given away while a
+// hand-off is pending: the count walks every key under the shard locks.
+constexpr milliseconds kHandOffCountInterval{100};
+
+}  // namespace
+
+bool parse_etcd_url(std::string_view url, std::string& endpoints, std::string& error) {
+  constexpr std::string_view kScheme = "etcd://";
+  if (url.starts_with(kScheme)) {
+    url.remove_prefix(kScheme.size());
+  } else if (url.find("://") != std::string_view::npos) {
+    error = "'" + std::string(url) + "' is not an etcd:// URL";
+    return false;
+  }
+  endpoints.clear();
+  while (!url.empty()) {
+    const std::size_t comma = url.find(',');
+    const std::string_view endpoint = url.substr(0, comma);
+    const std::size_t colon = endpoint.rfind(':');
+    const std::string_view port =
+        colon == std::string_view::npos ? std::string_view() : endpoint.substr(colon + 1);
+    if (colon == 0 || port.empty() || port.size() > 5 ||
+        port.find_first_not_of("0123456789") != std::string_view::npos ||
+        std::stoul(std::string(port)) > 65535) {
+      error = "'" + std::string(endpoint) + "' is not HOST:PORT";
+      return false;
+    }
+    if (!endpoints.empty()) endpoints += ',';
+    endpoints += endpoint;
+    if (comma == std::string_view::npos) break;
+    url.remove_prefix(comma + 1);
+  }
+  if (endpoints.empty()) {
+    error = "no etcd endpoint given";
+    return false;
+  }
+  return true;
+}
+
+ClusterNode::ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server)
+    : options_(std::move(options)), server_(server) {
+  if (!options_.log) {
+    options_.log = [](std::string_view line) {
+      std::fprintf(stderr, "shardlock-cluster: %.*s\n", static_cast<int>(line.size()), line.data());
+    };
+  }
+  lock_delay_ = options_.max_ttl + options_.lease_ttl + options_.drift_margin;
+}
+
+ClusterNode::~ClusterNode() { stop(StopMode::kRevokeLease); }
+
+std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServer& server,
+                                   std::unique_ptr<ClusterNode>& out, std::string& detail) {
+  if (options.data_dir.empty()) {
+    detail = "cluster mode needs a data dir (tokens and epochs must survive a restart)";
+    return make_error_code(MembershipErrc::kInvalidOptions);
+  }
+  if (!valid_node_id(options.cluster_name)) {
+    detail = "bad cluster name '" + options.cluster_name + "': 1..128 of [A-Za-z0-9._-]";
+    return make_error_code(MembershipErrc::kInvalidOptions);
+  }
+  // The highest epoch an earlier run of this node saw, before this run adopts
+  // any map: that run may have granted in every epoch up to it.
+  std::uint64_t previous_highest = 0;
+  {
+    std::unique_ptr<EpochFile> file;
+    if (const std::error_code ec = EpochFile::open(options.data_dir, file, detail)) {
+      return ec;
+    }
+    previous_highest = file->highest();
+  }
+  std::unique_ptr<ClusterNode> node(new ClusterNode(std::move(options), server));
+  const ClusterNodeOptions& o = node->options_;
+  node->stats_.min_grant_epoch = previous_highest + 1;
+  // The server's own lock-delay covers the leases of its previous run, which
+  // a hand-off acknowledgement must not speak for before they are over.
+  node->server_recovered_at_ = server.now() + server.lock_delay();
+  node->activation_ = std::make_unique<BucketActivation>(
+      ActivationOptions{.node_id = o.node_id,
+                        .lock_delay = node->lock_delay_,
+                        .router_options = cluster_router_options()});
+
+  MembershipOptions m;
+  m.endpoints = o.endpoints;
+  m.prefix = cluster_prefix(o.cluster_name);
+  m.node_id = o.node_id;
+  m.advertise = o.advertise;
+  m.weight = o.weight;
+  m.data_dir = o.data_dir;
+  m.lease_ttl = o.lease_ttl;
+  m.drift_margin = o.drift_margin;
+  m.clock = [&server] { return server.now(); };
+  m.log = o.log;
+  ClusterNode* self = node.get();
+  m.on_view = [self](const ClusterView& view) {
+    LockGuard lock(self->mutex_);
+    self->views_.push_back(view);
+    self->wake_.notify_all();
+  };
+  if (const std::error_code ec = Membership::start(std::move(m), node->membership_, detail)) {
+    return ec;
+  }
+  node->driver_ = std::thread([self] { self->run(); });
+  out = std::move(node);
+  return {};
+}
+
+void ClusterNode::stop(StopMode mode) {
+  {
+    LockGuard lock(mutex_);
+    if (stopping_ && !driver_.joinable()) return;
+    stopping_ = true;
+    wake_.notify_all();
+  }
+  if (driver_.joinable()) driver_.join();
+  // Nothing more is granted here: a closed gate, which also drops every
+  // reference to the membership before it goes.
+  auto closed = std::make_shared<lease::internal::ClusterGate>();
+  closed->lease_deadline = [] { return nanoseconds(0); };
+  server_.publish_cluster_gate(std::move(closed));
+  if (membership_) membership_->stop(mode);
+}
+
+ClusterNodeStats ClusterNode::stats() const {
+  ClusterNodeStats s;
+  {
+    LockGuard lock(mutex_);
+    s = stats_;
+  }
+  if (membership_) {
+    s.membership = membership_->stats();
+    s.lease_alive = membership_->lease_alive(server_.now());
+  }
+  return s;
+}
+
+void ClusterNode::run() {
+  nanoseconds last_count{0};
+  for (;;) {
+    std::vector<ClusterView> views;
+    {
+      LockGuard lock(mutex_);
+      wake_.wait_for(mutex_, options_.tick,
+                     [&]() SHARDLOCK_REQUIRES(mutex_) { return stopping_ || !views_.empty(); });
+      if (stopping_) return;
+      views.swap(views_);
+    }
+    const nanoseconds now = server_.now();
+    apply_views(std::move(views), now);
+    publish(now);
+    if (now - last_count >= kHandOffCountInterval) {
+      last_count = now;
+      hand_off(now);
+    }
+    if (map_ && server_.needs_new_epoch() && new_epoch_asked_for_ != map_->epoch) {
+      new_epoch_asked_for_ = map_->epoch;
+      note("a shard's token counter ran out in epoch " + std::to_string(map_->epoch) +
+           "; asking for a new epoch");
+      membership_->request_new_epoch();
+    }
+  }
+}
+
+void ClusterNode::apply_views(std::vector<ClusterView> views, nanoseconds now) {
+  for (const ClusterView& view : views) {
+    // Member keys: gone, new, or registered again (a new create revision is
+    // a new incarnation even if no view saw the key missing).
+    std::unordered_map<std::string, SeenMember> present;
+    for (const ClusterView::Member& member : view.members) {
+      present[member.id] = SeenMember{member.create_revision};
+      const auto seen = seen_members_.find(member.id);
+      if (seen == seen_members_.end()) {
+        activation_->on_member_registered(member.id, now);
+      } else if (seen->second.create_revision != member.create_revision) {
+        activation_->on_member_gone(member.id, now);
+        activation_->on_member_registered(member.id, now);
+      }
+    }
+    for (const auto& [id, seen] : seen_members_) {
+      if (!present.contains(id)) activation_->on_member_gone(id, now);
+    }
+    seen_members_ = std::move(present);
+    for (const ClusterView::Handoff& handoff : view.handoffs) {
+      activation_->on_handoff(handoff.id, handoff.epoch);
+    }
+    if (!view.map || view.map->epoch <= activation_->epoch()) continue;
+    const MapVerdict verdict = activation_->on_map(*view.map, now);
+    if (verdict != MapVerdict::kAdopted) {
+      note("cluster map epoch " + std::to_string(view.map->epoch) +
+           " not used for grants (its buckets do not route)");
+      continue;
+    }
+    std::unique_ptr<ClusterRouting> routing;
+    if (ClusterRouting::build(*view.map, cluster_router_options(), routing) != RouterStatus::kOk) {
+      continue;  // on_map accepted it, so this cannot happen
+    }
+    map_ = view.map;
+    routing_ = std::shared_ptr<const ClusterRouting>(std::move(routing));
+  }
+}
+
+void ClusterNode::publish(nanoseconds now) {
+  if (!routing_) return;  // no map yet: the server's gate stays closed
+  const std::size_t n = routing_->bucket_count();
+  std::vector<std::uint8_t> buckets(n, lease::internal::ClusterGate::kForeign);
+  std::size_t owned = 0;
+  std::size_t active = 0;
+  for (std::size_t b = 0; b < n; ++b) {
+    if (!activation_->owns(b)) continue;
+    ++owned;
+    if (activation_->may_grant(b, now)) {
+      buckets[b] = lease::internal::ClusterGate::kActive;
+      ++active;
+    } else {
+      buckets[b] = lease::internal::ClusterGate::kOwned;
+    }
+  }
+  if (gate_ && gate_->epoch == map_->epoch && gate_->buckets == buckets) return;
+  auto gate = std::make_shared<lease::internal::ClusterGate>();
+  gate->epoch = map_->epoch;
+  {
+    LockGuard lock(mutex_);
+    gate->min_grant_epoch = stats_.min_grant_epoch;
+  }
+  // Aliasing: the snapshot lives as long as the routing that owns it.
+  gate->routing = std::shared_ptr<const RouterSnapshot>(routing_, &routing_->snapshot());
+  gate->buckets = std::move(buckets);
+  gate->lease_deadline = [membership = membership_.get()] { return membership->lease_deadline(); };
+  for (const ClusterMember& member : map_->members) {
+    gate->members.push_back({member.id, member.address, member.weight});
+  }
+  gate->retry_after_ms = static_cast<std::uint32_t>(options_.retry_after.count());
+  const bool new_epoch = !gate_ || gate_->epoch != gate->epoch;
+  server_.publish_cluster_gate(gate);
+  gate_ = std::move(gate);
+  if (new_epoch) {
+    note("epoch " + std::to_string(gate_->epoch) + ": " + std::to_string(owned) + " of " +
+         std::to_string(n) + " buckets here, " + std::to_string(active) + " active");
+  }
+  LockGuard lock(mutex_);
+  stats_.epoch = gate_->epoch;
+  stats_.members = map_->members.size();
+  stats_.buckets_owned = owned;
+  stats_.buckets_active = active;
+  ++stats_.gates_published;
+}
+
+void ClusterNode::hand_off(nanoseconds now) {
+  if (!map_ || !gate_ || gate_->epoch != map_->epoch) return;  // the refusing gate goes first
+  std::uint64_t acked = 0;
+  {
+    LockGuard lock(mutex_);
+    acked = stats_.acked_epoch;
+  }
+  if (acked == map_->epoch || now < server_recovered_at_) return;
+  // Runs on this thread under each shard lock in turn; activation_ and
+  // routing_ are this thread's.
+  const std::size_t leases = server_.count_leases(
+      [this](std::string_view key) { return !activation_->owns(routing_->bucket_of(key)); });
+  {
+    LockGuard lock(mutex_);
+    stats_.leases_to_hand_off = leases;
+  }
+  if (!activation_->ready_to_ack(map_->epoch, leases)) return;
+  const EtcdStatus put = membership_->put_handoff(map_->epoch);
+  if (!put.ok()) return;  // not registered right now, or etcd down: the next count tries again
+  LockGuard lock(mutex_);
+  stats_.acked_epoch = map_->epoch;
+  ++stats_.acks_written;
+}
+
+}  // namespace shardlock::cluster
