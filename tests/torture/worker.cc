@@ -394,9 +394,17 @@ class ClientLoop {
     const std::size_t count =
         std::min<std::size_t>(2 + random_.uniform(2), static_cast<std::size_t>(o_.keys));
     std::vector<std::string> keys;
-    while (keys.size() < count) {
+    // In a cluster the keys of one acquire must share an owner node (else
+    // the client refuses them, kCrossNode): the first key's owner in the
+    // client's current map picks the rest, when enough of its keys turn up.
+    const std::string owner = o_.cluster ? lease_client_.address_for(random_key()) : "";
+    for (int attempt = 0; keys.size() < count; ++attempt) {
       std::string key = random_key();
-      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+      if (!owner.empty() && attempt < 8 * o_.keys && lease_client_.address_for(key) != owner) {
+        continue;
+      }
+      keys.push_back(std::move(key));
     }
     const Event invoked = invoke("", AcquireMode::kExclusive, 0, keys);
     const std::vector<std::string_view> views(keys.begin(), keys.end());

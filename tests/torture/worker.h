@@ -17,8 +17,9 @@
 //              (sem-N, a separate set: a key in use is a lock or a
 //              semaphore, never both), held up to a quarter of the max TTL
 //              (sometimes past the watchdog's first renewal), release;
-//   multi      (multi_fraction) 2..3 distinct key-N keys exclusive,
-//              all-or-nothing (acquire_many), then each key's counter
+//   multi      (multi_fraction) 2..3 distinct key-N keys exclusive (in
+//              a cluster, keys the client's map gives one node, as
+//              acquire_many requires), all-or-nothing, then each key's counter
 //              incremented as an exclusive holder does, with that key's own
 //              token, then each lease released.
 //
