@@ -210,6 +210,13 @@ class ClusterUnderTest final : public SystemUnderTest {
 
   std::string crashes() override {
     std::string all;
+    {
+      std::lock_guard lock(mutex_);
+      if (!watch_error_.empty()) {
+        all += "the harness's watch on the map key ended (" + watch_error_ +
+               "), so the history may miss maps\n";
+      }
+    }
     for (const auto& node : nodes_) {
       node->server->note_if_dead();
       all += node->server->crashes();
@@ -289,6 +296,13 @@ class ClusterUnderTest final : public SystemUnderTest {
   // The watch's callback: records every map put, with each workload key's
   // owner in it.
   void on_map(const cluster::WatchUpdate& update) {
+    if (update.error) {
+      // The watch ended (etcd cancelled it): maps published after it would
+      // be missing, and the owner property would misjudge their grants.
+      std::lock_guard lock(mutex_);
+      watch_error_ = update.error.message() + ": " + update.detail;
+      return;
+    }
     for (const cluster::WatchEvent& event : update.events) {
       if (event.type != cluster::WatchEventType::kPut || event.kv.key != prefix_ + "map") continue;
       std::optional<std::vector<cluster::ClusterMember>> members =
@@ -335,6 +349,7 @@ class ClusterUnderTest final : public SystemUnderTest {
   std::condition_variable map_changed_;
   std::set<std::string> members_;  // the latest map's
   int maps_seen_ = 0;
+  std::string watch_error_;  // why the map watch ended, if it did
 };
 
 }  // namespace

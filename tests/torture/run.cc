@@ -381,7 +381,7 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
     if (!o.history_dir.empty()) std::printf("history kept in %s\n", o.history_dir.c_str());
   }
   if (!crashes.empty()) {
-    std::fprintf(stderr, "shardlock-torture: a process of the system under test died:\n%s",
+    std::fprintf(stderr, "shardlock-torture: the system under test failed by itself:\n%s",
                  crashes.c_str());
     cleanup.path.clear();  // keep the logs it points to
     return 1;
@@ -394,6 +394,14 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
                                       : "the history has no healed event (liveness was not judged)",
                  (scratch / "worker-*.err").c_str());
     cleanup.path.clear();  // keep the logs it points to
+    return 1;
+  }
+  if (o.cluster_nodes > 0 && report.maps == 0) {
+    std::fprintf(stderr,
+                 "shardlock-torture: no cluster map was recorded, so the owner property judged "
+                 "nothing; see %s\n",
+                 scratch.c_str());
+    cleanup.path.clear();
     return 1;
   }
   if (!report.ok()) {

@@ -48,7 +48,9 @@ class SystemUnderTest {
   [[nodiscard]] virtual bool inject(Fault fault, std::mt19937_64& random, std::string& error) = 0;
   // Stops every process and proxy.
   virtual void stop() = 0;
-  // What died by itself (crashes, sanitizer reports), one line each.
+  // What failed by itself, one line each: a process that died (a crash, a
+  // sanitizer report), or the harness's own watch on the system. Any of it
+  // fails the run.
   [[nodiscard]] virtual std::string crashes() = 0;
 };
 
