@@ -34,7 +34,9 @@ int run(int argc, char** argv) {
       "shared, permit and multi-key leases), then check that no exclusive holder shared its key, "
       "no semaphore had more than its permits, multi-key grants were all-or-nothing, tokens "
       "only rose, the fenced resource lost no increment, nothing was granted during "
-      "lock-delay, and every client recovered"};
+      "lock-delay, and every client recovered. With --cluster-nodes, the same against a cluster "
+      "of shardlockd nodes and etcd (docs/cluster.md, \"Torture: cluster mode\"), plus that "
+      "every grant came from its key's owner in the map of its token's epoch"};
   app.set_version_flag("--version", "shardlock-torture 0.1.0");
   TortureOptions o;
   const std::filesystem::path self_dir = std::filesystem::path(argv[0]).parent_path();
