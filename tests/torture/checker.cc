@@ -27,11 +27,11 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 10> kAllKinds = {
+constexpr std::array<ViolationKind, 11> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
     ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
-    ViolationKind::kOwner,
+    ViolationKind::kOwner,    ViolationKind::kKeyLiveness,
 };
 constexpr std::size_t kModeCount = 3;
 
@@ -331,6 +331,8 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "all_or_nothing";
     case ViolationKind::kOwner:
       return "owner";
+    case ViolationKind::kKeyLiveness:
+      return "key_liveness";
   }
   return "unknown";
 }
@@ -485,6 +487,25 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     std::int64_t later_grant = 0;
   };
   std::map<std::int64_t, Liveness> clients;
+  // Per key: asked for within the liveness bound after the heal, and granted
+  // after the heal.
+  struct KeyLiveness {
+    bool wanted = false;
+    std::size_t first_invoke = 0;
+    std::uint64_t failures = 0;
+    std::size_t last_failure = 0;
+    bool granted = false;
+  };
+  std::unordered_map<std::uint32_t, KeyLiveness> key_liveness;
+  const auto keys_of_event = [&](const Event& e) {
+    std::vector<std::uint32_t> ids;
+    if (e.multi_key()) {
+      for (const std::string& key : e.keys) ids.push_back(key_id(key));
+    } else {
+      ids.push_back(key_id(e.key));
+    }
+    return ids;
+  };
   std::vector<std::size_t> finals;
   const auto count = [&](std::string name) { ++report.operations[std::move(name)]; };
   const auto outcome = [](const std::string& error) {
@@ -499,6 +520,20 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     if (healed && client_event && e.t_ns >= healed_t) {
       Liveness& live = clients[e.client];
       if (!live.active) live.active = true, live.first_active = e.t_ns;
+    }
+    const bool after_heal = healed && e.t_ns >= healed_t;
+    if (after_heal && (e.kind == EventKind::kAcquireInvoke || e.kind == EventKind::kAcquireOk ||
+                       e.kind == EventKind::kAcquireFail)) {
+      for (const std::uint32_t id : keys_of_event(e)) {
+        KeyLiveness& live = key_liveness[id];
+        if (e.kind == EventKind::kAcquireOk) {
+          live.granted = true;
+        } else if (e.kind == EventKind::kAcquireFail) {
+          ++live.failures, live.last_failure = i;
+        } else if (!live.wanted && e.t_ns <= live_until) {
+          live.wanted = true, live.first_invoke = i;
+        }
+      }
     }
     switch (e.kind) {
       case EventKind::kAcquireInvoke: {
@@ -874,6 +909,24 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
                                      : std::string("; no grant after heal"));
       });
     }
+  }
+
+  for (const auto& entry : key_liveness) {
+    const std::uint32_t id = entry.first;  // named, not bound: see above
+    const KeyLiveness& live = entry.second;
+    if (!live.wanted || live.granted) continue;
+    recorder.add(ViolationKind::kKeyLiveness, key_names[id], [&] {
+      const Event& first = history[live.first_invoke];
+      std::string text = "asked for by client " + num(first.client) + " at " + num(first.t_ns) +
+                         ", within the liveness bound after healed at " + num(healed_t) +
+                         ", and never granted to anyone after the heal (" + num(live.failures) +
+                         " failed acquires";
+      if (live.failures > 0) {
+        const Event& last = history[live.last_failure];
+        text += ", the last at " + num(last.t_ns) + ": " + outcome(last.error);
+      }
+      return text + ")";
+    });
   }
 
   recorder.finish();

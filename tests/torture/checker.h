@@ -46,6 +46,11 @@
 //                    received within that start's lock delay;
 //   liveness         after the last fault heals, every client still active
 //                    gets a grant (of any kind) within the liveness bound;
+//   key_liveness     after the last fault heals, every key some client asks
+//                    for within the liveness bound is granted (to anyone, of
+//                    any kind) at least once before the history ends: a key
+//                    the system stopped serving is caught even while its
+//                    clients keep being served other keys;
 //   owner            (cluster mode: grants that name their node, and map
 //                    events) every grant was answered by the node that the
 //                    map of its token's epoch (token >> 32) gives the key
@@ -81,6 +86,7 @@ enum class ViolationKind : std::uint8_t {
   kPermitLimit,
   kAllOrNothing,
   kOwner,
+  kKeyLiveness,
 };
 
 struct Violation {
@@ -124,7 +130,8 @@ struct CheckReport {
 };
 
 // "overlap", "token_order", "duplicate_token", "fencing", "lost_increment",
-// "lock_delay", "liveness", "permit_limit", "all_or_nothing", "owner".
+// "lock_delay", "liveness", "permit_limit", "all_or_nothing", "owner",
+// "key_liveness".
 [[nodiscard]] std::string_view to_string(ViolationKind kind) noexcept;
 
 // Judges `history` (any order; sorted by t_ns here, stable). Never throws on

@@ -148,7 +148,7 @@ TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 10u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 11u);  // every kind, at zero
 }
 
 // A history without grants, or without a healed event, has no violation
@@ -353,6 +353,38 @@ TEST(Checker, Liveness) {
   report = check(history, CheckOptions{});
   EXPECT_FALSE(report.liveness_checked);
   EXPECT_TRUE(report.ok()) << report.text();
+}
+
+// A key nobody is granted after the heal, while every client keeps being
+// served other keys: what a client stuck on a map whose owner of that key
+// left looks like (each acquire of it unreachable).
+TEST(Checker, KeyLiveness) {
+  std::vector<Event> history = {
+      make(ms(1000), EventKind::kHealed),
+      acquire_invoke(ms(1100), 0, 1, "k"),
+      acquire_ok(ms(1110), 0, 1, "k", 1, ms(1200)),
+      acquire_invoke(ms(1300), 0, 2, "gone"),
+      acquire_fail(ms(2300), 0, 2, "gone", "unreachable"),
+      acquire_invoke(ms(2400), 1, 1, "gone"),
+      acquire_fail(ms(3400), 1, 1, "gone", "unreachable"),
+      acquire_invoke(ms(3500), 1, 2, "k"),
+      acquire_ok(ms(3510), 1, 2, "k", 2, ms(3600)),
+      // Asked for only after the bound: not judged.
+      acquire_invoke(ms(30000), 1, 3, "late"),
+      acquire_fail(ms(30001), 1, 3, "late", "unreachable"),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKeyLiveness));
+  EXPECT_EQ(report.examples[0].key, "gone");
+  EXPECT_NE(report.examples[0].detail.find("2 failed acquires"), std::string::npos)
+      << report.examples[0].detail;
+  EXPECT_NE(report.examples[0].detail.find("unreachable"), std::string::npos);
+
+  // Granted once after the heal, however late (here in a multi-key grant
+  // after the bound): the key is served again.
+  history.push_back(acquire_many_invoke(ms(40000), 1, 4, {"gone", "k"}));
+  history.push_back(acquire_many_ok(ms(40010), 1, 4, {"gone", "k"}, {7, 8}, ms(40100)));
+  EXPECT_TRUE(check(history, CheckOptions{}).ok()) << check(history, CheckOptions{}).text();
 }
 
 TEST(Checker, ParsesTextHistory) {
@@ -900,7 +932,7 @@ TEST(Checker, TextNamesEveryKind) {
        {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
         ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
         ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing,
-        ViolationKind::kOwner}) {
+        ViolationKind::kOwner, ViolationKind::kKeyLiveness}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
