@@ -9,17 +9,27 @@
 //     run     KEY... --ttl DUR [--wait DUR] [--shared | --permits P]
 //             [--on-lost term|kill|ignore] -- COMMAND ARGS...
 //
+//   shardlockctl [--timeout DUR] SUBCOMMAND --cluster etcd://HOST:PORT[,...]
+//                [--cluster-name NAME]
+//     members [--json]
+//     drain   ID [--cancel] [--force] [--wait DUR]
+//
 // Several keys (up to 16, all owned by one node) are taken all or nothing
 // with one ACQUIRE_MANY, exclusive or --shared; --permits takes one key.
 // --discover talks to a cluster (docs/cluster.md): the --server addresses
 // are seeds that give the cluster's map, and each key goes to its owner.
 //
-// Every subcommand prints one JSON object on stdout (run prints nothing of
-// its own on success). Exit codes, as with flock -n:
+// Every lease subcommand prints one JSON object on stdout (run prints nothing
+// of its own on success). The cluster subcommands (members, drain) read and
+// write the cluster's keys in etcd (docs/cluster.md) and print for people:
+// members one line per member, or one JSON object with --json. Exit codes,
+// as with flock -n:
 //   0  granted / renewed / released / answered
-//   1  busy or timed out (acquire, run); not owner or expired (renew, release)
-//   2  usage error (also: several keys owned by different nodes)
-//   3  server unreachable
+//   1  busy or timed out (acquire, run); not owner or expired (renew, release);
+//      drain: an id that is not a member (without --force), or --wait ran out
+//   2  usage error (also: several keys owned by different nodes; a bad
+//      --cluster URL or --cluster-name)
+//   3  server unreachable (members, drain: etcd unreachable)
 //   4  server recovering (lock-delay after a restart)
 //   5  the server answered ERROR, incomplete stats, or a local failure
 //      (stdout could not be written: keygen > /full/disk)
@@ -47,6 +57,15 @@
 #include "common/command_line.h"
 #include "common/json.h"
 #include "shardlock/lease/client.h"
+#if defined(SHARDLOCK_HAVE_CLUSTER)
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <thread>
+
+#include "membership.h"  // src/cluster: the etcd client and the cluster's keys
+#include "shardlock/cluster/cluster_map.h"
+#endif
 
 extern char** environ;
 
@@ -349,6 +368,240 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
   return kExitError;
 }
 
+// ------------------------------------------------------------------ cluster
+
+// The flags of members and drain.
+struct ClusterArgs {
+  std::string url;  // --cluster etcd://HOST:PORT[,HOST:PORT...]
+  std::string name = "default";
+  bool json = false;    // members
+  std::string node_id;  // drain
+  bool cancel = false;  // drain
+  bool force = false;   // drain
+  DurationArg wait;     // drain: empty when not given
+};
+
+#if defined(SHARDLOCK_HAVE_CLUSTER)
+
+namespace cluster = shardlock::cluster;
+
+// One line of `members`: a live member, a member of the map whose key is
+// gone, or an id with only a drain key.
+struct MemberRow {
+  std::string id;
+  std::string address = "-";
+  std::uint32_t weight = 0;
+  std::string state = "gone";  // active, draining, or gone (no member key)
+  std::size_t buckets = 0;     // in the current map
+  std::optional<std::uint64_t> handoff;
+  bool drain_requested = false;
+};
+
+struct ClusterTable {
+  std::uint64_t epoch = 0;  // 0: no map
+  std::size_t live_members = 0;
+  std::size_t map_members = 0;
+  std::size_t bucket_count = 0;
+  std::vector<MemberRow> rows;  // by id
+};
+
+// The rows of `view`: every id with a member key, in the map, or with a
+// drain key.
+ClusterTable table_of(const cluster::ClusterView& view) {
+  ClusterTable table;
+  std::map<std::string, MemberRow> rows;
+  const auto row = [&rows](const std::string& id) -> MemberRow& {
+    MemberRow& r = rows[id];
+    r.id = id;
+    return r;
+  };
+  if (view.map) {
+    table.epoch = view.map->epoch;
+    table.map_members = view.map->members.size();
+    std::unique_ptr<cluster::ClusterRouting> routing;
+    // A map that decoded always routes (cluster_map.h).
+    if (cluster::ClusterRouting::build(*view.map, routing) == shardlock::RouterStatus::kOk) {
+      table.bucket_count = routing->bucket_count();
+      const std::vector<std::size_t> counts = routing->buckets_per_member();
+      for (std::size_t i = 0; i < routing->map().members.size(); ++i) {
+        const cluster::ClusterMember& member = routing->map().members[i];
+        MemberRow& r = row(member.id);
+        r.address = member.address;
+        r.weight = member.weight;
+        r.buckets = counts[i];
+      }
+    }
+  }
+  for (const cluster::ClusterView::Member& member : view.members) {
+    MemberRow& r = row(member.id);
+    r.address = member.record.address;
+    r.weight = member.record.weight;
+    r.state = std::string(cluster::to_string(member.record.state));
+  }
+  table.live_members = view.members.size();
+  for (const cluster::ClusterView::Handoff& handoff : view.handoffs) {
+    row(handoff.id).handoff = handoff.epoch;
+  }
+  for (const std::string& id : view.drains) row(id).drain_requested = true;
+  for (auto& [id, r] : rows) table.rows.push_back(std::move(r));
+  return table;
+}
+
+void print_table(const ClusterTable& table, const std::string& name, bool json) {
+  if (json) {
+    std::string out = "{\"cluster\":" + json_string(name) +
+                      ",\"epoch\":" + std::to_string(table.epoch) +
+                      ",\"members\":" + std::to_string(table.live_members) +
+                      ",\"map_members\":" + std::to_string(table.map_members) +
+                      ",\"bucket_count\":" + std::to_string(table.bucket_count) + ",\"nodes\":[";
+    for (std::size_t i = 0; i < table.rows.size(); ++i) {
+      const MemberRow& r = table.rows[i];
+      if (i > 0) out += ',';
+      out += "{\"id\":" + json_string(r.id) + ",\"address\":" + json_string(r.address) +
+             ",\"weight\":" + std::to_string(r.weight) + ",\"state\":" + json_string(r.state) +
+             ",\"buckets\":" + std::to_string(r.buckets) +
+             ",\"handoff\":" + (r.handoff ? std::to_string(*r.handoff) : std::string("null")) +
+             ",\"drain\":" + (r.drain_requested ? "true" : "false") + "}";
+    }
+    out += "]}";
+    std::printf("%s\n", out.c_str());
+    return;
+  }
+  std::printf("cluster=%s epoch=%" PRIu64 " members=%zu map_members=%zu buckets=%zu\n",
+              name.c_str(), table.epoch, table.live_members, table.map_members, table.bucket_count);
+  for (const MemberRow& r : table.rows) {
+    const std::string handoff = r.handoff ? std::to_string(*r.handoff) : "-";
+    std::printf("%s address=%s weight=%u state=%s buckets=%zu handoff=%s drain=%s\n", r.id.c_str(),
+                r.address.c_str(), r.weight, r.state.c_str(), r.buckets, handoff.c_str(),
+                r.drain_requested ? "yes" : "no");
+  }
+}
+
+int exit_code_for_etcd(const std::error_code& ec) {
+  if (ec == cluster::EtcdErrc::kUnavailable || ec == cluster::EtcdErrc::kDeadlineExceeded) {
+    return kExitUnreachable;
+  }
+  if (ec == cluster::EtcdErrc::kBadEndpoint) return kExitUsage;
+  return kExitError;
+}
+
+// Prints "shardlockctl: <what>: <detail>" and returns the exit code.
+int etcd_failure(const std::string& what, const std::error_code& ec, const std::string& detail) {
+  std::fprintf(stderr, "shardlockctl: %s: %s (%s)\n", what.c_str(), ec.message().c_str(),
+               detail.c_str());
+  return exit_code_for_etcd(ec);
+}
+
+// The buckets `id` owns in `view`'s map (0 without a map).
+std::size_t buckets_of(const cluster::ClusterView& view, const std::string& id) {
+  for (const MemberRow& r : table_of(view).rows) {
+    if (r.id == id) return r.buckets;
+  }
+  return 0;
+}
+
+int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
+  const std::optional<std::string> endpoints = cluster::etcd_endpoints_of_url(args.url);
+  if (!endpoints) {
+    return shardlock::tools::usage_error(
+        kTool, "--cluster: '" + args.url + "' is not etcd://HOST:PORT[,HOST:PORT...]");
+  }
+  const std::string prefix = cluster::cluster_prefix(args.name);
+  if (prefix.empty()) {
+    return shardlock::tools::usage_error(
+        kTool, "--cluster-name: '" + args.name + "' is not 1..128 bytes of [A-Za-z0-9._-]");
+  }
+  if (!members && !cluster::valid_node_id(args.node_id)) {
+    return shardlock::tools::usage_error(
+        kTool, "drain: node id '" + args.node_id + "' is not 1..128 bytes of [A-Za-z0-9._-]");
+  }
+  cluster::EtcdClientOptions options;
+  options.endpoints = *endpoints;
+  options.call_timeout = timeout;
+  auto connected = cluster::EtcdClient::connect(options);
+  if (!connected.ok()) {
+    return etcd_failure("etcd " + *endpoints, connected.error, connected.detail);
+  }
+  cluster::EtcdClient& client = *connected.value;
+  std::uint64_t bad_values = 0;
+  const auto read = cluster::Membership::read_view(client, prefix, &bad_values);
+  if (!read.ok())
+    return etcd_failure("cannot read " + prefix + " at " + *endpoints, read.error, read.detail);
+  if (bad_values != 0) {
+    std::fprintf(stderr, "shardlockctl: %" PRIu64 " value(s) under %s did not decode (ignored)\n",
+                 bad_values, prefix.c_str());
+  }
+  if (members) {
+    print_table(table_of(read.value), args.name, args.json);
+    return kExitOk;
+  }
+
+  // drain: refuse an id the cluster does not know, unless forced (a node
+  // that is down and should come back drained) or cancelling.
+  const ClusterTable table = table_of(read.value);
+  const bool known = std::any_of(table.rows.begin(), table.rows.end(), [&](const MemberRow& r) {
+    return r.id == args.node_id && r.state != "gone";
+  });
+  if (!known && !args.cancel && !args.force) {
+    std::string ids;
+    for (const cluster::ClusterView::Member& member : read.value.members) {
+      ids += ids.empty() ? "" : ", ";
+      ids += member.id;
+    }
+    std::fprintf(stderr,
+                 "shardlockctl: drain: '%s' is not a member of cluster %s (members: %s); "
+                 "--force drains it when it registers\n",
+                 args.node_id.c_str(), args.name.c_str(), ids.empty() ? "none" : ids.c_str());
+    return kExitRefused;
+  }
+  const cluster::EtcdStatus written =
+      args.cancel ? cluster::Membership::cancel_drain(client, prefix, args.node_id)
+                  : cluster::Membership::request_drain(client, prefix, args.node_id);
+  if (!written.ok()) {
+    return etcd_failure(std::string(args.cancel ? "cannot delete " : "cannot put ") + prefix +
+                            "drain/" + args.node_id,
+                        written.error, written.detail);
+  }
+  std::printf("%s %s\n", args.node_id.c_str(), args.cancel ? "drain cancelled" : "drain requested");
+  if (args.wait.text.empty()) return kExitOk;
+
+  // Until the map gives the node no buckets (drain), or some again (cancel).
+  const auto deadline = std::chrono::steady_clock::now() + args.wait.value;
+  for (;;) {
+    const auto polled = cluster::Membership::read_view(client, prefix);
+    if (polled.ok()) {
+      const std::size_t buckets = buckets_of(polled.value, args.node_id);
+      const std::uint64_t epoch = polled.value.map ? polled.value.map->epoch : 0;
+      if (args.cancel ? buckets > 0 : buckets == 0) {
+        std::printf("%s owns %zu buckets in epoch %" PRIu64 "\n", args.node_id.c_str(), buckets,
+                    epoch);
+        return kExitOk;
+      }
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      const std::size_t buckets = polled.ok() ? buckets_of(polled.value, args.node_id) : 0;
+      std::fprintf(stderr, "shardlockctl: drain: %s still owns %s after %s%s%s\n",
+                   args.node_id.c_str(),
+                   polled.ok() ? (std::to_string(buckets) + " buckets").c_str() : "(unknown)",
+                   args.wait.text.c_str(),
+                   polled.ok() ? "" : "; etcd: ", polled.ok() ? "" : polled.detail.c_str());
+      return kExitRefused;
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+}
+
+#else
+
+int run_cluster(ClusterArgs&, bool, milliseconds) {
+  std::fprintf(stderr,
+               "shardlockctl: this build has no cluster support (configure with "
+               "-DSHARDLOCK_BUILD_CLUSTER=ON)\n");
+  return kExitError;
+}
+
+#endif
+
 int run(int argc, char** argv) {
   CLI::App app{
       "shardlockctl: take, renew, release and inspect shardlock leases; run a command under a "
@@ -357,9 +610,12 @@ int run(int argc, char** argv) {
   std::string servers;
   DurationArg timeout{"2s"};
   app.add_option("--server", servers,
-                 "HOST:PORT of the server(s), comma separated (required except for keygen)")
+                 "HOST:PORT of the server(s), comma separated (required except for keygen, "
+                 "members and drain)")
       ->envname("SHARDLOCK_SERVER");
-  app.add_option("--timeout", timeout.text, "How long a request retransmits before 'unreachable'")
+  app.add_option("--timeout", timeout.text,
+                 "How long a request retransmits before 'unreachable' (members, drain: each etcd "
+                 "call's deadline)")
       ->capture_default_str();
   bool discover = false;
   app.add_flag("--discover", discover,
@@ -372,8 +628,9 @@ int run(int argc, char** argv) {
                  "and accepts only sealed replies")
       ->envname("SHARDLOCK_AUTH_KEY_FILE");
   app.footer(
-      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired; 2 usage (or keys of different "
-      "nodes); 3 unreachable; 4 recovering; 5 server error, incomplete stats or a local failure "
+      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired (drain: not a member, or --wait ran "
+      "out); 2 usage (or keys of different nodes); 3 unreachable (server, or etcd); 4 recovering; "
+      "5 server error, incomplete stats or a local failure "
       "(e.g. stdout could not be written). run: the command's status (5 if it cannot be "
       "learned), or 75 when a lease was lost.");
 
@@ -447,6 +704,35 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   run->footer("The command follows --: shardlockctl run KEY... --ttl 30s -- COMMAND ARGS...");
 
+  ClusterArgs cluster_args;
+  const auto add_cluster_flags = [&cluster_args](CLI::App* sub) {
+    sub->add_option("--cluster", cluster_args.url, "etcd://HOST:PORT[,HOST:PORT...] of the cluster")
+        ->envname("SHARDLOCK_CLUSTER")
+        ->required();
+    sub->add_option("--cluster-name", cluster_args.name,
+                    "The cluster's name: its keys are under /shardlock/NAME/ in etcd")
+        ->capture_default_str();
+  };
+  auto* members = app.add_subcommand(
+      "members",
+      "List the cluster's members from etcd: a header line (map epoch, member count), then one "
+      "line per member: id, address, weight, state (active, draining, or gone from etcd but still "
+      "in the map), buckets owned in the current map, hand-off epoch, drain requested");
+  add_cluster_flags(members);
+  members->add_flag("--json", cluster_args.json, "One JSON object instead of lines");
+  auto* drain = app.add_subcommand(
+      "drain",
+      "Ask node ID to drain (it leaves the next map, hands its buckets off, and stays up), or "
+      "with --cancel to come back; puts or deletes drain/ID in etcd");
+  drain->add_option("id", cluster_args.node_id, "The node id")->required();
+  add_cluster_flags(drain);
+  drain->add_flag("--cancel", cluster_args.cancel, "Cancel a drain the key asked for");
+  drain->add_flag("--force", cluster_args.force,
+                  "Drain an id that is not a member now (it drains when it registers)");
+  drain->add_option("--wait", cluster_args.wait.text,
+                    "Wait up to this long until the map gives ID no buckets (with --cancel: some "
+                    "again); exit 1 if it does not");
+
   // run's keys and its command are both positional, so CLI11 would hand
   // the command's words to the keys: everything after run's first "--" is
   // the command, and CLI11 sees only what comes before.
@@ -465,6 +751,13 @@ int run(int argc, char** argv) {
   if (const auto status = shardlock::tools::parse_command_line(app, static_cast<int>(args.size()),
                                                                args.data(), kTool)) {
     return *status;
+  }
+  if (members->parsed() || drain->parsed()) {
+    if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
+        !parse_arg(cluster_args.wait, "--wait", ZeroDuration::kAllowed)) {
+      return kExitUsage;
+    }
+    return run_cluster(cluster_args, members->parsed(), timeout.value);
   }
   if (keygen->parsed()) {
     std::printf("%s\n",

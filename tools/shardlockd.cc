@@ -198,11 +198,18 @@ int run(int argc, char** argv) {
   };
 #ifdef SHARDLOCK_HAVE_CLUSTER
   if (!cluster_url.empty()) {
-    std::string error;
-    if (!shardlock::cluster::parse_etcd_url(cluster_url, cluster.endpoints, error)) {
-      return usage_error("--cluster: " + error);
+    const auto endpoints = shardlock::cluster::etcd_endpoints_of_url(cluster_url);
+    if (!endpoints) {
+      return usage_error("--cluster: '" + cluster_url + "' is not etcd://HOST:PORT[,HOST:PORT...]");
     }
+    cluster.endpoints = *endpoints;
     if (cluster.node_id.empty()) return usage_error("--cluster needs --node-id");
+    if (!shardlock::cluster::valid_node_id(cluster.node_id)) {
+      return usage_error("--node-id '" + cluster.node_id + "': 1..128 of [A-Za-z0-9._-]");
+    }
+    if (!shardlock::cluster::valid_node_id(cluster.cluster_name)) {
+      return usage_error("--cluster-name '" + cluster.cluster_name + "': 1..128 of [A-Za-z0-9._-]");
+    }
     if (options.data_dir.empty()) return usage_error("--cluster needs --data-dir");
     const auto ttl_flag = shardlock::tools::parse_duration_flag("--etcd-lease-ttl", etcd_lease_ttl,
                                                                 ZeroDuration::kRejected);

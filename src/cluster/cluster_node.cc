@@ -20,39 +20,6 @@ constexpr milliseconds kHandOffCountInterval{100};
 
 }  // namespace
 
-bool parse_etcd_url(std::string_view url, std::string& endpoints, std::string& error) {
-  constexpr std::string_view kScheme = "etcd://";
-  if (url.starts_with(kScheme)) {
-    url.remove_prefix(kScheme.size());
-  } else if (url.find("://") != std::string_view::npos) {
-    error = "'" + std::string(url) + "' is not an etcd:// URL";
-    return false;
-  }
-  endpoints.clear();
-  while (!url.empty()) {
-    const std::size_t comma = url.find(',');
-    const std::string_view endpoint = url.substr(0, comma);
-    const std::size_t colon = endpoint.rfind(':');
-    const std::string_view port =
-        colon == std::string_view::npos ? std::string_view() : endpoint.substr(colon + 1);
-    if (colon == 0 || port.empty() || port.size() > 5 ||
-        port.find_first_not_of("0123456789") != std::string_view::npos ||
-        std::stoul(std::string(port)) > 65535) {
-      error = "'" + std::string(endpoint) + "' is not HOST:PORT";
-      return false;
-    }
-    if (!endpoints.empty()) endpoints += ',';
-    endpoints += endpoint;
-    if (comma == std::string_view::npos) break;
-    url.remove_prefix(comma + 1);
-  }
-  if (endpoints.empty()) {
-    error = "no etcd endpoint given";
-    return false;
-  }
-  return true;
-}
-
 ClusterNode::ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server)
     : options_(std::move(options)), server_(server) {
   if (!options_.log) {
@@ -69,6 +36,10 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
                                    std::unique_ptr<ClusterNode>& out, std::string& detail) {
   if (options.data_dir.empty()) {
     detail = "cluster mode needs a data dir (tokens and epochs must survive a restart)";
+    return make_error_code(MembershipErrc::kInvalidOptions);
+  }
+  if (!valid_node_id(options.node_id)) {
+    detail = "bad node id '" + options.node_id + "': 1..128 of [A-Za-z0-9._-]";
     return make_error_code(MembershipErrc::kInvalidOptions);
   }
   if (!valid_node_id(options.cluster_name)) {
@@ -131,10 +102,34 @@ void ClusterNode::stop(StopMode mode) {
   if (driver_.joinable()) driver_.join();
   // Nothing more is granted here: a closed gate, which also drops every
   // reference to the membership before it goes.
+  publish_closed_gate();
+  if (membership_) membership_->stop(mode);
+}
+
+void ClusterNode::publish_closed_gate() {
   auto closed = std::make_shared<lease::internal::ClusterGate>();
   closed->lease_deadline = [] { return nanoseconds(0); };
   server_.publish_cluster_gate(std::move(closed));
-  if (membership_) membership_->stop(mode);
+}
+
+void ClusterNode::start_over() {
+  note(
+      "registered again under a new etcd lease: granting nothing until this node's buckets "
+      "are active again, as after a start");
+  publish_closed_gate();
+  gate_.reset();
+  activation_pending_ = false;
+  map_.reset();
+  routing_.reset();
+  seen_members_.clear();
+  activation_ = std::make_unique<BucketActivation>(
+      ActivationOptions{.node_id = options_.node_id,
+                        .lock_delay = lock_delay_,
+                        .router_options = cluster_router_options()});
+  skip_views_through_ = self_create_revision_;
+  LockGuard lock(mutex_);
+  stats_.acked_epoch = 0;  // handoff/<id> went with the old lease
+  ++stats_.restarts;
 }
 
 ClusterNodeStats ClusterNode::stats() const {
@@ -162,8 +157,17 @@ void ClusterNode::run() {
       views.swap(views_);
     }
     const nanoseconds now = server_.now();
+    const std::uint64_t registration = membership_->registration();
+    if (registration != registration_) {
+      if (registration_ != 0) start_over();
+      registration_ = registration;
+    }
+    // A gate changes with news from etcd, or with time while some bucket of
+    // this node waits for its lock-delay; otherwise there is nothing to redo
+    // (the 65536 bucket states cost about a millisecond to recompute).
+    const bool news = !views.empty();
     apply_views(std::move(views), now);
-    publish(now);
+    if (news || activation_pending_) publish(now);
     if (now - last_count >= kHandOffCountInterval) {
       last_count = now;
       hand_off(now);
@@ -179,6 +183,14 @@ void ClusterNode::run() {
 
 void ClusterNode::apply_views(std::vector<ClusterView> views, nanoseconds now) {
   for (const ClusterView& view : views) {
+    for (const ClusterView::Member& member : view.members) {
+      if (member.id == options_.node_id) self_create_revision_ = member.create_revision;
+    }
+    // After start_over(): only what was read after the new registration.
+    if (skip_views_through_ != 0) {
+      if (self_create_revision_ <= skip_views_through_) continue;
+      skip_views_through_ = 0;
+    }
     // Member keys: gone, new, or registered again (a new create revision is
     // a new incarnation even if no view saw the key missing).
     std::unordered_map<std::string, SeenMember> present;
@@ -231,6 +243,7 @@ void ClusterNode::publish(nanoseconds now) {
       buckets[b] = lease::internal::ClusterGate::kOwned;
     }
   }
+  activation_pending_ = active < owned;
   if (gate_ && gate_->epoch == map_->epoch && gate_->buckets == buckets) return;
   auto gate = std::make_shared<lease::internal::ClusterGate>();
   gate->epoch = map_->epoch;

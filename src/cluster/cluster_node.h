@@ -59,11 +59,6 @@
 
 namespace shardlock::cluster {
 
-// "etcd://HOST:PORT[,HOST:PORT...]" (the scheme may be left out) as the
-// endpoint list MembershipOptions::endpoints takes; false with `error` for
-// another scheme, an empty list or an endpoint that is not HOST:PORT.
-[[nodiscard]] bool parse_etcd_url(std::string_view url, std::string& endpoints, std::string& error);
-
 struct ClusterNodeOptions {
   std::string endpoints;  // etcd, "HOST:PORT[,HOST:PORT...]"
   std::string cluster_name = "default";
@@ -94,6 +89,7 @@ struct ClusterNodeStats {
   std::size_t leases_to_hand_off = 0;  // at the last count
   std::uint64_t gates_published = 0;
   std::uint64_t acks_written = 0;
+  std::uint64_t restarts = 0;  // start_over(): a new etcd lease after losing one
   bool lease_alive = false;
   MembershipStats membership;
 };
@@ -129,6 +125,11 @@ class ClusterNode {
   void apply_views(std::vector<ClusterView> views, std::chrono::nanoseconds now);
   void publish(std::chrono::nanoseconds now);
   void hand_off(std::chrono::nanoseconds now);
+  // The node lost its etcd lease and registered again: everything it knew
+  // may be stale (the cluster may have given its buckets away meanwhile),
+  // so it closes the gate and starts over as at a start.
+  void start_over();
+  void publish_closed_gate();
   void note(std::string_view line) { options_.log(line); }
 
   ClusterNodeOptions options_;
@@ -147,6 +148,14 @@ class ClusterNode {
   std::shared_ptr<const ClusterRouting> routing_;
   std::shared_ptr<const lease::internal::ClusterGate> gate_;
   std::uint64_t new_epoch_asked_for_ = 0;
+  bool activation_pending_ = false;  // an owned bucket is not active yet
+  // The membership registration the activation state belongs to, and this
+  // node's member key's create revision as the views last showed it.
+  std::uint64_t registration_ = 0;
+  std::int64_t self_create_revision_ = 0;
+  // After a new registration: views read before it are skipped (those that
+  // show this node's key older than this revision).
+  std::int64_t skip_views_through_ = 0;
 
   mutable Mutex mutex_;
   std::condition_variable_any wake_;

@@ -380,10 +380,10 @@ void Membership::note_etcd_error(std::string_view what, const std::string& detai
 
 void Membership::set_deadline(nanoseconds send_time, std::int64_t ttl_seconds) {
   const nanoseconds deadline = send_time + seconds(ttl_seconds) - options_.drift_margin;
-  // Relaxed: see lease_deadline(). Only this node's registration and
-  // keep-alive paths store it, one at a time (start(), then the keep-alive
-  // thread).
-  deadline_ns_.store(deadline.count(), std::memory_order_relaxed);
+  // Release: pairs with lease_deadline_of(), publishing registration_ as
+  // raised before it. Only this node's registration and keep-alive paths
+  // store it, one at a time (start(), then the keep-alive thread).
+  deadline_ns_.store(deadline.count(), std::memory_order_release);
 }
 
 std::error_code Membership::register_member(std::string& detail, std::int64_t* revision) {
@@ -414,6 +414,10 @@ std::error_code Membership::register_member(std::string& detail, std::int64_t* r
              "'): another live node has this id, or a previous run's lease has not expired yet";
     return make_error_code(MembershipErrc::kMemberExists);
   }
+  // The new registration is counted before its deadline is published
+  // (set_deadline's release), so lease_deadline_of() never pairs an earlier
+  // registration with this lease's deadline.
+  registration_.fetch_add(1, std::memory_order_relaxed);
   set_deadline(send_time, granted.value.ttl_seconds);
   if (revision != nullptr) *revision = put.value.revision;
   LockGuard lock(mutex_);

@@ -10,6 +10,7 @@
 //   options.advertise = "10.0.0.7:7700";
 //   options.data_dir = "/var/lib/shardlock";
 //   options.on_map_change = [](const ClusterMap& map) { ... };
+//   options.on_view = [](const ClusterView& view) { ... };  // hand-offs, gone members
 //   std::unique_ptr<Membership> member;
 //   if (auto ec = Membership::start(options, member, detail)) ...;
 //   member->lease_alive();          // the grant path's check (b)
@@ -225,9 +226,27 @@ class Membership {
   }
   [[nodiscard]] bool lease_alive() const { return lease_alive(options_.clock()); }
   [[nodiscard]] std::chrono::nanoseconds lease_deadline() const noexcept {
-    // Relaxed is enough: the deadline is a value on its own, nothing else is
-    // published through it, and it is read again on every check.
+    // Relaxed is enough here: the deadline is a value on its own, read again
+    // on every check (lease_deadline_of() is the one that pairs).
     return std::chrono::nanoseconds(deadline_ns_.load(std::memory_order_relaxed));
+  }
+  // Registrations so far: 1 after start(), one more each time the node
+  // registers again under a new etcd lease (after losing one).
+  [[nodiscard]] std::uint64_t registration() const noexcept {
+    return registration_.load(std::memory_order_relaxed);  // relaxed: see lease_deadline_of()
+  }
+  // lease_deadline() while the node is still in registration `registration`,
+  // else 0 (passed). A grant decided on what the node knew under an earlier
+  // lease must not use a later lease's deadline: while the node was without
+  // a lease, the cluster may have given its buckets away.
+  [[nodiscard]] std::chrono::nanoseconds lease_deadline_of(
+      std::uint64_t registration) const noexcept {
+    // Acquire pairs with set_deadline()'s release, which register_member()
+    // issues after raising registration_: a deadline of a later
+    // registration comes with that registration's count.
+    const std::int64_t deadline = deadline_ns_.load(std::memory_order_acquire);
+    return std::chrono::nanoseconds(
+        registration_.load(std::memory_order_relaxed) == registration ? deadline : 0);
   }
 
   // The newest adopted map; epoch 0 and no members before the first.
@@ -235,8 +254,8 @@ class Membership {
 
   // Sets this node's member state to draining (kept across re-registration),
   // so the next map leaves it out while its member key stays alive. One
-  // etcd put. A drain by code is never undone by a drain/<self> key going
-  // away.
+  // etcd put, after a registration in flight (at most two etcd calls). A
+  // drain by code is never undone by a drain/<self> key going away.
   [[nodiscard]] EtcdStatus drain();
 
   // Puts handoff/<node_id> = `epoch` (decimal) under the node's current etcd
@@ -289,8 +308,10 @@ class Membership {
   // Grants a lease and puts the member key under it if absent; the put's
   // revision in `revision`.
   std::error_code register_member(std::string& detail, std::int64_t* revision = nullptr);
-  // Puts the member key with state_ (under member_key_mutex_, held).
-  EtcdStatus put_member_state(MemberState state, std::int64_t lease);
+  // Puts the member key with `state` under `lease`; the caller holds
+  // member_key_mutex_ and has just set state_ to `state`.
+  EtcdStatus put_member_state(MemberState state, std::int64_t lease)
+      SHARDLOCK_REQUIRES(member_key_mutex_);
   // A drain/<self> key appeared or went: switches state_ and puts the member
   // key. True when it put (the caller reads again), false when nothing
   // changed or no lease; nothing when the put failed.
@@ -316,6 +337,7 @@ class Membership {
 
   // Nanoseconds on options_.clock; 0 (never alive) until registered.
   std::atomic<std::int64_t> deadline_ns_{0};
+  std::atomic<std::uint64_t> registration_{0};  // see registration()
 
   mutable Mutex mutex_;
   std::condition_variable_any wake_;  // waits on mutex_ itself

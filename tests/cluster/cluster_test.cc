@@ -10,11 +10,14 @@
 // timing check is a lower bound (no grant before the lock-delay), which a
 // slow machine cannot break.
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -22,6 +25,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "etcd_process.h"
@@ -334,6 +338,89 @@ TEST_F(ClusterTest, AKilledNodesKeysMoveOnlyAfterTheLockDelayWithHigherTokens) {
   // n2's member key vanish, which is after the kill.
   ASSERT_TRUE(first_grant);
   EXPECT_GE(*first_grant - killed_at, kLockDelay);
+}
+
+// A node paused past its etcd lease wakes up with a map that still gives it
+// buckets the cluster has given away meanwhile. It must grant none of them:
+// its lease is gone, and once it registers again it starts over as at a
+// start, never granting by what it knew under the old lease.
+TEST_F(ClusterTest, ANodePausedPastItsEtcdLeaseGrantsNothingItGaveAwayWhenItWakes) {
+  for (const char* id : {"n1", "n2", "n3"}) start_node(id);
+  auto before = client_with_members({"n1", "n2", "n3"});
+  const auto keys = keys_by_owner(*before, 6);
+  for (const std::string& key : keys.at("n2")) ASSERT_TRUE(acquire_until_granted(*before, key));
+  NodeProcess& paused = *nodes_.at("n2");
+  paused.process.signal(SIGSTOP);
+  auto after = client_with_members({"n1", "n3"});
+  // The new owners hold every one of n2's keys when it wakes.
+  std::vector<lease::Lease> held;
+  for (const std::string& key : keys.at("n2")) {
+    ASSERT_TRUE(acquire_until_granted(*after, key));
+    lease::LeaseOptions renewed;
+    renewed.watchdog = true;
+    auto lease = after->try_acquire(key, 2000ms, renewed);
+    ASSERT_TRUE(lease) << key << ": " << lease.error.message();
+    held.push_back(std::move(lease.lease));
+  }
+  paused.process.signal(SIGCONT);
+  // The woken node registers again and the next map gives it its buckets
+  // back, so the new owners' leases end (their renewals are redirected) and
+  // are handed back. Until the first of them ends, the woken node must
+  // grant none of its old keys.
+  auto direct = direct_client(paused.address);
+  const auto all_valid = [&] {
+    return std::all_of(held.begin(), held.end(), [](const lease::Lease& l) { return l.valid(); });
+  };
+  const auto until = std::chrono::steady_clock::now() + 8s;
+  int refused = 0;
+  while (std::chrono::steady_clock::now() < until && all_valid()) {
+    for (const std::string& key : keys.at("n2")) {
+      auto result = direct->try_acquire(key, 1000ms);
+      if (result && all_valid()) {
+        ADD_FAILURE() << key << " granted by the woken node while another holds it";
+      }
+      if (!result) ++refused;
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_GT(refused, 0);
+}
+
+TEST_F(ClusterTest, BadClusterFlagsAreUsageErrorsAndAnUnreachableEtcdFailsTheStart) {
+  const auto run = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), kDaemon);
+    torture::ChildProcess p;
+    EXPECT_TRUE(p.start(args, /*capture_stdout=*/true, root_ + "/flags.log"));
+    EXPECT_TRUE(p.wait_for(30s));
+    std::ifstream log(root_ + "/flags.log");
+    const std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+    return std::make_pair(WIFEXITED(p.exit_status()) ? WEXITSTATUS(p.exit_status()) : -1, text);
+  };
+  const std::string etcd = "etcd://" + etcd_->endpoint();
+  const std::string dir = root_ + "/d";
+  auto [code, log] = run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--data-dir", dir});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("--node-id"), std::string::npos) << log;
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--node-id", "x"});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("--data-dir"), std::string::npos) << log;
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", "http://" + etcd_->endpoint(),
+                             "--node-id", "x", "--data-dir", dir});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("is not etcd://"), std::string::npos) << log;
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--node-id", "x"});
+  EXPECT_EQ(code, 2) << "--node-id without --cluster";
+  std::tie(code, log) =
+      run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--node-id", "bad/id", "--data-dir", dir});
+  EXPECT_EQ(code, 2);
+  EXPECT_NE(log.find("--node-id 'bad/id'"), std::string::npos) << log;
+  // Nothing listens on this port: the start fails, it does not hang.
+  const std::string nowhere =
+      "etcd://127.0.0.1:" + std::to_string(test_support::free_loopback_port());
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", nowhere, "--node-id", "x",
+                             "--data-dir", dir, "--etcd-lease-ttl", "2s"});
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(log.find("cannot join the cluster"), std::string::npos) << log;
 }
 
 }  // namespace

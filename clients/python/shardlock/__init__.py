@@ -12,13 +12,14 @@ see clients/python/README.md.
 from .client import Client, Lease, QueryResult
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
-                     ServerError, ShardlockError, UnreachableError, WaitTimeoutError)
+                     RedirectedError, ServerError, ShardlockError, UnreachableError,
+                     WaitTimeoutError)
 
 __version__ = "0.1.0"
 
 __all__ = [
     "BusyError", "Client", "ClientClosedError", "GrantExpiredError", "Lease",
     "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError", "NotOwnerError",
-    "QueryResult", "RecoveringError", "ServerError", "ShardlockError", "UnreachableError",
+    "QueryResult", "RecoveringError", "RedirectedError", "ServerError", "ShardlockError", "UnreachableError",
     "WaitTimeoutError",
 ]

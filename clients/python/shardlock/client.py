@@ -34,7 +34,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 from . import protocol as p
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
-                     ServerError, ShardlockError, UnreachableError, WaitTimeoutError)
+                     RedirectedError, ServerError, ShardlockError, UnreachableError,
+                     WaitTimeoutError)
 
 if hasattr(time, "CLOCK_BOOTTIME"):
     def _now() -> float:
@@ -269,7 +270,7 @@ class Lease:
             raise UnreachableError("no answer to RENEW of %r" % self.key)
         try:
             _raise_for_reply(reply, self.key)
-        except (NotOwnerError, LeaseExpiredError, ServerError) as error:
+        except (NotOwnerError, LeaseExpiredError, RedirectedError, ServerError) as error:
             self._mark_lost(error)
             raise
 
@@ -342,6 +343,8 @@ def _raise_for_reply(reply: p.Message, key: str) -> None:
         raise LeaseExpiredError("the server no longer has the lease on %r" % key)
     if t == p.ERROR:
         raise ServerError(reply.error, p.WIRE_ERRORS.get(reply.error, "unknown error"))
+    if t == p.REDIRECT:
+        raise RedirectedError(key, reply.epoch)
     raise ShardlockError("unexpected reply %s" % p.type_name(t))
 
 

@@ -39,6 +39,18 @@ class RecoveringError(ShardlockError):
         self.retry_after_ms = retry_after_ms
 
 
+class RedirectedError(ShardlockError):
+    """A cluster node answered REDIRECT: the key belongs to another node in
+    the node's map of `epoch`. This client talks to one server; use a
+    cluster-aware client (the C++ LeaseClient with discover_cluster, or
+    shardlockctl --discover) for a cluster. A renewal answered so means the
+    lease is lost (the node handed the key off)."""
+
+    def __init__(self, key: str, epoch: int) -> None:
+        super().__init__("%r belongs to another cluster node (map epoch %d)" % (key, epoch))
+        self.epoch = epoch
+
+
 class ServerError(ShardlockError):
     """The server answered ERROR; `code` is its WireError number."""
 

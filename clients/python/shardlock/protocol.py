@@ -55,6 +55,10 @@ NOT_OWNER = 0x86
 EXPIRED = 0x87
 RECOVERING = 0x88
 ERROR = 0x89
+# A cluster node (docs/cluster.md): the key belongs to another node in the
+# node's map of this epoch. This client talks to one server and does not
+# follow redirects; it reports them (RedirectedError).
+REDIRECT = 0x8E
 QUERY_REPLY = 0x8A
 STATS_REPLY = 0x8B
 GRANTED_MANY = 0x8C
@@ -104,6 +108,7 @@ _BODIES = {
     EXPIRED: (),
     RECOVERING: (("retry_after_ms", "I"),),
     ERROR: (("error", "H"),),
+    REDIRECT: (("epoch", "Q"),),
     QUERY_REPLY: (("key", _KEY), ("held", "B"), ("token", "Q"), ("ttl_ms", "I"),
                   ("waiters", "I"), ("mode", "B"), ("holders", "I"), ("permits", "I")),
 }
@@ -112,21 +117,21 @@ _BODIES = {
 # computed from exactly these; RECOVERING is also taken as an answer to the
 # others (the server's lock-delay).
 _REPLIES = {
-    ACQUIRE: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR),
-    ACQUIRE_SHARED: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR),
-    ACQUIRE_PERMIT: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR),
-    RENEW: (RENEWED, NOT_OWNER, EXPIRED, ERROR),
+    ACQUIRE: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR, REDIRECT),
+    ACQUIRE_SHARED: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR, REDIRECT),
+    ACQUIRE_PERMIT: (GRANTED, BUSY, TIMEOUT, RECOVERING, ERROR, REDIRECT),
+    RENEW: (RENEWED, NOT_OWNER, EXPIRED, ERROR, REDIRECT, RECOVERING),
     RELEASE: (RELEASED, NOT_OWNER, EXPIRED, ERROR),
-    QUERY: (QUERY_REPLY, ERROR),
+    QUERY: (QUERY_REPLY, ERROR, REDIRECT, RECOVERING),
 }
-_ALSO_ACCEPTED = {RENEW: (RECOVERING,), RELEASE: (RECOVERING,), QUERY: (RECOVERING,)}
+_ALSO_ACCEPTED = {RELEASE: (RECOVERING,)}
 
 _NAMES = {
     ACQUIRE: "ACQUIRE", RENEW: "RENEW", RELEASE: "RELEASE", QUERY: "QUERY",
     STATS: "STATS", ACQUIRE_SHARED: "ACQUIRE_SHARED", ACQUIRE_PERMIT: "ACQUIRE_PERMIT",
     ACQUIRE_MANY: "ACQUIRE_MANY", GRANTED: "GRANTED", BUSY: "BUSY", TIMEOUT: "TIMEOUT",
     RENEWED: "RENEWED", RELEASED: "RELEASED", NOT_OWNER: "NOT_OWNER", EXPIRED: "EXPIRED",
-    RECOVERING: "RECOVERING", ERROR: "ERROR", QUERY_REPLY: "QUERY_REPLY",
+    RECOVERING: "RECOVERING", ERROR: "ERROR", REDIRECT: "REDIRECT", QUERY_REPLY: "QUERY_REPLY",
     STATS_REPLY: "STATS_REPLY", GRANTED_MANY: "GRANTED_MANY", BUSY_MANY: "BUSY_MANY",
     BATCH: "BATCH",
 }
@@ -161,6 +166,7 @@ class Message:
     waiters: int = 0
     mode: int = 0
     holders: int = 0
+    epoch: int = 0  # REDIRECT
 
 
 def _body_size(message: Message) -> int:

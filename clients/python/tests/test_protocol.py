@@ -74,6 +74,7 @@ class PinnedBytes(unittest.TestCase):
             (p.EXPIRED, "", {}),
             (p.RECOVERING, "e1100000", dict(retry_after_ms=4321)),
             (p.ERROR, "0300", dict(error=3)),
+            (p.REDIRECT, "0200000001000000", dict(epoch=0x0000000100000002)),
             (p.QUERY_REPLY,
              "09006f72646572732f34320105000000000000001100000003000000020200000004000000",
              dict(key=KEY, held=1, token=5, ttl_ms=17, waiters=3, mode=2, holders=2,
@@ -130,6 +131,9 @@ class Decoding(unittest.TestCase):
     def test_reply_matching_follows_the_request_table(self):
         self.assertTrue(p.reply_answers(p.ACQUIRE, p.GRANTED))
         self.assertTrue(p.reply_answers(p.RENEW, p.RECOVERING))
+        self.assertTrue(p.reply_answers(p.ACQUIRE, p.REDIRECT))
+        self.assertTrue(p.reply_answers(p.RENEW, p.REDIRECT))
+        self.assertFalse(p.reply_answers(p.RELEASE, p.REDIRECT))
         self.assertFalse(p.reply_answers(p.ACQUIRE, p.RENEWED))
         self.assertFalse(p.reply_answers(p.RELEASE, p.GRANTED))
         self.assertTrue(p.reply_carries_key(p.BUSY))
