@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-release deps-peers run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture package bench-cluster
+        build-release build-bench format lint clean help torture torture-cluster package bench-cluster
 
 all: build-release
 
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
 	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, etcd requests, kill -9 window"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
+	@echo "make torture-cluster  the long cluster run: etcd + 3 nodes, node and etcd faults"
 	@echo "make format     clang-format every source file in place"
 	@echo "make lint       clang-tidy over src/ and tools/ (part of make test's clang stage)"
 	@echo "make package    the Debian package (release build): build/release/shardlock_*.deb"
@@ -98,6 +99,17 @@ TORTURE_FLAGS ?= --seconds 420 --workers 8 --clients 8 --keys 64 --loss 0.2 --du
                  --reorder 0.2 --delay 0.1 --kills 5 --server-pauses 2 --client-pauses 6 --seed 2026
 torture: build-release
 	build/release/tools/shardlock-torture $(TORTURE_FLAGS)
+
+# The long cluster run (docs/cluster.md, "Torture: cluster mode"): etcd and 3
+# nodes, 10% loss, duplicates and reordering; kill -9 restarts, pauses past
+# the etcd lease, a node joining and leaving, drains, node <-> etcd and
+# clients <-> node partitions. The short one is a ctest (torture_cluster_short).
+TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --seconds 240 --workers 6 --clients 6 --keys 64 \
+                         --loss 0.1 --duplicate 0.1 --reorder 0.1 --delay 0.1 --kills 4 \
+                         --server-pauses 3 --client-pauses 4 --joins 3 --drains 3 \
+                         --etcd-partitions 3 --client-partitions 3 --seed 2026
+torture-cluster: build-release
+	build/release/tools/shardlock-torture $(TORTURE_CLUSTER_FLAGS)
 
 # ---- house tooling -------------------------------------------------------
 SOURCES = $(shell git ls-files '*.h' '*.cc')

@@ -4,8 +4,12 @@
 // restarts and process pauses, then checks the history with a checker that
 // shares no code with the client or server (tests/torture/).
 //
+// With --cluster-nodes N it runs etcd and N shardlockd nodes in one cluster
+// and adds the cluster's faults (docs/cluster.md, "Torture: cluster mode").
+//
 // Exit status: 0 no violation, 1 violations found, 2 usage, 3 the run could
-// not be set up (or failed unexpectedly).
+// not be set up (or failed unexpectedly), 77 cluster mode without etcd
+// installed (skipped).
 #include <CLI/CLI.hpp>
 #include <cstdio>
 #include <filesystem>
@@ -14,6 +18,9 @@
 #include "common/command_line.h"
 #include "run.h"
 #include "worker.h"
+#ifdef SHARDLOCK_TORTURE_CLUSTER
+#include "cluster.h"
+#endif
 
 namespace {
 
@@ -27,7 +34,9 @@ int run(int argc, char** argv) {
       "shared, permit and multi-key leases), then check that no exclusive holder shared its key, "
       "no semaphore had more than its permits, multi-key grants were all-or-nothing, tokens "
       "only rose, the fenced resource lost no increment, nothing was granted during "
-      "lock-delay, and every client recovered"};
+      "lock-delay, and every client recovered. With --cluster-nodes, the same against a cluster "
+      "of shardlockd nodes and etcd (docs/cluster.md, \"Torture: cluster mode\"), plus that "
+      "every grant came from its key's owner in the map of its token's epoch"};
   app.set_version_flag("--version", "shardlock-torture 0.1.0");
   TortureOptions o;
   const std::filesystem::path self_dir = std::filesystem::path(argv[0]).parent_path();
@@ -121,6 +130,43 @@ int run(int argc, char** argv) {
   app.add_flag("--quiet", quiet, "no progress line");
   app.add_flag("--unsafe-no-lock-delay", o.unsafe_no_lock_delay,
                "run the server with --lock-delay 0 (unsafe: to show the checker catches it)");
+  auto* cluster_nodes =
+      app.add_option("--cluster-nodes", o.cluster_nodes,
+                     "cluster mode: run a real etcd and this many shardlockd nodes in one cluster "
+                     "(each behind its own proxy, which it advertises; workers discover the map "
+                     "from the proxies), and add the cluster faults below; --kills and "
+                     "--server-pauses then hit random nodes, each pause longer than the etcd lease "
+                     "TTL. 0: one shardlockd")
+          ->capture_default_str()
+          ->check(CLI::Range(0, 16));
+  app.add_option("--etcd-lease-ttl", o.etcd_lease_ttl_s,
+                 "cluster mode: the nodes' etcd lease TTL in seconds (etcd's minimum is 2)")
+      ->capture_default_str()
+      ->check(CLI::Range(2, 600))
+      ->needs(cluster_nodes);
+  app.add_option("--joins", o.joins,
+                 "cluster mode: an extra node joins, then leaves with SIGTERM (membership changes)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000))
+      ->needs(cluster_nodes);
+  app.add_option("--drains", o.drains,
+                 "cluster mode: a node is drained (etcd key /shardlock/NAME/drain/ID), then "
+                 "undrained")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000))
+      ->needs(cluster_nodes);
+  app.add_option("--etcd-partitions", o.etcd_partitions,
+                 "cluster mode: a node's connections to etcd are reset and refused for 2 x the "
+                 "etcd lease TTL + 1 s (a TCP proxy between each node and etcd)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000))
+      ->needs(cluster_nodes);
+  app.add_option("--client-partitions", o.client_partitions,
+                 "cluster mode: every datagram between the clients and a node is dropped for "
+                 "2 x max TTL")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000))
+      ->needs(cluster_nodes);
   app.add_flag("--unsafe-no-data-dir", o.unsafe_no_data_dir,
                "run the server without a data dir, so tokens restart after kill -9 (unsafe: to "
                "show the checker catches it)");
@@ -131,6 +177,8 @@ int run(int argc, char** argv) {
   worker->add_option("--index", w.index)->required();
   worker->add_option("--clients", w.clients)->required();
   worker->add_option("--server", w.server)->required();
+  worker->add_flag("--cluster", w.cluster);
+  worker->add_option("--node-names", w.node_names);
   worker->add_option("--resource", w.resource)->required();
   worker->add_option("--history", w.history_dir)->required();
   worker->add_option("--seed", w.seed)->required();
@@ -156,6 +204,23 @@ int run(int argc, char** argv) {
                  "exceed 1\n");
     return 2;
   }
+  if (o.cluster_nodes == 1) {
+    std::fprintf(stderr, "shardlock-torture: --cluster-nodes needs at least 2 nodes (0: one)\n");
+    return 2;
+  }
+  if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {
+    std::fprintf(stderr, "shardlock-torture: a cluster node needs its data dir\n");
+    return 2;
+  }
+#ifdef SHARDLOCK_TORTURE_CLUSTER
+  const shardlock::torture::ClusterFactory make_cluster = shardlock::torture::make_cluster;
+#else
+  const shardlock::torture::ClusterFactory make_cluster = nullptr;
+  if (o.cluster_nodes > 0) {
+    std::fprintf(stderr, "shardlock-torture: this build has no cluster mode (no grpc++)\n");
+    return 2;
+  }
+#endif
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
   o.progress = !quiet;
   if (!std::filesystem::exists(o.shardlockd)) {
@@ -164,7 +229,7 @@ int run(int argc, char** argv) {
     return 2;
   }
   try {
-    return shardlock::torture::run_torture(o);
+    return shardlock::torture::run_torture(o, make_cluster);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "shardlock-torture: %s\n", e.what());
     return kExitNotSetUp;

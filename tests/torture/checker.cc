@@ -27,10 +27,11 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 9> kAllKinds = {
+constexpr std::array<ViolationKind, 11> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
     ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
+    ViolationKind::kOwner,    ViolationKind::kKeyLiveness,
 };
 constexpr std::size_t kModeCount = 3;
 
@@ -98,6 +99,7 @@ struct Grant {
   std::int64_t cut = 0;                        // the first release invocation or loss
   AcquireMode mode = AcquireMode::kExclusive;  // the first acquire_ok's
   std::int64_t permits = 0;
+  std::string_view node;  // the first acquire_ok's (cluster mode)
 };
 
 // The largest token granted, and which event granted it.
@@ -164,6 +166,7 @@ struct Interval {
   std::uint64_t token;
   AcquireMode mode;
   std::int64_t permits;
+  std::string_view node;
 };
 
 // Whether holders in modes `a` and `b` (of different clients) may not
@@ -223,8 +226,18 @@ struct TopTwo {
 std::string interval_text(const Interval& x) {
   std::string text = "client " + num(x.client);
   if (x.mode != AcquireMode::kExclusive) text += " " + std::string(to_string(x.mode));
-  return text + " token " + num(x.token) + " [" + num(x.start) + ", " + num(x.end) + ")";
+  text += " token " + num(x.token);
+  if (!x.node.empty()) text += " from node " + std::string(x.node);
+  return text + " [" + num(x.start) + ", " + num(x.end) + ")";
 }
+
+// " from node N" for an acquire_ok a cluster node answered, else "".
+std::string from_node(const Event& e) {
+  return e.node.empty() ? std::string() : " from node " + e.node;
+}
+
+// A cluster token's epoch: its high 32 bits (docs/cluster.md, "Tokens").
+constexpr std::uint64_t token_epoch(std::uint64_t token) { return token >> 32; }
 
 // "shared ", "permit ", "multi ", "multi shared ", or "" for an exclusive
 // single-key acquire (the names the report had before the other kinds).
@@ -316,6 +329,10 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "permit_limit";
     case ViolationKind::kAllOrNothing:
       return "all_or_nothing";
+    case ViolationKind::kOwner:
+      return "owner";
+    case ViolationKind::kKeyLiveness:
+      return "key_liveness";
   }
   return "unknown";
 }
@@ -356,6 +373,7 @@ std::string CheckReport::text() const {
   for (const auto& [name, count] : faults) {
     out += "  " + pad(name, width) + std::to_string(count) + "\n";
   }
+  if (maps > 0) out += "cluster maps published: " + std::to_string(maps) + "\n";
   out += liveness_checked ? "liveness checked\n" : "liveness not checked (no healed event)\n";
   if (!examples.empty()) {
     out += "examples\n";
@@ -390,6 +408,7 @@ std::string CheckReport::json() const {
   out += ",\"faults\":";
   append_json_object(out, faults, [](const std::string& s) -> std::string_view { return s; });
   out += ",\"lease_operations\":" + std::to_string(lease_operations);
+  out += ",\"maps\":" + std::to_string(maps);
   out += ",\"liveness_checked\":";
   out += liveness_checked ? "true" : "false";
   out += '}';
@@ -423,12 +442,17 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     if (inserted) key_names.push_back(key);
     return it->second;
   };
-  std::vector<std::size_t> starts;  // server_start events, in time order
+  // server_start events in time order, per node ("" for a single node's,
+  // which bind every grant).
+  std::unordered_map<std::string_view, std::vector<std::size_t>> starts;
+  // Cluster mode: each published map's event, by epoch.
+  std::unordered_map<std::uint64_t, std::size_t> maps;
   bool healed = false;
   std::int64_t healed_t = 0;  // the last healed event
   for (const std::size_t i : order) {
     const Event& e = history[i];
-    if (e.kind == EventKind::kServerStart) starts.push_back(i);
+    if (e.kind == EventKind::kServerStart) starts[e.node].push_back(i);
+    if (e.kind == EventKind::kMap) maps.try_emplace(e.epoch, i);
     if (e.kind == EventKind::kHealed) healed = true, healed_t = e.t_ns;
   }
   report.liveness_checked = healed;
@@ -463,6 +487,25 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     std::int64_t later_grant = 0;
   };
   std::map<std::int64_t, Liveness> clients;
+  // Per key: asked for within the liveness bound after the heal, and granted
+  // after the heal.
+  struct KeyLiveness {
+    bool wanted = false;
+    std::size_t first_invoke = 0;
+    std::uint64_t failures = 0;
+    std::size_t last_failure = 0;
+    bool granted = false;
+  };
+  std::unordered_map<std::uint32_t, KeyLiveness> key_liveness;
+  const auto keys_of_event = [&](const Event& e) {
+    std::vector<std::uint32_t> ids;
+    if (e.multi_key()) {
+      for (const std::string& key : e.keys) ids.push_back(key_id(key));
+    } else {
+      ids.push_back(key_id(e.key));
+    }
+    return ids;
+  };
   std::vector<std::size_t> finals;
   const auto count = [&](std::string name) { ++report.operations[std::move(name)]; };
   const auto outcome = [](const std::string& error) {
@@ -477,6 +520,20 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     if (healed && client_event && e.t_ns >= healed_t) {
       Liveness& live = clients[e.client];
       if (!live.active) live.active = true, live.first_active = e.t_ns;
+    }
+    const bool after_heal = healed && e.t_ns >= healed_t;
+    if (after_heal && (e.kind == EventKind::kAcquireInvoke || e.kind == EventKind::kAcquireOk ||
+                       e.kind == EventKind::kAcquireFail)) {
+      for (const std::uint32_t id : keys_of_event(e)) {
+        KeyLiveness& live = key_liveness[id];
+        if (e.kind == EventKind::kAcquireOk) {
+          live.granted = true;
+        } else if (e.kind == EventKind::kAcquireFail) {
+          ++live.failures, live.last_failure = i;
+        } else if (!live.wanted && e.t_ns <= live_until) {
+          live.wanted = true, live.first_invoke = i;
+        }
+      }
     }
     switch (e.kind) {
       case EventKind::kAcquireInvoke: {
@@ -527,7 +584,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
           Grant& g = grants[GrantId{e.client, id, token}];
           if (!g.has_start) {
             g.has_start = true, g.start = e.t_ns;
-            g.mode = e.mode, g.permits = e.permits;
+            g.mode = e.mode, g.permits = e.permits, g.node = e.node;
           }
           g.has_end = true, g.end = e.expiry_ns;
 
@@ -543,9 +600,10 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
             recorder.add(ViolationKind::kTokenOrder, key, [&] {
               const Event& a = history[max_before.event];
               return "client " + num(e.client) + " invoked acquire at " +
-                     num(history[inv->event].t_ns) + " and got token " + num(token) + " at " +
-                     num(e.t_ns) + ", but client " + num(a.client) + " had received token " +
-                     num(token_of(a, key)) + " at " + num(a.t_ns);
+                     num(history[inv->event].t_ns) + " and got token " + num(token) + from_node(e) +
+                     " at " + num(e.t_ns) + ", but client " + num(a.client) +
+                     " had received token " + num(token_of(a, key)) + from_node(a) + " at " +
+                     num(a.t_ns);
             });
           }
           if (!k.at_now.set || e.t_ns > k.now) {
@@ -562,25 +620,55 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
           if (!emplaced.second && history[first->second].client != e.client) {
             recorder.add(ViolationKind::kDuplicateToken, key, [&] {
               const Event& a = history[first->second];
-              return "token " + num(token) + " granted to client " + num(a.client) + " at " +
-                     num(a.t_ns) + " and to client " + num(e.client) + " at " + num(e.t_ns);
+              return "token " + num(token) + " granted to client " + num(a.client) + from_node(a) +
+                     " at " + num(a.t_ns) + " and to client " + num(e.client) + from_node(e) +
+                     " at " + num(e.t_ns);
             });
+          }
+
+          // Cluster mode: the node that answered must own the key in the
+          // map of the epoch its token carries.
+          if (!e.node.empty() && !maps.empty()) {
+            const auto map = maps.find(token_epoch(token));
+            if (map == maps.end()) {
+              recorder.add(ViolationKind::kOwner, key, [&] {
+                return "client " + num(e.client) + " got token " + num(token) + from_node(e) +
+                       " at " + num(e.t_ns) + ", whose epoch " + num(token_epoch(token)) +
+                       " is no published map's";
+              });
+            } else {
+              const Event& m = history[map->second];
+              const auto owner =
+                  std::find_if(m.owners.begin(), m.owners.end(),
+                               [&](const auto& candidate) { return candidate.first == key; });
+              if (owner != m.owners.end() && owner->second != e.node) {
+                recorder.add(ViolationKind::kOwner, key, [&] {
+                  return "client " + num(e.client) + " got token " + num(token) + from_node(e) +
+                         " at " + num(e.t_ns) + ", but the map of epoch " + num(m.epoch) +
+                         " gives the key to node " + owner->second;
+                });
+              }
+            }
           }
         }
 
-        if (inv.has_value()) {
+        // A node's starts bind the grants it answers; a single node's (no
+        // node) bind every grant.
+        const auto node_starts = starts.find(std::string_view(e.node));
+        if (inv.has_value() && node_starts != starts.end()) {
+          const std::vector<std::size_t>& node_start = node_starts->second;
           const std::int64_t invoked = history[inv->event].t_ns;
           // The latest start at or before the invocation.
           const auto after =
-              std::upper_bound(starts.begin(), starts.end(), invoked,
+              std::upper_bound(node_start.begin(), node_start.end(), invoked,
                                [&](std::int64_t t, std::size_t s) { return t < history[s].t_ns; });
-          if (after != starts.begin()) {
+          if (after != node_start.begin()) {
             const Event& s = history[*std::prev(after)];
             const std::int64_t delay_end = s.t_ns + s.lock_delay_ms * kNsPerMs;
             if (e.t_ns < delay_end) {
               recorder.add(ViolationKind::kLockDelay, keys_text(e), [&] {
                 return "client " + num(e.client) + " invoked acquire at " + num(invoked) +
-                       " and got " + tokens_text(e) + " at " + num(e.t_ns) +
+                       " and got " + tokens_text(e) + from_node(e) + " at " + num(e.t_ns) +
                        ", within the lock delay of incarnation " + num(s.incarnation) +
                        " started at " + num(s.t_ns) + " (delay ends " + num(delay_end) + ")";
               });
@@ -695,6 +783,28 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       case EventKind::kNetFaultsOn:
         ++report.faults["network faults"];
         break;
+      case EventKind::kNodeJoin:
+        ++report.faults["node join"];
+        break;
+      case EventKind::kNodeLeave:
+        ++report.faults["node leave"];
+        break;
+      case EventKind::kDrainOn:
+        ++report.faults["node drain"];
+        break;
+      case EventKind::kEtcdCutOn:
+        ++report.faults["etcd partition"];
+        break;
+      case EventKind::kClientCutOn:
+        ++report.faults["client partition"];
+        break;
+      case EventKind::kMap:
+        ++report.maps;
+        break;
+      case EventKind::kDrainOff:
+      case EventKind::kEtcdCutOff:
+      case EventKind::kClientCutOff:
+        break;
       case EventKind::kServerStart:
       case EventKind::kServerReady:
       case EventKind::kServerResume:
@@ -739,7 +849,8 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     if (!g.has_start || !g.has_end) continue;
     const std::int64_t end = g.has_cut ? std::min(g.end, g.cut) : g.end;
     if (end <= g.start) continue;  // never valid
-    intervals.push_back(Interval{g.start, end, id.client, id.key, id.token, g.mode, g.permits});
+    intervals.push_back(
+        Interval{g.start, end, id.client, id.key, id.token, g.mode, g.permits, g.node});
   }
   std::sort(intervals.begin(), intervals.end(), [](const Interval& a, const Interval& b) {
     return std::tie(a.start, a.end, a.key, a.client, a.token) <
@@ -798,6 +909,24 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
                                      : std::string("; no grant after heal"));
       });
     }
+  }
+
+  for (const auto& entry : key_liveness) {
+    const std::uint32_t id = entry.first;  // named, not bound: see above
+    const KeyLiveness& live = entry.second;
+    if (!live.wanted || live.granted) continue;
+    recorder.add(ViolationKind::kKeyLiveness, key_names[id], [&] {
+      const Event& first = history[live.first_invoke];
+      std::string text = "asked for by client " + num(first.client) + " at " + num(first.t_ns) +
+                         ", within the liveness bound after healed at " + num(healed_t) +
+                         ", and never granted to anyone after the heal (" + num(live.failures) +
+                         " failed acquires";
+      if (live.failures > 0) {
+        const Event& last = history[live.last_failure];
+        text += ", the last at " + num(last.t_ns) + ": " + outcome(last.error);
+      }
+      return text + ")";
+    });
   }
 
   recorder.finish();

@@ -45,7 +45,18 @@
 //   lock_delay       no grant (of any kind) invoked after a server start is
 //                    received within that start's lock delay;
 //   liveness         after the last fault heals, every client still active
-//                    gets a grant (of any kind) within the liveness bound.
+//                    gets a grant (of any kind) within the liveness bound;
+//   key_liveness     after the last fault heals, every key some client asks
+//                    for within the liveness bound is granted (to anyone, of
+//                    any kind) at least once before the history ends: a key
+//                    the system stopped serving is caught even while its
+//                    clients keep being served other keys;
+//   owner            (cluster mode: grants that name their node, and map
+//                    events) every grant was answered by the node that the
+//                    map of its token's epoch (token >> 32) gives the key
+//                    to, and that epoch is a published map's. The nodes'
+//                    own starts bind lock_delay: a node's restart delays only
+//                    the grants it answers.
 #pragma once
 
 #include <cstddef>
@@ -74,6 +85,8 @@ enum class ViolationKind : std::uint8_t {
   kLiveness,
   kPermitLimit,
   kAllOrNothing,
+  kOwner,
+  kKeyLiveness,
 };
 
 struct Violation {
@@ -94,8 +107,12 @@ struct CheckReport {
   // (exclusive multi-key), "multi shared acquire ok".
   // Invocations with no completion appear as "<op> unfinished".
   std::map<std::string, std::uint64_t> operations;
-  // "server kill -9", "server pause", "client pause", "network faults".
+  // "server kill -9", "server pause", "client pause", "network faults", and
+  // in cluster mode (when they happened) "node join", "node leave", "node
+  // drain", "etcd partition", "client partition".
   std::map<std::string, std::uint64_t> faults;
+  // Cluster mode: the maps etcd published during the run (map events).
+  std::uint64_t maps = 0;
   // Acquire, renew and release completions, ok or not.
   std::uint64_t lease_operations = 0;
   // False when the history has no healed event.
@@ -113,7 +130,8 @@ struct CheckReport {
 };
 
 // "overlap", "token_order", "duplicate_token", "fencing", "lost_increment",
-// "lock_delay", "liveness", "permit_limit", "all_or_nothing".
+// "lock_delay", "liveness", "permit_limit", "all_or_nothing", "owner",
+// "key_liveness".
 [[nodiscard]] std::string_view to_string(ViolationKind kind) noexcept;
 
 // Judges `history` (any order; sorted by t_ns here, stable). Never throws on

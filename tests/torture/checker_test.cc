@@ -133,11 +133,22 @@ void expect_only(const CheckReport& report, ViolationKind kind, std::size_t coun
   for (const Violation& v : report.examples) EXPECT_EQ(v.kind, kind) << v.detail;
 }
 
+// Parses each line into `history`, and expects it to format back unchanged.
+void parse_lines(const std::vector<std::string>& lines, std::vector<Event>& history) {
+  for (const std::string& line : lines) {
+    std::string error;
+    std::optional<Event> e = parse_event(line, &error);
+    ASSERT_TRUE(e.has_value()) << line << ": " << error;
+    EXPECT_EQ(format_event(*e), line);
+    history.push_back(std::move(*e));
+  }
+}
+
 TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 9u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 11u);  // every kind, at zero
 }
 
 // A history without grants, or without a healed event, has no violation
@@ -344,6 +355,38 @@ TEST(Checker, Liveness) {
   EXPECT_TRUE(report.ok()) << report.text();
 }
 
+// A key nobody is granted after the heal, while every client keeps being
+// served other keys: what a client stuck on a map whose owner of that key
+// left looks like (each acquire of it unreachable).
+TEST(Checker, KeyLiveness) {
+  std::vector<Event> history = {
+      make(ms(1000), EventKind::kHealed),
+      acquire_invoke(ms(1100), 0, 1, "k"),
+      acquire_ok(ms(1110), 0, 1, "k", 1, ms(1200)),
+      acquire_invoke(ms(1300), 0, 2, "gone"),
+      acquire_fail(ms(2300), 0, 2, "gone", "unreachable"),
+      acquire_invoke(ms(2400), 1, 1, "gone"),
+      acquire_fail(ms(3400), 1, 1, "gone", "unreachable"),
+      acquire_invoke(ms(3500), 1, 2, "k"),
+      acquire_ok(ms(3510), 1, 2, "k", 2, ms(3600)),
+      // Asked for only after the bound: not judged.
+      acquire_invoke(ms(30000), 1, 3, "late"),
+      acquire_fail(ms(30001), 1, 3, "late", "unreachable"),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKeyLiveness));
+  EXPECT_EQ(report.examples[0].key, "gone");
+  EXPECT_NE(report.examples[0].detail.find("2 failed acquires"), std::string::npos)
+      << report.examples[0].detail;
+  EXPECT_NE(report.examples[0].detail.find("unreachable"), std::string::npos);
+
+  // Granted once after the heal, however late (here in a multi-key grant
+  // after the bound): the key is served again.
+  history.push_back(acquire_many_invoke(ms(40000), 1, 4, {"gone", "k"}));
+  history.push_back(acquire_many_ok(ms(40010), 1, 4, {"gone", "k"}, {7, 8}, ms(40100)));
+  EXPECT_TRUE(check(history, CheckOptions{}).ok()) << check(history, CheckOptions{}).text();
+}
+
 TEST(Checker, ParsesTextHistory) {
   const std::vector<std::string> lines = {
       "1000 server_start incarnation=1 lock_delay_ms=0",
@@ -358,13 +401,7 @@ TEST(Checker, ParsesTextHistory) {
       "10000 final_counter key=k value=1",
   };
   std::vector<Event> history;
-  for (const std::string& line : lines) {
-    std::string error;
-    std::optional<Event> e = parse_event(line, &error);
-    ASSERT_TRUE(e.has_value()) << line << ": " << error;
-    EXPECT_EQ(format_event(*e), line);
-    history.push_back(std::move(*e));
-  }
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
   const CheckReport report = check(history, CheckOptions{});
   expect_only(report, ViolationKind::kOverlap);
   EXPECT_EQ(report.operations.at("try-acquire ok"), 1u);
@@ -771,13 +808,7 @@ TEST(CheckerKinds, ParsesAndFormatsTheKinds) {
       "9000 hold client=2 key=b token=5 expiry_ns=95000000",
   };
   std::vector<Event> history;
-  for (const std::string& line : lines) {
-    std::string error;
-    std::optional<Event> e = parse_event(line, &error);
-    ASSERT_TRUE(e.has_value()) << line << ": " << error;
-    EXPECT_EQ(format_event(*e), line);
-    history.push_back(std::move(*e));
-  }
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
   EXPECT_EQ(history[0].mode, AcquireMode::kShared);
   EXPECT_EQ(history[2].mode, AcquireMode::kPermit);
   EXPECT_EQ(history[2].permits, 2);
@@ -900,10 +931,160 @@ TEST(Checker, TextNamesEveryKind) {
   for (const ViolationKind kind :
        {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
         ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
-        ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing}) {
+        ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing,
+        ViolationKind::kOwner, ViolationKind::kKeyLiveness}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
+}
+
+// ---- cluster mode: grants name their node, maps name each key's owner ----
+
+constexpr std::uint64_t cluster_token(std::uint64_t epoch, std::uint64_t counter) {
+  return epoch << 32 | counter;
+}
+Event from(Event e, std::string node) {
+  e.node = std::move(node);
+  return e;
+}
+Event map_event(std::int64_t t, std::uint64_t epoch,
+                std::vector<std::pair<std::string, std::string>> owners) {
+  Event e = make(t, EventKind::kMap);
+  e.epoch = epoch, e.owners = std::move(owners);
+  return e;
+}
+Event node_start(std::int64_t t, std::string node, std::int64_t incarnation,
+                 std::int64_t lock_delay_ms) {
+  return from(server_start(t, incarnation, lock_delay_ms), std::move(node));
+}
+
+// k moves from n1 (epoch 5) to n2 (epoch 9); each grant comes from the
+// owner of its token's epoch, tokens rise across the owners.
+std::vector<Event> clean_cluster_history() {
+  return {
+      map_event(ms(0), 5, {{"k", "n1"}, {"j", "n2"}}),
+      acquire_invoke(ms(10), 0, 1, "k"),
+      from(acquire_ok(ms(20), 0, 1, "k", cluster_token(5, 1), ms(120)), "n1"),
+      release_invoke(ms(30), 0, 2, "k", cluster_token(5, 1)),
+      map_event(ms(200), 9, {{"k", "n2"}, {"j", "n2"}}),
+      acquire_invoke(ms(300), 1, 1, "k"),
+      from(acquire_ok(ms(310), 1, 1, "k", cluster_token(9, 1), ms(410)), "n2"),
+      // j in a multi-key grant from its owner.
+      acquire_many_invoke(ms(320), 0, 3, {"j"}),
+      from(acquire_many_ok(ms(330), 0, 3, {"j"}, {cluster_token(9, 1)}, ms(430)), "n2"),
+  };
+}
+
+TEST(CheckerCluster, GrantsFromTheOwnerOfTheirTokensEpochAreOk) {
+  const CheckReport report = check(clean_cluster_history(), CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.maps, 2u);
+}
+
+// A grant by a node the map of its token's epoch does not give the key to:
+// the old owner granting after the map moved the key, with a token in the
+// new epoch, is what a node that missed its hand-off would do.
+TEST(CheckerCluster, AGrantFromANodeThatDoesNotOwnTheKeyInItsEpochIsAnOwnerViolation) {
+  std::vector<Event> history = clean_cluster_history();
+  history.push_back(acquire_invoke(ms(500), 2, 1, "k"));
+  history.push_back(from(acquire_ok(ms(510), 2, 1, "k", cluster_token(9, 2), ms(600)), "n1"));
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOwner));
+  EXPECT_EQ(report.examples[0].key, "k");
+  EXPECT_NE(report.examples[0].detail.find("from node n1"), std::string::npos)
+      << report.examples[0].detail;
+  EXPECT_NE(report.examples[0].detail.find("gives the key to node n2"), std::string::npos)
+      << report.examples[0].detail;
+}
+
+TEST(CheckerCluster, AMultiKeyGrantIsJudgedPerKey) {
+  std::vector<Event> history = clean_cluster_history();
+  history.push_back(acquire_many_invoke(ms(500), 2, 1, {"j", "k"}));
+  // n2 owns both in epoch 9, n1 neither.
+  history.push_back(from(acquire_many_ok(ms(510), 2, 1, {"j", "k"},
+                                         {cluster_token(9, 7), cluster_token(9, 8)}, ms(600)),
+                         "n1"));
+  expect_only(check(history, CheckOptions{}), ViolationKind::kOwner, 2);
+}
+
+TEST(CheckerCluster, ATokenWhoseEpochNoMapHadIsAnOwnerViolation) {
+  std::vector<Event> history = clean_cluster_history();
+  history.push_back(acquire_invoke(ms(500), 2, 1, "k"));
+  history.push_back(from(acquire_ok(ms(510), 2, 1, "k", cluster_token(11, 1), ms(600)), "n2"));
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOwner));
+  EXPECT_NE(report.examples[0].detail.find("epoch 11 is no published map's"), std::string::npos)
+      << report.examples[0].detail;
+}
+
+// Two holders on one key from two nodes: the overlap report names both.
+TEST(CheckerCluster, AnOverlapAcrossNodesNamesBothNodes) {
+  std::vector<Event> history = clean_cluster_history();
+  history.push_back(acquire_invoke(ms(315), 2, 1, "k"));
+  // n1 still grants k in epoch 5 after the move (a paused old owner): the
+  // token is below n2's, and its interval overlaps client 1's.
+  history.push_back(from(acquire_ok(ms(320), 2, 1, "k", cluster_token(5, 2), ms(420)), "n1"));
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kOverlap), 1u) << report.text();
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kTokenOrder), 1u) << report.text();
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kOwner), 0u) << report.text();
+  bool named = false;
+  for (const Violation& v : report.examples) {
+    if (v.kind != ViolationKind::kOverlap) continue;
+    named = v.detail.find("from node n1") != std::string::npos &&
+            v.detail.find("from node n2") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << report.text();
+}
+
+// A node's restart delays only the grants it answers.
+TEST(CheckerCluster, LockDelayBindsOnlyTheRestartedNode) {
+  std::vector<Event> history = clean_cluster_history();
+  history.push_back(node_start(ms(250), "n1", 2, 1000));
+  EXPECT_TRUE(check(history, CheckOptions{}).ok());  // n2's grant at 310 is fine
+  history.push_back(node_start(ms(280), "n2", 2, 1000));
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kLockDelay, 2));
+  EXPECT_NE(report.examples[0].detail.find("from node n2"), std::string::npos);
+}
+
+TEST(CheckerCluster, ParsesAndFormatsTheClusterEvents) {
+  const std::vector<std::string> lines = {
+      "1 map epoch=7 owners=key-0:n1,key-1:n2",
+      "2 server_start incarnation=1 lock_delay_ms=500 node=n1",
+      "3 server_ready incarnation=1 node=n1",
+      "4 acquire_ok client=0 op=1 key=key-0 token=30064771073 expiry_ns=9 node=n1",
+      "5 acquire_ok client=0 op=2 keys=a,b tokens=1,2 expiry_ns=9 mode=shared node=n2",
+      "6 node_join node=n4",
+      "7 node_leave node=n4",
+      "8 drain_on node=n2",
+      "9 drain_off node=n2",
+      "10 etcd_cut_on node=n3",
+      "11 etcd_cut_off node=n3",
+      "12 client_cut_on node=n1",
+      "13 client_cut_off node=n1",
+  };
+  std::vector<Event> history;
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
+  EXPECT_EQ(history[0].epoch, 7u);
+  EXPECT_EQ(history[0].owners,
+            (std::vector<std::pair<std::string, std::string>>{{"key-0", "n1"}, {"key-1", "n2"}}));
+  EXPECT_EQ(history[3].node, "n1");
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_EQ(report.faults.at("node join"), 1u);
+  EXPECT_EQ(report.faults.at("node leave"), 1u);
+  EXPECT_EQ(report.faults.at("node drain"), 1u);
+  EXPECT_EQ(report.faults.at("etcd partition"), 1u);
+  EXPECT_EQ(report.faults.at("client partition"), 1u);
+  for (const char* bad : {
+           "1 map epoch=7 owners=key-0",                         // no owner
+           "1 map owners=key-0:n1",                              // no epoch
+           "1 node_join",                                        // no node
+           "1 hold client=0 key=a token=1 expiry_ns=1 node=n1",  // not on a hold
+       }) {
+    std::string error;
+    EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;
+  }
 }
 
 }  // namespace

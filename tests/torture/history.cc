@@ -12,7 +12,7 @@ namespace shardlock::torture {
 namespace {
 
 // Which fields each kind carries, in line order.
-enum Field : std::uint16_t {
+enum Field : std::uint32_t {
   kClient = 1 << 0,
   kOp = 1 << 1,
   kKey = 1 << 2,
@@ -29,22 +29,26 @@ enum Field : std::uint16_t {
   kPermits = 1 << 13,
   kKeys = 1 << 14,    // replaces kKey in a multi-key acquire
   kTokens = 1 << 15,  // replaces kToken in a multi-key acquire_ok
+  kNode = 1 << 16,
+  kEpoch = 1 << 17,
+  kOwners = 1 << 18,
 };
 
 // What an acquire event may add: its mode, and a key list in place of its key.
-constexpr std::uint16_t kAcquireExtras = kMode | kPermits | kKeys;
+constexpr std::uint32_t kAcquireExtras = kMode | kPermits | kKeys;
 
 struct KindInfo {
   EventKind kind;
   std::string_view name;
-  std::uint16_t fields;
-  std::uint16_t optional = 0;
+  std::uint32_t fields;
+  std::uint32_t optional = 0;
 };
 
-constexpr std::array<KindInfo, 26> kKinds = {{
+constexpr std::array<KindInfo, 35> kKinds = {{
     {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait,
      kAcquireExtras},
-    {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry, kAcquireExtras},
+    {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry,
+     kAcquireExtras | kNode},
     {EventKind::kAcquireFail, "acquire_fail", kClient | kOp | kKey | kError, kAcquireExtras},
     {EventKind::kHold, "hold", kClient | kKey | kToken | kExpiry},
     {EventKind::kRenewInvoke, "renew_invoke", kClient | kOp | kKey | kToken | kTtl},
@@ -59,16 +63,25 @@ constexpr std::array<KindInfo, 26> kKinds = {{
     {EventKind::kWriteAccepted, "write_accepted", kClient | kKey | kToken | kValue},
     {EventKind::kWriteRejected, "write_rejected", kClient | kKey | kToken | kValue | kHighest},
     {EventKind::kFinalCounter, "final_counter", kKey | kValue},
-    {EventKind::kServerStart, "server_start", kIncarnation | kLockDelay},
-    {EventKind::kServerReady, "server_ready", kIncarnation},
-    {EventKind::kServerKill, "server_kill", kIncarnation},
-    {EventKind::kServerPause, "server_pause", kIncarnation},
-    {EventKind::kServerResume, "server_resume", kIncarnation},
+    {EventKind::kServerStart, "server_start", kIncarnation | kLockDelay, kNode},
+    {EventKind::kServerReady, "server_ready", kIncarnation, kNode},
+    {EventKind::kServerKill, "server_kill", kIncarnation, kNode},
+    {EventKind::kServerPause, "server_pause", kIncarnation, kNode},
+    {EventKind::kServerResume, "server_resume", kIncarnation, kNode},
     {EventKind::kClientPause, "client_pause", kClient},
     {EventKind::kClientResume, "client_resume", kClient},
     {EventKind::kNetFaultsOn, "net_faults_on", 0},
     {EventKind::kNetFaultsOff, "net_faults_off", 0},
     {EventKind::kHealed, "healed", 0},
+    {EventKind::kMap, "map", kEpoch | kOwners},
+    {EventKind::kNodeJoin, "node_join", kNode},
+    {EventKind::kNodeLeave, "node_leave", kNode},
+    {EventKind::kDrainOn, "drain_on", kNode},
+    {EventKind::kDrainOff, "drain_off", kNode},
+    {EventKind::kEtcdCutOn, "etcd_cut_on", kNode},
+    {EventKind::kEtcdCutOff, "etcd_cut_off", kNode},
+    {EventKind::kClientCutOn, "client_cut_on", kNode},
+    {EventKind::kClientCutOff, "client_cut_off", kNode},
 }};
 
 const KindInfo& info(EventKind kind) noexcept { return kKinds[static_cast<std::size_t>(kind)]; }
@@ -136,7 +149,7 @@ std::optional<EventKind> parse_event_kind(std::string_view name) noexcept {
 std::string format_event(const Event& e) {
   const KindInfo& k = info(e.kind);
   const bool multi = (k.optional & kKeys) != 0 && e.multi_key();
-  const std::uint16_t f = k.fields;
+  const std::uint32_t f = k.fields;
   std::string line = std::to_string(e.t_ns);
   line += ' ';
   line += to_string(e.kind);
@@ -174,6 +187,15 @@ std::string format_event(const Event& e) {
     if (e.mode != AcquireMode::kExclusive) add("mode", std::string(to_string(e.mode)));
     if (e.mode == AcquireMode::kPermit || e.permits != 0) add("permits", std::to_string(e.permits));
   }
+  if ((f & kNode) || ((k.optional & kNode) && !e.node.empty())) {
+    add("node", e.node.empty() ? "-" : e.node);
+  }
+  if (f & kEpoch) add("epoch", std::to_string(e.epoch));
+  if (f & kOwners) {
+    add("owners", join(e.owners, [](const std::pair<std::string, std::string>& owner) {
+          return owner.first + ":" + owner.second;
+        }));
+  }
   return line;
 }
 
@@ -195,7 +217,7 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
   const std::optional<EventKind> kind = parse_event_kind(words[1]);
   if (!kind) return fail("unknown kind '" + std::string(words[1]) + "'");
   e.kind = *kind;
-  std::uint16_t seen = 0;
+  std::uint32_t seen = 0;
   for (std::size_t i = 2; i < words.size(); ++i) {
     const std::size_t eq = words[i].find('=');
     if (eq == std::string_view::npos) return fail("field without '='");
@@ -243,19 +265,33 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
         ok = ok && parse_int(token, e.tokens.back());
       }
       seen |= kTokens;
+    } else if (name == "node") {
+      e.node = std::string(value), seen |= kNode;
+    } else if (name == "epoch") {
+      ok = parse_int(value, e.epoch), seen |= kEpoch;
+    } else if (name == "owners") {
+      e.owners.clear();
+      for (const std::string_view owner : split_list(value)) {
+        const std::size_t colon = owner.find(':');
+        ok = ok && colon != std::string_view::npos;
+        if (colon != std::string_view::npos) {
+          e.owners.emplace_back(owner.substr(0, colon), owner.substr(colon + 1));
+        }
+      }
+      seen |= kOwners;
     } else {
       return fail("unknown field '" + std::string(name) + "'");
     }
     if (!ok) return fail("bad value for '" + std::string(name) + "'");
   }
   const KindInfo& k = info(e.kind);
-  std::uint16_t required = k.fields;
+  std::uint32_t required = k.fields;
   if (seen & kKeys) {
     if (!(k.optional & kKeys)) return fail("keys= on " + std::string(words[1]));
-    required = static_cast<std::uint16_t>((required & ~kKey) | kKeys);
-    if (required & kToken) required = static_cast<std::uint16_t>((required & ~kToken) | kTokens);
+    required = (required & ~kKey) | kKeys;
+    if (required & kToken) required = (required & ~kToken) | kTokens;
   }
-  const std::uint16_t allowed = required | (k.optional & (kMode | kPermits));
+  const std::uint32_t allowed = required | (k.optional & (kMode | kPermits | kNode));
   if ((seen & required) != required) return fail("missing fields for " + std::string(words[1]));
   if (seen & ~allowed) return fail("unexpected fields for " + std::string(words[1]));
   return e;

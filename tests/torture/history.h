@@ -24,6 +24,14 @@
 // reads and writes) is per key and token, as for a single-key lease, so a
 // multi-key grant of n keys becomes n ordinary holds.
 //
+// Cluster mode (several shardlockd nodes, docs/cluster.md). Events about a
+// node carry node=<id>: an acquire_ok the node that answered it (the node the
+// client's request went to), the server_* events the node they are about.
+// The harness records every bucket map etcd published as a map event: its
+// epoch and, for every key of the workload, the owner that map gives it
+// (owners=key-0:n1,key-1:n2,...), computed with the Router beside the
+// nodes. Lines without node= (a single node) read as before.
+//
 // This header is the only thing the harness and the checker share. The
 // checker shares no code with the lease client or server.
 #pragma once
@@ -32,6 +40,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace shardlock::torture {
@@ -41,7 +50,7 @@ enum class EventKind : std::uint8_t {
   // Workers (client = the worker's index; op = per-worker operation number).
   // key/token become keys/tokens for a multi-key acquire; [mode permits].
   kAcquireInvoke,  // client op key ttl_ms wait_ms [mode permits]
-  kAcquireOk,      // client op key token expiry_ns [mode permits]  (t = grant received)
+  kAcquireOk,      // client op key token expiry_ns [mode permits node]  (t = grant received)
   kAcquireFail,    // client op key error [mode permits]  (error: busy, timeout, ...)
   kHold,           // client key token expiry_ns     (the worker relies on the lease at t)
   kRenewInvoke,    // client op key token ttl_ms
@@ -57,17 +66,28 @@ enum class EventKind : std::uint8_t {
   kWriteAccepted,  // client key token value
   kWriteRejected,  // client key token value highest
   kFinalCounter,   // key value                      (at the end of the run)
-  // The nemesis.
-  kServerStart,   // incarnation lock_delay_ms      (t = before exec)
-  kServerReady,   // incarnation
-  kServerKill,    // incarnation                    (SIGKILL sent; t = after waitpid)
-  kServerPause,   // incarnation
-  kServerResume,  // incarnation
+  // The nemesis; [node] in cluster mode.
+  kServerStart,   // incarnation lock_delay_ms [node]  (t = before exec)
+  kServerReady,   // incarnation [node]
+  kServerKill,    // incarnation [node]             (SIGKILL sent; t = after waitpid)
+  kServerPause,   // incarnation [node]
+  kServerResume,  // incarnation [node]
   kClientPause,   // client
   kClientResume,  // client
   kNetFaultsOn,   // (loss/duplication/reordering/delay active)
   kNetFaultsOff,  //
   kHealed,        // (the last fault has healed; liveness is measured from here)
+  // Cluster mode: the harness's view of etcd, and the nemesis's cluster
+  // faults (each names the node it is about).
+  kMap,           // epoch owners                   (t = the harness saw it published)
+  kNodeJoin,      // node                           (an extra node joins)
+  kNodeLeave,     // node                           (it is stopped with SIGTERM)
+  kDrainOn,       // node                           (drain/<node> put in etcd)
+  kDrainOff,      // node                           (drain/<node> deleted)
+  kEtcdCutOn,     // node                           (its etcd connections cut)
+  kEtcdCutOff,    // node
+  kClientCutOn,   // node                           (every datagram to or from it dropped)
+  kClientCutOff,  // node
 };
 
 // How an acquire holds its key(s).
@@ -105,6 +125,12 @@ struct Event {
   // unused; its acquire_ok's tokens, one per key of `keys`.
   std::vector<std::string> keys;
   std::vector<std::uint64_t> tokens;
+  // Cluster mode: the node an event is about (empty: none, a single node).
+  std::string node;
+  // kMap: the map's epoch (its etcd revision) and each workload key's owner
+  // in it, as (key, node id).
+  std::uint64_t epoch = 0;
+  std::vector<std::pair<std::string, std::string>> owners;
 
   [[nodiscard]] bool multi_key() const noexcept { return !keys.empty(); }
 };

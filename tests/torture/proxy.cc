@@ -63,7 +63,9 @@ std::uint64_t address_key(const sockaddr_in& a) noexcept {
 
 struct UdpProxy::Impl {
   int listen_fd = -1;
-  std::uint16_t server_port = 0;
+  // relaxed everywhere: set before the first client's datagram can need it
+  // (the server's clients learn the proxy's address after it is set).
+  std::atomic<std::uint16_t> server_port{0};
   std::thread thread;
   std::atomic<bool> stopping{false};
   mutable std::mutex mutex;  // guards faults and counters
@@ -99,7 +101,7 @@ struct UdpProxy::Impl {
     if (fd < 0) return -1;
     sockaddr_in server{};
     server.sin_family = AF_INET;
-    server.sin_port = htons(server_port);
+    server.sin_port = htons(server_port.load(std::memory_order_relaxed));
     server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&server), sizeof server) != 0) {
       ::close(fd);
@@ -215,7 +217,7 @@ UdpProxy::UdpProxy() : impl_(std::make_unique<Impl>()) {}
 UdpProxy::~UdpProxy() { stop(); }
 
 bool UdpProxy::start(std::uint16_t server_port, std::uint64_t seed) {
-  impl_->server_port = server_port;
+  impl_->server_port.store(server_port, std::memory_order_relaxed);
   impl_->listen_fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (impl_->listen_fd < 0) {
     error_ = std::string("socket: ") + std::strerror(errno);
@@ -235,6 +237,10 @@ bool UdpProxy::start(std::uint16_t server_port, std::uint64_t seed) {
   port_ = ntohs(addr.sin_port);
   impl_->thread = std::thread([this, seed] { impl_->run(seed); });
   return true;
+}
+
+void UdpProxy::set_server_port(std::uint16_t server_port) noexcept {
+  impl_->server_port.store(server_port, std::memory_order_relaxed);
 }
 
 void UdpProxy::stop() {

@@ -48,6 +48,11 @@ class UdpProxy {
   // Binds 127.0.0.1:0 and forwards to 127.0.0.1:server_port from a thread.
   // False, with error() set, on failure.
   [[nodiscard]] bool start(std::uint16_t server_port, std::uint64_t seed);
+  // Forwards to 127.0.0.1:server_port from now on: for a server that must
+  // know the proxy's address before it starts (a cluster node advertises
+  // it) and so starts after it. Clients that already have an upstream
+  // socket keep it. Thread-safe.
+  void set_server_port(std::uint16_t server_port) noexcept;
   void stop();
 
   // Takes effect for the next datagram. Thread-safe.

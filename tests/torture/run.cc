@@ -19,10 +19,13 @@
 #include <vector>
 
 #include "checker.h"
+#include "etcd_server.h"
 #include "history.h"
 #include "process.h"
 #include "recorder.h"
 #include "resource.h"
+#include "server_process.h"
+#include "system.h"
 
 namespace shardlock::torture {
 namespace {
@@ -30,125 +33,82 @@ namespace {
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 
-// The server under test and its incarnations.
-class ServerUnderTest {
+// One shardlockd behind one UdpProxy.
+class SingleServer final : public SystemUnderTest {
  public:
-  ServerUnderTest(const TortureOptions& o, std::string data_dir, std::string log_path,
-                  const Recorder& nemesis)
-      : options_(o),
-        data_dir_(std::move(data_dir)),
-        log_path_(std::move(log_path)),
-        nemesis_(nemesis) {}
+  SingleServer(const TortureOptions& o, const fs::path& scratch, const Recorder& nemesis)
+      : options_(o), server_(config(o, scratch), (scratch / "shardlockd.log").string(), nemesis) {}
 
-  // The lock-delay a safe server must keep (the history records this one);
-  // the daemon's own is 0 in the unsafe mode.
-  [[nodiscard]] int lock_delay_ms() const { return options_.max_ttl_ms; }
-  [[nodiscard]] int daemon_lock_delay_ms() const {
-    return options_.unsafe_no_lock_delay ? 0 : lock_delay_ms();
+  bool start(std::string& error) override {
+    if (!server_.start(error)) return false;
+    if (!proxy_.start(server_.port(), options_.seed)) {
+      error = "proxy: " + proxy_.error();
+      return false;
+    }
+    return true;
   }
-
-  // Starts an incarnation (on the port of the first one); retries while the
-  // port is still held by the one just killed.
-  [[nodiscard]] bool start(std::string& error) {
-    for (int attempt = 0; attempt < 50; ++attempt) {
-      ++incarnation_;
-      std::vector<std::string> argv = {options_.shardlockd,
-                                       "--listen",
-                                       "127.0.0.1:" + std::to_string(port_),
-                                       "--max-ttl",
-                                       std::to_string(options_.max_ttl_ms) + "ms",
-                                       "--max-wait",
-                                       std::to_string(options_.max_wait_ms) + "ms",
-                                       "--lock-delay",
-                                       std::to_string(daemon_lock_delay_ms()) + "ms",
-                                       "--shards",
-                                       "8"};
-      if (!options_.unsafe_no_data_dir) {
-        argv.push_back("--data-dir");
-        argv.push_back(data_dir_);
-      }
-      Event start;
-      start.kind = EventKind::kServerStart;
-      start.incarnation = incarnation_;
-      start.lock_delay_ms = lock_delay_ms();
-      nemesis_.record(start);
-      if (!process_.start(argv, true, log_path_)) {
-        error = "cannot start shardlockd: " + process_.error();
-        return false;
-      }
-      const std::string ready = process_.read_line(20s);
-      const std::size_t at = ready.find("\"port\":");
-      if (ready.find("\"ready\"") != std::string::npos && at != std::string::npos) {
-        port_ = static_cast<std::uint16_t>(std::stoi(ready.substr(at + 7)));
-        Event e;
-        e.kind = EventKind::kServerReady;
-        e.incarnation = incarnation_;
-        nemesis_.record(e);
+  std::vector<std::string> worker_arguments() const override {
+    return {"--server", "127.0.0.1:" + std::to_string(proxy_.port())};
+  }
+  void set_network_faults(const ProxyFaults& faults) override { proxy_.set_faults(faults); }
+  ProxyCounters counters() const override { return proxy_.counters(); }
+  // The faults fit in the plan's trailing slot (the schedule predates this).
+  std::int64_t longest_fault_ms() const override { return 0; }
+  std::int64_t liveness_bound_ms() const override {
+    return options_.max_ttl_ms + 4LL * options_.max_ttl_ms + 2000;
+  }
+  bool inject(Fault fault, std::mt19937_64& /*random*/, std::string& error) override {
+    switch (fault) {
+      case Fault::kKill:
+        server_.kill();
+        return server_.start(error);
+      case Fault::kServerPause:
+        server_.pause(pause_for());
         return true;
-      }
-      process_.kill();  // it failed to bind (the old one's port not yet free)
-      std::this_thread::sleep_for(50ms);
-    }
-    error = "shardlockd did not become ready; see " + log_path_;
-    return false;
-  }
-
-  // Whether an incarnation died on its own (a crash, a sanitizer report):
-  // a failure of the system under test, whatever the history says.
-  void note_if_dead() {
-    if (process_.running() && process_.wait_for(0ms)) {
-      crashes_ += "shardlockd incarnation " + std::to_string(incarnation_) +
-                  " exited by itself (wait status " + std::to_string(process_.exit_status()) +
-                  "); see " + log_path_ + "\n";
+      default:
+        error = std::string(fault_name(fault)) + " needs cluster mode";
+        return false;
     }
   }
-  [[nodiscard]] const std::string& crashes() const noexcept { return crashes_; }
-
-  void kill() {
-    note_if_dead();
-    process_.kill();
-    Event e;
-    e.kind = EventKind::kServerKill;
-    e.incarnation = incarnation_;
-    nemesis_.record(e);
+  void stop() override {
+    proxy_.stop();
+    server_.stop();
   }
-
-  void pause(std::chrono::milliseconds how_long) {
-    Event e;
-    e.kind = EventKind::kServerPause;
-    e.incarnation = incarnation_;
-    process_.signal(SIGSTOP);
-    nemesis_.record(e);
-    std::this_thread::sleep_for(how_long);
-    e.kind = EventKind::kServerResume;
-    e.t_ns = 0;
-    process_.signal(SIGCONT);
-    nemesis_.record(e);
+  std::string crashes() override {
+    server_.note_if_dead();
+    return server_.crashes();
   }
-
-  void stop() {
-    note_if_dead();
-    process_.signal(SIGCONT);
-    process_.signal(SIGTERM);
-    if (!process_.wait_for(5s)) process_.kill();
-  }
-
-  [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
 
  private:
+  static ServerConfig config(const TortureOptions& o, const fs::path& scratch) {
+    ServerConfig c;
+    c.shardlockd = o.shardlockd;
+    // The lock-delay a safe server must keep (the history records this one);
+    // the daemon's own is 0 in the unsafe mode.
+    c.lock_delay_ms = o.max_ttl_ms;
+    c.arguments = {
+        "--max-ttl",    std::to_string(o.max_ttl_ms) + "ms",
+        "--max-wait",   std::to_string(o.max_wait_ms) + "ms",
+        "--lock-delay", std::to_string(o.unsafe_no_lock_delay ? 0 : c.lock_delay_ms) + "ms",
+        "--shards",     "8"};
+    if (!o.unsafe_no_data_dir) {
+      c.arguments.push_back("--data-dir");
+      c.arguments.push_back((scratch / "data").string());
+    }
+    return c;
+  }
+  std::chrono::milliseconds pause_for() const {
+    return std::chrono::milliseconds(options_.max_ttl_ms * 3 / 2);
+  }
+
   const TortureOptions& options_;
-  std::string data_dir_;
-  std::string log_path_;
-  const Recorder& nemesis_;
-  ChildProcess process_;
-  std::uint16_t port_ = 0;
-  std::int64_t incarnation_ = 0;
-  std::string crashes_;
+  ServerUnderTest server_;
+  UdpProxy proxy_;
 };
 
-enum class Fault { kKill, kServerPause, kClientPause };
+}  // namespace
 
-const char* fault_name(Fault f) {
+const char* fault_name(Fault f) noexcept {
   switch (f) {
     case Fault::kKill:
       return "kill -9";
@@ -156,13 +116,19 @@ const char* fault_name(Fault f) {
       return "server pause";
     case Fault::kClientPause:
       return "client pause";
+    case Fault::kJoin:
+      return "node join";
+    case Fault::kDrain:
+      return "node drain";
+    case Fault::kEtcdPartition:
+      return "etcd partition";
+    case Fault::kClientPartition:
+      return "client partition";
   }
   return "?";
 }
 
-}  // namespace
-
-int run_torture(const TortureOptions& o) {
+int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   const auto fail = [](const std::string& why) {
     std::fprintf(stderr, "shardlock-torture: %s\n", why.c_str());
     return 3;
@@ -199,60 +165,75 @@ int run_torture(const TortureOptions& o) {
   if (!resource.start(resource_name, (history_dir / "resource.log").string())) {
     return fail(resource.error());
   }
-  ServerUnderTest server(o, (scratch / "data").string(), (scratch / "shardlockd.log").string(),
-                         nemesis);
+  std::unique_ptr<SystemUnderTest> system;
+  if (o.cluster_nodes > 0) {
+    if (make_cluster == nullptr) {
+      return fail("this build has no cluster mode (the cluster layer needs grpc++)");
+    }
+    if (!EtcdProcess::available()) {
+      std::fprintf(stderr, "shardlock-torture: cluster mode skipped: %s\n",
+                   EtcdProcess::kMissingMessage);
+      return kExitSkipped;
+    }
+    system = make_cluster(o, scratch, nemesis);
+  } else {
+    system = std::make_unique<SingleServer>(o, scratch, nemesis);
+  }
   std::string error;
-  if (!server.start(error)) return fail(error);
-  UdpProxy proxy;
-  if (!proxy.start(server.port(), o.seed)) return fail("proxy: " + proxy.error());
+  if (!system->start(error)) {
+    cleanup.path.clear();  // keep the logs the error points to
+    return fail(error + " (logs in " + scratch.string() + ")");
+  }
 
   const std::chrono::milliseconds pause_for(o.max_ttl_ms * 3 / 2);
-  const std::int64_t liveness_bound_ms = o.liveness_bound_ms > 0
-                                             ? o.liveness_bound_ms
-                                             : server.lock_delay_ms() + 4LL * o.max_ttl_ms + 2000;
+  const std::int64_t liveness_bound_ms =
+      o.liveness_bound_ms > 0 ? o.liveness_bound_ms : system->liveness_bound_ms();
   const std::int64_t start_ns = monotonic_ns();
   const std::int64_t faults_end_ns = start_ns + o.fault_seconds * 1'000'000'000LL;
-  // After the heal: long enough to judge liveness, plus a margin.
-  const std::int64_t end_ns = faults_end_ns + (liveness_bound_ms + 1000) * 1'000'000;
+  // After the heal: long enough to judge liveness, plus a margin, plus the
+  // longest fault, by which the last one may overrun the fault phase and
+  // so delay the heal.
+  const std::int64_t end_ns =
+      faults_end_ns + (liveness_bound_ms + 1000 + system->longest_fault_ms()) * 1'000'000;
 
   // Workers: this binary again, in worker mode.
   const std::string self = self_executable();
   std::vector<ChildProcess> workers(static_cast<std::size_t>(o.workers));
   for (int w = 0; w < o.workers; ++w) {
-    const std::vector<std::string> argv = {self,
-                                           "worker",
-                                           "--index",
-                                           std::to_string(w),
-                                           "--clients",
-                                           std::to_string(o.clients_per_worker),
-                                           "--server",
-                                           "127.0.0.1:" + std::to_string(proxy.port()),
-                                           "--resource",
-                                           resource_name,
-                                           "--history",
-                                           history_dir.string(),
-                                           "--seed",
-                                           std::to_string(o.seed + static_cast<std::uint64_t>(w)),
-                                           "--end-ns",
-                                           std::to_string(end_ns),
-                                           "--keys",
-                                           std::to_string(o.keys),
-                                           "--ttl-ms",
-                                           std::to_string(o.max_ttl_ms),
-                                           "--max-wait-ms",
-                                           std::to_string(o.max_wait_ms),
-                                           "--stall-per-million",
-                                           std::to_string(o.stall_per_million),
-                                           "--read-fraction",
-                                           std::to_string(o.read_fraction),
-                                           "--permit-fraction",
-                                           std::to_string(o.permit_fraction),
-                                           "--multi-fraction",
-                                           std::to_string(o.multi_fraction),
-                                           "--permits",
-                                           std::to_string(o.permits),
-                                           "--permit-keys",
-                                           std::to_string(o.permit_keys)};
+    std::vector<std::string> argv = {self,
+                                     "worker",
+                                     "--index",
+                                     std::to_string(w),
+                                     "--clients",
+                                     std::to_string(o.clients_per_worker),
+                                     "--resource",
+                                     resource_name,
+                                     "--history",
+                                     history_dir.string(),
+                                     "--seed",
+                                     std::to_string(o.seed + static_cast<std::uint64_t>(w)),
+                                     "--end-ns",
+                                     std::to_string(end_ns),
+                                     "--keys",
+                                     std::to_string(o.keys),
+                                     "--ttl-ms",
+                                     std::to_string(o.max_ttl_ms),
+                                     "--max-wait-ms",
+                                     std::to_string(o.max_wait_ms),
+                                     "--stall-per-million",
+                                     std::to_string(o.stall_per_million),
+                                     "--read-fraction",
+                                     std::to_string(o.read_fraction),
+                                     "--permit-fraction",
+                                     std::to_string(o.permit_fraction),
+                                     "--multi-fraction",
+                                     std::to_string(o.multi_fraction),
+                                     "--permits",
+                                     std::to_string(o.permits),
+                                     "--permit-keys",
+                                     std::to_string(o.permit_keys)};
+    const std::vector<std::string> target = system->worker_arguments();
+    argv.insert(argv.end(), target.begin(), target.end());
     if (!workers[static_cast<std::size_t>(w)].start(
             argv, false, (scratch / ("worker-" + std::to_string(w) + ".err")).string())) {
       return fail("cannot start a worker: " + workers[static_cast<std::size_t>(w)].error());
@@ -266,16 +247,20 @@ int run_torture(const TortureOptions& o) {
   plan.insert(plan.end(), static_cast<std::size_t>(o.kills), Fault::kKill);
   plan.insert(plan.end(), static_cast<std::size_t>(o.server_pauses), Fault::kServerPause);
   plan.insert(plan.end(), static_cast<std::size_t>(o.client_pauses), Fault::kClientPause);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.joins), Fault::kJoin);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.drains), Fault::kDrain);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.etcd_partitions), Fault::kEtcdPartition);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.client_partitions), Fault::kClientPartition);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
-    proxy.set_faults(o.network);
+    system->set_network_faults(o.network);
     Event e;
     e.kind = EventKind::kNetFaultsOn;
     nemesis.record(e);
   }
   const auto progress = [&](const char* doing) {
     if (!o.progress) return;
-    const ProxyCounters c = proxy.counters();
+    const ProxyCounters c = system->counters();
     std::fprintf(
         stderr,
         "\r[%5.1fs] %-28s datagrams %llu forwarded, %llu dropped, %llu duplicated, "
@@ -292,8 +277,11 @@ int run_torture(const TortureOptions& o) {
           std::min<std::int64_t>(when_ns - monotonic_ns(), 1'000'000'000)));
     }
   };
+  // Every fault starts early enough to heal before the faults end.
+  const std::int64_t plan_end_ns = std::max(start_ns + (faults_end_ns - start_ns) / 2,
+                                            faults_end_ns - system->longest_fault_ms() * 1'000'000);
   const std::int64_t slot_ns =
-      (faults_end_ns - start_ns) / static_cast<std::int64_t>(plan.size() + 1);
+      (plan_end_ns - start_ns) / static_cast<std::int64_t>(plan.size() + 1);
   for (std::size_t i = 0; i < plan.size(); ++i) {
     // Each fault somewhere in the middle half of its slot.
     const std::int64_t slot_start = start_ns + static_cast<std::int64_t>(i) * slot_ns;
@@ -304,13 +292,6 @@ int run_torture(const TortureOptions& o) {
     sleep_until(at, "faults");
     progress(fault_name(plan[i]));
     switch (plan[i]) {
-      case Fault::kKill:
-        server.kill();
-        if (!server.start(error)) return fail(error);
-        break;
-      case Fault::kServerPause:
-        server.pause(pause_for);
-        break;
       case Fault::kClientPause: {
         ChildProcess& victim = workers[random() % workers.size()];
         Event e;
@@ -325,11 +306,18 @@ int run_torture(const TortureOptions& o) {
         nemesis.record(e);
         break;
       }
+      default:
+        if (!system->inject(plan[i], random, error)) {
+          cleanup.path.clear();  // keep the logs the error points to
+          return fail(std::string(fault_name(plan[i])) + ": " + error + " (logs in " +
+                      scratch.string() + ")");
+        }
+        break;
     }
   }
   sleep_until(faults_end_ns, "faults");
   if (o.network.any()) {
-    proxy.set_faults(ProxyFaults{});
+    system->set_network_faults(ProxyFaults{});
     Event e;
     e.kind = EventKind::kNetFaultsOff;
     nemesis.record(e);
@@ -355,9 +343,9 @@ int run_torture(const TortureOptions& o) {
                  std::to_string(i) + ".err\n";
     }
   }
-  proxy.stop();
+  crashes += system->crashes();
+  system->stop();
   resource.stop();
-  server.stop();
   if (o.progress) std::fprintf(stderr, "\n");
   if (worker_failed) {
     return fail("a worker could not set up; see " + scratch.string() + "/worker-*.err");
@@ -369,7 +357,7 @@ int run_torture(const TortureOptions& o) {
   check_options.liveness_bound_ms = liveness_bound_ms;
   const CheckReport report = check(history, check_options);
   const double seconds = static_cast<double>(monotonic_ns() - start_ns) / 1e9;
-  const ProxyCounters c = proxy.counters();
+  const ProxyCounters c = system->counters();
   if (o.json) {
     std::printf(
         "{\"seed\":%llu,\"seconds\":%.1f,\"events\":%zu,\"datagrams\":{\"forwarded\":%llu,"
@@ -392,9 +380,8 @@ int run_torture(const TortureOptions& o) {
     std::printf("%s", report.text().c_str());
     if (!o.history_dir.empty()) std::printf("history kept in %s\n", o.history_dir.c_str());
   }
-  crashes += server.crashes();
   if (!crashes.empty()) {
-    std::fprintf(stderr, "shardlock-torture: a process of the system under test died:\n%s",
+    std::fprintf(stderr, "shardlock-torture: the system under test failed by itself:\n%s",
                  crashes.c_str());
     cleanup.path.clear();  // keep the logs it points to
     return 1;
@@ -409,7 +396,22 @@ int run_torture(const TortureOptions& o) {
     cleanup.path.clear();  // keep the logs it points to
     return 1;
   }
-  return report.ok() ? 0 : 1;
+  if (o.cluster_nodes > 0 && report.maps == 0) {
+    std::fprintf(stderr,
+                 "shardlock-torture: no cluster map was recorded, so the owner property judged "
+                 "nothing; see %s\n",
+                 scratch.c_str());
+    cleanup.path.clear();
+    return 1;
+  }
+  if (!report.ok()) {
+    // The servers' logs help explain a violation.
+    std::fprintf(stderr, "shardlock-torture: violations; the servers' logs are kept in %s\n",
+                 scratch.c_str());
+    cleanup.path.clear();
+    return 1;
+  }
+  return 0;
 }
 
 }  // namespace shardlock::torture

@@ -13,12 +13,23 @@
 //   * Then the faults heal, the run goes on long enough to judge liveness,
 //     and the history is read back and checked (checker.h), which shares no
 //     code with the lease client or server.
+//
+// Cluster mode (cluster_nodes >= 2; cluster.h): a real etcd and that many
+// shardlockd nodes in one cluster, each behind its own UdpProxy (the
+// address it advertises, so the map sends clients through it) and its own
+// TcpProxy to etcd; the workers discover the map from the proxies. The
+// nemesis also kill -9s and pauses nodes, adds and removes a node, drains
+// nodes, and partitions a node from etcd or from the clients.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
+#include <memory>
 #include <string>
 
 #include "proxy.h"
+#include "recorder.h"
+#include "system.h"
 
 namespace shardlock::torture {
 
@@ -49,10 +60,29 @@ struct TortureOptions {
   // Deliberately unsafe servers, to show the checker bites.
   bool unsafe_no_lock_delay = false;  // --lock-delay 0
   bool unsafe_no_data_dir = false;    // tokens restart from 1 after kill -9
+  // Cluster mode: 0 runs one shardlockd; N >= 2 runs N nodes and etcd.
+  int cluster_nodes = 0;
+  int etcd_lease_ttl_s = 2;   // the nodes' --etcd-lease-ttl (etcd's minimum is 2 s)
+  int joins = 0;              // an extra node joins, then leaves (SIGTERM)
+  int drains = 0;             // a node is drained, then undrained
+  int etcd_partitions = 0;    // a node is cut off from etcd past its lease, then healed
+  int client_partitions = 0;  // the clients are cut off from a node, then healed
 };
 
+// Builds cluster mode's system under test (cluster.h: make_cluster) in the
+// run's scratch directory, recording into the nemesis history.
+using ClusterFactory = std::unique_ptr<SystemUnderTest> (*)(const TortureOptions& options,
+                                                            const std::filesystem::path& scratch,
+                                                            const Recorder& nemesis);
+
+// The exit status of a cluster run where etcd is not installed.
+inline constexpr int kExitSkipped = 77;
+
 // Runs and prints the report (a table, or JSON) to stdout. Returns the exit
-// status: 0 no violation, 1 violations, 3 the run could not be set up.
-int run_torture(const TortureOptions& options);
+// status: 0 no violation, 1 violations, 3 the run could not be set up,
+// kExitSkipped cluster mode without etcd. Cluster mode needs `make_cluster`
+// (the tool passes it where the build has the cluster layer; the harness
+// library itself links no gRPC).
+int run_torture(const TortureOptions& options, ClusterFactory make_cluster = nullptr);
 
 }  // namespace shardlock::torture

@@ -6,8 +6,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -17,6 +20,7 @@
 #include "recorder.h"
 #include "resource.h"
 #include "shardlock/lease/client.h"
+#include "shardlock/lease/protocol.h"
 #include "shardlock/workload/zipf.h"
 
 namespace shardlock::torture {
@@ -52,6 +56,106 @@ std::string error_name(const std::error_code& ec) {
   return name.empty() ? "-" : name;
 }
 
+// "a,b,c" -> {a, b, c}.
+std::vector<std::string> split(std::string_view text, char separator) {
+  std::vector<std::string> items;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find(separator, start), text.size());
+    if (end > start) items.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return items;
+}
+
+// Cluster mode: which node answered each grant. Wraps the client's
+// transport; remembers where each request id was last sent, and when a
+// GRANTED (key, token) or GRANTED_MANY (tokens) comes back, files the
+// grant under that node until the worker asks.
+class AnsweringNodes final : public lease::DatagramTransport {
+ public:
+  AnsweringNodes(std::unique_ptr<lease::DatagramTransport> inner,
+                 std::shared_ptr<const std::map<std::string, std::string>> names)
+      : inner_(std::move(inner)), names_(std::move(names)) {}
+
+  std::error_code send(const lease::Endpoint& to, std::span<const std::uint8_t> bytes) override {
+    note_sent(to, bytes);
+    return inner_->send(to, bytes);
+  }
+  void send_many(std::span<const Outgoing> datagrams) override {
+    for (const Outgoing& d : datagrams) note_sent(*d.to, d.bytes);
+    inner_->send_many(datagrams);
+  }
+  std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
+    return inner_->receive([&](std::span<const std::uint8_t> bytes) {
+      note_received(bytes);
+      deliver(bytes);
+    });
+  }
+  [[nodiscard]] int fd() const noexcept override { return inner_->fd(); }
+  [[nodiscard]] std::chrono::milliseconds poll_interval() const noexcept override {
+    return inner_->poll_interval();
+  }
+
+  // The node that granted `token` on `key` (key "" for a multi-key grant),
+  // forgotten once asked; "-" when unknown.
+  std::string take(const std::string& key, std::uint64_t token) {
+    std::lock_guard lock(mutex_);
+    const auto it = granted_.find({key, token});
+    if (it == granted_.end()) return "-";
+    std::string node = std::move(it->second);
+    granted_.erase(it);
+    return node;
+  }
+
+ private:
+  // Bounds the memory of request ids whose reply never came.
+  static constexpr std::size_t kRemembered = 4096;
+
+  void note_sent(const lease::Endpoint& to, std::span<const std::uint8_t> bytes) {
+    lease::Datagram d;
+    if (lease::decode(bytes, d) != lease::ProtocolError::kOk) return;
+    const auto named = names_->find(to.text);
+    const std::string& node = named == names_->end() ? to.text : named->second;
+    std::lock_guard lock(mutex_);
+    for (const lease::Message& m : d.items()) {
+      if (sent_.insert_or_assign(m.request_id, node).second) order_.push_back(m.request_id);
+    }
+    while (order_.size() > kRemembered) {
+      sent_.erase(order_.front());
+      order_.pop_front();
+    }
+  }
+
+  void note_received(std::span<const std::uint8_t> bytes) {
+    lease::Datagram d;
+    if (lease::decode(bytes, d) != lease::ProtocolError::kOk) return;
+    std::lock_guard lock(mutex_);
+    for (const lease::Message& m : d.items()) {
+      if (m.type != lease::MessageType::kGranted && m.type != lease::MessageType::kGrantedMany) {
+        continue;
+      }
+      const auto sent = sent_.find(m.request_id);
+      if (sent == sent_.end()) continue;
+      if (m.type == lease::MessageType::kGranted) {
+        granted_[{std::string(m.key), m.token}] = sent->second;
+      } else {
+        for (std::size_t n = 0; n < m.listed_token_count(); ++n) {
+          granted_[{std::string(), m.listed_token(n)}] = sent->second;
+        }
+      }
+      if (granted_.size() > kRemembered) granted_.erase(granted_.begin());
+    }
+  }
+
+  std::unique_ptr<lease::DatagramTransport> inner_;
+  const std::shared_ptr<const std::map<std::string, std::string>> names_;  // address -> id
+  std::mutex mutex_;
+  std::map<std::uint64_t, std::string> sent_;  // request id -> node
+  std::deque<std::uint64_t> order_;            // request ids, oldest first
+  std::map<std::pair<std::string, std::uint64_t>, std::string> granted_;
+};
+
 // What one cycle of a client does.
 enum class Cycle { kExclusive, kShared, kPermit, kMulti };
 
@@ -60,12 +164,13 @@ enum class Cycle { kExclusive, kShared, kPermit, kMulti };
 class ClientLoop {
  public:
   ClientLoop(const WorkerOptions& o, int client, const Recorder& history,
-             ResourceConnection& resource, LeaseClient& lease_client)
+             ResourceConnection& resource, LeaseClient& lease_client, AnsweringNodes* nodes)
       : o_(o),
         client_(client),
         history_(history),
         resource_(resource),
         lease_client_(lease_client),
+        nodes_(nodes),
         random_(o.seed * 1000003 + static_cast<std::uint64_t>(client)) {}
 
   void run() {
@@ -161,6 +266,7 @@ class ClientLoop {
     ok.expiry_ns = expiry_on_monotonic(lease);
     ok.mode = invoked.mode;
     ok.permits = invoked.permits;
+    if (nodes_ != nullptr) ok.node = nodes_->take(lease.key(), lease.token());
     return ok;
   }
 
@@ -288,9 +394,17 @@ class ClientLoop {
     const std::size_t count =
         std::min<std::size_t>(2 + random_.uniform(2), static_cast<std::size_t>(o_.keys));
     std::vector<std::string> keys;
-    while (keys.size() < count) {
+    // In a cluster the keys of one acquire must share an owner node (else
+    // the client refuses them, kCrossNode): the first key's owner in the
+    // client's current map picks the rest, when enough of its keys turn up.
+    const std::string owner = o_.cluster ? lease_client_.address_for(random_key()) : "";
+    for (int attempt = 0; keys.size() < count; ++attempt) {
       std::string key = random_key();
-      if (std::find(keys.begin(), keys.end(), key) == keys.end()) keys.push_back(std::move(key));
+      if (std::find(keys.begin(), keys.end(), key) != keys.end()) continue;
+      if (!owner.empty() && attempt < 8 * o_.keys && lease_client_.address_for(key) != owner) {
+        continue;
+      }
+      keys.push_back(std::move(key));
     }
     const Event invoked = invoke("", AcquireMode::kExclusive, 0, keys);
     const std::vector<std::string_view> views(keys.begin(), keys.end());
@@ -304,6 +418,9 @@ class ClientLoop {
       ok.keys.push_back(lease.key());
       ok.tokens.push_back(lease.token());
       ok.expiry_ns = std::min(ok.expiry_ns, expiry_on_monotonic(lease));
+    }
+    if (nodes_ != nullptr && !got.leases.empty()) {
+      ok.node = nodes_->take("", got.leases.front().token());
     }
     if (got.leases.empty()) {
       // Success with no lease: recorded as the keys asked for with no
@@ -328,6 +445,7 @@ class ClientLoop {
   const Recorder& history_;
   ResourceConnection& resource_;
   LeaseClient& lease_client_;
+  AnsweringNodes* nodes_;  // cluster mode; else null
   workload::SplitMix64 random_;
   std::int64_t op_ = 0;
 };
@@ -345,7 +463,21 @@ int run_client(const WorkerOptions& o, int client) {
     return 3;
   }
   LeaseClientOptions options;
-  options.nodes = {o.server};
+  options.nodes = split(o.server, ',');
+  AnsweringNodes* nodes = nullptr;
+  if (o.cluster) {
+    options.discover_cluster = true;
+    auto names = std::make_shared<std::map<std::string, std::string>>();
+    for (const std::string& entry : split(o.node_names, ',')) {
+      const std::size_t eq = entry.find('=');
+      if (eq != std::string::npos) (*names)[entry.substr(eq + 1)] = entry.substr(0, eq);
+    }
+    options.wrap_transport = [&nodes, names](std::unique_ptr<lease::DatagramTransport> inner) {
+      auto wrapped = std::make_unique<AnsweringNodes>(std::move(inner), names);
+      nodes = wrapped.get();
+      return wrapped;
+    };
+  }
   options.request_timeout = std::chrono::milliseconds(o.request_timeout_ms);
   options.initial_retransmit = std::chrono::milliseconds(o.initial_retransmit_ms);
   options.max_retransmit = std::chrono::milliseconds(std::max(o.initial_retransmit_ms, 100));
@@ -354,7 +486,7 @@ int run_client(const WorkerOptions& o, int client) {
     std::fprintf(stderr, "worker: %s\n", lease_client.error_detail().c_str());
     return 3;
   }
-  ClientLoop(o, client, history, resource, lease_client).run();
+  ClientLoop(o, client, history, resource, lease_client, nodes).run();
   return 0;
 }
 

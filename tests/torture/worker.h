@@ -17,8 +17,9 @@
 //              (sem-N, a separate set: a key in use is a lock or a
 //              semaphore, never both), held up to a quarter of the max TTL
 //              (sometimes past the watchdog's first renewal), release;
-//   multi      (multi_fraction) 2..3 distinct key-N keys exclusive,
-//              all-or-nothing (acquire_many), then each key's counter
+//   multi      (multi_fraction) 2..3 distinct key-N keys exclusive (in
+//              a cluster, keys the client's map gives one node, as
+//              acquire_many requires), all-or-nothing, then each key's counter
 //              incremented as an exclusive holder does, with that key's own
 //              token, then each lease released.
 //
@@ -27,6 +28,12 @@
 // quarter of the time, else waits a bounded time. Every step is recorded
 // (history.h) in the client's own file, with the client-side expiry it
 // relied on converted to CLOCK_MONOTONIC.
+//
+// Cluster mode (`cluster`): `server` lists the nodes' proxies as seeds, the
+// clients discover the map and follow redirects (discover_cluster), and each
+// grant is recorded with the node that answered it: the transport notes
+// where every request id was sent, and a GRANTED's node is where its
+// request went (each proxy forwards to one node only).
 #pragma once
 
 #include <cstdint>
@@ -35,9 +42,15 @@
 namespace shardlock::torture {
 
 struct WorkerOptions {
-  int index = 0;            // the worker process's index
-  int clients = 1;          // lease clients (threads) in this process
-  std::string server;       // HOST:PORT the clients send to (the proxy)
+  int index = 0;         // the worker process's index
+  int clients = 1;       // lease clients (threads) in this process
+  std::string server;    // HOST:PORT the clients send to (the proxy); in
+                         // cluster mode, the seeds, comma-separated
+  bool cluster = false;  // discover the cluster's map from the seeds
+  // Cluster mode: "id=HOST:PORT,..." naming each node by the address its
+  // map entry (its proxy) has; a grant from an unnamed address is recorded
+  // with the address.
+  std::string node_names;
   std::string resource;     // the resource's abstract socket name
   std::string history_dir;  // where client-<n>.log files go
   std::uint64_t seed = 1;

@@ -1,0 +1,142 @@
+// The torture run's TCP proxy (node <-> etcd partitions): forwards both
+// ways, and while cut resets open connections and refuses new ones.
+#include "tcp_proxy.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace shardlock::torture {
+namespace {
+
+// A TCP echo server on loopback, one thread per connection.
+class EchoServer {
+ public:
+  EchoServer() {
+    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(fd_, 16), 0);
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this] {
+      while (!stop_.load()) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, 20) <= 0) continue;
+        const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (c < 0) continue;
+        connections_.emplace_back([this, c] {
+          char buf[4096];
+          while (!stop_.load()) {
+            pollfd q{c, POLLIN, 0};
+            if (::poll(&q, 1, 20) <= 0) continue;
+            const ssize_t n = ::recv(c, buf, sizeof buf, 0);
+            if (n <= 0) break;
+            (void)::send(c, buf, static_cast<std::size_t>(n), MSG_NOSIGNAL);
+          }
+          ::close(c);
+        });
+      }
+    });
+  }
+  ~EchoServer() {
+    stop_.store(true);
+    thread_.join();
+    for (std::thread& t : connections_) t.join();
+    ::close(fd_);
+  }
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  std::vector<std::thread> connections_;  // the accept thread's only, joined after it
+};
+
+int connect_to(std::uint16_t port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `text` and reads the echo; "" when the connection fails or closes
+// within 2 s.
+std::string round_trip(int fd, const std::string& text) {
+  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    return {};
+  }
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (got.size() < text.size() && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) return {};
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  return got;
+}
+
+TEST(TcpProxy, ForwardsBothWays) {
+  EchoServer echo;
+  TcpProxy proxy;
+  ASSERT_TRUE(proxy.start(echo.port())) << proxy.error();
+  const int fd = connect_to(proxy.port());
+  ASSERT_GE(fd, 0);
+  const std::string big(200000, 'x');  // more than one read's worth each way
+  EXPECT_EQ(round_trip(fd, "hello"), "hello");
+  EXPECT_EQ(round_trip(fd, big), big);
+  ::close(fd);
+  EXPECT_EQ(proxy.connections(), 1u);
+}
+
+TEST(TcpProxy, ACutResetsOpenConnectionsAndRefusesNewOnesUntilHealed) {
+  EchoServer echo;
+  TcpProxy proxy;
+  ASSERT_TRUE(proxy.start(echo.port())) << proxy.error();
+  const int open = connect_to(proxy.port());
+  ASSERT_GE(open, 0);
+  ASSERT_EQ(round_trip(open, "before"), "before");
+
+  proxy.set_cut(true);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // a few proxy rounds
+  EXPECT_EQ(round_trip(open, "during"), "");                    // reset
+  ::close(open);
+  const int refused = connect_to(proxy.port());  // accepted by the kernel, then reset
+  if (refused >= 0) {
+    EXPECT_EQ(round_trip(refused, "during"), "");
+    ::close(refused);
+  }
+  EXPECT_GE(proxy.resets(), 2u);
+
+  proxy.set_cut(false);
+  const int healed = connect_to(proxy.port());
+  ASSERT_GE(healed, 0);
+  EXPECT_EQ(round_trip(healed, "after"), "after");
+  ::close(healed);
+}
+
+}  // namespace
+}  // namespace shardlock::torture
