@@ -58,7 +58,10 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   }
   std::unique_ptr<ClusterNode> node(new ClusterNode(std::move(options), server));
   const ClusterNodeOptions& o = node->options_;
-  node->stats_.min_grant_epoch = previous_highest + 1;
+  {
+    LockGuard lock(node->mutex_);
+    node->stats_.min_grant_epoch = previous_highest + 1;
+  }
   // The server's own lock-delay covers the leases of its previous run, which
   // a hand-off acknowledgement must not speak for before they are over.
   node->server_recovered_at_ = server.now() + server.lock_delay();
@@ -166,7 +169,7 @@ void ClusterNode::run() {
     // this node waits for its lock-delay; otherwise there is nothing to redo
     // (the 65536 bucket states cost about a millisecond to recompute).
     const bool news = !views.empty();
-    apply_views(std::move(views), now);
+    apply_views(views, now);
     if (news || activation_pending_) publish(now);
     if (now - last_count >= kHandOffCountInterval) {
       last_count = now;
@@ -181,7 +184,7 @@ void ClusterNode::run() {
   }
 }
 
-void ClusterNode::apply_views(std::vector<ClusterView> views, nanoseconds now) {
+void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds now) {
   for (const ClusterView& view : views) {
     for (const ClusterView::Member& member : view.members) {
       if (member.id == options_.node_id) self_create_revision_ = member.create_revision;

@@ -122,7 +122,7 @@ class ClusterNode {
   ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server);
   void run();
   // Steps 1-4 of the header comment, on the driver thread.
-  void apply_views(std::vector<ClusterView> views, std::chrono::nanoseconds now);
+  void apply_views(const std::vector<ClusterView>& views, std::chrono::nanoseconds now);
   void publish(std::chrono::nanoseconds now);
   void hand_off(std::chrono::nanoseconds now);
   // The node lost its etcd lease and registered again: everything it knew
