@@ -385,6 +385,11 @@ void CallEngine::io_loop() {
     }
     for (ReadyCompletion& c : ready) c.done(c.result);
     ready.clear();
+    if (silent_node_ != nullptr && setup_.cluster) {
+      // A node that left sends no REDIRECT: only a newer map, asked of the
+      // others, moves its keys' calls (on_map_refreshed()).
+      setup_.cluster->refresh(nullptr, std::exchange(silent_node_, nullptr));
+    }
     follow_redirects();
     for (auto& fn : posted) fn();
     posted.clear();
@@ -444,6 +449,9 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
     // Same request id: the server answers a retransmission from its dedup
     // cache, so a lost GRANTED is re-sent, never re-granted.
     ++call.transmissions;
+    if (call.epoch && ++call.unanswered_sends == kSilentTransmissions && follows_owner(call.type)) {
+      silent_node_ = call.to;  // its owner may have left the cluster: see io_loop()
+    }
     retransmits_.fetch_add(1, std::memory_order_relaxed);  // a statistic
     call.interval = std::min<Clock::duration>(call.interval * 2, setup_.options.max_retransmit);
     call.next_send = std::min(now + jittered(call.interval), call.deadline);
@@ -620,6 +628,23 @@ void CallEngine::on_map_refreshed() {
   }
   parked_.clear();
   const auto view = setup_.cluster ? setup_.cluster->current() : nullptr;
+  if (view) {
+    // Calls still retransmitting to a node the new map no longer gives their
+    // key (it left, or the key moved): sent to the new owner, with a fresh
+    // request id. A grant the old node may still make for the old id is
+    // never learned and expires by its TTL.
+    LockGuard lock(mutex_);
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Call& call = *it->second;
+      if (call.parked || !call.epoch || *call.epoch >= view->epoch || !follows_owner(call.type) ||
+          owner_under(call, *view) == call.to) {
+        ++it;  // a call whose node still owns the key keeps its request id
+        continue;
+      }
+      calls.push_back(std::move(it->second));
+      it = pending_.erase(it);
+    }
+  }
   for (auto& call : calls) {
     call->parked = false;
     if (!view) {
@@ -630,6 +655,17 @@ void CallEngine::on_map_refreshed() {
       fail(std::move(call), LeaseErrc::kCrossNode);
     }
   }
+}
+
+const Endpoint* CallEngine::owner_under(const Call& call, const ClusterMapView& view) {
+  if (call.type != MessageType::kAcquireMany) return view.owner_of(call.key);
+  const KeyList keys(call.key_count, call.key_list);
+  // The first key's owner; reroute() checks the rest.
+  return keys.begin() == keys.end() ? nullptr : view.endpoints[view.owner_index(*keys.begin())];
+}
+
+bool CallEngine::follows_owner(MessageType type) noexcept {
+  return is_acquire(type) || type == MessageType::kQuery;
 }
 
 void CallEngine::follow_redirects() {
@@ -700,11 +736,13 @@ bool CallEngine::reroute(Call& call, const ClusterMapView& view) {
 
 void CallEngine::resend_now(std::unique_ptr<Call> call) {
   call->request_id = new_request_id();
+  call->unanswered_sends = 0;
   outbox_.push_back(std::move(call));  // flush_outbox() arms and sends it
 }
 
 void CallEngine::resend_later(std::unique_ptr<Call> call, Clock::duration delay) {
   call->request_id = new_request_id();
+  call->unanswered_sends = 0;
   // The timer sends it as a retransmission, which doubles the interval:
   // start from half the first one.
   call->interval = setup_.options.initial_retransmit / 2;

@@ -107,6 +107,10 @@ struct Call {
   Clock::time_point next_send;
   Clock::duration interval{};
   unsigned transmissions = 0;
+  // Timer-driven sends since its node last answered it (a redirect's
+  // follow-up starts again from 0): kSilentTransmissions of them make the
+  // engine suspect the node has left (cluster mode).
+  unsigned unanswered_sends = 0;
   LeaseClient::Completion done;
 
   [[nodiscard]] Message message() const noexcept {
@@ -250,6 +254,12 @@ class CallEngine {
   void resend_later(std::unique_ptr<Call> call, Clock::duration delay);
   // Keeps `call` (fresh id, unsent) until on_map_refreshed() or its deadline.
   void park(std::unique_ptr<Call> call);
+  // Whether a call of `type` follows its key's owner to another node when
+  // the map changes under it (not RENEW and RELEASE, which belong to the
+  // node that granted the lease, nor MAP and STATS).
+  static bool follows_owner(MessageType type) noexcept;
+  // The node `view` gives `call`'s key (an ACQUIRE_MANY: its first key).
+  static const Endpoint* owner_under(const Call& call, const ClusterMapView& view);
   // Puts `call` in pending_ with its timer at next_send; fails it
   // kNotStarted when the engine is stopping.
   void keep_pending(std::unique_ptr<Call> call) SHARDLOCK_EXCLUDES(mutex_);
@@ -283,6 +293,11 @@ class CallEngine {
   // Request ids of the parked calls (some may have completed at their
   // deadline since).
   std::vector<std::uint64_t> parked_;
+  // Cluster mode: a node that left a call unanswered through
+  // kSilentTransmissions timer-driven sends (dead, or gone from the map):
+  // the map is refreshed from the others (I/O thread only).
+  const Endpoint* silent_node_ = nullptr;
+  static constexpr unsigned kSilentTransmissions = 3;
   // A deque: growing it keeps earlier buffers in place, and outgoing_ points
   // into them until the round is sent.
   std::deque<std::array<std::uint8_t, kMaxDatagramSize>> out_buffers_;

@@ -152,7 +152,7 @@ std::error_code ClusterDirectory::discover(std::string& detail) {
   return LeaseErrc::kUnreachable;
 }
 
-void ClusterDirectory::refresh(const Endpoint* first) {
+void ClusterDirectory::refresh(const Endpoint* first, const Endpoint* last) {
   auto fetch = std::make_shared<Fetch>();
   {
     LockGuard lock(mutex_);
@@ -160,8 +160,8 @@ void ClusterDirectory::refresh(const Endpoint* first) {
     refreshing_ = true;
     // The node that redirected first (its map is newer), then the members
     // of ours, then the seeds; each once.
-    const auto add = [&fetch](const Endpoint* e) {
-      if (e != nullptr &&
+    const auto add = [&fetch, last](const Endpoint* e) {
+      if (e != nullptr && e != last &&
           std::find(fetch->sources.begin(), fetch->sources.end(), e) == fetch->sources.end()) {
         fetch->sources.push_back(e);
       }
@@ -171,6 +171,7 @@ void ClusterDirectory::refresh(const Endpoint* first) {
       for (const Endpoint* e : view_->endpoints) add(e);
     }
     for (const Endpoint* e : seeds_) add(e);
+    if (last != nullptr) fetch->sources.push_back(last);
   }
   fetch_page(fetch);
 }

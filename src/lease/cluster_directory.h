@@ -133,11 +133,12 @@ class ClusterDirectory {
   }
 
   // Starts fetching a newer map, from `first` (the node that redirected,
-  // whose map is newer), then the current members, then the seeds, unless a
+  // whose map is newer), then the current members, then the seeds, and
+  // `last` (a node that stopped answering) only after all of them, unless a
   // refresh is already running. When it ends, successful or not, the engine
   // sends the calls it parked for it (CallEngine::on_map_refreshed()). Never
   // blocks.
-  void refresh(const Endpoint* first) SHARDLOCK_EXCLUDES(mutex_);
+  void refresh(const Endpoint* first, const Endpoint* last = nullptr) SHARDLOCK_EXCLUDES(mutex_);
 
  private:
   struct Fetch;

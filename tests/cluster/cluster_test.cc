@@ -386,6 +386,26 @@ TEST_F(ClusterTest, ANodePausedPastItsEtcdLeaseGrantsNothingItGaveAwayWhenItWake
   EXPECT_GT(refused, 0);
 }
 
+// A node that leaves sends no REDIRECT: a client that keeps its map must
+// still find its keys' new owners (it asks the others for the map when a
+// node stops answering).
+TEST_F(ClusterTest, AClientFindsTheNewOwnersOfANodeThatLeft) {
+  for (const char* id : {"n1", "n2", "n3"}) start_node(id);
+  auto c = client_with_members({"n1", "n2", "n3"});
+  const std::uint64_t epoch_before = c->map_epoch();
+  const auto keys = keys_by_owner(*c, 4);
+  for (const std::string& key : keys.at("n2")) ASSERT_TRUE(acquire_until_granted(*c, key));
+  nodes_.at("n2")->process.signal(SIGTERM);  // a clean leave: its etcd lease is revoked
+  ASSERT_TRUE(nodes_.at("n2")->process.wait_for(20s));
+  for (const std::string& key : keys.at("n2")) {
+    const auto token = acquire_until_granted(*c, key);
+    ASSERT_TRUE(token) << key;
+    EXPECT_GT(token_epoch(*token), epoch_before) << key;
+  }
+  EXPECT_GT(c->map_epoch(), epoch_before);
+  for (const auto& member : c->map_members()) EXPECT_NE(member.id, "n2");
+}
+
 TEST_F(ClusterTest, BadClusterFlagsAreUsageErrorsAndAnUnreachableEtcdFailsTheStart) {
   const auto run = [&](std::vector<std::string> args) {
     args.insert(args.begin(), kDaemon);
