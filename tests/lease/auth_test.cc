@@ -131,7 +131,7 @@ TEST(AuthSealTest, SealedDatagramsOpenOnlyUnderTheirKeyAndUntouched) {
 
   // Reserved flag bits are still rejected by the codec.
   std::vector<std::uint8_t> reserved = plain;
-  reserved[5] = 0x02;
+  reserved[5] = 0x04;  // bit 0 is auth, bit 1 the epoch (kFlagEpoch)
   EXPECT_EQ(decode(reserved, d), ProtocolError::kBadFlags);
 }
 
