@@ -110,9 +110,7 @@ void ClusterNode::stop(StopMode mode) {
 }
 
 void ClusterNode::publish_closed_gate() {
-  auto closed = std::make_shared<lease::internal::ClusterGate>();
-  closed->lease_deadline = [] { return nanoseconds(0); };
-  server_.publish_cluster_gate(std::move(closed));
+  server_.publish_cluster_gate(lease::internal::ClusterGate::closed());
 }
 
 void ClusterNode::start_over() {
@@ -171,10 +169,11 @@ void ClusterNode::run() {
     const bool news = !views.empty();
     apply_views(views, now);
     if (news || activation_pending_) publish(now);
-    if (now - last_count >= kHandOffCountInterval) {
-      last_count = now;
-      hand_off(now);
-    }
+    // Both below take every shard lock in turn: at the count's pace, not
+    // every tick.
+    if (now - last_count < kHandOffCountInterval) continue;
+    last_count = now;
+    hand_off(now);
     if (map_ && server_.needs_new_epoch() && new_epoch_asked_for_ != map_->epoch) {
       new_epoch_asked_for_ = map_->epoch;
       note("a shard's token counter ran out in epoch " + std::to_string(map_->epoch) +

@@ -257,9 +257,7 @@ std::error_code LeaseServer::Impl::start() {
   dispatcher = std::make_unique<Dispatcher>(std::move(d), std::move(shards));
   if (options.start_closed) {
     // Cluster mode: nothing is granted before the cluster layer says what.
-    auto closed = std::make_shared<internal::ClusterGate>();
-    closed->lease_deadline = [] { return std::chrono::nanoseconds(0); };
-    dispatcher->publish_gate(std::move(closed));
+    dispatcher->publish_gate(internal::ClusterGate::closed());
   }
 
   // Back end.

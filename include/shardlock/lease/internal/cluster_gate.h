@@ -61,6 +61,14 @@ struct ClusterGate {
   // How long a RECOVERING answer asks clients to wait.
   std::uint32_t retry_after_ms = 50;
 
+  // A gate that refuses every key (RECOVERING) and answers MAP with no map:
+  // before the first map, and after the cluster layer stops.
+  [[nodiscard]] static std::shared_ptr<const ClusterGate> closed() {
+    auto gate = std::make_shared<ClusterGate>();
+    gate->lease_deadline = [] { return std::chrono::nanoseconds(0); };
+    return gate;
+  }
+
   [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
     return routing->bucket_of_hash(routing->hash(key));
   }
