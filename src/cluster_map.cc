@@ -10,14 +10,16 @@
 namespace shardlock::cluster {
 namespace {
 
-constexpr std::string_view kMapVersionLine = "shardlock-map v1";
+constexpr std::string_view kMapVersionLineV1 = "shardlock-map v1";
+constexpr std::string_view kMapVersionPrefixV2 = "shardlock-map v2 epoch=";
 constexpr std::size_t kMaxNodeIdBytes = 128;
 constexpr std::size_t kMaxAddressBytes = 300;
 constexpr std::string_view kClusterUrlScheme = "etcd://";
 // The lease client routes with the same count (src/lease/client_routing.h).
 constexpr int kClusterBucketBits = 16;
 
-bool parse_u32(std::string_view text, std::uint32_t& out) noexcept {
+template <typename Unsigned>
+bool parse_decimal(std::string_view text, Unsigned& out) noexcept {
   if (text.empty()) return false;
   const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
   return ec == std::errc{} && end == text.data() + text.size();
@@ -64,7 +66,7 @@ bool valid_member_address(std::string_view address) noexcept {
   const std::size_t colon = address.rfind(':');
   if (colon == std::string_view::npos || colon == 0) return false;
   std::uint32_t port = 0;
-  return parse_u32(address.substr(colon + 1), port) && port >= 1 && port <= 65535;
+  return parse_decimal(address.substr(colon + 1), port) && port >= 1 && port <= 65535;
 }
 
 std::string cluster_prefix(std::string_view cluster_name) {
@@ -93,8 +95,10 @@ std::string_view to_string(MemberState state) noexcept {
 }
 
 std::string encode_member(const MemberRecord& record) {
-  return "address=" + record.address + " weight=" + std::to_string(record.weight) +
-         " state=" + std::string(to_string(record.state));
+  std::string text = "address=" + record.address + " weight=" + std::to_string(record.weight) +
+                     " state=" + std::string(to_string(record.state));
+  if (record.max_ttl_ms != 0) text += " max_ttl_ms=" + std::to_string(record.max_ttl_ms);
+  return text;
 }
 
 std::optional<MemberRecord> decode_member(std::string_view text) {
@@ -112,7 +116,7 @@ std::optional<MemberRecord> decode_member(std::string_view text) {
       record.address = std::string(value);
       have_address = true;
     } else if (name == "weight") {
-      if (!parse_u32(value, record.weight) || !valid_weight(record.weight)) return std::nullopt;
+      if (!parse_decimal(value, record.weight) || !valid_weight(record.weight)) return std::nullopt;
       have_weight = true;
     } else if (name == "state") {
       if (value == "active") {
@@ -123,16 +127,19 @@ std::optional<MemberRecord> decode_member(std::string_view text) {
         return std::nullopt;
       }
       have_state = true;
+    } else if (name == "max_ttl_ms") {
+      if (!parse_decimal(value, record.max_ttl_ms)) return std::nullopt;
     }
   }
   if (!have_address || !have_weight || !have_state) return std::nullopt;
   return record;
 }
 
-std::string encode_map_members(const std::vector<ClusterMember>& members) {
-  std::string text(kMapVersionLine);
+std::string encode_map(const ClusterMap& map) {
+  std::string text(kMapVersionPrefixV2);
+  text += std::to_string(map.epoch);
   text += '\n';
-  for (const ClusterMember& member : members) {
+  for (const ClusterMember& member : map.members) {
     text += member.id;
     text += ' ';
     text += member.address;
@@ -143,23 +150,36 @@ std::string encode_map_members(const std::vector<ClusterMember>& members) {
   return text;
 }
 
-std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text) {
+std::optional<ClusterMap> decode_map(std::string_view text, std::uint64_t mod_revision) {
   if (!text.ends_with('\n')) return std::nullopt;
   std::vector<std::string_view> lines = split(text.substr(0, text.size() - 1), '\n');
-  if (lines.empty() || lines.front() != kMapVersionLine) return std::nullopt;
-  std::vector<ClusterMember> members;
-  members.reserve(lines.size() - 1);
+  ClusterMap map;
+  if (lines.front() == kMapVersionLineV1) {
+    map.epoch = mod_revision;
+  } else if (!lines.front().starts_with(kMapVersionPrefixV2) ||
+             !parse_decimal(lines.front().substr(kMapVersionPrefixV2.size()), map.epoch) ||
+             map.epoch == 0) {
+    return std::nullopt;
+  }
+  map.members.reserve(lines.size() - 1);
   for (std::size_t i = 1; i < lines.size(); ++i) {
     const std::vector<std::string_view> fields = split(lines[i], ' ');
     if (fields.size() != 3 || !valid_node_id(fields[0]) || !valid_member_address(fields[1])) {
       return std::nullopt;
     }
     ClusterMember member{std::string(fields[0]), std::string(fields[1]), 0};
-    if (!parse_u32(fields[2], member.weight) || !valid_weight(member.weight)) return std::nullopt;
-    if (!members.empty() && !(members.back().id < member.id)) return std::nullopt;
-    members.push_back(std::move(member));
+    if (!parse_decimal(fields[2], member.weight) || !valid_weight(member.weight))
+      return std::nullopt;
+    if (!map.members.empty() && !(map.members.back().id < member.id)) return std::nullopt;
+    map.members.push_back(std::move(member));
   }
-  return members;
+  return map;
+}
+
+std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text) {
+  std::optional<ClusterMap> map = decode_map(text, 1);
+  if (!map) return std::nullopt;
+  return std::move(map->members);
 }
 
 // ---------------------------------------------------------------------------

@@ -20,33 +20,50 @@ namespace {
 constexpr int kTestBucketBits = 12;
 
 TEST(MemberValue, RoundTripsAndRejectsMalformedInput) {
-  const MemberRecord record{"127.0.0.1:7700", 3, MemberState::kDraining};
+  const MemberRecord record{"127.0.0.1:7700", 3, MemberState::kDraining, 0};
   EXPECT_EQ(encode_member(record), "address=127.0.0.1:7700 weight=3 state=draining");
   EXPECT_EQ(decode_member(encode_member(record)), record);
+  // The max TTL travels when known, so every node's lock-delay can cover it.
+  const MemberRecord with_ttl{"127.0.0.1:7700", 1, MemberState::kActive, 120000};
+  EXPECT_EQ(encode_member(with_ttl),
+            "address=127.0.0.1:7700 weight=1 state=active max_ttl_ms=120000");
+  EXPECT_EQ(decode_member(encode_member(with_ttl)), with_ttl);
   // Any order, unknown fields ignored.
   EXPECT_EQ(decode_member("state=active future=1 weight=1 address=[::1]:9"),
-            (MemberRecord{"[::1]:9", 1, MemberState::kActive}));
+            (MemberRecord{"[::1]:9", 1, MemberState::kActive, 0}));
   for (const char* bad :
        {"", "address=h:1 weight=1", "address=h:1 weight=0 state=active",
         "address=h:1 weight=1025 state=active", "address=h weight=1 state=active",
         "address=h:1 weight=1 state=gone", "address=h:1  weight=1 state=active",
-        "address=:1 weight=1 state=active", "address=h:70000 weight=1 state=active"}) {
+        "address=:1 weight=1 state=active", "address=h:70000 weight=1 state=active",
+        "address=h:1 weight=1 state=active max_ttl_ms=x"}) {
     EXPECT_FALSE(decode_member(bad).has_value()) << "'" << bad << "'";
   }
 }
 
 TEST(MapValue, RoundTripsAndRejectsWhatEncodeWouldNotProduce) {
-  const std::vector<ClusterMember> members = {{"a", "127.0.0.1:1", 1}, {"b", "127.0.0.1:2", 7}};
-  const std::string text = encode_map_members(members);
-  EXPECT_EQ(text, "shardlock-map v1\na 127.0.0.1:1 1\nb 127.0.0.1:2 7\n");
-  EXPECT_EQ(decode_map_members(text), members);
+  const ClusterMap map{42, {{"a", "127.0.0.1:1", 1}, {"b", "127.0.0.1:2", 7}}};
+  const std::string text = encode_map(map);
+  EXPECT_EQ(text, "shardlock-map v2 epoch=42\na 127.0.0.1:1 1\nb 127.0.0.1:2 7\n");
+  // A v2 value carries its epoch, whatever the key's mod_revision.
+  EXPECT_EQ(decode_map(text, 9999), map);
+  EXPECT_EQ(decode_map_members(text), map.members);
+  // A v1 value (the first format) takes the key's mod_revision as its epoch,
+  // so a cluster that upgrades continues from there.
+  const auto v1 = decode_map("shardlock-map v1\na 127.0.0.1:1 1\nb 127.0.0.1:2 7\n", 777);
+  ASSERT_TRUE(v1.has_value());
+  EXPECT_EQ(v1->epoch, 777u);
+  EXPECT_EQ(v1->members, map.members);
   EXPECT_EQ(decode_map_members("shardlock-map v1\n"), std::vector<ClusterMember>{});
-  for (const char* bad : {"", "shardlock-map v1", "shardlock-map v2\n",
-                          "shardlock-map v1\nb h:2 1\na h:1 1\n",  // out of order
-                          "shardlock-map v1\na h:1 1\na h:1 1\n",  // repeated
-                          "shardlock-map v1\na h:1 0\n", "shardlock-map v1\na h:1\n",
-                          "shardlock-map v1\na/b h:1 1\n", "shardlock-map v1\n\n"}) {
-    EXPECT_FALSE(decode_map_members(bad).has_value()) << "'" << bad << "'";
+  for (const char* bad :
+       {"", "shardlock-map v1", "shardlock-map v2\n", "shardlock-map v2 epoch=0\n",
+        "shardlock-map v2 epoch=\n", "shardlock-map v2 epoch=-1\n", "shardlock-map v3 epoch=1\n",
+        "shardlock-map v2 epoch=99999999999999999999999\n",
+        "shardlock-map v1\nb h:2 1\na h:1 1\n",  // out of order
+        "shardlock-map v1\na h:1 1\na h:1 1\n",  // repeated
+        "shardlock-map v1\na h:1 0\n", "shardlock-map v1\na h:1\n", "shardlock-map v1\na/b h:1 1\n",
+        "shardlock-map v1\n\n"}) {
+    EXPECT_FALSE(decode_map(bad, 5).has_value()) << "'" << bad << "'";
   }
   EXPECT_TRUE(valid_node_id("node-1.a_b"));
   EXPECT_FALSE(valid_node_id(""));

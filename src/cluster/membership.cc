@@ -59,13 +59,16 @@ DecodedPrefix decode_prefix(std::string_view prefix, const RangeResult& read) {
         kv.key.ends_with(kMapKey)) {
       out.map_kv = &kv;
     } else if (const auto member_id = id_in(kv.key, kMembersDir)) {
-      std::optional<MemberRecord> record = decode_member(kv.value);
-      if (!valid_node_id(*member_id) || !record) {
+      if (!valid_node_id(*member_id)) {
         ++out.bad;
         continue;
       }
-      out.view.members.push_back(
-          {std::string(*member_id), std::move(*record), kv.create_revision, kv.lease});
+      // A record this version cannot read (say, a state a newer version
+      // added) is still a live node: present, and out of the map.
+      std::optional<MemberRecord> record = decode_member(kv.value);
+      if (!record) ++out.bad;
+      out.view.members.push_back({std::string(*member_id), record.value_or(MemberRecord{}),
+                                  kv.create_revision, kv.lease, record.has_value()});
     } else if (const auto handoff_id = id_in(kv.key, kHandoffDir)) {
       std::uint64_t epoch = 0;
       if (!valid_node_id(*handoff_id) || !parse_u64(kv.value, epoch)) {
@@ -190,7 +193,8 @@ std::error_code Membership::start(MembershipOptions options, std::unique_ptr<Mem
     // (docs/cluster.md, Epochs).
     LockGuard lock(member->mutex_);
     member->epoch_wanted_ = true;
-    member->epoch_wanted_above_ = static_cast<std::uint64_t>(registered_at);
+    member->epoch_wanted_after_revision_ = registered_at;
+    member->epoch_floor_ = member->options_.min_epoch;
   }
 
   const std::optional<std::int64_t> revision = member->reconcile();
@@ -256,8 +260,7 @@ EtcdStatus Membership::drain() {
 }
 
 EtcdStatus Membership::put_member_state(MemberState state, std::int64_t lease) {
-  const auto put = client_->put(member_key(),
-                                encode_member({options_.advertise, options_.weight, state}), lease);
+  const auto put = client_->put(member_key(), encode_member(record_of(state)), lease);
   return status_of(put.error, put.detail);
 }
 
@@ -306,15 +309,18 @@ EtcdStatus Membership::put_handoff(std::uint64_t epoch) {
   return status_of(put.error, put.detail);
 }
 
-void Membership::request_new_epoch() {
+void Membership::request_new_epoch(std::uint64_t at_least) {
   {
     LockGuard lock(mutex_);
     if (!epoch_wanted_) {
       epoch_wanted_ = true;
       epoch_wanted_above_ = map_->epoch;
+      epoch_wanted_after_revision_ = 0;
     } else {
       epoch_wanted_above_ = std::max(epoch_wanted_above_, map_->epoch);
     }
+    epoch_wanted_above_ = std::max(epoch_wanted_above_, at_least > 0 ? at_least - 1 : 0);
+    epoch_floor_ = std::max(epoch_floor_, at_least);
     ++stats_.epochs_requested;
     map_dirty_ = true;
   }
@@ -356,9 +362,9 @@ EtcdResult<ClusterView> Membership::read_view(EtcdClient& client, std::string_vi
   }
   DecodedPrefix decoded = decode_prefix(prefix, read.value);
   if (decoded.map_kv != nullptr) {
-    if (auto members = decode_map_members(decoded.map_kv->value)) {
-      decoded.view.map = std::make_shared<const ClusterMap>(ClusterMap{
-          static_cast<std::uint64_t>(decoded.map_kv->mod_revision), std::move(*members)});
+    if (auto map = decode_map(decoded.map_kv->value,
+                              static_cast<std::uint64_t>(decoded.map_kv->mod_revision))) {
+      decoded.view.map = std::make_shared<const ClusterMap>(std::move(*map));
     } else {
       ++decoded.bad;
     }
@@ -400,8 +406,7 @@ std::error_code Membership::register_member(std::string& detail, std::int64_t* r
     state = state_;
   }
   const std::int64_t lease = granted.value.id;
-  const auto put = client_->put_if_absent(
-      member_key(), encode_member({options_.advertise, options_.weight, state}), lease);
+  const auto put = client_->put_if_absent(member_key(), encode_member(record_of(state)), lease);
   if (!put.ok() || !put.value.applied) {
     (void)client_->revoke_lease(lease);  // best effort; it expires anyway
     if (!put.ok()) {
@@ -542,11 +547,13 @@ std::optional<std::int64_t> Membership::reconcile() {
     const std::optional<bool> put_own_key = follow_drain_key(drain_key);
     if (!put_own_key) return std::nullopt;  // the put failed; retried after retry_interval
 
-    std::optional<std::vector<ClusterMember>> published;
+    std::optional<ClusterMap> published;
+    const std::int64_t published_revision =
+        decoded.map_kv != nullptr ? decoded.map_kv->mod_revision : 0;
     if (decoded.map_kv != nullptr) {
-      published = decode_map_members(decoded.map_kv->value);
+      published = decode_map(decoded.map_kv->value, static_cast<std::uint64_t>(published_revision));
       if (published) {
-        adopt(*published, static_cast<std::uint64_t>(decoded.map_kv->mod_revision));
+        adopt(*published, published_revision);
       } else {
         ++decoded.bad;
       }
@@ -562,28 +569,38 @@ std::optional<std::int64_t> Membership::reconcile() {
     const std::int64_t lease = lease_id();
     for (const ClusterView::Member& member : view->members) {
       if (member.id == options_.node_id) registered = lease != 0 && member.lease == lease;
-      if (member.record.state == MemberState::kActive) {
+      if (member.readable && member.record.state == MemberState::kActive) {
         live.push_back({member.id, member.record.address, member.record.weight});
       }
     }
     bool republish = false;
+    std::uint64_t epoch_floor = 0;
     {
       LockGuard lock(mutex_);
-      if (epoch_wanted_ && map_->epoch > epoch_wanted_above_) epoch_wanted_ = false;
+      if (epoch_wanted_ && map_revision_ > epoch_wanted_after_revision_ &&
+          map_->epoch > epoch_wanted_above_) {
+        epoch_wanted_ = false;
+      }
       // Not over a map this node refused (an older epoch than it has seen:
-      // etcd restored from a snapshot): a re-put would burn revisions and
-      // move every other node to a new epoch for a node that cannot adopt
-      // it anyway.
-      const bool adopted_published =
-          published && map_->epoch == static_cast<std::uint64_t>(decoded.map_kv->mod_revision);
+      // etcd restored from a snapshot): a re-put would move every other node
+      // to a new epoch for a node that cannot adopt it anyway.
+      const bool adopted_published = published && map_->epoch == published->epoch;
       republish = epoch_wanted_ && registered && adopted_published;
+      epoch_floor = epoch_floor_;
     }
     // An empty membership gives no owners at all; keep the last map instead.
-    const bool unchanged = published && *published == live;
+    const bool unchanged = published && published->members == live;
     if (live.empty() || (unchanged && !republish)) break;
+    // The next epoch: one above the map read, so that consecutive maps have
+    // consecutive epochs (a node that sees a jump knows it missed one). A
+    // jump happens only to stay above what this node has seen (etcd
+    // restored or the map key deleted) or to reach a wanted floor.
+    ClusterMap next{std::max({published ? published->epoch : 0, epoch_file_->highest(),
+                              epoch_floor > 0 ? epoch_floor - 1 : 0}) +
+                        1,
+                    std::move(live)};
     const auto swapped =
-        client_->put_if_mod_revision(map_key, encode_map_members(live),
-                                     decoded.map_kv != nullptr ? decoded.map_kv->mod_revision : 0);
+        client_->put_if_mod_revision(map_key, encode_map(next), published_revision);
     if (!swapped.ok()) {
       note_etcd_error("cannot publish " + map_key, swapped.detail);
       return std::nullopt;
@@ -593,12 +610,12 @@ std::optional<std::int64_t> Membership::reconcile() {
         LockGuard lock(mutex_);
         ++stats_.maps_published;
         if (unchanged) ++stats_.maps_republished;
-        // Served whether or not adopt() takes it: a revision above every
-        // wanted one now exists, and wanting more would re-put forever.
+        // Served whether or not adopt() takes it: a map above every wanted
+        // epoch now exists, and wanting more would re-put forever.
         epoch_wanted_ = false;
       }
       // The transaction's revision is the map key's new mod_revision.
-      adopt(std::move(live), static_cast<std::uint64_t>(swapped.value.revision));
+      adopt(std::move(next), swapped.value.revision);
       break;
     }
   }
@@ -609,7 +626,8 @@ std::optional<std::int64_t> Membership::reconcile() {
   return view->revision;
 }
 
-void Membership::adopt(std::vector<ClusterMember> members, std::uint64_t epoch) {
+void Membership::adopt(ClusterMap map, std::int64_t mod_revision) {
+  const std::uint64_t epoch = map.epoch;
   {
     LockGuard lock(mutex_);
     if (map_->epoch == epoch) return;
@@ -641,14 +659,15 @@ void Membership::adopt(std::vector<ClusterMember> members, std::uint64_t epoch) 
     note("not adopting cluster map epoch " + std::to_string(epoch) + ": " + detail);
     return;
   }
-  auto map = std::make_shared<const ClusterMap>(ClusterMap{epoch, std::move(members)});
+  auto adopted = std::make_shared<const ClusterMap>(std::move(map));
   {
     LockGuard lock(mutex_);
-    map_ = map;
+    map_ = adopted;
+    map_revision_ = mod_revision;
     ++stats_.maps_adopted;
     stats_.highest_epoch = epoch_file_->highest();
   }
-  if (options_.on_map_change) options_.on_map_change(*map);
+  if (options_.on_map_change) options_.on_map_change(*adopted);
 }
 
 }  // namespace shardlock::cluster

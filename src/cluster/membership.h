@@ -17,11 +17,12 @@
 //   member->current_map();          // the newest map, epoch included
 //
 // Layout in etcd, under the prefix:
-//   members/<id>  "address=HOST:PORT weight=W state=active|draining", under
-//                 the node's own etcd lease (TTL 5 s, kept alive every TTL/3)
-//   map           the published membership, one "<id> <address> <weight>"
-//                 line per member in id order after a version line; its
-//                 mod_revision is the map's epoch
+//   members/<id>  "address=HOST:PORT weight=W state=active|draining
+//                 max_ttl_ms=T", under the node's own etcd lease (TTL 5 s,
+//                 kept alive every TTL/3)
+//   map           the published membership and its epoch: a version line
+//                 "shardlock-map v2 epoch=E", then one "<id> <address>
+//                 <weight>" line per member in id order
 //   handoff/<id>  the newest epoch node <id> has handed off (decimal), under
 //                 that node's etcd lease (put_handoff())
 //   drain/<id>    an operator's drain request for node <id>, any value,
@@ -32,15 +33,18 @@
 // membership with a compare-and-swap on the map key's mod_revision (or
 // put-if-absent the first time), so of several nodes that react to the same
 // change exactly one succeeds; the others' CAS fails, they re-read and see
-// the winner's map. Every node adopts the map it reads with the key's
-// mod_revision as the epoch, so all nodes end up on the same map and epoch.
+// the winner's map. A publisher writes the epoch it read plus one, so the
+// epochs of consecutive maps are consecutive integers: a cluster-local
+// counter that a shared etcd's write rate cannot exhaust, and one whose
+// jumps tell a node it missed a map (BucketActivation treats a jump as a
+// start over). All nodes end up on the same map and epoch.
 // A node persists the highest epoch it has adopted (EpochFile) before it
 // adopts a map, and refuses a map with a lower epoch, also after a restart.
 //
 // A fresh epoch on every start: the first reconcile after start() publishes
 // the membership again even when the map already equals it (the CAS re-put
-// of the same value gives the map key a new mod_revision), unless some node
-// publishes a map after this node registered anyway. So a restarted node
+// carries the next epoch), unless some node publishes a map after this node
+// registered anyway. So a restarted node
 // never works in an epoch it worked in before the restart; the token scheme
 // (epoch << 32 | a per-epoch counter) relies on it. request_new_epoch() asks
 // for the same at run time.
@@ -110,6 +114,9 @@ struct ClusterView {
     MemberRecord record;
     std::int64_t create_revision = 0;  // of the members/<id> key: a new one means re-registered
     std::int64_t lease = 0;            // the etcd lease the key is under
+    // False when the value did not decode (a newer version's record, say):
+    // the node is alive all the same, but left out of the map.
+    bool readable = true;
   };
   struct Handoff {
     std::string id;
@@ -157,6 +164,12 @@ struct MembershipOptions {
   std::string node_id;    // valid_node_id()
   std::string advertise;  // HOST:PORT clients reach this node at
   std::uint32_t weight = 1;
+  // The node's largest lease TTL, published in its member record so that
+  // every node's lock-delay covers it (0: not published).
+  std::chrono::milliseconds max_ttl{0};
+  // The lowest epoch this node wants to work in (the token floor of its
+  // data dir): its first publish writes at least this epoch.
+  std::uint64_t min_epoch = 0;
   // The data dir holding the epoch file (EpochFile); required.
   std::string data_dir;
   // The etcd lease TTL asked for; etcd may grant more (never less than 2 s).
@@ -264,12 +277,13 @@ class Membership {
   // etcd's error.
   [[nodiscard]] EtcdStatus put_handoff(std::uint64_t epoch);
 
-  // Asks for a map with an epoch above the current one, with the same
-  // membership if nothing changes: the map thread re-puts the map (a CAS)
-  // on its next pass, unless a newer map arrives first. Done only while
+  // Asks for a map with an epoch above the current one and at least
+  // `at_least`, with the same membership if nothing changes: the map thread
+  // re-puts the map (a CAS) on its next pass, unless such a map arrives
+  // first. Done only while
   // this node is registered and the live membership is non-empty; until
   // then the request waits. Thread-safe, never blocks on etcd.
-  void request_new_epoch();
+  void request_new_epoch(std::uint64_t at_least = 0);
 
   // For operator tools, which are not members. An operator drain: puts
   // drain/<node_id> = "1" under `prefix` (permanent, no lease); the node
@@ -322,8 +336,13 @@ class Membership {
   // the live membership differs from it. The revision read, or nothing when
   // etcd failed.
   std::optional<std::int64_t> reconcile();
-  // Persists and publishes (members, epoch) unless the epoch is old.
-  void adopt(std::vector<ClusterMember> members, std::uint64_t epoch);
+  // Persists and publishes `map` (read or written at the map key's
+  // `mod_revision`) unless its epoch is old.
+  void adopt(ClusterMap map, std::int64_t mod_revision);
+  MemberRecord record_of(MemberState state) const {
+    return {options_.advertise, options_.weight, state,
+            static_cast<std::uint64_t>(options_.max_ttl.count())};
+  }
 
   MembershipOptions options_;
   std::unique_ptr<EtcdClient> client_;
@@ -349,11 +368,17 @@ class Membership {
   MemberState state_ SHARDLOCK_GUARDED_BY(mutex_) = MemberState::kActive;
   // state_ is kDraining because of a drain/<self> key, not drain().
   bool drained_by_key_ SHARDLOCK_GUARDED_BY(mutex_) = false;
-  // A fresh epoch is wanted: a map with an epoch above epoch_wanted_above_
-  // (the registration's revision at start, the current epoch on a request).
+  // A fresh epoch is wanted: a map published after the etcd revision
+  // epoch_wanted_after_revision_ (the registration's, at start) with an
+  // epoch above epoch_wanted_above_ (the current one, on a request).
   bool epoch_wanted_ SHARDLOCK_GUARDED_BY(mutex_) = false;
+  std::int64_t epoch_wanted_after_revision_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
   std::uint64_t epoch_wanted_above_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
+  // Publishes write at least this epoch (options_.min_epoch, raised by
+  // request_new_epoch(at_least)).
+  std::uint64_t epoch_floor_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
   std::shared_ptr<const ClusterMap> map_ SHARDLOCK_GUARDED_BY(mutex_);
+  std::int64_t map_revision_ SHARDLOCK_GUARDED_BY(mutex_) = 0;  // map_'s mod_revision
   MembershipStats stats_ SHARDLOCK_GUARDED_BY(mutex_);
 
   std::thread keep_alive_thread_;

@@ -265,12 +265,14 @@ TEST_F(MembershipTest, ThreeNodesConvergeOnOneMapWhoseEpochIsTheMapKeysRevision)
   EXPECT_EQ(map->members[1].address, b->options().advertise);
   EXPECT_EQ(map->members[1].weight, 1u);
 
-  // The epoch is the map key's mod_revision as etcd has it.
+  // The epoch is the one the map key's value carries.
   const auto read = a->etcd().get(prefix_ + "map");
   ASSERT_TRUE(read.ok()) << read.detail;
   ASSERT_EQ(read.value.kvs.size(), 1u);
-  EXPECT_EQ(static_cast<std::uint64_t>(read.value.kvs[0].mod_revision), map->epoch);
-  EXPECT_EQ(decode_map_members(read.value.kvs[0].value), map->members);
+  const auto stored = decode_map(read.value.kvs[0].value,
+                                 static_cast<std::uint64_t>(read.value.kvs[0].mod_revision));
+  ASSERT_TRUE(stored.has_value());
+  EXPECT_EQ(*stored, *map);
 
   // Each member key is under its node's own lease.
   for (Membership* member : {a, b, c}) {
@@ -724,21 +726,58 @@ TEST_F(MembershipTest, EveryStartAndEveryRequestBeginsANewEpochWithTheSameMember
   ASSERT_NE(restarted, nullptr);
   ASSERT_TRUE(poll_until([&] { return converged({restarted}, {"a"}, first); },
                          test_support::kPollTimeout, milliseconds(20)));
+  // Epochs are the cluster's own counter: the next one, however many other
+  // writes etcd took in between (a shared etcd's revision races ahead).
   const std::uint64_t second = restarted->current_map()->epoch;
-  EXPECT_GT(second, first);
+  EXPECT_EQ(second, first + 1);
   EXPECT_EQ(restarted->stats().maps_republished, 1u);
   const auto read = restarted->etcd().get(prefix_ + "map");
   ASSERT_TRUE(read.ok());
   ASSERT_EQ(read.value.kvs.size(), 1u);
-  EXPECT_EQ(static_cast<std::uint64_t>(read.value.kvs[0].mod_revision), second);
+  EXPECT_GT(static_cast<std::uint64_t>(read.value.kvs[0].mod_revision), second);
 
+  for (int i = 0; i < 50; ++i) {
+    ASSERT_TRUE(restarted->etcd().put(prefix_ + "unrelated", std::to_string(i)).ok());
+  }
   restarted->request_new_epoch();
   ASSERT_TRUE(poll_until([&] { return converged({restarted}, {"a"}, second); },
                          test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_EQ(restarted->current_map()->epoch, second + 1);
+
+  // A floor (a data dir whose tokens are above this epoch's) jumps to it.
+  restarted->request_new_epoch(second + 100);
+  ASSERT_TRUE(poll_until([&] { return converged({restarted}, {"a"}, second + 1); },
+                         test_support::kPollTimeout, milliseconds(20)));
+  EXPECT_EQ(restarted->current_map()->epoch, second + 100);
   const MembershipStats stats = restarted->stats();
-  EXPECT_EQ(stats.epochs_requested, 1u);
-  EXPECT_EQ(stats.maps_republished, 2u);
+  EXPECT_EQ(stats.epochs_requested, 2u);
+  EXPECT_EQ(stats.maps_republished, 3u);
   EXPECT_EQ(stats.highest_epoch, restarted->current_map()->epoch);
+}
+
+TEST_F(MembershipTest, AnUnreadableMemberRecordIsPresentButOutOfTheMap) {
+  Membership* a = start("a");
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  // A newer version's record: a state this version cannot parse.
+  const auto lease = a->etcd().grant_lease(30);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(a->etcd()
+                  .put(prefix_ + "members/z", "address=127.0.0.1:9 weight=1 state=upgrading",
+                       lease.value.id)
+                  .ok());
+  const auto view = Membership::read_view(a->etcd(), prefix_);
+  ASSERT_TRUE(view.ok());
+  ASSERT_EQ(view.value.members.size(), 2u);
+  EXPECT_EQ(view.value.members[1].id, "z");
+  EXPECT_FALSE(view.value.members[1].readable);
+  EXPECT_TRUE(view.value.members[0].readable);
+  // Alive, so not gone; and not in the map either.
+  ASSERT_TRUE(a->etcd().put(prefix_ + "poke", "1").ok());
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(ids_of(*a->current_map()), std::vector<std::string>{"a"});
+  (void)a->etcd().revoke_lease(lease.value.id);
 }
 
 TEST_F(MembershipTest, AJoinerStartsANewEpochWithOnePublish) {

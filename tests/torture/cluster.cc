@@ -305,12 +305,11 @@ class ClusterUnderTest final : public SystemUnderTest {
     }
     for (const cluster::WatchEvent& event : update.events) {
       if (event.type != cluster::WatchEventType::kPut || event.kv.key != prefix_ + "map") continue;
-      std::optional<std::vector<cluster::ClusterMember>> members =
-          cluster::decode_map_members(event.kv.value);
-      if (!members) continue;
-      cluster::ClusterMap map;
-      map.epoch = static_cast<std::uint64_t>(event.kv.mod_revision);
-      map.members = std::move(*members);
+      // The epoch as every node reads it (in the value; v1: the revision).
+      std::optional<cluster::ClusterMap> decoded =
+          cluster::decode_map(event.kv.value, static_cast<std::uint64_t>(event.kv.mod_revision));
+      if (!decoded) continue;
+      const cluster::ClusterMap& map = *decoded;
       std::unique_ptr<cluster::ClusterRouting> routing;
       // With the options every node and client uses.
       if (cluster::ClusterRouting::build(map, routing) != RouterStatus::kOk) {

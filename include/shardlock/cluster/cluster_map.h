@@ -65,13 +65,18 @@ struct MemberRecord {
   std::string address;  // HOST:PORT
   std::uint32_t weight = 1;
   MemberState state = MemberState::kActive;
+  // The node's largest lease TTL (--max-ttl), so that every node's lock-delay
+  // covers the longest lease any member may have granted; 0 when the record
+  // does not say (a node of an earlier version).
+  std::uint64_t max_ttl_ms = 0;
 
   friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
 };
 [[nodiscard]] std::string encode_member(const MemberRecord& record);
-// "address=... weight=... state=..." in any order; unknown fields are
-// ignored (a newer node may add some). Nothing when a required field is
-// missing or malformed.
+// "address=... weight=... state=... [max_ttl_ms=...]" in any order; unknown
+// fields are ignored (a newer node may add some). Nothing when a required
+// field is missing or malformed (the caller still counts such a member as
+// present: docs/cluster.md, "etcd layout").
 [[nodiscard]] std::optional<MemberRecord> decode_member(std::string_view text);
 
 // A member of a published map.
@@ -84,18 +89,29 @@ struct ClusterMember {
 };
 
 // A published map: the membership the buckets are computed from, and its
-// epoch (the etcd mod_revision of the map key; 0 for "no map yet").
+// epoch (0 for "no map yet"). Epochs are the cluster's own counter, carried
+// in the map's value: each publish writes the epoch it read plus one (by a
+// compare-and-swap), so consecutive maps have consecutive epochs and a node
+// that sees an epoch jump knows it missed a map. A map of the first format
+// (v1) has no epoch in its value; its epoch is the map key's etcd
+// mod_revision, and the first v2 map continues from it.
 struct ClusterMap {
   std::uint64_t epoch = 0;
   std::vector<ClusterMember> members;  // sorted by id, ids distinct
 
   friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
 };
-// The map key's value for `members` (which must be sorted by id).
-[[nodiscard]] std::string encode_map_members(const std::vector<ClusterMember>& members);
-// Nothing for anything encode_map_members() would not produce: a bad
-// version line, a malformed line, ids out of order or repeated, a weight of
-// 0 or above RouterSnapshot::kMaxWeight.
+// The map key's value for `map` (members sorted by id, epoch >= 1):
+// "shardlock-map v2 epoch=E" and one "<id> <address> <weight>" line each.
+[[nodiscard]] std::string encode_map(const ClusterMap& map);
+// The map a map key's value describes: a v2 value carries its epoch, a v1
+// value ("shardlock-map v1") takes `mod_revision`. Nothing for anything the
+// encoders would not produce: a bad version line, an epoch of 0, a
+// malformed line, ids out of order or repeated, a weight of 0 or above
+// RouterSnapshot::kMaxWeight.
+[[nodiscard]] std::optional<ClusterMap> decode_map(std::string_view text,
+                                                   std::uint64_t mod_revision);
+// decode_map()'s members only, for readers that do not need the epoch.
 [[nodiscard]] std::optional<std::vector<ClusterMember>> decode_map_members(std::string_view text);
 
 // ---------------------------------------------------------------------------
