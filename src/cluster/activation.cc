@@ -12,6 +12,7 @@ namespace shardlock::cluster {
 BucketActivation::BucketActivation(ActivationOptions options) : options_(std::move(options)) {
   assert(valid_node_id(options_.node_id));
   assert(options_.lock_delay >= Time{0});
+  lock_delay_ = options_.lock_delay;
   self_ = intern(options_.node_id);
   chains_.emplace_back();  // chain 0: settled
 }
@@ -33,7 +34,7 @@ std::optional<BucketActivation::NodeIndex> BucketActivation::find(std::string_vi
 bool BucketActivation::released(NodeIndex node, Time now) const {
   const Node& n = nodes_[node];
   if (epoch_ != 0 && n.acked_epoch == epoch_) return true;
-  return n.gone_at && now >= *n.gone_at + options_.lock_delay;
+  return n.gone_at && now >= *n.gone_at + lock_delay_;
 }
 
 MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
@@ -59,13 +60,12 @@ MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
 
   hand_off_.clear();
   if (first) {
-    owner_.resize(routing->bucket_count());
+    owner_.assign(routing->bucket_count(), kNoNode);
     chain_of_bucket_.assign(routing->bucket_count(), 0);
-    for (std::size_t b = 0; b < owner_.size(); ++b) owner_[b] = owner_in_new_map(b);
-    for (NodeIndex node : node_of_member) {
-      if (node != self_) first_map_members_.push_back(node);
-    }
-    gate_opens_at_ = now + options_.lock_delay;
+    unseen_history_.assign(routing->bucket_count(), false);
+  }
+  if (first || map.epoch != epoch_ + 1) {
+    start_history_over(owner_in_new_map, now);
   } else {
     // A moved bucket's new chain: its old chain plus its old owner, minus its
     // new owner. Buckets move in groups (one leaving node's buckets to a few
@@ -84,12 +84,7 @@ MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
           chain.push_back(before);
         }
         std::erase(chain, after);
-        ChainIndex index = 0;
-        if (!chain.empty()) {
-          index = static_cast<ChainIndex>(chains_.size());
-          chains_.push_back(std::move(chain));
-        }
-        it = moved.emplace(key, index).first;
+        it = moved.emplace(key, add_chain(std::move(chain))).first;
       }
       chain_of_bucket_[b] = it->second;
       owner_[b] = after;
@@ -101,6 +96,52 @@ MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
   // Acks of this epoch that arrived before the map did count now.
   release_settled(now);
   return MapVerdict::kAdopted;
+}
+
+template <typename OwnerInNewMap>
+void BucketActivation::start_history_over(const OwnerInNewMap& owner_in_new_map, Time now) {
+  // Every node known, alive or not: any of them may have owned any bucket in
+  // the maps this node did not see. Nodes that were never seen at all (they
+  // came and went in between) are covered by the lock-delay from now.
+  std::vector<NodeIndex> known;
+  for (NodeIndex node = 0; node < nodes_.size(); ++node) {
+    if (node != self_) known.push_back(node);
+  }
+  std::map<NodeIndex, ChainIndex> chain_without;  // by new owner
+  const bool earlier_wait_over = now >= history_known_from_;
+  for (std::size_t b = 0; b < owner_.size(); ++b) {
+    const NodeIndex before = owner_[b];
+    const NodeIndex after = owner_in_new_map(b);
+    if (before == self_ && after != self_) hand_off_.push_back(b);
+    // A bucket this node owned before and owns now keeps its state: no other
+    // node activated it in a map in between, since that needs this node's
+    // acknowledgement of exactly that map, and this node never saw it.
+    if (before == self_ && after == self_) {
+      if (earlier_wait_over) unseen_history_[b] = false;  // else it keeps waiting, now longer
+      continue;
+    }
+    auto it = chain_without.find(after);
+    if (it == chain_without.end()) {
+      std::vector<NodeIndex> chain = known;
+      std::erase(chain, after);
+      it = chain_without.emplace(after, add_chain(std::move(chain))).first;
+    }
+    chain_of_bucket_[b] = it->second;
+    owner_[b] = after;
+    unseen_history_[b] = true;
+  }
+  history_known_from_ = now + lock_delay_;
+  ++history_restarts_;
+}
+
+BucketActivation::ChainIndex BucketActivation::add_chain(std::vector<NodeIndex> chain) {
+  if (chain.empty()) return 0;
+  chains_.push_back(std::move(chain));
+  return static_cast<ChainIndex>(chains_.size() - 1);
+}
+
+void BucketActivation::raise_max_ttl(Time max_ttl) {
+  lock_delay_ = std::max(lock_delay_, max_ttl + options_.lock_delay_margin);
 }
 
 void BucketActivation::on_handoff(std::string_view node_id, std::uint64_t epoch) {
@@ -135,7 +176,6 @@ void BucketActivation::release(NodeIndex node) {
   // buckets to a node in that chain (on_map drops the new owner), so an ack
   // of the current map, or the end of the node's leases, lets go of them all.
   for (std::vector<NodeIndex>& chain : chains_) std::erase(chain, node);
-  std::erase(first_map_members_, node);
 }
 
 void BucketActivation::release_settled(Time now) {
@@ -165,10 +205,7 @@ bool BucketActivation::owns(std::size_t bucket) const noexcept {
 
 bool BucketActivation::may_grant(std::size_t bucket, Time now) const {
   if (!owns(bucket)) return false;
-  if (now < gate_opens_at_) return false;
-  for (NodeIndex node : first_map_members_) {
-    if (!released(node, now)) return false;
-  }
+  if (unseen_history_[bucket] && now < history_known_from_) return false;
   for (NodeIndex node : chains_[chain_of_bucket_[bucket]]) {
     if (!released(node, now)) return false;
   }

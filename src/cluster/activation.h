@@ -20,7 +20,7 @@
 //     N's clock since N saw it go,
 //   - and the start-up gate below is open.
 //
-// Who "may still hold a lease on b": every owner b had in the maps N saw since
+// Who "may still hold a lease on b": every owner b had in the maps since
 // b was last settled, except the current owner. This is the chain A->B->C:
 // if b moves A->B in E2 and B->C in E3 before B activated, C cannot know
 // whether B ever activated (A may have acked E2), nor whether A's leases have
@@ -40,12 +40,19 @@
 // same narrowing keeps "stays active" safe across skipped maps: nobody else
 // can activate N's bucket without N's ack of exactly their epoch.
 //
-// The start-up gate. N's first map comes with no history: N cannot know who
-// owned its buckets before. So every member of the first map (other than N)
-// must be released as above, and lock_delay must pass from the first map's
-// time (for owners that were already gone, or draining nodes outside the map:
-// the delay covers those that lost etcd, not a draining node that is live but
-// slow to see the map). Only then does any bucket activate.
+// Missing history: the first map, and a skipped map. N's first map comes
+// with no history: N cannot know who owned its buckets before. Nor can it
+// after it skipped a map (epochs are consecutive, so a map whose epoch is not
+// the current one plus one means N missed at least one): the owners b had in
+// the missed maps are unknown, and one of them may have activated b and
+// granted in it. In both cases every bucket starts over with the chain of
+// every node N knows of (members seen, live or draining, gone or not; ack
+// writers; map members), minus its new owner, and cannot activate before
+// lock_delay has passed from now (for nodes that came and went unseen). The
+// one exception is a bucket N owned before the skip and owns after it: no
+// node activated it in between, since that needs N's ack of exactly the map
+// in between, which N never saw. Treating a skip as a start over costs only
+// time: lock_delay for the buckets that moved to N.
 //
 // The caller's duties: report every adopted map in epoch order (older or equal
 // epochs are ignored), every handoff/<id> value, and every delete and put of a
@@ -76,8 +83,12 @@ namespace shardlock::cluster {
 
 struct ActivationOptions {
   std::string node_id;  // this node; valid_node_id()
-  // max lease TTL + etcd lease TTL + drift margin (docs/cluster.md).
+  // max lease TTL + etcd lease TTL + drift margin (docs/cluster.md): the
+  // lock-delay for this node's own max TTL. raise_max_ttl() raises it.
   std::chrono::nanoseconds lock_delay{0};
+  // The lock-delay's part that is not a lease TTL (etcd lease TTL + drift
+  // margin): what raise_max_ttl() adds to a member's max TTL.
+  std::chrono::nanoseconds lock_delay_margin{0};
   // Must equal the options every node routes with.
   RouterOptions router_options;
 };
@@ -112,6 +123,11 @@ class BucketActivation {
   // members/<node_id> was put at `now` (a restart or a re-registration): its
   // earlier gone time no longer speaks for the leases it may take from now on.
   void on_member_registered(std::string_view node_id, Time now);
+  // A member's record says its largest lease TTL is `max_ttl`: the
+  // lock-delay becomes at least max_ttl + lock_delay_margin, so that it
+  // covers the longest lease any member may have granted (a rolling raise
+  // of --max-ttl). It never comes down within this run.
+  void raise_max_ttl(Time max_ttl);
 
   // Whether this node may grant or renew in `bucket` at `now` (rule 3 only;
   // rules 1 and 2, ownership at the lease path and the etcd lease deadline,
@@ -137,6 +153,9 @@ class BucketActivation {
                                   std::size_t live_leases_on_unowned_buckets) const noexcept;
 
   [[nodiscard]] std::uint64_t epoch() const noexcept { return epoch_; }
+  [[nodiscard]] Time lock_delay() const noexcept { return lock_delay_; }
+  // Maps that came with no history (the first, and each after a skip).
+  [[nodiscard]] std::uint64_t history_restarts() const noexcept { return history_restarts_; }
   [[nodiscard]] std::size_t bucket_count() const noexcept { return chain_of_bucket_.size(); }
   [[nodiscard]] const ActivationOptions& options() const noexcept { return options_; }
 
@@ -161,6 +180,11 @@ class BucketActivation {
   void release_settled(Time now);
   // Drops chains no bucket refers to and renumbers the rest.
   void compact_chains();
+  // The chain's index (0 for an empty one), appended to chains_.
+  ChainIndex add_chain(std::vector<NodeIndex> chain);
+  // A map with no history: see the header comment, "Missing history".
+  template <typename OwnerInNewMap>
+  void start_history_over(const OwnerInNewMap& owner_in_new_map, Time now);
 
   ActivationOptions options_;
   NodeIndex self_ = 0;
@@ -175,10 +199,12 @@ class BucketActivation {
   std::vector<std::vector<NodeIndex>> chains_;  // chains_[0] is always empty
   std::vector<std::size_t> hand_off_;
 
-  // The start-up gate: the first map's other members, until released, and
-  // the time it opens at the earliest.
-  std::vector<NodeIndex> first_map_members_;
-  Time gate_opens_at_{0};
+  Time lock_delay_{0};
+  // Buckets that started over without history (first map, skipped map)
+  // activate no sooner than history_known_from_.
+  std::vector<bool> unseen_history_;
+  Time history_known_from_{0};
+  std::uint64_t history_restarts_ = 0;
 };
 
 }  // namespace shardlock::cluster

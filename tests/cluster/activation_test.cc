@@ -107,13 +107,13 @@ TEST(BucketActivation, FirstMapWaitsForEveryOtherMemberAndTheLockDelay) {
 TEST(BucketActivation, UnchangedBucketsStayActiveAcrossAMapChange) {
   BucketActivation activation = make("n2");
   const Time open = settle_first_map(activation, kThree, seconds(0));
-  const ClusterMap four = make_map(20, {"n1", "n2", "n3", "n4"});
+  const ClusterMap four = make_map(11, {"n1", "n2", "n3", "n4"});
   const std::vector<std::size_t> kept = moved(kThree, four, "n2", "n2");
   ASSERT_FALSE(kept.empty());
   for (std::size_t b : kept) ASSERT_TRUE(activation.may_grant(b, open));
 
   ASSERT_EQ(activation.on_map(four, open), MapVerdict::kAdopted);
-  // No ack of epoch 20 from anyone, and no time passed.
+  // No ack of epoch 11 from anyone, and no time passed.
   for (std::size_t b : kept) EXPECT_TRUE(activation.may_grant(b, open)) << b;
   // What n4 took is n2's no longer, at once.
   const std::vector<std::size_t> taken = moved(kThree, four, "n2", "n4");
@@ -124,7 +124,7 @@ TEST(BucketActivation, UnchangedBucketsStayActiveAcrossAMapChange) {
 TEST(BucketActivation, MovedBucketsWaitForThePreviousOwnersAckOfExactlyThisEpoch) {
   BucketActivation activation = make("n2");
   const Time open = settle_first_map(activation, kThree, seconds(0));
-  const ClusterMap two = make_map(20, {"n2", "n3"});  // n1 drains: alive, not in the map
+  const ClusterMap two = make_map(11, {"n2", "n3"});  // n1 drains: alive, not in the map
   const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
   const std::vector<std::size_t> kept = moved(kThree, two, "n2", "n2");
   ASSERT_FALSE(gained.empty());
@@ -133,16 +133,16 @@ TEST(BucketActivation, MovedBucketsWaitForThePreviousOwnersAckOfExactlyThisEpoch
 
   const Time much_later = open + 10 * kLockDelay;
   for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, much_later)) << b;
-  activation.on_handoff("n3", 20);  // not a holder of these buckets
+  activation.on_handoff("n3", 11);  // not a holder of these buckets
   for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, much_later)) << b;
   // An ack of a newer map this node has not seen proves nothing about this
   // one (that map may give the buckets back to n1).
-  activation.on_handoff("n1", 25);
+  activation.on_handoff("n1", 12);
   for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, much_later)) << b;
   for (std::size_t b : kept) EXPECT_TRUE(activation.may_grant(b, open)) << b;
 
   // Once this node adopts the map n1 acked, the ack counts.
-  const ClusterMap two_again = make_map(25, {"n2", "n3"});
+  const ClusterMap two_again = make_map(12, {"n2", "n3"});
   ASSERT_EQ(activation.on_map(two_again, open), MapVerdict::kAdopted);
   for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, open)) << b;
 }
@@ -150,20 +150,20 @@ TEST(BucketActivation, MovedBucketsWaitForThePreviousOwnersAckOfExactlyThisEpoch
 TEST(BucketActivation, MovedBucketsActivateOnTheAckOfTheCurrentEpoch) {
   BucketActivation activation = make("n2");
   const Time open = settle_first_map(activation, kThree, seconds(0));
-  const ClusterMap two = make_map(20, {"n2", "n3"});
+  const ClusterMap two = make_map(11, {"n2", "n3"});
   const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
   ASSERT_FALSE(gained.empty());
   ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
   for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, open)) << b;
-  activation.on_handoff("n1", 20);
+  activation.on_handoff("n1", 11);
   for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, open)) << b;
 }
 
 TEST(BucketActivation, AnAckBeforeTheMapCountsWhenTheMapArrives) {
   BucketActivation activation = make("n2");
   const Time open = settle_first_map(activation, kThree, seconds(0));
-  const ClusterMap two = make_map(20, {"n2", "n3"});
-  activation.on_handoff("n1", 20);  // n1 saw the map first
+  const ClusterMap two = make_map(11, {"n2", "n3"});
+  activation.on_handoff("n1", 11);  // n1 saw the map first
   ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
   for (std::size_t b : moved(kThree, two, "n1", "n2")) EXPECT_TRUE(activation.may_grant(b, open));
 }
@@ -173,11 +173,11 @@ TEST(BucketActivation, ADeadOwnersBucketsActivateExactlyAtGoneTimePlusLockDelay)
   const Time open = settle_first_map(activation, kThree, seconds(0));
   const Time gone = open + seconds(100);
   activation.on_member_gone("n1", gone);
-  const ClusterMap two = make_map(20, {"n2", "n3"});
+  const ClusterMap two = make_map(11, {"n2", "n3"});
   const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
   ASSERT_FALSE(gained.empty());
   ASSERT_EQ(activation.on_map(two, gone + seconds(5)), MapVerdict::kAdopted);
-  activation.on_handoff("n3", 20);
+  activation.on_handoff("n3", 11);
 
   const Time ready = gone + kLockDelay;
   for (std::size_t b : gained) {
@@ -196,13 +196,13 @@ TEST(BucketActivation, ANodeThatRegistersAgainMustAckForItsNewIncarnation) {
   const Time gone = open + seconds(1);
   activation.on_member_gone("n1", gone);
   activation.on_member_registered("n1", gone + seconds(2));  // restarted quickly
-  const ClusterMap two = make_map(20, {"n2", "n3"});
+  const ClusterMap two = make_map(11, {"n2", "n3"});
   const std::vector<std::size_t> gained = moved(kThree, two, "n1", "n2");
   ASSERT_FALSE(gained.empty());
   ASSERT_EQ(activation.on_map(two, gone + seconds(3)), MapVerdict::kAdopted);
   // The old gone time no longer releases n1.
   for (std::size_t b : gained) EXPECT_FALSE(activation.may_grant(b, gone + 10 * kLockDelay));
-  activation.on_handoff("n1", 20);
+  activation.on_handoff("n1", 11);
   for (std::size_t b : gained) EXPECT_TRUE(activation.may_grant(b, gone + 10 * kLockDelay));
 }
 
@@ -260,6 +260,80 @@ TEST(BucketActivation, RegainingALostBucketWaitsForTheOwnerInBetween) {
   EXPECT_TRUE(a.may_grant(3, open));
 }
 
+// Hole 1 of issue 21: n3 stalls while n1 drains (E11: n1's buckets to n2 and
+// n3; n2 grants in them) and then n2 drains (E12: n3 alone). n3 wakes and
+// reads only E12. Going by the maps it saw, b moved n1 -> n3 and n1's ack is
+// all it needs; but n2 owned b in between and may hold a lease on it.
+TEST(BucketActivation, ASkippedMapStartsTheMovedBucketsOver) {
+  BucketActivation n3 = make("n3");
+  const Time open = settle_first_map(n3, kThree, seconds(0));
+  const ClusterMap skipped = make_map(11, {"n2", "n3"});
+  const ClusterMap alone = make_map(12, {"n3"});
+  const std::vector<std::size_t> via_n2 = moved(kThree, skipped, "n1", "n2");
+  ASSERT_FALSE(via_n2.empty());
+  const Time woke = open + seconds(1);
+  ASSERT_EQ(n3.on_map(alone, woke), MapVerdict::kAdopted);
+  EXPECT_EQ(n3.history_restarts(), 2u);  // the first map, and this one
+  n3.on_handoff("n1", 12);
+  const Time much_later = woke + 10 * kLockDelay;
+  for (std::size_t b : via_n2) EXPECT_FALSE(n3.may_grant(b, much_later)) << b;
+  n3.on_handoff("n2", 12);
+  // And never before the lock-delay from the skip: nodes that came and went
+  // unseen in between may have granted.
+  for (std::size_t b : via_n2) {
+    EXPECT_FALSE(n3.may_grant(b, woke + kLockDelay - nanoseconds(1))) << b;
+    EXPECT_TRUE(n3.may_grant(b, woke + kLockDelay)) << b;
+  }
+  // What n3 owned throughout stays active: nobody could activate it in
+  // between without n3's ack of the map n3 never saw.
+  for (std::size_t b : moved(kThree, alone, "n3", "n3")) EXPECT_TRUE(n3.may_grant(b, woke)) << b;
+}
+
+TEST(BucketActivation, ConsecutiveEpochsKeepTheirHistory) {
+  BucketActivation n3 = make("n3");
+  const Time open = settle_first_map(n3, kThree, seconds(0));
+  ASSERT_EQ(n3.on_map(make_map(11, {"n2", "n3"}), open), MapVerdict::kAdopted);
+  ASSERT_EQ(n3.on_map(make_map(12, {"n3"}), open), MapVerdict::kAdopted);
+  EXPECT_EQ(n3.history_restarts(), 1u);
+  n3.on_handoff("n1", 12);
+  n3.on_handoff("n2", 12);
+  // Both previous owners acked the current map: no lock-delay needed.
+  for (std::size_t b = 0; b < n3.bucket_count(); ++b) EXPECT_TRUE(n3.may_grant(b, open)) << b;
+}
+
+TEST(BucketActivation, AFirstMapWaitsForALiveNodeOutsideIt) {
+  // n2 is draining: registered, alive, holding leases, and out of the map.
+  BucketActivation n3 = make("n3");
+  n3.on_member_registered("n2", Time{0});
+  ASSERT_EQ(n3.on_map(make_map(12, {"n3"}), Time{0}), MapVerdict::kAdopted);
+  const Time much_later = 10 * kLockDelay;
+  EXPECT_FALSE(n3.may_grant(0, much_later));
+  n3.on_handoff("n2", 12);
+  EXPECT_TRUE(n3.may_grant(0, much_later));
+}
+
+TEST(BucketActivation, TheLockDelayCoversTheLargestMaxTtlOfAnyMember) {
+  // This node's own max TTL gives 47 s; a member publishes a 120 s one.
+  BucketActivation activation(ActivationOptions{.node_id = "n2",
+                                                .lock_delay = kLockDelay,
+                                                .lock_delay_margin = seconds(17),
+                                                .router_options = router_options()});
+  const Time open = settle_first_map(activation, kThree, seconds(0));
+  activation.raise_max_ttl(seconds(120));
+  activation.raise_max_ttl(seconds(10));  // never lowers it
+  EXPECT_EQ(activation.lock_delay(), seconds(137));
+  const Time gone = open + seconds(1);
+  activation.on_member_gone("n1", gone);
+  ASSERT_EQ(activation.on_map(make_map(11, {"n2", "n3"}), gone), MapVerdict::kAdopted);
+  const std::vector<std::size_t> gained = moved(kThree, make_map(11, {"n2", "n3"}), "n1", "n2");
+  ASSERT_FALSE(gained.empty());
+  for (std::size_t b : gained) {
+    EXPECT_FALSE(activation.may_grant(b, gone + kLockDelay)) << b;
+    EXPECT_FALSE(activation.may_grant(b, gone + seconds(137) - nanoseconds(1))) << b;
+    EXPECT_TRUE(activation.may_grant(b, gone + seconds(137))) << b;
+  }
+}
+
 TEST(BucketActivation, AnOlderOrEqualMapIsIgnored) {
   BucketActivation activation = make("n2");
   const Time open = settle_first_map(activation, kThree, seconds(0));
@@ -280,25 +354,25 @@ TEST(BucketActivation, LostBucketsAreReportedForHandOffAtOnce) {
   ASSERT_FALSE(had.empty());
   for (std::size_t b : had) ASSERT_TRUE(activation.may_grant(b, open));
 
-  const ClusterMap two = make_map(20, {"n2", "n3"});  // n1 drains
+  const ClusterMap two = make_map(11, {"n2", "n3"});  // n1 drains
   ASSERT_EQ(activation.on_map(two, open), MapVerdict::kAdopted);
   EXPECT_EQ(activation.buckets_to_hand_off(), had);
   for (std::size_t b : had) EXPECT_FALSE(activation.may_grant(b, open)) << b;
   // It may ack the new epoch only once its leases there are over.
-  EXPECT_FALSE(activation.ready_to_ack(20, 3));
-  EXPECT_TRUE(activation.ready_to_ack(20, 0));
+  EXPECT_FALSE(activation.ready_to_ack(11, 3));
+  EXPECT_TRUE(activation.ready_to_ack(11, 0));
   EXPECT_FALSE(activation.ready_to_ack(10, 0));
-  EXPECT_FALSE(activation.ready_to_ack(21, 0));
+  EXPECT_FALSE(activation.ready_to_ack(12, 0));
 
   // The next map reports only what it takes.
-  ASSERT_EQ(activation.on_map(make_map(30, {"n2", "n3"}), open), MapVerdict::kAdopted);
+  ASSERT_EQ(activation.on_map(make_map(12, {"n2", "n3"}), open), MapVerdict::kAdopted);
   EXPECT_TRUE(activation.buckets_to_hand_off().empty());
 }
 
 TEST(BucketActivation, AnEmptyMapOwnsNothing) {
   BucketActivation activation = make("n1");
   const Time open = settle_first_map(activation, kThree, seconds(0));
-  ASSERT_EQ(activation.on_map(make_map(20, {}), open), MapVerdict::kAdopted);
+  ASSERT_EQ(activation.on_map(make_map(11, {}), open), MapVerdict::kAdopted);
   EXPECT_EQ(activation.buckets_to_hand_off(), moved(kThree, kThree, "n1", "n1"));
   for (std::size_t b = 0; b < activation.bucket_count(); ++b) {
     EXPECT_FALSE(activation.may_grant(b, open));
