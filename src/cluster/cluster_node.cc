@@ -1,6 +1,7 @@
 // One cluster node's driver. See cluster_node.h.
 #include "cluster_node.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <utility>
 
@@ -27,7 +28,7 @@ ClusterNode::ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server)
       std::fprintf(stderr, "shardlock-cluster: %.*s\n", static_cast<int>(line.size()), line.data());
     };
   }
-  lock_delay_ = options_.max_ttl + options_.lease_ttl + options_.drift_margin;
+  lock_delay_ = options_.max_ttl + lock_delay_margin();
 }
 
 ClusterNode::~ClusterNode() { stop(StopMode::kRevokeLease); }
@@ -64,11 +65,10 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   }
   // The server's own lock-delay covers the leases of its previous run, which
   // a hand-off acknowledgement must not speak for before they are over.
-  node->server_recovered_at_ = server.now() + server.lock_delay();
-  node->activation_ = std::make_unique<BucketActivation>(
-      ActivationOptions{.node_id = o.node_id,
-                        .lock_delay = node->lock_delay_,
-                        .router_options = cluster_router_options()});
+  // At least a max TTL, whatever --lock-delay says (it may be 0).
+  node->server_recovered_at_ =
+      server.now() + std::max<nanoseconds>(server.lock_delay(), node->options_.max_ttl);
+  node->activation_ = node->new_activation();
 
   MembershipOptions m;
   m.endpoints = o.endpoints;
@@ -76,6 +76,7 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   m.node_id = o.node_id;
   m.advertise = o.advertise;
   m.weight = o.weight;
+  m.max_ttl = o.max_ttl;
   m.data_dir = o.data_dir;
   m.lease_ttl = o.lease_ttl;
   m.drift_margin = o.drift_margin;
@@ -123,14 +124,16 @@ void ClusterNode::start_over() {
   map_.reset();
   routing_.reset();
   seen_members_.clear();
-  activation_ = std::make_unique<BucketActivation>(
-      ActivationOptions{.node_id = options_.node_id,
-                        .lock_delay = lock_delay_,
-                        .router_options = cluster_router_options()});
+  activation_ = new_activation();
   skip_views_through_ = self_create_revision_;
   LockGuard lock(mutex_);
   stats_.acked_epoch = 0;  // handoff/<id> went with the old lease
   ++stats_.restarts;
+}
+
+std::shared_ptr<const lease::internal::ClusterGate> ClusterNode::published_gate() const {
+  LockGuard lock(mutex_);
+  return published_gate_;
 }
 
 ClusterNodeStats ClusterNode::stats() const {
@@ -197,7 +200,11 @@ void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds
     // a new incarnation even if no view saw the key missing).
     std::unordered_map<std::string, SeenMember> present;
     for (const ClusterView::Member& member : view.members) {
+      // An unreadable record (a newer version's) is a live node all the same.
       present[member.id] = SeenMember{member.create_revision};
+      if (member.readable && member.record.max_ttl_ms != 0) {
+        activation_->raise_max_ttl(milliseconds(member.record.max_ttl_ms));
+      }
       const auto seen = seen_members_.find(member.id);
       if (seen == seen_members_.end()) {
         activation_->on_member_registered(member.id, now);
@@ -214,7 +221,23 @@ void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds
       activation_->on_handoff(handoff.id, handoff.epoch);
     }
     if (!view.map || view.map->epoch <= activation_->epoch()) continue;
+    // A map member without a member key (its etcd lease ended before this
+    // node ever saw it) is gone from now on, so that its lock-delay starts.
+    for (const ClusterMember& member : view.map->members) {
+      if (!seen_members_.contains(member.id)) activation_->on_member_gone(member.id, now);
+    }
+    const std::uint64_t previous_epoch = activation_->epoch();
+    const std::uint64_t restarts = activation_->history_restarts();
     const MapVerdict verdict = activation_->on_map(*view.map, now);
+    if (verdict == MapVerdict::kAdopted && previous_epoch != 0 &&
+        activation_->history_restarts() != restarts) {
+      note("cluster map epoch " + std::to_string(view.map->epoch) + " follows epoch " +
+           std::to_string(previous_epoch) +
+           ": maps in between were missed, so buckets that moved here wait for every known "
+           "node's hand-off or the lock-delay, as after a start");
+      LockGuard lock(mutex_);
+      ++stats_.maps_missed;
+    }
     if (verdict != MapVerdict::kAdopted) {
       note("cluster map epoch " + std::to_string(view.map->epoch) +
            " not used for grants (its buckets do not route)");
@@ -227,6 +250,8 @@ void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds
     map_ = view.map;
     routing_ = std::shared_ptr<const ClusterRouting>(std::move(routing));
   }
+  LockGuard lock(mutex_);
+  stats_.lock_delay = activation_->lock_delay();
 }
 
 void ClusterNode::publish(nanoseconds now) {
@@ -256,7 +281,12 @@ void ClusterNode::publish(nanoseconds now) {
   // Aliasing: the snapshot lives as long as the routing that owns it.
   gate->routing = std::shared_ptr<const RouterSnapshot>(routing_, &routing_->snapshot());
   gate->buckets = std::move(buckets);
-  gate->lease_deadline = [membership = membership_.get()] { return membership->lease_deadline(); };
+  // Bound to the registration this gate's activation belongs to: after a
+  // re-registration the new lease's deadline must not revive this gate (the
+  // cluster may have given its buckets away while the node had no lease).
+  gate->lease_deadline = [membership = membership_.get(), registration = registration_] {
+    return membership->lease_deadline_of(registration);
+  };
   for (const ClusterMember& member : map_->members) {
     gate->members.push_back({member.id, member.address, member.weight});
   }
@@ -269,6 +299,7 @@ void ClusterNode::publish(nanoseconds now) {
          std::to_string(n) + " buckets here, " + std::to_string(active) + " active");
   }
   LockGuard lock(mutex_);
+  published_gate_ = gate_;
   stats_.epoch = gate_->epoch;
   stats_.members = map_->members.size();
   stats_.buckets_owned = owned;

@@ -90,6 +90,11 @@ struct ClusterNodeStats {
   std::uint64_t gates_published = 0;
   std::uint64_t acks_written = 0;
   std::uint64_t restarts = 0;  // start_over(): a new etcd lease after losing one
+  // Maps adopted after a skipped epoch (their buckets start over as at a start).
+  std::uint64_t maps_missed = 0;
+  // The lock-delay now: the largest max TTL of any member seen, plus the
+  // etcd lease TTL and the drift margin.
+  std::chrono::nanoseconds lock_delay{0};
   bool lease_alive = false;
   MembershipStats membership;
 };
@@ -113,9 +118,12 @@ class ClusterNode {
   void stop(StopMode mode = StopMode::kRevokeLease);
 
   [[nodiscard]] ClusterNodeStats stats() const;
+  // The gate last published to the server (null before the first map).
+  [[nodiscard]] std::shared_ptr<const lease::internal::ClusterGate> published_gate() const;
   [[nodiscard]] Membership& membership() noexcept { return *membership_; }
-  // The lock-delay a new owner waits for a vanished one: max TTL + etcd
-  // lease TTL + drift margin.
+  // The lock-delay a new owner waits for a vanished one, for this node's own
+  // max TTL: max TTL + etcd lease TTL + drift margin. A member whose record
+  // says a larger max TTL raises the one in use (stats().lock_delay).
   [[nodiscard]] std::chrono::nanoseconds lock_delay() const noexcept { return lock_delay_; }
 
  private:
@@ -130,6 +138,16 @@ class ClusterNode {
   // so it closes the gate and starts over as at a start.
   void start_over();
   void publish_closed_gate();
+  std::chrono::nanoseconds lock_delay_margin() const {
+    return options_.lease_ttl + options_.drift_margin;
+  }
+  std::unique_ptr<BucketActivation> new_activation() const {
+    return std::make_unique<BucketActivation>(
+        ActivationOptions{.node_id = options_.node_id,
+                          .lock_delay = lock_delay_,
+                          .lock_delay_margin = lock_delay_margin(),
+                          .router_options = cluster_router_options()});
+  }
   void note(std::string_view line) { options_.log(line); }
 
   ClusterNodeOptions options_;
@@ -162,6 +180,7 @@ class ClusterNode {
   bool stopping_ SHARDLOCK_GUARDED_BY(mutex_) = false;
   std::vector<ClusterView> views_ SHARDLOCK_GUARDED_BY(mutex_);
   ClusterNodeStats stats_ SHARDLOCK_GUARDED_BY(mutex_);
+  std::shared_ptr<const lease::internal::ClusterGate> published_gate_ SHARDLOCK_GUARDED_BY(mutex_);
   std::thread driver_;
 };
 

@@ -1,0 +1,133 @@
+// ClusterNode in-process, driving a real LeaseServer from a real etcd
+// (tests/cluster/etcd_process.h starts one; skipped when /usr/bin/etcd is
+// missing): what the driver hands the server's gate, and what it writes to
+// etcd for the other nodes.
+#include "cluster_node.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "etcd_process.h"
+#include "poll_until.h"
+
+namespace shardlock::cluster {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+std::string make_temp_dir() {
+  std::string pattern = (std::filesystem::temp_directory_path() / "shardlock-node-XXXXXX").string();
+  return ::mkdtemp(pattern.data()) != nullptr ? pattern : std::string();
+}
+
+class ClusterNodeTest : public test_support::EtcdSuiteTest {
+ protected:
+  void SetUp() override {
+    EtcdSuiteTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    dir_ = make_temp_dir();
+    ASSERT_FALSE(dir_.empty());
+  }
+  void TearDown() override {
+    if (node_) node_->stop();
+    node_.reset();
+    if (server_) server_->stop();
+    server_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+
+  // One node of a cluster named after the test, active once its first map
+  // settles (a lock-delay of a few hundred milliseconds).
+  void start_node(milliseconds max_ttl = milliseconds(200)) {
+    lease::LeaseServerOptions server_options;
+    server_options.data_dir = dir_;
+    server_options.max_ttl = max_ttl;
+    server_options.lock_delay = max_ttl;
+    server_options.start_closed = true;
+    server_options.log = [](std::string_view) {};
+    server_ = std::make_unique<lease::LeaseServer>(server_options);
+    ASSERT_FALSE(server_->start()) << server_->error_detail();
+    ClusterNodeOptions options;
+    options.endpoints = etcd_->endpoint();
+    options.cluster_name = test_name();
+    options.node_id = "n1";
+    options.advertise = server_->listen_address();
+    options.data_dir = dir_;
+    options.lease_ttl = seconds(2);
+    options.drift_margin = milliseconds(200);
+    options.max_ttl = max_ttl;
+    options.log = [](std::string_view) {};
+    std::string detail;
+    ASSERT_FALSE(ClusterNode::start(options, *server_, node_, detail)) << detail;
+  }
+
+  std::string dir_;
+  std::unique_ptr<lease::LeaseServer> server_;
+  std::unique_ptr<ClusterNode> node_;
+};
+
+// Hole 2 of issue 21: a gate built under one etcd lease must not grant again
+// once the node registers under a new one. While the node had no lease the
+// cluster may have given its buckets away; the old gate still shows them
+// active, and the new lease's deadline would make it grant.
+TEST_F(ClusterNodeTest, AGateFromAnEarlierRegistrationNeverGrantsAgain) {
+  start_node();
+  ASSERT_TRUE(test_support::poll_until([&] { return node_->stats().buckets_active > 0; },
+                                       seconds(30), milliseconds(20)));
+  const auto old_gate = node_->published_gate();
+  ASSERT_NE(old_gate, nullptr);
+  const auto now_ms = [&] {
+    return std::chrono::duration_cast<milliseconds>(server_->now()).count();
+  };
+  // A single-member map gives this node every bucket.
+  ASSERT_EQ(old_gate->check("some-key", now_ms()), lease::internal::ClusterGate::Verdict::kGrant);
+
+  const std::uint64_t registration = node_->membership().registration();
+  ASSERT_TRUE(node_->membership().etcd().revoke_lease(node_->membership().lease_id()).ok());
+  ASSERT_TRUE(test_support::poll_until(
+      [&] {
+        return node_->membership().registration() > registration &&
+               node_->membership().lease_alive();
+      },
+      seconds(30), milliseconds(5)));
+  EXPECT_NE(old_gate->check("some-key", now_ms()), lease::internal::ClusterGate::Verdict::kGrant);
+}
+
+// Hole 4 of issue 21: the record carries the node's max TTL, and the
+// lock-delay in use covers the largest one any member publishes.
+TEST_F(ClusterNodeTest, TheMemberRecordCarriesTheMaxTtlAndTheLargestOneSetsTheLockDelay) {
+  start_node(milliseconds(300));
+  ASSERT_TRUE(test_support::poll_until([&] { return node_->stats().buckets_active > 0; },
+                                       seconds(30), milliseconds(20)));
+  const std::string prefix = cluster_prefix(test_name());
+  const auto read = node_->membership().etcd().get(prefix + "members/n1");
+  ASSERT_TRUE(read.ok());
+  ASSERT_EQ(read.value.kvs.size(), 1u);
+  const auto record = decode_member(read.value.kvs[0].value);
+  ASSERT_TRUE(record.has_value());
+  EXPECT_EQ(record->max_ttl_ms, 300u);
+  EXPECT_EQ(node_->stats().lock_delay, node_->lock_delay());
+
+  // Another member (a node of the rolling raise) with a 120 s max TTL.
+  const auto lease = node_->membership().etcd().grant_lease(30);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_TRUE(node_->membership()
+                  .etcd()
+                  .put(prefix + "members/n2",
+                       encode_member({"127.0.0.1:9", 1, MemberState::kDraining, 120'000}),
+                       lease.value.id)
+                  .ok());
+  ASSERT_TRUE(test_support::poll_until([&] { return node_->stats().lock_delay >= seconds(120); },
+                                       seconds(30), milliseconds(20)));
+  EXPECT_EQ(node_->stats().lock_delay, seconds(120) + seconds(2) + milliseconds(200));
+  (void)node_->membership().etcd().revoke_lease(lease.value.id);
+}
+
+}  // namespace
+}  // namespace shardlock::cluster
