@@ -226,32 +226,42 @@ void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds
     for (const ClusterMember& member : view.map->members) {
       if (!seen_members_.contains(member.id)) activation_->on_member_gone(member.id, now);
     }
-    const std::uint64_t previous_epoch = activation_->epoch();
-    const std::uint64_t restarts = activation_->history_restarts();
-    const MapVerdict verdict = activation_->on_map(*view.map, now);
-    if (verdict == MapVerdict::kAdopted && previous_epoch != 0 &&
-        activation_->history_restarts() != restarts) {
-      note("cluster map epoch " + std::to_string(view.map->epoch) + " follows epoch " +
-           std::to_string(previous_epoch) +
-           ": maps in between were missed, so buckets that moved here wait for every known "
-           "node's hand-off or the lock-delay, as after a start");
-      LockGuard lock(mutex_);
-      ++stats_.maps_missed;
+    // The maps published between two reads, as the watch delivered them,
+    // then the newest: every epoch in order keeps each moved bucket's chain
+    // of possible holders, where a skipped one would cost a lock-delay.
+    for (const std::shared_ptr<const ClusterMap>& map : view.adopted) {
+      if (map->epoch < view.map->epoch) adopt_map(map, now);
     }
-    if (verdict != MapVerdict::kAdopted) {
-      note("cluster map epoch " + std::to_string(view.map->epoch) +
-           " not used for grants (its buckets do not route)");
-      continue;
-    }
-    std::unique_ptr<ClusterRouting> routing;
-    if (ClusterRouting::build(*view.map, cluster_router_options(), routing) != RouterStatus::kOk) {
-      continue;  // on_map accepted it, so this cannot happen
-    }
-    map_ = view.map;
-    routing_ = std::shared_ptr<const ClusterRouting>(std::move(routing));
+    adopt_map(view.map, now);
   }
   LockGuard lock(mutex_);
   stats_.lock_delay = activation_->lock_delay();
+}
+
+void ClusterNode::adopt_map(const std::shared_ptr<const ClusterMap>& map, nanoseconds now) {
+  if (map->epoch <= activation_->epoch()) return;
+  const std::uint64_t previous_epoch = activation_->epoch();
+  const std::uint64_t restarts = activation_->history_restarts();
+  const MapVerdict verdict = activation_->on_map(*map, now);
+  if (verdict != MapVerdict::kAdopted) {
+    note("cluster map epoch " + std::to_string(map->epoch) +
+         " not used for grants (its buckets do not route)");
+    return;
+  }
+  if (previous_epoch != 0 && activation_->history_restarts() != restarts) {
+    note("cluster map epoch " + std::to_string(map->epoch) + " follows epoch " +
+         std::to_string(previous_epoch) +
+         ": maps in between were missed, so buckets that moved here wait for every known "
+         "node's hand-off or the lock-delay, as after a start");
+    LockGuard lock(mutex_);
+    ++stats_.maps_missed;
+  }
+  std::unique_ptr<ClusterRouting> routing;
+  if (ClusterRouting::build(*map, cluster_router_options(), routing) != RouterStatus::kOk) {
+    return;  // on_map accepted it, so this cannot happen
+  }
+  map_ = map;
+  routing_ = std::shared_ptr<const ClusterRouting>(std::move(routing));
 }
 
 void ClusterNode::publish(nanoseconds now) {

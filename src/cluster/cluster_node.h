@@ -131,6 +131,8 @@ class ClusterNode {
   void run();
   // Steps 1-4 of the header comment, on the driver thread.
   void apply_views(const std::vector<ClusterView>& views, std::chrono::nanoseconds now);
+  // Feeds one map to the activation (if newer) and routes by it.
+  void adopt_map(const std::shared_ptr<const ClusterMap>& map, std::chrono::nanoseconds now);
   void publish(std::chrono::nanoseconds now);
   void hand_off(std::chrono::nanoseconds now);
   // The node lost its etcd lease and registered again: everything it knew

@@ -489,11 +489,22 @@ void Membership::map_loop(std::int64_t watch_from) {
   std::unique_ptr<EtcdWatch> watch;
   const auto open_watch = [&](std::int64_t from) {
     watch = client_->watch_prefix(options_.prefix, from, [this](const WatchUpdate& update) {
+      // Every map put, in revision order: a pass that reads the prefix sees
+      // only the newest map, and these are the ones in between.
+      std::vector<std::pair<ClusterMap, std::int64_t>> maps;
+      for (const WatchEvent& event : update.events) {
+        if (event.type != WatchEventType::kPut || event.kv.key != map_key()) continue;
+        if (auto map =
+                decode_map(event.kv.value, static_cast<std::uint64_t>(event.kv.mod_revision))) {
+          maps.emplace_back(std::move(*map), event.kv.mod_revision);
+        }
+      }
       LockGuard lock(mutex_);
       if (update.error) {
         watch_failed_ = true;
       } else {
         map_dirty_ = true;
+        for (auto& map : maps) watched_maps_.push_back(std::move(map));
       }
       wake_.notify_all();
     });
@@ -531,6 +542,7 @@ void Membership::map_loop(std::int64_t watch_from) {
 std::optional<std::int64_t> Membership::reconcile() {
   const std::string map_key = this->map_key();
   std::optional<ClusterView> view;
+  std::vector<std::shared_ptr<const ClusterMap>> adopted_in_pass;
   // Losing a CAS means another node published, and a drain key makes this
   // node put its own member key: either way, read again. The attempts bound
   // a pass; the next watch event starts another.
@@ -553,7 +565,8 @@ std::optional<std::int64_t> Membership::reconcile() {
     if (decoded.map_kv != nullptr) {
       published = decode_map(decoded.map_kv->value, static_cast<std::uint64_t>(published_revision));
       if (published) {
-        adopt(*published, published_revision);
+        adopt_watched_maps_before(published->epoch, adopted_in_pass);
+        adopt(*published, published_revision, &adopted_in_pass);
       } else {
         ++decoded.bad;
       }
@@ -615,18 +628,32 @@ std::optional<std::int64_t> Membership::reconcile() {
         epoch_wanted_ = false;
       }
       // The transaction's revision is the map key's new mod_revision.
-      adopt(std::move(next), swapped.value.revision);
+      adopt(std::move(next), swapped.value.revision, &adopted_in_pass);
       break;
     }
   }
   if (options_.on_view) {
     view->map = current_map();
+    view->adopted = std::move(adopted_in_pass);
     options_.on_view(*view);
   }
   return view->revision;
 }
 
-void Membership::adopt(ClusterMap map, std::int64_t mod_revision) {
+void Membership::adopt_watched_maps_before(
+    std::uint64_t epoch, std::vector<std::shared_ptr<const ClusterMap>>& adopted) {
+  std::vector<std::pair<ClusterMap, std::int64_t>> watched;
+  {
+    LockGuard lock(mutex_);
+    watched.swap(watched_maps_);
+  }
+  for (auto& [map, revision] : watched) {
+    if (map.epoch < epoch) adopt(std::move(map), revision, &adopted);  // stale ones: ignored
+  }
+}
+
+void Membership::adopt(ClusterMap map, std::int64_t mod_revision,
+                       std::vector<std::shared_ptr<const ClusterMap>>* adopted_in_pass) {
   const std::uint64_t epoch = map.epoch;
   {
     LockGuard lock(mutex_);
@@ -667,6 +694,7 @@ void Membership::adopt(ClusterMap map, std::int64_t mod_revision) {
     ++stats_.maps_adopted;
     stats_.highest_epoch = epoch_file_->highest();
   }
+  if (adopted_in_pass != nullptr) adopted_in_pass->push_back(adopted);
   if (options_.on_map_change) options_.on_map_change(*adopted);
 }
 

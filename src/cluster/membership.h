@@ -129,7 +129,13 @@ struct ClusterView {
   // `revision`. From read_view(): the map key as read (its epoch the key's
   // mod_revision), or null when there is none or it does not decode.
   std::shared_ptr<const ClusterMap> map;
-  std::vector<Member> members;      // every members/<id> that decodes, in id order
+  // From Membership's on_view: every map this pass adopted, in epoch order
+  // (`map` last when it was adopted here). Besides the map it read, a pass
+  // adopts the maps its watch delivered in between, so that a node follows
+  // every epoch even when several maps were published between two reads;
+  // one the watch has not delivered yet shows as an epoch jump.
+  std::vector<std::shared_ptr<const ClusterMap>> adopted;
+  std::vector<Member> members;      // every members/<id>, in id order (see `readable`)
   std::vector<Handoff> handoffs;    // every handoff/<id> that decodes, in id order
   std::vector<std::string> drains;  // the ids with a drain/<id> key, in order
 };
@@ -337,8 +343,14 @@ class Membership {
   // etcd failed.
   std::optional<std::int64_t> reconcile();
   // Persists and publishes `map` (read or written at the map key's
-  // `mod_revision`) unless its epoch is old.
-  void adopt(ClusterMap map, std::int64_t mod_revision);
+  // `mod_revision`) unless its epoch is old; appends it to `adopted_in_pass`
+  // when adopted.
+  void adopt(ClusterMap map, std::int64_t mod_revision,
+             std::vector<std::shared_ptr<const ClusterMap>>* adopted_in_pass = nullptr);
+  // Adopts the maps the watch delivered with an epoch below `epoch`, in
+  // order, and forgets the rest.
+  void adopt_watched_maps_before(std::uint64_t epoch,
+                                 std::vector<std::shared_ptr<const ClusterMap>>& adopted);
   MemberRecord record_of(MemberState state) const {
     return {options_.advertise, options_.weight, state,
             static_cast<std::uint64_t>(options_.max_ttl.count())};
@@ -379,6 +391,8 @@ class Membership {
   std::uint64_t epoch_floor_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
   std::shared_ptr<const ClusterMap> map_ SHARDLOCK_GUARDED_BY(mutex_);
   std::int64_t map_revision_ SHARDLOCK_GUARDED_BY(mutex_) = 0;  // map_'s mod_revision
+  // Map puts the watch delivered since the last pass, with their revisions.
+  std::vector<std::pair<ClusterMap, std::int64_t>> watched_maps_ SHARDLOCK_GUARDED_BY(mutex_);
   MembershipStats stats_ SHARDLOCK_GUARDED_BY(mutex_);
 
   std::thread keep_alive_thread_;

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -753,6 +754,61 @@ TEST_F(MembershipTest, EveryStartAndEveryRequestBeginsANewEpochWithTheSameMember
   EXPECT_EQ(stats.epochs_requested, 2u);
   EXPECT_EQ(stats.maps_republished, 3u);
   EXPECT_EQ(stats.highest_epoch, restarted->current_map()->epoch);
+}
+
+// Maps published between two reads reach the view in order, from the watch:
+// a node that only adopted the newest would not know who owned a bucket in
+// between (hole 1 of issue 21).
+TEST_F(MembershipTest, MapsPublishedBetweenTwoReadsAreAdoptedInOrder) {
+  std::mutex mutex;
+  std::condition_variable changed;
+  bool hold = false;
+  bool held = false;
+  std::vector<ClusterView> views;
+  MembershipOptions options = options_for("a");
+  options.on_view = [&](const ClusterView& view) {
+    std::unique_lock lock(mutex);
+    views.push_back(view);
+    held = hold;
+    changed.notify_all();
+    changed.wait(lock, [&] { return !hold; });
+  };
+  Membership* a = start(options);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const ClusterMap before = *a->current_map();
+  {
+    // Stall the map thread inside a pass.
+    std::unique_lock lock(mutex);
+    hold = true;
+    held = false;
+  }
+  ASSERT_TRUE(a->etcd().put(prefix_ + "poke", "1").ok());
+  {
+    std::unique_lock lock(mutex);
+    ASSERT_TRUE(changed.wait_for(lock, seconds(20), [&] { return held; }));
+  }
+  // Two maps while it stalls (the same membership, so nobody re-publishes).
+  for (std::uint64_t i = 1; i <= 2; ++i) {
+    ASSERT_TRUE(
+        a->etcd().put(prefix_ + "map", encode_map({before.epoch + i, before.members})).ok());
+  }
+  std::this_thread::sleep_for(milliseconds(300));  // the watch delivers both meanwhile
+  {
+    std::unique_lock lock(mutex);
+    hold = false;
+    views.clear();
+    changed.notify_all();
+  }
+  ASSERT_TRUE(poll_until([&] { return a->current_map()->epoch == before.epoch + 2; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  std::unique_lock lock(mutex);
+  std::vector<std::uint64_t> adopted;
+  for (const ClusterView& view : views) {
+    for (const auto& map : view.adopted) adopted.push_back(map->epoch);
+  }
+  EXPECT_EQ(adopted, (std::vector<std::uint64_t>{before.epoch + 1, before.epoch + 2}));
 }
 
 TEST_F(MembershipTest, AnUnreadableMemberRecordIsPresentButOutOfTheMap) {
