@@ -609,6 +609,33 @@ TEST(ClusterClientTest, WaitingAcquireReportsRecoveringOnceItsWaitIsSpent) {
   EXPECT_GE(a.distinct(MessageType::kAcquire), 2u);
 }
 
+// Hole 8 of issue 21: a watched lease whose node answers RENEW with
+// RECOVERING asks again after retry_after_ms, not at once. Over a window of
+// W ms with retry_after R ms it sends at most about W / R RENEWs (no
+// retransmissions: each is answered); without the backoff it was thousands.
+TEST(ClusterClientTest, RenewAnsweredRecoveringBacksOff) {
+  FakeCluster cluster;
+  FakeNode a(cluster);
+  cluster.publish(3, one_member_each({&a}));
+  a.know(3);
+  auto client = start_cluster_client({a.address()});
+  std::atomic<int> lost{0};
+  LeaseOptions watch;
+  watch.watchdog = true;
+  watch.renew_fraction = 0.05;  // first renewal 150 ms after the grant
+  watch.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
+  AcquireResult r = client->acquire("k", 3s, 0ms, watch);
+  ASSERT_TRUE(r) << r.error.message();
+  a.recovering(100);
+  const std::size_t before = a.count(MessageType::kRenew);
+  // The window: until the lease is lost at its expiry (about 3 s), or 1 s.
+  std::this_thread::sleep_for(1s);
+  const std::size_t renewals = a.count(MessageType::kRenew) - before;
+  EXPECT_GE(renewals, 1u);
+  // 1000 ms / 100 ms = 10, with slack for one RENEW in flight when it began.
+  EXPECT_LE(renewals, 12u);
+}
+
 // Part 2 of issue 21: a waiting acquire whose node died (no answer at all)
 // refreshes the map until the cluster has moved the key, goes to the new
 // owner, rides through its lock-delay and is granted there.
