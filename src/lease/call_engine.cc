@@ -476,6 +476,13 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
     // Same request id: the server answers a retransmission from its dedup
     // cache, so a lost GRANTED is re-sent, never re-granted.
     ++call.transmissions;
+    if (call.unsent) {
+      // A fresh request id's first send (resend_later()): a grant's expiry
+      // counts from here, not from the old id's (a RECOVERING ride-through
+      // may have waited longer than the TTL since).
+      call.unsent = false;
+      call.first_sent = now;
+    }
     if (call.epoch && ++call.unanswered_sends % kSilentTransmissions == 0 &&
         follows_owner(call.type)) {
       silent_node_ = call.to;  // its owner may have left the cluster: see io_loop()
@@ -794,6 +801,7 @@ void CallEngine::resend_later(std::unique_ptr<Call> call, Clock::duration delay)
   // start from half the first one.
   call->interval = setup_.options.initial_retransmit / 2;
   call->next_send = std::min(Clock::now() + delay, call->deadline);
+  call->unsent = true;  // its first_sent is set when the timer sends it
   if (call->wait_end != Clock::time_point{}) call->wait_ms = wait_left(*call, call->next_send);
   keep_pending(std::move(call));
 }

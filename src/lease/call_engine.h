@@ -123,8 +123,10 @@ struct Call {
   bool parked = false;       // waiting for a map refresh; unsent, its timer is its deadline
   ClientId owner;            // the header's client id
   Clock::duration budget{};  // deadline - first transmission
-  // The first transmission to its current node (a redirect moves it).
+  // The first transmission to its current node under its current request
+  // id (a redirect or a RECOVERING ride-through moves it).
   Clock::time_point first_sent;
+  bool unsent = false;         // a fresh request id its timer has not sent yet
   Clock::time_point deadline;  // set once, on the first transmission
   Clock::time_point next_send;
   Clock::duration interval{};
