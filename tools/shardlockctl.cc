@@ -500,6 +500,21 @@ std::size_t buckets_of(const cluster::ClusterView& view, const std::string& id) 
   return 0;
 }
 
+// Whether `id` has a member key in `view` (alive, or its etcd lease not yet
+// expired).
+bool is_member(const cluster::ClusterView& view, const std::string& id) {
+  return std::any_of(view.members.begin(), view.members.end(),
+                     [&](const cluster::ClusterView::Member& m) { return m.id == id; });
+}
+
+// The map epoch `id`'s handoff/<id> key acknowledges (0 without one).
+std::uint64_t handoff_epoch(const cluster::ClusterView& view, const std::string& id) {
+  for (const cluster::ClusterView::Handoff& h : view.handoffs) {
+    if (h.id == id) return h.epoch;
+  }
+  return 0;
+}
+
 int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
   const std::optional<std::string> endpoints = cluster::etcd_endpoints_of_url(args.url);
   if (!endpoints) {
@@ -565,25 +580,48 @@ int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
   std::printf("%s %s\n", args.node_id.c_str(), args.cancel ? "drain cancelled" : "drain requested");
   if (args.wait.text.empty()) return kExitOk;
 
-  // Until the map gives the node no buckets (drain), or some again (cancel).
+  // Cancel: until the map gives the node buckets again. Drain: until the map
+  // gives it none AND it has handed them off (handoff/ID acknowledges that
+  // map's epoch), since its heirs grant its keys only then; returning at the
+  // map alone sent operators to stop a node mid hand-off, which costs a
+  // whole lock-delay. A node whose member key is gone hands nothing off: its
+  // heirs grant once the lock-delay since it vanished has passed.
   const auto deadline = std::chrono::steady_clock::now() + args.wait.value;
+  std::string waiting_for;
   for (;;) {
     const auto polled = cluster::Membership::read_view(client, prefix);
     if (polled.ok()) {
-      const std::size_t buckets = buckets_of(polled.value, args.node_id);
-      const std::uint64_t epoch = polled.value.map ? polled.value.map->epoch : 0;
-      if (args.cancel ? buckets > 0 : buckets == 0) {
-        std::printf("%s owns %zu buckets in epoch %" PRIu64 "\n", args.node_id.c_str(), buckets,
-                    epoch);
+      const cluster::ClusterView& view = polled.value;
+      const std::size_t buckets = buckets_of(view, args.node_id);
+      const std::uint64_t epoch = view.map ? view.map->epoch : 0;
+      if (args.cancel) {
+        if (buckets > 0) {
+          std::printf("%s owns %zu buckets in epoch %" PRIu64 "\n", args.node_id.c_str(), buckets,
+                      epoch);
+          return kExitOk;
+        }
+        waiting_for = "owns 0 buckets";
+      } else if (buckets > 0) {
+        waiting_for = "still owns " + std::to_string(buckets) + " buckets";
+      } else if (!is_member(view, args.node_id)) {
+        std::printf("%s owns 0 buckets in epoch %" PRIu64
+                    "; it is gone (no member key), so it handed nothing off: its buckets' new "
+                    "owners grant once the lock-delay since it left has passed\n",
+                    args.node_id.c_str(), epoch);
         return kExitOk;
+      } else if (const std::uint64_t acked = handoff_epoch(view, args.node_id); acked >= epoch) {
+        std::printf("%s owns 0 buckets in epoch %" PRIu64
+                    " and has handed them off (handoff %" PRIu64 ")\n",
+                    args.node_id.c_str(), epoch, acked);
+        return kExitOk;
+      } else {
+        waiting_for = "owns 0 buckets in epoch " + std::to_string(epoch) +
+                      " but has not handed them off (handoff " + std::to_string(acked) + ")";
       }
     }
     if (std::chrono::steady_clock::now() >= deadline) {
-      const std::size_t buckets = polled.ok() ? buckets_of(polled.value, args.node_id) : 0;
-      std::fprintf(stderr, "shardlockctl: drain: %s still owns %s after %s%s%s\n",
-                   args.node_id.c_str(),
-                   polled.ok() ? (std::to_string(buckets) + " buckets").c_str() : "(unknown)",
-                   args.wait.text.c_str(),
+      std::fprintf(stderr, "shardlockctl: drain: %s %s after %s%s%s\n", args.node_id.c_str(),
+                   polled.ok() ? waiting_for.c_str() : "(unknown)", args.wait.text.c_str(),
                    polled.ok() ? "" : "; etcd: ", polled.ok() ? "" : polled.detail.c_str());
       return kExitRefused;
     }
@@ -730,8 +768,9 @@ int run(int argc, char** argv) {
   drain->add_flag("--force", cluster_args.force,
                   "Drain an id that is not a member now (it drains when it registers)");
   drain->add_option("--wait", cluster_args.wait.text,
-                    "Wait up to this long until the map gives ID no buckets (with --cancel: some "
-                    "again); exit 1 if it does not");
+                    "Wait up to this long until the map gives ID no buckets and ID has handed "
+                    "them off (handoff/ID at the map's epoch), or ID is gone (with --cancel: until "
+                    "it owns some again); exit 1 if it does not");
 
   // run's keys and its command are both positional, so CLI11 would hand
   // the command's words to the keys: everything after run's first "--" is

@@ -41,6 +41,19 @@ Clock::duration jittered(Clock::duration interval) noexcept {
   return Clock::duration(interval.count() * 3 / 4 + offset);
 }
 
+}  // namespace
+
+Clock::duration retry_delay(std::uint32_t retry_after_ms) noexcept {
+  const Clock::duration base =
+      std::max<Clock::duration>(milliseconds(retry_after_ms), kMinRetryAfter);
+  const auto spread = std::min<Clock::duration>(base / 4, milliseconds(250)).count();
+  if (spread <= 0) return base;
+  return base + Clock::duration(
+                    static_cast<Clock::rep>(jitter_bits() % static_cast<std::uint64_t>(spread)));
+}
+
+namespace {
+
 std::error_code error_for(MessageType reply) noexcept {
   switch (reply) {
     case MessageType::kGranted:
@@ -100,6 +113,13 @@ bool fits_call(const Call& call, const Message& reply) noexcept {
     default:
       return true;
   }
+}
+
+// The wait a fresh request id of a waiting acquire sent at `at` asks for:
+// what is left of the call's, at least 1 ms (a wait of 0 would make it a
+// try, answered BUSY at once).
+std::uint32_t wait_left(const Call& call, Clock::time_point at) noexcept {
+  return std::max<std::uint32_t>(1, clamp_ms(std::chrono::ceil<milliseconds>(call.wait_end - at)));
 }
 
 }  // namespace
@@ -220,7 +240,11 @@ void CallEngine::arm(Call& call, Clock::time_point now) noexcept {
   call.first_sent = now;
   ++call.transmissions;
   // A redirected call keeps the deadline of its first transmission.
-  if (call.deadline == Clock::time_point{}) call.deadline = now + call.budget;
+  if (call.deadline == Clock::time_point{}) {
+    call.deadline = now + call.budget;
+    if (is_acquire(call.type) && call.wait_ms > 0) call.wait_end = now + milliseconds(call.wait_ms);
+  }
+  if (call.wait_end != Clock::time_point{}) call.wait_ms = wait_left(call, now);
   call.interval = setup_.options.initial_retransmit;
   call.next_send = std::min(now + jittered(call.interval), call.deadline);
 }
@@ -391,6 +415,7 @@ void CallEngine::io_loop() {
       setup_.cluster->refresh(nullptr, std::exchange(silent_node_, nullptr));
     }
     follow_redirects();
+    retry_recovering();
     for (auto& fn : posted) fn();
     posted.clear();
     flush_outbox();
@@ -410,6 +435,8 @@ void CallEngine::io_loop() {
     outbox_.clear();
     for (auto& [call, epoch] : redirected_) calls.push_back(std::move(call));
     redirected_.clear();
+    for (auto& [call, delay] : recovering_) calls.push_back(std::move(call));
+    recovering_.clear();
     if (calls.empty()) break;
     for (auto& call : calls) complete_now(std::move(call), LeaseErrc::kNotStarted);
   }
@@ -449,7 +476,15 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
     // Same request id: the server answers a retransmission from its dedup
     // cache, so a lost GRANTED is re-sent, never re-granted.
     ++call.transmissions;
-    if (call.epoch && ++call.unanswered_sends == kSilentTransmissions && follows_owner(call.type)) {
+    if (call.unsent) {
+      // A fresh request id's first send (resend_later()): a grant's expiry
+      // counts from here, not from the old id's (a RECOVERING ride-through
+      // may have waited longer than the TTL since).
+      call.unsent = false;
+      call.first_sent = now;
+    }
+    if (call.epoch && ++call.unanswered_sends % kSilentTransmissions == 0 &&
+        follows_owner(call.type)) {
       silent_node_ = call.to;  // its owner may have left the cluster: see io_loop()
     }
     retransmits_.fetch_add(1, std::memory_order_relaxed);  // a statistic
@@ -483,6 +518,15 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
       redirected_.emplace_back(std::move(it->second), m.epoch);
       pending_.erase(it);
       continue;
+    }
+    if (m.type == MessageType::kRecovering && call.wait_end != Clock::time_point{}) {
+      // A waiting acquire rides through the lock-delay while its wait lasts.
+      const Clock::duration delay = retry_delay(m.retry_after_ms);
+      if (Clock::now() + delay < call.wait_end) {
+        recovering_.emplace_back(std::move(it->second), delay);
+        pending_.erase(it);
+        continue;
+      }
     }
     if (!fits_call(call, m)) {
       // Decodes, but cannot be this call's answer: counted, and the call
@@ -717,6 +761,16 @@ void CallEngine::follow_redirect(std::unique_ptr<Call> call, std::uint64_t epoch
   resend_later(std::move(call), kRedirectRetry);
 }
 
+void CallEngine::retry_recovering() {
+  std::vector<std::pair<std::unique_ptr<Call>, Clock::duration>> recovering;
+  recovering.swap(recovering_);
+  for (auto& [call, delay] : recovering) {
+    // Answered: the node is there, whatever a REDIRECT said before.
+    call->redirected = false;
+    resend_later(std::move(call), delay);
+  }
+}
+
 bool CallEngine::reroute(Call& call, const ClusterMapView& view) {
   call.epoch = view.epoch;
   if (call.type != MessageType::kAcquireMany) {
@@ -747,6 +801,8 @@ void CallEngine::resend_later(std::unique_ptr<Call> call, Clock::duration delay)
   // start from half the first one.
   call->interval = setup_.options.initial_retransmit / 2;
   call->next_send = std::min(Clock::now() + delay, call->deadline);
+  call->unsent = true;  // its first_sent is set when the timer sends it
+  if (call->wait_end != Clock::time_point{}) call->wait_ms = wait_left(*call, call->next_send);
   keep_pending(std::move(call));
 }
 

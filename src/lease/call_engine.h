@@ -21,6 +21,17 @@
 // late answer to the old one completes nothing, and keeps the call's
 // deadline. A RENEW answered REDIRECT completes as kExpired (the lease is
 // lost); RELEASE is never redirected.
+//
+// Riding through a recovery or a failover: an acquire with a wait (wait_ms
+// above 0) keeps trying until its wait ends, whichever call made it
+// (LeaseClient, the C ABI, shardlockctl). Answered RECOVERING, it is sent
+// again (fresh request id, the wait left) after the server's retry_after_ms
+// with jitter (retry_delay()), and completes kRecovering only when that
+// would be past its wait. Unanswered (cluster mode), every
+// kSilentTransmissions timer-driven sends refresh the map, so the call
+// moves to the key's new owner once the cluster has published it, and ends
+// kUnreachable only at its deadline. An acquire without a wait and every
+// other call complete with the first answer, as before.
 #pragma once
 
 #include <algorithm>
@@ -59,6 +70,13 @@ inline std::uint32_t clamp_ms(std::chrono::milliseconds d) noexcept {
       d.count(), std::numeric_limits<std::uint32_t>::max()));
 }
 
+// How long to wait before asking again a server that answered RECOVERING
+// with `retry_after_ms`: that long (at least kMinRetryAfter), plus a random
+// quarter of it (at most 250 ms more), so clients told the same time do not
+// all come back at once. Never shorter than the server asked.
+inline constexpr std::chrono::milliseconds kMinRetryAfter{10};
+[[nodiscard]] Clock::duration retry_delay(std::uint32_t retry_after_ms) noexcept;
+
 // The client's configuration as LeaseClient::start() resolved it. Written
 // only by start(), before the I/O thread starts; read-only afterwards, from
 // any thread.
@@ -96,13 +114,19 @@ struct Call {
   // Cluster mode: the epoch of the map it was routed with, sent in the
   // datagram's header (kFlagEpoch); nullopt before the first map.
   std::optional<std::uint64_t> epoch;
+  // An acquire with a wait: when the wait ends (set on the first
+  // transmission; zero for every other call). Until then RECOVERING is
+  // ridden through, and each fresh request id carries the wait left.
+  Clock::time_point wait_end;
   unsigned redirects = 0;    // REDIRECTs followed (at most kMaxRedirects)
   bool redirected = false;   // its last answer was a REDIRECT: its deadline fails it kRedirected
   bool parked = false;       // waiting for a map refresh; unsent, its timer is its deadline
   ClientId owner;            // the header's client id
   Clock::duration budget{};  // deadline - first transmission
-  // The first transmission to its current node (a redirect moves it).
+  // The first transmission to its current node under its current request
+  // id (a redirect or a RECOVERING ride-through moves it).
   Clock::time_point first_sent;
+  bool unsent = false;         // a fresh request id its timer has not sent yet
   Clock::time_point deadline;  // set once, on the first transmission
   Clock::time_point next_send;
   Clock::duration interval{};
@@ -210,7 +234,7 @@ class CallEngine {
   static constexpr std::chrono::milliseconds kRedirectRetry{20};
 
   // Sets the request id (unless the caller reserved one), first-send time,
-  // deadline and first retransmission.
+  // deadline (and wait_end), the wait left and first retransmission.
   void arm(Call& call, Clock::time_point now) noexcept;
   static void complete_now(std::unique_ptr<Call> call, LeaseErrc error);
   // Completes `call` with `error`, keeping what it learned on the way (its
@@ -244,6 +268,9 @@ class CallEngine {
   // ---- Redirects (I/O thread only) ----
   // Follows the REDIRECTs this round received (redirected_).
   void follow_redirects();
+  // Sends again, after their delay, the waiting acquires this round's
+  // RECOVERING answers left within their wait (recovering_).
+  void retry_recovering();
   void follow_redirect(std::unique_ptr<Call> call, std::uint64_t epoch);
   // Routes `call` under `view`; false when its ACQUIRE_MANY keys now have
   // different owners (the caller then fails it kCrossNode).
@@ -290,12 +317,16 @@ class CallEngine {
   std::vector<std::unique_ptr<Call>> outbox_;
   // Calls answered REDIRECT in this round, with the redirecting node's epoch.
   std::vector<std::pair<std::unique_ptr<Call>, std::uint64_t>> redirected_;
+  // Waiting acquires answered RECOVERING in this round, with their delay.
+  std::vector<std::pair<std::unique_ptr<Call>, Clock::duration>> recovering_;
   // Request ids of the parked calls (some may have completed at their
   // deadline since).
   std::vector<std::uint64_t> parked_;
   // Cluster mode: a node that left a call unanswered through
-  // kSilentTransmissions timer-driven sends (dead, or gone from the map):
-  // the map is refreshed from the others (I/O thread only).
+  // kSilentTransmissions timer-driven sends (dead, or gone from the map),
+  // and again every kSilentTransmissions more: the map is refreshed from the
+  // others (I/O thread only). A dead node's member key outlives it by up to
+  // the etcd lease, so one refresh is often too early to move the call.
   const Endpoint* silent_node_ = nullptr;
   static constexpr unsigned kSilentTransmissions = 3;
   // A deque: growing it keeps earlier buffers in place, and outgoing_ points

@@ -44,7 +44,16 @@ bool LeaseState::apply_renewal(const CallResult& r, std::uint64_t request_id,
     lost = LeaseLost{key, token, r.error, r.error != LeaseErrc::kServerError};
     return true;
   }
-  // No answer: try again at once; the expiry check catches a dead server.
+  if (r.error == LeaseErrc::kRecovering) {
+    // The node cannot renew now (failed closed, or its map is behind):
+    // asking again at once would spin, a RENEW per round trip. Ask when it
+    // says, with jitter; the expiry check still ends the lease if it never
+    // comes back.
+    next_renew = now + retry_delay(r.retry_after_ms);
+    return false;
+  }
+  // No answer (the call used its whole budget): try again at once; the
+  // expiry check catches a dead server.
   next_renew = now;
   return false;
 }

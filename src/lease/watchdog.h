@@ -85,7 +85,7 @@ struct LeaseState {
 
   // Applies the answer to RENEW `request_id` for `requested` (from the
   // watchdog or Lease::renew()). Returns true when the lease has just become
-  // lost.
+  // lost. RECOVERING puts the next renewal retry_delay(retry_after_ms) away.
   bool apply_renewal(const CallResult& r, std::uint64_t request_id, milliseconds requested,
                      Clock::time_point now) SHARDLOCK_REQUIRES(mutex);
 

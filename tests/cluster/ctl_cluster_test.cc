@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
@@ -13,6 +14,7 @@
 #include <numeric>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "etcd_process.h"
@@ -185,11 +187,17 @@ TEST_F(CtlClusterTest, MembersListsEveryMemberWithItsBucketsInTheCurrentMap) {
 }
 
 TEST_F(CtlClusterTest, DrainTakesANodeOutOfTheMapAndCancelBringsItBack) {
+  // Membership alone never hands off (ClusterNode does): b's hand-off is
+  // acknowledged here once the map leaves it out, as its node would.
+  std::thread handoff([&] {
+    ASSERT_TRUE(poll_until([&] { return map_ids() == std::vector<std::string>{"a"}; },
+                           test_support::kPollTimeout, milliseconds(20)));
+    ASSERT_TRUE(b().put_handoff(b().current_map()->epoch).ok());
+  });
   const ToolResult drained = ctl({"drain", "b", "--wait", "20s"});
+  handoff.join();
   ASSERT_EQ(drained.exit_code, 0) << drained.out << drained.err;
-  // --wait returned once the map gave b no buckets: the map is {a} now.
-  ASSERT_TRUE(poll_until([&] { return map_ids() == std::vector<std::string>{"a"}; },
-                         test_support::kPollTimeout, milliseconds(20)));
+  ASSERT_EQ(map_ids(), std::vector<std::string>{"a"});
   EXPECT_EQ(state_in_etcd("b"), MemberState::kDraining);
   EXPECT_TRUE(b().lease_alive());
   const Listing listing = parse_listing(ctl({"members"}).out);
@@ -207,6 +215,47 @@ TEST_F(CtlClusterTest, DrainTakesANodeOutOfTheMapAndCancelBringsItBack) {
       },
       test_support::kPollTimeout, milliseconds(20)));
   EXPECT_EQ(state_in_etcd("b"), MemberState::kActive);
+}
+
+// Hole 12 of issue 21: drain --wait returned as soon as the map gave the
+// node no buckets, before the node had handed them off, so stopping it then
+// cost its keys a whole lock-delay. It returns once handoff/ID acknowledges
+// the map's epoch.
+TEST_F(CtlClusterTest, DrainWaitsForTheHandOffOfTheCurrentMap) {
+  std::atomic<bool> returned{false};
+  ToolResult drained;
+  std::thread drain([&] {
+    drained = ctl({"drain", "b", "--wait", "30s"});
+    returned.store(true);
+  });
+  ASSERT_TRUE(poll_until([&] { return map_ids() == std::vector<std::string>{"a"}; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  const std::uint64_t epoch = b().current_map()->epoch;
+  // A hand-off of an older map is not this one.
+  ASSERT_TRUE(b().put_handoff(epoch - 1).ok());
+  // The map gives b nothing, yet b has not handed off: ctl polls every
+  // 200 ms and must still be waiting after several polls.
+  std::this_thread::sleep_for(milliseconds(1500));
+  EXPECT_FALSE(returned.load()) << drained.out << drained.err;
+  ASSERT_TRUE(b().put_handoff(epoch).ok());
+  drain.join();
+  EXPECT_EQ(drained.exit_code, 0) << drained.out << drained.err;
+  EXPECT_NE(drained.out.find("handed them off"), std::string::npos) << drained.out;
+}
+
+// A node that dies while draining hands nothing off: its member key vanishes
+// (here: Membership stopped, which revokes its lease) and drain --wait ends,
+// saying the new owners wait the lock-delay.
+TEST_F(CtlClusterTest, DrainOfANodeThatIsGoneEndsWithANote) {
+  ToolResult drained;
+  std::thread drain([&] { drained = ctl({"drain", "b", "--wait", "30s"}); });
+  ASSERT_TRUE(poll_until([&] { return map_ids() == std::vector<std::string>{"a"}; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  members_[1].reset();  // b stops without handing off
+  drain.join();
+  EXPECT_EQ(drained.exit_code, 0) << drained.out << drained.err;
+  EXPECT_NE(drained.out.find("it is gone"), std::string::npos) << drained.out;
+  EXPECT_NE(drained.out.find("lock-delay"), std::string::npos) << drained.out;
 }
 
 TEST_F(CtlClusterTest, AnUnknownIdIsRefusedUnlessForced) {

@@ -135,6 +135,19 @@ class FakeNode {
     std::lock_guard lock(mutex_);
     redirect_renewals_ = on;
   }
+  // While set, every ACQUIRE* and RENEW of a key it owns is answered
+  // RECOVERING with this retry_after_ms (a lock-delay, or a node that failed
+  // closed).
+  void recovering(std::optional<std::uint32_t> retry_after_ms) {
+    std::lock_guard lock(mutex_);
+    recovering_ = retry_after_ms;
+  }
+  // While set, nothing is answered (a node killed with -9); requests are
+  // still recorded.
+  void silent(bool on) {
+    std::lock_guard lock(mutex_);
+    silent_ = on;
+  }
 
   [[nodiscard]] std::vector<Received> received() const {
     std::lock_guard lock(mutex_);
@@ -190,11 +203,17 @@ class FakeNode {
       reply.batch = request.batch;
       reply.client_id = request.client_id;
       reply.request_id = request.request_id;
+      bool silent = false;
+      {
+        std::lock_guard lock(mutex_);
+        silent = silent_;
+      }
       // The reply may use what the request's padding paid for.
       const std::size_t budget = bytes.size() - max_immediate_reply_size(request);
       for (const Message& m : request.items()) {
         (void)reply.push(answer(request, m, budget, members, tokens));
       }
+      if (silent) continue;
       std::size_t written = 0;
       if (encode(reply, out, written) != ProtocolError::kOk || written > bytes.size()) {
         ADD_FAILURE() << "a fake reply that does not encode or outgrows its request";
@@ -243,6 +262,11 @@ class FakeNode {
       std::string key(m.key);
       if (m.type == MessageType::kAcquireMany) key = std::string(*KeyList(m).begin());
       if (cluster_.owner_address(epoch_, key) != address_) return redirect(r, epoch_);
+    }
+    if (recovering_ && (is_acquire(m.type) || renew)) {
+      r.type = MessageType::kRecovering;
+      r.retry_after_ms = *recovering_;
+      return r;
     }
     switch (m.type) {
       case MessageType::kAcquire:
@@ -302,6 +326,8 @@ class FakeNode {
   std::uint64_t catch_up_to_ = 0;
   std::optional<std::uint64_t> always_redirect_;
   bool redirect_renewals_ = false;
+  std::optional<std::uint32_t> recovering_;
+  bool silent_ = false;
   std::uint64_t token_ = 0;
   std::set<std::uint64_t> redirected_;
   std::vector<Received> received_;
@@ -540,6 +566,105 @@ TEST(ClusterClientTest, LeaseRenewsAtItsGrantingNodeAndIsLostOnceWhenRedirected)
   }
   EXPECT_FALSE(r.lease.valid());
   EXPECT_EQ(b.count(MessageType::kRenew), 0u);
+}
+
+// Part 2 of issue 21: a wait covers a lock-delay. The waiting acquire is
+// asked again after each RECOVERING and granted once the node grants; a try
+// answers RECOVERING at once.
+TEST(ClusterClientTest, WaitingAcquireRidesThroughRecovering) {
+  FakeCluster cluster;
+  FakeNode a(cluster);
+  cluster.publish(3, one_member_each({&a}));
+  a.know(3);
+  a.recovering(40);
+  auto client = start_cluster_client({a.address()});
+
+  const AcquireResult tried = client->try_acquire("k-try", 5s);
+  EXPECT_EQ(tried.error, LeaseErrc::kRecovering);
+  EXPECT_EQ(tried.retry_after_ms, 40u);
+  EXPECT_EQ(a.distinct(MessageType::kAcquire), 1u);
+
+  AcquireResult waited;
+  std::thread waiter([&] { waited = client->acquire("k-wait", 5s, 20s); });
+  // It keeps asking (fresh request ids) while the node recovers ...
+  ASSERT_TRUE(poll_until([&] { return a.distinct(MessageType::kAcquire) >= 4; }));
+  a.recovering(std::nullopt);
+  waiter.join();
+  // ... and is granted once the node grants, long before its wait is over.
+  ASSERT_TRUE(waited) << waited.error.message();
+  EXPECT_EQ(waited.lease.key(), "k-wait");
+}
+
+// When the wait is spent the caller learns why: RECOVERING, not a timeout
+// or unreachable.
+TEST(ClusterClientTest, WaitingAcquireReportsRecoveringOnceItsWaitIsSpent) {
+  FakeCluster cluster;
+  FakeNode a(cluster);
+  cluster.publish(3, one_member_each({&a}));
+  a.know(3);
+  a.recovering(30);
+  auto client = start_cluster_client({a.address()});
+  const AcquireResult r = client->acquire("k", 5s, 300ms);
+  EXPECT_EQ(r.error, LeaseErrc::kRecovering);
+  EXPECT_GE(a.distinct(MessageType::kAcquire), 2u);
+}
+
+// Hole 8 of issue 21: a watched lease whose node answers RENEW with
+// RECOVERING asks again after retry_after_ms, not at once. Over a window of
+// W ms with retry_after R ms it sends at most about W / R RENEWs (no
+// retransmissions: each is answered); without the backoff it was thousands.
+TEST(ClusterClientTest, RenewAnsweredRecoveringBacksOff) {
+  FakeCluster cluster;
+  FakeNode a(cluster);
+  cluster.publish(3, one_member_each({&a}));
+  a.know(3);
+  auto client = start_cluster_client({a.address()});
+  std::atomic<int> lost{0};
+  LeaseOptions watch;
+  watch.watchdog = true;
+  watch.renew_fraction = 0.05;  // first renewal 150 ms after the grant
+  watch.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
+  AcquireResult r = client->acquire("k", 3s, 0ms, watch);
+  ASSERT_TRUE(r) << r.error.message();
+  a.recovering(100);
+  const std::size_t before = a.count(MessageType::kRenew);
+  // The window: until the lease is lost at its expiry (about 3 s), or 1 s.
+  std::this_thread::sleep_for(1s);
+  const std::size_t renewals = a.count(MessageType::kRenew) - before;
+  EXPECT_GE(renewals, 1u);
+  // 1000 ms / 100 ms = 10, with slack for one RENEW in flight when it began.
+  EXPECT_LE(renewals, 12u);
+}
+
+// Part 2 of issue 21: a waiting acquire whose node died (no answer at all)
+// refreshes the map until the cluster has moved the key, goes to the new
+// owner, rides through its lock-delay and is granted there.
+TEST(ClusterClientTest, WaitingAcquireFollowsTheKeyWhenItsNodeDies) {
+  FakeCluster cluster;
+  FakeNode a(cluster), b(cluster);
+  cluster.publish(5, one_member_each({&a, &b}));
+  cluster.publish(6, one_member_each({&b}));
+  a.know(5);
+  b.know(5);
+  auto client = start_cluster_client({a.address(), b.address()});
+  const std::string key = key_of(cluster, 5, a);
+  a.silent(true);
+
+  AcquireResult r;
+  std::thread waiter([&] { r = client->acquire(key, 5s, 30s); });
+  // Several map refreshes go by while the map still names the dead node (its
+  // member key outlives it by up to the etcd lease) ...
+  ASSERT_TRUE(poll_until([&] { return b.count(MessageType::kMap) >= 2; }));
+  EXPECT_EQ(b.count(MessageType::kAcquire), 0u);
+  // ... then the cluster moves the key to b, which is in its lock-delay.
+  b.recovering(40);
+  b.know(6);
+  ASSERT_TRUE(poll_until([&] { return b.distinct(MessageType::kAcquire) >= 2; }));
+  b.recovering(std::nullopt);
+  waiter.join();
+  ASSERT_TRUE(r) << r.error.message();
+  EXPECT_EQ(client->map_epoch(), 6u);
+  EXPECT_EQ(b.granted(), std::vector<std::string>{key});
 }
 
 TEST(ClusterClientTest, AcquireManyNeedsOneOwnerUnderTheMap) {

@@ -18,7 +18,12 @@ The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
 * A watchdog thread (started with the first lease that needs it) renews each
   watched lease at ttl/3 after its last confirmed send, retrying until the
   expiry, and calls on_lost exactly once when a lease is lost. It renews one
-  lease at a time.
+  lease at a time. A RENEW answered RECOVERING is asked again after the
+  server's retry_after_ms (with jitter), never at once.
+* An acquire with a wait rides through the server's lock-delay: answered
+  RECOVERING, it asks again (fresh request id, the wait left) after
+  retry_after_ms with jitter, and raises RecoveringError only when that
+  would be past its wait. An acquire without a wait answers at once.
 """
 
 from __future__ import annotations
@@ -67,6 +72,18 @@ def _key_bytes(key: Key) -> bytes:
     if not p.MIN_KEY_LENGTH <= len(data) <= p.MAX_KEY_LENGTH:
         raise ValueError("a key must be 1..256 bytes, not %d" % len(data))
     return data
+
+
+_MIN_RETRY_AFTER = 0.010
+
+
+def _retry_delay(retry_after_ms: int) -> float:
+    """Seconds to wait before asking a server that answered RECOVERING
+    again: what it said (at least 10 ms) plus a random quarter of it (at most
+    250 ms), so clients told the same time do not all come back at once. As
+    the C++ client's retry_delay()."""
+    base = max(retry_after_ms / 1000.0, _MIN_RETRY_AFTER)
+    return base + random.uniform(0, min(base / 4, 0.250))
 
 
 def _to_ms(seconds: float, name: str, allow_zero: bool) -> int:
@@ -320,6 +337,11 @@ class Lease:
                 # one request timeout at a time so other leases get a turn.
                 self._renew_once(ttl_ms, max(0.001, min(expiry - now,
                                                         self._client.request_timeout)))
+            except RecoveringError as error:
+                # The node cannot renew now (failed closed, or restarting):
+                # asking again at once would spin. The expiry still ends the
+                # lease if it never comes back.
+                return min(expiry, _now() + _retry_delay(error.retry_after_ms))
             except ShardlockError:
                 pass  # lost (marked) or unanswered (the expiry will tell)
             return _now()
@@ -425,8 +447,10 @@ class Client:
         renew_fraction x ttl; `on_lost(lease, reason)` runs once, on the
         watchdog thread, if the lease is lost.
 
-        Blocks at most wait + request_timeout. Raises BusyError,
-        WaitTimeoutError, UnreachableError, RecoveringError, ServerError or
+        Blocks at most wait + request_timeout. With a wait, a server in its
+        lock-delay (RECOVERING) is asked again until the wait is spent.
+        Raises BusyError, WaitTimeoutError, UnreachableError,
+        RecoveringError (only once the wait is spent), ServerError or
         GrantExpiredError; ValueError for bad arguments. The Lease returned
         is valid."""
         data = _key_bytes(key)
@@ -446,8 +470,7 @@ class Client:
             message = p.Message(type=p.ACQUIRE_SHARED if shared else p.ACQUIRE, key=data,
                                 ttl_ms=ttl_ms, wait_ms=wait_ms)
             mode = p.MODE_SHARED if shared else p.MODE_EXCLUSIVE
-        sent = _now()
-        reply = self._call(message, timeout=self.request_timeout + wait_ms / 1000.0, sent=sent)
+        sent, reply = self._acquire_call(message)
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (self.server, key_text))
@@ -505,6 +528,27 @@ class Client:
         self.close()
 
     # ---- calls ------------------------------------------------------------
+
+    def _acquire_call(self, message: p.Message) -> Tuple[float, Optional[p.Message]]:
+        """An ACQUIRE* call within its wait: RECOVERING is ridden through
+        while the wait lasts (each retry a fresh request id asking for the
+        wait left). Returns the first transmission's send time of the call
+        that was answered last, and its reply (None: unanswered)."""
+        start = _now()
+        wait_end = start + message.wait_ms / 1000.0
+        deadline = wait_end + self.request_timeout
+        sent = start
+        while True:
+            reply = self._call(message, timeout=deadline - sent, sent=sent)
+            if reply is None or reply.type != p.RECOVERING or message.wait_ms == 0:
+                return sent, reply
+            delay = _retry_delay(reply.retry_after_ms)
+            if _now() + delay >= wait_end:
+                return sent, reply
+            time.sleep(delay)
+            sent = _now()
+            # At least 1 ms: a wait of 0 would make it a try (BUSY at once).
+            message.wait_ms = max(1, int((wait_end - sent) * 1000))
 
     def _drift_margin(self, ttl_ms: int) -> float:
         return self._drift_factor * ttl_ms / 1000.0 + self._drift_allowance

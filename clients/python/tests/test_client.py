@@ -11,6 +11,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -29,14 +30,14 @@ DAEMON = os.environ.get("SHARDLOCKD")
 class Daemon:
     """shardlockd as a child process."""
 
-    def __init__(self):
+    def __init__(self, lock_delay="0"):
         if not DAEMON:
             raise unittest.SkipTest("set SHARDLOCKD to the shardlockd binary")
         if not os.access(DAEMON, os.X_OK):
             raise AssertionError("SHARDLOCKD=%s is not an executable" % DAEMON)
         self.stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [DAEMON, "--listen", "127.0.0.1:0", "--lock-delay", "0", "--shards", "4"],
+            [DAEMON, "--listen", "127.0.0.1:0", "--lock-delay", lock_delay, "--shards", "4"],
             stdout=subprocess.PIPE, stderr=self.stderr)
         ready, _, _ = select.select([self.process.stdout], [], [], 30)
         line = self.process.stdout.readline() if ready else b""
@@ -231,6 +232,73 @@ class Watchdog(ServerTestCase):
         with self.assertRaises(shardlock.UnreachableError):
             a.lock("py/lost", ttl=1)
         self.assertLess(time.monotonic() - start, 5)
+
+
+class RidingThroughRecovering(unittest.TestCase):
+    """Issue 21, part 2: a wait covers a fresh daemon's lock-delay."""
+
+    def test_a_waiting_acquire_is_granted_when_the_lock_delay_ends(self):
+        started = time.monotonic()
+        daemon = Daemon(lock_delay="3s")
+        try:
+            with shardlock.Client(daemon.address) as client:
+                if time.monotonic() - started < 2.5:
+                    with self.assertRaises(shardlock.RecoveringError):
+                        client.acquire("fresh", ttl=5)
+                lease = client.acquire("fresh", ttl=5, wait=30)
+                self.assertTrue(lease.valid)
+                self.assertGreaterEqual(time.monotonic() - started, 3.0)
+                lease.release()
+        finally:
+            daemon.stop()
+
+
+class RecoveringRenewals(unittest.TestCase):
+    """Issue 21, hole 8: a RENEW answered RECOVERING waits retry_after_ms."""
+
+    def test_renewals_answered_recovering_back_off(self):
+        server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        server.bind(("127.0.0.1", 0))
+        server.settimeout(0.05)
+        renewals = []
+        stop = threading.Event()
+        header = p._HEADER
+
+        def serve():
+            while not stop.is_set():
+                try:
+                    data, peer = server.recvfrom(2048)
+                except socket.timeout:
+                    continue
+                request = p.decode(data)
+                m = request.messages[0]
+                lo, hi = request.client_id
+                if m.type == p.ACQUIRE:
+                    body = (struct.pack("<H", len(m.key)) + m.key +
+                            struct.pack("<QI", 1, m.ttl_ms))
+                    reply_type = p.GRANTED
+                else:
+                    renewals.append(time.monotonic())
+                    body = struct.pack("<I", 100)
+                    reply_type = p.RECOVERING
+                server.sendto(header.pack(p.MAGIC, p.VERSION, 0, reply_type, 1, m.request_id,
+                                          lo, hi) + body, peer)
+
+        thread = threading.Thread(target=serve, daemon=True)
+        thread.start()
+        try:
+            with shardlock.Client("127.0.0.1:%d" % server.getsockname()[1]) as client:
+                lease = client.acquire("k", ttl=3, renew_fraction=0.05)  # renews from 150 ms
+                time.sleep(1.0)
+                count = len(renewals)
+                del lease
+        finally:
+            stop.set()
+            thread.join()
+            server.close()
+        # 1000 ms / 100 ms = 10, with slack; without the backoff, thousands.
+        self.assertGreaterEqual(count, 1)
+        self.assertLessEqual(count, 12)
 
 
 class Wire(ServerTestCase):

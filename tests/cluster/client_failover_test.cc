@@ -1,0 +1,201 @@
+// Clients ride through a failover and a fresh start (issue 21, part 2), end
+// to end: a real etcd (etcd_process.h), shardlockd nodes as processes, and
+// shardlockctl as a user runs it.
+//
+// - `shardlockctl --discover acquire K --wait 40s` issued right after the
+//   node owning K's bucket is killed with -9 is granted by K's new owner,
+//   never exiting 3 (unreachable) or 4 (recovering) while its wait lasts; a
+//   LeaseClient's waiting acquire (the path the C ABI takes) likewise.
+// - `shardlockctl acquire --wait` issued while a fresh shardlockd is in its
+//   lock-delay is granted when the lock-delay ends, where a try exits 4.
+//
+// Timings are short (TTLs and lock-delay of 2 s). The only timing checks
+// are lower bounds (no grant before the cluster's lock-delay after the
+// kill), which a slow machine cannot break.
+#include <sys/wait.h>
+
+#include <chrono>
+#include <filesystem>
+#include <future>
+#include <map>
+#include <memory>
+#include <regex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "etcd_process.h"
+#include "lease/client_tool_support.h"
+#include "shardlock/lease/client.h"
+
+namespace shardlock::cluster {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using lease::LeaseClient;
+using lease::LeaseClientOptions;
+using lease::testing::run_tool;
+using lease::testing::ToolResult;
+using test_support::EtcdSuiteTest;
+
+const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
+const std::string kCtl = SHARDLOCK_TOOL_SHARDLOCKCTL;
+// The cluster's lock-delay for a dead node's buckets: --max-ttl 2s +
+// --etcd-lease-ttl 2s + the 500 ms drift margin. The new owner counts it
+// from when it saw the member key vanish, which is after the kill.
+constexpr auto kClusterLockDelay = 4500ms;
+
+// Starts shardlockd with `extra` flags on a loopback port and returns the
+// address from its ready line (empty on failure).
+std::string start_daemon(torture::ChildProcess& process, const std::string& log,
+                         std::vector<std::string> extra) {
+  std::vector<std::string> argv = {kDaemon, "--listen", "127.0.0.1:0", "--io", "socket"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  EXPECT_TRUE(process.start(argv, /*capture_stdout=*/true, log)) << process.error();
+  const std::string ready = process.read_line(30s);
+  std::smatch m;
+  static const std::regex kListen(R"re("listen":"([0-9.]+:[0-9]+)")re");
+  EXPECT_TRUE(std::regex_search(ready, m, kListen)) << "ready line: '" << ready << "'";
+  return m.size() > 1 ? m[1].str() : std::string();
+}
+
+class ClientFailoverTest : public EtcdSuiteTest {
+ protected:
+  void SetUp() override {
+    EtcdSuiteTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    char pattern[] = "/tmp/shardlock-failover-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override {
+    nodes_.clear();  // kills what is left
+    if (!root_.empty()) fs::remove_all(root_);
+  }
+
+  void start_node(const std::string& id) {
+    auto& process = nodes_[id];
+    process = std::make_unique<torture::ChildProcess>();
+    addresses_[id] =
+        start_daemon(*process, root_ + "/" + id + ".log",
+                     {"--data-dir", root_ + "/" + id, "--cluster", "etcd://" + etcd_->endpoint(),
+                      "--cluster-name", test_name(), "--node-id", id, "--max-ttl", "2s",
+                      "--etcd-lease-ttl", "2s", "--lock-delay", "2s"});
+  }
+
+  // A cluster client whose map has exactly `ids`, waiting up to 30 s for the
+  // cluster to publish it.
+  std::unique_ptr<LeaseClient> client_with_members(const std::set<std::string>& ids) {
+    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    for (;;) {
+      LeaseClientOptions options;
+      for (const auto& [id, address] : addresses_) options.nodes.push_back(address);
+      options.discover_cluster = true;
+      auto c = std::make_unique<LeaseClient>(options);
+      const std::error_code ec = c->start();
+      std::set<std::string> seen;
+      if (!ec) {
+        for (const auto& member : c->map_members()) seen.insert(member.id);
+      }
+      if (seen == ids || std::chrono::steady_clock::now() > deadline) {
+        EXPECT_EQ(seen, ids) << ec.message();
+        return c;
+      }
+      std::this_thread::sleep_for(100ms);
+    }
+  }
+
+  // Keys the map of `c` gives to member `id`.
+  static std::vector<std::string> keys_of(const LeaseClient& c, const std::string& id,
+                                          std::size_t count) {
+    std::vector<std::string> keys;
+    const auto members = c.map_members();
+    for (int i = 0; keys.size() < count && i < 100000; ++i) {
+      const std::string key = "key-" + std::to_string(i);
+      if (members[c.node_for(key)].id == id) keys.push_back(key);
+    }
+    EXPECT_EQ(keys.size(), count);
+    return keys;
+  }
+
+  std::string root_;
+  std::map<std::string, std::unique_ptr<torture::ChildProcess>> nodes_;
+  std::map<std::string, std::string> addresses_;  // by id
+};
+
+TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
+  for (const char* id : {"n1", "n2", "n3"}) start_node(id);
+  auto before = client_with_members({"n1", "n2", "n3"});
+  const auto keys = keys_of(*before, "n2", 2);
+  // n2 grants (a waiting acquire rides through its start's lock-delay), and
+  // the lease is left held when n2 dies.
+  auto held = before->acquire(keys[0], 2000ms, 30s);
+  ASSERT_TRUE(held) << held.error.message();
+  held.lease.detach();
+  before.reset();
+
+  const auto killed_at = std::chrono::steady_clock::now();
+  nodes_.at("n2")->kill();
+  // Seeds: the dead node last, as a user's list would still name it.
+  const std::string seeds =
+      addresses_.at("n1") + "," + addresses_.at("n3") + "," + addresses_.at("n2");
+  auto ctl = std::async(std::launch::async, [&] {
+    return run_tool(
+        kCtl, {"--server", seeds, "--discover", "acquire", keys[0], "--ttl", "2s", "--wait", "40s"},
+        90s);
+  });
+  // The C++ client (which the C ABI wraps), waiting on another of n2's keys.
+  auto waited = std::async(std::launch::async, [&] {
+    LeaseClientOptions options;
+    options.nodes = {addresses_.at("n1"), addresses_.at("n3")};
+    options.discover_cluster = true;
+    LeaseClient c(options);
+    EXPECT_FALSE(c.start()) << c.error_detail();
+    auto r = c.acquire(keys[1], 2000ms, 40s);
+    return std::make_pair(r.error, std::chrono::steady_clock::now());
+  });
+
+  const ToolResult granted = ctl.get();
+  const auto ctl_done = std::chrono::steady_clock::now();
+  EXPECT_EQ(granted.exit_code, 0) << granted.out << granted.err;
+  EXPECT_NE(granted.out.find("\"token\""), std::string::npos) << granted.out;
+  // A lower bound only (safety): the new owner waits the lock-delay.
+  EXPECT_GE(ctl_done - killed_at, kClusterLockDelay);
+
+  const auto [error, at] = waited.get();
+  EXPECT_FALSE(error) << error.message();
+  EXPECT_GE(at - killed_at, kClusterLockDelay);
+}
+
+// A fresh shardlockd refuses acquires for its lock-delay: a try exits 4 at
+// once, a waiting acquire is granted when the lock-delay ends.
+TEST(ClientFreshStartTest, AWaitingAcquireIsGrantedWhenTheLockDelayEnds) {
+  char pattern[] = "/tmp/shardlock-fresh-XXXXXX";
+  ASSERT_NE(::mkdtemp(pattern), nullptr);
+  const std::string root = pattern;
+  {
+    torture::ChildProcess daemon;
+    const auto started = std::chrono::steady_clock::now();
+    const std::string address =
+        start_daemon(daemon, root + "/d.log", {"--data-dir", root + "/d", "--lock-delay", "6s"});
+    ASSERT_FALSE(address.empty());
+    const ToolResult tried =
+        run_tool(kCtl, {"--server", address, "acquire", "fresh", "--ttl", "5s"}, 60s);
+    // Unless the machine took the whole lock-delay to get here.
+    if (std::chrono::steady_clock::now() - started < 5s) {
+      EXPECT_EQ(tried.exit_code, 4) << tried.out << tried.err;
+      EXPECT_NE(tried.out.find("recovering"), std::string::npos) << tried.out;
+    }
+    const ToolResult waited = run_tool(
+        kCtl, {"--server", address, "acquire", "fresh", "--ttl", "5s", "--wait", "40s"}, 90s);
+    EXPECT_EQ(waited.exit_code, 0) << waited.out << waited.err;
+    EXPECT_NE(waited.out.find("\"token\""), std::string::npos) << waited.out;
+    EXPECT_GE(std::chrono::steady_clock::now() - started, 6s);
+  }
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace shardlock::cluster
