@@ -2,13 +2,14 @@
 # Installs the Debian packages shardlock needs, and only the missing ones.
 #
 #   tools/install-deps.sh            everything to build and test (make test, make lint)
-#   tools/install-deps.sh --release  only what the release build needs (make run)
+#   tools/install-deps.sh --release  what the release build needs (make run, make package):
+#                                    no test tools, but the cluster layer's gRPC
 #   tools/install-deps.sh --peers    also the optional benchmark peers (make bench)
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
-#   tools/install-deps.sh --cluster  only the release set plus the cluster set
+#   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
 #
-# The default set includes the cluster set: the dev and tsan presets build
-# the etcd client (src/cluster/) and its tests run a real etcd.
+# The default set includes etcd: the dev and tsan presets' cluster tests run
+# a real etcd.
 #
 # Runs `apt-get update` at most once per call, and only when something is
 # missing. When not root, prints the exact command to run instead and fails.
@@ -26,30 +27,29 @@ testing=(
   git clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
 )
-# The etcd client (src/cluster/): gRPC, protobuf and their code generators,
-# and etcd itself for the tests. etcd's .proto files are not here: they come
-# from tools/fetch-etcd-protos.sh (apt-get download, never installed).
-cluster=(
-  etcd-server etcd-client
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-)
+# The etcd client (src/cluster/), which the release preset builds: gRPC,
+# protobuf and their code generators. etcd's .proto files are not here: they
+# come from tools/fetch-etcd-protos.sh (apt-get download, never installed).
+grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
+# etcd itself, for the cluster tests, the torture run and make bench-cluster.
+etcd=(etcd-server etcd-client)
 peers=(libtbb-dev libabsl-dev libck-dev)
 redis=(redis-server redis-tools)
 
-want=("${release[@]}")
+want=("${release[@]}" "${grpc[@]}")
 with_testing=1
 for arg in "$@"; do
   case "$arg" in
     --release) with_testing=0 ;;
-    --cluster) with_testing=0; want+=("${cluster[@]}") ;;
+    --cluster) with_testing=0; want+=("${etcd[@]}") ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
 if [ "$with_testing" -eq 1 ]; then
-  want+=("${testing[@]}" "${cluster[@]}")
+  want+=("${testing[@]}" "${etcd[@]}")
 fi
 
 missing=()
