@@ -29,7 +29,8 @@ deps:
 
 # The release build needs neither the test tools nor the benchmark peers;
 # CMake measures the peers only where they are installed. It does need the
-# cluster layer's gRPC: the release preset builds shardlockd --cluster.
+# cluster layer's gRPC and etcd's .proto files: the release preset builds
+# shardlockd --cluster, and configure never fetches anything itself.
 deps-release:
 	@tools/install-deps.sh --release
 

@@ -7,7 +7,8 @@
 #   shardlock::grpcpp          grpc++ and libprotobuf (imported, interface)
 #   SHARDLOCK_PROTOC           path of protoc
 #   SHARDLOCK_GRPC_CPP_PLUGIN  path of grpc_cpp_plugin
-#   SHARDLOCK_ETCD_PROTO_DIR   the build tree's copy of etcd's .proto files
+#   SHARDLOCK_ETCD_PROTO_DIR   etcd's .proto files, put there by
+#                              tools/install-deps.sh (never by configure)
 include_guard(GLOBAL)
 
 # A failed search is never remembered: find_package and find_program cache
@@ -79,6 +80,11 @@ if(shardlock_cluster_mode STREQUAL "AUTO" AND NOT shardlock_grpc_found)
   set(shardlock_cluster_reason " (gRPC not found; tools/install-deps.sh --release installs it)")
 endif()
 
+# Put there by tools/install-deps.sh (tools/fetch-etcd-protos.sh), outside
+# the build tree, so that a rebuild or a fresh build tree needs no network.
+set(SHARDLOCK_ETCD_PROTO_DIR "${PROJECT_SOURCE_DIR}/.deps/etcd-protos" CACHE PATH
+  "etcd's .proto files (tools/fetch-etcd-protos.sh DIR puts them there)")
+
 set(SHARDLOCK_CLUSTER_ENABLED OFF)
 if(shardlock_cluster_wanted)
   if(NOT shardlock_grpc_found)
@@ -88,23 +94,23 @@ if(shardlock_cluster_wanted)
       "libprotobuf-dev protobuf-compiler protobuf-compiler-grpc), or configure with "
       "-DSHARDLOCK_BUILD_CLUSTER=OFF")
   endif()
-  # Configure time, into the build tree: the generated sources depend on
-  # these files, so they must exist before the build graph is written.
-  set(SHARDLOCK_ETCD_PROTO_DIR "${CMAKE_BINARY_DIR}/etcd-protos")
-  execute_process(
-    COMMAND "${PROJECT_SOURCE_DIR}/tools/fetch-etcd-protos.sh" "${SHARDLOCK_ETCD_PROTO_DIR}"
-    RESULT_VARIABLE shardlock_fetch_result
-    ERROR_VARIABLE shardlock_fetch_output)
-  if(shardlock_fetch_result EQUAL 0)
-    set(SHARDLOCK_CLUSTER_ENABLED ON)
-  elseif(NOT shardlock_cluster_mode STREQUAL "AUTO")
-    message(FATAL_ERROR
-      "shardlock: could not fetch etcd's .proto files:\n${shardlock_fetch_output}")
-  else()
-    message(WARNING
-      "shardlock: the cluster layer is off this time: could not fetch etcd's .proto files:\n"
-      "${shardlock_fetch_output}")
-  endif()
+  # The generated sources depend on these files, so they must exist before
+  # the build graph is written. Configure only reads them: fetching is a
+  # dependency-install step (it needs apt and the network).
+  foreach(proto IN ITEMS etcd/etcdserver/etcdserverpb/rpc.proto etcd/mvcc/mvccpb/kv.proto
+                         etcd/auth/authpb/auth.proto gogoproto/gogo.proto
+                         google/api/annotations.proto google/api/http.proto)
+    if(NOT EXISTS "${SHARDLOCK_ETCD_PROTO_DIR}/${proto}")
+      message(FATAL_ERROR
+        "shardlock: etcd's .proto files are not in ${SHARDLOCK_ETCD_PROTO_DIR} "
+        "(${proto} is missing). Fetch them once with:\n"
+        "  tools/install-deps.sh --release\n"
+        "or only the files, without root:\n"
+        "  tools/fetch-etcd-protos.sh ${SHARDLOCK_ETCD_PROTO_DIR}\n"
+        "or configure with -DSHARDLOCK_BUILD_CLUSTER=OFF (shardlockd without --cluster).")
+    endif()
+  endforeach()
+  set(SHARDLOCK_CLUSTER_ENABLED ON)
 endif()
 message(STATUS
   "shardlock cluster layer (etcd client): ${SHARDLOCK_CLUSTER_ENABLED}${shardlock_cluster_reason}")

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Installs the Debian packages shardlock needs, and only the missing ones.
+# Installs the Debian packages shardlock needs, and only the missing ones,
+# then puts etcd's .proto files into .deps/etcd-protos (configure reads them
+# from there and never fetches anything, so a rebuild works offline).
 #
 #   tools/install-deps.sh            everything to build and test (make test, make lint)
 #   tools/install-deps.sh --release  what the release build needs (make run, make package):
@@ -44,13 +46,32 @@ for arg in "$@"; do
     --cluster) with_testing=0; want+=("${etcd[@]}") ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
 if [ "$with_testing" -eq 1 ]; then
   want+=("${testing[@]}" "${etcd[@]}")
 fi
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+proto_dir=$root/.deps/etcd-protos
+
+# Needs no root: apt-get download of three .debs, unpacked with dpkg-deb.
+# Does nothing when the files are there already.
+fetch_protos() {
+  if "$root/tools/fetch-etcd-protos.sh" "$proto_dir"; then
+    return 0
+  fi
+  # Most often the package lists are missing (a fresh container).
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "install-deps: retrying after apt-get update" >&2
+    apt-get update -qq
+    "$root/tools/fetch-etcd-protos.sh" "$proto_dir" && return 0
+  fi
+  echo "install-deps: could not put etcd's .proto files into $proto_dir (output above)" >&2
+  return 1
+}
 
 missing=()
 for pkg in "${want[@]}"; do
@@ -60,6 +81,7 @@ for pkg in "${want[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  fetch_protos
   exit 0
 fi
 
@@ -73,3 +95,4 @@ fi
 echo "install-deps: installing ${missing[*]}" >&2
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fetch_protos
