@@ -167,6 +167,28 @@ int run(int argc, char** argv) {
       ->needs(cluster_flag);
 #endif
 
+#ifndef SHARDLOCK_HAVE_CLUSTER
+  app.footer(app.get_footer() +
+             "\nThis shardlockd was built without cluster support: --cluster and its flags are "
+             "refused (build it with gRPC installed: tools/install-deps.sh --release).");
+  // CLI11 would call the cluster flags "not expected", naming their values
+  // first; say what is missing instead.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (const std::string_view flag : {"--cluster", "--node-id", "--advertise", "--weight",
+                                        "--cluster-name", "--etcd-lease-ttl"}) {
+      if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
+        return usage_error(
+            std::string(flag) +
+            ": this shardlockd was built without cluster support (gRPC not found at configure "
+            "time, or configured with -DSHARDLOCK_BUILD_CLUSTER=OFF); install gRPC with "
+            "tools/install-deps.sh --release and rebuild (the release preset builds the cluster "
+            "layer), or run it without the cluster flags");
+      }
+    }
+  }
+#endif
   if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
     return *status;
   }

@@ -267,6 +267,27 @@ TEST_F(ShardlockdTest, LockDelayCoversThePreviousRunsLongerMaxTtl) {
   EXPECT_EQ(ready_lock_delay_ms(line), 200) << line;
 }
 
+// Whether this shardlockd has the cluster layer (--cluster and its flags).
+bool daemon_has_cluster() {
+  const testing::ToolResult help = Daemon({"--help"}).finish(milliseconds{20'000});
+  return help.out.find("--node-id") != std::string::npos;
+}
+
+// A shardlockd built without the cluster layer says so when given a cluster
+// flag, as a usage error.
+TEST_F(ShardlockdTest, ClusterFlagsWithoutTheClusterLayerSaySo) {
+  if (daemon_has_cluster()) GTEST_SKIP() << "shardlockd has the cluster layer";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--cluster", "etcd://127.0.0.1:2379", "--node-id", "n1"},
+        std::vector<std::string>{"--cluster=etcd://127.0.0.1:2379"},
+        std::vector<std::string>{"--node-id", "n1"}}) {
+    const testing::ToolResult r = Daemon(args).finish(milliseconds{20'000});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("this shardlockd was built without cluster support"), std::string::npos)
+        << r.err;
+  }
+}
+
 TEST_F(ShardlockdTest, SecondDaemonOnTheSameDataDirIsRefused) {
   const std::string dir = root_ + "/data";
   Daemon first({"--listen", "127.0.0.1:0", "--data-dir", dir, "--lock-delay", "0"});
