@@ -233,6 +233,15 @@ int run(int argc, char** argv) {
       return usage_error("--cluster-name '" + cluster.cluster_name + "': 1..128 of [A-Za-z0-9._-]");
     }
     if (options.data_dir.empty()) return usage_error("--cluster needs --data-dir");
+    // A restarted node acknowledges hand-offs once its server's lock-delay
+    // is over: shorter than the longest lease of its previous run, the
+    // acknowledgement would speak for leases still live.
+    if (options.lock_delay && *options.lock_delay < options.max_ttl) {
+      return usage_error("--lock-delay " + *lock_delay + " is below --max-ttl " + max_ttl +
+                         ", which cluster mode refuses: a restarted node's hand-offs would "
+                         "release buckets while its previous run's leases may be live. Leave "
+                         "--lock-delay out (it defaults to --max-ttl) or raise it");
+    }
     const auto ttl_flag = shardlock::tools::parse_duration_flag("--etcd-lease-ttl", etcd_lease_ttl,
                                                                 ZeroDuration::kRejected);
     if (!ttl_flag.error.empty()) return usage_error(ttl_flag.error);

@@ -273,6 +273,29 @@ bool daemon_has_cluster() {
   return help.out.find("--node-id") != std::string::npos;
 }
 
+// Cluster mode refuses a lock-delay below the max TTL (a restarted node's
+// hand-off acknowledgements wait for that lock-delay), before reaching etcd.
+TEST_F(ShardlockdTest, ClusterModeRefusesALockDelayBelowTheMaxTtl) {
+  if (!daemon_has_cluster()) GTEST_SKIP() << "shardlockd was built without the cluster layer";
+  auto cluster_daemon = [&](const std::string& lock_delay) {
+    return Daemon({"--listen", "127.0.0.1:0", "--cluster", "etcd://127.0.0.1:1", "--node-id", "n1",
+                   "--data-dir", root_ + "/data", "--max-ttl", "10s", "--lock-delay", lock_delay,
+                   "--io", "socket"})
+        .finish(milliseconds{20'000});
+  };
+  for (const char* below : {"0", "9999ms"}) {
+    const testing::ToolResult r = cluster_daemon(below);
+    EXPECT_EQ(r.exit_code, 2) << below << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string("--lock-delay ") + below + " is below --max-ttl 10s"),
+              std::string::npos)
+        << r.err;
+  }
+  // At the max TTL the flags pass; nothing answers at port 1.
+  const testing::ToolResult r = cluster_daemon("10s");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot join the cluster"), std::string::npos) << r.err;
+}
+
 // A shardlockd built without the cluster layer says so when given a cluster
 // flag, as a usage error.
 TEST_F(ShardlockdTest, ClusterFlagsWithoutTheClusterLayerSaySo) {
