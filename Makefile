@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 CMAKE ?= cmake
 CTEST ?= ctest
 
-.PHONY: all deps deps-release deps-peers run test test-dev test-tsan test-clang bench bench-redis \
+.PHONY: all deps deps-release deps-peers deps-cluster run test test-dev test-tsan test-clang bench bench-redis \
         build-release build-bench format lint clean help torture torture-cluster package bench-cluster
 
 all: build-release
@@ -28,9 +28,15 @@ deps:
 	@tools/install-deps.sh
 
 # The release build needs neither the test tools nor the benchmark peers;
-# CMake measures the peers only where they are installed.
+# CMake measures the peers only where they are installed. It does need the
+# cluster layer's gRPC and etcd's .proto files: the release preset builds
+# shardlockd --cluster, and configure never fetches anything itself.
 deps-release:
 	@tools/install-deps.sh --release
+
+# etcd itself, for the runs that start a real cluster on loopback.
+deps-cluster:
+	@tools/install-deps.sh --cluster
 
 deps-peers:
 	@tools/install-deps.sh --peers
@@ -89,7 +95,7 @@ bench-redis: build-release
 
 # The cluster's numbers: throughput at 1 and 3 nodes, etcd requests, the
 # unavailability window after kill -9 (real etcd on loopback).
-bench-cluster: build-release
+bench-cluster: build-release deps-cluster
 	bench/cluster_numbers.sh build/release
 
 # ---- the long torture run -------------------------------------------------
@@ -108,7 +114,7 @@ TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --seconds 240 --workers 6 --clients 6
                          --loss 0.1 --duplicate 0.1 --reorder 0.1 --delay 0.1 --kills 4 \
                          --server-pauses 3 --client-pauses 4 --joins 3 --drains 3 \
                          --etcd-partitions 3 --client-partitions 3 --seed 2026
-torture-cluster: build-release
+torture-cluster: build-release deps-cluster
 	build/release/tools/shardlock-torture $(TORTURE_CLUSTER_FLAGS)
 
 # ---- house tooling -------------------------------------------------------

@@ -79,11 +79,13 @@ declare -A node_pid node_addr
 start_node() {
   local cluster=$1 id=$2 port
   port=$(free_port)
-  local args=(--listen "127.0.0.1:$port" --data-dir "$work/$cluster-$id" --max-ttl "$max_ttl"
-              --lock-delay 0)
+  local args=(--listen "127.0.0.1:$port" --data-dir "$work/$cluster-$id" --max-ttl "$max_ttl")
   if [ -n "$cluster" ]; then
+    # Cluster mode refuses a --lock-delay below --max-ttl; the default is it.
     args+=(--cluster "etcd://127.0.0.1:$etcd_port" --cluster-name "$cluster" --node-id "$id"
            --etcd-lease-ttl "$etcd_ttl")
+  else
+    args+=(--lock-delay 0)
   fi
   # Not under `timeout`: node_pid must be shardlockd itself, which kill -9
   # below aims at; the EXIT trap kills every node.

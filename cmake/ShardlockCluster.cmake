@@ -7,8 +7,19 @@
 #   shardlock::grpcpp          grpc++ and libprotobuf (imported, interface)
 #   SHARDLOCK_PROTOC           path of protoc
 #   SHARDLOCK_GRPC_CPP_PLUGIN  path of grpc_cpp_plugin
-#   SHARDLOCK_ETCD_PROTO_DIR   the build tree's copy of etcd's .proto files
+#   SHARDLOCK_ETCD_PROTO_DIR   etcd's .proto files, put there by
+#                              tools/install-deps.sh (never by configure)
 include_guard(GLOBAL)
+
+# A failed search is never remembered: find_package and find_program cache
+# NOTFOUND, and a build tree configured before gRPC was installed would
+# otherwise keep the cluster layer off for good. Only NOTFOUND is dropped; a
+# path the user or an earlier configure found stays.
+foreach(var IN ITEMS gRPC_DIR SHARDLOCK_PROTOC SHARDLOCK_GRPC_CPP_PLUGIN)
+  if(DEFINED CACHE{${var}} AND NOT ${var})
+    unset(${var} CACHE)
+  endif()
+endforeach()
 
 # Debian 12 ships gRPC's CMake package config (libgrpc++-dev), which finds
 # Protobuf itself; pkg-config plus find_program is the fallback for systems
@@ -34,46 +45,72 @@ elseif(PkgConfig_FOUND)
   endif()
 endif()
 
-# Whether the option was given (-D) or defaulted, remembered across
-# reconfigures: only a defaulted option turns itself off when etcd's protos
-# cannot be had.
-if(NOT DEFINED CACHE{SHARDLOCK_BUILD_CLUSTER})
-  set(SHARDLOCK_BUILD_CLUSTER_DEFAULTED TRUE CACHE INTERNAL "")
+# AUTO (the default): on when shardlock is the top-level project and gRPC is
+# found, decided again at every configure. ON: gRPC missing fails configure
+# (the release preset: the daemon users get must have the cluster). OFF: no
+# cluster layer; shardlockd --cluster then says it was built without it.
+set(SHARDLOCK_BUILD_CLUSTER AUTO CACHE STRING
+  "Build the cluster layer (the etcd v3 client over grpc++): AUTO, ON or OFF")
+set_property(CACHE SHARDLOCK_BUILD_CLUSTER PROPERTY TYPE STRING)
+set_property(CACHE SHARDLOCK_BUILD_CLUSTER PROPERTY STRINGS AUTO ON OFF)
+# Build trees configured before AUTO existed cached the defaulted option's
+# value (OFF where gRPC was missing then): back to AUTO.
+if(SHARDLOCK_BUILD_CLUSTER_DEFAULTED)
+  set_property(CACHE SHARDLOCK_BUILD_CLUSTER PROPERTY VALUE AUTO)
+  unset(SHARDLOCK_BUILD_CLUSTER_DEFAULTED CACHE)
 endif()
-if(PROJECT_IS_TOP_LEVEL AND shardlock_grpc_found)
-  set(shardlock_cluster_default ON)
+string(TOUPPER "${SHARDLOCK_BUILD_CLUSTER}" shardlock_cluster_mode)
+if(NOT shardlock_cluster_mode MATCHES "^(AUTO|ON|OFF|TRUE|FALSE|YES|NO|1|0)$")
+  message(FATAL_ERROR
+    "shardlock: SHARDLOCK_BUILD_CLUSTER is '${SHARDLOCK_BUILD_CLUSTER}'; give AUTO, ON or OFF")
+endif()
+if(shardlock_cluster_mode STREQUAL "AUTO")
+  set(shardlock_cluster_wanted ${shardlock_grpc_found})
+  if(NOT PROJECT_IS_TOP_LEVEL)
+    set(shardlock_cluster_wanted FALSE)
+  endif()
+elseif(SHARDLOCK_BUILD_CLUSTER)
+  set(shardlock_cluster_wanted TRUE)
 else()
-  set(shardlock_cluster_default OFF)
+  set(shardlock_cluster_wanted FALSE)
 endif()
-option(SHARDLOCK_BUILD_CLUSTER
-  "Build the cluster layer (the etcd v3 client over grpc++; needs libgrpc++-dev and protobuf-compiler-grpc)"
-  ${shardlock_cluster_default})
+
+set(shardlock_cluster_reason "")
+if(shardlock_cluster_mode STREQUAL "AUTO" AND NOT shardlock_grpc_found)
+  set(shardlock_cluster_reason " (gRPC not found; tools/install-deps.sh --release installs it)")
+endif()
+
+# Put there by tools/install-deps.sh (tools/fetch-etcd-protos.sh), outside
+# the build tree, so that a rebuild or a fresh build tree needs no network.
+set(SHARDLOCK_ETCD_PROTO_DIR "${PROJECT_SOURCE_DIR}/.deps/etcd-protos" CACHE PATH
+  "etcd's .proto files (tools/fetch-etcd-protos.sh DIR puts them there)")
 
 set(SHARDLOCK_CLUSTER_ENABLED OFF)
-if(SHARDLOCK_BUILD_CLUSTER)
+if(shardlock_cluster_wanted)
   if(NOT shardlock_grpc_found)
     message(FATAL_ERROR
       "shardlock: SHARDLOCK_BUILD_CLUSTER needs grpc++, protobuf, protoc and grpc_cpp_plugin. "
-      "Install them with: apt-get install libgrpc++-dev libprotobuf-dev protobuf-compiler "
-      "protobuf-compiler-grpc (or run tools/install-deps.sh), or configure with "
+      "Install them with: tools/install-deps.sh --release (or apt-get install libgrpc++-dev "
+      "libprotobuf-dev protobuf-compiler protobuf-compiler-grpc), or configure with "
       "-DSHARDLOCK_BUILD_CLUSTER=OFF")
   endif()
-  # Configure time, into the build tree: the generated sources depend on
-  # these files, so they must exist before the build graph is written.
-  set(SHARDLOCK_ETCD_PROTO_DIR "${CMAKE_BINARY_DIR}/etcd-protos")
-  execute_process(
-    COMMAND "${PROJECT_SOURCE_DIR}/tools/fetch-etcd-protos.sh" "${SHARDLOCK_ETCD_PROTO_DIR}"
-    RESULT_VARIABLE shardlock_fetch_result
-    ERROR_VARIABLE shardlock_fetch_output)
-  if(shardlock_fetch_result EQUAL 0)
-    set(SHARDLOCK_CLUSTER_ENABLED ON)
-  elseif(NOT SHARDLOCK_BUILD_CLUSTER_DEFAULTED)
-    message(FATAL_ERROR
-      "shardlock: could not fetch etcd's .proto files:\n${shardlock_fetch_output}")
-  else()
-    message(WARNING
-      "shardlock: the cluster layer is off this time: could not fetch etcd's .proto files:\n"
-      "${shardlock_fetch_output}")
-  endif()
+  # The generated sources depend on these files, so they must exist before
+  # the build graph is written. Configure only reads them: fetching is a
+  # dependency-install step (it needs apt and the network).
+  foreach(proto IN ITEMS etcd/etcdserver/etcdserverpb/rpc.proto etcd/mvcc/mvccpb/kv.proto
+                         etcd/auth/authpb/auth.proto gogoproto/gogo.proto
+                         google/api/annotations.proto google/api/http.proto)
+    if(NOT EXISTS "${SHARDLOCK_ETCD_PROTO_DIR}/${proto}")
+      message(FATAL_ERROR
+        "shardlock: etcd's .proto files are not in ${SHARDLOCK_ETCD_PROTO_DIR} "
+        "(${proto} is missing). Fetch them once with:\n"
+        "  tools/install-deps.sh --release\n"
+        "or only the files, without root:\n"
+        "  tools/fetch-etcd-protos.sh ${SHARDLOCK_ETCD_PROTO_DIR}\n"
+        "or configure with -DSHARDLOCK_BUILD_CLUSTER=OFF (shardlockd without --cluster).")
+    endif()
+  endforeach()
+  set(SHARDLOCK_CLUSTER_ENABLED ON)
 endif()
-message(STATUS "shardlock cluster layer (etcd client): ${SHARDLOCK_CLUSTER_ENABLED}")
+message(STATUS
+  "shardlock cluster layer (etcd client): ${SHARDLOCK_CLUSTER_ENABLED}${shardlock_cluster_reason}")

@@ -12,7 +12,9 @@
 #
 #   tools/fetch-etcd-protos.sh OUTDIR
 #
-# The files are never copied into the repository. Debian ships them in three
+# tools/install-deps.sh runs it into .deps/etcd-protos (git ignores it), where
+# configure reads them; configure never fetches. The files are never
+# committed to the repository. Debian ships them in three
 # Go source packages (golang-etcd-server-dev, golang-github-gogo-protobuf-dev,
 # golang-github-grpc-ecosystem-grpc-gateway-dev); installing those would pull
 # in ~146 Go packages, so this script `apt-get download`s the three .debs into

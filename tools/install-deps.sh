@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# Installs the Debian packages shardlock needs, and only the missing ones.
+# Installs the Debian packages shardlock needs, and only the missing ones,
+# then puts etcd's .proto files into .deps/etcd-protos (configure reads them
+# from there and never fetches anything, so a rebuild works offline).
 #
 #   tools/install-deps.sh            everything to build and test (make test, make lint)
-#   tools/install-deps.sh --release  only what the release build needs (make run)
+#   tools/install-deps.sh --release  what the release build needs (make run, make package):
+#                                    no test tools, but the cluster layer's gRPC
 #   tools/install-deps.sh --peers    also the optional benchmark peers (make bench)
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
-#   tools/install-deps.sh --cluster  only the release set plus the cluster set
+#   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
 #
-# The default set includes the cluster set: the dev and tsan presets build
-# the etcd client (src/cluster/) and its tests run a real etcd.
+# The default set includes etcd: the dev and tsan presets' cluster tests run
+# a real etcd.
 #
 # Runs `apt-get update` at most once per call, and only when something is
 # missing. When not root, prints the exact command to run instead and fails.
@@ -26,31 +29,49 @@ testing=(
   git clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
 )
-# The etcd client (src/cluster/): gRPC, protobuf and their code generators,
-# and etcd itself for the tests. etcd's .proto files are not here: they come
-# from tools/fetch-etcd-protos.sh (apt-get download, never installed).
-cluster=(
-  etcd-server etcd-client
-  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-)
+# The etcd client (src/cluster/), which the release preset builds: gRPC,
+# protobuf and their code generators. etcd's .proto files are not here: they
+# come from tools/fetch-etcd-protos.sh (apt-get download, never installed).
+grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
+# etcd itself, for the cluster tests, the torture run and make bench-cluster.
+etcd=(etcd-server etcd-client)
 peers=(libtbb-dev libabsl-dev libck-dev)
 redis=(redis-server redis-tools)
 
-want=("${release[@]}")
+want=("${release[@]}" "${grpc[@]}")
 with_testing=1
 for arg in "$@"; do
   case "$arg" in
     --release) with_testing=0 ;;
-    --cluster) with_testing=0; want+=("${cluster[@]}") ;;
+    --cluster) with_testing=0; want+=("${etcd[@]}") ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
 if [ "$with_testing" -eq 1 ]; then
-  want+=("${testing[@]}" "${cluster[@]}")
+  want+=("${testing[@]}" "${etcd[@]}")
 fi
+
+root=$(cd "$(dirname "$0")/.." && pwd)
+proto_dir=$root/.deps/etcd-protos
+
+# Needs no root: apt-get download of three .debs, unpacked with dpkg-deb.
+# Does nothing when the files are there already.
+fetch_protos() {
+  if "$root/tools/fetch-etcd-protos.sh" "$proto_dir"; then
+    return 0
+  fi
+  # Most often the package lists are missing (a fresh container).
+  if [ "$(id -u)" -eq 0 ]; then
+    echo "install-deps: retrying after apt-get update" >&2
+    apt-get update -qq
+    "$root/tools/fetch-etcd-protos.sh" "$proto_dir" && return 0
+  fi
+  echo "install-deps: could not put etcd's .proto files into $proto_dir (output above)" >&2
+  return 1
+}
 
 missing=()
 for pkg in "${want[@]}"; do
@@ -60,6 +81,7 @@ for pkg in "${want[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  fetch_protos
   exit 0
 fi
 
@@ -73,3 +95,4 @@ fi
 echo "install-deps: installing ${missing[*]}" >&2
 apt-get update -qq
 DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+fetch_protos

@@ -1,17 +1,27 @@
 // shardlockd: the lease server daemon, a thin main() around LeaseServer.
 //
 // Prints one JSON line to stdout once the socket is bound:
-//   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...}
-// logs to stderr, and stops cleanly on SIGTERM or SIGINT.
+//   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...,
+//    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":60.000,...}
+// logs to stderr (including "granting: ..." once ACQUIRE can be granted),
+// and stops cleanly on SIGTERM or SIGINT.
+// lock_delay_ends is when the lock-delay after this start ends, on the wall
+// clock (UTC); in cluster mode the later of the server's and the cluster's
+// (counted from about now, when the node adopts its first map), the earliest
+// its buckets can become active.
 // Exit codes: 0 clean stop or --help, 1 start-up failure (or the ready line
 // could not be written to stdout), 2 bad flags.
 #include <pthread.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <ctime>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -40,6 +50,53 @@ constexpr const char* kTool = "shardlockd";
 constexpr int kExitStartFailed = 1;
 
 int usage_error(std::string_view message) { return shardlock::tools::usage_error(kTool, message); }
+
+// "2026-11-25T12:01:00.250Z".
+std::string utc_iso8601(std::chrono::system_clock::time_point t) {
+  const auto ms = std::chrono::floor<std::chrono::milliseconds>(t.time_since_epoch());
+  const auto seconds = std::chrono::floor<std::chrono::seconds>(ms);
+  const auto time = static_cast<std::time_t>(seconds.count());
+  std::tm utc{};
+  gmtime_r(&time, &utc);
+  std::array<char, 40> text{};
+  const std::size_t n = std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%S", &utc);
+  std::snprintf(text.data() + n, text.size() - n, ".%03dZ",
+                static_cast<int>((ms - seconds).count()));
+  return text.data();
+}
+
+// Seconds with millisecond precision, "59.998".
+std::string seconds_text(std::chrono::nanoseconds d) {
+  std::array<char, 32> text{};
+  std::snprintf(text.data(), text.size(), "%.3f",
+                std::chrono::duration<double>(std::max(d, std::chrono::nanoseconds{0})).count());
+  return text.data();
+}
+
+// Waits for SIGTERM or SIGINT (blocked in every thread) and returns it.
+// Until `granting` returns a line, asks it every 50 ms; logs that line once.
+int wait_for_stop(const sigset_t& stop_signals,
+                  const std::function<std::optional<std::string>()>& granting,
+                  const std::function<void(std::string_view)>& log) {
+  bool told = false;
+  for (;;) {
+    if (!told) {
+      if (const auto line = granting()) {
+        log(*line);
+        told = true;
+      }
+    }
+    if (told) {
+      int signal_number = 0;
+      if (sigwait(&stop_signals, &signal_number) == 0) return signal_number;
+      continue;
+    }
+    constexpr timespec kPoll{.tv_sec = 0, .tv_nsec = 50'000'000};
+    const int signal_number = sigtimedwait(&stop_signals, nullptr, &kPoll);
+    if (signal_number > 0) return signal_number;
+    // -1: EAGAIN (the poll is over) or EINTR; look again.
+  }
+}
 
 #ifdef SHARDLOCK_HAVE_CLUSTER
 // Joins the cluster; 0 or an exit code. A member key still held by this
@@ -167,6 +224,28 @@ int run(int argc, char** argv) {
       ->needs(cluster_flag);
 #endif
 
+#ifndef SHARDLOCK_HAVE_CLUSTER
+  app.footer(app.get_footer() +
+             "\nThis shardlockd was built without cluster support: --cluster and its flags are "
+             "refused (build it with gRPC installed: tools/install-deps.sh --release).");
+  // CLI11 would call the cluster flags "not expected", naming their values
+  // first; say what is missing instead.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view arg = argv[i];
+    if (arg == "--") break;
+    for (const std::string_view flag : {"--cluster", "--node-id", "--advertise", "--weight",
+                                        "--cluster-name", "--etcd-lease-ttl"}) {
+      if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
+        return usage_error(
+            std::string(flag) +
+            ": this shardlockd was built without cluster support (gRPC not found at configure "
+            "time, or configured with -DSHARDLOCK_BUILD_CLUSTER=OFF); install gRPC with "
+            "tools/install-deps.sh --release and rebuild (the release preset builds the cluster "
+            "layer), or run it without the cluster flags");
+      }
+    }
+  }
+#endif
   if (const auto status = shardlock::tools::parse_command_line(app, argc, argv, kTool)) {
     return *status;
   }
@@ -211,6 +290,15 @@ int run(int argc, char** argv) {
       return usage_error("--cluster-name '" + cluster.cluster_name + "': 1..128 of [A-Za-z0-9._-]");
     }
     if (options.data_dir.empty()) return usage_error("--cluster needs --data-dir");
+    // A restarted node acknowledges hand-offs once its server's lock-delay
+    // is over: shorter than the longest lease of its previous run, the
+    // acknowledgement would speak for leases still live.
+    if (options.lock_delay && *options.lock_delay < options.max_ttl) {
+      return usage_error("--lock-delay " + *lock_delay + " is below --max-ttl " + max_ttl +
+                         ", which cluster mode refuses: a restarted node's hand-offs would "
+                         "release buckets while its previous run's leases may be live. Leave "
+                         "--lock-delay out (it defaults to --max-ttl) or raise it");
+    }
     const auto ttl_flag = shardlock::tools::parse_duration_flag("--etcd-lease-ttl", etcd_lease_ttl,
                                                                 ZeroDuration::kRejected);
     if (!ttl_flag.error.empty()) return usage_error(ttl_flag.error);
@@ -239,6 +327,10 @@ int run(int argc, char** argv) {
               << ")\n";
     return kExitStartFailed;
   }
+  // On the server's clock, read after start(): never before the end the
+  // server keeps itself.
+  const auto server_delay_ends = server.now() + server.lock_delay();
+  auto lock_delay_ends = server_delay_ends;
 #ifdef SHARDLOCK_HAVE_CLUSTER
   std::unique_ptr<shardlock::cluster::ClusterNode> node;
   if (!cluster_url.empty()) {
@@ -247,6 +339,10 @@ int run(int argc, char** argv) {
       server.stop();
       return status;
     }
+    // The first map opens the node's gate a lock-delay after it is adopted
+    // (about now); buckets whose previous owners are alive wait longer, for
+    // their hand-offs.
+    lock_delay_ends = std::max(lock_delay_ends, server.now() + node->lock_delay());
   }
 #endif
   // The exporter's civetweb threads start here, after the mask above, so the
@@ -281,21 +377,41 @@ int run(int argc, char** argv) {
         "}";
   }
 #endif
+  const auto delay_left = std::max(lock_delay_ends - server.now(), std::chrono::nanoseconds{0});
+  const std::string delay_ends_text =
+      utc_iso8601(std::chrono::system_clock::now() +
+                  std::chrono::duration_cast<std::chrono::system_clock::duration>(delay_left));
+  options.log("lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
+              (cluster_json == "null" ? "" : ", the earliest this node's buckets activate") +
+              ": ACQUIRE is answered RECOVERING until then");
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
-      "\"auth\":%s,\"metrics\":%s,\"allocator\":\"%s\",\"cluster\":%s,\"pid\":%d}\n",
+      "\"lock_delay_ends\":\"%s\",\"lock_delay_remaining_s\":%s,\"auth\":%s,\"metrics\":%s,"
+      "\"allocator\":\"%s\",\"cluster\":%s,\"pid\":%d}\n",
       json_string(server.listen_address()).c_str(), server.port(), options.shards,
       std::string(to_string(server.backend())).c_str(), options.io_threads,
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
-      static_cast<long long>(effective_delay.count()), options.auth_key ? "true" : "false",
-      metrics_json.c_str(), shardlock::tools::kAllocatorName, cluster_json.c_str(),
-      static_cast<int>(::getpid()));
+      static_cast<long long>(effective_delay.count()), delay_ends_text.c_str(),
+      seconds_text(delay_left).c_str(), options.auth_key ? "true" : "false", metrics_json.c_str(),
+      shardlock::tools::kAllocatorName, cluster_json.c_str(), static_cast<int>(::getpid()));
   std::fflush(stdout);
 
-  int signal_number = 0;
-  sigwait(&stop_signals, &signal_number);
+  auto granting = [&]() -> std::optional<std::string> {
+    if (server.now() < server_delay_ends) return std::nullopt;
+#ifdef SHARDLOCK_HAVE_CLUSTER
+    if (node) {
+      const auto stats = node->stats();
+      if (stats.buckets_active == 0) return std::nullopt;
+      return "granting: epoch " + std::to_string(stats.epoch) + ", " +
+             std::to_string(stats.buckets_active) + " of " + std::to_string(stats.buckets_owned) +
+             " buckets here active";
+    }
+#endif
+    return std::string("granting: the lock-delay is over");
+  };
+  const int signal_number = wait_for_stop(stop_signals, granting, options.log);
   options.log(std::string("received ") + (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") +
               ", stopping");
   exporter.reset();

@@ -93,8 +93,6 @@ class ClusterTest : public EtcdSuiteTest {
                                            "2s",
                                            "--etcd-lease-ttl",
                                            "2s",
-                                           "--lock-delay",
-                                           "0",
                                            "--io",
                                            "socket"};
     EXPECT_TRUE(node->process.start(argv, /*capture_stdout=*/true, root_ + "/" + id + ".log"))

@@ -11,9 +11,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <string>
 #include <thread>
@@ -125,6 +127,7 @@ TEST_F(ShardlockdTest, ReadyLineThenCleanStopOnSigterm) {
     EXPECT_EQ(d.wait(), 0);
     const std::string log = d.read_stderr();
     EXPECT_NE(log.find("lock-delay is 0"), std::string::npos) << log;
+    EXPECT_NE(log.find("granting: the lock-delay is over"), std::string::npos) << log;
     EXPECT_NE(log.find("stopped"), std::string::npos) << log;
   }
 }
@@ -265,6 +268,132 @@ TEST_F(ShardlockdTest, LockDelayCoversThePreviousRunsLongerMaxTtl) {
   Daemon d({"--listen", "127.0.0.1:0", "--data-dir", dir, "--max-ttl", "200ms"});
   const std::string line = d.read_line();
   EXPECT_EQ(ready_lock_delay_ms(line), 200) << line;
+}
+
+struct LockDelayEnd {
+  std::chrono::system_clock::time_point at;
+  std::string text;  // as written, "2026-11-25T12:01:00.250Z"
+  double remaining_s = -1;
+};
+
+// The ready line's lock_delay_ends and lock_delay_remaining_s.
+std::optional<LockDelayEnd> ready_lock_delay_end(const std::string& line) {
+  std::smatch m;
+  static const std::regex kEnd(
+      R"re("lock_delay_ends":"((\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z)",)re"
+      R"re("lock_delay_remaining_s":(\d+\.\d{3}),)re");
+  if (!std::regex_search(line, m, kEnd)) return std::nullopt;
+  std::tm utc{};
+  utc.tm_year = std::stoi(m[2].str()) - 1900;
+  utc.tm_mon = std::stoi(m[3].str()) - 1;
+  utc.tm_mday = std::stoi(m[4].str());
+  utc.tm_hour = std::stoi(m[5].str());
+  utc.tm_min = std::stoi(m[6].str());
+  utc.tm_sec = std::stoi(m[7].str());
+  return LockDelayEnd{.at = std::chrono::system_clock::from_time_t(::timegm(&utc)) +
+                            milliseconds(std::stoi(m[8].str())),
+                      .text = m[1].str(),
+                      .remaining_s = std::stod(m[9].str())};
+}
+
+// The ready line and the log say when the lock-delay ends (wall clock, UTC),
+// and the log says when granting starts: after that, never before.
+TEST_F(ShardlockdTest, ReadyLineAndLogSayWhenTheLockDelayEndsAndWhenGrantingStarts) {
+  using std::chrono::system_clock;
+  {
+    const auto launched = system_clock::now();
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "1500ms", "--io", "socket"});
+    const std::string line = d.read_line();
+    const auto read = system_clock::now();
+    const std::uint16_t port = ready_port(line);
+    ASSERT_NE(port, 0) << line;
+    const auto end = ready_lock_delay_end(line);
+    ASSERT_TRUE(end) << line;
+    // Counted from just after the server started (whole milliseconds).
+    EXPECT_GE(end->at, launched + milliseconds{1500 - 1}) << line;
+    EXPECT_LE(end->at, read + milliseconds{1500 + 1}) << line;
+    EXPECT_GT(end->remaining_s, 0.0) << line;
+    EXPECT_LE(end->remaining_s, 1.5) << line;
+
+    UdpTestPeer peer(port);
+    const Message recovering = peer.acquire("k", 1000);
+    ASSERT_EQ(recovering.type, MessageType::kRecovering);
+    // The daemon looks every 50 ms.
+    std::this_thread::sleep_for(milliseconds{recovering.retry_after_ms + 300});
+    EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    const auto told = log.find("lock-delay ends at " + end->text);
+    const auto granting = log.find("granting: the lock-delay is over");
+    const auto stopping = log.find("received SIGTERM");
+    ASSERT_NE(told, std::string::npos) << log;
+    ASSERT_NE(granting, std::string::npos) << log;
+    ASSERT_NE(stopping, std::string::npos) << log;
+    EXPECT_LT(told, granting) << log;
+    EXPECT_LT(granting, stopping) << log;
+  }
+  {
+    // Stopped during its lock-delay: it never said it was granting.
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "1m", "--io", "socket"});
+    const std::string line = d.read_line();
+    const std::uint16_t port = ready_port(line);
+    ASSERT_NE(port, 0) << line;
+    const auto end = ready_lock_delay_end(line);
+    ASSERT_TRUE(end) << line;
+    EXPECT_GT(end->remaining_s, 59.0) << line;
+    UdpTestPeer peer(port);
+    ASSERT_EQ(peer.acquire("k", 1000).type, MessageType::kRecovering);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    EXPECT_NE(log.find("lock-delay ends at " + end->text), std::string::npos) << log;
+    EXPECT_EQ(log.find("granting"), std::string::npos) << log;
+  }
+}
+
+// Whether this shardlockd has the cluster layer (--cluster and its flags).
+bool daemon_has_cluster() {
+  const testing::ToolResult help = Daemon({"--help"}).finish(milliseconds{20'000});
+  return help.out.find("--node-id") != std::string::npos;
+}
+
+// Cluster mode refuses a lock-delay below the max TTL (a restarted node's
+// hand-off acknowledgements wait for that lock-delay), before reaching etcd.
+TEST_F(ShardlockdTest, ClusterModeRefusesALockDelayBelowTheMaxTtl) {
+  if (!daemon_has_cluster()) GTEST_SKIP() << "shardlockd was built without the cluster layer";
+  auto cluster_daemon = [&](const std::string& lock_delay) {
+    return Daemon({"--listen", "127.0.0.1:0", "--cluster", "etcd://127.0.0.1:1", "--node-id", "n1",
+                   "--data-dir", root_ + "/data", "--max-ttl", "10s", "--lock-delay", lock_delay,
+                   "--io", "socket"})
+        .finish(milliseconds{20'000});
+  };
+  for (const char* below : {"0", "9999ms"}) {
+    const testing::ToolResult r = cluster_daemon(below);
+    EXPECT_EQ(r.exit_code, 2) << below << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string("--lock-delay ") + below + " is below --max-ttl 10s"),
+              std::string::npos)
+        << r.err;
+  }
+  // At the max TTL the flags pass; nothing answers at port 1.
+  const testing::ToolResult r = cluster_daemon("10s");
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot join the cluster"), std::string::npos) << r.err;
+}
+
+// A shardlockd built without the cluster layer says so when given a cluster
+// flag, as a usage error.
+TEST_F(ShardlockdTest, ClusterFlagsWithoutTheClusterLayerSaySo) {
+  if (daemon_has_cluster()) GTEST_SKIP() << "shardlockd has the cluster layer";
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"--cluster", "etcd://127.0.0.1:2379", "--node-id", "n1"},
+        std::vector<std::string>{"--cluster=etcd://127.0.0.1:2379"},
+        std::vector<std::string>{"--node-id", "n1"}}) {
+    const testing::ToolResult r = Daemon(args).finish(milliseconds{20'000});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("this shardlockd was built without cluster support"), std::string::npos)
+        << r.err;
+  }
 }
 
 TEST_F(ShardlockdTest, SecondDaemonOnTheSameDataDirIsRefused) {
