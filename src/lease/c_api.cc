@@ -47,6 +47,8 @@ static_assert(SHARDLOCK_NOT_STARTED == static_cast<int>(LeaseErrc::kNotStarted))
 static_assert(SHARDLOCK_BAD_ADDRESS == static_cast<int>(LeaseErrc::kBadAddress));
 static_assert(SHARDLOCK_LEASE_INACTIVE == static_cast<int>(LeaseErrc::kLeaseInactive));
 static_assert(SHARDLOCK_GRANT_EXPIRED == static_cast<int>(LeaseErrc::kGrantExpired));
+static_assert(SHARDLOCK_REDIRECTED != static_cast<int>(LeaseErrc::kRedirected),
+              "kRedirected's number is taken by SHARDLOCK_NO_MEMORY: to_status() maps it");
 static_assert(static_cast<int>(lease::LeaseMode::kExclusive) == SHARDLOCK_EXCLUSIVE);
 static_assert(static_cast<int>(lease::LeaseMode::kShared) == SHARDLOCK_SHARED);
 static_assert(static_cast<int>(lease::LeaseMode::kPermit) == SHARDLOCK_PERMIT);
@@ -69,6 +71,7 @@ int to_status(const std::error_code& ec) noexcept {
   if (!ec) return SHARDLOCK_OK;
   if (ec.category() == lease::lease_category()) {
     if (ec.value() <= SHARDLOCK_GRANT_EXPIRED) return ec.value();
+    if (ec == LeaseErrc::kRedirected) return SHARDLOCK_REDIRECTED;
     return SHARDLOCK_INTERNAL;  // kCrossNode: acquire_many(), which this API does not offer
   }
   return SHARDLOCK_INTERNAL;
@@ -151,6 +154,8 @@ const char* shardlock_strerror(int status) {
       return "out of memory";
     case SHARDLOCK_INTERNAL:
       return "internal error";
+    case SHARDLOCK_REDIRECTED:
+      return "redirected: the key's owner could not be reached";
     default:
       return "unknown status";
   }

@@ -246,7 +246,7 @@ const char* c_api_bad_arguments(const char* server) {
   shardlock_client_destroy(NULL);
 
   /* Every status has its own text. */
-  for (status = SHARDLOCK_OK; status <= SHARDLOCK_INTERNAL; ++status) {
+  for (status = SHARDLOCK_OK; status <= SHARDLOCK_REDIRECTED; ++status) {
     CHECK(strcmp(shardlock_strerror(status), "unknown status") != 0);
     if (status > SHARDLOCK_OK) {
       CHECK(strcmp(shardlock_strerror(status), shardlock_strerror(status - 1)) != 0);

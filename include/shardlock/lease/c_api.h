@@ -78,7 +78,11 @@ enum shardlock_status {
   SHARDLOCK_GRANT_EXPIRED = 12,  /* granted, but expired on arrival (and released) */
   SHARDLOCK_AUTH_KEY = 13,       /* the auth key file cannot be read or is not a key */
   SHARDLOCK_NO_MEMORY = 14,      /* an allocation failed */
-  SHARDLOCK_INTERNAL = 15        /* anything else (a bug: please report it) */
+  SHARDLOCK_INTERNAL = 15,       /* anything else (a bug: please report it) */
+  /* A cluster node answered REDIRECT (the key is another node's) and the
+   * call could not reach the owner: not in cluster mode, or still redirected
+   * at its deadline. */
+  SHARDLOCK_REDIRECTED = 16
 };
 
 /* How a lease holds its key. */
