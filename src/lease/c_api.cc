@@ -3,10 +3,13 @@
 // status codes here and never unwind into a C caller.
 #include "shardlock/lease/c_api.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <new>
 #include <string>
 #include <string_view>
@@ -47,6 +50,8 @@ static_assert(SHARDLOCK_NOT_STARTED == static_cast<int>(LeaseErrc::kNotStarted))
 static_assert(SHARDLOCK_BAD_ADDRESS == static_cast<int>(LeaseErrc::kBadAddress));
 static_assert(SHARDLOCK_LEASE_INACTIVE == static_cast<int>(LeaseErrc::kLeaseInactive));
 static_assert(SHARDLOCK_GRANT_EXPIRED == static_cast<int>(LeaseErrc::kGrantExpired));
+static_assert(SHARDLOCK_REDIRECTED != static_cast<int>(LeaseErrc::kRedirected),
+              "kRedirected's number is taken by SHARDLOCK_NO_MEMORY: to_status() maps it");
 static_assert(static_cast<int>(lease::LeaseMode::kExclusive) == SHARDLOCK_EXCLUSIVE);
 static_assert(static_cast<int>(lease::LeaseMode::kShared) == SHARDLOCK_SHARED);
 static_assert(static_cast<int>(lease::LeaseMode::kPermit) == SHARDLOCK_PERMIT);
@@ -69,6 +74,7 @@ int to_status(const std::error_code& ec) noexcept {
   if (!ec) return SHARDLOCK_OK;
   if (ec.category() == lease::lease_category()) {
     if (ec.value() <= SHARDLOCK_GRANT_EXPIRED) return ec.value();
+    if (ec == LeaseErrc::kRedirected) return SHARDLOCK_REDIRECTED;
     return SHARDLOCK_INTERNAL;  // kCrossNode: acquire_many(), which this API does not offer
   }
   return SHARDLOCK_INTERNAL;
@@ -113,6 +119,35 @@ std::string acquire_detail(const lease::AcquireResult& r) {
   return text;
 }
 
+// The size of the first version of shardlock_client_options: what every
+// caller passes at least. Later fields go after `flags`, so this never changes.
+constexpr std::size_t kClientOptionsSizeV1 =
+    offsetof(shardlock_client_options, flags) + sizeof(shardlock_client_options::flags);
+static_assert(kClientOptionsSizeV1 <= sizeof(shardlock_client_options));
+
+// Both create functions: builds, starts and hands out a client.
+int create_client(const char* nodes, const char* auth_key_file, uint32_t request_timeout_ms,
+                  bool discover_cluster, shardlock_client** out) {
+  if (nodes == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "nodes is NULL");
+  lease::LeaseClientOptions options;
+  options.nodes = lease::split_node_list(nodes);
+  if (options.nodes.empty()) return fail(SHARDLOCK_BAD_ARGUMENT, "no node in the node list");
+  options.discover_cluster = discover_cluster;
+  if (request_timeout_ms != 0) options.request_timeout = milliseconds(request_timeout_ms);
+  if (auth_key_file != nullptr) {
+    lease::AuthKeyFile file = lease::load_auth_key(auth_key_file);
+    if (!file.key) return fail(SHARDLOCK_AUTH_KEY, file.error);
+    options.auth_key = file.key;
+  }
+  auto client = std::make_unique<shardlock_client>(std::move(options));
+  if (const std::error_code ec = client->client.start()) {
+    const std::string& detail = client->client.error_detail();
+    return fail(to_status(ec), detail.empty() ? ec.message() : detail);
+  }
+  *out = client.release();
+  return fail(SHARDLOCK_OK, "");
+}
+
 }  // namespace
 
 extern "C" {
@@ -151,6 +186,8 @@ const char* shardlock_strerror(int status) {
       return "out of memory";
     case SHARDLOCK_INTERNAL:
       return "internal error";
+    case SHARDLOCK_REDIRECTED:
+      return "redirected: the key's owner could not be reached";
     default:
       return "unknown status";
   }
@@ -163,23 +200,39 @@ int shardlock_client_create(const char* nodes, const char* auth_key_file,
   return guarded([&]() -> int {
     if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
     *out = nullptr;
-    if (nodes == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "nodes is NULL");
-    lease::LeaseClientOptions options;
-    options.nodes = lease::split_node_list(nodes);
-    if (options.nodes.empty()) return fail(SHARDLOCK_BAD_ARGUMENT, "no node in the node list");
-    if (request_timeout_ms != 0) options.request_timeout = milliseconds(request_timeout_ms);
-    if (auth_key_file != nullptr) {
-      lease::AuthKeyFile file = lease::load_auth_key(auth_key_file);
-      if (!file.key) return fail(SHARDLOCK_AUTH_KEY, file.error);
-      options.auth_key = file.key;
+    return create_client(nodes, auth_key_file, request_timeout_ms, /*discover_cluster=*/false, out);
+  });
+}
+
+int shardlock_client_create_ex(const shardlock_client_options* options, shardlock_client** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    if (options == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "options is NULL");
+    if (options->size < kClientOptionsSizeV1) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "options->size is " + std::to_string(options->size) +
+                                              ", less than the smallest options (" +
+                                              std::to_string(kClientOptionsSizeV1) +
+                                              "): set it to sizeof(shardlock_client_options)");
     }
-    auto client = std::make_unique<shardlock_client>(std::move(options));
-    if (const std::error_code ec = client->client.start()) {
-      const std::string& detail = client->client.error_detail();
-      return fail(to_status(ec), detail.empty() ? ec.message() : detail);
+    // A newer caller's struct: the fields this library does not know must be
+    // zero (not asked for), as openat2() and clone3() treat theirs.
+    if (options->size > sizeof(shardlock_client_options)) {
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): reads the caller's tail bytes
+      const auto* bytes = reinterpret_cast<const unsigned char*>(options);
+      if (!std::all_of(bytes + sizeof(shardlock_client_options), bytes + options->size,
+                       [](unsigned char b) { return b == 0; })) {
+        return fail(SHARDLOCK_BAD_ARGUMENT,
+                    "options sets fields this library does not know (options->size " +
+                        std::to_string(options->size) + " > " +
+                        std::to_string(sizeof(shardlock_client_options)) + ")");
+      }
     }
-    *out = client.release();
-    return fail(SHARDLOCK_OK, "");
+    if ((options->flags & ~SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "unknown options->flags");
+    }
+    return create_client(options->nodes, options->auth_key_file, options->request_timeout_ms,
+                         (options->flags & SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0, out);
   });
 }
 

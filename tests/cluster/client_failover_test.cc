@@ -5,7 +5,9 @@
 // - `shardlockctl --discover acquire K --wait 40s` issued right after the
 //   node owning K's bucket is killed with -9 is granted by K's new owner,
 //   never exiting 3 (unreachable) or 4 (recovering) while its wait lasts; a
-//   LeaseClient's waiting acquire (the path the C ABI takes) likewise.
+//   LeaseClient's waiting acquire likewise, and a C ABI client's
+//   (shardlock_client_create_ex with SHARDLOCK_CLIENT_DISCOVER_CLUSTER,
+//   through libshardlock_c.so) when the build has the C ABI.
 // - `shardlockctl acquire --wait` issued while a fresh shardlockd is in its
 //   lock-delay is granted when the lock-delay ends, where a try exits 4.
 //
@@ -15,6 +17,7 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <future>
 #include <map>
@@ -28,6 +31,9 @@
 #include "etcd_process.h"
 #include "lease/client_tool_support.h"
 #include "shardlock/lease/client.h"
+#ifdef SHARDLOCK_TEST_C_API
+#include "shardlock/lease/c_api.h"
+#endif
 
 namespace shardlock::cluster {
 namespace {
@@ -128,7 +134,7 @@ class ClientFailoverTest : public EtcdSuiteTest {
 TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
   for (const char* id : {"n1", "n2", "n3"}) start_node(id);
   auto before = client_with_members({"n1", "n2", "n3"});
-  const auto keys = keys_of(*before, "n2", 2);
+  const auto keys = keys_of(*before, "n2", 3);
   // n2 grants (a waiting acquire rides through its start's lock-delay), and
   // the lease is left held when n2 dies.
   auto held = before->acquire(keys[0], 2000ms, 30s);
@@ -156,6 +162,42 @@ TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
     auto r = c.acquire(keys[1], 2000ms, 40s);
     return std::make_pair(r.error, std::chrono::steady_clock::now());
   });
+#ifdef SHARDLOCK_TEST_C_API
+  // A C program's client, created after the kill (its map may still name
+  // n2), waiting on a third of n2's keys. It returns once: that status must
+  // be OK, never RECOVERING or UNREACHABLE before its wait is over.
+  struct CResult {
+    int status = SHARDLOCK_INTERNAL;
+    std::string detail;
+    std::uint64_t token = 0;
+    std::chrono::steady_clock::time_point at;
+  };
+  auto c_waited = std::async(std::launch::async, [&] {
+    CResult r;
+    const std::string c_seeds =
+        addresses_.at("n3") + "," + addresses_.at("n1") + "," + addresses_.at("n2");
+    shardlock_client_options options{};
+    options.size = sizeof options;
+    options.nodes = c_seeds.c_str();
+    options.flags = SHARDLOCK_CLIENT_DISCOVER_CLUSTER;
+    shardlock_client* client = nullptr;
+    r.status = shardlock_client_create_ex(&options, &client);
+    if (r.status != SHARDLOCK_OK) {
+      r.detail = std::string("create: ") + shardlock_last_error_detail();
+      r.at = std::chrono::steady_clock::now();
+      return r;
+    }
+    shardlock_lease* lease = nullptr;
+    r.status = shardlock_acquire(client, keys[2].c_str(), /*ttl_ms=*/2000, /*wait_ms=*/40000,
+                                 SHARDLOCK_EXCLUSIVE, 0, 0, nullptr, nullptr, &lease);
+    r.at = std::chrono::steady_clock::now();
+    r.detail = shardlock_last_error_detail();
+    r.token = shardlock_lease_token(lease);
+    shardlock_lease_destroy(lease);
+    shardlock_client_destroy(client);
+    return r;
+  });
+#endif
 
   const ToolResult granted = ctl.get();
   const auto ctl_done = std::chrono::steady_clock::now();
@@ -167,6 +209,13 @@ TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
   const auto [error, at] = waited.get();
   EXPECT_FALSE(error) << error.message();
   EXPECT_GE(at - killed_at, kClusterLockDelay);
+
+#ifdef SHARDLOCK_TEST_C_API
+  const CResult c = c_waited.get();
+  EXPECT_EQ(c.status, SHARDLOCK_OK) << shardlock_strerror(c.status) << ": " << c.detail;
+  EXPECT_GT(c.token, 0u);
+  EXPECT_GE(c.at - killed_at, kClusterLockDelay);
+#endif
 }
 
 // A fresh shardlockd refuses acquires for its lock-delay: a try exits 4 at

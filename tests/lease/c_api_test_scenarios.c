@@ -246,7 +246,7 @@ const char* c_api_bad_arguments(const char* server) {
   shardlock_client_destroy(NULL);
 
   /* Every status has its own text. */
-  for (status = SHARDLOCK_OK; status <= SHARDLOCK_INTERNAL; ++status) {
+  for (status = SHARDLOCK_OK; status <= SHARDLOCK_REDIRECTED; ++status) {
     CHECK(strcmp(shardlock_strerror(status), "unknown status") != 0);
     if (status > SHARDLOCK_OK) {
       CHECK(strcmp(shardlock_strerror(status), shardlock_strerror(status - 1)) != 0);
@@ -255,6 +255,83 @@ const char* c_api_bad_arguments(const char* server) {
   CHECK(strcmp(shardlock_strerror(-1), "unknown status") == 0);
   CHECK(strcmp(shardlock_strerror(999), "unknown status") == 0);
 
+  shardlock_client_destroy(client);
+  return NULL;
+}
+
+const char* c_api_create_ex(const char* server) {
+  shardlock_client* client = NULL;
+  shardlock_lease* lease = NULL;
+  shardlock_client_options options;
+  /* A caller built against a newer header: its struct is longer. */
+  struct {
+    shardlock_client_options known;
+    uint64_t newer_field;
+  } newer;
+
+  memset(&options, 0, sizeof options);
+  options.size = sizeof options;
+  options.nodes = server;
+
+  /* Refused before anything starts; *out is NULL, nothing crashes. */
+  CHECK_STATUS(shardlock_client_create_ex(&options, NULL), SHARDLOCK_BAD_ARGUMENT);
+  client = (shardlock_client*)&client; /* must be reset to NULL on failure */
+  CHECK_STATUS(shardlock_client_create_ex(NULL, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(client == NULL);
+  options.size = 0; /* a caller that forgot to set it */
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "size") != NULL);
+  options.size = sizeof options - 1;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  options.size = sizeof options;
+  options.flags = 0x80u;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "flags") != NULL);
+  options.flags = 0;
+  options.nodes = NULL;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  options.nodes = ",";
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  options.nodes = "no-port";
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ADDRESS);
+  options.nodes = server;
+  options.auth_key_file = "/nonexistent/shardlock.key";
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_AUTH_KEY);
+  options.auth_key_file = NULL;
+  CHECK(client == NULL);
+
+  /* Cluster mode against a single server: it answers MAP with epoch 0, so
+   * there is no cluster to discover, and the detail says so. */
+  options.flags = SHARDLOCK_CLIENT_DISCOVER_CLUSTER;
+  options.request_timeout_ms = 500;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_UNREACHABLE);
+  CHECK(strstr(shardlock_last_error_detail(), "not a cluster node") != NULL);
+  CHECK(client == NULL);
+  options.flags = 0;
+
+  /* A longer struct whose unknown tail is zero is served; a non-zero tail
+   * asks for something this library cannot do. */
+  memset(&newer, 0, sizeof newer);
+  newer.known = options;
+  newer.known.size = sizeof newer;
+  newer.newer_field = 1;
+  CHECK_STATUS(shardlock_client_create_ex(&newer.known, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "does not know") != NULL);
+  newer.newer_field = 0;
+  CHECK_STATUS(shardlock_client_create_ex(&newer.known, &client), SHARDLOCK_OK);
+  shardlock_client_destroy(client);
+  client = NULL;
+
+  /* Without flags it is shardlock_client_create(): a working client. */
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_OK);
+  CHECK(client != NULL);
+  CHECK(strcmp(shardlock_last_error_detail(), "") == 0);
+  CHECK_STATUS(
+      shardlock_acquire(client, "c-api/ex", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_OK);
+  CHECK(shardlock_lease_token(lease) > 0);
+  CHECK_STATUS(shardlock_lease_release(lease), SHARDLOCK_OK);
+  shardlock_lease_destroy(lease);
   shardlock_client_destroy(client);
   return NULL;
 }

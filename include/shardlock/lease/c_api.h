@@ -20,13 +20,17 @@
  * with the same request id, a client-side expiry that errs early, a watchdog
  * that renews at ttl / 3, and a lost-lease callback that fires at most once.
  *
- * ABI rules. Handles are opaque; no struct crosses the interface. Every
- * function that can fail returns an int, one of enum shardlock_status, whose
- * values never change (new codes may be added). No function throws, aborts
- * or exits on bad input: NULL handles, NULL or over-long keys, bad modes and
- * unknown flags are SHARDLOCK_BAD_ARGUMENT. The library exports only
- * shardlock_* symbols, versioned SHARDLOCK_C_1; its SONAME is
- * libshardlock_c.so.1 and changes only with an incompatible change here.
+ * ABI rules. Handles are opaque. The one struct that crosses the interface,
+ * shardlock_client_options, is read only by the library and starts with its
+ * own size, so fields can be added at its end without breaking callers built
+ * against an older header. Every function that can fail returns an int, one
+ * of enum shardlock_status, whose values never change (new codes may be
+ * added). No function throws, aborts or exits on bad input: NULL handles,
+ * NULL or over-long keys, bad modes and unknown flags are
+ * SHARDLOCK_BAD_ARGUMENT. The library exports only shardlock_* symbols,
+ * versioned SHARDLOCK_C_1 (and SHARDLOCK_C_1.1 for those added since); its
+ * SONAME is libshardlock_c.so.1 and changes only with an incompatible change
+ * here.
  *
  * Threads. A client may be used from any number of threads at once. A lease
  * handle is one object: its functions may be called from any thread, but
@@ -51,6 +55,11 @@ extern "C" {
 /* The version of this interface: the number in the SONAME and in the
  * symbol version node (SHARDLOCK_C_1). */
 #define SHARDLOCK_C_API_VERSION 1
+/* The minor version: functions added without breaking the ABI. 1 added
+ * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1). Test it
+ * at compile time; a program that uses a newer function needs a library at
+ * least that new, which the dynamic loader checks by symbol version. */
+#define SHARDLOCK_C_API_MINOR 1
 
 /* The typedefs below are C, which has no `using`; clang-tidy's
  * modernize-use-using is silenced on each for that reason. */
@@ -78,7 +87,11 @@ enum shardlock_status {
   SHARDLOCK_GRANT_EXPIRED = 12,  /* granted, but expired on arrival (and released) */
   SHARDLOCK_AUTH_KEY = 13,       /* the auth key file cannot be read or is not a key */
   SHARDLOCK_NO_MEMORY = 14,      /* an allocation failed */
-  SHARDLOCK_INTERNAL = 15        /* anything else (a bug: please report it) */
+  SHARDLOCK_INTERNAL = 15,       /* anything else (a bug: please report it) */
+  /* A cluster node answered REDIRECT (the key is another node's) and the
+   * call could not reach the owner: not in cluster mode, or still redirected
+   * at its deadline. */
+  SHARDLOCK_REDIRECTED = 16
 };
 
 /* How a lease holds its key. */
@@ -131,6 +144,49 @@ SHARDLOCK_C_EXPORT const char* shardlock_last_error_detail(void);
  * shardlock_last_error_detail() says why. Blocks only to resolve host names. */
 SHARDLOCK_C_EXPORT int shardlock_client_create(const char* nodes, const char* auth_key_file,
                                                uint32_t request_timeout_ms, shardlock_client** out);
+
+/* Flags of shardlock_client_options. */
+/* Cluster mode (docs/cluster.md): `nodes` are seeds. Creation asks them, in
+ * turn, for the cluster's map and fails with SHARDLOCK_UNREACHABLE (the
+ * detail names each seed's reason) when none answers with one. Keys are then
+ * routed to their owners by the map, REDIRECTs are followed, and a waiting
+ * acquire rides through a failover: when the key's node dies it moves to the
+ * new owner once the cluster has published the new map and is granted when
+ * that owner's lock-delay ends, within its wait (docs/client.md, "Riding
+ * through a lock-delay or a failover"). The map's members must share the
+ * seeds' address family. */
+#define SHARDLOCK_CLIENT_DISCOVER_CLUSTER 0x1u
+
+/* What shardlock_client_create_ex() is asked for. Zero it, then set `size`
+ * (memset, or = {sizeof(shardlock_client_options)}): a field added to a
+ * later version sits past the end of an older caller's struct, and the
+ * library treats what the caller's size leaves out as zero. */
+typedef struct shardlock_client_options { /* NOLINT(modernize-use-using) */
+  /* sizeof(shardlock_client_options) as the caller compiled it. */
+  size_t size;
+  /* As shardlock_client_create(): "HOST:PORT" or a comma-separated list;
+   * with SHARDLOCK_CLIENT_DISCOVER_CLUSTER, the seeds. */
+  const char* nodes;
+  /* NULL, or a file of 64 hex digits shared with the servers. */
+  const char* auth_key_file;
+  /* How long a call retransmits before SHARDLOCK_UNREACHABLE (0: 2000). */
+  uint32_t request_timeout_ms;
+  /* 0 or SHARDLOCK_CLIENT_DISCOVER_CLUSTER. */
+  uint32_t flags;
+} shardlock_client_options;
+
+/* Creates and starts a client as shardlock_client_create() does, with the
+ * options above. SHARDLOCK_BAD_ARGUMENT, *out NULL, for: NULL options or
+ * out; a `size` smaller than the first version of the struct (32 bytes on
+ * LP64: offsetof(flags) + 4); a larger `size` whose bytes past the fields
+ * this library knows are not all zero (a newer caller asking for something
+ * this library cannot do); unknown flags; no node. Otherwise as
+ * shardlock_client_create(), and in cluster mode SHARDLOCK_UNREACHABLE when
+ * no seed answers with a map. Blocks to resolve host names and, in cluster
+ * mode, while it asks the seeds for the map. Since
+ * SHARDLOCK_C_API_MINOR 1. */
+SHARDLOCK_C_EXPORT int shardlock_client_create_ex(const shardlock_client_options* options,
+                                                  shardlock_client** out);
 
 /* Stops the client's threads and frees it. Calls in flight on other threads
  * return SHARDLOCK_NOT_STARTED; leases still alive become inert (their
