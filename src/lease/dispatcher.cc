@@ -15,6 +15,7 @@ namespace shardlock::lease::internal {
 
 Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Shard>> shards)
     : options_(std::move(options)),
+      clock_(options_.clock),
       limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
       active_many_(16, MultiIdHash{options_.key_seed}),
       many_answers_(limits_.dedup_capacity, options_.key_seed) {
@@ -33,7 +34,7 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
 Dispatcher::~Dispatcher() = default;
 
 std::int64_t Dispatcher::now_ms() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(options_.clock()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clock_.now()).count();
 }
 
 namespace {
@@ -53,10 +54,10 @@ std::size_t Dispatcher::shard_of(std::string_view key) const noexcept {
 void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
                         std::vector<OutDatagram>& replies) noexcept {
   Worker& w = *workers_[worker];
-  const std::chrono::nanoseconds start = options_.clock();
+  const std::chrono::nanoseconds start = clock_.now();
   try {
     decide(w, bytes, peer, start, replies);
-    w.latency.record(options_.clock() - start);
+    w.latency.record(clock_.now() - start);
   } catch (const std::bad_alloc&) {
     // Given up: the client retransmits. Answers already decided for waiters
     // still go out if they can (and are remembered by their shards), and the

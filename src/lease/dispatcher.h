@@ -56,6 +56,7 @@
 #include "shardlock/lease/internal/dedup_cache.h"
 #include "shardlock/lease/internal/latency_histogram.h"
 #include "shardlock/lease/internal/peer.h"
+#include "shardlock/lease/internal/server_clock.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/protocol.h"
 #include "shardlock/lease/server.h"
@@ -66,7 +67,8 @@ namespace shardlock::lease::internal {
 struct DispatcherOptions {
   // Seals and checks every datagram when set (auth.h).
   std::optional<AuthKey> auth_key;
-  // The server's monotonic clock (whole milliseconds are what shards see).
+  // The server's clock (whole milliseconds are what shards see); empty:
+  // CLOCK_BOOTTIME (server_clock.h).
   std::function<std::chrono::nanoseconds()> clock;
   // One line per call.
   std::function<void(std::string_view)> log;
@@ -214,6 +216,7 @@ class Dispatcher {
   Shard& shard_at(std::uint32_t index);
 
   DispatcherOptions options_;
+  ServerClock clock_;  // options_.clock, or CLOCK_BOOTTIME without a call through it
   std::vector<std::unique_ptr<ShardSlot>> shards_;
   std::vector<std::unique_ptr<Worker>> workers_;
   // Counted outside any shard.

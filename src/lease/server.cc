@@ -29,6 +29,7 @@
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/duration.h"
 #include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/lease/internal/server_clock.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/internal/token_store.h"
 #include "shardlock/lock_guard.h"
@@ -77,10 +78,7 @@ std::int64_t to_ms(std::chrono::nanoseconds ns) {
 }  // namespace
 
 struct LeaseServer::Impl final : internal::DatagramSink {
-  explicit Impl(LeaseServerOptions o) : options(std::move(o)) {
-    if (!options.clock) {
-      options.clock = [] { return std::chrono::steady_clock::now().time_since_epoch(); };
-    }
+  explicit Impl(LeaseServerOptions o) : options(std::move(o)), clock(options.clock) {
     if (!options.log) {
       options.log = [](std::string_view line) {
         std::fprintf(stderr, "shardlock-lease: %.*s\n", static_cast<int>(line.size()), line.data());
@@ -89,7 +87,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   }
   ~Impl() override { stop(); }
 
-  std::int64_t now_ms() const { return to_ms(options.clock()); }
+  std::int64_t now_ms() const { return to_ms(clock.now()); }
 
   std::error_code fail(std::error_code ec, std::string detail) {
     error_detail = std::move(detail);
@@ -129,6 +127,8 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   void log(std::string_view line) override { options.log(line); }
 
   LeaseServerOptions options;
+  // options.clock, or CLOCK_BOOTTIME (server_clock.h).
+  internal::ServerClock clock;
   std::string error_detail;
   std::unique_ptr<TokenStore> store;
   std::unique_ptr<Dispatcher> dispatcher;
@@ -443,7 +443,7 @@ bool LeaseServer::needs_new_epoch() const {
   return impl_->dispatcher && impl_->dispatcher->needs_new_epoch();
 }
 
-std::chrono::nanoseconds LeaseServer::now() const { return impl_->options.clock(); }
+std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
 ServerStats LeaseServer::stats() const {
   ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,7 +21,10 @@
 #include <vector>
 
 #include "shardlock/lease/client.h"
+#include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/lease/internal/server_clock.h"
 #include "shardlock/lease/internal/token_store.h"
+#include "shardlock/router.h"
 #include "udp_test_peer.h"
 
 namespace shardlock::lease {
@@ -292,6 +296,78 @@ TEST_P(ServerTest, LockDelayAnswersRecovering) {
   EXPECT_EQ(r.retry_after_ms, 3000u);
   fake_ms->fetch_add(3000, std::memory_order_relaxed);
   EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+}
+
+// Issue 21, hole 3: time the machine spends suspended counts. The default
+// clock is CLOCK_BOOTTIME (CLOCK_MONOTONIC stops during a suspend), and a
+// jump of the injected clock, as a resume shows it, ends the leases and the
+// lock-delay it covers, and the cluster gate's etcd-lease deadline with them.
+TEST(LeaseServerClock, TheDefaultClockIsTheBootClock) {
+  static_assert(internal::kServerClockId == CLOCK_BOOTTIME);
+  LeaseServerOptions o;
+  o.io = IoBackend::kSocket;
+  o.lock_delay = milliseconds{0};
+  o.log = [](std::string_view) {};
+  LeaseServer server(o);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto boot = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_BOOTTIME, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  const std::chrono::nanoseconds before = boot();
+  const std::chrono::nanoseconds now = server.now();
+  const std::chrono::nanoseconds after = boot();
+  EXPECT_LE(before, now);
+  EXPECT_LE(now, after);
+}
+
+TEST_P(ServerTest, ASuspendEndsLeasesLockDelayAndTheClusterDeadline) {
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(10'000);
+  LeaseServerOptions o;
+  o.lock_delay = milliseconds{30'000};
+  o.max_ttl = milliseconds{30'000};
+  // Relaxed: the test only needs the I/O thread to see the new time eventually.
+  o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  UdpTestPeer alice(server_->port());
+  UdpTestPeer bob(server_->port());
+  ASSERT_EQ(alice.acquire("k", 30'000).type, MessageType::kRecovering);
+  // Suspended for an hour: the lock-delay is over on waking.
+  fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);
+  const Message g = alice.acquire("k", 30'000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  // Suspended again: the lease ended meanwhile, for the holder's clock too.
+  fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);
+  const Message g2 = bob.acquire("k", 30'000);
+  ASSERT_EQ(g2.type, MessageType::kGranted);
+  EXPECT_EQ(alice.renew("k", g.token, 30'000).type, MessageType::kExpired);
+  EXPECT_EQ(server_->stats().lock_delay_left, milliseconds{0});
+}
+
+TEST_P(ServerTest, ASuspendPastTheEtcdLeaseDeadlineFailsClosed) {
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(10'000);
+  LeaseServerOptions o;
+  o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  Router router(RouterOptions{.bucket_bits = 8});
+  const std::vector<Node> nodes = {Node{"self", 1}};
+  ASSERT_EQ(router.assign(nodes), RouterStatus::kOk);
+  auto gate = std::make_shared<internal::ClusterGate>();
+  gate->epoch = 7;
+  gate->routing = router.snapshot();
+  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kActive);
+  // As the cluster node builds it: a deadline on the server's own clock,
+  // 10 s after the last keep-alive.
+  const std::chrono::nanoseconds deadline = server_->now() + std::chrono::seconds(10);
+  gate->lease_deadline = [deadline] { return deadline; };
+  server_->publish_cluster_gate(gate);
+  UdpTestPeer peer(server_->port());
+  ASSERT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+  fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);  // suspended for an hour
+  EXPECT_EQ(peer.acquire("k2", 1000).type, MessageType::kRecovering);
 }
 
 TEST_P(ServerTest, StatsPagesShardTokensWithinTheRequestSize) {

@@ -114,7 +114,11 @@ struct LeaseServerOptions {
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
   // map, until the cluster layer publishes one (publish_cluster_gate()).
   bool start_closed = false;
-  // The monotonic clock, injectable for tests. Default: CLOCK_MONOTONIC.
+  // The clock every duration is measured on (lease expiry, waits,
+  // lock-delay, and the cluster's etcd-lease deadline through now()),
+  // injectable for tests. Default (empty): CLOCK_BOOTTIME, which keeps
+  // counting while the machine is suspended, so a host that slept past a
+  // lease, its lock-delay or its etcd lease wakes up knowing it.
   std::function<std::chrono::nanoseconds()> clock;
   // Where log lines go (one line per call, no trailing newline). Default:
   // stderr, prefixed with "shardlock-lease: ".
@@ -215,7 +219,8 @@ class LeaseServer {
       const std::function<bool(std::string_view key)>& pred) const;
   // Whether a shard's token counter ran out in the current epoch.
   [[nodiscard]] bool needs_new_epoch() const;
-  // The clock the server runs on (options.clock, or CLOCK_MONOTONIC).
+  // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
+  // spent suspended counts.
   [[nodiscard]] std::chrono::nanoseconds now() const;
 
  private:
