@@ -30,6 +30,7 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
     : index_(index),
       limits_(limits),
       tokens_(tokens),
+      floor_epoch_(cluster::token_epoch(limits.token_floor)),
       wheel_(now_ms),
       keys_(16),
       dedup_(limits.dedup_capacity, limits.hash_seed),
@@ -349,19 +350,20 @@ void Shard::refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcep
 }
 
 std::uint64_t Shard::issue_token() {
-  const std::uint64_t raw = tokens_.next(last_error_);
-  if (raw == 0 || !gate_) return raw;
   // Cluster mode: the epoch in the high half, a counter from 1 per epoch in
   // the low half. The counter is the durable one less its value before the
   // epoch's first token, so it rises within the epoch across everything this
   // run does; a restart never grants in an epoch it granted in before
-  // (ClusterGate::min_grant_epoch).
-  if (gate_->epoch != token_epoch_) {
+  // (ClusterGate::min_grant_epoch), and no run in an epoch at or below the
+  // data dir's token floor (gate_verdict()).
+  if (gate_ && gate_->epoch != token_epoch_) {
     token_epoch_ = gate_->epoch;
-    epoch_base_ = raw - 1;
+    tokens_.begin_epoch(token_epoch_);
     counter_exhausted_ = false;
   }
-  const std::uint64_t token = cluster::compose_token(token_epoch_, raw - epoch_base_);
+  const std::uint64_t raw = tokens_.next(last_error_);
+  if (raw == 0 || !gate_) return raw;
+  const std::uint64_t token = cluster::compose_token(token_epoch_, raw - tokens_.epoch_base());
   if (token == cluster::kInvalidToken) {
     last_error_ = "the token counter of epoch " + std::to_string(token_epoch_) +
                   " is used up; the node needs a new epoch";

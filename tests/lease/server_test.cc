@@ -796,7 +796,9 @@ TEST(LeaseServerStart, TokenBlockThatWouldWrapTheFloorIsRefused) {
     std::unique_ptr<internal::TokenStore> store;
     std::string detail;
     ASSERT_FALSE(internal::TokenStore::open(o.data_dir, store, detail)) << detail;
-    ASSERT_FALSE(store->initialize(1, std::numeric_limits<std::uint64_t>::max() - 10, 0, detail));
+    ASSERT_FALSE(store->initialize(1, internal::TokenMode::kPlain,
+                                   std::numeric_limits<std::uint64_t>::max() - 10,
+                                   std::numeric_limits<std::uint64_t>::max() - 10, 0, detail));
   }
   o.token_block = 4096;
   {
@@ -997,6 +999,122 @@ TEST(LeaseServerStart, TokensRiseAcrossRestartsWhateverShardAKeyLandsOn) {
     server.stop();
   }
   std::filesystem::remove_all(tmpl);
+}
+
+// A data dir under a fresh temporary directory, removed at the end, and
+// options for a socket server on it with no lock-delay.
+class TempDataDir {
+ public:
+  TempDataDir() {
+    char tmpl[] = "/tmp/shardlock-server-test-XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  ~TempDataDir() { std::filesystem::remove_all(root_); }
+  TempDataDir(const TempDataDir&) = delete;
+  TempDataDir& operator=(const TempDataDir&) = delete;
+
+  [[nodiscard]] LeaseServerOptions options() const {
+    LeaseServerOptions o;
+    o.io = IoBackend::kSocket;
+    o.lock_delay = milliseconds{0};
+    o.shards = 4;
+    o.data_dir = root_ + "/data";
+    o.log = [](std::string_view) {};
+    return o;
+  }
+
+ private:
+  std::string root_;
+};
+
+// A gate for a one-node cluster: every bucket ours and active in `epoch`.
+std::shared_ptr<const internal::ClusterGate> one_node_gate(std::uint64_t epoch) {
+  Router router(RouterOptions{.bucket_bits = 8});
+  const std::vector<Node> nodes = {Node{"self", 1}};
+  EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
+  auto gate = std::make_shared<internal::ClusterGate>();
+  gate->epoch = epoch;
+  gate->routing = router.snapshot();
+  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kActive);
+  gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
+  return gate;
+}
+
+// Issue 21, hole 6: a data dir used in cluster mode (tokens epoch << 32 |
+// counter) and then by a plain node must not hand out smaller tokens.
+TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
+  const TempDataDir dir;
+  const LeaseServerOptions o = dir.options();
+  std::uint64_t cluster_token = 0;
+  {
+    LeaseServerOptions c = o;
+    c.start_closed = true;
+    LeaseServer server(c);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    EXPECT_EQ(server.token_floor(), 0u);
+    server.publish_cluster_gate(one_node_gate(3));
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    cluster_token = g.token;
+    EXPECT_EQ(cluster_token >> 32, 3u);
+  }
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    EXPECT_GE(server.token_floor(), cluster_token);
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    EXPECT_GT(g.token, cluster_token);
+  }
+}
+
+// Issue 21, hole 6, the other way: a plain node whose counter passed 2^32
+// joins a cluster whose epochs are small. Composing in such an epoch would go
+// below its tokens: refused (RECOVERING) and a new epoch asked for, until one
+// above token_floor() >> 32 comes.
+TEST(LeaseServerStart, AClusterRunRefusesEpochsAtOrBelowTheTokenFloor) {
+  const TempDataDir dir;
+  const LeaseServerOptions o = dir.options();
+  const std::uint64_t plain_high = (std::uint64_t{5} << 32) + 123;
+  {
+    std::unique_ptr<internal::TokenStore> store;
+    std::string detail;
+    ASSERT_FALSE(internal::TokenStore::open(o.data_dir, store, detail)) << detail;
+    ASSERT_FALSE(
+        store->initialize(4, internal::TokenMode::kPlain, plain_high, plain_high, 0, detail));
+  }
+  std::uint64_t plain_token = 0;
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    plain_token = g.token;
+    EXPECT_GT(plain_token, plain_high);
+  }
+  LeaseServerOptions c = o;
+  c.start_closed = true;
+  LeaseServer server(c);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  EXPECT_GE(server.token_floor(), plain_token);
+  EXPECT_EQ(server.token_floor() >> 32, 5u);
+  EXPECT_FALSE(server.needs_new_epoch());  // closed: no epoch yet
+  UdpTestPeer peer(server.port());
+  for (const std::uint64_t epoch : {3, 5}) {
+    server.publish_cluster_gate(one_node_gate(epoch));
+    EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kRecovering) << epoch;
+    EXPECT_TRUE(server.needs_new_epoch()) << epoch;
+  }
+  server.publish_cluster_gate(one_node_gate(6));
+  EXPECT_FALSE(server.needs_new_epoch());
+  const Message g = peer.acquire("k", 1000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  EXPECT_GT(g.token, plain_token);
+  EXPECT_EQ(g.token, (std::uint64_t{6} << 32) | 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ServerTest,

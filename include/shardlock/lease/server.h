@@ -217,8 +217,16 @@ class LeaseServer {
   // Leases held on keys `pred` is true for (each shard under its lock).
   [[nodiscard]] std::size_t count_leases(
       const std::function<bool(std::string_view key)>& pred) const;
-  // Whether a shard's token counter ran out in the current epoch.
+  // Whether some shard cannot grant in the current epoch until a newer one
+  // is published: its token counter ran out there, or the epoch is at or
+  // below token_floor() >> 32.
   [[nodiscard]] bool needs_new_epoch() const;
+  // The highest token an earlier run on the data dir may have issued, in
+  // either mode (read at start(); 0 without a data dir). In cluster mode the
+  // server grants only in epochs above token_floor() >> 32 (others answer
+  // RECOVERING and raise needs_new_epoch()), so the node should ask for such
+  // an epoch at start.
+  [[nodiscard]] std::uint64_t token_floor() const noexcept;
   // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
   // spent suspended counts.
   [[nodiscard]] std::chrono::nanoseconds now() const;

@@ -91,6 +91,11 @@ struct ShardLimits {
   // Seeds every hash of remote input in the shard (key table, dedup index,
   // per-client tables); LeaseServer draws it from getrandom() at start.
   std::uint64_t hash_seed = 0;
+  // The highest token an earlier run on the data dir may have issued
+  // (TokenStore::token_floor()). In cluster mode nothing is granted in an
+  // epoch at or below token_floor >> 32: every token composed there could
+  // be at or below it (RECOVERING, and needs_new_epoch()).
+  std::uint64_t token_floor = 0;
 };
 
 // One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
@@ -215,10 +220,12 @@ class Shard {
   // Fills `reply` with the REDIRECT or RECOVERING of a gate's refusal
   // `verdict`, and counts it. Precondition: gate() is set.
   void refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcept;
-  // Whether the low half of the tokens ran out in the gate's epoch: nothing
-  // more is granted until the cluster publishes a new epoch.
+  // Whether the shard cannot grant in the gate's epoch until the cluster
+  // publishes a newer one: the low half of the tokens ran out in it, or it
+  // is at or below the data dir's token floor (ShardLimits::token_floor).
   [[nodiscard]] bool needs_new_epoch() const noexcept {
-    return counter_exhausted_ && gate_ && gate_->epoch == token_epoch_;
+    if (!gate_) return false;
+    return (counter_exhausted_ && gate_->epoch == token_epoch_) || below_floor(*gate_);
   }
   // Leases (holders, pending ones included) on keys for which `pred(key)`
   // is true: the hand-off's count of leases left in buckets given away.
@@ -340,7 +347,17 @@ class Shard {
   // The gate's verdict on `key` now: kGrant without a gate.
   [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
                                                   std::int64_t now_ms) const noexcept {
-    return gate_ ? gate_->check(key, now_ms) : ClusterGate::Verdict::kGrant;
+    if (!gate_) return ClusterGate::Verdict::kGrant;
+    const ClusterGate::Verdict verdict = gate_->check(key, now_ms);
+    if (verdict == ClusterGate::Verdict::kGrant && below_floor(*gate_)) {
+      return ClusterGate::Verdict::kNotReady;
+    }
+    return verdict;
+  }
+  // Whether `gate` is a map whose epoch could compose tokens at or below
+  // the token floor.
+  [[nodiscard]] bool below_floor(const ClusterGate& gate) const noexcept {
+    return gate.routing != nullptr && floor_epoch_ != 0 && gate.epoch <= floor_epoch_;
   }
   // The next token (composed with the gate's epoch in cluster mode), or 0
   // with last_error_ set.
@@ -424,10 +441,11 @@ class Shard {
   ShardLimits limits_;
   ShardTokens tokens_;
   std::shared_ptr<const ClusterGate> gate_;
-  // The epoch of the last composed token and the raw counter value before
-  // its first one: counter = raw - epoch_base_ (see issue_token()).
+  // token_floor >> 32: the highest epoch that could compose a token at or
+  // below the data dir's floor.
+  std::uint64_t floor_epoch_ = 0;
+  // The epoch of the last composed token (its counter base is tokens_'s).
   std::uint64_t token_epoch_ = 0;
-  std::uint64_t epoch_base_ = 0;
   bool counter_exhausted_ = false;  // in token_epoch_
   TimerWheel wheel_;
   std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
