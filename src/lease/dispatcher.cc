@@ -554,6 +554,7 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
                                                          : WireError::kLimitExceeded);
   };
   if (first) {
+    if (auto again = prior_answer(m, now, deferred)) return again;
     // All or nothing: every key is looked at before any is taken.
     for (std::size_t i = 0; i < m.parts.size(); ++i) {
       std::uint32_t ttl_left = 0;
@@ -594,6 +595,46 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
     granted.tokens[part.index] = part.token;
   }
   return granted;
+}
+
+std::optional<Dispatcher::MultiAnswer> Dispatcher::prior_answer(
+    MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred) {
+  MultiAnswer again{.type = MessageType::kGrantedMany, .ttl_ms = UINT32_MAX};
+  std::size_t granted = 0;
+  std::optional<std::size_t> first_prior;
+  std::uint32_t first_ttl_left = 0;
+  for (std::size_t i = 0; i < m.parts.size(); ++i) {
+    std::uint64_t token = 0;
+    std::uint32_t ttl_left = 0;
+    const Shard::PriorGrant prior =
+        shard_at(m.parts[i].shard).prior_grant(m, m.parts[i], now, token, ttl_left, deferred);
+    if (prior == Shard::PriorGrant::kNone) continue;
+    if (!first_prior) {
+      first_prior = i;
+      first_ttl_left = ttl_left;
+    }
+    if (prior == Shard::PriorGrant::kThisRequest) {
+      ++granted;
+      again.tokens[m.parts[i].index] = token;
+      again.ttl_ms = std::min(again.ttl_ms, ttl_left);
+    }
+  }
+  if (!first_prior) return std::nullopt;
+  Shard& shard = shard_at(m.parts[*first_prior].shard);
+  if (granted == m.parts.size()) {
+    // Every key still held from this very request: the same grant, with the
+    // time surely left.
+    again.count = static_cast<std::uint8_t>(m.parts.size());
+    shard.count_outcome(StatCounter::kRetransmits);
+    return again;
+  }
+  // Applied before (some of its leases have ended since) or older than a
+  // request applied since: taking the keys again would hand the client
+  // leases it does not know of. Nothing is taken.
+  shard.count_outcome(StatCounter::kStaleRequests);
+  return MultiAnswer{.type = MessageType::kBusyMany,
+                     .ttl_ms = first_ttl_left,
+                     .index = m.parts[*first_prior].index};
 }
 
 void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,

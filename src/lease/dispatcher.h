@@ -204,6 +204,11 @@ class Dispatcher {
   // One step of `m` under all its shards' locks: nullopt while it waits.
   std::optional<MultiAnswer> step_many(MultiAcquire& m, bool first, std::int64_t now,
                                        std::vector<DeferredReply>& deferred);
+  // The answer to `m` when an earlier execution of it (or a newer request of
+  // its client) shows in the keys' leases, as a single key's holder record
+  // shows a retransmitted ACQUIRE: nullopt when none does.
+  std::optional<MultiAnswer> prior_answer(MultiAcquire& m, std::int64_t now,
+                                          std::vector<DeferredReply>& deferred);
   // Gives up `m`: every pending hold goes.
   void abandon_many(MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred);
   // Remembers `answer` for m's retransmissions and forgets m (destroying it).

@@ -772,6 +772,29 @@ Shard::PartState Shard::probe(const MultiAcquire& m, const MultiAcquire::Part& p
   return PartState::kBusy;
 }
 
+Shard::PriorGrant Shard::prior_grant(const MultiAcquire& m, const MultiAcquire::Part& part,
+                                     std::int64_t now_ms, std::uint64_t& token,
+                                     std::uint32_t& ttl_left_ms,
+                                     std::vector<DeferredReply>& deferred) {
+  KeyState* state = find_live(KeyRef{part.key, part.hash}, now_ms, deferred);
+  if (state == nullptr) return PriorGrant::kNone;
+  PriorGrant found = PriorGrant::kNone;
+  // The same rules as a single ACQUIRE by a holder (acquire()).
+  for (const Holder& h : state->holders) {
+    if (!(h.owner == m.client) || h.pending) continue;
+    if (h.request_id == m.request_id) {
+      token = h.token;
+      ttl_left_ms = ttl_left(h, now_ms);
+      return PriorGrant::kThisRequest;
+    }
+    if (m.request_id <= h.last_request_id) {
+      ttl_left_ms = ttl_left(h, now_ms);
+      found = PriorGrant::kStale;
+    }
+  }
+  return found;
+}
+
 std::uint64_t Shard::take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms) {
   const std::uint64_t token = issue_token();
   if (token == 0) return 0;

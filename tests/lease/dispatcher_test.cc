@@ -524,6 +524,40 @@ TEST_F(DispatcherTest, BadAcquireManysAreRefusedWithTheReason) {
   EXPECT_FALSE(held("a"));
 }
 
+// Issue 21, hole 11: the table of multi-key answers is bounded (4096 for the
+// whole dispatcher). Past it, a retransmitted ACQUIRE_MANY must not take a
+// second set of leases: like a single key's holder, the leases it took say
+// which request took them.
+TEST_F(DispatcherTest, ARetransmittedAcquireManyPastTheAnswerTableTakesNothingNew) {
+  const std::vector<std::string> keys = spread_keys(3);
+  const Message granted =
+      only_reply_to(send(kAlice, {many(keys, 7, 0, LeaseMode::kShared)}, alice_), alice_);
+  ASSERT_EQ(granted.type, MessageType::kGrantedMany);
+  // More than the table holds: Bob's shared requests of another key.
+  for (std::uint64_t id = 1; id <= 4200; ++id) {
+    const auto out = send(kBob, {many({"other"}, id, 0, LeaseMode::kShared)}, bob_);
+    ASSERT_EQ(only_reply_to(out, bob_).type, MessageType::kGrantedMany);
+  }
+  const Message again =
+      only_reply_to(send(kAlice, {many(keys, 7, 0, LeaseMode::kShared)}, alice_), alice_);
+  ASSERT_EQ(again.type, MessageType::kGrantedMany);
+  ASSERT_EQ(again.listed_token_count(), keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(again.listed_token(i), granted.listed_token(i)) << keys[i];
+    const auto out = send(kBob, {request(MessageType::kQuery, keys[i], ++query_id_)}, carol_);
+    EXPECT_EQ(decoded(out.at(0)).messages[0].holders, 1u) << keys[i];
+  }
+  // A request older than one the holder applied since is stale: nothing taken.
+  Message renew = request(MessageType::kRenew, keys[0], 9);
+  renew.token = granted.listed_token(0);
+  ASSERT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+  const Message stale =
+      only_reply_to(send(kAlice, {many(keys, 8, 0, LeaseMode::kShared)}, alice_), alice_);
+  EXPECT_EQ(stale.type, MessageType::kBusyMany);
+  const auto out = send(kBob, {request(MessageType::kQuery, keys[0], ++query_id_)}, carol_);
+  EXPECT_EQ(decoded(out.at(0)).messages[0].holders, 1u);
+}
+
 // ---- Cluster mode: the gate, MAP, and clients ahead of the node ------------
 
 class DispatcherGateTest : public DispatcherTest {

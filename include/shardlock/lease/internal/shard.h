@@ -193,6 +193,16 @@ class Shard {
   // kBusy sets `ttl_left` to the longest a holder has left.
   PartState probe(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                   std::uint32_t& ttl_left, std::vector<DeferredReply>& deferred);
+  // Whether the request `m` (its client and request id) already took `part`
+  // in an earlier execution, as a single key's holder record tells (firing
+  // due timers first): kThisRequest when a lease of its client was granted
+  // by this very request id (a retransmission past the answer table; sets
+  // `token` and `ttl_left`), kStale when the client applied a newer request
+  // on the key since (sets `ttl_left`), else kNone.
+  enum class PriorGrant { kNone, kThisRequest, kStale };
+  PriorGrant prior_grant(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+                         std::uint64_t& token, std::uint32_t& ttl_left,
+                         std::vector<DeferredReply>& deferred);
   // Takes a part probe() found free: a pending holder until the request's
   // wait deadline plus its TTL. Returns its token, or 0 when none could be
   // issued (last_error()). May throw std::bad_alloc, with nothing changed.
