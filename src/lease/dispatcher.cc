@@ -81,6 +81,10 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
           DeferredReply step;
           step.multi = m;
           step.type = m->stalled_step;
+          if (const ClusterGate* gate = slot.shard->gate()) {
+            step.epoch = gate->epoch;                    // a REDIRECT's
+            step.retry_after_ms = gate->retry_after_ms;  // a RECOVERING's
+          }
           w.deferred.push_back(std::move(step));
         } catch (const std::bad_alloc&) {
           slot.shard->stall(*m, m->stalled_step);  // the next tick tries again
@@ -587,6 +591,19 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
       return fail(WireError::kInternal);
     }
     m.taken = i + 1;
+  }
+  // A gate published while the request waited may have moved or closed a
+  // key taken earlier: none may become a lease then.
+  for (const MultiAcquire::Part& part : m.parts) {
+    Shard& shard = shard_at(part.shard);
+    switch (shard.verdict(part.key, now)) {
+      case ClusterGate::Verdict::kGrant:
+        continue;
+      case ClusterGate::Verdict::kRedirect:
+        return state_error(Shard::PartState::kRedirect, shard);
+      case ClusterGate::Verdict::kNotReady:
+        return state_error(Shard::PartState::kNotReady, shard);
+    }
   }
   MultiAnswer granted{.type = MessageType::kGrantedMany, .ttl_ms = m.ttl_ms};
   granted.count = static_cast<std::uint8_t>(m.parts.size());

@@ -349,6 +349,26 @@ void Shard::refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcep
   }
 }
 
+void Shard::set_gate(std::shared_ptr<const ClusterGate> gate) noexcept {
+  gate_ = std::move(gate);
+  if (!gate_ || !gate_->routing) return;
+  for (const auto& [id, w] : waiter_index_) {
+    // Relinking a timer changes neither the index nor any queue.
+    if (w->multi != nullptr && lost_a_key(*w->multi)) wheel_.schedule(*w, wheel_.now());
+  }
+}
+
+bool Shard::lost_a_key(const MultiAcquire& m) const noexcept {
+  if (!gate_ || !gate_->routing) return false;
+  for (const MultiAcquire::Part& part : m.parts) {
+    const std::size_t bucket = gate_->bucket_of(part.key);
+    if (bucket >= gate_->buckets.size() || gate_->buckets[bucket] == ClusterGate::kForeign) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::uint64_t Shard::issue_token() {
   // Cluster mode: the epoch in the high half, a counter from 1 per epoch in
   // the low half. The counter is the durable one less its value before the
@@ -707,8 +727,15 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   }
   auto& w = static_cast<Waiter&>(node);
   KeyState& state = *w.state;
-  defer(w, state, MessageType::kTimeout, 0, deferred);
-  count(StatCounter::kTimeouts);
+  if (w.multi != nullptr && lost_a_key(*w.multi)) {
+    // Ended early by set_gate() (or timed out after the move): the client
+    // goes to the new owner.
+    defer(w, state, MessageType::kRedirect, 0, deferred);
+    count(StatCounter::kRedirects);
+  } else {
+    defer(w, state, MessageType::kTimeout, 0, deferred);
+    count(StatCounter::kTimeouts);
+  }
   if (w.multi == nullptr) {
     remember(w.client, w.request_id,
              Answer{.type = MessageType::kTimeout, .fingerprint = w.fingerprint});

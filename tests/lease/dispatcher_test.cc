@@ -4,14 +4,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "shardlock/lease/auth.h"
 #include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/lease/internal/string_key.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease::internal {
@@ -584,7 +587,31 @@ class DispatcherGateTest : public DispatcherTest {
     }
     gate->lease_deadline = [] { return std::chrono::hours(1); };
     routing_ = gate->routing;
+    gate_ = gate;
     dispatcher_->publish_gate(std::move(gate));
+  }
+  // The last gate again in `epoch`, with `key`'s bucket given to another
+  // node (a hand-off of that bucket).
+  void move_away(std::uint64_t epoch, const std::string& key) {
+    auto gate = std::make_shared<ClusterGate>(*gate_);
+    gate->epoch = epoch;
+    gate->buckets[gate->bucket_of(key)] = ClusterGate::kForeign;
+    gate_ = gate;
+    dispatcher_->publish_gate(std::move(gate));
+  }
+  // Own keys, `n` of them, in the global order an ACQUIRE_MANY takes them.
+  std::vector<std::string> own_keys_in_order(std::size_t n) {
+    std::vector<std::string> keys;
+    for (int i = 0; keys.size() < n; ++i) {
+      std::string key = "own-" + std::to_string(i);
+      if (routing_->owner_index(key) == 0) keys.push_back(std::move(key));
+    }
+    const auto order = [this](const std::string& k) {
+      return std::tuple(dispatcher_->shard_of(k), hash_key(k, 0x1234'5678'9abcULL), k);
+    };
+    std::sort(keys.begin(), keys.end(),
+              [&](const std::string& a, const std::string& b) { return order(a) < order(b); });
+    return keys;
   }
   // A key this node ("a...") owns, and one it does not.
   std::string key_of(bool mine) {
@@ -610,6 +637,7 @@ class DispatcherGateTest : public DispatcherTest {
     return only_reply_to(handle(bytes, alice_), alice_);
   }
   std::shared_ptr<const RouterSnapshot> routing_;
+  std::shared_ptr<const ClusterGate> gate_;
 };
 
 TEST_F(DispatcherGateTest, MapOfASingleNodeIsEpochZero) {
@@ -694,6 +722,53 @@ TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndIsNotR
   const Message granted = only_reply_to(send(kAlice, {many({mine}, 10, 500)}, alice_), alice_);
   ASSERT_EQ(granted.type, MessageType::kGrantedMany);
   EXPECT_EQ(granted.listed_token(0) >> 32, 7u);
+}
+
+// Issue 21, hole 10: a waiting ACQUIRE_MANY holds its taken keys pending.
+// When a gate moves one of its keys to another node, the request is
+// abandoned at once (REDIRECT, pending holds released), so the hand-off's
+// count of leases in the moved bucket is not held up for its wait + TTL.
+TEST_F(DispatcherGateTest, AWaitingAcquireManyLetsGoOfAMovedKeyAtOnce) {
+  publish(5);
+  const std::vector<std::string> keys = own_keys_in_order(2);
+  (void)single_token(kBob, keys[1], 1, bob_);  // the request will wait on it
+  Message m = many(keys, 2, /*wait_ms=*/60'000);
+  m.ttl_ms = 30'000;
+  EXPECT_TRUE(send(kAlice, {m}, alice_).empty());  // queued, keys[0] taken
+  const auto leases_on = [&](const std::string& key) {
+    return dispatcher_->count_leases([&](std::string_view k) { return k == key; });
+  };
+  ASSERT_EQ(leases_on(keys[0]), 1u);
+
+  move_away(6, keys[0]);
+  now_ms_ += 5;  // the next I/O tick
+  std::vector<OutDatagram> out;
+  dispatcher_->tick(0, out);
+  dispatcher_->tick(1, out);
+  EXPECT_EQ(leases_on(keys[0]), 0u) << "the hand-off would wait for the pending hold";
+  const Message answer = only_reply_to(out, alice_);
+  EXPECT_EQ(answer.type, MessageType::kRedirect);
+  EXPECT_EQ(answer.epoch, 6u);
+  // Bob's lease is untouched, and the request no longer waits on it.
+  EXPECT_EQ(leases_on(keys[1]), 1u);
+  const auto query = send(kCarol, {request(MessageType::kQuery, keys[1], 77)}, carol_);
+  EXPECT_EQ(decoded(query.at(0)).messages[0].waiters, 0u);
+}
+
+// The same race from the other side: a request whose last key is handed to
+// it after a gate moved one of its taken keys must not confirm that key.
+TEST_F(DispatcherGateTest, AnAcquireManyNeverCompletesOnAKeyMovedWhileItWaited) {
+  publish(5);
+  const std::vector<std::string> keys = own_keys_in_order(2);
+  const std::uint64_t bob_token = single_token(kBob, keys[1], 1, bob_);
+  EXPECT_TRUE(send(kAlice, {many(keys, 2, 60'000)}, alice_).empty());
+  move_away(6, keys[0]);
+  // Bob releases before any tick: the hand-off continues the walk.
+  const auto out = release_key(kBob, keys[1], bob_token, 3, bob_);
+  const Message answer = only_reply_to(out, alice_);
+  EXPECT_EQ(answer.type, MessageType::kRedirect);
+  EXPECT_FALSE(held(keys[0]));
+  EXPECT_FALSE(held(keys[1]));
 }
 
 }  // namespace

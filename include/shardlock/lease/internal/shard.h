@@ -217,6 +217,12 @@ class Shard {
   void abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                std::vector<DeferredReply>& deferred);
   [[nodiscard]] const ShardLimits& limits() const noexcept { return limits_; }
+  // Whether `key` (of this shard) may be granted now: the gate's verdict,
+  // kGrant without a gate.
+  [[nodiscard]] ClusterGate::Verdict verdict(std::string_view key,
+                                             std::int64_t now_ms) const noexcept {
+    return gate_verdict(key, now_ms);
+  }
 
   // ---- Cluster mode (cluster_gate.h) ----
   // From now on every grant and renew (ACQUIREs of all kinds, RENEW, waiters
@@ -225,7 +231,11 @@ class Shard {
   // are then compose_token(gate->epoch, counter), the counter counting from
   // 1 again in each epoch (still drawn from the durable per-shard counter,
   // so it only rises). Null: a single node, tokens are the bare counter.
-  void set_gate(std::shared_ptr<const ClusterGate> gate) noexcept { gate_ = std::move(gate); }
+  // An ACQUIRE_MANY waiting here with a key `gate` gives to another node
+  // can never complete here, and its pending holds would keep the hand-off
+  // of that bucket waiting: its wait ends at the next advance(), answered
+  // REDIRECT (the Dispatcher then releases every part it took).
+  void set_gate(std::shared_ptr<const ClusterGate> gate) noexcept;
   [[nodiscard]] const ClusterGate* gate() const noexcept { return gate_.get(); }
   // Fills `reply` with the REDIRECT or RECOVERING of a gate's refusal
   // `verdict`, and counts it. Precondition: gate() is set.
@@ -364,6 +374,8 @@ class Shard {
     }
     return verdict;
   }
+  // Whether the gate gives some key of `m` to another node.
+  [[nodiscard]] bool lost_a_key(const MultiAcquire& m) const noexcept;
   // Whether `gate` is a map whose epoch could compose tokens at or below
   // the token floor.
   [[nodiscard]] bool below_floor(const ClusterGate& gate) const noexcept {
