@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "shardlock/cluster/cluster_map.h"
 #include "shardlock/lease/auth.h"
 #include "shardlock/lease/internal/cluster_gate.h"
 #include "shardlock/lease/internal/string_key.h"
@@ -567,14 +568,20 @@ class DispatcherGateTest : public DispatcherTest {
  protected:
   // A gate of `epoch` over members "a" (this node), "b" and "c"; buckets of
   // "a" are active unless `active` is false.
-  void publish(std::uint64_t epoch, bool active = true, std::size_t id_length = 1) {
+  // Members' addresses are `host:port` with a host of `host_length` bytes
+  // (0: 127.0.0.1).
+  void publish(std::uint64_t epoch, bool active = true, std::size_t id_length = 1,
+               std::size_t host_length = 0) {
     Router router(RouterOptions{.bucket_bits = 8});
     std::vector<Node> nodes;
     auto gate = std::make_shared<ClusterGate>();
     for (const char c : std::string("abc")) {
       const std::string id = std::string(id_length, c);
       nodes.push_back({id, 1});
-      gate->members.push_back({id, "127.0.0.1:" + std::to_string(7000 + c), 1});
+      const std::string port = std::to_string(7000 + c);
+      const std::string host =
+          host_length == 0 ? "127.0.0.1" : std::string(host_length - port.size() - 1, c);
+      gate->members.push_back({id, host + ":" + port, 1});
     }
     EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
     gate->epoch = epoch;
@@ -620,7 +627,8 @@ class DispatcherGateTest : public DispatcherTest {
       if ((routing_->owner_index(key) == 0) == mine) return key;
     }
   }
-  // MAP from `first`, padded `slack` bytes past its bound.
+  // MAP from `first`, padded `slack` bytes past its bound (at most to a
+  // whole datagram).
   Message map_page(std::uint32_t first, std::size_t slack) {
     Datagram d;
     d.client_id = kAlice;
@@ -632,7 +640,8 @@ class DispatcherGateTest : public DispatcherTest {
     EXPECT_TRUE(d.push(m));
     std::vector<std::uint8_t> bytes(kMaxDatagramSize);
     std::size_t n = 0;
-    EXPECT_EQ(encode(d, bytes, n, max_reply_size(d) + slack), ProtocolError::kOk);
+    const std::size_t pad_to = std::min(max_reply_size(d) + slack, kMaxDatagramSize);
+    EXPECT_EQ(encode(d, bytes, n, pad_to), ProtocolError::kOk);
     bytes.resize(n);
     return only_reply_to(handle(bytes, alice_), alice_);
   }
@@ -668,6 +677,34 @@ TEST_F(DispatcherGateTest, MapPagesTheMembersThePaddingPaysFor) {
   EXPECT_EQ(ids, (std::vector<std::string>{std::string(100, 'a'), std::string(100, 'b'),
                                            std::string(100, 'c')}));
   EXPECT_EQ(map_page(0, 0).member_list_count, 0u);  // no padding, no members
+}
+
+// Issue 21, hole 9: membership accepts advertise addresses of up to 300
+// bytes (a Kubernetes pod FQDN is often over 64); MAP must serve them, with
+// the longest ids too, in pages that fit a datagram, and the codec a client
+// decodes with must take them.
+TEST_F(DispatcherGateTest, MapServesTheLongestAddressesMembershipAccepts) {
+  // The longest address membership accepts.
+  const std::size_t longest = 300;
+  ASSERT_TRUE(cluster::valid_member_address(std::string(longest - 5, 'h') + ":7000"));
+  ASSERT_FALSE(cluster::valid_member_address(std::string(longest - 4, 'h') + ":7000"));
+  publish(9, true, /*id_length=*/kMaxMemberIdLength, /*host_length=*/longest);
+  std::vector<std::string> addresses;
+  std::uint32_t first = 0;
+  for (int pages = 0; pages < 10 && addresses.size() < 3; ++pages) {
+    // A client pads MAP to a whole datagram.
+    const Message r = map_page(first, kMaxDatagramSize);
+    ASSERT_EQ(r.type, MessageType::kMapReply);
+    EXPECT_EQ(r.member_count, 3u);
+    ASSERT_GE(r.member_list_count, 1u) << "a page with no member: the map is unreadable";
+    for (const MemberEntry& e : MemberList(r)) {
+      EXPECT_EQ(e.id.size(), kMaxMemberIdLength);
+      addresses.emplace_back(e.address);
+    }
+    first += r.member_list_count;
+  }
+  ASSERT_EQ(addresses.size(), 3u);
+  for (const std::string& a : addresses) EXPECT_EQ(a.size(), longest);
 }
 
 TEST_F(DispatcherGateTest, KeysOfOtherNodesAreRedirectedAndOwnKeysGranted) {
