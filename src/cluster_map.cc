@@ -7,13 +7,17 @@
 #include <span>
 #include <utility>
 
+#include "shardlock/lease/protocol.h"
+
 namespace shardlock::cluster {
 namespace {
 
 constexpr std::string_view kMapVersionLineV1 = "shardlock-map v1";
 constexpr std::string_view kMapVersionPrefixV2 = "shardlock-map v2 epoch=";
-constexpr std::size_t kMaxNodeIdBytes = 128;
-constexpr std::size_t kMaxAddressBytes = 300;
+// The wire's bounds (MAP_REPLY members): what membership accepts is what a
+// node can serve to clients.
+constexpr std::size_t kMaxNodeIdBytes = lease::kMaxMemberIdLength;
+constexpr std::size_t kMaxAddressBytes = lease::kMaxMemberAddressLength;
 constexpr std::string_view kClusterUrlScheme = "etcd://";
 // The lease client routes with the same count (src/lease/client_routing.h).
 constexpr int kClusterBucketBits = 16;

@@ -15,6 +15,7 @@ namespace shardlock::lease::internal {
 
 Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Shard>> shards)
     : options_(std::move(options)),
+      clock_(options_.clock),
       limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
       active_many_(16, MultiIdHash{options_.key_seed}),
       many_answers_(limits_.dedup_capacity, options_.key_seed) {
@@ -33,7 +34,7 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
 Dispatcher::~Dispatcher() = default;
 
 std::int64_t Dispatcher::now_ms() const {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(options_.clock()).count();
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clock_.now()).count();
 }
 
 namespace {
@@ -53,10 +54,10 @@ std::size_t Dispatcher::shard_of(std::string_view key) const noexcept {
 void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
                         std::vector<OutDatagram>& replies) noexcept {
   Worker& w = *workers_[worker];
-  const std::chrono::nanoseconds start = options_.clock();
+  const std::chrono::nanoseconds start = clock_.now();
   try {
     decide(w, bytes, peer, start, replies);
-    w.latency.record(options_.clock() - start);
+    w.latency.record(clock_.now() - start);
   } catch (const std::bad_alloc&) {
     // Given up: the client retransmits. Answers already decided for waiters
     // still go out if they can (and are remembered by their shards), and the
@@ -80,6 +81,10 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
           DeferredReply step;
           step.multi = m;
           step.type = m->stalled_step;
+          if (const ClusterGate* gate = slot.shard->gate()) {
+            step.epoch = gate->epoch;                    // a REDIRECT's
+            step.retry_after_ms = gate->retry_after_ms;  // a RECOVERING's
+          }
           w.deferred.push_back(std::move(step));
         } catch (const std::bad_alloc&) {
           slot.shard->stall(*m, m->stalled_step);  // the next tick tries again
@@ -553,6 +558,7 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
                                                          : WireError::kLimitExceeded);
   };
   if (first) {
+    if (auto again = prior_answer(m, now, deferred)) return again;
     // All or nothing: every key is looked at before any is taken.
     for (std::size_t i = 0; i < m.parts.size(); ++i) {
       std::uint32_t ttl_left = 0;
@@ -586,6 +592,19 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
     }
     m.taken = i + 1;
   }
+  // A gate published while the request waited may have moved or closed a
+  // key taken earlier: none may become a lease then.
+  for (const MultiAcquire::Part& part : m.parts) {
+    Shard& shard = shard_at(part.shard);
+    switch (shard.verdict(part.key, now)) {
+      case ClusterGate::Verdict::kGrant:
+        continue;
+      case ClusterGate::Verdict::kRedirect:
+        return state_error(Shard::PartState::kRedirect, shard);
+      case ClusterGate::Verdict::kNotReady:
+        return state_error(Shard::PartState::kNotReady, shard);
+    }
+  }
   MultiAnswer granted{.type = MessageType::kGrantedMany, .ttl_ms = m.ttl_ms};
   granted.count = static_cast<std::uint8_t>(m.parts.size());
   for (const MultiAcquire::Part& part : m.parts) {
@@ -593,6 +612,46 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
     granted.tokens[part.index] = part.token;
   }
   return granted;
+}
+
+std::optional<Dispatcher::MultiAnswer> Dispatcher::prior_answer(
+    MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred) {
+  MultiAnswer again{.type = MessageType::kGrantedMany, .ttl_ms = UINT32_MAX};
+  std::size_t granted = 0;
+  std::optional<std::size_t> first_prior;
+  std::uint32_t first_ttl_left = 0;
+  for (std::size_t i = 0; i < m.parts.size(); ++i) {
+    std::uint64_t token = 0;
+    std::uint32_t ttl_left = 0;
+    const Shard::PriorGrant prior =
+        shard_at(m.parts[i].shard).prior_grant(m, m.parts[i], now, token, ttl_left, deferred);
+    if (prior == Shard::PriorGrant::kNone) continue;
+    if (!first_prior) {
+      first_prior = i;
+      first_ttl_left = ttl_left;
+    }
+    if (prior == Shard::PriorGrant::kThisRequest) {
+      ++granted;
+      again.tokens[m.parts[i].index] = token;
+      again.ttl_ms = std::min(again.ttl_ms, ttl_left);
+    }
+  }
+  if (!first_prior) return std::nullopt;
+  Shard& shard = shard_at(m.parts[*first_prior].shard);
+  if (granted == m.parts.size()) {
+    // Every key still held from this very request: the same grant, with the
+    // time surely left.
+    again.count = static_cast<std::uint8_t>(m.parts.size());
+    shard.count_outcome(StatCounter::kRetransmits);
+    return again;
+  }
+  // Applied before (some of its leases have ended since) or older than a
+  // request applied since: taking the keys again would hand the client
+  // leases it does not know of. Nothing is taken.
+  shard.count_outcome(StatCounter::kStaleRequests);
+  return MultiAnswer{.type = MessageType::kBusyMany,
+                     .ttl_ms = first_ttl_left,
+                     .index = m.parts[*first_prior].index};
 }
 
 void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,

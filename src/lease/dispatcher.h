@@ -56,6 +56,7 @@
 #include "shardlock/lease/internal/dedup_cache.h"
 #include "shardlock/lease/internal/latency_histogram.h"
 #include "shardlock/lease/internal/peer.h"
+#include "shardlock/lease/internal/server_clock.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/protocol.h"
 #include "shardlock/lease/server.h"
@@ -66,7 +67,8 @@ namespace shardlock::lease::internal {
 struct DispatcherOptions {
   // Seals and checks every datagram when set (auth.h).
   std::optional<AuthKey> auth_key;
-  // The server's monotonic clock (whole milliseconds are what shards see).
+  // The server's clock (whole milliseconds are what shards see); empty:
+  // CLOCK_BOOTTIME (server_clock.h).
   std::function<std::chrono::nanoseconds()> clock;
   // One line per call.
   std::function<void(std::string_view)> log;
@@ -202,6 +204,11 @@ class Dispatcher {
   // One step of `m` under all its shards' locks: nullopt while it waits.
   std::optional<MultiAnswer> step_many(MultiAcquire& m, bool first, std::int64_t now,
                                        std::vector<DeferredReply>& deferred);
+  // The answer to `m` when an earlier execution of it (or a newer request of
+  // its client) shows in the keys' leases, as a single key's holder record
+  // shows a retransmitted ACQUIRE: nullopt when none does.
+  std::optional<MultiAnswer> prior_answer(MultiAcquire& m, std::int64_t now,
+                                          std::vector<DeferredReply>& deferred);
   // Gives up `m`: every pending hold goes.
   void abandon_many(MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred);
   // Remembers `answer` for m's retransmissions and forgets m (destroying it).
@@ -214,6 +221,7 @@ class Dispatcher {
   Shard& shard_at(std::uint32_t index);
 
   DispatcherOptions options_;
+  ServerClock clock_;  // options_.clock, or CLOCK_BOOTTIME without a call through it
   std::vector<std::unique_ptr<ShardSlot>> shards_;
   std::vector<std::unique_ptr<Worker>> workers_;
   // Counted outside any shard.

@@ -29,6 +29,7 @@
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/duration.h"
 #include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/lease/internal/server_clock.h"
 #include "shardlock/lease/internal/shard.h"
 #include "shardlock/lease/internal/token_store.h"
 #include "shardlock/lock_guard.h"
@@ -77,10 +78,7 @@ std::int64_t to_ms(std::chrono::nanoseconds ns) {
 }  // namespace
 
 struct LeaseServer::Impl final : internal::DatagramSink {
-  explicit Impl(LeaseServerOptions o) : options(std::move(o)) {
-    if (!options.clock) {
-      options.clock = [] { return std::chrono::steady_clock::now().time_since_epoch(); };
-    }
+  explicit Impl(LeaseServerOptions o) : options(std::move(o)), clock(options.clock) {
     if (!options.log) {
       options.log = [](std::string_view line) {
         std::fprintf(stderr, "shardlock-lease: %.*s\n", static_cast<int>(line.size()), line.data());
@@ -89,7 +87,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   }
   ~Impl() override { stop(); }
 
-  std::int64_t now_ms() const { return to_ms(options.clock()); }
+  std::int64_t now_ms() const { return to_ms(clock.now()); }
 
   std::error_code fail(std::error_code ec, std::string detail) {
     error_detail = std::move(detail);
@@ -129,6 +127,8 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   void log(std::string_view line) override { options.log(line); }
 
   LeaseServerOptions options;
+  // options.clock, or CLOCK_BOOTTIME (server_clock.h).
+  internal::ServerClock clock;
   std::string error_detail;
   std::unique_ptr<TokenStore> store;
   std::unique_ptr<Dispatcher> dispatcher;
@@ -140,6 +140,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   bool started = false;
   IoBackend backend = IoBackend::kSocket;
   std::chrono::milliseconds lock_delay{0};
+  std::uint64_t token_floor = 0;  // TokenStore::token_floor() at start
   std::uint16_t port = 0;
   std::string listen;
   // When to lower the data dir's lease bound to this run's max TTL (set
@@ -186,15 +187,22 @@ std::error_code LeaseServer::Impl::start() {
                 "token_block must be 1..2^40, got " + std::to_string(o.token_block));
   }
 
-  // Tokens.
+  // Tokens. The raw counters start above `floor`. A plain run issues them
+  // as tokens, so it starts above every token any earlier run issued, in
+  // either mode (token_floor); a cluster run composes epoch << 32 | counter
+  // and its shards refuse every epoch at or below token_floor >> 32.
   std::uint64_t floor = 0;
   std::chrono::milliseconds previous_bound{0};
+  const internal::TokenMode mode =
+      o.start_closed ? internal::TokenMode::kCluster : internal::TokenMode::kPlain;
   if (!o.data_dir.empty()) {
     std::string detail;
     if (const std::error_code ec = TokenStore::open(o.data_dir, store, detail)) {
       return fail(ec, detail);
     }
-    floor = store->floor();
+    token_floor = store->token_floor();
+    floor = mode == internal::TokenMode::kPlain ? std::max(store->floor(), token_floor)
+                                                : store->floor();
     if (floor > UINT64_MAX - o.token_block) {
       return fail(std::make_error_code(std::errc::value_too_large),
                   "data dir " + o.data_dir + ": token space exhausted (tokens issued up to " +
@@ -205,11 +213,24 @@ std::error_code LeaseServer::Impl::start() {
     // Until this run's lock-delay has outlasted the previous bound, a lease
     // of an earlier run may be live: keep the larger bound on disk.
     const auto bound = std::max(previous_bound, o.max_ttl);
-    if (const std::error_code ec = store->initialize(
-            o.shards, floor + o.token_block, static_cast<std::uint64_t>(bound.count()), detail)) {
+    // A plain run's first block is its tokens; a cluster run's first token
+    // reserves a block of its own, whose ceiling is the composed one.
+    const std::uint64_t ceiling =
+        mode == internal::TokenMode::kPlain ? floor + o.token_block : token_floor;
+    if (const std::error_code ec =
+            store->initialize(o.shards, mode, floor + o.token_block, ceiling,
+                              static_cast<std::uint64_t>(bound.count()), detail)) {
       return fail(ec, detail);
     }
-    o.log("data dir " + o.data_dir + ": tokens continue above " + std::to_string(floor));
+    const std::string previous_mode = store->used_in_cluster_mode() ? "cluster" : "plain";
+    if (mode == internal::TokenMode::kPlain) {
+      o.log("data dir " + o.data_dir + " (last used in " + previous_mode +
+            " mode): tokens continue above " + std::to_string(floor));
+    } else {
+      o.log("data dir " + o.data_dir + " (last used in " + previous_mode +
+            " mode): tokens continue above " + std::to_string(token_floor) +
+            "; grants need an epoch above " + std::to_string(token_floor >> 32));
+    }
   } else {
     o.log("no data dir: tokens restart from 1 and are only monotonic within this run");
   }
@@ -235,6 +256,7 @@ std::error_code LeaseServer::Impl::start() {
   // One secret seed for the key hash, which places a key on a shard and
   // indexes the shard's tables (see Dispatcher).
   limits.hash_seed = secret_seed();
+  limits.token_floor = token_floor;
   if (store && previous_bound > o.max_ttl) {
     lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
   }
@@ -242,7 +264,9 @@ std::error_code LeaseServer::Impl::start() {
   shards.reserve(o.shards);
   for (std::uint32_t i = 0; i < o.shards; ++i) {
     ShardTokens tokens =
-        store ? ShardTokens(store.get(), i, floor, floor + o.token_block, o.token_block)
+        store ? ShardTokens(store.get(), i, floor,
+                            mode == internal::TokenMode::kPlain ? floor + o.token_block : floor,
+                            o.token_block, mode)
               : ShardTokens(0);
     shards.push_back(std::make_unique<Shard>(i, limits, tokens, now));
   }
@@ -439,11 +463,13 @@ std::size_t LeaseServer::count_leases(const std::function<bool(std::string_view 
   return impl_->dispatcher ? impl_->dispatcher->count_leases(pred) : 0;
 }
 
+std::uint64_t LeaseServer::token_floor() const noexcept { return impl_->token_floor; }
+
 bool LeaseServer::needs_new_epoch() const {
   return impl_->dispatcher && impl_->dispatcher->needs_new_epoch();
 }
 
-std::chrono::nanoseconds LeaseServer::now() const { return impl_->options.clock(); }
+std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
 ServerStats LeaseServer::stats() const {
   ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};

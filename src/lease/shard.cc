@@ -30,6 +30,7 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
     : index_(index),
       limits_(limits),
       tokens_(tokens),
+      floor_epoch_(cluster::token_epoch(limits.token_floor)),
       wheel_(now_ms),
       keys_(16),
       dedup_(limits.dedup_capacity, limits.hash_seed),
@@ -348,20 +349,41 @@ void Shard::refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcep
   }
 }
 
+void Shard::set_gate(std::shared_ptr<const ClusterGate> gate) noexcept {
+  gate_ = std::move(gate);
+  if (!gate_ || !gate_->routing) return;
+  for (const auto& [id, w] : waiter_index_) {
+    // Relinking a timer changes neither the index nor any queue.
+    if (w->multi != nullptr && lost_a_key(*w->multi)) wheel_.schedule(*w, wheel_.now());
+  }
+}
+
+bool Shard::lost_a_key(const MultiAcquire& m) const noexcept {
+  if (!gate_ || !gate_->routing) return false;
+  for (const MultiAcquire::Part& part : m.parts) {
+    const std::size_t bucket = gate_->bucket_of(part.key);
+    if (bucket >= gate_->buckets.size() || gate_->buckets[bucket] == ClusterGate::kForeign) {
+      return true;
+    }
+  }
+  return false;
+}
+
 std::uint64_t Shard::issue_token() {
-  const std::uint64_t raw = tokens_.next(last_error_);
-  if (raw == 0 || !gate_) return raw;
   // Cluster mode: the epoch in the high half, a counter from 1 per epoch in
   // the low half. The counter is the durable one less its value before the
   // epoch's first token, so it rises within the epoch across everything this
   // run does; a restart never grants in an epoch it granted in before
-  // (ClusterGate::min_grant_epoch).
-  if (gate_->epoch != token_epoch_) {
+  // (ClusterGate::min_grant_epoch), and no run in an epoch at or below the
+  // data dir's token floor (gate_verdict()).
+  if (gate_ && gate_->epoch != token_epoch_) {
     token_epoch_ = gate_->epoch;
-    epoch_base_ = raw - 1;
+    tokens_.begin_epoch(token_epoch_);
     counter_exhausted_ = false;
   }
-  const std::uint64_t token = cluster::compose_token(token_epoch_, raw - epoch_base_);
+  const std::uint64_t raw = tokens_.next(last_error_);
+  if (raw == 0 || !gate_) return raw;
+  const std::uint64_t token = cluster::compose_token(token_epoch_, raw - tokens_.epoch_base());
   if (token == cluster::kInvalidToken) {
     last_error_ = "the token counter of epoch " + std::to_string(token_epoch_) +
                   " is used up; the node needs a new epoch";
@@ -705,8 +727,15 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
   }
   auto& w = static_cast<Waiter&>(node);
   KeyState& state = *w.state;
-  defer(w, state, MessageType::kTimeout, 0, deferred);
-  count(StatCounter::kTimeouts);
+  if (w.multi != nullptr && lost_a_key(*w.multi)) {
+    // Ended early by set_gate() (or timed out after the move): the client
+    // goes to the new owner.
+    defer(w, state, MessageType::kRedirect, 0, deferred);
+    count(StatCounter::kRedirects);
+  } else {
+    defer(w, state, MessageType::kTimeout, 0, deferred);
+    count(StatCounter::kTimeouts);
+  }
   if (w.multi == nullptr) {
     remember(w.client, w.request_id,
              Answer{.type = MessageType::kTimeout, .fingerprint = w.fingerprint});
@@ -768,6 +797,29 @@ Shard::PartState Shard::probe(const MultiAcquire& m, const MultiAcquire::Part& p
   }
   ttl_left_ms = ttl_left(*state, now_ms);
   return PartState::kBusy;
+}
+
+Shard::PriorGrant Shard::prior_grant(const MultiAcquire& m, const MultiAcquire::Part& part,
+                                     std::int64_t now_ms, std::uint64_t& token,
+                                     std::uint32_t& ttl_left_ms,
+                                     std::vector<DeferredReply>& deferred) {
+  KeyState* state = find_live(KeyRef{part.key, part.hash}, now_ms, deferred);
+  if (state == nullptr) return PriorGrant::kNone;
+  PriorGrant found = PriorGrant::kNone;
+  // The same rules as a single ACQUIRE by a holder (acquire()).
+  for (const Holder& h : state->holders) {
+    if (!(h.owner == m.client) || h.pending) continue;
+    if (h.request_id == m.request_id) {
+      token = h.token;
+      ttl_left_ms = ttl_left(h, now_ms);
+      return PriorGrant::kThisRequest;
+    }
+    if (m.request_id <= h.last_request_id) {
+      ttl_left_ms = ttl_left(h, now_ms);
+      found = PriorGrant::kStale;
+    }
+  }
+  return found;
 }
 
 std::uint64_t Shard::take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms) {

@@ -8,6 +8,7 @@
 #include <unistd.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <charconv>
@@ -15,8 +16,10 @@
 #include <cstdio>
 #include <cstring>
 #include <set>
+#include <span>
 #include <string_view>
 
+#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/internal/durable_file.h"
 #include "shardlock/lease/server.h"
 
@@ -25,12 +28,16 @@ namespace shardlock::lease::internal {
 using shardlock::internal::replace_file_durably;
 namespace {
 
-constexpr std::size_t kRecordSize = 32;
-constexpr char kShardMagic[8] = {'S', 'L', 'T', 'O', 'K', 'E', 'N', '1'};
+constexpr std::size_t kRecordSize = 32;       // meta, and shard files of format 1
+constexpr std::size_t kShardRecordSize = 40;  // shard files of format 2
+constexpr std::size_t kLargestRecord = kShardRecordSize;
+constexpr char kShardMagicV1[8] = {'S', 'L', 'T', 'O', 'K', 'E', 'N', '1'};
+constexpr char kShardMagic[8] = {'S', 'L', 'T', 'O', 'K', 'E', 'N', '2'};
 constexpr char kMetaMagic[8] = {'S', 'L', 'M', 'E', 'T', 'A', '0', '1'};
 constexpr std::uint32_t kFormatVersion = 1;
 
 using Record = std::array<std::uint8_t, kRecordSize>;
+using ShardRecord = std::array<std::uint8_t, kShardRecordSize>;
 
 void put_u32(std::uint8_t* p, std::uint32_t v) {
   for (int i = 0; i < 4; ++i) p[i] = static_cast<std::uint8_t>(v >> (8 * i));
@@ -70,6 +77,52 @@ bool parse_record(const Record& r, const char (&magic)[8], std::uint32_t& a, std
   return true;
 }
 
+// Shard file, format 2: magic[8], u32 shard, u32 mode (TokenMode), u64 raw
+// mark, u64 token ceiling, u64 xxh3(bytes 0..31).
+ShardRecord make_shard_record(std::uint32_t shard, TokenMode mode, std::uint64_t mark,
+                              std::uint64_t ceiling) {
+  ShardRecord r{};
+  std::memcpy(r.data(), kShardMagic, 8);
+  put_u32(r.data() + 8, shard);
+  put_u32(r.data() + 12, static_cast<std::uint32_t>(mode));
+  put_u64(r.data() + 16, mark);
+  put_u64(r.data() + 24, ceiling);
+  put_u64(r.data() + 32, XXH3_64bits(r.data(), 32));
+  return r;
+}
+
+struct ShardMark {
+  std::uint32_t shard = 0;
+  TokenMode mode = TokenMode::kPlain;
+  std::uint64_t mark = 0;
+  std::uint64_t ceiling = 0;
+};
+
+// Either format; format 1 (before issue 21) had plain tokens only, so its
+// ceiling is its mark.
+bool parse_shard_record(std::span<const std::uint8_t> bytes, ShardMark& out) {
+  if (bytes.size() == kRecordSize) {
+    Record r{};
+    std::memcpy(r.data(), bytes.data(), kRecordSize);
+    std::uint32_t zero = 0;
+    if (!parse_record(r, kShardMagicV1, out.shard, zero, out.mark) || zero != 0) return false;
+    out.mode = TokenMode::kPlain;
+    out.ceiling = out.mark;
+    return true;
+  }
+  if (bytes.size() != kShardRecordSize || std::memcmp(bytes.data(), kShardMagic, 8) != 0 ||
+      get_u64(bytes.data() + 32) != XXH3_64bits(bytes.data(), 32)) {
+    return false;
+  }
+  const std::uint32_t mode = get_u32(bytes.data() + 12);
+  if (mode > static_cast<std::uint32_t>(TokenMode::kCluster)) return false;
+  out.shard = get_u32(bytes.data() + 8);
+  out.mode = static_cast<TokenMode>(mode);
+  out.mark = get_u64(bytes.data() + 16);
+  out.ceiling = get_u64(bytes.data() + 24);
+  return true;
+}
+
 std::string shard_file_name(std::uint32_t shard) {
   char name[32];
   std::snprintf(name, sizeof name, "shard-%05u.hwm", shard);
@@ -96,8 +149,11 @@ std::string describe(const std::string& what, const std::string& path, std::erro
   return what + " " + path + ": " + ec.message();
 }
 
-// Reads exactly one record; false (with `why`) if the file is not one.
-std::error_code read_record(int dir_fd, const std::string& name, Record& r, std::string& why) {
+// Reads a whole record file (at most kLargestRecord bytes; `size` is what
+// it held); an error (with `why`) if it cannot be read or is larger.
+std::error_code read_file(int dir_fd, const std::string& name,
+                          std::array<std::uint8_t, kLargestRecord>& out, std::size_t& size,
+                          std::string& why) {
   const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const std::error_code ec = errno_code();
@@ -105,7 +161,7 @@ std::error_code read_record(int dir_fd, const std::string& name, Record& r, std:
     return ec;
   }
   std::size_t got = 0;
-  std::array<std::uint8_t, kRecordSize + 1> buf{};
+  std::array<std::uint8_t, kLargestRecord + 1> buf{};
   for (;;) {
     const ssize_t n = ::read(fd, buf.data() + got, buf.size() - got);
     if (n < 0 && errno == EINTR) continue;
@@ -120,6 +176,20 @@ std::error_code read_record(int dir_fd, const std::string& name, Record& r, std:
     if (got == buf.size()) break;
   }
   ::close(fd);
+  if (got > kLargestRecord) {
+    why = "larger than " + std::to_string(kLargestRecord) + " bytes";
+    return ServerError::kDataDirCorrupt;
+  }
+  std::memcpy(out.data(), buf.data(), got);
+  size = got;
+  return {};
+}
+
+// Reads exactly one record; an error (with `why`) if the file is not one.
+std::error_code read_record(int dir_fd, const std::string& name, Record& r, std::string& why) {
+  std::array<std::uint8_t, kLargestRecord> buf{};
+  std::size_t got = 0;
+  if (const std::error_code ec = read_file(dir_fd, name, buf, got, why)) return ec;
   if (got != kRecordSize) {
     why = "size " + std::to_string(got) + " bytes, expected " + std::to_string(kRecordSize);
     return ServerError::kDataDirCorrupt;
@@ -129,7 +199,9 @@ std::error_code read_record(int dir_fd, const std::string& name, Record& r, std:
 }
 
 // temp file, write, fsync, rename over `name`. The caller fsyncs the directory.
-std::error_code write_record(int dir_fd, const std::string& name, const Record& r) {
+template <std::size_t N>
+std::error_code write_record(int dir_fd, const std::string& name,
+                             const std::array<std::uint8_t, N>& r) {
   return replace_file_durably(dir_fd, name,
                               std::span(reinterpret_cast<const char*>(r.data()), r.size()));
 }
@@ -205,16 +277,23 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
       }
       have_meta = true;
     } else if (parse_shard_file_name(name, shard)) {
-      std::uint32_t index = 0;
-      std::uint32_t zero = 0;
-      std::uint64_t mark = 0;
-      if ((failure = read_record(store->dir_fd_, name, r, why))) {
-      } else if (!parse_record(r, kShardMagic, index, zero, mark) || index != shard || zero != 0) {
-        why = "bad magic, shard index or checksum";
+      std::array<std::uint8_t, kLargestRecord> bytes{};
+      std::size_t size = 0;
+      ShardMark mark;
+      if ((failure = read_file(store->dir_fd_, name, bytes, size, why))) {
+      } else if (size != kShardRecordSize && size != kRecordSize) {
+        why = "size " + std::to_string(size) + " bytes, expected " +
+              std::to_string(kShardRecordSize) + " (or " + std::to_string(kRecordSize) +
+              " in format 1)";
+        failure = ServerError::kDataDirCorrupt;
+      } else if (!parse_shard_record(std::span(bytes).first(size), mark) || mark.shard != shard) {
+        why = "bad magic, mode, shard index or checksum";
         failure = ServerError::kDataDirCorrupt;
       } else {
         shard_files.insert(shard);
-        if (mark > store->floor_) store->floor_ = mark;
+        store->floor_ = std::max(store->floor_, mark.mark);
+        store->token_floor_ = std::max(store->token_floor_, mark.ceiling);
+        if (mark.mode == TokenMode::kCluster) store->cluster_before_ = true;
       }
     }
     if (failure) {
@@ -247,8 +326,9 @@ namespace {
 
 // Writes one record file (temp file, fsync, rename); a failure is explained
 // in `detail`. The directory entry is durable only after sync_dir().
+template <std::size_t N>
 std::error_code write_named(int dir_fd, const std::string& dir, const std::string& name,
-                            const Record& record, std::string& detail) {
+                            const std::array<std::uint8_t, N>& record, std::string& detail) {
   const std::error_code ec = write_record(dir_fd, name, record);
   if (ec) detail = describe("cannot write", dir + "/" + name, ec);
   return ec;
@@ -264,18 +344,22 @@ std::error_code sync_dir(int dir_fd, const std::string& dir, std::string& detail
 
 }  // namespace
 
-std::error_code TokenStore::initialize(std::uint32_t shards, std::uint64_t high_water,
+std::error_code TokenStore::initialize(std::uint32_t shards, TokenMode mode,
+                                       std::uint64_t high_water, std::uint64_t token_ceiling,
                                        std::uint64_t lease_bound_ms, std::string& detail) {
+  // Never below what an earlier run may have issued, whatever the caller says.
+  token_ceiling = std::max(token_ceiling, token_floor_);
   for (std::uint32_t i = 0; i < shards; ++i) {
     if (const std::error_code ec =
             write_named(dir_fd_, dir_, shard_file_name(i),
-                        make_record(kShardMagic, i, 0, high_water), detail)) {
+                        make_shard_record(i, mode, high_water, token_ceiling), detail)) {
       return ec;
     }
   }
   // The shard files must be durable before meta names them as required.
   if (const std::error_code ec = sync_dir(dir_fd_, dir_, detail)) return ec;
   shards_ = shards;
+  mode_ = mode;
   return record_lease_bound(lease_bound_ms, detail);
 }
 
@@ -289,10 +373,11 @@ std::error_code TokenStore::record_lease_bound(std::uint64_t lease_bound_ms, std
 }
 
 std::error_code TokenStore::reserve(std::uint32_t shard, std::uint64_t high_water,
-                                    std::string& detail) {
+                                    std::uint64_t token_ceiling, std::string& detail) {
   const auto start = std::chrono::steady_clock::now();
-  std::error_code ec = write_named(dir_fd_, dir_, shard_file_name(shard),
-                                   make_record(kShardMagic, shard, 0, high_water), detail);
+  std::error_code ec = write_named(
+      dir_fd_, dir_, shard_file_name(shard),
+      make_shard_record(shard, mode_, high_water, std::max(token_ceiling, token_floor_)), detail);
   if (!ec) ec = sync_dir(dir_fd_, dir_, detail);
   reservation_latency_.record(std::chrono::steady_clock::now() - start);
   reservations_.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic
@@ -306,15 +391,31 @@ void TokenStore::add_stats(ServerStats& stats) const noexcept {
 
 std::uint64_t ShardTokens::next(std::string& detail) {
   if (last_ == reserved_) {
-    if (store_ == nullptr || reserved_ > ~std::uint64_t{0} - block_) {
+    if (store_ == nullptr || last_ > ~std::uint64_t{0} - block_) {
       detail = "token space exhausted";
       return 0;
     }
-    const std::uint64_t mark = reserved_ + block_;
-    if (store_->reserve(shard_, mark, detail)) return 0;
+    const std::uint64_t mark = last_ + block_;
+    if (store_->reserve(shard_, mark, ceiling(mark), detail)) return 0;
     reserved_ = mark;
   }
   return ++last_;
+}
+
+void ShardTokens::begin_epoch(std::uint64_t epoch) noexcept {
+  epoch_ = epoch;
+  epoch_base_ = last_;
+  // The block on disk bounds the tokens of the previous epoch only: the next
+  // token reserves a new one whose ceiling covers this epoch's.
+  if (store_ != nullptr) reserved_ = last_;
+}
+
+std::uint64_t ShardTokens::ceiling(std::uint64_t mark) const noexcept {
+  if (!composed_) return mark;
+  // The largest counter a token of this block can carry in epoch_ (the
+  // shard refuses, and asks for a new epoch, past 2^32 - 1).
+  const std::uint64_t counter = std::min(mark - epoch_base_, cluster::kTokenHalfLimit - 1);
+  return cluster::compose_token(std::min(epoch_, cluster::kTokenHalfLimit - 1), counter);
 }
 
 }  // namespace shardlock::lease::internal

@@ -4,14 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "shardlock/cluster/cluster_map.h"
 #include "shardlock/lease/auth.h"
 #include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/lease/internal/string_key.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease::internal {
@@ -524,20 +528,60 @@ TEST_F(DispatcherTest, BadAcquireManysAreRefusedWithTheReason) {
   EXPECT_FALSE(held("a"));
 }
 
+// Issue 21, hole 11: the table of multi-key answers is bounded (4096 for the
+// whole dispatcher). Past it, a retransmitted ACQUIRE_MANY must not take a
+// second set of leases: like a single key's holder, the leases it took say
+// which request took them.
+TEST_F(DispatcherTest, ARetransmittedAcquireManyPastTheAnswerTableTakesNothingNew) {
+  const std::vector<std::string> keys = spread_keys(3);
+  const Message granted =
+      only_reply_to(send(kAlice, {many(keys, 7, 0, LeaseMode::kShared)}, alice_), alice_);
+  ASSERT_EQ(granted.type, MessageType::kGrantedMany);
+  // More than the table holds: Bob's shared requests of another key.
+  for (std::uint64_t id = 1; id <= 4200; ++id) {
+    const auto out = send(kBob, {many({"other"}, id, 0, LeaseMode::kShared)}, bob_);
+    ASSERT_EQ(only_reply_to(out, bob_).type, MessageType::kGrantedMany);
+  }
+  const Message again =
+      only_reply_to(send(kAlice, {many(keys, 7, 0, LeaseMode::kShared)}, alice_), alice_);
+  ASSERT_EQ(again.type, MessageType::kGrantedMany);
+  ASSERT_EQ(again.listed_token_count(), keys.size());
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    EXPECT_EQ(again.listed_token(i), granted.listed_token(i)) << keys[i];
+    const auto out = send(kBob, {request(MessageType::kQuery, keys[i], ++query_id_)}, carol_);
+    EXPECT_EQ(decoded(out.at(0)).messages[0].holders, 1u) << keys[i];
+  }
+  // A request older than one the holder applied since is stale: nothing taken.
+  Message renew = request(MessageType::kRenew, keys[0], 9);
+  renew.token = granted.listed_token(0);
+  ASSERT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+  const Message stale =
+      only_reply_to(send(kAlice, {many(keys, 8, 0, LeaseMode::kShared)}, alice_), alice_);
+  EXPECT_EQ(stale.type, MessageType::kBusyMany);
+  const auto out = send(kBob, {request(MessageType::kQuery, keys[0], ++query_id_)}, carol_);
+  EXPECT_EQ(decoded(out.at(0)).messages[0].holders, 1u);
+}
+
 // ---- Cluster mode: the gate, MAP, and clients ahead of the node ------------
 
 class DispatcherGateTest : public DispatcherTest {
  protected:
   // A gate of `epoch` over members "a" (this node), "b" and "c"; buckets of
   // "a" are active unless `active` is false.
-  void publish(std::uint64_t epoch, bool active = true, std::size_t id_length = 1) {
+  // Members' addresses are `host:port` with a host of `host_length` bytes
+  // (0: 127.0.0.1).
+  void publish(std::uint64_t epoch, bool active = true, std::size_t id_length = 1,
+               std::size_t host_length = 0) {
     Router router(RouterOptions{.bucket_bits = 8});
     std::vector<Node> nodes;
     auto gate = std::make_shared<ClusterGate>();
     for (const char c : std::string("abc")) {
       const std::string id = std::string(id_length, c);
       nodes.push_back({id, 1});
-      gate->members.push_back({id, "127.0.0.1:" + std::to_string(7000 + c), 1});
+      const std::string port = std::to_string(7000 + c);
+      const std::string host =
+          host_length == 0 ? "127.0.0.1" : std::string(host_length - port.size() - 1, c);
+      gate->members.push_back({id, host + ":" + port, 1});
     }
     EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
     gate->epoch = epoch;
@@ -550,7 +594,31 @@ class DispatcherGateTest : public DispatcherTest {
     }
     gate->lease_deadline = [] { return std::chrono::hours(1); };
     routing_ = gate->routing;
+    gate_ = gate;
     dispatcher_->publish_gate(std::move(gate));
+  }
+  // The last gate again in `epoch`, with `key`'s bucket given to another
+  // node (a hand-off of that bucket).
+  void move_away(std::uint64_t epoch, const std::string& key) {
+    auto gate = std::make_shared<ClusterGate>(*gate_);
+    gate->epoch = epoch;
+    gate->buckets[gate->bucket_of(key)] = ClusterGate::kForeign;
+    gate_ = gate;
+    dispatcher_->publish_gate(std::move(gate));
+  }
+  // Own keys, `n` of them, in the global order an ACQUIRE_MANY takes them.
+  std::vector<std::string> own_keys_in_order(std::size_t n) {
+    std::vector<std::string> keys;
+    for (int i = 0; keys.size() < n; ++i) {
+      std::string key = "own-" + std::to_string(i);
+      if (routing_->owner_index(key) == 0) keys.push_back(std::move(key));
+    }
+    const auto order = [this](const std::string& k) {
+      return std::tuple(dispatcher_->shard_of(k), hash_key(k, 0x1234'5678'9abcULL), k);
+    };
+    std::sort(keys.begin(), keys.end(),
+              [&](const std::string& a, const std::string& b) { return order(a) < order(b); });
+    return keys;
   }
   // A key this node ("a...") owns, and one it does not.
   std::string key_of(bool mine) {
@@ -559,7 +627,8 @@ class DispatcherGateTest : public DispatcherTest {
       if ((routing_->owner_index(key) == 0) == mine) return key;
     }
   }
-  // MAP from `first`, padded `slack` bytes past its bound.
+  // MAP from `first`, padded `slack` bytes past its bound (at most to a
+  // whole datagram).
   Message map_page(std::uint32_t first, std::size_t slack) {
     Datagram d;
     d.client_id = kAlice;
@@ -571,11 +640,13 @@ class DispatcherGateTest : public DispatcherTest {
     EXPECT_TRUE(d.push(m));
     std::vector<std::uint8_t> bytes(kMaxDatagramSize);
     std::size_t n = 0;
-    EXPECT_EQ(encode(d, bytes, n, max_reply_size(d) + slack), ProtocolError::kOk);
+    const std::size_t pad_to = std::min(max_reply_size(d) + slack, kMaxDatagramSize);
+    EXPECT_EQ(encode(d, bytes, n, pad_to), ProtocolError::kOk);
     bytes.resize(n);
     return only_reply_to(handle(bytes, alice_), alice_);
   }
   std::shared_ptr<const RouterSnapshot> routing_;
+  std::shared_ptr<const ClusterGate> gate_;
 };
 
 TEST_F(DispatcherGateTest, MapOfASingleNodeIsEpochZero) {
@@ -606,6 +677,34 @@ TEST_F(DispatcherGateTest, MapPagesTheMembersThePaddingPaysFor) {
   EXPECT_EQ(ids, (std::vector<std::string>{std::string(100, 'a'), std::string(100, 'b'),
                                            std::string(100, 'c')}));
   EXPECT_EQ(map_page(0, 0).member_list_count, 0u);  // no padding, no members
+}
+
+// Issue 21, hole 9: membership accepts advertise addresses of up to 300
+// bytes (a Kubernetes pod FQDN is often over 64); MAP must serve them, with
+// the longest ids too, in pages that fit a datagram, and the codec a client
+// decodes with must take them.
+TEST_F(DispatcherGateTest, MapServesTheLongestAddressesMembershipAccepts) {
+  // The longest address membership accepts.
+  const std::size_t longest = 300;
+  ASSERT_TRUE(cluster::valid_member_address(std::string(longest - 5, 'h') + ":7000"));
+  ASSERT_FALSE(cluster::valid_member_address(std::string(longest - 4, 'h') + ":7000"));
+  publish(9, true, /*id_length=*/kMaxMemberIdLength, /*host_length=*/longest);
+  std::vector<std::string> addresses;
+  std::uint32_t first = 0;
+  for (int pages = 0; pages < 10 && addresses.size() < 3; ++pages) {
+    // A client pads MAP to a whole datagram.
+    const Message r = map_page(first, kMaxDatagramSize);
+    ASSERT_EQ(r.type, MessageType::kMapReply);
+    EXPECT_EQ(r.member_count, 3u);
+    ASSERT_GE(r.member_list_count, 1u) << "a page with no member: the map is unreadable";
+    for (const MemberEntry& e : MemberList(r)) {
+      EXPECT_EQ(e.id.size(), kMaxMemberIdLength);
+      addresses.emplace_back(e.address);
+    }
+    first += r.member_list_count;
+  }
+  ASSERT_EQ(addresses.size(), 3u);
+  for (const std::string& a : addresses) EXPECT_EQ(a.size(), longest);
 }
 
 TEST_F(DispatcherGateTest, KeysOfOtherNodesAreRedirectedAndOwnKeysGranted) {
@@ -660,6 +759,53 @@ TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndIsNotR
   const Message granted = only_reply_to(send(kAlice, {many({mine}, 10, 500)}, alice_), alice_);
   ASSERT_EQ(granted.type, MessageType::kGrantedMany);
   EXPECT_EQ(granted.listed_token(0) >> 32, 7u);
+}
+
+// Issue 21, hole 10: a waiting ACQUIRE_MANY holds its taken keys pending.
+// When a gate moves one of its keys to another node, the request is
+// abandoned at once (REDIRECT, pending holds released), so the hand-off's
+// count of leases in the moved bucket is not held up for its wait + TTL.
+TEST_F(DispatcherGateTest, AWaitingAcquireManyLetsGoOfAMovedKeyAtOnce) {
+  publish(5);
+  const std::vector<std::string> keys = own_keys_in_order(2);
+  (void)single_token(kBob, keys[1], 1, bob_);  // the request will wait on it
+  Message m = many(keys, 2, /*wait_ms=*/60'000);
+  m.ttl_ms = 30'000;
+  EXPECT_TRUE(send(kAlice, {m}, alice_).empty());  // queued, keys[0] taken
+  const auto leases_on = [&](const std::string& key) {
+    return dispatcher_->count_leases([&](std::string_view k) { return k == key; });
+  };
+  ASSERT_EQ(leases_on(keys[0]), 1u);
+
+  move_away(6, keys[0]);
+  now_ms_ += 5;  // the next I/O tick
+  std::vector<OutDatagram> out;
+  dispatcher_->tick(0, out);
+  dispatcher_->tick(1, out);
+  EXPECT_EQ(leases_on(keys[0]), 0u) << "the hand-off would wait for the pending hold";
+  const Message answer = only_reply_to(out, alice_);
+  EXPECT_EQ(answer.type, MessageType::kRedirect);
+  EXPECT_EQ(answer.epoch, 6u);
+  // Bob's lease is untouched, and the request no longer waits on it.
+  EXPECT_EQ(leases_on(keys[1]), 1u);
+  const auto query = send(kCarol, {request(MessageType::kQuery, keys[1], 77)}, carol_);
+  EXPECT_EQ(decoded(query.at(0)).messages[0].waiters, 0u);
+}
+
+// The same race from the other side: a request whose last key is handed to
+// it after a gate moved one of its taken keys must not confirm that key.
+TEST_F(DispatcherGateTest, AnAcquireManyNeverCompletesOnAKeyMovedWhileItWaited) {
+  publish(5);
+  const std::vector<std::string> keys = own_keys_in_order(2);
+  const std::uint64_t bob_token = single_token(kBob, keys[1], 1, bob_);
+  EXPECT_TRUE(send(kAlice, {many(keys, 2, 60'000)}, alice_).empty());
+  move_away(6, keys[0]);
+  // Bob releases before any tick: the hand-off continues the walk.
+  const auto out = release_key(kBob, keys[1], bob_token, 3, bob_);
+  const Message answer = only_reply_to(out, alice_);
+  EXPECT_EQ(answer.type, MessageType::kRedirect);
+  EXPECT_FALSE(held(keys[0]));
+  EXPECT_FALSE(held(keys[1]));
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -20,7 +21,10 @@
 #include <vector>
 
 #include "shardlock/lease/client.h"
+#include "shardlock/lease/internal/cluster_gate.h"
+#include "shardlock/lease/internal/server_clock.h"
 #include "shardlock/lease/internal/token_store.h"
+#include "shardlock/router.h"
 #include "udp_test_peer.h"
 
 namespace shardlock::lease {
@@ -292,6 +296,78 @@ TEST_P(ServerTest, LockDelayAnswersRecovering) {
   EXPECT_EQ(r.retry_after_ms, 3000u);
   fake_ms->fetch_add(3000, std::memory_order_relaxed);
   EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+}
+
+// Issue 21, hole 3: time the machine spends suspended counts. The default
+// clock is CLOCK_BOOTTIME (CLOCK_MONOTONIC stops during a suspend), and a
+// jump of the injected clock, as a resume shows it, ends the leases and the
+// lock-delay it covers, and the cluster gate's etcd-lease deadline with them.
+TEST(LeaseServerClock, TheDefaultClockIsTheBootClock) {
+  static_assert(internal::kServerClockId == CLOCK_BOOTTIME);
+  LeaseServerOptions o;
+  o.io = IoBackend::kSocket;
+  o.lock_delay = milliseconds{0};
+  o.log = [](std::string_view) {};
+  LeaseServer server(o);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto boot = [] {
+    timespec ts{};
+    ::clock_gettime(CLOCK_BOOTTIME, &ts);
+    return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
+  };
+  const std::chrono::nanoseconds before = boot();
+  const std::chrono::nanoseconds now = server.now();
+  const std::chrono::nanoseconds after = boot();
+  EXPECT_LE(before, now);
+  EXPECT_LE(now, after);
+}
+
+TEST_P(ServerTest, ASuspendEndsLeasesLockDelayAndTheClusterDeadline) {
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(10'000);
+  LeaseServerOptions o;
+  o.lock_delay = milliseconds{30'000};
+  o.max_ttl = milliseconds{30'000};
+  // Relaxed: the test only needs the I/O thread to see the new time eventually.
+  o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  UdpTestPeer alice(server_->port());
+  UdpTestPeer bob(server_->port());
+  ASSERT_EQ(alice.acquire("k", 30'000).type, MessageType::kRecovering);
+  // Suspended for an hour: the lock-delay is over on waking.
+  fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);
+  const Message g = alice.acquire("k", 30'000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  // Suspended again: the lease ended meanwhile, for the holder's clock too.
+  fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);
+  const Message g2 = bob.acquire("k", 30'000);
+  ASSERT_EQ(g2.type, MessageType::kGranted);
+  EXPECT_EQ(alice.renew("k", g.token, 30'000).type, MessageType::kExpired);
+  EXPECT_EQ(server_->stats().lock_delay_left, milliseconds{0});
+}
+
+TEST_P(ServerTest, ASuspendPastTheEtcdLeaseDeadlineFailsClosed) {
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(10'000);
+  LeaseServerOptions o;
+  o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  start(o);
+  if (IsSkipped()) return;
+  Router router(RouterOptions{.bucket_bits = 8});
+  const std::vector<Node> nodes = {Node{"self", 1}};
+  ASSERT_EQ(router.assign(nodes), RouterStatus::kOk);
+  auto gate = std::make_shared<internal::ClusterGate>();
+  gate->epoch = 7;
+  gate->routing = router.snapshot();
+  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kActive);
+  // As the cluster node builds it: a deadline on the server's own clock,
+  // 10 s after the last keep-alive.
+  const std::chrono::nanoseconds deadline = server_->now() + std::chrono::seconds(10);
+  gate->lease_deadline = [deadline] { return deadline; };
+  server_->publish_cluster_gate(gate);
+  UdpTestPeer peer(server_->port());
+  ASSERT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+  fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);  // suspended for an hour
+  EXPECT_EQ(peer.acquire("k2", 1000).type, MessageType::kRecovering);
 }
 
 TEST_P(ServerTest, StatsPagesShardTokensWithinTheRequestSize) {
@@ -720,7 +796,9 @@ TEST(LeaseServerStart, TokenBlockThatWouldWrapTheFloorIsRefused) {
     std::unique_ptr<internal::TokenStore> store;
     std::string detail;
     ASSERT_FALSE(internal::TokenStore::open(o.data_dir, store, detail)) << detail;
-    ASSERT_FALSE(store->initialize(1, std::numeric_limits<std::uint64_t>::max() - 10, 0, detail));
+    ASSERT_FALSE(store->initialize(1, internal::TokenMode::kPlain,
+                                   std::numeric_limits<std::uint64_t>::max() - 10,
+                                   std::numeric_limits<std::uint64_t>::max() - 10, 0, detail));
   }
   o.token_block = 4096;
   {
@@ -921,6 +999,122 @@ TEST(LeaseServerStart, TokensRiseAcrossRestartsWhateverShardAKeyLandsOn) {
     server.stop();
   }
   std::filesystem::remove_all(tmpl);
+}
+
+// A data dir under a fresh temporary directory, removed at the end, and
+// options for a socket server on it with no lock-delay.
+class TempDataDir {
+ public:
+  TempDataDir() {
+    char tmpl[] = "/tmp/shardlock-server-test-XXXXXX";
+    EXPECT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+  }
+  ~TempDataDir() { std::filesystem::remove_all(root_); }
+  TempDataDir(const TempDataDir&) = delete;
+  TempDataDir& operator=(const TempDataDir&) = delete;
+
+  [[nodiscard]] LeaseServerOptions options() const {
+    LeaseServerOptions o;
+    o.io = IoBackend::kSocket;
+    o.lock_delay = milliseconds{0};
+    o.shards = 4;
+    o.data_dir = root_ + "/data";
+    o.log = [](std::string_view) {};
+    return o;
+  }
+
+ private:
+  std::string root_;
+};
+
+// A gate for a one-node cluster: every bucket ours and active in `epoch`.
+std::shared_ptr<const internal::ClusterGate> one_node_gate(std::uint64_t epoch) {
+  Router router(RouterOptions{.bucket_bits = 8});
+  const std::vector<Node> nodes = {Node{"self", 1}};
+  EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
+  auto gate = std::make_shared<internal::ClusterGate>();
+  gate->epoch = epoch;
+  gate->routing = router.snapshot();
+  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kActive);
+  gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
+  return gate;
+}
+
+// Issue 21, hole 6: a data dir used in cluster mode (tokens epoch << 32 |
+// counter) and then by a plain node must not hand out smaller tokens.
+TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
+  const TempDataDir dir;
+  const LeaseServerOptions o = dir.options();
+  std::uint64_t cluster_token = 0;
+  {
+    LeaseServerOptions c = o;
+    c.start_closed = true;
+    LeaseServer server(c);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    EXPECT_EQ(server.token_floor(), 0u);
+    server.publish_cluster_gate(one_node_gate(3));
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    cluster_token = g.token;
+    EXPECT_EQ(cluster_token >> 32, 3u);
+  }
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    EXPECT_GE(server.token_floor(), cluster_token);
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    EXPECT_GT(g.token, cluster_token);
+  }
+}
+
+// Issue 21, hole 6, the other way: a plain node whose counter passed 2^32
+// joins a cluster whose epochs are small. Composing in such an epoch would go
+// below its tokens: refused (RECOVERING) and a new epoch asked for, until one
+// above token_floor() >> 32 comes.
+TEST(LeaseServerStart, AClusterRunRefusesEpochsAtOrBelowTheTokenFloor) {
+  const TempDataDir dir;
+  const LeaseServerOptions o = dir.options();
+  const std::uint64_t plain_high = (std::uint64_t{5} << 32) + 123;
+  {
+    std::unique_ptr<internal::TokenStore> store;
+    std::string detail;
+    ASSERT_FALSE(internal::TokenStore::open(o.data_dir, store, detail)) << detail;
+    ASSERT_FALSE(
+        store->initialize(4, internal::TokenMode::kPlain, plain_high, plain_high, 0, detail));
+  }
+  std::uint64_t plain_token = 0;
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    plain_token = g.token;
+    EXPECT_GT(plain_token, plain_high);
+  }
+  LeaseServerOptions c = o;
+  c.start_closed = true;
+  LeaseServer server(c);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  EXPECT_GE(server.token_floor(), plain_token);
+  EXPECT_EQ(server.token_floor() >> 32, 5u);
+  EXPECT_FALSE(server.needs_new_epoch());  // closed: no epoch yet
+  UdpTestPeer peer(server.port());
+  for (const std::uint64_t epoch : {3, 5}) {
+    server.publish_cluster_gate(one_node_gate(epoch));
+    EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kRecovering) << epoch;
+    EXPECT_TRUE(server.needs_new_epoch()) << epoch;
+  }
+  server.publish_cluster_gate(one_node_gate(6));
+  EXPECT_FALSE(server.needs_new_epoch());
+  const Message g = peer.acquire("k", 1000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  EXPECT_GT(g.token, plain_token);
+  EXPECT_EQ(g.token, (std::uint64_t{6} << 32) | 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ServerTest,

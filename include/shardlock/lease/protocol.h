@@ -182,8 +182,12 @@ inline constexpr std::uint8_t kFlagEpoch = 0x02;
 // The size of that epoch.
 inline constexpr std::size_t kEpochSize = 8;
 // The bounds of a MAP_REPLY member's id and address (decode() checks them).
+// They are membership's own bounds (cluster::valid_node_id(),
+// valid_member_address() read these), so every member a map can hold can be
+// served: an advertise address may be a long DNS name (a Kubernetes pod's
+// FQDN is often over 64 bytes).
 inline constexpr std::size_t kMaxMemberIdLength = 128;
-inline constexpr std::size_t kMaxMemberAddressLength = 64;
+inline constexpr std::size_t kMaxMemberAddressLength = 300;
 // Batch item flags bit: the item carries its own owner (see above).
 inline constexpr std::uint8_t kItemFlagOwner = 0x01;
 
@@ -744,6 +748,17 @@ class MemberList {
 [[nodiscard]] constexpr std::size_t member_entry_size(const MemberEntry& m) noexcept {
   return 2 + m.id.size() + 2 + m.address.size() + 4;
 }
+
+// A MAP_REPLY page of one member of the longest id and address (header,
+// the epoch flag's u64, epoch + member_count + first_member + list count,
+// the entry, a 16-byte auth tag) fits a datagram, so a client that pads MAP
+// to a whole datagram always gets a page with at least one member.
+static_assert(kHeaderSize + kEpochSize + (8 + 4 + 4 + 1) +
+                      member_entry_size(MemberEntry{
+                          .id = std::string_view(), .address = std::string_view(), .weight = 1}) +
+                      kMaxMemberIdLength + kMaxMemberAddressLength + 16 <=
+                  kMaxDatagramSize,
+              "a MAP_REPLY page must hold one member of the longest id and address");
 
 // Writes `members` as member-list entries into `out` (resized), for
 // Message::member_list; false when there are more than 255 members or one

@@ -114,7 +114,11 @@ struct LeaseServerOptions {
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
   // map, until the cluster layer publishes one (publish_cluster_gate()).
   bool start_closed = false;
-  // The monotonic clock, injectable for tests. Default: CLOCK_MONOTONIC.
+  // The clock every duration is measured on (lease expiry, waits,
+  // lock-delay, and the cluster's etcd-lease deadline through now()),
+  // injectable for tests. Default (empty): CLOCK_BOOTTIME, which keeps
+  // counting while the machine is suspended, so a host that slept past a
+  // lease, its lock-delay or its etcd lease wakes up knowing it.
   std::function<std::chrono::nanoseconds()> clock;
   // Where log lines go (one line per call, no trailing newline). Default:
   // stderr, prefixed with "shardlock-lease: ".
@@ -213,9 +217,18 @@ class LeaseServer {
   // Leases held on keys `pred` is true for (each shard under its lock).
   [[nodiscard]] std::size_t count_leases(
       const std::function<bool(std::string_view key)>& pred) const;
-  // Whether a shard's token counter ran out in the current epoch.
+  // Whether some shard cannot grant in the current epoch until a newer one
+  // is published: its token counter ran out there, or the epoch is at or
+  // below token_floor() >> 32.
   [[nodiscard]] bool needs_new_epoch() const;
-  // The clock the server runs on (options.clock, or CLOCK_MONOTONIC).
+  // The highest token an earlier run on the data dir may have issued, in
+  // either mode (read at start(); 0 without a data dir). In cluster mode the
+  // server grants only in epochs above token_floor() >> 32 (others answer
+  // RECOVERING and raise needs_new_epoch()), so the node should ask for such
+  // an epoch at start.
+  [[nodiscard]] std::uint64_t token_floor() const noexcept;
+  // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
+  // spent suspended counts.
   [[nodiscard]] std::chrono::nanoseconds now() const;
 
  private:

@@ -91,6 +91,11 @@ struct ShardLimits {
   // Seeds every hash of remote input in the shard (key table, dedup index,
   // per-client tables); LeaseServer draws it from getrandom() at start.
   std::uint64_t hash_seed = 0;
+  // The highest token an earlier run on the data dir may have issued
+  // (TokenStore::token_floor()). In cluster mode nothing is granted in an
+  // epoch at or below token_floor >> 32: every token composed there could
+  // be at or below it (RECOVERING, and needs_new_epoch()).
+  std::uint64_t token_floor = 0;
 };
 
 // One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
@@ -188,6 +193,16 @@ class Shard {
   // kBusy sets `ttl_left` to the longest a holder has left.
   PartState probe(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                   std::uint32_t& ttl_left, std::vector<DeferredReply>& deferred);
+  // Whether the request `m` (its client and request id) already took `part`
+  // in an earlier execution, as a single key's holder record tells (firing
+  // due timers first): kThisRequest when a lease of its client was granted
+  // by this very request id (a retransmission past the answer table; sets
+  // `token` and `ttl_left`), kStale when the client applied a newer request
+  // on the key since (sets `ttl_left`), else kNone.
+  enum class PriorGrant { kNone, kThisRequest, kStale };
+  PriorGrant prior_grant(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+                         std::uint64_t& token, std::uint32_t& ttl_left,
+                         std::vector<DeferredReply>& deferred);
   // Takes a part probe() found free: a pending holder until the request's
   // wait deadline plus its TTL. Returns its token, or 0 when none could be
   // issued (last_error()). May throw std::bad_alloc, with nothing changed.
@@ -202,6 +217,12 @@ class Shard {
   void abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                std::vector<DeferredReply>& deferred);
   [[nodiscard]] const ShardLimits& limits() const noexcept { return limits_; }
+  // Whether `key` (of this shard) may be granted now: the gate's verdict,
+  // kGrant without a gate.
+  [[nodiscard]] ClusterGate::Verdict verdict(std::string_view key,
+                                             std::int64_t now_ms) const noexcept {
+    return gate_verdict(key, now_ms);
+  }
 
   // ---- Cluster mode (cluster_gate.h) ----
   // From now on every grant and renew (ACQUIREs of all kinds, RENEW, waiters
@@ -210,15 +231,21 @@ class Shard {
   // are then compose_token(gate->epoch, counter), the counter counting from
   // 1 again in each epoch (still drawn from the durable per-shard counter,
   // so it only rises). Null: a single node, tokens are the bare counter.
-  void set_gate(std::shared_ptr<const ClusterGate> gate) noexcept { gate_ = std::move(gate); }
+  // An ACQUIRE_MANY waiting here with a key `gate` gives to another node
+  // can never complete here, and its pending holds would keep the hand-off
+  // of that bucket waiting: its wait ends at the next advance(), answered
+  // REDIRECT (the Dispatcher then releases every part it took).
+  void set_gate(std::shared_ptr<const ClusterGate> gate) noexcept;
   [[nodiscard]] const ClusterGate* gate() const noexcept { return gate_.get(); }
   // Fills `reply` with the REDIRECT or RECOVERING of a gate's refusal
   // `verdict`, and counts it. Precondition: gate() is set.
   void refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcept;
-  // Whether the low half of the tokens ran out in the gate's epoch: nothing
-  // more is granted until the cluster publishes a new epoch.
+  // Whether the shard cannot grant in the gate's epoch until the cluster
+  // publishes a newer one: the low half of the tokens ran out in it, or it
+  // is at or below the data dir's token floor (ShardLimits::token_floor).
   [[nodiscard]] bool needs_new_epoch() const noexcept {
-    return counter_exhausted_ && gate_ && gate_->epoch == token_epoch_;
+    if (!gate_) return false;
+    return (counter_exhausted_ && gate_->epoch == token_epoch_) || below_floor(*gate_);
   }
   // Leases (holders, pending ones included) on keys for which `pred(key)`
   // is true: the hand-off's count of leases left in buckets given away.
@@ -340,7 +367,19 @@ class Shard {
   // The gate's verdict on `key` now: kGrant without a gate.
   [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
                                                   std::int64_t now_ms) const noexcept {
-    return gate_ ? gate_->check(key, now_ms) : ClusterGate::Verdict::kGrant;
+    if (!gate_) return ClusterGate::Verdict::kGrant;
+    const ClusterGate::Verdict verdict = gate_->check(key, now_ms);
+    if (verdict == ClusterGate::Verdict::kGrant && below_floor(*gate_)) {
+      return ClusterGate::Verdict::kNotReady;
+    }
+    return verdict;
+  }
+  // Whether the gate gives some key of `m` to another node.
+  [[nodiscard]] bool lost_a_key(const MultiAcquire& m) const noexcept;
+  // Whether `gate` is a map whose epoch could compose tokens at or below
+  // the token floor.
+  [[nodiscard]] bool below_floor(const ClusterGate& gate) const noexcept {
+    return gate.routing != nullptr && floor_epoch_ != 0 && gate.epoch <= floor_epoch_;
   }
   // The next token (composed with the gate's epoch in cluster mode), or 0
   // with last_error_ set.
@@ -424,10 +463,11 @@ class Shard {
   ShardLimits limits_;
   ShardTokens tokens_;
   std::shared_ptr<const ClusterGate> gate_;
-  // The epoch of the last composed token and the raw counter value before
-  // its first one: counter = raw - epoch_base_ (see issue_token()).
+  // token_floor >> 32: the highest epoch that could compose a token at or
+  // below the data dir's floor.
+  std::uint64_t floor_epoch_ = 0;
+  // The epoch of the last composed token (its counter base is tokens_'s).
   std::uint64_t token_epoch_ = 0;
-  std::uint64_t epoch_base_ = 0;
   bool counter_exhausted_ = false;  // in token_epoch_
   TimerWheel wheel_;
   std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
