@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "epoch_file.h"
+#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lock_guard.h"
 
 namespace shardlock::cluster {
@@ -59,9 +60,15 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   }
   std::unique_ptr<ClusterNode> node(new ClusterNode(std::move(options), server));
   const ClusterNodeOptions& o = node->options_;
+  // And above the epoch of every token the data dir says an earlier run may
+  // have issued, in either mode (a plain node's tokens, or a cluster whose
+  // epochs started over): the first publish jumps there at once rather than
+  // one epoch per refused grant.
+  const std::uint64_t min_grant_epoch =
+      std::max(previous_highest, token_epoch(server.token_floor())) + 1;
   {
     LockGuard lock(node->mutex_);
-    node->stats_.min_grant_epoch = previous_highest + 1;
+    node->stats_.min_grant_epoch = min_grant_epoch;
   }
   // The server's own lock-delay covers the leases of its previous run, which
   // a hand-off acknowledgement must not speak for before they are over.
@@ -77,6 +84,7 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   m.advertise = o.advertise;
   m.weight = o.weight;
   m.max_ttl = o.max_ttl;
+  m.min_epoch = min_grant_epoch;
   m.data_dir = o.data_dir;
   m.lease_ttl = o.lease_ttl;
   m.drift_margin = o.drift_margin;

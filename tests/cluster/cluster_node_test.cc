@@ -14,6 +14,8 @@
 
 #include "etcd_process.h"
 #include "poll_until.h"
+#include "shardlock/cluster/epoch_token.h"
+#include "shardlock/lease/client.h"
 
 namespace shardlock::cluster {
 namespace {
@@ -55,7 +57,7 @@ class ClusterNodeTest : public test_support::EtcdSuiteTest {
     ASSERT_FALSE(server_->start()) << server_->error_detail();
     ClusterNodeOptions options;
     options.endpoints = etcd_->endpoint();
-    options.cluster_name = test_name();
+    options.cluster_name = test_name() + cluster_suffix_;
     options.node_id = "n1";
     options.advertise = server_->listen_address();
     options.data_dir = dir_;
@@ -68,6 +70,7 @@ class ClusterNodeTest : public test_support::EtcdSuiteTest {
   }
 
   std::string dir_;
+  std::string cluster_suffix_;
   std::unique_ptr<lease::LeaseServer> server_;
   std::unique_ptr<ClusterNode> node_;
 };
@@ -127,6 +130,49 @@ TEST_F(ClusterNodeTest, TheMemberRecordCarriesTheMaxTtlAndTheLargestOneSetsTheLo
                                        seconds(30), milliseconds(20)));
   EXPECT_EQ(node_->stats().lock_delay, seconds(120) + seconds(2) + milliseconds(200));
   (void)node_->membership().etcd().revoke_lease(lease.value.id);
+}
+
+// Hole 6 of issue 21, the cluster side: a data dir whose tokens are in a
+// higher epoch than the cluster's (its epoch file lost, or a new cluster)
+// makes the node's first publish jump above them, so its first grants rise.
+TEST_F(ClusterNodeTest, ANodeGrantsOnlyAboveTheTokensItsDataDirRecords) {
+  std::uint64_t first_token = 0;
+  const auto acquire = [&]() -> std::uint64_t {
+    lease::LeaseClientOptions options;
+    options.nodes = {server_->listen_address()};
+    options.discover_cluster = true;
+    lease::LeaseClient client(options);
+    if (const std::error_code ec = client.start()) {
+      ADD_FAILURE() << ec.message() << ": " << client.error_detail();
+      return 0;
+    }
+    lease::AcquireResult r = client.acquire("k", milliseconds(150), seconds(20));
+    EXPECT_TRUE(r) << r.error.message();
+    return r ? r.lease.token() : 0;
+  };
+  const auto active = [&] {
+    return test_support::poll_until([&] { return node_->stats().buckets_active > 0; }, seconds(30),
+                                    milliseconds(20));
+  };
+  start_node();
+  ASSERT_TRUE(active());
+  first_token = acquire();
+  ASSERT_NE(first_token, 0u);
+  node_->stop();
+  node_.reset();
+  server_->stop();
+  server_.reset();
+
+  // The same data dir in a new cluster (its epochs start from 1 again),
+  // without its epoch file: only the token floor remembers the old epochs.
+  std::filesystem::remove(dir_ + "/cluster-epoch");
+  cluster_suffix_ = "-again";
+  start_node();
+  ASSERT_TRUE(active());
+  EXPECT_GT(node_->stats().min_grant_epoch, cluster::token_epoch(first_token));
+  const std::uint64_t second_token = acquire();
+  ASSERT_NE(second_token, 0u);
+  EXPECT_GT(second_token, first_token);
 }
 
 }  // namespace
