@@ -28,6 +28,7 @@ release=(
 testing=(
   git clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
+  python3-xxhash  # the Python client's cluster mode and its tests
 )
 # The etcd client (src/cluster/), which the release preset builds: gRPC,
 # protobuf and their code generators. etcd's .proto files are not here: they

@@ -5,8 +5,8 @@
     with client.lock("orders/42", ttl=30) as lease:
         storage.write(data, fence=lease.token)
 
-Standard library only. It speaks the UDP wire format itself (protocol.py);
-see clients/python/README.md.
+Standard library only (cluster mode also needs xxhash). It speaks the UDP
+wire format itself (protocol.py); see clients/python/README.md.
 """
 
 from .client import Client, Lease, QueryResult

@@ -24,6 +24,15 @@ The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
   RECOVERING, it asks again (fresh request id, the wait left) after
   retry_after_ms with jitter, and raises RecoveringError only when that
   would be past its wait. An acquire without a wait answers at once.
+* Cluster mode (discover=True, docs/cluster.md "Clients"): the map comes
+  from the seeds (MAP, paged), every request carries its epoch, and each
+  ACQUIRE or QUERY goes to the key's owner under the cluster's Router
+  (router.py). A REDIRECT from a node with a newer map refreshes the map from
+  that node first and goes to the owner; a node that stops answering makes
+  the client refresh the map from the others every 3 unanswered sends and
+  move to the key's new owner, where a waiting acquire rides through the
+  lock-delay as above. All within the call's deadline. Leases renew and
+  release at the node that granted them.
 """
 
 from __future__ import annotations
@@ -34,9 +43,10 @@ import socket
 import threading
 import time
 import weakref
-from typing import Callable, Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import protocol as p
+from . import router as _router
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError,
@@ -131,8 +141,11 @@ class Lease:
 
     def __init__(self, client: "Client", key: bytes, token: int, mode: int, ttl_ms: int,
                  expiry: float, sent: float, watchdog: bool, on_lost: Optional[OnLost],
-                 renew_fraction: float) -> None:
+                 renew_fraction: float, node: "_Node") -> None:
         self._client = client
+        # The node that granted it: renewals and releases go there, whatever
+        # a newer cluster map says (docs/cluster.md, Clients).
+        self._node = node
         self._key = key
         self._token = token
         self._mode = mode
@@ -194,9 +207,11 @@ class Lease:
     # ---- calls ------------------------------------------------------------
 
     def renew(self, ttl: Optional[float] = None) -> None:
-        """RENEW for `ttl` seconds (None: the current TTL). Blocks up to the
-        request timeout. NotOwnerError / LeaseExpiredError mean the lease is
-        lost (on_lost fires); LeaseInactiveError that it was already."""
+        """RENEW for `ttl` seconds (None: the current TTL), at the node that
+        granted the lease. Blocks up to the request timeout. NotOwnerError /
+        LeaseExpiredError mean the lease is lost (on_lost fires), and so does
+        RedirectedError (a cluster node handed the key off);
+        LeaseInactiveError that it was already."""
         with self._lock:
             if self._status != _HELD:
                 raise LeaseInactiveError("the lease on %r is not held" % self.key)
@@ -211,7 +226,8 @@ class Lease:
         server no longer had it, UnreachableError without an answer."""
         if not self._close():
             raise LeaseInactiveError("the lease on %r was released already" % self.key)
-        reply = self._client._call(p.Message(type=p.RELEASE, key=self._key, token=self._token))
+        reply = self._client._call(p.Message(type=p.RELEASE, key=self._key, token=self._token),
+                                   node=self._node)
         if reply is None:
             raise UnreachableError("no answer to RELEASE of %r" % self.key)
         _raise_for_reply(reply, self.key)
@@ -233,7 +249,7 @@ class Lease:
         try:
             if self._close():
                 self._client._send_once(p.Message(type=p.RELEASE, key=self._key,
-                                                  token=self._token))
+                                                  token=self._token), self._node)
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to do
             pass
 
@@ -268,7 +284,8 @@ class Lease:
             self._ttl_ms = ttl_ms
             # The server may apply a shorter TTL at any moment: pull in now.
             self._expiry = min(self._expiry, sent + ttl_ms / 1000.0 - self._margin(ttl_ms))
-        reply = self._client._call(message, timeout=timeout, request_id=request_id, sent=sent)
+        reply = self._client._call(message, timeout=timeout, request_id=request_id, sent=sent,
+                                   node=self._node)
         with self._lock:
             self._pending.pop(request_id, None)
             if reply is not None and reply.type == p.RENEWED:
@@ -370,36 +387,117 @@ def _raise_for_reply(reply: p.Message, key: str) -> None:
     raise ShardlockError("unexpected reply %s" % p.type_name(t))
 
 
+class _Node:
+    """A server address: as written ("HOST:PORT") and resolved."""
+
+    __slots__ = ("text", "address")
+
+    def __init__(self, text: str, address: tuple) -> None:
+        self.text = text
+        self.address = address
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Node) and self.address == other.address
+
+    def __hash__(self) -> int:
+        return hash(self.address)
+
+    def __repr__(self) -> str:
+        return "_Node(%r)" % self.text
+
+
+def _resolve(text: str, family: int = 0) -> _Node:
+    """ValueError if `text` is malformed or does not resolve (in `family`)."""
+    host, port = _parse_server(text)
+    try:
+        infos = socket.getaddrinfo(host, port, family, socket.SOCK_DGRAM)
+    except socket.gaierror as error:
+        raise ValueError("%s does not resolve: %s" % (text, error)) from None
+    return _Node(text, infos[0][4])
+
+
+def _family(node: _Node) -> int:
+    return socket.AF_INET6 if len(node.address) == 4 else socket.AF_INET
+
+
+class _ClusterMap:
+    """One cluster map, immutable: its epoch, members sorted by id (the
+    Router's order, so owner indices are member indices) and their nodes."""
+
+    def __init__(self, epoch: int, members: List[Tuple[bytes, str, int]],
+                 nodes: Dict[str, _Node]) -> None:
+        self.epoch = epoch
+        self.router = _router.Router([(member_id, weight) for member_id, _, weight in members])
+        by_id = {member_id: (address, weight) for member_id, address, weight in members}
+        self.members = [(member_id, by_id[member_id][0], by_id[member_id][1])
+                        for member_id in self.router.ids]
+        self.nodes = [nodes[address] for _, address, _ in self.members]
+
+    def owner_of(self, key: bytes) -> _Node:
+        return self.nodes[self.router.owner_index(key)]
+
+
+# A cluster call follows at most this many REDIRECTs (as the C++ client's
+# kMaxRedirects), and refreshes its map after this many unanswered sends to
+# one node (and again after as many more).
+_MAX_REDIRECTS = 8
+_SILENT_SENDS = 3
+# A node whose map is behind the client's, or that redirects under the same
+# map, is asked again after this long (kRedirectRetry).
+_REDIRECT_RETRY = 0.020
+# A map that changes between two pages is read again from the start at most
+# this often per source.
+_MAX_MAP_RESTARTS = 3
+
+
 class Client:
-    """A shardlock lease client for one server.
+    """A shardlock lease client for one server, or for a cluster.
 
         client = Client("127.0.0.1:7420")
         with client.lock("orders/42", ttl=30) as lease:
             storage.write(data, fence=lease.token)
 
+        cluster = Client("10.0.0.1:7420,10.0.0.2:7420", discover=True)
+
     `server`: "HOST:PORT" or "[IPV6]:PORT" (default: $SHARDLOCK_SERVER).
+    With `discover=True` the client is in cluster mode (docs/cluster.md):
+    `server` names one or more seeds (a comma-separated string or a list of
+    addresses), the constructor reads the cluster's map from the first seed
+    that gives one (UnreachableError if none does, ImportError if the
+    xxhash package is missing), and each key goes to the member that owns
+    it under that map, following redirects and failovers.
     Times are in seconds. Thread-safe. Close it (or use it as a context
     manager) to stop its threads; leases still alive then become inert and
     expire on the server after their TTL.
     """
 
-    def __init__(self, server: Optional[str] = None, *, request_timeout: float = 2.0,
+    def __init__(self, server: Union[str, Sequence[str], None] = None, *,
+                 discover: bool = False, request_timeout: float = 2.0,
                  initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
                  clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
                  client_id: Optional[bytes] = None) -> None:
         server = server or os.environ.get("SHARDLOCK_SERVER")
         if not server:
             raise ValueError("no server: pass HOST:PORT or set SHARDLOCK_SERVER")
-        if "," in server:
-            raise ValueError("this client speaks to one server; routing over several "
-                             "nodes is not implemented")
+        texts = [t.strip() for t in (server.split(",") if isinstance(server, str) else server)]
+        if not texts or not all(texts):
+            raise ValueError("an empty server address in %r" % (server,))
+        if len(texts) > 1 and not discover:
+            raise ValueError("several servers are cluster seeds: pass discover=True "
+                             "(routing over a static node list is not implemented)")
         if not 0 <= clock_drift_factor < 1:
             raise ValueError("clock_drift_factor must be in [0, 1)")
-        host, port = _parse_server(server)
-        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
-        self.server = server
+        if discover:
+            _router.require_xxhash()
+        seeds = [_resolve(t) for t in texts]
+        family = _family(seeds[0])
+        if any(_family(seed) != family for seed in seeds):
+            raise ValueError("the seeds must all be IPv4 or all IPv6")
+        self.server = ",".join(texts)
         self.request_timeout = request_timeout
-        self._address = address
+        self._seeds = seeds
+        self._node = seeds[0]  # the server, without discover
+        self._family = family
         self._initial_retransmit = initial_retransmit
         self._max_retransmit = max_retransmit
         self._drift_factor = clock_drift_factor
@@ -419,6 +517,13 @@ class Client:
         self._lock = threading.Lock()
         self._calls: Dict[int, _Call] = {}
         self._closed = False
+        # Cluster mode: the current map (swapped whole under _lock; readers
+        # keep the one they took), one refresh at a time under
+        # _refresh_lock, and every member address resolved once.
+        self._discover = discover
+        self._map: Optional[_ClusterMap] = None
+        self._refresh_lock = threading.Lock()
+        self._nodes_by_text: Dict[str, _Node] = {seed.text: seed for seed in seeds}
         self._socket = socket.socket(family, socket.SOCK_DGRAM)
         self._socket.settimeout(0.1)  # the receiver checks _closed this often
         self._receiver = threading.Thread(target=self._receive_loop,
@@ -428,6 +533,11 @@ class Client:
         self._watched: List["weakref.ReferenceType[Lease]"] = []
         self._watch_changed = False  # under _watch_cond: look again before sleeping
         self._watchdog: Optional[threading.Thread] = None
+        if discover:
+            failures = self._refresh_map(list(seeds), _now() + len(seeds) * request_timeout)
+            if self._map is None:
+                self.close()
+                raise UnreachableError("no seed gave the cluster's map: " + "; ".join(failures))
 
     # ---- public -------------------------------------------------------------
 
@@ -448,11 +558,14 @@ class Client:
         watchdog thread, if the lease is lost.
 
         Blocks at most wait + request_timeout. With a wait, a server in its
-        lock-delay (RECOVERING) is asked again until the wait is spent.
+        lock-delay (RECOVERING) is asked again until the wait is spent. In
+        cluster mode the call goes to the key's owner, follows REDIRECTs (at
+        most 8) and, when the owner stops answering, refreshes the map and
+        moves to the key's new owner, all within that bound.
         Raises BusyError, WaitTimeoutError, UnreachableError,
-        RecoveringError (only once the wait is spent), ServerError or
-        GrantExpiredError; ValueError for bad arguments. The Lease returned
-        is valid."""
+        RecoveringError (only once the wait is spent), RedirectedError,
+        ServerError or GrantExpiredError; ValueError for bad arguments. The
+        Lease returned is valid."""
         data = _key_bytes(key)
         ttl_ms = _to_ms(ttl, "ttl", False)
         wait_ms = _to_ms(wait, "wait", True)
@@ -470,17 +583,17 @@ class Client:
             message = p.Message(type=p.ACQUIRE_SHARED if shared else p.ACQUIRE, key=data,
                                 ttl_ms=ttl_ms, wait_ms=wait_ms)
             mode = p.MODE_SHARED if shared else p.MODE_EXCLUSIVE
-        sent, reply = self._acquire_call(message)
+        sent, reply, node = self._routed_call(message)
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
-            raise UnreachableError("no answer from %s to ACQUIRE %r" % (self.server, key_text))
+            raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
         _raise_for_reply(reply, key_text)
         expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
         if _now() >= expiry:
-            self._call(p.Message(type=p.RELEASE, key=data, token=reply.token))
+            self._call(p.Message(type=p.RELEASE, key=data, token=reply.token), node=node)
             raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
         lease = Lease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
-                      on_lost, renew_fraction)
+                      on_lost, renew_fraction, node)
         if watchdog or on_lost is not None:
             self._watch(lease)
         return lease
@@ -498,11 +611,32 @@ class Client:
     def query(self, key: Key) -> QueryResult:
         """QUERY: who holds `key` and how (no lease taken)."""
         data = _key_bytes(key)
-        reply = self._call(p.Message(type=p.QUERY, key=data))
+        _, reply, node = self._routed_call(p.Message(type=p.QUERY, key=data))
         if reply is None:
-            raise UnreachableError("no answer from %s to QUERY" % self.server)
+            raise UnreachableError("no answer from %s to QUERY" % node.text)
         _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
         return QueryResult(reply)
+
+    @property
+    def map_epoch(self) -> int:
+        """The epoch of the cluster map in use; 0 without discover."""
+        current = self._map
+        return current.epoch if current is not None else 0
+
+    @property
+    def map_members(self) -> List[Tuple[str, str, int]]:
+        """The map's members as (id, "host:port", weight), sorted by id (as
+        bytes); empty without discover."""
+        current = self._map
+        if current is None:
+            return []
+        return [(member_id.decode("utf-8", errors="replace"), address, weight)
+                for member_id, address, weight in current.members]
+
+    def address_for(self, key: Key) -> str:
+        """The "host:port" a call on `key` goes to now: its owner under the
+        current map, or the server."""
+        return self._route(_key_bytes(key))[0].text
 
     def close(self) -> None:
         """Stops the threads and closes the socket. Calls in flight raise
@@ -529,26 +663,163 @@ class Client:
 
     # ---- calls ------------------------------------------------------------
 
-    def _acquire_call(self, message: p.Message) -> Tuple[float, Optional[p.Message]]:
-        """An ACQUIRE* call within its wait: RECOVERING is ridden through
-        while the wait lasts (each retry a fresh request id asking for the
-        wait left). Returns the first transmission's send time of the call
-        that was answered last, and its reply (None: unanswered)."""
+    def _route(self, key: bytes) -> Tuple[_Node, Optional[_ClusterMap]]:
+        """Where a call on `key` goes, and the map that said so (None: not
+        in cluster mode)."""
+        current = self._map
+        if current is None:
+            return self._node, None
+        return current.owner_of(key), current
+
+    def _routed_call(self, message: p.Message
+                     ) -> Tuple[float, Optional[p.Message], _Node]:
+        """An ACQUIRE* or QUERY call, within wait + request_timeout.
+
+        An ACQUIRE* with a wait rides through RECOVERING while the wait
+        lasts. In cluster mode it also follows REDIRECTs (refreshing the map
+        from the redirecting node when its map is newer, at most
+        _MAX_REDIRECTS) and, every _SILENT_SENDS unanswered sends, refreshes
+        the map from the other members and the seeds (the silent node last)
+        and moves to the key's new owner if it changed. Each follow-up is a
+        fresh request id asking for the wait left. Returns the first
+        transmission's send time of the request id answered last, its reply
+        (None: unanswered) and the node that answered (or was asked last)."""
         start = _now()
         wait_end = start + message.wait_ms / 1000.0
         deadline = wait_end + self.request_timeout
+        waits = message.wait_ms > 0
         sent = start
+        redirects = 0
         while True:
-            reply = self._call(message, timeout=deadline - sent, sent=sent)
-            if reply is None or reply.type != p.RECOVERING or message.wait_ms == 0:
-                return sent, reply
-            delay = _retry_delay(reply.retry_after_ms)
-            if _now() + delay >= wait_end:
-                return sent, reply
-            time.sleep(delay)
+            node, routed_by = self._route(message.key)
+            moved = []
+
+            def on_silence(node=node, routed_by=routed_by, moved=moved) -> bool:
+                self._refresh_map(self._refresh_sources(last=node), deadline, routed_by)
+                if self._route(message.key)[0] != node:
+                    moved.append(True)
+                    return True  # abandon this request id: the key moved
+                return False
+
+            reply = self._call(message, timeout=deadline - sent, sent=sent, node=node,
+                               on_silence=on_silence if routed_by is not None else None)
+            if reply is None and not moved:
+                return sent, None, node
+            if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
+                behind = reply.epoch < routed_by.epoch and self._map is routed_by
+                if not behind:
+                    # A hop: the owner moved, or the node is mid-change.
+                    redirects += 1
+                    if redirects > _MAX_REDIRECTS:
+                        return sent, reply, node
+                    if reply.epoch > routed_by.epoch:
+                        self._refresh_map(self._refresh_sources(first=node), deadline, routed_by)
+                if self._map is routed_by:
+                    # The node will catch up with our map (not a hop), or no
+                    # newer map was found yet: ask again shortly.
+                    time.sleep(max(0.0, min(_REDIRECT_RETRY, deadline - _now())))
+            elif reply is not None and reply.type == p.RECOVERING and waits:
+                delay = _retry_delay(reply.retry_after_ms)
+                if _now() + delay >= wait_end:
+                    return sent, reply, node
+                time.sleep(delay)
+            elif reply is not None:
+                return sent, reply, node
             sent = _now()
-            # At least 1 ms: a wait of 0 would make it a try (BUSY at once).
-            message.wait_ms = max(1, int((wait_end - sent) * 1000))
+            if sent >= deadline:
+                return sent, reply, node
+            if waits:
+                # At least 1 ms: a wait of 0 would make it a try (BUSY at once).
+                message.wait_ms = max(1, int((wait_end - sent) * 1000))
+
+    # ---- the cluster map ------------------------------------------------------
+
+    def _refresh_sources(self, first: Optional[_Node] = None,
+                         last: Optional[_Node] = None) -> List[_Node]:
+        """Whom to ask for a newer map, each once: `first` (a node that
+        redirected: its map is newer), the current map's members, the seeds,
+        then `last` (a node that stopped answering)."""
+        sources: List[_Node] = []
+        current = self._map
+        for node in [first] + (current.nodes if current else []) + self._seeds:
+            if node is not None and node != last and node not in sources:
+                sources.append(node)
+        if last is not None:
+            sources.append(last)
+        return sources
+
+    def _refresh_map(self, sources: List[_Node], deadline: float,
+                     routed_by: Optional[_ClusterMap] = None) -> List[str]:
+        """Reads the map from the first of `sources` that gives one and
+        adopts it if it is newer than the current one. One refresh at a
+        time: a caller that waited for another's refresh, which replaced
+        the map `routed_by` it routed by, uses that one instead. Returns the
+        reason each source failed."""
+        failures: List[str] = []
+        with self._refresh_lock:
+            if routed_by is not None and self._map is not routed_by:
+                return failures
+            for source in sources:
+                timeout = min(self.request_timeout, deadline - _now())
+                if timeout <= 0:
+                    failures.append("%s: not asked (out of time)" % source.text)
+                    continue
+                try:
+                    fetched = self._fetch_map(source, timeout)
+                except ShardlockError as error:
+                    failures.append("%s: %s" % (source.text, error))
+                    continue
+                with self._lock:
+                    if self._map is None or fetched.epoch > self._map.epoch:
+                        self._map = fetched
+                return failures
+        return failures
+
+    def _fetch_map(self, source: _Node, timeout: float) -> _ClusterMap:
+        """The map of `source`, paged with MAP's first_member (each page
+        asked for up to `timeout`). Raises ShardlockError saying why not."""
+        members: List[Tuple[bytes, str, int]] = []
+        epoch = count = restarts = 0
+        while True:
+            reply = self._call(p.Message(type=p.MAP, first_member=len(members)),
+                               timeout=timeout, node=source)
+            if reply is None:
+                raise UnreachableError("no answer")
+            if reply.type != p.MAP_REPLY:
+                raise ShardlockError("no map (%s)" % p.type_name(reply.type))
+            if reply.epoch == 0:
+                raise ShardlockError("not a cluster node (its map has epoch 0)")
+            if epoch and (reply.epoch != epoch or reply.member_count != count):
+                # The map changed between two pages: read it again.
+                restarts += 1
+                if restarts > _MAX_MAP_RESTARTS:
+                    raise ShardlockError("its map kept changing while it was read")
+                members, epoch, count = [], 0, 0
+                continue
+            if not 0 < reply.member_count <= _router.MAX_MEMBERS:
+                raise ShardlockError("a map of %d members" % reply.member_count)
+            if (reply.first_member != len(members) or not reply.members or
+                    len(members) + len(reply.members) > reply.member_count):
+                raise ShardlockError("a MAP_REPLY page that does not continue the map")
+            epoch, count = reply.epoch, reply.member_count
+            members += reply.members
+            if len(members) == count:
+                break
+        nodes: Dict[str, _Node] = {}
+        for _, address, _ in members:
+            node = self._nodes_by_text.get(address)
+            if node is None:
+                try:
+                    node = _resolve(address, self._family)
+                except ValueError as error:
+                    raise ShardlockError("member address: %s" % error) from None
+                with self._lock:
+                    node = self._nodes_by_text.setdefault(address, node)
+            nodes[address] = node
+        try:
+            return _ClusterMap(epoch, members, nodes)
+        except ValueError as error:
+            raise ShardlockError("a map the router refuses (%s)" % error) from None
 
     def _drift_margin(self, ttl_ms: int) -> float:
         return self._drift_factor * ttl_ms / 1000.0 + self._drift_allowance
@@ -559,24 +830,35 @@ class Client:
             self._next_id = (self._next_id + 1) & 0xFFFFFFFFFFFFFFFF
             return request_id
 
-    def _send_once(self, message: p.Message) -> None:
+    def _epoch(self) -> Optional[int]:
+        """The epoch every request carries in cluster mode; None otherwise."""
+        current = self._map
+        return current.epoch if current is not None else None
+
+    def _send_once(self, message: p.Message, node: _Node) -> None:
         """One datagram, no answer awaited (a best-effort RELEASE)."""
         if self._closed:
             return
         message.request_id = self._new_request_id()
         try:
-            self._socket.sendto(p.encode_request(message, self._client_id), self._address)
+            self._socket.sendto(p.encode_request(message, self._client_id, epoch=self._epoch()),
+                                node.address)
         except OSError:
             pass
 
     def _call(self, message: p.Message, timeout: Optional[float] = None,
-              request_id: Optional[int] = None, sent: Optional[float] = None
-              ) -> Optional[p.Message]:
-        """Sends `message` and retransmits it (same request id) until it is
-        answered or `timeout` seconds pass; returns the reply, or None.
-        Raises ClientClosedError if the client is closed."""
+              request_id: Optional[int] = None, sent: Optional[float] = None,
+              node: Optional[_Node] = None,
+              on_silence: Optional[Callable[[], bool]] = None) -> Optional[p.Message]:
+        """Sends `message` to `node` (default: the server) and retransmits it
+        (same request id) until it is answered or `timeout` seconds pass;
+        returns the reply, or None. After every _SILENT_SENDS unanswered
+        sends it calls `on_silence`, and gives up (None) if that returns
+        True. Raises ClientClosedError if the client is closed."""
         message.request_id = self._new_request_id() if request_id is None else request_id
-        data = p.encode_request(message, self._client_id)
+        node = node or self._node
+        data = p.encode_request(message, self._client_id,
+                                epoch=self._epoch() if message.type != p.MAP else None)
         call = _Call(message)
         with self._lock:
             if self._closed:
@@ -585,12 +867,17 @@ class Client:
         start = _now() if sent is None else sent
         deadline = start + (self.request_timeout if timeout is None else timeout)
         interval = self._initial_retransmit
+        sends = 0
         try:
             while True:
+                if on_silence is not None and sends and sends % _SILENT_SENDS == 0 \
+                        and on_silence():
+                    return None
                 try:
-                    self._socket.sendto(data, self._address)
+                    self._socket.sendto(data, node.address)
                 except OSError:
                     pass  # as a lost datagram: retransmitted
+                sends += 1
                 left = deadline - _now()
                 if left <= 0:
                     return None

@@ -41,10 +41,11 @@ class RecoveringError(ShardlockError):
 
 class RedirectedError(ShardlockError):
     """A cluster node answered REDIRECT: the key belongs to another node in
-    the node's map of `epoch`. This client talks to one server; use a
-    cluster-aware client (the C++ LeaseClient with discover_cluster, or
-    shardlockctl --discover) for a cluster. A renewal answered so means the
-    lease is lost (the node handed the key off)."""
+    the node's map of `epoch`. A Client without discover=True gets it for
+    every key the node does not own; one in cluster mode only after 8 hops,
+    or when its deadline passes with a REDIRECT as the last answer. A
+    renewal answered so means the lease is lost (the node handed the key
+    off)."""
 
     def __init__(self, key: str, epoch: int) -> None:
         super().__init__("%r belongs to another cluster node (map epoch %d)" % (key, epoch))

@@ -4,14 +4,15 @@ Bytes in, a message or a ProtocolError out; it never touches a socket. The
 format is documented byte by byte at the top of
 include/shardlock/lease/protocol.h; this module implements the part a client
 needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
-RENEW, RELEASE, QUERY) and every reply a server sends to them, single or
-batched. Batched requests, ACQUIRE_MANY, STATS and authentication are not
-implemented.
+RENEW, RELEASE, QUERY, and MAP for cluster mode) and every reply a server
+sends to them, single or batched. Batched requests, ACQUIRE_MANY, STATS and
+authentication are not implemented.
 
 Header, 32 bytes, little-endian:
-    u32 magic 0x4B4C4853 ("SHLK"), u8 version 1, u8 flags (0), u8 type,
+    u32 magic 0x4B4C4853 ("SHLK"), u8 version 1, u8 flags, u8 type,
     u8 count (1), u64 request_id, u64 client_id lo, u64 client_id hi
-then the body of `type` (a key is u16 length + bytes).
+then, with flags bit 1 (FLAG_EPOCH, requests only), the sender's u64 map
+epoch, then the body of `type` (a key is u16 length + bytes).
 
 Anti-amplification: a request must be padded with zeros up to the largest
 reply the server may send to it (max_reply_size()), or the server answers
@@ -21,7 +22,7 @@ ERROR(REQUEST_TOO_SMALL). encode_request() pads.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 MAGIC = 0x4B4C4853
@@ -35,6 +36,10 @@ MIN_KEY_LENGTH = 1
 MAX_KEY_LENGTH = 256
 MAX_PERMITS = 65535
 FLAG_AUTHENTICATED = 0x01
+FLAG_EPOCH = 0x02  # a u64 map epoch follows the header (cluster clients' requests)
+EPOCH_SIZE = 8
+MAX_MEMBER_ID_LENGTH = 128
+MAX_MEMBER_ADDRESS_LENGTH = 64
 ITEM_FLAG_OWNER = 0x01
 
 # Message types.
@@ -46,6 +51,7 @@ STATS = 0x05
 ACQUIRE_SHARED = 0x06
 ACQUIRE_PERMIT = 0x07
 ACQUIRE_MANY = 0x08
+MAP = 0x09
 GRANTED = 0x81
 BUSY = 0x82
 TIMEOUT = 0x83
@@ -56,9 +62,11 @@ EXPIRED = 0x87
 RECOVERING = 0x88
 ERROR = 0x89
 # A cluster node (docs/cluster.md): the key belongs to another node in the
-# node's map of this epoch. This client talks to one server and does not
-# follow redirects; it reports them (RedirectedError).
+# node's map of this epoch. A client in cluster mode refreshes its map and
+# goes to the owner; one talking to a single server reports it
+# (RedirectedError).
 REDIRECT = 0x8E
+MAP_REPLY = 0x8F
 QUERY_REPLY = 0x8A
 STATS_REPLY = 0x8B
 GRANTED_MANY = 0x8C
@@ -92,6 +100,7 @@ ERROR_REQUEST_TOO_SMALL = 6
 
 # Each body field in wire order: (attribute, struct format or "key").
 _KEY = "key"
+_MEMBERS = "members"  # u8 n, n x (u16 id length + id, u16 address length + address, u32 weight)
 _BODIES = {
     ACQUIRE: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I")),
     ACQUIRE_SHARED: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I")),
@@ -109,6 +118,9 @@ _BODIES = {
     RECOVERING: (("retry_after_ms", "I"),),
     ERROR: (("error", "H"),),
     REDIRECT: (("epoch", "Q"),),
+    MAP: (("first_member", "I"),),
+    MAP_REPLY: (("epoch", "Q"), ("member_count", "I"), ("first_member", "I"),
+                ("members", _MEMBERS)),
     QUERY_REPLY: (("key", _KEY), ("held", "B"), ("token", "Q"), ("ttl_ms", "I"),
                   ("waiters", "I"), ("mode", "B"), ("holders", "I"), ("permits", "I")),
 }
@@ -123,8 +135,9 @@ _REPLIES = {
     RENEW: (RENEWED, NOT_OWNER, EXPIRED, ERROR, REDIRECT, RECOVERING),
     RELEASE: (RELEASED, NOT_OWNER, EXPIRED, ERROR),
     QUERY: (QUERY_REPLY, ERROR, REDIRECT, RECOVERING),
+    MAP: (MAP_REPLY, ERROR),
 }
-_ALSO_ACCEPTED = {RELEASE: (RECOVERING,)}
+_ALSO_ACCEPTED = {RELEASE: (RECOVERING,), MAP: (RECOVERING,)}
 
 _NAMES = {
     ACQUIRE: "ACQUIRE", RENEW: "RENEW", RELEASE: "RELEASE", QUERY: "QUERY",
@@ -133,7 +146,7 @@ _NAMES = {
     RENEWED: "RENEWED", RELEASED: "RELEASED", NOT_OWNER: "NOT_OWNER", EXPIRED: "EXPIRED",
     RECOVERING: "RECOVERING", ERROR: "ERROR", REDIRECT: "REDIRECT", QUERY_REPLY: "QUERY_REPLY",
     STATS_REPLY: "STATS_REPLY", GRANTED_MANY: "GRANTED_MANY", BUSY_MANY: "BUSY_MANY",
-    BATCH: "BATCH",
+    BATCH: "BATCH", MAP: "MAP", MAP_REPLY: "MAP_REPLY",
 }
 
 _HEADER = struct.Struct("<IBBBBQQQ")
@@ -166,7 +179,11 @@ class Message:
     waiters: int = 0
     mode: int = 0
     holders: int = 0
-    epoch: int = 0  # REDIRECT
+    epoch: int = 0  # REDIRECT, MAP_REPLY: the sender's map epoch
+    first_member: int = 0  # MAP, MAP_REPLY
+    member_count: int = 0  # MAP_REPLY: the map's members, all pages
+    # MAP_REPLY: this page's members, each (id, address "host:port", weight).
+    members: List[Tuple[bytes, str, int]] = field(default_factory=list)
 
 
 def _body_size(message: Message) -> int:
@@ -177,11 +194,14 @@ def _body_size(message: Message) -> int:
 
 
 def _fixed_size(message_type: int) -> Tuple[bool, int]:
-    """(carries a key, body size less the key's bytes)."""
+    """(carries a key, body size less the key's bytes; a member list counted
+    empty)."""
     keyed = False
     n = 0
     for _, fmt in _BODIES[message_type]:
-        if fmt == _KEY:
+        if fmt == _MEMBERS:
+            n += 1
+        elif fmt == _KEY:
             keyed = True
             n += 2
         else:
@@ -205,23 +225,32 @@ def max_reply_size(request: Message) -> int:
     return HEADER_SIZE + max_reply_body(request)
 
 
-def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = True) -> bytes:
+def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = True,
+                   epoch: Optional[int] = None) -> bytes:
     """A single-message request datagram for `client_id` (lo, hi), zero-padded
     to max_reply_size() unless `pad` is false (tests only: the server refuses
-    such a request)."""
+    such a request). A MAP is padded to a whole datagram, so its MAP_REPLY
+    page carries as many members as fit. With `epoch` (a cluster client's
+    map epoch) the header carries FLAG_EPOCH and the epoch follows it; the
+    epoch does not change the padding, as the reply is no larger."""
     if message.type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message.type))
     if len(message.key) > 0xFFFF:
         raise ProtocolError("key too long for its u16 length")
     lo, hi = client_id
-    out = bytearray(_HEADER.pack(MAGIC, VERSION, 0, message.type, 1, message.request_id, lo, hi))
+    flags = 0 if epoch is None else FLAG_EPOCH
+    out = bytearray(_HEADER.pack(MAGIC, VERSION, flags, message.type, 1, message.request_id,
+                                 lo, hi))
+    if epoch is not None:
+        out += struct.pack("<Q", epoch)
     for attribute, fmt in _BODIES[message.type]:
         if fmt == _KEY:
             out += struct.pack("<H", len(message.key)) + message.key
         else:
             out += struct.pack("<" + fmt, getattr(message, attribute))
     if pad:
-        out += bytes(max(0, max_reply_size(message) - len(out)))
+        size = MAX_DATAGRAM_SIZE if message.type == MAP else max_reply_size(message)
+        out += bytes(max(0, size - len(out)))
     if len(out) > MAX_DATAGRAM_SIZE:
         raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
     return bytes(out)
@@ -232,6 +261,23 @@ class Datagram:
     request_id: int
     client_id: Tuple[int, int]
     messages: List[Message]
+    epoch: Optional[int] = None  # FLAG_EPOCH: the sender's map epoch (requests only)
+
+
+def _read_uint(body: memoryview, at: int, fmt: str) -> Tuple[int, int]:
+    """The integer of struct format `fmt` at `at`, and the offset after it."""
+    size = struct.calcsize("<" + fmt)
+    if at + size > len(body):
+        raise ProtocolError("truncated")
+    return struct.unpack_from("<" + fmt, body, at)[0], at + size
+
+
+def _read_bytes(body: memoryview, at: int) -> Tuple[bytes, int]:
+    """A u16 length and that many bytes at `at`, and the offset after them."""
+    length, at = _read_uint(body, at, "H")
+    if at + length > len(body):
+        raise ProtocolError("truncated")
+    return bytes(body[at:at + length]), at + length
 
 
 def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[Message, int]:
@@ -242,25 +288,39 @@ def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[
     m = Message(type=message_type, request_id=request_id)
     at = 0
     for attribute, fmt in fields:
-        if fmt == _KEY:
-            if at + 2 > len(body):
-                raise ProtocolError("truncated")
-            (length,) = struct.unpack_from("<H", body, at)
-            at += 2
-            if at + length > len(body):
-                raise ProtocolError("truncated")
-            m.key = bytes(body[at:at + length])
-            at += length
+        if fmt == _MEMBERS:
+            m.members, at = _decode_members(body, at)
+        elif fmt == _KEY:
+            m.key, at = _read_bytes(body, at)
         else:
-            size = struct.calcsize("<" + fmt)
-            if at + size > len(body):
-                raise ProtocolError("truncated")
-            (value,) = struct.unpack_from("<" + fmt, body, at)
+            value, at = _read_uint(body, at, fmt)
             setattr(m, attribute, value)
-            at += size
     if message_type == QUERY_REPLY and (m.held > 1 or m.mode > MODE_PERMIT):
         raise ProtocolError("bad field")
     return m, at
+
+
+def _decode_members(body: memoryview, at: int) -> Tuple[List[Tuple[bytes, str, int]], int]:
+    """A MAP_REPLY member list from `at`; as the C++ codec, ids of 1..128
+    bytes, addresses of 1..64 (text), weights of at least 1."""
+    if at + 1 > len(body):
+        raise ProtocolError("truncated")
+    count = body[at]
+    at += 1
+    members = []
+    for _ in range(count):
+        member_id, at = _read_bytes(body, at)
+        address, at = _read_bytes(body, at)
+        weight, at = _read_uint(body, at, "I")
+        if not (1 <= len(member_id) <= MAX_MEMBER_ID_LENGTH and
+                1 <= len(address) <= MAX_MEMBER_ADDRESS_LENGTH and weight >= 1):
+            raise ProtocolError("bad member")
+        try:
+            address_text = address.decode("ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError("bad member address") from None
+        members.append((member_id, address_text, weight))
+    return members, at
 
 
 def decode(data: bytes) -> Datagram:
@@ -274,10 +334,16 @@ def decode(data: bytes) -> Datagram:
         raise ProtocolError("bad magic")
     if version != VERSION:
         raise ProtocolError("unsupported version %d" % version)
-    if flags != 0:
+    if flags & ~FLAG_EPOCH:
         raise ProtocolError("flags 0x%02x: authenticated or reserved" % flags)
     messages = []
     at = HEADER_SIZE
+    epoch = None
+    if flags & FLAG_EPOCH:
+        if at + EPOCH_SIZE > len(view):
+            raise ProtocolError("truncated")
+        (epoch,) = struct.unpack_from("<Q", view, at)
+        at += EPOCH_SIZE
     if message_type != BATCH:
         if count != 1:
             raise ProtocolError("bad count")
@@ -305,7 +371,7 @@ def decode(data: bytes) -> Datagram:
             at += body_length
     if any(view[at:]):
         raise ProtocolError("non-zero padding")
-    return Datagram(request_id=request_id, client_id=(lo, hi), messages=messages)
+    return Datagram(request_id=request_id, client_id=(lo, hi), messages=messages, epoch=epoch)
 
 
 def reply_answers(request_type: int, reply_type: int) -> bool:

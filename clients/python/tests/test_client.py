@@ -30,14 +30,15 @@ DAEMON = os.environ.get("SHARDLOCKD")
 class Daemon:
     """shardlockd as a child process."""
 
-    def __init__(self, lock_delay="0"):
+    def __init__(self, lock_delay="0", extra=()):
         if not DAEMON:
             raise unittest.SkipTest("set SHARDLOCKD to the shardlockd binary")
         if not os.access(DAEMON, os.X_OK):
             raise AssertionError("SHARDLOCKD=%s is not an executable" % DAEMON)
         self.stderr = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
-            [DAEMON, "--listen", "127.0.0.1:0", "--lock-delay", lock_delay, "--shards", "4"],
+            [DAEMON, "--listen", "127.0.0.1:0", "--lock-delay", lock_delay, "--shards", "4",
+             *extra],
             stdout=subprocess.PIPE, stderr=self.stderr)
         ready, _, _ = select.select([self.process.stdout], [], [], 30)
         line = self.process.stdout.readline() if ready else b""

@@ -140,5 +140,57 @@ class Decoding(unittest.TestCase):
         self.assertFalse(p.reply_carries_key(p.RELEASED))
 
 
+# The MAP_REPLY of one_of_each_type() in tests/lease/protocol_test.cc.
+MAP_REPLY_BODY = ("0700000000000000" "03000000" "01000000" "02"
+                  "0200" "6e32" "0d00" "31302e302e302e323a37303030" "01000000"
+                  "0600" "6e6f64652d33" "0a00" "5b3a3a315d3a37303031" "2c010000")
+
+
+class ClusterMessages(unittest.TestCase):
+    """MAP, MAP_REPLY and the map epoch, pinned to WireBytesArePinned."""
+
+    def test_map_and_the_epoch_match_the_cpp_codec(self):
+        m = p.Message(type=p.MAP, first_member=5)
+        self.assertEqual(p.encode_request(m, CLIENT, pad=False)[p.HEADER_SIZE:].hex(), "05000000")
+        self.assertEqual(p.max_reply_size(m), 49)
+        # A MAP asks for a whole datagram of members.
+        self.assertEqual(len(p.encode_request(m, CLIENT)), p.MAX_DATAGRAM_SIZE)
+        acquire = p.Message(type=p.ACQUIRE, request_id=REQUEST_ID, key=KEY, ttl_ms=30000,
+                            wait_ms=500)
+        data = p.encode_request(acquire, CLIENT, pad=False, epoch=0x0102030405060708)
+        self.assertEqual(data.hex(),
+                         "53484c4b010201010077665544332211aaaa000000000000bbbb000000000000"
+                         "0807060504030201" "09006f72646572732f343230750000f4010000")
+        # The reply carries no epoch: the padding target is unchanged (55),
+        # so the 59 bytes the epoch makes need no padding at all.
+        self.assertEqual(len(p.encode_request(acquire, CLIENT, epoch=1)), len(data))
+        d = p.decode(p.encode_request(acquire, CLIENT, epoch=9))
+        self.assertEqual((d.epoch, d.messages[0].key), (9, KEY))
+
+    def test_map_reply_decodes_from_the_pinned_bytes(self):
+        header = bytes.fromhex("53484c4b01008f01" "0100000000000000") + bytes(16)
+        data = header + bytes.fromhex(MAP_REPLY_BODY)
+        m = p.decode(data).messages[0]
+        self.assertEqual((m.type, m.epoch, m.member_count, m.first_member),
+                         (p.MAP_REPLY, 7, 3, 1))
+        self.assertEqual(m.members, [(b"n2", "10.0.0.2:7000", 1), (b"node-3", "[::1]:7001", 300)])
+        self.assertTrue(p.reply_answers(p.MAP, p.MAP_REPLY))
+        self.assertTrue(p.reply_answers(p.MAP, p.RECOVERING))
+        self.assertFalse(p.reply_carries_key(p.MAP_REPLY))
+        for n in range(len(data)):
+            with self.assertRaises(p.ProtocolError):
+                p.decode(data[:n])
+
+    def test_a_bad_member_is_refused(self):
+        header = bytes.fromhex("53484c4b01008f01" "0100000000000000") + bytes(16)
+        fixed = "0700000000000000" "01000000" "00000000" "01"
+        for member in ("0000" "0100" "61" "01000000",      # empty id
+                       "0100" "61" "0000" "01000000",      # empty address
+                       "0100" "61" "0100" "61" "00000000"):  # weight 0
+            with self.subTest(member=member):
+                with self.assertRaises(p.ProtocolError):
+                    p.decode(header + bytes.fromhex(fixed + member))
+
+
 if __name__ == "__main__":
     unittest.main()
