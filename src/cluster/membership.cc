@@ -594,11 +594,12 @@ std::optional<std::int64_t> Membership::reconcile() {
           map_->epoch > epoch_wanted_above_) {
         epoch_wanted_ = false;
       }
-      // Not over a map this node refused (an older epoch than it has seen:
-      // etcd restored from a snapshot): a re-put would move every other node
-      // to a new epoch for a node that cannot adopt it anyway.
-      const bool adopted_published = published && map_->epoch == published->epoch;
-      republish = epoch_wanted_ && registered && adopted_published;
+      // Over a map this node refused (an older epoch than it has seen: etcd
+      // restored from a snapshot, or the map key deleted), the same
+      // membership is put again above every epoch this node has seen, so
+      // the cluster moves past the epochs it may have used before.
+      const bool refused = published && published->epoch < epoch_file_->highest();
+      republish = registered && (epoch_wanted_ || refused);
       epoch_floor = epoch_floor_;
     }
     // An empty membership gives no owners at all; keep the last map instead.

@@ -39,7 +39,9 @@
 // jumps tell a node it missed a map (BucketActivation treats a jump as a
 // start over). All nodes end up on the same map and epoch.
 // A node persists the highest epoch it has adopted (EpochFile) before it
-// adopts a map, and refuses a map with a lower epoch, also after a restart.
+// adopts a map, and refuses a map with a lower epoch, also after a restart;
+// over such a map (etcd restored from a snapshot) it publishes the same
+// membership again above the highest epoch it has seen.
 //
 // A fresh epoch on every start: the first reconcile after start() publishes
 // the membership again even when the map already equals it (the CAS re-put
