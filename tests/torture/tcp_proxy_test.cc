@@ -13,6 +13,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace shardlock::torture {
@@ -136,6 +137,34 @@ TEST(TcpProxy, ACutResetsOpenConnectionsAndRefusesNewOnesUntilHealed) {
   ASSERT_GE(healed, 0);
   EXPECT_EQ(round_trip(healed, "after"), "after");
   ::close(healed);
+}
+
+// A delay holds the bytes back (never less than asked, one direction or the
+// other) and loses or reorders none of them; lifting it lets them through
+// at once again.
+TEST(TcpProxy, ADelayHoldsEachDirectionBackWithoutLosingBytes) {
+  using std::chrono::milliseconds;
+  EchoServer echo;
+  TcpProxy proxy;
+  ASSERT_TRUE(proxy.start(echo.port())) << proxy.error();
+  const int fd = connect_to(proxy.port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(round_trip(fd, "warm"), "warm");
+
+  std::string big(200000, 'x');
+  for (std::size_t i = 0; i < big.size(); i += 997) big[i] = static_cast<char>('a' + i % 26);
+  for (const auto& [up, down] : {std::pair{milliseconds(0), milliseconds(300)},
+                                 std::pair{milliseconds(300), milliseconds(0)}}) {
+    proxy.set_delay(up, down);
+    std::this_thread::sleep_for(milliseconds(50));  // a few proxy rounds
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(round_trip(fd, "slow"), "slow");
+    EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(300));
+    EXPECT_EQ(round_trip(fd, big), big);
+  }
+  proxy.set_delay(milliseconds(0), milliseconds(0));
+  EXPECT_EQ(round_trip(fd, "after"), "after");
+  ::close(fd);
 }
 
 }  // namespace
