@@ -35,15 +35,16 @@ std::int64_t now_ns() noexcept {
 }
 
 // One direction of a connection: chunks read from `from`, each with the time
-// it may be written to `to` (its read time plus the direction's delay), not
-// yet written. Reading goes on while less than kMaxQueued bytes wait, so a
+// it was read, not yet written to `to`. A chunk is due once the direction's
+// current delay has passed since its read, so lowering the delay lets what
+// is held go at once. Reading goes on while less than kMaxQueued bytes wait, so a
 // delay shifts a stream in time without throttling it to a chunk per delay;
 // past that, `from` is not read (back-pressure).
 struct Direction {
   struct Chunk {
     std::vector<char> bytes;
     std::size_t offset = 0;
-    std::int64_t due_ns = 0;
+    std::int64_t read_ns = 0;
   };
   static constexpr std::size_t kMaxQueued = 1 << 20;
   std::deque<Chunk> queue;
@@ -51,8 +52,8 @@ struct Direction {
   bool ended = false;      // `from` reached EOF: over once the queue is written
   [[nodiscard]] bool idle() const noexcept { return queue.empty(); }
   [[nodiscard]] bool may_read() const noexcept { return !ended && queued < kMaxQueued; }
-  [[nodiscard]] bool due(std::int64_t now) const noexcept {
-    return !queue.empty() && queue.front().due_ns <= now;
+  [[nodiscard]] bool due(std::int64_t now, std::int64_t delay_ns) const noexcept {
+    return !queue.empty() && queue.front().read_ns + delay_ns <= now;
   }
 };
 
@@ -79,13 +80,13 @@ bool pump(int from, int to, Direction& d, short from_events, short to_events,
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
     } else {
       chunk.bytes.resize(static_cast<std::size_t>(n));
-      chunk.due_ns = now_ns() + delay_ns;
+      chunk.read_ns = now_ns();
       d.queued += chunk.bytes.size();
       d.queue.push_back(std::move(chunk));
     }
   }
   const std::int64_t now = now_ns();
-  while (d.due(now)) {
+  while (d.due(now, delay_ns)) {
     Direction::Chunk& front = d.queue.front();
     const ssize_t n = ::send(to, front.bytes.data() + front.offset,
                              front.bytes.size() - front.offset, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -167,8 +168,8 @@ struct TcpProxy::Impl {
         }
         open.clear();
       }
-      // relaxed: settings polled each round; a change applies to the bytes
-      // read after it.
+      // relaxed: settings polled each round; a change applies to every byte
+      // not yet written.
       const std::int64_t up_delay = up_delay_ns.load(std::memory_order_relaxed);
       const std::int64_t down_delay = down_delay_ns.load(std::memory_order_relaxed);
       const std::int64_t now = now_ns();
@@ -176,16 +177,16 @@ struct TcpProxy::Impl {
       fds.clear();
       fds.push_back({listen_fd, POLLIN, 0});
       for (const Connection& c : open) {
-        waiting =
-            waiting || (!c.up.idle() && !c.up.due(now)) || (!c.down.idle() && !c.down.due(now));
-        fds.push_back(
-            {c.client,
-             static_cast<short>((c.up.may_read() ? POLLIN : 0) | (c.down.due(now) ? POLLOUT : 0)),
-             0});
-        fds.push_back(
-            {c.upstream,
-             static_cast<short>((c.down.may_read() ? POLLIN : 0) | (c.up.due(now) ? POLLOUT : 0)),
-             0});
+        waiting = waiting || (!c.up.idle() && !c.up.due(now, up_delay)) ||
+                  (!c.down.idle() && !c.down.due(now, down_delay));
+        fds.push_back({c.client,
+                       static_cast<short>((c.up.may_read() ? POLLIN : 0) |
+                                          (c.down.due(now, down_delay) ? POLLOUT : 0)),
+                       0});
+        fds.push_back({c.upstream,
+                       static_cast<short>((c.down.may_read() ? POLLIN : 0) |
+                                          (c.up.due(now, up_delay) ? POLLOUT : 0)),
+                       0});
       }
       const int timeout_ms = waiting ? 2 : 20;
       if (::poll(fds.data(), fds.size(), timeout_ms) < 0) continue;

@@ -40,8 +40,9 @@ class TcpProxy {
   // within the thread's next round (at most ~20 ms). Thread-safe.
   void set_cut(bool cut) noexcept;
   // Holds every chunk going to the upstream (etcd) and to the client (the
-  // node) that long before writing it; 0 for none. Applies to what is read
-  // after the call (within a round). Thread-safe.
+  // node) until that long after it was read; 0 for none. Applies within a
+  // round to every chunk not yet written, so lowering a delay releases what
+  // it held at once, in order. Thread-safe.
   void set_delay(std::chrono::milliseconds to_upstream,
                  std::chrono::milliseconds to_client) noexcept;
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }

@@ -162,7 +162,24 @@ TEST(TcpProxy, ADelayHoldsEachDirectionBackWithoutLosingBytes) {
     EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(300));
     EXPECT_EQ(round_trip(fd, big), big);
   }
+  // Lowering the delay releases what it holds.
+  proxy.set_delay(milliseconds(0), milliseconds(60000));
+  std::this_thread::sleep_for(milliseconds(50));
+  const std::string held = "held";
+  ASSERT_EQ(::send(fd, held.data(), held.size(), MSG_NOSIGNAL), static_cast<ssize_t>(held.size()));
+  std::this_thread::sleep_for(milliseconds(200));
   proxy.set_delay(milliseconds(0), milliseconds(0));
+  std::string got;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (got.size() < held.size() && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[64];
+    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, static_cast<std::size_t>(n));
+  }
+  EXPECT_EQ(got, held);
   EXPECT_EQ(round_trip(fd, "after"), "after");
   ::close(fd);
 }
