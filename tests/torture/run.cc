@@ -124,6 +124,22 @@ const char* fault_name(Fault f) noexcept {
       return "etcd partition";
     case Fault::kClientPartition:
       return "client partition";
+    case Fault::kShortPause:
+      return "short node pause";
+    case Fault::kShortEtcdPartition:
+      return "short etcd partition";
+    case Fault::kStalledDoubleDrain:
+      return "stalled double drain";
+    case Fault::kDoubleDrain:
+      return "double drain";
+    case Fault::kJoinDuringDrain:
+      return "join during drain";
+    case Fault::kKillDuringHandoff:
+      return "kill during hand-off";
+    case Fault::kRollingRestart:
+      return "rolling restart";
+    case Fault::kSlowWatch:
+      return "slowed map watch";
   }
   return "?";
 }
@@ -251,6 +267,17 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   plan.insert(plan.end(), static_cast<std::size_t>(o.drains), Fault::kDrain);
   plan.insert(plan.end(), static_cast<std::size_t>(o.etcd_partitions), Fault::kEtcdPartition);
   plan.insert(plan.end(), static_cast<std::size_t>(o.client_partitions), Fault::kClientPartition);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.short_pauses), Fault::kShortPause);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.short_etcd_partitions),
+              Fault::kShortEtcdPartition);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.stalled_double_drains),
+              Fault::kStalledDoubleDrain);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.double_drains), Fault::kDoubleDrain);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.joins_during_drains), Fault::kJoinDuringDrain);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.kills_during_handoffs),
+              Fault::kKillDuringHandoff);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.rolling_restarts), Fault::kRollingRestart);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.slow_watches), Fault::kSlowWatch);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);
