@@ -81,15 +81,12 @@ int connect_to(std::uint16_t port) {
   return fd;
 }
 
-// Sends `text` and reads the echo; "" when the connection fails or closes
-// within 2 s.
-std::string round_trip(int fd, const std::string& text) {
-  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
-    return {};
-  }
+// Reads until `size` bytes came, the connection fails or closes, or 2 s
+// passed; what came.
+std::string read_up_to(int fd, std::size_t size) {
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (got.size() < text.size() && std::chrono::steady_clock::now() < deadline) {
+  while (got.size() < size && std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 50) <= 0) continue;
     char buf[4096];
@@ -98,6 +95,15 @@ std::string round_trip(int fd, const std::string& text) {
     got.append(buf, static_cast<std::size_t>(n));
   }
   return got;
+}
+
+// Sends `text` and reads the echo; "" when the connection fails or closes
+// within 2 s.
+std::string round_trip(int fd, const std::string& text) {
+  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    return {};
+  }
+  return read_up_to(fd, text.size());
 }
 
 TEST(TcpProxy, ForwardsBothWays) {
@@ -169,17 +175,7 @@ TEST(TcpProxy, ADelayHoldsEachDirectionBackWithoutLosingBytes) {
   ASSERT_EQ(::send(fd, held.data(), held.size(), MSG_NOSIGNAL), static_cast<ssize_t>(held.size()));
   std::this_thread::sleep_for(milliseconds(200));
   proxy.set_delay(milliseconds(0), milliseconds(0));
-  std::string got;
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (got.size() < held.size() && std::chrono::steady_clock::now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) <= 0) continue;
-    char buf[64];
-    const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-    if (n <= 0) break;
-    got.append(buf, static_cast<std::size_t>(n));
-  }
-  EXPECT_EQ(got, held);
+  EXPECT_EQ(read_up_to(fd, held.size()), held);
   EXPECT_EQ(round_trip(fd, "after"), "after");
   ::close(fd);
 }
