@@ -183,12 +183,12 @@ int run(int argc, char** argv) {
                 "(it keeps its lease); on a seeded half, another node is drained meanwhile");
   cluster_fault("--stalled-double-drains", o.stalled_double_drains,
                 "cluster mode (3+ nodes): a node V stalls while node A is drained, A "
-                "acknowledges the hand-off, node B grants A's buckets for a seeded moment and is "
-                "drained too; the stall ends once B's map is out, so V reads the last map only "
-                "(issue 21, hole 1). The stall, seeded: V stopped (SIGSTOP) for at most "
-                "0.55..0.7 x the etcd lease TTL, or V's etcd answers held back in its TCP proxy "
-                "for at most 0.3 x it. Starts a lock-delay after the cluster was last whole; both "
-                "drains are undone later");
+                "acknowledges the hand-off, node B grants A's buckets until shortly before V's "
+                "stall ends and is drained too; the stall ends once B's map is out, so V reads the "
+                "last map only (issue 21, hole 1). The stall, seeded: V stopped (SIGSTOP) for at "
+                "most 0.55..0.7 x the etcd lease TTL, or V's etcd answers held back in its TCP "
+                "proxy 0.3 x it from A's map on. Starts a lock-delay after the cluster was last "
+                "whole; both drains are undone later");
   cluster_fault("--double-drains", o.double_drains,
                 "cluster mode (3+ nodes): scale-down by two, a second node drained as soon as the "
                 "map without the first is out; both undone later");

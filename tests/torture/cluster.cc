@@ -154,15 +154,19 @@ class ClusterUnderTest final : public SystemUnderTest {
     const auto planned = [&](int count, std::chrono::milliseconds length) {
       if (count > 0) longest = std::max(longest, length);
     };
+    // Each compound fault ends with an undrain, which waits for the map to
+    // be whole again (2 x map_move_bound()).
+    const std::chrono::milliseconds undrain = 2 * map_move_bound();
     planned(options_.short_pauses + options_.short_etcd_partitions,
-            etcd_ttl + membership_change_for());
-    planned(options_.stalled_double_drains,
-            lock_delay() + 2 * etcd_ttl + membership_change_for() + 2 * map_move_bound());
-    planned(options_.double_drains, 2 * map_move_bound() + membership_change_for());
-    planned(options_.joins_during_drains + options_.kills_during_handoffs,
-            map_move_bound() + restart_for() + membership_change_for());
+            etcd_ttl + hold_for() + undrain);
+    planned(options_.stalled_double_drains, lock_delay() + etcd_ttl + hold_for() + undrain);
+    planned(options_.double_drains, 2 * map_move_bound() + hold_for() + undrain);
+    planned(options_.joins_during_drains,
+            map_move_bound() + restart_for() + hold_for() + 5s + undrain);
+    planned(options_.kills_during_handoffs,
+            map_move_bound() + restart_for() + membership_change_for() + undrain);
     planned(options_.rolling_restarts, options_.cluster_nodes * rolling_step_for());
-    planned(options_.slow_watches, 2 * map_move_bound() + membership_change_for() + etcd_ttl);
+    planned(options_.slow_watches, 2 * map_move_bound() + hold_for() + undrain + etcd_ttl);
     return longest.count();
   }
 
@@ -298,12 +302,16 @@ class ClusterUnderTest final : public SystemUnderTest {
   std::chrono::milliseconds map_move_bound() const {
     return std::chrono::milliseconds(etcd_ttl_ms());
   }
-  // One node of a rolling restart: SIGTERM (which revokes its etcd lease,
-  // after at most 5 s), a start, and the map taking it back.
+  // One node of a rolling restart: SIGTERM (a clean stop revokes its etcd
+  // lease), a start, the map taking it back, and a max TTL of serving.
   std::chrono::milliseconds rolling_step_for() const {
-    return 5s + std::chrono::milliseconds(etcd_ttl_ms()) + map_move_bound() +
+    return 2 * std::chrono::milliseconds(etcd_ttl_ms()) + map_move_bound() +
            std::chrono::milliseconds(options_.max_ttl_ms);
   }
+  // How long a compound fault keeps its drains: a lock-delay, by which the
+  // moved buckets are served by their new owners even if an old owner is
+  // gone (the kill during a hand-off waits a membership change).
+  std::chrono::milliseconds hold_for() const { return lock_delay(); }
 
   // Starts (or restarts) a node, and points its proxy at its port.
   static bool start_node(Node& node, std::string& error) {
@@ -479,21 +487,22 @@ class ClusterUnderTest final : public SystemUnderTest {
       record(EventKind::kEtcdCutOff, victim.id);
     }
     if (!ok || !move_map) return ok;
-    std::this_thread::sleep_for(membership_change_for());
+    std::this_thread::sleep_for(hold_for());
     return undrain({&drained}, error);
   }
 
   // Hole 1's shape (issue 21): node V's map thread stalls while drain/A
-  // moves A's buckets to B (and V), A lets go (acks), B grants for a seeded
-  // moment, and drain/B moves everything to V; the stall ends as soon as
-  // B's map is out. V then reads the last map only, and must still wait for
-  // B's leases. The stall, seeded, at most:
+  // moves A's buckets to B (and V), A lets go (acks), B grants them until
+  // shortly before V's stall ends, and drain/B moves everything to V; the
+  // stall ends as soon as B's map is out. V then reads the last map only,
+  // and must still wait for B's leases. The stall, seeded, at most:
   //   * V stopped (SIGSTOP) for 0.55..0.7 x its etcd lease TTL, far too
   //     short for its lease to end;
-  //   * or V's etcd answers held back for 0.3 x the TTL (below a call's
-  //     timeout, a third of it): V serves clients all along, its watch and
-  //     reads a step behind, then gets what was held at once.
-  // Both drains are undone later.
+  //   * or V's etcd answers held back 0.3 x the TTL (below a call's
+  //     timeout, a third of it) from A's map on: V serves clients all along,
+  //     its watch and reads a step behind, then gets what was held at once.
+  // It starts a lock-delay after the cluster was last whole, so B can
+  // grant at all. Both drains are undone later.
   bool stalled_double_drain(Node& victim, std::mt19937_64& random, std::string& error) {
     const std::vector<Node*> three = pick(victim, 3, random);
     if (three.size() < 3) {
@@ -505,21 +514,23 @@ class ClusterUnderTest final : public SystemUnderTest {
     const bool pause = random() % 2 == 0;
     const std::chrono::milliseconds stall = pause ? seeded_share(random, etcd_ttl_ms(), 0.55, 0.7)
                                                   : seeded_share(random, etcd_ttl_ms(), 0.3, 0.3);
-    const std::chrono::milliseconds grant_for = seeded_share(random, stall.count(), 0.15, 0.3);
     wait_until_settled();
-    const Clock::time_point wake = Clock::now() + stall;
+    Clock::time_point wake = Clock::now() + stall;
     if (pause) {
       victim.server->suspend();
     } else {
       victim.etcd_proxy.set_delay(0ms, stall);
     }
     std::uint64_t moved = 0;
-    // Room for B's map after the grants: a map moves in ~0.1 s.
-    const Clock::time_point last_drain = wake - std::min(stall / 4, 150ms);
     bool ok = drain_and_wait(first, stall, moved, error);
     if (ok) {
-      wait_for_ack(first, moved, last_drain - grant_for);
-      sleep_until(std::min(Clock::now() + grant_for, last_drain));
+      // Held back: V's proxy holds A's map until `stall` after it is out.
+      if (!pause) wake = Clock::now() + stall - 30ms;
+      // B grants from A's ack until its own drain, which leaves room for
+      // B's map to come out before V wakes (a map moves in ~0.1 s).
+      const Clock::time_point last_drain = wake - std::min(stall / 4, 200ms);
+      wait_for_ack(first, moved, last_drain);
+      sleep_until(last_drain);
       const std::uint64_t before = latest_epoch();
       ok = set_drain(second, true, error);
       if (ok) (void)wait_for_map_without(second, before, wake);
@@ -530,7 +541,7 @@ class ClusterUnderTest final : public SystemUnderTest {
       victim.etcd_proxy.set_delay(0ms, 0ms);
     }
     if (!ok) return false;
-    std::this_thread::sleep_for(membership_change_for());
+    std::this_thread::sleep_for(hold_for());
     return undrain({&first, &second}, error);
   }
 
@@ -548,7 +559,7 @@ class ClusterUnderTest final : public SystemUnderTest {
         !drain_and_wait(second, map_move_bound(), epoch, error)) {
       return false;
     }
-    std::this_thread::sleep_for(membership_change_for());
+    std::this_thread::sleep_for(hold_for());
     return undrain({&first, &second}, error);
   }
 
@@ -564,7 +575,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     if (!drain_and_wait(drained, map_move_bound(), epoch, error)) return false;
     record(EventKind::kNodeJoin, extra.id);
     if (!start_node(extra, error)) return false;
-    std::this_thread::sleep_for(membership_change_for());
+    std::this_thread::sleep_for(hold_for());
     record(EventKind::kNodeLeave, extra.id);
     extra.server->stop();
     return undrain({&drained}, error);
@@ -620,7 +631,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     for (const Node* node : drained) {
       ok = ok && drain_and_wait(*node, map_move_bound(), epoch, error);
     }
-    if (ok) std::this_thread::sleep_for(membership_change_for());
+    if (ok) std::this_thread::sleep_for(hold_for());
     ok = ok && undrain(drained, error);
     std::this_thread::sleep_for(std::chrono::milliseconds(etcd_ttl_ms()));
     slowed.etcd_proxy.set_delay(0ms, 0ms);
