@@ -164,7 +164,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     planned(options_.joins_during_drains,
             map_move_bound() + restart_for() + hold_for() + 5s + undrain);
     planned(options_.kills_during_handoffs,
-            map_move_bound() + restart_for() + membership_change_for() + undrain);
+            map_move_bound() + restart_for() + etcd_ttl + hold_for() + undrain);
     planned(options_.rolling_restarts, options_.cluster_nodes * rolling_step_for());
     planned(options_.slow_watches, 2 * map_move_bound() + hold_for() + undrain + etcd_ttl);
     return longest.count();
@@ -302,15 +302,16 @@ class ClusterUnderTest final : public SystemUnderTest {
   std::chrono::milliseconds map_move_bound() const {
     return std::chrono::milliseconds(etcd_ttl_ms());
   }
-  // One node of a rolling restart: SIGTERM (a clean stop revokes its etcd
-  // lease), a start, the map taking it back, and a max TTL of serving.
+  // One node of a rolling restart: SIGTERM and a start (a clean stop
+  // revokes its etcd lease, so the start need not wait it out; both within
+  // a lease TTL), the map taking it back, and a max TTL of serving.
   std::chrono::milliseconds rolling_step_for() const {
-    return 2 * std::chrono::milliseconds(etcd_ttl_ms()) + map_move_bound() +
+    return std::chrono::milliseconds(etcd_ttl_ms()) + map_move_bound() +
            std::chrono::milliseconds(options_.max_ttl_ms);
   }
   // How long a compound fault keeps its drains: a lock-delay, by which the
-  // moved buckets are served by their new owners even if an old owner is
-  // gone (the kill during a hand-off waits a membership change).
+  // moved buckets are served by their new owners (after a kill, the heirs
+  // first see the old owner gone, within a lease TTL).
   std::chrono::milliseconds hold_for() const { return lock_delay(); }
 
   // Starts (or restarts) a node, and points its proxy at its port.
@@ -590,7 +591,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     if (!drain_and_wait(drained, map_move_bound(), epoch, error)) return false;
     killed.server->kill();
     if (!start_node(killed, error)) return false;
-    std::this_thread::sleep_for(membership_change_for());
+    std::this_thread::sleep_for(std::chrono::milliseconds(etcd_ttl_ms()) + hold_for());
     return undrain({&drained}, error);
   }
 
