@@ -109,11 +109,20 @@ torture: build-release
 # The long cluster run (docs/cluster.md, "Torture: cluster mode"): etcd and 3
 # nodes, 10% loss, duplicates and reordering; kill -9 restarts, pauses past
 # the etcd lease, a node joining and leaving, drains, node <-> etcd and
-# clients <-> node partitions. The short one is a ctest (torture_cluster_short).
-TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --seconds 240 --workers 6 --clients 6 --keys 64 \
-                         --loss 0.1 --duplicate 0.1 --reorder 0.1 --delay 0.1 --kills 4 \
-                         --server-pauses 3 --client-pauses 4 --joins 3 --drains 3 \
-                         --etcd-partitions 3 --client-partitions 3 --seed 2026
+# clients <-> node partitions; and the faults shorter than the etcd lease or
+# overlapping: short pauses and etcd partitions, a node stalled across two
+# drains (issue 21's hole 1), double drains, a join during a drain, a kill
+# during a hand-off, a rolling restart raising --max-ttl, a slowed map
+# watch. A max TTL of 2 s and an etcd lease of 3 s give the stalled double
+# drain room to find hole 1. The short run is a ctest (torture_cluster_short).
+TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --seconds 300 --workers 6 --clients 6 --keys 64 \
+                         --max-ttl-ms 2000 --etcd-lease-ttl 3 \
+                         --loss 0.1 --duplicate 0.1 --reorder 0.1 --delay 0.1 --kills 2 \
+                         --server-pauses 2 --client-pauses 3 --joins 1 --drains 1 \
+                         --etcd-partitions 2 --client-partitions 2 --short-pauses 3 \
+                         --short-etcd-partitions 3 --stalled-double-drains 4 --double-drains 2 \
+                         --joins-during-drains 2 --kills-during-handoffs 2 --rolling-restarts 1 \
+                         --slow-watches 2 --seed 2026
 torture-cluster: build-release deps-cluster
 	build/release/tools/shardlock-torture $(TORTURE_CLUSTER_FLAGS)
 

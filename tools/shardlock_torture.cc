@@ -167,6 +167,44 @@ int run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0, 1000))
       ->needs(cluster_nodes);
+  // Faults shorter than the etcd lease, and overlapping ones.
+  const auto cluster_fault = [&](const char* name, int& count, const char* help) {
+    app.add_option(name, count, help)
+        ->capture_default_str()
+        ->check(CLI::Range(0, 1000))
+        ->needs(cluster_nodes);
+  };
+  cluster_fault("--short-pauses", o.short_pauses,
+                "cluster mode: SIGSTOP of a node for a seeded 0.2..0.6 x the etcd lease TTL (it "
+                "keeps its lease); on a seeded half, another node is drained meanwhile, so the "
+                "map moves under it, and undrained later");
+  cluster_fault("--short-etcd-partitions", o.short_etcd_partitions,
+                "cluster mode: a node cut off from etcd for a seeded 0.2..0.6 x the etcd lease TTL "
+                "(it keeps its lease); on a seeded half, another node is drained meanwhile");
+  cluster_fault("--stalled-double-drains", o.stalled_double_drains,
+                "cluster mode (3+ nodes): a node V stalls while node A is drained, A "
+                "acknowledges the hand-off, node B grants A's buckets until shortly before V's "
+                "stall ends and is drained too; the stall ends once B's map is out, so V reads the "
+                "last map only (issue 21, hole 1). The stall, seeded: V stopped (SIGSTOP) for at "
+                "most 0.55..0.7 x the etcd lease TTL, or V's etcd answers held back in its TCP "
+                "proxy 0.3 x it from A's map on. Starts a lock-delay after the cluster was last "
+                "whole; both drains are undone later");
+  cluster_fault("--double-drains", o.double_drains,
+                "cluster mode (3+ nodes): scale-down by two, a second node drained as soon as the "
+                "map without the first is out; both undone later");
+  cluster_fault("--joins-during-drains", o.joins_during_drains,
+                "cluster mode: the extra node joins as soon as a drained node's map is out; later "
+                "the node is undrained and the extra node leaves");
+  cluster_fault("--kills-during-handoffs", o.kills_during_handoffs,
+                "cluster mode: kill -9 and restart, as soon as a drained node's map is out, of "
+                "that node (mid hand-off) or of a seeded heir; undrained later");
+  cluster_fault("--rolling-restarts", o.rolling_restarts,
+                "cluster mode: every node in a seeded order stopped (SIGTERM) and started with "
+                "--max-ttl raised by half the run's max TTL (and kept for later restarts)");
+  cluster_fault("--slow-watches", o.slow_watches,
+                "cluster mode: a node's etcd answers delayed by a seeded 0.1..0.3 x the etcd lease "
+                "TTL in its TCP proxy while one or (on a seeded half, with 3+ nodes) two other "
+                "nodes are drained and undrained, so its map watch lags");
   app.add_flag("--unsafe-no-data-dir", o.unsafe_no_data_dir,
                "run the server without a data dir, so tokens restart after kill -9 (unsafe: to "
                "show the checker catches it)");
@@ -206,6 +244,12 @@ int run(int argc, char** argv) {
   }
   if (o.cluster_nodes == 1) {
     std::fprintf(stderr, "shardlock-torture: --cluster-nodes needs at least 2 nodes (0: one)\n");
+    return 2;
+  }
+  if (o.cluster_nodes == 2 && o.stalled_double_drains + o.double_drains > 0) {
+    std::fprintf(stderr,
+                 "shardlock-torture: --stalled-double-drains and --double-drains need "
+                 "--cluster-nodes 3 or more\n");
     return 2;
   }
   if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {

@@ -801,6 +801,12 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       case EventKind::kMap:
         ++report.maps;
         break;
+      case EventKind::kFault: {
+        std::string name = e.fault;
+        std::replace(name.begin(), name.end(), '_', ' ');
+        ++report.faults[name];
+        break;
+      }
       case EventKind::kDrainOff:
       case EventKind::kEtcdCutOff:
       case EventKind::kClientCutOff:

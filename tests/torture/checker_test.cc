@@ -1063,6 +1063,9 @@ TEST(CheckerCluster, ParsesAndFormatsTheClusterEvents) {
       "11 etcd_cut_off node=n3",
       "12 client_cut_on node=n1",
       "13 client_cut_off node=n1",
+      "14 fault fault=stalled_double_drain",
+      "15 fault fault=stalled_double_drain",
+      "16 fault fault=kill_during_hand-off",
   };
   std::vector<Event> history;
   ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
@@ -1076,10 +1079,14 @@ TEST(CheckerCluster, ParsesAndFormatsTheClusterEvents) {
   EXPECT_EQ(report.faults.at("node drain"), 1u);
   EXPECT_EQ(report.faults.at("etcd partition"), 1u);
   EXPECT_EQ(report.faults.at("client partition"), 1u);
+  EXPECT_EQ(report.faults.at("stalled double drain"), 2u);
+  EXPECT_EQ(report.faults.at("kill during hand-off"), 1u);
+  EXPECT_EQ(format_event(history[13]), lines[13]);
   for (const char* bad : {
            "1 map epoch=7 owners=key-0",                         // no owner
            "1 map owners=key-0:n1",                              // no epoch
            "1 node_join",                                        // no node
+           "1 fault",                                            // no name
            "1 hold client=0 key=a token=1 expiry_ns=1 node=n1",  // not on a hold
        }) {
     std::string error;

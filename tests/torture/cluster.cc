@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -23,6 +24,21 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+// A published map and its epoch, as every node reads them (the epoch in the
+// value; a v1 value's is the key's mod_revision): the owner property compares
+// it with a token's (token >> 32).
+std::optional<cluster::ClusterMap> map_of_event(const cluster::WatchEvent& event) {
+  return cluster::decode_map(event.kv.value, static_cast<std::uint64_t>(event.kv.mod_revision));
+}
+
+// A seeded duration between `low` and `high` times `base`.
+std::chrono::milliseconds seeded_share(std::mt19937_64& random, std::int64_t base_ms, double low,
+                                       double high) {
+  const double share = low + (high - low) * std::uniform_real_distribution<double>(0, 1)(random);
+  return std::chrono::milliseconds(static_cast<std::int64_t>(share * static_cast<double>(base_ms)));
+}
 
 struct Node {
   std::string id;
@@ -39,7 +55,8 @@ class ClusterUnderTest final : public SystemUnderTest {
         scratch_(std::move(scratch)),
         nemesis_(nemesis),
         name_("torture-" + std::to_string(::getpid())),
-        prefix_("/shardlock/" + name_ + "/") {}
+        prefix_("/shardlock/" + name_ + "/"),
+        node_max_ttl_ms_(o.max_ttl_ms) {}
 
   ~ClusterUnderTest() override { stop(); }
 
@@ -64,7 +81,8 @@ class ClusterUnderTest final : public SystemUnderTest {
     watch_ = etcd_client_->watch_prefix(prefix_ + "map", 1,
                                         [this](const cluster::WatchUpdate& u) { on_map(u); });
 
-    const int count = options_.cluster_nodes + (options_.joins > 0 ? 1 : 0);
+    const int count =
+        options_.cluster_nodes + (options_.joins + options_.joins_during_drains > 0 ? 1 : 0);
     for (int i = 1; i <= count; ++i) {
       auto node = std::make_unique<Node>();
       node->id = "n" + std::to_string(i);
@@ -93,6 +111,7 @@ class ClusterUnderTest final : public SystemUnderTest {
               " nodes was published within 30 s (" + std::to_string(maps_seen_) + " maps seen)";
       return false;
     }
+    settled_from_ = Clock::now();
     return true;
   }
 
@@ -127,9 +146,27 @@ class ClusterUnderTest final : public SystemUnderTest {
   }
 
   std::int64_t longest_fault_ms() const override {
-    return std::max({pause_for(), etcd_cut_for(), client_cut_for(), membership_change_for(),
-                     restart_for()})
-        .count();
+    const std::chrono::milliseconds etcd_ttl(etcd_ttl_ms());
+    std::chrono::milliseconds longest = std::max(
+        {pause_for(), etcd_cut_for(), client_cut_for(), membership_change_for(), restart_for()});
+    // The new faults only when planned: a rolling restart is long.
+    const auto planned = [&](int count, std::chrono::milliseconds length) {
+      if (count > 0) longest = std::max(longest, length);
+    };
+    // Each compound fault ends with an undrain, which waits for the map to
+    // be whole again (2 x map_move_bound()).
+    const std::chrono::milliseconds undrain = 2 * map_move_bound();
+    planned(options_.short_pauses + options_.short_etcd_partitions,
+            etcd_ttl + hold_for() + undrain);
+    planned(options_.stalled_double_drains, lock_delay() + etcd_ttl + hold_for() + undrain);
+    planned(options_.double_drains, 2 * map_move_bound() + hold_for() + undrain);
+    planned(options_.joins_during_drains,
+            map_move_bound() + restart_for() + hold_for() + 5s + undrain);
+    planned(options_.kills_during_handoffs,
+            map_move_bound() + restart_for() + etcd_ttl + hold_for() + undrain);
+    planned(options_.rolling_restarts, options_.cluster_nodes * rolling_step_for());
+    planned(options_.slow_watches, 2 * map_move_bound() + hold_for() + undrain + etcd_ttl);
+    return longest.count();
   }
 
   // A bucket's new owner waits out the lock-delay (max TTL + etcd lease TTL
@@ -157,21 +194,10 @@ class ClusterUnderTest final : public SystemUnderTest {
         extra.server->stop();
         return true;
       }
-      case Fault::kDrain: {
-        const std::string key = prefix_ + "drain/" + victim.id;
-        record(EventKind::kDrainOn, victim.id);
-        if (const auto put = etcd_client_->put(key, "shardlock-torture"); !put.ok()) {
-          error = "cannot put " + key + ": " + put.detail;
-          return false;
-        }
+      case Fault::kDrain:
+        if (!set_drain(victim, true, error)) return false;
         std::this_thread::sleep_for(membership_change_for());
-        if (const auto deleted = etcd_client_->delete_key(key); !deleted.ok()) {
-          error = "cannot delete " + key + ": " + deleted.detail;
-          return false;
-        }
-        record(EventKind::kDrainOff, victim.id);
-        return true;
-      }
+        return set_drain(victim, false, error);
       case Fault::kEtcdPartition:
         record(EventKind::kEtcdCutOn, victim.id);
         victim.etcd_proxy.set_cut(true);
@@ -189,6 +215,28 @@ class ClusterUnderTest final : public SystemUnderTest {
         record(EventKind::kClientCutOff, victim.id);
         return true;
       }
+      case Fault::kShortPause:
+      case Fault::kShortEtcdPartition:
+        record_fault(fault);
+        return short_stall(fault, victim, random, error);
+      case Fault::kStalledDoubleDrain:
+        record_fault(fault);
+        return stalled_double_drain(victim, random, error);
+      case Fault::kDoubleDrain:
+        record_fault(fault);
+        return double_drain(victim, random, error);
+      case Fault::kJoinDuringDrain:
+        record_fault(fault);
+        return join_during_drain(victim, error);
+      case Fault::kKillDuringHandoff:
+        record_fault(fault);
+        return kill_during_handoff(victim, random, error);
+      case Fault::kRollingRestart:
+        record_fault(fault);
+        return rolling_restart(random, error);
+      case Fault::kSlowWatch:
+        record_fault(fault);
+        return slow_watch(victim, random, error);
       case Fault::kClientPause:
         break;
     }
@@ -247,6 +295,23 @@ class ClusterUnderTest final : public SystemUnderTest {
   std::chrono::milliseconds restart_for() const {
     return std::chrono::milliseconds(3 * etcd_ttl_ms() + 1000);
   }
+  // The longest wait for a map to move after a drain key is put: a node
+  // notices it at once through its watch, or within a lease TTL through
+  // its retries.
+  std::chrono::milliseconds map_move_bound() const {
+    return std::chrono::milliseconds(etcd_ttl_ms());
+  }
+  // One node of a rolling restart: SIGTERM and a start (a clean stop
+  // revokes its etcd lease, so the start need not wait it out; both within
+  // a lease TTL), the map taking it back, and a max TTL of serving.
+  std::chrono::milliseconds rolling_step_for() const {
+    return std::chrono::milliseconds(etcd_ttl_ms()) + map_move_bound() +
+           std::chrono::milliseconds(options_.max_ttl_ms);
+  }
+  // How long a compound fault keeps its drains: a lock-delay, by which the
+  // moved buckets are served by their new owners (after a kill, the heirs
+  // first see the old owner gone, within a lease TTL).
+  std::chrono::milliseconds hold_for() const { return lock_delay(); }
 
   // Starts (or restarts) a node, and points its proxy at its port.
   static bool start_node(Node& node, std::string& error) {
@@ -259,7 +324,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     ServerConfig c;
     c.shardlockd = options_.shardlockd;
     c.node = node.id;
-    c.lock_delay_ms = options_.max_ttl_ms;
+    c.lock_delay_ms = node_max_ttl_ms_;
     const fs::path data = scratch_ / ("data-" + node.id);
     std::error_code ignored;
     fs::create_directories(data, ignored);
@@ -276,7 +341,7 @@ class ClusterUnderTest final : public SystemUnderTest {
                    "--etcd-lease-ttl",
                    std::to_string(options_.etcd_lease_ttl_s) + "s",
                    "--max-ttl",
-                   std::to_string(options_.max_ttl_ms) + "ms",
+                   std::to_string(node_max_ttl_ms_) + "ms",
                    "--max-wait",
                    std::to_string(options_.max_wait_ms) + "ms",
                    "--lock-delay",
@@ -284,6 +349,293 @@ class ClusterUnderTest final : public SystemUnderTest {
                    "--shards",
                    "8"};
     return c;
+  }
+
+  void record_fault(Fault fault) const {
+    Event e;
+    e.kind = EventKind::kFault;
+    e.fault = fault_name(fault);
+    std::replace(e.fault.begin(), e.fault.end(), ' ', '_');
+    nemesis_.record(e);
+  }
+
+  // `count` distinct nodes of n1..nN, `first` first, the rest seeded.
+  std::vector<Node*> pick(Node& first, std::size_t count, std::mt19937_64& random) {
+    std::vector<Node*> others;
+    for (int i = 0; i < options_.cluster_nodes; ++i) {
+      if (nodes_[static_cast<std::size_t>(i)].get() != &first) {
+        others.push_back(nodes_[static_cast<std::size_t>(i)].get());
+      }
+    }
+    std::shuffle(others.begin(), others.end(), random);
+    others.insert(others.begin(), &first);
+    others.resize(std::min(count, others.size()));
+    return others;
+  }
+
+  // Puts or deletes drain/<id>, recorded.
+  bool set_drain(const Node& node, bool on, std::string& error) {
+    const std::string key = prefix_ + "drain/" + node.id;
+    if (on) {
+      record(EventKind::kDrainOn, node.id);
+      if (const auto put = etcd_client_->put(key, "shardlock-torture"); !put.ok()) {
+        error = "cannot put " + key + ": " + put.detail;
+        return false;
+      }
+      return true;
+    }
+    if (const auto deleted = etcd_client_->delete_key(key); !deleted.ok()) {
+      error = "cannot delete " + key + ": " + deleted.detail;
+      return false;
+    }
+    record(EventKind::kDrainOff, node.id);
+    return true;
+  }
+
+  // The latest map's epoch.
+  std::uint64_t latest_epoch() {
+    std::lock_guard lock(mutex_);
+    return latest_epoch_;
+  }
+  // Waits until a map published after `after` leaves `node` out, or
+  // `deadline`. The latest map's epoch then (whether or not it left the
+  // node out).
+  std::uint64_t wait_for_map_without(const Node& node, std::uint64_t after,
+                                     Clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    map_changed_.wait_until(lock, deadline,
+                            [&] { return latest_epoch_ > after && members_.count(node.id) == 0; });
+    return latest_epoch_;
+  }
+  // Puts drain/<id> and waits until a map without the node is out, or
+  // `bound` has passed. The latest map's epoch then.
+  bool drain_and_wait(const Node& node, std::chrono::milliseconds bound, std::uint64_t& epoch,
+                      std::string& error) {
+    const std::uint64_t before = latest_epoch();
+    if (!set_drain(node, true, error)) return false;
+    epoch = wait_for_map_without(node, before, Clock::now() + bound);
+    return true;
+  }
+  // Deletes the drain keys of `nodes`, and waits until a map holds every
+  // one of n1..nN again (or a bound passed), so the next fault starts from
+  // the whole cluster.
+  bool undrain(const std::vector<const Node*>& nodes, std::string& error) {
+    for (const Node* node : nodes) {
+      if (!set_drain(*node, false, error)) return false;
+    }
+    wait_for_full_map(Clock::now() + 2 * map_move_bound());
+    settled_from_ = Clock::now();
+    return true;
+  }
+  // The nodes' lock-delay: a node activates nothing of its first map, nor
+  // of a bucket whose old owner is gone, for that long.
+  std::chrono::milliseconds lock_delay() const {
+    return std::chrono::milliseconds(node_max_ttl_ms_ + etcd_ttl_ms() + 500);
+  }
+  // Waits until the cluster may be granting every key again: a lock-delay
+  // after it was last whole again (its start, an undrain). A fault that
+  // needs grants in the middle of it (a stalled double drain) starts then.
+  void wait_until_settled() const { sleep_until(settled_from_ + lock_delay()); }
+  // Waits until a published map holds every one of n1..nN, or `deadline`.
+  void wait_for_full_map(Clock::time_point deadline) {
+    std::unique_lock lock(mutex_);
+    map_changed_.wait_until(lock, deadline, [&] {
+      for (int i = 0; i < options_.cluster_nodes; ++i) {
+        if (members_.count(nodes_[static_cast<std::size_t>(i)]->id) == 0) return false;
+      }
+      return true;
+    });
+  }
+  // Waits until `node` acknowledged (handoff/<id>) `epoch` or a later one,
+  // or `deadline`: it let go of what that map took from it.
+  void wait_for_ack(const Node& node, std::uint64_t epoch, Clock::time_point deadline) {
+    const std::string key = prefix_ + "handoff/" + node.id;
+    while (Clock::now() < deadline) {
+      const auto got = etcd_client_->get(key);
+      if (got.ok() && !got.value.kvs.empty()) {
+        std::uint64_t acked = 0;
+        const std::string& value = got.value.kvs.front().value;
+        const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), acked);
+        if (ec == std::errc() && acked >= epoch) return;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  static void sleep_until(Clock::time_point when) { std::this_thread::sleep_until(when); }
+
+  // A node stopped (SIGSTOP) or cut off from etcd for a seeded 0.2..0.6 x
+  // its etcd lease TTL: it keeps its lease and its registration, and must
+  // come back to a map that may have moved meanwhile, as it does (another
+  // node drained meanwhile) on a seeded half of them.
+  bool short_stall(Fault fault, Node& victim, std::mt19937_64& random, std::string& error) {
+    const std::chrono::milliseconds stall = seeded_share(random, etcd_ttl_ms(), 0.2, 0.6);
+    const bool move_map = random() % 2 == 0;
+    const Node& drained = *pick(victim, 2, random).back();
+    const Clock::time_point end = Clock::now() + stall;
+    if (fault == Fault::kShortPause) {
+      victim.server->suspend();
+    } else {
+      record(EventKind::kEtcdCutOn, victim.id);
+      victim.etcd_proxy.set_cut(true);
+    }
+    const bool ok = !move_map || set_drain(drained, true, error);
+    sleep_until(end);
+    if (fault == Fault::kShortPause) {
+      victim.server->resume();
+    } else {
+      victim.etcd_proxy.set_cut(false);
+      record(EventKind::kEtcdCutOff, victim.id);
+    }
+    if (!ok || !move_map) return ok;
+    std::this_thread::sleep_for(hold_for());
+    return undrain({&drained}, error);
+  }
+
+  // Hole 1's shape (issue 21): node V's map thread stalls while drain/A
+  // moves A's buckets to B (and V), A lets go (acks), B grants them until
+  // shortly before V's stall ends, and drain/B moves everything to V; the
+  // stall ends as soon as B's map is out. V then reads the last map only,
+  // and must still wait for B's leases. The stall, seeded, at most:
+  //   * V stopped (SIGSTOP) for 0.55..0.7 x its etcd lease TTL, far too
+  //     short for its lease to end;
+  //   * or V's etcd answers held back 0.3 x the TTL (below a call's
+  //     timeout, a third of it) from A's map on: V serves clients all along,
+  //     its watch and reads a step behind, then gets what was held at once.
+  // It starts a lock-delay after the cluster was last whole, so B can
+  // grant at all. Both drains are undone later.
+  bool stalled_double_drain(Node& victim, std::mt19937_64& random, std::string& error) {
+    const std::vector<Node*> three = pick(victim, 3, random);
+    if (three.size() < 3) {
+      error = "a stalled double drain needs 3 nodes";
+      return false;
+    }
+    const Node& first = *three[1];
+    const Node& second = *three[2];
+    const bool pause = random() % 2 == 0;
+    const std::chrono::milliseconds stall = pause ? seeded_share(random, etcd_ttl_ms(), 0.55, 0.7)
+                                                  : seeded_share(random, etcd_ttl_ms(), 0.3, 0.3);
+    wait_until_settled();
+    Clock::time_point wake = Clock::now() + stall;
+    if (pause) {
+      victim.server->suspend();
+    } else {
+      victim.etcd_proxy.set_delay(0ms, stall);
+    }
+    std::uint64_t moved = 0;
+    bool ok = drain_and_wait(first, stall, moved, error);
+    if (ok) {
+      // Held back: V's proxy holds A's map until `stall` after it is out.
+      if (!pause) wake = Clock::now() + stall - 30ms;
+      // B grants from A's ack until its own drain, which leaves room for
+      // B's map to come out before V wakes (a map moves in ~0.1 s).
+      const Clock::time_point last_drain = wake - std::min(stall / 4, 200ms);
+      wait_for_ack(first, moved, last_drain);
+      sleep_until(last_drain);
+      const std::uint64_t before = latest_epoch();
+      ok = set_drain(second, true, error);
+      if (ok) (void)wait_for_map_without(second, before, wake);
+    }
+    if (pause) {
+      victim.server->resume();
+    } else {
+      victim.etcd_proxy.set_delay(0ms, 0ms);
+    }
+    if (!ok) return false;
+    std::this_thread::sleep_for(hold_for());
+    return undrain({&first, &second}, error);
+  }
+
+  // Scale-down by two: drain/A, and drain/B as soon as the map without A
+  // is out (A's hand-off still running); both undone later.
+  bool double_drain(Node& first, std::mt19937_64& random, std::string& error) {
+    const std::vector<Node*> two = pick(first, 2, random);
+    if (options_.cluster_nodes < 3) {
+      error = "a double drain needs 3 nodes";
+      return false;
+    }
+    const Node& second = *two[1];
+    std::uint64_t epoch = 0;
+    if (!drain_and_wait(first, map_move_bound(), epoch, error) ||
+        !drain_and_wait(second, map_move_bound(), epoch, error)) {
+      return false;
+    }
+    std::this_thread::sleep_for(hold_for());
+    return undrain({&first, &second}, error);
+  }
+
+  // The extra node joins as soon as drain/A's map is out; later A is
+  // undrained and the extra node leaves.
+  bool join_during_drain(Node& drained, std::string& error) {
+    if (nodes_.size() <= static_cast<std::size_t>(options_.cluster_nodes)) {
+      error = "no extra node to join";
+      return false;
+    }
+    Node& extra = *nodes_.back();
+    std::uint64_t epoch = 0;
+    if (!drain_and_wait(drained, map_move_bound(), epoch, error)) return false;
+    record(EventKind::kNodeJoin, extra.id);
+    if (!start_node(extra, error)) return false;
+    std::this_thread::sleep_for(hold_for());
+    record(EventKind::kNodeLeave, extra.id);
+    extra.server->stop();
+    return undrain({&drained}, error);
+  }
+
+  // kill -9, as soon as drain/A's map is out, of A (the old owner, mid
+  // hand-off) or of a seeded heir; a restart, and later A is undrained.
+  bool kill_during_handoff(Node& drained, std::mt19937_64& random, std::string& error) {
+    Node& heir = *pick(drained, 2, random).back();
+    Node& killed = random() % 2 == 0 ? drained : heir;
+    std::uint64_t epoch = 0;
+    if (!drain_and_wait(drained, map_move_bound(), epoch, error)) return false;
+    killed.server->kill();
+    if (!start_node(killed, error)) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(etcd_ttl_ms()) + hold_for());
+    return undrain({&drained}, error);
+  }
+
+  // Every node in a seeded order: SIGTERM, a start with --max-ttl (and the
+  // lock-delay the history expects) raised by half the run's max TTL, and
+  // the map taking it back. Later restarts (kill -9) keep the raised value.
+  bool rolling_restart(std::mt19937_64& random, std::string& error) {
+    node_max_ttl_ms_ += options_.max_ttl_ms / 2;
+    std::vector<Node*> order;
+    for (int i = 0; i < options_.cluster_nodes; ++i) {
+      order.push_back(nodes_[static_cast<std::size_t>(i)].get());
+    }
+    std::shuffle(order.begin(), order.end(), random);
+    for (Node* node : order) {
+      node->server->stop();
+      const ServerConfig next = config(*node);
+      node->server->reconfigure(next.arguments, next.lock_delay_ms);
+      if (!start_node(*node, error)) return false;
+      wait_for_full_map(Clock::now() + map_move_bound());
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.max_ttl_ms));
+    }
+    return true;
+  }
+
+  // A node's etcd answers delayed a seeded 0.1..0.3 x the etcd lease TTL
+  // (below a call's timeout, a third of it) while drain/A and, on a seeded
+  // half with 3+ nodes, drain/B move the map: its watch and reads lag the
+  // others'.
+  bool slow_watch(Node& slowed, std::mt19937_64& random, std::string& error) {
+    const std::chrono::milliseconds delay = seeded_share(random, etcd_ttl_ms(), 0.1, 0.3);
+    const std::vector<Node*> three = pick(slowed, 3, random);
+    std::vector<const Node*> drained(three.begin() + 1, three.end());
+    const bool two = drained.size() > 1 && random() % 2 == 0;
+    drained.resize(two ? 2 : 1);
+    slowed.etcd_proxy.set_delay(0ms, delay);
+    bool ok = true;
+    std::uint64_t epoch = 0;
+    for (const Node* node : drained) {
+      ok = ok && drain_and_wait(*node, map_move_bound(), epoch, error);
+    }
+    if (ok) std::this_thread::sleep_for(hold_for());
+    ok = ok && undrain(drained, error);
+    std::this_thread::sleep_for(std::chrono::milliseconds(etcd_ttl_ms()));
+    slowed.etcd_proxy.set_delay(0ms, 0ms);
+    return ok;
   }
 
   void record(EventKind kind, const std::string& node) const {
@@ -305,9 +657,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     }
     for (const cluster::WatchEvent& event : update.events) {
       if (event.type != cluster::WatchEventType::kPut || event.kv.key != prefix_ + "map") continue;
-      // The epoch as every node reads it (in the value; v1: the revision).
-      std::optional<cluster::ClusterMap> decoded =
-          cluster::decode_map(event.kv.value, static_cast<std::uint64_t>(event.kv.mod_revision));
+      std::optional<cluster::ClusterMap> decoded = map_of_event(event);
       if (!decoded) continue;
       const cluster::ClusterMap& map = *decoded;
       std::unique_ptr<cluster::ClusterRouting> routing;
@@ -328,6 +678,7 @@ class ClusterUnderTest final : public SystemUnderTest {
       std::lock_guard lock(mutex_);
       members_.clear();
       for (const cluster::ClusterMember& m : map.members) members_.insert(m.id);
+      latest_epoch_ = map.epoch;
       ++maps_seen_;
       map_changed_.notify_all();
     }
@@ -343,10 +694,13 @@ class ClusterUnderTest final : public SystemUnderTest {
   std::unique_ptr<cluster::EtcdWatch> watch_;
   std::vector<std::unique_ptr<Node>> nodes_;
   ProxyFaults network_;
+  Clock::time_point settled_from_;    // when the cluster was last whole (wait_until_settled)
+  std::int64_t node_max_ttl_ms_ = 0;  // the nodes' --max-ttl: the run's, raised by rolling restarts
   bool stopped_ = false;
   std::mutex mutex_;  // guards what the watch thread publishes below
   std::condition_variable map_changed_;
-  std::set<std::string> members_;  // the latest map's
+  std::set<std::string> members_;   // the latest map's
+  std::uint64_t latest_epoch_ = 0;  // the latest map's
   int maps_seen_ = 0;
   std::string watch_error_;  // why the map watch ended, if it did
 };

@@ -17,7 +17,14 @@
 //     leaves with SIGTERM.
 //
 // The nemesis picks its victims among n1..nN with the run's seeded random
-// stream. Every fault heals before inject() returns.
+// stream. Every fault heals before inject() returns. Besides the faults
+// longer than the etcd lease, it injects shorter ones and overlapping ones
+// (run.h's short_pauses ... slow_watches): pauses and etcd partitions within
+// the lease, maybe while a map moves; a node stalled (stopped, or its etcd
+// answers held back in its TcpProxy) across two back-to-back drains; two
+// drains back to back; a join during a drain; a kill -9 during a hand-off; a
+// rolling restart raising --max-ttl; and a node's etcd answers delayed
+// while maps move.
 #pragma once
 
 #include <filesystem>

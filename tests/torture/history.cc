@@ -32,6 +32,7 @@ enum Field : std::uint32_t {
   kNode = 1 << 16,
   kEpoch = 1 << 17,
   kOwners = 1 << 18,
+  kFaultName = 1 << 19,
 };
 
 // What an acquire event may add: its mode, and a key list in place of its key.
@@ -44,7 +45,7 @@ struct KindInfo {
   std::uint32_t optional = 0;
 };
 
-constexpr std::array<KindInfo, 35> kKinds = {{
+constexpr std::array<KindInfo, 36> kKinds = {{
     {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait,
      kAcquireExtras},
     {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry,
@@ -82,6 +83,7 @@ constexpr std::array<KindInfo, 35> kKinds = {{
     {EventKind::kEtcdCutOff, "etcd_cut_off", kNode},
     {EventKind::kClientCutOn, "client_cut_on", kNode},
     {EventKind::kClientCutOff, "client_cut_off", kNode},
+    {EventKind::kFault, "fault", kFaultName},
 }};
 
 const KindInfo& info(EventKind kind) noexcept { return kKinds[static_cast<std::size_t>(kind)]; }
@@ -191,6 +193,7 @@ std::string format_event(const Event& e) {
     add("node", e.node.empty() ? "-" : e.node);
   }
   if (f & kEpoch) add("epoch", std::to_string(e.epoch));
+  if (f & kFaultName) add("fault", e.fault.empty() ? "-" : e.fault);
   if (f & kOwners) {
     add("owners", join(e.owners, [](const std::pair<std::string, std::string>& owner) {
           return owner.first + ":" + owner.second;
@@ -240,6 +243,8 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
       ok = parse_int(value, e.wait_ms), seen |= kWait;
     } else if (name == "value") {
       ok = parse_int(value, e.value), seen |= kValue;
+    } else if (name == "fault") {
+      e.fault = std::string(value), seen |= kFaultName;
     } else if (name == "highest") {
       ok = parse_int(value, e.highest), seen |= kHighest;
     } else if (name == "incarnation") {

@@ -88,6 +88,9 @@ enum class EventKind : std::uint8_t {
   kEtcdCutOff,    // node
   kClientCutOn,   // node                           (every datagram to or from it dropped)
   kClientCutOff,  // node
+  // A compound fault of the cluster nemesis (several nodes, overlapping
+  // steps) begins; the steps it takes are recorded as the events above.
+  kFault,  // fault                                (its name, '_' for spaces)
 };
 
 // How an acquire holds its key(s).
@@ -131,6 +134,8 @@ struct Event {
   // in it, as (key, node id).
   std::uint64_t epoch = 0;
   std::vector<std::pair<std::string, std::string>> owners;
+  // kFault: the fault's name, words joined by '_' ("stalled_double_drain").
+  std::string fault;
 
   [[nodiscard]] bool multi_key() const noexcept { return !keys.empty(); }
 };

@@ -67,6 +67,15 @@ struct TortureOptions {
   int drains = 0;             // a node is drained, then undrained
   int etcd_partitions = 0;    // a node is cut off from etcd past its lease, then healed
   int client_partitions = 0;  // the clients are cut off from a node, then healed
+  // Faults shorter than the etcd lease, and overlapping ones (cluster.h).
+  int short_pauses = 0;           // a node SIGSTOPped for less than its etcd lease
+  int short_etcd_partitions = 0;  // a node cut off from etcd for less than its lease
+  int stalled_double_drains = 0;  // a node stopped across two back-to-back drains
+  int double_drains = 0;          // two drains back to back (scale-down by two)
+  int joins_during_drains = 0;    // the extra node joins while a drain moves buckets
+  int kills_during_handoffs = 0;  // kill -9 of the drained node or an heir mid hand-off
+  int rolling_restarts = 0;       // every node restarted in turn, --max-ttl raised
+  int slow_watches = 0;           // a node's etcd answers delayed while maps move
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the

@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <thread>
+#include <utility>
 
 namespace shardlock::torture {
 
@@ -60,11 +61,24 @@ void ServerUnderTest::kill() {
 }
 
 void ServerUnderTest::pause(std::chrono::milliseconds how_long) {
+  suspend();
+  std::this_thread::sleep_for(how_long);
+  resume();
+}
+
+void ServerUnderTest::suspend() {
   process_.signal(SIGSTOP);
   record(EventKind::kServerPause);
-  std::this_thread::sleep_for(how_long);
+}
+
+void ServerUnderTest::resume() {
   process_.signal(SIGCONT);
   record(EventKind::kServerResume);
+}
+
+void ServerUnderTest::reconfigure(std::vector<std::string> arguments, std::int64_t lock_delay_ms) {
+  config_.arguments = std::move(arguments);
+  config_.lock_delay_ms = lock_delay_ms;
 }
 
 void ServerUnderTest::stop() {

@@ -45,6 +45,13 @@ class ServerUnderTest {
   void kill();
   // SIGSTOP for `how_long`, then SIGCONT. Blocks.
   void pause(std::chrono::milliseconds how_long);
+  // The two halves of pause(), for a pause that other faults overlap:
+  // SIGSTOP now, SIGCONT later (each recorded).
+  void suspend();
+  void resume();
+  // The arguments of the next start (say, a changed --max-ttl for a rolling
+  // restart) and the lock-delay its start records.
+  void reconfigure(std::vector<std::string> arguments, std::int64_t lock_delay_ms);
   // SIGTERM (after SIGCONT), and SIGKILL if it has not exited within 5 s.
   void stop();
 

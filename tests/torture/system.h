@@ -21,6 +21,16 @@ enum class Fault : std::uint8_t {
   kDrain,            // cluster: a node is drained, later undrained
   kEtcdPartition,    // cluster: a node is cut off from etcd, later healed
   kClientPartition,  // cluster: the clients are cut off from a node, later healed
+  // Cluster faults shorter than the etcd lease, and overlapping ones
+  // (docs/cluster.md, "Torture: cluster mode").
+  kShortPause,          // a node stopped for less than its etcd lease, maybe while a map moves
+  kShortEtcdPartition,  // a node cut off from etcd for less than its lease, likewise
+  kStalledDoubleDrain,  // a node stopped across two drains back to back (hole 1's shape)
+  kDoubleDrain,         // scale-down: two drains back to back, later undone
+  kJoinDuringDrain,     // the extra node joins while a drain moves buckets
+  kKillDuringHandoff,   // kill -9 of the drained node or an heir while the hand-off runs
+  kRollingRestart,      // every node restarted in turn with a raised --max-ttl
+  kSlowWatch,           // a node's etcd answers delayed while maps move
 };
 [[nodiscard]] const char* fault_name(Fault fault) noexcept;
 

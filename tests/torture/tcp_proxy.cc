@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <deque>
 #include <list>
 #include <vector>
 
@@ -26,12 +28,33 @@ void reset(int fd) noexcept {
   ::close(fd);
 }
 
-// One direction of a connection: bytes read from `from` not yet written to
-// `to`. While some are pending, `from` is not read (back-pressure).
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// One direction of a connection: chunks read from `from`, each with the time
+// it was read, not yet written to `to`. A chunk is due once the direction's
+// current delay has passed since its read, so lowering the delay lets what
+// is held go at once. Reading goes on while less than kMaxQueued bytes wait, so a
+// delay shifts a stream in time without throttling it to a chunk per delay;
+// past that, `from` is not read (back-pressure).
 struct Direction {
-  std::vector<char> pending;
-  std::size_t offset = 0;
-  [[nodiscard]] bool idle() const noexcept { return offset == pending.size(); }
+  struct Chunk {
+    std::vector<char> bytes;
+    std::size_t offset = 0;
+    std::int64_t read_ns = 0;
+  };
+  static constexpr std::size_t kMaxQueued = 1 << 20;
+  std::deque<Chunk> queue;
+  std::size_t queued = 0;  // bytes in `queue` not yet written
+  bool ended = false;      // `from` reached EOF: over once the queue is written
+  [[nodiscard]] bool idle() const noexcept { return queue.empty(); }
+  [[nodiscard]] bool may_read() const noexcept { return !ended && queued < kMaxQueued; }
+  [[nodiscard]] bool due(std::int64_t now, std::int64_t delay_ns) const noexcept {
+    return !queue.empty() && queue.front().read_ns + delay_ns <= now;
+  }
 };
 
 struct Connection {
@@ -42,29 +65,39 @@ struct Connection {
   bool dead = false;
 };
 
-// Reads what `from` has into `d` (when idle) and writes what `d` holds to
-// `to` (non-blocking, so trying costs nothing when `to` is full). False when
-// the connection is over (EOF, an error).
-bool pump(int from, int to, Direction& d, short from_events, short to_events) {
-  if (d.idle() && (from_events & (POLLIN | POLLHUP | POLLERR))) {
-    d.pending.resize(65536);
-    const ssize_t n = ::recv(from, d.pending.data(), d.pending.size(), MSG_DONTWAIT);
-    if (n == 0) return false;
-    if (n < 0) {
-      d.pending.clear(), d.offset = 0;
+// Reads what `from` has into `d` (while it may) and writes what is due in
+// `d` to `to` (non-blocking, so trying costs nothing when `to` is full).
+// False when the connection is over (EOF, an error).
+bool pump(int from, int to, Direction& d, short from_events, short to_events,
+          std::int64_t delay_ns) {
+  if (d.may_read() && (from_events & (POLLIN | POLLHUP | POLLERR))) {
+    Direction::Chunk chunk;
+    chunk.bytes.resize(65536);
+    const ssize_t n = ::recv(from, chunk.bytes.data(), chunk.bytes.size(), MSG_DONTWAIT);
+    if (n == 0) {
+      d.ended = true;
+    } else if (n < 0) {
       if (errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
     } else {
-      d.pending.resize(static_cast<std::size_t>(n));
-      d.offset = 0;
+      chunk.bytes.resize(static_cast<std::size_t>(n));
+      chunk.read_ns = now_ns();
+      d.queued += chunk.bytes.size();
+      d.queue.push_back(std::move(chunk));
     }
   }
-  if (!d.idle()) {
-    const ssize_t n = ::send(to, d.pending.data() + d.offset, d.pending.size() - d.offset,
-                             MSG_DONTWAIT | MSG_NOSIGNAL);
+  const std::int64_t now = now_ns();
+  while (d.due(now, delay_ns)) {
+    Direction::Chunk& front = d.queue.front();
+    const ssize_t n = ::send(to, front.bytes.data() + front.offset,
+                             front.bytes.size() - front.offset, MSG_DONTWAIT | MSG_NOSIGNAL);
     if (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) return false;
-    if (n > 0) d.offset += static_cast<std::size_t>(n);
-    if (d.idle()) d.pending.clear(), d.offset = 0;
+    if (n <= 0) break;
+    front.offset += static_cast<std::size_t>(n);
+    d.queued -= static_cast<std::size_t>(n);
+    if (front.offset < front.bytes.size()) break;  // `to` is full
+    d.queue.pop_front();
   }
+  if (d.ended && d.idle()) return false;
   return (to_events & POLLERR) == 0;
 }
 
@@ -76,6 +109,8 @@ struct TcpProxy::Impl {
   std::thread thread;
   std::atomic<bool> stopping{false};
   std::atomic<bool> cut{false};
+  std::atomic<std::int64_t> up_delay_ns{0};    // client -> upstream
+  std::atomic<std::int64_t> down_delay_ns{0};  // upstream -> client
   std::atomic<std::uint64_t> connections{0};
   std::atomic<std::uint64_t> resets{0};
   std::list<Connection> open;  // proxy thread only
@@ -133,17 +168,28 @@ struct TcpProxy::Impl {
         }
         open.clear();
       }
+      // relaxed: settings polled each round; a change applies to every byte
+      // not yet written.
+      const std::int64_t up_delay = up_delay_ns.load(std::memory_order_relaxed);
+      const std::int64_t down_delay = down_delay_ns.load(std::memory_order_relaxed);
+      const std::int64_t now = now_ns();
+      bool waiting = false;  // a delayed chunk is not due yet: poll for at most a round
       fds.clear();
       fds.push_back({listen_fd, POLLIN, 0});
       for (const Connection& c : open) {
-        fds.push_back(
-            {c.client,
-             static_cast<short>((c.up.idle() ? POLLIN : 0) | (c.down.idle() ? 0 : POLLOUT)), 0});
-        fds.push_back(
-            {c.upstream,
-             static_cast<short>((c.down.idle() ? POLLIN : 0) | (c.up.idle() ? 0 : POLLOUT)), 0});
+        waiting = waiting || (!c.up.idle() && !c.up.due(now, up_delay)) ||
+                  (!c.down.idle() && !c.down.due(now, down_delay));
+        fds.push_back({c.client,
+                       static_cast<short>((c.up.may_read() ? POLLIN : 0) |
+                                          (c.down.due(now, down_delay) ? POLLOUT : 0)),
+                       0});
+        fds.push_back({c.upstream,
+                       static_cast<short>((c.down.may_read() ? POLLIN : 0) |
+                                          (c.up.due(now, up_delay) ? POLLOUT : 0)),
+                       0});
       }
-      if (::poll(fds.data(), fds.size(), 20) <= 0) continue;
+      const int timeout_ms = waiting ? 2 : 20;
+      if (::poll(fds.data(), fds.size(), timeout_ms) < 0) continue;
       if (fds[0].revents & POLLIN) accept_all();
       std::size_t at = 1;
       for (Connection& c : open) {
@@ -151,8 +197,8 @@ struct TcpProxy::Impl {
         const short client_events = fds[at].revents;
         const short upstream_events = fds[at + 1].revents;
         at += 2;
-        if (!pump(c.client, c.upstream, c.up, client_events, upstream_events) ||
-            !pump(c.upstream, c.client, c.down, upstream_events, client_events)) {
+        if (!pump(c.client, c.upstream, c.up, client_events, upstream_events, up_delay) ||
+            !pump(c.upstream, c.client, c.down, upstream_events, client_events, down_delay)) {
           c.dead = true;
         }
       }
@@ -200,6 +246,15 @@ void TcpProxy::stop() {
 
 void TcpProxy::set_cut(bool cut) noexcept {
   impl_->cut.store(cut, std::memory_order_relaxed);  // relaxed: polled; see accept_all()
+}
+
+void TcpProxy::set_delay(std::chrono::milliseconds to_upstream,
+                         std::chrono::milliseconds to_client) noexcept {
+  // relaxed: polled each round, like the cut.
+  impl_->up_delay_ns.store(std::chrono::nanoseconds(to_upstream).count(),
+                           std::memory_order_relaxed);
+  impl_->down_delay_ns.store(std::chrono::nanoseconds(to_client).count(),
+                             std::memory_order_relaxed);
 }
 
 std::uint64_t TcpProxy::connections() const noexcept {

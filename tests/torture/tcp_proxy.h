@@ -8,9 +8,14 @@
 // timeout) and every new one is accepted and reset at once: to the node,
 // etcd is unreachable; to etcd, the node is silent, so its lease expires.
 // Healing lets new connections through again.
+//
+// Each direction can also be delayed: every chunk read is held that long
+// before it is written on, so the node sees etcd's answers late (a slow
+// etcd, a slowed watch) while its connections stay up.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -34,6 +39,12 @@ class TcpProxy {
   // Cuts (resets every connection, refuses new ones) or heals. Takes effect
   // within the thread's next round (at most ~20 ms). Thread-safe.
   void set_cut(bool cut) noexcept;
+  // Holds every chunk going to the upstream (etcd) and to the client (the
+  // node) until that long after it was read; 0 for none. Applies within a
+  // round to every chunk not yet written, so lowering a delay releases what
+  // it held at once, in order. Thread-safe.
+  void set_delay(std::chrono::milliseconds to_upstream,
+                 std::chrono::milliseconds to_client) noexcept;
   [[nodiscard]] std::uint16_t port() const noexcept { return port_; }
   // Connections accepted and forwarded, and connections reset by a cut.
   [[nodiscard]] std::uint64_t connections() const noexcept;

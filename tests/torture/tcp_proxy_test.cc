@@ -13,6 +13,7 @@
 #include <chrono>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace shardlock::torture {
@@ -80,15 +81,12 @@ int connect_to(std::uint16_t port) {
   return fd;
 }
 
-// Sends `text` and reads the echo; "" when the connection fails or closes
-// within 2 s.
-std::string round_trip(int fd, const std::string& text) {
-  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
-    return {};
-  }
+// Reads until `size` bytes came, the connection fails or closes, or 2 s
+// passed; what came.
+std::string read_up_to(int fd, std::size_t size) {
   std::string got;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  while (got.size() < text.size() && std::chrono::steady_clock::now() < deadline) {
+  while (got.size() < size && std::chrono::steady_clock::now() < deadline) {
     pollfd p{fd, POLLIN, 0};
     if (::poll(&p, 1, 50) <= 0) continue;
     char buf[4096];
@@ -97,6 +95,15 @@ std::string round_trip(int fd, const std::string& text) {
     got.append(buf, static_cast<std::size_t>(n));
   }
   return got;
+}
+
+// Sends `text` and reads the echo; "" when the connection fails or closes
+// within 2 s.
+std::string round_trip(int fd, const std::string& text) {
+  if (::send(fd, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size())) {
+    return {};
+  }
+  return read_up_to(fd, text.size());
 }
 
 TEST(TcpProxy, ForwardsBothWays) {
@@ -136,6 +143,41 @@ TEST(TcpProxy, ACutResetsOpenConnectionsAndRefusesNewOnesUntilHealed) {
   ASSERT_GE(healed, 0);
   EXPECT_EQ(round_trip(healed, "after"), "after");
   ::close(healed);
+}
+
+// A delay holds the bytes back (never less than asked, one direction or the
+// other) and loses or reorders none of them; lifting it lets them through
+// at once again.
+TEST(TcpProxy, ADelayHoldsEachDirectionBackWithoutLosingBytes) {
+  using std::chrono::milliseconds;
+  EchoServer echo;
+  TcpProxy proxy;
+  ASSERT_TRUE(proxy.start(echo.port())) << proxy.error();
+  const int fd = connect_to(proxy.port());
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(round_trip(fd, "warm"), "warm");
+
+  std::string big(200000, 'x');
+  for (std::size_t i = 0; i < big.size(); i += 997) big[i] = static_cast<char>('a' + i % 26);
+  for (const auto& [up, down] : {std::pair{milliseconds(0), milliseconds(300)},
+                                 std::pair{milliseconds(300), milliseconds(0)}}) {
+    proxy.set_delay(up, down);
+    std::this_thread::sleep_for(milliseconds(50));  // a few proxy rounds
+    const auto start = std::chrono::steady_clock::now();
+    EXPECT_EQ(round_trip(fd, "slow"), "slow");
+    EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(300));
+    EXPECT_EQ(round_trip(fd, big), big);
+  }
+  // Lowering the delay releases what it holds.
+  proxy.set_delay(milliseconds(0), milliseconds(60000));
+  std::this_thread::sleep_for(milliseconds(50));
+  const std::string held = "held";
+  ASSERT_EQ(::send(fd, held.data(), held.size(), MSG_NOSIGNAL), static_cast<ssize_t>(held.size()));
+  std::this_thread::sleep_for(milliseconds(200));
+  proxy.set_delay(milliseconds(0), milliseconds(0));
+  EXPECT_EQ(read_up_to(fd, held.size()), held);
+  EXPECT_EQ(round_trip(fd, "after"), "after");
+  ::close(fd);
 }
 
 }  // namespace
