@@ -26,7 +26,7 @@ release=(
 )
 # The dev, tsan and clang presets' tests, the fuzz targets and make lint.
 testing=(
-  git clang-14 libclang-rt-14-dev clang-tidy-14
+  git ccache clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
   python3-xxhash  # the Python client's cluster mode and its tests
 )
