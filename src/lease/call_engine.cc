@@ -521,9 +521,13 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     }
     if (m.type == MessageType::kRecovering && call.wait_end != Clock::time_point{}) {
       // A waiting acquire rides through the lock-delay while its wait lasts.
-      const Clock::duration delay = retry_delay(m.retry_after_ms);
-      if (Clock::now() + delay < call.wait_end) {
-        recovering_.emplace_back(std::move(it->second), delay);
+      // A hint that runs past the wait is cut to a last try just before it
+      // ends: the caller asked to wait that long, and a node may be ready
+      // sooner than it said (a failover, a lock-delay ending early).
+      const Clock::duration left = call.wait_end - Clock::now();
+      if (left > kLastTryMargin) {
+        recovering_.emplace_back(std::move(it->second),
+                                 std::min(retry_delay(m.retry_after_ms), left - kLastTryMargin));
         pending_.erase(it);
         continue;
       }

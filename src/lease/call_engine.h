@@ -76,6 +76,10 @@ inline std::uint32_t clamp_ms(std::chrono::milliseconds d) noexcept {
 // all come back at once. Never shorter than the server asked.
 inline constexpr std::chrono::milliseconds kMinRetryAfter{10};
 [[nodiscard]] Clock::duration retry_delay(std::uint32_t retry_after_ms) noexcept;
+// A waiting acquire whose retry would fall after its wait ends tries once
+// more this long before the end instead; with less than this left it
+// reports RECOVERING.
+inline constexpr std::chrono::milliseconds kLastTryMargin{10};
 
 // The client's configuration as LeaseClient::start() resolved it. Written
 // only by start(), before the I/O thread starts; read-only afterwards, from

@@ -26,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "call_engine.h"
 #include "poll_until.h"
 #include "shardlock/lease/client.h"
 #include "shardlock/lease/protocol.h"
@@ -606,6 +607,23 @@ TEST(ClusterClientTest, WaitingAcquireReportsRecoveringOnceItsWaitIsSpent) {
   auto client = start_cluster_client({a.address()});
   const AcquireResult r = client->acquire("k", 5s, 300ms);
   EXPECT_EQ(r.error, LeaseErrc::kRecovering);
+  EXPECT_GE(a.distinct(MessageType::kAcquire), 2u);
+}
+
+// A hint longer than the wait left does not end the wait early: the client
+// tries once more just before its wait ends (the node may be ready sooner
+// than it said) and reports RECOVERING only then.
+TEST(ClusterClientTest, AHintPastTheWaitStillWaitsItOut) {
+  FakeCluster cluster;
+  FakeNode a(cluster);
+  cluster.publish(3, one_member_each({&a}));
+  a.know(3);
+  a.recovering(60'000);
+  auto client = start_cluster_client({a.address()});
+  const auto started = std::chrono::steady_clock::now();
+  const AcquireResult r = client->acquire("k", 5s, 300ms);
+  EXPECT_EQ(r.error, LeaseErrc::kRecovering);
+  EXPECT_GE(std::chrono::steady_clock::now() - started, 290ms - internal::kLastTryMargin);
   EXPECT_GE(a.distinct(MessageType::kAcquire), 2u);
 }
 

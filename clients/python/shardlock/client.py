@@ -22,8 +22,9 @@ The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
   server's retry_after_ms (with jitter), never at once.
 * An acquire with a wait rides through the server's lock-delay: answered
   RECOVERING, it asks again (fresh request id, the wait left) after
-  retry_after_ms with jitter, and raises RecoveringError only when that
-  would be past its wait. An acquire without a wait answers at once.
+  retry_after_ms with jitter (a hint past the wait's end cut to one last
+  try just before it), and raises RecoveringError only when the wait is
+  spent. An acquire without a wait answers at once.
 * Cluster mode (discover=True, docs/cluster.md "Clients"): the map comes
   from the seeds (MAP, paged), every request carries its epoch, and each
   ACQUIRE or QUERY goes to the key's owner under the cluster's Router
@@ -85,6 +86,9 @@ def _key_bytes(key: Key) -> bytes:
 
 
 _MIN_RETRY_AFTER = 0.010
+# A waiting acquire whose retry would fall after its wait ends tries once
+# more this long before the end instead; with less left it raises.
+_LAST_TRY_MARGIN = 0.010
 
 
 def _retry_delay(retry_after_ms: int) -> float:
@@ -719,10 +723,12 @@ class Client:
                     # newer map was found yet: ask again shortly.
                     time.sleep(max(0.0, min(_REDIRECT_RETRY, deadline - _now())))
             elif reply is not None and reply.type == p.RECOVERING and waits:
-                delay = _retry_delay(reply.retry_after_ms)
-                if _now() + delay >= wait_end:
+                # A hint past the wait's end is cut to a last try just
+                # before it (the node may be ready sooner than it said).
+                left = wait_end - _now()
+                if left <= _LAST_TRY_MARGIN:
                     return sent, reply, node
-                time.sleep(delay)
+                time.sleep(min(_retry_delay(reply.retry_after_ms), left - _LAST_TRY_MARGIN))
             elif reply is not None:
                 return sent, reply, node
             sent = _now()

@@ -278,6 +278,24 @@ class Recovering(ClusterModeTestCase):
         acquires = self.cluster.nodes["c"].of_type(p.ACQUIRE)
         self.assertTrue(all(0 < m.wait_ms <= 10000 for _, m in acquires))
 
+    def test_a_hint_past_the_wait_still_waits_it_out(self):
+        c = self.client()
+        key = self.cluster.key_owned_by("c")
+        count = [0]
+
+        def handler(node, d, m):
+            if m.type == p.ACQUIRE:
+                count[0] += 1
+                return encode_reply(p.RECOVERING, m.request_id, retry_after_ms=60000)
+            return self.cluster.answer(node, d, m)
+        self.cluster.override["c"] = handler
+        started = time.monotonic()
+        with self.assertRaises(shardlock.RecoveringError):
+            c.acquire(key, ttl=5, wait=0.3, watchdog=False)
+        # A last try just before the wait ends, and no report before it.
+        self.assertGreaterEqual(time.monotonic() - started, 0.28)
+        self.assertEqual(self.cluster.nodes["c"].calls(p.ACQUIRE), 2)
+
     def test_a_try_reports_recovering_at_once(self):
         c = self.client()
         key = self.cluster.key_owned_by("c")
