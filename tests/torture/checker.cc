@@ -27,12 +27,15 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 11> kAllKinds = {
+constexpr std::array<ViolationKind, 12> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
     ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
-    ViolationKind::kOwner,    ViolationKind::kKeyLiveness,
+    ViolationKind::kOwner,    ViolationKind::kKeyLiveness,   ViolationKind::kWait,
 };
+// wait: how much earlier than its wait a waiting acquire may give up
+// (the client's last try goes out kLastTryMargin, 10 ms, before the end).
+constexpr std::int64_t kWaitSlackMs = 50;
 constexpr std::size_t kModeCount = 3;
 
 constexpr std::int64_t kNsPerMs = 1'000'000;
@@ -333,6 +336,8 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "owner";
     case ViolationKind::kKeyLiveness:
       return "key_liveness";
+    case ViolationKind::kWait:
+      return "wait";
   }
   return "unknown";
 }
@@ -690,6 +695,20 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
               (inv.has_value() && inv->try_acquire ? "try-acquire " : "acquire ") +
               outcome(e.error));
         ++report.lease_operations;
+        // A waiting acquire reports a recovering or unreachable node only
+        // once its wait is spent: it rides through a lock-delay or a
+        // failover until then.
+        if (inv.has_value() && !inv->try_acquire &&
+            (e.error == "recovering" || e.error == "unreachable")) {
+          const std::int64_t waited_ns = e.t_ns - asked.t_ns;
+          if (waited_ns < (asked.wait_ms - kWaitSlackMs) * kNsPerMs) {
+            recorder.add(ViolationKind::kWait, keys_text(asked), [&] {
+              return "client " + num(e.client) + " op " + num(e.op) + " answered " + e.error +
+                     " after " + num(waited_ns / kNsPerMs) + " ms of a " + num(asked.wait_ms) +
+                     " ms wait";
+            });
+          }
+        }
         break;
       }
       case EventKind::kHold:

@@ -51,6 +51,10 @@
 //                    any kind) at least once before the history ends: a key
 //                    the system stopped serving is caught even while its
 //                    clients keep being served other keys;
+//   wait             an acquire with a wait (not a try) that fails
+//                    "recovering" or "unreachable" does so no sooner than
+//                    its wait (less 50 ms): clients ride through a
+//                    lock-delay and a failover while their wait lasts;
 //   owner            (cluster mode: grants that name their node, and map
 //                    events) every grant was answered by the node that the
 //                    map of its token's epoch (token >> 32) gives the key
@@ -87,6 +91,7 @@ enum class ViolationKind : std::uint8_t {
   kAllOrNothing,
   kOwner,
   kKeyLiveness,
+  kWait,
 };
 
 struct Violation {
@@ -131,7 +136,7 @@ struct CheckReport {
 
 // "overlap", "token_order", "duplicate_token", "fencing", "lost_increment",
 // "lock_delay", "liveness", "permit_limit", "all_or_nothing", "owner",
-// "key_liveness".
+// "key_liveness", "wait".
 [[nodiscard]] std::string_view to_string(ViolationKind kind) noexcept;
 
 // Judges `history` (any order; sorted by t_ns here, stable). Never throws on

@@ -148,7 +148,7 @@ TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 11u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 12u);  // every kind, at zero
 }
 
 // A history without grants, or without a healed event, has no violation
@@ -371,7 +371,7 @@ TEST(Checker, KeyLiveness) {
       acquire_ok(ms(3510), 1, 2, "k", 2, ms(3600)),
       // Asked for only after the bound: not judged.
       acquire_invoke(ms(30000), 1, 3, "late"),
-      acquire_fail(ms(30001), 1, 3, "late", "unreachable"),
+      acquire_fail(ms(31001), 1, 3, "late", "unreachable"),
   };
   const CheckReport report = check(history, CheckOptions{});
   ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKeyLiveness));
@@ -925,6 +925,30 @@ TEST(Checker, JsonEscapesStrings) {
   EXPECT_NE(json.find(R"("liveness_checked":false)"), std::string::npos) << json;
 }
 
+// A waiting acquire that gives up on a recovering or unreachable node before
+// its wait is spent: what a client that stops at the first RECOVERING (or
+// at a hint longer than its wait) looks like.
+TEST(Checker, AWaitingAcquireGivesUpOnlyWhenItsWaitIsSpent) {
+  std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "k", 2000),
+      acquire_fail(ms(5), 0, 1, "k", "recovering"),
+      acquire_invoke(ms(100), 1, 1, "k", 2000),
+      acquire_fail(ms(900), 1, 1, "k", "unreachable"),
+      // Spent waits (within the slack), a try, and other errors: all fine.
+      acquire_invoke(ms(3000), 0, 2, "k", 1000),
+      acquire_fail(ms(3960), 0, 2, "k", "recovering"),
+      acquire_invoke(ms(5000), 1, 2, "k", 0),
+      acquire_fail(ms(5001), 1, 2, "k", "recovering"),
+      acquire_invoke(ms(6000), 1, 3, "k", 1000),
+      acquire_fail(ms(6001), 1, 3, "k", "busy"),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kWait, 2));
+  EXPECT_NE(report.examples[0].detail.find("recovering after 5 ms of a 2000 ms wait"),
+            std::string::npos)
+      << report.examples[0].detail;
+}
+
 TEST(Checker, TextNamesEveryKind) {
   const CheckReport report = check({}, CheckOptions{});
   const std::string text = report.text();
@@ -932,7 +956,7 @@ TEST(Checker, TextNamesEveryKind) {
        {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
         ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
         ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing,
-        ViolationKind::kOwner, ViolationKind::kKeyLiveness}) {
+        ViolationKind::kOwner, ViolationKind::kKeyLiveness, ViolationKind::kWait}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
