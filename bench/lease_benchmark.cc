@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
-#include "shardlock/lease/internal/dedup_cache.h"
-#include "shardlock/lease/internal/shard.h"
-#include "shardlock/lease/internal/timer_wheel.h"
-#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/lease/server/internal/timer_wheel.h"
+#include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease {
 namespace {

@@ -7,7 +7,7 @@
 #include <span>
 #include <utility>
 
-#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::cluster {
 namespace {

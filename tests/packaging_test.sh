@@ -26,13 +26,14 @@ expect_match() {
 for tool in shardlockd shardlockctl shardlock-bench shardlock-route; do expect_file "/usr/bin/$tool"; done
 expect_file /usr/lib/systemd/system/shardlockd.service
 expect_file /etc/default/shardlockd
-expect_file /usr/include/shardlock/lease/client.h
+expect_file /usr/include/shardlock/lease/client/client.h
+expect_file /usr/include/shardlock/lease/client.h  # the forwarding header, for one release
 expect_file /usr/include/shardlock/mutex.h
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock\.a$'
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_lease\.a$'
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?cmake/shardlock/shardlockConfig\.cmake$'
 expect_file /usr/share/doc/shardlock/README.md
-expect_file /usr/include/shardlock/lease/c_api.h
+expect_file /usr/include/shardlock/lease/client/c_api.h
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_c\.so\.1$'
 if grep -q shardlock-torture "$work/files"; then echo "the test harness is packaged" >&2; fail=1; fi
 grep -q '^ *Depends:.*liburing' "$work/info" || { echo "Depends lacks liburing:" >&2; grep Depends "$work/info" >&2; fail=1; }

@@ -48,9 +48,9 @@
 #include "common/allocator.h"
 #include "common/command_line.h"
 #include "common/json.h"
-#include "shardlock/lease/client.h"
-#include "shardlock/lease/duration.h"
-#include "shardlock/lease/server.h"
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/duration.h"
+#include "shardlock/lease/server/server.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/workload/zipf.h"
 

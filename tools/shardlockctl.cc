@@ -56,7 +56,7 @@
 
 #include "common/command_line.h"
 #include "common/json.h"
-#include "shardlock/lease/client.h"
+#include "shardlock/lease/client/client.h"
 #if defined(SHARDLOCK_HAVE_CLUSTER)
 #include <algorithm>
 #include <map>

@@ -31,7 +31,7 @@
 #include "common/command_line.h"
 #include "common/json.h"
 #include "prometheus_exporter.h"
-#include "shardlock/lease/server.h"
+#include "shardlock/lease/server/server.h"
 #ifdef SHARDLOCK_HAVE_CLUSTER
 #include <thread>
 

@@ -53,8 +53,8 @@
 #include "activation.h"
 #include "membership.h"
 #include "shardlock/internal/thread_annotations.h"
-#include "shardlock/lease/internal/cluster_gate.h"
-#include "shardlock/lease/server.h"
+#include "shardlock/lease/server/internal/cluster_gate.h"
+#include "shardlock/lease/server/server.h"
 #include "shardlock/mutex.h"
 
 namespace shardlock::cluster {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease {
 namespace {

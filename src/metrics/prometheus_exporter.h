@@ -24,7 +24,7 @@
 #include <string_view>
 #include <system_error>
 
-#include "shardlock/lease/server.h"
+#include "shardlock/lease/server/server.h"
 
 namespace shardlock::lease {
 

@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "etcd_process.h"
-#include "lease/client_tool_support.h"
-#include "shardlock/lease/client.h"
+#include "tools/client_tool_support.h"
+#include "shardlock/lease/client/client.h"
 #ifdef SHARDLOCK_TEST_C_API
-#include "shardlock/lease/c_api.h"
+#include "shardlock/lease/client/c_api.h"
 #endif
 
 namespace shardlock::cluster {

@@ -15,7 +15,7 @@
 #include "etcd_process.h"
 #include "poll_until.h"
 #include "shardlock/cluster/epoch_token.h"
-#include "shardlock/lease/client.h"
+#include "shardlock/lease/client/client.h"
 
 namespace shardlock::cluster {
 namespace {

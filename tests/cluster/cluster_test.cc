@@ -32,7 +32,7 @@
 #include "membership.h"
 #include "shardlock/cluster/cluster_map.h"
 #include "shardlock/cluster/epoch_token.h"
-#include "shardlock/lease/client.h"
+#include "shardlock/lease/client/client.h"
 
 namespace shardlock::cluster {
 namespace {

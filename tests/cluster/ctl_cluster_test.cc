@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "etcd_process.h"
-#include "lease/client_tool_support.h"
+#include "tools/client_tool_support.h"
 #include "membership.h"
 #include "poll_until.h"
 #include "shardlock/cluster/cluster_map.h"

@@ -4,6 +4,7 @@
 // then with the lease component (liburing, libsodium).
 #include <memory>
 #include <mutex>
+#include <string>
 
 #include "shardlock/cluster/cluster_map.h"
 #include "shardlock/lock_table.h"
@@ -11,7 +12,9 @@
 #include "shardlock/router.h"
 #include "shardlock/spin_lock.h"
 #if defined(SHARDLOCK_CONSUMER_HAS_LEASE)
-#include "shardlock/lease/server.h"
+#include "shardlock/lease/server/server.h"
+// The pre-rooms path, through its forwarding header (kept for one release).
+#include "shardlock/lease/client.h"
 #endif
 
 int main() {
@@ -46,6 +49,11 @@ int main() {
   shardlock::lease::LeaseServer server(options);
   if (server.start()) return 1;
   if (server.port() == 0) return 1;
+  // A client type through the forwarding header's path.
+  shardlock::lease::LeaseClientOptions client_options;
+  client_options.nodes.push_back("127.0.0.1:" + std::to_string(server.port()));
+  shardlock::lease::LeaseClient client(client_options);
+  if (client.start()) return 1;
   server.stop();
 #endif
 

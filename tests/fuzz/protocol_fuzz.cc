@@ -8,7 +8,7 @@
 #include <span>
 #include <vector>
 
-#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/wire/protocol.h"
 
 using shardlock::lease::Datagram;
 using shardlock::lease::ProtocolError;

@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease::test_support {
 

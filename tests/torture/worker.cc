@@ -19,8 +19,8 @@
 
 #include "recorder.h"
 #include "resource.h"
-#include "shardlock/lease/client.h"
-#include "shardlock/lease/protocol.h"
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/protocol.h"
 #include "shardlock/workload/zipf.h"
 
 namespace shardlock::torture {

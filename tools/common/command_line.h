@@ -9,7 +9,7 @@
 #include <string>
 #include <string_view>
 
-#include "shardlock/lease/auth.h"
+#include "shardlock/lease/wire/auth.h"
 
 namespace shardlock::tools {
 

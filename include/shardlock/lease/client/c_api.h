@@ -1,0 +1,262 @@
+/* c_api.h: a small, stable C interface to the shardlock lease client
+ * (libshardlock_c.so), so that C and any language with a C FFI can take
+ * leases with fencing tokens.
+ *
+ *   shardlock_client* client = NULL;
+ *   if (shardlock_client_create("127.0.0.1:7420", NULL, 0, &client) != SHARDLOCK_OK) {
+ *     fprintf(stderr, "%s\n", shardlock_last_error_detail());
+ *   }
+ *   shardlock_lease* lease = NULL;
+ *   int rc = shardlock_acquire(client, "orders/42", 10000, 2000, SHARDLOCK_EXCLUSIVE, 0,
+ *                              SHARDLOCK_WATCHDOG, on_lost, &my_state, &lease);
+ *   if (rc == SHARDLOCK_OK) {
+ *     write_with_fence(shardlock_lease_token(lease));
+ *     shardlock_lease_destroy(lease);  // releases it
+ *   } else if (rc == SHARDLOCK_BUSY) { ... }
+ *   shardlock_client_destroy(client);
+ *
+ * It wraps shardlock::lease::LeaseClient and Lease (client.h, docs/client.md),
+ * whose semantics it keeps: one random 128-bit owner per client, retransmission
+ * with the same request id, a client-side expiry that errs early, a watchdog
+ * that renews at ttl / 3, and a lost-lease callback that fires at most once.
+ *
+ * ABI rules. Handles are opaque. The one struct that crosses the interface,
+ * shardlock_client_options, is read only by the library and starts with its
+ * own size, so fields can be added at its end without breaking callers built
+ * against an older header. Every function that can fail returns an int, one
+ * of enum shardlock_status, whose values never change (new codes may be
+ * added). No function throws, aborts or exits on bad input: NULL handles,
+ * NULL or over-long keys, bad modes and unknown flags are
+ * SHARDLOCK_BAD_ARGUMENT. The library exports only shardlock_* symbols,
+ * versioned SHARDLOCK_C_1 (and SHARDLOCK_C_1.1 for those added since); its
+ * SONAME is libshardlock_c.so.1 and changes only with an incompatible change
+ * here.
+ *
+ * Threads. A client may be used from any number of threads at once. A lease
+ * handle is one object: its functions may be called from any thread, but
+ * not concurrently with its own shardlock_lease_destroy(). */
+#ifndef SHARDLOCK_LEASE_C_API_H_
+#define SHARDLOCK_LEASE_C_API_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The library is built with hidden visibility; these are its exports. */
+#if defined(__GNUC__)
+#define SHARDLOCK_C_EXPORT __attribute__((visibility("default")))
+#else
+#define SHARDLOCK_C_EXPORT
+#endif
+
+/* The version of this interface: the number in the SONAME and in the
+ * symbol version node (SHARDLOCK_C_1). */
+#define SHARDLOCK_C_API_VERSION 1
+/* The minor version: functions added without breaking the ABI. 1 added
+ * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1). Test it
+ * at compile time; a program that uses a newer function needs a library at
+ * least that new, which the dynamic loader checks by symbol version. */
+#define SHARDLOCK_C_API_MINOR 1
+
+/* The typedefs below are C, which has no `using`; clang-tidy's
+ * modernize-use-using is silenced on each for that reason. */
+
+/* A lease client: one UDP socket, one owner identity, an I/O thread and, from
+ * the first lease that needs it, a watchdog thread. */
+typedef struct shardlock_client shardlock_client; /* NOLINT(modernize-use-using) */
+/* A lease acquired through a client: key, fencing token, client-side expiry. */
+typedef struct shardlock_lease shardlock_lease; /* NOLINT(modernize-use-using) */
+
+/* What a call returns. The first thirteen mirror LeaseErrc (client.h). */
+enum shardlock_status {
+  SHARDLOCK_OK = 0,
+  SHARDLOCK_BUSY = 1,            /* held by another owner (acquire, wait_ms == 0) */
+  SHARDLOCK_TIMEOUT = 2,         /* the wait ran out before the lease was handed over */
+  SHARDLOCK_UNREACHABLE = 3,     /* no answer before the call's deadline */
+  SHARDLOCK_RECOVERING = 4,      /* the server is in its lock-delay after a start */
+  SHARDLOCK_NOT_OWNER = 5,       /* renew/release refused: another owner holds it */
+  SHARDLOCK_EXPIRED = 6,         /* renew/release refused: the server no longer has it */
+  SHARDLOCK_SERVER_ERROR = 7,    /* the server answered ERROR (see the detail) */
+  SHARDLOCK_BAD_ARGUMENT = 8,    /* refused before sending: NULL, key length, TTL 0, ... */
+  SHARDLOCK_NOT_STARTED = 9,     /* the client is shutting down */
+  SHARDLOCK_BAD_ADDRESS = 10,    /* a node address does not parse or resolve */
+  SHARDLOCK_LEASE_INACTIVE = 11, /* the lease was released or lost */
+  SHARDLOCK_GRANT_EXPIRED = 12,  /* granted, but expired on arrival (and released) */
+  SHARDLOCK_AUTH_KEY = 13,       /* the auth key file cannot be read or is not a key */
+  SHARDLOCK_NO_MEMORY = 14,      /* an allocation failed */
+  SHARDLOCK_INTERNAL = 15,       /* anything else (a bug: please report it) */
+  /* A cluster node answered REDIRECT (the key is another node's) and the
+   * call could not reach the owner: not in cluster mode, or still redirected
+   * at its deadline. */
+  SHARDLOCK_REDIRECTED = 16
+};
+
+/* How a lease holds its key. */
+enum shardlock_mode {
+  SHARDLOCK_EXCLUSIVE = 0, /* the only holder */
+  SHARDLOCK_SHARED = 1,    /* with other shared holders, never with an exclusive one */
+  SHARDLOCK_PERMIT = 2     /* one of at most `permits` holders (a counting semaphore) */
+};
+
+/* Flags of shardlock_acquire(). */
+#define SHARDLOCK_WATCHDOG 0x1u /* renew automatically at ttl / 3 */
+
+/* Called when a lease is lost: a renewal was refused (reason
+ * SHARDLOCK_NOT_OWNER or SHARDLOCK_EXPIRED, refused_by_server 1) or answered
+ * with ERROR (SHARDLOCK_SERVER_ERROR), or the client-side expiry passed with
+ * no confirmed renewal (SHARDLOCK_EXPIRED, refused_by_server 0: server down,
+ * network partition, or no watchdog).
+ *
+ * Called at most once per lease, and never once shardlock_lease_release() or
+ * shardlock_lease_destroy() of that lease has begun (both wait for a callback
+ * that is running). It runs on the client's watchdog thread, never on the
+ * caller's: it must be thread-safe with the rest of the program, should
+ * return quickly, and may call the client (acquire; renew or release
+ * leases, its own included), but must not destroy its own lease (the handle
+ * belongs to the code that acquired it) nor its client (whose destruction
+ * joins the watchdog thread). `key` is valid only during the call. */
+/* NOLINTNEXTLINE(modernize-use-using) */
+typedef void (*shardlock_lost_fn)(const char* key, uint64_t token, int reason,
+                                  int refused_by_server, void* user_data);
+
+/* A short English description of a shardlock_status ("busy", ...); "unknown
+ * status" for other values. The string is static. */
+SHARDLOCK_C_EXPORT const char* shardlock_strerror(int status);
+
+/* A description of the last failure of a call on this thread (which node did
+ * not parse, the server's ERROR code, the holder's TTL left on BUSY, the
+ * retry hint of RECOVERING); "" when the last call succeeded. Valid until
+ * the thread's next shardlock_* call. */
+SHARDLOCK_C_EXPORT const char* shardlock_last_error_detail(void);
+
+/* ---- Clients ------------------------------------------------------------ */
+
+/* Creates and starts a client. `nodes`: "HOST:PORT" or a comma-separated list
+ * (keys are routed to their owner node). `auth_key_file`: NULL, or a file of
+ * 64 hex digits shared with the servers (shardlockctl keygen); then every
+ * datagram is sealed and only sealed replies are believed.
+ * `request_timeout_ms`: how long a call retransmits before it gives up as
+ * SHARDLOCK_UNREACHABLE (0: the default, 2000). On success *out is a client
+ * to free with shardlock_client_destroy(); on failure *out is NULL and
+ * shardlock_last_error_detail() says why. Blocks only to resolve host names. */
+SHARDLOCK_C_EXPORT int shardlock_client_create(const char* nodes, const char* auth_key_file,
+                                               uint32_t request_timeout_ms, shardlock_client** out);
+
+/* Flags of shardlock_client_options. */
+/* Cluster mode (docs/cluster.md): `nodes` are seeds. Creation asks them, in
+ * turn, for the cluster's map and fails with SHARDLOCK_UNREACHABLE (the
+ * detail names each seed's reason) when none answers with one. Keys are then
+ * routed to their owners by the map, REDIRECTs are followed, and a waiting
+ * acquire rides through a failover: when the key's node dies it moves to the
+ * new owner once the cluster has published the new map and is granted when
+ * that owner's lock-delay ends, within its wait (docs/client.md, "Riding
+ * through a lock-delay or a failover"). The map's members must share the
+ * seeds' address family. */
+#define SHARDLOCK_CLIENT_DISCOVER_CLUSTER 0x1u
+
+/* What shardlock_client_create_ex() is asked for. Zero it, then set `size`
+ * (memset, or = {sizeof(shardlock_client_options)}): a field added to a
+ * later version sits past the end of an older caller's struct, and the
+ * library treats what the caller's size leaves out as zero. */
+typedef struct shardlock_client_options { /* NOLINT(modernize-use-using) */
+  /* sizeof(shardlock_client_options) as the caller compiled it. */
+  size_t size;
+  /* As shardlock_client_create(): "HOST:PORT" or a comma-separated list;
+   * with SHARDLOCK_CLIENT_DISCOVER_CLUSTER, the seeds. */
+  const char* nodes;
+  /* NULL, or a file of 64 hex digits shared with the servers. */
+  const char* auth_key_file;
+  /* How long a call retransmits before SHARDLOCK_UNREACHABLE (0: 2000). */
+  uint32_t request_timeout_ms;
+  /* 0 or SHARDLOCK_CLIENT_DISCOVER_CLUSTER. */
+  uint32_t flags;
+} shardlock_client_options;
+
+/* Creates and starts a client as shardlock_client_create() does, with the
+ * options above. SHARDLOCK_BAD_ARGUMENT, *out NULL, for: NULL options or
+ * out; a `size` smaller than the first version of the struct (32 bytes on
+ * LP64: offsetof(flags) + 4); a larger `size` whose bytes past the fields
+ * this library knows are not all zero (a newer caller asking for something
+ * this library cannot do); unknown flags; no node. Otherwise as
+ * shardlock_client_create(), and in cluster mode SHARDLOCK_UNREACHABLE when
+ * no seed answers with a map. Blocks to resolve host names and, in cluster
+ * mode, while it asks the seeds for the map. Since
+ * SHARDLOCK_C_API_MINOR 1. */
+SHARDLOCK_C_EXPORT int shardlock_client_create_ex(const shardlock_client_options* options,
+                                                  shardlock_client** out);
+
+/* Stops the client's threads and frees it. Calls in flight on other threads
+ * return SHARDLOCK_NOT_STARTED; leases still alive become inert (their
+ * release is not sent, they stay held on the server until their TTL runs
+ * out) and must still be destroyed. Must not be called from a lost-lease
+ * callback. NULL is ignored. */
+SHARDLOCK_C_EXPORT void shardlock_client_destroy(shardlock_client* client);
+
+/* The client's owner identity: 32 lowercase hex digits and a NUL written to
+ * `out` (at least 33 bytes). Returns SHARDLOCK_BAD_ARGUMENT for NULL. */
+SHARDLOCK_C_EXPORT int shardlock_client_id(const shardlock_client* client, char* out,
+                                           size_t out_size);
+
+/* ---- Leases ------------------------------------------------------------- */
+
+/* Acquires `key` (a NUL-terminated string of 1..256 bytes) for `ttl_ms`,
+ * waiting up to `wait_ms` for a holder to let go (0: SHARDLOCK_BUSY at once).
+ * `mode`: a shardlock_mode; `permits`: the semaphore's limit (1..65535) for
+ * SHARDLOCK_PERMIT, 0 otherwise. `flags`: 0 or SHARDLOCK_WATCHDOG.
+ * `on_lost`: NULL, or called as described at shardlock_lost_fn with
+ * `user_data`, which must stay valid until the lease is destroyed.
+ *
+ * Blocks at most wait_ms + the request timeout. On SHARDLOCK_OK *out is a
+ * lease, valid when this returns, to free with shardlock_lease_destroy();
+ * otherwise *out is NULL. Acquiring a key this client already holds gives a
+ * new grant with a new token; the older lease is lost at its next renewal. */
+SHARDLOCK_C_EXPORT int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms,
+                                         uint32_t wait_ms, int mode, uint32_t permits,
+                                         unsigned flags, shardlock_lost_fn on_lost, void* user_data,
+                                         shardlock_lease** out);
+
+/* Renews the lease for `ttl_ms` (0: the TTL it has). Blocks up to the request
+ * timeout. SHARDLOCK_NOT_OWNER or SHARDLOCK_EXPIRED mean the lease is lost
+ * (and its callback fires); SHARDLOCK_LEASE_INACTIVE that it was released
+ * or lost before. */
+SHARDLOCK_C_EXPORT int shardlock_lease_renew(shardlock_lease* lease, uint32_t ttl_ms);
+
+/* Releases the lease and waits for the answer (up to the request timeout).
+ * Afterwards the lease is inactive whatever the answer, and its callback will
+ * not fire. SHARDLOCK_LEASE_INACTIVE if it was released or lost before. */
+SHARDLOCK_C_EXPORT int shardlock_lease_release(shardlock_lease* lease);
+
+/* Releases the lease if it is still held (one RELEASE, retransmitted but not
+ * waited for) and frees the handle. Waits for the lease's callback if it is
+ * running. NULL is ignored. */
+SHARDLOCK_C_EXPORT void shardlock_lease_destroy(shardlock_lease* lease);
+
+/* The fencing token: pass it to the resource, which rejects older tokens.
+ * 0 for NULL. Fixed for the lease's life. */
+SHARDLOCK_C_EXPORT uint64_t shardlock_lease_token(const shardlock_lease* lease);
+
+/* The key, NUL-terminated, valid until the lease is destroyed; "" for NULL. */
+SHARDLOCK_C_EXPORT const char* shardlock_lease_key(const shardlock_lease* lease);
+
+/* A shardlock_mode; SHARDLOCK_EXCLUSIVE for NULL. */
+SHARDLOCK_C_EXPORT int shardlock_lease_mode(const shardlock_lease* lease);
+
+/* 1 while the lease is held: not released, not lost, and its client-side
+ * expiry is in the future; 0 otherwise (and for NULL). Never blocks. Check it
+ * before each write that the lease protects. */
+SHARDLOCK_C_EXPORT int shardlock_lease_valid(const shardlock_lease* lease);
+
+/* Milliseconds until the client-side expiry (the send time of the granting
+ * or last confirmed renewing request + TTL - drift margin, on
+ * CLOCK_BOOTTIME), rounded down; 0 once it has passed, or when the lease is
+ * released or lost, or NULL. */
+SHARDLOCK_C_EXPORT int64_t shardlock_lease_remaining_ms(const shardlock_lease* lease);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* SHARDLOCK_LEASE_C_API_H_ */

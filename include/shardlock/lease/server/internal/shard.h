@@ -1,0 +1,490 @@
+// Shard: one shard of the lease server's state and the state machine that
+// decides every request for its keys. No sockets, no clock, no locks: the
+// caller passes the time in and serialises calls (LeaseServer holds one lock
+// per shard), so tests drive it directly with an injected clock.
+//
+// Not API: LeaseServer's building block.
+//
+// State
+//   * keys_: key -> KeyState { holders (each: client id, token, mode, grant
+//     request id, its own expiry timer), FIFO list of waiters, and the
+//     permit limit of a semaphore key (0 for a lock key) }. A key is present
+//     only while it has a holder; waiters exist only behind holders.
+//   * tokens_: the shard's strictly increasing counter (token_store.h).
+//   * wheel_: one timer per holder (expiry) and per waiter (wait_ms).
+//   * dedup_: (client id, request id) -> the answer given, FIFO-bounded, so
+//     a retransmitted ACQUIRE / RENEW / RELEASE gets the identical answer and
+//     a retransmitted queued ACQUIRE is not queued twice. Each entry keeps a
+//     fingerprint of the request's type and key: a client that reuses a
+//     request id for a different request gets ERROR(kRequestIdReused), never
+//     the other request's answer (which could be a GRANTED for another key).
+//
+// Lease kinds (protocol.h): a lock key has one exclusive holder or any
+// number of shared holders; a semaphore key (ACQUIRE_PERMIT) has at most
+// `permits` holders, the limit fixed by the acquirer that found it idle.
+// Waiters are served strictly from the front of the key's FIFO, each when
+// its mode fits the holders (exclusive: none; shared: no exclusive one;
+// permit: fewer than the limit), so a request never overtakes an earlier
+// one: a shared ACQUIRE behind a queued exclusive one waits for it. A new
+// ACQUIRE is granted at once only when nobody waits and its mode fits.
+//
+// Multi-key (ACQUIRE_MANY) parts: the Dispatcher takes a request's keys in
+// the global order (shard, hash, key) through probe() / take() / queue(),
+// holding the locks of every shard involved. A part taken before the
+// request completes is a pending holder that only the request's completion
+// (confirm()) or abandonment (abandon()) changes; a queued part is a waiter
+// like any other, and its hand-off or timeout is a DeferredReply carrying
+// the request (DeferredReply::multi) for the Dispatcher to continue.
+//
+// A holder's requests apply in request-id order: KeyState keeps the newest
+// applied id, and an older RENEW (a late duplicate, a replay) is answered
+// RENEWED with the time left and moves nothing; an older ACQUIRE by the
+// holder gets BUSY. A newer ACQUIRE by the holder is a new grant with a new
+// token, so no two grants share a token. Deadlines are rounded up from the
+// millisecond clock, and the ttl left reported is rounded down.
+//
+// Owner checks (RENEW, RELEASE):
+//   * no live lease on the key                   -> EXPIRED
+//   * a holder with this token and client id     -> ok (that holder)
+//   * a pending holder's token (not a lease yet) -> NOT_OWNER
+//   * any other token up to the newest granted on the key -> EXPIRED (a
+//     lease that ended or was superseded; this is what a late retransmission
+//     sees, so it is never a false NOT_OWNER, even when the lease that ended
+//     was newer than the shared holders still there)
+//   * otherwise                                  -> NOT_OWNER
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "shardlock/lease/server/internal/cluster_gate.h"
+#include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/wire/internal/peer.h"
+#include "shardlock/lease/wire/internal/string_key.h"
+#include "shardlock/lease/server/internal/timer_wheel.h"
+#include "shardlock/lease/server/internal/token_store.h"
+#include "shardlock/lease/wire/protocol.h"
+
+namespace shardlock::lease::internal {
+
+struct ShardLimits {
+  std::uint32_t max_ttl_ms = 60'000;
+  std::uint32_t max_wait_ms = 300'000;
+  std::size_t dedup_capacity = 4096;
+  // ACQUIRE answers RECOVERING while now < recovering_until_ms.
+  std::int64_t recovering_until_ms = 0;
+  // Bounds on this shard's memory. A request past one is answered
+  // ERROR(kLimitExceeded) and counted in kLimitRejections. LeaseServer passes
+  // each server-wide limit divided over the shards (see server.h).
+  std::size_t max_keys = SIZE_MAX;                // leases held (each holder counts)
+  std::size_t max_waiters = SIZE_MAX;             // queued ACQUIREs, all keys
+  std::size_t max_waiters_per_key = SIZE_MAX;     // queued ACQUIREs on one key
+  std::size_t max_leases_per_client = SIZE_MAX;   // keys one client id holds here
+  std::size_t max_waiters_per_client = SIZE_MAX;  // ACQUIREs one client id has queued here
+  // Seeds every hash of remote input in the shard (key table, dedup index,
+  // per-client tables); LeaseServer draws it from getrandom() at start.
+  std::uint64_t hash_seed = 0;
+  // The highest token an earlier run on the data dir may have issued
+  // (TokenStore::token_floor()). In cluster mode nothing is granted in an
+  // epoch at or below token_floor >> 32: every token composed there could
+  // be at or below it (RECOVERING, and needs_new_epoch()).
+  std::uint64_t token_floor = 0;
+};
+
+// One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
+// through their pending holders and waiters of its parts.
+struct MultiAcquire {
+  struct Part {
+    std::string key;
+    std::uint64_t hash = 0;   // hash_key(key)
+    std::uint32_t shard = 0;  // the Dispatcher's shard index
+    std::uint8_t index = 0;   // position in the request's key list
+    std::uint64_t token = 0;  // once taken
+  };
+  ClientId client;
+  std::uint64_t request_id = 0;
+  Peer peer;
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t ttl_ms = 0;
+  std::int64_t wait_deadline_ms = 0;  // arrival + wait_ms
+  std::uint16_t reply_credit = 0;
+  std::uint64_t fingerprint = 0;  // the Dispatcher's, for retransmissions
+  std::vector<Part> parts;        // in the global order (shard, hash, key)
+  std::size_t taken = 0;          // parts[0, taken) are held, pending until confirmed
+  // A step whose DeferredReply could not be allocated waits here, linked in
+  // its shard's stalled list (no allocation), for the Dispatcher's next tick.
+  MessageType stalled_step = MessageType::kGranted;
+  MultiAcquire* next_stalled = nullptr;
+};
+
+// An answer decided after its request: a queued ACQUIRE granted on hand-off,
+// or timed out.
+struct DeferredReply {
+  Peer peer;
+  ClientId client;
+  std::uint64_t request_id = 0;
+  // kGranted, kTimeout, kError, or (the cluster gate refused the grant)
+  // kRedirect or kRecovering.
+  MessageType type = MessageType::kGranted;
+  std::string key;
+  std::uint64_t token = 0;
+  std::uint32_t ttl_ms = 0;
+  std::uint64_t epoch = 0;           // kRedirect
+  std::uint32_t retry_after_ms = 0;  // kRecovering
+  WireError error = WireError::kInternal;
+  // Bytes this reply may take: what the queueing datagram left for it
+  // (anti-amplification); LeaseServer withholds a larger reply.
+  std::uint16_t reply_credit = 0;
+  // Not a reply but a step of this ACQUIRE_MANY for the Dispatcher: its
+  // queued part was granted (kGranted; `multi->taken` counts it), its wait
+  // ran out (kTimeout), or a token could not be issued (kError).
+  MultiAcquire* multi = nullptr;
+
+  // A view of this reply; valid while *this is.
+  [[nodiscard]] Message message() const noexcept;
+};
+
+class Shard {
+ public:
+  Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms);
+  ~Shard();
+  Shard(const Shard&) = delete;
+  Shard& operator=(const Shard&) = delete;
+
+  // Decides `request` from `client` (answers go to `peer`) at `now_ms`.
+  // Returns true with `reply` filled (its key views request.key) when there
+  // is an answer now; false when the request was queued, or is a
+  // retransmission of one still queued. Answers that this request triggers
+  // for other clients (FIFO hand-off) are appended to `deferred`. STATS is
+  // not a shard request (LeaseServer answers it). A queued request's later
+  // answer carries `reply_credit` (DeferredReply::reply_credit).
+  // `key_hash` is key_hash(request.key), computed once by the caller (which
+  // also picks the shard with it) and used for every lookup here.
+  bool handle(const ClientId& client, const Peer& peer, const Message& request,
+              std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
+              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize);
+  // The same, hashing the key here.
+  bool handle(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
+              Message& reply, std::vector<DeferredReply>& deferred,
+              std::uint16_t reply_credit = kMaxDatagramSize) {
+    return handle(client, peer, request, key_hash(request.key), now_ms, reply, deferred,
+                  reply_credit);
+  }
+
+  // The hash handle() expects for `key`: hash_key() under ShardLimits::hash_seed.
+  [[nodiscard]] std::uint64_t key_hash(std::string_view key) const noexcept {
+    return hash_key(key, limits_.hash_seed);
+  }
+
+  // Fires every expiry and wait timeout due by `now_ms`.
+  void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+
+  // ---- ACQUIRE_MANY parts (see the top of this file) ----
+  // kRedirect, kNotReady: the cluster gate refuses the key (gate()).
+  enum class PartState { kFree, kBusy, kKindMismatch, kLimit, kRedirect, kNotReady };
+  // Whether `part` of `m` could be taken now (firing due timers first);
+  // kBusy sets `ttl_left` to the longest a holder has left.
+  PartState probe(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+                  std::uint32_t& ttl_left, std::vector<DeferredReply>& deferred);
+  // Whether the request `m` (its client and request id) already took `part`
+  // in an earlier execution, as a single key's holder record tells (firing
+  // due timers first): kThisRequest when a lease of its client was granted
+  // by this very request id (a retransmission past the answer table; sets
+  // `token` and `ttl_left`), kStale when the client applied a newer request
+  // on the key since (sets `ttl_left`), else kNone.
+  enum class PriorGrant { kNone, kThisRequest, kStale };
+  PriorGrant prior_grant(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+                         std::uint64_t& token, std::uint32_t& ttl_left,
+                         std::vector<DeferredReply>& deferred);
+  // Takes a part probe() found free: a pending holder until the request's
+  // wait deadline plus its TTL. Returns its token, or 0 when none could be
+  // issued (last_error()). May throw std::bad_alloc, with nothing changed.
+  std::uint64_t take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms);
+  // Queues `m` for a busy part until m.wait_deadline_ms; false when a limit
+  // refuses it. May throw std::bad_alloc, with nothing changed.
+  bool queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms);
+  // The request completed: its pending holder of `part` becomes a lease
+  // expiring TTL after `now_ms`.
+  void confirm(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms);
+  // The request failed: its pending holder of `part` goes, handing off.
+  void abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
+               std::vector<DeferredReply>& deferred);
+  [[nodiscard]] const ShardLimits& limits() const noexcept { return limits_; }
+  // Whether `key` (of this shard) may be granted now: the gate's verdict,
+  // kGrant without a gate.
+  [[nodiscard]] ClusterGate::Verdict verdict(std::string_view key,
+                                             std::int64_t now_ms) const noexcept {
+    return gate_verdict(key, now_ms);
+  }
+
+  // ---- Cluster mode (cluster_gate.h) ----
+  // From now on every grant and renew (ACQUIREs of all kinds, RENEW, waiters
+  // handed a key, ACQUIRE_MANY parts) and every QUERY asks `gate` first; a
+  // refusal is answered REDIRECT or RECOVERING and changes nothing. Tokens
+  // are then compose_token(gate->epoch, counter), the counter counting from
+  // 1 again in each epoch (still drawn from the durable per-shard counter,
+  // so it only rises). Null: a single node, tokens are the bare counter.
+  // An ACQUIRE_MANY waiting here with a key `gate` gives to another node
+  // can never complete here, and its pending holds would keep the hand-off
+  // of that bucket waiting: its wait ends at the next advance(), answered
+  // REDIRECT (the Dispatcher then releases every part it took).
+  void set_gate(std::shared_ptr<const ClusterGate> gate) noexcept;
+  [[nodiscard]] const ClusterGate* gate() const noexcept { return gate_.get(); }
+  // Fills `reply` with the REDIRECT or RECOVERING of a gate's refusal
+  // `verdict`, and counts it. Precondition: gate() is set.
+  void refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcept;
+  // Whether the shard cannot grant in the gate's epoch until the cluster
+  // publishes a newer one: the low half of the tokens ran out in it, or it
+  // is at or below the data dir's token floor (ShardLimits::token_floor).
+  [[nodiscard]] bool needs_new_epoch() const noexcept {
+    if (!gate_) return false;
+    return (counter_exhausted_ && gate_->epoch == token_epoch_) || below_floor(*gate_);
+  }
+  // Leases (holders, pending ones included) on keys for which `pred(key)`
+  // is true: the hand-off's count of leases left in buckets given away.
+  [[nodiscard]] std::size_t count_leases(
+      const std::function<bool(std::string_view key)>& pred) const;
+  // ACQUIRE_MANY steps that could not be handed out for want of memory (see
+  // MultiAcquire::next_stalled); the Dispatcher takes them on its tick, and
+  // puts one back with stall() if it still cannot.
+  [[nodiscard]] bool has_stalled() const noexcept { return stalled_ != nullptr; }
+  [[nodiscard]] MultiAcquire* take_stalled() noexcept {
+    MultiAcquire* m = stalled_;
+    if (m != nullptr) stalled_ = std::exchange(m->next_stalled, nullptr);
+    return m;
+  }
+  void stall(MultiAcquire& m, MessageType step) noexcept {
+    m.stalled_step = step;
+    m.next_stalled = stalled_;
+    stalled_ = &m;
+  }
+  // Counts a multi-key request's outcome in this shard's counters.
+  void count_outcome(StatCounter c) noexcept { count(c); }
+
+  [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
+  [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
+    return counters_;
+  }
+  [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
+  [[nodiscard]] std::size_t leases() const noexcept { return leases_; }
+  [[nodiscard]] std::size_t queued_waiters() const noexcept { return waiter_index_.size(); }
+  // Client ids with a lease held or an ACQUIRE queued here.
+  [[nodiscard]] std::size_t tracked_clients() const noexcept { return usage_.size(); }
+  [[nodiscard]] std::size_t timers() const noexcept { return wheel_.size(); }
+  // Waiter nodes kept for reuse (see spare_waiters_).
+  [[nodiscard]] std::size_t spare_waiters() const noexcept { return spare_waiters_.size(); }
+  static constexpr std::size_t kMaxSpareWaiters = 4096;
+  // Why the last token reservation failed (ERROR(kInternal) answers).
+  [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
+
+ private:
+  enum TimerKind : std::uint8_t { kLeaseExpiry = 1, kWaitTimeout = 2 };
+  struct KeyState;
+  struct Waiter : TimerNode {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    Peer peer;
+    std::uint32_t ttl_ms = 0;
+    LeaseMode mode = LeaseMode::kExclusive;
+    std::uint64_t fingerprint = 0;   // of its ACQUIRE, for the answer remembered later
+    std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
+    MultiAcquire* multi = nullptr;   // set for a part of an ACQUIRE_MANY
+    std::size_t part = 0;            // which part of `multi`
+    KeyState* state = nullptr;
+    std::list<Waiter>::iterator self;
+  };
+  // One lease on a key; the node is its expiry timer.
+  struct Holder : TimerNode {
+    ClientId owner;
+    std::uint64_t token = 0;
+    std::uint64_t request_id = 0;  // of the ACQUIRE that was granted
+    // The holder's newest applied request id: the grant's, then each applied
+    // RENEW's. A holder's request at or below it (other than the granting
+    // ACQUIRE itself) is stale and changes nothing.
+    std::uint64_t last_request_id = 0;
+    LeaseMode mode = LeaseMode::kExclusive;
+    // Taken for an ACQUIRE_MANY that has not completed: no RENEW or RELEASE
+    // applies to it until confirm().
+    bool pending = false;
+    KeyState* state = nullptr;
+    std::list<Holder>::iterator self;
+  };
+  struct KeyState {
+    const HashedKey* key = nullptr;  // the map's key, stable for the node's life
+    std::uint32_t permits = 0;       // a semaphore key's limit; 0 for a lock key
+    // The newest token granted on the key since it entered keys_, held or
+    // not: a token at or below it that no holder has is a lease that ended.
+    std::uint64_t newest_token = 0;
+    std::list<Holder> holders;  // oldest grant first
+    std::list<Waiter> waiters;
+    [[nodiscard]] bool exclusive() const noexcept {
+      return !holders.empty() && holders.front().mode == LeaseMode::kExclusive;
+    }
+  };
+  // (client id, request id) of a queued ACQUIRE: the waiter index's key.
+  struct WaiterId {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    friend bool operator==(const WaiterId&, const WaiterId&) = default;
+  };
+  struct SeededHash {
+    std::uint64_t seed = 0;
+    std::size_t operator()(const WaiterId& id) const noexcept;
+    std::size_t operator()(const ClientId& id) const noexcept;
+  };
+  // What one client id holds and has queued in this shard.
+  struct Usage {
+    std::size_t leases = 0;
+    std::size_t waiters = 0;
+  };
+  // 24 bytes: the dedup ring writes one per request, and its size shows in
+  // the request path's cache misses (a 40-byte layout cost ~8% of the
+  // 50-client throughput).
+  struct Answer {
+    MessageType type = MessageType::kError;  // kAcquire while the request is queued
+    WireError error = WireError::kInternal;  // type kError
+    std::uint32_t ttl_ms = 0;
+    std::uint64_t token = 0;
+    std::uint64_t fingerprint = 0;  // request_fingerprint() of the request answered
+  };
+  static_assert(sizeof(Answer) == 24);
+  // The request's type and key (by its hash): what a retransmission must
+  // repeat.
+  [[nodiscard]] static std::uint64_t request_fingerprint(MessageType type,
+                                                         std::uint64_t key_hash) noexcept;
+  enum class OwnerCheck { kOk, kExpired, kNotOwner };
+
+  void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
+  [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
+  // The gate's verdict on `key` now: kGrant without a gate.
+  [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
+                                                  std::int64_t now_ms) const noexcept {
+    if (!gate_) return ClusterGate::Verdict::kGrant;
+    const ClusterGate::Verdict verdict = gate_->check(key, now_ms);
+    if (verdict == ClusterGate::Verdict::kGrant && below_floor(*gate_)) {
+      return ClusterGate::Verdict::kNotReady;
+    }
+    return verdict;
+  }
+  // Whether the gate gives some key of `m` to another node.
+  [[nodiscard]] bool lost_a_key(const MultiAcquire& m) const noexcept;
+  // Whether `gate` is a map whose epoch could compose tokens at or below
+  // the token floor.
+  [[nodiscard]] bool below_floor(const ClusterGate& gate) const noexcept {
+    return gate.routing != nullptr && floor_epoch_ != 0 && gate.epoch <= floor_epoch_;
+  }
+  // The next token (composed with the gate's epoch in cluster mode), or 0
+  // with last_error_ set.
+  std::uint64_t issue_token();
+  KeyState* find_live(const KeyRef& key, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // The holder RENEW/RELEASE with `token` from `client` acts on (set with kOk).
+  static OwnerCheck check_owner(KeyState* state, const ClientId& client, std::uint64_t token,
+                                Holder*& holder) noexcept;
+  // handle() past validation, lock-delay and the dedup cache; may throw
+  // std::bad_alloc, with the shard unchanged.
+  bool decide(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
+              std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
+              Message& reply, std::vector<DeferredReply>& deferred);
+  // An ACQUIRE of any single-key kind for `key`, held as `state` (null when
+  // free).
+  void acquire(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
+               KeyState* state, std::uint64_t fingerprint, std::uint16_t reply_credit,
+               std::int64_t now_ms, Message& reply, bool& answered);
+  // Whether a new holder in `mode` fits `state`'s holders now (waiters aside).
+  [[nodiscard]] static bool fits(const KeyState& state, LeaseMode mode) noexcept;
+  // Whether `mode` with `permits` may use `state` at all (lock vs semaphore).
+  [[nodiscard]] static bool same_kind(const KeyState& state, LeaseMode mode,
+                                      std::uint32_t permits) noexcept;
+  // A new key entry, held by nobody yet. May throw; nothing changed then.
+  KeyState& add_key(const KeyRef& key, LeaseMode mode, std::uint32_t permits);
+  // A new token, or 0 with `reply` set to ERROR(kInternal).
+  std::uint64_t next_token(Message& reply);
+  // A holder node at the back of `state`'s holders, counted in leases_ and
+  // the client's usage: a spare node when there is one. May throw, with
+  // nothing changed.
+  Holder& add_holder(KeyState& state, const ClientId& client);
+  // Sets `h` to hold with `token` until now + ttl.
+  void hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
+            std::uint32_t ttl_ms, std::int64_t now_ms) noexcept;
+  // hold() for ACQUIRE `request`, answered GRANTED and remembered.
+  void grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
+             std::uint64_t fingerprint, std::int64_t now_ms, Message& reply);
+  // `h` is gone (release, expiry, abandonment): serve the waiters it was
+  // keeping out, and forget the key if nobody holds it then.
+  void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // Grants waiters from the front of `state`'s queue while each fits; forgets
+  // the key when it ends with no holder.
+  void serve_waiters(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  void erase(KeyState& state);
+  // A waiter node at the back of state's queue: a spare one spliced over when
+  // there is one (no allocation), a new one otherwise. Fields are the caller's
+  // to set.
+  Waiter& new_waiter(KeyState& state);
+  // Moves a waiter whose timer is cancelled out of state's queue into the
+  // spares (or frees it when kMaxSpareWaiters are already kept).
+  void retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter);
+  // Queues `client`'s request on `state`, all allocation first. May throw,
+  // with nothing changed.
+  Waiter& enqueue(KeyState& state, const ClientId& client, std::uint64_t request_id);
+  void on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // Appends an answer for waiter `w` of `state` to `deferred`. Never throws:
+  // without memory the answer is not sent (it is remembered; the waiter's
+  // retransmission gets it), and the failure is counted.
+  void defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
+             std::vector<DeferredReply>& deferred) noexcept;
+  // Usage of `client`, adjusted by `leases` and `waiters`; an entry is
+  // dropped at zero. Growing may throw std::bad_alloc (before any change).
+  void use(const ClientId& client, long leases, long waiters);
+  // Whether `client` may hold one more lease / queue one more ACQUIRE.
+  [[nodiscard]] bool may_hold(const ClientId& client) const;
+  [[nodiscard]] bool may_queue(const ClientId& client, const KeyState& state) const;
+  // A request refused by a limit.
+  void refuse(Message& reply) noexcept;
+  void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
+  // The deadline of a lease granted or renewed for `ttl_ms` at `now_ms`,
+  // rounded up (see shard.cc), and the time surely left of one.
+  [[nodiscard]] static std::int64_t deadline_for(std::int64_t now_ms,
+                                                 std::uint32_t ttl_ms) noexcept;
+  [[nodiscard]] static std::uint32_t ttl_left(const Holder& h, std::int64_t now_ms) noexcept;
+  // The longest any holder of `state` has left.
+  [[nodiscard]] static std::uint32_t ttl_left(const KeyState& s, std::int64_t now_ms) noexcept;
+  // The pending holder `m` took for `part`.
+  Holder* pending_holder(const MultiAcquire& m, const MultiAcquire::Part& part);
+
+  std::uint32_t index_;
+  ShardLimits limits_;
+  ShardTokens tokens_;
+  std::shared_ptr<const ClusterGate> gate_;
+  // token_floor >> 32: the highest epoch that could compose a token at or
+  // below the data dir's floor.
+  std::uint64_t floor_epoch_ = 0;
+  // The epoch of the last composed token (its counter base is tokens_'s).
+  std::uint64_t token_epoch_ = 0;
+  bool counter_exhausted_ = false;  // in token_epoch_
+  TimerWheel wheel_;
+  std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
+  // Unused waiter and holder nodes. std::list::splice moves a node between
+  // lists without allocating, so queueing and granting reuse nodes in steady
+  // state.
+  std::list<Waiter> spare_waiters_;
+  std::list<Holder> spare_holders_;
+  std::size_t leases_ = 0;           // holders over all keys
+  MultiAcquire* stalled_ = nullptr;  // see take_stalled()
+  DedupCache<Answer> dedup_;
+  // Every queued waiter by (client id, request id), so a retransmitted
+  // ACQUIRE still queued is found in O(1), however long the queue.
+  std::unordered_map<WaiterId, Waiter*, SeededHash> waiter_index_;
+  std::unordered_map<ClientId, Usage, SeededHash> usage_;
+  std::array<std::uint64_t, kStatCounterCount> counters_{};
+  std::string last_error_;
+};
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,242 @@
+// server.h: LeaseServer, the embeddable UDP lease server (shardlockd wraps it).
+//
+// Use it to serve leases with fencing tokens from any process:
+//
+//   shardlock::lease::LeaseServerOptions options;
+//   options.bind_address = "127.0.0.1:0";
+//   options.data_dir = "/var/lib/shardlockd";
+//   shardlock::lease::LeaseServer server(options);
+//   if (std::error_code ec = server.start()) { /* server.error_detail() */ }
+//   use(server.port());
+//   server.stop();
+//
+// Design (details and measured behaviour in docs/lease-server.md)
+//   * State: `shards` independent shards; a key's shard is
+//     XXH3_64bits_withSeed(key, secret per-process seed) % shards. Each shard owns its
+//     lease table, FIFO waiters per key, 64-bit token counter, timer wheel and
+//     bounded dedup cache, all behind one lock per shard, so any I/O thread
+//     can serve any key and shards never wait on each other.
+//   * I/O: `io_threads` threads, each with its own SO_REUSEPORT socket on the
+//     same address and its own io_uring (multishot recvmsg on a provided
+//     buffer ring, batched sendmsg) or, as a fallback, a recvmmsg/sendmmsg
+//     loop. Thread t also drives the timers of shards t, t+T, t+2T, ...
+//   * Tokens: strictly increasing per shard. With a data_dir they are
+//     reserved in durable blocks, so after kill -9 every new token is greater
+//     than every token issued before; see docs/lease-server.md for the exact
+//     guarantees with and without a data dir.
+//   * Lock-delay: for `lock_delay` after start() every ACQUIRE is answered
+//     RECOVERING, because leases granted before a crash are unknown.
+#pragma once
+
+#include <array>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+#include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/protocol.h"
+
+namespace shardlock::lease {
+
+namespace internal {
+struct ClusterGate;
+}  // namespace internal
+
+// Which datagram loop serves the socket.
+enum class IoBackend : std::uint8_t {
+  kAuto,    // io_uring when the kernel allows it, else kSocket (logged)
+  kUring,   // io_uring only; start() fails if it is unavailable
+  kSocket,  // recvmmsg/sendmmsg
+};
+[[nodiscard]] std::string_view to_string(IoBackend backend) noexcept;
+// "auto", "uring", "socket"; nullopt otherwise.
+[[nodiscard]] std::optional<IoBackend> parse_io_backend(std::string_view text) noexcept;
+
+struct LeaseServerOptions {
+  // "HOST:PORT": an IPv4 address or "[IPv6]"; port 0 picks a free port
+  // (read it back with port()).
+  std::string bind_address = "127.0.0.1:0";
+  // Number of shards, 1..65536.
+  std::uint32_t shards = 64;
+  // Largest ttl_ms an ACQUIRE or RENEW may ask for; larger is ERROR.
+  std::chrono::milliseconds max_ttl{60'000};
+  // Largest wait_ms an ACQUIRE may ask for; larger is ERROR.
+  std::chrono::milliseconds max_wait{300'000};
+  // How long after start() ACQUIRE answers RECOVERING. nullopt = max_ttl,
+  // or the max TTL of an earlier run recorded in data_dir if that is longer
+  // (until this run has waited it out). Zero is allowed (tests) and logged
+  // as a warning.
+  std::optional<std::chrono::milliseconds> lock_delay;
+  // Directory for the token high-water marks. Empty: tokens are kept in
+  // memory only and restart from 1 (see docs/lease-server.md).
+  std::string data_dir;
+  // Tokens reserved per durable write, per shard.
+  std::uint64_t token_block = 4096;
+  // I/O threads (each with its own socket and loop), >= 1.
+  unsigned io_threads = 1;
+  IoBackend io = IoBackend::kAuto;
+  // After a datagram, an I/O thread keeps polling its socket without
+  // sleeping for this long before it blocks again (like SO_BUSY_POLL or
+  // io_uring SQPOLL): a request that follows within the window skips the
+  // wake-up, which is most of a loopback round trip. Costs CPU only while
+  // traffic flows (at most this much spinning per idle gap); zero turns it
+  // off. At most 10 ms.
+  std::chrono::microseconds busy_poll{50};
+  // Remembered answers per shard for retransmitted requests.
+  std::size_t dedup_entries_per_shard = 4096;
+  // Bounds on memory (each >= 1). A request past one is answered
+  // ERROR(kLimitExceeded) and counted as kLimitRejections; nothing already
+  // granted is touched. Server-wide bounds are enforced per shard as
+  // ceil(bound / shards); keys spread over shards by a secret hash, so a
+  // client cannot aim them at one shard. The per-client bounds are enforced
+  // the same way, per shard, so one client id can reach up to
+  // shards x ceil(bound / shards) in all (about the bound when it is much
+  // larger than the shard count). A queued ACQUIRE handed the lease is
+  // granted even if its client is at max_leases_per_client by then. Leases
+  // count holders: a key with three shared holders counts three.
+  std::size_t max_keys = 1'000'000;              // leases held, all keys
+  std::size_t max_waiters = 1'000'000;           // queued ACQUIREs, all keys
+  std::size_t max_waiters_per_key = 10'000;      // queued ACQUIREs on one key
+  std::size_t max_leases_per_client = 100'000;   // leases held by one client id
+  std::size_t max_waiters_per_client = 100'000;  // ACQUIREs queued by one client id
+  // Shared key for datagram authentication (auth.h). When set, every
+  // datagram must carry a valid tag (the others are dropped and counted as
+  // kAuthFailures) and every reply is sealed. When unset, sealed datagrams
+  // are dropped and counted the same way.
+  std::optional<AuthKey> auth_key;
+  // Cluster mode (src/cluster/cluster_node.h): start with a closed gate, so
+  // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
+  // map, until the cluster layer publishes one (publish_cluster_gate()).
+  bool start_closed = false;
+  // The clock every duration is measured on (lease expiry, waits,
+  // lock-delay, and the cluster's etcd-lease deadline through now()),
+  // injectable for tests. Default (empty): CLOCK_BOOTTIME, which keeps
+  // counting while the machine is suspended, so a host that slept past a
+  // lease, its lock-delay or its etcd lease wakes up knowing it.
+  std::function<std::chrono::nanoseconds()> clock;
+  // Where log lines go (one line per call, no trailing newline). Default:
+  // stderr, prefixed with "shardlock-lease: ".
+  std::function<void(std::string_view)> log;
+};
+
+// Errors start() returns besides system errors (std::errc values).
+enum class ServerError : std::uint8_t {
+  kOk = 0,
+  kBadOptions,        // options out of range (error_detail() says which)
+  kBadAddress,        // bind_address does not parse
+  kDataDirCorrupt,    // a token file is unreadable, truncated or fails its checksum
+  kDataDirLocked,     // another server holds the data dir
+  kUringUnavailable,  // io = kUring but io_uring cannot be used here
+  kAlreadyStarted,
+};
+[[nodiscard]] const std::error_category& server_category() noexcept;
+[[nodiscard]] inline std::error_code make_error_code(ServerError e) noexcept {
+  return {static_cast<int>(e), server_category()};
+}
+
+// A latency distribution: how many samples fell at or below each bound
+// (and above the last), and their sum. Buckets are not cumulative.
+struct LatencyHistogram {
+  static constexpr std::array<std::uint32_t, 19> kUpperBoundsUs = {
+      1,     2,     5,      10,     20,     50,      100,     200,     500,      1'000,
+      2'000, 5'000, 10'000, 20'000, 50'000, 100'000, 200'000, 500'000, 1'000'000};
+  std::array<std::uint64_t, kUpperBoundsUs.size() + 1> counts{};  // last: above 1 s
+  std::uint64_t count = 0;
+  double sum_seconds = 0;
+};
+
+// A snapshot of the server's counters (the same ones STATS returns), plus
+// what metrics export besides them.
+struct ServerStats {
+  std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::vector<std::uint64_t> shard_tokens;  // the last token each shard issued
+  std::uint64_t leases = 0;                 // held now (each shared or permit holder counts)
+  std::uint64_t keys = 0;                   // keys with a holder now
+  std::uint64_t waiters = 0;                // queued ACQUIREs now
+  // How long ACQUIRE still answers RECOVERING (the lock-delay); 0 once over.
+  std::chrono::milliseconds lock_delay_left{0};
+  // Token blocks made durable (--data-dir), and how long each took (write,
+  // fsync, rename, fsync of the directory).
+  std::uint64_t token_reservations = 0;
+  LatencyHistogram token_reservation_latency;
+  // From a datagram's arrival at the dispatcher to its replies being decided
+  // (the server's own share of a request's latency; not socket time).
+  LatencyHistogram request_latency;
+  [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
+    return counters[static_cast<std::size_t>(c)];
+  }
+};
+
+class LeaseServer {
+ public:
+  explicit LeaseServer(LeaseServerOptions options);
+  // Stops the server if it is running.
+  ~LeaseServer();
+  LeaseServer(const LeaseServer&) = delete;
+  LeaseServer& operator=(const LeaseServer&) = delete;
+
+  // Validates the options, opens (or creates) the data dir, binds the
+  // sockets and starts the I/O threads. Returns once the server answers
+  // datagrams, or an error with nothing left running; error_detail() then
+  // holds a one-line explanation (file names, the option at fault). Call at
+  // most once per object. A UDP port that another server (any io_threads, or
+  // any other process) already holds fails with std::errc::address_in_use:
+  // one shardlock server per port per network namespace, whatever its
+  // address (0.0.0.0:P and 127.0.0.1:P exclude each other).
+  [[nodiscard]] std::error_code start();
+
+  // The bound UDP port; 0 before a successful start().
+  [[nodiscard]] std::uint16_t port() const noexcept;
+  // "HOST:PORT" as bound, e.g. "127.0.0.1:40123".
+  [[nodiscard]] std::string listen_address() const;
+  // The back end start() chose.
+  [[nodiscard]] IoBackend backend() const noexcept;
+  // The lock-delay start() applied: options.lock_delay, or by default the
+  // larger of max_ttl and the max TTL the data dir records for earlier runs.
+  [[nodiscard]] std::chrono::milliseconds lock_delay() const noexcept;
+  // Why start() failed.
+  [[nodiscard]] const std::string& error_detail() const noexcept;
+  // Counters and per-shard tokens; takes each shard lock briefly.
+  [[nodiscard]] ServerStats stats() const;
+
+  // Stops the I/O threads and closes the sockets. Blocks until the threads
+  // have exited (a few milliseconds). Idempotent; safe before start().
+  void stop();
+
+  // ---- Cluster mode: the cluster layer's hooks (src/cluster/cluster_node.h
+  // drives them; not for other use). Each needs a successful start().
+  // Every grant, renew and QUERY then asks `gate` first, and MAP answers
+  // from it; returns once every shard has it (internal/cluster_gate.h).
+  void publish_cluster_gate(std::shared_ptr<const internal::ClusterGate> gate);
+  // Leases held on keys `pred` is true for (each shard under its lock).
+  [[nodiscard]] std::size_t count_leases(
+      const std::function<bool(std::string_view key)>& pred) const;
+  // Whether some shard cannot grant in the current epoch until a newer one
+  // is published: its token counter ran out there, or the epoch is at or
+  // below token_floor() >> 32.
+  [[nodiscard]] bool needs_new_epoch() const;
+  // The highest token an earlier run on the data dir may have issued, in
+  // either mode (read at start(); 0 without a data dir). In cluster mode the
+  // server grants only in epochs above token_floor() >> 32 (others answer
+  // RECOVERING and raise needs_new_epoch()), so the node should ask for such
+  // an epoch at start.
+  [[nodiscard]] std::uint64_t token_floor() const noexcept;
+  // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
+  // spent suspended counts.
+  [[nodiscard]] std::chrono::nanoseconds now() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardlock::lease
+
+template <>
+struct std::is_error_code_enum<shardlock::lease::ServerError> : std::true_type {};

@@ -1,0 +1,26 @@
+// duration.h: parse and print the durations the lease tools take on their
+// command lines ("500ms", "30s", "2m", "1h", "1m30s", "0").
+//
+// Shared by shardlockd, shardlockctl and shardlock-bench so every tool reads
+// durations the same way. Pure functions; no allocation except to_string.
+#pragma once
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace shardlock::lease {
+
+// Parses one or more <integer><unit> parts, unit one of ms, s, m, h (for
+// example "1m30s"), or the bare "0". Returns nullopt for anything else: empty
+// text, a missing or unknown unit, a sign, or a total above ~292 million
+// years (overflow).
+[[nodiscard]] std::optional<std::chrono::milliseconds> parse_duration(
+    std::string_view text) noexcept;
+
+// The shortest exact spelling parse_duration() reads back: "0", "500ms",
+// "30s", "2m", "1h", "1m30s", "1s500ms".
+[[nodiscard]] std::string to_string(std::chrono::milliseconds d);
+
+}  // namespace shardlock::lease

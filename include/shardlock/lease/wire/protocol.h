@@ -1,0 +1,880 @@
+// protocol.h: the shardlock lease wire format (UDP, version 1) and its pure
+// codec.
+//
+// Use it to build or read lease datagrams. The codec never touches a socket,
+// never allocates, never throws and never reads or writes outside the spans it
+// is given; every failure is a ProtocolError value. Decoded keys are views into
+// the input buffer, so a decoded Datagram lives no longer than its bytes.
+//
+// Wire format (all integers little-endian)
+//
+//   Header, 32 bytes:
+//     0  u32  magic        0x4B4C4853 ("SHLK" on the wire)
+//     4  u8   version      1
+//     5  u8   flags        bit 0: kFlagAuthenticated, the datagram is sealed
+//                          (auth.h: the tag is removed before decode());
+//                          bit 1: kFlagEpoch, a map epoch follows the header;
+//                          the other bits are reserved and decoders reject
+//                          them
+//     6  u8   type         a MessageType, or kBatch
+//     7  u8   count        1 for a single message; 1..kMaxBatch for a batch
+//     8  u64  request_id   single: the message's request id;
+//                          batch: an id for the datagram, echoed in the reply
+//    16  u128 client_id    lo u64 then hi u64: random per client instance,
+//                          the owner identity of every lease it takes
+//
+//   With kFlagEpoch, a u64 map epoch follows the header (Datagram::epoch):
+//   a cluster client's map epoch (docs/cluster.md), on requests only; the
+//   body or the batch items come after it. Replies never carry it.
+//
+//   Single message (type != kBatch): the body of `type` follows the header.
+//   Batch (type == kBatch): `count` items follow, each
+//     u8 type, u8 item_flags, u16 body_length, u64 request_id,
+//     [u128 owner: lo u64 then hi u64, only with kItemFlagOwner], body.
+//   item_flags bit 0 (kItemFlagOwner): the item acts for `owner` instead of
+//   the header's client_id, so one datagram can carry the requests of many
+//   owners (a load generator, a proxy). The other bits are reserved and
+//   decoders reject them. Replies never carry an owner: the client matches
+//   them by request id.
+//   After the last message the datagram may carry zero padding (see below).
+//   Any non-zero byte there is malformed.
+//
+//   Every decoded Message carries its own request_id whichever framing
+//   carried it, so a client matches replies by (request_id) alone and may mix
+//   single and batched requests freely. The server answers the items of a
+//   batch in one reply batch (request ids preserved); answers that come later
+//   (a queued ACQUIRE granted or timed out) arrive as single messages.
+//
+//   Bodies (key = u16 length + bytes; the codec accepts any length that fits,
+//   the server answers ERROR for keys outside 1..kMaxKeyLength). The codec
+//   reads and writes them from kMessageBodies below, field by field:
+//     ACQUIRE     key, u32 ttl_ms, u32 wait_ms               (exclusive)
+//     ACQUIRE_SHARED  key, u32 ttl_ms, u32 wait_ms           (shared)
+//     ACQUIRE_PERMIT  key, u32 ttl_ms, u32 wait_ms, u32 permits
+//     ACQUIRE_MANY    u8 mode, u32 ttl_ms, u32 wait_ms, keys
+//                     (keys = u8 n, n x (u16 length + bytes); mode 0
+//                     exclusive, 1 shared)
+//     RENEW       key, u64 token, u32 ttl_ms
+//     RELEASE     key, u64 token
+//     QUERY       key
+//     STATS       u32 first_shard
+//     MAP         u32 first_member
+//     GRANTED     key, u64 token, u32 ttl_ms
+//     BUSY        key, u32 ttl_left_ms
+//     TIMEOUT     key
+//     RENEWED     key, u32 ttl_ms
+//     RELEASED, NOT_OWNER, EXPIRED   (empty)
+//     RECOVERING  u32 retry_after_ms
+//     ERROR       u16 code (a WireError)
+//     GRANTED_MANY  u32 ttl_ms, tokens (u8 n, n x u64: one per key, in
+//                   the request's key order)
+//     BUSY_MANY     u8 index (the first busy key, in the request's order),
+//                   u32 ttl_left_ms of that key
+//     REDIRECT    u64 epoch: a cluster node whose map (of that epoch) gives
+//                 the key to another node; the client refreshes its map if
+//                 it is older and goes to the owner
+//     MAP_REPLY   u64 epoch, u32 member_count, u32 first_member, members
+//                 (members = u8 n, n x (u16 id_length + id, u16
+//                 address_length + address, u32 weight): the map's members
+//                 first_member onward; member_count: all of them; ids of
+//                 1..kMaxMemberIdLength bytes, addresses of
+//                 1..kMaxMemberAddressLength bytes, weight >= 1. Epoch 0
+//                 and no members: the server is no cluster node)
+//     QUERY_REPLY key, u8 held, u64 token, u32 ttl_left_ms, u32 waiters,
+//                 u8 mode, u32 holders, u32 permits
+//                 (token and ttl_left: the newest grant's, and the longest
+//                 any holder has left; permits: the limit of a semaphore key,
+//                 else 0)
+//     STATS_REPLY u32 shard_count, u32 first_shard, u8 counter_count,
+//                 counter_count x u64, u16 token_count, token_count x u64
+//
+//   Which reply answers which request (kRequestReplies below):
+//     request   the server sends                          a client also takes
+//     ACQUIRE   GRANTED BUSY TIMEOUT RECOVERING ERROR     -
+//               REDIRECT
+//       (also ACQUIRE_SHARED and ACQUIRE_PERMIT)
+//     ACQUIRE_MANY  GRANTED_MANY BUSY_MANY TIMEOUT RECOVERING ERROR
+//                   REDIRECT
+//     RENEW     RENEWED NOT_OWNER EXPIRED ERROR REDIRECT  -
+//               RECOVERING (a cluster node not ready to grant the key)
+//     RELEASE   RELEASED NOT_OWNER EXPIRED ERROR          RECOVERING
+//     QUERY     QUERY_REPLY ERROR REDIRECT RECOVERING     -
+//     STATS     STATS_REPLY ERROR                         RECOVERING
+//     MAP       MAP_REPLY ERROR                           RECOVERING
+//   A reply type sent as a request is answered ERROR(kNotARequest). An
+//   ACQUIRE of any kind that waits (wait_ms > 0) may be answered later, on
+//   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR). A TIMEOUT answering
+//   ACQUIRE_MANY carries an empty key: the request's key field, which
+//   ACQUIRE_MANY does not have. A client ignores a reply that does not
+//   answer its request (reply_answers()), and one that carries a key
+//   (reply_carries_key(): GRANTED, BUSY, TIMEOUT, RENEWED, QUERY_REPLY)
+//   other than its request's.
+//
+// Anti-amplification: the reply bytes a request datagram causes, deferred
+// answers included, never exceed its own size. Some replies are larger than
+// their requests (GRANTED carries a token, QUERY_REPLY several fields), so a
+// request must be padded up to max_reply_size(); encode_request() does that.
+// The bound of one request is the largest body among the replies the server
+// sends it (max_reply_body_bound()), a key counted at the request's length.
+// The server answers a request shorter than max_immediate_reply_size() with
+// ERROR(kRequestTooSmall) items when they fit, and otherwise not at all. A
+// queued ACQUIRE's later answer (a single message) is sent only if it fits
+// the bytes the request left for it (deferred_reply_credit()); a withheld
+// one is counted (kAmplificationDrops) and a retransmission of the ACQUIRE
+// (same request id) learns the outcome. STATS_REPLY returns as many shard
+// tokens as the request's padding leaves room for, starting at first_shard;
+// page through with first_shard. MAP_REPLY likewise: its bound counts no
+// members, and it carries as many as the padding leaves room for, starting
+// at first_member. REDIRECT (8 bytes) never changes how far a request is
+// padded: the request's own body, or another reply it may get, is at least
+// as large for any valid key. The epoch of kFlagEpoch makes a request 8
+// bytes longer and its reply no longer.
+//
+// Lease kinds (the shard's rules; docs/lease-server.md has the details)
+//   * exclusive (ACQUIRE): one holder. shared (ACQUIRE_SHARED): any number of
+//     shared holders, no exclusive one. Waiters are FIFO per key across both
+//     modes: a shared ACQUIRE behind a queued exclusive one waits for it.
+//   * permit (ACQUIRE_PERMIT, a counting semaphore): at most `permits`
+//     holders. The first acquirer's limit holds until the key is idle;
+//     another limit, or a lock ACQUIRE on a semaphore key (or the reverse),
+//     is ERROR(kLeaseKindMismatch) while the key is in use.
+//   * Every holder has its own token, expiry, RENEW and RELEASE (by key and
+//     token, as for an exclusive lease).
+//   * ACQUIRE_MANY takes up to kMaxKeysPerRequest distinct keys of one node
+//     all-or-nothing, in one mode: GRANTED_MANY with a token per key, or
+//     nothing held (BUSY_MANY names the first busy key). With a wait, keys are
+//     taken in the server's global key order, so two such requests never
+//     wait for each other in a cycle.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <span>
+#include <string_view>
+#include <system_error>
+#include <vector>
+
+namespace shardlock::lease {
+
+inline constexpr std::uint32_t kMagic = 0x4B4C4853;  // "SHLK" little-endian
+inline constexpr std::uint8_t kProtocolVersion = 1;
+inline constexpr std::size_t kHeaderSize = 32;
+inline constexpr std::size_t kBatchItemHeaderSize = 12;
+inline constexpr std::size_t kBatchItemOwnerSize = 16;  // with kItemFlagOwner
+inline constexpr std::size_t kMaxDatagramSize = 1400;
+inline constexpr std::size_t kMaxBatch = 64;
+inline constexpr std::size_t kMinKeyLength = 1;
+inline constexpr std::size_t kMaxKeyLength = 256;
+// Keys of one ACQUIRE_MANY.
+inline constexpr std::size_t kMaxKeysPerRequest = 16;
+// The largest permit limit of ACQUIRE_PERMIT.
+inline constexpr std::uint32_t kMaxPermits = 65535;
+// Offset of the flags byte in the header.
+inline constexpr std::size_t kHeaderFlagsOffset = 5;
+// Header flags bit of a datagram sealed with an auth key (auth.h).
+inline constexpr std::uint8_t kFlagAuthenticated = 0x01;
+// Header flags bit of a datagram with a u64 map epoch after the header.
+inline constexpr std::uint8_t kFlagEpoch = 0x02;
+// The size of that epoch.
+inline constexpr std::size_t kEpochSize = 8;
+// The bounds of a MAP_REPLY member's id and address (decode() checks them).
+// They are membership's own bounds (cluster::valid_node_id(),
+// valid_member_address() read these), so every member a map can hold can be
+// served: an advertise address may be a long DNS name (a Kubernetes pod's
+// FQDN is often over 64 bytes).
+inline constexpr std::size_t kMaxMemberIdLength = 128;
+inline constexpr std::size_t kMaxMemberAddressLength = 300;
+// Batch item flags bit: the item carries its own owner (see above).
+inline constexpr std::uint8_t kItemFlagOwner = 0x01;
+
+enum class MessageType : std::uint8_t {
+  // Requests.
+  kAcquire = 0x01,
+  kRenew = 0x02,
+  kRelease = 0x03,
+  kQuery = 0x04,
+  kStats = 0x05,
+  kAcquireShared = 0x06,
+  kAcquirePermit = 0x07,
+  kAcquireMany = 0x08,
+  kMap = 0x09,
+  // Replies.
+  kGranted = 0x81,
+  kBusy = 0x82,
+  kTimeout = 0x83,
+  kRenewed = 0x84,
+  kReleased = 0x85,
+  kNotOwner = 0x86,
+  kExpired = 0x87,
+  kRecovering = 0x88,
+  kError = 0x89,
+  kQueryReply = 0x8A,
+  kStatsReply = 0x8B,
+  kGrantedMany = 0x8C,
+  kBusyMany = 0x8D,
+  kRedirect = 0x8E,
+  kMapReply = 0x8F,
+  // Header type of a batch datagram; never the type of a Message.
+  kBatch = 0xFF,
+};
+
+// "ACQUIRE", "GRANTED", ... (kMessageBodies), "BATCH"; "UNKNOWN" for other
+// values.
+[[nodiscard]] std::string_view to_string(MessageType type) noexcept;
+
+// The code carried by an ERROR reply: the request parsed but was refused.
+enum class WireError : std::uint16_t {
+  kUnsupportedVersion = 1,  // header version is not kProtocolVersion
+  kBadKey = 2,              // key shorter than kMinKeyLength
+  kKeyTooLong = 3,          // key longer than kMaxKeyLength
+  kTtlOutOfRange = 4,       // ttl_ms is 0 or above the server's maximum TTL
+  kWaitOutOfRange = 5,      // wait_ms above the server's maximum wait
+  kRequestTooSmall = 6,     // request datagram not padded to max_reply_size()
+  kNotARequest = 7,         // a reply type sent to the server
+  kInternal = 8,            // the server failed (e.g. could not persist tokens)
+  kRequestIdReused = 9,     // this client already used the request id for another type or key
+  kLimitExceeded = 10,      // a configured bound (keys, waiters, per-client state) is full
+  kResourceExhausted = 11,  // the server could not allocate memory for the request
+  kLeaseKindMismatch = 12,  // the key is in use as another kind (lock vs semaphore, another limit)
+  kPermitsOutOfRange = 13,  // ACQUIRE_PERMIT with permits 0 or above kMaxPermits
+  kBadKeyList = 14,         // ACQUIRE_MANY with 0 or too many keys, or one key twice
+  kBadMode = 15,            // ACQUIRE_MANY with a mode other than exclusive or shared
+};
+
+// How a lease holds its key (ACQUIRE_MANY's mode, QUERY_REPLY's mode).
+enum class LeaseMode : std::uint8_t {
+  kExclusive = 0,  // ACQUIRE: the only holder
+  kShared = 1,     // ACQUIRE_SHARED: with other shared holders
+  kPermit = 2,     // ACQUIRE_PERMIT: one of at most `permits` holders
+};
+// "exclusive", "shared", "permit"; "unknown" for other values.
+[[nodiscard]] std::string_view to_string(LeaseMode mode) noexcept;
+// The acquire request of each single-key mode.
+[[nodiscard]] constexpr MessageType acquire_type(LeaseMode mode) noexcept {
+  switch (mode) {
+    case LeaseMode::kShared:
+      return MessageType::kAcquireShared;
+    case LeaseMode::kPermit:
+      return MessageType::kAcquirePermit;
+    case LeaseMode::kExclusive:
+      break;
+  }
+  return MessageType::kAcquire;
+}
+// True for ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT and ACQUIRE_MANY.
+[[nodiscard]] constexpr bool is_acquire(MessageType type) noexcept {
+  return type == MessageType::kAcquire || type == MessageType::kAcquireShared ||
+         type == MessageType::kAcquirePermit || type == MessageType::kAcquireMany;
+}
+[[nodiscard]] std::string_view to_string(WireError code) noexcept;
+
+// STATS_REPLY counters, in wire order. Decoders ignore counters past the ones
+// they know, and read missing ones as 0, so new counters can be appended.
+enum class StatCounter : std::uint8_t {
+  kGrants = 0,          // GRANTED answers (immediate and handed off to waiters)
+  kBusy,                // BUSY answers
+  kQueued,              // ACQUIREs queued behind a holder
+  kTimeouts,            // TIMEOUT answers
+  kExpirations,         // leases that expired without release
+  kNotOwner,            // NOT_OWNER answers
+  kMalformed,           // datagrams dropped by the codec
+  kRenewed,             // RENEWED answers
+  kReleased,            // RELEASED answers
+  kExpiredReplies,      // EXPIRED answers
+  kRecovering,          // RECOVERING answers
+  kErrors,              // ERROR answers
+  kRetransmits,         // requests answered from the dedup cache
+  kRequests,            // requests processed (all types)
+  kAuthFailures,        // datagrams dropped because their auth tag did not verify
+  kStaleRequests,       // RENEW/ACQUIRE older than the lease's last applied request: no effect
+  kAmplificationDrops,  // replies not sent: they would exceed the bytes the source sent
+  kLimitRejections,     // requests refused by a configured bound (ERROR kLimitExceeded)
+  kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)
+  kSendDrops,           // replies that never left: no send slot, socket buffer full, failed send
+  kRedirects,           // REDIRECT answers: the cluster map gives the key to another node
+};
+inline constexpr std::size_t kStatCounterCount = 21;
+// The counter's name in STATS output ("grants", "send_drops", ...).
+[[nodiscard]] std::string_view to_string(StatCounter counter) noexcept;
+
+// ---- The message body table ---------------------------------------------
+
+// A body field: the Message member it carries and its wire codec.
+enum class BodyField : std::uint8_t {
+  kKey,          // u16 length + bytes                Message::key
+  kToken,        // u64                               Message::token
+  kTtl,          // u32                               Message::ttl_ms
+  kWait,         // u32                               Message::wait_ms
+  kRetryAfter,   // u32                               Message::retry_after_ms
+  kErrorCode,    // u16, a WireError                  Message::error
+  kHeld,         // u8, 0 or 1 (else kBadField)       Message::held
+  kWaiters,      // u32                               Message::waiters
+  kFirstShard,   // u32                               Message::first_shard
+  kShardCount,   // u32                               Message::shard_count
+  kCounters,     // u8 n, n x u64 (see StatCounter)   Message::counters_le
+  kShardTokens,  // u16 n, n x u64                    Message::shard_tokens_le
+  kMode,         // u8, a LeaseMode (else kBadField)   Message::mode
+  kPermits,      // u32                               Message::permits
+  kHolders,      // u32                               Message::holders
+  kIndex,        // u8                                Message::index
+  kKeyList,      // u8 n, n x (u16 length + bytes)    Message::key_count, key_list
+  kTokenList,    // u8 n, n x u64                     Message::tokens_le
+  kEpoch,        // u64                               Message::epoch
+  kFirstMember,  // u32                               Message::first_member
+  kMemberCount,  // u32                               Message::member_count
+  // u8 n, n x (u16 length + id, u16 length + address, u32 weight); ids,
+  // addresses or weights out of bounds: kBadField.
+  kMemberList,  //                                    Message::member_list_count, member_list
+};
+
+// The bytes `field` takes besides a key's bytes and the shard tokens: the
+// whole field, or its length prefix. kCounters: the kStatCounterCount
+// counters an encoder writes.
+[[nodiscard]] constexpr std::size_t body_field_size(BodyField field) noexcept {
+  switch (field) {
+    case BodyField::kKey:
+    case BodyField::kErrorCode:
+    case BodyField::kShardTokens:
+      return 2;
+    case BodyField::kMode:
+    case BodyField::kIndex:
+    case BodyField::kKeyList:
+    case BodyField::kTokenList:
+    case BodyField::kMemberList:
+      return 1;
+    case BodyField::kPermits:
+    case BodyField::kHolders:
+      return 4;
+    case BodyField::kToken:
+    case BodyField::kEpoch:
+      return 8;
+    case BodyField::kTtl:
+    case BodyField::kWait:
+    case BodyField::kRetryAfter:
+    case BodyField::kWaiters:
+    case BodyField::kFirstShard:
+    case BodyField::kShardCount:
+    case BodyField::kFirstMember:
+    case BodyField::kMemberCount:
+      return 4;
+    case BodyField::kHeld:
+      return 1;
+    case BodyField::kCounters:
+      return 1 + 8 * kStatCounterCount;
+  }
+  return 0;
+}
+
+inline constexpr std::size_t kMaxBodyFields = 8;
+
+// One message type: its name and its body, field by field in wire order.
+struct MessageBody {
+  MessageType type;
+  std::string_view name;
+  std::array<BodyField, kMaxBodyFields> fields{};
+  std::size_t field_count = 0;
+
+  constexpr MessageBody(MessageType t, std::string_view n,
+                        std::initializer_list<BodyField> body) noexcept
+      : type(t), name(n) {
+    for (const BodyField f : body) fields[field_count++] = f;  // > kMaxBodyFields: not constant
+  }
+  [[nodiscard]] constexpr bool has(BodyField field) const noexcept {
+    for (std::size_t i = 0; i < field_count; ++i) {
+      if (fields[i] == field) return true;
+    }
+    return false;
+  }
+  // The body's size with an empty key and no shard tokens.
+  [[nodiscard]] constexpr std::size_t fixed_size() const noexcept {
+    std::size_t n = 0;
+    for (std::size_t i = 0; i < field_count; ++i) n += body_field_size(fields[i]);
+    return n;
+  }
+};
+
+// Every message type's body. encoded_size(), encode() and decode() walk this
+// table; the body list at the top of this file says the same in prose.
+// Columns: clang-format would run them together.
+// clang-format off
+inline constexpr auto kMessageBodies = [] {
+  using enum MessageType;
+  using enum BodyField;
+  return std::array{
+      //          type         name           body, in wire order
+      MessageBody{kAcquire,    "ACQUIRE",     {kKey, kTtl, kWait}},
+      MessageBody{kRenew,      "RENEW",       {kKey, kToken, kTtl}},
+      MessageBody{kRelease,    "RELEASE",     {kKey, kToken}},
+      MessageBody{kQuery,      "QUERY",       {kKey}},
+      MessageBody{kStats,      "STATS",       {kFirstShard}},
+      MessageBody{kAcquireShared, "ACQUIRE_SHARED", {kKey, kTtl, kWait}},
+      MessageBody{kAcquirePermit, "ACQUIRE_PERMIT", {kKey, kTtl, kWait, kPermits}},
+      MessageBody{kAcquireMany,   "ACQUIRE_MANY",   {kMode, kTtl, kWait, kKeyList}},
+      MessageBody{kGranted,    "GRANTED",     {kKey, kToken, kTtl}},
+      MessageBody{kBusy,       "BUSY",        {kKey, kTtl}},
+      MessageBody{kTimeout,    "TIMEOUT",     {kKey}},
+      MessageBody{kRenewed,    "RENEWED",     {kKey, kTtl}},
+      MessageBody{kReleased,   "RELEASED",    {}},
+      MessageBody{kNotOwner,   "NOT_OWNER",   {}},
+      MessageBody{kExpired,    "EXPIRED",     {}},
+      MessageBody{kRecovering, "RECOVERING",  {kRetryAfter}},
+      MessageBody{kError,      "ERROR",       {kErrorCode}},
+      MessageBody{kQueryReply, "QUERY_REPLY", {kKey, kHeld, kToken, kTtl, kWaiters, kMode,
+                                               kHolders, kPermits}},
+      MessageBody{kStatsReply, "STATS_REPLY", {kShardCount, kFirstShard, kCounters, kShardTokens}},
+      MessageBody{kGrantedMany, "GRANTED_MANY", {kTtl, kTokenList}},
+      MessageBody{kBusyMany,    "BUSY_MANY",    {kIndex, kTtl}},
+      MessageBody{kMap,         "MAP",          {kFirstMember}},
+      MessageBody{kRedirect,    "REDIRECT",     {kEpoch}},
+      MessageBody{kMapReply,    "MAP_REPLY",    {kEpoch, kMemberCount, kFirstMember, kMemberList}},
+  };
+}();
+// clang-format on
+
+// The row of kMessageBodies for `type`; nullptr for kBatch and unknown values.
+[[nodiscard]] constexpr const MessageBody* message_body(MessageType type) noexcept {
+  for (const MessageBody& body : kMessageBodies) {
+    if (body.type == type) return &body;
+  }
+  return nullptr;
+}
+
+// ---- The request -> reply table ------------------------------------------
+
+// A few message types: the replies of one request.
+struct MessageTypeList {
+  std::array<MessageType, 6> types{};
+  std::size_t count = 0;
+
+  constexpr MessageTypeList(std::initializer_list<MessageType> list) noexcept {
+    for (const MessageType t : list) types[count++] = t;  // more than 6: not constant
+  }
+  [[nodiscard]] constexpr const MessageType* begin() const noexcept { return types.data(); }
+  [[nodiscard]] constexpr const MessageType* end() const noexcept { return types.data() + count; }
+  [[nodiscard]] constexpr bool contains(MessageType type) const noexcept {
+    for (const MessageType t : *this) {
+      if (t == type) return true;
+    }
+    return false;
+  }
+};
+
+// Which replies answer one request type.
+struct RequestReplies {
+  MessageType request;
+  // What the server sends it, at once or later. ERROR is in every row: any
+  // request can be refused. The reply bound (max_reply_body_bound()) counts
+  // exactly these.
+  MessageTypeList replies;
+  // Replies a client also takes as the answer, though the server never sends
+  // them for this request: RECOVERING, which a client reads as the lock-delay
+  // whatever it asked. Outside the reply bound, so the server must not start
+  // sending them without moving them to `replies`.
+  MessageTypeList also_accepted;
+  // Whether the answer may come later, as a datagram of its own: a request
+  // that waits (wait_ms > 0) is queued behind the holder.
+  bool queues_when_waiting = false;
+};
+
+// Columns: clang-format would run them together.
+// clang-format off
+inline constexpr auto kRequestReplies = [] {
+  using enum MessageType;
+  using Row = RequestReplies;
+  return std::array{
+      //  request   replies the server sends                                    also accepted  queues
+      Row{kAcquire, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},            true},
+      Row{kAcquireShared, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},      true},
+      Row{kAcquirePermit, {kGranted, kBusy, kTimeout, kRecovering, kError, kRedirect}, {},      true},
+      Row{kAcquireMany, {kGrantedMany, kBusyMany, kTimeout, kRecovering, kError, kRedirect}, {}, true},
+      Row{kRenew,   {kRenewed, kNotOwner, kExpired, kError, kRedirect, kRecovering}, {}, false},
+      Row{kRelease, {kReleased, kNotOwner, kExpired, kError},                   {kRecovering}, false},
+      Row{kQuery,   {kQueryReply, kError, kRedirect, kRecovering},              {},            false},
+      Row{kStats,   {kStatsReply, kError},                                      {kRecovering}, false},
+      Row{kMap,     {kMapReply, kError},                                        {kRecovering}, false},
+  };
+}();
+// clang-format on
+
+// True for the request types: the rows of kRequestReplies.
+[[nodiscard]] constexpr bool is_request(MessageType type) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request == type) return true;
+  }
+  return false;
+}
+
+// True for the reply types: those that answer some request.
+[[nodiscard]] constexpr bool is_reply(MessageType type) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.replies.contains(type) || row.also_accepted.contains(type)) return true;
+  }
+  return false;
+}
+
+// Whether a client takes `reply` as the answer to `request`; anything else
+// is ignored (a stray or forged datagram must not complete a call).
+[[nodiscard]] constexpr bool reply_answers(MessageType request, MessageType reply) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request == request) {
+      return row.replies.contains(reply) || row.also_accepted.contains(reply);
+    }
+  }
+  return false;
+}
+
+// Whether `reply` carries its request's key, which a client then checks.
+[[nodiscard]] constexpr bool reply_carries_key(MessageType reply) noexcept {
+  for (const MessageBody& body : kMessageBodies) {
+    if (body.type == reply) return is_reply(reply) && body.has(BodyField::kKey);
+  }
+  return false;
+}
+
+// The largest reply body the server sends to a request, as a function of the
+// request's key length and its key-list length (ACQUIRE_MANY): the largest of
+// `keyed` plus the key length (the replies that carry the key, if any),
+// `listed` plus 8 bytes per listed key (those that carry a token per key),
+// and `unkeyed` (the others).
+struct ReplyBodyBound {
+  bool carries_key = false;
+  bool carries_tokens = false;
+  std::size_t keyed = 0;    // largest body of a reply with the key, less the key's bytes
+  std::size_t listed = 0;   // largest body of a reply with a token list, less its tokens
+  std::size_t unkeyed = 0;  // largest body of a reply with neither
+
+  [[nodiscard]] constexpr std::size_t operator()(std::size_t key_length,
+                                                 std::size_t listed_keys = 0) const noexcept {
+    std::size_t n = unkeyed;
+    if (carries_key && keyed + key_length > n) n = keyed + key_length;
+    if (carries_tokens && listed + 8 * listed_keys > n) n = listed + 8 * listed_keys;
+    return n;
+  }
+};
+
+// The reply body bound of `request` from its row of kRequestReplies, a
+// STATS_REPLY counted with no shard tokens and a MAP_REPLY with no members. A type that is no
+// request is answered ERROR(kNotARequest).
+[[nodiscard]] constexpr ReplyBodyBound max_reply_body_bound(MessageType request) noexcept {
+  ReplyBodyBound bound;
+  const auto add = [&bound](MessageType reply) {
+    for (const MessageBody& body : kMessageBodies) {
+      if (body.type != reply) continue;
+      const bool keyed = body.has(BodyField::kKey);
+      const bool listed = body.has(BodyField::kTokenList);
+      std::size_t& largest = keyed ? bound.keyed : listed ? bound.listed : bound.unkeyed;
+      if (body.fixed_size() > largest) largest = body.fixed_size();
+      bound.carries_key = bound.carries_key || keyed;
+      bound.carries_tokens = bound.carries_tokens || listed;
+    }
+  };
+  if (!is_request(request)) add(MessageType::kError);
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request != request) continue;
+    for (const MessageType reply : row.replies) add(reply);
+  }
+  return bound;
+}
+
+// 128-bit client identity. Random per client instance (never a thread id).
+struct ClientId {
+  std::uint64_t lo = 0;
+  std::uint64_t hi = 0;
+  friend constexpr bool operator==(const ClientId&, const ClientId&) = default;
+};
+
+// One request or reply. Only the fields of its type are meaningful (see the
+// body table above); the others keep their defaults and are not encoded.
+struct Message {
+  MessageType type = MessageType::kQuery;
+  std::uint64_t request_id = 0;
+  // A batch item's own owner (kItemFlagOwner); nullopt: the datagram's
+  // client_id. encode() frames a datagram whose message has one as a batch.
+  std::optional<ClientId> owner{};
+  std::string_view key;       // all keyed types; a view, never owned
+  std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
+  std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
+  std::uint32_t wait_ms = 0;  // ACQUIRE
+  std::uint32_t retry_after_ms = 0;        // RECOVERING
+  WireError error = WireError::kInternal;  // ERROR
+  bool held = false;                       // QUERY_REPLY
+  std::uint32_t waiters = 0;               // QUERY_REPLY
+  LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY, QUERY_REPLY
+  std::uint32_t permits = 0;               // ACQUIRE_PERMIT, QUERY_REPLY
+  std::uint32_t holders = 0;               // QUERY_REPLY
+  std::uint8_t index = 0;                  // BUSY_MANY
+  // ACQUIRE_MANY: key_count keys as their wire entries (u16 length + bytes
+  // each, without the count byte); read them with KeyList, build them with
+  // encode_key_list().
+  std::uint8_t key_count = 0;
+  std::span<const std::uint8_t> key_list{};
+  // GRANTED_MANY tokens as raw little-endian u64s; read with listed_token().
+  std::span<const std::uint8_t> tokens_le{};
+  std::uint32_t first_shard = 0;  // STATS, STATS_REPLY
+  std::uint32_t shard_count = 0;  // STATS_REPLY
+  // STATS_REPLY counters as raw little-endian u64s, in StatCounter order; read
+  // them with counter(). An encoder writes exactly kStatCounterCount. A view,
+  // like the key: a Message stays small (it is copied and zeroed per item).
+  std::span<const std::uint8_t> counters_le{};
+  // STATS_REPLY shard tokens as raw little-endian u64s (first_shard onward);
+  // read them with shard_token().
+  std::span<const std::uint8_t> shard_tokens_le{};
+  std::uint64_t epoch = 0;         // REDIRECT, MAP_REPLY: the sender's map epoch
+  std::uint32_t first_member = 0;  // MAP, MAP_REPLY
+  std::uint32_t member_count = 0;  // MAP_REPLY: the map's members, all pages
+  // MAP_REPLY: member_list_count members as their wire entries (without the
+  // count byte); read them with MemberList, build them with
+  // encode_member_list().
+  std::uint8_t member_list_count = 0;
+  std::span<const std::uint8_t> member_list{};
+
+  [[nodiscard]] std::size_t shard_token_count() const noexcept {
+    return shard_tokens_le.size() / 8;
+  }
+  // Precondition: i < shard_token_count().
+  [[nodiscard]] std::uint64_t shard_token(std::size_t i) const noexcept;
+  [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
+    return counter_at(static_cast<std::size_t>(c));
+  }
+  // Counter `i`, or 0 past the ones the datagram carries.
+  [[nodiscard]] std::uint64_t counter_at(std::size_t i) const noexcept;
+  [[nodiscard]] std::size_t listed_token_count() const noexcept { return tokens_le.size() / 8; }
+  // Precondition: i < listed_token_count().
+  [[nodiscard]] std::uint64_t listed_token(std::size_t i) const noexcept;
+};
+
+// The keys of an ACQUIRE_MANY (Message::key_count and key_list), in order.
+// A decoded message's list is well formed (decode() checked it); walking a
+// hand-built malformed one stops early.
+class KeyList {
+ public:
+  KeyList(std::uint8_t count, std::span<const std::uint8_t> entries) noexcept
+      : count_(count), entries_(entries) {}
+  explicit KeyList(const Message& m) noexcept : KeyList(m.key_count, m.key_list) {}
+
+  class iterator {
+   public:
+    using value_type = std::string_view;
+    using difference_type = std::ptrdiff_t;
+    iterator() noexcept = default;
+    iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept;
+    [[nodiscard]] std::string_view operator*() const noexcept { return current_; }
+    iterator& operator++() noexcept;
+    iterator operator++(int) noexcept {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.left_ == b.left_;
+    }
+
+   private:
+    void load() noexcept;
+    std::span<const std::uint8_t> rest_{};
+    std::size_t left_ = 0;
+    std::string_view current_{};
+  };
+  [[nodiscard]] iterator begin() const noexcept { return {entries_, count_}; }
+  [[nodiscard]] iterator end() const noexcept { return {}; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+
+ private:
+  std::uint8_t count_;
+  std::span<const std::uint8_t> entries_;
+};
+
+// Writes `keys` as key-list entries into `out` (resized), for
+// Message::key_list; false when there are more than 255 keys or a key is
+// longer than 65535 bytes.
+[[nodiscard]] bool encode_key_list(std::span<const std::string_view> keys,
+                                   std::vector<std::uint8_t>& out);
+
+// One member of a MAP_REPLY: views into the datagram.
+struct MemberEntry {
+  std::string_view id;
+  std::string_view address;  // "host:port"
+  std::uint32_t weight = 1;
+};
+
+// The members of a MAP_REPLY (Message::member_list_count and member_list),
+// in order. A decoded message's list is well formed (decode() checked it);
+// walking a hand-built malformed one stops early.
+class MemberList {
+ public:
+  MemberList(std::uint8_t count, std::span<const std::uint8_t> entries) noexcept
+      : count_(count), entries_(entries) {}
+  explicit MemberList(const Message& m) noexcept : MemberList(m.member_list_count, m.member_list) {}
+
+  class iterator {
+   public:
+    using value_type = MemberEntry;
+    using difference_type = std::ptrdiff_t;
+    iterator() noexcept = default;
+    iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept;
+    [[nodiscard]] const MemberEntry& operator*() const noexcept { return current_; }
+    [[nodiscard]] const MemberEntry* operator->() const noexcept { return &current_; }
+    iterator& operator++() noexcept;
+    iterator operator++(int) noexcept {
+      iterator old = *this;
+      ++*this;
+      return old;
+    }
+    friend bool operator==(const iterator& a, const iterator& b) noexcept {
+      return a.left_ == b.left_;
+    }
+
+   private:
+    void load() noexcept;
+    std::span<const std::uint8_t> rest_{};
+    std::size_t left_ = 0;
+    std::size_t entry_size_ = 0;  // wire bytes of current_
+    MemberEntry current_{};
+  };
+  [[nodiscard]] iterator begin() const noexcept { return {entries_, count_}; }
+  [[nodiscard]] iterator end() const noexcept { return {}; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+
+ private:
+  std::uint8_t count_;
+  std::span<const std::uint8_t> entries_;
+};
+
+// The wire size of one member-list entry.
+[[nodiscard]] constexpr std::size_t member_entry_size(const MemberEntry& m) noexcept {
+  return 2 + m.id.size() + 2 + m.address.size() + 4;
+}
+
+// A MAP_REPLY page of one member of the longest id and address (header,
+// the epoch flag's u64, epoch + member_count + first_member + list count,
+// the entry, a 16-byte auth tag) fits a datagram, so a client that pads MAP
+// to a whole datagram always gets a page with at least one member.
+static_assert(kHeaderSize + kEpochSize + (8 + 4 + 4 + 1) +
+                      member_entry_size(MemberEntry{
+                          .id = std::string_view(), .address = std::string_view(), .weight = 1}) +
+                      kMaxMemberIdLength + kMaxMemberAddressLength + 16 <=
+                  kMaxDatagramSize,
+              "a MAP_REPLY page must hold one member of the longest id and address");
+
+// Writes `members` as member-list entries into `out` (resized), for
+// Message::member_list; false when there are more than 255 members or one
+// that decode() would refuse (id or address empty or too long, weight 0).
+[[nodiscard]] bool encode_member_list(std::span<const MemberEntry> members,
+                                      std::vector<std::uint8_t>& out);
+
+// Whether the answer to `request` may come later, as a datagram of its own
+// (RequestReplies::queues_when_waiting): a waiting ACQUIRE.
+[[nodiscard]] constexpr bool may_answer_later(const Message& request) noexcept {
+  for (const RequestReplies& row : kRequestReplies) {
+    if (row.request == request.type) return row.queues_when_waiting && request.wait_ms > 0;
+  }
+  return false;
+}
+
+// A whole datagram: header fields plus 1..kMaxBatch messages.
+struct Datagram {
+  std::uint8_t version = kProtocolVersion;
+  std::uint8_t flags = 0;
+  // Batch framing. encode() uses it whenever count > 1; with count == 1 it
+  // frames a batch of one only when `batch` is true.
+  bool batch = false;
+  std::uint64_t request_id = 0;  // single: equals messages[0].request_id
+  ClientId client_id;
+  // The sender's map epoch (kFlagEpoch): encode() writes it and sets the flag
+  // iff it is set (whatever `flags` says of that bit); decode() reads it iff
+  // the flag is set. Cluster clients set it on requests; replies never carry
+  // it.
+  std::optional<std::uint64_t> epoch{};
+  std::uint8_t count = 0;
+  std::array<Message, kMaxBatch> messages{};
+
+  [[nodiscard]] std::span<Message> items() noexcept { return {messages.data(), count}; }
+  [[nodiscard]] std::span<const Message> items() const noexcept { return {messages.data(), count}; }
+  // Appends a message; returns false when the datagram already has kMaxBatch.
+  [[nodiscard]] bool push(const Message& m) noexcept {
+    if (count >= kMaxBatch) return false;
+    messages[count++] = m;
+    return true;
+  }
+};
+
+// Why the codec refused bytes or a datagram. Also a std::error_code category.
+enum class ProtocolError : std::uint8_t {
+  kOk = 0,
+  kTruncated,           // input ends inside a field
+  kBadMagic,            // not a shardlock datagram
+  kUnsupportedVersion,  // magic fine, version unknown (header is still decoded)
+  kBadFlags,            // reserved header/item bits set
+  kBadType,             // unknown message type
+  kBadCount,            // count 0, above kMaxBatch, or != 1 for a single message
+  kBadLength,           // a batch item's body_length disagrees with its body
+  kNonZeroPadding,      // trailing bytes that are not zero
+  kTooLarge,            // datagram above kMaxDatagramSize, or output span too small
+  kBadField,            // a field value the format forbids (e.g. held not 0/1)
+};
+[[nodiscard]] std::string_view to_string(ProtocolError e) noexcept;
+[[nodiscard]] const std::error_category& protocol_category() noexcept;
+[[nodiscard]] inline std::error_code make_error_code(ProtocolError e) noexcept {
+  return {static_cast<int>(e), protocol_category()};
+}
+
+// Decodes one datagram. On kOk `out` holds every message (keys and STATS
+// tokens are views into `in`). On kUnsupportedVersion the header fields of
+// `out` (version, request_id, client_id) are filled so the caller can answer
+// ERROR(kUnsupportedVersion); nothing else is. On other errors `out` is
+// unspecified. Never reads outside `in`.
+[[nodiscard]] ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept;
+
+// The encoded size of `d` without padding; 0 if `d` cannot be encoded (count
+// out of range, unknown type, key or STATS tokens too long for a u16 length).
+[[nodiscard]] std::size_t encoded_size(const Datagram& d) noexcept;
+
+// Encodes `d` into `out`, then zero-pads it up to `pad_to` bytes when that is
+// larger. Returns kOk and sets `written`, or kTooLarge when the result would
+// exceed kMaxDatagramSize or out.size(), or kBadCount/kBadType/kBadField for a
+// datagram that cannot be encoded. Writes nothing outside `out`.
+[[nodiscard]] ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out,
+                                   std::size_t& written, std::size_t pad_to = 0) noexcept;
+
+// The reply bytes the server may send for request datagram `request`: its
+// immediate reply (every message answered, framed as the request is, with no
+// epoch; a STATS reply counted with no shard tokens, a MAP reply with no
+// members) plus, in a batch, 20 bytes more per
+// waiting ACQUIRE (wait_ms > 0), whose answer may come later as a single
+// message. A request datagram at least this long gets every answer.
+[[nodiscard]] std::size_t max_reply_size(const Datagram& request) noexcept;
+
+// The largest immediate reply datagram for `request` (see above). The server
+// refuses a shorter request (kRequestTooSmall).
+[[nodiscard]] std::size_t max_immediate_reply_size(const Datagram& request) noexcept;
+
+// The reply bytes item `item` of `request` (received as `request_size`
+// bytes) may use later, if the server queues it: 0 unless it is a waiting
+// ACQUIRE; the whole datagram for a single message; in a batch, the item's
+// share of the immediate bound plus an equal share of the bytes beyond that
+// bound among the waiting ACQUIREs. The immediate reply and every deferred
+// answer within these credits together never exceed `request_size` (the
+// server then sends no shard tokens in a STATS reply of that datagram).
+[[nodiscard]] std::size_t deferred_reply_credit(const Datagram& request, std::size_t request_size,
+                                                std::size_t item) noexcept;
+
+// encode() padded to max_reply_size(d), so no answer is refused for size.
+[[nodiscard]] ProtocolError encode_request(const Datagram& d, std::span<std::uint8_t> out,
+                                           std::size_t& written) noexcept;
+
+}  // namespace shardlock::lease
+
+template <>
+struct std::is_error_code_enum<shardlock::lease::ProtocolError> : std::true_type {};
+
+template <>
+struct std::hash<shardlock::lease::ClientId> {
+  std::size_t operator()(const shardlock::lease::ClientId& id) const noexcept {
+    // Client ids are random, so folding the halves is a good enough hash.
+    return static_cast<std::size_t>(id.lo ^ (id.hi * 0x9E3779B97F4A7C15ULL));
+  }
+};

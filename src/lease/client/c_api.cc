@@ -1,0 +1,367 @@
+// The C ABI (include/shardlock/lease/c_api.h) over LeaseClient and Lease.
+// Every entry point is noexcept: C++ exceptions (allocation failures) become
+// status codes here and never unwind into a C caller.
+#include "shardlock/lease/client/c_api.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <string>
+#include <string_view>
+#include <system_error>
+#include <utility>
+
+#include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/protocol.h"
+
+namespace lease = shardlock::lease;
+using lease::LeaseErrc;
+using std::chrono::milliseconds;
+
+struct shardlock_client {
+  explicit shardlock_client(lease::LeaseClientOptions options) : client(std::move(options)) {}
+  lease::LeaseClient client;
+};
+
+struct shardlock_lease {
+  lease::Lease lease;
+};
+
+namespace {
+
+// The C codes that mirror LeaseErrc keep its numbers, so a LeaseErrc
+// converts by value; these pin that.
+static_assert(SHARDLOCK_OK == static_cast<int>(LeaseErrc::kOk));
+static_assert(SHARDLOCK_BUSY == static_cast<int>(LeaseErrc::kBusy));
+static_assert(SHARDLOCK_TIMEOUT == static_cast<int>(LeaseErrc::kTimeout));
+static_assert(SHARDLOCK_UNREACHABLE == static_cast<int>(LeaseErrc::kUnreachable));
+static_assert(SHARDLOCK_RECOVERING == static_cast<int>(LeaseErrc::kRecovering));
+static_assert(SHARDLOCK_NOT_OWNER == static_cast<int>(LeaseErrc::kNotOwner));
+static_assert(SHARDLOCK_EXPIRED == static_cast<int>(LeaseErrc::kExpired));
+static_assert(SHARDLOCK_SERVER_ERROR == static_cast<int>(LeaseErrc::kServerError));
+static_assert(SHARDLOCK_BAD_ARGUMENT == static_cast<int>(LeaseErrc::kBadArgument));
+static_assert(SHARDLOCK_NOT_STARTED == static_cast<int>(LeaseErrc::kNotStarted));
+static_assert(SHARDLOCK_BAD_ADDRESS == static_cast<int>(LeaseErrc::kBadAddress));
+static_assert(SHARDLOCK_LEASE_INACTIVE == static_cast<int>(LeaseErrc::kLeaseInactive));
+static_assert(SHARDLOCK_GRANT_EXPIRED == static_cast<int>(LeaseErrc::kGrantExpired));
+static_assert(SHARDLOCK_REDIRECTED != static_cast<int>(LeaseErrc::kRedirected),
+              "kRedirected's number is taken by SHARDLOCK_NO_MEMORY: to_status() maps it");
+static_assert(static_cast<int>(lease::LeaseMode::kExclusive) == SHARDLOCK_EXCLUSIVE);
+static_assert(static_cast<int>(lease::LeaseMode::kShared) == SHARDLOCK_SHARED);
+static_assert(static_cast<int>(lease::LeaseMode::kPermit) == SHARDLOCK_PERMIT);
+
+// shardlock_last_error_detail(): per thread, as errno and dlerror().
+thread_local std::string last_detail;
+
+void set_detail(std::string_view text) noexcept {
+  try {
+    last_detail.assign(text);
+  } catch (...) {
+    last_detail.clear();  // out of memory: an empty detail beats none at all
+  }
+}
+
+// The status of an error from the client: its LeaseErrc, or kInternal for
+// another category (a failed syscall in start()), whose message becomes the
+// detail.
+int to_status(const std::error_code& ec) noexcept {
+  if (!ec) return SHARDLOCK_OK;
+  if (ec.category() == lease::lease_category()) {
+    if (ec.value() <= SHARDLOCK_GRANT_EXPIRED) return ec.value();
+    if (ec == LeaseErrc::kRedirected) return SHARDLOCK_REDIRECTED;
+    return SHARDLOCK_INTERNAL;  // kCrossNode: acquire_many(), which this API does not offer
+  }
+  return SHARDLOCK_INTERNAL;
+}
+
+int fail(int status, std::string_view detail) noexcept {
+  set_detail(detail);
+  return status;
+}
+
+// Runs `body` (which returns a status), turning any exception into one.
+template <typename Body>
+int guarded(Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::bad_alloc&) {
+    return fail(SHARDLOCK_NO_MEMORY, "out of memory");
+  } catch (const std::exception& e) {
+    return fail(SHARDLOCK_INTERNAL, e.what());
+  } catch (...) {
+    return fail(SHARDLOCK_INTERNAL, "unknown exception");
+  }
+}
+
+// The detail of a failed acquire: what the server told us besides the code.
+std::string acquire_detail(const lease::AcquireResult& r) {
+  std::string text(lease::to_string(static_cast<LeaseErrc>(r.error.value())));
+  switch (static_cast<LeaseErrc>(r.error.value())) {
+    case LeaseErrc::kBusy:
+      text += " (the holder has " + std::to_string(r.holder_ttl_left_ms) + " ms left)";
+      break;
+    case LeaseErrc::kRecovering:
+      text += " (retry after " + std::to_string(r.retry_after_ms) + " ms)";
+      break;
+    case LeaseErrc::kServerError:
+      text += ": ";
+      text += lease::to_string(r.wire_error);
+      break;
+    default:
+      break;
+  }
+  return text;
+}
+
+// The size of the first version of shardlock_client_options: what every
+// caller passes at least. Later fields go after `flags`, so this never changes.
+constexpr std::size_t kClientOptionsSizeV1 =
+    offsetof(shardlock_client_options, flags) + sizeof(shardlock_client_options::flags);
+static_assert(kClientOptionsSizeV1 <= sizeof(shardlock_client_options));
+
+// Both create functions: builds, starts and hands out a client.
+int create_client(const char* nodes, const char* auth_key_file, uint32_t request_timeout_ms,
+                  bool discover_cluster, shardlock_client** out) {
+  if (nodes == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "nodes is NULL");
+  lease::LeaseClientOptions options;
+  options.nodes = lease::split_node_list(nodes);
+  if (options.nodes.empty()) return fail(SHARDLOCK_BAD_ARGUMENT, "no node in the node list");
+  options.discover_cluster = discover_cluster;
+  if (request_timeout_ms != 0) options.request_timeout = milliseconds(request_timeout_ms);
+  if (auth_key_file != nullptr) {
+    lease::AuthKeyFile file = lease::load_auth_key(auth_key_file);
+    if (!file.key) return fail(SHARDLOCK_AUTH_KEY, file.error);
+    options.auth_key = file.key;
+  }
+  auto client = std::make_unique<shardlock_client>(std::move(options));
+  if (const std::error_code ec = client->client.start()) {
+    const std::string& detail = client->client.error_detail();
+    return fail(to_status(ec), detail.empty() ? ec.message() : detail);
+  }
+  *out = client.release();
+  return fail(SHARDLOCK_OK, "");
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* shardlock_strerror(int status) {
+  switch (status) {
+    case SHARDLOCK_OK:
+      return "ok";
+    case SHARDLOCK_BUSY:
+      return "busy: held by another owner";
+    case SHARDLOCK_TIMEOUT:
+      return "timeout: the wait ran out";
+    case SHARDLOCK_UNREACHABLE:
+      return "unreachable: no answer before the deadline";
+    case SHARDLOCK_RECOVERING:
+      return "recovering: the server is in its lock-delay";
+    case SHARDLOCK_NOT_OWNER:
+      return "not owner: another owner holds the lease";
+    case SHARDLOCK_EXPIRED:
+      return "expired: the server no longer has the lease";
+    case SHARDLOCK_SERVER_ERROR:
+      return "server error";
+    case SHARDLOCK_BAD_ARGUMENT:
+      return "bad argument";
+    case SHARDLOCK_NOT_STARTED:
+      return "client not started or shutting down";
+    case SHARDLOCK_BAD_ADDRESS:
+      return "bad node address";
+    case SHARDLOCK_LEASE_INACTIVE:
+      return "lease inactive: released or lost";
+    case SHARDLOCK_GRANT_EXPIRED:
+      return "grant expired on arrival";
+    case SHARDLOCK_AUTH_KEY:
+      return "auth key file unreadable or malformed";
+    case SHARDLOCK_NO_MEMORY:
+      return "out of memory";
+    case SHARDLOCK_INTERNAL:
+      return "internal error";
+    case SHARDLOCK_REDIRECTED:
+      return "redirected: the key's owner could not be reached";
+    default:
+      return "unknown status";
+  }
+}
+
+const char* shardlock_last_error_detail(void) { return last_detail.c_str(); }
+
+int shardlock_client_create(const char* nodes, const char* auth_key_file,
+                            uint32_t request_timeout_ms, shardlock_client** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    return create_client(nodes, auth_key_file, request_timeout_ms, /*discover_cluster=*/false, out);
+  });
+}
+
+int shardlock_client_create_ex(const shardlock_client_options* options, shardlock_client** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    if (options == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "options is NULL");
+    if (options->size < kClientOptionsSizeV1) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "options->size is " + std::to_string(options->size) +
+                                              ", less than the smallest options (" +
+                                              std::to_string(kClientOptionsSizeV1) +
+                                              "): set it to sizeof(shardlock_client_options)");
+    }
+    // A newer caller's struct: the fields this library does not know must be
+    // zero (not asked for), as openat2() and clone3() treat theirs.
+    if (options->size > sizeof(shardlock_client_options)) {
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): reads the caller's tail bytes
+      const auto* bytes = reinterpret_cast<const unsigned char*>(options);
+      if (!std::all_of(bytes + sizeof(shardlock_client_options), bytes + options->size,
+                       [](unsigned char b) { return b == 0; })) {
+        return fail(SHARDLOCK_BAD_ARGUMENT,
+                    "options sets fields this library does not know (options->size " +
+                        std::to_string(options->size) + " > " +
+                        std::to_string(sizeof(shardlock_client_options)) + ")");
+      }
+    }
+    if ((options->flags & ~SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "unknown options->flags");
+    }
+    return create_client(options->nodes, options->auth_key_file, options->request_timeout_ms,
+                         (options->flags & SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0, out);
+  });
+}
+
+void shardlock_client_destroy(shardlock_client* client) {
+  (void)guarded([&] {
+    delete client;  // NOLINT(cppcoreguidelines-owning-memory): the C API owns it by pointer
+    return SHARDLOCK_OK;
+  });
+}
+
+int shardlock_client_id(const shardlock_client* client, char* out, size_t out_size) {
+  return guarded([&]() -> int {
+    if (client == nullptr || out == nullptr) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "client or out is NULL");
+    }
+    const std::string hex = lease::to_hex(client->client.client_id());
+    if (out_size <= hex.size()) return fail(SHARDLOCK_BAD_ARGUMENT, "out is shorter than 33 bytes");
+    std::memcpy(out, hex.c_str(), hex.size() + 1);
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
+                      int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
+                      void* user_data, shardlock_lease** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    if (client == nullptr || key == nullptr) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "client or key is NULL");
+    }
+    // strnlen: a key longer than the limit is refused without reading past it.
+    const std::string_view key_view(key, ::strnlen(key, lease::kMaxKeyLength + 1));
+    if (key_view.size() < lease::kMinKeyLength || key_view.size() > lease::kMaxKeyLength) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "the key must be 1..256 bytes");
+    }
+    if (ttl_ms == 0) return fail(SHARDLOCK_BAD_ARGUMENT, "ttl_ms is 0");
+    if ((flags & ~SHARDLOCK_WATCHDOG) != 0) return fail(SHARDLOCK_BAD_ARGUMENT, "unknown flags");
+    if (mode == SHARDLOCK_PERMIT) {
+      if (permits == 0 || permits > lease::kMaxPermits) {
+        return fail(SHARDLOCK_BAD_ARGUMENT, "permits must be 1..65535");
+      }
+    } else if (mode != SHARDLOCK_EXCLUSIVE && mode != SHARDLOCK_SHARED) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "unknown mode");
+    } else if (permits != 0) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "permits must be 0 unless the mode is SHARDLOCK_PERMIT");
+    }
+
+    lease::LeaseOptions lease_options;
+    lease_options.watchdog = (flags & SHARDLOCK_WATCHDOG) != 0;
+    if (on_lost != nullptr) {
+      lease_options.on_lost = [on_lost, user_data](const lease::LeaseLost& lost) {
+        on_lost(lost.key.c_str(), lost.token, to_status(lost.reason),
+                lost.refused_by_server ? 1 : 0, user_data);
+      };
+    }
+    // Allocated before the call, so that a failure here cannot strand a
+    // grant the server has already made.
+    auto handle = std::make_unique<shardlock_lease>();
+    lease::LeaseClient& c = client->client;
+    const milliseconds ttl(ttl_ms);
+    const milliseconds wait(wait_ms);
+    lease::AcquireResult result;
+    switch (mode) {
+      case SHARDLOCK_SHARED:
+        result = c.acquire_shared(key_view, ttl, wait, std::move(lease_options));
+        break;
+      case SHARDLOCK_PERMIT:
+        result = c.acquire_permit(key_view, permits, ttl, wait, std::move(lease_options));
+        break;
+      default:
+        result = c.acquire(key_view, ttl, wait, std::move(lease_options));
+        break;
+    }
+    if (result.error) {
+      const int status = to_status(result.error);
+      if (status == SHARDLOCK_INTERNAL) return fail(status, result.error.message());
+      return fail(status, acquire_detail(result));
+    }
+    handle->lease = std::move(result.lease);
+    *out = handle.release();
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+int shardlock_lease_renew(shardlock_lease* lease, uint32_t ttl_ms) {
+  return guarded([&]() -> int {
+    if (lease == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "lease is NULL");
+    const std::error_code ec = lease->lease.renew(milliseconds(ttl_ms));
+    return fail(to_status(ec), ec ? ec.message() : "");
+  });
+}
+
+int shardlock_lease_release(shardlock_lease* lease) {
+  return guarded([&]() -> int {
+    if (lease == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "lease is NULL");
+    const std::error_code ec = lease->lease.release();
+    return fail(to_status(ec), ec ? ec.message() : "");
+  });
+}
+
+void shardlock_lease_destroy(shardlock_lease* lease) {
+  (void)guarded([&] {
+    delete lease;  // NOLINT(cppcoreguidelines-owning-memory): the C API owns it by pointer
+    return SHARDLOCK_OK;
+  });
+}
+
+uint64_t shardlock_lease_token(const shardlock_lease* lease) {
+  return lease == nullptr ? 0 : lease->lease.token();
+}
+
+const char* shardlock_lease_key(const shardlock_lease* lease) {
+  return lease == nullptr ? "" : lease->lease.key().c_str();
+}
+
+int shardlock_lease_mode(const shardlock_lease* lease) {
+  return lease == nullptr ? SHARDLOCK_EXCLUSIVE : static_cast<int>(lease->lease.mode());
+}
+
+int shardlock_lease_valid(const shardlock_lease* lease) {
+  return lease != nullptr && lease->lease.valid() ? 1 : 0;
+}
+
+int64_t shardlock_lease_remaining_ms(const shardlock_lease* lease) {
+  if (lease == nullptr || !lease->lease.valid()) return 0;
+  const auto left = lease->lease.expiry() - lease::LeaseClock::now();
+  if (left.count() <= 0) return 0;
+  return std::chrono::duration_cast<milliseconds>(left).count();
+}
+
+}  // extern "C"

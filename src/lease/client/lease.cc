@@ -1,0 +1,128 @@
+// The Lease handle's methods: release, renew, detach and the accessors, and
+// the close/release steps LeaseClient::acquire() shares. See client.h.
+#include <chrono>
+#include <memory>
+#include <utility>
+
+#include "client/client_core.h"
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lock_guard.h"
+
+namespace shardlock::lease {
+namespace internal {
+
+bool close_lease(LeaseState& state) {
+  bool was_active = false;
+  {
+    LockGuard lock(state.mutex);
+    was_active = state.status != LeaseState::Status::kReleased;
+    state.status = LeaseState::Status::kReleased;
+  }
+  if (!state.core->watchdog.on_thread()) {
+    LockGuard gate(state.callback_mutex);  // the watchdog checks kReleased under it
+  }
+  return was_active;
+}
+
+void send_release(LeaseState& state) noexcept {
+  try {
+    auto call = state.core->engine.make_call(MessageType::kRelease, state.key);
+    if (state.node != nullptr) call->to = state.node;
+    call->token = state.token;
+    call->done = [](const CallResult&) {};
+    state.core->engine.submit(std::move(call));
+  } catch (...) {
+    // Best effort: an allocation failure here leaves the lease to expire.
+  }
+}
+
+}  // namespace internal
+
+using internal::close_lease;
+using internal::LeaseState;
+using internal::make_renewal;
+using internal::send_release;
+using Clock = LeaseClock;
+using std::chrono::milliseconds;
+
+Lease::Lease() noexcept = default;
+Lease::Lease(std::shared_ptr<LeaseState> state) noexcept : state_(std::move(state)) {}
+Lease::Lease(Lease&& other) noexcept = default;
+Lease& Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    release_in_background();
+    state_ = std::move(other.state_);
+  }
+  return *this;
+}
+Lease::~Lease() { release_in_background(); }
+
+void Lease::release_in_background() noexcept {
+  if (!state_) return;
+  if (close_lease(*state_)) send_release(*state_);
+  state_.reset();
+}
+
+void Lease::detach() noexcept {
+  if (!state_) return;
+  (void)close_lease(*state_);
+  state_.reset();
+}
+
+bool Lease::valid() const noexcept {
+  if (!state_) return false;
+  LockGuard lock(state_->mutex);
+  return state_->status == LeaseState::Status::kHeld && Clock::now() < state_->expiry;
+}
+
+const std::string& Lease::key() const noexcept {
+  static const std::string kEmpty;
+  return state_ ? state_->key : kEmpty;
+}
+std::uint64_t Lease::token() const noexcept { return state_ ? state_->token : 0; }
+LeaseMode Lease::mode() const noexcept {
+  return state_ ? state_->kind.mode : LeaseMode::kExclusive;
+}
+std::uint32_t Lease::permits() const noexcept { return state_ ? state_->kind.permits : 0; }
+ClientId Lease::owner() const noexcept { return state_ ? state_->owner : ClientId{}; }
+LeaseClock::time_point Lease::expiry() const noexcept {
+  if (!state_) return {};
+  LockGuard lock(state_->mutex);
+  return state_->expiry;
+}
+milliseconds Lease::ttl() const noexcept {
+  if (!state_) return {};
+  LockGuard lock(state_->mutex);
+  return state_->ttl;
+}
+
+std::error_code Lease::renew(milliseconds ttl) {
+  if (!state_) return LeaseErrc::kLeaseInactive;
+  {
+    LockGuard lock(state_->mutex);
+    if (state_->status != LeaseState::Status::kHeld) return LeaseErrc::kLeaseInactive;
+    if (ttl.count() <= 0) ttl = state_->ttl;
+  }
+  auto call = make_renewal(state_->core->engine, *state_, ttl);
+  const std::uint64_t request_id = call->request_id;
+  const milliseconds requested(call->ttl_ms);
+  const CallResult r = state_->core->call_sync(std::move(call));
+  bool lost = false;
+  {
+    LockGuard lock(state_->mutex);
+    lost = state_->apply_renewal(r, request_id, requested, Clock::now());
+  }
+  if (lost) state_->core->watchdog.nudge();
+  return r.error;
+}
+
+std::error_code Lease::release() {
+  if (!state_) return LeaseErrc::kLeaseInactive;
+  if (!close_lease(*state_)) return LeaseErrc::kLeaseInactive;
+  auto call = state_->core->engine.make_call(MessageType::kRelease, state_->key);
+  if (state_->node != nullptr) call->to = state_->node;
+  call->token = state_->token;
+  return state_->core->call_sync(std::move(call)).error;
+}
+
+}  // namespace shardlock::lease

@@ -1,0 +1,718 @@
+// The request path between the I/O loops and the shards. See dispatcher.h.
+#include "server/dispatcher.h"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <new>
+#include <tuple>
+#include <utility>
+
+#include "shardlock/lease/wire/internal/string_key.h"
+#include "shardlock/lock_guard.h"
+
+namespace shardlock::lease::internal {
+
+Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Shard>> shards)
+    : options_(std::move(options)),
+      clock_(options_.clock),
+      limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
+      active_many_(16, MultiIdHash{options_.key_seed}),
+      many_answers_(limits_.dedup_capacity, options_.key_seed) {
+  shards_.reserve(shards.size());
+  for (auto& shard : shards) {
+    auto slot = std::make_unique<ShardSlot>();
+    LockGuard lock(slot->mu);
+    slot->shard = std::move(shard);
+    shards_.push_back(std::move(slot));
+  }
+  for (unsigned w = 0; w < std::max(1U, options_.workers); ++w) {
+    workers_.push_back(std::make_unique<Worker>());
+  }
+}
+
+Dispatcher::~Dispatcher() = default;
+
+std::int64_t Dispatcher::now_ms() const {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(clock_.now()).count();
+}
+
+namespace {
+
+// The shard of a key hash: its high 32 bits scaled to [0, shards), leaving
+// the low bits, which the shard's table indexes with, independent of it.
+std::size_t shard_index(std::uint64_t key_hash, std::size_t shards) noexcept {
+  return static_cast<std::size_t>(((key_hash >> 32) * shards) >> 32);
+}
+
+}  // namespace
+
+std::size_t Dispatcher::shard_of(std::string_view key) const noexcept {
+  return shard_index(hash_key(key, options_.key_seed), shards_.size());
+}
+
+void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
+                        std::vector<OutDatagram>& replies) noexcept {
+  Worker& w = *workers_[worker];
+  const std::chrono::nanoseconds start = clock_.now();
+  try {
+    decide(w, bytes, peer, start, replies);
+    w.latency.record(clock_.now() - start);
+  } catch (const std::bad_alloc&) {
+    // Given up: the client retransmits. Answers already decided for waiters
+    // still go out if they can (and are remembered by their shards), and the
+    // ACQUIRE_MANY steps among them are taken.
+    count(allocation_failures_);
+    send_deferred(w, replies);
+  }
+}
+
+void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexcept {
+  Worker& w = *workers_[worker];
+  try {
+    const std::int64_t now = now_ms();
+    for (std::size_t s = worker; s < shards_.size(); s += workers_.size()) {
+      ShardSlot& slot = *shards_[s];
+      if (slot.timers.load(std::memory_order_relaxed) == 0) continue;  // see ShardSlot::timers
+      LockGuard lock(slot.mu);
+      slot.shard->advance(now, w.deferred);
+      while (MultiAcquire* m = slot.shard->take_stalled()) {
+        try {
+          DeferredReply step;
+          step.multi = m;
+          step.type = m->stalled_step;
+          if (const ClusterGate* gate = slot.shard->gate()) {
+            step.epoch = gate->epoch;                    // a REDIRECT's
+            step.retry_after_ms = gate->retry_after_ms;  // a RECOVERING's
+          }
+          w.deferred.push_back(std::move(step));
+        } catch (const std::bad_alloc&) {
+          slot.shard->stall(*m, m->stalled_step);  // the next tick tries again
+          count(allocation_failures_);
+          break;
+        }
+      }
+      slot.note_timers();
+    }
+  } catch (const std::bad_alloc&) {
+    count(allocation_failures_);
+  }
+  send_deferred(w, replies);
+}
+
+void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
+                            std::vector<OutDatagram>& replies) {
+  // No source ever gets more reply bytes than it sent (before any auth tag).
+  if (encoded_size(d) > budget) {
+    count(amplification_drops_);
+    return;
+  }
+  OutDatagram& o = replies.emplace_back();
+  std::size_t written = 0;
+  const std::size_t room = o.bytes.size() - (options_.auth_key ? kAuthTagSize : 0);
+  if (encode(d, std::span(o.bytes).first(room), written) != ProtocolError::kOk) {
+    replies.pop_back();  // cannot happen for replies within the request's size
+    return;
+  }
+  if (options_.auth_key) written = seal_datagram(o.bytes, written, *options_.auth_key);
+  o.peer = peer;
+  o.length = static_cast<std::uint16_t>(written);
+}
+
+void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept {
+  // A step of an ACQUIRE_MANY may hand keys off and append more answers, so
+  // this walks by index over a list that can grow. Every record is taken
+  // whatever happened to the one before: a reply that cannot be sent for want
+  // of memory is lost (its answer is remembered for the retransmission), but
+  // an ACQUIRE_MANY step is never skipped, or its request would wait forever.
+  for (std::size_t i = 0; i < w.deferred.size(); ++i) {
+    try {
+      if (w.deferred[i].multi != nullptr) {
+        const DeferredReply step = w.deferred[i];  // no key: copying allocates nothing
+        continue_many(w, step, replies);
+        continue;
+      }
+      const DeferredReply& d = w.deferred[i];
+      if (d.type == MessageType::kError) {
+        options_.log("cannot issue a token to a waiter on a key; answered ERROR(internal)");
+      }
+      w.reply.count = 0;
+      w.reply.batch = false;
+      w.reply.client_id = d.client;
+      (void)w.reply.push(d.message());
+      w.reply.request_id = d.request_id;
+      send_reply(w.reply, d.reply_credit, d.peer, replies);
+    } catch (const std::bad_alloc&) {
+      count(allocation_failures_);
+    }
+  }
+  w.deferred.clear();
+}
+
+void Dispatcher::refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
+                                 std::vector<OutDatagram>& replies) {
+  // ERROR items are smaller than request items, but not than reply-type
+  // items sent here (RELEASED has an empty body): send_reply() withholds
+  // what does not fit.
+  for (const Message& m : w.request.items()) {
+    Message e;
+    e.type = MessageType::kError;
+    e.request_id = m.request_id;
+    e.error = WireError::kRequestTooSmall;
+    (void)w.reply.push(e);
+    count(errors_);
+  }
+  send_reply(w.reply, budget, peer, replies);
+}
+
+void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
+                        std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies) {
+  // 1. A sealed datagram reaching a server without a key fails too: it
+  // cannot be checked, and its sender expects sealed replies.
+  bool rejected =
+      bytes.size() > kHeaderFlagsOffset && (bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0;
+  if (options_.auth_key) {
+    bytes = open_datagram(bytes, *options_.auth_key);
+    rejected = bytes.empty();
+  }
+  if (rejected) {
+    count(auth_failures_);
+    return;
+  }
+  // 2.
+  const ProtocolError err = decode(bytes, w.request);
+  w.reply.count = 0;
+  w.reply.batch = w.request.batch;
+  w.reply.client_id = w.request.client_id;
+  w.reply.request_id = w.request.request_id;
+  if (err == ProtocolError::kUnsupportedVersion) {
+    // Answered in our version so the sender learns why; only if it fits.
+    count(errors_);
+    Message m;
+    m.type = MessageType::kError;
+    m.request_id = w.request.request_id;
+    m.error = WireError::kUnsupportedVersion;
+    w.reply.batch = false;
+    (void)w.reply.push(m);
+    send_reply(w.reply, bytes.size(), peer, replies);
+    return;
+  }
+  if (err != ProtocolError::kOk) {
+    count(malformed_);
+    return;
+  }
+  // 3.
+  const std::size_t bound = max_immediate_reply_size(w.request);
+  if (bound > bytes.size()) {
+    refuse_unpadded(w, bytes.size(), peer, replies);
+    return;
+  }
+  // The padding beyond the bound pays either for queued ACQUIREs' later
+  // answers (deferred_reply_credit) or for one STATS page, never both.
+  std::size_t stats_slack = bytes.size() - bound;
+  for (const Message& m : w.request.items()) {
+    if (may_answer_later(m)) stats_slack = 0;
+  }
+  // 4.
+  const std::int64_t now = std::chrono::duration_cast<std::chrono::milliseconds>(arrived).count();
+  // A client with a newer map than this node's: the node has not seen it
+  // yet, and must not grant by the older one (docs/cluster.md, Clients).
+  // Relaxed: see gate_epoch_.
+  const std::uint64_t gate_epoch = gate_epoch_.load(std::memory_order_relaxed);
+  const bool behind = gate_epoch != 0 && w.request.epoch.value_or(0) > gate_epoch;
+  for (std::size_t i = 0; i < w.request.count; ++i) {
+    const Message& m = w.request.messages[i];
+    Message r;
+    r.request_id = m.request_id;
+    if (m.type == MessageType::kStats) {
+      fill_stats(w, m, stats_slack, r);
+      stats_slack = 0;  // one page per datagram
+    } else if (m.type == MessageType::kMap) {
+      fill_map(w, m, stats_slack, r);
+      stats_slack = 0;
+    } else if (behind && is_request(m.type) && m.type != MessageType::kRelease) {
+      r.type = MessageType::kRecovering;
+      r.retry_after_ms = kBehindRetryMs;
+      count(behind_maps_);
+    } else if (!is_request(m.type)) {
+      r.type = MessageType::kError;
+      r.error = WireError::kNotARequest;
+      count(errors_);
+    } else if (m.type == MessageType::kAcquireMany) {
+      const auto credit = static_cast<std::uint16_t>(
+          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      if (!acquire_many(w, m.owner.value_or(w.request.client_id), peer, m, credit, now, r, i)) {
+        continue;
+      }
+    } else {
+      const std::uint64_t key_hash = hash_key(m.key, options_.key_seed);
+      ShardSlot& slot = *shards_[shard_index(key_hash, shards_.size())];
+      const ClientId owner = m.owner.value_or(w.request.client_id);
+      const auto credit = static_cast<std::uint16_t>(
+          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      LockGuard lock(slot.mu);
+      const bool answered =
+          slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit);
+      slot.note_timers();
+      if (!answered) continue;
+      if (r.type == MessageType::kError && r.error == WireError::kInternal) {
+        options_.log("shard " + std::to_string(slot.shard->index()) +
+                     ": cannot issue a token: " + slot.shard->last_error());
+      }
+    }
+    (void)w.reply.push(r);
+  }
+  // 5.
+  if (w.reply.count > 0) send_reply(w.reply, bytes.size(), peer, replies);
+  send_deferred(w, replies);
+}
+
+void Dispatcher::fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply) {
+  reply.type = MessageType::kStatsReply;
+  reply.shard_count = static_cast<std::uint32_t>(shards_.size());
+  reply.first_shard = request.first_shard;
+  std::array<std::uint64_t, kStatCounterCount> counters{};
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    const auto& c = slot->shard->counters();
+    for (std::size_t i = 0; i < kStatCounterCount; ++i) counters[i] += c[i];
+  }
+  add_own_counters(counters);
+  for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+    for (std::size_t b = 0; b < 8; ++b) {
+      w.stats_counters[i * 8 + b] = static_cast<std::uint8_t>(counters[i] >> (8 * b));
+    }
+  }
+  reply.counters_le = w.stats_counters;
+  w.stats_tokens.clear();
+  for (std::size_t s = request.first_shard;
+       s < shards_.size() && w.stats_tokens.size() + 8 <= slack; ++s) {
+    std::uint64_t token = 0;
+    {
+      LockGuard lock(shards_[s]->mu);
+      token = shards_[s]->shard->last_token();
+    }
+    for (int b = 0; b < 8; ++b) {
+      w.stats_tokens.push_back(static_cast<std::uint8_t>(token >> (8 * b)));
+    }
+  }
+  reply.shard_tokens_le = w.stats_tokens;
+}
+
+void Dispatcher::add_own_counters(
+    std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept {
+  const auto add = [&](StatCounter c, const std::atomic<std::uint64_t>& value) {
+    // Relaxed: statistics, with no ordering against anything else.
+    counters[static_cast<std::size_t>(c)] += value.load(std::memory_order_relaxed);
+  };
+  add(StatCounter::kMalformed, malformed_);
+  add(StatCounter::kErrors, errors_);
+  add(StatCounter::kAuthFailures, auth_failures_);
+  add(StatCounter::kAllocationFailures, allocation_failures_);
+  add(StatCounter::kAmplificationDrops, amplification_drops_);
+  add(StatCounter::kSendDrops, send_drops_);
+  add(StatCounter::kRequests, requests_);
+  add(StatCounter::kRecovering, behind_maps_);
+}
+
+void Dispatcher::fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply) {
+  reply.type = MessageType::kMapReply;
+  std::shared_ptr<const ClusterGate> gate;
+  {
+    LockGuard lock(gate_mu_);
+    gate = gate_;
+  }
+  w.map_members.clear();
+  if (!gate) return;  // not a cluster node: epoch 0, no members
+  reply.epoch = gate->epoch;
+  reply.member_count = static_cast<std::uint32_t>(gate->members.size());
+  reply.first_member = request.first_member;
+  std::vector<MemberEntry> page;
+  std::size_t bytes = 0;
+  for (std::size_t i = request.first_member; i < gate->members.size() && page.size() < 255; ++i) {
+    const ClusterGate::Member& member = gate->members[i];
+    bytes += 2 + member.id.size() + 2 + member.address.size() + 4;
+    if (bytes > slack) break;
+    page.push_back({member.id, member.address, member.weight});
+  }
+  if (!encode_member_list(page, w.map_members)) page.clear();  // ids and addresses are bounded
+  reply.member_list_count = static_cast<std::uint8_t>(page.size());
+  reply.member_list = w.map_members;
+}
+
+void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    slot->shard->set_gate(gate);
+  }
+  const std::uint64_t epoch = gate ? gate->epoch : 0;
+  LockGuard lock(gate_mu_);
+  gate_ = std::move(gate);
+  gate_epoch_.store(epoch, std::memory_order_relaxed);  // relaxed: see gate_epoch_
+}
+
+std::size_t Dispatcher::count_leases(const std::function<bool(std::string_view key)>& pred) const {
+  std::size_t n = 0;
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    n += slot->shard->count_leases(pred);
+  }
+  return n;
+}
+
+bool Dispatcher::needs_new_epoch() const {
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    if (slot->shard->needs_new_epoch()) return true;
+  }
+  return false;
+}
+
+ServerStats Dispatcher::stats() const {
+  ServerStats s;
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    const auto& c = slot->shard->counters();
+    for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
+    s.shard_tokens.push_back(slot->shard->last_token());
+    s.leases += slot->shard->leases();
+    s.keys += slot->shard->held_keys();
+    s.waiters += slot->shard->queued_waiters();
+  }
+  add_own_counters(s.counters);
+  for (const auto& w : workers_) w->latency.add_to(s.request_latency);
+  const std::int64_t left = limits_.recovering_until_ms - now_ms();
+  s.lock_delay_left = std::chrono::milliseconds(left > 0 ? left : 0);
+  return s;
+}
+
+// ---- ACQUIRE_MANY ------------------------------------------------------------
+
+std::size_t Dispatcher::MultiIdHash::operator()(const MultiId& id) const noexcept {
+  const std::uint64_t words[3] = {id.client.lo, id.client.hi, id.request_id};
+  return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
+}
+
+Shard& Dispatcher::shard_at(std::uint32_t index) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+  return *shards_[index]->shard;  // callers hold its lock (lock_parts)
+}
+
+// Parts are sorted by shard, so one pass sees each shard once, in ascending
+// order: every multi-shard locker takes them in the same order.
+void Dispatcher::lock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+  for (std::size_t i = 0; i < m.parts.size(); ++i) {
+    if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) shards_[m.parts[i].shard]->mu.lock();
+  }
+}
+
+void Dispatcher::unlock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
+  for (std::size_t i = m.parts.size(); i-- > 0;) {
+    if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) {
+      ShardSlot& slot = *shards_[m.parts[i].shard];
+      slot.note_timers();
+      slot.mu.unlock();
+    }
+  }
+}
+
+namespace {
+
+// What a retransmission of an ACQUIRE_MANY must repeat: its mode and keys,
+// in order.
+std::uint64_t many_fingerprint(const Message& m, std::uint64_t seed) noexcept {
+  // The mode picks one of three seeds derived from the secret one.
+  const std::uint64_t mode_seed =
+      seed ^ (0x9E3779B97F4A7C15ULL * (static_cast<std::uint64_t>(m.mode) + 1));
+  return XXH3_64bits_withSeed(m.key_list.data(), m.key_list.size(), mode_seed);
+}
+
+// Why ACQUIRE_MANY `m` cannot be taken at all, if it cannot.
+std::optional<WireError> check_many(const Message& m, const ShardLimits& limits) {
+  if (m.mode != LeaseMode::kExclusive && m.mode != LeaseMode::kShared) return WireError::kBadMode;
+  if (m.key_count == 0 || m.key_count > kMaxKeysPerRequest) return WireError::kBadKeyList;
+  if (m.ttl_ms == 0 || m.ttl_ms > limits.max_ttl_ms) return WireError::kTtlOutOfRange;
+  if (m.wait_ms > limits.max_wait_ms) return WireError::kWaitOutOfRange;
+  std::array<std::string_view, kMaxKeysPerRequest> keys{};
+  std::size_t n = 0;
+  for (const std::string_view key : KeyList(m)) {
+    if (key.size() < kMinKeyLength) return WireError::kBadKey;
+    if (key.size() > kMaxKeyLength) return WireError::kKeyTooLong;
+    keys[n++] = key;
+  }
+  std::sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
+  if (std::adjacent_find(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n)) !=
+      keys.begin() + static_cast<std::ptrdiff_t>(n)) {
+    return WireError::kBadKeyList;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+void Dispatcher::fill_many(const MultiAnswer& answer, std::span<std::uint8_t> tokens,
+                           Message& reply) {
+  reply.type = answer.type;
+  reply.ttl_ms = answer.ttl_ms;
+  reply.index = answer.index;
+  reply.error = answer.error;
+  reply.epoch = answer.epoch;
+  if (answer.type == MessageType::kRecovering) reply.retry_after_ms = answer.ttl_ms;
+  if (answer.type != MessageType::kGrantedMany) return;
+  for (std::size_t i = 0; i < answer.count; ++i) {
+    for (std::size_t b = 0; b < 8; ++b) {
+      tokens[i * 8 + b] = static_cast<std::uint8_t>(answer.tokens[i] >> (8 * b));
+    }
+  }
+  reply.tokens_le = tokens.first(8 * std::size_t{answer.count});
+}
+
+bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer, const Message& m,
+                              std::uint16_t credit, std::int64_t now, Message& reply,
+                              std::size_t item) {
+  count(requests_);
+  const auto refuse = [&](WireError e) {
+    reply.type = MessageType::kError;
+    reply.error = e;
+    count(errors_);
+    return true;
+  };
+  if (const auto error = check_many(m, limits_)) return refuse(*error);
+  if (now < limits_.recovering_until_ms) {
+    reply.type = MessageType::kRecovering;
+    reply.retry_after_ms = static_cast<std::uint32_t>(
+        std::min<std::int64_t>(limits_.recovering_until_ms - now, UINT32_MAX));
+    return true;
+  }
+  const std::uint64_t fingerprint = many_fingerprint(m, options_.key_seed);
+  // Built whole before it is registered: a registered request that is never
+  // stepped would wait forever. An allocation failure here leaves nothing.
+  auto owned = std::make_unique<MultiAcquire>();
+  MultiAcquire& multi = *owned;
+  multi.client = owner;
+  multi.request_id = m.request_id;
+  multi.peer = peer;
+  multi.mode = m.mode;
+  multi.ttl_ms = m.ttl_ms;
+  multi.wait_deadline_ms = now + m.wait_ms;
+  multi.reply_credit = credit;
+  multi.parts.reserve(m.key_count);
+  std::uint8_t index = 0;
+  for (const std::string_view key : KeyList(m)) {
+    MultiAcquire::Part& part = multi.parts.emplace_back();
+    part.key = std::string(key);
+    part.hash = hash_key(key, options_.key_seed);
+    part.shard = static_cast<std::uint32_t>(shard_index(part.hash, shards_.size()));
+    part.index = index++;
+  }
+  std::sort(multi.parts.begin(), multi.parts.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.shard, a.hash, a.key) < std::tie(b.shard, b.hash, b.key);
+  });
+  {
+    LockGuard lock(multi_mu_);
+    if (active_many_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
+    if (const MultiAnswer* cached = many_answers_.find(owner, m.request_id)) {
+      if (cached->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
+      fill_many(*cached, w.many_tokens[item], reply);
+      return true;
+    }
+    active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
+  }
+  multi.fingerprint = fingerprint;
+  lock_parts(multi);
+  std::optional<MultiAnswer> answer;
+  try {
+    answer = step_many(multi, true, now, w.deferred);
+  } catch (const std::bad_alloc&) {
+    abandon_many(multi, now, w.deferred);
+    answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
+    count(allocation_failures_);
+  }
+  unlock_parts(multi);
+  if (!answer) return false;  // queued: `multi` is the shards' now, until its step comes
+  if (answer->type == MessageType::kError) count(errors_);
+  fill_many(*answer, w.many_tokens[item], reply);
+  finish_many(multi, *answer);
+  return true;
+}
+
+std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bool first,
+                                                             std::int64_t now,
+                                                             std::vector<DeferredReply>& deferred) {
+  const auto fail = [&](WireError e) {
+    abandon_many(m, now, deferred);
+    return MultiAnswer{.type = MessageType::kError, .error = e};
+  };
+  const auto state_error = [&](Shard::PartState state, Shard& shard) {
+    if (state == Shard::PartState::kRedirect || state == Shard::PartState::kNotReady) {
+      // The cluster gate refused a key: nothing is held, and the client
+      // goes to the owner or tries again (never remembered: finish_many).
+      abandon_many(m, now, deferred);
+      Message refusal;
+      shard.refuse_by_gate(state == Shard::PartState::kRedirect ? ClusterGate::Verdict::kRedirect
+                                                                : ClusterGate::Verdict::kNotReady,
+                           refusal);
+      return MultiAnswer{
+          .type = refusal.type, .ttl_ms = refusal.retry_after_ms, .epoch = refusal.epoch};
+    }
+    return fail(state == Shard::PartState::kKindMismatch ? WireError::kLeaseKindMismatch
+                                                         : WireError::kLimitExceeded);
+  };
+  if (first) {
+    if (auto again = prior_answer(m, now, deferred)) return again;
+    // All or nothing: every key is looked at before any is taken.
+    for (std::size_t i = 0; i < m.parts.size(); ++i) {
+      std::uint32_t ttl_left = 0;
+      const Shard::PartState state =
+          shard_at(m.parts[i].shard).probe(m, m.parts[i], now, ttl_left, deferred);
+      if (state == Shard::PartState::kFree) continue;
+      if (state != Shard::PartState::kBusy) return state_error(state, shard_at(m.parts[i].shard));
+      if (m.wait_deadline_ms <= now) {
+        shard_at(m.parts[i].shard).count_outcome(StatCounter::kBusy);
+        return MultiAnswer{
+            .type = MessageType::kBusyMany, .ttl_ms = ttl_left, .index = m.parts[i].index};
+      }
+      break;  // waits: walk below
+    }
+  }
+  // Take keys in the global order; queue on the first busy one.
+  for (std::size_t i = m.taken; i < m.parts.size(); ++i) {
+    MultiAcquire::Part& part = m.parts[i];
+    Shard& shard = shard_at(part.shard);
+    std::uint32_t ttl_left = 0;
+    const Shard::PartState state = shard.probe(m, part, now, ttl_left, deferred);
+    if (state == Shard::PartState::kBusy) {
+      if (!shard.queue(m, i, now)) return fail(WireError::kLimitExceeded);
+      return std::nullopt;
+    }
+    if (state != Shard::PartState::kFree) return state_error(state, shard);
+    if (shard.take(m, part, now) == 0) {
+      options_.log("shard " + std::to_string(shard.index()) +
+                   ": cannot issue a token: " + shard.last_error());
+      return fail(WireError::kInternal);
+    }
+    m.taken = i + 1;
+  }
+  // A gate published while the request waited may have moved or closed a
+  // key taken earlier: none may become a lease then.
+  for (const MultiAcquire::Part& part : m.parts) {
+    Shard& shard = shard_at(part.shard);
+    switch (shard.verdict(part.key, now)) {
+      case ClusterGate::Verdict::kGrant:
+        continue;
+      case ClusterGate::Verdict::kRedirect:
+        return state_error(Shard::PartState::kRedirect, shard);
+      case ClusterGate::Verdict::kNotReady:
+        return state_error(Shard::PartState::kNotReady, shard);
+    }
+  }
+  MultiAnswer granted{.type = MessageType::kGrantedMany, .ttl_ms = m.ttl_ms};
+  granted.count = static_cast<std::uint8_t>(m.parts.size());
+  for (const MultiAcquire::Part& part : m.parts) {
+    shard_at(part.shard).confirm(m, part, now);
+    granted.tokens[part.index] = part.token;
+  }
+  return granted;
+}
+
+std::optional<Dispatcher::MultiAnswer> Dispatcher::prior_answer(
+    MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred) {
+  MultiAnswer again{.type = MessageType::kGrantedMany, .ttl_ms = UINT32_MAX};
+  std::size_t granted = 0;
+  std::optional<std::size_t> first_prior;
+  std::uint32_t first_ttl_left = 0;
+  for (std::size_t i = 0; i < m.parts.size(); ++i) {
+    std::uint64_t token = 0;
+    std::uint32_t ttl_left = 0;
+    const Shard::PriorGrant prior =
+        shard_at(m.parts[i].shard).prior_grant(m, m.parts[i], now, token, ttl_left, deferred);
+    if (prior == Shard::PriorGrant::kNone) continue;
+    if (!first_prior) {
+      first_prior = i;
+      first_ttl_left = ttl_left;
+    }
+    if (prior == Shard::PriorGrant::kThisRequest) {
+      ++granted;
+      again.tokens[m.parts[i].index] = token;
+      again.ttl_ms = std::min(again.ttl_ms, ttl_left);
+    }
+  }
+  if (!first_prior) return std::nullopt;
+  Shard& shard = shard_at(m.parts[*first_prior].shard);
+  if (granted == m.parts.size()) {
+    // Every key still held from this very request: the same grant, with the
+    // time surely left.
+    again.count = static_cast<std::uint8_t>(m.parts.size());
+    shard.count_outcome(StatCounter::kRetransmits);
+    return again;
+  }
+  // Applied before (some of its leases have ended since) or older than a
+  // request applied since: taking the keys again would hand the client
+  // leases it does not know of. Nothing is taken.
+  shard.count_outcome(StatCounter::kStaleRequests);
+  return MultiAnswer{.type = MessageType::kBusyMany,
+                     .ttl_ms = first_ttl_left,
+                     .index = m.parts[*first_prior].index};
+}
+
+void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,
+                              std::vector<DeferredReply>& deferred) {
+  for (std::size_t i = 0; i < m.taken; ++i) {
+    shard_at(m.parts[i].shard).abandon(m, m.parts[i], now, deferred);
+  }
+  m.taken = 0;
+}
+
+void Dispatcher::finish_many(const MultiAcquire& m, MultiAnswer answer) {
+  answer.fingerprint = m.fingerprint;
+  LockGuard lock(multi_mu_);
+  // A gate's refusal is not the request's outcome: its retransmission asks
+  // again (by then the key may be grantable here).
+  const bool gated =
+      answer.type == MessageType::kRedirect || answer.type == MessageType::kRecovering;
+  try {
+    if (!gated) many_answers_.put(m.client, m.request_id, answer);
+  } catch (const std::bad_alloc&) {
+    count(allocation_failures_);  // a retransmission then starts afresh
+  }
+  active_many_.erase(MultiId{m.client, m.request_id});  // destroys m
+}
+
+void Dispatcher::continue_many(Worker& w, const DeferredReply& d,
+                               std::vector<OutDatagram>& replies) {
+  MultiAcquire& m = *d.multi;
+  const std::int64_t now = now_ms();
+  std::optional<MultiAnswer> answer;
+  lock_parts(m);
+  try {
+    if (d.type == MessageType::kGranted) {
+      answer = step_many(m, false, now, w.deferred);
+    } else {
+      abandon_many(m, now, w.deferred);
+      answer = MultiAnswer{
+          .type = d.type, .ttl_ms = d.retry_after_ms, .epoch = d.epoch, .error = d.error};
+    }
+  } catch (const std::bad_alloc&) {
+    abandon_many(m, now, w.deferred);
+    answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
+    count(allocation_failures_);
+  }
+  unlock_parts(m);
+  if (!answer) return;  // queued on its next key
+  if (answer->type == MessageType::kError) count(errors_);
+  w.reply.count = 0;
+  w.reply.batch = false;
+  w.reply.client_id = m.client;
+  w.reply.request_id = m.request_id;
+  Message reply;
+  reply.request_id = m.request_id;
+  fill_many(*answer, w.deferred_tokens, reply);
+  (void)w.reply.push(reply);
+  try {
+    send_reply(w.reply, m.reply_credit, m.peer, replies);
+  } catch (const std::bad_alloc&) {
+    count(allocation_failures_);  // lost; the retransmission gets the answer below
+  }
+  finish_many(m, *answer);
+}
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,253 @@
+// Dispatcher: the step between the I/O loops and the shards. No sockets.
+//
+// For each received datagram, in order:
+//   1. authentication (when a key is set): a datagram that fails is counted
+//      in auth_failures and dropped;
+//   2. decoding: a malformed one is counted and dropped; one of another
+//      protocol version gets ERROR(unsupported version) in ours;
+//   3. the anti-amplification check: a request not padded for its answers
+//      gets ERROR(request too small) items, and no reply is ever larger than
+//      the datagram that asked for it (larger ones are withheld, counted);
+//   4. for each item: STATS is answered here from every shard's counters;
+//      ACQUIRE_MANY is taken here across the shards of its keys (below);
+//      anything else goes to the shard its key hashes to, under that shard's
+//      lock, with the key hashed once for the whole path;
+//   5. the reply datagram, then any answers the items triggered for queued
+//      waiters (FIFO hand-off), are appended to the caller's list.
+// tick() drives the timers of the shards a worker owns (s % workers).
+//
+// ACQUIRE_MANY: its keys are sorted into the global order (shard index,
+// key hash, key) and every step runs with the locks of all its shards,
+// taken in ascending shard order (as lock_many() takes stripes), so a step
+// is atomic with respect to every other request on those keys:
+//   * first, every key is probed: all free -> all taken and confirmed
+//     (GRANTED_MANY); a kind mismatch or a limit -> ERROR; otherwise, with
+//     no wait, BUSY_MANY naming the first busy key, and nothing was taken;
+//   * with a wait, the free keys before the first busy one are taken as
+//     pending holds and the request queues on that key. Its hand-off (a
+//     DeferredReply with `multi`) continues the walk from there; its
+//     timeout, or an error, abandons every pending hold.
+// A request waits on one key at a time and holds only keys before it in
+// the global order, so no two requests wait for each other in a cycle.
+// In-progress requests and recent answers live in a table of their own
+// (multi_mu_, never held with a shard lock), so a retransmission is not
+// taken twice and gets the answer given.
+//
+// Threading: any number of I/O threads call handle() and tick() at once,
+// each with its own worker index; a shard's state is only touched under its
+// lock. Not API: LeaseServer's building block, and testable without it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "server/io_loop.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/latency_histogram.h"
+#include "shardlock/lease/wire/internal/peer.h"
+#include "shardlock/lease/server/internal/server_clock.h"
+#include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/lease/wire/protocol.h"
+#include "shardlock/lease/server/server.h"
+#include "shardlock/mutex.h"
+
+namespace shardlock::lease::internal {
+
+struct DispatcherOptions {
+  // Seals and checks every datagram when set (auth.h).
+  std::optional<AuthKey> auth_key;
+  // The server's clock (whole milliseconds are what shards see); empty:
+  // CLOCK_BOOTTIME (server_clock.h).
+  std::function<std::chrono::nanoseconds()> clock;
+  // One line per call.
+  std::function<void(std::string_view)> log;
+  // Seed of the one hash a key gets (hash_key()): picks its shard from the
+  // high bits, indexes the shard's table with the rest. The shards must have
+  // been built with ShardLimits::hash_seed equal to it.
+  std::uint64_t key_seed = 0;
+  // I/O threads: one scratch space each.
+  unsigned workers = 1;
+};
+
+class Dispatcher {
+ public:
+  Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Shard>> shards);
+  ~Dispatcher();
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // Decides one datagram from `peer` and appends what goes out to `replies`.
+  // Never throws: without memory the datagram is given up and counted (the
+  // shards stay consistent; see Shard::handle). Call with a worker index
+  // below options.workers that no other thread is using.
+  void handle(unsigned worker, std::span<const std::uint8_t> bytes, const Peer& peer,
+              std::vector<OutDatagram>& replies) noexcept;
+
+  // Fires due timers of the shards this worker owns; appends the answers.
+  void tick(unsigned worker, std::vector<OutDatagram>& replies) noexcept;
+
+  // A datagram dropped before decoding (larger than any valid one).
+  void count_oversized() noexcept { count(malformed_); }
+  // A reply datagram that never left: no send slot, a full socket buffer
+  // (EAGAIN, ENOBUFS) or a failed send completion.
+  void count_send_drop() noexcept { count(send_drops_); }
+
+  // Every counter, shards' and this dispatcher's, and each shard's last token.
+  [[nodiscard]] ServerStats stats() const;
+  [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
+  // The shard `key` goes to.
+  [[nodiscard]] std::size_t shard_of(std::string_view key) const noexcept;
+
+  // ---- Cluster mode (cluster_gate.h) ----
+  // Hands `gate` to every shard, each under its lock, and answers MAP from
+  // it. Returns once every shard has it: a grant decided after this sees it.
+  void publish_gate(std::shared_ptr<const ClusterGate> gate);
+  // Leases on keys `pred` is true for, over every shard (each under its
+  // lock); for a hand-off. O(keys held).
+  [[nodiscard]] std::size_t count_leases(
+      const std::function<bool(std::string_view key)>& pred) const;
+  // Whether some shard ran out of token counter in the current epoch.
+  [[nodiscard]] bool needs_new_epoch() const;
+
+ private:
+  // One shard and its lock, padded to its own cache lines so neighbouring
+  // shards' locks do not false-share.
+  struct alignas(64) ShardSlot {
+    mutable Mutex mu;
+    std::unique_ptr<Shard> shard SHARDLOCK_PT_GUARDED_BY(mu);
+    // The shard's armed timers, as of its last request or tick (written
+    // under mu). tick() skips a shard with none without taking its lock:
+    // with 64 shards, locking each every millisecond showed in the
+    // one-client p99. Relaxed: a timer armed after the read is fired by the
+    // next tick, and every request fires due timers itself first.
+    std::atomic<std::size_t> timers{0};
+    // A stalled ACQUIRE_MANY step counts as a timer, so tick() visits it.
+    void note_timers() SHARDLOCK_REQUIRES(mu) {
+      timers.store(shard->timers() + (shard->has_stalled() ? 1 : 0), std::memory_order_relaxed);
+    }
+  };
+  // Scratch space of one I/O thread, reused for every datagram.
+  struct Worker {
+    Datagram request;
+    Datagram reply;
+    std::vector<DeferredReply> deferred;
+    std::vector<std::uint8_t> stats_tokens;
+    std::array<std::uint8_t, 8 * kStatCounterCount> stats_counters{};
+    // GRANTED_MANY tokens of each item of the reply being built, and of a
+    // deferred one.
+    std::array<std::array<std::uint8_t, 8 * kMaxKeysPerRequest>, kMaxBatch> many_tokens{};
+    std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
+    std::vector<std::uint8_t> map_members;  // MAP_REPLY entries
+    // handle()'s time per datagram; written by this worker's thread only.
+    AtomicLatencyHistogram latency;
+  };
+  // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
+  struct MultiAnswer {
+    // kGrantedMany, kBusyMany, kTimeout, kError; kRedirect and kRecovering
+    // (the cluster gate refused a key) are answered but never remembered.
+    MessageType type = MessageType::kError;
+    std::uint32_t ttl_ms = 0;  // kGrantedMany, kBusyMany; retry_after_ms for kRecovering
+    std::uint64_t epoch = 0;   // kRedirect
+    std::uint8_t index = 0;    // kBusyMany
+    WireError error = WireError::kInternal;
+    std::uint8_t count = 0;  // tokens, in the request's key order
+    std::array<std::uint64_t, kMaxKeysPerRequest> tokens{};
+    std::uint64_t fingerprint = 0;  // of the request (mode, ttl-free: its keys in order)
+  };
+  struct MultiId {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    friend bool operator==(const MultiId&, const MultiId&) = default;
+  };
+  struct MultiIdHash {
+    std::uint64_t seed = 0;
+    std::size_t operator()(const MultiId& id) const noexcept;
+  };
+
+  static void count(std::atomic<std::uint64_t>& c) noexcept {
+    c.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic, read by STATS only
+  }
+  // `arrived`: the clock when handle() took the datagram (one reading serves
+  // both the shards' time and the latency histogram).
+  void decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
+              std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies);
+  // Answers every item of a request that is too small for its answers.
+  void refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
+                       std::vector<OutDatagram>& replies);
+  void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
+                  std::vector<OutDatagram>& replies);
+  void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;
+  void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
+  // MAP_REPLY: the gate's map, as many members from request.first_member as
+  // `slack` bytes allow.
+  void fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply);
+  void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
+  [[nodiscard]] std::int64_t now_ms() const;
+
+  // ACQUIRE_MANY `m` of `owner`: false when it was queued (or is already in
+  // progress), else `reply` is the answer.
+  bool acquire_many(Worker& w, const ClientId& owner, const Peer& peer, const Message& m,
+                    std::uint16_t credit, std::int64_t now, Message& reply, std::size_t item);
+  // Continues `d.multi` after its queued part was granted, or gives it up.
+  void continue_many(Worker& w, const DeferredReply& d, std::vector<OutDatagram>& replies);
+  // One step of `m` under all its shards' locks: nullopt while it waits.
+  std::optional<MultiAnswer> step_many(MultiAcquire& m, bool first, std::int64_t now,
+                                       std::vector<DeferredReply>& deferred);
+  // The answer to `m` when an earlier execution of it (or a newer request of
+  // its client) shows in the keys' leases, as a single key's holder record
+  // shows a retransmitted ACQUIRE: nullopt when none does.
+  std::optional<MultiAnswer> prior_answer(MultiAcquire& m, std::int64_t now,
+                                          std::vector<DeferredReply>& deferred);
+  // Gives up `m`: every pending hold goes.
+  void abandon_many(MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred);
+  // Remembers `answer` for m's retransmissions and forgets m (destroying it).
+  void finish_many(const MultiAcquire& m, MultiAnswer answer);
+  // `answer` as a reply message; its tokens go to `tokens`.
+  static void fill_many(const MultiAnswer& answer, std::span<std::uint8_t> tokens, Message& reply);
+  // The shards of `m`'s parts, locked in ascending order / unlocked.
+  void lock_parts(const MultiAcquire& m);
+  void unlock_parts(const MultiAcquire& m);
+  Shard& shard_at(std::uint32_t index);
+
+  DispatcherOptions options_;
+  ServerClock clock_;  // options_.clock, or CLOCK_BOOTTIME without a call through it
+  std::vector<std::unique_ptr<ShardSlot>> shards_;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  // Counted outside any shard.
+  std::atomic<std::uint64_t> malformed_{0};
+  std::atomic<std::uint64_t> errors_{0};
+  std::atomic<std::uint64_t> auth_failures_{0};
+  std::atomic<std::uint64_t> allocation_failures_{0};
+  std::atomic<std::uint64_t> amplification_drops_{0};
+  std::atomic<std::uint64_t> send_drops_{0};
+  std::atomic<std::uint64_t> requests_{0};
+  std::atomic<std::uint64_t> behind_maps_{0};  // RECOVERING: a client's map was newer
+  static constexpr std::uint32_t kBehindRetryMs = 20;
+  // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
+  ShardLimits limits_;
+  // The gate MAP answers from (the shards have their own copies).
+  mutable Mutex gate_mu_;
+  std::shared_ptr<const ClusterGate> gate_ SHARDLOCK_GUARDED_BY(gate_mu_);
+  // gate_->epoch, 0 without a gate: a request carrying a newer epoch meets
+  // a node that has not seen that map yet. Relaxed: a hint, read per datagram;
+  // the grant decisions themselves read the shards' gates under their locks.
+  std::atomic<std::uint64_t> gate_epoch_{0};
+
+  mutable Mutex multi_mu_;
+  std::unordered_map<MultiId, std::unique_ptr<MultiAcquire>, MultiIdHash> active_many_
+      SHARDLOCK_GUARDED_BY(multi_mu_);
+  DedupCache<MultiAnswer> many_answers_ SHARDLOCK_GUARDED_BY(multi_mu_);
+};
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,408 @@
+/* The C ABI's scenarios, written in C11 against c_api.h alone: compiling
+ * this file proves the header is C, and linking it proves that
+ * libshardlock_c.so exports what the header declares. c_api_test.cc runs
+ * each one against a real LeaseServer on loopback. Each returns NULL when it
+ * passes, or what failed and where. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "c_api_test_scenarios.h"
+
+#include <stdatomic.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "shardlock/lease/client/c_api.h"
+
+static char failure[512];
+
+#define CHECK(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      snprintf(failure, sizeof failure, "%s:%d: %s (last detail: \"%s\")", __FILE__, __LINE__, \
+               #cond, shardlock_last_error_detail());                                          \
+      return failure;                                                                          \
+    }                                                                                          \
+  } while (0)
+
+/* Checks a status, naming it on failure. */
+#define CHECK_STATUS(call, expected)                                                              \
+  do {                                                                                            \
+    const int status_ = (call);                                                                   \
+    if (status_ != (expected)) {                                                                  \
+      snprintf(failure, sizeof failure, "%s:%d: %s returned %d (%s), expected %s (%s)", __FILE__, \
+               __LINE__, #call, status_, shardlock_strerror(status_), #expected,                  \
+               shardlock_last_error_detail());                                                    \
+      return failure;                                                                             \
+    }                                                                                             \
+  } while (0)
+
+static void sleep_ms(long ms) {
+  struct timespec t;
+  t.tv_sec = ms / 1000;
+  t.tv_nsec = (ms % 1000) * 1000000L;
+  nanosleep(&t, NULL);
+}
+
+const char* c_api_exclusive(const char* server) {
+  shardlock_client* a = NULL;
+  shardlock_client* b = NULL;
+  shardlock_lease* held = NULL;
+  shardlock_lease* other = NULL;
+  char id_a[33];
+  char id_b[33];
+  uint64_t first_token;
+
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &b), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_id(a, id_a, sizeof id_a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_id(b, id_b, sizeof id_b), SHARDLOCK_OK);
+  CHECK(strlen(id_a) == 32 && strcmp(id_a, id_b) != 0);
+
+  CHECK_STATUS(
+      shardlock_acquire(a, "c-api/x", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &held),
+      SHARDLOCK_OK);
+  CHECK(held != NULL);
+  CHECK(strcmp(shardlock_lease_key(held), "c-api/x") == 0);
+  CHECK(shardlock_lease_mode(held) == SHARDLOCK_EXCLUSIVE);
+  CHECK(shardlock_lease_valid(held) == 1);
+  CHECK(shardlock_lease_remaining_ms(held) > 4000 && shardlock_lease_remaining_ms(held) <= 5000);
+  first_token = shardlock_lease_token(held);
+  CHECK(first_token > 0);
+  CHECK(strcmp(shardlock_last_error_detail(), "") == 0);
+
+  /* Another owner: BUSY at once, and the detail says for how long. */
+  other = (shardlock_lease*)&other; /* must be reset to NULL on failure */
+  CHECK_STATUS(
+      shardlock_acquire(b, "c-api/x", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &other),
+      SHARDLOCK_BUSY);
+  CHECK(other == NULL);
+  CHECK(strstr(shardlock_last_error_detail(), "ms left") != NULL);
+
+  /* Renewals: to the current TTL, then to a shorter one, which pulls the
+   * expiry in. */
+  CHECK_STATUS(shardlock_lease_renew(held, 0), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_lease_renew(held, 2000), SHARDLOCK_OK);
+  CHECK(shardlock_lease_remaining_ms(held) <= 2000);
+
+  CHECK_STATUS(shardlock_lease_release(held), SHARDLOCK_OK);
+  CHECK(shardlock_lease_valid(held) == 0);
+  CHECK(shardlock_lease_remaining_ms(held) == 0);
+  CHECK_STATUS(shardlock_lease_release(held), SHARDLOCK_LEASE_INACTIVE);
+  CHECK_STATUS(shardlock_lease_renew(held, 0), SHARDLOCK_LEASE_INACTIVE);
+  shardlock_lease_destroy(held);
+  held = NULL;
+
+  /* Free now: b gets it, with a larger token. */
+  CHECK_STATUS(
+      shardlock_acquire(b, "c-api/x", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &other),
+      SHARDLOCK_OK);
+  CHECK(shardlock_lease_token(other) > first_token);
+
+  /* Destroying a held lease releases it: a, waiting, is handed the key. */
+  shardlock_lease_destroy(other);
+  CHECK_STATUS(
+      shardlock_acquire(a, "c-api/x", 5000, 3000, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &held),
+      SHARDLOCK_OK);
+  shardlock_lease_destroy(held);
+
+  shardlock_client_destroy(a);
+  shardlock_client_destroy(b);
+  return NULL;
+}
+
+const char* c_api_shared_and_permits(const char* server) {
+  shardlock_client* a = NULL;
+  shardlock_client* b = NULL;
+  shardlock_client* c = NULL;
+  shardlock_lease* ra = NULL;
+  shardlock_lease* rb = NULL;
+  shardlock_lease* writer = NULL;
+  shardlock_lease* pa = NULL;
+  shardlock_lease* pb = NULL;
+  shardlock_lease* pc = NULL;
+
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &b), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &c), SHARDLOCK_OK);
+
+  /* Two shared holders coexist, each with its own token; a writer waits. */
+  CHECK_STATUS(shardlock_acquire(a, "c-api/s", 5000, 0, SHARDLOCK_SHARED, 0, 0, NULL, NULL, &ra),
+               SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_acquire(b, "c-api/s", 5000, 0, SHARDLOCK_SHARED, 0, 0, NULL, NULL, &rb),
+               SHARDLOCK_OK);
+  CHECK(shardlock_lease_mode(ra) == SHARDLOCK_SHARED);
+  CHECK(shardlock_lease_token(ra) != shardlock_lease_token(rb));
+  CHECK_STATUS(
+      shardlock_acquire(c, "c-api/s", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &writer),
+      SHARDLOCK_BUSY);
+  CHECK_STATUS(shardlock_lease_release(ra), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_lease_release(rb), SHARDLOCK_OK);
+  CHECK_STATUS(
+      shardlock_acquire(c, "c-api/s", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &writer),
+      SHARDLOCK_OK);
+  shardlock_lease_destroy(ra);
+  shardlock_lease_destroy(rb);
+  shardlock_lease_destroy(writer);
+
+  /* A semaphore of two permits. */
+  CHECK_STATUS(shardlock_acquire(a, "c-api/p", 5000, 0, SHARDLOCK_PERMIT, 2, 0, NULL, NULL, &pa),
+               SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_acquire(b, "c-api/p", 5000, 0, SHARDLOCK_PERMIT, 2, 0, NULL, NULL, &pb),
+               SHARDLOCK_OK);
+  CHECK(shardlock_lease_mode(pb) == SHARDLOCK_PERMIT);
+  CHECK_STATUS(shardlock_acquire(c, "c-api/p", 5000, 0, SHARDLOCK_PERMIT, 2, 0, NULL, NULL, &pc),
+               SHARDLOCK_BUSY);
+  /* Another limit while the key is in use: the server refuses it. */
+  CHECK_STATUS(shardlock_acquire(c, "c-api/p", 5000, 0, SHARDLOCK_PERMIT, 3, 0, NULL, NULL, &pc),
+               SHARDLOCK_SERVER_ERROR);
+  CHECK(strstr(shardlock_last_error_detail(), "another lease kind") != NULL);
+  shardlock_lease_destroy(pa);
+  shardlock_lease_destroy(pb);
+
+  shardlock_client_destroy(a);
+  shardlock_client_destroy(b);
+  shardlock_client_destroy(c);
+  return NULL;
+}
+
+const char* c_api_bad_arguments(const char* server) {
+  shardlock_client* client = NULL;
+  shardlock_lease* lease = NULL;
+  char long_key[300];
+  char id[33];
+  int status;
+
+  CHECK_STATUS(shardlock_client_create(NULL, NULL, 0, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(client == NULL);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, NULL), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_client_create("", NULL, 0, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_client_create(",,", NULL, 0, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_client_create("no-port", NULL, 0, &client), SHARDLOCK_BAD_ADDRESS);
+  CHECK(strlen(shardlock_last_error_detail()) > 0);
+  CHECK_STATUS(shardlock_client_create("127.0.0.1:99999", NULL, 0, &client), SHARDLOCK_BAD_ADDRESS);
+  CHECK_STATUS(shardlock_client_create(server, "/nonexistent/shardlock.key", 0, &client),
+               SHARDLOCK_AUTH_KEY);
+  CHECK(client == NULL);
+
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &client), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_id(NULL, id, sizeof id), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_client_id(client, id, 32), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_client_id(client, NULL, 33), SHARDLOCK_BAD_ARGUMENT);
+
+  /* Everything below is refused before sending; *out stays NULL. */
+  CHECK_STATUS(shardlock_acquire(NULL, "k", 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(
+      shardlock_acquire(client, NULL, 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(
+      shardlock_acquire(client, "", 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_BAD_ARGUMENT);
+  memset(long_key, 'k', sizeof long_key - 1);
+  long_key[sizeof long_key - 1] = '\0';
+  CHECK_STATUS(
+      shardlock_acquire(client, long_key, 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_BAD_ARGUMENT);
+  long_key[256] = '\0'; /* exactly the longest key: accepted */
+  CHECK_STATUS(
+      shardlock_acquire(client, long_key, 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_OK);
+  shardlock_lease_destroy(lease);
+  lease = NULL;
+  CHECK_STATUS(shardlock_acquire(client, "k", 0, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_acquire(client, "k", 1000, 0, 7, 0, 0, NULL, NULL, &lease),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(
+      shardlock_acquire(client, "k", 1000, 0, SHARDLOCK_EXCLUSIVE, 2, 0, NULL, NULL, &lease),
+      SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_acquire(client, "k", 1000, 0, SHARDLOCK_PERMIT, 0, 0, NULL, NULL, &lease),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(
+      shardlock_acquire(client, "k", 1000, 0, SHARDLOCK_PERMIT, 65536, 0, NULL, NULL, &lease),
+      SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(
+      shardlock_acquire(client, "k", 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0x8u, NULL, NULL, &lease),
+      SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_acquire(client, "k", 1000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, NULL),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK(lease == NULL);
+  /* A TTL above the server's maximum (60 s in the test) is the server's ERROR. */
+  CHECK_STATUS(
+      shardlock_acquire(client, "k", 3600000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_SERVER_ERROR);
+  CHECK(strstr(shardlock_last_error_detail(), "ttl out of range") != NULL);
+
+  /* NULL leases. */
+  CHECK_STATUS(shardlock_lease_renew(NULL, 0), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_lease_release(NULL), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(shardlock_lease_token(NULL) == 0);
+  CHECK(strcmp(shardlock_lease_key(NULL), "") == 0);
+  CHECK(shardlock_lease_valid(NULL) == 0);
+  CHECK(shardlock_lease_remaining_ms(NULL) == 0);
+  CHECK(shardlock_lease_mode(NULL) == SHARDLOCK_EXCLUSIVE);
+  shardlock_lease_destroy(NULL);
+  shardlock_client_destroy(NULL);
+
+  /* Every status has its own text. */
+  for (status = SHARDLOCK_OK; status <= SHARDLOCK_REDIRECTED; ++status) {
+    CHECK(strcmp(shardlock_strerror(status), "unknown status") != 0);
+    if (status > SHARDLOCK_OK) {
+      CHECK(strcmp(shardlock_strerror(status), shardlock_strerror(status - 1)) != 0);
+    }
+  }
+  CHECK(strcmp(shardlock_strerror(-1), "unknown status") == 0);
+  CHECK(strcmp(shardlock_strerror(999), "unknown status") == 0);
+
+  shardlock_client_destroy(client);
+  return NULL;
+}
+
+const char* c_api_create_ex(const char* server) {
+  shardlock_client* client = NULL;
+  shardlock_lease* lease = NULL;
+  shardlock_client_options options;
+  /* A caller built against a newer header: its struct is longer. */
+  struct {
+    shardlock_client_options known;
+    uint64_t newer_field;
+  } newer;
+
+  memset(&options, 0, sizeof options);
+  options.size = sizeof options;
+  options.nodes = server;
+
+  /* Refused before anything starts; *out is NULL, nothing crashes. */
+  CHECK_STATUS(shardlock_client_create_ex(&options, NULL), SHARDLOCK_BAD_ARGUMENT);
+  client = (shardlock_client*)&client; /* must be reset to NULL on failure */
+  CHECK_STATUS(shardlock_client_create_ex(NULL, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(client == NULL);
+  options.size = 0; /* a caller that forgot to set it */
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "size") != NULL);
+  options.size = sizeof options - 1;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  options.size = sizeof options;
+  options.flags = 0x80u;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "flags") != NULL);
+  options.flags = 0;
+  options.nodes = NULL;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  options.nodes = ",";
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  options.nodes = "no-port";
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ADDRESS);
+  options.nodes = server;
+  options.auth_key_file = "/nonexistent/shardlock.key";
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_AUTH_KEY);
+  options.auth_key_file = NULL;
+  CHECK(client == NULL);
+
+  /* Cluster mode against a single server: it answers MAP with epoch 0, so
+   * there is no cluster to discover, and the detail says so. */
+  options.flags = SHARDLOCK_CLIENT_DISCOVER_CLUSTER;
+  options.request_timeout_ms = 500;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_UNREACHABLE);
+  CHECK(strstr(shardlock_last_error_detail(), "not a cluster node") != NULL);
+  CHECK(client == NULL);
+  options.flags = 0;
+
+  /* A longer struct whose unknown tail is zero is served; a non-zero tail
+   * asks for something this library cannot do. */
+  memset(&newer, 0, sizeof newer);
+  newer.known = options;
+  newer.known.size = sizeof newer;
+  newer.newer_field = 1;
+  CHECK_STATUS(shardlock_client_create_ex(&newer.known, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "does not know") != NULL);
+  newer.newer_field = 0;
+  CHECK_STATUS(shardlock_client_create_ex(&newer.known, &client), SHARDLOCK_OK);
+  shardlock_client_destroy(client);
+  client = NULL;
+
+  /* Without flags it is shardlock_client_create(): a working client. */
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_OK);
+  CHECK(client != NULL);
+  CHECK(strcmp(shardlock_last_error_detail(), "") == 0);
+  CHECK_STATUS(
+      shardlock_acquire(client, "c-api/ex", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_OK);
+  CHECK(shardlock_lease_token(lease) > 0);
+  CHECK_STATUS(shardlock_lease_release(lease), SHARDLOCK_OK);
+  shardlock_lease_destroy(lease);
+  shardlock_client_destroy(client);
+  return NULL;
+}
+
+/* What the lost callback saw. */
+struct lost_record {
+  atomic_int calls;
+  atomic_int reason;
+  atomic_ullong token;
+  char key[64];
+};
+
+static void record_lost(const char* key, uint64_t token, int reason, int refused_by_server,
+                        void* user_data) {
+  struct lost_record* record = user_data;
+  (void)refused_by_server;
+  snprintf(record->key, sizeof record->key, "%s", key);
+  atomic_store(&record->token, token);
+  atomic_store(&record->reason, reason);
+  atomic_fetch_add(&record->calls, 1); /* last: the test reads the rest after it */
+}
+
+const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void*), void* context) {
+  shardlock_client* client = NULL;
+  shardlock_lease* kept = NULL;
+  shardlock_lease* lost = NULL;
+  struct lost_record kept_record;
+  struct lost_record lost_record;
+  int waited;
+
+  memset(&kept_record, 0, sizeof kept_record);
+  memset(&lost_record, 0, sizeof lost_record);
+  atomic_init(&kept_record.calls, 0);
+  atomic_init(&lost_record.calls, 0);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 300, &client), SHARDLOCK_OK);
+
+  /* The watchdog keeps a 600 ms lease across three TTLs. */
+  CHECK_STATUS(shardlock_acquire(client, "c-api/kept", 600, 0, SHARDLOCK_EXCLUSIVE, 0,
+                                 SHARDLOCK_WATCHDOG, record_lost, &kept_record, &kept),
+               SHARDLOCK_OK);
+  sleep_ms(1800);
+  CHECK(shardlock_lease_valid(kept) == 1);
+  CHECK(atomic_load(&kept_record.calls) == 0);
+  CHECK_STATUS(shardlock_lease_release(kept), SHARDLOCK_OK);
+  shardlock_lease_destroy(kept);
+
+  CHECK_STATUS(shardlock_acquire(client, "c-api/lost", 600, 0, SHARDLOCK_EXCLUSIVE, 0,
+                                 SHARDLOCK_WATCHDOG, record_lost, &lost_record, &lost),
+               SHARDLOCK_OK);
+  /* The server goes away: renewals go unanswered, the client-side expiry
+   * passes, and the callback fires once, on the watchdog thread. */
+  stop_server(context);
+  for (waited = 0; waited < 5000 && atomic_load(&lost_record.calls) == 0; waited += 10) {
+    sleep_ms(10);
+  }
+  CHECK(atomic_load(&lost_record.calls) == 1);
+  CHECK(atomic_load(&lost_record.reason) == SHARDLOCK_EXPIRED);
+  CHECK(atomic_load(&lost_record.token) == shardlock_lease_token(lost));
+  CHECK(strcmp(lost_record.key, "c-api/lost") == 0);
+  CHECK(shardlock_lease_valid(lost) == 0);
+  CHECK(shardlock_lease_remaining_ms(lost) == 0);
+  CHECK_STATUS(shardlock_lease_renew(lost, 0), SHARDLOCK_LEASE_INACTIVE);
+  sleep_ms(500);
+  CHECK(atomic_load(&lost_record.calls) == 1); /* at most once */
+  shardlock_lease_destroy(lost);
+  CHECK(atomic_load(&lost_record.calls) == 1);
+
+  /* With the server gone, a call is unreachable by its deadline. */
+  CHECK_STATUS(
+      shardlock_acquire(client, "c-api/lost", 600, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lost),
+      SHARDLOCK_UNREACHABLE);
+  shardlock_client_destroy(client);
+  return NULL;
+}

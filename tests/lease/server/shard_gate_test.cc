@@ -1,0 +1,198 @@
+// A shard in cluster mode: every grant asks the ClusterGate first, tokens
+// carry the epoch, and a key handed off refuses its waiters and renewals.
+// Time and the gate are the test's.
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "shardlock/cluster/epoch_token.h"
+#include "shardlock/lease/server/internal/cluster_gate.h"
+#include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/router.h"
+
+namespace shardlock::lease::internal {
+namespace {
+
+constexpr ClientId kAlice{1, 1};
+constexpr ClientId kBob{2, 2};
+
+using Verdict = ClusterGate::Verdict;
+
+class ShardGateTest : public ::testing::Test {
+ protected:
+  ShardGateTest() {
+    Router router(RouterOptions{.bucket_bits = 8});
+    const std::vector<Node> nodes = {Node{"a", 1}, Node{"b", 1}};
+    EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
+    routing_ = router.snapshot();
+    shard_ = std::make_unique<Shard>(0, ShardLimits{}, ShardTokens{}, now_);
+    // One key of each node's: "a" is this node.
+    for (int i = 0; mine_.empty() || theirs_.empty(); ++i) {
+      const std::string key = "key-" + std::to_string(i);
+      (routing_->owner(key) == "a" ? mine_ : theirs_) = key;
+    }
+  }
+
+  // A gate for epoch `epoch` where this node owns "a"'s buckets in `state`.
+  void gate(std::uint64_t epoch, std::uint8_t state = ClusterGate::kActive,
+            std::uint64_t min_grant_epoch = 0) {
+    auto g = std::make_shared<ClusterGate>();
+    g->epoch = epoch;
+    g->min_grant_epoch = min_grant_epoch;
+    g->routing = routing_;
+    g->buckets.assign(routing_->bucket_count(), ClusterGate::kForeign);
+    for (std::size_t b = 0; b < routing_->bucket_count(); ++b) {
+      if (routing_->nodes()[routing_->table()[b]].id == "a") g->buckets[b] = state;
+    }
+    g->lease_deadline = [this] { return deadline_; };
+    g->retry_after_ms = 33;
+    shard_->set_gate(std::move(g));
+  }
+
+  Message send(const ClientId& client, MessageType type, const std::string& key,
+               std::uint64_t token = 0, std::uint32_t wait = 0, std::uint64_t rid = 0,
+               bool* answered = nullptr) {
+    Message m;
+    m.type = type;
+    m.key = key;
+    m.ttl_ms = 1000;
+    m.wait_ms = wait;
+    m.token = token;
+    m.request_id = rid != 0 ? rid : ++next_id_;
+    Message reply;
+    Peer peer;
+    const bool a = shard_->handle(client, peer, m, now_, reply, deferred_);
+    if (answered != nullptr) *answered = a;
+    reply.key = {};  // a view into m
+    return reply;
+  }
+
+  std::shared_ptr<const RouterSnapshot> routing_;
+  std::unique_ptr<Shard> shard_;
+  std::int64_t now_ = 1'000;
+  std::chrono::nanoseconds deadline_ = std::chrono::hours(1);
+  std::uint64_t next_id_ = 0;
+  std::vector<DeferredReply> deferred_;
+  std::string mine_;
+  std::string theirs_;
+};
+
+TEST_F(ShardGateTest, AnotherNodesKeyIsRedirectedWithTheEpoch) {
+  gate(7);
+  const Message r = send(kAlice, MessageType::kAcquire, theirs_);
+  EXPECT_EQ(r.type, MessageType::kRedirect);
+  EXPECT_EQ(r.epoch, 7U);
+  EXPECT_EQ(send(kAlice, MessageType::kQuery, theirs_).type, MessageType::kRedirect);
+  EXPECT_EQ(shard_->leases(), 0U);
+  EXPECT_EQ(shard_->counters()[static_cast<std::size_t>(StatCounter::kRedirects)], 2U);
+}
+
+TEST_F(ShardGateTest, OwnKeysAreGrantedWithTheEpochInTheHighHalf) {
+  gate(7);
+  const Message first = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(first.type, MessageType::kGranted);
+  EXPECT_EQ(first.token, cluster::compose_token(7, 1));
+  ASSERT_EQ(send(kAlice, MessageType::kRelease, mine_, first.token).type, MessageType::kReleased);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).token, cluster::compose_token(7, 2));
+}
+
+TEST_F(ShardGateTest, ANewEpochStartsTheCounterAgainAboveEveryEarlierToken) {
+  gate(7);
+  std::uint64_t last = 0;
+  for (int i = 0; i < 5; ++i) {
+    const Message g = send(kAlice, MessageType::kAcquire, mine_);
+    ASSERT_EQ(g.type, MessageType::kGranted);
+    last = g.token;
+    ASSERT_EQ(send(kAlice, MessageType::kRelease, mine_, g.token).type, MessageType::kReleased);
+  }
+  gate(9);
+  const Message next = send(kBob, MessageType::kAcquire, mine_);
+  ASSERT_EQ(next.type, MessageType::kGranted);
+  EXPECT_EQ(next.token, cluster::compose_token(9, 1));
+  EXPECT_GT(next.token, last);
+}
+
+TEST_F(ShardGateTest, AnInactiveBucketOrAnOldEpochOrADeadEtcdLeaseAnswersRecovering) {
+  gate(7, ClusterGate::kOwned);
+  Message r = send(kAlice, MessageType::kAcquire, mine_);
+  EXPECT_EQ(r.type, MessageType::kRecovering);
+  EXPECT_EQ(r.retry_after_ms, 33U);
+
+  gate(7, ClusterGate::kActive, /*min_grant_epoch=*/8);
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_).type, MessageType::kRecovering);
+
+  gate(8, ClusterGate::kActive, 8);
+  deadline_ = std::chrono::milliseconds(now_);  // the etcd lease deadline is now: closed
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_).type, MessageType::kRecovering);
+  deadline_ = std::chrono::milliseconds(now_ + 2);
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_).type, MessageType::kGranted);
+  EXPECT_EQ(shard_->leases(), 1U);
+}
+
+TEST_F(ShardGateTest, AHandedOffKeyRefusesRenewButTakesRelease) {
+  gate(7);
+  const Message g = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  gate(8, ClusterGate::kForeign);  // the map moved every bucket away
+  const Message renewed = send(kAlice, MessageType::kRenew, mine_, g.token);
+  EXPECT_EQ(renewed.type, MessageType::kRedirect);
+  EXPECT_EQ(renewed.epoch, 8U);
+  // The lease is still counted until it ends...
+  EXPECT_EQ(shard_->count_leases([&](std::string_view key) { return key == mine_; }), 1U);
+  EXPECT_EQ(shard_->count_leases([](std::string_view) { return false; }), 0U);
+  // ...and a release ends it early.
+  EXPECT_EQ(send(kAlice, MessageType::kRelease, mine_, g.token).type, MessageType::kReleased);
+  EXPECT_EQ(shard_->count_leases([](std::string_view) { return true; }), 0U);
+}
+
+TEST_F(ShardGateTest, WaitersOfAHandedOffKeyAreRedirectedNotGranted) {
+  gate(7);
+  const Message g = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  bool answered = true;
+  (void)send(kBob, MessageType::kAcquire, mine_, 0, /*wait=*/5000, /*rid=*/77, &answered);
+  ASSERT_FALSE(answered);  // queued
+  gate(8, ClusterGate::kForeign);
+  now_ += 1001;  // Alice's lease expires
+  shard_->advance(now_, deferred_);
+  ASSERT_EQ(deferred_.size(), 1U);
+  EXPECT_EQ(deferred_[0].type, MessageType::kRedirect);
+  EXPECT_EQ(deferred_[0].message().epoch, 8U);
+  EXPECT_EQ(shard_->leases(), 0U);
+  EXPECT_EQ(shard_->queued_waiters(), 0U);
+  // Bob's retransmission learns the same, not "still queued".
+  deferred_.clear();
+  const Message again = send(kBob, MessageType::kAcquire, mine_, 0, 5000, 77, &answered);
+  EXPECT_TRUE(answered);
+  EXPECT_EQ(again.type, MessageType::kRedirect);
+  EXPECT_EQ(again.epoch, 8U);
+}
+
+TEST_F(ShardGateTest, AMultiKeyPartOfAnotherNodeIsRefusedByProbe) {
+  gate(7);
+  MultiAcquire m;
+  m.client = kAlice;
+  m.request_id = 1;
+  m.ttl_ms = 1000;
+  MultiAcquire::Part part;
+  part.key = theirs_;
+  part.hash = shard_->key_hash(theirs_);
+  std::uint32_t ttl_left = 0;
+  EXPECT_EQ(shard_->probe(m, part, now_, ttl_left, deferred_), Shard::PartState::kRedirect);
+  part.key = mine_;
+  part.hash = shard_->key_hash(mine_);
+  EXPECT_EQ(shard_->probe(m, part, now_, ttl_left, deferred_), Shard::PartState::kFree);
+  gate(7, ClusterGate::kOwned);
+  EXPECT_EQ(shard_->probe(m, part, now_, ttl_left, deferred_), Shard::PartState::kNotReady);
+}
+
+TEST_F(ShardGateTest, WithoutAGateTokensAreTheBareCounter) {
+  const Message g = send(kAlice, MessageType::kAcquire, theirs_);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  EXPECT_EQ(g.token, 1U);
+}
+
+}  // namespace
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,584 @@
+// shardlockctl over a real shardlockd: JSON output and exit codes of every
+// subcommand, and `run` - the command sees its lease, the lease is released
+// when it exits, and a lost lease signals it.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tools/client_tool_support.h"
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/protocol.h"
+
+namespace shardlock::lease {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::ChildProcess;
+using testing::Json;
+using testing::json_line;
+using testing::run_tool;
+using testing::ToolResult;
+
+const std::string kCtl = SHARDLOCK_TOOL_SHARDLOCKCTL;
+const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
+
+// A shardlockd on 127.0.0.1:0; address() is empty if it did not come up.
+class Daemon {
+ public:
+  explicit Daemon(const std::string& lock_delay = "0", const std::vector<std::string>& extra = {})
+      : process_(kDaemon, with_extra({"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay",
+                                      lock_delay},
+                                     extra)) {
+    const std::string line = process_.read_line(20s);
+    std::smatch m;
+    static const std::regex kReady(R"re("listen":"(127\.0\.0\.1:\d+)")re");
+    if (std::regex_search(line, m, kReady)) address_ = m[1].str();
+    EXPECT_FALSE(address_.empty()) << "no ready line: " << line;
+  }
+  const std::string& address() const { return address_; }
+  void kill9() { process_.signal(SIGKILL); }
+
+  static std::vector<std::string> with_extra(std::vector<std::string> args,
+                                             const std::vector<std::string>& extra) {
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  }
+
+ private:
+  ChildProcess process_;
+  std::string address_;
+};
+
+ToolResult ctl(const Daemon& d, std::vector<std::string> args,
+               std::chrono::milliseconds timeout = 30s) {
+  args.insert(args.begin(), {"--server", d.address()});
+  return run_tool(kCtl, args, timeout);
+}
+
+Json parsed(const ToolResult& r) {
+  const auto j = json_line(r);
+  EXPECT_TRUE(j) << "not one JSON line: '" << r.out << "' stderr: " << r.err;
+  return j ? *j : Json{};
+}
+
+TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+
+  const ToolResult acquired = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s"});
+  ASSERT_EQ(acquired.exit_code, 0) << acquired.err;
+  const Json grant = parsed(acquired);
+  EXPECT_EQ(grant["key"].text, "deploy/prod");
+  EXPECT_GT(grant["token"].number, 0);
+  EXPECT_EQ(grant["ttl_ms"].number, 30000);
+  const std::string owner = grant["owner"].text;
+  EXPECT_TRUE(std::regex_match(owner, std::regex("[0-9a-f]{32}"))) << owner;
+  const std::string token = std::to_string(static_cast<std::uint64_t>(grant["token"].number));
+
+  // Another owner is refused, like flock -n.
+  const ToolResult busy = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(parsed(busy)["error"].text, "busy");
+  EXPECT_GT(parsed(busy)["ttl_left_ms"].number, 0);
+  // A bounded wait that runs out is a timeout, also 1.
+  const ToolResult waited = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--wait", "200ms"});
+  EXPECT_EQ(waited.exit_code, 1);
+  EXPECT_EQ(parsed(waited)["error"].text, "timeout");
+  // The same owner acquiring again gets a fresh grant with a newer token;
+  // the first token is dead from then on.
+  const ToolResult again = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--owner", owner});
+  EXPECT_EQ(again.exit_code, 0);
+  EXPECT_GT(parsed(again)["token"].number, grant["token"].number);
+  const ToolResult old_token =
+      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
+  EXPECT_EQ(old_token.exit_code, 1);
+  EXPECT_EQ(parsed(old_token)["error"].text, "expired");
+  const Json regrant = parsed(again);
+  const std::string token_text =
+      std::to_string(static_cast<std::uint64_t>(regrant["token"].number));
+
+  const ToolResult query = ctl(d, {"query", "deploy/prod"});
+  EXPECT_EQ(query.exit_code, 0);
+  const Json q = parsed(query);
+  EXPECT_TRUE(q["held"].boolean);
+  EXPECT_EQ(q["token"].number, regrant["token"].number);
+  EXPECT_GT(q["ttl_left_ms"].number, 0);
+  EXPECT_TRUE(q.has("waiters"));
+
+  const ToolResult renewed =
+      ctl(d, {"renew", "deploy/prod", "--token", token_text, "--owner", owner, "--ttl", "10s"});
+  EXPECT_EQ(renewed.exit_code, 0) << renewed.out;
+  EXPECT_TRUE(parsed(renewed)["renewed"].boolean);
+  EXPECT_EQ(parsed(renewed)["ttl_ms"].number, 10000);
+
+  const std::string stranger(32, 'a');
+  const ToolResult not_owner =
+      ctl(d, {"renew", "deploy/prod", "--token", token_text, "--owner", stranger, "--ttl", "10s"});
+  EXPECT_EQ(not_owner.exit_code, 1);
+  EXPECT_EQ(parsed(not_owner)["error"].text, "not_owner");
+
+  const ToolResult released =
+      ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
+  EXPECT_EQ(released.exit_code, 0) << released.out;
+  EXPECT_TRUE(parsed(released)["released"].boolean);
+  const ToolResult twice =
+      ctl(d, {"release", "deploy/prod", "--token", token_text, "--owner", owner});
+  EXPECT_EQ(twice.exit_code, 1);
+  EXPECT_EQ(parsed(twice)["error"].text, "expired");
+  EXPECT_FALSE(parsed(ctl(d, {"query", "deploy/prod"}))["held"].boolean);
+
+  const ToolResult stats = ctl(d, {"stats"});
+  EXPECT_EQ(stats.exit_code, 0);
+  const Json s = parsed(stats);
+  ASSERT_EQ(s["nodes"].items.size(), 1u);
+  const Json& node = s["nodes"].items[0];
+  EXPECT_EQ(node["server"].text, d.address());
+  EXPECT_EQ(node["shards"].number, 8);
+  EXPECT_EQ(node["shard_tokens"].items.size(), 8u);
+  EXPECT_GE(node["counters"]["grants"].number, 1);
+  EXPECT_GE(node["counters"]["busy"].number, 1);
+  EXPECT_GE(node["counters"]["released"].number, 1);
+}
+
+TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  EXPECT_EQ(ctl(d, {}).exit_code, 2);                                 // no subcommand
+  EXPECT_EQ(ctl(d, {"acquire", "k"}).exit_code, 2);                   // --ttl missing
+  EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "soon"}).exit_code, 2);  // bad duration
+  EXPECT_EQ(ctl(d, {"acquire", "k", "--ttl", "1s", "--owner", "xyz"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"acquire", std::string(300, 'k'), "--ttl", "1s"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"run", "k", "--ttl", "1s", "--on-lost", "shrug", "--", "true"}).exit_code, 2);
+  EXPECT_EQ(run_tool(kCtl, {"acquire", "k", "--ttl", "1s"}).exit_code, 2);  // no --server
+  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "run"}) {
+    const ToolResult help = run_tool(kCtl, {sub, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << sub;
+    EXPECT_NE(help.out.find("--help"), std::string::npos) << sub;
+  }
+
+  const ToolResult unreachable = run_tool(
+      kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "acquire", "k", "--ttl", "1s"});
+  EXPECT_EQ(unreachable.exit_code, 3);
+  EXPECT_EQ(parsed(unreachable)["error"].text, "unreachable");
+
+  Daemon recovering("1m");
+  ASSERT_FALSE(recovering.address().empty());
+  const ToolResult r = ctl(recovering, {"acquire", "k", "--ttl", "1s"});
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_EQ(parsed(r)["error"].text, "recovering");
+  EXPECT_GT(parsed(r)["retry_after_ms"].number, 0);
+}
+
+// --discover: the --server addresses are cluster seeds. A single shardlockd
+// is no cluster node and gives no map: exit 3, as for a server that does
+// not answer, with the seed named on stderr.
+TEST(ShardlockctlTest, DiscoverNeedsAClusterNodeAmongTheSeeds) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult r = ctl(d, {"--discover", "--timeout", "300ms", "query", "k"});
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_NE(r.err.find(d.address()), std::string::npos) << r.err;
+  EXPECT_EQ(
+      run_tool(kCtl, {"--server", "127.0.0.1:9", "--discover", "--timeout", "300ms", "query", "k"})
+          .exit_code,
+      3);
+  EXPECT_NE(run_tool(kCtl, {"--help"}).out.find("--discover"), std::string::npos);
+}
+
+TEST(ShardlockctlTest, KeygenAndAuthenticatedDaemon) {
+  const ToolResult keygen = run_tool(kCtl, {"keygen"});
+  ASSERT_EQ(keygen.exit_code, 0) << keygen.err;
+  static const std::regex kKey("^[0-9a-f]{64}\n$");
+  EXPECT_TRUE(std::regex_match(keygen.out, kKey)) << keygen.out;
+  EXPECT_NE(run_tool(kCtl, {"keygen"}).out, keygen.out);
+
+  const std::string key_file =
+      ::testing::TempDir() + "shardlockctl_test_" + std::to_string(::getpid()) + ".key";
+  std::ofstream(key_file) << keygen.out;
+  const std::string bad_file = key_file + ".bad";
+  std::ofstream(bad_file) << "xyz\n";
+
+  // A bad key file is a usage error that names the file.
+  const ToolResult bad_daemon =
+      run_tool(kDaemon, {"--listen", "127.0.0.1:0", "--auth-key", bad_file});
+  EXPECT_EQ(bad_daemon.exit_code, 2);
+  EXPECT_NE(bad_daemon.err.find(bad_file), std::string::npos) << bad_daemon.err;
+
+  Daemon d("0", {"--auth-key", key_file});
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult with_key = ctl(d, {"--auth-key", key_file, "acquire", "k", "--ttl", "10s"});
+  EXPECT_EQ(with_key.exit_code, 0) << with_key.err;
+  EXPECT_GT(parsed(with_key)["token"].number, 0);
+
+  const ToolResult without_key = ctl(d, {"--timeout", "300ms", "acquire", "k2", "--ttl", "1s"});
+  EXPECT_EQ(without_key.exit_code, 3);
+  EXPECT_EQ(ctl(d, {"--auth-key", bad_file, "query", "k"}).exit_code, 2);
+
+  // run hands the key file to the command, whose own shardlockctl call then
+  // reaches the server.
+  const ToolResult run =
+      ctl(d, {"--auth-key", key_file, "run", "job", "--ttl", "10s", "--", "/bin/sh", "-c",
+              "test \"$SHARDLOCK_AUTH_KEY_FILE\" = '" + key_file + "' && \"$0\" query job", kCtl});
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("\"held\":true"), std::string::npos) << run.out;
+
+  const ToolResult stats = ctl(d, {"--auth-key", key_file, "stats"});
+  ASSERT_EQ(stats.exit_code, 0) << stats.err;
+  const Json counters = parsed(stats)["nodes"].items.at(0)["counters"];
+  EXPECT_GE(counters["auth_failures"].number, 1);
+  EXPECT_EQ(counters["grants"].number, 2);
+  std::remove(key_file.c_str());
+  std::remove(bad_file.c_str());
+}
+
+TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  // The child checks, from inside, that the lease it was given is held.
+  const std::string script = "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN\"; \"" + kCtl +
+                             "\" --server \"$SHARDLOCK_SERVER\" query \"$SHARDLOCK_KEY\"; exit 7";
+  const ToolResult r = ctl(d, {"run", "cron/backup", "--ttl", "5s", "--", "/bin/sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 7) << r.err;  // the command's own status
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"(cron/backup (\d+)\n(\{.*\}))"))) << r.out;
+  const auto inside = testing::JsonParser::parse(m[2].str());
+  ASSERT_TRUE(inside);
+  EXPECT_TRUE((*inside)["held"].boolean);
+  EXPECT_EQ(std::to_string(static_cast<std::uint64_t>((*inside)["token"].number)), m[1].str());
+  // Released when the command exited: free at once, not after the TTL.
+  EXPECT_FALSE(parsed(ctl(d, {"query", "cron/backup"}))["held"].boolean);
+
+  // A held key: run does not start the command and exits 1.
+  ASSERT_EQ(ctl(d, {"acquire", "cron/busy", "--ttl", "30s"}).exit_code, 0);
+  const ToolResult busy =
+      ctl(d, {"run", "cron/busy", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(busy.out.find("ran"), std::string::npos);
+
+  EXPECT_EQ(ctl(d, {"run", "cron/missing", "--ttl", "5s", "--", "/no/such/command"}).exit_code,
+            127);
+  EXPECT_FALSE(parsed(ctl(d, {"query", "cron/missing"}))["held"].boolean);
+  EXPECT_EQ(ctl(d, {"run", "cron/signalled", "--ttl", "5s", "--", "/bin/sh", "-c", "kill -9 $$"})
+                .exit_code,
+            137);
+}
+
+// SIGTERM to shardlockctl reaches the command; the lease is released once
+// the command has exited, and its status comes back.
+TEST(ShardlockctlTest, RunForwardsTerminationToTheCommandAndReleases) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const std::string script =
+      "trap 'echo got-term; exit 9' TERM; echo started; i=0; while [ $i -lt 200 ]; do sleep 0.05; "
+      "i=$((i+1)); done";
+  ChildProcess run(kCtl, {"--server", d.address(), "run", "forward/key", "--ttl", "30s", "--",
+                          "/bin/sh", "-c", script});
+  ASSERT_EQ(run.read_line(20s), "started");
+  EXPECT_TRUE(parsed(ctl(d, {"query", "forward/key"}))["held"].boolean);
+  run.signal(SIGTERM);
+  const ToolResult r = run.finish(30s);
+  EXPECT_EQ(r.exit_code, 9) << r.err;
+  EXPECT_NE(r.out.find("got-term"), std::string::npos) << r.out;
+  EXPECT_FALSE(parsed(ctl(d, {"query", "forward/key"}))["held"].boolean);
+}
+
+// The lease is lost (the server dies, so renewals go unanswered until the
+// client-side expiry); run signals the command as --on-lost says and exits 75.
+TEST(ShardlockctlTest, RunSignalsTheCommandWhenTheLeaseIsLost) {
+  struct Case {
+    const char* on_lost;
+    int expected_output_found;  // the TERM trap's output
+  };
+  for (const Case c : {Case{"term", 1}, Case{"kill", 0}, Case{"ignore", 0}}) {
+    SCOPED_TRACE(c.on_lost);
+    Daemon d;
+    ASSERT_FALSE(d.address().empty());
+    // Loops for at most ~3 s on its own; prints when SIGTERM arrives.
+    const std::string script =
+        "trap 'echo got-term; exit 0' TERM; echo started; i=0; while [ $i -lt 60 ]; do sleep 0.05; "
+        "i=$((i+1)); done; "
+        "echo finished";
+    ChildProcess run(kCtl, {"--server", d.address(), "run", "lost/key", "--ttl", "600ms",
+                            "--on-lost", c.on_lost, "--", "/bin/sh", "-c", script});
+    ASSERT_EQ(run.read_line(20s), "started");
+    d.kill9();
+    const ToolResult r = run.finish(30s);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_EQ(r.out.find("got-term") != std::string::npos, c.expected_output_found == 1) << r.out;
+    EXPECT_NE(r.err.find("lost"), std::string::npos) << r.err;
+    if (std::string(c.on_lost) == "ignore") {
+      EXPECT_NE(r.out.find("finished"), std::string::npos) << r.out;
+    }
+  }
+}
+
+// Shared and permit leases, and several keys in one acquire (all or
+// nothing), with the kind and holders visible in query.
+TEST(ShardlockctlTest, AcquireSharedPermitsAndSeveralKeys) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+
+  const ToolResult reader = ctl(d, {"acquire", "doc", "--ttl", "30s", "--shared"});
+  ASSERT_EQ(reader.exit_code, 0) << reader.out << reader.err;
+  const Json first = parsed(reader);
+  EXPECT_EQ(first["mode"].text, "shared");
+  EXPECT_GT(first["token"].number, 0);
+  const ToolResult second_reader = ctl(d, {"acquire", "doc", "--ttl", "30s", "--shared"});
+  ASSERT_EQ(second_reader.exit_code, 0) << second_reader.out;
+  EXPECT_NE(parsed(second_reader)["token"].number, first["token"].number);
+  const ToolResult writer = ctl(d, {"acquire", "doc", "--ttl", "30s"});
+  EXPECT_EQ(writer.exit_code, 1);
+  EXPECT_EQ(parsed(writer)["error"].text, "busy");
+  const Json shared_query = parsed(ctl(d, {"query", "doc"}));
+  EXPECT_TRUE(shared_query["held"].boolean);
+  EXPECT_EQ(shared_query["mode"].text, "shared");
+  EXPECT_EQ(shared_query["holders"].number, 2);
+  EXPECT_EQ(shared_query["permits"].number, 0);
+  EXPECT_EQ(shared_query["waiters"].number, 0);
+
+  for (int i = 0; i < 2; ++i) {
+    const ToolResult permit = ctl(d, {"acquire", "pool", "--ttl", "30s", "--permits", "2"});
+    ASSERT_EQ(permit.exit_code, 0) << permit.out;
+    EXPECT_EQ(parsed(permit)["mode"].text, "permit");
+    EXPECT_EQ(parsed(permit)["permits"].number, 2);
+  }
+  EXPECT_EQ(ctl(d, {"acquire", "pool", "--ttl", "30s", "--permits", "2"}).exit_code, 1);
+  const ToolResult other_limit = ctl(d, {"acquire", "pool", "--ttl", "30s", "--permits", "3"});
+  EXPECT_EQ(other_limit.exit_code, 5);
+  EXPECT_EQ(parsed(other_limit)["error"].text, "server_error");
+  EXPECT_TRUE(parsed(other_limit).has("wire_error"));
+  const Json pool = parsed(ctl(d, {"query", "pool"}));
+  EXPECT_EQ(pool["mode"].text, "permit");
+  EXPECT_EQ(pool["holders"].number, 2);
+  EXPECT_EQ(pool["permits"].number, 2);
+
+  // Several keys: one token each, in the order given.
+  const ToolResult many = ctl(d, {"acquire", "m/c", "m/a", "m/b", "--ttl", "30s"});
+  ASSERT_EQ(many.exit_code, 0) << many.out << many.err;
+  const Json granted = parsed(many);
+  EXPECT_EQ(granted["mode"].text, "exclusive");
+  EXPECT_EQ(granted["ttl_ms"].number, 30000);
+  ASSERT_EQ(granted["leases"].items.size(), 3u);
+  const std::vector<std::string> order = {"m/c", "m/a", "m/b"};
+  for (std::size_t i = 0; i < order.size(); ++i) {
+    const Json& lease = granted["leases"].items[i];
+    EXPECT_EQ(lease["key"].text, order[i]);
+    EXPECT_GT(lease["token"].number, 0);
+    // Each key's own token (tokens count per shard, so keys may share one).
+    const Json q = parsed(ctl(d, {"query", order[i]}));
+    EXPECT_TRUE(q["held"].boolean) << order[i];
+    EXPECT_EQ(q["token"].number, lease["token"].number) << order[i];
+  }
+
+  // All or nothing: one held key refuses the lot, and names it.
+  const ToolResult refused = ctl(d, {"acquire", "m/d", "m/a", "--ttl", "30s"});
+  EXPECT_EQ(refused.exit_code, 1);
+  const Json busy = parsed(refused);
+  EXPECT_EQ(busy["error"].text, "busy");
+  EXPECT_EQ(busy["busy_key"].text, "m/a");
+  ASSERT_EQ(busy["keys"].items.size(), 2u);
+  EXPECT_GT(busy["ttl_left_ms"].number, 0);
+  EXPECT_FALSE(parsed(ctl(d, {"query", "m/d"}))["held"].boolean);
+
+  // Several keys shared, by two owners at once.
+  EXPECT_EQ(ctl(d, {"acquire", "r/1", "r/2", "--ttl", "30s", "--shared"}).exit_code, 0);
+  const ToolResult readers = ctl(d, {"acquire", "r/1", "r/2", "--ttl", "30s", "--shared"});
+  EXPECT_EQ(readers.exit_code, 0) << readers.out;
+  EXPECT_EQ(parsed(readers)["mode"].text, "shared");
+  EXPECT_EQ(parsed(ctl(d, {"query", "r/2"}))["holders"].number, 2);
+}
+
+TEST(ShardlockctlTest, LeaseKindFlagsAreCheckedBeforeAnythingIsSent) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const auto usage = [&](std::vector<std::string> args) {
+    const ToolResult r = ctl(d, std::move(args));
+    EXPECT_EQ(r.exit_code, 2) << r.out;
+    EXPECT_FALSE(r.err.empty());
+    return r.err;
+  };
+  EXPECT_NE(usage({"acquire", "k", "--ttl", "1s", "--shared", "--permits", "2"}).find("--permits"),
+            std::string::npos);
+  EXPECT_NE(usage({"acquire", "a", "b", "--ttl", "1s", "--permits", "2"}).find("one key"),
+            std::string::npos);
+  EXPECT_NE(usage({"acquire", "a", "b", "a", "--ttl", "1s"}).find("once"), std::string::npos);
+  std::vector<std::string> seventeen = {"acquire", "--ttl", "1s"};
+  for (int i = 0; i < 17; ++i) seventeen.push_back("k" + std::to_string(i));
+  EXPECT_NE(usage(seventeen).find("16"), std::string::npos);
+  usage({"acquire", "k", "--ttl", "1s", "--permits", "0"});
+  usage({"acquire", "k", "--ttl", "1s", "--permits", "65536"});
+  usage({"acquire", "k", "--ttl", "1s", "--permits", "many"});
+  usage({"run", "k", "--ttl", "1s", "--shared", "--permits", "2", "--", "true"});
+  EXPECT_NE(usage({"run", "a", "b", "--ttl", "1s"}).find("--"), std::string::npos);
+  usage({"run", "a", "", "--ttl", "1s", "--", "true"});
+  // Nothing reached the server.
+  const Json counters = parsed(ctl(d, {"stats"}))["nodes"].items.at(0)["counters"];
+  EXPECT_EQ(counters["grants"].number, 0);
+  EXPECT_EQ(counters["requests"].number, 0);
+
+  for (const char* sub : {"acquire", "run"}) {
+    const ToolResult help = run_tool(kCtl, {sub, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << sub;
+    EXPECT_NE(help.out.find("--shared"), std::string::npos) << sub;
+    EXPECT_NE(help.out.find("--permits"), std::string::npos) << sub;
+  }
+  EXPECT_NE(run_tool(kCtl, {"query", "--help"}).out.find("holders"), std::string::npos);
+}
+
+TEST(ShardlockctlTest, SeveralKeysOfDifferentNodesAreAUsageError) {
+  Daemon one;
+  Daemon two;
+  ASSERT_FALSE(one.address().empty());
+  ASSERT_FALSE(two.address().empty());
+  LeaseClientOptions options;
+  options.nodes = {one.address(), two.address()};
+  LeaseClient router(options);
+  ASSERT_FALSE(router.start());
+  std::array<std::string, 2> on_node;
+  for (int i = 0; on_node[0].empty() || on_node[1].empty(); ++i) {
+    ASSERT_LT(i, 1000);
+    const std::string key = "split/" + std::to_string(i);
+    std::string& slot = on_node[router.node_for(key)];
+    if (slot.empty()) slot = key;
+  }
+  const ToolResult r = run_tool(kCtl, {"--server", one.address() + "," + two.address(), "acquire",
+                                       on_node[0], on_node[1], "--ttl", "10s"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_EQ(parsed(r)["error"].text, "keys_owned_by_different_nodes");
+  EXPECT_NE(r.err.find("different nodes"), std::string::npos) << r.err;
+}
+
+TEST(ShardlockctlTest, RunHoldsSeveralKeysOrASharedLeaseWhileTheCommandRuns) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  // The child sees every key and token, and checks the second from inside.
+  const std::string script = "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN $SHARDLOCK_MODE\"; \"" + kCtl +
+                             "\" --server \"$SHARDLOCK_SERVER\" query jobs/b; exit 3";
+  const ToolResult r =
+      ctl(d, {"run", "jobs/a", "jobs/b", "--ttl", "5s", "--", "/bin/sh", "-c", script});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  std::smatch m;
+  ASSERT_TRUE(
+      std::regex_search(r.out, m, std::regex(R"(jobs/a,jobs/b (\d+),(\d+) exclusive\n(\{.*\}))")))
+      << r.out;
+  const auto inside = testing::JsonParser::parse(m[3].str());
+  ASSERT_TRUE(inside);
+  EXPECT_TRUE((*inside)["held"].boolean);
+  EXPECT_EQ(std::to_string(static_cast<std::uint64_t>((*inside)["token"].number)), m[2].str());
+  // Both released when the command exited.
+  EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/a"}))["held"].boolean);
+  EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/b"}))["held"].boolean);
+
+  // One key held elsewhere: run starts nothing and holds nothing.
+  ASSERT_EQ(ctl(d, {"acquire", "jobs/b", "--ttl", "30s"}).exit_code, 0);
+  const ToolResult busy =
+      ctl(d, {"run", "jobs/a", "jobs/b", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(busy.out.find("ran"), std::string::npos);
+  EXPECT_EQ(parsed(busy)["busy_key"].text, "jobs/b");
+  EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/a"}))["held"].boolean);
+
+  // run --shared next to another reader; an exclusive run is refused.
+  ASSERT_EQ(ctl(d, {"acquire", "report", "--ttl", "30s", "--shared"}).exit_code, 0);
+  const ToolResult shared =
+      ctl(d, {"run", "report", "--ttl", "5s", "--shared", "--", "/bin/sh", "-c",
+              "\"$0\" --server \"$SHARDLOCK_SERVER\" query report", kCtl});
+  EXPECT_EQ(shared.exit_code, 0) << shared.err;
+  const Json during = parsed(shared);
+  EXPECT_EQ(during["mode"].text, "shared");
+  EXPECT_EQ(during["holders"].number, 2);
+  EXPECT_EQ(parsed(ctl(d, {"query", "report"}))["holders"].number, 1) << "released on exit";
+  EXPECT_EQ(ctl(d, {"run", "report", "--ttl", "5s", "--", "true"}).exit_code, 1);
+}
+
+// ---------------------------------------------------------- loud failures
+
+// A key that could not be written is no key: keygen (like every subcommand)
+// fails when stdout cannot take its output.
+TEST(ShardlockctlTest, OutputThatCannotBeWrittenIsAFailure) {
+  if (::access("/dev/full", W_OK) != 0) GTEST_SKIP() << "no /dev/full";
+  const ToolResult r = run_tool("/bin/sh", {"-c", "exec \"$0\" keygen > /dev/full", kCtl});
+  EXPECT_EQ(r.exit_code, 5) << r.err;
+  EXPECT_NE(r.err.find("cannot write the output"), std::string::npos) << r.err;
+}
+
+// A parent that ignores SIGCHLD passes that on across exec; the kernel then
+// reaps the command itself, and run reported 0 whatever the command did.
+TEST(ShardlockctlTest, RunReportsTheCommandsStatusWhenSigchldWasIgnored) {
+  if (::access("/usr/bin/perl", X_OK) != 0) GTEST_SKIP() << "no perl to ignore SIGCHLD with";
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult r =
+      run_tool("/usr/bin/perl",
+               {"-e", "$SIG{CHLD} = 'IGNORE'; exec @ARGV or exit 99", kCtl, "--server", d.address(),
+                "run", "job", "--ttl", "10s", "--", "/bin/sh", "-c", "exit 7"});
+  EXPECT_EQ(r.exit_code, 7) << r.err;
+}
+
+// A server that answers STATS with fewer shard tokens than its shard count
+// and then an empty page: ctl must not print the part as the whole.
+TEST(ShardlockctlTest, StatsThatStopPagingEarlyAreAnError) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
+  socklen_t length = sizeof address;
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  std::atomic<bool> stop{false};
+  std::thread server([&] {
+    std::array<std::uint8_t, kMaxDatagramSize> in{};
+    std::array<std::uint8_t, kMaxDatagramSize> out{};
+    while (!stop.load(std::memory_order_relaxed)) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      sockaddr_in from{};
+      socklen_t from_length = sizeof from;
+      const ssize_t n =
+          ::recvfrom(fd, in.data(), in.size(), 0, reinterpret_cast<sockaddr*>(&from), &from_length);
+      Datagram request;
+      if (n <= 0 || decode({in.data(), static_cast<std::size_t>(n)}, request) != ProtocolError::kOk)
+        continue;
+      Datagram reply;
+      reply.request_id = request.request_id;
+      reply.client_id = request.client_id;
+      Message m;
+      m.type = MessageType::kStatsReply;
+      m.request_id = request.messages[0].request_id;
+      m.first_shard = request.messages[0].first_shard;
+      m.shard_count = 4;  // and never a token
+      static const std::array<std::uint8_t, 8 * kStatCounterCount> counters{};
+      m.counters_le = counters;
+      (void)reply.push(m);
+      std::size_t written = 0;
+      if (encode(reply, out, written) != ProtocolError::kOk) continue;
+      (void)::sendto(fd, out.data(), written, 0, reinterpret_cast<sockaddr*>(&from), from_length);
+    }
+  });
+  const ToolResult r =
+      run_tool(kCtl, {"--server", "127.0.0.1:" + std::to_string(ntohs(address.sin_port)),
+                      "--timeout", "1s", "stats"});
+  stop.store(true, std::memory_order_relaxed);
+  server.join();
+  ::close(fd);
+  EXPECT_EQ(r.exit_code, 5) << r.out << r.err;
+  EXPECT_EQ(parsed(r)["nodes"].items.at(0)["error"].text, "incomplete");
+  EXPECT_NE(r.err.find("0 of 4 shard tokens"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace shardlock::lease
