@@ -16,8 +16,8 @@
 #include <system_error>
 #include <utility>
 
-#include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace lease = shardlock::lease;

@@ -659,6 +659,14 @@ void CallEngine::flush_outbox() {
 
 // -------------------------------------------------------------- redirects
 
+void CallEngine::call_map(const Endpoint* to, std::uint32_t first_member, CallCompletion done) {
+  auto call = make_call(MessageType::kMap, {});
+  call->to = to;
+  call->first_member = first_member;
+  call->done = std::move(done);
+  submit(std::move(call));
+}
+
 void CallEngine::on_map_refreshed() {
   if (!on_io_thread()) {
     post([this] { on_map_refreshed(); });

@@ -56,7 +56,7 @@
 #include "client/client_routing.h"
 #include "client/cluster_directory.h"
 #include "shardlock/internal/thread_annotations.h"
-#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/call.h"
 #include "shardlock/mutex.h"
 
 namespace shardlock::lease::internal {
@@ -139,7 +139,7 @@ struct Call {
   // follow-up starts again from 0): kSilentTransmissions of them make the
   // engine suspect the node has left (cluster mode).
   unsigned unanswered_sends = 0;
-  LeaseClient::Completion done;
+  CallCompletion done;
 
   [[nodiscard]] Message message() const noexcept {
     return Message{.type = type,
@@ -157,7 +157,7 @@ struct Call {
   }
 };
 
-class CallEngine {
+class CallEngine final : public MapCaller {
  public:
   // `setup` must outlive the engine.
   explicit CallEngine(const ClientSetup& setup) noexcept : setup_(setup) {}
@@ -190,7 +190,9 @@ class CallEngine {
   [[nodiscard]] bool route_keys(std::span<const std::string_view> keys, Call& call) const;
   // A map refresh ended: sends the calls parked for it to their owners under
   // the map now current. Called by ClusterDirectory; any thread.
-  void on_map_refreshed();
+  void on_map_refreshed() override;
+  // One MAP page from `to` for the ClusterDirectory; any thread.
+  void call_map(const Endpoint* to, std::uint32_t first_member, CallCompletion done) override;
   // Whether `call` encodes as one datagram within the size limit (with the
   // auth tag, when one is configured) and its padded reply fits too. An
   // ACQUIRE_MANY of many long keys may not.
@@ -228,7 +230,7 @@ class CallEngine {
     }
   };
   struct ReadyCompletion {
-    LeaseClient::Completion done;
+    CallCompletion done;
     CallResult result;
   };
   // Encoded retransmissions of one round: (node, bytes).

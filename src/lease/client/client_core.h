@@ -13,8 +13,8 @@
 #include <utility>
 
 #include "client/call_engine.h"
-#include "shardlock/lease/client/client.h"
 #include "client/watchdog.h"
+#include "shardlock/lease/client/client.h"
 
 namespace shardlock::lease::internal {
 

@@ -12,7 +12,7 @@
 #include <string_view>
 #include <vector>
 
-#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/call.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease::internal {

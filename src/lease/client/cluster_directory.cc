@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <utility>
 
-#include "client/call_engine.h"
 #include "client/client_routing.h"
 
 namespace shardlock::lease::internal {
@@ -122,7 +121,7 @@ struct ClusterDirectory::Fetch {
   std::function<void(bool)> done;
 };
 
-ClusterDirectory::ClusterDirectory(CallEngine& engine, std::vector<const Endpoint*> seeds,
+ClusterDirectory::ClusterDirectory(MapCaller& engine, std::vector<const Endpoint*> seeds,
                                    int family)
     : engine_(engine), seeds_(std::move(seeds)), endpoints_(family) {}
 
@@ -177,11 +176,8 @@ void ClusterDirectory::refresh(const Endpoint* first, const Endpoint* last) {
 }
 
 void ClusterDirectory::fetch_page(const std::shared_ptr<Fetch>& fetch) {
-  auto call = engine_.make_call(MessageType::kMap, {});
-  call->to = fetch->sources[fetch->source];
-  call->first_member = fetch->assembler.next_first_member();
-  call->done = [this, fetch](const CallResult& page) { on_page(fetch, page); };
-  engine_.submit(std::move(call));
+  engine_.call_map(fetch->sources[fetch->source], fetch->assembler.next_first_member(),
+                   [this, fetch](const CallResult& page) { on_page(fetch, page); });
 }
 
 void ClusterDirectory::on_page(const std::shared_ptr<Fetch>& fetch, const CallResult& page) {

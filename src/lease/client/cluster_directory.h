@@ -16,7 +16,7 @@
 // Threading: current(), owner_of() and refresh() may be called from any
 // thread. At most one refresh runs at a time; its MAP calls complete on the
 // call engine's I/O thread, which is where the new view is built and where
-// the engine is told (CallEngine::on_map_refreshed()) to send the calls it
+// the engine is told (MapCaller::on_map_refreshed()) to send the calls it
 // parked until then. Endpoints are interned for the directory's lifetime,
 // so a `const Endpoint*` taken from any view stays valid as long as the
 // client lives.
@@ -34,14 +34,27 @@
 #include <vector>
 
 #include "shardlock/internal/thread_annotations.h"
-#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/call.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease::internal {
 
-class CallEngine;
+// What the directory needs from the call engine that owns it: one MAP call
+// sent, and word that a refresh ended. The engine implements it, so the
+// directory sits below the engine and never sees it.
+class MapCaller {
+ public:
+  // Sends MAP to `to` for the page that starts at `first_member`; `done`
+  // gets the answer (or the call's failure), on the engine's I/O thread.
+  virtual void call_map(const Endpoint* to, std::uint32_t first_member, CallCompletion done) = 0;
+  // A refresh ended, successful or not: send the calls parked for it.
+  virtual void on_map_refreshed() = 0;
+
+ protected:
+  ~MapCaller() = default;
+};
 
 // One map, immutable once built.
 struct ClusterMapView {
@@ -119,7 +132,7 @@ class ClusterDirectory {
  public:
   // `seeds`: the configured nodes, asked at start and when no member answers.
   // `engine` sends the MAP calls; both must outlive the directory's use.
-  ClusterDirectory(CallEngine& engine, std::vector<const Endpoint*> seeds, int family);
+  ClusterDirectory(MapCaller& engine, std::vector<const Endpoint*> seeds, int family);
 
   // Fetches the first map from the seeds, in turn, and blocks until one
   // gives it or all have failed (then `detail` says why, seed by seed). The
@@ -136,7 +149,7 @@ class ClusterDirectory {
   // whose map is newer), then the current members, then the seeds, and
   // `last` (a node that stopped answering) only after all of them, unless a
   // refresh is already running. When it ends, successful or not, the engine
-  // sends the calls it parked for it (CallEngine::on_map_refreshed()). Never
+  // sends the calls it parked for it (MapCaller::on_map_refreshed()). Never
   // blocks.
   void refresh(const Endpoint* first, const Endpoint* last = nullptr) SHARDLOCK_EXCLUDES(mutex_);
 
@@ -148,7 +161,7 @@ class ClusterDirectory {
   // Adopts `view` if it is newer than the current one.
   void adopt(std::shared_ptr<const ClusterMapView> view) SHARDLOCK_EXCLUDES(mutex_);
 
-  CallEngine& engine_;
+  MapCaller& engine_;
   const std::vector<const Endpoint*> seeds_;
   EndpointTable endpoints_;
 

@@ -21,10 +21,14 @@
 
 #include "client/call_engine.h"
 #include "shardlock/internal/thread_annotations.h"
-#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/call.h"
 #include "shardlock/mutex.h"
 
 namespace shardlock::lease::internal {
+
+// The facade's shared state (client_core.h, above this header): a lease keeps
+// its client alive through it, and never looks inside.
+struct ClientCore;
 
 // How far below the server's deadline the client puts a lease's expiry.
 struct DriftMargin {

@@ -1,5 +1,7 @@
 // client.h: LeaseClient and Lease, the client side of the shardlock lease
-// service (the server is server.h; the wire format protocol.h).
+// service (the server is server/server.h; the wire format wire/protocol.h).
+// The facade sits on top: the options, results, errors and datagram seam it
+// shares with the call engine below it are in call.h, included here.
 //
 // Use it to take distributed leases with fencing tokens:
 //
@@ -61,245 +63,22 @@
 //     loss, duplication and reordering in front of the real socket.
 #pragma once
 
-#include <sys/socket.h>
-
 #include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
 
-#include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/client/call.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease {
-
-// The clock of client-side lease expiry: CLOCK_BOOTTIME. Unlike
-// CLOCK_MONOTONIC (std::chrono::steady_clock) it keeps counting while the
-// machine is suspended, and the server's leases expire during a suspend too.
-struct LeaseClock {
-  using duration = std::chrono::nanoseconds;
-  using rep = duration::rep;
-  using period = duration::period;
-  using time_point = std::chrono::time_point<LeaseClock>;
-  static constexpr bool is_steady = true;
-  [[nodiscard]] static time_point now() noexcept;
-};
-
-// ---------------------------------------------------------------------------
-// Errors
-// ---------------------------------------------------------------------------
-
-// Why a client call did not succeed. Also a std::error_code category.
-enum class LeaseErrc : std::uint8_t {
-  kOk = 0,
-  kBusy,           // held by another owner (BUSY, ACQUIRE with no wait)
-  kTimeout,        // the wait ran out before the lease was handed over (TIMEOUT)
-  kUnreachable,    // no answer before the call's deadline
-  kRecovering,     // the server is in its lock-delay after a start (RECOVERING)
-  kNotOwner,       // RENEW/RELEASE by someone who does not hold the lease
-  kExpired,        // RENEW/RELEASE of a lease the server no longer has
-  kServerError,    // the server answered ERROR (see the result's wire_error)
-  kBadArgument,    // refused before sending: key length, TTL of 0, ...
-  kNotStarted,     // start() has not succeeded, or the client is shutting down
-  kBadAddress,     // a node address does not parse or resolve
-  kLeaseInactive,  // the Lease is empty, released or already lost
-  kGrantExpired,   // granted, but the grant's client-side expiry had passed on arrival
-  kCrossNode,      // acquire_many() keys owned by different nodes (refused before sending)
-  // A cluster node answered REDIRECT (not the key's owner) and the client
-  // could not reach the owner: more than kMaxRedirects redirects, still
-  // redirected at the call's deadline, or not in cluster mode
-  // (discover_cluster off).
-  kRedirected,
-};
-// The most REDIRECTs one call follows before it fails with kRedirected. One
-// from a node whose map is behind the client's does not count: the call
-// waits for that node to catch up, within its deadline.
-inline constexpr unsigned kMaxRedirects = 8;
-[[nodiscard]] std::string_view to_string(LeaseErrc e) noexcept;
-[[nodiscard]] const std::error_category& lease_category() noexcept;
-[[nodiscard]] inline std::error_code make_error_code(LeaseErrc e) noexcept {
-  return {static_cast<int>(e), lease_category()};
-}
-
-// ---------------------------------------------------------------------------
-// The datagram seam
-// ---------------------------------------------------------------------------
-
-// A UDP peer address, resolved once.
-struct Endpoint {
-  sockaddr_storage address{};
-  socklen_t length = 0;
-  std::string text;  // "HOST:PORT" as configured
-};
-// Resolves "HOST:PORT" or "[IPv6]:PORT" (numeric or a host name). Returns
-// kBadAddress for anything else.
-[[nodiscard]] std::error_code parse_endpoint(std::string_view text, Endpoint& out);
-
-// The I/O path of a LeaseClient: every datagram it sends or receives passes
-// through one of these. The default is a plain UDP socket
-// (make_udp_transport); tests wrap it to lose, duplicate or reorder
-// datagrams without touching the product code around it.
-class DatagramTransport {
- public:
-  virtual ~DatagramTransport() = default;
-  // Sends one datagram. Called from any thread, concurrently. A failure is
-  // returned for counting only; the caller treats it as a lost datagram.
-  virtual std::error_code send(const Endpoint& to, std::span<const std::uint8_t> bytes) = 0;
-  struct Outgoing {
-    const Endpoint* to;
-    std::span<const std::uint8_t> bytes;
-  };
-  // Sends several datagrams (the I/O thread's batch); the default calls
-  // send() for each, the UDP transport makes one sendmmsg per 64.
-  virtual void send_many(std::span<const Outgoing> datagrams) {
-    for (const Outgoing& d : datagrams) (void)send(*d.to, d.bytes);
-  }
-  // Hands every datagram that is ready now to `deliver`, without blocking;
-  // returns how many were read. Called only from the client's I/O thread.
-  virtual std::size_t receive(
-      const std::function<void(std::span<const std::uint8_t>)>& deliver) = 0;
-  // A descriptor that polls readable when receive() has work. May also
-  // return -1 with a non-zero poll_interval().
-  [[nodiscard]] virtual int fd() const noexcept = 0;
-  // How often the I/O thread must call receive() even when fd() is quiet, for
-  // transports that hold datagrams back (reordering); zero means never.
-  [[nodiscard]] virtual std::chrono::milliseconds poll_interval() const noexcept { return {}; }
-};
-
-// A non-blocking UDP socket of `family` (AF_INET or AF_INET6), bound to an
-// ephemeral port. Receives up to 32 datagrams per recvmmsg.
-[[nodiscard]] std::error_code make_udp_transport(int family,
-                                                 std::unique_ptr<DatagramTransport>& out);
-
-// ---------------------------------------------------------------------------
-// Options and results
-// ---------------------------------------------------------------------------
-
-struct LeaseClientOptions {
-  // "HOST:PORT" of every node. Keys are routed to their owner with the
-  // Router; one node is the usual case. All nodes share one address family.
-  // With discover_cluster: seeds, asked for the cluster's map.
-  std::vector<std::string> nodes;
-  // Cluster mode (docs/cluster.md): start() asks the seeds in `nodes`, in
-  // turn, for the cluster's map (MAP, paged) until one answers with a map
-  // (epoch > 0); when none does it fails with kUnreachable, and
-  // error_detail() gives each seed's reason ("not a cluster node" for one
-  // that answered epoch 0). Keys are then routed over the map's members,
-  // every request carries the map's epoch, and REDIRECTs are followed. The
-  // members must share the seeds' address family; addresses are resolved on
-  // the client's I/O thread, so maps should hold numeric addresses.
-  bool discover_cluster = false;
-  // The owner identity; random (getrandom) when empty. Set it only to act for
-  // an owner that already exists (shardlockctl renew/release --owner).
-  std::optional<ClientId> client_id;
-  // How long a call without a wait retransmits before it gives up as
-  // kUnreachable. An ACQUIRE that waits gets its wait on top.
-  std::chrono::milliseconds request_timeout{2000};
-  // First retransmission interval; doubled on each retry up to the maximum,
-  // each interval jittered by +-25%.
-  std::chrono::milliseconds initial_retransmit{20};
-  std::chrono::milliseconds max_retransmit{400};
-  // Calls issued from the I/O thread (inside async completions) are sent
-  // when the completions of one receive round are done, packed up to this
-  // many per datagram (1 = never batch).
-  std::size_t max_batch = kMaxBatch;
-  // While calls are outstanding, the I/O thread polls its socket without
-  // sleeping for up to this long before it blocks in poll(): a reply that
-  // lands within the window skips the wake-up. Costs CPU only while waiting
-  // for replies; zero turns it off. At most 10 ms.
-  std::chrono::microseconds busy_poll{50};
-  // Shared key for datagram authentication (auth.h); must match the
-  // servers'. When set, requests are sealed and replies whose tag does not
-  // verify are dropped, so a forged GRANTED is never believed.
-  std::optional<AuthKey> auth_key;
-  // Client-side expiry = send time + TTL - (clock_drift_factor x TTL +
-  // clock_drift_allowance): the allowance for this host's clock running
-  // faster than the server's, plus scheduling. The defaults are Redlock's
-  // (1% and 2 ms). The factor must be in [0, 1).
-  double clock_drift_factor = 0.01;
-  std::chrono::milliseconds clock_drift_allowance{2};
-  // Wraps the default UDP transport (tests: fault injection). Null: none.
-  std::function<std::unique_ptr<DatagramTransport>(std::unique_ptr<DatagramTransport>)>
-      wrap_transport;
-};
-
-// One member of a cluster map (MAP_REPLY), owned.
-struct MapMember {
-  std::string id;
-  std::string address;  // "HOST:PORT"
-  std::uint32_t weight = 1;
-  friend bool operator==(const MapMember&, const MapMember&) = default;
-};
-
-// The answer to one call, as the async interface delivers it and the sync
-// helpers below read it.
-struct CallResult {
-  std::error_code error;                        // empty when the server said yes
-  MessageType reply = MessageType::kError;      // the reply type (when one came)
-  std::uint64_t token = 0;                      // GRANTED, QUERY_REPLY
-  std::uint32_t ttl_ms = 0;                     // GRANTED/RENEWED ttl; BUSY/QUERY ttl left
-  std::uint32_t retry_after_ms = 0;             // RECOVERING
-  WireError wire_error = WireError::kInternal;  // ERROR
-  bool held = false;                            // QUERY_REPLY
-  std::uint32_t waiters = 0;                    // QUERY_REPLY
-  LeaseMode mode = LeaseMode::kExclusive;       // QUERY_REPLY
-  std::uint32_t holders = 0;                    // QUERY_REPLY
-  std::uint32_t permits = 0;                    // QUERY_REPLY: a semaphore key's limit
-  std::vector<std::uint64_t> tokens;            // GRANTED_MANY: one per key, in request order
-  std::uint8_t busy_index = 0;                  // BUSY_MANY: the first busy key's index
-  // When the call's first transmission left; a grant's expiry counts from it.
-  LeaseClock::time_point first_sent;
-  std::uint64_t request_id = 0;  // the call's request id
-  unsigned transmissions = 0;    // 1 + retransmissions
-  // STATS_REPLY: one page of the server's counters and shard tokens.
-  std::uint32_t shard_count = 0;
-  std::uint32_t first_shard = 0;
-  std::array<std::uint64_t, kStatCounterCount> counters{};
-  std::vector<std::uint64_t> shard_tokens;
-  // REDIRECT, MAP_REPLY: the node's map epoch. MAP_REPLY: one page of the
-  // map's members (first_member onward) and how many it has in all.
-  std::uint64_t epoch = 0;
-  std::uint32_t member_count = 0;
-  std::uint32_t first_member = 0;
-  std::vector<MapMember> members;
-  // The node the call was last sent to (null if it never was): the one that
-  // answered, when an answer came. Owned by the client, valid while it lives.
-  const Endpoint* node = nullptr;
-};
-
-// What a lease-lost callback learns.
-struct LeaseLost {
-  std::string key;
-  std::uint64_t token = 0;
-  // kExpired: the client-side expiry passed with no confirmed renewal (the
-  //   server did not answer in time, or the watchdog was off);
-  // kNotOwner / kExpired from the server: the renewal was refused (in
-  // cluster mode a REDIRECT counts as kExpired: the node handed the key off);
-  // kServerError: the renewal was answered with ERROR.
-  std::error_code reason;
-  bool refused_by_server = false;
-};
-
-// How a Lease looks after itself. The defaults: no watchdog, no callback.
-struct LeaseOptions {
-  // Renew automatically at renew_fraction x TTL after each confirmed grant
-  // or renewal, retrying until the client-side expiry.
-  bool watchdog = false;
-  double renew_fraction = 1.0 / 3.0;  // in (0, 1)
-  // Called exactly once if the lease is lost: a renewal is refused or fails,
-  // or the client-side expiry passes with no renewal. Never called after
-  // release() or destruction of the Lease began. Runs on the client's
-  // watchdog thread; it may call the client, and should not block for long.
-  std::function<void(const LeaseLost&)> on_lost;
-};
 
 struct ServerStatsReply {
   std::error_code error;
@@ -404,7 +183,7 @@ struct MultiAcquireResult {
 class LeaseClient {
  public:
   using Clock = LeaseClock;
-  using Completion = std::function<void(const CallResult&)>;
+  using Completion = CallCompletion;
 
   explicit LeaseClient(LeaseClientOptions options);
   // Stops the threads; outstanding calls complete with kNotStarted; Leases
@@ -540,19 +319,4 @@ class LeaseClient {
   std::shared_ptr<internal::ClientCore> core_;
 };
 
-// Splits "HOST:PORT,HOST:PORT,..." (the tools' --server) into node
-// addresses, skipping empty items.
-[[nodiscard]] std::vector<std::string> split_node_list(std::string_view text);
-
-// A fresh random owner identity (getrandom); all zero if that fails.
-[[nodiscard]] ClientId random_client_id() noexcept;
-
-// 32 lowercase hex digits, hi then lo.
-[[nodiscard]] std::string to_hex(const ClientId& id);
-// Parses 32 hex digits (either case); nullopt otherwise.
-[[nodiscard]] std::optional<ClientId> parse_client_id(std::string_view hex) noexcept;
-
 }  // namespace shardlock::lease
-
-template <>
-struct std::is_error_code_enum<shardlock::lease::LeaseErrc> : std::true_type {};
