@@ -138,7 +138,7 @@ format:
 # keep it within a few minutes on 2 cores. It reads the clang preset's
 # compile_commands.json: clang's own flags, nothing for clang-tidy to guess.
 LINT_SOURCES = $(filter src/% tools/%,$(filter %.cc,$(SOURCES)))
-# src/cluster/ includes headers generated at build time (etcd's gRPC stubs):
+# src/cluster/etcd/ includes headers generated at build time (etcd's gRPC stubs):
 # they are built first when the cluster layer is configured in.
 LINT = if $(CMAKE) --build --preset clang --target help 2>/dev/null | grep -q '^shardlock_etcdpb:'; then \
          $(CMAKE) --build --preset clang --target shardlock_etcdpb -j $(JOBS) >/dev/null; \

@@ -63,7 +63,7 @@
 #include <optional>
 #include <thread>
 
-#include "membership.h"  // src/cluster: the etcd client and the cluster's keys
+#include "membership.h"  // src/cluster/etcd: the etcd client and the cluster's keys
 #include "shardlock/cluster/cluster_map.h"
 #endif
 

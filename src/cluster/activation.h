@@ -76,7 +76,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "membership.h"
+#include "cluster_view.h"
 #include "shardlock/router.h"
 
 namespace shardlock::cluster {

@@ -2,7 +2,7 @@
 
 The same mapping as the C++ Router (src/router.cc, docs/router.md,
 "Implementation") configured as the nodes configure theirs
-(cluster_router_options() in src/cluster_map.cc): the default seed and 2^16
+(cluster_router_options() in src/cluster/cluster_map.cc): the default seed and 2^16
 buckets. A client must agree with the nodes on every key's owner, or each
 call costs a REDIRECT; tests/test_router.py checks golden vectors that the
 C++ code produced.

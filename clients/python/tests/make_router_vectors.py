@@ -4,7 +4,7 @@
 
 runs shardlock-route (tools/shardlock_route.cc) with the cluster's options
 (--bucket-bits 16, the default seed: cluster_router_options() in
-src/cluster_map.cc) over each map below and the same keys, and writes the
+src/cluster/cluster_map.cc) over each map below and the same keys, and writes the
 owners next to this file. test_router.py checks that shardlock.router agrees.
 Only the data is checked in; regenerate it when the maps or keys change.
 """

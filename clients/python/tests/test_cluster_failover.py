@@ -2,7 +2,7 @@
 shardlockd cluster nodes, and the node owning a key's bucket killed with -9.
 A waiting acquire issued right after the kill is granted by the key's new
 owner within its wait, never raising RecoveringError or UnreachableError
-first (as tests/cluster/client_failover_test.cc checks for C++ and C).
+first (as tests/cluster/etcd/client_failover_test.cc checks for C++ and C).
 
 Needs $SHARDLOCKD (ctest sets it), etcd at $SHARDLOCK_ETCD (default
 /usr/bin/etcd) and the xxhash package; skipped without any of them. The only

@@ -2,7 +2,7 @@
 // member's record, the published map and its epoch), their one-line text
 // encodings, and routing over a map (docs/cluster.md).
 //
-// Pure and free of gRPC: the node's membership (src/cluster/membership.h)
+// Pure and free of gRPC: the node's membership (src/cluster/etcd/membership.h)
 // writes and reads these values in etcd, and a client that learns a map from
 // a node routes with the same ClusterRouting, so both sides compute the same
 // bucket owners.

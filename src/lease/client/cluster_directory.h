@@ -9,7 +9,7 @@
 // No atomics: the mutex orders the view's construction before every read.
 //
 // The Router is configured exactly as the nodes' ClusterRouting::build()
-// (src/cluster/membership.cc) configures theirs, so both sides agree on every
+// (src/cluster/etcd/membership.cc) configures theirs, so both sides agree on every
 // key's owner: one Node{member id, member weight} per member, the default
 // seed (kDefaultRouterSeed) and 2^16 buckets (ClientRouting::kBucketBits).
 //

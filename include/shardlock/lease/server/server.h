@@ -110,7 +110,7 @@ struct LeaseServerOptions {
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams
   // are dropped and counted the same way.
   std::optional<AuthKey> auth_key;
-  // Cluster mode (src/cluster/cluster_node.h): start with a closed gate, so
+  // Cluster mode (src/cluster/etcd/cluster_node.h): start with a closed gate, so
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
   // map, until the cluster layer publishes one (publish_cluster_gate()).
   bool start_closed = false;
@@ -209,7 +209,7 @@ class LeaseServer {
   // have exited (a few milliseconds). Idempotent; safe before start().
   void stop();
 
-  // ---- Cluster mode: the cluster layer's hooks (src/cluster/cluster_node.h
+  // ---- Cluster mode: the cluster layer's hooks (src/cluster/etcd/cluster_node.h
   // drives them; not for other use). Each needs a successful start().
   // Every grant, renew and QUERY then asks `gate` first, and MAP answers
   // from it; returns once every shard has it (internal/cluster_gate.h).

@@ -1,5 +1,5 @@
 // ClusterNode in-process, driving a real LeaseServer from a real etcd
-// (tests/cluster/etcd_process.h starts one; skipped when /usr/bin/etcd is
+// (tests/cluster/etcd/etcd_process.h starts one; skipped when /usr/bin/etcd is
 // missing): what the driver hands the server's gate, and what it writes to
 // etcd for the other nodes.
 #include "cluster_node.h"

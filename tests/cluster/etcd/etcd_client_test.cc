@@ -1,4 +1,4 @@
-// EtcdClient against a real single-member etcd (tests/cluster/etcd_process.h).
+// EtcdClient against a real single-member etcd (tests/cluster/etcd/etcd_process.h).
 // Skips when /usr/bin/etcd is missing.
 #include "etcd_client.h"
 

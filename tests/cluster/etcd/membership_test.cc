@@ -1,7 +1,7 @@
 // Membership, the map's epoch and the epoch file, against a real
-// single-member etcd (tests/cluster/etcd_process.h). The etcd tests skip when
+// single-member etcd (tests/cluster/etcd/etcd_process.h). The etcd tests skip when
 // /usr/bin/etcd is missing; the epoch file and option tests always run. The
-// values and routing over a map are tested in tests/cluster_map_test.cc.
+// values and routing over a map are tested in tests/cluster/cluster_map_test.cc.
 #include "membership.h"
 
 #include <gtest/gtest.h>

@@ -6,7 +6,7 @@
 // node's control path, never on the lease request path: every call is a
 // network round trip.
 //
-// Internal, so it lives in src/cluster/ and is not installed: it exists for
+// Internal, so it lives in src/cluster/etcd/ and is not installed: it exists for
 // the daemon, its shape will follow what membership needs, and keeping it out
 // of include/shardlock/ keeps gRPC and protobuf out of the package that
 // find_package(shardlock) consumers link. No gRPC type appears here either

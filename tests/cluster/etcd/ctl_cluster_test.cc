@@ -1,5 +1,5 @@
 // shardlockctl members and drain against a real etcd
-// (tests/cluster/etcd_process.h), with two Membership instances in this
+// (tests/cluster/etcd/etcd_process.h), with two Membership instances in this
 // process as the cluster's nodes: what members lists, and that drain moves a
 // node out of the map and --cancel brings it back.
 #include <gtest/gtest.h>
