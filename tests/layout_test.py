@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The source tree's rooms, checked (docs/lease-server.md, "the request path,
+room by room"; docs/cluster.md): which part may include which.
+
+- The lease layer is three rooms, in include/shardlock/lease/ and src/lease/
+  alike: wire (what every side agrees on), server and client. Server and
+  client both use wire; neither includes the other; wire includes neither.
+- src/lease/ itself holds only the three rooms; include/shardlock/lease/ holds
+  the rooms and the one-release forwarding headers, nothing else.
+- The cluster layer's gRPC-free code (src/cluster/, include/shardlock/cluster/)
+  includes nothing from src/cluster/etcd/ and no gRPC or protobuf header.
+- No two units include each other (unit = a .h/.cc pair by stem, within
+  src/lease/ and src/cluster/).
+
+Usage: layout_test.py SOURCE_DIR. Prints every violation; exit 1 if any.
+"""
+import os
+import re
+import sys
+
+INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+ROOMS = ("wire", "server", "client")
+ETCD_HEADERS = {"etcd_client.h", "membership.h", "cluster_node.h"}
+
+
+def sources(root, top):
+    for dirpath, _, names in os.walk(os.path.join(root, top)):
+        for name in sorted(names):
+            if name.endswith((".h", ".cc", ".c")):
+                path = os.path.join(dirpath, name)
+                yield os.path.relpath(path, root)
+
+
+def includes(root, path):
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        return INCLUDE.findall(f.read())
+
+
+def room_of(path):
+    """The lease room a file belongs to, or None."""
+    for prefix in ("src/lease/", "include/shardlock/lease/"):
+        if path.startswith(prefix):
+            first = path[len(prefix):].split("/")[0]
+            return first if first in ROOMS else None
+    return None
+
+
+def room_of_include(target):
+    """The lease room an include names: a public "shardlock/lease/<room>/..."
+    path, or a private "<room>/..." one from src/lease/."""
+    for prefix in ("shardlock/lease/", ""):
+        if target.startswith(prefix):
+            first = target[len(prefix):].split("/")[0]
+            if first in ROOMS and "/" in target[len(prefix):]:
+                return first
+    return None
+
+
+def main():
+    root = sys.argv[1]
+    problems = []
+
+    allowed = {"wire": {"wire"}, "server": {"wire", "server"}, "client": {"wire", "client"}}
+    for top in ("src/lease", "include/shardlock/lease"):
+        for path in sources(root, top):
+            room = room_of(path)
+            if room is None:
+                if top == "src/lease" or path.count("/") != 3:
+                    problems.append(f"{path}: outside the rooms ({', '.join(ROOMS)})")
+                continue
+            for target in includes(root, path):
+                other = room_of_include(target)
+                if other is not None and other not in allowed[room]:
+                    problems.append(f"{path}: the {room} room includes {target} ({other})")
+
+    for top in ("src/cluster", "include/shardlock/cluster"):
+        for path in sources(root, top):
+            if path.startswith("src/cluster/etcd/"):
+                continue
+            for target in includes(root, path):
+                name = os.path.basename(target)
+                if (name in ETCD_HEADERS or target.startswith("etcd/") or "grpc" in target
+                        or target.endswith(".pb.h")):
+                    problems.append(f"{path}: gRPC-free code includes {target}")
+
+    # Units: stem -> the stems of the project headers its .h and .cc include.
+    units = {}
+    for top in ("src/lease", "src/cluster"):
+        for path in sources(root, top):
+            stem = os.path.splitext(path)[0]
+            deps = units.setdefault(stem, set())
+            folder = os.path.dirname(path)
+            for target in includes(root, path):
+                for base in (folder, "src/lease", "src/cluster", "src/cluster/etcd", "include"):
+                    candidate = os.path.normpath(os.path.join(base, target))
+                    if os.path.exists(os.path.join(root, candidate)):
+                        deps.add(os.path.splitext(candidate)[0])
+                        break
+    for stem, deps in sorted(units.items()):
+        for other in sorted(deps):
+            if other != stem and other < stem and stem in units.get(other, set()):
+                problems.append(f"{stem} and {other} include each other")
+
+    for p in problems:
+        print(p)
+    print(f"layout: {len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
