@@ -1,0 +1,304 @@
+// replication.h: primary-backup replication of a cluster node's grants, the
+// pure part (docs/cluster.md, "Replication"). No sockets, no clocks, no
+// locks: the caller passes the time in (nanoseconds on the server's clock,
+// CLOCK_BOOTTIME) and serialises calls, so tests drive it directly.
+//
+// Not API: the cluster node's building block.
+//
+// One stream per (primary, backup) pair of nodes carries, in order, every
+// change that hands out or ends a holder on the buckets the backup backs up
+// for that primary:
+//   * kGrant: a holder added (an ACQUIRE granted, a waiter handed the key, a
+//     part of an ACQUIRE_MANY), with the ACQUIRE's owner and request id so a
+//     new primary answers the client's retransmission with the same grant;
+//   * kRelease: a holder gone (released, or expired at the primary);
+//   * kResetBucket ... kBucketCaughtUp: a snapshot of one bucket's holders,
+//     sent when the backup starts backing it up (a new stream, a join, the
+//     next node in the replica set after a loss).
+// Renewals are not in the stream (they stay on the primary), nor are waiter
+// queues (a waiting client's retransmission queues again after a failover).
+//
+// PrimaryStream (the primary's end) numbers entries, sends them in
+// datagrams of at most kMaxReplicationDatagram bytes, retransmits what is
+// not acknowledged, heartbeats when idle, and keeps the *primary lease* the
+// backup grants it in each acknowledgement: the primary may grant or renew
+// only while now < lease_until_ns() of every backup of the bucket. The lease
+// runs from the send time of the datagram acknowledged (echoed in the ack, so
+// only the primary's own clock is read), shortened by a drift allowance.
+//
+// BackupStream (the backup's end) applies entries strictly in order (a gap
+// is acknowledged at the last entry applied, so the primary resends from
+// there), keeps the replicated holders per bucket, and promises, with each
+// acknowledgement, not to take over the primary's buckets before
+// receipt + lease. Receipt is later than the primary's send, so the backup's
+// promise outlasts the primary's lease whenever the two clocks' rates differ
+// by less than the drift allowance. After stop_promising() it grants no more
+// leases; once promise_expired(), the primary can neither grant nor renew,
+// and the backup, holding every grant the primary ever answered, may take
+// over.
+//
+// HeldReplies keeps the answers to replicated grants until every backup has
+// acknowledged them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <limits>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "shardlock/lease/wire/protocol.h"
+
+namespace shardlock::lease::internal::replication {
+
+inline constexpr std::uint32_t kReplicateMagic = 0x50524C53;  // "SLRP" little-endian
+inline constexpr std::uint32_t kAckMagic = 0x41524C53;        // "SLRA" little-endian
+inline constexpr std::uint8_t kReplicationVersion = 1;
+// Node-to-node datagrams stay under a common path MTU, as client ones do.
+inline constexpr std::size_t kMaxReplicationDatagram = 1400;
+inline constexpr std::size_t kReplicateHeaderSize = 40;
+inline constexpr std::size_t kAckHeaderSize = 36;  // the whole ack
+
+enum class EntryKind : std::uint8_t {
+  kGrant = 1,
+  kRelease = 2,
+  kResetBucket = 3,
+  kBucketCaughtUp = 4,
+};
+
+struct Entry {
+  EntryKind kind = EntryKind::kGrant;
+  std::uint32_t bucket = 0;
+  std::string key;                         // kGrant, kRelease
+  ClientId owner;                          // kGrant, kRelease
+  std::uint64_t token = 0;                 // kGrant, kRelease
+  std::uint64_t request_id = 0;            // kGrant: the granted ACQUIRE's request id
+  LeaseMode mode = LeaseMode::kExclusive;  // kGrant
+  std::uint32_t permits = 0;               // kGrant: a semaphore key's limit
+  std::uint32_t ttl_ms = 0;                // kGrant: the TTL granted
+  friend bool operator==(const Entry&, const Entry&) = default;
+};
+
+// The encoded size of one entry.
+[[nodiscard]] std::size_t entry_size(const Entry& e) noexcept;
+
+struct ReplicateHeader {
+  std::uint64_t stream = 0;     // rises per (primary, backup), restarts included; never 0
+  std::uint64_t epoch = 0;      // the primary's map epoch at the send
+  std::uint64_t first_seq = 0;  // the first entry's number (entries are consecutive);
+                                // with no entries, the next number (a heartbeat)
+  std::int64_t sent_ns = 0;     // the primary's clock at the send, echoed in the ack
+  friend bool operator==(const ReplicateHeader&, const ReplicateHeader&) = default;
+};
+
+struct Ack {
+  std::uint64_t stream = 0;
+  std::uint64_t applied = 0;      // every entry up to this number is applied
+  std::int64_t echo_sent_ns = 0;  // the acknowledged datagram's sent_ns
+  std::uint32_t lease_ms = 0;     // the primary lease granted from echo_sent_ns; 0: none
+  friend bool operator==(const Ack&, const Ack&) = default;
+};
+
+// Codec. encode_replicate() writes the header and as many of `entries` as
+// fit in kMaxReplicationDatagram, and returns how many it wrote (at least
+// one, unless `entries` is empty, or its first entry alone is too large: a key
+// longer than kMaxKeyLength). The decoders never throw and reject anything
+// malformed, truncated or of another version.
+[[nodiscard]] std::size_t encode_replicate(const ReplicateHeader& header,
+                                           std::span<const Entry> entries,
+                                           std::vector<std::uint8_t>& out);
+[[nodiscard]] bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
+                                    std::vector<Entry>& entries);
+void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out);
+[[nodiscard]] bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept;
+
+struct StreamTiming {
+  std::int64_t heartbeat_ns = 50'000'000;   // send at least this often
+  std::int64_t retransmit_ns = 20'000'000;  // resend what is unacknowledged after this
+  std::uint32_t lease_ms = 250;             // the backup's grant per acknowledgement
+  // The primary shortens each lease by factor x lease + allowance, for the
+  // two clocks' rate difference and scheduling (as the client's drift margin).
+  double drift_factor = 0.01;
+  std::int64_t drift_allowance_ns = 2'000'000;
+};
+
+class PrimaryStream {
+ public:
+  // `stream`: this stream's id, non-zero, and larger than every earlier
+  // stream of this primary to this backup, also across restarts (the node
+  // puts its etcd registration's create revision in the high bits and a
+  // count of restarts of the stream in the low ones): a backup follows only
+  // a larger id, so a late datagram of an older stream can never roll it
+  // back.
+  PrimaryStream(std::uint64_t stream, const StreamTiming& timing) noexcept;
+
+  // Queues one entry; returns its number, or 0 for an entry that cannot be
+  // sent (a key outside kMinKeyLength..kMaxKeyLength). Sent by the next
+  // poll().
+  std::uint64_t append(Entry entry);
+  // The datagrams due at `now_ns`: every entry not sent yet, everything not
+  // acknowledged once retransmit_ns has passed since it was last sent, and a
+  // heartbeat (no entries) when nothing was sent for heartbeat_ns.
+  void poll(std::int64_t now_ns, std::uint64_t epoch, std::vector<std::vector<std::uint8_t>>& out);
+  // Takes the backup's acknowledgement. One for another stream is ignored.
+  void on_ack(const Ack& ack, std::int64_t now_ns) noexcept;
+
+  [[nodiscard]] std::uint64_t stream() const noexcept { return stream_; }
+  [[nodiscard]] std::uint64_t last_seq() const noexcept { return next_seq_ - 1; }
+  [[nodiscard]] std::uint64_t applied() const noexcept { return applied_; }
+  [[nodiscard]] std::size_t unacknowledged() const noexcept { return pending_.size(); }
+  // The primary may grant and renew while now < lease_until_ns().
+  [[nodiscard]] std::int64_t lease_until_ns() const noexcept { return lease_until_ns_; }
+  [[nodiscard]] bool holds_lease(std::int64_t now_ns) const noexcept {
+    return !resync_ && now_ns < lease_until_ns_;
+  }
+  // The backup cannot follow this stream any more: it asked for a resync,
+  // or acknowledged less than it had before (it restarted and lost what was
+  // acknowledged and trimmed here). The owner starts a new, larger stream
+  // with a snapshot of every bucket. No lease until then.
+  [[nodiscard]] bool resync_requested() const noexcept { return resync_; }
+  [[nodiscard]] std::uint64_t datagrams_sent() const noexcept { return datagrams_sent_; }
+  [[nodiscard]] std::uint64_t retransmissions() const noexcept { return retransmissions_; }
+
+ private:
+  void send_from(std::size_t index, std::int64_t now_ns, std::uint64_t epoch,
+                 std::vector<std::vector<std::uint8_t>>& out);
+
+  std::uint64_t stream_;
+  StreamTiming timing_;
+  std::deque<Entry> pending_;  // entries applied_+1 .. next_seq_-1
+  std::uint64_t applied_ = 0;  // acknowledged by the backup
+  std::uint64_t next_seq_ = 1;
+  std::uint64_t sent_up_to_ = 0;  // highest entry number sent at least once
+  // Long ago, yet far enough from the type's limit that now - kNever cannot
+  // overflow.
+  static constexpr std::int64_t kNever = std::numeric_limits<std::int64_t>::min() / 4;
+  std::int64_t last_send_ns_ = kNever;
+  std::int64_t oldest_unacked_send_ns_ = kNever;
+  std::int64_t newest_echo_ns_ = kNever;  // of the newest ack taken
+  std::int64_t lease_until_ns_ = kNever;
+  bool resync_ = false;
+  std::uint64_t datagrams_sent_ = 0;
+  std::uint64_t retransmissions_ = 0;
+};
+
+// One replicated holder, as the backup knows it.
+struct ReplicaHolder {
+  ClientId owner;
+  std::uint64_t token = 0;
+  std::uint64_t request_id = 0;
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t permits = 0;
+  std::uint32_t ttl_ms = 0;
+  friend bool operator==(const ReplicaHolder&, const ReplicaHolder&) = default;
+};
+
+class BackupStream {
+ public:
+  // Created at `now_ns`: a node that restarted may have promised a lease in
+  // its previous run, up to lease_ms before it died, so a new BackupStream
+  // counts as having promised until now + lease_ms.
+  BackupStream(const StreamTiming& timing, std::int64_t now_ns) noexcept
+      : timing_(timing),
+        promised_until_ns_(now_ns + static_cast<std::int64_t>(timing.lease_ms) * 1'000'000) {}
+
+  // Applies one REPLICATE datagram received at `now_ns` and returns the
+  // acknowledgement to send back. A datagram of a larger stream id than the
+  // one followed starts following it from its first entry (the primary
+  // keeps everything unacknowledged, so it resends from there). One of a
+  // smaller id is answered without a lease and not applied, so a late
+  // datagram of an older stream can never roll the replica back. Entries
+  // already applied are skipped; entries after a gap are not applied (the
+  // ack names the last one applied, and the primary resends).
+  Ack on_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
+                   std::int64_t now_ns);
+
+  // From now on, acknowledgements grant no primary lease (the map moved the
+  // primary's buckets, or this node is about to take them over). Leases
+  // already granted still run out at promised_until_ns().
+  void stop_promising() noexcept { promising_ = false; }
+  [[nodiscard]] bool promising() const noexcept { return promising_; }
+  [[nodiscard]] std::int64_t promised_until_ns() const noexcept { return promised_until_ns_; }
+  // The primary can neither grant nor renew any more: every lease this
+  // backup granted it has run out, and it grants no new one.
+  [[nodiscard]] bool promise_expired(std::int64_t now_ns) const noexcept {
+    return !promising_ && now_ns >= promised_until_ns_;
+  }
+
+  [[nodiscard]] std::uint64_t stream() const noexcept { return stream_; }
+  [[nodiscard]] std::uint64_t applied() const noexcept { return applied_; }
+  // Whether `bucket`'s snapshot has been applied, so its holders here are
+  // every holder the primary has answered (and maybe a few released since).
+  [[nodiscard]] bool caught_up(std::uint32_t bucket) const noexcept;
+  // The holders replicated for `key` (empty when none).
+  [[nodiscard]] std::vector<ReplicaHolder> holders(std::uint32_t bucket,
+                                                   std::string_view key) const;
+  // Every replicated holder of `bucket`, by key, for a takeover.
+  [[nodiscard]] std::vector<std::pair<std::string, ReplicaHolder>> bucket_holders(
+      std::uint32_t bucket) const;
+  // Drops what is known of `bucket` (this node no longer backs it up).
+  void forget(std::uint32_t bucket);
+  [[nodiscard]] std::size_t holder_count() const noexcept { return holder_count_; }
+  [[nodiscard]] std::uint64_t gaps() const noexcept { return gaps_; }
+
+ private:
+  struct BucketReplica {
+    bool caught_up = false;
+    std::unordered_map<std::string, std::vector<ReplicaHolder>> keys;
+  };
+  void apply(const Entry& e);
+
+  StreamTiming timing_;
+  std::uint64_t stream_ = 0;
+  std::uint64_t applied_ = 0;
+  bool promising_ = true;
+  std::int64_t promised_until_ns_;
+  std::unordered_map<std::uint32_t, BucketReplica> buckets_;
+  std::size_t holder_count_ = 0;
+  std::uint64_t gaps_ = 0;
+};
+
+// Answers held until the entries they depend on are acknowledged: each
+// needs, for some streams (by the caller's index), an entry number.
+template <class Reply>
+class HeldReplies {
+ public:
+  struct Need {
+    std::size_t stream = 0;
+    std::uint64_t seq = 0;
+  };
+  void hold(std::vector<Need> needs, Reply reply) {
+    held_.push_back(Held{std::move(needs), std::move(reply)});
+  }
+  // Moves every reply whose needs are all met (applied(stream) >= seq) to
+  // `out`, in the order held.
+  template <class Applied>
+  void release(const Applied& applied, std::vector<Reply>& out) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < held_.size(); ++i) {
+      bool met = true;
+      for (const Need& n : held_[i].needs) met = met && applied(n.stream) >= n.seq;
+      if (met) {
+        out.push_back(std::move(held_[i].reply));
+      } else {
+        if (kept != i) held_[kept] = std::move(held_[i]);
+        ++kept;
+      }
+    }
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(kept), held_.end());
+  }
+  [[nodiscard]] std::size_t size() const noexcept { return held_.size(); }
+
+ private:
+  struct Held {
+    std::vector<Need> needs;
+    Reply reply;
+  };
+  std::vector<Held> held_;
+};
+
+}  // namespace shardlock::lease::internal::replication

@@ -1,0 +1,404 @@
+// Primary-backup replication's pure part: the node-to-node codec and the two
+// ends of a stream (include/shardlock/lease/server/internal/replication.h).
+#include "shardlock/lease/server/internal/replication.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace shardlock::lease::internal::replication {
+namespace {
+
+constexpr std::size_t kEntryPrefix = 5;                                         // kind, bucket
+constexpr std::size_t kGrantFixed = kEntryPrefix + 2 + 16 + 8 + 8 + 1 + 4 + 4;  // + key
+constexpr std::size_t kReleaseFixed = kEntryPrefix + 2 + 16 + 8;                // + key
+
+class Writer {
+ public:
+  explicit Writer(std::vector<std::uint8_t>& out) : out_(out) {}
+  template <class T>
+  void put(T value) {
+    static_assert(std::is_integral_v<T>);
+    using U = std::make_unsigned_t<T>;
+    const U v = static_cast<U>(value);
+    for (std::size_t i = 0; i < sizeof(T); ++i) {
+      out_.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+    }
+  }
+  void bytes(std::string_view s) { out_.insert(out_.end(), s.begin(), s.end()); }
+
+ private:
+  std::vector<std::uint8_t>& out_;
+};
+
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> in) noexcept : in_(in) {}
+  template <class T>
+  bool get(T& value) noexcept {
+    static_assert(std::is_integral_v<T>);
+    if (in_.size() - pos_ < sizeof(T)) return false;
+    using U = std::make_unsigned_t<T>;
+    U v = 0;
+    for (std::size_t i = 0; i < sizeof(T); ++i) {
+      v = static_cast<U>(v | (static_cast<U>(in_[pos_ + i]) << (8 * i)));
+    }
+    pos_ += sizeof(T);
+    value = static_cast<T>(v);
+    return true;
+  }
+  bool string(std::size_t n, std::string& out) {
+    if (in_.size() - pos_ < n) return false;
+    out.assign(reinterpret_cast<const char*>(in_.data() + pos_), n);
+    pos_ += n;
+    return true;
+  }
+  [[nodiscard]] bool done() const noexcept { return pos_ == in_.size(); }
+
+ private:
+  std::span<const std::uint8_t> in_;
+  std::size_t pos_ = 0;
+};
+
+bool has_key(EntryKind kind) noexcept {
+  return kind == EntryKind::kGrant || kind == EntryKind::kRelease;
+}
+
+void write_entry(Writer& w, const Entry& e) {
+  w.put(static_cast<std::uint8_t>(e.kind));
+  w.put(e.bucket);
+  if (!has_key(e.kind)) return;
+  w.put(static_cast<std::uint16_t>(e.key.size()));
+  w.bytes(e.key);
+  w.put(e.owner.lo);
+  w.put(e.owner.hi);
+  w.put(e.token);
+  if (e.kind != EntryKind::kGrant) return;
+  w.put(e.request_id);
+  w.put(static_cast<std::uint8_t>(e.mode));
+  w.put(e.permits);
+  w.put(e.ttl_ms);
+}
+
+bool read_entry(Reader& r, Entry& e) {
+  std::uint8_t kind = 0;
+  if (!r.get(kind) || !r.get(e.bucket)) return false;
+  if (kind < static_cast<std::uint8_t>(EntryKind::kGrant) ||
+      kind > static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp)) {
+    return false;
+  }
+  e.kind = static_cast<EntryKind>(kind);
+  if (!has_key(e.kind)) return true;
+  std::uint16_t length = 0;
+  if (!r.get(length) || length < kMinKeyLength || length > kMaxKeyLength) return false;
+  if (!r.string(length, e.key) || !r.get(e.owner.lo) || !r.get(e.owner.hi) || !r.get(e.token)) {
+    return false;
+  }
+  if (e.kind != EntryKind::kGrant) return true;
+  std::uint8_t mode = 0;
+  if (!r.get(e.request_id) || !r.get(mode) || !r.get(e.permits) || !r.get(e.ttl_ms)) return false;
+  if (mode > static_cast<std::uint8_t>(LeaseMode::kPermit)) return false;
+  e.mode = static_cast<LeaseMode>(mode);
+  return true;
+}
+
+}  // namespace
+
+std::size_t entry_size(const Entry& e) noexcept {
+  switch (e.kind) {
+    case EntryKind::kGrant:
+      return kGrantFixed + e.key.size();
+    case EntryKind::kRelease:
+      return kReleaseFixed + e.key.size();
+    case EntryKind::kResetBucket:
+    case EntryKind::kBucketCaughtUp:
+      return kEntryPrefix;
+  }
+  return kEntryPrefix;
+}
+
+std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
+                             std::vector<std::uint8_t>& out) {
+  std::size_t count = 0;
+  std::size_t size = kReplicateHeaderSize;
+  for (const Entry& e : entries) {
+    if (has_key(e.kind) && (e.key.size() < kMinKeyLength || e.key.size() > kMaxKeyLength)) break;
+    if (size + entry_size(e) > kMaxReplicationDatagram || count == UINT16_MAX) break;
+    size += entry_size(e);
+    ++count;
+  }
+  out.clear();
+  out.reserve(size);
+  Writer w(out);
+  w.put(kReplicateMagic);
+  w.put(kReplicationVersion);
+  w.put(std::uint8_t{0});
+  w.put(static_cast<std::uint16_t>(count));
+  w.put(header.stream);
+  w.put(header.epoch);
+  w.put(header.first_seq);
+  w.put(header.sent_ns);
+  for (std::size_t i = 0; i < count; ++i) write_entry(w, entries[i]);
+  return count;
+}
+
+bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
+                      std::vector<Entry>& entries) {
+  entries.clear();
+  if (bytes.size() > kMaxReplicationDatagram) return false;
+  Reader r(bytes);
+  std::uint32_t magic = 0;
+  std::uint8_t version = 0;
+  std::uint8_t flags = 0;
+  std::uint16_t count = 0;
+  if (!r.get(magic) || magic != kReplicateMagic || !r.get(version) ||
+      version != kReplicationVersion || !r.get(flags) || flags != 0 || !r.get(count) ||
+      !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
+      !r.get(header.sent_ns)) {
+    return false;
+  }
+  if (header.stream == 0 || header.first_seq == 0) return false;
+  entries.resize(count);
+  for (Entry& e : entries) {
+    if (!read_entry(r, e)) {
+      entries.clear();
+      return false;
+    }
+  }
+  if (!r.done()) {
+    entries.clear();
+    return false;
+  }
+  return true;
+}
+
+void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out) {
+  out.clear();
+  out.reserve(kAckHeaderSize);
+  Writer w(out);
+  w.put(kAckMagic);
+  w.put(kReplicationVersion);
+  w.put(std::uint8_t{0});
+  w.put(std::uint16_t{0});
+  w.put(ack.stream);
+  w.put(ack.applied);
+  w.put(ack.echo_sent_ns);
+  w.put(ack.lease_ms);
+}
+
+bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
+  Reader r(bytes);
+  std::uint32_t magic = 0;
+  std::uint8_t version = 0;
+  std::uint8_t flags = 0;
+  std::uint16_t reserved = 1;
+  if (!r.get(magic) || magic != kAckMagic || !r.get(version) || version != kReplicationVersion ||
+      !r.get(flags) || flags != 0 || !r.get(reserved) || reserved != 0 || !r.get(ack.stream) ||
+      !r.get(ack.applied) || !r.get(ack.echo_sent_ns) || !r.get(ack.lease_ms) || !r.done()) {
+    return false;
+  }
+  return ack.stream != 0;
+}
+
+// ------------------------------------------------------------ PrimaryStream
+
+PrimaryStream::PrimaryStream(std::uint64_t stream, const StreamTiming& timing) noexcept
+    : stream_(stream), timing_(timing) {}
+
+std::uint64_t PrimaryStream::append(Entry entry) {
+  if (has_key(entry.kind) &&
+      (entry.key.size() < kMinKeyLength || entry.key.size() > kMaxKeyLength)) {
+    return 0;
+  }
+  pending_.push_back(std::move(entry));
+  return next_seq_++;
+}
+
+void PrimaryStream::send_from(std::size_t index, std::int64_t now_ns, std::uint64_t epoch,
+                              std::vector<std::vector<std::uint8_t>>& out) {
+  // pending_ is a deque; encode_replicate wants contiguous entries, so each
+  // datagram's run is copied (at most one datagram's worth). Every entry
+  // fits a datagram on its own (append() checks the key).
+  std::vector<Entry> run;
+  while (index < pending_.size()) {
+    run.clear();
+    std::size_t size = kReplicateHeaderSize;
+    for (std::size_t i = index; i < pending_.size(); ++i) {
+      if (size + entry_size(pending_[i]) > kMaxReplicationDatagram) break;
+      size += entry_size(pending_[i]);
+      run.push_back(pending_[i]);
+    }
+    const ReplicateHeader header{stream_, epoch, applied_ + 1 + index, now_ns};
+    out.emplace_back();
+    index += encode_replicate(header, run, out.back());
+    ++datagrams_sent_;
+    sent_up_to_ = std::max(sent_up_to_, applied_ + index);
+  }
+  last_send_ns_ = now_ns;
+}
+
+void PrimaryStream::poll(std::int64_t now_ns, std::uint64_t epoch,
+                         std::vector<std::vector<std::uint8_t>>& out) {
+  if (resync_) return;
+  const bool unsent = sent_up_to_ < last_seq();
+  const bool overdue = !pending_.empty() && sent_up_to_ > applied_ &&
+                       now_ns - oldest_unacked_send_ns_ >= timing_.retransmit_ns;
+  if (overdue) {
+    // Everything unacknowledged, from the oldest: the backup applies in
+    // order, so a lost datagram holds back all after it.
+    ++retransmissions_;
+    send_from(0, now_ns, epoch, out);
+    oldest_unacked_send_ns_ = now_ns;
+    return;
+  }
+  if (unsent) {
+    const bool was_idle = sent_up_to_ == applied_;
+    send_from(static_cast<std::size_t>(sent_up_to_ - applied_), now_ns, epoch, out);
+    if (was_idle) oldest_unacked_send_ns_ = now_ns;
+    return;
+  }
+  if (now_ns - last_send_ns_ >= timing_.heartbeat_ns) {
+    out.emplace_back();
+    (void)encode_replicate(ReplicateHeader{stream_, epoch, next_seq_, now_ns}, {}, out.back());
+    ++datagrams_sent_;
+    last_send_ns_ = now_ns;
+  }
+}
+
+void PrimaryStream::on_ack(const Ack& ack, std::int64_t now_ns) noexcept {
+  if (ack.stream != stream_ || resync_) return;
+  // An ack from the future (the echoed send time is ahead of now) is not
+  // one of ours; nor is one that claims entries never sent.
+  if (ack.echo_sent_ns > now_ns || ack.applied > sent_up_to_) return;
+  if (ack.echo_sent_ns >= newest_echo_ns_) {
+    newest_echo_ns_ = ack.echo_sent_ns;
+    // The newest answer has less than an older one had: the backup lost
+    // what it acknowledged (it restarted). What was trimmed here is gone
+    // there; only a new stream with snapshots brings it back.
+    if (ack.applied < applied_) {
+      resync_ = true;
+      return;
+    }
+  }
+  if (ack.applied > applied_) {
+    while (applied_ < ack.applied && !pending_.empty()) {
+      pending_.pop_front();
+      ++applied_;
+    }
+    // What is still unacknowledged was last sent no earlier than this.
+    oldest_unacked_send_ns_ = last_send_ns_;
+  }
+  if (ack.lease_ms > 0) {
+    const auto lease_ns = static_cast<std::int64_t>(ack.lease_ms) * 1'000'000;
+    const auto margin =
+        static_cast<std::int64_t>(timing_.drift_factor * static_cast<double>(lease_ns)) +
+        timing_.drift_allowance_ns;
+    lease_until_ns_ = std::max(lease_until_ns_, ack.echo_sent_ns + lease_ns - margin);
+  }
+}
+
+// ------------------------------------------------------------- BackupStream
+
+Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
+                               std::int64_t now_ns) {
+  Ack ack;
+  ack.stream = header.stream;
+  ack.echo_sent_ns = header.sent_ns;
+  if (header.stream < stream_) return ack;  // an older stream of this primary: no lease
+  if (header.stream > stream_) {
+    // A new stream (the primary restarted or started over, or this node
+    // did): followed from its first entry. Its snapshots reset every bucket
+    // it covers.
+    stream_ = header.stream;
+    applied_ = 0;
+  }
+  const std::uint64_t first = header.first_seq;
+  if (first > applied_ + 1 && !entries.empty()) ++gaps_;
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const std::uint64_t seq = first + i;
+    if (seq <= applied_) continue;   // a duplicate
+    if (seq != applied_ + 1) break;  // after a gap: wait for the resend
+    apply(entries[i]);
+    applied_ = seq;
+  }
+  ack.applied = applied_;
+  if (promising_) {
+    ack.lease_ms = timing_.lease_ms;
+    promised_until_ns_ = std::max(promised_until_ns_,
+                                  now_ns + static_cast<std::int64_t>(timing_.lease_ms) * 1'000'000);
+  }
+  return ack;
+}
+
+void BackupStream::apply(const Entry& e) {
+  switch (e.kind) {
+    case EntryKind::kResetBucket: {
+      forget(e.bucket);
+      buckets_[e.bucket];
+      return;
+    }
+    case EntryKind::kBucketCaughtUp:
+      buckets_[e.bucket].caught_up = true;
+      return;
+    case EntryKind::kGrant: {
+      auto& list = buckets_[e.bucket].keys[e.key];
+      const ReplicaHolder h{e.owner, e.token, e.request_id, e.mode, e.permits, e.ttl_ms};
+      // Idempotent: a grant seen twice (a snapshot overlapping the stream)
+      // is one holder.
+      if (std::find(list.begin(), list.end(), h) == list.end()) {
+        list.push_back(h);
+        ++holder_count_;
+      }
+      return;
+    }
+    case EntryKind::kRelease: {
+      auto bucket = buckets_.find(e.bucket);
+      if (bucket == buckets_.end()) return;
+      auto key = bucket->second.keys.find(e.key);
+      if (key == bucket->second.keys.end()) return;
+      auto& list = key->second;
+      const auto gone = std::remove_if(list.begin(), list.end(), [&](const ReplicaHolder& h) {
+        return h.owner == e.owner && h.token == e.token;
+      });
+      holder_count_ -= static_cast<std::size_t>(list.end() - gone);
+      list.erase(gone, list.end());
+      if (list.empty()) bucket->second.keys.erase(key);
+      return;
+    }
+  }
+}
+
+bool BackupStream::caught_up(std::uint32_t bucket) const noexcept {
+  const auto it = buckets_.find(bucket);
+  return it != buckets_.end() && it->second.caught_up;
+}
+
+std::vector<ReplicaHolder> BackupStream::holders(std::uint32_t bucket, std::string_view key) const {
+  const auto b = buckets_.find(bucket);
+  if (b == buckets_.end()) return {};
+  const auto k = b->second.keys.find(std::string(key));
+  if (k == b->second.keys.end()) return {};
+  return k->second;
+}
+
+std::vector<std::pair<std::string, ReplicaHolder>> BackupStream::bucket_holders(
+    std::uint32_t bucket) const {
+  std::vector<std::pair<std::string, ReplicaHolder>> out;
+  const auto b = buckets_.find(bucket);
+  if (b == buckets_.end()) return out;
+  for (const auto& [key, list] : b->second.keys) {
+    for (const ReplicaHolder& h : list) out.emplace_back(key, h);
+  }
+  std::sort(out.begin(), out.end(), [](const auto& x, const auto& y) {
+    return x.first != y.first ? x.first < y.first : x.second.token < y.second.token;
+  });
+  return out;
+}
+
+void BackupStream::forget(std::uint32_t bucket) {
+  const auto b = buckets_.find(bucket);
+  if (b == buckets_.end()) return;
+  for (const auto& [key, list] : b->second.keys) holder_count_ -= list.size();
+  buckets_.erase(b);
+}
+
+}  // namespace shardlock::lease::internal::replication

@@ -1,0 +1,523 @@
+// Primary-backup replication's pure part (server/internal/replication.h):
+// the node-to-node codec and the two ends of a stream, driven with an
+// injected clock and datagrams handed over (or lost) by hand.
+#include "shardlock/lease/server/internal/replication.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace shardlock::lease::internal::replication {
+namespace {
+
+constexpr std::int64_t kMs = 1'000'000;
+
+Entry grant(std::uint32_t bucket, std::string key, std::uint64_t token, std::uint64_t owner_lo = 7,
+            std::uint64_t request_id = 100) {
+  Entry e;
+  e.kind = EntryKind::kGrant;
+  e.bucket = bucket;
+  e.key = std::move(key);
+  e.owner = ClientId{owner_lo, 0xABCD};
+  e.token = token;
+  e.request_id = request_id;
+  e.mode = LeaseMode::kExclusive;
+  e.ttl_ms = 2000;
+  return e;
+}
+
+Entry release(std::uint32_t bucket, std::string key, std::uint64_t token,
+              std::uint64_t owner_lo = 7) {
+  Entry e;
+  e.kind = EntryKind::kRelease;
+  e.bucket = bucket;
+  e.key = std::move(key);
+  e.owner = ClientId{owner_lo, 0xABCD};
+  e.token = token;
+  return e;
+}
+
+Entry marker(EntryKind kind, std::uint32_t bucket) {
+  Entry e;
+  e.kind = kind;
+  e.bucket = bucket;
+  return e;
+}
+
+std::vector<Entry> one_of_each() {
+  Entry shared = grant(9, "orders/1", 0x500000001, 3, 41);
+  shared.mode = LeaseMode::kShared;
+  Entry permit = grant(65535, std::string(kMaxKeyLength, 'k'), 0x500000002, 4, 42);
+  permit.mode = LeaseMode::kPermit;
+  permit.permits = 3;
+  return {marker(EntryKind::kResetBucket, 9), shared, permit,
+          release(9, "orders/1", 0x500000001, 3), marker(EntryKind::kBucketCaughtUp, 9)};
+}
+
+// Appends a snapshot of `bucket` holding one grant of `key`.
+void snapshot_of(PrimaryStream& primary, std::uint32_t bucket, const std::string& key,
+                 std::uint64_t token) {
+  (void)primary.append(marker(EntryKind::kResetBucket, bucket));
+  (void)primary.append(grant(bucket, key, token));
+  (void)primary.append(marker(EntryKind::kBucketCaughtUp, bucket));
+}
+
+// Hands every datagram in `wire` to the backup (or skips those `lost`
+// says), and every ack back to the primary, all at `now`.
+void deliver(PrimaryStream& primary, BackupStream& backup,
+             const std::vector<std::vector<std::uint8_t>>& wire, std::int64_t now,
+             const std::vector<bool>& lost = {}) {
+  for (std::size_t i = 0; i < wire.size(); ++i) {
+    if (i < lost.size() && lost[i]) continue;
+    ReplicateHeader header;
+    std::vector<Entry> entries;
+    ASSERT_TRUE(decode_replicate(wire[i], header, entries));
+    const Ack ack = backup.on_replicate(header, entries, now);
+    std::vector<std::uint8_t> bytes;
+    encode_ack(ack, bytes);
+    Ack decoded;
+    ASSERT_TRUE(decode_ack(bytes, decoded));
+    ASSERT_EQ(decoded, ack);
+    primary.on_ack(decoded, now);
+  }
+}
+
+TEST(ReplicationCodec, EveryEntryKindRoundTrips) {
+  const std::vector<Entry> entries = one_of_each();
+  const ReplicateHeader header{0x1234, 17, 5, 123456789};
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(header, entries, bytes), entries.size());
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  ASSERT_TRUE(decode_replicate(bytes, h, back));
+  EXPECT_EQ(h, header);
+  EXPECT_EQ(back, entries);
+
+  const Ack ack{0x1234, 9, 123456789, 250};
+  encode_ack(ack, bytes);
+  EXPECT_EQ(bytes.size(), kAckHeaderSize);
+  Ack a;
+  ASSERT_TRUE(decode_ack(bytes, a));
+  EXPECT_EQ(a, ack);
+}
+
+TEST(ReplicationCodec, EveryTruncationAndTrailingByteIsRejected) {
+  const std::vector<Entry> entries = one_of_each();
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, entries, bytes), entries.size());
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    ReplicateHeader h;
+    std::vector<Entry> back;
+    EXPECT_FALSE(decode_replicate(std::span(bytes).first(n), h, back)) << n;
+    EXPECT_TRUE(back.empty());
+  }
+  bytes.push_back(0);
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  EXPECT_FALSE(decode_replicate(bytes, h, back));
+
+  std::vector<std::uint8_t> ack;
+  encode_ack(Ack{1, 1, 1, 1}, ack);
+  for (std::size_t n = 0; n < ack.size(); ++n) {
+    Ack a;
+    EXPECT_FALSE(decode_ack(std::span(ack).first(n), a)) << n;
+  }
+}
+
+TEST(ReplicationCodec, MalformedFieldsAreRejected) {
+  std::vector<std::uint8_t> good;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{grant(1, "k", 2)}, good), 1U);
+  const auto rejected = [](std::vector<std::uint8_t> bytes) {
+    ReplicateHeader h;
+    std::vector<Entry> e;
+    return !decode_replicate(bytes, h, e);
+  };
+  auto bad = good;
+  bad[0] ^= 1;  // magic
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
+  bad[4] = 2;  // version
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
+  bad[5] = 1;  // flags
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
+  bad[kReplicateHeaderSize] = 9;  // entry kind
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
+  bad[kReplicateHeaderSize + 5] = 0;  // key length 0
+  bad[kReplicateHeaderSize + 6] = 0;
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
+  bad[bad.size() - 9] = 3;  // mode
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
+  for (std::size_t i = 8; i < 16; ++i) bad[i] = 0;  // stream 0
+  EXPECT_TRUE(rejected(bad));
+
+  // A key too long is never encoded, so it cannot stall a stream either.
+  PrimaryStream primary(1, StreamTiming{});
+  EXPECT_EQ(primary.append(grant(1, std::string(kMaxKeyLength + 1, 'x'), 1)), 0U);
+  EXPECT_EQ(primary.append(grant(1, "", 1)), 0U);
+  EXPECT_EQ(primary.append(grant(1, "fine", 1)), 1U);
+}
+
+TEST(ReplicationCodec, ADatagramCarriesWhatFitsAndTheRestFollows) {
+  PrimaryStream primary(1, StreamTiming{});
+  BackupStream backup(StreamTiming{}, 0);
+  for (std::uint64_t i = 0; i < 200; ++i) {
+    (void)primary.append(
+        grant(static_cast<std::uint32_t>(i % 7), "key/" + std::to_string(i), i + 1));
+  }
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  ASSERT_GT(wire.size(), 1U);
+  for (const auto& d : wire) EXPECT_LE(d.size(), kMaxReplicationDatagram);
+  deliver(primary, backup, wire, 0);
+  EXPECT_EQ(primary.applied(), 200U);
+  EXPECT_EQ(backup.holder_count(), 200U);
+  EXPECT_EQ(primary.unacknowledged(), 0U);
+}
+
+TEST(ReplicationStream, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
+  PrimaryStream primary(1, StreamTiming{});
+  BackupStream backup(StreamTiming{}, 0);
+  HeldReplies<std::string> held;
+  const std::uint64_t seq = primary.append(grant(3, "a", 11));
+  held.hold({{0, seq}}, "GRANTED a");
+  std::vector<std::string> ready;
+  const auto applied = [&](std::size_t) { return primary.applied(); };
+  held.release(applied, ready);
+  EXPECT_TRUE(ready.empty());
+
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  ASSERT_EQ(wire.size(), 1U);
+  deliver(primary, backup, wire, 1 * kMs);
+  held.release(applied, ready);
+  ASSERT_EQ(ready, std::vector<std::string>{"GRANTED a"});
+  EXPECT_EQ(backup.holders(3, "a").size(), 1U);
+  EXPECT_EQ(held.size(), 0U);
+}
+
+TEST(ReplicationStream, AReplyWaitsForEveryBackup) {
+  PrimaryStream to_b(1, StreamTiming{});
+  PrimaryStream to_c(2, StreamTiming{});
+  BackupStream b(StreamTiming{}, 0);
+  BackupStream c(StreamTiming{}, 0);
+  HeldReplies<int> held;
+  held.hold({{0, to_b.append(grant(1, "x", 5))}, {1, to_c.append(grant(1, "x", 5))}}, 1);
+  std::vector<std::vector<std::uint8_t>> wire;
+  to_b.poll(0, 1, wire);
+  deliver(to_b, b, wire, 0);
+  std::vector<int> ready;
+  const auto applied = [&](std::size_t s) { return s == 0 ? to_b.applied() : to_c.applied(); };
+  held.release(applied, ready);
+  EXPECT_TRUE(ready.empty());
+  wire.clear();
+  to_c.poll(0, 1, wire);
+  deliver(to_c, c, wire, 0);
+  held.release(applied, ready);
+  EXPECT_EQ(ready, std::vector<int>{1});
+}
+
+TEST(ReplicationStream, ABackupThatMissedPartOfTheStreamAppliesNothingPastTheGap) {
+  const StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);  // the stream's first heartbeat
+  deliver(primary, backup, wire, 0);
+  wire.clear();
+  (void)primary.append(grant(1, "first", 1));
+  primary.poll(0, 1, wire);
+  (void)primary.append(grant(1, "second", 2));
+  primary.poll(1 * kMs, 1, wire);
+  ASSERT_EQ(wire.size(), 2U);
+  deliver(primary, backup, wire, 2 * kMs, /*lost=*/{true, false});
+  // The second arrived without the first: not applied, and the ack says so.
+  EXPECT_EQ(backup.applied(), 0U);
+  EXPECT_TRUE(backup.holders(1, "second").empty());
+  EXPECT_EQ(backup.gaps(), 1U);
+  EXPECT_EQ(primary.applied(), 0U);
+
+  // Nothing is resent before the retransmission interval...
+  wire.clear();
+  primary.poll(2 * kMs + timing.retransmit_ns / 2, 1, wire);
+  EXPECT_TRUE(wire.empty());
+  // ...and then everything unacknowledged, from the oldest.
+  primary.poll(timing.retransmit_ns + 1 * kMs, 1, wire);
+  ASSERT_FALSE(wire.empty());
+  deliver(primary, backup, wire, timing.retransmit_ns + 2 * kMs);
+  EXPECT_EQ(backup.applied(), 2U);
+  EXPECT_EQ(primary.applied(), 2U);
+  EXPECT_EQ(backup.holders(1, "first").size(), 1U);
+  EXPECT_EQ(backup.holders(1, "second").size(), 1U);
+  EXPECT_EQ(primary.retransmissions(), 1U);
+
+  // A duplicate of what was applied changes nothing.
+  deliver(primary, backup, wire, timing.retransmit_ns + 3 * kMs);
+  EXPECT_EQ(backup.holder_count(), 2U);
+}
+
+TEST(ReplicationStream, ThePrimaryLeaseRunsFromTheSendNotTheAnswer) {
+  StreamTiming timing;
+  timing.lease_ms = 250;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  EXPECT_FALSE(primary.holds_lease(0));
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);  // a heartbeat, sent at 0
+  ASSERT_EQ(wire.size(), 1U);
+  deliver(primary, backup, wire, 200 * kMs);  // answered 200 ms later
+  // 250 ms from the send, less the drift margin: not from the answer.
+  EXPECT_TRUE(primary.holds_lease(200 * kMs));
+  EXPECT_LT(primary.lease_until_ns(), 250 * kMs);
+  EXPECT_GT(primary.lease_until_ns(), 240 * kMs);
+  // The backup promised from its receipt, later than the send.
+  EXPECT_EQ(backup.promised_until_ns(), 450 * kMs);
+}
+
+TEST(ReplicationStream, APrimaryLeaseThatExpiresMidGrantHoldsTheAnswerUntilTheBackupHasIt) {
+  StreamTiming timing;
+  timing.lease_ms = 250;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  deliver(primary, backup, wire, 1 * kMs);
+  ASSERT_TRUE(primary.holds_lease(100 * kMs));
+
+  // A grant is made while the lease holds; its datagram is lost, and the
+  // lease runs out before any answer.
+  HeldReplies<int> held;
+  held.hold({{0, primary.append(grant(2, "k", 3))}}, 42);
+  wire.clear();
+  primary.poll(100 * kMs, 1, wire);
+  const std::int64_t late = 300 * kMs;
+  EXPECT_FALSE(primary.holds_lease(late));  // no renewals and no grants now
+  std::vector<int> ready;
+  held.release([&](std::size_t) { return primary.applied(); }, ready);
+  EXPECT_TRUE(ready.empty());
+
+  // The retransmission reaches the backup: the grant is there, so it may be
+  // answered, and the new lease runs from the retransmission's send.
+  wire.clear();
+  primary.poll(late, 1, wire);
+  ASSERT_FALSE(wire.empty());
+  deliver(primary, backup, wire, late + 1 * kMs);
+  held.release([&](std::size_t) { return primary.applied(); }, ready);
+  EXPECT_EQ(ready, std::vector<int>{42});
+  EXPECT_TRUE(primary.holds_lease(late + 100 * kMs));
+  EXPECT_EQ(backup.holders(2, "k").size(), 1U);
+}
+
+TEST(ReplicationStream, TheBackupsPromiseOutlastsThePrimarysLeaseWhateverTheDelays) {
+  std::mt19937_64 rng(5);
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::int64_t now = 0;
+  for (int round = 0; round < 2000; ++round) {
+    now += static_cast<std::int64_t>(rng() % (80 * kMs));
+    std::vector<std::vector<std::uint8_t>> wire;
+    if (rng() % 3 == 0) (void)primary.append(grant(1, "k" + std::to_string(round), 1 + round));
+    primary.poll(now, 1, wire);
+    for (const auto& d : wire) {
+      if (rng() % 4 == 0) continue;  // lost
+      ReplicateHeader h;
+      std::vector<Entry> e;
+      ASSERT_TRUE(decode_replicate(d, h, e));
+      const std::int64_t arrival = now + static_cast<std::int64_t>(rng() % (300 * kMs));
+      const Ack ack = backup.on_replicate(h, e, arrival);
+      if (rng() % 4 == 0) continue;  // the ack is lost
+      const std::int64_t answer = arrival + static_cast<std::int64_t>(rng() % (300 * kMs));
+      primary.on_ack(ack, answer);
+      // Same clock here: whatever the delays, the primary stops first.
+      ASSERT_LE(primary.lease_until_ns(), backup.promised_until_ns());
+    }
+  }
+}
+
+TEST(ReplicationStream, AfterStopPromisingThePrimaryLosesItsLeaseAndTheBackupMayTakeOver) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  (void)primary.append(grant(4, "held", 9));
+  primary.poll(0, 1, wire);
+  deliver(primary, backup, wire, 1 * kMs);
+  backup.stop_promising();
+  EXPECT_FALSE(backup.promise_expired(100 * kMs));
+  wire.clear();
+  primary.poll(100 * kMs, 1, wire);  // heartbeats keep coming...
+  deliver(primary, backup, wire, 101 * kMs);
+  // ...but the acknowledgements grant nothing more.
+  EXPECT_FALSE(primary.holds_lease(backup.promised_until_ns()));
+  EXPECT_LE(primary.lease_until_ns(), 251 * kMs);
+  EXPECT_TRUE(backup.promise_expired(251 * kMs));
+  const auto inherited = backup.bucket_holders(4);
+  ASSERT_EQ(inherited.size(), 1U);
+  EXPECT_EQ(inherited[0].first, "held");
+  EXPECT_EQ(inherited[0].second.token, 9U);
+  EXPECT_EQ(inherited[0].second.request_id, 100U);
+}
+
+TEST(ReplicationStream, ABackupFollowsOnlyALargerStreamFromItsStart) {
+  StreamTiming timing;
+  BackupStream backup(timing, 0);
+  PrimaryStream first(10, timing);
+  std::vector<std::vector<std::uint8_t>> wire;
+  snapshot_of(first, 1, "a", 1);
+  first.poll(0, 1, wire);
+  deliver(first, backup, wire, 0);
+  ASSERT_TRUE(backup.caught_up(1));
+
+  // The primary restarted: its new stream starts with a snapshot that no
+  // longer has "a" but has "b".
+  PrimaryStream second(11, timing);
+  std::vector<std::vector<std::uint8_t>> second_wire;
+  snapshot_of(second, 1, "b", 2);
+  second.poll(1 * kMs, 1, second_wire);
+  deliver(second, backup, second_wire, 1 * kMs);
+  EXPECT_EQ(backup.stream(), 11U);
+  EXPECT_TRUE(backup.holders(1, "a").empty());
+  EXPECT_EQ(backup.holders(1, "b").size(), 1U);
+
+  // A late datagram of the old stream rolls nothing back, and earns the
+  // old stream no lease.
+  PrimaryStream stale(10, timing);
+  deliver(stale, backup, wire, 2 * kMs);
+  EXPECT_EQ(backup.stream(), 11U);
+  EXPECT_EQ(backup.holders(1, "b").size(), 1U);
+  EXPECT_FALSE(stale.holds_lease(2 * kMs));
+
+  // A larger stream seen mid-way (its start was lost) is followed from its
+  // first entry: nothing applies until the primary resends that.
+  PrimaryStream third(12, timing);
+  (void)third.append(marker(EntryKind::kResetBucket, 1));
+  std::vector<std::vector<std::uint8_t>> third_wire;
+  third.poll(3 * kMs, 1, third_wire);
+  (void)third.append(grant(1, "c", 3));
+  (void)third.append(marker(EntryKind::kBucketCaughtUp, 1));
+  third.poll(4 * kMs, 1, third_wire);
+  ASSERT_EQ(third_wire.size(), 2U);
+  deliver(third, backup, third_wire, 5 * kMs, /*lost=*/{true, false});
+  EXPECT_EQ(backup.stream(), 12U);
+  EXPECT_EQ(backup.applied(), 0U);
+  EXPECT_EQ(backup.holders(1, "b").size(), 1U);  // untouched until the reset applies
+  third_wire.clear();
+  third.poll(4 * kMs + timing.retransmit_ns, 1, third_wire);
+  deliver(third, backup, third_wire, 5 * kMs + timing.retransmit_ns);
+  EXPECT_EQ(backup.applied(), 3U);
+  EXPECT_TRUE(backup.holders(1, "b").empty());
+  EXPECT_EQ(backup.holders(1, "c").size(), 1U);
+  EXPECT_TRUE(backup.caught_up(1));
+}
+
+TEST(ReplicationStream, ABackupThatRestartedIsStartedOverAndWaitsOutItsOldPromise) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  snapshot_of(primary, 1, "a", 1);
+  primary.poll(0, 1, wire);
+  deliver(primary, backup, wire, 0);
+  ASSERT_EQ(primary.applied(), 3U);
+  ASSERT_EQ(primary.unacknowledged(), 0U);  // trimmed here: only the backup had them
+
+  // The backup restarts at 100 ms. Its previous run promised the primary a
+  // lease until 250 ms; the new one counts as having promised as long.
+  BackupStream restarted(timing, 100 * kMs);
+  restarted.stop_promising();
+  EXPECT_FALSE(restarted.promise_expired(250 * kMs));
+  EXPECT_TRUE(restarted.promise_expired(350 * kMs));
+
+  // Its first answer has less than the primary had acknowledged: the
+  // primary knows it lost them, holds no lease from it, and starts over.
+  BackupStream fresh(timing, 100 * kMs);
+  wire.clear();
+  primary.poll(100 * kMs, 1, wire);  // a heartbeat
+  deliver(primary, fresh, wire, 101 * kMs);
+  EXPECT_TRUE(primary.resync_requested());
+  EXPECT_FALSE(primary.holds_lease(102 * kMs));
+  EXPECT_FALSE(fresh.caught_up(1));
+}
+
+TEST(ReplicationStream, SnapshotsReleasesAndForgettingKeepTheCountRight) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  (void)primary.append(marker(EntryKind::kResetBucket, 5));
+  (void)primary.append(grant(5, "s", 1, 1));
+  Entry second = grant(5, "s", 2, 2);
+  second.mode = LeaseMode::kShared;
+  (void)primary.append(second);
+  (void)primary.append(grant(5, "s", 1, 1));  // the stream repeats a snapshot's grant
+  primary.poll(0, 1, wire);
+  deliver(primary, backup, wire, 0);
+  EXPECT_FALSE(backup.caught_up(5));  // no marker yet
+  EXPECT_EQ(backup.holder_count(), 2U);
+
+  wire.clear();
+  (void)primary.append(marker(EntryKind::kBucketCaughtUp, 5));
+  (void)primary.append(release(5, "s", 1, 1));
+  (void)primary.append(release(5, "s", 1, 9));  // another owner's token: no effect
+  (void)primary.append(grant(6, "t", 3));
+  primary.poll(1 * kMs, 1, wire);
+  deliver(primary, backup, wire, 1 * kMs);
+  EXPECT_TRUE(backup.caught_up(5));
+  ASSERT_EQ(backup.holders(5, "s").size(), 1U);
+  EXPECT_EQ(backup.holders(5, "s")[0].token, 2U);
+  EXPECT_EQ(backup.holder_count(), 2U);
+
+  backup.forget(5);
+  EXPECT_FALSE(backup.caught_up(5));
+  EXPECT_EQ(backup.holder_count(), 1U);
+  wire.clear();
+  (void)primary.append(marker(EntryKind::kResetBucket, 6));
+  primary.poll(2 * kMs, 1, wire);
+  deliver(primary, backup, wire, 2 * kMs);
+  EXPECT_EQ(backup.holder_count(), 0U);
+}
+
+TEST(ReplicationStream, AcksThatCannotBeOursAreIgnored) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  (void)primary.append(grant(1, "a", 1));
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(10 * kMs, 1, wire);
+  primary.on_ack(Ack{2, 1, 10 * kMs, 250}, 11 * kMs);  // another stream
+  primary.on_ack(Ack{1, 5, 10 * kMs, 250}, 11 * kMs);  // entries never sent
+  primary.on_ack(Ack{1, 1, 50 * kMs, 250}, 11 * kMs);  // sent in the future
+  EXPECT_EQ(primary.applied(), 0U);
+  EXPECT_FALSE(primary.holds_lease(11 * kMs));
+  primary.on_ack(Ack{1, 1, 10 * kMs, 250}, 11 * kMs);
+  EXPECT_EQ(primary.applied(), 1U);
+  EXPECT_TRUE(primary.holds_lease(11 * kMs));
+}
+
+TEST(ReplicationStream, AnIdleStreamHeartbeats) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  EXPECT_EQ(wire.size(), 1U);
+  primary.poll(timing.heartbeat_ns - 1, 1, wire);
+  EXPECT_EQ(wire.size(), 1U);
+  primary.poll(timing.heartbeat_ns, 1, wire);
+  ASSERT_EQ(wire.size(), 2U);
+  ReplicateHeader h;
+  std::vector<Entry> e;
+  ASSERT_TRUE(decode_replicate(wire[1], h, e));
+  EXPECT_TRUE(e.empty());
+  EXPECT_EQ(h.first_seq, 1U);
+  EXPECT_EQ(h.sent_ns, timing.heartbeat_ns);
+}
+
+}  // namespace
+}  // namespace shardlock::lease::internal::replication
