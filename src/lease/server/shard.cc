@@ -450,6 +450,94 @@ void Shard::hold(Holder& h, std::uint64_t request_id, std::uint64_t token, Lease
   h.mode = mode;
   h.state->newest_token = std::max(h.state->newest_token, token);
   wheel_.schedule(h, deadline_for(now_ms, ttl_ms));
+  journal(replication::EntryKind::kGrant, h, ttl_ms);
+}
+
+replication::Entry Shard::holder_entry(replication::EntryKind kind, std::size_t bucket,
+                                       const Holder& h, std::uint32_t ttl_ms) {
+  replication::Entry e;
+  e.kind = kind;
+  e.bucket = static_cast<std::uint32_t>(bucket);
+  e.key = h.state->key->text;
+  e.owner = h.owner;
+  e.token = h.token;
+  if (kind == replication::EntryKind::kGrant) {
+    e.request_id = h.request_id;
+    e.mode = h.mode;
+    e.permits = h.state->permits;
+    e.ttl_ms = ttl_ms;
+  }
+  return e;
+}
+
+void Shard::journal(replication::EntryKind kind, const Holder& h, std::uint32_t ttl_ms) noexcept {
+  if (!gate_ || gate_->replicated.empty() || !gate_->routing) return;
+  const std::size_t bucket = gate_->bucket_of(h.state->key->text);
+  if (!gate_->replicated_bucket(bucket)) return;
+  try {
+    journal_.push_back(holder_entry(kind, bucket, h, ttl_ms));
+  } catch (const std::bad_alloc&) {
+    // take_journal()'s caller starts the streams over from snapshots.
+    journal_lost_ = true;
+    count(StatCounter::kAllocationFailures);
+  }
+}
+
+void Shard::take_journal(std::vector<replication::Entry>& out) {
+  if (journal_lost_) {
+    journal_.clear();
+  } else {
+    for (replication::Entry& e : journal_) out.push_back(std::move(e));
+    journal_.clear();
+  }
+  journal_lost_ = false;
+}
+
+void Shard::snapshot(std::size_t bucket, std::vector<replication::Entry>& out) const {
+  if (!gate_ || !gate_->routing) return;
+  for (const auto& [key, state] : keys_) {
+    if (gate_->bucket_of(key.text) != bucket) continue;
+    // TTL 0: renewals are not replicated, so a takeover sets the expiry.
+    for (const Holder& h : state.holders) {
+      out.push_back(holder_entry(replication::EntryKind::kGrant, bucket, h, 0));
+    }
+  }
+}
+
+bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& holder,
+                    std::int64_t expiry_ms) {
+  const KeyRef ref{key, key_hash(key)};
+  const auto it = keys_.find(ref);
+  KeyState* state = it == keys_.end() ? nullptr : &it->second;
+  if (state != nullptr) {
+    for (Holder& h : state->holders) {
+      if (h.owner == holder.owner && h.token == holder.token) {
+        if (expiry_ms > h.deadline_ms) wheel_.schedule(h, expiry_ms);
+        return true;
+      }
+    }
+    if (!same_kind(*state, holder.mode, holder.permits) || (holder.mode == LeaseMode::kExclusive) ||
+        state->exclusive() ||
+        (holder.mode == LeaseMode::kPermit && state->holders.size() >= state->permits)) {
+      return false;
+    }
+  }
+  const bool added = state == nullptr;
+  if (added) state = &add_key(ref, holder.mode, holder.permits);
+  Holder* h = nullptr;
+  try {
+    h = &add_holder(*state, holder.owner);
+  } catch (...) {
+    if (added) keys_.erase(keys_.find(*state->key));
+    throw;
+  }
+  h->token = holder.token;
+  h->request_id = holder.request_id;
+  h->last_request_id = holder.request_id;
+  h->mode = holder.mode;
+  state->newest_token = std::max(state->newest_token, holder.token);
+  wheel_.schedule(*h, expiry_ms);
+  return true;
 }
 
 void Shard::grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
@@ -628,6 +716,7 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
 
 void Shard::drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
   KeyState& state = *h.state;
+  journal(replication::EntryKind::kRelease, h, 0);
   wheel_.cancel(h);
   use(h.owner, -1, 0);
   --leases_;

@@ -36,8 +36,10 @@ class ShardGateTest : public ::testing::Test {
   }
 
   // A gate for epoch `epoch` where this node owns "a"'s buckets in `state`.
+  // With `replicated`, "a"'s buckets have backups: the shard journals
+  // their holders, and grants only before replica_deadline_.
   void gate(std::uint64_t epoch, std::uint8_t state = ClusterGate::kActive,
-            std::uint64_t min_grant_epoch = 0) {
+            std::uint64_t min_grant_epoch = 0, bool replicated = false) {
     auto g = std::make_shared<ClusterGate>();
     g->epoch = epoch;
     g->min_grant_epoch = min_grant_epoch;
@@ -47,6 +49,13 @@ class ShardGateTest : public ::testing::Test {
       if (routing_->nodes()[routing_->table()[b]].id == "a") g->buckets[b] = state;
     }
     g->lease_deadline = [this] { return deadline_; };
+    if (replicated) {
+      g->replicated.assign(routing_->bucket_count(), 0);
+      for (std::size_t b = 0; b < routing_->bucket_count(); ++b) {
+        g->replicated[b] = g->buckets[b] != ClusterGate::kForeign ? 1 : 0;
+      }
+      g->replica_deadline = [this](std::size_t) { return replica_deadline_; };
+    }
     g->retry_after_ms = 33;
     shard_->set_gate(std::move(g));
   }
@@ -73,6 +82,7 @@ class ShardGateTest : public ::testing::Test {
   std::unique_ptr<Shard> shard_;
   std::int64_t now_ = 1'000;
   std::chrono::nanoseconds deadline_ = std::chrono::hours(1);
+  std::chrono::nanoseconds replica_deadline_ = std::chrono::hours(1);
   std::uint64_t next_id_ = 0;
   std::vector<DeferredReply> deferred_;
   std::string mine_;
@@ -192,6 +202,123 @@ TEST_F(ShardGateTest, WithoutAGateTokensAreTheBareCounter) {
   const Message g = send(kAlice, MessageType::kAcquire, theirs_);
   ASSERT_EQ(g.type, MessageType::kGranted);
   EXPECT_EQ(g.token, 1U);
+}
+
+// ---- Replication (docs/cluster.md, "Replication") --------------------------
+
+TEST_F(ShardGateTest, AReplicatedBucketJournalsEveryHolderAddedAndDroppedInOrder) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  const Message granted = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  // Bob queues behind Alice and is handed the key when she releases.
+  bool answered = true;
+  (void)send(kBob, MessageType::kAcquire, mine_, 0, 5000, 0, &answered);
+  EXPECT_FALSE(answered);
+  ASSERT_EQ(send(kAlice, MessageType::kRelease, mine_, granted.token).type, MessageType::kReleased);
+  ASSERT_EQ(deferred_.size(), 1U);
+  const std::uint64_t bobs = deferred_[0].token;
+  // Renewals are not journaled; expiry is.
+  ASSERT_EQ(send(kBob, MessageType::kRenew, mine_, bobs).type, MessageType::kRenewed);
+  now_ += 2'000;
+  shard_->advance(now_, deferred_);
+
+  std::vector<replication::Entry> journal;
+  shard_->take_journal(journal);
+  ASSERT_EQ(journal.size(), 4U);
+  const std::uint32_t bucket = static_cast<std::uint32_t>(shard_->gate()->bucket_of(mine_));
+  EXPECT_EQ(journal[0].kind, replication::EntryKind::kGrant);
+  EXPECT_EQ(journal[0].owner, kAlice);
+  EXPECT_EQ(journal[0].token, granted.token);
+  EXPECT_EQ(journal[0].bucket, bucket);
+  EXPECT_EQ(journal[0].key, mine_);
+  EXPECT_EQ(journal[0].ttl_ms, 1000U);
+  EXPECT_EQ(journal[1].kind, replication::EntryKind::kRelease);
+  EXPECT_EQ(journal[1].token, granted.token);
+  EXPECT_EQ(journal[2].kind, replication::EntryKind::kGrant);
+  EXPECT_EQ(journal[2].owner, kBob);
+  EXPECT_EQ(journal[2].token, bobs);
+  EXPECT_EQ(journal[3].kind, replication::EntryKind::kRelease);
+  EXPECT_EQ(journal[3].owner, kBob);
+  journal.clear();
+  shard_->take_journal(journal);
+  EXPECT_TRUE(journal.empty());
+}
+
+TEST_F(ShardGateTest, AnUnreplicatedBucketJournalsNothing) {
+  gate(5);
+  const Message granted = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  std::vector<replication::Entry> journal;
+  shard_->take_journal(journal);
+  EXPECT_TRUE(journal.empty());
+}
+
+TEST_F(ShardGateTest, PastThePrimaryLeaseAReplicatedKeyIsNeitherGrantedNorRenewed) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  const Message granted = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  replica_deadline_ = std::chrono::milliseconds(now_);  // the backups' lease ran out
+  EXPECT_EQ(send(kAlice, MessageType::kRenew, mine_, granted.token).type, MessageType::kRecovering);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).type, MessageType::kRecovering);
+  // RELEASE is never gated.
+  EXPECT_EQ(send(kAlice, MessageType::kRelease, mine_, granted.token).type, MessageType::kReleased);
+  replica_deadline_ = std::chrono::hours(1);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).type, MessageType::kGranted);
+}
+
+TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  const Message a = send(kAlice, MessageType::kAcquireShared, mine_);
+  const Message b = send(kBob, MessageType::kAcquireShared, mine_);
+  ASSERT_EQ(b.type, MessageType::kGranted);
+  std::vector<replication::Entry> snapshot;
+  const std::size_t bucket = shard_->gate()->bucket_of(mine_);
+  shard_->snapshot(bucket, snapshot);
+  ASSERT_EQ(snapshot.size(), 2U);
+  EXPECT_EQ(snapshot[0].token, a.token);
+  EXPECT_EQ(snapshot[0].mode, LeaseMode::kShared);
+  EXPECT_EQ(snapshot[1].token, b.token);
+  snapshot.clear();
+  shard_->snapshot(bucket + 1 == routing_->bucket_count() ? 0 : bucket + 1, snapshot);
+  for (const replication::Entry& e : snapshot) EXPECT_NE(e.key, mine_);
+}
+
+TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndRenews) {
+  gate(9, ClusterGate::kActive, 0, /*replicated=*/true);
+  const replication::ReplicaHolder inherited{
+      kAlice, cluster::compose_token(8, 3), 77, LeaseMode::kExclusive, 0, 1000};
+  ASSERT_TRUE(shard_->inherit(mine_, inherited, now_ + 5'000));
+  // The ACQUIRE the old primary granted, retransmitted: the same grant.
+  const Message again = send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77);
+  ASSERT_EQ(again.type, MessageType::kGranted);
+  EXPECT_EQ(again.token, inherited.token);
+  EXPECT_GT(again.ttl_ms, 4'000U);  // the takeover's expiry, not the TTL asked
+  // Others are busy; the holder renews and releases with its token.
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).type, MessageType::kBusy);
+  EXPECT_EQ(send(kAlice, MessageType::kRenew, mine_, inherited.token).type, MessageType::kRenewed);
+  // A replica never holds an exclusive lease beside another: refused.
+  EXPECT_FALSE(shard_->inherit(
+      mine_, replication::ReplicaHolder{kBob, inherited.token + 1, 5, LeaseMode::kExclusive, 0, 1},
+      now_ + 5'000));
+  EXPECT_EQ(send(kAlice, MessageType::kRelease, mine_, inherited.token).type,
+            MessageType::kReleased);
+  // New grants are above every inherited token: the new epoch.
+  const Message next = send(kBob, MessageType::kAcquire, mine_);
+  ASSERT_EQ(next.type, MessageType::kGranted);
+  EXPECT_GT(next.token, inherited.token);
+}
+
+TEST_F(ShardGateTest, AnInheritedHolderExpiresAtTheTakeoversDeadline) {
+  gate(9, ClusterGate::kActive, 0, /*replicated=*/true);
+  ASSERT_TRUE(shard_->inherit(
+      mine_, replication::ReplicaHolder{kAlice, 5, 1, LeaseMode::kExclusive, 0, 1000},
+      now_ + 3'000));
+  now_ += 2'999;
+  shard_->advance(now_, deferred_);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).type, MessageType::kBusy);
+  now_ += 2;
+  shard_->advance(now_, deferred_);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).type, MessageType::kGranted);
 }
 
 }  // namespace

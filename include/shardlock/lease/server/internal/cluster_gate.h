@@ -56,6 +56,14 @@ struct ClusterGate {
   // The node's etcd lease deadline on the server's clock; a grant needs the
   // time before it (fail closed). Must not be empty.
   std::function<std::chrono::nanoseconds()> lease_deadline;
+  // Replication (docs/cluster.md, "Replication"): per bucket, non-zero when
+  // the bucket has backups (this node is its primary and journals its
+  // holders); empty without replication. A replicated bucket is granted and
+  // renewed only before replica_deadline(bucket): the end of the primary
+  // lease this node holds from every backup of the bucket, on the server's
+  // clock. Must be set when `replicated` has a non-zero entry.
+  std::vector<std::uint8_t> replicated;
+  std::function<std::chrono::nanoseconds(std::size_t bucket)> replica_deadline;
   // The map's members in id order, for MAP replies.
   std::vector<Member> members;
   // How long a RECOVERING answer asks clients to wait.
@@ -67,6 +75,10 @@ struct ClusterGate {
     auto gate = std::make_shared<ClusterGate>();
     gate->lease_deadline = [] { return std::chrono::nanoseconds(0); };
     return gate;
+  }
+
+  [[nodiscard]] bool replicated_bucket(std::size_t bucket) const noexcept {
+    return bucket < replicated.size() && replicated[bucket] != 0;
   }
 
   [[nodiscard]] std::size_t bucket_of(std::string_view key) const noexcept {
@@ -85,7 +97,11 @@ struct ClusterGate {
     // now_ms is rounded down, so the true time may be up to 1 ms later: err
     // towards failing closed.
     const std::chrono::nanoseconds latest = std::chrono::milliseconds(now_ms + 1);
-    return latest < lease_deadline() ? Verdict::kGrant : Verdict::kNotReady;
+    if (!(latest < lease_deadline())) return Verdict::kNotReady;
+    if (replicated_bucket(bucket) && !(latest < replica_deadline(bucket))) {
+      return Verdict::kNotReady;
+    }
+    return Verdict::kGrant;
   }
 };
 

@@ -66,10 +66,11 @@
 
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
-#include "shardlock/lease/wire/internal/peer.h"
-#include "shardlock/lease/wire/internal/string_key.h"
+#include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/server/internal/token_store.h"
+#include "shardlock/lease/wire/internal/peer.h"
+#include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease::internal {
@@ -268,6 +269,30 @@ class Shard {
   // Counts a multi-key request's outcome in this shard's counters.
   void count_outcome(StatCounter c) noexcept { count(c); }
 
+  // ---- Replication (docs/cluster.md, "Replication") ----------------------
+  // Under a gate that marks a key's bucket replicated, every holder added
+  // (a grant, a hand-off, a part of an ACQUIRE_MANY) or dropped (released,
+  // expired, abandoned) is journaled as a replication::Entry, in the order
+  // it happened. The caller moves the journal into the replication streams
+  // under this shard's lock, so entries of one key reach the backups in
+  // order.
+  void take_journal(std::vector<replication::Entry>& out);
+  // An entry could not be journaled (no memory): the backups may miss a
+  // holder, so the caller starts the streams of the node over, with
+  // snapshots, before it answers another grant. Cleared by take_journal().
+  [[nodiscard]] bool journal_lost() const noexcept { return journal_lost_; }
+  // Appends a kGrant entry for every live holder of a key in `bucket` (under
+  // the gate's routing), for a snapshot.
+  void snapshot(std::size_t bucket, std::vector<replication::Entry>& out) const;
+  // Takes over a holder a backup replicated (the takeover): it holds `key`
+  // until `expiry_ms`, and the granting ACQUIRE's retransmission is
+  // answered with the same grant. A holder already there (same owner and
+  // token) keeps the later expiry. False, changing nothing, when the key's
+  // holders cannot admit it (another kind of lease, or an exclusive holder
+  // beside others): a replica never holds such a set.
+  bool inherit(std::string_view key, const replication::ReplicaHolder& holder,
+               std::int64_t expiry_ms);
+
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
   [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
@@ -463,6 +488,14 @@ class Shard {
   ShardLimits limits_;
   ShardTokens tokens_;
   std::shared_ptr<const ClusterGate> gate_;
+  std::vector<replication::Entry> journal_;
+  bool journal_lost_ = false;
+  // Journals a holder added (kGrant) or dropped (kRelease), when the key's
+  // bucket is replicated. Never throws (see journal_lost()).
+  void journal(replication::EntryKind kind, const Holder& h, std::uint32_t ttl_ms) noexcept;
+  [[nodiscard]] static replication::Entry holder_entry(replication::EntryKind kind,
+                                                       std::size_t bucket, const Holder& h,
+                                                       std::uint32_t ttl_ms);
   // token_floor >> 32: the highest epoch that could compose a token at or
   // below the data dir's floor.
   std::uint64_t floor_epoch_ = 0;
