@@ -151,8 +151,8 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
   std::uint8_t flags = 0;
   std::uint16_t count = 0;
   if (!r.get(magic) || magic != kReplicateMagic || !r.get(version) ||
-      version != kReplicationVersion || !r.get(flags) || flags != 0 || !r.get(count) ||
-      !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
+      version != kReplicationVersion || !r.get(flags) || (flags & ~kFlagAuthenticated) != 0 ||
+      !r.get(count) || !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
       !r.get(header.sent_ns)) {
     return false;
   }
@@ -192,8 +192,9 @@ bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
   std::uint8_t flags = 0;
   std::uint16_t reserved = 1;
   if (!r.get(magic) || magic != kAckMagic || !r.get(version) || version != kReplicationVersion ||
-      !r.get(flags) || flags != 0 || !r.get(reserved) || reserved != 0 || !r.get(ack.stream) ||
-      !r.get(ack.applied) || !r.get(ack.echo_sent_ns) || !r.get(ack.lease_ms) || !r.done()) {
+      !r.get(flags) || (flags & ~kFlagAuthenticated) != 0 || !r.get(reserved) || reserved != 0 ||
+      !r.get(ack.stream) || !r.get(ack.applied) || !r.get(ack.echo_sent_ns) ||
+      !r.get(ack.lease_ms) || !r.done()) {
     return false;
   }
   return ack.stream != 0;

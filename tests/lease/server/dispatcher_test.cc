@@ -12,9 +12,10 @@
 #include <tuple>
 #include <vector>
 
+#include "lease/server/test_peer.h"
 #include "shardlock/cluster/cluster_map.h"
-#include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
+#include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/router.h"
 
@@ -24,14 +25,7 @@ namespace {
 constexpr ClientId kAlice{1, 1};
 constexpr ClientId kBob{2, 2};
 
-Peer peer_on_port(std::uint16_t port) {
-  Peer p;
-  p.addr.v4.sin_family = AF_INET;
-  p.addr.v4.sin_port = htons(port);
-  p.addr.v4.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  p.len = sizeof(sockaddr_in);
-  return p;
-}
+using test_support::peer_on_port;
 
 std::uint16_t port_of(const Peer& p) { return ntohs(p.addr.v4.sin_port); }
 

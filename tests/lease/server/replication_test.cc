@@ -142,7 +142,7 @@ TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   bad[4] = 2;  // version
   EXPECT_TRUE(rejected(bad));
   bad = good;
-  bad[5] = 1;  // flags
+  bad[5] = 2;  // an unknown flag (1 is kFlagAuthenticated, set by seal_datagram)
   EXPECT_TRUE(rejected(bad));
   bad = good;
   bad[kReplicateHeaderSize] = 9;  // entry kind

@@ -20,12 +20,12 @@
 #include <thread>
 #include <vector>
 
+#include "lease/udp_test_peer.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/token_store.h"
 #include "shardlock/router.h"
-#include "lease/udp_test_peer.h"
 
 namespace shardlock::lease {
 namespace {

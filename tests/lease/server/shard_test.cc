@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
+#include "shardlock/lease/wire/internal/string_key.h"
 
 namespace shardlock::lease::internal {
 namespace {

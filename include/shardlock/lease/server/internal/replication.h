@@ -51,6 +51,7 @@
 #include <utility>
 #include <vector>
 
+#include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease::internal::replication {
@@ -58,8 +59,13 @@ namespace shardlock::lease::internal::replication {
 inline constexpr std::uint32_t kReplicateMagic = 0x50524C53;  // "SLRP" little-endian
 inline constexpr std::uint32_t kAckMagic = 0x41524C53;        // "SLRA" little-endian
 inline constexpr std::uint8_t kReplicationVersion = 1;
-// Node-to-node datagrams stay under a common path MTU, as client ones do.
-inline constexpr std::size_t kMaxReplicationDatagram = 1400;
+// Node-to-node datagrams stay under a common path MTU, as client ones do,
+// with room for the authentication tag.
+inline constexpr std::size_t kMaxReplicationDatagram = kMaxDatagramSize - kAuthTagSize;
+// Both headers put their flags byte where a client datagram has its own
+// (kHeaderFlagsOffset), so seal_datagram() and open_datagram() (auth.h)
+// authenticate node-to-node datagrams unchanged; kFlagAuthenticated is the
+// only flag.
 inline constexpr std::size_t kReplicateHeaderSize = 40;
 inline constexpr std::size_t kAckHeaderSize = 36;  // the whole ack
 

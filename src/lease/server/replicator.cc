@@ -1,0 +1,348 @@
+// One node's replication streams (server/replicator.h).
+#include "server/replicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <limits>
+
+#include "shardlock/lock_guard.h"
+
+namespace shardlock::lease::internal {
+namespace {
+
+using replication::Entry;
+using replication::EntryKind;
+
+constexpr std::int64_t kForever = std::numeric_limits<std::int64_t>::max();
+
+bool same_peer(const Peer& a, const Peer& b) noexcept {
+  if (a.len != b.len || a.addr.sa.sa_family != b.addr.sa.sa_family) return false;
+  if (a.addr.sa.sa_family == AF_INET) {
+    return a.addr.v4.sin_port == b.addr.v4.sin_port &&
+           a.addr.v4.sin_addr.s_addr == b.addr.v4.sin_addr.s_addr;
+  }
+  if (a.addr.sa.sa_family == AF_INET6) {
+    return a.addr.v6.sin6_port == b.addr.v6.sin6_port &&
+           std::memcmp(&a.addr.v6.sin6_addr, &b.addr.v6.sin6_addr, sizeof(in6_addr)) == 0;
+  }
+  return false;
+}
+
+std::uint32_t magic_of(std::span<const std::uint8_t> bytes) noexcept {
+  if (bytes.size() < 4) return 0;
+  return static_cast<std::uint32_t>(bytes[0]) | static_cast<std::uint32_t>(bytes[1]) << 8 |
+         static_cast<std::uint32_t>(bytes[2]) << 16 | static_cast<std::uint32_t>(bytes[3]) << 24;
+}
+
+}  // namespace
+
+Replicator::Replicator(ReplicatorOptions options, std::int64_t now_ns)
+    : options_(std::move(options)), created_ns_(now_ns) {
+  layout_.store(std::make_shared<const Layout>());
+}
+
+Replicator::~Replicator() = default;
+
+std::uint64_t Replicator::next_stream_id() noexcept {
+  return (options_.stream_base << 32) | ++streams_started_;
+}
+
+std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(ReplicaLayout layout,
+                                                                            std::int64_t now_ns) {
+  std::vector<std::pair<std::uint16_t, std::uint32_t>> to_snapshot;
+  auto leases = std::make_shared<Layout>();
+  LockGuard lock(mu_);
+  // Streams to backups: kept for peers that still back something up here
+  // (unless the backup asked to start over), started for new ones, dropped
+  // for the rest.
+  std::vector<bool> is_backup(layout.peers.size(), false);
+  for (const auto& list : layout.backups) {
+    for (const std::uint16_t p : list) is_backup[p] = true;
+  }
+  std::unordered_map<std::string, std::unique_ptr<ToBackup>> to;
+  for (std::size_t p = 0; p < layout.peers.size(); ++p) {
+    if (!is_backup[p]) continue;
+    const ReplicaPeer& peer = layout.peers[p];
+    auto it = to_.find(peer.id);
+    if (it != to_.end() && !it->second->stream.resync_requested()) {
+      it->second->address = peer.address;
+      to.emplace(peer.id, std::move(it->second));
+    } else {
+      to.emplace(
+          peer.id,
+          std::unique_ptr<ToBackup>(new ToBackup{
+              peer.id,
+              peer.address,
+              replication::PrimaryStream(next_stream_id(), options_.timing),
+              std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::min()),
+              {}}));
+    }
+  }
+  to_ = std::move(to);
+  leases->leases.resize(layout.backups.size());
+  for (std::size_t b = 0; b < layout.backups.size(); ++b) {
+    for (const std::uint16_t p : layout.backups[b]) {
+      ToBackup& s = *to_.at(layout.peers[p].id);
+      leases->leases[b].push_back(s.lease_until);
+      const auto bucket = static_cast<std::uint32_t>(b);
+      if (s.covered.insert(bucket).second) to_snapshot.emplace_back(p, bucket);
+    }
+  }
+  for (auto& entry : to_) {
+    // Buckets a kept stream no longer carries: a later return starts with
+    // a snapshot again.
+    const std::string& id = entry.first;
+    std::set<std::uint32_t>& covered = entry.second->covered;
+    for (auto it = covered.begin(); it != covered.end();) {
+      const std::uint32_t b = *it;
+      const bool still = b < layout.backups.size() &&
+                         std::any_of(layout.backups[b].begin(), layout.backups[b].end(),
+                                     [&](std::uint16_t p) { return layout.peers[p].id == id; });
+      it = still ? std::next(it) : covered.erase(it);
+    }
+  }
+
+  // Primaries this node backs up. Per primary, the buckets it backs up now;
+  // the rest are forgotten.
+  std::unordered_map<std::string, std::vector<std::uint32_t>> backed;
+  for (std::size_t b = 0; b < layout.backing.size(); ++b) {
+    if (layout.backing[b] == ReplicaLayout::kNone) continue;
+    backed[layout.peers[layout.backing[b]].id].push_back(static_cast<std::uint32_t>(b));
+  }
+  for (auto& [id, from] : from_) {
+    const auto now_backed = backed.find(id);
+    if (now_backed == backed.end()) {
+      // Its promise still runs out on time; no new one.
+      from->stream.stop_promising();
+      continue;
+    }
+    for (const std::uint32_t b : from->buckets) {
+      if (std::find(now_backed->second.begin(), now_backed->second.end(), b) ==
+          now_backed->second.end()) {
+        from->stream.forget(b);
+      }
+    }
+  }
+  for (auto& entry : backed) {
+    const std::string& id = entry.first;
+    std::vector<std::uint32_t>& buckets = entry.second;
+    auto it = from_.find(id);
+    const ReplicaPeer& peer = *std::find_if(layout.peers.begin(), layout.peers.end(),
+                                            [&](const ReplicaPeer& p) { return p.id == id; });
+    if (it == from_.end() || !it->second->stream.promising()) {
+      // A fresh stream counts as having promised a lease from now: this
+      // node's previous run, or this run before it stopped promising, may
+      // have promised one.
+      from_[id] = std::unique_ptr<FromPrimary>(new FromPrimary{
+          peer.address, replication::BackupStream(options_.timing, std::max(now_ns, created_ns_)),
+          std::move(buckets)});
+    } else {
+      it->second->address = peer.address;
+      it->second->buckets = std::move(buckets);
+    }
+  }
+  current_ = std::move(layout);
+  layout_.store(std::move(leases));
+  return to_snapshot;
+}
+
+std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams() {
+  std::vector<std::pair<std::uint16_t, std::uint32_t>> to_snapshot;
+  LockGuard lock(mu_);
+  for (std::size_t p = 0; p < current_.peers.size(); ++p) {
+    const auto it = to_.find(current_.peers[p].id);
+    if (it == to_.end() || !it->second->stream.resync_requested()) continue;
+    ToBackup& s = *it->second;
+    s.stream = replication::PrimaryStream(next_stream_id(), options_.timing);
+    s.lease_until->store(std::numeric_limits<std::int64_t>::min(), std::memory_order_release);
+    s.covered.clear();
+    for (std::size_t b = 0; b < current_.backups.size(); ++b) {
+      const auto& list = current_.backups[b];
+      if (std::find(list.begin(), list.end(), p) == list.end()) continue;
+      s.covered.insert(static_cast<std::uint32_t>(b));
+      to_snapshot.emplace_back(static_cast<std::uint16_t>(p), static_cast<std::uint32_t>(b));
+    }
+  }
+  return to_snapshot;
+}
+
+void Replicator::snapshot(std::uint16_t peer, std::uint32_t bucket,
+                          std::span<const Entry> holders) {
+  LockGuard lock(mu_);
+  if (peer >= current_.peers.size()) return;
+  const auto it = to_.find(current_.peers[peer].id);
+  if (it == to_.end()) return;
+  replication::PrimaryStream& s = it->second->stream;
+  Entry reset;
+  reset.kind = EntryKind::kResetBucket;
+  reset.bucket = bucket;
+  (void)s.append(reset);
+  for (const Entry& e : holders) (void)s.append(e);
+  Entry done;
+  done.kind = EntryKind::kBucketCaughtUp;
+  done.bucket = bucket;
+  (void)s.append(done);
+}
+
+void Replicator::route(std::span<const Entry> entries) {
+  if (entries.empty()) return;
+  LockGuard lock(mu_);
+  for (const Entry& e : entries) {
+    if (e.bucket >= current_.backups.size()) continue;
+    for (const std::uint16_t p : current_.backups[e.bucket]) {
+      (void)to_.at(current_.peers[p].id)->stream.append(e);
+    }
+  }
+}
+
+bool Replicator::hold(OutDatagram& reply) {
+  LockGuard lock(mu_);
+  std::vector<replication::HeldReplies<OutDatagram>::Need> needs;
+  for (auto& [peer, s] : to_) {
+    if (s->stream.applied() >= s->stream.last_seq()) continue;
+    const std::uint64_t id = s->stream.stream();
+    const auto at = std::find(held_streams_.begin(), held_streams_.end(), id);
+    const auto index = static_cast<std::size_t>(at - held_streams_.begin());
+    if (at == held_streams_.end()) held_streams_.push_back(id);
+    needs.push_back({index, s->stream.last_seq()});
+  }
+  if (needs.empty()) return false;
+  held_.hold(std::move(needs), std::move(reply));
+  return true;
+}
+
+void Replicator::release_held(std::vector<OutDatagram>& out) {
+  if (held_.size() == 0) return;
+  // What each stream held_ refers to has applied. A stream the layout
+  // dropped (or that started over) holds nothing back any more: its peer no
+  // longer backs up what the answer granted, or will get it in a snapshot.
+  std::vector<std::uint64_t> applied(held_streams_.size(),
+                                     std::numeric_limits<std::uint64_t>::max());
+  for (std::size_t i = 0; i < held_streams_.size(); ++i) {
+    for (const auto& entry : to_) {
+      if (entry.second->stream.stream() == held_streams_[i]) {
+        applied[i] = entry.second->stream.applied();
+      }
+    }
+  }
+  held_.release([&applied](std::size_t index) { return applied[index]; }, out);
+  if (held_.size() == 0) held_streams_.clear();
+}
+
+Replicator::ToBackup* Replicator::backup_at(const Peer& from) {
+  for (auto& [id, s] : to_) {
+    if (same_peer(s->address, from)) return s.get();
+  }
+  return nullptr;
+}
+
+void Replicator::emit(std::span<const std::uint8_t> bytes, const Peer& to,
+                      std::vector<OutDatagram>& out) {
+  OutDatagram& d = out.emplace_back();
+  d.peer = to;
+  std::memcpy(d.bytes.data(), bytes.data(), bytes.size());
+  std::size_t length = bytes.size();
+  if (options_.auth_key) length = seal_datagram(d.bytes, length, *options_.auth_key);
+  d.length = static_cast<std::uint16_t>(length);
+}
+
+bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& from,
+                             std::int64_t now_ns, std::vector<OutDatagram>& out) {
+  std::span<const std::uint8_t> body = bytes;
+  if (options_.auth_key) {
+    // Sealed datagrams carry the tag after the body; the magic is in clear.
+    const std::uint32_t magic = magic_of(bytes);
+    if (magic != replication::kReplicateMagic && magic != replication::kAckMagic) return false;
+    body = open_datagram(bytes, *options_.auth_key);
+    if (body.empty()) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+  }
+  const std::uint32_t magic = magic_of(body);
+  if (magic == replication::kReplicateMagic) {
+    replication::ReplicateHeader header;
+    LockGuard lock(mu_);
+    if (!replication::decode_replicate(body, header, entries_)) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    FromPrimary* primary = nullptr;
+    for (auto& [id, f] : from_) {
+      if (same_peer(f->address, from)) primary = f.get();
+    }
+    if (primary == nullptr) {
+      // Not a primary of this node's in its map: not applied, not answered
+      // (an answer would give it a lease).
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    const replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
+    replication::encode_ack(ack, scratch_);
+    emit(scratch_, from, out);
+    return true;
+  }
+  if (magic == replication::kAckMagic) {
+    replication::Ack ack;
+    if (!replication::decode_ack(body, ack)) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    LockGuard lock(mu_);
+    ToBackup* s = backup_at(from);
+    if (s == nullptr) {
+      rejected_.fetch_add(1, std::memory_order_relaxed);
+      return true;
+    }
+    s->stream.on_ack(ack, now_ns);
+    s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
+                                                       : s->stream.lease_until_ns(),
+                          std::memory_order_release);
+    release_held(out);
+    return true;
+  }
+  return false;
+}
+
+void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
+  LockGuard lock(mu_);
+  std::vector<std::vector<std::uint8_t>> wire;
+  for (auto& [id, s] : to_) {
+    wire.clear();
+    s->stream.poll(now_ns, current_.epoch, wire);
+    for (const auto& d : wire) emit(d, s->address, out);
+  }
+  release_held(out);
+}
+
+std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexcept {
+  const std::shared_ptr<const Layout> layout = layout_.load(std::memory_order_acquire);
+  std::int64_t until = kForever;
+  if (bucket < layout->leases.size()) {
+    for (const auto& lease : layout->leases[bucket]) {
+      until = std::min(until, lease->load(std::memory_order_acquire));
+    }
+  }
+  return std::chrono::nanoseconds(until);
+}
+
+bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
+                          std::vector<std::pair<std::string, replication::ReplicaHolder>>& out) {
+  LockGuard lock(mu_);
+  const auto it = from_.find(primary);
+  if (it == from_.end()) return false;
+  const replication::BackupStream& s = it->second->stream;
+  const std::vector<std::uint32_t>& backed = it->second->buckets;
+  if (std::find(backed.begin(), backed.end(), bucket) == backed.end()) return false;
+  if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
+  out = s.bucket_holders(bucket);
+  return true;
+}
+
+std::size_t Replicator::held() const {
+  LockGuard lock(mu_);
+  return held_.size();
+}
+
+}  // namespace shardlock::lease::internal

@@ -1,0 +1,175 @@
+// Replicator: one node's replication streams (docs/cluster.md, "Replication"),
+// between the shards' journals and the node-to-node datagrams. No sockets:
+// datagrams come in through on_datagram() and go out through the caller's
+// list, as with the Dispatcher. Private to src/lease/server/.
+//
+//   * Layout (set_layout(), from the cluster layer at each map): the peers,
+//     which of them back up each bucket this node is primary of, and which
+//     of them this node backs up. A stream to a peer that stays a backup
+//     is kept; one to a new backup starts (its first entries must be the
+//     snapshots of the buckets it backs up: snapshot()).
+//   * route(): the shards' journal entries, each to the streams of its
+//     bucket's backups, in the order given.
+//   * Held answers: a reply datagram that carries a grant is held (hold())
+//     until every stream has acknowledged every entry it had when the reply
+//     was held, then comes out of poll() or on_datagram().
+//   * The primary lease of a bucket (lease_until()) is the earliest of its
+//     backups' streams' leases; it reads atomics, so a shard's gate calls it
+//     under the shard's lock without taking the replicator's.
+//   * As a backup: REPLICATE datagrams from a peer go to that peer's
+//     BackupStream, which answers them; takeover() hands out what a bucket's
+//     stream replicated once its promise has run out.
+//
+// Threading: every method may be called from any thread; one Mutex guards
+// the streams (taken after a shard's lock, never before one).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <set>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "server/io_loop.h"
+#include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/server/internal/replication.h"
+#include "shardlock/lease/wire/auth.h"
+#include "shardlock/mutex.h"
+
+namespace shardlock::lease::internal {
+
+struct ReplicaPeer {
+  std::string id;  // the node's id in the map
+  Peer address;    // its lease port: node-to-node datagrams share it
+};
+
+// One map's replica layout, as this node sees it.
+struct ReplicaLayout {
+  std::uint64_t epoch = 0;  // the map's
+  std::vector<ReplicaPeer> peers;
+  // For each bucket: the indices into `peers` of its backups when this node
+  // is its primary; empty otherwise.
+  std::vector<std::vector<std::uint16_t>> backups;
+  // For each bucket: the index into `peers` of its primary when this node is
+  // one of its backups; kNone otherwise.
+  static constexpr std::uint16_t kNone = 0xFFFF;
+  std::vector<std::uint16_t> backing;
+};
+
+struct ReplicatorOptions {
+  replication::StreamTiming timing;
+  std::optional<AuthKey> auth_key;
+  // The high 32 bits of every stream id this run starts: the node's etcd
+  // registration revision, so a restarted node's streams are larger than
+  // those of its previous runs (BackupStream follows only a larger id).
+  std::uint64_t stream_base = 1;
+};
+
+class Replicator {
+ public:
+  Replicator(ReplicatorOptions options, std::int64_t now_ns);
+  ~Replicator();
+  Replicator(const Replicator&) = delete;
+  Replicator& operator=(const Replicator&) = delete;
+
+  // Adopts a map's layout. Returns the (peer, bucket) pairs, peer an index
+  // into layout.peers, that the peer did not back up through its current
+  // stream before (a new backup, a bucket new to it, a stream started over):
+  // the caller must snapshot() each before it answers a grant in that
+  // bucket. As a backup, a bucket this node no longer backs up for a
+  // primary is forgotten (so it is never taken over from a stale copy), and
+  // a primary it no longer backs up at all gets no more leases from it.
+  std::vector<std::pair<std::uint16_t, std::uint32_t>> set_layout(ReplicaLayout layout,
+                                                                  std::int64_t now_ns);
+
+  // Starts anew every stream whose backup can no longer follow it (it
+  // restarted and lost what it had acknowledged). Returns the (peer, bucket)
+  // pairs to snapshot(), as set_layout() does; until then the primary holds
+  // no lease from that backup.
+  std::vector<std::pair<std::uint16_t, std::uint32_t>> restart_streams();
+
+  // Appends a snapshot of `bucket` (reset, `holders`, caught-up) to the
+  // stream of `peer` (an index into the layout's peers).
+  void snapshot(std::uint16_t peer, std::uint32_t bucket,
+                std::span<const replication::Entry> holders);
+  // Appends each journal entry to the streams of its bucket's backups.
+  void route(std::span<const replication::Entry> entries);
+
+  // Holds `reply` until every stream has acknowledged what it has now.
+  // Returns false (and does not take it) when nothing is outstanding: send
+  // it at once.
+  bool hold(OutDatagram& reply);
+
+  // A node-to-node datagram (by its magic): applies it, answers it, and
+  // moves the replies it releases to `out`. False when `bytes` is not one
+  // (the caller decodes it as a client request).
+  bool on_datagram(std::span<const std::uint8_t> bytes, const Peer& from, std::int64_t now_ns,
+                   std::vector<OutDatagram>& out);
+  // What is due now: stream datagrams (new entries, retransmissions,
+  // heartbeats) and released replies.
+  void poll(std::int64_t now_ns, std::vector<OutDatagram>& out);
+
+  // The end of this node's primary lease for `bucket` (the earliest of its
+  // backups'); far in the future for a bucket without backups. Lock-free.
+  [[nodiscard]] std::chrono::nanoseconds lease_until(std::size_t bucket) const noexcept;
+
+  // As a backup of `primary` (a peer id): whether `bucket` was caught up
+  // and the promise to the primary has run out (it stopped promising when
+  // the layout dropped it), and if so, `bucket`'s replicated holders.
+  [[nodiscard]] bool takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
+                              std::vector<std::pair<std::string, replication::ReplicaHolder>>& out);
+
+  [[nodiscard]] std::size_t held() const;
+  [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
+    return rejected_.load(std::memory_order_relaxed);
+  }
+
+ private:
+  struct ToBackup {
+    std::string peer;
+    Peer address;
+    replication::PrimaryStream stream;
+    // The stream's lease end, copied on each ack for lock-free readers.
+    std::shared_ptr<std::atomic<std::int64_t>> lease_until;
+    std::set<std::uint32_t> covered;  // buckets this stream carries (snapshot sent)
+  };
+  struct FromPrimary {
+    Peer address;
+    replication::BackupStream stream;
+    std::vector<std::uint32_t> buckets;  // backed up for this primary in the current layout
+  };
+  struct Layout {
+    // For each bucket, the lease ends of its backups' streams.
+    std::vector<std::vector<std::shared_ptr<std::atomic<std::int64_t>>>> leases;
+  };
+
+  void emit(std::span<const std::uint8_t> bytes, const Peer& to, std::vector<OutDatagram>& out);
+  void release_held(std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
+  ToBackup* backup_at(const Peer& from) SHARDLOCK_REQUIRES(mu_);
+  std::uint64_t next_stream_id() noexcept SHARDLOCK_REQUIRES(mu_);
+
+  ReplicatorOptions options_;
+  std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated or from a stranger
+  std::atomic<std::shared_ptr<const Layout>> layout_;
+
+  mutable Mutex mu_;
+  std::uint32_t streams_started_ SHARDLOCK_GUARDED_BY(mu_) = 0;
+  ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);
+  std::unordered_map<std::string, std::unique_ptr<FromPrimary>> from_ SHARDLOCK_GUARDED_BY(mu_);
+  replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
+  // The stream ids held_'s needs refer to, by index.
+  std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);
+  std::int64_t created_ns_;
+  std::vector<std::uint8_t> scratch_ SHARDLOCK_GUARDED_BY(mu_);
+  std::vector<replication::Entry> entries_ SHARDLOCK_GUARDED_BY(mu_);
+};
+
+}  // namespace shardlock::lease::internal

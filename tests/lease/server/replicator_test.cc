@@ -1,0 +1,277 @@
+// One node's replication streams (server/replicator.h): two Replicators, a
+// primary and its backup, exchanging real datagrams by hand, with an
+// injected clock.
+#include "server/replicator.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "lease/server/test_peer.h"
+
+namespace shardlock::lease::internal {
+namespace {
+
+using replication::Entry;
+using replication::EntryKind;
+
+constexpr std::int64_t kMs = 1'000'000;
+constexpr std::uint32_t kBucket = 3;
+
+Peer loopback(std::uint16_t port) { return test_support::peer_on_port(port); }
+
+Entry grant(std::string key, std::uint64_t token) {
+  Entry e;
+  e.kind = EntryKind::kGrant;
+  e.bucket = kBucket;
+  e.key = std::move(key);
+  e.owner = ClientId{1, 2};
+  e.token = token;
+  e.request_id = 10;
+  e.ttl_ms = 2000;
+  return e;
+}
+
+ReplicatorOptions options(std::uint64_t stream_base, std::optional<AuthKey> key = std::nullopt) {
+  ReplicatorOptions o;
+  o.stream_base = stream_base;
+  o.auth_key = key;
+  return o;
+}
+
+OutDatagram reply_datagram(std::uint8_t marker) {
+  OutDatagram d;
+  d.peer = loopback(9999);
+  d.length = 1;
+  d.bytes[0] = marker;
+  return d;
+}
+
+class ReplicatorTest : public ::testing::Test {
+ protected:
+  ReplicatorTest() : a_(options(7), 0), b_(std::make_unique<Replicator>(options(9), 0)) {}
+
+  // Node "a" (port 1001) is the primary of kBucket and "b" (port 1002) its
+  // backup, in both nodes' layouts.
+  void both_layouts() {
+    ReplicaLayout la;
+    la.epoch = 4;
+    la.peers = {ReplicaPeer{"b", loopback(1002)}};
+    la.backups.resize(8);
+    la.backups[kBucket] = {0};
+    const auto snapshots = a_.set_layout(la, now_);
+    ASSERT_EQ(snapshots.size(), 1U);
+    EXPECT_EQ(snapshots[0], std::make_pair(std::uint16_t{0}, kBucket));
+    a_.snapshot(0, kBucket, {});
+
+    ReplicaLayout lb;
+    lb.epoch = 4;
+    lb.peers = {ReplicaPeer{"a", loopback(1001)}};
+    lb.backing.assign(8, ReplicaLayout::kNone);
+    lb.backing[kBucket] = 0;
+    EXPECT_TRUE(b_->set_layout(lb, now_).empty());
+  }
+
+  // Moves every datagram between the two until none is left; what is for
+  // neither (released client replies) is returned.
+  std::vector<OutDatagram> exchange(std::vector<OutDatagram> wire) {
+    std::vector<OutDatagram> clients;
+    while (!wire.empty()) {
+      std::vector<OutDatagram> next;
+      for (const OutDatagram& d : wire) {
+        const std::uint16_t port = ntohs(d.peer.addr.v4.sin_port);
+        const std::span<const std::uint8_t> bytes(d.bytes.data(), d.length);
+        if (port == 1002) {
+          EXPECT_TRUE(b_->on_datagram(bytes, loopback(1001), now_, next));
+        } else if (port == 1001) {
+          EXPECT_TRUE(a_.on_datagram(bytes, loopback(1002), now_, next));
+        } else {
+          clients.push_back(d);
+        }
+      }
+      wire = std::move(next);
+    }
+    return clients;
+  }
+
+  std::vector<OutDatagram> poll_a() {
+    std::vector<OutDatagram> out;
+    a_.poll(now_, out);
+    return out;
+  }
+
+  Replicator a_;
+  std::unique_ptr<Replicator> b_;  // replaced when "b" restarts
+  std::int64_t now_ = 1000 * kMs;
+};
+
+TEST_F(ReplicatorTest, AGrantsAnswerLeavesOnlyOnceTheBackupHasIt) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram reply = reply_datagram(0x77);
+  ASSERT_TRUE(a_.hold(reply));
+  EXPECT_EQ(a_.held(), 1U);
+  const std::vector<OutDatagram> released = exchange(poll_a());
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x77);
+  EXPECT_EQ(a_.held(), 0U);
+  // The primary holds a lease for the bucket now; none for others.
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+  EXPECT_EQ(a_.lease_until(kBucket + 1).count(), std::numeric_limits<std::int64_t>::max());
+  // Nothing outstanding: a reply goes at once.
+  OutDatagram plain = reply_datagram(1);
+  EXPECT_FALSE(a_.hold(plain));
+}
+
+TEST_F(ReplicatorTest, ALostDatagramHoldsTheAnswerUntilTheResend) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram reply = reply_datagram(0x77);
+  ASSERT_TRUE(a_.hold(reply));
+  (void)poll_a();  // lost on the way
+  now_ += 5 * kMs;
+  EXPECT_TRUE(exchange(poll_a()).empty());  // nothing due yet
+  now_ += 20 * kMs;
+  EXPECT_EQ(exchange(poll_a()).size(), 1U);
+}
+
+TEST_F(ReplicatorTest, TheBackupTakesOverOnlyAfterItsPromiseRanOut) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41), grant("j", 42)});
+  (void)exchange(poll_a());
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  // Still promising: no takeover.
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_, holders));
+  // The map drops "a" (it died): "b" stops promising...
+  ReplicaLayout lb;
+  lb.epoch = 5;
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  ASSERT_TRUE(b_->set_layout(lb, now_).empty());
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 100 * kMs, holders));
+  // ...and takes over once the last lease it gave has run out.
+  const std::int64_t after = now_ + 251 * kMs;
+  ASSERT_TRUE(b_->takeover("a", kBucket, after, holders));
+  ASSERT_EQ(holders.size(), 2U);
+  EXPECT_EQ(holders[0].first, "j");
+  EXPECT_EQ(holders[1].first, "k");
+  EXPECT_EQ(holders[1].second.token, 41U);
+  // Not a bucket it backed up, nor a stranger's.
+  EXPECT_FALSE(b_->takeover("a", kBucket + 1, after, holders));
+  EXPECT_FALSE(b_->takeover("c", kBucket, after, holders));
+}
+
+TEST_F(ReplicatorTest, ABucketNoLongerBackedUpIsForgottenAndNeverTakenOver) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  // The next map keeps "a" as a primary of "b"'s, but for another bucket.
+  ReplicaLayout lb;
+  lb.epoch = 5;
+  lb.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.backing[kBucket + 1] = 0;
+  (void)b_->set_layout(lb, now_);
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.epoch = 6;
+  (void)b_->set_layout(lb, now_);
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 1000 * kMs, holders));
+}
+
+TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  EXPECT_TRUE(a_.restart_streams().empty());
+  // "b" restarts: a new Replicator, empty, with the same layout.
+  b_ = std::make_unique<Replicator>(options(10), now_);
+  ReplicaLayout lb;
+  lb.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.backing[kBucket] = 0;
+  (void)b_->set_layout(lb, now_);
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());  // a heartbeat: "b" answers with less than before
+  EXPECT_EQ(a_.lease_until(kBucket).count(), std::numeric_limits<std::int64_t>::min());
+  const auto again = a_.restart_streams();
+  ASSERT_EQ(again.size(), 1U);
+  EXPECT_EQ(again[0], std::make_pair(std::uint16_t{0}, kBucket));
+  a_.snapshot(0, kBucket, std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+  // The restarted backup has the holder again, and takes over only once
+  // the map drops "a" and its promise (from its restart on) has run out.
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  (void)b_->set_layout(lb, now_);
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_ + 251 * kMs, holders));
+  ASSERT_EQ(holders.size(), 1U);
+  EXPECT_EQ(holders[0].first, "k");
+}
+
+TEST_F(ReplicatorTest, AStrangersDatagramsEarnNothing) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  std::vector<OutDatagram> wire = poll_a();
+  ASSERT_FALSE(wire.empty());
+  std::vector<OutDatagram> out;
+  // The same REPLICATE from an address that is no primary of "b"'s.
+  const std::span<const std::uint8_t> bytes(wire[0].bytes.data(), wire[0].length);
+  EXPECT_TRUE(b_->on_datagram(bytes, loopback(4444), now_, out));
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(b_->rejected_datagrams(), 1U);
+  // A client request is not a node-to-node datagram.
+  const std::vector<std::uint8_t> client = {0x53, 0x48, 0x4C, 0x4B, 1, 0, 0, 0};
+  EXPECT_FALSE(b_->on_datagram(client, loopback(1001), now_, out));
+  // Garbage with a replication magic is rejected, not answered.
+  const std::vector<std::uint8_t> garbage = {0x53, 0x4C, 0x52, 0x50, 9, 9};
+  EXPECT_TRUE(b_->on_datagram(garbage, loopback(1001), now_, out));
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
+  AuthKey key{};
+  key[0] = 1;
+  AuthKey other{};
+  other[0] = 2;
+  Replicator a(options(1, key), 0);
+  Replicator b(options(1, key), 0);
+  Replicator forger(options(2, other), 0);
+  ReplicaLayout la;
+  la.peers = {ReplicaPeer{"b", loopback(1002)}};
+  la.backups.resize(8);
+  la.backups[kBucket] = {0};
+  (void)a.set_layout(la, 0);
+  (void)forger.set_layout(la, 0);
+  ReplicaLayout lb;
+  lb.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.backing[kBucket] = 0;
+  (void)b.set_layout(lb, 0);
+
+  std::vector<OutDatagram> wire;
+  forger.poll(0, wire);
+  ASSERT_FALSE(wire.empty());
+  std::vector<OutDatagram> out;
+  EXPECT_TRUE(
+      b.on_datagram(std::span(wire[0].bytes.data(), wire[0].length), loopback(1001), 0, out));
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(b.rejected_datagrams(), 1U);
+
+  wire.clear();
+  a.poll(0, wire);
+  EXPECT_TRUE(
+      b.on_datagram(std::span(wire[0].bytes.data(), wire[0].length), loopback(1001), 0, out));
+  ASSERT_EQ(out.size(), 1U);
+  std::vector<OutDatagram> none;
+  EXPECT_TRUE(
+      a.on_datagram(std::span(out[0].bytes.data(), out[0].length), loopback(1002), 0, none));
+  EXPECT_GT(a.lease_until(kBucket).count(), 0);
+}
+
+}  // namespace
+}  // namespace shardlock::lease::internal
