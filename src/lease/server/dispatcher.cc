@@ -92,12 +92,39 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
           break;
         }
       }
+      drain_journal(slot);
       slot.note_timers();
+    }
+    if (options_.replicator != nullptr && worker == 0) {
+      options_.replicator->poll(clock_.now().count(), replies);
     }
   } catch (const std::bad_alloc&) {
     count(allocation_failures_);
   }
   send_deferred(w, replies);
+}
+
+void Dispatcher::drain_journal(ShardSlot& slot) {
+  if (options_.replicator == nullptr || !slot.shard->journal_pending()) return;
+  if (slot.shard->journal_lost()) options_.replicator->start_over();
+  std::vector<replication::Entry> entries;
+  slot.shard->take_journal(entries);
+  options_.replicator->route(entries);
+}
+
+void Dispatcher::replicate_bucket(std::uint16_t peer, std::uint32_t bucket) {
+  Replicator* r = options_.replicator;
+  if (r == nullptr) return;
+  r->begin_snapshot(peer, bucket);
+  std::vector<replication::Entry> holders;
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    drain_journal(*slot);
+    holders.clear();
+    slot->shard->snapshot(bucket, holders);
+    r->append_snapshot(peer, holders);
+  }
+  r->end_snapshot(peer, bucket);
 }
 
 void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
@@ -117,6 +144,15 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
   if (options_.auth_key) written = seal_datagram(o.bytes, written, *options_.auth_key);
   o.peer = peer;
   o.length = static_cast<std::uint16_t>(written);
+  if (options_.replicator != nullptr) {
+    // A grant is answered only once every backup has it: the datagram waits
+    // in the replicator (replies to other items in it wait along).
+    const auto items = d.items();
+    const bool grants = std::any_of(items.begin(), items.end(), [](const Message& m) {
+      return m.type == MessageType::kGranted || m.type == MessageType::kGrantedMany;
+    });
+    if (grants && options_.replicator->hold(o)) replies.pop_back();
+  }
 }
 
 void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept {
@@ -167,6 +203,12 @@ void Dispatcher::refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer
 
 void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
                         std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies) {
+  // Node-to-node replication datagrams have their own magic and their own
+  // checks (server/replicator.h).
+  if (options_.replicator != nullptr &&
+      options_.replicator->on_datagram(bytes, peer, arrived.count(), replies)) {
+    return;
+  }
   // 1. A sealed datagram reaching a server without a key fails too: it
   // cannot be checked, and its sender expects sealed replies.
   bool rejected =
@@ -253,6 +295,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       LockGuard lock(slot.mu);
       const bool answered =
           slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit);
+      drain_journal(slot);
       slot.note_timers();
       if (!answered) continue;
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
@@ -409,6 +452,7 @@ void Dispatcher::unlock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_
   for (std::size_t i = m.parts.size(); i-- > 0;) {
     if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) {
       ShardSlot& slot = *shards_[m.parts[i].shard];
+      drain_journal(slot);
       slot.note_timers();
       slot.mu.unlock();
     }

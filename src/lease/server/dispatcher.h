@@ -51,15 +51,16 @@
 #include <vector>
 
 #include "server/io_loop.h"
+#include "server/replicator.h"
 #include "shardlock/internal/thread_annotations.h"
-#include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
 #include "shardlock/lease/server/internal/latency_histogram.h"
-#include "shardlock/lease/wire/internal/peer.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
-#include "shardlock/lease/wire/protocol.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/internal/peer.h"
+#include "shardlock/lease/wire/protocol.h"
 #include "shardlock/mutex.h"
 
 namespace shardlock::lease::internal {
@@ -78,6 +79,12 @@ struct DispatcherOptions {
   std::uint64_t key_seed = 0;
   // I/O threads: one scratch space each.
   unsigned workers = 1;
+  // Replication (docs/cluster.md, "Replication"; server/replicator.h), not
+  // owned: node-to-node datagrams go to it, every shard's journal is moved
+  // into it under the shard's lock, a reply datagram that carries a grant
+  // is held in it until the backups have the grant, and tick() sends what
+  // it has due. Null: no replication.
+  Replicator* replicator = nullptr;
 };
 
 class Dispatcher {
@@ -108,6 +115,14 @@ class Dispatcher {
   [[nodiscard]] std::size_t shard_count() const noexcept { return shards_.size(); }
   // The shard `key` goes to.
   [[nodiscard]] std::size_t shard_of(std::string_view key) const noexcept;
+
+  // ---- Replication ----
+  // Sends the replicator's stream to `peer` (Replicator::set_layout()'s
+  // index) a snapshot of `bucket`: the reset, then each shard's holders of
+  // it appended under that shard's lock after its journal is drained, then
+  // the caught-up mark. No grant can slip past it: one made before a
+  // shard's part is in the stream before it, one made after, after it.
+  void replicate_bucket(std::uint16_t peer, std::uint32_t bucket);
 
   // ---- Cluster mode (cluster_gate.h) ----
   // Hands `gate` to every shard, each under its lock, and answers MAP from
@@ -187,6 +202,8 @@ class Dispatcher {
                        std::vector<OutDatagram>& replies);
   void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                   std::vector<OutDatagram>& replies);
+  // Moves the shard's journal into the replicator (under the shard's lock).
+  void drain_journal(ShardSlot& slot) SHARDLOCK_REQUIRES(slot.mu);
   void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;
   void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
   // MAP_REPLY: the gate's map, as many members from request.first_member as

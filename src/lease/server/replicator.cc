@@ -152,7 +152,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
   LockGuard lock(mu_);
   for (std::size_t p = 0; p < current_.peers.size(); ++p) {
     const auto it = to_.find(current_.peers[p].id);
-    if (it == to_.end() || !it->second->stream.resync_requested()) continue;
+    if (it == to_.end() || !(start_over_ || it->second->stream.resync_requested())) continue;
     ToBackup& s = *it->second;
     s.stream = replication::PrimaryStream(next_stream_id(), options_.timing);
     s.lease_until->store(std::numeric_limits<std::int64_t>::min(), std::memory_order_release);
@@ -164,25 +164,48 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
       to_snapshot.emplace_back(static_cast<std::uint16_t>(p), static_cast<std::uint32_t>(b));
     }
   }
+  start_over_ = false;
   return to_snapshot;
 }
 
-void Replicator::snapshot(std::uint16_t peer, std::uint32_t bucket,
-                          std::span<const Entry> holders) {
+void Replicator::start_over() {
   LockGuard lock(mu_);
-  if (peer >= current_.peers.size()) return;
+  start_over_ = true;
+  for (auto& entry : to_) {
+    entry.second->lease_until->store(std::numeric_limits<std::int64_t>::min(),
+                                     std::memory_order_release);
+  }
+}
+
+replication::PrimaryStream* Replicator::stream_to(std::uint16_t peer) {
+  if (peer >= current_.peers.size()) return nullptr;
   const auto it = to_.find(current_.peers[peer].id);
-  if (it == to_.end()) return;
-  replication::PrimaryStream& s = it->second->stream;
-  Entry reset;
-  reset.kind = EntryKind::kResetBucket;
-  reset.bucket = bucket;
-  (void)s.append(reset);
-  for (const Entry& e : holders) (void)s.append(e);
-  Entry done;
-  done.kind = EntryKind::kBucketCaughtUp;
-  done.bucket = bucket;
-  (void)s.append(done);
+  return it == to_.end() ? nullptr : &it->second->stream;
+}
+
+void Replicator::mark(std::uint16_t peer, EntryKind kind, std::uint32_t bucket) {
+  LockGuard lock(mu_);
+  if (replication::PrimaryStream* s = stream_to(peer)) {
+    Entry e;
+    e.kind = kind;
+    e.bucket = bucket;
+    (void)s->append(e);
+  }
+}
+
+void Replicator::begin_snapshot(std::uint16_t peer, std::uint32_t bucket) {
+  mark(peer, EntryKind::kResetBucket, bucket);
+}
+
+void Replicator::append_snapshot(std::uint16_t peer, std::span<const Entry> holders) {
+  LockGuard lock(mu_);
+  if (replication::PrimaryStream* s = stream_to(peer)) {
+    for (const Entry& e : holders) (void)s->append(e);
+  }
+}
+
+void Replicator::end_snapshot(std::uint16_t peer, std::uint32_t bucket) {
+  mark(peer, EntryKind::kBucketCaughtUp, bucket);
 }
 
 void Replicator::route(std::span<const Entry> entries) {

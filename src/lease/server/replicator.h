@@ -90,15 +90,25 @@ class Replicator {
                                                                   std::int64_t now_ns);
 
   // Starts anew every stream whose backup can no longer follow it (it
-  // restarted and lost what it had acknowledged). Returns the (peer, bucket)
-  // pairs to snapshot(), as set_layout() does; until then the primary holds
-  // no lease from that backup.
+  // restarted and lost what it had acknowledged), or every stream after
+  // start_over(). Returns the (peer, bucket) pairs to snapshot(), as
+  // set_layout() does; until then the primary holds no lease from that
+  // backup.
   std::vector<std::pair<std::uint16_t, std::uint32_t>> restart_streams();
+  // A journal entry was lost (no memory): every stream starts over at the
+  // next restart_streams(), and no lease is held until then.
+  void start_over();
 
-  // Appends a snapshot of `bucket` (reset, `holders`, caught-up) to the
-  // stream of `peer` (an index into the layout's peers).
-  void snapshot(std::uint16_t peer, std::uint32_t bucket,
-                std::span<const replication::Entry> holders);
+  // A snapshot of `bucket` to the stream of `peer` (an index into the
+  // layout's peers), in three steps: the reset, the holders (in as many
+  // parts as the caller likes), the caught-up mark. Journal entries routed
+  // between the steps stay in order with them, so a caller that appends
+  // each shard's holders under that shard's lock, after draining its
+  // journal, sends a snapshot that no grant can slip past
+  // (Dispatcher::replicate_bucket()).
+  void begin_snapshot(std::uint16_t peer, std::uint32_t bucket);
+  void append_snapshot(std::uint16_t peer, std::span<const replication::Entry> holders);
+  void end_snapshot(std::uint16_t peer, std::uint32_t bucket);
   // Appends each journal entry to the streams of its bucket's backups.
   void route(std::span<const replication::Entry> entries);
 
@@ -153,6 +163,9 @@ class Replicator {
   void emit(std::span<const std::uint8_t> bytes, const Peer& to, std::vector<OutDatagram>& out);
   void release_held(std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
   ToBackup* backup_at(const Peer& from) SHARDLOCK_REQUIRES(mu_);
+  replication::PrimaryStream* stream_to(std::uint16_t peer) SHARDLOCK_REQUIRES(mu_);
+  // Appends a marker entry (reset, caught-up) to the stream to `peer`.
+  void mark(std::uint16_t peer, replication::EntryKind kind, std::uint32_t bucket);
   std::uint64_t next_stream_id() noexcept SHARDLOCK_REQUIRES(mu_);
 
   ReplicatorOptions options_;
@@ -161,6 +174,7 @@ class Replicator {
 
   mutable Mutex mu_;
   std::uint32_t streams_started_ SHARDLOCK_GUARDED_BY(mu_) = 0;
+  bool start_over_ SHARDLOCK_GUARDED_BY(mu_) = false;
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<FromPrimary>> from_ SHARDLOCK_GUARDED_BY(mu_);

@@ -46,6 +46,7 @@ class DispatcherTest : public ::testing::Test {
     o.log = [this](std::string_view line) { log_.emplace_back(line); };
     o.key_seed = limits.hash_seed;
     o.workers = 2;
+    o.replicator = replicator_;
     dispatcher_ = std::make_unique<Dispatcher>(std::move(o), std::move(shards));
   }
 
@@ -183,6 +184,7 @@ class DispatcherTest : public ::testing::Test {
   std::deque<std::vector<std::uint8_t>> lists_;
   std::deque<OutDatagram> kept_;  // replies whose messages a test still views
   std::uint64_t query_id_ = 9000;
+  Replicator* replicator_ = nullptr;  // make()'s, when a test sets one
   std::unique_ptr<Dispatcher> dispatcher_;
   const Peer alice_ = peer_on_port(1001);
   const Peer bob_ = peer_on_port(1002);
@@ -800,6 +802,137 @@ TEST_F(DispatcherGateTest, AnAcquireManyNeverCompletesOnAKeyMovedWhileItWaited) 
   EXPECT_EQ(answer.type, MessageType::kRedirect);
   EXPECT_FALSE(held(keys[0]));
   EXPECT_FALSE(held(keys[1]));
+}
+
+// ---- Replication (docs/cluster.md, "Replication") -------------------------
+
+class DispatcherReplicationTest : public DispatcherGateTest {
+ protected:
+  DispatcherReplicationTest() : a_(ReplicatorOptions{}, 0), b_(ReplicatorOptions{}, 0) {
+    replicator_ = &a_;
+    make(4, std::nullopt);
+    publish(3);
+    // "a" (this dispatcher) is the primary of its buckets, "b" (port 2002)
+    // their backup.
+    auto gate = std::make_shared<ClusterGate>(*gate_);
+    gate->replicated.assign(gate->buckets.size(), 0);
+    ReplicaLayout la;
+    la.epoch = 3;
+    la.peers = {ReplicaPeer{"b", peer_on_port(2002)}};
+    la.backups.resize(gate->buckets.size());
+    ReplicaLayout lb;
+    lb.epoch = 3;
+    lb.peers = {ReplicaPeer{"a", peer_on_port(2001)}};
+    lb.backing.assign(gate->buckets.size(), ReplicaLayout::kNone);
+    for (std::size_t b = 0; b < gate->buckets.size(); ++b) {
+      if (gate->buckets[b] == ClusterGate::kForeign) continue;
+      gate->replicated[b] = 1;
+      la.backups[b] = {0};
+      lb.backing[b] = 0;
+    }
+    gate->replica_deadline = [this](std::size_t bucket) { return a_.lease_until(bucket); };
+    gate_ = gate;
+    dispatcher_->publish_gate(std::move(gate));
+    for (const auto& [peer, bucket] : a_.set_layout(la, ns())) {
+      dispatcher_->replicate_bucket(peer, bucket);
+    }
+    (void)b_.set_layout(lb, ns());
+  }
+
+  std::int64_t ns() const { return now_ms_ * 1'000'000; }
+
+  // Ticks the dispatcher and carries node-to-node datagrams both ways until
+  // none is left; returns what went to clients.
+  std::vector<OutDatagram> pump() {
+    std::vector<OutDatagram> clients;
+    std::vector<OutDatagram> out;
+    dispatcher_->tick(0, out);
+    while (!out.empty()) {
+      std::vector<OutDatagram> next;
+      for (const OutDatagram& d : out) {
+        if (port_of(d.peer) != 2002) {
+          clients.push_back(d);
+          continue;
+        }
+        std::vector<OutDatagram> acks;
+        EXPECT_TRUE(b_.on_datagram({d.bytes.data(), d.length}, peer_on_port(2001), ns(), acks));
+        for (const OutDatagram& ack : acks) {
+          dispatcher_->handle(0, {ack.bytes.data(), ack.length}, peer_on_port(2002), next);
+        }
+      }
+      out = std::move(next);
+    }
+    return clients;
+  }
+
+  Replicator a_;
+  Replicator b_;
+};
+
+TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
+  const std::string key = key_of(true);
+  // No primary lease from the backup yet: nothing is granted.
+  EXPECT_EQ(try_single(kAlice, key, 1), MessageType::kRecovering);
+  EXPECT_TRUE(pump().empty());  // heartbeat and snapshots; the lease comes back
+
+  // The GRANTED waits in the replicator...
+  EXPECT_TRUE(send(kAlice, {request(MessageType::kAcquire, key, 2)}, alice_).empty());
+  // ...until the backup has acknowledged the grant.
+  const std::vector<OutDatagram> released = pump();
+  const Message granted = only_reply_to(released, alice_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+
+  // The backup has the holder, and takes it over once "a" is gone from its
+  // map and its promise has run out.
+  ReplicaLayout none;
+  none.backing.assign(gate_->buckets.size(), ReplicaLayout::kNone);
+  (void)b_.set_layout(none, ns());
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  const auto bucket = static_cast<std::uint32_t>(gate_->bucket_of(key));
+  ASSERT_TRUE(b_.takeover("a", bucket, ns() + 251'000'000, holders));
+  ASSERT_EQ(holders.size(), 1U);
+  EXPECT_EQ(holders[0].first, key);
+  EXPECT_EQ(holders[0].second.token, granted.token);
+  EXPECT_EQ(holders[0].second.owner, kAlice);
+}
+
+TEST_F(DispatcherReplicationTest, PastThePrimaryLeaseNothingIsGrantedOrRenewed) {
+  const std::string key = key_of(true);
+  (void)pump();
+  (void)send(kAlice, {request(MessageType::kAcquire, key, 2)}, alice_);
+  const Message granted = only_reply_to(pump(), alice_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  // The backup stops answering (its acknowledgements are lost): the lease
+  // runs out 250 ms after the last acknowledged send.
+  now_ms_ += 300;
+  Message renew = request(MessageType::kRenew, key, 3);
+  renew.token = granted.token;
+  const auto out = send(kAlice, {renew}, alice_);
+  EXPECT_EQ(only_reply_to(out, alice_).type, MessageType::kRecovering);
+  const std::vector<std::string> own = own_keys_in_order(2);
+  EXPECT_EQ(try_single(kBob, own[0] == key ? own[1] : own[0], 4), MessageType::kRecovering);
+  // Heard again: renewals resume.
+  (void)pump();
+  renew.request_id = 5;
+  EXPECT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+}
+
+TEST_F(DispatcherReplicationTest, AReleaseStreamsToTheBackupWithoutWaiting) {
+  const std::string key = key_of(true);
+  (void)pump();
+  (void)send(kAlice, {request(MessageType::kAcquire, key, 2)}, alice_);
+  const Message granted = only_reply_to(pump(), alice_);
+  // RELEASED is answered at once.
+  const auto out = release_key(kAlice, key, granted.token, 3, alice_);
+  EXPECT_EQ(only_reply_to(out, alice_).type, MessageType::kReleased);
+  (void)pump();
+  ReplicaLayout none;
+  none.backing.assign(gate_->buckets.size(), ReplicaLayout::kNone);
+  (void)b_.set_layout(none, ns());
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_.takeover("a", static_cast<std::uint32_t>(gate_->bucket_of(key)),
+                          ns() + 251'000'000, holders));
+  EXPECT_TRUE(holders.empty());
 }
 
 }  // namespace

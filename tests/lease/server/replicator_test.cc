@@ -66,7 +66,8 @@ class ReplicatorTest : public ::testing::Test {
     const auto snapshots = a_.set_layout(la, now_);
     ASSERT_EQ(snapshots.size(), 1U);
     EXPECT_EQ(snapshots[0], std::make_pair(std::uint16_t{0}, kBucket));
-    a_.snapshot(0, kBucket, {});
+    a_.begin_snapshot(0, kBucket);
+    a_.end_snapshot(0, kBucket);
 
     ReplicaLayout lb;
     lb.epoch = 4;
@@ -200,7 +201,9 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
   const auto again = a_.restart_streams();
   ASSERT_EQ(again.size(), 1U);
   EXPECT_EQ(again[0], std::make_pair(std::uint16_t{0}, kBucket));
-  a_.snapshot(0, kBucket, std::vector{grant("k", 41)});
+  a_.begin_snapshot(0, kBucket);
+  a_.append_snapshot(0, std::vector{grant("k", 41)});
+  a_.end_snapshot(0, kBucket);
   (void)exchange(poll_a());
   EXPECT_GT(a_.lease_until(kBucket).count(), now_);
   // The restarted backup has the holder again, and takes over only once

@@ -281,6 +281,7 @@ class Shard {
   // holder, so the caller starts the streams of the node over, with
   // snapshots, before it answers another grant. Cleared by take_journal().
   [[nodiscard]] bool journal_lost() const noexcept { return journal_lost_; }
+  [[nodiscard]] bool journal_pending() const noexcept { return journal_lost_ || !journal_.empty(); }
   // Appends a kGrant entry for every live holder of a key in `bucket` (under
   // the gate's routing), for a snapshot.
   void snapshot(std::size_t bucket, std::vector<replication::Entry>& out) const;
