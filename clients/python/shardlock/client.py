@@ -399,6 +399,26 @@ class Lease(_LeaseFacts):
         return min(expiry, due) if self._watchdog else expiry
 
 
+def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: int,
+                     renew_fraction: float) -> Tuple[bytes, int, int, int, int]:
+    """An acquire's checked arguments: (key bytes, ttl_ms, wait_ms, message
+    type, lease mode). ValueError for bad ones."""
+    data = _key_bytes(key)
+    ttl_ms = _to_ms(ttl, "ttl", False)
+    wait_ms = _to_ms(wait, "wait", True)
+    if not 0 < renew_fraction < 1:
+        raise ValueError("renew_fraction must be in (0, 1)")
+    if permits:
+        if shared:
+            raise ValueError("a lease is shared or one of permits, not both")
+        if not 1 <= permits <= p.MAX_PERMITS:
+            raise ValueError("permits must be 1..65535")
+        return data, ttl_ms, wait_ms, p.ACQUIRE_PERMIT, p.MODE_PERMIT
+    if shared:
+        return data, ttl_ms, wait_ms, p.ACQUIRE_SHARED, p.MODE_SHARED
+    return data, ttl_ms, wait_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
+
+
 def _answers(request_type: int, key: bytes, reply: p.Message) -> bool:
     """Whether `reply` answers a request of `request_type` on `key`: its
     type is one the request gets, and a reply that carries a key carries
@@ -719,21 +739,8 @@ class Client:
         RecoveringError (only once the wait is spent), RedirectedError,
         ServerError or GrantExpiredError; ValueError for bad arguments. The
         Lease returned is valid."""
-        data = _key_bytes(key)
-        ttl_ms = _to_ms(ttl, "ttl", False)
-        wait_ms = _to_ms(wait, "wait", True)
-        if not 0 < renew_fraction < 1:
-            raise ValueError("renew_fraction must be in (0, 1)")
-        if permits:
-            if shared:
-                raise ValueError("a lease is shared or one of permits, not both")
-            if not 1 <= permits <= p.MAX_PERMITS:
-                raise ValueError("permits must be 1..65535")
-            message_type, mode = p.ACQUIRE_PERMIT, p.MODE_PERMIT
-        elif shared:
-            message_type, mode = p.ACQUIRE_SHARED, p.MODE_SHARED
-        else:
-            message_type, mode = p.ACQUIRE, p.MODE_EXCLUSIVE
+        data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
+            key, ttl, wait, shared, permits, renew_fraction)
         sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits)
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
