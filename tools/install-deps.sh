@@ -29,6 +29,9 @@ testing=(
   git ccache clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
   python3-xxhash  # the Python client's cluster mode and its tests
+  # The Python client's offline install test (venv --system-site-packages,
+  # pip install --no-build-isolation).
+  python3-venv python3-setuptools python3-wheel
 )
 # The etcd client (src/cluster/), which the release preset builds: gRPC,
 # protobuf and their code generators. etcd's .proto files are not here: they

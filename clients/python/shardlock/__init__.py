@@ -5,21 +5,29 @@
     with client.lock("orders/42", ttl=30) as lease:
         storage.write(data, fence=lease.token)
 
-Standard library only (cluster mode also needs xxhash). It speaks the UDP
-wire format itself (protocol.py); see clients/python/README.md.
+    async with shardlock.AsyncClient("127.0.0.1:7420") as client:
+        async with client.lock("orders/42", ttl=30) as lease:
+            await storage.write(data, fence=lease.token)
+
+Standard library only (several servers and cluster mode also need xxhash).
+It speaks the UDP wire format itself (protocol.py); see
+clients/python/README.md.
 """
 
+from .aio import AsyncClient, AsyncLease
+from .auth import load_auth_key, parse_auth_key
 from .client import Client, Lease, QueryResult
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError,
                      WaitTimeoutError)
 
-__version__ = "0.1.0"
+# The one place the version is written: pyproject.toml reads it from here.
+__version__ = "0.2.0"
 
 __all__ = [
-    "BusyError", "Client", "ClientClosedError", "GrantExpiredError", "Lease",
-    "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError", "NotOwnerError",
-    "QueryResult", "RecoveringError", "RedirectedError", "ServerError", "ShardlockError", "UnreachableError",
-    "WaitTimeoutError",
+    "AsyncClient", "AsyncLease", "BusyError", "Client", "ClientClosedError",
+    "GrantExpiredError", "Lease", "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError",
+    "NotOwnerError", "QueryResult", "RecoveringError", "RedirectedError", "ServerError",
+    "ShardlockError", "UnreachableError", "WaitTimeoutError", "load_auth_key", "parse_auth_key",
 ]

@@ -38,14 +38,17 @@ The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import socket
+import struct
 import threading
 import time
 import weakref
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from . import auth as _auth
 from . import protocol as p
 from . import router as _router
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
@@ -108,12 +111,18 @@ def _to_ms(seconds: float, name: str, allow_zero: bool) -> int:
 
 
 class _Call:
-    __slots__ = ("message", "done", "reply")
+    """One request id in flight. `done` and `reply` are written once, by the
+    thread that reads the reply off the socket; `event` exists only while
+    the caller waits for another thread to read for it."""
 
-    def __init__(self, message: p.Message) -> None:
-        self.message = message
-        self.done = threading.Event()
+    __slots__ = ("type", "key", "done", "reply", "event")
+
+    def __init__(self, message_type: int, key: bytes) -> None:
+        self.type = message_type
+        self.key = key
+        self.done = False
         self.reply: Optional[p.Message] = None
+        self.event: Optional[threading.Event] = None
 
 
 class QueryResult:
@@ -133,7 +142,47 @@ class QueryResult:
                 % (self.held, self.token, self.ttl_left_ms, self.waiters, self.mode, self.holders))
 
 
-class Lease:
+class _LeaseFacts:
+    """What a lease is, for Lease and AsyncLease: set once, read anywhere."""
+
+    _key: bytes
+    _token: int
+    _mode: int
+
+    @property
+    def key(self) -> str:
+        return self._key.decode("utf-8", errors="replace")
+
+    @property
+    def key_bytes(self) -> bytes:
+        return self._key
+
+    @property
+    def token(self) -> int:
+        """The fencing token: pass it to the resource, which rejects older ones."""
+        return self._token
+
+    @property
+    def mode(self) -> str:
+        return ("exclusive", "shared", "permit")[self._mode]
+
+
+def _refresh_order(current: Optional["_ClusterMap"], seeds: List["_Node"],
+                   first: Optional["_Node"] = None,
+                   last: Optional["_Node"] = None) -> List["_Node"]:
+    """Whom to ask for a newer map, each once: `first` (a node that
+    redirected: its map is newer), the current map's members, the seeds,
+    then `last` (a node that stopped answering)."""
+    sources: List[_Node] = []
+    for node in [first] + (current.nodes if current else []) + seeds:
+        if node is not None and node != last and node not in sources:
+            sources.append(node)
+    if last is not None:
+        sources.append(last)
+    return sources
+
+
+class Lease(_LeaseFacts):
     """A held lease: key, fencing token and the expiry the client can prove.
 
     A context manager: leaving the `with` block releases it, and raises
@@ -171,23 +220,6 @@ class Lease:
         self._pending: Dict[int, Tuple[float, int]] = {}  # renewal id -> (sent, ttl_ms)
 
     # ---- accessors ------------------------------------------------------
-
-    @property
-    def key(self) -> str:
-        return self._key.decode("utf-8", errors="replace")
-
-    @property
-    def key_bytes(self) -> bytes:
-        return self._key
-
-    @property
-    def token(self) -> int:
-        """The fencing token: pass it to the resource, which rejects older ones."""
-        return self._token
-
-    @property
-    def mode(self) -> str:
-        return ("exclusive", "shared", "permit")[self._mode]
 
     @property
     def ttl(self) -> float:
@@ -230,8 +262,8 @@ class Lease:
         server no longer had it, UnreachableError without an answer."""
         if not self._close():
             raise LeaseInactiveError("the lease on %r was released already" % self.key)
-        reply = self._client._call(p.Message(type=p.RELEASE, key=self._key, token=self._token),
-                                   node=self._node)
+        self._client._unwatch(self)
+        reply = self._client._call(p.RELEASE, self._key, (self._token,), node=self._node)
         if reply is None:
             raise UnreachableError("no answer to RELEASE of %r" % self.key)
         _raise_for_reply(reply, self.key)
@@ -252,8 +284,7 @@ class Lease:
     def __del__(self) -> None:
         try:
             if self._close():
-                self._client._send_once(p.Message(type=p.RELEASE, key=self._key,
-                                                  token=self._token), self._node)
+                self._client._send_once(p.RELEASE, self._key, (self._token,), self._node)
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to do
             pass
 
@@ -280,7 +311,6 @@ class Lease:
     def _renew_once(self, ttl_ms: int, timeout: float) -> None:
         """One RENEW call and its bookkeeping (see client.h: renewals never
         push the expiry past what the server may hold)."""
-        message = p.Message(type=p.RENEW, key=self._key, token=self._token, ttl_ms=ttl_ms)
         request_id = self._client._new_request_id()
         sent = _now()
         with self._lock:
@@ -288,8 +318,8 @@ class Lease:
             self._ttl_ms = ttl_ms
             # The server may apply a shorter TTL at any moment: pull in now.
             self._expiry = min(self._expiry, sent + ttl_ms / 1000.0 - self._margin(ttl_ms))
-        reply = self._client._call(message, timeout=timeout, request_id=request_id, sent=sent,
-                                   node=self._node)
+        reply = self._client._call(p.RENEW, self._key, (self._token, ttl_ms), timeout=timeout,
+                                   request_id=request_id, sent=sent, node=self._node)
         with self._lock:
             self._pending.pop(request_id, None)
             if reply is not None and reply.type == p.RENEWED:
@@ -369,6 +399,34 @@ class Lease:
         return min(expiry, due) if self._watchdog else expiry
 
 
+def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: int,
+                     renew_fraction: float) -> Tuple[bytes, int, int, int, int]:
+    """An acquire's checked arguments: (key bytes, ttl_ms, wait_ms, message
+    type, lease mode). ValueError for bad ones."""
+    data = _key_bytes(key)
+    ttl_ms = _to_ms(ttl, "ttl", False)
+    wait_ms = _to_ms(wait, "wait", True)
+    if not 0 < renew_fraction < 1:
+        raise ValueError("renew_fraction must be in (0, 1)")
+    if permits:
+        if shared:
+            raise ValueError("a lease is shared or one of permits, not both")
+        if not 1 <= permits <= p.MAX_PERMITS:
+            raise ValueError("permits must be 1..65535")
+        return data, ttl_ms, wait_ms, p.ACQUIRE_PERMIT, p.MODE_PERMIT
+    if shared:
+        return data, ttl_ms, wait_ms, p.ACQUIRE_SHARED, p.MODE_SHARED
+    return data, ttl_ms, wait_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
+
+
+def _answers(request_type: int, key: bytes, reply: p.Message) -> bool:
+    """Whether `reply` answers a request of `request_type` on `key`: its
+    type is one the request gets, and a reply that carries a key carries
+    this one (so a stray datagram completes nothing)."""
+    return p.reply_answers(request_type, reply.type) and \
+        (not p.reply_carries_key(reply.type) or reply.key == key)
+
+
 def _raise_for_reply(reply: p.Message, key: str) -> None:
     """Raises the error a non-success reply means; returns on success."""
     t = reply.type
@@ -424,6 +482,51 @@ def _family(node: _Node) -> int:
     return socket.AF_INET6 if len(node.address) == 4 else socket.AF_INET
 
 
+def _server_texts(server: Union[str, Sequence[str], None]) -> List[str]:
+    """The addresses in `server` (comma-separated text or a list), or
+    $SHARDLOCK_SERVER; ValueError if there are none."""
+    server = server or os.environ.get("SHARDLOCK_SERVER")
+    if not server:
+        raise ValueError("no server: pass HOST:PORT or set SHARDLOCK_SERVER")
+    texts = [t.strip() for t in (server.split(",") if isinstance(server, str) else server)]
+    if not texts or not all(texts):
+        raise ValueError("an empty server address in %r" % (server,))
+    return texts
+
+
+def _resolve_nodes(texts: List[str], discover: bool
+                   ) -> Tuple[List[_Node], int, Optional["_StaticRoute"]]:
+    """The nodes named by `texts`, their address family, and without
+    `discover` the static routing over them (None for one node). ValueError
+    for a bad or unresolvable address, mixed families, or (without
+    discover) one server listed twice, as the C++ client refuses them."""
+    nodes = [_resolve(t) for t in texts]
+    family = _family(nodes[0])
+    if any(_family(node) != family for node in nodes):
+        raise ValueError("the servers must all be IPv4 or all IPv6")
+    if discover or len(nodes) == 1:
+        return nodes, family, None
+    for i, node in enumerate(nodes):
+        for other in nodes[:i]:
+            if other.address == node.address:
+                raise ValueError("servers %r and %r are the same address: each server must be "
+                                 "listed once" % (other.text, node.text))
+    return nodes, family, _StaticRoute(nodes)
+
+
+class _StaticRoute:
+    """Several independent servers, no cluster: the Router over their
+    addresses as written, weight 1 each (client_routing.cc)."""
+
+    def __init__(self, nodes: List[_Node]) -> None:
+        self.router = _router.Router([(node.text.encode(), 1) for node in nodes])
+        by_id = {node.text.encode(): node for node in nodes}
+        self.nodes = [by_id[member_id] for member_id in self.router.ids]
+
+    def owner_of(self, key: bytes) -> _Node:
+        return self.nodes[self.router.owner_index(key)]
+
+
 class _ClusterMap:
     """One cluster map, immutable: its epoch, members sorted by id (the
     Router's order, so owner indices are member indices) and their nodes."""
@@ -441,6 +544,10 @@ class _ClusterMap:
         return self.nodes[self.router.owner_index(key)]
 
 
+# The longest a read of the socket blocks: a reader sees close() this soon.
+_READ_SLICE = 0.050
+_RECV_SIZE = p.MAX_DATAGRAM_SIZE + 64
+
 # A cluster call follows at most this many REDIRECTs (as the C++ client's
 # kMaxRedirects), and refreshes its map after this many unanswered sends to
 # one node (and again after as many more).
@@ -452,6 +559,60 @@ _REDIRECT_RETRY = 0.020
 # A map that changes between two pages is read again from the start at most
 # this often per source.
 _MAX_MAP_RESTARTS = 3
+
+
+class _MapPages:
+    """One source's map as its MAP_REPLY pages come in (the sync and the
+    asyncio client ask for them; this checks and gathers them)."""
+
+    def __init__(self) -> None:
+        self.members: List[Tuple[bytes, str, int]] = []
+        self.epoch = self.count = self.restarts = 0
+
+    def take(self, reply: Optional[p.Message]) -> bool:
+        """Takes the answer to a MAP asking from len(members); True once the
+        map is whole. Raises ShardlockError saying why the source gives none."""
+        if reply is None:
+            raise UnreachableError("no answer")
+        if reply.type != p.MAP_REPLY:
+            raise ShardlockError("no map (%s)" % p.type_name(reply.type))
+        if reply.epoch == 0:
+            raise ShardlockError("not a cluster node (its map has epoch 0)")
+        if self.epoch and (reply.epoch != self.epoch or reply.member_count != self.count):
+            # The map changed between two pages: read it again.
+            self.restarts += 1
+            if self.restarts > _MAX_MAP_RESTARTS:
+                raise ShardlockError("its map kept changing while it was read")
+            self.members, self.epoch, self.count = [], 0, 0
+            return False
+        if not 0 < reply.member_count <= _router.MAX_MEMBERS:
+            raise ShardlockError("a map of %d members" % reply.member_count)
+        if (reply.first_member != len(self.members) or not reply.members or
+                len(self.members) + len(reply.members) > reply.member_count):
+            raise ShardlockError("a MAP_REPLY page that does not continue the map")
+        self.epoch, self.count = reply.epoch, reply.member_count
+        self.members += reply.members
+        return len(self.members) == self.count
+
+    def build(self, nodes_by_text: Dict[str, _Node], family: int,
+              lock: threading.Lock) -> _ClusterMap:
+        """The whole map, each member address resolved once per client
+        (`nodes_by_text`, under `lock`)."""
+        nodes: Dict[str, _Node] = {}
+        for _, address, _ in self.members:
+            node = nodes_by_text.get(address)
+            if node is None:
+                try:
+                    node = _resolve(address, family)
+                except ValueError as error:
+                    raise ShardlockError("member address: %s" % error) from None
+                with lock:
+                    node = nodes_by_text.setdefault(address, node)
+            nodes[address] = node
+        try:
+            return _ClusterMap(self.epoch, self.members, nodes)
+        except ValueError as error:
+            raise ShardlockError("a map the router refuses (%s)" % error) from None
 
 
 class Client:
@@ -479,28 +640,24 @@ class Client:
                  discover: bool = False, request_timeout: float = 2.0,
                  initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
                  clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
-                 client_id: Optional[bytes] = None) -> None:
-        server = server or os.environ.get("SHARDLOCK_SERVER")
-        if not server:
-            raise ValueError("no server: pass HOST:PORT or set SHARDLOCK_SERVER")
-        texts = [t.strip() for t in (server.split(",") if isinstance(server, str) else server)]
-        if not texts or not all(texts):
-            raise ValueError("an empty server address in %r" % (server,))
-        if len(texts) > 1 and not discover:
-            raise ValueError("several servers are cluster seeds: pass discover=True "
-                             "(routing over a static node list is not implemented)")
+                 client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
+                 auth_key_file: Optional[str] = None) -> None:
+        texts = _server_texts(server)
         if not 0 <= clock_drift_factor < 1:
             raise ValueError("clock_drift_factor must be in [0, 1)")
-        if discover:
+        self._auth_key = _auth.resolve_auth_key(auth_key, auth_key_file)
+        if discover or len(texts) > 1:
             _router.require_xxhash()
-        seeds = [_resolve(t) for t in texts]
-        family = _family(seeds[0])
-        if any(_family(seed) != family for seed in seeds):
-            raise ValueError("the seeds must all be IPv4 or all IPv6")
+        seeds, family, static_nodes = _resolve_nodes(texts, discover)
         self.server = ",".join(texts)
         self.request_timeout = request_timeout
         self._seeds = seeds
         self._node = seeds[0]  # the server, without discover
+        # Several nodes without discover: each key goes to its owner under
+        # the Router over the addresses as written (as the C++ client's
+        # ClientRouting), so every client agrees whatever order it lists
+        # them in.
+        self._static = static_nodes
         self._family = family
         self._initial_retransmit = initial_retransmit
         self._max_retransmit = max_retransmit
@@ -515,10 +672,14 @@ class Client:
         # random bits, as the C++ client's: a later process acting for the
         # same owner neither collides in the server's dedup cache nor sends
         # ids below ones the server applied (older ids are stale to it).
-        self._next_id = ((int(time.time() * 1000) << 20) | random.getrandbits(20)) \
-            & 0xFFFFFFFFFFFFFFFF
+        # itertools.count's next() is atomic under the GIL: no lock.
+        self._ids = itertools.count(((int(time.time() * 1000) << 20) | random.getrandbits(20))
+                                    & 0xFFFFFFFFFFFFFFFF)
         self._random = random.Random()
         self._lock = threading.Lock()
+        # Request id -> call. Written by the calling threads; read, without
+        # the lock (a dict lookup is atomic), by whichever thread reads the
+        # socket.
         self._calls: Dict[int, _Call] = {}
         self._closed = False
         # Cluster mode: the current map (swapped whole under _lock; readers
@@ -528,14 +689,22 @@ class Client:
         self._map: Optional[_ClusterMap] = None
         self._refresh_lock = threading.Lock()
         self._nodes_by_text: Dict[str, _Node] = {seed.text: seed for seed in seeds}
+        # No receiver thread: a calling thread reads the socket itself while
+        # it waits for its reply (one at a time, under _rx_lock), and hands
+        # other threads' replies to them. Handing every reply from a
+        # receiver thread to the caller cost a thread switch per call, the
+        # largest part of a call's CPU. The socket stays blocking with a
+        # receive timeout (SO_RCVTIMEO), so a read is one recv() system
+        # call, not poll() and recv() as Python's own socket timeouts do.
         self._socket = socket.socket(family, socket.SOCK_DGRAM)
-        self._socket.settimeout(0.1)  # the receiver checks _closed this often
-        self._receiver = threading.Thread(target=self._receive_loop,
-                                          name="shardlock-receiver", daemon=True)
-        self._receiver.start()
+        self._rx_lock = threading.Lock()
+        self._rx_timeout = 0.0  # SO_RCVTIMEO now; only the reader changes it
+        self._set_rx_timeout(_READ_SLICE)
         self._watch_cond = threading.Condition()
-        self._watched: List["weakref.ReferenceType[Lease]"] = []
+        # Leases the watchdog looks after, by id(); a release removes its own.
+        self._watched: Dict[int, "weakref.ReferenceType[Lease]"] = {}
         self._watch_changed = False  # under _watch_cond: look again before sleeping
+        self._watch_wake = 0.0  # under _watch_cond: when the watchdog looks next
         self._watchdog: Optional[threading.Thread] = None
         if discover:
             failures = self._refresh_map(list(seeds), _now() + len(seeds) * request_timeout)
@@ -570,36 +739,22 @@ class Client:
         RecoveringError (only once the wait is spent), RedirectedError,
         ServerError or GrantExpiredError; ValueError for bad arguments. The
         Lease returned is valid."""
-        data = _key_bytes(key)
-        ttl_ms = _to_ms(ttl, "ttl", False)
-        wait_ms = _to_ms(wait, "wait", True)
-        if not 0 < renew_fraction < 1:
-            raise ValueError("renew_fraction must be in (0, 1)")
-        if permits:
-            if shared:
-                raise ValueError("a lease is shared or one of permits, not both")
-            if not 1 <= permits <= p.MAX_PERMITS:
-                raise ValueError("permits must be 1..65535")
-            message = p.Message(type=p.ACQUIRE_PERMIT, key=data, ttl_ms=ttl_ms,
-                                wait_ms=wait_ms, permits=permits)
-            mode = p.MODE_PERMIT
-        else:
-            message = p.Message(type=p.ACQUIRE_SHARED if shared else p.ACQUIRE, key=data,
-                                ttl_ms=ttl_ms, wait_ms=wait_ms)
-            mode = p.MODE_SHARED if shared else p.MODE_EXCLUSIVE
-        sent, reply, node = self._routed_call(message)
+        data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
+            key, ttl, wait, shared, permits, renew_fraction)
+        sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits)
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
         _raise_for_reply(reply, key_text)
         expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
         if _now() >= expiry:
-            self._call(p.Message(type=p.RELEASE, key=data, token=reply.token), node=node)
+            self._call(p.RELEASE, data, (reply.token,), node=node)
             raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
         lease = Lease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
                       on_lost, renew_fraction, node)
         if watchdog or on_lost is not None:
-            self._watch(lease)
+            self._watch(lease, min(expiry, sent + reply.ttl_ms / 1000.0 * renew_fraction)
+                        if watchdog else expiry)
         return lease
 
     def lock(self, key: Key, ttl: float = 30, wait: float = 0, **options) -> Lease:
@@ -615,7 +770,7 @@ class Client:
     def query(self, key: Key) -> QueryResult:
         """QUERY: who holds `key` and how (no lease taken)."""
         data = _key_bytes(key)
-        _, reply, node = self._routed_call(p.Message(type=p.QUERY, key=data))
+        _, reply, node = self._routed_call(p.QUERY, data)
         if reply is None:
             raise UnreachableError("no answer from %s to QUERY" % node.text)
         _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
@@ -651,13 +806,19 @@ class Client:
             self._closed = True
             calls = list(self._calls.values())
         for call in calls:
-            call.done.set()
+            event = call.event
+            if event is not None:
+                event.set()
         with self._watch_cond:
             self._watch_cond.notify_all()
         if self._watchdog is not None and self._watchdog is not threading.current_thread():
             self._watchdog.join()
-        self._receiver.join()
+        # A reader sees _closed within one read slice; the socket is closed
+        # once none reads it.
+        acquired = self._rx_lock.acquire(timeout=1.0)
         self._socket.close()
+        if acquired:
+            self._rx_lock.release()
 
     def __enter__(self) -> "Client":
         return self
@@ -671,12 +832,14 @@ class Client:
         """Where a call on `key` goes, and the map that said so (None: not
         in cluster mode)."""
         current = self._map
-        if current is None:
-            return self._node, None
-        return current.owner_of(key), current
+        if current is not None:
+            return current.owner_of(key), current
+        if self._static is not None:
+            return self._static.owner_of(key), None
+        return self._node, None
 
-    def _routed_call(self, message: p.Message
-                     ) -> Tuple[float, Optional[p.Message], _Node]:
+    def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0, wait_ms: int = 0,
+                     permits: int = 0) -> Tuple[float, Optional[p.Message], _Node]:
         """An ACQUIRE* or QUERY call, within wait + request_timeout.
 
         An ACQUIRE* with a wait rides through RECOVERING while the wait
@@ -689,24 +852,45 @@ class Client:
         transmission's send time of the request id answered last, its reply
         (None: unanswered) and the node that answered (or was asked last)."""
         start = _now()
-        wait_end = start + message.wait_ms / 1000.0
+        wait_end = start + wait_ms / 1000.0
         deadline = wait_end + self.request_timeout
-        waits = message.wait_ms > 0
+        waits = wait_ms > 0
         sent = start
         redirects = 0
         while True:
-            node, routed_by = self._route(message.key)
+            node, routed_by = self._route(key)
+            if message_type == p.QUERY:
+                values: Tuple[int, ...] = ()
+            elif message_type == p.ACQUIRE_PERMIT:
+                values = (ttl_ms, wait_ms, permits)
+            else:
+                values = (ttl_ms, wait_ms)
+            if routed_by is None:
+                # One node, or a static list: no map, so nothing to refresh
+                # or follow.
+                reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
+                                   node=node)
+                if reply is not None and reply.type == p.RECOVERING and waits:
+                    left = wait_end - _now()
+                    if left > _LAST_TRY_MARGIN:
+                        time.sleep(min(_retry_delay(reply.retry_after_ms),
+                                       left - _LAST_TRY_MARGIN))
+                        sent = _now()
+                        if sent < deadline:
+                            wait_ms = max(1, int((wait_end - sent) * 1000))
+                            continue
+                return sent, reply, node
             moved = []
 
             def on_silence(node=node, routed_by=routed_by, moved=moved) -> bool:
                 self._refresh_map(self._refresh_sources(last=node), deadline, routed_by)
-                if self._route(message.key)[0] != node:
+                if self._route(key)[0] != node:
                     moved.append(True)
                     return True  # abandon this request id: the key moved
                 return False
 
-            reply = self._call(message, timeout=deadline - sent, sent=sent, node=node,
-                               on_silence=on_silence if routed_by is not None else None)
+            reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
+                               node=node, on_silence=on_silence)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
@@ -736,23 +920,13 @@ class Client:
                 return sent, reply, node
             if waits:
                 # At least 1 ms: a wait of 0 would make it a try (BUSY at once).
-                message.wait_ms = max(1, int((wait_end - sent) * 1000))
+                wait_ms = max(1, int((wait_end - sent) * 1000))
 
     # ---- the cluster map ------------------------------------------------------
 
     def _refresh_sources(self, first: Optional[_Node] = None,
                          last: Optional[_Node] = None) -> List[_Node]:
-        """Whom to ask for a newer map, each once: `first` (a node that
-        redirected: its map is newer), the current map's members, the seeds,
-        then `last` (a node that stopped answering)."""
-        sources: List[_Node] = []
-        current = self._map
-        for node in [first] + (current.nodes if current else []) + self._seeds:
-            if node is not None and node != last and node not in sources:
-                sources.append(node)
-        if last is not None:
-            sources.append(last)
-        return sources
+        return _refresh_order(self._map, self._seeds, first, last)
 
     def _refresh_map(self, sources: List[_Node], deadline: float,
                      routed_by: Optional[_ClusterMap] = None) -> List[str]:
@@ -784,161 +958,193 @@ class Client:
     def _fetch_map(self, source: _Node, timeout: float) -> _ClusterMap:
         """The map of `source`, paged with MAP's first_member (each page
         asked for up to `timeout`). Raises ShardlockError saying why not."""
-        members: List[Tuple[bytes, str, int]] = []
-        epoch = count = restarts = 0
+        pages = _MapPages()
         while True:
-            reply = self._call(p.Message(type=p.MAP, first_member=len(members)),
-                               timeout=timeout, node=source)
-            if reply is None:
-                raise UnreachableError("no answer")
-            if reply.type != p.MAP_REPLY:
-                raise ShardlockError("no map (%s)" % p.type_name(reply.type))
-            if reply.epoch == 0:
-                raise ShardlockError("not a cluster node (its map has epoch 0)")
-            if epoch and (reply.epoch != epoch or reply.member_count != count):
-                # The map changed between two pages: read it again.
-                restarts += 1
-                if restarts > _MAX_MAP_RESTARTS:
-                    raise ShardlockError("its map kept changing while it was read")
-                members, epoch, count = [], 0, 0
-                continue
-            if not 0 < reply.member_count <= _router.MAX_MEMBERS:
-                raise ShardlockError("a map of %d members" % reply.member_count)
-            if (reply.first_member != len(members) or not reply.members or
-                    len(members) + len(reply.members) > reply.member_count):
-                raise ShardlockError("a MAP_REPLY page that does not continue the map")
-            epoch, count = reply.epoch, reply.member_count
-            members += reply.members
-            if len(members) == count:
-                break
-        nodes: Dict[str, _Node] = {}
-        for _, address, _ in members:
-            node = self._nodes_by_text.get(address)
-            if node is None:
-                try:
-                    node = _resolve(address, self._family)
-                except ValueError as error:
-                    raise ShardlockError("member address: %s" % error) from None
-                with self._lock:
-                    node = self._nodes_by_text.setdefault(address, node)
-            nodes[address] = node
-        try:
-            return _ClusterMap(epoch, members, nodes)
-        except ValueError as error:
-            raise ShardlockError("a map the router refuses (%s)" % error) from None
+            reply = self._call(p.MAP, b"", (len(pages.members),), timeout=timeout, node=source)
+            if pages.take(reply):
+                return pages.build(self._nodes_by_text, self._family, self._lock)
 
     def _drift_margin(self, ttl_ms: int) -> float:
         return self._drift_factor * ttl_ms / 1000.0 + self._drift_allowance
 
     def _new_request_id(self) -> int:
-        with self._lock:
-            request_id = self._next_id
-            self._next_id = (self._next_id + 1) & 0xFFFFFFFFFFFFFFFF
-            return request_id
+        return next(self._ids) & 0xFFFFFFFFFFFFFFFF
 
     def _epoch(self) -> Optional[int]:
         """The epoch every request carries in cluster mode; None otherwise."""
         current = self._map
         return current.epoch if current is not None else None
 
-    def _send_once(self, message: p.Message, node: _Node) -> None:
+    def _send_once(self, message_type: int, key: bytes, values: Tuple[int, ...],
+                   node: _Node) -> None:
         """One datagram, no answer awaited (a best-effort RELEASE)."""
         if self._closed:
             return
-        message.request_id = self._new_request_id()
         try:
-            self._socket.sendto(p.encode_request(message, self._client_id, epoch=self._epoch()),
-                                node.address)
+            self._socket.sendto(p.pack_request(message_type, self._new_request_id(),
+                                               self._client_id, key, values, self._epoch(),
+                                               self._auth_key), node.address)
         except OSError:
             pass
 
-    def _call(self, message: p.Message, timeout: Optional[float] = None,
-              request_id: Optional[int] = None, sent: Optional[float] = None,
-              node: Optional[_Node] = None,
+    def _call(self, message_type: int, key: bytes, values: Tuple[int, ...],
+              timeout: Optional[float] = None, request_id: Optional[int] = None,
+              sent: Optional[float] = None, node: Optional[_Node] = None,
               on_silence: Optional[Callable[[], bool]] = None) -> Optional[p.Message]:
-        """Sends `message` to `node` (default: the server) and retransmits it
-        (same request id) until it is answered or `timeout` seconds pass;
-        returns the reply, or None. After every _SILENT_SENDS unanswered
-        sends it calls `on_silence`, and gives up (None) if that returns
-        True. Raises ClientClosedError if the client is closed."""
-        message.request_id = self._new_request_id() if request_id is None else request_id
-        node = node or self._node
-        data = p.encode_request(message, self._client_id,
-                                epoch=self._epoch() if message.type != p.MAP else None)
-        call = _Call(message)
-        with self._lock:
-            if self._closed:
-                raise ClientClosedError("the client is closed")
-            self._calls[message.request_id] = call
+        """Sends a request of `message_type` on `key` with the type's fixed
+        body `values` (p.pack_request) to `node` (default: the server), and
+        retransmits it (same request id) until it is answered or `timeout`
+        seconds pass; returns the reply, or None. After every _SILENT_SENDS
+        unanswered sends it calls `on_silence`, and gives up (None) if that
+        returns True. Raises ClientClosedError if the client is closed."""
+        if request_id is None:
+            request_id = next(self._ids) & 0xFFFFFFFFFFFFFFFF
+        if node is None:
+            node = self._node
+        data = p.pack_request(message_type, request_id, self._client_id, key, values,
+                              None if message_type == p.MAP else self._epoch(), self._auth_key)
+        call = _Call(message_type, key)
+        if self._closed:
+            raise ClientClosedError("the client is closed")
+        calls = self._calls
+        calls[request_id] = call
         start = _now() if sent is None else sent
         deadline = start + (self.request_timeout if timeout is None else timeout)
         interval = self._initial_retransmit
         sends = 0
+        address = node.address
+        sendto = self._socket.sendto
         try:
             while True:
                 if on_silence is not None and sends and sends % _SILENT_SENDS == 0 \
                         and on_silence():
                     return None
                 try:
-                    self._socket.sendto(data, node.address)
+                    sendto(data, address)
                 except OSError:
                     pass  # as a lost datagram: retransmitted
                 sends += 1
-                left = deadline - _now()
+                now = _now()
+                left = deadline - now
                 if left <= 0:
                     return None
                 jittered = interval * self._random.uniform(0.75, 1.25)
-                if call.done.wait(min(jittered, left)):
-                    if self._closed and call.reply is None:
+                if self._await_reply(call, now + (jittered if jittered < left else left)):
+                    if call.reply is None:
                         raise ClientClosedError("the client is closed")
                     return call.reply
                 interval = min(interval * 2, self._max_retransmit)
         finally:
-            with self._lock:
-                self._calls.pop(message.request_id, None)
+            calls.pop(request_id, None)
 
-    def _receive_loop(self) -> None:
-        while not self._closed:
-            try:
-                data = self._socket.recv(p.MAX_DATAGRAM_SIZE + 64)
-            except socket.timeout:
+    def _await_reply(self, call: _Call, until: float) -> bool:
+        """Waits until `call` is answered (True) or `until` passes (False).
+        The first waiter to find the socket free reads it for everyone
+        (leader/followers); the others sleep on their call's event, which
+        the reader sets when it hands them their reply or stops reading.
+        True without a reply: the client was closed."""
+        while True:
+            if call.done or self._closed:
+                return True
+            left = until - _now()
+            if left <= 0:
+                return False
+            if self._rx_lock.acquire(False):
+                try:
+                    self._read_until(call, until)
+                finally:
+                    self._rx_lock.release()
+                    self._hand_off_reading()
+                return call.done or self._closed
+            if call.event is None:
+                # Registered before trying the socket again: a reader that
+                # stops after our failed try sees it in _hand_off_reading().
+                call.event = threading.Event()
                 continue
+            call.event.wait(left)
+            call.event.clear()
+
+    def _hand_off_reading(self) -> None:
+        """After a reader stops: wakes every waiting call, so one of them
+        reads next."""
+        for call in list(self._calls.values()):
+            event = call.event
+            if event is not None and not call.done:
+                event.set()
+
+    def _set_rx_timeout(self, seconds: float) -> None:
+        whole = int(seconds)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO,
+                                struct.pack("@ll", whole, max(1, int((seconds - whole) * 1e6))))
+        self._rx_timeout = seconds
+
+    def _read_until(self, call: _Call, until: float) -> None:
+        """Reads the socket (holding _rx_lock) until `call` is answered,
+        `until` passes or the client is closed, handing out every reply it
+        reads. Reads block at most _READ_SLICE, so a close is seen soon."""
+        recv = self._socket.recv
+        while not call.done and not self._closed:
+            left = until - _now()
+            if left <= 0:
+                return
+            wanted = left if left < _READ_SLICE else _READ_SLICE
+            # Only a shorter wait needs the option changed (a system call);
+            # a read that ends early just reads again.
+            if wanted < self._rx_timeout - 0.001 or \
+                    (wanted == _READ_SLICE and self._rx_timeout != _READ_SLICE):
+                self._set_rx_timeout(wanted)
+            try:
+                data = recv(_RECV_SIZE)
             except OSError:
-                if self._closed:
-                    return
-                time.sleep(0.01)  # e.g. ECONNREFUSED from an ICMP error: keep going
+                # EAGAIN: the timeout; ECONNREFUSED from an ICMP error: a
+                # lost datagram, retransmitted.
                 continue
-            try:
-                datagram = p.decode(data)
-            except p.ProtocolError:
-                continue  # not a reply this client can read: completes nothing
-            for reply in datagram.messages:
-                with self._lock:
-                    call = self._calls.get(reply.request_id)
-                if call is None or call.done.is_set():
-                    continue
-                request = call.message
-                if not p.reply_answers(request.type, reply.type):
-                    continue
-                if p.reply_carries_key(reply.type) and reply.key != request.key:
-                    continue
-                call.reply = reply
-                call.done.set()
+            self._dispatch(data)
+
+    def _dispatch(self, data: bytes) -> None:
+        """Hands each reply in `data` to its call; drops what answers none."""
+        try:
+            datagram = p.decode(data, self._auth_key)
+        except p.ProtocolError:
+            return  # not a reply this client can read (or not sealed by our key)
+        for reply in datagram.messages:
+            call = self._calls.get(reply.request_id)
+            if call is None or call.done:
+                continue
+            if not _answers(call.type, call.key, reply):
+                continue
+            call.reply = reply
+            call.done = True
+            event = call.event
+            if event is not None:
+                event.set()
 
     # ---- the watchdog -------------------------------------------------------
 
     def _on_watchdog_thread(self) -> bool:
         return self._watchdog is not None and self._watchdog is threading.current_thread()
 
-    def _watch(self, lease: Lease) -> None:
+    def _watch(self, lease: Lease, first_look: float) -> None:
+        """Has the watchdog look after `lease` from `first_look` on. Wakes
+        the watchdog only when it would look later than that: most leases
+        are released before their first renewal, and waking a thread for
+        each would cost more than the call."""
         with self._watch_cond:
-            self._watched.append(weakref.ref(lease))
-            self._watch_changed = True
+            self._watched[id(lease)] = weakref.ref(lease)
             if self._watchdog is None:
                 self._watchdog = threading.Thread(target=self._watchdog_loop,
                                                   name="shardlock-watchdog", daemon=True)
+                self._watch_wake = 0.0
                 self._watchdog.start()
-            self._watch_cond.notify_all()
+            elif first_look < self._watch_wake:
+                self._watch_changed = True
+                self._watch_cond.notify_all()
+
+    def _unwatch(self, lease: Lease) -> None:
+        with self._watch_cond:
+            ref = self._watched.get(id(lease))
+            if ref is not None and ref() is lease:
+                del self._watched[id(lease)]
 
     def _watchdog_nudge(self) -> None:
         with self._watch_cond:
@@ -948,29 +1154,32 @@ class Client:
     def _watchdog_loop(self) -> None:
         while not self._closed:
             with self._watch_cond:
-                refs = list(self._watched)
+                refs = list(self._watched.items())
                 self._watch_changed = False
+                self._watch_wake = _now() + 1.0
             wake = _now() + 1.0
             finished = []
-            for ref in refs:
+            for lease_id, ref in refs:
                 lease = ref()
                 if lease is None:
-                    finished.append(ref)
+                    finished.append((lease_id, ref))
                     continue
                 try:
                     when = lease._watch_step(_now())
                 except ClientClosedError:
                     return
                 if when is None:
-                    finished.append(ref)
+                    finished.append((lease_id, ref))
                 else:
                     wake = min(wake, when)
                 del lease
             with self._watch_cond:
-                for ref in finished:
-                    self._watched.remove(ref)
+                for lease_id, ref in finished:
+                    if self._watched.get(lease_id) is ref:
+                        del self._watched[lease_id]
                 if self._closed:
                     return
+                self._watch_wake = wake
                 delay = wake - _now()
                 # A lease added or lost during the pass was not looked at.
                 if delay > 0 and not self._watch_changed:

@@ -5,8 +5,9 @@ format is documented byte by byte at the top of
 include/shardlock/lease/protocol.h; this module implements the part a client
 needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
 RENEW, RELEASE, QUERY, and MAP for cluster mode) and every reply a server
-sends to them, single or batched. Batched requests, ACQUIRE_MANY, STATS and
-authentication are not implemented.
+sends to them, single or batched, sealed with datagram authentication
+(auth.py) or not. Batched requests, ACQUIRE_MANY and STATS are not
+implemented.
 
 Header, 32 bytes, little-endian:
     u32 magic 0x4B4C4853 ("SHLK"), u8 version 1, u8 flags, u8 type,
@@ -17,13 +18,20 @@ epoch, then the body of `type` (a key is u16 length + bytes).
 Anti-amplification: a request must be padded with zeros up to the largest
 reply the server may send to it (max_reply_size()), or the server answers
 ERROR(REQUEST_TOO_SMALL). encode_request() pads.
+
+Speed: a client encodes and decodes a datagram per call, so both work from
+struct.Struct objects built once: one per request type, key length and
+header shape for encoding (a single pack() writes the padded datagram), one
+per reply type for decoding.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import struct
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 MAGIC = 0x4B4C4853
 VERSION = 1
@@ -150,6 +158,7 @@ _NAMES = {
 }
 
 _HEADER = struct.Struct("<IBBBBQQQ")
+_FLAGS_OFFSET = 5
 _BATCH_ITEM = struct.Struct("<BBHQ")
 
 
@@ -225,35 +234,128 @@ def max_reply_size(request: Message) -> int:
     return HEADER_SIZE + max_reply_body(request)
 
 
+_TAIL_FORMATS = {t: "".join(fmt for _, fmt in fields if fmt not in (_KEY, _MEMBERS))
+                 for t, fields in _BODIES.items()}
+_TAIL_NAMES = {t: tuple(name for name, fmt in fields if fmt not in (_KEY, _MEMBERS))
+               for t, fields in _BODIES.items()}
+_KEYED = {t: any(fmt == _KEY for _, fmt in fields) for t, fields in _BODIES.items()}
+_REQUEST_STRUCTS: Dict[Tuple[int, int, bool, int], struct.Struct] = {}
+
+
+def _request_struct(message_type: int, key_length: int, with_epoch: bool,
+                    pad_to: int) -> struct.Struct:
+    """The whole request datagram as one Struct: header, [epoch], body,
+    zero padding up to `pad_to` (0: none). Cached: a client reuses a few."""
+    cache_key = (message_type, key_length, with_epoch, pad_to)
+    s = _REQUEST_STRUCTS.get(cache_key)
+    if s is None:
+        fmt = "<IBBBBQQQ" + ("Q" if with_epoch else "")
+        if _KEYED[message_type]:
+            fmt += "H%ds" % key_length
+        fmt += _TAIL_FORMATS[message_type]
+        size = struct.calcsize(fmt)
+        if pad_to > size:
+            fmt += "%dx" % (pad_to - size)
+        s = struct.Struct(fmt)
+        if len(_REQUEST_STRUCTS) < 4096:  # bounded: key lengths are 1..256
+            _REQUEST_STRUCTS[cache_key] = s
+    return s
+
+
+_REQUEST_PAD: Dict[Tuple[int, int], int] = {}
+
+
+def request_pad(message_type: int, key_length: int, auth: bool = False) -> int:
+    """The size a request of this type and key length is padded to: its
+    max_reply_size(), or a whole datagram (less the tag when sealed) for a
+    MAP, whose reply page fills what it may."""
+    if message_type == MAP:
+        return MAX_DATAGRAM_SIZE - (AUTH_TAG_SIZE if auth else 0)
+    pad = _REQUEST_PAD.get((message_type, key_length))
+    if pad is None:
+        pad = max_reply_size(Message(type=message_type, key=bytes(key_length)))
+        _REQUEST_PAD[(message_type, key_length)] = pad
+    return pad
+
+
+def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int], key: bytes,
+                 values: Tuple[int, ...], epoch: Optional[int] = None,
+                 auth_key: Optional[bytes] = None, pad: bool = True) -> bytes:
+    """A single-message request datagram: `values` are the type's fixed body
+    fields in wire order after the key (ACQUIRE: ttl_ms, wait_ms; RENEW:
+    token, ttl_ms; RELEASE: token; QUERY: none; MAP: first_member). The
+    client's hot path; encode_request() is the same from a Message."""
+    if message_type not in _REPLIES:
+        raise ProtocolError("not a request type this codec encodes: %s" % type_name(message_type))
+    if len(key) > 0xFFFF:
+        raise ProtocolError("key too long for its u16 length")
+    pad_to = request_pad(message_type, len(key), auth_key is not None) if pad else 0
+    flags = (0 if epoch is None else FLAG_EPOCH) | (0 if auth_key is None else FLAG_AUTHENTICATED)
+    s = _request_struct(message_type, len(key), epoch is not None, pad_to)
+    lo, hi = client_id
+    head = (MAGIC, VERSION, flags, message_type, 1, request_id, lo, hi)
+    if epoch is not None:
+        head += (epoch,)
+    if _KEYED[message_type]:
+        head += (len(key), key)
+    data = s.pack(*head, *values)
+    if len(data) + (0 if auth_key is None else AUTH_TAG_SIZE) > MAX_DATAGRAM_SIZE:
+        raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
+    if auth_key is not None:
+        data += _tag(data, auth_key)
+    return data
+
+
 def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = True,
-                   epoch: Optional[int] = None) -> bytes:
+                   epoch: Optional[int] = None, auth_key: Optional[bytes] = None) -> bytes:
     """A single-message request datagram for `client_id` (lo, hi), zero-padded
     to max_reply_size() unless `pad` is false (tests only: the server refuses
     such a request). A MAP is padded to a whole datagram, so its MAP_REPLY
     page carries as many members as fit. With `epoch` (a cluster client's
     map epoch) the header carries FLAG_EPOCH and the epoch follows it; the
-    epoch does not change the padding, as the reply is no larger."""
+    epoch does not change the padding, as the reply is no larger. With
+    `auth_key` the datagram is sealed (FLAG_AUTHENTICATED and a tag)."""
     if message.type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message.type))
-    if len(message.key) > 0xFFFF:
-        raise ProtocolError("key too long for its u16 length")
-    lo, hi = client_id
-    flags = 0 if epoch is None else FLAG_EPOCH
-    out = bytearray(_HEADER.pack(MAGIC, VERSION, flags, message.type, 1, message.request_id,
-                                 lo, hi))
-    if epoch is not None:
-        out += struct.pack("<Q", epoch)
-    for attribute, fmt in _BODIES[message.type]:
-        if fmt == _KEY:
-            out += struct.pack("<H", len(message.key)) + message.key
-        else:
-            out += struct.pack("<" + fmt, getattr(message, attribute))
-    if pad:
-        size = MAX_DATAGRAM_SIZE if message.type == MAP else max_reply_size(message)
-        out += bytes(max(0, size - len(out)))
-    if len(out) > MAX_DATAGRAM_SIZE:
-        raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
-    return bytes(out)
+    values = tuple(getattr(message, name) for name in _TAIL_NAMES[message.type])
+    return pack_request(message.type, message.request_id, client_id, message.key, values,
+                        epoch=epoch, auth_key=auth_key, pad=pad)
+
+
+# ---- authentication ---------------------------------------------------------
+#
+# As include/shardlock/lease/wire/auth.h: a 32-byte key shared by server and
+# clients; a sealed datagram has FLAG_AUTHENTICATED set in its header and ends
+# in a 16-byte tag, keyed BLAKE2b (libsodium's crypto_generichash, which
+# hashlib's blake2b with key= and digest_size=16 equals) over every byte
+# before it, flag and padding included.
+
+AUTH_KEY_SIZE = 32
+AUTH_TAG_SIZE = 16
+
+
+def _tag(data: bytes, auth_key: bytes) -> bytes:
+    return hashlib.blake2b(data, key=auth_key, digest_size=AUTH_TAG_SIZE).digest()
+
+
+def seal(data: bytes, auth_key: bytes) -> bytes:
+    """`data` (a datagram) with FLAG_AUTHENTICATED set and its tag appended."""
+    if len(data) < HEADER_SIZE:
+        raise ProtocolError("truncated")
+    sealed = bytearray(data)
+    sealed[_FLAGS_OFFSET] |= FLAG_AUTHENTICATED
+    return bytes(sealed) + _tag(bytes(sealed), auth_key)
+
+
+def open_sealed(data: bytes, auth_key: bytes) -> Optional[bytes]:
+    """The datagram without its tag if it is sealed under `auth_key` (flag
+    set, tag verified in constant time); None otherwise."""
+    if len(data) < HEADER_SIZE + AUTH_TAG_SIZE or not data[_FLAGS_OFFSET] & FLAG_AUTHENTICATED:
+        return None
+    body = data[:-AUTH_TAG_SIZE]
+    if not hmac.compare_digest(_tag(body, auth_key), data[-AUTH_TAG_SIZE:]):
+        return None
+    return body
 
 
 @dataclass
@@ -280,22 +382,36 @@ def _read_bytes(body: memoryview, at: int) -> Tuple[bytes, int]:
     return bytes(body[at:at + length]), at + length
 
 
+_TAIL_STRUCTS = {t: struct.Struct("<" + fmt) for t, fmt in _TAIL_FORMATS.items()}
+_U16 = struct.Struct("<H")
+_U64 = struct.Struct("<Q")
+
+
 def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[Message, int]:
-    """Reads one body from the front of `body`; returns it and its size."""
-    fields = _BODIES.get(message_type)
-    if fields is None:
+    """Reads one body from the front of `body`; returns it and its size.
+    Every body is: the key if it has one, fixed fields, a member list if
+    it has one (_BODIES), so one Struct reads the fixed part."""
+    tail = _TAIL_STRUCTS.get(message_type)
+    if tail is None:
         raise ProtocolError("unknown message type 0x%02x" % message_type)
-    m = Message(type=message_type, request_id=request_id)
+    m = Message(message_type, request_id)
     at = 0
-    for attribute, fmt in fields:
-        if fmt == _MEMBERS:
-            m.members, at = _decode_members(body, at)
-        elif fmt == _KEY:
-            m.key, at = _read_bytes(body, at)
-        else:
-            value, at = _read_uint(body, at, fmt)
-            setattr(m, attribute, value)
-    if message_type == QUERY_REPLY and (m.held > 1 or m.mode > MODE_PERMIT):
+    if _KEYED[message_type]:
+        if len(body) < 2:
+            raise ProtocolError("truncated")
+        (length,) = _U16.unpack_from(body, 0)
+        at = 2 + length
+        if at > len(body):
+            raise ProtocolError("truncated")
+        m.key = bytes(body[2:at])
+    if at + tail.size > len(body):
+        raise ProtocolError("truncated")
+    if tail.size:
+        m.__dict__.update(zip(_TAIL_NAMES[message_type], tail.unpack_from(body, at)))
+        at += tail.size
+    if message_type == MAP_REPLY:
+        m.members, at = _decode_members(body, at)
+    elif message_type == QUERY_REPLY and (m.held > 1 or m.mode > MODE_PERMIT):
         raise ProtocolError("bad field")
     return m, at
 
@@ -323,9 +439,16 @@ def _decode_members(body: memoryview, at: int) -> Tuple[List[Tuple[bytes, str, i
     return members, at
 
 
-def decode(data: bytes) -> Datagram:
+def decode(data: bytes, auth_key: Optional[bytes] = None) -> Datagram:
     """Decodes a datagram of the message types above (single or batch).
-    Raises ProtocolError for anything else; never reads outside `data`."""
+    With `auth_key` the datagram must be sealed under it (its tag is checked
+    and dropped); without, it must not be sealed. Raises ProtocolError for
+    anything else; never reads outside `data`."""
+    if auth_key is not None:
+        opened = open_sealed(data, auth_key)
+        if opened is None:
+            raise ProtocolError("not sealed under this key")
+        data = opened
     view = memoryview(data)
     if len(view) < HEADER_SIZE:
         raise ProtocolError("truncated")
@@ -334,7 +457,8 @@ def decode(data: bytes) -> Datagram:
         raise ProtocolError("bad magic")
     if version != VERSION:
         raise ProtocolError("unsupported version %d" % version)
-    if flags & ~FLAG_EPOCH:
+    allowed = FLAG_EPOCH | (FLAG_AUTHENTICATED if auth_key is not None else 0)
+    if flags & ~allowed:
         raise ProtocolError("flags 0x%02x: authenticated or reserved" % flags)
     messages = []
     at = HEADER_SIZE
@@ -342,7 +466,7 @@ def decode(data: bytes) -> Datagram:
     if flags & FLAG_EPOCH:
         if at + EPOCH_SIZE > len(view):
             raise ProtocolError("truncated")
-        (epoch,) = struct.unpack_from("<Q", view, at)
+        (epoch,) = _U64.unpack_from(view, at)
         at += EPOCH_SIZE
     if message_type != BATCH:
         if count != 1:

@@ -28,7 +28,7 @@ needed only in cluster mode.
 
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 try:
     import xxhash as _xxhash
@@ -101,6 +101,9 @@ class Router:
                     addends.append(_hash_u64(round_value + 1, node_hash) & self._mask)
                 tiebreak = _hash_u64(copy * 16 + 15, node_hash)
                 self._copies.append((index, copy, tiebreak, tuple(multipliers), tuple(addends)))
+        # Bucket -> owner index, filled as lookups come (at most 2^bucket_bits
+        # entries): a client asks about the same few keys again and again.
+        self._owners: Dict[int, int] = {}
 
     def bucket(self, key: bytes) -> int:
         """The key's bucket: the top bucket_bits bits of its hash."""
@@ -124,7 +127,11 @@ class Router:
 
     def owner_index(self, key: bytes) -> int:
         """Index into `ids` of the key's owner."""
-        return self.owner_of_bucket(self.bucket(key))
+        bucket = self.bucket(key)
+        owner = self._owners.get(bucket)
+        if owner is None:
+            owner = self._owners[bucket] = self.owner_of_bucket(bucket)
+        return owner
 
     def owner(self, key: bytes) -> bytes:
         return self.ids[self.owner_index(key)]

@@ -201,9 +201,13 @@ class Discovery(ClusterModeTestCase):
             single.close()
             silent.close()
 
-    def test_several_servers_need_discover(self):
-        with self.assertRaises(ValueError):
-            shardlock.Client("127.0.0.1:1,127.0.0.1:2")
+    def test_one_server_listed_twice_is_refused(self):
+        # Several servers without discover are a static node list
+        # (test_nodes.py); the same address twice is a mistake, as the C++
+        # client says.
+        with self.assertRaises(ValueError) as caught:
+            shardlock.Client("127.0.0.1:1,127.0.0.1:1")
+        self.assertIn("same address", str(caught.exception))
 
 
 class Redirects(ClusterModeTestCase):

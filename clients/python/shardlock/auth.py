@@ -1,0 +1,61 @@
+"""The shared key of datagram authentication (shardlockd --auth-key).
+
+As include/shardlock/lease/wire/auth.h: server and clients share a 32-byte
+key; every datagram, both ways, is sealed with a 16-byte keyed-BLAKE2b tag
+(protocol.seal / protocol.open_sealed, standard library only). A key file
+holds the key as 64 hex digits, surrounding whitespace ignored; make one
+with `shardlockctl keygen`.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional, Union
+
+from .protocol import AUTH_KEY_SIZE
+
+# Read as shardlockctl does, so a program run by `shardlockctl run` against
+# an --auth-key server reaches it too.
+KEY_FILE_ENVIRONMENT = "SHARDLOCK_AUTH_KEY_FILE"
+
+
+def parse_auth_key(text: str) -> bytes:
+    """The key in `text`: 64 hex digits (either case), surrounding
+    whitespace allowed. ValueError for anything else."""
+    digits = text.strip(" \t\r\n")
+    if len(digits) != 2 * AUTH_KEY_SIZE:
+        raise ValueError("an auth key is 64 hex digits, not %d characters" % len(digits))
+    try:
+        return bytes.fromhex(digits)
+    except ValueError:
+        raise ValueError("an auth key is 64 hex digits") from None
+
+
+def load_auth_key(path: str) -> bytes:
+    """The key in the key file at `path`. OSError if it cannot be read,
+    ValueError if it does not hold a key."""
+    with open(path, "rb") as f:
+        text = f.read(256)  # a key file is 64 digits and a newline
+    try:
+        return parse_auth_key(text.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise ValueError("key file %s does not hold a key (64 hex digits; make one with "
+                         "`shardlockctl keygen`)" % path) from None
+
+
+def resolve_auth_key(auth_key: Union[bytes, str, None],
+                     auth_key_file: Optional[str]) -> Optional[bytes]:
+    """The key a client uses: `auth_key` (32 bytes, or 64 hex digits), the
+    file `auth_key_file`, or the file in $SHARDLOCK_AUTH_KEY_FILE; None when
+    none is given (datagrams are not sealed)."""
+    if auth_key is not None and auth_key_file is not None:
+        raise ValueError("pass auth_key or auth_key_file, not both")
+    if auth_key is not None:
+        if isinstance(auth_key, str):
+            return parse_auth_key(auth_key)
+        key = bytes(auth_key)
+        if len(key) != AUTH_KEY_SIZE:
+            raise ValueError("auth_key must be %d bytes, not %d" % (AUTH_KEY_SIZE, len(key)))
+        return key
+    path = auth_key_file or os.environ.get(KEY_FILE_ENVIRONMENT)
+    return load_auth_key(path) if path else None
