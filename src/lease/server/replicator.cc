@@ -37,8 +37,8 @@ std::uint32_t magic_of(std::span<const std::uint8_t> bytes) noexcept {
 
 }  // namespace
 
-Replicator::Replicator(ReplicatorOptions options, std::int64_t now_ns)
-    : options_(std::move(options)), created_ns_(now_ns) {
+Replicator::Replicator(const ReplicatorOptions& options, std::int64_t now_ns)
+    : options_(options), created_ns_(now_ns) {
   layout_.store(std::make_shared<const Layout>());
 }
 
@@ -69,14 +69,8 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       it->second->address = peer.address;
       to.emplace(peer.id, std::move(it->second));
     } else {
-      to.emplace(
-          peer.id,
-          std::unique_ptr<ToBackup>(new ToBackup{
-              peer.id,
-              peer.address,
-              replication::PrimaryStream(next_stream_id(), options_.timing),
-              std::make_shared<std::atomic<std::int64_t>>(std::numeric_limits<std::int64_t>::min()),
-              {}}));
+      to.emplace(peer.id, std::make_unique<ToBackup>(peer.id, peer.address, next_stream_id(),
+                                                     options_.timing));
     }
   }
   to_ = std::move(to);
@@ -134,9 +128,8 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       // A fresh stream counts as having promised a lease from now: this
       // node's previous run, or this run before it stopped promising, may
       // have promised one.
-      from_[id] = std::unique_ptr<FromPrimary>(new FromPrimary{
-          peer.address, replication::BackupStream(options_.timing, std::max(now_ns, created_ns_)),
-          std::move(buckets)});
+      from_[id] = std::make_unique<FromPrimary>(peer.address, options_.timing,
+                                                std::max(now_ns, created_ns_), std::move(buckets));
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);
@@ -231,7 +224,7 @@ bool Replicator::hold(OutDatagram& reply) {
     needs.push_back({index, s->stream.last_seq()});
   }
   if (needs.empty()) return false;
-  held_.hold(std::move(needs), std::move(reply));
+  held_.hold(std::move(needs), reply);
   return true;
 }
 

@@ -28,6 +28,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -74,7 +75,7 @@ struct ReplicatorOptions {
 
 class Replicator {
  public:
-  Replicator(ReplicatorOptions options, std::int64_t now_ns);
+  Replicator(const ReplicatorOptions& options, std::int64_t now_ns);
   ~Replicator();
   Replicator(const Replicator&) = delete;
   Replicator& operator=(const Replicator&) = delete;
@@ -143,6 +144,13 @@ class Replicator {
 
  private:
   struct ToBackup {
+    ToBackup(std::string peer_id, const Peer& peer_address, std::uint64_t stream_id,
+             const replication::StreamTiming& timing)
+        : peer(std::move(peer_id)),
+          address(peer_address),
+          stream(stream_id, timing),
+          lease_until(std::make_shared<std::atomic<std::int64_t>>(
+              std::numeric_limits<std::int64_t>::min())) {}
     std::string peer;
     Peer address;
     replication::PrimaryStream stream;
@@ -151,6 +159,9 @@ class Replicator {
     std::set<std::uint32_t> covered;  // buckets this stream carries (snapshot sent)
   };
   struct FromPrimary {
+    FromPrimary(const Peer& primary_address, const replication::StreamTiming& timing,
+                std::int64_t now_ns, std::vector<std::uint32_t> backed)
+        : address(primary_address), stream(timing, now_ns), buckets(std::move(backed)) {}
     Peer address;
     replication::BackupStream stream;
     std::vector<std::uint32_t> buckets;  // backed up for this primary in the current layout
