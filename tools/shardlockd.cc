@@ -62,7 +62,12 @@ using shardlock::tools::ZeroDuration;
 constexpr const char* kTool = "shardlockd";
 constexpr int kExitStartFailed = 1;
 
-int usage_error(std::string_view message) { return shardlock::tools::usage_error(kTool, message); }
+// A usage error under systemd is logged at priority err, like the rest of
+// the log (daemon_log.h), not at the journal's default.
+int usage_error(std::string_view message) {
+  if (shardlock::tools::is_journal_stream(STDERR_FILENO)) std::fputs("<3>", stderr);
+  return shardlock::tools::usage_error(kTool, message);
+}
 
 // Seconds with millisecond precision, "59.998".
 std::string seconds_text(std::chrono::nanoseconds d) {
@@ -99,9 +104,14 @@ int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
   // first datagrams may arrive before this line.
   shardlock::tools::TrafficSummary summary(shardlock::tools::TrafficSummary::Counters{},
                                            Clock::now());
-  // The first news is logged at once; the rate limit starts from there.
+  // The first news is logged at once; the rate limit starts from there. The
+  // counters are read at most once per check period (each read takes every
+  // shard lock briefly), however often the loop wakes for `granting`.
   auto last_summary = Clock::now() - summary_interval;
   const bool summaries = summary_interval.count() > 0;
+  const auto check_period =
+      std::min<std::chrono::nanoseconds>(summary_interval, std::chrono::seconds(1));
+  auto next_check = Clock::now();
   bool granting_told = false;
   for (;;) {
     if (!granting_told) {
@@ -112,18 +122,15 @@ int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
       }
     }
     const auto now = Clock::now();
-    if (summaries && now - last_summary >= summary_interval) {
+    if (summaries && now >= next_check && now - last_summary >= summary_interval) {
+      next_check = now + check_period;
       if (const auto line = summary.take(server.stats().counters, now)) {
         log.write(LogLevel::kWarning, *line);
         last_summary = now;
       }
     }
     std::chrono::nanoseconds poll = std::chrono::milliseconds(50);
-    if (granting_told) {
-      poll = summaries
-                 ? std::min<std::chrono::nanoseconds>(summary_interval, std::chrono::seconds(1))
-                 : std::chrono::hours(1);
-    }
+    if (granting_told) poll = summaries ? check_period : std::chrono::hours(1);
     const auto seconds = std::chrono::floor<std::chrono::seconds>(poll);
     const timespec timeout{.tv_sec = static_cast<time_t>(seconds.count()),
                            .tv_nsec = static_cast<long>((poll - seconds).count())};

@@ -536,16 +536,22 @@ TEST_F(ShardlockdTest, LogLinesCarryATimestampAndALevel) {
   }
 }
 
-// With stderr connected to journald ($JOURNAL_STREAM names it), lines carry
-// a syslog priority instead of a timestamp and level word. The shell sets
-// the variable to the pipe the test reads, as systemd would to its stream.
+// /bin/sh arguments that run shardlockd with `args` and $JOURNAL_STREAM
+// naming its stderr (the pipe the test reads), as systemd names its stream.
+std::vector<std::string> under_journald(std::vector<std::string> args) {
+  args.insert(args.begin(),
+              {"-c",
+               R"(JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) && export JOURNAL_STREAM && )"
+               R"(exec "$0" "$@")",
+               kDaemon});
+  return args;
+}
+
+// With stderr connected to journald, lines carry a syslog priority instead
+// of a timestamp and level word.
 TEST_F(ShardlockdTest, UnderJournaldLinesCarryASyslogPriority) {
-  testing::ChildProcess d(
-      "/bin/sh",
-      {"-c",
-       R"(JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) && export JOURNAL_STREAM && )"
-       R"(exec "$0" "$@")",
-       kDaemon, "--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", "socket"});
+  testing::ChildProcess d("/bin/sh", under_journald({"--listen", "127.0.0.1:0", "--lock-delay", "0",
+                                                     "--io", "socket"}));
   ASSERT_NE(ready_port(d.read_line(milliseconds{20'000})), 0);
   d.signal(SIGTERM);
   EXPECT_EQ(d.wait(), 0);
@@ -558,6 +564,14 @@ TEST_F(ShardlockdTest, UnderJournaldLinesCarryASyslogPriority) {
   EXPECT_NE(log.find("<4>lock-delay is 0"), std::string::npos) << log;
   EXPECT_NE(log.find("<6>listening on 127.0.0.1:"), std::string::npos) << log;
   EXPECT_NE(log.find("<6>stopped"), std::string::npos) << log;
+
+  // A usage error after the flags parse (here an unreadable key) is an error
+  // too, not a line at the journal's default priority.
+  testing::ChildProcess bad(
+      "/bin/sh", under_journald({"--listen", "127.0.0.1:0", "--auth-key", root_ + "/missing.key"}));
+  const testing::ToolResult r = bad.finish(milliseconds{20'000});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("<3>shardlockd: --auth-key: cannot read key file", 0), 0u) << r.err;
 }
 
 // Datagrams the server refuses are logged as counts, at most once per
