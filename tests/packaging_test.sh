@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
 # Builds the Debian package of a build tree with cpack and checks what it
-# installs: the tools, the systemd unit and its flags file (a conffile), the
-# headers, the static libraries and the CMake package, and that its
-# dependencies were worked out from the binaries.
+# installs: the tools and their man pages, the systemd unit (Type=notify,
+# checked with systemd-analyze where it exists, alone and with the credential
+# drop-in) and its flags file (a conffile), the headers, the static
+# libraries, the CMake package, libshardlock_c.so.1 with a shardlock_c.pc
+# that a C program builds and links with, the copyright file, the changelog,
+# the Grafana dashboard and the Prometheus rules, and that its dependencies
+# were worked out from the binaries.
 #   packaging_test.sh BUILD_DIR
 set -euo pipefail
 build_dir=$1
@@ -35,22 +39,112 @@ expect_match '^/usr/lib/(x86_64-linux-gnu/)?cmake/shardlock/shardlockConfig\.cma
 expect_file /usr/share/doc/shardlock/README.md
 expect_file /usr/include/shardlock/lease/client/c_api.h
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_c\.so\.1$'
+expect_file /usr/share/doc/shardlock/copyright
+expect_file /usr/share/doc/shardlock/CHANGELOG.md
+for example in auth-key.conf grafana-dashboard.json prometheus-alerts.yml; do
+  expect_file "/usr/share/doc/shardlock/examples/$example"
+done
+expect_file /usr/share/man/man8/shardlockd.8.gz
+for tool in shardlockctl shardlock-bench shardlock-route; do expect_file "/usr/share/man/man1/$tool.1.gz"; done
+expect_match '^/usr/lib/(x86_64-linux-gnu/)?pkgconfig/shardlock_c\.pc$'
 if grep -q shardlock-torture "$work/files"; then echo "the test harness is packaged" >&2; fail=1; fi
 grep -q '^ *Depends:.*liburing' "$work/info" || { echo "Depends lacks liburing:" >&2; grep Depends "$work/info" >&2; fail=1; }
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/default/shardlockd ||
   { echo "/etc/default/shardlockd is not a conffile" >&2; fail=1; }
 
-# The unit as shipped: systemd's own parser, against the packaged binary.
-if command -v systemd-analyze >/dev/null; then
-  dpkg-deb -x "$deb" "$work/root"
-  if ! systemd-analyze verify --man=no --root="$work/root" /usr/lib/systemd/system/shardlockd.service \
+dpkg-deb -x "$deb" "$work/root"
+root=$work/root
+docdir=$root/usr/share/doc/shardlock
+
+# The copyright file in Debian's machine-readable format, under the licence
+# of LICENSE.
+copyright=$(cat "$docdir/copyright" 2>/dev/null || true)
+for line in 'Format: https://www.debian.org/doc/packaging-manuals/copyright-format/1.0/' \
+            'Upstream-Name: shardlock' 'Copyright: 2026 the shardlock authors' 'License: Expat'; do
+  grep -qxF -- "$line" <<<"$copyright" || { echo "copyright lacks the line: $line" >&2; fail=1; }
+done
+
+# Man pages: help2man's, naming the tool (not the build directory it ran in).
+for page in man8/shardlockd.8 man1/shardlockctl.1 man1/shardlock-bench.1 man1/shardlock-route.1; do
+  [ -f "$root/usr/share/man/$page.gz" ] || continue
+  text=$(gzip -dc "$root/usr/share/man/$page.gz")
+  name=$(basename "$page" | sed 's/\.[0-9]$//')
+  grep -q "^\.TH \"\{0,1\}${name^^}\"\{0,1\} " <<<"$text" || { echo "$page: no .TH header for $name" >&2; fail=1; }
+  grep -qF -- '\-\-help' <<<"$text" || { echo "$page: no options" >&2; fail=1; }
+  if grep -qF -- "$build_dir" <<<"$text"; then echo "$page names the build directory" >&2; fail=1; fi
+done
+if [ -f "$root/usr/share/man/man8/shardlockd.8.gz" ] &&
+    ! gzip -dc "$root/usr/share/man/man8/shardlockd.8.gz" | grep -q -- 'log\\-level'; then
+  echo "shardlockd.8 does not document --log-level" >&2; fail=1
+fi
+
+# shardlock_c.pc: a C program builds against the unpacked package with
+# nothing but what pkg-config says, and runs.
+pc=$(find "$root/usr/lib" -name shardlock_c.pc | head -n 1)
+if [ -n "$pc" ] && command -v pkg-config >/dev/null && command -v cc >/dev/null; then
+  flags=$(PKG_CONFIG_PATH=$(dirname "$pc") PKG_CONFIG_LIBDIR=$(dirname "$pc") \
+    pkg-config --cflags --libs shardlock_c) || { echo "pkg-config cannot read $pc" >&2; fail=1; }
+  cat >"$work/pc.c" <<'C'
+#include <shardlock/lease/client/c_api.h>
+#include <stdio.h>
+int main(void) { puts(shardlock_strerror(SHARDLOCK_OK)); return 0; }
+C
+  # shellcheck disable=SC2086  # the flags are words
+  if cc -std=c11 "$work/pc.c" -o "$work/pc" $flags >"$work/cc.log" 2>&1; then
+    libdir=$(dirname "$(dirname "$pc")")
+    LD_LIBRARY_PATH=$libdir "$work/pc" >/dev/null || { echo "the pkg-config test program fails" >&2; fail=1; }
+  else
+    echo "a C program does not build with pkg-config --cflags --libs shardlock_c ($flags):" >&2
+    cat "$work/cc.log" >&2
+    fail=1
+  fi
+fi
+
+# The dashboard is JSON, and the rules are Prometheus rules where promtool
+# exists (YAML otherwise, where python3 reads it).
+if command -v python3 >/dev/null; then
+  python3 -m json.tool "$docdir/examples/grafana-dashboard.json" >/dev/null 2>"$work/json.log" ||
+    { echo "grafana-dashboard.json is not JSON:" >&2; cat "$work/json.log" >&2; fail=1; }
+fi
+rules=$docdir/examples/prometheus-alerts.yml
+if command -v promtool >/dev/null; then
+  promtool check rules "$rules" >"$work/promtool.log" 2>&1 ||
+    { cat "$work/promtool.log" >&2; fail=1; }
+elif command -v python3 >/dev/null && python3 -c 'import yaml' 2>/dev/null; then
+  python3 - "$rules" <<'PY' || fail=1
+import sys, yaml
+rules = [r for g in yaml.safe_load(open(sys.argv[1]))["groups"] for r in g["rules"]]
+names = {r["alert"] for r in rules}
+want = {"ShardlockRecovering", "ShardlockAuthenticationFailures", "ShardlockLimitRejections",
+        "ShardlockSendDrops"}
+missing = want - names
+if missing or not all(r.get("expr") for r in rules):
+    sys.exit(f"prometheus-alerts.yml: missing {sorted(missing)} or a rule without expr")
+PY
+fi
+
+# The unit as shipped: Type=notify, and systemd's own parser against the
+# packaged binary, alone and with the credential drop-in installed.
+unit=$root/usr/lib/systemd/system/shardlockd.service
+grep -qx 'Type=notify' "$unit" || { echo "shardlockd.service is not Type=notify" >&2; fail=1; }
+verify_unit() {
+  if ! systemd-analyze verify --man=no --root="$root" /usr/lib/systemd/system/shardlockd.service \
       >"$work/verify.log" 2>&1; then
     # Outside a booted systemd some checks cannot run; fail only on unit syntax.
     if grep -qiE 'unknown (key|section)|invalid|failed to parse' "$work/verify.log"; then
+      echo "systemd-analyze verify ($1):" >&2
       cat "$work/verify.log" >&2
       fail=1
     fi
   fi
+}
+if command -v systemd-analyze >/dev/null; then
+  verify_unit "the unit"
+  mkdir -p "$root/etc/systemd/system/shardlockd.service.d"
+  cp "$docdir/examples/auth-key.conf" "$root/etc/systemd/system/shardlockd.service.d/"
+  verify_unit "with examples/auth-key.conf"
+else
+  echo "systemd-analyze not found: the unit's syntax was not checked"
 fi
 [ "$fail" -eq 0 ] && echo "packaging: ok ($(wc -l <"$work/files") paths)"
 exit "$fail"

@@ -23,6 +23,7 @@ release=(
   libbenchmark-dev
   liburing-dev libjemalloc-dev libxxhash-dev libcli11-dev libsodium-dev
   prometheus-cpp-dev
+  help2man  # the tools' man pages, from their --help (packaging/)
 )
 # The dev, tsan and clang presets' tests, the fuzz targets and make lint.
 testing=(

@@ -3,8 +3,14 @@
 // Prints one JSON line to stdout once the socket is bound:
 //   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...,
 //    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":60.000,...}
-// logs to stderr (including "granting: ..." once ACQUIRE can be granted),
-// and stops cleanly on SIGTERM or SIGINT.
+// logs to stderr, one line per event with a level (common/daemon_log.h:
+// a timestamp on a terminal, a "<N>" priority for journald), including
+// "granting: ..." once ACQUIRE can be granted and, at most once per
+// --log-summary-interval, what the server refused or dropped; stops cleanly
+// on SIGTERM or SIGINT, and logs and ignores SIGHUP.
+// Under systemd (Type=notify) it sends READY=1 once bound with its data dir
+// loaded, and STATUS= says whether it is in its lock-delay; --auth-key may
+// name a credential (LoadCredential=).
 // lock_delay_ends is when the lock-delay after this start ends, on the wall
 // clock (UTC); in cluster mode the later of the server's and the cluster's
 // (counted from about now, when the node adopts its first map), the earliest
@@ -12,6 +18,7 @@
 // Exit codes: 0 clean stop or --help, 1 start-up failure (or the ready line
 // could not be written to stdout), 2 bad flags.
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -20,16 +27,19 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <functional>
-#include <iostream>
 #include <optional>
 #include <string>
 #include <tuple>
 
 #include "common/allocator.h"
 #include "common/command_line.h"
+#include "common/daemon_log.h"
 #include "common/json.h"
+#include "common/systemd.h"
+#include "common/traffic_summary.h"
 #include "prometheus_exporter.h"
 #include "shardlock/lease/server/server.h"
 #ifdef SHARDLOCK_HAVE_CLUSTER
@@ -43,26 +53,20 @@ namespace {
 using shardlock::lease::IoBackend;
 using shardlock::lease::LeaseServer;
 using shardlock::lease::LeaseServerOptions;
+using shardlock::tools::DaemonLog;
 using shardlock::tools::json_string;
+using shardlock::tools::LogLevel;
+using shardlock::tools::utc_iso8601;
 using shardlock::tools::ZeroDuration;
 
 constexpr const char* kTool = "shardlockd";
 constexpr int kExitStartFailed = 1;
 
-int usage_error(std::string_view message) { return shardlock::tools::usage_error(kTool, message); }
-
-// "2026-11-25T12:01:00.250Z".
-std::string utc_iso8601(std::chrono::system_clock::time_point t) {
-  const auto ms = std::chrono::floor<std::chrono::milliseconds>(t.time_since_epoch());
-  const auto seconds = std::chrono::floor<std::chrono::seconds>(ms);
-  const auto time = static_cast<std::time_t>(seconds.count());
-  std::tm utc{};
-  gmtime_r(&time, &utc);
-  std::array<char, 40> text{};
-  const std::size_t n = std::strftime(text.data(), text.size(), "%Y-%m-%dT%H:%M:%S", &utc);
-  std::snprintf(text.data() + n, text.size() - n, ".%03dZ",
-                static_cast<int>((ms - seconds).count()));
-  return text.data();
+// A usage error under systemd is logged at priority err, like the rest of
+// the log (daemon_log.h), not at the journal's default.
+int usage_error(std::string_view message) {
+  if (shardlock::tools::is_journal_stream(STDERR_FILENO)) std::fputs("<3>", stderr);
+  return shardlock::tools::usage_error(kTool, message);
 }
 
 // Seconds with millisecond precision, "59.998".
@@ -73,27 +77,78 @@ std::string seconds_text(std::chrono::nanoseconds d) {
   return text.data();
 }
 
-// Waits for SIGTERM or SIGINT (blocked in every thread) and returns it.
-// Until `granting` returns a line, asks it every 50 ms; logs that line once.
-int wait_for_stop(const sigset_t& stop_signals,
-                  const std::function<std::optional<std::string>()>& granting,
-                  const std::function<void(std::string_view)>& log) {
-  bool told = false;
+// Tells systemd `state` (Type=notify); a failure is only logged.
+void notify(const DaemonLog& log, const std::string& state) {
+  if (!shardlock::tools::service_manager_listens()) return;
+  if (const std::error_code ec = shardlock::tools::notify_service_manager(state)) {
+    log.write(LogLevel::kWarning,
+              "cannot notify the service manager ($NOTIFY_SOCKET): " + ec.message());
+    return;
+  }
+  log.write(LogLevel::kDebug, "told the service manager: " + state);
+}
+
+// The daemon between its ready line and its stop. Until `granting` returns a
+// line, asks it every 50 ms; logs that line once and passes it to
+// `on_granting`. Logs what the server refused or dropped at most once per
+// `summary_interval` (never when it is 0), and what is left of that at the
+// stop. Logs and ignores SIGHUP. Returns SIGTERM or SIGINT; all three
+// signals are blocked in every thread, so only this loop receives them.
+int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
+                        const shardlock::lease::LeaseServer& server,
+                        std::chrono::milliseconds summary_interval,
+                        const std::function<std::optional<std::string>()>& granting,
+                        const std::function<void(const std::string&)>& on_granting) {
+  using Clock = shardlock::tools::TrafficSummary::Clock;
+  // The server counts from zero at its start, and all of it is news: the
+  // first datagrams may arrive before this line.
+  shardlock::tools::TrafficSummary summary(shardlock::tools::TrafficSummary::Counters{},
+                                           Clock::now());
+  // The first news is logged at once; the rate limit starts from there. The
+  // counters are read at most once per check period (each read takes every
+  // shard lock briefly), however often the loop wakes for `granting`.
+  auto last_summary = Clock::now() - summary_interval;
+  const bool summaries = summary_interval.count() > 0;
+  const auto check_period =
+      std::min<std::chrono::nanoseconds>(summary_interval, std::chrono::seconds(1));
+  auto next_check = Clock::now();
+  bool granting_told = false;
   for (;;) {
-    if (!told) {
+    if (!granting_told) {
       if (const auto line = granting()) {
-        log(*line);
-        told = true;
+        log.write(LogLevel::kInfo, *line);
+        on_granting(*line);
+        granting_told = true;
       }
     }
-    if (told) {
-      int signal_number = 0;
-      if (sigwait(&stop_signals, &signal_number) == 0) return signal_number;
+    const auto now = Clock::now();
+    if (summaries && now >= next_check && now - last_summary >= summary_interval) {
+      next_check = now + check_period;
+      if (const auto line = summary.take(server.stats().counters, now)) {
+        log.write(LogLevel::kWarning, *line);
+        last_summary = now;
+      }
+    }
+    std::chrono::nanoseconds poll = std::chrono::milliseconds(50);
+    if (granting_told) poll = summaries ? check_period : std::chrono::hours(1);
+    const auto seconds = std::chrono::floor<std::chrono::seconds>(poll);
+    const timespec timeout{.tv_sec = static_cast<time_t>(seconds.count()),
+                           .tv_nsec = static_cast<long>((poll - seconds).count())};
+    const int signal_number = sigtimedwait(&signals, nullptr, &timeout);
+    if (signal_number == SIGHUP) {
+      log.write(LogLevel::kInfo,
+                "received SIGHUP: ignored (nothing to reload; the log is stderr, nothing to "
+                "reopen)");
       continue;
     }
-    constexpr timespec kPoll{.tv_sec = 0, .tv_nsec = 50'000'000};
-    const int signal_number = sigtimedwait(&stop_signals, nullptr, &kPoll);
-    if (signal_number > 0) return signal_number;
+    if (signal_number > 0) {
+      if (summaries) {
+        if (const auto line = summary.take(server.stats().counters, Clock::now())) {
+          log.write(LogLevel::kWarning, *line);
+        }
+      }
+      return signal_number;
+    }
     // -1: EAGAIN (the poll is over) or EINTR; look again.
   }
 }
@@ -103,7 +158,7 @@ int wait_for_stop(const sigset_t& stop_signals,
 // node's previous run (killed before its etcd lease ran out) is waited out.
 int join_cluster(const shardlock::cluster::ClusterNodeOptions& options,
                  shardlock::lease::LeaseServer& server,
-                 std::unique_ptr<shardlock::cluster::ClusterNode>& node) {
+                 std::unique_ptr<shardlock::cluster::ClusterNode>& node, const DaemonLog& log) {
   const auto give_up =
       std::chrono::steady_clock::now() + 2 * options.lease_ttl + std::chrono::seconds(1);
   bool told = false;
@@ -114,18 +169,51 @@ int join_cluster(const shardlock::cluster::ClusterNodeOptions& options,
     if (!ec) return 0;
     if (ec != shardlock::cluster::MembershipErrc::kMemberExists ||
         std::chrono::steady_clock::now() >= give_up) {
-      std::cerr << "shardlockd: cannot join the cluster: " << detail << " (" << ec.message()
-                << ")\n";
+      log.write(LogLevel::kError, "cannot join the cluster: " + detail + " (" + ec.message() + ")");
       return kExitStartFailed;
     }
     if (!told) {
-      std::cerr << "shardlockd: " << detail << "; waiting for it to expire\n";
+      log.write(LogLevel::kWarning, detail + "; waiting for it to expire");
       told = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
 }
 #endif
+
+// The file --auth-key names: the path itself, or, when that is no readable
+// file, the systemd credential of that name (LoadCredential=NAME:PATH puts
+// it in $CREDENTIALS_DIRECTORY, readable by a DynamicUser service).
+std::string resolve_auth_key_path(const std::string& flag, const DaemonLog& log) {
+  if (flag.empty() || ::access(flag.c_str(), R_OK) == 0) return flag;
+  if (const auto credential = shardlock::tools::credential_path(flag)) {
+    log.write(LogLevel::kInfo, "--auth-key " + flag + ": the systemd credential " + *credential);
+    return *credential;
+  }
+  return flag;
+}
+
+// For an --auth-key that cannot be read: where a plain name was looked for.
+std::string auth_key_hint(const std::string& flag) {
+  if (flag.find('/') != std::string::npos) return "";
+  return std::getenv("CREDENTIALS_DIRECTORY") == nullptr
+             ? " (nor is it a systemd credential: $CREDENTIALS_DIRECTORY is not set; see "
+               "LoadCredential= in docs/lease-server.md)"
+             : " (nor is it a credential in $CREDENTIALS_DIRECTORY)";
+}
+
+// A key others can read lets them forge grants and releases: warn, as
+// OpenSSH does about a private key with group or other permissions.
+void warn_if_others_can_read(const std::string& path, const DaemonLog& log) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 0077) == 0) return;
+  std::array<char, 8> mode{};
+  std::snprintf(mode.data(), mode.size(), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  log.write(LogLevel::kWarning,
+            "--auth-key " + path + " is accessible by other users (mode " + mode.data() +
+                "): whoever reads it can forge any client's datagrams. chmod 600 it, or pass it "
+                "to the service with LoadCredential=");
+}
 
 int run(int argc, char** argv) {
   CLI::App app{
@@ -175,7 +263,20 @@ int run(int argc, char** argv) {
   std::string auth_key_file;
   app.add_option("--auth-key", auth_key_file,
                  "file with the shared key (64 hex digits, from `shardlockctl keygen`): every "
-                 "datagram must then carry a valid tag, and replies are sealed");
+                 "datagram must then carry a valid tag, and replies are sealed. Under systemd, "
+                 "a plain NAME that is no readable file is the credential "
+                 "$CREDENTIALS_DIRECTORY/NAME (LoadCredential=NAME:PATH)");
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level,
+                 "least severe lines logged: error, warning, info or debug")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"error", "warning", "warn", "info", "debug"}));
+  std::string log_summary_interval = "10s";
+  app.add_option("--log-summary-interval", log_summary_interval,
+                 "log refused and malformed traffic (authentication failures, ERROR answers, "
+                 "dropped replies) at most once per this long, with the counts since the last "
+                 "summary; 0 = never")
+      ->capture_default_str();
   app.add_option("--token-block", options.token_block,
                  "tokens reserved per durable write (advanced)")
       ->capture_default_str()
@@ -250,6 +351,11 @@ int run(int argc, char** argv) {
     return *status;
   }
   options.busy_poll = std::chrono::microseconds(busy_poll_us);
+  const DaemonLog log(kTool, *shardlock::tools::parse_log_level(log_level), STDERR_FILENO,
+                      shardlock::tools::is_journal_stream(STDERR_FILENO));
+  const auto summary_interval_flag = shardlock::tools::parse_duration_flag(
+      "--log-summary-interval", log_summary_interval, ZeroDuration::kAllowed);
+  if (!summary_interval_flag.error.empty()) return usage_error(summary_interval_flag.error);
 
   // The wire carries TTLs and waits as u32 milliseconds (the flags' upper
   // bound); a lock-delay beyond the longest lease is meaningless and would
@@ -269,12 +375,12 @@ int run(int argc, char** argv) {
     options.lock_delay = lock_delay_flag.value;
   }
   options.io = *shardlock::lease::parse_io_backend(io);
-  const auto auth = shardlock::tools::load_auth_key_flag(auth_key_file);
-  if (!auth.error.empty()) return usage_error(auth.error);
+  const auto auth_key_path = resolve_auth_key_path(auth_key_file, log);
+  const auto auth = shardlock::tools::load_auth_key_flag(auth_key_path);
+  if (!auth.error.empty()) return usage_error(auth.error + auth_key_hint(auth_key_file));
+  if (auth.key) warn_if_others_can_read(auth_key_path, log);
   options.auth_key = auth.key;
-  options.log = [](std::string_view line) {
-    std::fprintf(stderr, "shardlockd: %.*s\n", static_cast<int>(line.size()), line.data());
-  };
+  options.log = [&log](std::string_view line) { log.write_library_line(line); };
 #ifdef SHARDLOCK_HAVE_CLUSTER
   if (!cluster_url.empty()) {
     const auto endpoints = shardlock::cluster::etcd_endpoints_of_url(cluster_url);
@@ -313,18 +419,20 @@ int run(int argc, char** argv) {
   }
 #endif
 
-  // Block the stop signals before any thread exists, so every server thread
-  // inherits the mask and sigwait() below is the only receiver.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  // Block the stop signals (and SIGHUP, which would kill) before any thread
+  // exists, so every server thread inherits the mask and the loop in
+  // serve_until_stopped() is the only receiver.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   LeaseServer server(options);
   if (const std::error_code ec = server.start()) {
-    std::cerr << "shardlockd: cannot start: " << server.error_detail() << " (" << ec.message()
-              << ")\n";
+    log.write(LogLevel::kError,
+              "cannot start: " + server.error_detail() + " (" + ec.message() + ")");
     return kExitStartFailed;
   }
   // On the server's clock, read after start(): never before the end the
@@ -335,7 +443,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<shardlock::cluster::ClusterNode> node;
   if (!cluster_url.empty()) {
     if (cluster.advertise.empty()) cluster.advertise = server.listen_address();
-    if (const int status = join_cluster(cluster, server, node)) {
+    if (const int status = join_cluster(cluster, server, node, log)) {
       server.stop();
       return status;
     }
@@ -352,7 +460,7 @@ int run(int argc, char** argv) {
     std::string detail;
     if (const std::error_code ec = shardlock::lease::PrometheusExporter::start(
             server, metrics_address, exporter, detail)) {
-      std::cerr << "shardlockd: cannot start: " << detail << "\n";
+      log.write(LogLevel::kError, "cannot start: " + detail);
       server.stop();
       return kExitStartFailed;
     }
@@ -381,9 +489,10 @@ int run(int argc, char** argv) {
   const std::string delay_ends_text =
       utc_iso8601(std::chrono::system_clock::now() +
                   std::chrono::duration_cast<std::chrono::system_clock::duration>(delay_left));
-  options.log("lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
-              (cluster_json == "null" ? "" : ", the earliest this node's buckets activate") +
-              ": ACQUIRE is answered RECOVERING until then");
+  log.write(LogLevel::kInfo,
+            "lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
+                (cluster_json == "null" ? "" : ", the earliest this node's buckets activate") +
+                ": ACQUIRE is answered RECOVERING until then");
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
@@ -397,6 +506,10 @@ int run(int argc, char** argv) {
       seconds_text(delay_left).c_str(), options.auth_key ? "true" : "false", metrics_json.c_str(),
       shardlock::tools::kAllocatorName, cluster_json.c_str(), static_cast<int>(::getpid()));
   std::fflush(stdout);
+  // Bound, data dir loaded, ready line out: systemd may start what follows it.
+  const std::string listening = "; listening on " + server.listen_address();
+  notify(log, "READY=1\nSTATUS=in its lock-delay until " + delay_ends_text +
+                  ": ACQUIRE is answered RECOVERING" + listening);
 
   auto granting = [&]() -> std::optional<std::string> {
     if (server.now() < server_delay_ends) return std::nullopt;
@@ -411,15 +524,18 @@ int run(int argc, char** argv) {
 #endif
     return std::string("granting: the lock-delay is over");
   };
-  const int signal_number = wait_for_stop(stop_signals, granting, options.log);
-  options.log(std::string("received ") + (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") +
-              ", stopping");
+  const int signal_number = serve_until_stopped(
+      signals, log, server, summary_interval_flag.value, granting,
+      [&](const std::string& line) { notify(log, "STATUS=" + line + listening); });
+  log.write(LogLevel::kInfo, std::string("received ") +
+                                 (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") + ", stopping");
+  notify(log, "STOPPING=1\nSTATUS=stopping");
   exporter.reset();
 #ifdef SHARDLOCK_HAVE_CLUSTER
   if (node) node->stop(shardlock::cluster::StopMode::kRevokeLease);  // a clean leave
 #endif
   server.stop();
-  options.log("stopped");
+  log.write(LogLevel::kInfo, "stopped");
   return 0;
 }
 

@@ -6,8 +6,11 @@
 #include <prometheus/exposer.h>
 #include <prometheus/metric_family.h>
 
+#include <array>
 #include <exception>
+#include <limits>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -53,24 +56,104 @@ prometheus::MetricFamily histogram(std::string name, std::string help, const Lat
   return f;
 }
 
-// What each STATS counter counts, for the HELP line.
-std::string counter_help(StatCounter c) {
-  switch (c) {
-    case StatCounter::kRetransmits:
-      return "Requests answered from the dedup cache (retransmissions).";
-    case StatCounter::kMalformed:
-      return "Datagrams dropped because they did not decode.";
-    case StatCounter::kAuthFailures:
-      return "Datagrams dropped because their auth tag did not verify.";
-    case StatCounter::kAmplificationDrops:
-      return "Replies withheld because they would exceed the bytes the source sent.";
-    case StatCounter::kSendDrops:
-      return "Replies that never left (no send slot, full socket buffer, failed send).";
-    case StatCounter::kRedirects:
-      return "Requests answered REDIRECT: the cluster map gives the key to another node.";
-    default:
-      return "The STATS counter " + std::string(to_string(c)) + " (docs/lease-server.md).";
+// The STATS counters as metric families: one per kind of event, with a
+// label where the counters are alternatives of one another (a reply's
+// result, a drop's reason), so sum() and rate() work across them.
+struct CounterFamily {
+  std::string_view name;  // after "shardlock_"
+  std::string_view help;
+  std::string_view label;  // "" for an unlabelled counter
+};
+constexpr std::array<CounterFamily, 9> kCounterFamilies = {{
+    {"requests_total",
+     "Requests the server processed, every message type (a datagram may carry several).", ""},
+    {"replies_total",
+     "Answers the server decided, by result: granted, busy, timeout, not_owner, renewed, "
+     "released, expired, recovering (in the lock-delay), error or redirect.",
+     "result"},
+    {"acquires_queued_total", "ACQUIREs that waited in a key's queue behind a holder.", ""},
+    {"lease_expirations_total",
+     "Leases that ran out without a release (their holder stopped renewing).", ""},
+    {"retransmits_total", "Requests answered again from the dedup cache (client retransmissions).",
+     ""},
+    {"stale_requests_total",
+     "RENEWs and ACQUIREs older than their lease's last applied request; they had no effect.", ""},
+    {"dropped_datagrams_total",
+     "Request datagrams dropped unanswered: malformed (they did not decode) or auth_failure (no "
+     "valid tag for this server's key, or a sealed datagram to a server without one).",
+     "reason"},
+    {"rejected_requests_total",
+     "Requests answered ERROR for want of room: limit_exceeded (a configured bound such as "
+     "--max-keys) or out_of_memory.",
+     "reason"},
+    {"unsent_replies_total",
+     "Replies that never left: amplification (larger than their request) or send_failed (no "
+     "send slot, full socket buffer, failed send).",
+     "reason"},
+}};
+
+// Where each STATS counter goes: its family (index above) and label value.
+struct CounterSample {
+  StatCounter counter;
+  std::size_t family;
+  std::string_view label_value;
+};
+constexpr std::array<CounterSample, kStatCounterCount> kCounterSamples = {{
+    {StatCounter::kRequests, 0, ""},
+    {StatCounter::kGrants, 1, "granted"},
+    {StatCounter::kBusy, 1, "busy"},
+    {StatCounter::kTimeouts, 1, "timeout"},
+    {StatCounter::kNotOwner, 1, "not_owner"},
+    {StatCounter::kRenewed, 1, "renewed"},
+    {StatCounter::kReleased, 1, "released"},
+    {StatCounter::kExpiredReplies, 1, "expired"},
+    {StatCounter::kRecovering, 1, "recovering"},
+    {StatCounter::kErrors, 1, "error"},
+    {StatCounter::kRedirects, 1, "redirect"},
+    {StatCounter::kQueued, 2, ""},
+    {StatCounter::kExpirations, 3, ""},
+    {StatCounter::kRetransmits, 4, ""},
+    {StatCounter::kStaleRequests, 5, ""},
+    {StatCounter::kMalformed, 6, "malformed"},
+    {StatCounter::kAuthFailures, 6, "auth_failure"},
+    {StatCounter::kLimitRejections, 7, "limit_exceeded"},
+    {StatCounter::kAllocationFailures, 7, "out_of_memory"},
+    {StatCounter::kAmplificationDrops, 8, "amplification"},
+    {StatCounter::kSendDrops, 8, "send_failed"},
+}};
+
+// Every STATS counter exported exactly once.
+constexpr bool every_counter_once() {
+  std::array<int, kStatCounterCount> seen{};
+  for (const CounterSample& sample : kCounterSamples) {
+    if (sample.family >= kCounterFamilies.size()) return false;
+    if ((kCounterFamilies[sample.family].label.empty()) != sample.label_value.empty()) return false;
+    ++seen[static_cast<std::size_t>(sample.counter)];
   }
+  for (const int n : seen) {
+    if (n != 1) return false;
+  }
+  return true;
+}
+static_assert(every_counter_once(), "a STATS counter is missing from, or doubled in, /metrics");
+
+std::vector<prometheus::MetricFamily> counter_families(const ServerStats& s) {
+  std::vector<prometheus::MetricFamily> out;
+  out.reserve(kCounterFamilies.size() + 8);  // and the gauges and histograms Collect() adds
+  for (const CounterFamily& f : kCounterFamilies) {
+    out.push_back(
+        family(std::string(f.name), std::string(f.help), prometheus::MetricType::Counter));
+  }
+  for (const CounterSample& sample : kCounterSamples) {
+    prometheus::ClientMetric m;
+    m.counter.value = static_cast<double>(s.counter(sample.counter));
+    const std::string_view label = kCounterFamilies[sample.family].label;
+    if (!label.empty()) {
+      m.label.push_back({std::string(label), std::string(sample.label_value)});
+    }
+    out[sample.family].metric.push_back(std::move(m));
+  }
+  return out;
 }
 
 class ServerCollector final : public prometheus::Collectable {
@@ -79,31 +162,31 @@ class ServerCollector final : public prometheus::Collectable {
 
   std::vector<prometheus::MetricFamily> Collect() const override {
     const ServerStats s = server_.stats();
-    std::vector<prometheus::MetricFamily> out;
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) {
-      const auto c = static_cast<StatCounter>(i);
-      out.push_back(counter(std::string(to_string(c)) + "_total", counter_help(c),
-                            static_cast<double>(s.counters[i])));
-    }
-    out.push_back(gauge("leases", "Leases held now (each shared or permit holder counts).",
+    std::vector<prometheus::MetricFamily> out = counter_families(s);
+    out.push_back(gauge("leases", "Leases held now; each shared or permit holder counts.",
                         static_cast<double>(s.leases)));
     out.push_back(gauge("keys", "Keys with at least one holder now.", static_cast<double>(s.keys)));
-    out.push_back(
-        gauge("waiters", "ACQUIREs queued behind holders now.", static_cast<double>(s.waiters)));
+    out.push_back(gauge("waiters", "ACQUIREs waiting now in key queues behind holders.",
+                        static_cast<double>(s.waiters)));
     const double delay = static_cast<double>(s.lock_delay_left.count()) * 1e-3;
     out.push_back(gauge("lock_delay_remaining_seconds",
-                        "How long ACQUIRE still answers RECOVERING after the server's start.",
+                        "Seconds until the lock-delay after the server's start ends and ACQUIRE "
+                        "stops being answered RECOVERING; 0 once it has.",
                         delay));
-    out.push_back(gauge("recovering", "1 while the lock-delay lasts, else 0.", delay > 0 ? 1 : 0));
-    out.push_back(counter("token_reservations_total", "Token blocks made durable in the data dir.",
+    out.push_back(gauge("recovering",
+                        "1 while the server is in its lock-delay (ACQUIRE answered RECOVERING), "
+                        "else 0.",
+                        delay > 0 ? 1 : 0));
+    out.push_back(counter("token_reservations_total",
+                          "Token blocks made durable in the data dir (--data-dir).",
                           static_cast<double>(s.token_reservations)));
-    out.push_back(histogram("token_reservation_seconds",
-                            "Time to make one token block durable (write, fsync, rename, "
-                            "directory fsync).",
+    out.push_back(histogram("token_reservation_duration_seconds",
+                            "Time to make one token block durable: write, fsync, rename, "
+                            "directory fsync.",
                             s.token_reservation_latency));
-    out.push_back(histogram("request_seconds",
-                            "The server's own time per request datagram, decode to replies "
-                            "decided.",
+    out.push_back(histogram("request_duration_seconds",
+                            "The server's own time per request datagram, from its arrival at "
+                            "the dispatcher to its replies decided (no socket time).",
                             s.request_latency));
     return out;
   }

@@ -4,15 +4,23 @@
 //
 // Every scrape reads LeaseServer::stats() once (each shard lock briefly), so
 // nothing is counted twice and the request path pays nothing for metrics it
-// does not already keep. Exported (names prefixed shardlock_):
-//   * every STATS counter as <name>_total (grants, busy, queued, timeouts,
-//     expirations, retransmits = dedup hits, auth_failures, malformed,
-//     amplification_drops and send_drops = dropped datagrams, ...);
+// does not already keep. Exported (names prefixed shardlock_, following the
+// Prometheus naming conventions; the table in docs/lease-server.md maps each
+// STATS counter to its sample):
+//   * counters: requests_total; replies_total{result} (granted, busy,
+//     timeout, not_owner, renewed, released, expired, recovering, error,
+//     redirect); acquires_queued_total, lease_expirations_total,
+//     retransmits_total, stale_requests_total;
+//     dropped_datagrams_total{reason} (malformed, auth_failure),
+//     rejected_requests_total{reason} (limit_exceeded, out_of_memory),
+//     unsent_replies_total{reason} (amplification, send_failed);
 //   * gauges: leases, keys, waiters, lock_delay_remaining_seconds and
 //     recovering (1 during the lock-delay);
-//   * token_reservations_total and token_reservation_seconds (histogram of
-//     the write + fsync + rename + directory fsync of each token block);
-//   * request_seconds (histogram of the server's own time per datagram).
+//   * token_reservations_total and token_reservation_duration_seconds
+//     (histogram of the write + fsync + rename + directory fsync of each
+//     token block);
+//   * request_duration_seconds (histogram of the server's own time per
+//     datagram).
 //
 // Not part of the installed library: shardlockd's building block, kept out of
 // shardlock::lease so its consumers do not need prometheus-cpp.

@@ -1,5 +1,6 @@
 // shardlockd's /metrics: a real LeaseServer, a real PrometheusExporter, and
-// scrapes over plain HTTP on loopback; counters must move with traffic.
+// scrapes over plain HTTP on loopback; counters must move with traffic, and
+// names, types and HELP follow the Prometheus conventions.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,6 +14,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "prometheus_exporter.h"
 #include "shardlock/lease/client/client.h"
@@ -99,8 +101,8 @@ class MetricsTest : public ::testing::Test {
 
 TEST_F(MetricsTest, CountersAndGaugesMoveWithTraffic) {
   auto before = scrape();
-  ASSERT_TRUE(before.contains("shardlock_grants_total"));
-  EXPECT_EQ(before["shardlock_grants_total"], 0);
+  ASSERT_TRUE(before.contains("shardlock_replies_total{result=\"granted\"}"));
+  EXPECT_EQ(before["shardlock_replies_total{result=\"granted\"}"], 0);
   EXPECT_EQ(before["shardlock_leases"], 0);
   EXPECT_EQ(before["shardlock_recovering"], 0);
 
@@ -124,28 +126,108 @@ TEST_F(MetricsTest, CountersAndGaugesMoveWithTraffic) {
   }
 
   auto during = scrape();
-  EXPECT_EQ(during["shardlock_grants_total"], 7);
-  EXPECT_EQ(during["shardlock_busy_total"], 1);
+  EXPECT_EQ(during["shardlock_replies_total{result=\"granted\"}"], 7);
+  EXPECT_EQ(during["shardlock_replies_total{result=\"busy\"}"], 1);
   EXPECT_EQ(during["shardlock_leases"], 3);
   EXPECT_EQ(during["shardlock_keys"], 3);
   EXPECT_GE(during["shardlock_requests_total"], 12);
   // Every grant came out of a durable block: at least one reservation, each
   // timed in the histogram.
   EXPECT_GE(during["shardlock_token_reservations_total"], 1);
-  EXPECT_EQ(during["shardlock_token_reservation_seconds_count"],
+  EXPECT_EQ(during["shardlock_token_reservation_duration_seconds_count"],
             during["shardlock_token_reservations_total"]);
-  EXPECT_EQ(during["shardlock_token_reservation_seconds_bucket{le=\"+Inf\"}"],
+  EXPECT_EQ(during["shardlock_token_reservation_duration_seconds_bucket{le=\"+Inf\"}"],
             during["shardlock_token_reservations_total"]);
-  EXPECT_GE(during["shardlock_request_seconds_count"], 4);
-  EXPECT_GT(during["shardlock_request_seconds_sum"], 0);
+  EXPECT_GE(during["shardlock_request_duration_seconds_count"], 4);
+  EXPECT_GT(during["shardlock_request_duration_seconds_sum"], 0);
 
   ASSERT_FALSE(a.lease.release());
   ASSERT_FALSE(b.lease.release());
   ASSERT_FALSE(shared.lease.release());
   auto after = scrape();
-  EXPECT_EQ(after["shardlock_released_total"], 7);
+  EXPECT_EQ(after["shardlock_replies_total{result=\"released\"}"], 7);
   EXPECT_EQ(after["shardlock_leases"], 0);
-  EXPECT_GT(after["shardlock_request_seconds_count"], during["shardlock_request_seconds_count"]);
+  EXPECT_GT(after["shardlock_request_duration_seconds_count"],
+            during["shardlock_request_duration_seconds_count"]);
+}
+
+// Every STATS counter is one sample of a conventional family: a counter
+// named *_total, the alternatives of one event as values of one label, each
+// family with a HELP line that says what it counts (not a placeholder).
+TEST_F(MetricsTest, NamesFollowThePrometheusConventions) {
+  const std::string body = http_get(exporter_->port(), "/metrics");
+  ASSERT_FALSE(body.empty());
+  std::map<std::string, std::string> help;
+  std::map<std::string, std::string> type;
+  std::istringstream lines(body);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string hash, kind, name;
+    words >> hash >> kind >> name;
+    if (hash != "#") continue;
+    std::string rest;
+    std::getline(words, rest);
+    (kind == "HELP" ? help : type)[name] = rest;
+  }
+  for (const auto& [name, kind] : type) {
+    if (!name.starts_with("shardlock_")) continue;  // prometheus-cpp's own exposer_*
+    EXPECT_EQ(kind == " counter", name.ends_with("_total")) << name << kind;
+    ASSERT_TRUE(help.contains(name)) << name;
+    EXPECT_GT(help[name].size(), 25u) << name << ":" << help[name];
+    EXPECT_EQ(help[name].find("STATS counter"), std::string::npos) << name << ":" << help[name];
+  }
+  // No family per counter any more.
+  for (const char* gone : {"shardlock_grants_total", "shardlock_busy_total",
+                           "shardlock_auth_failures_total", "shardlock_send_drops_total"}) {
+    EXPECT_FALSE(type.contains(gone)) << gone;
+  }
+  const auto m = samples(body);
+  std::size_t counter_samples = 0;
+  for (const char* family :
+       {"shardlock_requests_total", "shardlock_replies_total", "shardlock_acquires_queued_total",
+        "shardlock_lease_expirations_total", "shardlock_retransmits_total",
+        "shardlock_stale_requests_total", "shardlock_dropped_datagrams_total",
+        "shardlock_rejected_requests_total", "shardlock_unsent_replies_total"}) {
+    ASSERT_EQ(type[family], " counter") << family;
+    for (const auto& [sample, value] : m) {
+      if (sample == family || sample.rfind(std::string(family) + "{", 0) == 0) ++counter_samples;
+    }
+  }
+  EXPECT_EQ(counter_samples, kStatCounterCount);
+  for (const char* sample : {"shardlock_dropped_datagrams_total{reason=\"auth_failure\"}",
+                             "shardlock_dropped_datagrams_total{reason=\"malformed\"}",
+                             "shardlock_rejected_requests_total{reason=\"limit_exceeded\"}",
+                             "shardlock_unsent_replies_total{reason=\"send_failed\"}",
+                             "shardlock_replies_total{result=\"recovering\"}"}) {
+    EXPECT_TRUE(m.contains(sample)) << sample;
+  }
+}
+
+// Refused traffic lands in its family under its reason: a datagram that does
+// not decode, and one sealed for a server that has no key.
+TEST_F(MetricsTest, DroppedDatagramsAreCountedByReason) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(server_->port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  const unsigned char garbage[] = {0xde, 0xad, 0xbe, 0xef};
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_EQ(::sendto(fd, garbage, sizeof garbage, 0, reinterpret_cast<const sockaddr*>(&addr),
+                       sizeof addr),
+              static_cast<ssize_t>(sizeof garbage));
+  }
+  ::close(fd);
+  // The server counts what it reads; look until all three are in.
+  std::map<std::string, double> m;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    m = scrape();
+    if (m["shardlock_dropped_datagrams_total{reason=\"malformed\"}"] >= 3) break;
+    std::this_thread::sleep_for(10ms);
+  }
+  EXPECT_EQ(m["shardlock_dropped_datagrams_total{reason=\"malformed\"}"], 3);
+  EXPECT_EQ(m["shardlock_dropped_datagrams_total{reason=\"auth_failure\"}"], 0);
 }
 
 TEST_F(MetricsTest, TheLockDelayIsVisible) {

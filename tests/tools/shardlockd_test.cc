@@ -1,16 +1,26 @@
 // shardlockd as a process: flags, the ready line, clean stop, and the crash
 // test - kill -9 a daemon with a data dir, restart it, and every new token
-// exceeds every token issued before, with RECOVERING during lock-delay.
+// exceeds every token issued before, with RECOVERING during lock-delay. Also
+// what it does as a service: its log lines and levels (journald's form
+// too), the summary of refused traffic, sd_notify through a socket the test
+// binds, SIGHUP, the auth key as a systemd credential and the warning about
+// a key others can read.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -21,8 +31,9 @@
 #include <thread>
 #include <vector>
 
-#include "tools/client_tool_support.h"
 #include "lease/udp_test_peer.h"
+#include "shardlock/lease/wire/auth.h"
+#include "tools/client_tool_support.h"
 
 extern char** environ;
 
@@ -38,7 +49,8 @@ const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 // shardlockd as a child process with stdout and stderr captured.
 class Daemon : public testing::ChildProcess {
  public:
-  explicit Daemon(std::vector<std::string> args) : ChildProcess(kDaemon, std::move(args)) {}
+  explicit Daemon(std::vector<std::string> args, const std::vector<std::string>& env = {})
+      : ChildProcess(kDaemon, std::move(args), env) {}
   std::string read_line(milliseconds timeout = milliseconds{20'000}) {
     return ChildProcess::read_line(timeout);
   }
@@ -443,6 +455,327 @@ TEST_F(ShardlockdTest, ARestartOnTheSamePortBindsAtOnce) {
     EXPECT_EQ(peer.acquire("k" + std::to_string(restart), 1000).type, MessageType::kGranted);
     daemon.signal(SIGTERM);
     EXPECT_EQ(daemon.wait(), 0);
+  }
+}
+
+// ---- shardlockd as a service --------------------------------------------
+
+const std::string kKeyText = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff\n";
+
+void write_key(const std::string& path, mode_t mode) {
+  std::ofstream(path, std::ios::trunc) << kKeyText;
+  ASSERT_EQ(::chmod(path.c_str(), mode), 0);
+}
+
+// The lines of `log` that are not empty.
+std::vector<std::string> lines_of(const std::string& log) {
+  std::vector<std::string> lines;
+  std::size_t at = 0;
+  while (at < log.size()) {
+    const std::size_t end = std::min(log.find('\n', at), log.size());
+    if (end > at) lines.push_back(log.substr(at, end - at));
+    at = end + 1;
+  }
+  return lines;
+}
+
+// Every line "TIMESTAMP LEVEL shardlockd: MESSAGE", at the given levels only.
+TEST_F(ShardlockdTest, LogLinesCarryATimestampAndALevel) {
+  static const std::regex kLine(
+      R"re(^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z (error|warning|info|debug) shardlockd: .+$)re");
+  {
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", "socket"});
+    ASSERT_NE(ready_port(d.read_line()), 0);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    for (const std::string& line : lines_of(log)) {
+      EXPECT_TRUE(std::regex_match(line, kLine)) << line;
+    }
+    // The server's own "warning: " becomes the level.
+    EXPECT_NE(log.find(" warning shardlockd: lock-delay is 0"), std::string::npos) << log;
+    EXPECT_NE(log.find(" info shardlockd: listening on 127.0.0.1:"), std::string::npos) << log;
+    EXPECT_NE(log.find(" info shardlockd: granting: the lock-delay is over"), std::string::npos)
+        << log;
+  }
+  {
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", "socket", "--log-level",
+              "warning"});
+    ASSERT_NE(ready_port(d.read_line()), 0);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    const auto lines = lines_of(log);
+    ASSERT_FALSE(lines.empty()) << log;
+    for (const std::string& line : lines) {
+      EXPECT_NE(line.find(" warning shardlockd: "), std::string::npos) << line;
+    }
+  }
+  {
+    // debug adds what it tells the service manager.
+    const std::string notify_path = root_ + "/notify";
+    const int fd = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::snprintf(address.sun_path, sizeof address.sun_path, "%s", notify_path.c_str());
+    ASSERT_EQ(::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof address), 0);
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--log-level", "debug"},
+             {"NOTIFY_SOCKET=" + notify_path});
+    ASSERT_NE(ready_port(d.read_line()), 0);
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    EXPECT_NE(log.find(" debug shardlockd: told the service manager: READY=1"), std::string::npos)
+        << log;
+    ::close(fd);
+  }
+  for (const char* bad : {"verbose", "INFO", ""}) {
+    const auto r = Daemon({"--log-level", bad}).finish(milliseconds{20'000});
+    EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+    EXPECT_NE(r.err.find("--log-level"), std::string::npos) << r.err;
+  }
+}
+
+// /bin/sh arguments that run shardlockd with `args` and $JOURNAL_STREAM
+// naming its stderr (the pipe the test reads), as systemd names its stream.
+std::vector<std::string> under_journald(std::vector<std::string> args) {
+  args.insert(args.begin(),
+              {"-c",
+               R"(JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) && export JOURNAL_STREAM && )"
+               R"(exec "$0" "$@")",
+               kDaemon});
+  return args;
+}
+
+// With stderr connected to journald, lines carry a syslog priority instead
+// of a timestamp and level word.
+TEST_F(ShardlockdTest, UnderJournaldLinesCarryASyslogPriority) {
+  testing::ChildProcess d("/bin/sh", under_journald({"--listen", "127.0.0.1:0", "--lock-delay", "0",
+                                                     "--io", "socket"}));
+  ASSERT_NE(ready_port(d.read_line(milliseconds{20'000})), 0);
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.wait(), 0);
+  const std::string log = d.read_stderr();
+  const auto lines = lines_of(log);
+  ASSERT_FALSE(lines.empty());
+  for (const std::string& line : lines) {
+    EXPECT_TRUE(std::regex_match(line, std::regex(R"re(^<[3-7]>[^<].*$)re"))) << line;
+  }
+  EXPECT_NE(log.find("<4>lock-delay is 0"), std::string::npos) << log;
+  EXPECT_NE(log.find("<6>listening on 127.0.0.1:"), std::string::npos) << log;
+  EXPECT_NE(log.find("<6>stopped"), std::string::npos) << log;
+
+  // A usage error after the flags parse (here an unreadable key) is an error
+  // too, not a line at the journal's default priority.
+  testing::ChildProcess bad(
+      "/bin/sh", under_journald({"--listen", "127.0.0.1:0", "--auth-key", root_ + "/missing.key"}));
+  const testing::ToolResult r = bad.finish(milliseconds{20'000});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_EQ(r.err.rfind("<3>shardlockd: --auth-key: cannot read key file", 0), 0u) << r.err;
+}
+
+// Datagrams the server refuses are logged as counts, at most once per
+// --log-summary-interval (the first news at once, what is left at the stop),
+// each summary counting from the one before.
+TEST_F(ShardlockdTest, RefusedAndMalformedTrafficIsSummarised) {
+  Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", "socket",
+            "--log-summary-interval", "1h"});
+  const std::uint16_t port = ready_port(d.read_line());
+  ASSERT_NE(port, 0);
+  UdpTestPeer peer(port);
+  // A server without a key drops a sealed datagram as an authentication
+  // failure; four bytes are no datagram at all.
+  const auto sealed = [&] {
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = "sealed";
+    m.ttl_ms = 1000;
+    m.request_id = peer.next_id();
+    Datagram datagram;
+    (void)datagram.push(m);
+    datagram.request_id = m.request_id;
+    datagram.client_id = peer.id();
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+    std::size_t n = 0;
+    EXPECT_EQ(encode(datagram, bytes, n), ProtocolError::kOk);
+    n = seal_datagram(bytes, n, *parse_auth_key(kKeyText));
+    EXPECT_NE(n, 0u);
+    bytes.resize(n);
+    return bytes;
+  };
+  const std::vector<std::uint8_t> garbage = {0xde, 0xad, 0xbe, 0xef};
+  peer.send_raw(sealed());
+  peer.send_raw(garbage);
+  // One socket, one I/O thread: once this is answered, the two above were
+  // counted.
+  ASSERT_EQ(peer.acquire("sync/1", 1000).type, MessageType::kGranted);
+  std::string first;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (first.find("refused or dropped traffic") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    first += d.read_stderr();
+  }
+  EXPECT_NE(first.find(" warning shardlockd: refused or dropped traffic in the last "),
+            std::string::npos)
+      << first;
+  EXPECT_NE(first.find("1 auth_failures ("), std::string::npos) << first;
+  EXPECT_NE(first.find("1 malformed ("), std::string::npos) << first;
+
+  // Within the hour: nothing until the stop, which reports only the news.
+  peer.send_raw(garbage);
+  peer.send_raw(garbage);
+  ASSERT_EQ(peer.acquire("sync/2", 1000).type, MessageType::kGranted);
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.wait(), 0);
+  const std::string rest = d.read_stderr();
+  const auto summary = rest.find("refused or dropped traffic");
+  ASSERT_NE(summary, std::string::npos) << rest;
+  EXPECT_EQ(rest.find("refused or dropped traffic", summary + 1), std::string::npos) << rest;
+  EXPECT_NE(rest.find("2 malformed ("), std::string::npos) << rest;
+  EXPECT_EQ(rest.find("auth_failures"), std::string::npos) << rest;
+  EXPECT_LT(summary, rest.find("stopped")) << rest;
+}
+
+// A UNIX datagram socket standing in for systemd's $NOTIFY_SOCKET.
+class NotifySocket {
+ public:
+  // `name`: a path, or "@name" in the abstract namespace.
+  explicit NotifySocket(std::string name) : name_(std::move(name)) {
+    fd_ = ::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un address{};
+    address.sun_family = AF_UNIX;
+    std::memcpy(address.sun_path, name_.data(), name_.size());
+    if (name_[0] == '@') address.sun_path[0] = '\0';
+    const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + name_.size());
+    EXPECT_EQ(::bind(fd_, reinterpret_cast<const sockaddr*>(&address), length), 0) << name_;
+  }
+  ~NotifySocket() { ::close(fd_); }
+  NotifySocket(const NotifySocket&) = delete;
+  NotifySocket& operator=(const NotifySocket&) = delete;
+  std::string env() const { return "NOTIFY_SOCKET=" + name_; }
+  // The next notification, or "" after `timeout`.
+  std::string next(milliseconds timeout = milliseconds{20'000}) {
+    pollfd p{fd_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return {};
+    char buffer[4096];
+    const ssize_t n = ::recv(fd_, buffer, sizeof buffer, 0);
+    return n > 0 ? std::string(buffer, static_cast<std::size_t>(n)) : std::string{};
+  }
+
+ private:
+  std::string name_;
+  int fd_ = -1;
+};
+
+// Type=notify: READY=1 once the socket is bound and the data dir loaded,
+// STATUS= in the lock-delay and again when granting starts, STOPPING=1 at
+// SIGTERM; through a path and through an abstract socket.
+TEST_F(ShardlockdTest, NotifiesTheServiceManager) {
+  for (const std::string& name :
+       {root_ + "/notify", "@shardlockd-test-" + std::to_string(::getpid())}) {
+    NotifySocket manager(name);
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "1500ms", "--io", "socket", "--data-dir",
+              root_ + "/data"},
+             {manager.env()});
+    const std::string line = d.read_line();
+    const std::uint16_t port = ready_port(line);
+    ASSERT_NE(port, 0) << line;
+    const auto end = ready_lock_delay_end(line);
+    ASSERT_TRUE(end) << line;
+    const std::string ready = manager.next();
+    EXPECT_EQ(ready, "READY=1\nSTATUS=in its lock-delay until " + end->text +
+                         ": ACQUIRE is answered RECOVERING; listening on 127.0.0.1:" +
+                         std::to_string(port))
+        << name;
+    const std::string granting = manager.next();
+    EXPECT_EQ(granting, "STATUS=granting: the lock-delay is over; listening on 127.0.0.1:" +
+                            std::to_string(port))
+        << name;
+    UdpTestPeer peer(port);
+    EXPECT_EQ(peer.acquire("after-ready", 1000).type, MessageType::kGranted);
+    d.signal(SIGTERM);
+    EXPECT_EQ(manager.next(), "STOPPING=1\nSTATUS=stopping") << name;
+    EXPECT_EQ(d.wait(), 0);
+  }
+}
+
+// SIGHUP (a closed terminal, `systemctl kill -s HUP`) is logged and ignored.
+TEST_F(ShardlockdTest, SighupDoesNotStopIt) {
+  Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--io", "socket"});
+  const std::uint16_t port = ready_port(d.read_line());
+  ASSERT_NE(port, 0);
+  UdpTestPeer peer(port);
+  ASSERT_EQ(peer.acquire("before-hup", 1000).type, MessageType::kGranted);
+  d.signal(SIGHUP);
+  d.signal(SIGHUP);
+  std::string log;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (log.find("received SIGHUP") == std::string::npos &&
+         std::chrono::steady_clock::now() < deadline) {
+    log += d.read_stderr();
+  }
+  EXPECT_NE(log.find("received SIGHUP: ignored"), std::string::npos) << log;
+  EXPECT_EQ(peer.acquire("after-hup", 1000).type, MessageType::kGranted);
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.wait(), 0);
+}
+
+// LoadCredential=auth.key:/etc/shardlockd/auth.key hands a DynamicUser
+// service the key in $CREDENTIALS_DIRECTORY; --auth-key auth.key finds it.
+TEST_F(ShardlockdTest, TheAuthKeyMayBeASystemdCredential) {
+  const std::string credentials = root_ + "/credentials";
+  fs::create_directories(credentials);
+  write_key(credentials + "/auth.key", 0400);
+  {
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--auth-key", "auth.key"},
+             {"CREDENTIALS_DIRECTORY=" + credentials});
+    const std::string line = d.read_line();
+    ASSERT_NE(ready_port(line), 0) << line;
+    EXPECT_NE(line.find("\"auth\":true"), std::string::npos) << line;
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    EXPECT_NE(log.find("--auth-key auth.key: the systemd credential " + credentials + "/auth.key"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("accessible by other users"), std::string::npos) << log;
+  }
+  {
+    // Without the directory the name is only a (missing) file, and the
+    // error says where else it looked.
+    const auto r =
+        Daemon({"--listen", "127.0.0.1:0", "--auth-key", "auth.key"}).finish(milliseconds{20'000});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("$CREDENTIALS_DIRECTORY is not set"), std::string::npos) << r.err;
+  }
+  {
+    const auto r = Daemon({"--listen", "127.0.0.1:0", "--auth-key", "other.key"},
+                          {"CREDENTIALS_DIRECTORY=" + credentials})
+                       .finish(milliseconds{20'000});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("nor is it a credential in $CREDENTIALS_DIRECTORY"), std::string::npos)
+        << r.err;
+  }
+}
+
+// A key file other users can read is served, with a warning (OpenSSH's rule:
+// any group or other permission); 0600 is quiet.
+TEST_F(ShardlockdTest, WarnsAboutAKeyFileOthersCanRead) {
+  for (const mode_t mode : {0644, 0640, 0600}) {
+    const std::string key = root_ + "/auth.key";
+    write_key(key, mode);
+    Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--auth-key", key});
+    const std::string line = d.read_line();
+    ASSERT_NE(ready_port(line), 0) << line;
+    d.signal(SIGTERM);
+    EXPECT_EQ(d.wait(), 0);
+    const std::string log = d.read_stderr();
+    char octal[8];
+    std::snprintf(octal, sizeof octal, "%04o", static_cast<unsigned>(mode));
+    const bool warned =
+        log.find(" warning shardlockd: --auth-key " + key + " is accessible by other users (mode " +
+                 octal + ")") != std::string::npos;
+    EXPECT_EQ(warned, mode != 0600) << octal << ": " << log;
   }
 }
 
