@@ -44,8 +44,39 @@ Replicator::Replicator(const ReplicatorOptions& options, std::int64_t now_ns)
 
 Replicator::~Replicator() = default;
 
-std::uint64_t Replicator::next_stream_id() noexcept {
-  return (options_.stream_base << 32) | ++streams_started_;
+std::uint64_t Replicator::next_stream_id(std::uint64_t epoch) noexcept {
+  return (epoch << 32) | ++streams_started_;
+}
+
+ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing, std::uint16_t self,
+                             std::size_t replicas, const std::vector<Peer>& addresses) {
+  ReplicaLayout layout;
+  layout.epoch = epoch;
+  // Peer index of each node index (self has none).
+  std::vector<std::uint16_t> peer_of(routing.size(), ReplicaLayout::kNone);
+  for (std::size_t i = 0; i < routing.size() && i < addresses.size(); ++i) {
+    if (i == self) continue;
+    peer_of[i] = static_cast<std::uint16_t>(layout.peers.size());
+    layout.peers.push_back(ReplicaPeer{routing.nodes()[i].id, addresses[i]});
+  }
+  const std::size_t buckets = routing.bucket_count();
+  layout.backups.resize(buckets);
+  layout.backing.assign(buckets, ReplicaLayout::kNone);
+  if (replicas < 2) return layout;
+  for (std::size_t b = 0; b < buckets; ++b) {
+    const std::vector<std::uint16_t> ranking = routing.ranking_of_bucket(b, replicas);
+    if (ranking.empty()) continue;
+    if (ranking[0] == self) {
+      for (std::size_t r = 1; r < ranking.size(); ++r) {
+        if (peer_of[ranking[r]] != ReplicaLayout::kNone) {
+          layout.backups[b].push_back(peer_of[ranking[r]]);
+        }
+      }
+    } else if (std::find(ranking.begin() + 1, ranking.end(), self) != ranking.end()) {
+      layout.backing[b] = peer_of[ranking[0]];
+    }
+  }
+  return layout;
 }
 
 std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(ReplicaLayout layout,
@@ -69,8 +100,9 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       it->second->address = peer.address;
       to.emplace(peer.id, std::move(it->second));
     } else {
-      to.emplace(peer.id, std::make_unique<ToBackup>(peer.id, peer.address, next_stream_id(),
-                                                     options_.timing));
+      to.emplace(peer.id,
+                 std::make_unique<ToBackup>(peer.id, peer.address, next_stream_id(layout.epoch),
+                                            options_.timing));
     }
   }
   to_ = std::move(to);
@@ -147,7 +179,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
     const auto it = to_.find(current_.peers[p].id);
     if (it == to_.end() || !(start_over_ || it->second->stream.resync_requested())) continue;
     ToBackup& s = *it->second;
-    s.stream = replication::PrimaryStream(next_stream_id(), options_.timing);
+    s.stream = replication::PrimaryStream(next_stream_id(current_.epoch), options_.timing);
     s.lease_until->store(std::numeric_limits<std::int64_t>::min(), std::memory_order_release);
     s.covered.clear();
     for (std::size_t b = 0; b < current_.backups.size(); ++b) {

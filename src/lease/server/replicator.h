@@ -43,6 +43,7 @@
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/mutex.h"
+#include "shardlock/router.h"
 
 namespace shardlock::lease::internal {
 
@@ -67,11 +68,15 @@ struct ReplicaLayout {
 struct ReplicatorOptions {
   replication::StreamTiming timing;
   std::optional<AuthKey> auth_key;
-  // The high 32 bits of every stream id this run starts: the node's etcd
-  // registration revision, so a restarted node's streams are larger than
-  // those of its previous runs (BackupStream follows only a larger id).
-  std::uint64_t stream_base = 1;
 };
+
+// The layout of `routing` for the node at index `self` with `replicas`
+// owners per bucket (Router ranking: the first the primary, the next its
+// backups). `addresses[i]` is node i's lease port; the peers are every
+// other node, in the routing's order.
+[[nodiscard]] ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
+                                           std::uint16_t self, std::size_t replicas,
+                                           const std::vector<Peer>& addresses);
 
 class Replicator {
  public:
@@ -177,7 +182,10 @@ class Replicator {
   replication::PrimaryStream* stream_to(std::uint16_t peer) SHARDLOCK_REQUIRES(mu_);
   // Appends a marker entry (reset, caught-up) to the stream to `peer`.
   void mark(std::uint16_t peer, replication::EntryKind kind, std::uint32_t bucket);
-  std::uint64_t next_stream_id() noexcept SHARDLOCK_REQUIRES(mu_);
+  // A stream id: the map epoch in the high half, a count in the low. A
+  // node works in a fresh epoch after every start (docs/cluster.md), so its
+  // ids rise across restarts too, as BackupStream needs.
+  std::uint64_t next_stream_id(std::uint64_t epoch) noexcept SHARDLOCK_REQUIRES(mu_);
 
   ReplicatorOptions options_;
   std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated or from a stranger

@@ -36,9 +36,8 @@ Entry grant(std::string key, std::uint64_t token) {
   return e;
 }
 
-ReplicatorOptions options(std::uint64_t stream_base, std::optional<AuthKey> key = std::nullopt) {
+ReplicatorOptions options(std::optional<AuthKey> key = std::nullopt) {
   ReplicatorOptions o;
-  o.stream_base = stream_base;
   o.auth_key = key;
   return o;
 }
@@ -53,7 +52,7 @@ OutDatagram reply_datagram(std::uint8_t marker) {
 
 class ReplicatorTest : public ::testing::Test {
  protected:
-  ReplicatorTest() : a_(options(7), 0), b_(std::make_unique<Replicator>(options(9), 0)) {}
+  ReplicatorTest() : a_(options(), 0), b_(std::make_unique<Replicator>(options(), 0)) {}
 
   // Node "a" (port 1001) is the primary of kBucket and "b" (port 1002) its
   // backup, in both nodes' layouts.
@@ -189,7 +188,7 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
   (void)exchange(poll_a());
   EXPECT_TRUE(a_.restart_streams().empty());
   // "b" restarts: a new Replicator, empty, with the same layout.
-  b_ = std::make_unique<Replicator>(options(10), now_);
+  b_ = std::make_unique<Replicator>(options(), now_);
   ReplicaLayout lb;
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
@@ -241,9 +240,9 @@ TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
   key[0] = 1;
   AuthKey other{};
   other[0] = 2;
-  Replicator a(options(1, key), 0);
-  Replicator b(options(1, key), 0);
-  Replicator forger(options(2, other), 0);
+  Replicator a(options(key), 0);
+  Replicator b(options(key), 0);
+  Replicator forger(options(other), 0);
   ReplicaLayout la;
   la.peers = {ReplicaPeer{"b", loopback(1002)}};
   la.backups.resize(8);
@@ -274,6 +273,46 @@ TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
   EXPECT_TRUE(
       a.on_datagram(std::span(out[0].bytes.data(), out[0].length), loopback(1002), 0, none));
   EXPECT_GT(a.lease_until(kBucket).count(), 0);
+}
+
+TEST(ReplicaLayoutTest, EveryBucketHasOnePrimaryWhoseBackupsBackItUp) {
+  Router router(RouterOptions{.bucket_bits = 8});
+  const std::vector<Node> nodes = {Node{"a", 1}, Node{"b", 1}, Node{"c", 2}};
+  ASSERT_EQ(router.assign(nodes), RouterStatus::kOk);
+  const auto routing = router.snapshot();
+  const std::vector<Peer> addresses = {loopback(1001), loopback(1002), loopback(1003)};
+  std::vector<ReplicaLayout> layouts;
+  for (std::uint16_t self = 0; self < 3; ++self) {
+    layouts.push_back(replica_layout(6, *routing, self, 2, addresses));
+    EXPECT_EQ(layouts.back().epoch, 6U);
+    ASSERT_EQ(layouts.back().peers.size(), 2U);
+  }
+  const auto node_of = [&](std::uint16_t self, std::uint16_t peer) {
+    return layouts[self].peers[peer].id;
+  };
+  for (std::size_t b = 0; b < routing->bucket_count(); ++b) {
+    const std::uint16_t owner = routing->table()[b];
+    // The owner is the primary, with exactly one backup: the next node in
+    // the bucket's ranking, which backs it up for the owner.
+    ASSERT_EQ(layouts[owner].backups[b].size(), 1U) << b;
+    EXPECT_EQ(layouts[owner].backing[b], ReplicaLayout::kNone);
+    const std::string backup = node_of(owner, layouts[owner].backups[b][0]);
+    const auto backup_index = static_cast<std::uint16_t>(backup[0] - 'a');
+    EXPECT_EQ(backup_index, routing->ranking_of_bucket(b, 2)[1]);
+    ASSERT_NE(layouts[backup_index].backing[b], ReplicaLayout::kNone);
+    EXPECT_EQ(node_of(backup_index, layouts[backup_index].backing[b]), routing->nodes()[owner].id);
+    EXPECT_TRUE(layouts[backup_index].backups[b].empty());
+    // The third node has nothing to do with it.
+    const auto third = static_cast<std::uint16_t>(3 - owner - backup_index);
+    EXPECT_TRUE(layouts[third].backups[b].empty());
+    EXPECT_EQ(layouts[third].backing[b], ReplicaLayout::kNone);
+  }
+  // One replica: no backups, nothing backed up.
+  const ReplicaLayout single = replica_layout(6, *routing, 0, 1, addresses);
+  for (std::size_t b = 0; b < routing->bucket_count(); ++b) {
+    EXPECT_TRUE(single.backups[b].empty());
+    EXPECT_EQ(single.backing[b], ReplicaLayout::kNone);
+  }
 }
 
 }  // namespace
