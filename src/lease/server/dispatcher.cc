@@ -127,6 +127,30 @@ void Dispatcher::replicate_bucket(std::uint16_t peer, std::uint32_t bucket) {
   r->end_snapshot(peer, bucket);
 }
 
+std::size_t Dispatcher::inherit(
+    const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
+    std::int64_t expiry_ms) {
+  std::size_t installed = 0;
+  for (const auto& [key, holder] : holders) {
+    ShardSlot& slot = *shards_[shard_of(key)];
+    LockGuard lock(slot.mu);
+    bool ok = false;
+    try {
+      ok = slot.shard->inherit(key, holder, expiry_ms);
+    } catch (const std::bad_alloc&) {
+      count(allocation_failures_);
+    }
+    drain_journal(slot);
+    slot.note_timers();
+    if (ok) {
+      ++installed;
+    } else {
+      options_.log("takeover: a replicated holder of a key could not be installed");
+    }
+  }
+  return installed;
+}
+
 void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                             std::vector<OutDatagram>& replies) {
   // No source ever gets more reply bytes than it sent (before any auth tag).

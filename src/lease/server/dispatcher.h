@@ -123,6 +123,14 @@ class Dispatcher {
   // the caught-up mark. No grant can slip past it: one made before a
   // shard's part is in the stream before it, one made after, after it.
   void replicate_bucket(std::uint16_t peer, std::uint32_t bucket);
+  // Installs holders taken over from a primary (Shard::inherit), each on its
+  // key's shard, to expire at `expiry_ms`; returns how many it installed
+  // (a holder the key cannot admit is skipped and logged). Under a gate that
+  // marks their buckets replicated, they are journaled to this node's own
+  // backups, after the snapshots set_layout() asked for.
+  std::size_t inherit(
+      const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
+      std::int64_t expiry_ms);
 
   // ---- Cluster mode (cluster_gate.h) ----
   // Hands `gate` to every shard, each under its lock, and answers MAP from

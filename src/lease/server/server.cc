@@ -131,6 +131,8 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   internal::ServerClock clock;
   std::string error_detail;
   std::unique_ptr<TokenStore> store;
+  // Declared before the dispatcher, which uses it, so it outlives it.
+  std::unique_ptr<internal::Replicator> replicator;
   std::unique_ptr<Dispatcher> dispatcher;
   std::vector<int> fds;
   int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
@@ -278,6 +280,12 @@ std::error_code LeaseServer::Impl::start() {
   d.log = o.log;
   d.key_seed = limits.hash_seed;
   d.workers = static_cast<unsigned>(fds.size());
+  if (o.replication) {
+    internal::ReplicatorOptions r;
+    r.auth_key = o.auth_key;
+    replicator = std::make_unique<internal::Replicator>(r, clock.now().count());
+    d.replicator = replicator.get();
+  }
   dispatcher = std::make_unique<Dispatcher>(std::move(d), std::move(shards));
   if (options.start_closed) {
     // Cluster mode: nothing is granted before the cluster layer says what.
@@ -470,6 +478,53 @@ bool LeaseServer::needs_new_epoch() const {
 }
 
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
+
+std::error_code LeaseServer::set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
+                                                std::uint16_t self, std::size_t replicas,
+                                                const std::vector<std::string>& addresses) {
+  Impl& s = *impl_;
+  // Not fail(): the server keeps running as it was.
+  if (!s.replicator || !s.dispatcher) {
+    s.error_detail = "replication is off, or the server is not started";
+    return ServerError::kBadOptions;
+  }
+  std::vector<internal::Peer> peers(addresses.size());
+  for (std::size_t i = 0; i < addresses.size(); ++i) {
+    sockaddr_storage address{};
+    socklen_t length = 0;
+    std::string detail;
+    if (!internal::resolve_udp_address(addresses[i], /*passive=*/false,
+                                       /*allow_port_zero=*/false, address, length, detail)) {
+      s.error_detail = "replica address " + addresses[i] + ": " + detail;
+      return ServerError::kBadOptions;
+    }
+    std::memcpy(&peers[i].addr, &address, std::min<std::size_t>(length, sizeof peers[i].addr));
+    peers[i].len = length;
+  }
+  const internal::ReplicaLayout layout =
+      internal::replica_layout(epoch, routing, self, replicas, peers);
+  for (const auto& [peer, bucket] : s.replicator->set_layout(layout, s.clock.now().count())) {
+    s.dispatcher->replicate_bucket(peer, bucket);
+  }
+  return {};
+}
+
+std::chrono::nanoseconds LeaseServer::replica_lease_until(std::size_t bucket) const noexcept {
+  if (!impl_->replicator) return std::chrono::nanoseconds::max();
+  return impl_->replicator->lease_until(bucket);
+}
+
+std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, std::uint32_t bucket,
+                                                  std::chrono::milliseconds hold) {
+  Impl& s = *impl_;
+  if (!s.replicator || !s.dispatcher) return std::nullopt;
+  const std::chrono::nanoseconds now = s.clock.now();
+  std::vector<std::pair<std::string, internal::replication::ReplicaHolder>> holders;
+  if (!s.replicator->takeover(primary, bucket, now.count(), holders)) return std::nullopt;
+  const std::int64_t expiry_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now).count() + hold.count() + 1;
+  return s.dispatcher->inherit(holders, expiry_ms);
+}
 
 ServerStats LeaseServer::stats() const {
   ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};

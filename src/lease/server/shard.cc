@@ -537,6 +537,8 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
   h->mode = holder.mode;
   state->newest_token = std::max(state->newest_token, holder.token);
   wheel_.schedule(*h, expiry_ms);
+  // This node's own backups need it too.
+  journal(replication::EntryKind::kGrant, *h, holder.ttl_ms);
   return true;
 }
 

@@ -41,6 +41,7 @@
 
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
+#include "shardlock/router.h"
 
 namespace shardlock::lease {
 
@@ -114,6 +115,11 @@ struct LeaseServerOptions {
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
   // map, until the cluster layer publishes one (publish_cluster_gate()).
   bool start_closed = false;
+  // Replication (docs/cluster.md, "Replication"; cluster mode with
+  // --replicas above 1): node-to-node replication streams on the lease
+  // port, driven by the cluster layer through set_replica_layout() and
+  // take_over(). Needs start_closed.
+  bool replication = false;
   // The clock every duration is measured on (lease expiry, waits,
   // lock-delay, and the cluster's etcd-lease deadline through now()),
   // injectable for tests. Default (empty): CLOCK_BOOTTIME, which keeps
@@ -230,6 +236,30 @@ class LeaseServer {
   // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
   // spent suspended counts.
   [[nodiscard]] std::chrono::nanoseconds now() const;
+
+  // ---- Replication (options.replication): the cluster layer's hooks ----
+  // Adopts the replica layout of the map `routing` of `epoch` for the node
+  // at index `self`, with `replicas` owners per bucket; `addresses[i]` is
+  // node i's "HOST:PORT". New backups (and buckets new to a backup) are sent
+  // snapshots before this returns. kBadOptions, with error_detail(), when an
+  // address does not resolve; nothing changes then.
+  std::error_code set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
+                                     std::uint16_t self, std::size_t replicas,
+                                     const std::vector<std::string>& addresses);
+  // The end of this node's primary lease for `bucket` on now()'s clock (the
+  // earliest its backups gave); far in the future for a bucket without
+  // backups. Lock-free: a gate's replica_deadline calls it.
+  [[nodiscard]] std::chrono::nanoseconds replica_lease_until(std::size_t bucket) const noexcept;
+  // Takes `bucket` over from `primary` (a node id) once this node was its
+  // caught-up backup and its promise to the primary has run out: installs
+  // every replicated holder, to expire `hold` from now (the largest max TTL
+  // plus the drift margin, since the primary may have renewed any of them
+  // just before it stopped). Returns how many holders it installed, or
+  // nullopt while the takeover is not allowed yet (or never: not a bucket
+  // this node backed up for `primary`).
+  [[nodiscard]] std::optional<std::size_t> take_over(const std::string& primary,
+                                                     std::uint32_t bucket,
+                                                     std::chrono::milliseconds hold);
 
  private:
   struct Impl;

@@ -1,0 +1,168 @@
+// Two real LeaseServers with replication on (LeaseServerOptions::replication),
+// on loopback, with the cluster layer's part played by the test: it builds
+// each map's gates and replica layouts. A holder granted by the primary
+// survives the primary's stop: the backup takes the bucket over once its
+// promise has run out, and the holder renews there with its token.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "poll_until.h"
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/server/internal/cluster_gate.h"
+#include "shardlock/lease/server/server.h"
+#include "shardlock/router.h"
+
+namespace shardlock::lease {
+namespace {
+
+using namespace std::chrono_literals;
+using test_support::poll_until;
+
+LeaseServerOptions replicated_options() {
+  LeaseServerOptions o;
+  o.bind_address = "127.0.0.1:0";
+  o.shards = 4;
+  o.io_threads = 1;
+  o.lock_delay = 0ms;
+  o.max_ttl = 10s;
+  o.start_closed = true;
+  o.replication = true;
+  o.io = IoBackend::kSocket;
+  return o;
+}
+
+std::shared_ptr<const RouterSnapshot> routing_of(const std::vector<std::string>& ids) {
+  Router router(RouterOptions{.bucket_bits = 8});
+  std::vector<Node> nodes;
+  for (const std::string& id : ids) nodes.push_back(Node{id, 1});
+  EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
+  return router.snapshot();
+}
+
+// The gate of `epoch` for node `self` of `routing`: its buckets active, and
+// replicated (granted only within its primary lease) when `replicated`.
+std::shared_ptr<const internal::ClusterGate> gate_for(LeaseServer& server, std::uint64_t epoch,
+                                                      std::shared_ptr<const RouterSnapshot> routing,
+                                                      std::uint16_t self, bool replicated) {
+  auto gate = std::make_shared<internal::ClusterGate>();
+  gate->epoch = epoch;
+  gate->routing = std::move(routing);
+  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kForeign);
+  gate->replicated.assign(gate->routing->bucket_count(), 0);
+  for (std::size_t b = 0; b < gate->routing->bucket_count(); ++b) {
+    if (gate->routing->table()[b] != self) continue;
+    gate->buckets[b] = internal::ClusterGate::kActive;
+    gate->replicated[b] = replicated ? 1 : 0;
+  }
+  gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
+  gate->replica_deadline = [&server](std::size_t b) { return server.replica_lease_until(b); };
+  return gate;
+}
+
+TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
+  LeaseServer a(replicated_options());
+  LeaseServer b(replicated_options());
+  ASSERT_FALSE(a.start()) << a.error_detail();
+  ASSERT_FALSE(b.start()) << b.error_detail();
+  const std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(a.port()),
+                                              "127.0.0.1:" + std::to_string(b.port())};
+  // Epoch 1: nodes "a" and "b", each the other's backup.
+  const auto routing = routing_of({"a", "b"});
+  ASSERT_FALSE(a.set_replica_layout(1, *routing, 0, 2, addresses)) << a.error_detail();
+  ASSERT_FALSE(b.set_replica_layout(1, *routing, 1, 2, addresses)) << b.error_detail();
+  a.publish_cluster_gate(gate_for(a, 1, routing, 0, true));
+  b.publish_cluster_gate(gate_for(b, 1, routing, 1, true));
+
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    const std::string k = "orders/" + std::to_string(i);
+    if (routing->owner(k) == "a") key = k;
+  }
+  const auto bucket = static_cast<std::uint32_t>(routing->bucket_of_hash(routing->hash(key)));
+
+  LeaseClientOptions co;
+  co.nodes = {addresses[0]};
+  co.request_timeout = 5s;
+  LeaseClient client(co);
+  ASSERT_FALSE(client.start()) << client.error_detail();
+  // Granted once "b" holds a primary lease and has the grant (the client
+  // retries RECOVERING until the first heartbeat is acknowledged).
+  AcquireResult held = client.acquire(key, 5s, 2s);
+  ASSERT_TRUE(held) << held.error.message();
+  const std::uint64_t token = held.lease.token();
+
+  // Before "a" is gone, "b" may not take over: it is still promising.
+  EXPECT_FALSE(b.take_over("a", bucket, 10s).has_value());
+
+  // "a" stops (as if killed). Epoch 2 has "b" alone: it stops promising
+  // "a" and, once its last promise has run out, takes the bucket over.
+  a.stop();
+  const auto alone = routing_of({"b"});
+  ASSERT_FALSE(b.set_replica_layout(2, *alone, 0, 2, {addresses[1]})) << b.error_detail();
+  b.publish_cluster_gate(gate_for(b, 2, alone, 0, false));
+  std::optional<std::size_t> installed;
+  ASSERT_TRUE(poll_until(
+      [&] {
+        installed = b.take_over("a", bucket, 10s);
+        return installed.has_value();
+      },
+      5s, 5ms));
+  EXPECT_EQ(*installed, 1U);
+
+  // The holder renews at "b" with the token "a" gave it; nobody else gets
+  // the key.
+  LeaseClientOptions same = co;
+  same.nodes = {addresses[1]};
+  same.client_id = client.client_id();
+  LeaseClient at_b(same);
+  ASSERT_FALSE(at_b.start()) << at_b.error_detail();
+  const CallResult renewed = at_b.renew(key, token, 5s);
+  EXPECT_FALSE(renewed.error) << renewed.error.message();
+  EXPECT_EQ(renewed.reply, MessageType::kRenewed);
+
+  LeaseClientOptions other = co;
+  other.nodes = {addresses[1]};
+  LeaseClient rival(other);
+  ASSERT_FALSE(rival.start());
+  const AcquireResult busy = rival.acquire(key, 5s, 0ms);
+  EXPECT_EQ(busy.error, LeaseErrc::kBusy);
+  // held's destructor releases at "a", which is gone: best effort, not waited.
+  b.stop();
+}
+
+TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
+  LeaseServer a(replicated_options());
+  ASSERT_FALSE(a.start()) << a.error_detail();
+  // "b" is in the map but never answers: "a" holds no primary lease.
+  const std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(a.port()),
+                                              "127.0.0.1:9"};
+  const auto routing = routing_of({"a", "b"});
+  ASSERT_FALSE(a.set_replica_layout(1, *routing, 0, 2, addresses)) << a.error_detail();
+  a.publish_cluster_gate(gate_for(a, 1, routing, 0, true));
+  std::string key;
+  for (int i = 0; key.empty(); ++i) {
+    const std::string k = "k" + std::to_string(i);
+    if (routing->owner(k) == "a") key = k;
+  }
+  LeaseClientOptions co;
+  co.nodes = {addresses[0]};
+  co.request_timeout = 300ms;
+  LeaseClient client(co);
+  ASSERT_FALSE(client.start());
+  const AcquireResult r = client.acquire(key, 5s, 0ms);
+  EXPECT_FALSE(r);
+  EXPECT_EQ(r.error, LeaseErrc::kRecovering) << r.error.message();
+
+  EXPECT_EQ(a.set_replica_layout(1, *routing, 0, 2, {"127.0.0.1:1", "no.such.host.invalid:1"}),
+            ServerError::kBadOptions);
+  EXPECT_NE(a.error_detail().find("no.such.host.invalid"), std::string::npos);
+  a.stop();
+}
+
+}  // namespace
+}  // namespace shardlock::lease
