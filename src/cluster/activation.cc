@@ -64,7 +64,8 @@ MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
     chain_of_bucket_.assign(routing->bucket_count(), 0);
     unseen_history_.assign(routing->bucket_count(), false);
   }
-  if (first || map.epoch != epoch_ + 1) {
+  const bool consecutive = !first && map.epoch == epoch_ + 1;
+  if (!consecutive) {
     start_history_over(owner_in_new_map, now);
   } else {
     // A moved bucket's new chain: its old chain plus its old owner, minus its
@@ -91,6 +92,7 @@ MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
     }
   }
   epoch_ = map.epoch;
+  previous_routing_ = consecutive ? std::move(routing_) : nullptr;
   routing_ = std::move(routing);
   compact_chains();
   // Acks of this epoch that arrived before the map did count now.
@@ -138,6 +140,37 @@ BucketActivation::ChainIndex BucketActivation::add_chain(std::vector<NodeIndex> 
   if (chain.empty()) return 0;
   chains_.push_back(std::move(chain));
   return static_cast<ChainIndex>(chains_.size() - 1);
+}
+
+void BucketActivation::on_taken_over(std::size_t bucket, std::string_view node) {
+  const std::optional<NodeIndex> index = find(node);
+  if (!index || *index == self_ || bucket >= chain_of_bucket_.size()) return;
+  const ChainIndex chain = chain_of_bucket_[bucket];
+  const std::vector<NodeIndex>& members = chains_[chain];
+  if (std::find(members.begin(), members.end(), *index) == members.end()) return;
+  std::vector<NodeIndex> rest = members;
+  std::erase(rest, *index);
+  // Buckets are taken over one by one, many from one primary: reuse the
+  // chain made for the previous bucket with the same chain and node.
+  if (taken_over_cache_.size() > 4096) taken_over_cache_.clear();
+  const auto key = std::make_pair(chain, *index);
+  auto it = taken_over_cache_.find(key);
+  if (it == taken_over_cache_.end() || it->second >= chains_.size() ||
+      chains_[it->second] != rest) {
+    it = taken_over_cache_.insert_or_assign(key, add_chain(std::move(rest))).first;
+  }
+  chain_of_bucket_[bucket] = it->second;
+}
+
+std::optional<std::string> BucketActivation::previous_primary_backed_by_self(
+    std::size_t bucket, std::size_t replicas) const {
+  if (!previous_routing_ || replicas < 2) return std::nullopt;
+  const RouterSnapshot& before = previous_routing_->snapshot();
+  if (bucket >= before.bucket_count()) return std::nullopt;
+  const std::vector<std::uint16_t> ranking = before.ranking_of_bucket(bucket, replicas);
+  if (ranking.size() < 2) return std::nullopt;
+  if (before.nodes()[ranking[1]].id != options_.node_id) return std::nullopt;
+  return before.nodes()[ranking[0]].id;
 }
 
 void BucketActivation::raise_max_ttl(Time max_ttl) {
@@ -197,6 +230,7 @@ void BucketActivation::compact_chains() {
   }
   for (ChainIndex& chain : chain_of_bucket_) chain = renumbered[chain];
   chains_ = std::move(kept);
+  taken_over_cache_.clear();
 }
 
 bool BucketActivation::owns(std::size_t bucket) const noexcept {

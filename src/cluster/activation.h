@@ -69,6 +69,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -123,6 +124,21 @@ class BucketActivation {
   // members/<node_id> was put at `now` (a restart or a re-registration): its
   // earlier gone time no longer speaks for the leases it may take from now on.
   void on_member_registered(std::string_view node_id, Time now);
+  // Replication (docs/cluster.md, "Takeover"): this node took `bucket` over
+  // from `node`, its primary in the map before: it was the bucket's
+  // caught-up backup, its promise to `node` ran out (so `node` can neither
+  // grant nor renew it), and it installed every holder `node` answered. So
+  // `node` no longer needs to let go of `bucket`: it leaves the bucket's
+  // chain (only this bucket's); other nodes in it still must let go.
+  void on_taken_over(std::size_t bucket, std::string_view node);
+  // The owner `bucket` had in the map before the current one, if this node
+  // followed both (consecutive epochs, no start over), else nullopt; and
+  // whether that map ranked this node right behind it (its first backup
+  // with `replicas` owners per bucket). The caller's check before a
+  // takeover.
+  [[nodiscard]] std::optional<std::string> previous_primary_backed_by_self(
+      std::size_t bucket, std::size_t replicas) const;
+
   // A member's record says its largest lease TTL is `max_ttl`: the
   // lock-delay becomes at least max_ttl + lock_delay_margin, so that it
   // covers the longest lease any member may have granted (a rolling raise
@@ -193,11 +209,16 @@ class BucketActivation {
 
   std::uint64_t epoch_ = 0;
   std::unique_ptr<ClusterRouting> routing_;
+  // The map before the current one, when the current one followed it
+  // directly (for previous_primary_backed_by_self); null otherwise.
+  std::unique_ptr<ClusterRouting> previous_routing_;
   // owner_[b]: the current owner's node index, or kNoNode.
   std::vector<NodeIndex> owner_;
   std::vector<ChainIndex> chain_of_bucket_;
   std::vector<std::vector<NodeIndex>> chains_;  // chains_[0] is always empty
   std::vector<std::size_t> hand_off_;
+  // on_taken_over's chains, by (chain before, node taken over from).
+  std::map<std::pair<ChainIndex, NodeIndex>, ChainIndex> taken_over_cache_;
 
   Time lock_delay_{0};
   // Buckets that started over without history (first map, skipped map)

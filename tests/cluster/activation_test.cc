@@ -379,5 +379,84 @@ TEST(BucketActivation, AnEmptyMapOwnsNothing) {
   }
 }
 
+// ---- Replication: a takeover releases the old primary for that bucket ----
+
+TEST(BucketActivation, ATakeoverReleasesTheDeadPrimaryForThatBucketOnly) {
+  BucketActivation activation = make("n2");
+  const Time opened = settle_first_map(activation, kThree, Time{0});
+  const ClusterMap without_n1 = make_map(11, {"n2", "n3"});
+  const std::vector<std::size_t> to_n2 = moved(kThree, without_n1, "n1", "n2");
+  ASSERT_FALSE(to_n2.empty());
+  ASSERT_EQ(activation.on_map(without_n1, opened), MapVerdict::kAdopted);
+  activation.on_member_gone("n1", opened);
+
+  // Which of them n2 backed up for n1 (first backup in the map before).
+  std::vector<std::size_t> backed;
+  std::vector<std::size_t> not_backed;
+  for (const std::size_t b : to_n2) {
+    const auto primary = activation.previous_primary_backed_by_self(b, 2);
+    if (primary) {
+      EXPECT_EQ(*primary, "n1");
+      backed.push_back(b);
+    } else {
+      not_backed.push_back(b);
+    }
+    EXPECT_FALSE(activation.may_grant(b, opened)) << b;  // n1 has not let go
+  }
+  // With 3 nodes and 2 replicas, every bucket n1 lost to n2 had n2 as its
+  // first backup: the heir is the next in the ranking.
+  EXPECT_EQ(backed.size(), to_n2.size());
+  EXPECT_FALSE(activation.previous_primary_backed_by_self(to_n2[0], 1).has_value());
+
+  activation.on_taken_over(backed[0], "n1");
+  EXPECT_TRUE(activation.may_grant(backed[0], opened));
+  if (backed.size() > 1) {
+    EXPECT_FALSE(activation.may_grant(backed[1], opened));
+  }
+  // Taking over from a node not in the chain, or from itself, changes nothing.
+  activation.on_taken_over(backed.back(), "n3");
+  activation.on_taken_over(backed.back(), "n2");
+  if (backed.size() > 1) {
+    EXPECT_FALSE(activation.may_grant(backed.back(), opened));
+  }
+  // The lock-delay still releases the rest.
+  EXPECT_TRUE(activation.may_grant(backed.back(), opened + kLockDelay));
+}
+
+TEST(BucketActivation, NoTakeoverAcrossASkippedMap) {
+  BucketActivation activation = make("n2");
+  const Time opened = settle_first_map(activation, kThree, Time{0});
+  // Epoch 12 after 10: 11 was missed, so nothing is known of the history.
+  const ClusterMap skipped = make_map(12, {"n2", "n3"});
+  ASSERT_EQ(activation.on_map(skipped, opened), MapVerdict::kAdopted);
+  for (std::size_t b = 0; b < activation.bucket_count(); ++b) {
+    EXPECT_FALSE(activation.previous_primary_backed_by_self(b, 2).has_value()) << b;
+  }
+}
+
+TEST(BucketActivation, ABucketWithALongerChainWaitsForTheRestAfterATakeover) {
+  // b moves n1 -> n3 in epoch 11 (n3 not active yet), then n3 dies and b
+  // moves to n2 in epoch 12: n2 waits for n1 too, whatever it took over from n3.
+  BucketActivation activation = make("n2");
+  const Time opened = settle_first_map(activation, make_map(10, {"n1", "n3"}), Time{0});
+  // n2 joins: it was not in epoch 10; take a map where n2 is present.
+  ASSERT_EQ(activation.on_map(make_map(11, {"n1", "n2", "n3"}), opened), MapVerdict::kAdopted);
+  activation.on_handoff("n1", 11);
+  activation.on_handoff("n3", 11);
+  const ClusterMap two = make_map(12, {"n2", "n3"});
+  const std::vector<std::size_t> from_n1 = moved(make_map(11, {"n1", "n2", "n3"}), two, "n1", "n3");
+  const ClusterMap one = make_map(13, {"n2"});
+  ASSERT_EQ(activation.on_map(two, opened), MapVerdict::kAdopted);
+  ASSERT_EQ(activation.on_map(one, opened), MapVerdict::kAdopted);
+  ASSERT_FALSE(from_n1.empty());
+  const std::size_t b = from_n1[0];
+  // In epoch 12 b's chain gained n1 (its owner before), and in 13 n3.
+  ASSERT_EQ(activation.previous_primary_backed_by_self(b, 2), std::optional<std::string>("n3"));
+  activation.on_taken_over(b, "n3");
+  EXPECT_FALSE(activation.may_grant(b, opened));  // n1 never acked 12 nor 13
+  activation.on_handoff("n1", 13);
+  EXPECT_TRUE(activation.may_grant(b, opened));
+}
+
 }  // namespace
 }  // namespace shardlock::cluster
