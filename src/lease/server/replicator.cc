@@ -167,6 +167,15 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       it->second->buckets = std::move(buckets);
     }
   }
+  // Peers new to the layout count as heard now; the rest keep their time.
+  std::unordered_map<std::string, std::int64_t> heard;
+  for (const auto& entry : to_) heard[entry.first] = now_ns;
+  for (const auto& entry : backed) heard[entry.first] = now_ns;
+  for (auto& [id, at] : heard) {
+    const auto old = heard_.find(id);
+    if (old != heard_.end()) at = old->second;
+  }
+  heard_ = std::move(heard);
   current_ = std::move(layout);
   layout_.store(std::move(leases));
   return to_snapshot;
@@ -327,6 +336,9 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       return true;
     }
     const replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
+    for (auto& [id, f] : from_) {
+      if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
+    }
     replication::encode_ack(ack, scratch_);
     emit(scratch_, from, out);
     return true;
@@ -344,6 +356,7 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       return true;
     }
     s->stream.on_ack(ack, now_ns);
+    if (heard_.contains(s->peer)) heard_[s->peer] = now_ns;
     s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
                                                        : s->stream.lease_until_ns(),
                           std::memory_order_release);
@@ -386,6 +399,17 @@ bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std:
   if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
   out = s.bucket_holders(bucket);
   return true;
+}
+
+std::vector<std::string> Replicator::silent_peers(std::int64_t now_ns,
+                                                  std::int64_t silence_ns) const {
+  LockGuard lock(mu_);
+  std::vector<std::string> silent;
+  for (const auto& [id, at] : heard_) {
+    if (now_ns - at >= silence_ns) silent.push_back(id);
+  }
+  std::sort(silent.begin(), silent.end());
+  return silent;
 }
 
 std::size_t Replicator::held() const {

@@ -142,6 +142,13 @@ class Replicator {
   [[nodiscard]] bool takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
                               std::vector<std::pair<std::string, replication::ReplicaHolder>>& out);
 
+  // The peers of the current layout (backups and primaries of this node)
+  // not heard from for `silence_ns`: no acknowledgement from a backup, no
+  // datagram from a primary. A peer new to the layout counts as heard when
+  // it entered it.
+  [[nodiscard]] std::vector<std::string> silent_peers(std::int64_t now_ns,
+                                                      std::int64_t silence_ns) const;
+
   [[nodiscard]] std::size_t held() const;
   [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
     return rejected_.load(std::memory_order_relaxed);
@@ -193,6 +200,8 @@ class Replicator {
 
   mutable Mutex mu_;
   std::uint32_t streams_started_ SHARDLOCK_GUARDED_BY(mu_) = 0;
+  // When each peer (by id) was last heard from, for silent_peers().
+  std::unordered_map<std::string, std::int64_t> heard_ SHARDLOCK_GUARDED_BY(mu_);
   bool start_over_ SHARDLOCK_GUARDED_BY(mu_) = false;
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);

@@ -215,6 +215,23 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
   EXPECT_EQ(holders[0].first, "k");
 }
 
+TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
+  both_layouts();
+  constexpr std::int64_t kSilence = 300 * kMs;
+  EXPECT_TRUE(a_.silent_peers(now_, kSilence).empty());
+  (void)exchange(poll_a());
+  now_ += 200 * kMs;
+  (void)exchange(poll_a());  // heartbeat and its ack: both heard
+  now_ += 200 * kMs;
+  EXPECT_TRUE(a_.silent_peers(now_, kSilence).empty());
+  EXPECT_TRUE(b_->silent_peers(now_, kSilence).empty());
+  // Nothing gets through for 300 ms: each names the other.
+  (void)poll_a();
+  now_ += 300 * kMs;
+  EXPECT_EQ(a_.silent_peers(now_, kSilence), std::vector<std::string>{"b"});
+  EXPECT_EQ(b_->silent_peers(now_, kSilence), std::vector<std::string>{"a"});
+}
+
 TEST_F(ReplicatorTest, AStrangersDatagramsEarnNothing) {
   both_layouts();
   a_.route(std::vector{grant("k", 41)});
