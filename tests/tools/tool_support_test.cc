@@ -67,7 +67,7 @@ TEST(DurationFlagTest, ValidValues) {
 
 TEST(DurationFlagTest, ErrorsNameTheFlagAndTheReason) {
   EXPECT_EQ(parse_duration_flag("--ttl", "soon", ZeroDuration::kRejected).error,
-            "--ttl: invalid duration \"soon\" (use e.g. 0, 500ms, 30s, 2m)");
+            "--ttl: invalid duration \"soon\" (use e.g. 500ms, 1.5s, 30 (seconds), 2m)");
   EXPECT_EQ(parse_duration_flag("--ttl", "0", ZeroDuration::kRejected).error,
             "--ttl: must be more than 0");
   const std::string above =

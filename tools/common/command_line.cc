@@ -55,8 +55,8 @@ DurationFlag parse_duration_flag(std::string_view flag, std::string_view text, Z
   const std::optional<std::chrono::milliseconds> parsed = lease::parse_duration(text);
   std::string name(flag);
   if (!parsed) {
-    result.error =
-        name + ": invalid duration \"" + std::string(text) + "\" (use e.g. 0, 500ms, 30s, 2m)";
+    result.error = name + ": invalid duration \"" + std::string(text) +
+                   "\" (use e.g. 500ms, 1.5s, 30 (seconds), 2m)";
   } else if (parsed->count() == 0 && zero == ZeroDuration::kRejected) {
     result.error = name + ": must be more than 0";
   } else if (*parsed > longest) {

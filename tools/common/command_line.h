@@ -47,7 +47,7 @@ struct DurationFlag {
 
 // Parses the text of a duration flag (lease::parse_duration: "500ms", "30s",
 // "1m30s", "0") and checks it against the flag's bounds. The error names
-// the flag, e.g. `--ttl: invalid duration "soon" (use e.g. 0, 500ms, 30s, 2m)`.
+// the flag, e.g. `--ttl: invalid duration "soon" (use e.g. 500ms, 1.5s, 30 (seconds), 2m)`.
 [[nodiscard]] DurationFlag parse_duration_flag(
     std::string_view flag, std::string_view text, ZeroDuration zero,
     std::chrono::milliseconds longest = kLongestWireDuration);
