@@ -49,8 +49,8 @@
 #include "common/command_line.h"
 #include "common/json.h"
 #include "shardlock/lease/client/client.h"
-#include "shardlock/lease/wire/duration.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock/lease/wire/duration.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/workload/zipf.h"
 
@@ -836,6 +836,7 @@ int run(int argc, char** argv) {
   CLI::App app{
       "shardlock-bench: hot-key lock workload. With no flags it starts an embedded LeaseServer on "
       "127.0.0.1:0 and runs Zipf 0.99 acquire+release pairs over 100k keys for 10 s."};
+  tools::add_version_flag(app, kTool);
   app.footer(
       "Exit codes: 0 ok; 1 the run failed (embedded server, client set-up, drain); 2 usage; "
       "3 the --server does not answer; 4 errors dominated: no acquire was granted, or more than "

@@ -7,12 +7,18 @@
 #include <iostream>
 
 #include "shardlock/lease/wire/duration.h"
+#include "shardlock_version.h"
 
 namespace shardlock::tools {
 
 int usage_error(std::string_view tool, std::string_view message) {
   std::cerr << tool << ": " << message << "\nRun with --help for usage.\n";
   return kExitUsage;
+}
+
+void add_version_flag(CLI::App& app, std::string_view tool) {
+  app.set_version_flag("--version", std::string(tool) + " " + std::string(kVersion),
+                       "Print the version and exit");
 }
 
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, std::string_view tool) {

@@ -20,6 +20,10 @@ inline constexpr int kExitUsage = 2;
 // kExitUsage.
 int usage_error(std::string_view tool, std::string_view message);
 
+// Gives `app` --version, which prints "<tool> <version>" (PROJECT_VERSION,
+// shardlock_version.h) and exits 0.
+void add_version_flag(CLI::App& app, std::string_view tool);
+
 // Parses the command line into `app`. Returns nullopt when main() should go
 // on; otherwise the status main() returns: 0 after --help or --version
 // (printed on stdout), kExitUsage after a usage error (see usage_error()).
