@@ -33,8 +33,14 @@ std::error_code ClientCore::start() {
   int family = AF_UNSPEC;
   for (const std::string& node : setup.options.nodes) {
     Endpoint e;
-    if (parse_endpoint(node, e)) {
-      error_detail = "bad node address '" + node + "' (want HOST:PORT)";
+    std::string why;
+    if (const std::error_code ec = parse_endpoint(node, e, why)) {
+      // The resolver's own words for a name that does not resolve. Both
+      // are kBadAddress here, as the C ABI documents; parse_endpoint()
+      // tells them apart for a caller that needs to.
+      error_detail = ec == LeaseErrc::kBadAddress
+                         ? "bad node address '" + node + "' (want HOST:PORT or [IPV6]:PORT)"
+                         : why;
       return LeaseErrc::kBadAddress;
     }
     if (family != AF_UNSPEC && e.address.ss_family != family) {
@@ -109,7 +115,8 @@ std::error_code ClientCore::start() {
   setup.options.max_retransmit =
       std::max(setup.options.max_retransmit, setup.options.initial_retransmit);
 
-  if (std::error_code ec = make_udp_transport(family, setup.transport)) {
+  if (std::error_code ec =
+          make_udp_transport(family, setup.transport, setup.options.auth_key.has_value())) {
     error_detail = "cannot open a UDP socket: " + ec.message();
     return ec;
   }
@@ -503,6 +510,9 @@ std::uint64_t LeaseClient::malformed_replies() const noexcept {
 }
 std::uint64_t LeaseClient::retransmissions() const noexcept {
   return core_->engine.retransmissions();
+}
+TransportCounters LeaseClient::transport_counters() const noexcept {
+  return core_->setup.transport ? core_->setup.transport->counters() : TransportCounters{};
 }
 
 }  // namespace shardlock::lease

@@ -195,7 +195,10 @@ class LeaseClient {
   LeaseClient& operator=(const LeaseClient&) = delete;
 
   // Resolves the nodes, opens the socket and starts the I/O thread. Call
-  // once; on error error_detail() says which node or syscall failed.
+  // once; on error error_detail() says which node or syscall failed. A
+  // node address that is malformed or does not resolve is kBadAddress (the
+  // detail gives the resolver's reason; parse_endpoint() tells the two
+  // apart).
   [[nodiscard]] std::error_code start();
   [[nodiscard]] const std::string& error_detail() const noexcept;
 
@@ -309,6 +312,9 @@ class LeaseClient {
   // per key asked, a BUSY_MANY naming no key of it). Such a datagram or
   // reply completes nothing. A relaxed counter.
   [[nodiscard]] std::uint64_t malformed_replies() const noexcept;
+  // What the transport saw besides replies: replies whose sealing does not
+  // match this client's auth key (call.h). Zeros before start().
+  [[nodiscard]] TransportCounters transport_counters() const noexcept;
 
  private:
   // acquire(), acquire_shared() and acquire_permit() (permits: kPermit only).
