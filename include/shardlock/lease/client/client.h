@@ -217,7 +217,11 @@ class LeaseClient {
   // ---- blocking calls (any thread, concurrently) -------------------------
 
   // ACQUIRE `key` for `ttl`, waiting up to `wait` for a holder to let go (0:
-  // answer BUSY at once). Blocks at most wait + request_timeout. A grant that
+  // answer BUSY at once). Blocks about wait + request_timeout at most. A wait
+  // longer than the server takes in one request (its max_wait, or 49 days,
+  // the wire's limit) is not an error: the client queues again with the
+  // wait left after each TIMEOUT until its own wait is spent (so a key
+  // freed between two rounds may go to a waiter queued behind). A grant that
   // arrives after its own client-side expiry (wait >= TTL, or a GRANTED
   // recovered late by retransmission) is released and returned as
   // kGrantExpired: a returned Lease is valid() when acquire() returns.
