@@ -21,6 +21,20 @@ void add_version_flag(CLI::App& app, std::string_view tool) {
                        "Print the version and exit");
 }
 
+void add_output_flags(CLI::App& app, OutputFlags& flags, bool with_short_w,
+                      const std::string& group) {
+  CLI::Option* write_out =
+      app.add_option(with_short_w ? "-w,--write-out" : "--write-out", flags.write_out,
+                     "Output format: text (for people) or json (one object per line, for scripts)")
+          ->check(CLI::IsMember({"text", "json"}))
+          ->capture_default_str();
+  CLI::Option* json = app.add_flag("--json", flags.json_flag, "Same as --write-out json");
+  if (!group.empty()) {
+    write_out->group(group);
+    json->group(group);
+  }
+}
+
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, std::string_view tool) {
   try {
     app.parse(argc, argv);

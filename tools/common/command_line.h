@@ -24,6 +24,21 @@ int usage_error(std::string_view tool, std::string_view message);
 // shardlock_version.h) and exits 0.
 void add_version_flag(CLI::App& app, std::string_view tool);
 
+// How a tool prints its results: for people (the default) or as JSON for
+// scripts. The same switch on every tool and subcommand: --json, or
+// -w/--write-out json (etcdctl's spelling).
+struct OutputFlags {
+  std::string write_out = "text";
+  bool json_flag = false;
+  [[nodiscard]] bool json() const noexcept { return json_flag || write_out == "json"; }
+};
+
+// Adds --json and --write-out (also -w unless `with_short_w` is false: in
+// shardlockctl run, -w is flock's --wait) to `app`, bound to `flags`, in the
+// option group `group` (empty: none).
+void add_output_flags(CLI::App& app, OutputFlags& flags, bool with_short_w = true,
+                      const std::string& group = {});
+
 // Parses the command line into `app`. Returns nullopt when main() should go
 // on; otherwise the status main() returns: 0 after --help or --version
 // (printed on stdout), kExitUsage after a usage error (see usage_error()).
