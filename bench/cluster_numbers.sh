@@ -192,7 +192,7 @@ wait_grantable "$four"
 victim=three-n2
 key=
 for i in $(seq 0 500); do
-  if out=$("$ctl" --server "${node_addr[$victim]}" --timeout 500ms acquire "victim-$i" --ttl 1s 2>/dev/null); then
+  if out=$("$ctl" --server "${node_addr[$victim]}" --timeout 500ms --json acquire "victim-$i" --ttl 1s 2>/dev/null); then
     key=victim-$i
     "$ctl" --server "${node_addr[$victim]}" --timeout 500ms release "$key" \
       --token "$(jq -r .token <<<"$out")" --owner "$(jq -r .owner <<<"$out")" >/dev/null 2>&1 || true

@@ -63,6 +63,8 @@ endmacro()
 if(SHARDLOCK_BUILD_TOOLS OR SHARDLOCK_BUILD_BENCH)
   shardlock_require_pkg(jemalloc jemalloc libjemalloc-dev)
   shardlock_require_config(CLI11 libcli11-dev)
+  # shardlockctl's JSON output: always valid JSON, whatever bytes a key holds.
+  shardlock_require_config(nlohmann_json nlohmann-json3-dev)
 endif()
 
 # shardlockd --metrics (src/metrics/): prometheus-cpp's pull side.

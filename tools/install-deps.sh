@@ -22,6 +22,7 @@ release=(
   build-essential cmake ninja-build pkg-config
   libbenchmark-dev
   liburing-dev libjemalloc-dev libxxhash-dev libcli11-dev libsodium-dev
+  nlohmann-json3-dev  # shardlockctl's JSON output
   prometheus-cpp-dev
   help2man  # the tools' man pages, from their --help (packaging/)
 )

@@ -49,8 +49,8 @@
 #include "common/command_line.h"
 #include "common/json.h"
 #include "shardlock/lease/client/client.h"
-#include "shardlock/lease/wire/duration.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock/lease/wire/duration.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/workload/zipf.h"
 
@@ -836,6 +836,7 @@ int run(int argc, char** argv) {
   CLI::App app{
       "shardlock-bench: hot-key lock workload. With no flags it starts an embedded LeaseServer on "
       "127.0.0.1:0 and runs Zipf 0.99 acquire+release pairs over 100k keys for 10 s."};
+  tools::add_version_flag(app, kTool);
   app.footer(
       "Exit codes: 0 ok; 1 the run failed (embedded server, client set-up, drain); 2 usage; "
       "3 the --server does not answer; 4 errors dominated: no acquire was granted, or more than "
@@ -848,8 +849,8 @@ int run(int argc, char** argv) {
   app.add_flag("--discover", config.discover,
                "Lease mode, with --server: the servers are seeds of a cluster (docs/cluster.md); "
                "the clients ask them for the cluster's map and send each key to its owner node");
-  app.add_flag("--json", config.json,
-               "Print one JSON object instead of the table (no progress line)");
+  tools::OutputFlags output;
+  tools::add_output_flags(app, output);  // json: one object instead of the table, no progress line
   app.add_option("--duration", duration_text, "How long to run, e.g. 10s, 500ms, 1m")
       ->capture_default_str();
   app.add_option(
@@ -920,6 +921,7 @@ int run(int argc, char** argv) {
                "Seal every datagram with a fresh random key (embedded server): measures the "
                "cost of authentication");
   if (const auto status = tools::parse_command_line(app, argc, argv, kTool)) return *status;
+  config.json = output.json();
   // --duration never goes on the wire: no bound but the clock's.
   const auto duration = tools::parse_duration_flag(
       "--duration", duration_text, tools::ZeroDuration::kRejected, milliseconds::max());

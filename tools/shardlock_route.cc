@@ -150,7 +150,7 @@ int run(int argc, char** argv) {
       "Shows which node owns a key under shardlock's consistent-hash Router.\n"
       "Membership files hold one \"node [weight]\" per line (weight 1..1024, default 1);\n"
       "blank lines and text after '#' are ignored."};
-  app.set_version_flag("--version", "shardlock-route 0.1.0");
+  shardlock::tools::add_version_flag(app, kTool);
   app.footer(
       "Exit codes: 0 success; 1 an unexpected failure, or stdout could not be written; 2 bad "
       "input (unreadable or malformed membership file, unreadable stdin, bad flags).");

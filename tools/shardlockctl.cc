@@ -1,67 +1,89 @@
 // shardlockctl: the command-line client of the lease service.
 //
-//   shardlockctl --server HOST:PORT[,HOST:PORT...] [--discover] SUBCOMMAND
-//     acquire KEY... --ttl DUR [--wait DUR] [--shared | --permits P] [--owner HEX]
+//   shardlockctl [GLOBAL FLAGS] SUBCOMMAND [FLAGS] [GLOBAL FLAGS]
+//     global: --server HOST:PORT[,HOST:PORT...] --timeout DUR --auth-key FILE
+//             --discover, and the output switch -w json | --json
+//     run     KEY... [-w DUR | -n] [-s | --permits P] [-E N] [--ttl DUR]
+//             [--on-lost term|kill|ignore] -- COMMAND ARGS...
+//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--owner HEX]
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
 //     query   KEY
 //     stats
-//     run     KEY... --ttl DUR [--wait DUR] [--shared | --permits P]
-//             [--on-lost term|kill|ignore] -- COMMAND ARGS...
+//     keygen
+//     members --cluster etcd://HOST:PORT[,...] [--cluster-name NAME]
+//     drain   ID --cluster ... [--cancel] [--force] [--wait DUR]
 //
-//   shardlockctl [--timeout DUR] SUBCOMMAND --cluster etcd://HOST:PORT[,...]
-//                [--cluster-name NAME]
-//     members [--json]
-//     drain   ID [--cancel] [--force] [--wait DUR]
+// The global flags go before or after the subcommand, and every
+// subcommand's --help lists them. Durations: 500ms, 1.5s, 30 (seconds), 2m.
+//
+// run works like flock(1): it waits for the lease (as flock, etcdctl lock
+// and consul lock do) unless -n, or up to -w DUR; a wait longer than the
+// server's --max-wait is queued again until it is spent. A key it cannot
+// take prints nothing on stdout (the command's stream): the reason goes to
+// stderr and the exit status is -E's (69 by default, EX_UNAVAILABLE, so it
+// is not the command's own 1).
 //
 // Several keys (up to 16, all owned by one node) are taken all or nothing
-// with one ACQUIRE_MANY, exclusive or --shared; --permits takes one key.
+// with one ACQUIRE_MANY, exclusive or shared; --permits takes one key.
 // --discover talks to a cluster (docs/cluster.md): the --server addresses
 // are seeds that give the cluster's map, and each key goes to its owner.
 //
-// Every lease subcommand prints one JSON object on stdout (run prints nothing
-// of its own on success). The cluster subcommands (members, drain) read and
-// write the cluster's keys in etcd (docs/cluster.md) and print for people:
-// members one line per member, or one JSON object with --json. Exit codes,
-// as with flock -n:
+// Output is for people by default, one line per result; -w json (--json,
+// --write-out json) prints one JSON object per result instead, made with
+// nlohmann-json, for scripts. A key that is not UTF-8 is shown with each
+// byte outside valid UTF-8 (and each backslash) as \xNN; JSON adds its exact
+// bytes as "key_hex". Errors go to stderr as "shardlockctl: KEY: reason";
+// with JSON they are one object on stdout ({"key":..,"error":..}), except
+// run's, which go to stderr. Exit codes, as with flock -n:
 //   0  granted / renewed / released / answered
-//   1  busy or timed out (acquire, run); not owner or expired (renew, release);
+//   1  busy or timed out (acquire); not owner or expired (renew, release);
 //      drain: an id that is not a member (without --force), or --wait ran out
 //   2  usage error (also: several keys owned by different nodes; a bad
 //      --cluster URL or --cluster-name)
-//   3  server unreachable (members, drain: etcd unreachable)
+//   3  server unreachable: no answer in --timeout, or a host name that does
+//      not resolve (the message says which, and whether anything listens
+//      there); members, drain: etcd unreachable
 //   4  server recovering (lock-delay after a restart)
-//   5  the server answered ERROR, incomplete stats, or a local failure
-//      (stdout could not be written: keygen > /full/disk)
+//   5  the server answered ERROR (a TTL above its limit names the limit),
+//      incomplete stats, or a local failure (stdout could not be written)
+//   6  replies failed authentication (the server's --auth-key is not ours)
 //   run: the command's own exit status (128+N if killed by signal N;
 //        126 not executable, 127 not found), except 5 when it cannot be
-//        learned, and
+//        learned, -E's status (69) when the lease was not acquired (busy,
+//        or -w ran out), and
 //   75 the lease was lost while the command ran (EX_TEMPFAIL)
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>  // POSIX sigtimedwait, sigset_t: not in <csignal>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <iostream>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/command_line.h"
 #include "common/json.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/duration.h"
 #if defined(SHARDLOCK_HAVE_CLUSTER)
-#include <algorithm>
 #include <map>
-#include <optional>
-#include <thread>
 
 #include "membership.h"  // src/cluster/etcd: the etcd client and the cluster's keys
 #include "shardlock/cluster/cluster_map.h"
@@ -72,10 +94,14 @@ extern char** environ;
 namespace {
 
 using namespace shardlock::lease;
-using shardlock::tools::json_string;
+using shardlock::tools::escaped_key;
+using shardlock::tools::hex_bytes;
 using shardlock::tools::kExitUsage;
+using shardlock::tools::valid_utf8;
 using shardlock::tools::ZeroDuration;
 using std::chrono::milliseconds;
+// Fields in the order they are set: the output reads as it did.
+using Json = nlohmann::ordered_json;
 
 constexpr const char* kTool = "shardlockctl";
 constexpr int kExitOk = 0;
@@ -83,7 +109,30 @@ constexpr int kExitRefused = 1;
 constexpr int kExitUnreachable = 3;
 constexpr int kExitRecovering = 4;
 constexpr int kExitError = 5;
+constexpr int kExitAuthFailed = 6;
 constexpr int kExitLeaseLost = 75;
+// run's status when the lease was not acquired (busy, or -w ran out) unless
+// -E says otherwise: EX_UNAVAILABLE, apart from the command's own 1.
+constexpr int kExitConflictDefault = 69;
+// run's wait without -w or -n: until the lease is granted.
+constexpr milliseconds kForever = milliseconds::max();
+// How long an unanswered node is probed for a refusal (error messages).
+constexpr milliseconds kProbeWait{300};
+
+// The flags every subcommand takes, before or after its name.
+struct Globals {
+  std::string servers;  // --server, else $SHARDLOCK_SERVER
+  std::string timeout = "2s";
+  bool discover = false;
+  std::string auth_key_file;  // --auth-key, else $SHARDLOCK_AUTH_KEY_FILE
+  shardlock::tools::OutputFlags output;
+};
+
+// How results and errors are printed.
+struct Output {
+  bool json = false;
+  bool errors_to_stderr = false;  // run: stdout is the command's
+};
 
 int exit_code_for(const std::error_code& ec) {
   if (!ec) return kExitOk;
@@ -108,26 +157,47 @@ std::string error_name(const std::error_code& ec) {
   return name;
 }
 
-// Prints {"key":..,"error":..[,extra]} and returns the exit code for `ec`.
-int print_error(std::string_view key, const std::error_code& ec, const std::string& extra = {}) {
-  std::printf("{\"key\":%s,\"error\":%s%s}\n", json_string(key).c_str(),
-              json_string(error_name(ec)).c_str(), extra.c_str());
-  return exit_code_for(ec);
-}
-
-std::string wire_error_field(const std::error_code& ec, WireError wire) {
-  if (ec != LeaseErrc::kServerError) return {};
-  return ",\"wire_error\":" + json_string(to_string(wire));
-}
-
-// `keys` as a JSON array of strings.
-std::string json_keys(const std::vector<std::string>& keys) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    if (i > 0) out += ',';
-    out += json_string(keys[i]);
+// `key` under `name` in `j`; a key that is not UTF-8 escaped (\xNN), with
+// its exact bytes as hex under name + "_hex".
+void put_key(Json& j, const std::string& name, std::string_view key) {
+  if (valid_utf8(key)) {
+    j[name] = key;
+  } else {
+    j[name] = escaped_key(key, /*controls=*/false);
+    j[name + "_hex"] = hex_bytes(key);
   }
-  return out + "]";
+}
+
+Json key_list(const std::vector<std::string>& keys) {
+  Json list = Json::array();
+  for (const std::string& key : keys) {
+    list.push_back(valid_utf8(key) ? key : escaped_key(key, /*controls=*/false));
+  }
+  return list;
+}
+
+// `keys` as JSON: "key" for one, "keys" (and "keys_hex" when one of them is
+// not UTF-8) for several.
+void put_keys(Json& j, const std::vector<std::string>& keys) {
+  if (keys.size() == 1) {
+    put_key(j, "key", keys[0]);
+    return;
+  }
+  j["keys"] = key_list(keys);
+  if (!std::all_of(keys.begin(), keys.end(), [](const std::string& k) { return valid_utf8(k); })) {
+    Json hex = Json::array();
+    for (const std::string& key : keys) hex.push_back(hex_bytes(key));
+    j["keys_hex"] = hex;
+  }
+}
+
+// A key for a terminal: control characters and bytes outside UTF-8 as \xNN.
+std::string shown(std::string_view key) { return escaped_key(key, /*controls=*/true); }
+
+std::string shown_keys(const std::vector<std::string>& keys) {
+  std::string out;
+  for (const std::string& key : keys) out += (out.empty() ? "" : " ") + shown(key);
+  return out;
 }
 
 // `items` joined by `separator`.
@@ -138,6 +208,205 @@ std::string joined(const std::vector<std::string>& items, char separator) {
     out += items[i];
   }
   return out;
+}
+
+// 12.5s, 30s, 0.25s: a duration for people.
+std::string seconds_text(std::uint64_t ms) {
+  std::string text = std::to_string(ms / 1000);
+  if (const std::uint64_t part = ms % 1000; part != 0) {
+    char digits[8];
+    std::snprintf(digits, sizeof digits, ".%03u", static_cast<unsigned>(part));
+    std::string fraction = digits;
+    while (fraction.back() == '0') fraction.pop_back();
+    text += fraction;
+  }
+  return text + "s";
+}
+
+void print_json(const Json& j, std::FILE* to = stdout) {
+  // Keys are escaped above, so nothing invalid reaches dump(); `replace`
+  // keeps even a missed one from throwing.
+  std::fprintf(to, "%s\n", j.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
+}
+
+// Why a call failed, with what the answer or the diagnosis said.
+struct Failure {
+  std::error_code error;
+  WireError wire_error = WireError::kInternal;
+  std::string busy_key;  // several keys: the one that is held
+  std::uint32_t ttl_left_ms = 0;
+  std::uint32_t retry_after_ms = 0;
+  std::optional<std::uint32_t> max_ttl_ms;  // kTtlOutOfRange: the server's limit, when learned
+  std::string detail;                       // unreachable: what the diagnosis found
+  bool auth_failed = false;
+};
+
+// What the failure is called in JSON, and its exit status.
+std::string failure_name(const Failure& f) {
+  return f.auth_failed ? "auth_failed" : error_name(f.error);
+}
+int failure_status(const Failure& f) {
+  return f.auth_failed ? kExitAuthFailed : exit_code_for(f.error);
+}
+
+// The failure for people, after "shardlockctl: KEY: ".
+std::string failure_text(const Failure& f, milliseconds ttl, milliseconds wait) {
+  const auto& e = f.error;
+  if (f.auth_failed || e == LeaseErrc::kUnreachable) return f.detail;
+  if (e == LeaseErrc::kBusy) {
+    return (f.busy_key.empty() ? std::string("busy") : "busy: " + shown(f.busy_key) + " is held") +
+           " (another owner holds it, " + seconds_text(f.ttl_left_ms) + " left on its lease)";
+  }
+  if (e == LeaseErrc::kTimeout) {
+    return "not acquired: still held when the wait (" + seconds_text(wait.count()) + ") ran out";
+  }
+  if (e == LeaseErrc::kRecovering) {
+    return "the server is recovering (its lock-delay after a start): it grants in " +
+           seconds_text(f.retry_after_ms);
+  }
+  if (e == LeaseErrc::kNotOwner) return "not owner: the lease is held by another owner or token";
+  if (e == LeaseErrc::kExpired) return "expired: the server no longer holds this lease";
+  if (e == LeaseErrc::kGrantExpired) {
+    return "granted, but the grant's ttl had run out by the time it arrived (wait >= ttl?)";
+  }
+  if (e == LeaseErrc::kCrossNode) {
+    return "the keys are owned by different nodes; one acquire takes keys of one node";
+  }
+  if (e == LeaseErrc::kServerError) {
+    if (f.wire_error == WireError::kTtlOutOfRange) {
+      return "--ttl " + to_string(ttl) + " is above the server's maximum TTL" +
+             (f.max_ttl_ms ? ", " + to_string(milliseconds(*f.max_ttl_ms)) : std::string()) +
+             " (shardlockd --max-ttl)";
+    }
+    return "the server refused the request: " + std::string(to_string(f.wire_error));
+  }
+  return e.message();
+}
+
+// Prints `f` for `keys` (for people on stderr; with JSON also one object on
+// stdout, or for run only that object, on stderr) and returns its exit
+// status.
+int report(const Output& out, const std::vector<std::string>& keys, const Failure& f,
+           milliseconds ttl = {}, milliseconds wait = {}) {
+  // For people: on stderr always (with JSON too, unless the JSON goes there).
+  if (!out.json || !out.errors_to_stderr) {
+    std::fprintf(stderr, "shardlockctl: %s%s%s\n", shown_keys(keys).c_str(),
+                 keys.empty() ? "" : ": ", failure_text(f, ttl, wait).c_str());
+  }
+  if (!out.json) return failure_status(f);
+  Json j;
+  if (!keys.empty()) put_keys(j, keys);
+  j["error"] = failure_name(f);
+  if (f.error == LeaseErrc::kServerError) j["wire_error"] = std::string(to_string(f.wire_error));
+  if (f.error == LeaseErrc::kBusy) {
+    if (!f.busy_key.empty()) put_key(j, "busy_key", f.busy_key);
+    j["ttl_left_ms"] = f.ttl_left_ms;
+  }
+  if (f.error == LeaseErrc::kRecovering) j["retry_after_ms"] = f.retry_after_ms;
+  if (f.max_ttl_ms) j["max_ttl_ms"] = *f.max_ttl_ms;
+  if (f.error != LeaseErrc::kBusy) j["message"] = failure_text(f, ttl, wait);
+  print_json(j, out.errors_to_stderr ? stderr : stdout);
+  return failure_status(f);
+}
+
+bool is_loopback(const Endpoint& e) {
+  if (e.address.ss_family == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&e.address);
+    return (ntohl(a->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (e.address.ss_family == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&e.address);
+    return IN6_IS_ADDR_LOOPBACK(&a->sin6_addr);
+  }
+  return false;
+}
+
+// What to say about a call that got no answer from `node`: replies that
+// failed authentication, nothing listening there, or silence (and then
+// what silence usually means).
+void diagnose_silence(LeaseClient& client, const std::string& node, milliseconds timeout,
+                      bool have_key, Failure& f) {
+  const TransportCounters seen = client.transport_counters();
+  if (seen.auth_mismatches > 0) {
+    f.auth_failed = true;
+    f.detail = std::to_string(seen.auth_mismatches) + " repl" +
+               (seen.auth_mismatches == 1 ? "y" : "ies") + " from " + node +
+               " failed authentication: " +
+               (have_key ? "the server sends them unsealed (it has no --auth-key)"
+                         : "the server seals them (it has an --auth-key; give this client the "
+                           "same with --auth-key FILE)");
+    return;
+  }
+  Endpoint endpoint;
+  const PortProbe probe =
+      parse_endpoint(node, endpoint) ? PortProbe::kUnknown : probe_port(endpoint, kProbeWait);
+  const std::string waited = "no answer from " + node + " within " + seconds_text(timeout.count());
+  switch (probe) {
+    case PortProbe::kRefused:
+      f.detail = waited +
+                 ": nothing listens there (the host refused the port); is shardlockd "
+                 "running, on that address?";
+      return;
+    case PortProbe::kSilent:
+      // On this host nothing is in between: something holds the port.
+      f.detail = waited +
+                 (is_loopback(endpoint) ? ", yet something holds the port: "
+                                        : ", and no refusal either: the host is down or a "
+                                          "firewall drops UDP, or ") +
+                 "a shardlockd there drops every request not sealed with its key, without "
+                 "an answer: " +
+                 (have_key ? "check that --auth-key names the server's key"
+                           : "this client sends none (--auth-key FILE, or "
+                             "SHARDLOCK_AUTH_KEY_FILE)");
+      return;
+    case PortProbe::kAnswered:
+    case PortProbe::kUnknown:
+      break;
+  }
+  f.detail = waited;
+}
+
+// The server's maximum TTL, learned by bisection with RENEWs of `key` under
+// token 0 (which no lease has): a TTL above the limit is refused before the
+// token is looked at, one within it is answered not-owner or expired. After
+// an ACQUIRE was refused kTtlOutOfRange for `refused`; nullopt when the
+// server stops answering like that.
+std::optional<std::uint32_t> learn_max_ttl(LeaseClient& client, std::string_view key,
+                                           milliseconds refused) {
+  std::uint64_t low = 0;  // the highest TTL known to be accepted (0: none yet)
+  auto high = static_cast<std::uint64_t>(refused.count());  // refused
+  while (high - low > 1) {
+    const std::uint64_t mid = low + (high - low) / 2;
+    const CallResult r = client.renew(key, 0, milliseconds(mid));
+    if (r.error == LeaseErrc::kServerError && r.wire_error == WireError::kTtlOutOfRange) {
+      high = mid;
+    } else if (r.error == LeaseErrc::kNotOwner || r.error == LeaseErrc::kExpired) {
+      low = mid;
+    } else {
+      return std::nullopt;
+    }
+  }
+  if (low == 0) return std::nullopt;
+  return static_cast<std::uint32_t>(low);
+}
+
+// The failure of a call for `keys` that ended with `error`, diagnosed: an
+// unanswered call's node probed, a TTL's limit learned.
+Failure diagnosed(LeaseClient& client, const Globals& g, milliseconds timeout,
+                  const std::vector<std::string>& keys, std::error_code error, WireError wire,
+                  milliseconds ttl) {
+  Failure f;
+  f.error = error;
+  f.wire_error = wire;
+  if (error == LeaseErrc::kUnreachable) {
+    const std::string node = keys.empty() ? std::string() : client.address_for(keys.front());
+    diagnose_silence(client, node.empty() ? g.servers : node, timeout, !g.auth_key_file.empty(), f);
+  }
+  if (error == LeaseErrc::kServerError && wire == WireError::kTtlOutOfRange && !keys.empty() &&
+      ttl.count() > 0) {
+    f.max_ttl_ms = learn_max_ttl(client, keys.front(), ttl);
+  }
+  return f;
 }
 
 // How acquire and run take their keys.
@@ -170,7 +439,6 @@ Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys,
                       : kind.shared ? client.acquire_shared(keys[0], ttl, wait, std::move(options))
                                     : client.acquire(keys[0], ttl, wait, std::move(options));
     out.error = r.error;
-    if (r.error == LeaseErrc::kBusy) out.busy_key = keys[0];
     out.ttl_left_ms = r.holder_ttl_left_ms;
     out.retry_after_ms = r.retry_after_ms;
     out.wire_error = r.wire_error;
@@ -188,25 +456,14 @@ Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys,
   return out;
 }
 
-// Prints why `keys` were not acquired ({"key":..} for one key, {"keys":[..]}
-// for several) and returns the exit code.
-int print_acquire_error(const std::vector<std::string>& keys, const Acquired& a) {
-  std::string extra = wire_error_field(a.error, a.wire_error);
-  if (a.error == LeaseErrc::kBusy) {
-    if (keys.size() > 1) extra += ",\"busy_key\":" + json_string(a.busy_key);
-    extra += ",\"ttl_left_ms\":" + std::to_string(a.ttl_left_ms);
-  }
-  if (a.error == LeaseErrc::kRecovering)
-    extra += ",\"retry_after_ms\":" + std::to_string(a.retry_after_ms);
-  if (a.error == LeaseErrc::kCrossNode) {
-    std::fprintf(stderr,
-                 "shardlockctl: the keys are owned by different nodes; one acquire takes keys of "
-                 "one node\n");
-  }
-  if (keys.size() == 1) return print_error(keys[0], a.error, extra);
-  std::printf("{\"keys\":%s,\"error\":%s%s}\n", json_keys(keys).c_str(),
-              json_string(error_name(a.error)).c_str(), extra.c_str());
-  return exit_code_for(a.error);
+// Why `keys` were not acquired, diagnosed.
+Failure acquire_failure(LeaseClient& client, const Globals& g, milliseconds timeout,
+                        const std::vector<std::string>& keys, const Acquired& a, milliseconds ttl) {
+  Failure f = diagnosed(client, g, timeout, keys, a.error, a.wire_error, ttl);
+  f.busy_key = a.busy_key;
+  f.ttl_left_ms = a.ttl_left_ms;
+  f.retry_after_ms = a.retry_after_ms;
+  return f;
 }
 
 struct DurationArg {
@@ -233,10 +490,23 @@ const char* signal_for(const std::string& on_lost) {
   return on_lost == "kill" ? "SIGKILL" : on_lost == "term" ? "SIGTERM" : "none";
 }
 
-int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindArg kind,
-                milliseconds ttl, milliseconds wait, const std::string& on_lost,
-                const std::vector<std::string>& command, const std::string& servers,
-                const std::string& auth_key_file) {
+// What run was asked to do.
+struct RunArgs {
+  std::vector<std::string> keys;
+  KindArg kind;
+  milliseconds ttl;
+  milliseconds wait;  // kForever: until granted
+  int conflict_status = kExitConflictDefault;
+  std::string on_lost = "term";
+  std::vector<std::string> command;
+};
+
+int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, const Output& out,
+                const RunArgs& args) {
+  const std::vector<std::string>& keys = args.keys;
+  const std::string& on_lost = args.on_lost;
+  const std::vector<std::string>& command = args.command;
+  const std::string& auth_key_file = g.auth_key_file;
   // Signals ctl handles itself: they are blocked in every thread (the client
   // threads inherit the mask, so they must be blocked before the client
   // starts; main() does that) and taken synchronously with sigtimedwait.
@@ -260,8 +530,35 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
     // Relaxed is enough: the key rides under loss.mutex, not on the flag.
     lost.store(true, std::memory_order_relaxed);
   };
-  Acquired acquired = acquire_keys(client, keys, kind, ttl, wait, std::move(options));
-  if (acquired.error) return print_acquire_error(keys, acquired);
+  // The wait may be long (by default, until granted): it runs on its own
+  // thread so that a signal can end it here. The queued ACQUIRE cannot be
+  // taken back: should the server grant it after we left, the lease stands
+  // until its TTL runs out, as a crashed holder's would.
+  Acquired acquired;
+  std::atomic<bool> acquire_done{false};
+  std::thread acquirer([&] {
+    acquired = acquire_keys(client, keys, args.kind, args.ttl, args.wait, std::move(options));
+    // Release pairs with the acquire load below: `acquired` is written first.
+    acquire_done.store(true, std::memory_order_release);
+  });
+  while (!acquire_done.load(std::memory_order_acquire)) {
+    const timespec tick{0, 20'000'000};
+    siginfo_t info{};
+    const int sig = ::sigtimedwait(&handled, &info, &tick);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+      std::fprintf(stderr, "shardlockctl: %s while waiting for %s; not acquired\n", strsignal(sig),
+                   shown_keys(keys).c_str());
+      std::fflush(stderr);
+      std::_Exit(128 + sig);  // the acquirer is blocked in the client: no unwinding
+    }
+  }
+  acquirer.join();
+  if (acquired.error) {
+    const Failure f = acquire_failure(client, g, timeout, keys, acquired, args.ttl);
+    const int status = report(out, keys, f, args.ttl, args.wait);
+    const bool conflict = f.error == LeaseErrc::kBusy || f.error == LeaseErrc::kTimeout;
+    return conflict ? args.conflict_status : status;
+  }
   std::vector<Lease>& leases = acquired.leases;
   std::vector<std::string> tokens;
   tokens.reserve(leases.size());
@@ -272,9 +569,9 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
   std::vector<std::string> extra = {
       "SHARDLOCK_KEY=" + joined(keys, ','),
       "SHARDLOCK_TOKEN=" + joined(tokens, ','),
-      "SHARDLOCK_MODE=" + std::string(to_string(kind.mode())),
+      "SHARDLOCK_MODE=" + std::string(to_string(args.kind.mode())),
       "SHARDLOCK_OWNER=" + to_hex(leases.front().owner()),
-      "SHARDLOCK_SERVER=" + servers,
+      "SHARDLOCK_SERVER=" + g.servers,
   };
   // So the command's own shardlockctl calls reach an --auth-key server too.
   if (!auth_key_file.empty()) extra.push_back("SHARDLOCK_AUTH_KEY_FILE=" + auth_key_file);
@@ -335,7 +632,8 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
         std::lock_guard lock(loss.mutex);
         lost_key = loss.key;
       }
-      std::fprintf(stderr, "shardlockctl: lease on '%s' lost; %s the command\n", lost_key.c_str(),
+      std::fprintf(stderr, "shardlockctl: lease on '%s' lost; %s the command\n",
+                   shown(lost_key).c_str(),
                    on_lost == "ignore" ? "not signalling" : signal_for(on_lost));
       if (on_lost == "term") ::kill(child, SIGTERM);
       if (on_lost == "kill") ::kill(child, SIGKILL);
@@ -357,7 +655,7 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
   for (Lease& lease : leases) {
     const std::error_code released = lease.release();
     if (released) {
-      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", lease.key().c_str(),
+      std::fprintf(stderr, "shardlockctl: release of '%s' failed: %s\n", shown(lease.key()).c_str(),
                    released.message().c_str());
     }
   }
@@ -374,7 +672,7 @@ int run_command(LeaseClient& client, const std::vector<std::string>& keys, KindA
 struct ClusterArgs {
   std::string url;  // --cluster etcd://HOST:PORT[,HOST:PORT...]
   std::string name = "default";
-  bool json = false;    // members
+  bool json = false;    // the output switch (-w json)
   std::string node_id;  // drain
   bool cancel = false;  // drain
   bool force = false;   // drain
@@ -449,22 +747,25 @@ ClusterTable table_of(const cluster::ClusterView& view) {
 
 void print_table(const ClusterTable& table, const std::string& name, bool json) {
   if (json) {
-    std::string out = "{\"cluster\":" + json_string(name) +
-                      ",\"epoch\":" + std::to_string(table.epoch) +
-                      ",\"members\":" + std::to_string(table.live_members) +
-                      ",\"map_members\":" + std::to_string(table.map_members) +
-                      ",\"bucket_count\":" + std::to_string(table.bucket_count) + ",\"nodes\":[";
-    for (std::size_t i = 0; i < table.rows.size(); ++i) {
-      const MemberRow& r = table.rows[i];
-      if (i > 0) out += ',';
-      out += "{\"id\":" + json_string(r.id) + ",\"address\":" + json_string(r.address) +
-             ",\"weight\":" + std::to_string(r.weight) + ",\"state\":" + json_string(r.state) +
-             ",\"buckets\":" + std::to_string(r.buckets) +
-             ",\"handoff\":" + (r.handoff ? std::to_string(*r.handoff) : std::string("null")) +
-             ",\"drain\":" + (r.drain_requested ? "true" : "false") + "}";
+    Json out;
+    out["cluster"] = name;
+    out["epoch"] = table.epoch;
+    out["members"] = table.live_members;
+    out["map_members"] = table.map_members;
+    out["bucket_count"] = table.bucket_count;
+    out["nodes"] = Json::array();
+    for (const MemberRow& r : table.rows) {
+      Json node;
+      node["id"] = r.id;
+      node["address"] = r.address;
+      node["weight"] = r.weight;
+      node["state"] = r.state;
+      node["buckets"] = r.buckets;
+      node["handoff"] = r.handoff ? Json(*r.handoff) : Json(nullptr);
+      node["drain"] = r.drain_requested;
+      out["nodes"].push_back(std::move(node));
     }
-    out += "]}";
-    std::printf("%s\n", out.c_str());
+    print_json(out);
     return;
   }
   std::printf("cluster=%s epoch=%" PRIu64 " members=%zu map_members=%zu buckets=%zu\n",
@@ -475,6 +776,18 @@ void print_table(const ClusterTable& table, const std::string& name, bool json) 
                 r.address.c_str(), r.weight, r.state.c_str(), r.buckets, handoff.c_str(),
                 r.drain_requested ? "yes" : "no");
   }
+}
+
+// One line of drain's progress: `text` for people, or {"id":..} + `fields`.
+void say(const ClusterArgs& args, const Json& fields, const std::string& text) {
+  if (!args.json) {
+    std::printf("%s %s\n", args.node_id.c_str(), text.c_str());
+    return;
+  }
+  Json out;
+  out["id"] = args.node_id;
+  out.update(fields);
+  print_json(out);
 }
 
 int exit_code_for_etcd(const std::error_code& ec) {
@@ -577,7 +890,8 @@ int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
                             "drain/" + args.node_id,
                         written.error, written.detail);
   }
-  std::printf("%s %s\n", args.node_id.c_str(), args.cancel ? "drain cancelled" : "drain requested");
+  say(args, {{"drain", args.cancel ? "cancelled" : "requested"}},
+      args.cancel ? "drain cancelled" : "drain requested");
   if (args.wait.text.empty()) return kExitOk;
 
   // Cancel: until the map gives the node buckets again. Drain: until the map
@@ -596,23 +910,23 @@ int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
       const std::uint64_t epoch = view.map ? view.map->epoch : 0;
       if (args.cancel) {
         if (buckets > 0) {
-          std::printf("%s owns %zu buckets in epoch %" PRIu64 "\n", args.node_id.c_str(), buckets,
-                      epoch);
+          say(args, {{"buckets", buckets}, {"epoch", epoch}},
+              "owns " + std::to_string(buckets) + " buckets in epoch " + std::to_string(epoch));
           return kExitOk;
         }
         waiting_for = "owns 0 buckets";
       } else if (buckets > 0) {
         waiting_for = "still owns " + std::to_string(buckets) + " buckets";
       } else if (!is_member(view, args.node_id)) {
-        std::printf("%s owns 0 buckets in epoch %" PRIu64
-                    "; it is gone (no member key), so it handed nothing off: its buckets' new "
-                    "owners grant once the lock-delay since it left has passed\n",
-                    args.node_id.c_str(), epoch);
+        say(args, {{"buckets", 0}, {"epoch", epoch}, {"gone", true}},
+            "owns 0 buckets in epoch " + std::to_string(epoch) +
+                "; it is gone (no member key), so it handed nothing off: its buckets' new "
+                "owners grant once the lock-delay since it left has passed");
         return kExitOk;
       } else if (const std::uint64_t acked = handoff_epoch(view, args.node_id); acked >= epoch) {
-        std::printf("%s owns 0 buckets in epoch %" PRIu64
-                    " and has handed them off (handoff %" PRIu64 ")\n",
-                    args.node_id.c_str(), epoch, acked);
+        say(args, {{"buckets", 0}, {"epoch", epoch}, {"handoff", acked}},
+            "owns 0 buckets in epoch " + std::to_string(epoch) +
+                " and has handed them off (handoff " + std::to_string(acked) + ")");
         return kExitOk;
       } else {
         waiting_for = "owns 0 buckets in epoch " + std::to_string(epoch) +
@@ -640,48 +954,102 @@ int run_cluster(ClusterArgs&, bool, milliseconds) {
 
 #endif
 
+// ------------------------------------------------------------------ main
+
+constexpr const char* kGlobalGroup = "Global flags (before or after the subcommand)";
+
+// Gives `app` (the top level or a subcommand) the global flags, bound to
+// `g`: the last one given wins, wherever it stands. -w is the output
+// switch, except where the subcommand takes -w itself (`short_w` false).
+void add_global_flags(CLI::App& app, Globals& g, bool short_w) {
+  app.add_option("--server", g.servers,
+                 "HOST:PORT of the server(s), comma separated (env SHARDLOCK_SERVER; required "
+                 "except for keygen, members and drain)")
+      ->group(kGlobalGroup);
+  app.add_option("--timeout", g.timeout,
+                 "How long a request retransmits before 'unreachable' (members, drain: each etcd "
+                 "call's deadline)")
+      ->capture_default_str()
+      ->group(kGlobalGroup);
+  app.add_flag("--discover", g.discover,
+               "The servers are seeds of a cluster (docs/cluster.md): ask them for the cluster's "
+               "map and send each key to the node that owns it, following redirects. stats "
+               "still asks the --server nodes")
+      ->group(kGlobalGroup);
+  app.add_option("--auth-key", g.auth_key_file,
+                 "File with the key shared with the servers (see keygen; env "
+                 "SHARDLOCK_AUTH_KEY_FILE); seals every request and accepts only sealed replies")
+      ->group(kGlobalGroup);
+  shardlock::tools::add_output_flags(app, g.output, short_w, kGlobalGroup);
+}
+
+// The value of a flag given on the command line, else of `env`.
+void default_from_env(std::string& value, const char* env) {
+  if (!value.empty()) return;
+  if (const char* text = std::getenv(env); text != nullptr) value = text;
+}
+
+// Parses the command line. Like parse_command_line(), and: an unknown
+// subcommand is named, and no arguments at all print the usage.
+std::optional<int> parse(CLI::App& app, std::vector<char*>& args) {
+  if (args.size() == 1) {
+    std::cout << app.help();
+    return kExitUsage;
+  }
+  try {
+    app.parse(static_cast<int>(args.size()), args.data());
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
+    const std::vector<std::string> extra = app.remaining();
+    if (app.get_subcommands().empty() && !extra.empty() && !extra.front().empty() &&
+        extra.front().front() != '-') {
+      std::string names;
+      for (const CLI::App* sub : app.get_subcommands({})) {
+        names += (names.empty() ? "" : ", ") + sub->get_name();
+      }
+      return shardlock::tools::usage_error(
+          kTool, "unknown command '" + extra.front() + "' (commands: " + names + ")");
+    }
+    return shardlock::tools::usage_error(kTool, e.what());
+  }
+  return std::nullopt;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{
       "shardlockctl: take, renew, release and inspect shardlock leases; run a command under a "
-      "lease"};
+      "lease, like flock(1).\nDurations: 500ms, 1.5s, 30 (seconds), 2m, 1m30s.",
+      kTool};
   app.require_subcommand(1);
-  std::string servers;
-  DurationArg timeout{"2s"};
-  app.add_option("--server", servers,
-                 "HOST:PORT of the server(s), comma separated (required except for keygen, "
-                 "members and drain)")
-      ->envname("SHARDLOCK_SERVER");
-  app.add_option("--timeout", timeout.text,
-                 "How long a request retransmits before 'unreachable' (members, drain: each etcd "
-                 "call's deadline)")
-      ->capture_default_str();
-  bool discover = false;
-  app.add_flag("--discover", discover,
-               "The servers are seeds of a cluster (docs/cluster.md): ask them for the cluster's "
-               "map and send each key to the node that owns it, following redirects. stats "
-               "still asks the --server nodes");
-  std::string auth_key_file;
-  app.add_option("--auth-key", auth_key_file,
-                 "File with the key shared with the servers (see keygen); seals every request "
-                 "and accepts only sealed replies")
-      ->envname("SHARDLOCK_AUTH_KEY_FILE");
+  shardlock::tools::add_version_flag(app, kTool);
+  Globals g;
+  add_global_flags(app, g, /*short_w=*/true);
   app.footer(
-      "Exit codes: 0 ok; 1 busy/timeout/not owner/expired (drain: not a member, or --wait ran "
-      "out); 2 usage (or keys of different nodes); 3 unreachable (server, or etcd); 4 recovering; "
-      "5 server error, incomplete stats or a local failure "
-      "(e.g. stdout could not be written). run: the command's status (5 if it cannot be "
-      "learned), or 75 when a lease was lost.");
+      "Output: for people by default; -w json (or --json) prints JSON for scripts, on every "
+      "subcommand.\nExit codes: 0 ok; 1 busy/timeout/not owner/expired (drain: not a member, or "
+      "--wait ran out); 2 usage (or keys of different nodes); 3 unreachable (no answer, or a name "
+      "that does not resolve; members, drain: etcd); 4 recovering; 5 server error, incomplete "
+      "stats or a local failure (e.g. stdout could not be written); 6 replies failed "
+      "authentication. run: the command's status (5 if it cannot be learned), -E's (69) when "
+      "the lease was not acquired, or 75 when a lease was lost.");
 
   std::string key;
   std::vector<std::string> keys;  // acquire and run
   KindArg kind;
   DurationArg ttl;
-  DurationArg wait{"0"};
+  DurationArg wait;
+  // -w in acquire and run: a duration (--wait, as flock's -w), or json/text
+  // (the output switch everywhere else).
+  std::string short_w;
+  bool nonblock = false;
+  int conflict_status = kExitConflictDefault;
   std::string owner_hex;
   std::uint64_t token = 0;
   // acquire and run take their keys the same way.
-  const auto add_kind_flags = [&kind](CLI::App* sub) {
-    sub->add_flag("--shared", kind.shared,
+  const auto add_kind_flags = [&](CLI::App* sub) {
+    sub->add_option("-w", short_w,
+                    "DUR: same as --wait (as flock's -w); json or text: same as --write-out");
+    sub->add_flag("-s,--shared", kind.shared,
                   "Shared (read) lease: held alongside other shared leases, never with an "
                   "exclusive one");
     sub->add_option("--permits", kind.permits,
@@ -692,55 +1060,72 @@ int run(int argc, char** argv) {
 
   auto* acquire = app.add_subcommand(
       "acquire",
-      "Take a lease; prints {key, token, ttl_ms, owner, mode}. Several keys (up to 16, of one "
-      "node) are taken all or nothing; prints {leases: [{key, token}...], ttl_ms, owner, mode}, or "
-      "when one is held {keys, error: busy, busy_key}");
+      "Take a lease and leave it held; prints KEY token=T ttl=.. owner=.. mode=.. per key (JSON: "
+      "{key, token, ttl_ms, owner, mode}, or for several keys {leases: [{key, token}...], "
+      "ttl_ms, owner, mode}). Several keys (up to 16, of one node) are taken all or nothing");
   acquire->add_option("key", keys, "The key(s)")->required();
   acquire->add_option("--ttl", ttl.text, "Lease duration, e.g. 30s")->required();
-  acquire->add_option("--wait", wait.text, "Wait up to this long for the holder(s) to let go")
-      ->capture_default_str();
+  acquire->add_option("--wait", wait.text,
+                      "Wait up to this long for the holder(s) to let go (default 0: answer busy "
+                      "at once)");
   add_kind_flags(acquire);
   acquire->add_option("--owner", owner_hex,
                       "Act as this owner (32 hex digits); default: a new random owner");
+  add_global_flags(*acquire, g, /*short_w=*/false);
 
   auto* renew = app.add_subcommand("renew", "Extend a lease you hold");
   renew->add_option("key", key, "The key")->required();
   renew->add_option("--token", token, "The lease's token")->required();
   renew->add_option("--owner", owner_hex, "The owner printed by acquire")->required();
   renew->add_option("--ttl", ttl.text, "New duration, e.g. 30s")->required();
+  add_global_flags(*renew, g, /*short_w=*/true);
 
   auto* release = app.add_subcommand("release", "Give a lease back");
   release->add_option("key", key, "The key")->required();
   release->add_option("--token", token, "The lease's token")->required();
   release->add_option("--owner", owner_hex, "The owner printed by acquire")->required();
+  add_global_flags(*release, g, /*short_w=*/true);
 
   auto* query = app.add_subcommand(
       "query",
       "Is the key held, how (mode: exclusive, shared or permit), by how many holders (and the "
       "permit limit), the newest token, the longest ttl left, and how many wait");
   query->add_option("key", key, "The key")->required();
+  add_global_flags(*query, g, /*short_w=*/true);
 
   auto* keygen = app.add_subcommand(
       "keygen", "Print a new random auth key (64 hex digits) for shardlockd --auth-key");
+  add_global_flags(*keygen, g, /*short_w=*/true);
   auto* stats = app.add_subcommand("stats", "Server counters and every shard's token");
+  add_global_flags(*stats, g, /*short_w=*/true);
 
-  std::string on_lost = "term";
-  std::vector<std::string> command;
+  RunArgs run_args;
   auto* run = app.add_subcommand(
       "run",
-      "Hold a lease (or several keys' leases, all or nothing) while COMMAND runs, like flock; the "
-      "command sees SHARDLOCK_KEY, SHARDLOCK_TOKEN (comma separated for several keys, in the "
-      "order given), SHARDLOCK_MODE, SHARDLOCK_OWNER and SHARDLOCK_SERVER");
+      "Hold a lease (or several keys' leases, all or nothing) while COMMAND runs, like flock: "
+      "waits for it unless -n or -w; the command sees SHARDLOCK_KEY, SHARDLOCK_TOKEN (comma "
+      "separated for several keys, in the order given), SHARDLOCK_MODE, SHARDLOCK_OWNER and "
+      "SHARDLOCK_SERVER. Not acquired: nothing on stdout, the reason on stderr, exit -E's "
+      "status");
   run->add_option("key", keys, "The key(s), then -- COMMAND ARGS...")->required();
   run->add_option("--ttl", ttl.text, "Lease duration; renewed every ttl/3 while the command runs")
-      ->required();
-  run->add_option("--wait", wait.text, "Wait up to this long for the holder(s) to let go")
+      ->default_str("30s");
+  run->add_option("--wait", wait.text,
+                  "Wait at most this long for the holder(s) to let go (default: until granted; a "
+                  "wait beyond the server's --max-wait queues again until it is spent)");
+  run->add_flag("-n,--nonblock", nonblock, "Do not wait: fail at once if a key is held");
+  run->add_option("-E,--conflict-exit-code", conflict_status,
+                  "Exit status when the lease is not acquired (busy, or the wait ran out)")
+      ->check(CLI::Range(0, 255))
       ->capture_default_str();
   add_kind_flags(run);
-  run->add_option("--on-lost", on_lost, "What to do to the command if a lease is lost")
+  run->add_option("--on-lost", run_args.on_lost, "What to do to the command if a lease is lost")
       ->check(CLI::IsMember({"term", "kill", "ignore"}))
       ->capture_default_str();
-  run->footer("The command follows --: shardlockctl run KEY... --ttl 30s -- COMMAND ARGS...");
+  add_global_flags(*run, g, /*short_w=*/false);
+  run->footer(
+      "The command follows --: shardlockctl run KEY... [-w 10s | -n] -- COMMAND ARGS...\n"
+      "A lease lost while the command runs: --on-lost's signal to it, and exit 75.");
 
   ClusterArgs cluster_args;
   const auto add_cluster_flags = [&cluster_args](CLI::App* sub) {
@@ -757,7 +1142,7 @@ int run(int argc, char** argv) {
       "line per member: id, address, weight, state (active, draining, or gone from etcd but still "
       "in the map), buckets owned in the current map, hand-off epoch, drain requested");
   add_cluster_flags(members);
-  members->add_flag("--json", cluster_args.json, "One JSON object instead of lines");
+  add_global_flags(*members, g, /*short_w=*/true);
   auto* drain = app.add_subcommand(
       "drain",
       "Ask node ID to drain (it leaves the next map, hands its buckets off, and stays up), or "
@@ -771,11 +1156,13 @@ int run(int argc, char** argv) {
                     "Wait up to this long until the map gives ID no buckets and ID has handed "
                     "them off (handoff/ID at the map's epoch), or ID is gone (with --cancel: until "
                     "it owns some again); exit 1 if it does not");
+  add_global_flags(*drain, g, /*short_w=*/true);
 
   // run's keys and its command are both positional, so CLI11 would hand
   // the command's words to the keys: everything after run's first "--" is
   // the command, and CLI11 sees only what comes before.
   std::vector<char*> args(argv, argv + argc);
+  std::vector<std::string>& command = run_args.command;
   bool run_named = false;
   for (std::size_t i = 1; i < args.size(); ++i) {
     const std::string_view arg = args[i];
@@ -787,45 +1174,69 @@ int run(int argc, char** argv) {
     }
   }
 
-  if (const auto status = shardlock::tools::parse_command_line(app, static_cast<int>(args.size()),
-                                                               args.data(), kTool)) {
-    return *status;
+  if (const auto status = parse(app, args)) return *status;
+  if (!short_w.empty()) {
+    if (short_w == "json" || short_w == "text") {
+      g.output.write_out = short_w;
+    } else if (!wait.text.empty()) {
+      return shardlock::tools::usage_error(kTool, "give the wait once: -w or --wait");
+    } else {
+      wait.text = short_w;
+    }
   }
+  default_from_env(g.servers, "SHARDLOCK_SERVER");
+  default_from_env(g.auth_key_file, "SHARDLOCK_AUTH_KEY_FILE");
+  Output out;
+  out.json = g.output.json();
+  out.errors_to_stderr = run->parsed();
+  DurationArg timeout{g.timeout};
   if (members->parsed() || drain->parsed()) {
     if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
         !parse_arg(cluster_args.wait, "--wait", ZeroDuration::kAllowed)) {
       return kExitUsage;
     }
+    cluster_args.json = out.json;
     return run_cluster(cluster_args, members->parsed(), timeout.value);
   }
   if (keygen->parsed()) {
-    std::printf("%s\n",
-                shardlock::lease::format_auth_key(shardlock::lease::generate_auth_key()).c_str());
+    const std::string generated =
+        shardlock::lease::format_auth_key(shardlock::lease::generate_auth_key());
+    if (out.json) {
+      print_json(Json{{"auth_key", generated}});
+    } else {
+      std::printf("%s\n", generated.c_str());
+    }
     return kExitOk;
   }
-  if (servers.empty()) {
+  if (g.servers.empty()) {
     return shardlock::tools::usage_error(kTool, "--server (or SHARDLOCK_SERVER) is required");
   }
+  if (run->parsed() && ttl.text.empty()) ttl.text = "30s";
   if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
       !parse_arg(ttl, "--ttl", ZeroDuration::kRejected) ||
       !parse_arg(wait, "--wait", ZeroDuration::kAllowed)) {
     return kExitUsage;
   }
+  if (nonblock && !wait.text.empty()) {
+    return shardlock::tools::usage_error(kTool,
+                                         "-n (do not wait) and -w/--wait exclude each other");
+  }
+  // run waits until granted unless told otherwise; acquire answers at once.
+  if (run->parsed() && !nonblock && wait.text.empty()) wait.value = kForever;
 
   LeaseClientOptions options;
-  options.nodes = split_node_list(servers);
-  options.discover_cluster = discover;
+  options.nodes = split_node_list(g.servers);
+  options.discover_cluster = g.discover;
   options.request_timeout = timeout.value;
   if (!owner_hex.empty()) {
     const auto id = parse_client_id(owner_hex);
     if (!id) {
-      std::fprintf(stderr, "shardlockctl: --owner wants 32 hex digits, got '%s'\n",
-                   owner_hex.c_str());
-      return kExitUsage;
+      return shardlock::tools::usage_error(kTool,
+                                           "--owner wants 32 hex digits, got '" + owner_hex + "'");
     }
     options.client_id = *id;
   }
-  const auto auth = shardlock::tools::load_auth_key_flag(auth_key_file);
+  const auto auth = shardlock::tools::load_auth_key_flag(g.auth_key_file);
   if (!auth.error.empty()) return shardlock::tools::usage_error(kTool, auth.error);
   options.auth_key = auth.key;
   if (acquire->parsed() || run->parsed()) {
@@ -855,8 +1266,8 @@ int run(int argc, char** argv) {
   if (!stats->parsed() && keys.empty()) checked_keys.push_back(key);
   for (const std::string& k : checked_keys) {
     if (k.size() < kMinKeyLength || k.size() > kMaxKeyLength) {
-      std::fprintf(stderr, "shardlockctl: keys are 1..%zu bytes\n", kMaxKeyLength);
-      return kExitUsage;
+      return shardlock::tools::usage_error(
+          kTool, "keys are 1.." + std::to_string(kMaxKeyLength) + " bytes");
     }
   }
   if (run->parsed()) {
@@ -877,102 +1288,168 @@ int run(int argc, char** argv) {
   LeaseClient client(options);
   if (std::error_code ec = client.start()) {
     std::fprintf(stderr, "shardlockctl: %s\n", client.error_detail().c_str());
-    if (ec == LeaseErrc::kBadAddress) return kExitUsage;
+    if (ec == LeaseErrc::kBadAddress) {
+      // A host name that does not resolve is no usage error: DNS may be down.
+      for (const std::string& node : options.nodes) {
+        Endpoint endpoint;
+        if (parse_endpoint(node, endpoint) == LeaseErrc::kUnreachable) return kExitUnreachable;
+      }
+      return kExitUsage;
+    }
     // --discover: no seed answered with the cluster's map.
     return ec == LeaseErrc::kUnreachable ? kExitUnreachable : kExitError;
   }
 
   if (acquire->parsed()) {
     Acquired a = acquire_keys(client, keys, kind, ttl.value, wait.value, {});
-    if (a.error) return print_acquire_error(keys, a);
+    if (a.error) {
+      return report(out, keys, acquire_failure(client, g, timeout.value, keys, a, ttl.value),
+                    ttl.value, wait.value);
+    }
     const Lease& first = a.leases.front();
-    std::string kind_fields = ",\"mode\":" + json_string(to_string(first.mode()));
-    if (first.mode() == LeaseMode::kPermit)
-      kind_fields += ",\"permits\":" + std::to_string(first.permits());
-    const std::string common = ",\"ttl_ms\":" + std::to_string(first.ttl().count()) +
-                               ",\"owner\":" + json_string(to_hex(first.owner())) + kind_fields;
-    if (keys.size() == 1) {
-      std::printf("{\"key\":%s,\"token\":%" PRIu64 "%s}\n", json_string(keys[0]).c_str(),
-                  first.token(), common.c_str());
-    } else {
-      std::string leases = "[";
-      for (std::size_t i = 0; i < a.leases.size(); ++i) {
-        if (i > 0) leases += ',';
-        leases += "{\"key\":" + json_string(a.leases[i].key()) +
-                  ",\"token\":" + std::to_string(a.leases[i].token()) + "}";
+    if (!out.json) {
+      std::string common = " ttl=" + seconds_text(first.ttl().count()) +
+                           " owner=" + to_hex(first.owner()) +
+                           " mode=" + std::string(to_string(first.mode()));
+      if (first.mode() == LeaseMode::kPermit)
+        common += " permits=" + std::to_string(first.permits());
+      for (const Lease& lease : a.leases) {
+        std::printf("%s token=%" PRIu64 "%s\n", shown(lease.key()).c_str(), lease.token(),
+                    common.c_str());
       }
-      std::printf("{\"leases\":%s]%s}\n", leases.c_str(), common.c_str());
+    } else {
+      Json j;
+      if (keys.size() == 1) {
+        put_key(j, "key", keys[0]);
+        j["token"] = first.token();
+      } else {
+        j["leases"] = Json::array();
+        for (const Lease& lease : a.leases) {
+          Json item;
+          put_key(item, "key", lease.key());
+          item["token"] = lease.token();
+          j["leases"].push_back(std::move(item));
+        }
+      }
+      j["ttl_ms"] = first.ttl().count();
+      j["owner"] = to_hex(first.owner());
+      j["mode"] = std::string(to_string(first.mode()));
+      if (first.mode() == LeaseMode::kPermit) j["permits"] = first.permits();
+      print_json(j);
     }
     // The leases outlive this process: let go of the handles, not the leases.
     for (Lease& lease : a.leases) lease.detach();
     return kExitOk;
   }
-  if (renew->parsed()) {
-    const CallResult r = client.renew(key, token, ttl.value);
-    if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"ttl_ms\":%u,\"renewed\":true}\n",
-                json_string(key).c_str(), token, r.ttl_ms);
-    return kExitOk;
-  }
-  if (release->parsed()) {
-    const CallResult r = client.release(key, token);
-    if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf("{\"key\":%s,\"token\":%" PRIu64 ",\"released\":true}\n", json_string(key).c_str(),
-                token);
-    return kExitOk;
-  }
-  if (query->parsed()) {
-    const CallResult r = client.query(key);
-    if (r.error) return print_error(key, r.error, wire_error_field(r.error, r.wire_error));
-    std::printf(
-        "{\"key\":%s,\"held\":%s,\"mode\":%s,\"holders\":%u,\"permits\":%u,"
-        "\"token\":%" PRIu64 ",\"ttl_left_ms\":%u,\"waiters\":%u}\n",
-        json_string(key).c_str(), r.held ? "true" : "false", json_string(to_string(r.mode)).c_str(),
-        r.holders, r.permits, r.token, r.ttl_ms, r.waiters);
+  const std::vector<std::string> one_key = {key};
+  if (renew->parsed() || release->parsed() || query->parsed()) {
+    const CallResult r = renew->parsed()     ? client.renew(key, token, ttl.value)
+                         : release->parsed() ? client.release(key, token)
+                                             : client.query(key);
+    if (r.error) {
+      return report(out, one_key,
+                    diagnosed(client, g, timeout.value, one_key, r.error, r.wire_error, ttl.value),
+                    ttl.value);
+    }
+    Json j;
+    put_key(j, "key", key);
+    std::string text = shown(key);
+    if (renew->parsed()) {
+      j["token"] = token;
+      j["ttl_ms"] = r.ttl_ms;
+      j["renewed"] = true;
+      text += " token=" + std::to_string(token) + " renewed ttl=" + seconds_text(r.ttl_ms);
+    } else if (release->parsed()) {
+      j["token"] = token;
+      j["released"] = true;
+      text += " token=" + std::to_string(token) + " released";
+    } else {
+      j["held"] = r.held;
+      j["mode"] = std::string(to_string(r.mode));
+      j["holders"] = r.holders;
+      j["permits"] = r.permits;
+      j["token"] = r.token;
+      j["ttl_left_ms"] = r.ttl_ms;
+      j["waiters"] = r.waiters;
+      text += r.held ? " held mode=" + std::string(to_string(r.mode)) +
+                           " holders=" + std::to_string(r.holders) +
+                           (r.mode == LeaseMode::kPermit ? " permits=" + std::to_string(r.permits)
+                                                         : std::string()) +
+                           " ttl_left=" + seconds_text(r.ttl_ms)
+                     : std::string(" free");
+      text += " token=" + std::to_string(r.token) + " waiters=" + std::to_string(r.waiters);
+    }
+    if (out.json) {
+      print_json(j);
+    } else {
+      std::printf("%s\n", text.c_str());
+    }
     return kExitOk;
   }
   if (stats->parsed()) {
-    std::string out = "{\"nodes\":[";
+    Json nodes = Json::array();
     int worst = kExitOk;
     for (std::size_t n = 0; n < options.nodes.size(); ++n) {
+      const std::string& node = options.nodes[n];
       const ServerStatsReply s = client.stats(n);
-      if (n > 0) out += ',';
-      out += "{\"server\":" + json_string(options.nodes[n]);
+      Json j;
+      j["server"] = node;
       if (s.error) {
-        out += ",\"error\":" + json_string(error_name(s.error)) + "}";
-        worst = std::max(worst, exit_code_for(s.error));
+        Failure f;
+        f.error = s.error;
+        if (s.error == LeaseErrc::kUnreachable) {
+          diagnose_silence(client, node, timeout.value, options.auth_key.has_value(), f);
+        }
+        j["error"] = failure_name(f);
+        if (!f.detail.empty()) j["message"] = f.detail;
+        if (!out.json) {
+          std::fprintf(stderr, "shardlockctl: %s: %s\n", node.c_str(),
+                       failure_text(f, {}, {}).c_str());
+        }
+        worst = std::max(worst, failure_status(f));
+        nodes.push_back(std::move(j));
         continue;
       }
-      out += ",\"shards\":" + std::to_string(s.shard_count);
+      j["shards"] = s.shard_count;
       if (s.shard_tokens.size() < s.shard_count) {
         // The server stopped paging early: what follows is a part, not the
         // whole, and must not read as the server's state.
         std::fprintf(stderr,
                      "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
-                     options.nodes[n].c_str(), s.shard_tokens.size(), s.shard_count);
-        out += R"(,"error":"incomplete")";
+                     node.c_str(), s.shard_tokens.size(), s.shard_count);
+        j["error"] = "incomplete";
         worst = std::max(worst, kExitError);
       }
-      out += ",\"counters\":{";
+      Json counters;
       for (std::size_t i = 0; i < kStatCounterCount; ++i) {
-        if (i > 0) out += ',';
-        out += std::string("\"") + std::string(to_string(static_cast<StatCounter>(i))) +
-               "\":" + std::to_string(s.counters[i]);
+        counters[std::string(to_string(static_cast<StatCounter>(i)))] = s.counters[i];
       }
-      out += "},\"shard_tokens\":[";
-      for (std::size_t i = 0; i < s.shard_tokens.size(); ++i) {
-        if (i > 0) out += ',';
-        out += std::to_string(s.shard_tokens[i]);
+      j["counters"] = counters;
+      j["shard_tokens"] = s.shard_tokens;
+      if (!out.json) {
+        std::printf("%s shards=%u\n", node.c_str(), s.shard_count);
+        for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+          std::printf("  %-20s %" PRIu64 "\n",
+                      std::string(to_string(static_cast<StatCounter>(i))).c_str(), s.counters[i]);
+        }
+        std::string tokens;
+        for (const std::uint64_t t : s.shard_tokens) {
+          tokens += (tokens.empty() ? "" : " ") + std::to_string(t);
+        }
+        std::printf("  %-20s %s\n", "shard_tokens", tokens.c_str());
       }
-      out += "]}";
+      nodes.push_back(std::move(j));
     }
-    out += "]}";
-    std::printf("%s\n", out.c_str());
+    if (out.json) print_json(Json{{"nodes", nodes}});
     return worst;
   }
   if (run->parsed()) {
-    return run_command(client, keys, kind, ttl.value, wait.value, on_lost, command, servers,
-                       auth_key_file);
+    run_args.keys = keys;
+    run_args.kind = kind;
+    run_args.ttl = ttl.value;
+    run_args.wait = wait.value;
+    run_args.conflict_status = conflict_status;
+    return run_command(client, g, timeout.value, out, run_args);
   }
   return kExitUsage;
 }

@@ -2,7 +2,8 @@
 //
 // Prints one JSON line to stdout once the socket is bound:
 //   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...,
-//    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":60.000,...}
+//    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":60.000,...,
+//    "version":"0.1.0","pid":1234}
 // logs to stderr, one line per event with a level (common/daemon_log.h:
 // a timestamp on a terminal, a "<N>" priority for journald), including
 // "granting: ..." once ACQUIRE can be granted and, at most once per
@@ -42,6 +43,7 @@
 #include "common/traffic_summary.h"
 #include "prometheus_exporter.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock_version.h"
 #ifdef SHARDLOCK_HAVE_CLUSTER
 #include <thread>
 
@@ -218,8 +220,8 @@ void warn_if_others_can_read(const std::string& path, const DaemonLog& log) {
 int run(int argc, char** argv) {
   CLI::App app{
       "shardlockd: UDP lease server with fencing tokens that survive kill -9.\n"
-      "Durations are written like 500ms, 30s, 2m, 1m30s."};
-  app.set_version_flag("--version", "shardlockd 0.1.0");
+      "Durations are written like 500ms, 1.5s, 30 (seconds), 2m, 1m30s."};
+  shardlock::tools::add_version_flag(app, kTool);
   app.footer(
       "Exit codes: 0 clean stop (SIGTERM, SIGINT); 1 start-up failure, or the ready line could "
       "not be written to stdout; 2 bad flags.");
@@ -497,14 +499,15 @@ int run(int argc, char** argv) {
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
       "\"lock_delay_ends\":\"%s\",\"lock_delay_remaining_s\":%s,\"auth\":%s,\"metrics\":%s,"
-      "\"allocator\":\"%s\",\"cluster\":%s,\"pid\":%d}\n",
+      "\"allocator\":\"%s\",\"cluster\":%s,\"version\":\"%s\",\"pid\":%d}\n",
       json_string(server.listen_address()).c_str(), server.port(), options.shards,
       std::string(to_string(server.backend())).c_str(), options.io_threads,
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
       static_cast<long long>(effective_delay.count()), delay_ends_text.c_str(),
       seconds_text(delay_left).c_str(), options.auth_key ? "true" : "false", metrics_json.c_str(),
-      shardlock::tools::kAllocatorName, cluster_json.c_str(), static_cast<int>(::getpid()));
+      shardlock::tools::kAllocatorName, cluster_json.c_str(),
+      std::string(shardlock::kVersion).c_str(), static_cast<int>(::getpid()));
   std::fflush(stdout);
   // Bound, data dir loaded, ready line out: systemd may start what follows it.
   const std::string listening = "; listening on " + server.listen_address();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "shardlock/lease/wire/protocol.h"
+#include "shardlock_version.h"
 
 namespace shardlock::lease {
 namespace {
@@ -163,6 +164,13 @@ class ServerCollector final : public prometheus::Collectable {
   std::vector<prometheus::MetricFamily> Collect() const override {
     const ServerStats s = server_.stats();
     std::vector<prometheus::MetricFamily> out = counter_families(s);
+    // The version as a label on a constant 1, the convention of
+    // prometheus_build_info and node_exporter_build_info, so a query can join
+    // it onto any series.
+    auto build_info =
+        gauge("build_info", "The running shardlockd's version, as a label; always 1.", 1);
+    build_info.metric.front().label.push_back({"version", std::string(kVersion)});
+    out.push_back(std::move(build_info));
     out.push_back(gauge("leases", "Leases held now; each shared or permit holder counts.",
                         static_cast<double>(s.leases)));
     out.push_back(gauge("keys", "Keys with at least one holder now.", static_cast<double>(s.keys)));

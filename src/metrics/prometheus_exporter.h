@@ -7,6 +7,7 @@
 // does not already keep. Exported (names prefixed shardlock_, following the
 // Prometheus naming conventions; the table in docs/lease-server.md maps each
 // STATS counter to its sample):
+//   * build_info{version="0.1.0"} 1: the version, as prometheus_build_info;
 //   * counters: requests_total; replies_total{result} (granted, busy,
 //     timeout, not_owner, renewed, released, expired, recovering, error,
 //     redirect); acquires_queued_total, lease_expirations_total,

@@ -19,6 +19,7 @@
 #include "prometheus_exporter.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock_version.h"
 
 namespace shardlock::lease {
 namespace {
@@ -228,6 +229,13 @@ TEST_F(MetricsTest, DroppedDatagramsAreCountedByReason) {
   }
   EXPECT_EQ(m["shardlock_dropped_datagrams_total{reason=\"malformed\"}"], 3);
   EXPECT_EQ(m["shardlock_dropped_datagrams_total{reason=\"auth_failure\"}"], 0);
+}
+
+TEST_F(MetricsTest, BuildInfoCarriesTheVersion) {
+  const std::string body = http_get(exporter_->port(), "/metrics");
+  const std::string sample = "shardlock_build_info{version=\"" + std::string(kVersion) + "\"} 1";
+  EXPECT_NE(body.find(sample), std::string::npos) << body;
+  EXPECT_NE(body.find("# TYPE shardlock_build_info gauge"), std::string::npos) << body;
 }
 
 TEST_F(MetricsTest, TheLockDelayIsVisible) {

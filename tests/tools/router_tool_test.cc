@@ -120,6 +120,12 @@ TEST_F(RouterToolTest, DiffPrintsTheMovedFraction) {
   EXPECT_NE(r.out.find("minimum for this change 0.200000"), std::string::npos) << r.out;
 }
 
+TEST_F(RouterToolTest, VersionIsTheProjects) {
+  const ToolResult r = run("--version");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.out.rfind("shardlock-route ", 0), 0u) << r.out;
+}
+
 TEST_F(RouterToolTest, BadInputExitsTwoWithTheLine) {
   const std::string bad_weight = write("bad.txt", "a\n\nb 0\n");
   ToolResult r = run(bad_weight);

@@ -8,8 +8,8 @@
 #include <string>
 #include <vector>
 
-#include "tools/client_tool_support.h"
 #include "shardlock/lease/server/server.h"
+#include "tools/client_tool_support.h"
 
 namespace shardlock::lease {
 namespace {
@@ -188,6 +188,17 @@ TEST(ShardlockBenchTest, TableOutputWithoutJson) {
     EXPECT_NE(r.out.find(text), std::string::npos) << text << " missing from:\n" << r.out;
   }
   EXPECT_NE(r.err.find("lock-delay 0"), std::string::npos) << r.err;
+}
+
+TEST(ShardlockBenchTest, VersionAndTheOutputSwitch) {
+  const auto version = run_tool(kBench, {"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_EQ(version.out.rfind("shardlock-bench ", 0), 0u) << version.out;
+  // -w json is --json, as in shardlockctl; durations as people type them.
+  const auto r = run_tool(kBench, {"--duration", "0.5", "-w", "json", "--clients", "2", "--keys",
+                                   "100", "--ttl", "30"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(json_line(r)) << r.out;
 }
 
 TEST(ShardlockBenchTest, BadFlagsAreUsageErrors) {

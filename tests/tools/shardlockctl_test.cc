@@ -1,6 +1,8 @@
-// shardlockctl over a real shardlockd: JSON output and exit codes of every
-// subcommand, and `run` - the command sees its lease, the lease is released
-// when it exits, and a lost lease signals it.
+// shardlockctl over a real shardlockd: JSON output (--json) and exit codes of
+// every subcommand, the output for people, the CLI's conventions (global
+// flags anywhere, --version, unknown commands named, errors that name their
+// cause), and `run` - it waits like flock, the command sees its lease, the
+// lease is released when it exits, and a lost lease signals it.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -13,14 +15,15 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "tools/client_tool_support.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/protocol.h"
+#include "tools/client_tool_support.h"
 
 namespace shardlock::lease {
 namespace {
@@ -62,10 +65,34 @@ class Daemon {
   std::string address_;
 };
 
+// shardlockctl --server <d> --json ARGS: the output for scripts.
 ToolResult ctl(const Daemon& d, std::vector<std::string> args,
                std::chrono::milliseconds timeout = 30s) {
+  args.insert(args.begin(), {"--server", d.address(), "--json"});
+  return run_tool(kCtl, args, timeout);
+}
+
+// shardlockctl --server <d> ARGS: the output for people.
+ToolResult ctl_text(const Daemon& d, std::vector<std::string> args,
+                    std::chrono::milliseconds timeout = 30s) {
   args.insert(args.begin(), {"--server", d.address()});
   return run_tool(kCtl, args, timeout);
+}
+
+// A UDP socket bound to 127.0.0.1:0 and its address; -1 on failure.
+int loopback_udp_socket(sockaddr_in& address) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  address = {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof address;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
 }
 
 Json parsed(const ToolResult& r) {
@@ -169,8 +196,8 @@ TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
     EXPECT_NE(help.out.find("--help"), std::string::npos) << sub;
   }
 
-  const ToolResult unreachable = run_tool(
-      kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "acquire", "k", "--ttl", "1s"});
+  const ToolResult unreachable = run_tool(kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms",
+                                                 "acquire", "k", "--ttl", "1s", "--json"});
   EXPECT_EQ(unreachable.exit_code, 3);
   EXPECT_EQ(parsed(unreachable)["error"].text, "unreachable");
 
@@ -231,7 +258,8 @@ TEST(ShardlockctlTest, KeygenAndAuthenticatedDaemon) {
   // reaches the server.
   const ToolResult run =
       ctl(d, {"--auth-key", key_file, "run", "job", "--ttl", "10s", "--", "/bin/sh", "-c",
-              "test \"$SHARDLOCK_AUTH_KEY_FILE\" = '" + key_file + "' && \"$0\" query job", kCtl});
+              "test \"$SHARDLOCK_AUTH_KEY_FILE\" = '" + key_file + "' && \"$0\" --json query job",
+              kCtl});
   EXPECT_EQ(run.exit_code, 0) << run.err;
   EXPECT_NE(run.out.find("\"held\":true"), std::string::npos) << run.out;
 
@@ -248,8 +276,9 @@ TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
   Daemon d;
   ASSERT_FALSE(d.address().empty());
   // The child checks, from inside, that the lease it was given is held.
-  const std::string script = "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN\"; \"" + kCtl +
-                             "\" --server \"$SHARDLOCK_SERVER\" query \"$SHARDLOCK_KEY\"; exit 7";
+  const std::string script =
+      "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN\"; \"" + kCtl +
+      "\" --server \"$SHARDLOCK_SERVER\" query --json \"$SHARDLOCK_KEY\"; exit 7";
   const ToolResult r = ctl(d, {"run", "cron/backup", "--ttl", "5s", "--", "/bin/sh", "-c", script});
   EXPECT_EQ(r.exit_code, 7) << r.err;  // the command's own status
   std::smatch m;
@@ -261,12 +290,14 @@ TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
   // Released when the command exited: free at once, not after the TTL.
   EXPECT_FALSE(parsed(ctl(d, {"query", "cron/backup"}))["held"].boolean);
 
-  // A held key: run does not start the command and exits 1.
+  // A held key with -n: run does not start the command and exits -E's
+  // status (69 by default), with nothing on stdout.
   ASSERT_EQ(ctl(d, {"acquire", "cron/busy", "--ttl", "30s"}).exit_code, 0);
   const ToolResult busy =
-      ctl(d, {"run", "cron/busy", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
-  EXPECT_EQ(busy.exit_code, 1);
-  EXPECT_EQ(busy.out.find("ran"), std::string::npos);
+      ctl_text(d, {"run", "cron/busy", "-n", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(busy.exit_code, 69);
+  EXPECT_EQ(busy.out, "");
+  EXPECT_NE(busy.err.find("cron/busy: busy"), std::string::npos) << busy.err;
 
   EXPECT_EQ(ctl(d, {"run", "cron/missing", "--ttl", "5s", "--", "/no/such/command"}).exit_code,
             127);
@@ -455,7 +486,7 @@ TEST(ShardlockctlTest, SeveralKeysOfDifferentNodesAreAUsageError) {
     if (slot.empty()) slot = key;
   }
   const ToolResult r = run_tool(kCtl, {"--server", one.address() + "," + two.address(), "acquire",
-                                       on_node[0], on_node[1], "--ttl", "10s"});
+                                       on_node[0], on_node[1], "--ttl", "10s", "--json"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_EQ(parsed(r)["error"].text, "keys_owned_by_different_nodes");
   EXPECT_NE(r.err.find("different nodes"), std::string::npos) << r.err;
@@ -466,7 +497,7 @@ TEST(ShardlockctlTest, RunHoldsSeveralKeysOrASharedLeaseWhileTheCommandRuns) {
   ASSERT_FALSE(d.address().empty());
   // The child sees every key and token, and checks the second from inside.
   const std::string script = "echo \"$SHARDLOCK_KEY $SHARDLOCK_TOKEN $SHARDLOCK_MODE\"; \"" + kCtl +
-                             "\" --server \"$SHARDLOCK_SERVER\" query jobs/b; exit 3";
+                             "\" --server \"$SHARDLOCK_SERVER\" query jobs/b --json; exit 3";
   const ToolResult r =
       ctl(d, {"run", "jobs/a", "jobs/b", "--ttl", "5s", "--", "/bin/sh", "-c", script});
   EXPECT_EQ(r.exit_code, 3) << r.err;
@@ -485,23 +516,26 @@ TEST(ShardlockctlTest, RunHoldsSeveralKeysOrASharedLeaseWhileTheCommandRuns) {
   // One key held elsewhere: run starts nothing and holds nothing.
   ASSERT_EQ(ctl(d, {"acquire", "jobs/b", "--ttl", "30s"}).exit_code, 0);
   const ToolResult busy =
-      ctl(d, {"run", "jobs/a", "jobs/b", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
-  EXPECT_EQ(busy.exit_code, 1);
-  EXPECT_EQ(busy.out.find("ran"), std::string::npos);
-  EXPECT_EQ(parsed(busy)["busy_key"].text, "jobs/b");
+      ctl(d, {"run", "jobs/a", "jobs/b", "-n", "--ttl", "5s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(busy.exit_code, 69);
+  EXPECT_EQ(busy.out, "");  // run's stdout is the command's: its JSON goes to stderr
+  const auto why = testing::JsonParser::parse(busy.err);
+  ASSERT_TRUE(why) << busy.err;
+  EXPECT_EQ((*why)["error"].text, "busy");
+  EXPECT_EQ((*why)["busy_key"].text, "jobs/b");
   EXPECT_FALSE(parsed(ctl(d, {"query", "jobs/a"}))["held"].boolean);
 
   // run --shared next to another reader; an exclusive run is refused.
   ASSERT_EQ(ctl(d, {"acquire", "report", "--ttl", "30s", "--shared"}).exit_code, 0);
   const ToolResult shared =
       ctl(d, {"run", "report", "--ttl", "5s", "--shared", "--", "/bin/sh", "-c",
-              "\"$0\" --server \"$SHARDLOCK_SERVER\" query report", kCtl});
+              "\"$0\" --server \"$SHARDLOCK_SERVER\" query report -w json", kCtl});
   EXPECT_EQ(shared.exit_code, 0) << shared.err;
   const Json during = parsed(shared);
   EXPECT_EQ(during["mode"].text, "shared");
   EXPECT_EQ(during["holders"].number, 2);
   EXPECT_EQ(parsed(ctl(d, {"query", "report"}))["holders"].number, 1) << "released on exit";
-  EXPECT_EQ(ctl(d, {"run", "report", "--ttl", "5s", "--", "true"}).exit_code, 1);
+  EXPECT_EQ(ctl(d, {"run", "report", "-n", "-E", "42", "--ttl", "5s", "--", "true"}).exit_code, 42);
 }
 
 // ---------------------------------------------------------- loud failures
@@ -531,14 +565,9 @@ TEST(ShardlockctlTest, RunReportsTheCommandsStatusWhenSigchldWasIgnored) {
 // A server that answers STATS with fewer shard tokens than its shard count
 // and then an empty page: ctl must not print the part as the whole.
 TEST(ShardlockctlTest, StatsThatStopPagingEarlyAreAnError) {
-  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
-  ASSERT_GE(fd, 0);
   sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address), 0);
-  socklen_t length = sizeof address;
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  const int fd = loopback_udp_socket(address);
+  ASSERT_GE(fd, 0);
   std::atomic<bool> stop{false};
   std::thread server([&] {
     std::array<std::uint8_t, kMaxDatagramSize> in{};
@@ -571,13 +600,240 @@ TEST(ShardlockctlTest, StatsThatStopPagingEarlyAreAnError) {
   });
   const ToolResult r =
       run_tool(kCtl, {"--server", "127.0.0.1:" + std::to_string(ntohs(address.sin_port)),
-                      "--timeout", "1s", "stats"});
+                      "--timeout", "1s", "stats", "--json"});
   stop.store(true, std::memory_order_relaxed);
   server.join();
   ::close(fd);
   EXPECT_EQ(r.exit_code, 5) << r.out << r.err;
   EXPECT_EQ(parsed(r)["nodes"].items.at(0)["error"].text, "incomplete");
   EXPECT_NE(r.err.find("0 of 4 shard tokens"), std::string::npos) << r.err;
+}
+
+// ---------------------------------------------------------- conventions
+
+// The global flags work before or after the subcommand, and every
+// subcommand's --help lists them; the output switch is the same everywhere.
+TEST(ShardlockctlTest, GlobalFlagsGoAnywhereAndEverySubcommandListsThem) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult after =
+      run_tool(kCtl, {"acquire", "g/after", "--ttl", "30", "--server", d.address(), "--json"});
+  ASSERT_EQ(after.exit_code, 0) << after.err;
+  EXPECT_EQ(parsed(after)["ttl_ms"].number, 30000);  // a bare number is seconds
+  const ToolResult mixed =
+      run_tool(kCtl, {"--json", "query", "g/after", "--timeout", "1.5s", "--server", d.address()});
+  ASSERT_EQ(mixed.exit_code, 0) << mixed.err;
+  EXPECT_TRUE(parsed(mixed)["held"].boolean);
+  const ToolResult write_out =
+      run_tool(kCtl, {"query", "g/after", "-w", "json", "--server", d.address()});
+  EXPECT_TRUE(parsed(write_out)["held"].boolean);
+  // From the environment, and the flag over the environment.
+  const ToolResult from_env =
+      run_tool(kCtl, {"query", "g/after", "--json"}, 30s, {"SHARDLOCK_SERVER=" + d.address()});
+  EXPECT_EQ(from_env.exit_code, 0) << from_env.err;
+  const ToolResult flag_wins =
+      run_tool(kCtl, {"query", "g/after", "--json", "--server", d.address()}, 30s,
+               {"SHARDLOCK_SERVER=no-port"});
+  EXPECT_EQ(flag_wins.exit_code, 0) << flag_wins.err;
+
+  for (const char* sub :
+       {"acquire", "renew", "release", "query", "stats", "run", "keygen", "members", "drain"}) {
+    const ToolResult help = run_tool(kCtl, {sub, "--help"});
+    EXPECT_EQ(help.exit_code, 0) << sub;
+    for (const char* flag :
+         {"--server", "--timeout", "--auth-key", "--discover", "--json", "--write-out"}) {
+      EXPECT_NE(help.out.find(flag), std::string::npos) << sub << " --help lacks " << flag;
+    }
+  }
+}
+
+TEST(ShardlockctlTest, UnknownCommandsNoArgumentsAndVersion) {
+  const ToolResult unknown = run_tool(kCtl, {"frobnicate"});
+  EXPECT_EQ(unknown.exit_code, 2);
+  EXPECT_NE(unknown.err.find("unknown command 'frobnicate'"), std::string::npos) << unknown.err;
+  const ToolResult after_flags = run_tool(kCtl, {"--server", "127.0.0.1:9", "frobnicate"});
+  EXPECT_NE(after_flags.err.find("unknown command 'frobnicate'"), std::string::npos)
+      << after_flags.err;
+
+  const ToolResult bare = run_tool(kCtl, {});
+  EXPECT_EQ(bare.exit_code, 2);
+  EXPECT_NE(bare.out.find("Usage: shardlockctl"), std::string::npos) << bare.out;
+  EXPECT_NE(bare.out.find("acquire"), std::string::npos) << bare.out;
+
+  const ToolResult version = run_tool(kCtl, {"--version"});
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_TRUE(std::regex_match(version.out, std::regex(R"(shardlockctl \d+\.\d+\.\d+\n)")))
+      << version.out;
+}
+
+// Without --json every subcommand prints for people, one line per result.
+TEST(ShardlockctlTest, OutputIsForPeopleByDefault) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult acquired = ctl_text(d, {"acquire", "h/a", "h/b", "--ttl", "50"});
+  ASSERT_EQ(acquired.exit_code, 0) << acquired.err;
+  EXPECT_TRUE(std::regex_match(
+      acquired.out, std::regex("h/a token=\\d+ ttl=50s owner=[0-9a-f]{32} mode=exclusive\n"
+                               "h/b token=\\d+ ttl=50s owner=[0-9a-f]{32} mode=exclusive\n")))
+      << acquired.out;
+  const ToolResult query = ctl_text(d, {"query", "h/a"});
+  EXPECT_TRUE(std::regex_match(
+      query.out, std::regex("h/a held mode=exclusive holders=1 ttl_left=[0-9.]+s token=\\d+ "
+                            "waiters=0\n")))
+      << query.out;
+  EXPECT_EQ(ctl_text(d, {"query", "h/free"}).out, "h/free free token=0 waiters=0\n");
+  const ToolResult busy = ctl_text(d, {"acquire", "h/a", "--ttl", "5s"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_EQ(busy.out, "");
+  EXPECT_NE(busy.err.find("shardlockctl: h/a: busy"), std::string::npos) << busy.err;
+  const ToolResult stats = ctl_text(d, {"stats"});
+  EXPECT_EQ(stats.exit_code, 0);
+  EXPECT_EQ(stats.out.rfind(d.address() + " shards=8\n", 0), 0u) << stats.out;
+  EXPECT_NE(stats.out.find("  grants "), std::string::npos) << stats.out;
+}
+
+// A key is bytes: one that is not UTF-8 still gives valid JSON (escaped,
+// with its exact bytes in key_hex) and a readable line.
+TEST(ShardlockctlTest, KeysThatAreNotUtf8StayValidJson) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const std::string key = "caf\xe9\x01\\";
+  for (const char* sub : {"acquire", "query"}) {
+    std::vector<std::string> args = {sub, key};
+    if (std::string(sub) == "acquire") args.insert(args.end(), {"--ttl", "30s"});
+    const ToolResult r = ctl(d, args);
+    ASSERT_EQ(r.exit_code, 0) << sub << r.err;
+    nlohmann::json j;
+    ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << sub << ": " << r.out;
+    EXPECT_EQ(j["key"], "caf\\xe9\x01\\x5c") << sub;
+    EXPECT_EQ(j["key_hex"], "636166e9015c") << sub;
+  }
+  // Refused, the error names the key the same way.
+  const ToolResult busy = ctl(d, {"acquire", key, "--ttl", "30s"});
+  EXPECT_EQ(busy.exit_code, 1);
+  EXPECT_TRUE(nlohmann::json::accept(busy.out)) << busy.out;
+  EXPECT_NE(ctl_text(d, {"query", key}).out.find("caf\\xe9\\x01\\x5c held"), std::string::npos);
+  EXPECT_NE(busy.err.find("caf\\xe9\\x01\\x5c: busy"), std::string::npos) << busy.err;
+}
+
+// run waits like flock: by default until the lease is granted, -w bounds
+// the wait, -n does not wait, and a wait beyond the server's --max-wait
+// queues again rather than failing.
+TEST(ShardlockctlTest, RunWaitsLikeFlock) {
+  Daemon d("0", {"--max-wait", "200ms"});
+  ASSERT_FALSE(d.address().empty());
+  // Held by another owner for 1 s, well past the server's longest wait.
+  ASSERT_EQ(ctl(d, {"acquire", "w/key", "--ttl", "1s"}).exit_code, 0);
+  const ToolResult waited = ctl_text(d, {"run", "w/key", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(waited.exit_code, 0) << waited.err;
+  EXPECT_EQ(waited.out, "ran\n");
+
+  ASSERT_EQ(ctl(d, {"acquire", "w/key", "--ttl", "1s"}).exit_code, 0);
+  const ToolResult bounded =
+      ctl_text(d, {"run", "w/key", "-w", "20s", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(bounded.exit_code, 0) << bounded.err;
+  EXPECT_EQ(bounded.out, "ran\n");
+  // acquire takes the same long wait.
+  ASSERT_EQ(ctl(d, {"acquire", "w/other", "--ttl", "1s"}).exit_code, 0);
+  EXPECT_EQ(ctl(d, {"acquire", "w/other", "--ttl", "5s", "-w", "20s"}).exit_code, 0);
+
+  ASSERT_EQ(ctl(d, {"acquire", "w/held", "--ttl", "1m"}).exit_code, 0);
+  const ToolResult ran_out =
+      ctl_text(d, {"run", "w/held", "-w", "300ms", "--", "/bin/sh", "-c", "echo ran"});
+  EXPECT_EQ(ran_out.exit_code, 69);
+  EXPECT_EQ(ran_out.out, "");
+  EXPECT_NE(ran_out.err.find("w/held: not acquired"), std::string::npos) << ran_out.err;
+  const ToolResult conflict =
+      ctl_text(d, {"run", "w/held", "--nonblock", "--conflict-exit-code", "0", "--", "false"});
+  EXPECT_EQ(conflict.exit_code, 0);
+  EXPECT_EQ(ctl_text(d, {"run", "w/held", "-n", "-w", "1s", "--", "true"}).exit_code, 2);
+
+  // -s: shared beside another reader.
+  ASSERT_EQ(ctl(d, {"acquire", "w/doc", "--ttl", "1m", "-s"}).exit_code, 0);
+  EXPECT_EQ(ctl_text(d, {"run", "w/doc", "-s", "-n", "--", "true"}).exit_code, 0);
+}
+
+// A signal while run waits ends the wait: the command never starts.
+TEST(ShardlockctlTest, RunCanBeInterruptedWhileItWaits) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  ASSERT_EQ(ctl(d, {"acquire", "i/key", "--ttl", "1m"}).exit_code, 0);
+  ChildProcess run(kCtl,
+                   {"--server", d.address(), "run", "i/key", "--", "/bin/sh", "-c", "echo ran"});
+  // Queued once the server counts a waiter.
+  for (int i = 0; i < 2000 && parsed(ctl(d, {"query", "i/key"}))["waiters"].number < 1; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(parsed(ctl(d, {"query", "i/key"}))["waiters"].number, 1);
+  run.signal(SIGTERM);
+  const ToolResult r = run.finish(30s);
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("not acquired"), std::string::npos) << r.err;
+}
+
+// ------------------------------------------------------------ real causes
+
+TEST(ShardlockctlTest, ANameThatDoesNotResolveIsNotAUsageError) {
+  const ToolResult r = run_tool(kCtl, {"--server", "no-such-host.invalid:7420", "query", "k"});
+  EXPECT_EQ(r.exit_code, 3) << r.err;
+  EXPECT_NE(r.err.find("cannot resolve \"no-such-host.invalid:7420\""), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("want HOST:PORT"), std::string::npos) << r.err;
+  // A malformed address still is one.
+  const ToolResult malformed = run_tool(kCtl, {"--server", "no-port", "query", "k"});
+  EXPECT_EQ(malformed.exit_code, 2);
+  EXPECT_NE(malformed.err.find("want HOST:PORT"), std::string::npos) << malformed.err;
+}
+
+// No answer is explained: nothing listening, or a server that drops what
+// is not sealed with its key (a missing or wrong --auth-key).
+TEST(ShardlockctlTest, UnansweredRequestsNameTheLikelyCause) {
+  const ToolResult keygen = run_tool(kCtl, {"keygen"});
+  ASSERT_EQ(keygen.exit_code, 0);
+  const std::string key_file = ::testing::TempDir() + "ctl_cause_" + std::to_string(::getpid());
+  std::ofstream(key_file + ".a") << keygen.out;
+  std::ofstream(key_file + ".b") << run_tool(kCtl, {"keygen"}).out;
+  Daemon d("0", {"--auth-key", key_file + ".a"});
+  ASSERT_FALSE(d.address().empty());
+
+  const ToolResult missing = ctl_text(d, {"--timeout", "300ms", "query", "k"});
+  EXPECT_EQ(missing.exit_code, 3);
+  EXPECT_NE(missing.err.find("something holds the port"), std::string::npos) << missing.err;
+  EXPECT_NE(missing.err.find("this client sends none (--auth-key FILE"), std::string::npos)
+      << missing.err;
+  const ToolResult wrong =
+      ctl(d, {"--timeout", "300ms", "--auth-key", key_file + ".b", "query", "k"});
+  EXPECT_EQ(wrong.exit_code, 3);
+  EXPECT_NE(parsed(wrong)["message"].text.find("check that --auth-key names the server's key"),
+            std::string::npos)
+      << wrong.out;
+  EXPECT_EQ(ctl(d, {"--auth-key", key_file + ".a", "query", "k"}).exit_code, 0);
+
+  // A port nothing listens on (any more): the host refuses it.
+  sockaddr_in address{};
+  const int fd = loopback_udp_socket(address);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string closed = "127.0.0.1:" + std::to_string(ntohs(address.sin_port));
+  const ToolResult refused =
+      run_tool(kCtl, {"--server", closed, "--timeout", "300ms", "query", "k"});
+  EXPECT_EQ(refused.exit_code, 3);
+  EXPECT_NE(refused.err.find("nothing listens there"), std::string::npos) << refused.err;
+  std::remove((key_file + ".a").c_str());
+  std::remove((key_file + ".b").c_str());
+}
+
+TEST(ShardlockctlTest, ATtlAboveTheServersLimitNamesTheLimit) {
+  Daemon d("0", {"--max-ttl", "10s"});
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult r = ctl(d, {"acquire", "t/key", "--ttl", "1m"});
+  EXPECT_EQ(r.exit_code, 5);
+  EXPECT_EQ(parsed(r)["wire_error"].text, "ttl out of range");
+  EXPECT_EQ(parsed(r)["max_ttl_ms"].number, 10000);
+  EXPECT_NE(r.err.find("--ttl 1m is above the server's maximum TTL, 10s"), std::string::npos)
+      << r.err;
+  // The probe took nothing.
+  EXPECT_FALSE(parsed(ctl(d, {"query", "t/key"}))["held"].boolean);
 }
 
 }  // namespace

@@ -102,6 +102,27 @@ TEST_F(ShardlockdTest, HelpAndBadFlags) {
   }
 }
 
+// --version and the ready line carry one version: the project's.
+TEST_F(ShardlockdTest, VersionFlagAndReadyLineAgree) {
+  std::string version;
+  {
+    Daemon d({"--version"});
+    const std::string line = d.read_line();
+    EXPECT_EQ(d.wait(), 0);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, std::regex(R"(shardlockd (\d+\.\d+\.\d+))"))) << line;
+    version = m[1].str();
+  }
+  Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0"});
+  const std::string line = d.read_line();
+  EXPECT_NE(line.find("\"version\":\"" + version + "\""), std::string::npos) << line;
+  // Durations as people type them.
+  Daemon bare({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--max-ttl", "90"});
+  EXPECT_NE(bare.read_line().find("\"max_ttl_ms\":90000"), std::string::npos);
+  Daemon fraction({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--max-ttl", "1.5m"});
+  EXPECT_NE(fraction.read_line().find("\"max_ttl_ms\":90000"), std::string::npos);
+}
+
 // Numeric flags at and beyond their limits: refused as usage errors (exit
 // 2) naming the flag, never wrapped or truncated into another value.
 TEST_F(ShardlockdTest, NumericFlagsBeyondTheirRangeAreUsageErrors) {

@@ -1,5 +1,5 @@
-// What the tools share (tools/common/): the JSON string escaper, duration
-// flags and --auth-key files.
+// What the tools share (tools/common/): the JSON string escaper, how keys
+// that are any bytes are shown, duration flags and --auth-key files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -52,6 +52,28 @@ TEST(JsonStringTest, AppendKeepsWhatIsThere) {
   EXPECT_EQ(out, R"({"key":"x\"y"})");
 }
 
+// How keys that are any bytes are shown (shardlockctl).
+TEST(KeyTextTest, Utf8IsValidatedStrictly) {
+  EXPECT_TRUE(valid_utf8(""));
+  EXPECT_TRUE(valid_utf8("orders/42"));
+  EXPECT_TRUE(valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x94\x92"));  // é € 🔒
+  for (const char* bad : {"caf\xe9", "\xc3", "\xc0\xaf", "\xe0\x80\xaf", "\xed\xa0\x80",
+                          "\xf4\x90\x80\x80", "\xf5\x80\x80\x80", "\x80", "\xe2\x82"}) {
+    EXPECT_FALSE(valid_utf8(bad)) << bad;
+  }
+}
+
+TEST(KeyTextTest, BytesOutsideUtf8AndBackslashesAreEscaped) {
+  EXPECT_EQ(escaped_key("orders/42", false), "orders/42");
+  EXPECT_EQ(escaped_key("caf\xc3\xa9", false), "caf\xc3\xa9");
+  EXPECT_EQ(escaped_key("caf\xe9", false), "caf\\xe9");
+  EXPECT_EQ(escaped_key("a\\xe9", false), "a\\x5cxe9");  // reads back unambiguously
+  EXPECT_EQ(escaped_key("a\tb\x7f", false), "a\tb\x7f");
+  EXPECT_EQ(escaped_key("a\tb\x7f", true), "a\\x09b\\x7f");
+  EXPECT_EQ(hex_bytes("caf\xe9"), "636166e9");
+  EXPECT_EQ(hex_bytes(""), "");
+}
+
 TEST(DurationFlagTest, ValidValues) {
   const DurationFlag ttl = parse_duration_flag("--ttl", "1m30s", ZeroDuration::kRejected);
   EXPECT_TRUE(ttl.error.empty()) << ttl.error;
@@ -67,7 +89,7 @@ TEST(DurationFlagTest, ValidValues) {
 
 TEST(DurationFlagTest, ErrorsNameTheFlagAndTheReason) {
   EXPECT_EQ(parse_duration_flag("--ttl", "soon", ZeroDuration::kRejected).error,
-            "--ttl: invalid duration \"soon\" (use e.g. 0, 500ms, 30s, 2m)");
+            "--ttl: invalid duration \"soon\" (use e.g. 500ms, 1.5s, 30 (seconds), 2m)");
   EXPECT_EQ(parse_duration_flag("--ttl", "0", ZeroDuration::kRejected).error,
             "--ttl: must be more than 0");
   const std::string above =

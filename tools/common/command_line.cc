@@ -7,12 +7,32 @@
 #include <iostream>
 
 #include "shardlock/lease/wire/duration.h"
+#include "shardlock_version.h"
 
 namespace shardlock::tools {
 
 int usage_error(std::string_view tool, std::string_view message) {
   std::cerr << tool << ": " << message << "\nRun with --help for usage.\n";
   return kExitUsage;
+}
+
+void add_version_flag(CLI::App& app, std::string_view tool) {
+  app.set_version_flag("--version", std::string(tool) + " " + std::string(kVersion),
+                       "Print the version and exit");
+}
+
+void add_output_flags(CLI::App& app, OutputFlags& flags, bool with_short_w,
+                      const std::string& group) {
+  CLI::Option* write_out =
+      app.add_option(with_short_w ? "-w,--write-out" : "--write-out", flags.write_out,
+                     "Output format: text (for people) or json (one object per line, for scripts)")
+          ->check(CLI::IsMember({"text", "json"}))
+          ->capture_default_str();
+  CLI::Option* json = app.add_flag("--json", flags.json_flag, "Same as --write-out json");
+  if (!group.empty()) {
+    write_out->group(group);
+    json->group(group);
+  }
 }
 
 std::optional<int> parse_command_line(CLI::App& app, int argc, char** argv, std::string_view tool) {
@@ -55,8 +75,8 @@ DurationFlag parse_duration_flag(std::string_view flag, std::string_view text, Z
   const std::optional<std::chrono::milliseconds> parsed = lease::parse_duration(text);
   std::string name(flag);
   if (!parsed) {
-    result.error =
-        name + ": invalid duration \"" + std::string(text) + "\" (use e.g. 0, 500ms, 30s, 2m)";
+    result.error = name + ": invalid duration \"" + std::string(text) +
+                   "\" (use e.g. 500ms, 1.5s, 30 (seconds), 2m)";
   } else if (parsed->count() == 0 && zero == ZeroDuration::kRejected) {
     result.error = name + ": must be more than 0";
   } else if (*parsed > longest) {

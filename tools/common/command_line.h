@@ -20,6 +20,25 @@ inline constexpr int kExitUsage = 2;
 // kExitUsage.
 int usage_error(std::string_view tool, std::string_view message);
 
+// Gives `app` --version, which prints "<tool> <version>" (PROJECT_VERSION,
+// shardlock_version.h) and exits 0.
+void add_version_flag(CLI::App& app, std::string_view tool);
+
+// How a tool prints its results: for people (the default) or as JSON for
+// scripts. The same switch on every tool and subcommand: --json, or
+// -w/--write-out json (etcdctl's spelling).
+struct OutputFlags {
+  std::string write_out = "text";
+  bool json_flag = false;
+  [[nodiscard]] bool json() const noexcept { return json_flag || write_out == "json"; }
+};
+
+// Adds --json and --write-out (also -w unless `with_short_w` is false: in
+// shardlockctl run, -w is flock's --wait) to `app`, bound to `flags`, in the
+// option group `group` (empty: none).
+void add_output_flags(CLI::App& app, OutputFlags& flags, bool with_short_w = true,
+                      const std::string& group = {});
+
 // Parses the command line into `app`. Returns nullopt when main() should go
 // on; otherwise the status main() returns: 0 after --help or --version
 // (printed on stdout), kExitUsage after a usage error (see usage_error()).
@@ -47,7 +66,7 @@ struct DurationFlag {
 
 // Parses the text of a duration flag (lease::parse_duration: "500ms", "30s",
 // "1m30s", "0") and checks it against the flag's bounds. The error names
-// the flag, e.g. `--ttl: invalid duration "soon" (use e.g. 0, 500ms, 30s, 2m)`.
+// the flag, e.g. `--ttl: invalid duration "soon" (use e.g. 500ms, 1.5s, 30 (seconds), 2m)`.
 [[nodiscard]] DurationFlag parse_duration_flag(
     std::string_view flag, std::string_view text, ZeroDuration zero,
     std::chrono::milliseconds longest = kLongestWireDuration);

@@ -18,4 +18,17 @@ void append_json_string(std::string& out, std::string_view text);
 // `text` as a quoted JSON string (see append_json_string).
 [[nodiscard]] std::string json_string(std::string_view text);
 
+// Whether `text` is valid UTF-8 (no overlong forms, no surrogates, nothing
+// above U+10FFFF).
+[[nodiscard]] bool valid_utf8(std::string_view text) noexcept;
+
+// How the tools show a key, which is any bytes: valid UTF-8 is kept, every
+// other byte is written \xNN (two lowercase hex digits), as is a backslash
+// (\x5c), so the result reads back unambiguously. With `controls`, control
+// characters (below 0x20, and 0x7f) are written \xNN too: for a terminal.
+[[nodiscard]] std::string escaped_key(std::string_view key, bool controls);
+
+// `bytes` as lowercase hex, two digits per byte.
+[[nodiscard]] std::string hex_bytes(std::string_view bytes);
+
 }  // namespace shardlock::tools

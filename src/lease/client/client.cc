@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <limits>
 #include <utility>
 
 #include "client/client_core.h"
@@ -33,8 +34,14 @@ std::error_code ClientCore::start() {
   int family = AF_UNSPEC;
   for (const std::string& node : setup.options.nodes) {
     Endpoint e;
-    if (parse_endpoint(node, e)) {
-      error_detail = "bad node address '" + node + "' (want HOST:PORT)";
+    std::string why;
+    if (const std::error_code ec = parse_endpoint(node, e, why)) {
+      // The resolver's own words for a name that does not resolve. Both
+      // are kBadAddress here, as the C ABI documents; parse_endpoint()
+      // tells them apart for a caller that needs to.
+      error_detail = ec == LeaseErrc::kBadAddress
+                         ? "bad node address '" + node + "' (want HOST:PORT or [IPV6]:PORT)"
+                         : why;
       return LeaseErrc::kBadAddress;
     }
     if (family != AF_UNSPEC && e.address.ss_family != family) {
@@ -109,7 +116,8 @@ std::error_code ClientCore::start() {
   setup.options.max_retransmit =
       std::max(setup.options.max_retransmit, setup.options.initial_retransmit);
 
-  if (std::error_code ec = make_udp_transport(family, setup.transport)) {
+  if (std::error_code ec =
+          make_udp_transport(family, setup.transport, setup.options.auth_key.has_value())) {
     error_detail = "cannot open a UDP socket: " + ec.message();
     return ec;
   }
@@ -236,6 +244,43 @@ std::error_code make_acquire_many_call(ClientCore& core, std::span<const std::st
   return {};
 }
 
+// A waiting acquire's rounds. The server takes at most its max_wait in one
+// request (ERROR kWaitOutOfRange beyond) and answers TIMEOUT when that is
+// spent; neither ends the caller's wait. `make(wait, call)` builds one round
+// for `wait`; the answer that ends the wait (or the last round's) is
+// returned. Each round is a fresh request, queued behind the waiters already
+// there.
+template <typename MakeCall>
+CallResult acquire_in_rounds(ClientCore& core, milliseconds wait, const MakeCall& make) {
+  // shardlockd's default --max-wait: the first guess when a longer wait is
+  // refused; halved from there while refused.
+  constexpr milliseconds kUsualMaxWait{300'000};
+  constexpr milliseconds kWireLongest{std::numeric_limits<std::uint32_t>::max()};
+  const Clock::time_point start = Clock::now();
+  // A wait past the clock's range (shardlockctl's "forever") never ends.
+  const bool forever =
+      wait >= std::chrono::duration_cast<milliseconds>(Clock::time_point::max() - start);
+  const Clock::time_point end = forever ? Clock::time_point::max() : start + wait;
+  milliseconds round = std::min(wait, kWireLongest);
+  for (;;) {
+    milliseconds left = wait;
+    if (!forever && wait.count() > 0) {
+      left = std::max(milliseconds(1), std::chrono::ceil<milliseconds>(end - Clock::now()));
+    }
+    const milliseconds asked = std::min(round, left);
+    std::unique_ptr<Call> call;
+    if (const std::error_code ec = make(asked, call)) return failed(ec);
+    CallResult r = core.call_sync(std::move(call));
+    if (r.error == LeaseErrc::kServerError && r.wire_error == WireError::kWaitOutOfRange &&
+        asked > milliseconds(1)) {
+      round = asked > kUsualMaxWait ? kUsualMaxWait : asked / 2;
+      continue;
+    }
+    if (r.error == LeaseErrc::kTimeout && wait.count() > 0 && Clock::now() < end) continue;
+    return r;
+  }
+}
+
 // The leases of one grant, a state per key (keys[i] holds tokens[i]), each
 // watched when its options ask for it. Empty when the grant's client-side
 // expiry had passed on arrival (a long wait, or a GRANTED recovered late by
@@ -337,11 +382,14 @@ AcquireResult LeaseClient::acquire_one(std::string_view key, LeaseMode mode, std
                                        milliseconds ttl, milliseconds wait,
                                        LeaseOptions lease_options) {
   AcquireResult result;
-  std::unique_ptr<Call> call;
-  result.error = make_acquire_call(*core_, key, mode, permits, ttl, wait, call);
-  if (!result.error && !valid_lease_options(lease_options)) result.error = LeaseErrc::kBadArgument;
-  if (result.error) return result;
-  const CallResult r = core_->call_sync(std::move(call));
+  if (!valid_timing(ttl, wait) || !valid_lease_options(lease_options)) {
+    result.error = LeaseErrc::kBadArgument;
+    return result;
+  }
+  const CallResult r =
+      acquire_in_rounds(*core_, wait, [&](milliseconds round, std::unique_ptr<Call>& call) {
+        return make_acquire_call(*core_, key, mode, permits, ttl, round, call);
+      });
   result.error = r.error;
   result.holder_ttl_left_ms = r.reply == MessageType::kBusy ? r.ttl_ms : 0;
   result.retry_after_ms = r.retry_after_ms;
@@ -364,11 +412,14 @@ MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> k
                                              milliseconds ttl, milliseconds wait, LeaseMode mode,
                                              LeaseOptions lease_options) {
   MultiAcquireResult result;
-  std::unique_ptr<Call> call;
-  result.error = make_acquire_many_call(*core_, keys, mode, ttl, wait, call);
-  if (!result.error && !valid_lease_options(lease_options)) result.error = LeaseErrc::kBadArgument;
-  if (result.error) return result;
-  const CallResult r = core_->call_sync(std::move(call));
+  if (!valid_timing(ttl, wait) || !valid_lease_options(lease_options)) {
+    result.error = LeaseErrc::kBadArgument;
+    return result;
+  }
+  const CallResult r =
+      acquire_in_rounds(*core_, wait, [&](milliseconds round, std::unique_ptr<Call>& call) {
+        return make_acquire_many_call(*core_, keys, mode, ttl, round, call);
+      });
   result.error = r.error;
   if (r.reply == MessageType::kBusyMany) {
     // The engine took BUSY_MANY only with an index inside the key list.
@@ -503,6 +554,9 @@ std::uint64_t LeaseClient::malformed_replies() const noexcept {
 }
 std::uint64_t LeaseClient::retransmissions() const noexcept {
   return core_->engine.retransmissions();
+}
+TransportCounters LeaseClient::transport_counters() const noexcept {
+  return core_->setup.transport ? core_->setup.transport->counters() : TransportCounters{};
 }
 
 }  // namespace shardlock::lease

@@ -2,9 +2,11 @@
 // parsing: the datagram seam declared in call.h.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <memory>
 #include <string>
@@ -18,7 +20,7 @@ namespace {
 
 class UdpTransport final : public DatagramTransport {
  public:
-  explicit UdpTransport(int fd) noexcept : fd_(fd) {}
+  UdpTransport(int fd, bool sealed) noexcept : fd_(fd), sealed_(sealed) {}
   ~UdpTransport() override { ::close(fd_); }
   UdpTransport(const UdpTransport&) = delete;
   UdpTransport& operator=(const UdpTransport&) = delete;
@@ -47,7 +49,15 @@ class UdpTransport final : public DatagramTransport {
       const std::size_t n = batch_.receive(fd_);
       for (std::size_t i = 0; i < n; ++i) {
         // A datagram larger than the buffer is truncated; the codec rejects it.
-        if (!batch_.truncated(i)) deliver(batch_.bytes(i));
+        if (batch_.truncated(i)) continue;
+        const std::span<const std::uint8_t> bytes = batch_.bytes(i);
+        if (bytes.size() > kHeaderFlagsOffset &&
+            ((bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0) != sealed_) {
+          // The engine drops it too; counted here for the error message.
+          // Relaxed: a statistic.
+          auth_mismatches_.fetch_add(1, std::memory_order_relaxed);
+        }
+        deliver(bytes);
       }
       total += n;
       if (n < kBatch) break;
@@ -57,26 +67,43 @@ class UdpTransport final : public DatagramTransport {
 
   int fd() const noexcept override { return fd_; }
 
+  TransportCounters counters() const noexcept override {
+    // Relaxed: statistics, read for error messages.
+    return {auth_mismatches_.load(std::memory_order_relaxed)};
+  }
+
  private:
   static constexpr std::size_t kBatch = 32;
   static constexpr int kRounds = 8;
   int fd_;
+  bool sealed_;  // the client seals its requests and expects sealed replies
+  std::atomic<std::uint64_t> auth_mismatches_{0};
   internal::ReceiveBatch<kBatch> batch_;
 };
 
 }  // namespace
 
-std::error_code parse_endpoint(std::string_view text, Endpoint& out) {
-  std::string detail;
+std::error_code parse_endpoint(std::string_view text, Endpoint& out, std::string& detail) {
+  // The text's form first, so a name that does not resolve (DNS down, a
+  // typo in the host) is not reported as a malformed address.
+  std::string host;
+  std::uint16_t port = 0;
+  const bool well_formed = internal::split_host_port(text, host, port) && port != 0;
   if (!internal::resolve_udp_address(text, /*passive=*/false, /*allow_port_zero=*/false,
                                      out.address, out.length, detail)) {
-    return LeaseErrc::kBadAddress;
+    return well_formed ? LeaseErrc::kUnreachable : LeaseErrc::kBadAddress;
   }
   out.text = std::string(text);
   return {};
 }
 
-std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport>& out) {
+std::error_code parse_endpoint(std::string_view text, Endpoint& out) {
+  std::string detail;
+  return parse_endpoint(text, out, detail);
+}
+
+std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport>& out,
+                                   bool sealed) {
   const int fd = ::socket(family, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return {errno, std::system_category()};
   // Room for a burst of replies while the I/O thread is busy with completions.
@@ -100,8 +127,32 @@ std::error_code make_udp_transport(int family, std::unique_ptr<DatagramTransport
     ::close(fd);
     return {saved, std::system_category()};
   }
-  out = std::make_unique<UdpTransport>(fd);
+  out = std::make_unique<UdpTransport>(fd, sealed);
   return {};
+}
+
+PortProbe probe_port(const Endpoint& to, std::chrono::milliseconds wait) {
+  // A connected UDP socket learns of the ICMP port-unreachable its datagram
+  // causes (an unconnected one, like the client's, does not); the empty
+  // datagram is one the server drops and counts as malformed.
+  const int fd = ::socket(to.address.ss_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return PortProbe::kUnknown;
+  PortProbe result = PortProbe::kUnknown;
+  if (::connect(fd, reinterpret_cast<const sockaddr*>(&to.address), to.length) == 0 &&
+      ::send(fd, "", 0, 0) == 0) {
+    pollfd p{fd, POLLIN, 0};
+    const int ready = ::poll(&p, 1, static_cast<int>(wait.count()));
+    char byte = 0;
+    if (ready == 0) {
+      result = PortProbe::kSilent;
+    } else if (ready > 0 && ::recv(fd, &byte, 1, MSG_DONTWAIT) < 0) {
+      result = errno == ECONNREFUSED ? PortProbe::kRefused : PortProbe::kUnknown;
+    } else if (ready > 0) {
+      result = PortProbe::kAnswered;
+    }
+  }
+  ::close(fd);
+  return result;
 }
 
 }  // namespace shardlock::lease

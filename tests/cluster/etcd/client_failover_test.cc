@@ -29,8 +29,8 @@
 #include <vector>
 
 #include "etcd_process.h"
-#include "tools/client_tool_support.h"
 #include "shardlock/lease/client/client.h"
+#include "tools/client_tool_support.h"
 #ifdef SHARDLOCK_TEST_C_API
 #include "shardlock/lease/client/c_api.h"
 #endif
@@ -148,9 +148,10 @@ TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
   const std::string seeds =
       addresses_.at("n1") + "," + addresses_.at("n3") + "," + addresses_.at("n2");
   auto ctl = std::async(std::launch::async, [&] {
-    return run_tool(
-        kCtl, {"--server", seeds, "--discover", "acquire", keys[0], "--ttl", "2s", "--wait", "40s"},
-        90s);
+    return run_tool(kCtl,
+                    {"--server", seeds, "--discover", "--json", "acquire", keys[0], "--ttl", "2s",
+                     "--wait", "40s"},
+                    90s);
   });
   // The C++ client (which the C ABI wraps), waiting on another of n2's keys.
   auto waited = std::async(std::launch::async, [&] {
@@ -231,14 +232,15 @@ TEST(ClientFreshStartTest, AWaitingAcquireIsGrantedWhenTheLockDelayEnds) {
         start_daemon(daemon, root + "/d.log", {"--data-dir", root + "/d", "--lock-delay", "6s"});
     ASSERT_FALSE(address.empty());
     const ToolResult tried =
-        run_tool(kCtl, {"--server", address, "acquire", "fresh", "--ttl", "5s"}, 60s);
+        run_tool(kCtl, {"--server", address, "--json", "acquire", "fresh", "--ttl", "5s"}, 60s);
     // Unless the machine took the whole lock-delay to get here.
     if (std::chrono::steady_clock::now() - started < 5s) {
       EXPECT_EQ(tried.exit_code, 4) << tried.out << tried.err;
       EXPECT_NE(tried.out.find("recovering"), std::string::npos) << tried.out;
     }
     const ToolResult waited = run_tool(
-        kCtl, {"--server", address, "acquire", "fresh", "--ttl", "5s", "--wait", "40s"}, 90s);
+        kCtl, {"--server", address, "--json", "acquire", "fresh", "--ttl", "5s", "--wait", "40s"},
+        90s);
     EXPECT_EQ(waited.exit_code, 0) << waited.out << waited.err;
     EXPECT_NE(waited.out.find("\"token\""), std::string::npos) << waited.out;
     EXPECT_GE(std::chrono::steady_clock::now() - started, 6s);

@@ -17,9 +17,20 @@ TEST(Duration, ParsesUnits) {
   EXPECT_EQ(parse_duration("0s"), milliseconds{0});
 }
 
+TEST(Duration, ReadsFractionsAndBareSeconds) {
+  EXPECT_EQ(parse_duration("1.5s"), milliseconds{1'500});
+  EXPECT_EQ(parse_duration("0.25s"), milliseconds{250});
+  EXPECT_EQ(parse_duration("1.5h"), milliseconds{5'400'000});
+  EXPECT_EQ(parse_duration("1m0.5s"), milliseconds{60'500});
+  EXPECT_EQ(parse_duration("30"), milliseconds{30'000});
+  EXPECT_EQ(parse_duration("1.5"), milliseconds{1'500});
+  EXPECT_EQ(parse_duration("0.001"), milliseconds{1});
+}
+
 TEST(Duration, RejectsGarbage) {
-  for (const char* bad : {"", "5", "ms", "-1s", "1.5s", "1x", "1s ", " 1s", "1sms", "s1",
-                          "99999999999999999999ms", "9223372036854775807h"}) {
+  for (const char* bad :
+       {"", "ms", "-1s", "-1", "1.5ms", "0.0005", "1.s", ".5s", "1..5s", "1m30", "1x", "1s ", " 1s",
+        "1sms", "s1", "1e3", "99999999999999999999ms", "9223372036854775807h", "1.0000000001s"}) {
     EXPECT_FALSE(parse_duration(bad).has_value()) << bad;
   }
 }

@@ -84,8 +84,36 @@ struct Endpoint {
   std::string text;  // "HOST:PORT" as configured
 };
 // Resolves "HOST:PORT" or "[IPv6]:PORT" (numeric or a host name). Returns
-// kBadAddress for anything else.
+// kBadAddress for text that breaks that rule (or port 0), kUnreachable when
+// the host name does not resolve (the resolver's reason in `detail`, e.g.
+// `cannot resolve "db1:7420": Name or service not known`).
+[[nodiscard]] std::error_code parse_endpoint(std::string_view text, Endpoint& out,
+                                             std::string& detail);
 [[nodiscard]] std::error_code parse_endpoint(std::string_view text, Endpoint& out);
+
+// What a transport saw besides the replies it delivered, for error messages
+// (an "unreachable" that is really a key mismatch or nothing listening):
+struct TransportCounters {
+  // Replies whose sealing does not match this client's: sealed replies to a
+  // client without an auth key, unsealed ones to a client with one. (A
+  // shardlockd never answers a request it cannot authenticate: a client with
+  // the wrong key, or none, sees silence, not these.)
+  std::uint64_t auth_mismatches = 0;
+};
+
+// What probe_port() learned about a node that did not answer.
+enum class PortProbe : std::uint8_t {
+  kRefused,   // its host says nothing listens on the port (ICMP port unreachable)
+  kSilent,    // no refusal within the wait: something holds the port and drops
+              // what it gets (a shardlockd with another --auth-key), or a
+              // firewall or a host that is down swallows it
+  kAnswered,  // a datagram came back
+  kUnknown,   // the probe could not be sent
+};
+// Sends `to` one empty datagram from a connected socket and waits up to
+// `wait` for a refusal. A diagnostic for error messages after a call went
+// unanswered; the server counts the datagram as malformed. Blocks.
+[[nodiscard]] PortProbe probe_port(const Endpoint& to, std::chrono::milliseconds wait);
 
 // The I/O path of a LeaseClient: every datagram it sends or receives passes
 // through one of these. The default is a plain UDP socket
@@ -116,12 +144,18 @@ class DatagramTransport {
   // How often the I/O thread must call receive() even when fd() is quiet, for
   // transports that hold datagrams back (reordering); zero means never.
   [[nodiscard]] virtual std::chrono::milliseconds poll_interval() const noexcept { return {}; }
+  // What it saw besides replies (relaxed counters; any thread). Transports
+  // that do not look return zeros.
+  [[nodiscard]] virtual TransportCounters counters() const noexcept { return {}; }
 };
 
 // A non-blocking UDP socket of `family` (AF_INET or AF_INET6), bound to an
-// ephemeral port. Receives up to 32 datagrams per recvmmsg.
+// ephemeral port. Receives up to 32 datagrams per recvmmsg. Counts (see
+// counters()) the replies sealed when `sealed` is false, or not sealed when
+// it is true: against the client's own setting.
 [[nodiscard]] std::error_code make_udp_transport(int family,
-                                                 std::unique_ptr<DatagramTransport>& out);
+                                                 std::unique_ptr<DatagramTransport>& out,
+                                                 bool sealed = false);
 
 // ---------------------------------------------------------------------------
 // Options and results

@@ -195,7 +195,10 @@ class LeaseClient {
   LeaseClient& operator=(const LeaseClient&) = delete;
 
   // Resolves the nodes, opens the socket and starts the I/O thread. Call
-  // once; on error error_detail() says which node or syscall failed.
+  // once; on error error_detail() says which node or syscall failed. A
+  // node address that is malformed or does not resolve is kBadAddress (the
+  // detail gives the resolver's reason; parse_endpoint() tells the two
+  // apart).
   [[nodiscard]] std::error_code start();
   [[nodiscard]] const std::string& error_detail() const noexcept;
 
@@ -214,7 +217,11 @@ class LeaseClient {
   // ---- blocking calls (any thread, concurrently) -------------------------
 
   // ACQUIRE `key` for `ttl`, waiting up to `wait` for a holder to let go (0:
-  // answer BUSY at once). Blocks at most wait + request_timeout. A grant that
+  // answer BUSY at once). Blocks about wait + request_timeout at most. A wait
+  // longer than the server takes in one request (its max_wait, or 49 days,
+  // the wire's limit) is not an error: the client queues again with the
+  // wait left after each TIMEOUT until its own wait is spent (so a key
+  // freed between two rounds may go to a waiter queued behind). A grant that
   // arrives after its own client-side expiry (wait >= TTL, or a GRANTED
   // recovered late by retransmission) is released and returned as
   // kGrantExpired: a returned Lease is valid() when acquire() returns.
@@ -309,6 +316,9 @@ class LeaseClient {
   // per key asked, a BUSY_MANY naming no key of it). Such a datagram or
   // reply completes nothing. A relaxed counter.
   [[nodiscard]] std::uint64_t malformed_replies() const noexcept;
+  // What the transport saw besides replies: replies whose sealing does not
+  // match this client's auth key (call.h). Zeros before start().
+  [[nodiscard]] TransportCounters transport_counters() const noexcept;
 
  private:
   // acquire(), acquire_shared() and acquire_permit() (permits: kPermit only).
