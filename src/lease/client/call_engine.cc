@@ -513,7 +513,7 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     Call& call = *it->second;
     if (!reply_answers(call.type, m.type) || (reply_carries_key(m.type) && m.key != call.key))
       continue;
-    if (m.type == MessageType::kRedirect && call.type != MessageType::kRenew) {
+    if (m.type == MessageType::kRedirect) {
       // Followed once this round's completions have run (follow_redirects()).
       redirected_.emplace_back(std::move(it->second), m.epoch);
       pending_.erase(it);
@@ -721,7 +721,10 @@ const Endpoint* CallEngine::owner_under(const Call& call, const ClusterMapView& 
 }
 
 bool CallEngine::follows_owner(MessageType type) noexcept {
-  return is_acquire(type) || type == MessageType::kQuery;
+  // A RENEW too: with replication the key's new owner holds the lease a
+  // node that left granted (docs/cluster.md, "Replication"); without it,
+  // the new owner answers that it has no such lease, as the old one would.
+  return is_acquire(type) || type == MessageType::kQuery || type == MessageType::kRenew;
 }
 
 void CallEngine::follow_redirects() {

@@ -26,10 +26,20 @@ bool close_lease(LeaseState& state) {
 
 void send_release(LeaseState& state) noexcept {
   try {
+    // To the node that granted it (it may be handing the key off and holds
+    // the lease until then), and, when the map now gives the key to another
+    // node, to that one too: it may have taken the lease over. The token is
+    // this lease's alone, so neither can free another grant.
     auto call = state.core->engine.make_call(MessageType::kRelease, state.key);
-    if (state.node != nullptr) call->to = state.node;
     call->token = state.token;
     call->done = [](const CallResult&) {};
+    if (state.node != nullptr && call->to != state.node) {
+      auto pinned = state.core->engine.make_call(MessageType::kRelease, state.key);
+      pinned->to = state.node;
+      pinned->token = state.token;
+      pinned->done = [](const CallResult&) {};
+      state.core->engine.submit(std::move(pinned));
+    }
     state.core->engine.submit(std::move(call));
   } catch (...) {
     // Best effort: an allocation failure here leaves the lease to expire.

@@ -59,8 +59,11 @@ bool LeaseState::apply_renewal(const CallResult& r, std::uint64_t request_id,
 }
 
 std::unique_ptr<Call> make_renewal(CallEngine& engine, LeaseState& state, milliseconds ttl) {
+  // Routed to the key's owner now, not pinned to the node that granted it:
+  // in cluster mode a primary that left hands its leases to its backup
+  // (docs/cluster.md, "Replication"), and a renewal follows the key there.
+  // Only a node holding this very token (unique in the cluster) renews it.
   auto call = engine.make_call(MessageType::kRenew, state.key);
-  if (state.node != nullptr) call->to = state.node;
   call->token = state.token;
   call->ttl_ms = clamp_ms(ttl);
   call->request_id = engine.new_request_id();

@@ -5,7 +5,7 @@
 // REDIRECT for the others, and records what it received. The real nodes'
 // side of cluster mode is tested with them; this tests the client's:
 // discovery with paging, routing, the epoch in every request, following
-// REDIRECTs, and losing a lease whose RENEW is redirected.
+// REDIRECTs, and a lease renewing at its key's owner.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -517,7 +517,7 @@ TEST(ClusterClientTest, EndlessRedirectsEndWithAClearError) {
   EXPECT_NE(to_string(LeaseErrc::kRedirected), "unknown");
 }
 
-TEST(ClusterClientTest, LeaseRenewsAtItsGrantingNodeAndIsLostOnceWhenRedirected) {
+TEST(ClusterClientTest, LeaseRenewsAtItsKeysOwnerAndIsLostOnceWhenNoOwnerRenewsIt) {
   FakeCluster cluster;
   FakeNode a(cluster), b(cluster);
   cluster.publish(5, one_member_each({&a, &b}));
@@ -541,20 +541,24 @@ TEST(ClusterClientTest, LeaseRenewsAtItsGrantingNodeAndIsLostOnceWhenRedirected)
   AcquireResult r = client->acquire(key, 1200ms, 0ms, watch);
   ASSERT_TRUE(r) << r.error.message();
 
+  ASSERT_TRUE(poll_until([&] { return a.count(MessageType::kRenew) >= 1; }));
   // The client learns map 6 (which gives the key to b) through another
-  // key's redirect; the lease still renews where it was granted.
+  // key's redirect; the lease renews at the key's owner now, as at a
+  // backup that took the lease over (docs/cluster.md, "Replication"; this
+  // fake b renews whatever it is asked to).
   b.know(6);
   a.know(6);
   ASSERT_TRUE(client->try_acquire(key_of(cluster, 5, a, true, 1), 10s));
   ASSERT_EQ(client->map_epoch(), 6u);
-  const std::size_t renewals = a.count(MessageType::kRenew);
-  ASSERT_TRUE(poll_until([&] { return a.count(MessageType::kRenew) >= renewals + 2; }));
-  EXPECT_EQ(b.count(MessageType::kRenew), 0u);
+  const std::size_t at_a = a.count(MessageType::kRenew);
+  ASSERT_TRUE(poll_until([&] { return b.count(MessageType::kRenew) >= 2; }));
+  EXPECT_LE(a.count(MessageType::kRenew), at_a + 1);  // one may have been on its way
   EXPECT_EQ(lost.load(), 0);
   EXPECT_TRUE(r.lease.valid());
 
-  // a hands the key off: its answer to the next RENEW is REDIRECT.
-  a.redirect_renewals(true);
+  // No node renews it any more (b sends every RENEW elsewhere, in the map
+  // the client has): the lease is lost by its client-side expiry, once.
+  b.redirect_renewals(true);
   ASSERT_TRUE(poll_until([&] { return lost.load() > 0; }));
   // A lost lease is reported once: nothing more comes, renewal or expiry.
   std::this_thread::sleep_for(300ms);
@@ -563,10 +567,8 @@ TEST(ClusterClientTest, LeaseRenewsAtItsGrantingNodeAndIsLostOnceWhenRedirected)
     std::lock_guard lock(mutex);
     EXPECT_EQ(last.key, key);
     EXPECT_EQ(last.reason, LeaseErrc::kExpired);
-    EXPECT_TRUE(last.refused_by_server);
   }
   EXPECT_FALSE(r.lease.valid());
-  EXPECT_EQ(b.count(MessageType::kRenew), 0u);
 }
 
 // Part 2 of issue 21: a wait covers a lock-delay. The waiting acquire is

@@ -58,7 +58,10 @@
 //     them. Every request carries the map's epoch. A REDIRECT from a node
 //     with a newer map makes the client refresh its map (one refresh at a
 //     time) and send the call to the new owner, within the call's deadline.
-//     A lease renews and releases at the node that granted it.
+//     A lease renews at its key's owner under the current map (with
+//     replication a backup that took over holds it; otherwise the owner
+//     answers that it has no such lease), and releases at the node that
+//     granted it and, if the map moved the key, at its new owner too.
 //   * The datagram path goes through DatagramTransport, so tests can inject
 //     loss, duplication and reordering in front of the real socket.
 #pragma once
