@@ -325,6 +325,13 @@ int run(int argc, char** argv) {
                  "TTL of this node's etcd lease: how soon a dead node's keys move")
       ->capture_default_str()
       ->needs(cluster_flag);
+  app.add_option("--replicas", cluster.replicas,
+                 "owners per bucket: 1, none; 2 or 3, each grant also on the next nodes, so a "
+                 "node's death loses no holder (docs/cluster.md, Replication; every node of a "
+                 "cluster must use the same value)")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{1}, std::size_t{3}))
+      ->needs(cluster_flag);
 #endif
 
 #ifndef SHARDLOCK_HAVE_CLUSTER
@@ -337,7 +344,7 @@ int run(int argc, char** argv) {
     const std::string_view arg = argv[i];
     if (arg == "--") break;
     for (const std::string_view flag : {"--cluster", "--node-id", "--advertise", "--weight",
-                                        "--cluster-name", "--etcd-lease-ttl"}) {
+                                        "--cluster-name", "--etcd-lease-ttl", "--replicas"}) {
       if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
         return usage_error(
             std::string(flag) +
@@ -418,6 +425,7 @@ int run(int argc, char** argv) {
     cluster.data_dir = options.data_dir;
     cluster.log = options.log;
     options.start_closed = true;  // nothing granted before the cluster says what
+    options.replication = cluster.replicas > 1;
   }
 #endif
 

@@ -180,6 +180,7 @@ void ClusterNode::run() {
     const bool news = !views.empty();
     apply_views(views, now);
     if (news || activation_pending_) publish(now);
+    if (options_.replicas > 1) evict_silent_replicas();
     // Both below take every shard lock in turn: at the count's pace, not
     // every tick.
     if (now - last_count < kHandOffCountInterval) continue;
@@ -209,7 +210,7 @@ void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds
     std::unordered_map<std::string, SeenMember> present;
     for (const ClusterView::Member& member : view.members) {
       // An unreadable record (a newer version's) is a live node all the same.
-      present[member.id] = SeenMember{member.create_revision};
+      present[member.id] = SeenMember{member.create_revision, member.lease};
       if (member.readable && member.record.max_ttl_ms != 0) {
         activation_->raise_max_ttl(milliseconds(member.record.max_ttl_ms));
       }
@@ -270,10 +271,90 @@ void ClusterNode::adopt_map(const std::shared_ptr<const ClusterMap>& map, nanose
   }
   map_ = map;
   routing_ = std::shared_ptr<const ClusterRouting>(std::move(routing));
+  if (options_.replicas > 1) {
+    adopt_replica_layout(activation_->history_restarts() != restarts, now);
+  }
+}
+
+void ClusterNode::adopt_replica_layout(bool history_restarted, nanoseconds now) {
+  const std::vector<ClusterMember>& members = routing_->map().members;
+  std::vector<std::string> addresses;
+  auto self = static_cast<std::uint16_t>(members.size());  // not a member: no role
+  for (std::size_t i = 0; i < members.size(); ++i) {
+    addresses.push_back(members[i].address);
+    if (members[i].id == options_.node_id) self = static_cast<std::uint16_t>(i);
+  }
+  if (const std::error_code ec = server_.set_replica_layout(map_->epoch, routing_->snapshot(), self,
+                                                            options_.replicas, addresses)) {
+    note("epoch " + std::to_string(map_->epoch) + ": no replica layout: " + server_.error_detail());
+  }
+  // A skipped map leaves no history to take over by: those buckets wait as
+  // after a start.
+  pending_takeovers_.clear();
+  if (history_restarted) return;
+  for (std::size_t b = 0; b < routing_->bucket_count(); ++b) {
+    if (!activation_->owns(b) || activation_->may_grant(b, now)) continue;
+    if (auto primary = activation_->previous_primary_backed_by_self(b, options_.replicas)) {
+      pending_takeovers_.emplace(b, std::move(*primary));
+    }
+  }
+}
+
+bool ClusterNode::take_over_pending(nanoseconds now) {
+  if (pending_takeovers_.empty()) return false;
+  // Every inherited lease may have been renewed just before the primary
+  // stopped: it lasts the largest max TTL any member has, plus the drift
+  // margin, from now.
+  const auto hold =
+      std::chrono::duration_cast<milliseconds>(activation_->lock_delay() - options_.lease_ttl);
+  std::size_t buckets = 0;
+  std::size_t holders = 0;
+  for (auto it = pending_takeovers_.begin(); it != pending_takeovers_.end();) {
+    const auto installed =
+        server_.take_over(it->second, static_cast<std::uint32_t>(it->first), hold);
+    if (!installed) {
+      ++it;
+      continue;
+    }
+    activation_->on_taken_over(it->first, it->second);
+    ++buckets;
+    holders += *installed;
+    it = pending_takeovers_.erase(it);
+  }
+  (void)now;
+  if (buckets == 0) return false;
+  note("epoch " + std::to_string(map_->epoch) + ": took over " + std::to_string(buckets) +
+       " buckets with " + std::to_string(holders) + " leases");
+  LockGuard lock(mutex_);
+  stats_.buckets_taken_over += buckets;
+  stats_.holders_inherited += holders;
+  return true;
+}
+
+void ClusterNode::evict_silent_replicas() {
+  for (const std::string& id : server_.silent_replicas(options_.evict_after)) {
+    const auto seen = seen_members_.find(id);
+    if (seen == seen_members_.end() || seen->second.lease == 0) continue;
+    if (!evicted_leases_.insert(seen->second.lease).second) continue;  // asked already
+    const EtcdStatus revoked = membership_->evict(seen->second.lease);
+    note("replica " + id + " silent for " + std::to_string(options_.evict_after.count()) +
+         " ms: evicting it (revoking its etcd lease): " +
+         (revoked.ok() ? std::string("done") : revoked.detail));
+    if (!revoked.ok()) {
+      evicted_leases_.erase(seen->second.lease);  // the next pass tries again
+      continue;
+    }
+    LockGuard lock(mutex_);
+    ++stats_.replicas_evicted;
+  }
 }
 
 void ClusterNode::publish(nanoseconds now) {
   if (!routing_) return;  // no map yet: the server's gate stays closed
+  // Takeovers only under a gate of the current map, which marks their
+  // buckets replicated: the inherited holders then reach this node's own
+  // backups, after the snapshots the layout sent them.
+  if (gate_ && gate_->epoch == map_->epoch) (void)take_over_pending(now);
   const std::size_t n = routing_->bucket_count();
   std::vector<std::uint8_t> buckets(n, lease::internal::ClusterGate::kForeign);
   std::size_t owned = 0;
@@ -289,7 +370,19 @@ void ClusterNode::publish(nanoseconds now) {
     }
   }
   activation_pending_ = active < owned;
-  if (gate_ && gate_->epoch == map_->epoch && gate_->buckets == buckets) return;
+  // With replicas, every bucket owned here has backups once the map has
+  // another member: granted and renewed only within the primary lease.
+  std::vector<std::uint8_t> replicated;
+  if (options_.replicas > 1 && map_->members.size() > 1) {
+    replicated.assign(n, 0);
+    for (std::size_t b = 0; b < n; ++b) {
+      replicated[b] = buckets[b] != lease::internal::ClusterGate::kForeign ? 1 : 0;
+    }
+  }
+  if (gate_ && gate_->epoch == map_->epoch && gate_->buckets == buckets &&
+      gate_->replicated == replicated) {
+    return;
+  }
   auto gate = std::make_shared<lease::internal::ClusterGate>();
   gate->epoch = map_->epoch;
   {
@@ -299,6 +392,10 @@ void ClusterNode::publish(nanoseconds now) {
   // Aliasing: the snapshot lives as long as the routing that owns it.
   gate->routing = std::shared_ptr<const RouterSnapshot>(routing_, &routing_->snapshot());
   gate->buckets = std::move(buckets);
+  gate->replicated = std::move(replicated);
+  gate->replica_deadline = [&server = server_](std::size_t bucket) {
+    return server.replica_lease_until(bucket);
+  };
   // Bound to the registration this gate's activation belongs to: after a
   // re-registration the new lease's deadline must not revive this gate (the
   // cluster may have given its buckets away while the node had no lease).

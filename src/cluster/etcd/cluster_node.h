@@ -48,6 +48,7 @@
 #include <system_error>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "activation.h"
@@ -75,6 +76,14 @@ struct ClusterNodeOptions {
   std::chrono::milliseconds tick{20};
   // How long RECOVERING answers ask clients to wait.
   std::chrono::milliseconds retry_after{50};
+  // Owners per bucket (docs/cluster.md, "Replication"): 1, no replication;
+  // 2 or 3, a primary and backups. Above 1 the server must have been
+  // started with LeaseServerOptions::replication.
+  std::size_t replicas = 1;
+  // A replica (backup or primary of this node's) not heard from for this
+  // long is evicted: its etcd lease is revoked, so the next map leaves it
+  // out at once.
+  std::chrono::milliseconds evict_after{300};
   // One line per notable event. Default: stderr.
   std::function<void(std::string_view)> log;
 };
@@ -92,6 +101,11 @@ struct ClusterNodeStats {
   std::uint64_t restarts = 0;  // start_over(): a new etcd lease after losing one
   // Maps adopted after a skipped epoch (their buckets start over as at a start).
   std::uint64_t maps_missed = 0;
+  // Replication: buckets taken over from a primary that left (no
+  // lock-delay), holders inherited with them, and replicas evicted.
+  std::uint64_t buckets_taken_over = 0;
+  std::uint64_t holders_inherited = 0;
+  std::uint64_t replicas_evicted = 0;
   // The lock-delay now: the largest max TTL of any member seen, plus the
   // etcd lease TTL and the drift margin.
   std::chrono::nanoseconds lock_delay{0};
@@ -135,6 +149,11 @@ class ClusterNode {
   void adopt_map(const std::shared_ptr<const ClusterMap>& map, std::chrono::nanoseconds now);
   void publish(std::chrono::nanoseconds now);
   void hand_off(std::chrono::nanoseconds now);
+  // Replication: the layout of the current map, the takeovers it allows,
+  // and the eviction of replicas that fell silent.
+  void adopt_replica_layout(bool history_restarted, std::chrono::nanoseconds now);
+  bool take_over_pending(std::chrono::nanoseconds now);
+  void evict_silent_replicas();
   // The node lost its etcd lease and registered again: everything it knew
   // may be stale (the cluster may have given its buckets away meanwhile),
   // so it closes the gate and starts over as at a start.
@@ -162,7 +181,12 @@ class ClusterNode {
   // Driver-thread state.
   struct SeenMember {
     std::int64_t create_revision = 0;
+    std::int64_t lease = 0;  // the etcd lease its member key is under
   };
+  // Buckets that moved here from a primary this node backed up in the map
+  // before: taken over (no lock-delay) once the server allows it.
+  std::unordered_map<std::size_t, std::string> pending_takeovers_;
+  std::unordered_set<std::int64_t> evicted_leases_;
   std::unordered_map<std::string, SeenMember> seen_members_;
   std::shared_ptr<const ClusterMap> map_;
   std::shared_ptr<const ClusterRouting> routing_;

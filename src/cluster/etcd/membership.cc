@@ -309,6 +309,14 @@ EtcdStatus Membership::put_handoff(std::uint64_t epoch) {
   return status_of(put.error, put.detail);
 }
 
+EtcdStatus Membership::evict(std::int64_t lease) {
+  if (lease == 0 || lease == lease_id()) {
+    return status_of(make_error_code(EtcdErrc::kNotFound),
+                     "not evicting lease " + std::to_string(lease) + " (none, or this node's own)");
+  }
+  return client_->revoke_lease(lease);
+}
+
 void Membership::request_new_epoch(std::uint64_t at_least) {
   {
     LockGuard lock(mutex_);

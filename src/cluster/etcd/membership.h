@@ -252,6 +252,14 @@ class Membership {
   // node is not registered right now (re-registering after a lost lease), or
   // etcd's error.
   [[nodiscard]] EtcdStatus put_handoff(std::uint64_t epoch);
+  // Evicts a member this node has stopped hearing from (docs/cluster.md,
+  // "Eviction"): revokes the etcd lease its member key is under, `lease` as
+  // a view showed it. Its member key and hand-off record go at once, so the
+  // next map leaves it out without waiting for its lease to run out; if it
+  // is alive, its next keep-alive finds the lease gone and it fails closed
+  // and registers again. A lease id is never reused, so an old suspicion
+  // cannot evict the node's next registration.
+  [[nodiscard]] EtcdStatus evict(std::int64_t lease);
 
   // Asks for a map with an epoch above the current one and at least
   // `at_least`, with the same membership if nothing changes: the map thread

@@ -514,6 +514,13 @@ std::chrono::nanoseconds LeaseServer::replica_lease_until(std::size_t bucket) co
   return impl_->replicator->lease_until(bucket);
 }
 
+std::vector<std::string> LeaseServer::silent_replicas(std::chrono::milliseconds silence) const {
+  if (!impl_->replicator) return {};
+  return impl_->replicator->silent_peers(
+      impl_->clock.now().count(),
+      std::chrono::duration_cast<std::chrono::nanoseconds>(silence).count());
+}
+
 std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, std::uint32_t bucket,
                                                   std::chrono::milliseconds hold) {
   Impl& s = *impl_;

@@ -257,6 +257,9 @@ class LeaseServer {
   // just before it stopped). Returns how many holders it installed, or
   // nullopt while the takeover is not allowed yet (or never: not a bucket
   // this node backed up for `primary`).
+  // The replicas (node ids: backups of this node, primaries it backs up)
+  // not heard from for `silence`, for the cluster layer's eviction.
+  [[nodiscard]] std::vector<std::string> silent_replicas(std::chrono::milliseconds silence) const;
   [[nodiscard]] std::optional<std::size_t> take_over(const std::string& primary,
                                                      std::uint32_t bucket,
                                                      std::chrono::milliseconds hold);
