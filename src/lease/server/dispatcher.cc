@@ -4,7 +4,9 @@
 #include <xxhash.h>
 
 #include <algorithm>
+#include <map>
 #include <new>
+#include <set>
 #include <tuple>
 #include <utility>
 
@@ -112,19 +114,30 @@ void Dispatcher::drain_journal(ShardSlot& slot) {
   options_.replicator->route(entries);
 }
 
-void Dispatcher::replicate_bucket(std::uint16_t peer, std::uint32_t bucket) {
+void Dispatcher::replicate_buckets(
+    const std::vector<std::pair<std::uint16_t, std::uint32_t>>& pairs) {
   Replicator* r = options_.replicator;
-  if (r == nullptr) return;
-  r->begin_snapshot(peer, bucket);
+  if (r == nullptr || pairs.empty()) return;
+  // Which buckets each peer is owed.
+  std::map<std::uint16_t, std::set<std::uint32_t>> owed;
+  for (const auto& [peer, bucket] : pairs) owed[peer].insert(bucket);
+  for (const auto& [peer, bucket] : pairs) r->begin_snapshot(peer, bucket);
   std::vector<replication::Entry> holders;
+  std::vector<replication::Entry> part;
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
     drain_journal(*slot);
     holders.clear();
-    slot->shard->snapshot(bucket, holders);
-    r->append_snapshot(peer, holders);
+    slot->shard->snapshot_all(holders);
+    for (const auto& [peer, buckets] : owed) {
+      part.clear();
+      for (const replication::Entry& e : holders) {
+        if (buckets.contains(e.bucket)) part.push_back(e);
+      }
+      if (!part.empty()) r->append_snapshot(peer, part);
+    }
   }
-  r->end_snapshot(peer, bucket);
+  for (const auto& [peer, bucket] : pairs) r->end_snapshot(peer, bucket);
 }
 
 std::size_t Dispatcher::inherit(

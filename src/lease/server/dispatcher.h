@@ -122,7 +122,12 @@ class Dispatcher {
   // it appended under that shard's lock after its journal is drained, then
   // the caught-up mark. No grant can slip past it: one made before a
   // shard's part is in the stream before it, one made after, after it.
-  void replicate_bucket(std::uint16_t peer, std::uint32_t bucket);
+  void replicate_bucket(std::uint16_t peer, std::uint32_t bucket) {
+    replicate_buckets({{peer, bucket}});
+  }
+  // The same for many (peer, bucket) pairs at once, in one pass over the
+  // shards (a new backup may take over tens of thousands of buckets).
+  void replicate_buckets(const std::vector<std::pair<std::uint16_t, std::uint32_t>>& pairs);
   // Installs holders taken over from a primary (Shard::inherit), each on its
   // key's shard, to expire at `expiry_ms`; returns how many it installed
   // (a holder the key cannot admit is skipped and logged). Under a gate that

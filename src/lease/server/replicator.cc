@@ -143,9 +143,9 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       from->stream.stop_promising();
       continue;
     }
+    // Both lists ascend (built by walking the buckets in order).
     for (const std::uint32_t b : from->buckets) {
-      if (std::find(now_backed->second.begin(), now_backed->second.end(), b) ==
-          now_backed->second.end()) {
+      if (!std::binary_search(now_backed->second.begin(), now_backed->second.end(), b)) {
         from->stream.forget(b);
       }
     }
@@ -167,10 +167,10 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       it->second->buckets = std::move(buckets);
     }
   }
-  // Peers new to the layout count as heard now; the rest keep their time.
-  std::unordered_map<std::string, std::int64_t> heard;
-  for (const auto& entry : to_) heard[entry.first] = now_ns;
-  for (const auto& entry : backed) heard[entry.first] = now_ns;
+  // Peers new to the layout are not heard from yet; the rest keep their time.
+  std::unordered_map<std::string, std::optional<std::int64_t>> heard;
+  for (const auto& entry : to_) heard[entry.first] = std::nullopt;
+  for (const auto& entry : backed) heard[entry.first] = std::nullopt;
   for (auto& [id, at] : heard) {
     const auto old = heard_.find(id);
     if (old != heard_.end()) at = old->second;
@@ -200,6 +200,15 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
   }
   start_over_ = false;
   return to_snapshot;
+}
+
+bool Replicator::restart_pending() const {
+  LockGuard lock(mu_);
+  if (start_over_) return true;
+  for (const auto& entry : to_) {
+    if (entry.second->stream.resync_requested()) return true;
+  }
+  return false;
 }
 
 void Replicator::start_over() {
@@ -395,7 +404,7 @@ bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std:
   if (it == from_.end()) return false;
   const replication::BackupStream& s = it->second->stream;
   const std::vector<std::uint32_t>& backed = it->second->buckets;
-  if (std::find(backed.begin(), backed.end(), bucket) == backed.end()) return false;
+  if (!std::binary_search(backed.begin(), backed.end(), bucket)) return false;
   if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
   out = s.bucket_holders(bucket);
   return true;
@@ -406,7 +415,7 @@ std::vector<std::string> Replicator::silent_peers(std::int64_t now_ns,
   LockGuard lock(mu_);
   std::vector<std::string> silent;
   for (const auto& [id, at] : heard_) {
-    if (now_ns - at >= silence_ns) silent.push_back(id);
+    if (at && now_ns - *at >= silence_ns) silent.push_back(id);
   }
   std::sort(silent.begin(), silent.end());
   return silent;

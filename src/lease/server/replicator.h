@@ -101,6 +101,8 @@ class Replicator {
   // set_layout() does; until then the primary holds no lease from that
   // backup.
   std::vector<std::pair<std::uint16_t, std::uint32_t>> restart_streams();
+  // Whether restart_streams() has streams to start anew.
+  [[nodiscard]] bool restart_pending() const;
   // A journal entry was lost (no memory): every stream starts over at the
   // next restart_streams(), and no lease is held until then.
   void start_over();
@@ -143,9 +145,10 @@ class Replicator {
                               std::vector<std::pair<std::string, replication::ReplicaHolder>>& out);
 
   // The peers of the current layout (backups and primaries of this node)
-  // not heard from for `silence_ns`: no acknowledgement from a backup, no
-  // datagram from a primary. A peer new to the layout counts as heard when
-  // it entered it.
+  // heard from since they entered it, and not for `silence_ns` now: no
+  // acknowledgement from a backup, no datagram from a primary. A peer never
+  // heard from is not named: it may be slower to adopt the map (its etcd
+  // lease, not a suspicion, speaks for it if it is dead).
   [[nodiscard]] std::vector<std::string> silent_peers(std::int64_t now_ns,
                                                       std::int64_t silence_ns) const;
 
@@ -176,7 +179,8 @@ class Replicator {
         : address(primary_address), stream(timing, now_ns), buckets(std::move(backed)) {}
     Peer address;
     replication::BackupStream stream;
-    std::vector<std::uint32_t> buckets;  // backed up for this primary in the current layout
+    std::vector<std::uint32_t>
+        buckets;  // backed up for this primary in the current layout, ascending
   };
   struct Layout {
     // For each bucket, the lease ends of its backups' streams.
@@ -200,8 +204,9 @@ class Replicator {
 
   mutable Mutex mu_;
   std::uint32_t streams_started_ SHARDLOCK_GUARDED_BY(mu_) = 0;
-  // When each peer (by id) was last heard from, for silent_peers().
-  std::unordered_map<std::string, std::int64_t> heard_ SHARDLOCK_GUARDED_BY(mu_);
+  // When each peer (by id) was last heard from, for silent_peers(); nullopt
+  // while it has not been since it entered the layout.
+  std::unordered_map<std::string, std::optional<std::int64_t>> heard_ SHARDLOCK_GUARDED_BY(mu_);
   bool start_over_ SHARDLOCK_GUARDED_BY(mu_) = false;
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);

@@ -121,7 +121,13 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   void on_send_drop() override { dispatcher->count_send_drop(); }
   void on_tick(unsigned worker, std::vector<OutDatagram>& out) override {
     dispatcher->tick(worker, out);
-    if (worker == 0) settle_lease_bound();
+    if (worker != 0) return;
+    settle_lease_bound();
+    // A backup that restarted (or a lost journal entry) starts its stream
+    // over, with snapshots (server/replicator.h).
+    if (replicator && replicator->restart_pending()) {
+      dispatcher->replicate_buckets(replicator->restart_streams());
+    }
   }
   void settle_lease_bound();
   void log(std::string_view line) override { options.log(line); }
@@ -503,9 +509,7 @@ std::error_code LeaseServer::set_replica_layout(std::uint64_t epoch, const Route
   }
   const internal::ReplicaLayout layout =
       internal::replica_layout(epoch, routing, self, replicas, peers);
-  for (const auto& [peer, bucket] : s.replicator->set_layout(layout, s.clock.now().count())) {
-    s.dispatcher->replicate_bucket(peer, bucket);
-  }
+  s.dispatcher->replicate_buckets(s.replicator->set_layout(layout, s.clock.now().count()));
   return {};
 }
 

@@ -493,11 +493,10 @@ void Shard::take_journal(std::vector<replication::Entry>& out) {
   journal_lost_ = false;
 }
 
-void Shard::snapshot(std::size_t bucket, std::vector<replication::Entry>& out) const {
+void Shard::snapshot_all(std::vector<replication::Entry>& out) const {
   if (!gate_ || !gate_->routing) return;
   for (const auto& [key, state] : keys_) {
-    if (gate_->bucket_of(key.text) != bucket) continue;
-    // TTL 0: renewals are not replicated, so a takeover sets the expiry.
+    const std::size_t bucket = gate_->bucket_of(key.text);
     for (const Holder& h : state.holders) {
       out.push_back(holder_entry(replication::EntryKind::kGrant, bucket, h, 0));
     }

@@ -218,7 +218,8 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
 TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
   both_layouts();
   constexpr std::int64_t kSilence = 300 * kMs;
-  EXPECT_TRUE(a_.silent_peers(now_, kSilence).empty());
+  // Never heard from yet (it may adopt the map later): not named, however long.
+  EXPECT_TRUE(a_.silent_peers(now_ + 10 * kSilence, kSilence).empty());
   (void)exchange(poll_a());
   now_ += 200 * kMs;
   (void)exchange(poll_a());  // heartbeat and its ack: both heard
@@ -230,6 +231,24 @@ TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
   now_ += 300 * kMs;
   EXPECT_EQ(a_.silent_peers(now_, kSilence), std::vector<std::string>{"b"});
   EXPECT_EQ(b_->silent_peers(now_, kSilence), std::vector<std::string>{"a"});
+}
+
+TEST_F(ReplicatorTest, ARestartedBackupIsReportedAsPendingARestart) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  EXPECT_FALSE(a_.restart_pending());
+  b_ = std::make_unique<Replicator>(options(), now_);
+  ReplicaLayout lb;
+  lb.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.backing[kBucket] = 0;
+  (void)b_->set_layout(lb, now_);
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());
+  EXPECT_TRUE(a_.restart_pending());
+  EXPECT_EQ(a_.restart_streams().size(), 1U);
+  EXPECT_FALSE(a_.restart_pending());
 }
 
 TEST_F(ReplicatorTest, AStrangersDatagramsEarnNothing) {

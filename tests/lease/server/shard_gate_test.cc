@@ -271,16 +271,21 @@ TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
   const Message a = send(kAlice, MessageType::kAcquireShared, mine_);
   const Message b = send(kBob, MessageType::kAcquireShared, mine_);
   ASSERT_EQ(b.type, MessageType::kGranted);
+  const Message other = send(kAlice, MessageType::kAcquire, mine_ + "/other");
   std::vector<replication::Entry> snapshot;
+  shard_->snapshot_all(snapshot);
   const std::size_t bucket = shard_->gate()->bucket_of(mine_);
-  shard_->snapshot(bucket, snapshot);
-  ASSERT_EQ(snapshot.size(), 2U);
-  EXPECT_EQ(snapshot[0].token, a.token);
-  EXPECT_EQ(snapshot[0].mode, LeaseMode::kShared);
-  EXPECT_EQ(snapshot[1].token, b.token);
-  snapshot.clear();
-  shard_->snapshot(bucket + 1 == routing_->bucket_count() ? 0 : bucket + 1, snapshot);
-  for (const replication::Entry& e : snapshot) EXPECT_NE(e.key, mine_);
+  std::vector<replication::Entry> of_bucket;
+  for (const replication::Entry& e : snapshot) {
+    EXPECT_EQ(e.bucket, shard_->gate()->bucket_of(e.key));
+    if (e.key == mine_) of_bucket.push_back(e);
+  }
+  ASSERT_EQ(of_bucket.size(), 2U);
+  EXPECT_EQ(of_bucket[0].bucket, bucket);
+  EXPECT_EQ(of_bucket[0].token, a.token);
+  EXPECT_EQ(of_bucket[0].mode, LeaseMode::kShared);
+  EXPECT_EQ(of_bucket[1].token, b.token);
+  EXPECT_EQ(snapshot.size(), other.type == MessageType::kGranted ? 3U : 2U);
 }
 
 TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndRenews) {

@@ -282,9 +282,10 @@ class Shard {
   // snapshots, before it answers another grant. Cleared by take_journal().
   [[nodiscard]] bool journal_lost() const noexcept { return journal_lost_; }
   [[nodiscard]] bool journal_pending() const noexcept { return journal_lost_ || !journal_.empty(); }
-  // Appends a kGrant entry for every live holder of a key in `bucket` (under
-  // the gate's routing), for a snapshot.
-  void snapshot(std::size_t bucket, std::vector<replication::Entry>& out) const;
+  // Appends a kGrant entry for every live holder, each naming its key's
+  // bucket under the gate's routing, for snapshots (one pass serves many
+  // buckets).
+  void snapshot_all(std::vector<replication::Entry>& out) const;
   // Takes over a holder a backup replicated (the takeover): it holds `key`
   // until `expiry_ms`, and the granting ACQUIRE's retransmission is
   // answered with the same grant. A holder already there (same owner and
