@@ -304,6 +304,7 @@ int run(int argc, char** argv) {
   shardlock::cluster::ClusterNodeOptions cluster;
   std::string cluster_url;
   std::string etcd_lease_ttl = "5s";
+  std::string replica_timeout = "300ms";
   auto* cluster_flag = app.add_option(
       "--cluster", cluster_url,
       "etcd://HOST:PORT[,HOST:PORT...]: join this cluster (docs/cluster.md); needs --node-id "
@@ -332,6 +333,11 @@ int run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{3}))
       ->needs(cluster_flag);
+  app.add_option("--replica-timeout", replica_timeout,
+                 "with --replicas: a replica not heard from for this long is evicted from the "
+                 "cluster (its etcd lease revoked), so its buckets fail over at once")
+      ->capture_default_str()
+      ->needs(cluster_flag);
 #endif
 
 #ifndef SHARDLOCK_HAVE_CLUSTER
@@ -343,8 +349,9 @@ int run(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view arg = argv[i];
     if (arg == "--") break;
-    for (const std::string_view flag : {"--cluster", "--node-id", "--advertise", "--weight",
-                                        "--cluster-name", "--etcd-lease-ttl", "--replicas"}) {
+    for (const std::string_view flag :
+         {"--cluster", "--node-id", "--advertise", "--weight", "--cluster-name", "--etcd-lease-ttl",
+          "--replicas", "--replica-timeout"}) {
       if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
         return usage_error(
             std::string(flag) +
@@ -426,6 +433,14 @@ int run(int argc, char** argv) {
     cluster.log = options.log;
     options.start_closed = true;  // nothing granted before the cluster says what
     options.replication = cluster.replicas > 1;
+    const auto timeout_flag = shardlock::tools::parse_duration_flag(
+        "--replica-timeout", replica_timeout, ZeroDuration::kRejected);
+    if (!timeout_flag.error.empty()) return usage_error(timeout_flag.error);
+    if (timeout_flag.value < std::chrono::milliseconds(100) ||
+        timeout_flag.value > std::chrono::minutes(1)) {
+      return usage_error("--replica-timeout must be 100ms..1m");
+    }
+    cluster.evict_after = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_flag.value);
   }
 #endif
 
