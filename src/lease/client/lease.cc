@@ -129,10 +129,21 @@ std::error_code Lease::renew(milliseconds ttl) {
 std::error_code Lease::release() {
   if (!state_) return LeaseErrc::kLeaseInactive;
   if (!close_lease(*state_)) return LeaseErrc::kLeaseInactive;
+  // As send_release(): where the map puts the key now, and where it was
+  // granted if that differs (it may still hold it, handing the key off).
+  // The owner first: after a failover the granting node is gone, and the
+  // backup that took the lease over has it.
   auto call = state_->core->engine.make_call(MessageType::kRelease, state_->key);
-  if (state_->node != nullptr) call->to = state_->node;
   call->token = state_->token;
-  return state_->core->call_sync(std::move(call)).error;
+  const Endpoint* owner = call->to;
+  const CallResult at_owner = state_->core->call_sync(std::move(call));
+  if (!at_owner.error || state_->node == nullptr || owner == state_->node) {
+    return at_owner.error;
+  }
+  auto pinned = state_->core->engine.make_call(MessageType::kRelease, state_->key);
+  pinned->to = state_->node;
+  pinned->token = state_->token;
+  return state_->core->call_sync(std::move(pinned)).error;
 }
 
 }  // namespace shardlock::lease
