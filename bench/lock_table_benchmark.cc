@@ -30,6 +30,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "shardlock/internal/cpu.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/mutex.h"
 #include "shardlock/spin_lock.h"
@@ -251,7 +252,8 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::printf(
         "\nThroughput as a multiple of the racy loop without and with prefetching\n"
         "(same keys, same threads, same run; median of the repetitions) and of one\n"
-        "global std::mutex:\n");
+        "global std::mutex, on %s:\n",
+        shardlock::internal::cpu_model_name().c_str());
     for (const auto& [key, by_name] : results_) {
       const double racy = lookup(by_name, "BM_Racy");
       const double racy_prefetch = lookup(by_name, "BM_RacyPrefetch");
@@ -292,6 +294,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 }  // namespace
 
 int main(int argc, char** argv) {
+  benchmark::AddCustomContext("cpu_model", shardlock::internal::cpu_model_name());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Build the key sequences before any timing starts.

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
+#include <string>
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -40,6 +41,12 @@ inline std::int64_t monotonic_nanos() noexcept {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
+
+// The CPU's name with its family and model numbers, from /proc/cpuinfo
+// ("AMD EPYC (family 25 model 17)"), or "unknown CPU". Benchmarks print it next to every figure:
+// the locks' ratios differ between CPU families, so numbers must never be
+// compared across CPUs by accident. Reads a file; not for hot paths.
+std::string cpu_model_name();
 
 // Converts a steady_clock deadline to monotonic nanoseconds. libstdc++'s
 // steady_clock is CLOCK_MONOTONIC, so this is exact on Linux.
