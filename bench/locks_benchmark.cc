@@ -8,10 +8,22 @@
 //                          thread is alive (glibc skips atomics in a
 //                          single-threaded process, which flatters std::mutex).
 //   Contended/<lock>/threads:N    a shared counter incremented under the lock.
-//   PrivateWork/<lock>/threads:N  the same with ~100 ns of work outside.
+//   PrivateWork/<lock>/threads:N  the same with ~100 ns of pauses outside.
+//   Arith/<lock>/threads:N the same with ~60 iterations of private
+//                          arithmetic outside (issue 26's "+work": unlike
+//                          pauses, it keeps the core's pipeline busy).
 //   Fairness/<lock>/N      N threads for 150 ms; reports spread (most/least
 //                          acquisitions per thread), the longest wait and
 //                          acquisitions per second.
+//   FairnessArith/<lock>/N the same with Arith's private work.
+//
+// Every run prints the CPU model in its context, and after the table a
+// summary of the ratios the issues set goals on (Mutex / std::mutex per
+// thread count, SpinLock's spread), from the median repetition. On a shared
+// machine run repetitions in random interleaved order:
+//
+//   locks_benchmark --benchmark_min_time=0.1 --benchmark_repetitions=5
+//                   --benchmark_enable_random_interleaving=true
 // Peers: std::mutex, pthread_spinlock_t, a textbook TTAS and a bare
 // exchange+store pair always; tbb::spin_mutex, absl::Mutex and Concurrency
 // Kit's FAS and ticket locks when installed (SHARDLOCK_HAVE_*).
@@ -23,7 +35,11 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -185,6 +201,31 @@ void Contended(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
+// ~60 iterations of a multiply-add chain: about 200 cycles of private work
+// that, unlike pause_for(), occupies the core. The empty asm keeps the
+// compiler from folding the chain into one affine map.
+inline std::uint64_t private_arithmetic(std::uint64_t x) noexcept {
+  for (int i = 0; i < 60; ++i) {
+    x = x * 6364136223846793005u + 1442695040888963407u;
+    asm volatile("" : "+r"(x));
+  }
+  return x;
+}
+
+template <class L>
+void Arith(benchmark::State& state) {
+  auto& s = shared<L>();
+  std::uint64_t x = static_cast<std::uint64_t>(state.thread_index()) + 1;
+  for (auto _ : state) {
+    s.lock.lock();
+    ++s.counter;
+    s.lock.unlock();
+    x = private_arithmetic(x);
+  }
+  benchmark::DoNotOptimize(x);
+  state.SetItemsProcessed(state.iterations());
+}
+
 template <class L>
 void PrivateWork(benchmark::State& state) {
   auto& s = shared<L>();
@@ -197,9 +238,10 @@ void PrivateWork(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations());
 }
 
-// N threads hammer one lock for 150 ms; reports the spread of per-thread
-// acquisition counts, the longest single wait and the total rate.
-template <class L>
+// N threads hammer one lock for 150 ms (with private arithmetic between
+// acquisitions when kWork); reports the spread of per-thread acquisition
+// counts, the longest single wait and the total rate.
+template <class L, bool kWork>
 void Fairness(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   constexpr auto kRun = std::chrono::milliseconds(150);
@@ -216,6 +258,7 @@ void Fairness(benchmark::State& state) {
         while (!go.load(std::memory_order_acquire)) cpu_relax();
         std::uint64_t mine = 0;
         std::int64_t worst = 0;
+        std::uint64_t x = static_cast<std::uint64_t>(t) + 1;
         while (!stop.load(std::memory_order_relaxed)) {
           const std::int64_t start = shardlock::internal::monotonic_nanos();
           lock.lock();
@@ -224,7 +267,9 @@ void Fairness(benchmark::State& state) {
           lock.unlock();
           worst = std::max(worst, waited);
           ++mine;
+          if constexpr (kWork) x = private_arithmetic(x);
         }
+        benchmark::DoNotOptimize(x);
         counts[static_cast<std::size_t>(t)] = mine;
         max_wait[static_cast<std::size_t>(t)] = worst;
       });
@@ -268,16 +313,105 @@ void register_lock(const char* name, bool fairness = true, Collapse collapse = C
   RegisterBenchmark((std::string("PrivateWork/") + name).c_str(), PrivateWork<L>)
       ->ThreadRange(1, max_threads)
       ->UseRealTime();
+  RegisterBenchmark((std::string("Arith/") + name).c_str(), Arith<L>)
+      ->ThreadRange(1, max_threads)
+      ->UseRealTime();
   if (fairness) {
-    RegisterBenchmark((std::string("Fairness/") + name).c_str(), Fairness<L>)
-        ->Arg(2)
-        ->Arg(4)
-        ->Arg(8)
-        ->Iterations(1)
-        ->UseManualTime()
-        ->Unit(benchmark::kMillisecond);
+    for (const bool work : {false, true}) {
+      RegisterBenchmark((std::string(work ? "FairnessArith/" : "Fairness/") + name).c_str(),
+                        work ? Fairness<L, true> : Fairness<L, false>)
+          ->Arg(2)
+          ->Arg(4)
+          ->Arg(8)
+          ->Iterations(1)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
   }
 }
+
+// ---- the ratio summary ---------------------------------------------------
+
+// Console output as usual, plus every run's throughput and spread kept for
+// a summary of the ratios the issues set goals on.
+class RatioReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& run : runs) {
+      if (run.run_type != Run::RT_Iteration || run.error_occurred) continue;
+      // "Contended/shardlock::Mutex" at run.threads, or
+      // "Fairness/shardlock::SpinLock" with args "8".
+      const std::string& name = run.run_name.function_name;
+      const auto slash = name.find('/');
+      if (slash == std::string::npos) continue;
+      const std::string workload = name.substr(0, slash);
+      const std::string lock = name.substr(slash + 1);
+      if (const auto it = run.counters.find("items_per_second"); it != run.counters.end()) {
+        rates_[{workload, static_cast<int>(run.threads)}][lock].push_back(it->second.value);
+      }
+      if (const auto it = run.counters.find("spread"); it != run.counters.end()) {
+        spreads_[{workload, std::atoi(run.run_name.args.c_str())}][lock].push_back(
+            it->second.value);
+      }
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  void print_summary() const {
+    std::printf("\nRatios (median repetition; %s):\n",
+                shardlock::internal::cpu_model_name().c_str());
+    std::printf("  shardlock::Mutex throughput / std::mutex throughput, same run\n");
+    std::printf("    %-12s %7s %7s %7s %7s\n", "workload", "1 thr", "2", "4", "8");
+    for (const char* workload : {"Contended", "PrivateWork", "Arith"}) {
+      std::printf("    %-12s", workload);
+      for (const int threads : {1, 2, 4, 8}) {
+        const auto it = rates_.find({workload, threads});
+        const double mine = it == rates_.end() ? 0 : median(it->second, "shardlock::Mutex");
+        const double peer = it == rates_.end() ? 0 : median(it->second, "std::mutex");
+        if (mine == 0 || peer == 0) {
+          std::printf(" %7s", "-");
+        } else {
+          std::printf(" %6.2fx", mine / peer);
+        }
+      }
+      std::printf("\n");
+    }
+    std::printf("  spread (most / least acquisitions per thread)\n");
+    std::printf("    %-40s %7s %7s %7s\n", "workload/lock", "2 thr", "4", "8");
+    for (const char* workload : {"Fairness", "FairnessArith"}) {
+      for (const char* lock : {"shardlock::SpinLock", "shardlock::Mutex", "std::mutex"}) {
+        std::printf("    %-40s", (std::string(workload) + "/" + lock).c_str());
+        for (const int threads : {2, 4, 8}) {
+          const auto it = spreads_.find({workload, threads});
+          const double spread = it == spreads_.end() ? 0 : median(it->second, lock);
+          if (spread == 0) {
+            std::printf(" %7s", "-");
+          } else {
+            std::printf(" %7.2f", spread);
+          }
+        }
+        std::printf("\n");
+      }
+    }
+  }
+
+ private:
+  using ByLock = std::map<std::string, std::vector<double>>;
+
+  // The median repetition: with random interleaving every lock's
+  // repetitions sample the same mix of outside load.
+  static double median(const ByLock& by_lock, const std::string& lock) {
+    const auto it = by_lock.find(lock);
+    if (it == by_lock.end() || it->second.empty()) return 0.0;
+    std::vector<double> values = it->second;
+    const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
+    std::nth_element(values.begin(), middle, values.end());
+    return *middle;
+  }
+
+  std::map<std::pair<std::string, int>, ByLock> rates_;
+  std::map<std::pair<std::string, int>, ByLock> spreads_;
+};
 
 }  // namespace
 
@@ -302,9 +436,12 @@ int main(int argc, char** argv) {
   register_lock<CkFas>("ck_spinlock_fas", false);
   register_lock<CkTicket>("ck_spinlock_ticket", true, Collapse::kWhenOversubscribed);
 #endif
+  benchmark::AddCustomContext("cpu_model", shardlock::internal::cpu_model_name());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
-  benchmark::RunSpecifiedBenchmarks();
+  RatioReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  reporter.print_summary();
   benchmark::Shutdown();
   return 0;
 }
