@@ -7,13 +7,26 @@
 // kernel instead of burning the time slice the holder needs.
 //
 // Design
-//   * Size: 4 bytes, one futex word (static_assert'ed).
+//   * Size: 8 bytes: the futex word and the spin estimate (static_assert'ed).
 //   * State (Drepper, "Futexes Are Tricky", mutex #2):
 //       0 = unlocked, 1 = locked with no sleepers, 2 = locked, maybe sleepers.
-//   * lock(): one CAS 0 -> 1. On failure, spin on a relaxed load for up to
-//     kSpinNs (time-budgeted: a PAUSE is 19 ns here and ~40 ns on Skylake),
-//     retrying the CAS whenever the word reads 0. Then park: exchange the
-//     word to 2 and FUTEX_WAIT while it stays 2.
+//   * lock(): one CAS 0 -> 1. On failure, spin on a relaxed load, retrying
+//     the CAS whenever the word reads 0, for an adaptive budget (below).
+//     Then park: exchange the word to 2 and FUTEX_WAIT while it stays 2.
+//   * Adaptive spinning, as glibc's PTHREAD_MUTEX_ADAPTIVE_NP and WebKit's
+//     WTF::Lock: spin only while spinning has been paying off. Each lock
+//     keeps a moving average of how often its recent spinners got the lock
+//     within their budget (1/8 weight per waiter). The budget scales with
+//     that rate, from kMaxSpinNs when spinners win to kMinSpinNs (a short
+//     probe, so the lock notices when spinning starts to work again) when
+//     they all end up parking anyway: then the holder is descheduled or
+//     slow, spinning only burns the time slice it needs and bounces the
+//     lock's cache line, and waiters park at once as std::mutex's do.
+//     Successful spins never shorten the budget: on this project's VMs a
+//     park and wake-up costs several microseconds, far more than the spin
+//     it replaces, so a lock whose spinners win keeps spinning.
+//     The budget is in nanoseconds, not PAUSE counts (a PAUSE is 19 ns on
+//     Zen 4 and ~40 ns on Skylake and later).
 //   * unlock(): one atomic exchange to 0, then FUTEX_WAKE(1) only if the old
 //     state was 2. No system call unless someone may be sleeping. (It is an
 //     exchange rather than a plain store because the unlocker must observe a
@@ -23,17 +36,16 @@
 //   * Fairness: barging, like std::mutex. A running thread can re-take the
 //     lock before a woken sleeper is scheduled; the sleeper is not starved
 //     because the spin phase is short and the wake is unconditional.
-//   * Threads > cores: at most kSpinNs of wasted spinning per acquisition,
-//     then the waiter sleeps and the holder gets the core.
+//   * Threads > cores: at most kMaxSpinNs of wasted spinning per
+//     acquisition, and less once the estimate has learnt that spinning
+//     fails; then the waiter sleeps and the holder gets the core.
 //   * Timed waits use FUTEX_WAIT_BITSET with an absolute CLOCK_MONOTONIC
 //     deadline, so spurious wake-ups do not extend them.
 //
-// Measured (2-vCPU EPYC VM, one run, peers in the same binary):
-//   uncontended pair 4.48 ns vs std::mutex 6.09 ns; contended counter
-//   1.38x / 3.63x / 3.80x / 3.37x std::mutex at 1 / 2 / 4 / 8 threads,
-//   1.02-1.07x with ~100 ns private work; spread <= 1.45 at 2-8 threads.
-//   Command: build/bench/bench/locks_benchmark --benchmark_min_time=0.3
-//   (bench preset; full tables in docs/lock-benchmarks.md).
+// Measured: docs/lock-benchmarks.md, with the CPU model of each run.
+//   Command: build/bench/bench/locks_benchmark --benchmark_min_time=0.1
+//   --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+//   (bench preset).
 #pragma once
 
 #include <atomic>
@@ -49,8 +61,12 @@ namespace shardlock {
 
 class SHARDLOCK_CAPABILITY("mutex") Mutex {
  public:
-  // How long a waiter spins before parking.
-  static constexpr std::int64_t kSpinNs = 4'000;
+  // How long a waiter spins before parking: kMaxSpinNs while spinners win
+  // the lock, down to kMinSpinNs when they all park anyway (see Design).
+  static constexpr std::int64_t kMaxSpinNs = 4'000;
+  static constexpr std::int64_t kMinSpinNs = 300;
+  // The success rate is kept in units of 1/kSpinRateOne.
+  static constexpr std::uint32_t kSpinRateOne = 1u << 16;
 
   constexpr Mutex() noexcept = default;
   Mutex(const Mutex&) = delete;
@@ -107,10 +123,22 @@ class SHARDLOCK_CAPABILITY("mutex") Mutex {
   // A racy snapshot, for assertions and statistics only.
   bool is_locked() const noexcept { return state_.load(std::memory_order_relaxed) != kUnlocked; }
 
+  // How long the next waiter would spin before parking, in nanoseconds. A
+  // racy snapshot, for statistics and tests only.
+  std::int64_t spin_budget_ns() const noexcept {
+    // Relaxed: the estimate is a hint that publishes nothing.
+    return spin_budget_for(spin_success_rate_.load(std::memory_order_relaxed));
+  }
+
  private:
   static constexpr std::uint32_t kUnlocked = 0;
   static constexpr std::uint32_t kLocked = 1;
   static constexpr std::uint32_t kLockedMaybeSleepers = 2;
+
+  static constexpr std::int64_t spin_budget_for(std::uint32_t success_rate) noexcept {
+    return kMinSpinNs + (kMaxSpinNs - kMinSpinNs) * static_cast<std::int64_t>(success_rate) /
+                            static_cast<std::int64_t>(kSpinRateOne);
+  }
 
   // Returns false only when `deadline_ns` (CLOCK_MONOTONIC; < 0 = none) passed.
   [[gnu::cold, gnu::noinline]] bool lock_slow(std::int64_t deadline_ns) noexcept;
@@ -118,9 +146,15 @@ class SHARDLOCK_CAPABILITY("mutex") Mutex {
 
   // The futex word; values above. Only lock_slow() stores 2.
   std::atomic<std::uint32_t> state_{kUnlocked};
+  // Moving average of the fraction of spinning waiters that got the lock
+  // before their budget ran out, in units of 1/kSpinRateOne; a new lock
+  // assumes spinning works. Written only by waiters (lock_slow), and only
+  // when the average moves, in the same cache line as state_: a winner
+  // writes it right after its CAS, when it owns that line anyway.
+  std::atomic<std::uint32_t> spin_success_rate_{kSpinRateOne};
 };
 
-static_assert(sizeof(Mutex) == 4);
+static_assert(sizeof(Mutex) == 8);
 static_assert(TimedLockable<Mutex> && NoexceptLockable<Mutex>);
 
 }  // namespace shardlock
