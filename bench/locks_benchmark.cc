@@ -12,6 +12,10 @@
 //   Arith/<lock>/threads:N the same with ~60 iterations of private
 //                          arithmetic outside (issue 26's "+work": unlike
 //                          pauses, it keeps the core's pipeline busy).
+//   LongSection/<lock>/threads:N  critical sections of ~7 us (100 x Arith's
+//                          work), longer than Mutex's spin budget: spinning
+//                          cannot win, which is what Mutex's adaptive spin
+//                          phase has to notice (Mutex and std::mutex only).
 //   Fairness/<lock>/N      N threads for 150 ms; reports spread (most/least
 //                          acquisitions per thread), the longest wait and
 //                          acquisitions per second.
@@ -179,6 +183,17 @@ IdleThread g_idle_thread;
 
 // ---- workloads ---------------------------------------------------------------
 
+// Locks that adapt their spinning (shardlock::Mutex) report where their
+// spin budget ended up, so a run shows what the adaptation learnt.
+template <class L>
+void report_spin_budget(benchmark::State& state, const L& lock) {
+  if constexpr (requires { lock.spin_budget_ns(); }) {
+    if (state.thread_index() == 0) {
+      state.counters["spin_budget_ns"] = static_cast<double>(lock.spin_budget_ns());
+    }
+  }
+}
+
 template <class L>
 void Uncontended(benchmark::State& state) {
   L lock;
@@ -199,6 +214,7 @@ void Contended(benchmark::State& state) {
     s.lock.unlock();
   }
   state.SetItemsProcessed(state.iterations());
+  report_spin_budget(state, s.lock);
 }
 
 // ~60 iterations of a multiply-add chain: about 200 cycles of private work
@@ -224,6 +240,22 @@ void Arith(benchmark::State& state) {
   }
   benchmark::DoNotOptimize(x);
   state.SetItemsProcessed(state.iterations());
+  report_spin_budget(state, s.lock);
+}
+
+template <class L>
+void LongSection(benchmark::State& state) {
+  auto& s = shared<L>();
+  std::uint64_t x = static_cast<std::uint64_t>(state.thread_index()) + 1;
+  for (auto _ : state) {
+    s.lock.lock();
+    for (int i = 0; i < 100; ++i) s.counter = private_arithmetic(s.counter);
+    s.lock.unlock();
+    x = private_arithmetic(x);
+  }
+  benchmark::DoNotOptimize(x);
+  state.SetItemsProcessed(state.iterations());
+  report_spin_budget(state, s.lock);
 }
 
 template <class L>
@@ -236,6 +268,7 @@ void PrivateWork(benchmark::State& state) {
     shardlock::internal::pause_for(100);  // ~100 ns of work outside the lock
   }
   state.SetItemsProcessed(state.iterations());
+  report_spin_budget(state, s.lock);
 }
 
 // N threads hammer one lock for 150 ms (with private arithmetic between
@@ -330,6 +363,16 @@ void register_lock(const char* name, bool fairness = true, Collapse collapse = C
   }
 }
 
+// Locks meant for critical sections that may run long (the parking ones).
+template <class L>
+void register_long_section(const char* name) {
+  benchmark::RegisterBenchmark((std::string("LongSection/") + name).c_str(), LongSection<L>)
+      ->Threads(2)
+      ->Threads(4)
+      ->Threads(8)
+      ->UseRealTime();
+}
+
 // ---- the ratio summary ---------------------------------------------------
 
 // Console output as usual, plus every run's throughput and spread kept for
@@ -362,7 +405,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
                 shardlock::internal::cpu_model_name().c_str());
     std::printf("  shardlock::Mutex throughput / std::mutex throughput, same run\n");
     std::printf("    %-12s %7s %7s %7s %7s\n", "workload", "1 thr", "2", "4", "8");
-    for (const char* workload : {"Contended", "PrivateWork", "Arith"}) {
+    for (const char* workload : {"Contended", "PrivateWork", "Arith", "LongSection"}) {
       std::printf("    %-12s", workload);
       for (const int threads : {1, 2, 4, 8}) {
         const auto it = rates_.find({workload, threads});
@@ -424,6 +467,8 @@ int main(int argc, char** argv) {
   register_lock<shardlock::RwSpinLock>("shardlock::RwSpinLock", false);
   register_lock<shardlock::SeqLock>("shardlock::SeqLock(writer)", false);
   register_lock<std::mutex>("std::mutex");
+  register_long_section<shardlock::Mutex>("shardlock::Mutex");
+  register_long_section<std::mutex>("std::mutex");
   register_lock<PthreadSpin>("pthread_spinlock_t", false);
   register_lock<TextbookTtas>("textbook_ttas");
 #if defined(SHARDLOCK_HAVE_TBB)
