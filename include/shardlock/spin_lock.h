@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "shardlock/internal/backoff.h"
+#include "shardlock/internal/cpu.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lockable.h"
 
@@ -66,8 +67,10 @@ class SHARDLOCK_CAPABILITY("mutex") BasicSpinLock {
   void lock() noexcept SHARDLOCK_ACQUIRE() {
     // Ask for the line in exclusive state first: the heir load alone would
     // fetch it shared and the exchange would then need a second coherence
-    // round trip when another core released the lock last.
-    __builtin_prefetch(&locked_, 1);
+    // round trip when another core released the lock last. (This was
+    // __builtin_prefetch(&locked_, 1), which GCC compiles to a read
+    // prefetch for the default x86-64 target; see prefetch_for_write.)
+    internal::prefetch_for_write(&locked_);
     // Relaxed heir check: it is only a courtesy signal; exclusion rests on
     // the exchange. The acquire exchange pairs with unlock()'s release store.
     if (heir_.load(std::memory_order_relaxed) == 0 &&
