@@ -4,7 +4,9 @@
 // about 140 cycles (~40 ns) on Skylake, but only ~10 cycles on older Intel
 // parts, so counting pauses gives wildly different wait times per CPU. The
 // delays here are written in nanoseconds and converted to pause counts with a
-// per-process calibration (pause_nanos(), measured once at start-up).
+// per-process calibration (pause_nanos(), measured once at start-up in short
+// bursts, so pause-loop exiting under a hypervisor does not skew it; see
+// src/backoff.cc).
 #pragma once
 
 #include <sched.h>
