@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <map>
 #include <mutex>
 #include <string>
@@ -273,22 +274,34 @@ void PrivateWork(benchmark::State& state) {
 
 // N threads hammer one lock for 150 ms (with private arithmetic between
 // acquisitions when kWork); reports the spread of per-thread acquisition
-// counts, the longest single wait and the total rate.
+// counts, the longest single wait and the total rate, and cpu_spread, the
+// same ratio for the CPU time the threads got: on a shared machine the
+// scheduler hands out CPU unevenly, which no lock can make up for, so a
+// spread close to cpu_spread is the scheduler's, not the lock's.
+// CPU time this thread has used, in nanoseconds.
+std::int64_t thread_cpu_nanos() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
+
 template <class L, bool kWork>
 void Fairness(benchmark::State& state) {
   const int threads = static_cast<int>(state.range(0));
   constexpr auto kRun = std::chrono::milliseconds(150);
-  double spread = 0, max_wait_us = 0, rate = 0;
+  double spread = 0, max_wait_us = 0, rate = 0, cpu_spread = 0;
   for (auto _ : state) {
     L lock;
     std::uint64_t counter = 0;
     std::atomic<bool> go{false}, stop{false};
     std::vector<std::uint64_t> counts(static_cast<std::size_t>(threads));
     std::vector<std::int64_t> max_wait(static_cast<std::size_t>(threads));
+    std::vector<std::int64_t> cpu_ns(static_cast<std::size_t>(threads));
     std::vector<std::thread> workers;
     for (int t = 0; t < threads; ++t) {
       workers.emplace_back([&, t] {
         while (!go.load(std::memory_order_acquire)) cpu_relax();
+        const std::int64_t cpu_start = thread_cpu_nanos();
         std::uint64_t mine = 0;
         std::int64_t worst = 0;
         std::uint64_t x = static_cast<std::uint64_t>(t) + 1;
@@ -305,6 +318,7 @@ void Fairness(benchmark::State& state) {
         benchmark::DoNotOptimize(x);
         counts[static_cast<std::size_t>(t)] = mine;
         max_wait[static_cast<std::size_t>(t)] = worst;
+        cpu_ns[static_cast<std::size_t>(t)] = thread_cpu_nanos() - cpu_start;
       });
     }
     const auto begin = std::chrono::steady_clock::now();
@@ -318,9 +332,12 @@ void Fairness(benchmark::State& state) {
     spread = *lo == 0 ? 1e9 : static_cast<double>(*hi) / static_cast<double>(*lo);
     max_wait_us = static_cast<double>(*std::max_element(max_wait.begin(), max_wait.end())) / 1e3;
     rate = static_cast<double>(counter) / seconds;
+    const auto [cpu_lo, cpu_hi] = std::minmax_element(cpu_ns.begin(), cpu_ns.end());
+    cpu_spread = *cpu_lo <= 0 ? 1e9 : static_cast<double>(*cpu_hi) / static_cast<double>(*cpu_lo);
     state.SetIterationTime(seconds);
   }
   state.counters["spread"] = spread;
+  state.counters["cpu_spread"] = cpu_spread;
   state.counters["max_wait_us"] = max_wait_us;
   state.counters["acq_per_s"] = rate;
 }
@@ -396,6 +413,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
         spreads_[{workload, std::atoi(run.run_name.args.c_str())}][lock].push_back(
             it->second.value);
       }
+      if (const auto it = run.counters.find("cpu_spread"); it != run.counters.end()) {
+        cpu_spreads_[{workload, std::atoi(run.run_name.args.c_str())}][lock].push_back(
+            it->second.value);
+      }
     }
     ConsoleReporter::ReportRuns(runs);
   }
@@ -419,18 +440,22 @@ class RatioReporter : public benchmark::ConsoleReporter {
       }
       std::printf("\n");
     }
-    std::printf("  spread (most / least acquisitions per thread)\n");
-    std::printf("    %-40s %7s %7s %7s\n", "workload/lock", "2 thr", "4", "8");
+    std::printf(
+        "  spread (most / least acquisitions per thread), and in parentheses the same\n"
+        "  ratio for the CPU time the threads got (the scheduler's share of it)\n");
+    std::printf("    %-40s %14s %14s %14s\n", "workload/lock", "2 thr", "4", "8");
     for (const char* workload : {"Fairness", "FairnessArith"}) {
       for (const char* lock : {"shardlock::SpinLock", "shardlock::Mutex", "std::mutex"}) {
         std::printf("    %-40s", (std::string(workload) + "/" + lock).c_str());
         for (const int threads : {2, 4, 8}) {
           const auto it = spreads_.find({workload, threads});
+          const auto cpu = cpu_spreads_.find({workload, threads});
           const double spread = it == spreads_.end() ? 0 : median(it->second, lock);
+          const double cpu_spread = cpu == cpu_spreads_.end() ? 0 : median(cpu->second, lock);
           if (spread == 0) {
-            std::printf(" %7s", "-");
+            std::printf(" %14s", "-");
           } else {
-            std::printf(" %7.2f", spread);
+            std::printf(" %6.2f (%5.2f)", spread, cpu_spread);
           }
         }
         std::printf("\n");
@@ -454,6 +479,7 @@ class RatioReporter : public benchmark::ConsoleReporter {
 
   std::map<std::pair<std::string, int>, ByLock> rates_;
   std::map<std::pair<std::string, int>, ByLock> spreads_;
+  std::map<std::pair<std::string, int>, ByLock> cpu_spreads_;
 };
 
 }  // namespace
