@@ -16,17 +16,19 @@
 //   * Adaptive spinning, as glibc's PTHREAD_MUTEX_ADAPTIVE_NP and WebKit's
 //     WTF::Lock: spin only while spinning has been paying off. Each lock
 //     keeps a moving average of how often its recent spinners got the lock
-//     within their budget (1/8 weight per waiter). The budget scales with
-//     that rate, from kMaxSpinNs when spinners win to kMinSpinNs (a short
-//     probe, so the lock notices when spinning starts to work again) when
-//     they all end up parking anyway: then the holder is descheduled or
-//     slow, spinning only burns the time slice it needs and bounces the
-//     lock's cache line, and waiters park at once as std::mutex's do.
+//     within their budget (a winner moves it 1/4 of the way up, a waiter
+//     that parks 1/16 of the way down, so only a lock whose spinners mostly
+//     park stops spinning). The budget scales with that rate, from
+//     kMaxSpinNs down to kMinSpinNs, a probe of four looks at the word, so
+//     the lock notices when spinning starts to work again. A lock whose
+//     spinners all park has a holder that is descheduled or slow: spinning
+//     only burns the time slice the holder needs and bounces the lock's
+//     cache line, and its waiters park almost at once, as std::mutex's do.
 //     Successful spins never shorten the budget: on this project's VMs a
 //     park and wake-up costs several microseconds, far more than the spin
 //     it replaces, so a lock whose spinners win keeps spinning.
-//     The budget is in nanoseconds, not PAUSE counts (a PAUSE is 19 ns on
-//     Zen 4 and ~40 ns on Skylake and later).
+//     The budget is in nanoseconds, not PAUSE counts (a PAUSE is 19-24 ns
+//     on Zen 4 and ~40 ns on Skylake and later).
 //   * unlock(): one atomic exchange to 0, then FUTEX_WAKE(1) only if the old
 //     state was 2. No system call unless someone may be sleeping. (It is an
 //     exchange rather than a plain store because the unlocker must observe a
@@ -64,7 +66,7 @@ class SHARDLOCK_CAPABILITY("mutex") Mutex {
   // How long a waiter spins before parking: kMaxSpinNs while spinners win
   // the lock, down to kMinSpinNs when they all park anyway (see Design).
   static constexpr std::int64_t kMaxSpinNs = 4'000;
-  static constexpr std::int64_t kMinSpinNs = 300;
+  static constexpr std::int64_t kMinSpinNs = 600;
   // The success rate is kept in units of 1/kSpinRateOne.
   static constexpr std::uint32_t kSpinRateOne = 1u << 16;
 
