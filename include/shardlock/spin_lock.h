@@ -30,7 +30,9 @@
 //     an heir that is descheduled can hold up the lock for up to one
 //     scheduler slice, which the 100 us default makes rare.
 //
-// Measured (2-vCPU EPYC VM, one run, peers in the same binary):
+// Measured (issue 3's run: 2-vCPU AMD EPYC, family 25 model 17, one run,
+// peers in the same binary; issue 26's figures per CPU family are in
+// docs/lock-benchmarks.md):
 //   uncontended pair 2.19 ns = 1.03x a bare exchange+store; contended
 //   counter 1.28x / 1.04x / 1.12x tbb::spin_mutex at 2 / 4 / 8 threads,
 //   2.1-2.2x with ~100 ns private work; per-thread spread over 150 ms
