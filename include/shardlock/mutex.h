@@ -7,7 +7,8 @@
 // kernel instead of burning the time slice the holder needs.
 //
 // Design
-//   * Size: 8 bytes: the futex word and the spin estimate (static_assert'ed).
+//   * Size: 8 bytes: the futex word and the spin success rate
+//     (static_assert'ed).
 //   * State (Drepper, "Futexes Are Tricky", mutex #2):
 //       0 = unlocked, 1 = locked with no sleepers, 2 = locked, maybe sleepers.
 //   * lock(): one CAS 0 -> 1. On failure, spin on a relaxed load, retrying
@@ -39,7 +40,7 @@
 //     lock before a woken sleeper is scheduled; the sleeper is not starved
 //     because the spin phase is short and the wake is unconditional.
 //   * Threads > cores: at most kMaxSpinNs of wasted spinning per
-//     acquisition, and less once the estimate has learnt that spinning
+//     acquisition, and less once the rate has learnt that spinning
 //     fails; then the waiter sleeps and the holder gets the core.
 //   * Timed waits use FUTEX_WAIT_BITSET with an absolute CLOCK_MONOTONIC
 //     deadline, so spurious wake-ups do not extend them.
