@@ -23,7 +23,8 @@
 //
 // Every run prints the CPU model in its context, and after the table a
 // summary of the ratios the issues set goals on (Mutex / std::mutex per
-// thread count, SpinLock's spread), from the median repetition. On a shared
+// thread count, SpinLock's spread), from the median repetition among those
+// whose threads really ran at the same time (ratio_support.h). On a shared
 // machine run repetitions in random interleaved order:
 //
 //   locks_benchmark --benchmark_min_time=0.1 --benchmark_repetitions=5
@@ -48,6 +49,7 @@
 #include <thread>
 #include <vector>
 
+#include "ratio_support.h"
 #include "shardlock/internal/backoff.h"
 #include "shardlock/internal/cpu.h"
 #include "shardlock/internal/thread_annotations.h"
@@ -409,7 +411,9 @@ class RatioReporter : public benchmark::ConsoleReporter {
       const std::string workload = name.substr(0, slash);
       const std::string lock = name.substr(slash + 1);
       if (const auto it = run.counters.find("items_per_second"); it != run.counters.end()) {
-        rates_[{workload, static_cast<int>(run.threads)}][lock].push_back(it->second.value);
+        const std::pair<std::string, int> key{workload, static_cast<int>(run.threads)};
+        ++repetitions_[key][lock];
+        if (shardlock::bench::ran_concurrently(run)) rates_[key][lock].push_back(it->second.value);
       }
       if (const auto it = run.counters.find("spread"); it != run.counters.end()) {
         spreads_[{workload, std::atoi(run.run_name.args.c_str())}][lock].push_back(
@@ -426,18 +430,25 @@ class RatioReporter : public benchmark::ConsoleReporter {
   void print_summary() const {
     std::printf("\nRatios (median repetition; %s):\n",
                 shardlock::internal::cpu_model_name().c_str());
-    std::printf("  shardlock::Mutex throughput / std::mutex throughput, same run\n");
-    std::printf("    %-12s %7s %7s %7s %7s\n", "workload", "1 thr", "2", "4", "8");
+    std::printf(
+        "  shardlock::Mutex throughput / std::mutex throughput, same run, counting only\n"
+        "  the repetitions whose threads kept min(threads, CPUs) cores busy (>= 90%%):\n"
+        "  on a shared machine the others measure the other load, not the locks.\n"
+        "  [used/run] repetitions of shardlock::Mutex after each ratio.\n");
+    std::printf("    %-12s %14s %14s %14s %14s\n", "workload", "1 thr", "2", "4", "8");
     for (const char* workload : {"Contended", "PrivateWork", "Arith", "LongSection"}) {
       std::printf("    %-12s", workload);
       for (const int threads : {1, 2, 4, 8}) {
         const auto it = rates_.find({workload, threads});
         const double mine = it == rates_.end() ? 0 : median(it->second, "shardlock::Mutex");
         const double peer = it == rates_.end() ? 0 : median(it->second, "std::mutex");
+        const auto count = repetitions_.find({workload, threads});
+        const int ran = count == repetitions_.end() ? 0 : lookup_count(count->second);
+        const int used = it == rates_.end() ? 0 : static_cast<int>(used_count(it->second));
         if (mine == 0 || peer == 0) {
-          std::printf(" %7s", "-");
+          std::printf(" %7s [%d/%d]", "-", used, ran);
         } else {
-          std::printf(" %6.2fx", mine / peer);
+          std::printf(" %6.2fx [%d/%d]", mine / peer, used, ran);
         }
       }
       std::printf("\n");
@@ -468,18 +479,21 @@ class RatioReporter : public benchmark::ConsoleReporter {
  private:
   using ByLock = std::map<std::string, std::vector<double>>;
 
-  // The median repetition: with random interleaving every lock's
-  // repetitions sample the same mix of outside load.
+  static int lookup_count(const std::map<std::string, int>& by_lock) {
+    const auto it = by_lock.find("shardlock::Mutex");
+    return it == by_lock.end() ? 0 : it->second;
+  }
+  static std::size_t used_count(const ByLock& by_lock) {
+    const auto it = by_lock.find("shardlock::Mutex");
+    return it == by_lock.end() ? 0 : it->second.size();
+  }
+
   static double median(const ByLock& by_lock, const std::string& lock) {
-    const auto it = by_lock.find(lock);
-    if (it == by_lock.end() || it->second.empty()) return 0.0;
-    std::vector<double> values = it->second;
-    const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
-    std::nth_element(values.begin(), middle, values.end());
-    return *middle;
+    return shardlock::bench::median_of(by_lock, lock);
   }
 
   std::map<std::pair<std::string, int>, ByLock> rates_;
+  std::map<std::pair<std::string, int>, std::map<std::string, int>> repetitions_;
   std::map<std::pair<std::string, int>, ByLock> spreads_;
   std::map<std::pair<std::string, int>, ByLock> cpu_spreads_;
 };
