@@ -12,22 +12,9 @@ namespace {
 // most, so it looks often rather than backing off to SpinLock's 2 us.
 constexpr std::uint32_t kMaxSpinDelayNs = 640;
 
-// The moving average's weights: a winner moves it 1/4 of the way up, a
-// waiter that parks 1/16 of the way down. Spinning stays the default and
-// stops only where it keeps failing: the rate settles near
-// 4w / (4w + p) for fractions w of winners and p of parkers, so it falls
-// low only when most spinners park. The asymmetry also keeps a burst of
-// preemptions (another process taking the CPUs for a few milliseconds)
-// from talking the lock out of spinning for long after the burst, which a
-// symmetric 1/8 did in a run on this project's EPYC: stuck at the probe,
-// Arith at 2 threads ran at 15 M/s, against 30 M/s at the full budget.
-constexpr std::uint32_t kWinShift = 2;
-constexpr std::uint32_t kParkShift = 4;
-
-// The success rate after one more spinner won (`won`) or parked.
-constexpr std::uint32_t next_rate(std::uint32_t rate, bool won) noexcept {
-  return won ? rate + ((Mutex::kSpinRateOne - rate) >> kWinShift) : rate - (rate >> kParkShift);
-}
+// A spin phase that overran its budget by more than this lost its CPU on the
+// way (one round is at most ~0.7 us; a time slice is hundreds of us).
+constexpr std::int64_t kLostCpuNs = 20'000;
 
 }  // namespace
 
@@ -47,7 +34,9 @@ bool Mutex::lock_slow(std::int64_t deadline_ns) noexcept {
                                        std::memory_order_relaxed)) {
         // Store only when the average moves: at a 100% rate, the common
         // case under short critical sections, winners write nothing.
-        if (const std::uint32_t next = next_rate(rate, true); next != rate) {
+        if (const std::uint32_t next =
+                internal::next_spin_success_rate(rate, internal::SpinOutcome::kWon);
+            next != rate) {
           spin_success_rate_.store(next, std::memory_order_relaxed);
         }
         return true;
@@ -57,10 +46,15 @@ bool Mutex::lock_slow(std::int64_t deadline_ns) noexcept {
     if (deadline_ns >= 0 && internal::monotonic_nanos() >= deadline_ns) return false;
     if (backoff.spin()) break;
   }
-  // The budget ran out with the lock still held: the holder is descheduled
-  // or its critical section is long. Deadline failures return above and do
-  // not count: they say nothing about the holder.
-  spin_success_rate_.store(next_rate(rate, false), std::memory_order_relaxed);
+  // The budget ran out with the lock still held. Whether that says spinning
+  // is wasteful depends on whether this waiter kept its CPU: see
+  // SpinOutcome. Deadline failures return above and do not count.
+  const internal::SpinOutcome outcome = backoff.waited_ns() > spin_budget_for(rate) + kLostCpuNs
+                                            ? internal::SpinOutcome::kParkedAfterLosingCpu
+                                            : internal::SpinOutcome::kParkedWhileRunning;
+  if (const std::uint32_t next = internal::next_spin_success_rate(rate, outcome); next != rate) {
+    spin_success_rate_.store(next, std::memory_order_relaxed);
+  }
 
   // Park phase. Exchanging in 2 (rather than CAS 0 -> 1) is what makes a
   // sleeper visible to unlock(); it may leave a spurious 2 behind after the

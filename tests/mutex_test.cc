@@ -4,15 +4,18 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <thread>
 
 #include "lock_conformance.h"
-#include "poll_until.h"
 
 namespace shardlock {
 namespace {
 
 INSTANTIATE_TYPED_TEST_SUITE_P(Mutex, ExclusiveLockTest, ::testing::Types<Mutex>);
+
+using internal::next_spin_success_rate;
+using internal::SpinOutcome;
 
 TEST(MutexAdaptiveSpin, ANewLockSpinsTheFullBudget) {
   Mutex mutex;
@@ -22,41 +25,65 @@ TEST(MutexAdaptiveSpin, ANewLockSpinsTheFullBudget) {
   EXPECT_EQ(mutex.spin_budget_ns(), Mutex::kMaxSpinNs);  // the fast path learns nothing
 }
 
-// A waiter can only leave the spin phase of a lock that stays held by
-// spending its whole budget, and then it must shorten the next waiter's.
-TEST(MutexAdaptiveSpin, AWaiterThatHadToParkShortensTheBudget) {
+TEST(MutexAdaptiveSpin, TheBudgetSpansTheProbeToTheMaximum) {
+  EXPECT_EQ(Mutex::spin_budget_for(0), Mutex::kMinSpinNs);
+  EXPECT_EQ(Mutex::spin_budget_for(Mutex::kSpinRateOne), Mutex::kMaxSpinNs);
+  EXPECT_LT(Mutex::spin_budget_for(Mutex::kSpinRateOne / 2), Mutex::kMaxSpinNs);
+  EXPECT_GT(Mutex::spin_budget_for(Mutex::kSpinRateOne / 2), Mutex::kMinSpinNs);
+}
+
+// Spinners that lose their CPUs (threads > cores) talk the lock down to the
+// probe; it never goes below it.
+TEST(MutexAdaptiveSpin, WaitersThatLoseTheirCpuShortenTheBudgetToTheProbe) {
+  std::uint32_t rate = Mutex::kSpinRateOne;
+  std::int64_t budget = Mutex::spin_budget_for(rate);
+  for (int i = 0; i < 16; ++i) {
+    rate = next_spin_success_rate(rate, SpinOutcome::kParkedAfterLosingCpu);
+    EXPECT_LT(Mutex::spin_budget_for(rate), budget);
+    budget = Mutex::spin_budget_for(rate);
+  }
+  EXPECT_LT(budget, Mutex::kMaxSpinNs / 2);
+  for (int i = 0; i < 1000; ++i) {
+    rate = next_spin_success_rate(rate, SpinOutcome::kParkedAfterLosingCpu);
+  }
+  EXPECT_EQ(Mutex::spin_budget_for(rate), Mutex::kMinSpinNs);
+}
+
+// A waiter that kept its CPU had nothing better to do with it: its failed
+// spin says nothing against spinning.
+TEST(MutexAdaptiveSpin, WaitersThatKeepTheirCpuLeaveTheRateAlone) {
+  for (const std::uint32_t rate : {0u, 1000u, Mutex::kSpinRateOne / 2, Mutex::kSpinRateOne}) {
+    EXPECT_EQ(next_spin_success_rate(rate, SpinOutcome::kParkedWhileRunning), rate);
+  }
+}
+
+// A few winners restore most of the budget, even from the probe.
+TEST(MutexAdaptiveSpin, WinnersRestoreTheBudgetQuickly) {
+  std::uint32_t rate = 0;
+  for (int i = 0; i < 8; ++i) rate = next_spin_success_rate(rate, SpinOutcome::kWon);
+  EXPECT_GT(Mutex::spin_budget_for(rate), Mutex::kMaxSpinNs * 9 / 10);
+  EXPECT_LE(rate, Mutex::kSpinRateOne);
+  EXPECT_EQ(next_spin_success_rate(Mutex::kSpinRateOne, SpinOutcome::kWon), Mutex::kSpinRateOne);
+}
+
+// Through the lock itself: a waiter that parks (whatever it learnt) keeps
+// the budget within its bounds, and the lock still excludes.
+TEST(MutexAdaptiveSpin, AParkedWaiterKeepsTheBudgetInBounds) {
   Mutex mutex;
+  int value = 0;
   mutex.lock();
   std::thread waiter([&] {
     mutex.lock();
+    ++value;
     mutex.unlock();
   });
-  EXPECT_TRUE(test_support::poll_until([&] { return mutex.spin_budget_ns() < Mutex::kMaxSpinNs; }));
+  std::this_thread::yield();
+  value = 1;
   mutex.unlock();
   waiter.join();
-  EXPECT_LT(mutex.spin_budget_ns(), Mutex::kMaxSpinNs);
+  EXPECT_EQ(value, 2);
   EXPECT_GE(mutex.spin_budget_ns(), Mutex::kMinSpinNs);
-}
-
-// Each further waiter that parks shortens it again, and the budget stays at
-// or above the short probe that lets the lock notice when spinning starts to
-// work again. (16 rounds keep every step large enough to be seen: the budget
-// is an integer number of nanoseconds.)
-TEST(MutexAdaptiveSpin, EveryWaiterThatParksShortensItFurther) {
-  Mutex mutex;
-  for (int round = 0; round < 16; ++round) {
-    mutex.lock();
-    const std::int64_t before = mutex.spin_budget_ns();
-    std::thread waiter([&] {
-      mutex.lock();
-      mutex.unlock();
-    });
-    EXPECT_TRUE(test_support::poll_until([&] { return mutex.spin_budget_ns() < before; }));
-    mutex.unlock();
-    waiter.join();
-    EXPECT_GE(mutex.spin_budget_ns(), Mutex::kMinSpinNs);
-  }
-  EXPECT_LT(mutex.spin_budget_ns(), Mutex::kMaxSpinNs / 2);
+  EXPECT_LE(mutex.spin_budget_ns(), Mutex::kMaxSpinNs);
 }
 
 }  // namespace
