@@ -14,8 +14,7 @@
 //                          pauses, it keeps the core's pipeline busy).
 //   LongSection/<lock>/threads:N  critical sections of ~7 us (100 x Arith's
 //                          work), longer than Mutex's spin budget: spinning
-//                          cannot win, which is what Mutex's adaptive spin
-//                          phase has to notice (Mutex and std::mutex only).
+//                          cannot win (Mutex and std::mutex only).
 //   Fairness/<lock>/N      N threads for 150 ms; reports spread (most/least
 //                          acquisitions per thread), the longest wait and
 //                          acquisitions per second.
@@ -159,7 +158,7 @@ struct alignas(kFalseSharingRange) Shared {
   alignas(kFalseSharingRange) std::uint64_t counter = 0;
 };
 // kInstance separates workloads that must not share a lock's learnt state
-// (Mutex's spin budget): LongSection teaches its lock to park.
+// (Mutex's spin budget), such as LongSection's failing spins.
 template <class L, int kInstance = 0>
 Shared<L>& shared() {
   static Shared<L> instance;
