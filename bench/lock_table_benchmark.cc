@@ -11,9 +11,11 @@
 // After the usual table, the binary prints each contender's throughput as a
 // ratio of the racy loop's at the same thread count and key distribution
 // (with and without prefetching), and as a multiple of one global
-// std::mutex. On a machine shared with other work, run repetitions in random
-// interleaved order: the summary compares each benchmark's median
-// repetition, so a burst of outside load cannot land on one contender only.
+// std::mutex, counting only the runs whose threads really ran at the same
+// time (ratio_support.h). On a machine shared with other work, run
+// repetitions in random interleaved order: the summary compares each
+// benchmark's median repetition, so a burst of outside load cannot land on
+// one contender only.
 //
 //   lock_table_benchmark --benchmark_min_time=0.05 --benchmark_repetitions=8
 //                        --benchmark_enable_random_interleaving=true
@@ -30,6 +32,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "ratio_support.h"
+#include "shardlock/internal/cpu.h"
 #include "shardlock/lock_table.h"
 #include "shardlock/mutex.h"
 #include "shardlock/spin_lock.h"
@@ -241,8 +245,10 @@ class RatioReporter : public benchmark::ConsoleReporter {
       // "BM_LockTable<shardlock::SpinLock>/zipf:1/real_time/threads:2"
       const std::string name = run.run_name.function_name;
       const std::string args = run.run_name.args;  // "zipf:0" or "zipf:1"
-      results_[{args, static_cast<int>(run.threads)}][name].push_back(it->second.value);
       if (std::find(order_.begin(), order_.end(), name) == order_.end()) order_.push_back(name);
+      ++repetitions_[{args, static_cast<int>(run.threads)}];
+      if (!shardlock::bench::ran_concurrently(run)) continue;
+      results_[{args, static_cast<int>(run.threads)}][name].push_back(it->second.value);
     }
     ConsoleReporter::ReportRuns(runs);
   }
@@ -251,15 +257,22 @@ class RatioReporter : public benchmark::ConsoleReporter {
     std::printf(
         "\nThroughput as a multiple of the racy loop without and with prefetching\n"
         "(same keys, same threads, same run; median of the repetitions) and of one\n"
-        "global std::mutex:\n");
+        "global std::mutex. Only runs whose threads kept min(threads, CPUs) cores\n"
+        "busy (>= 90%%) count: on a shared machine the others measure the other\n"
+        "load, not the locks. CPU: %s\n",
+        shardlock::internal::cpu_model_name().c_str());
     for (const auto& [key, by_name] : results_) {
       const double racy = lookup(by_name, "BM_Racy");
       const double racy_prefetch = lookup(by_name, "BM_RacyPrefetch");
       const double global = lookup(by_name, "BM_GlobalStdMutex");
       if (racy == 0) continue;
-      std::printf("  %-8s threads=%d  racy %.1f M/s, racy+prefetch %.1f M/s\n",
-                  key.first == "zipf:0" ? "uniform" : "zipf0.99", key.second, racy / 1e6,
-                  racy_prefetch / 1e6);
+      std::size_t kept = 0;
+      for (const auto& [name, values] : by_name) kept += values.size();
+      const auto ran = repetitions_.find(key);
+      std::printf(
+          "  %-8s threads=%d  racy %.1f M/s, racy+prefetch %.1f M/s  (%zu of %d runs kept)\n",
+          key.first == "zipf:0" ? "uniform" : "zipf0.99", key.second, racy / 1e6,
+          racy_prefetch / 1e6, kept, ran == repetitions_.end() ? 0 : ran->second);
       for (const std::string& name : order_) {
         const double mine = lookup(by_name, name);
         if (mine == 0 || name.rfind("BM_Racy", 0) == 0) continue;
@@ -272,26 +285,21 @@ class RatioReporter : public benchmark::ConsoleReporter {
   }
 
  private:
-  // The median repetition. With random interleaving every contender's
-  // repetitions sample the same mix of outside load, so medians compare
-  // fairly where single runs (or the luckiest run) would not.
   static double lookup(const std::map<std::string, std::vector<double>>& by_name,
                        const std::string& name) {
-    const auto it = by_name.find(name);
-    if (it == by_name.end() || it->second.empty()) return 0.0;
-    std::vector<double> values = it->second;
-    const auto middle = values.begin() + static_cast<std::ptrdiff_t>(values.size() / 2);
-    std::nth_element(values.begin(), middle, values.end());
-    return *middle;
+    return shardlock::bench::median_of(by_name, name);
   }
 
   std::map<std::pair<std::string, int>, std::map<std::string, std::vector<double>>> results_;
+  // Runs per distribution and thread count, kept or not.
+  std::map<std::pair<std::string, int>, int> repetitions_;
   std::vector<std::string> order_;
 };
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  benchmark::AddCustomContext("cpu_model", shardlock::internal::cpu_model_name());
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   // Build the key sequences before any timing starts.

@@ -48,6 +48,7 @@
 #include "common/allocator.h"
 #include "common/command_line.h"
 #include "common/json.h"
+#include "shardlock/internal/cpu.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/lease/wire/duration.h"
@@ -782,6 +783,7 @@ void print_table(const Config& config, const Result& r) {
   const bool lease = config.mode == "lease";
   std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s%s\n", config.mode.c_str(),
               r.target.c_str(), tools::kAllocatorName, config.auth_key ? "  auth=on" : "");
+  std::printf("  cpu %s\n", shardlock::internal::cpu_model_name().c_str());
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
                 " keys, ttl %s, batch %u, up to %u requests per datagram, %.1f s\n",

@@ -159,20 +159,6 @@ std::size_t default_stripe_count() noexcept;
 // A fresh seed per call, different across tables and processes.
 std::uint64_t random_table_seed() noexcept;
 
-// Asks the cache for `address`'s line in exclusive state, without waiting.
-// A lock word read by a plain load first (a TTAS fast path) and then
-// exchanged costs two coherence transactions when another core wrote it
-// last: one to share the line, one to upgrade it. Issued just before the
-// load, PREFETCHW makes that one. On x86 CPUs without it (Intel before
-// Broadwell) the opcode executes as a NOP.
-inline void prefetch_for_write(const void* address) noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(address)));
-#else
-  __builtin_prefetch(address, 1, 3);
-#endif
-}
-
 // A waiting with_lock() caller's request, on that caller's stack. The
 // combiner reads `next` before it runs the request and never touches the
 // request after storing `done`.
@@ -367,7 +353,9 @@ class LockTable {
       SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS /* see Guards */ {
     const std::size_t stripe = stripe_of(key);
     Lock& l = stripes_[stripe].lock;
-    internal::prefetch_for_write(&l);
+    // No prefetch here: SpinLock::lock() issues its own PREFETCHW before
+    // its first load, and a lock whose first access is a CAS (Mutex) asks
+    // for the line exclusive anyway.
     l.lock();
     return Guard(l, stripe);
   }

@@ -7,13 +7,32 @@
 // kernel instead of burning the time slice the holder needs.
 //
 // Design
-//   * Size: 4 bytes, one futex word (static_assert'ed).
+//   * Size: 8 bytes: the futex word and the spin success rate
+//     (static_assert'ed).
 //   * State (Drepper, "Futexes Are Tricky", mutex #2):
 //       0 = unlocked, 1 = locked with no sleepers, 2 = locked, maybe sleepers.
-//   * lock(): one CAS 0 -> 1. On failure, spin on a relaxed load for up to
-//     kSpinNs (time-budgeted: a PAUSE is 19 ns here and ~40 ns on Skylake),
-//     retrying the CAS whenever the word reads 0. Then park: exchange the
-//     word to 2 and FUTEX_WAIT while it stays 2.
+//   * lock(): one CAS 0 -> 1. On failure, spin on a relaxed load, retrying
+//     the CAS whenever the word reads 0, for an adaptive budget (below).
+//     Then park: exchange the word to 2 and FUTEX_WAIT while it stays 2.
+//   * Adaptive spinning, as glibc's PTHREAD_MUTEX_ADAPTIVE_NP, WebKit's
+//     WTF::Lock and the kernel's "spin while the owner is running": spin
+//     only while spinning does not take the CPU from someone who needs it.
+//     Each lock keeps a moving average, the spin success rate, and the
+//     budget scales with it from kMaxSpinNs down to kMinSpinNs, a probe of
+//     four looks at the word, so the lock notices when spinning works
+//     again. A winner moves the rate 1/4 of the way up. A waiter that spent
+//     its budget and parks moves it 1/16 of the way down only if it lost its
+//     CPU while spinning (its spin overran the budget by a time slice): then
+//     threads outnumber cores, and spinning burns time slices that holders
+//     need. A waiter that parks having kept its CPU leaves the rate alone:
+//     its core had nothing better to do, and the holder was running. On this
+//     project's EPYC, with 2 threads on 2 cores, such failed spins are
+//     common (an owner that re-locks at once rarely leaves a gap) and still
+//     pay: parking sooner there cost throughput (docs/lock-benchmarks.md),
+//     because a park and wake-up costs several microseconds and the owner
+//     pays a FUTEX_WAKE for each parked waiter.
+//     The budget is in nanoseconds, not PAUSE counts (a PAUSE is 19-24 ns
+//     on Zen 4 and ~40 ns on Skylake and later).
 //   * unlock(): one atomic exchange to 0, then FUTEX_WAKE(1) only if the old
 //     state was 2. No system call unless someone may be sleeping. (It is an
 //     exchange rather than a plain store because the unlocker must observe a
@@ -23,17 +42,16 @@
 //   * Fairness: barging, like std::mutex. A running thread can re-take the
 //     lock before a woken sleeper is scheduled; the sleeper is not starved
 //     because the spin phase is short and the wake is unconditional.
-//   * Threads > cores: at most kSpinNs of wasted spinning per acquisition,
-//     then the waiter sleeps and the holder gets the core.
+//   * Threads > cores: at most kMaxSpinNs of wasted spinning per
+//     acquisition, and less once the rate has learnt that spinners lose
+//     their CPUs; then the waiter sleeps and the holder gets the core.
 //   * Timed waits use FUTEX_WAIT_BITSET with an absolute CLOCK_MONOTONIC
 //     deadline, so spurious wake-ups do not extend them.
 //
-// Measured (2-vCPU EPYC VM, one run, peers in the same binary):
-//   uncontended pair 4.48 ns vs std::mutex 6.09 ns; contended counter
-//   1.38x / 3.63x / 3.80x / 3.37x std::mutex at 1 / 2 / 4 / 8 threads,
-//   1.02-1.07x with ~100 ns private work; spread <= 1.45 at 2-8 threads.
-//   Command: build/bench/bench/locks_benchmark --benchmark_min_time=0.3
-//   (bench preset; full tables in docs/lock-benchmarks.md).
+// Measured: docs/lock-benchmarks.md, with the CPU model of each run.
+//   Command: build/bench/bench/locks_benchmark --benchmark_min_time=0.1
+//   --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true
+//   (bench preset).
 #pragma once
 
 #include <atomic>
@@ -47,10 +65,47 @@
 
 namespace shardlock {
 
+namespace internal {
+
+// How one waiter's spin phase ended, as Mutex's adaptive spinning counts it.
+enum class SpinOutcome {
+  kWon,                   // got the lock by spinning
+  kParkedWhileRunning,    // spent the budget on its own CPU, then parked
+  kParkedAfterLosingCpu,  // spent the budget, was descheduled meanwhile
+};
+
+// The spin success rate (in units of 1 << 16) after one more waiter's
+// outcome: winners move it 1/4 of the way up, waiters that lost their CPU
+// 1/16 of the way down, and waiters that kept theirs leave it alone (see
+// Mutex's design note).
+constexpr std::uint32_t next_spin_success_rate(std::uint32_t rate, SpinOutcome outcome) noexcept {
+  constexpr std::uint32_t kOne = 1u << 16;
+  switch (outcome) {
+    case SpinOutcome::kWon:
+      return rate + ((kOne - rate) >> 2);
+    case SpinOutcome::kParkedAfterLosingCpu:
+      return rate - (rate >> 4);
+    case SpinOutcome::kParkedWhileRunning:
+      break;
+  }
+  return rate;
+}
+
+}  // namespace internal
+
 class SHARDLOCK_CAPABILITY("mutex") Mutex {
  public:
-  // How long a waiter spins before parking.
-  static constexpr std::int64_t kSpinNs = 4'000;
+  // How long a waiter spins before parking: kMaxSpinNs while spinning pays,
+  // down to kMinSpinNs where spinners keep losing their CPUs (see Design).
+  static constexpr std::int64_t kMaxSpinNs = 4'000;
+  static constexpr std::int64_t kMinSpinNs = 600;
+  // The success rate is kept in units of 1/kSpinRateOne.
+  static constexpr std::uint32_t kSpinRateOne = 1u << 16;
+  // What the rate maps to: the budget a waiter spins before parking.
+  static constexpr std::int64_t spin_budget_for(std::uint32_t success_rate) noexcept {
+    return kMinSpinNs + (kMaxSpinNs - kMinSpinNs) * static_cast<std::int64_t>(success_rate) /
+                            static_cast<std::int64_t>(kSpinRateOne);
+  }
 
   constexpr Mutex() noexcept = default;
   Mutex(const Mutex&) = delete;
@@ -107,6 +162,13 @@ class SHARDLOCK_CAPABILITY("mutex") Mutex {
   // A racy snapshot, for assertions and statistics only.
   bool is_locked() const noexcept { return state_.load(std::memory_order_relaxed) != kUnlocked; }
 
+  // How long the next waiter would spin before parking, in nanoseconds. A
+  // racy snapshot, for statistics and tests only.
+  std::int64_t spin_budget_ns() const noexcept {
+    // Relaxed: the estimate is a hint that publishes nothing.
+    return spin_budget_for(spin_success_rate_.load(std::memory_order_relaxed));
+  }
+
  private:
   static constexpr std::uint32_t kUnlocked = 0;
   static constexpr std::uint32_t kLocked = 1;
@@ -118,9 +180,15 @@ class SHARDLOCK_CAPABILITY("mutex") Mutex {
 
   // The futex word; values above. Only lock_slow() stores 2.
   std::atomic<std::uint32_t> state_{kUnlocked};
+  // The spin success rate (internal::next_spin_success_rate), in units of
+  // 1/kSpinRateOne; a new lock assumes spinning works. Written only by waiters (lock_slow), and
+  // only when the average moves, in the same cache line as state_: a winner writes it right after
+  // its CAS, when it owns that line anyway.
+  std::atomic<std::uint32_t> spin_success_rate_{kSpinRateOne};
 };
 
-static_assert(sizeof(Mutex) == 4);
+static_assert(sizeof(Mutex) == 8);
+static_assert(Mutex::kSpinRateOne == 1u << 16, "next_spin_success_rate's unit");
 static_assert(TimedLockable<Mutex> && NoexceptLockable<Mutex>);
 
 }  // namespace shardlock

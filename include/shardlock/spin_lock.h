@@ -30,7 +30,9 @@
 //     an heir that is descheduled can hold up the lock for up to one
 //     scheduler slice, which the 100 us default makes rare.
 //
-// Measured (2-vCPU EPYC VM, one run, peers in the same binary):
+// Measured (issue 3's run: 2-vCPU AMD EPYC, family 25 model 17, one run,
+// peers in the same binary; issue 26's figures per CPU family are in
+// docs/lock-benchmarks.md):
 //   uncontended pair 2.19 ns = 1.03x a bare exchange+store; contended
 //   counter 1.28x / 1.04x / 1.12x tbb::spin_mutex at 2 / 4 / 8 threads,
 //   2.1-2.2x with ~100 ns private work; per-thread spread over 150 ms
@@ -44,6 +46,7 @@
 #include <cstdint>
 
 #include "shardlock/internal/backoff.h"
+#include "shardlock/internal/cpu.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lockable.h"
 
@@ -66,8 +69,10 @@ class SHARDLOCK_CAPABILITY("mutex") BasicSpinLock {
   void lock() noexcept SHARDLOCK_ACQUIRE() {
     // Ask for the line in exclusive state first: the heir load alone would
     // fetch it shared and the exchange would then need a second coherence
-    // round trip when another core released the lock last.
-    __builtin_prefetch(&locked_, 1);
+    // round trip when another core released the lock last. (This was
+    // __builtin_prefetch(&locked_, 1), which GCC compiles to a read
+    // prefetch for the default x86-64 target; see prefetch_for_write.)
+    internal::prefetch_for_write(&locked_);
     // Relaxed heir check: it is only a courtesy signal; exclusion rests on
     // the exchange. The acquire exchange pairs with unlock()'s release store.
     if (heir_.load(std::memory_order_relaxed) == 0 &&

@@ -1,10 +1,12 @@
 // Time-budgeted spin-wait policy shared by shardlock's spinning locks. Not API.
 //
-// A pause costs about 19 ns on this project's AMD EPYC (Zen 4) machine and
+// A pause costs about 19-24 ns on this project's AMD EPYC (Zen 4) machine and
 // about 140 cycles (~40 ns) on Skylake, but only ~10 cycles on older Intel
 // parts, so counting pauses gives wildly different wait times per CPU. The
 // delays here are written in nanoseconds and converted to pause counts with a
-// per-process calibration (pause_nanos(), measured once at start-up).
+// per-process calibration (pause_nanos(), measured once at start-up in short
+// bursts, so pause-loop exiting under a hypervisor does not skew it; see
+// src/backoff.cc).
 #pragma once
 
 #include <sched.h>

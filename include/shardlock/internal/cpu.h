@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <ctime>
+#include <string>
 #include <type_traits>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -33,6 +34,23 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
+// Asks the cache for `address`'s line in exclusive state, without waiting.
+// A lock word read by a plain load first (a TTAS fast path) and then
+// exchanged costs two coherence transactions when another core wrote it
+// last: one to share the line, one to upgrade it. Issued just before the
+// load, PREFETCHW makes that one. On x86 CPUs without it (Intel before
+// Broadwell) the opcode executes as a NOP. It is inline asm because
+// __builtin_prefetch(p, 1) is no substitute: unless the build enables
+// -mprfchw, GCC emits PREFETCHT0 for it, a read prefetch that fetches the
+// line shared, which is exactly the first of the two transactions.
+inline void prefetch_for_write(const void* address) noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  asm volatile("prefetchw %0" : : "m"(*static_cast<const char*>(address)));
+#else
+  __builtin_prefetch(address, 1, 3);
+#endif
+}
+
 // Monotonic nanoseconds. clock_gettime(CLOCK_MONOTONIC) goes through the vDSO
 // (about 20 ns), cheap enough to consult between batches of pauses.
 inline std::int64_t monotonic_nanos() noexcept {
@@ -40,6 +58,12 @@ inline std::int64_t monotonic_nanos() noexcept {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return static_cast<std::int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
+
+// The CPU's name with its family and model numbers, from /proc/cpuinfo
+// ("AMD EPYC (family 25 model 17)"), or "unknown CPU". Benchmarks print it next to every figure:
+// the locks' ratios differ between CPU families, so numbers must never be
+// compared across CPUs by accident. Reads a file; not for hot paths.
+std::string cpu_model_name();
 
 // Converts a steady_clock deadline to monotonic nanoseconds. libstdc++'s
 // steady_clock is CLOCK_MONOTONIC, so this is exact on Linux.
