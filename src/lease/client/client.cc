@@ -296,7 +296,7 @@ std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<Clien
   std::vector<std::shared_ptr<LeaseState>> states;
   states.reserve(keys.size());
   const auto add = [&](std::size_t i, LeaseOptions options) {
-    states.push_back(std::make_shared<LeaseState>(core, std::string(keys[i]), tokens[i], kind,
+    states.push_back(std::make_shared<LeaseState>(std::string(keys[i]), tokens[i], kind,
                                                   core->setup.id, std::move(options), core->margin,
                                                   grant, ttl));
   };
@@ -314,8 +314,8 @@ std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<Clien
     // The leases may still stand on the server for a moment, but the client
     // cannot prove it: give them back.
     for (const auto& state : states) {
-      (void)close_lease(*state);
-      send_release(*state);
+      (void)close_lease(*core, *state);
+      send_release(*core, *state);
     }
     return {};
   }
@@ -404,7 +404,7 @@ AcquireResult LeaseClient::acquire_one(std::string_view key, LeaseMode mode, std
     result.error = LeaseErrc::kGrantExpired;
     return result;
   }
-  result.lease = Lease(std::move(states.front()));
+  result.lease = Lease(core_, std::move(states.front()));
   return result;
 }
 
@@ -437,7 +437,7 @@ MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> k
     return result;
   }
   result.leases.reserve(states.size());
-  for (auto& state : states) result.leases.push_back(Lease(std::move(state)));
+  for (auto& state : states) result.leases.push_back(Lease(core_, std::move(state)));
   return result;
 }
 

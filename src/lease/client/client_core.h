@@ -39,12 +39,12 @@ struct ClientCore {
 
 // Marks `state` released (returning whether it was still held or lost, so a
 // RELEASE is worth sending), then waits for a lost callback that is running,
-// unless this is the callback's own thread.
-bool close_lease(LeaseState& state);
+// unless this is the callback's own thread (core's watchdog).
+bool close_lease(ClientCore& core, LeaseState& state);
 
 // One RELEASE of the lease's own token, not waited for. The token is this
 // Lease's alone (the server re-grants with a new token), so it can free no
 // other grant.
-void send_release(LeaseState& state) noexcept;
+void send_release(ClientCore& core, LeaseState& state) noexcept;
 
 }  // namespace shardlock::lease::internal

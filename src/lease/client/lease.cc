@@ -11,36 +11,36 @@
 namespace shardlock::lease {
 namespace internal {
 
-bool close_lease(LeaseState& state) {
+bool close_lease(ClientCore& core, LeaseState& state) {
   bool was_active = false;
   {
     LockGuard lock(state.mutex);
     was_active = state.status != LeaseState::Status::kReleased;
     state.status = LeaseState::Status::kReleased;
   }
-  if (!state.core->watchdog.on_thread()) {
+  if (!core.watchdog.on_thread()) {
     LockGuard gate(state.callback_mutex);  // the watchdog checks kReleased under it
   }
   return was_active;
 }
 
-void send_release(LeaseState& state) noexcept {
+void send_release(ClientCore& core, LeaseState& state) noexcept {
   try {
     // To the node that granted it (it may be handing the key off and holds
     // the lease until then), and, when the map now gives the key to another
     // node, to that one too: it may have taken the lease over. The token is
     // this lease's alone, so neither can free another grant.
-    auto call = state.core->engine.make_call(MessageType::kRelease, state.key);
+    auto call = core.engine.make_call(MessageType::kRelease, state.key);
     call->token = state.token;
     call->done = [](const CallResult&) {};
     if (state.node != nullptr && call->to != state.node) {
-      auto pinned = state.core->engine.make_call(MessageType::kRelease, state.key);
+      auto pinned = core.engine.make_call(MessageType::kRelease, state.key);
       pinned->to = state.node;
       pinned->token = state.token;
       pinned->done = [](const CallResult&) {};
-      state.core->engine.submit(std::move(pinned));
+      core.engine.submit(std::move(pinned));
     }
-    state.core->engine.submit(std::move(call));
+    core.engine.submit(std::move(call));
   } catch (...) {
     // Best effort: an allocation failure here leaves the lease to expire.
   }
@@ -56,11 +56,13 @@ using Clock = LeaseClock;
 using std::chrono::milliseconds;
 
 Lease::Lease() noexcept = default;
-Lease::Lease(std::shared_ptr<LeaseState> state) noexcept : state_(std::move(state)) {}
+Lease::Lease(std::shared_ptr<internal::ClientCore> core, std::shared_ptr<LeaseState> state) noexcept
+    : core_(std::move(core)), state_(std::move(state)) {}
 Lease::Lease(Lease&& other) noexcept = default;
 Lease& Lease::operator=(Lease&& other) noexcept {
   if (this != &other) {
     release_in_background();
+    core_ = std::move(other.core_);
     state_ = std::move(other.state_);
   }
   return *this;
@@ -69,14 +71,16 @@ Lease::~Lease() { release_in_background(); }
 
 void Lease::release_in_background() noexcept {
   if (!state_) return;
-  if (close_lease(*state_)) send_release(*state_);
+  if (close_lease(*core_, *state_)) send_release(*core_, *state_);
   state_.reset();
+  core_.reset();
 }
 
 void Lease::detach() noexcept {
   if (!state_) return;
-  (void)close_lease(*state_);
+  (void)close_lease(*core_, *state_);
   state_.reset();
+  core_.reset();
 }
 
 bool Lease::valid() const noexcept {
@@ -113,37 +117,37 @@ std::error_code Lease::renew(milliseconds ttl) {
     if (state_->status != LeaseState::Status::kHeld) return LeaseErrc::kLeaseInactive;
     if (ttl.count() <= 0) ttl = state_->ttl;
   }
-  auto call = make_renewal(state_->core->engine, *state_, ttl);
+  auto call = make_renewal(core_->engine, *state_, ttl);
   const std::uint64_t request_id = call->request_id;
   const milliseconds requested(call->ttl_ms);
-  const CallResult r = state_->core->call_sync(std::move(call));
+  const CallResult r = core_->call_sync(std::move(call));
   bool lost = false;
   {
     LockGuard lock(state_->mutex);
     lost = state_->apply_renewal(r, request_id, requested, Clock::now());
   }
-  if (lost) state_->core->watchdog.nudge();
+  if (lost) core_->watchdog.nudge();
   return r.error;
 }
 
 std::error_code Lease::release() {
   if (!state_) return LeaseErrc::kLeaseInactive;
-  if (!close_lease(*state_)) return LeaseErrc::kLeaseInactive;
+  if (!close_lease(*core_, *state_)) return LeaseErrc::kLeaseInactive;
   // As send_release(): where the map puts the key now, and where it was
   // granted if that differs (it may still hold it, handing the key off).
   // The owner first: after a failover the granting node is gone, and the
   // backup that took the lease over has it.
-  auto call = state_->core->engine.make_call(MessageType::kRelease, state_->key);
+  auto call = core_->engine.make_call(MessageType::kRelease, state_->key);
   call->token = state_->token;
   const Endpoint* owner = call->to;
-  const CallResult at_owner = state_->core->call_sync(std::move(call));
+  const CallResult at_owner = core_->call_sync(std::move(call));
   if (!at_owner.error || state_->node == nullptr || owner == state_->node) {
     return at_owner.error;
   }
-  auto pinned = state_->core->engine.make_call(MessageType::kRelease, state_->key);
+  auto pinned = core_->engine.make_call(MessageType::kRelease, state_->key);
   pinned->to = state_->node;
   pinned->token = state_->token;
-  return state_->core->call_sync(std::move(pinned)).error;
+  return core_->call_sync(std::move(pinned)).error;
 }
 
 }  // namespace shardlock::lease

@@ -109,7 +109,7 @@ void Watchdog::stop() {
   std::vector<std::shared_ptr<LeaseState>> watched;
   {
     LockGuard lock(mutex_);
-    watched.swap(watched_);  // breaks the core <-> lease reference cycle
+    watched.swap(watched_);  // their callbacks may hold what the caller tears down
   }
 }
 

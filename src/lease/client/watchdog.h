@@ -26,10 +26,6 @@
 
 namespace shardlock::lease::internal {
 
-// The facade's shared state (client_core.h, above this header): a lease keeps
-// its client alive through it, and never looks inside.
-struct ClientCore;
-
 // How far below the server's deadline the client puts a lease's expiry.
 struct DriftMargin {
   double factor = 0.01;
@@ -64,12 +60,10 @@ struct LeaseState {
     std::uint32_t permits = 0;  // kPermit only
   };
 
-  LeaseState(std::shared_ptr<ClientCore> owner_core, std::string lease_key,
-             std::uint64_t lease_token, Kind lease_kind, ClientId lease_owner,
-             LeaseOptions lease_options, DriftMargin lease_margin, const CallResult& grant,
-             milliseconds requested_ttl)
-      : core(std::move(owner_core)),
-        key(std::move(lease_key)),
+  LeaseState(std::string lease_key, std::uint64_t lease_token, Kind lease_kind,
+             ClientId lease_owner, LeaseOptions lease_options, DriftMargin lease_margin,
+             const CallResult& grant, milliseconds requested_ttl)
+      : key(std::move(lease_key)),
         token(lease_token),
         kind(lease_kind),
         owner(lease_owner),
@@ -93,7 +87,6 @@ struct LeaseState {
   bool apply_renewal(const CallResult& r, std::uint64_t request_id, milliseconds requested,
                      Clock::time_point now) SHARDLOCK_REQUIRES(mutex);
 
-  std::shared_ptr<ClientCore> core;
   const std::string key;
   const std::uint64_t token;
   const Kind kind;
@@ -144,8 +137,8 @@ class Watchdog {
   void nudge() SHARDLOCK_EXCLUDES(mutex_);
   // Whether the caller is the watchdog thread (where on_lost runs).
   [[nodiscard]] bool on_thread() const noexcept;
-  // Stops and joins the thread, then drops the watched leases (breaking the
-  // core <-> lease reference cycle). Not from the watchdog thread.
+  // Stops and joins the thread, then drops the watched leases (and the
+  // lost callbacks they hold). Not from the watchdog thread.
   void stop() SHARDLOCK_EXCLUDES(mutex_);
 
  private:

@@ -152,8 +152,10 @@ class Lease {
 
  private:
   friend class LeaseClient;
-  explicit Lease(std::shared_ptr<internal::LeaseState> state) noexcept;
+  Lease(std::shared_ptr<internal::ClientCore> core,
+        std::shared_ptr<internal::LeaseState> state) noexcept;
   void release_in_background() noexcept;
+  std::shared_ptr<internal::ClientCore> core_;  // keeps the client's engine alive
   std::shared_ptr<internal::LeaseState> state_;
 };
 
