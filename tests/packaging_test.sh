@@ -89,8 +89,11 @@ if [ -n "$pc" ] && command -v pkg-config >/dev/null && command -v cc >/dev/null;
 #include <stdio.h>
 int main(void) { puts(shardlock_strerror(SHARDLOCK_OK)); return 0; }
 C
+  # A sanitizer build's library needs its runtime first in the program
+  # (ASan refuses to run otherwise): the program is built the same way.
+  sanitize=$(grep -o -- '-fsanitize=[a-z,]*' "$build_dir/CMakeCache.txt" | head -n 1 || true)
   # shellcheck disable=SC2086  # the flags are words
-  if cc -std=c11 "$work/pc.c" -o "$work/pc" $flags >"$work/cc.log" 2>&1; then
+  if cc -std=c11 $sanitize "$work/pc.c" -o "$work/pc" $flags >"$work/cc.log" 2>&1; then
     libdir=$(dirname "$(dirname "$pc")")
     LD_LIBRARY_PATH=$libdir "$work/pc" >/dev/null || { echo "the pkg-config test program fails" >&2; fail=1; }
   else
