@@ -332,20 +332,28 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
 
 void BackupStream::apply(const Entry& e) {
   switch (e.kind) {
-    case EntryKind::kResetBucket: {
-      forget(e.bucket);
-      buckets_[e.bucket];
+    case EntryKind::kResetBucket:
+      // A snapshot begins: not caught up until it ends. The holders already
+      // known stay: a primary that restarted starts a new stream, and the
+      // leases its earlier run granted may still be live although the new
+      // run knows nothing of them. Only a release (or forget()) removes a
+      // holder, so a takeover inherits them too, and blocks their keys until
+      // they have surely ended.
+      buckets_[e.bucket].caught_up = false;
       return;
-    }
     case EntryKind::kBucketCaughtUp:
       buckets_[e.bucket].caught_up = true;
       return;
     case EntryKind::kGrant: {
       auto& list = buckets_[e.bucket].keys[e.key];
       const ReplicaHolder h{e.owner, e.token, e.request_id, e.mode, e.permits, e.ttl_ms};
-      // Idempotent: a grant seen twice (a snapshot overlapping the stream)
-      // is one holder.
-      if (std::find(list.begin(), list.end(), h) == list.end()) {
+      // Idempotent: a grant seen twice (a snapshot overlapping the stream,
+      // or repeating what an earlier stream sent) is one holder: the owner
+      // and token name it.
+      const auto same = std::find_if(list.begin(), list.end(), [&](const ReplicaHolder& x) {
+        return x.owner == h.owner && x.token == h.token;
+      });
+      if (same == list.end()) {
         list.push_back(h);
         ++holder_count_;
       }

@@ -376,15 +376,16 @@ TEST(ReplicationStream, ABackupFollowsOnlyALargerStreamFromItsStart) {
   deliver(first, backup, wire, 0);
   ASSERT_TRUE(backup.caught_up(1));
 
-  // The primary restarted: its new stream starts with a snapshot that no
-  // longer has "a" but has "b".
+  // The primary restarted: its new stream starts with a snapshot that has
+  // "b" and not "a". "a" stays: the earlier run granted it, and it may be
+  // live although the new run knows nothing of it.
   PrimaryStream second(11, timing);
   std::vector<std::vector<std::uint8_t>> second_wire;
   snapshot_of(second, 1, "b", 2);
   second.poll(1 * kMs, 1, second_wire);
   deliver(second, backup, second_wire, 1 * kMs);
   EXPECT_EQ(backup.stream(), 11U);
-  EXPECT_TRUE(backup.holders(1, "a").empty());
+  EXPECT_EQ(backup.holders(1, "a").size(), 1U);
   EXPECT_EQ(backup.holders(1, "b").size(), 1U);
 
   // A late datagram of the old stream rolls nothing back, and earns the
@@ -413,7 +414,7 @@ TEST(ReplicationStream, ABackupFollowsOnlyALargerStreamFromItsStart) {
   third.poll(4 * kMs + timing.retransmit_ns, 1, third_wire);
   deliver(third, backup, third_wire, 5 * kMs + timing.retransmit_ns);
   EXPECT_EQ(backup.applied(), 3U);
-  EXPECT_TRUE(backup.holders(1, "b").empty());
+  EXPECT_EQ(backup.holders(1, "b").size(), 1U);  // kept: only a release removes it
   EXPECT_EQ(backup.holders(1, "c").size(), 1U);
   EXPECT_TRUE(backup.caught_up(1));
 }
@@ -480,9 +481,39 @@ TEST(ReplicationStream, SnapshotsReleasesAndForgettingKeepTheCountRight) {
   EXPECT_EQ(backup.holder_count(), 1U);
   wire.clear();
   (void)primary.append(marker(EntryKind::kResetBucket, 6));
+  (void)primary.append(release(6, "t", 3));
   primary.poll(2 * kMs, 1, wire);
   deliver(primary, backup, wire, 2 * kMs);
   EXPECT_EQ(backup.holder_count(), 0U);
+}
+
+// The two-holder path this closes: a primary that restarts starts a new
+// stream whose snapshot lacks the leases its earlier run granted (still
+// live at their clients). Had the reset dropped them, a takeover from the
+// new run would inherit nothing and grant those keys again.
+TEST(ReplicationStream, AnEarlierRunsHoldersSurviveTheNewRunsSnapshot) {
+  StreamTiming timing;
+  BackupStream backup(timing, 0);
+  PrimaryStream first_run(1, timing);
+  std::vector<std::vector<std::uint8_t>> wire;
+  snapshot_of(first_run, 2, "held", 7);
+  first_run.poll(0, 1, wire);
+  deliver(first_run, backup, wire, 0);
+  // The primary crashes and restarts: its new run's snapshot of bucket 2 is
+  // empty, and then it dies too.
+  PrimaryStream second_run(2, timing);
+  (void)second_run.append(marker(EntryKind::kResetBucket, 2));
+  (void)second_run.append(marker(EntryKind::kBucketCaughtUp, 2));
+  wire.clear();
+  second_run.poll(1 * kMs, 1, wire);
+  deliver(second_run, backup, wire, 1 * kMs);
+  ASSERT_TRUE(backup.caught_up(2));
+  backup.stop_promising();
+  ASSERT_TRUE(backup.promise_expired(252 * kMs));
+  const auto inherited = backup.bucket_holders(2);
+  ASSERT_EQ(inherited.size(), 1U);
+  EXPECT_EQ(inherited[0].first, "held");
+  EXPECT_EQ(inherited[0].second.token, 7U);
 }
 
 TEST(ReplicationStream, AcksThatCannotBeOursAreIgnored) {

@@ -14,7 +14,9 @@
 //   * kRelease: a holder gone (released, or expired at the primary);
 //   * kResetBucket ... kBucketCaughtUp: a snapshot of one bucket's holders,
 //     sent when the backup starts backing it up (a new stream, a join, the
-//     next node in the replica set after a loss).
+//     next node in the replica set after a loss). The backup keeps the
+//     holders it knew (an earlier run of the primary may have granted them,
+//     and they may be live): a snapshot adds, only releases remove.
 // Renewals are not in the stream (they stay on the primary), nor are waiter
 // queues (a waiting client's retransmission queues again after a failover).
 //
