@@ -20,7 +20,10 @@ BucketActivation::BucketActivation(ActivationOptions options) : options_(std::mo
 BucketActivation::NodeIndex BucketActivation::intern(std::string_view id) {
   if (auto found = find(id)) return *found;
   const auto index = static_cast<NodeIndex>(nodes_.size());
-  nodes_.push_back(Node{.id = std::string(id), .acked_epoch = 0, .gone_at = std::nullopt});
+  nodes_.push_back(Node{.id = std::string(id),
+                        .acked_epoch = 0,
+                        .gone_at = std::nullopt,
+                        .registered_at = std::nullopt});
   node_by_id_.emplace(std::string(id), index);
   return index;
 }
@@ -202,6 +205,14 @@ void BucketActivation::on_member_registered(std::string_view node_id, Time now) 
   // again; then this incarnation must ack or go away again.
   if (released(node, now)) release(node);
   nodes_[node].gone_at.reset();
+  nodes_[node].registered_at = now;
+}
+
+bool BucketActivation::incarnation_settled(std::string_view node, Time now) const {
+  const std::optional<NodeIndex> index = find(node);
+  if (!index) return false;
+  const Node& n = nodes_[*index];
+  return n.registered_at && now >= *n.registered_at + lock_delay_;
 }
 
 void BucketActivation::release(NodeIndex node) {

@@ -138,6 +138,12 @@ class BucketActivation {
   // takeover.
   [[nodiscard]] std::optional<std::string> previous_primary_backed_by_self(
       std::size_t bucket, std::size_t replicas) const;
+  // Whether `node`'s current incarnation was registered at least the
+  // lock-delay ago (as this node saw it, which errs late): then every lease
+  // an earlier run of it granted has ended, and what its replication stream
+  // carries is every live lease it may have. A takeover needs it: a
+  // restarted primary's snapshot cannot hold its earlier run's leases.
+  [[nodiscard]] bool incarnation_settled(std::string_view node, Time now) const;
 
   // A member's record says its largest lease TTL is `max_ttl`: the
   // lock-delay becomes at least max_ttl + lock_delay_margin, so that it
@@ -184,6 +190,7 @@ class BucketActivation {
     std::string id;
     std::uint64_t acked_epoch = 0;
     std::optional<Time> gone_at;
+    std::optional<Time> registered_at;  // its current incarnation, as first seen here
   };
 
   NodeIndex intern(std::string_view id);

@@ -458,5 +458,18 @@ TEST(BucketActivation, ABucketWithALongerChainWaitsForTheRestAfterATakeover) {
   EXPECT_TRUE(activation.may_grant(b, opened));
 }
 
+TEST(BucketActivation, AnIncarnationIsSettledALockDelayAfterItsRegistration) {
+  BucketActivation activation = make("n2");
+  EXPECT_FALSE(activation.incarnation_settled("n1", Time{0}));  // never seen
+  activation.on_member_registered("n1", seconds(10));
+  EXPECT_FALSE(activation.incarnation_settled("n1", seconds(10) + kLockDelay - milliseconds(1)));
+  EXPECT_TRUE(activation.incarnation_settled("n1", seconds(10) + kLockDelay));
+  // It restarts: its new run's stream cannot carry the old run's leases.
+  activation.on_member_gone("n1", seconds(100));
+  activation.on_member_registered("n1", seconds(101));
+  EXPECT_FALSE(activation.incarnation_settled("n1", seconds(102)));
+  EXPECT_TRUE(activation.incarnation_settled("n1", seconds(101) + kLockDelay));
+}
+
 }  // namespace
 }  // namespace shardlock::cluster

@@ -310,6 +310,13 @@ bool ClusterNode::take_over_pending(nanoseconds now) {
   std::size_t buckets = 0;
   std::size_t holders = 0;
   for (auto it = pending_takeovers_.begin(); it != pending_takeovers_.end();) {
+    // A primary that restarted less than a lock-delay ago may have leases
+    // from its earlier run that its stream never carried: its buckets wait
+    // for the lock-delay as without replication.
+    if (!activation_->incarnation_settled(it->second, now)) {
+      ++it;
+      continue;
+    }
     const auto installed =
         server_.take_over(it->second, static_cast<std::uint32_t>(it->first), hold);
     if (!installed) {
@@ -321,7 +328,6 @@ bool ClusterNode::take_over_pending(nanoseconds now) {
     holders += *installed;
     it = pending_takeovers_.erase(it);
   }
-  (void)now;
   if (buckets == 0) return false;
   note("epoch " + std::to_string(map_->epoch) + ": took over " + std::to_string(buckets) +
        " buckets with " + std::to_string(holders) + " leases");
