@@ -18,10 +18,10 @@
 #include <vector>
 
 #include "etcd_process.h"
-#include "tools/client_tool_support.h"
 #include "membership.h"
 #include "poll_until.h"
 #include "shardlock/cluster/cluster_map.h"
+#include "tools/client_tool_support.h"
 
 namespace shardlock::cluster {
 namespace {

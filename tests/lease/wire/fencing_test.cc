@@ -10,8 +10,8 @@
 #include <thread>
 #include <vector>
 
-#include "shardlock/lease/server/server.h"
 #include "lease/udp_test_peer.h"
+#include "shardlock/lease/server/server.h"
 
 namespace shardlock::lease {
 namespace {
