@@ -171,8 +171,13 @@ std::optional<std::string> BucketActivation::previous_primary_backed_by_self(
   const RouterSnapshot& before = previous_routing_->snapshot();
   if (bucket >= before.bucket_count()) return std::nullopt;
   const std::vector<std::uint16_t> ranking = before.ranking_of_bucket(bucket, replicas);
-  if (ranking.size() < 2) return std::nullopt;
-  if (before.nodes()[ranking[1]].id != options_.node_id) return std::nullopt;
+  // Any backup, not only the first: when the primary and the backups ranked
+  // before this node left in one map, this node inherits the bucket, and it
+  // acknowledged every grant they did.
+  const auto self = std::find_if(ranking.begin() + 1, ranking.end(), [&](std::uint16_t node) {
+    return before.nodes()[node].id == options_.node_id;
+  });
+  if (ranking.size() < 2 || self == ranking.end()) return std::nullopt;
   return before.nodes()[ranking[0]].id;
 }
 

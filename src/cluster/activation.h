@@ -132,10 +132,12 @@ class BucketActivation {
   // chain (only this bucket's); other nodes in it still must let go.
   void on_taken_over(std::size_t bucket, std::string_view node);
   // The owner `bucket` had in the map before the current one, if this node
-  // followed both (consecutive epochs, no start over), else nullopt; and
-  // whether that map ranked this node right behind it (its first backup
-  // with `replicas` owners per bucket). The caller's check before a
-  // takeover.
+  // followed both (consecutive epochs, no start over) and that map ranked
+  // this node among its backups (`replicas` owners per bucket: the first
+  // backup, or a later one when those before it left together with the
+  // primary), else nullopt. The caller's check before a takeover; the
+  // replicator's (a caught-up stream from that primary, its promise run
+  // out) decides.
   [[nodiscard]] std::optional<std::string> previous_primary_backed_by_self(
       std::size_t bucket, std::size_t replicas) const;
   // Whether `node`'s current incarnation was registered at least the

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -421,6 +422,35 @@ TEST(BucketActivation, ATakeoverReleasesTheDeadPrimaryForThatBucketOnly) {
   }
   // The lock-delay still releases the rest.
   EXPECT_TRUE(activation.may_grant(backed.back(), opened + kLockDelay));
+}
+
+TEST(BucketActivation, WithThreeReplicasTheSecondBackupTakesOverWhenPrimaryAndFirstBackupLeave) {
+  // Four nodes, three owners per bucket. n1 and n2 leave in one map: the
+  // buckets n1 owned and n2 backed first now belong to their second backup.
+  const ClusterMap four = make_map(10, {"n1", "n2", "n3", "n4"});
+  std::unique_ptr<ClusterRouting> routing;
+  ASSERT_EQ(ClusterRouting::build(four, router_options(), routing), RouterStatus::kOk);
+  const ClusterMap two = make_map(11, {"n3", "n4"});
+  std::map<std::string, std::vector<std::size_t>> second_backup_of_n1;  // by that backup
+  for (std::size_t b = 0; b < routing->bucket_count(); ++b) {
+    const std::vector<std::uint16_t> ranking = routing->snapshot().ranking_of_bucket(b, 3);
+    ASSERT_EQ(ranking.size(), 3u);
+    const auto id = [&](std::size_t rank) { return routing->snapshot().nodes()[ranking[rank]].id; };
+    if (id(0) == "n1" && id(1) == "n2") second_backup_of_n1[id(2)].push_back(b);
+  }
+  ASSERT_FALSE(second_backup_of_n1.empty());
+  for (const auto& [self, buckets] : second_backup_of_n1) {
+    BucketActivation activation = make(self);
+    const Time opened = settle_first_map(activation, four, Time{0});
+    ASSERT_EQ(activation.on_map(two, opened), MapVerdict::kAdopted);
+    for (const std::size_t b : buckets) {
+      ASSERT_TRUE(activation.owns(b)) << b;
+      EXPECT_EQ(activation.previous_primary_backed_by_self(b, 3), std::optional<std::string>("n1"))
+          << self << " bucket " << b;
+      // With two owners per bucket it was no backup at all.
+      EXPECT_FALSE(activation.previous_primary_backed_by_self(b, 2).has_value()) << b;
+    }
+  }
 }
 
 TEST(BucketActivation, NoTakeoverAcrossASkippedMap) {
