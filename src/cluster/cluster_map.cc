@@ -102,6 +102,7 @@ std::string encode_member(const MemberRecord& record) {
   std::string text = "address=" + record.address + " weight=" + std::to_string(record.weight) +
                      " state=" + std::string(to_string(record.state));
   if (record.max_ttl_ms != 0) text += " max_ttl_ms=" + std::to_string(record.max_ttl_ms);
+  if (record.replicas != 0) text += " replicas=" + std::to_string(record.replicas);
   return text;
 }
 
@@ -133,6 +134,8 @@ std::optional<MemberRecord> decode_member(std::string_view text) {
       have_state = true;
     } else if (name == "max_ttl_ms") {
       if (!parse_decimal(value, record.max_ttl_ms)) return std::nullopt;
+    } else if (name == "replicas") {
+      if (!parse_decimal(value, record.replicas) || record.replicas == 0) return std::nullopt;
     }
   }
   if (!have_address || !have_weight || !have_state) return std::nullopt;

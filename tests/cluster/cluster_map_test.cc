@@ -28,6 +28,11 @@ TEST(MemberValue, RoundTripsAndRejectsMalformedInput) {
   EXPECT_EQ(encode_member(with_ttl),
             "address=127.0.0.1:7700 weight=1 state=active max_ttl_ms=120000");
   EXPECT_EQ(decode_member(encode_member(with_ttl)), with_ttl);
+  // So does the replica count, which every node of a cluster must share.
+  const MemberRecord with_replicas{"127.0.0.1:7700", 1, MemberState::kActive, 2000, 2};
+  EXPECT_EQ(encode_member(with_replicas),
+            "address=127.0.0.1:7700 weight=1 state=active max_ttl_ms=2000 replicas=2");
+  EXPECT_EQ(decode_member(encode_member(with_replicas)), with_replicas);
   // Any order, unknown fields ignored.
   EXPECT_EQ(decode_member("state=active future=1 weight=1 address=[::1]:9"),
             (MemberRecord{"[::1]:9", 1, MemberState::kActive, 0}));
@@ -36,7 +41,9 @@ TEST(MemberValue, RoundTripsAndRejectsMalformedInput) {
         "address=h:1 weight=1025 state=active", "address=h weight=1 state=active",
         "address=h:1 weight=1 state=gone", "address=h:1  weight=1 state=active",
         "address=:1 weight=1 state=active", "address=h:70000 weight=1 state=active",
-        "address=h:1 weight=1 state=active max_ttl_ms=x"}) {
+        "address=h:1 weight=1 state=active max_ttl_ms=x",
+        "address=h:1 weight=1 state=active replicas=0",
+        "address=h:1 weight=1 state=active replicas=two"}) {
     EXPECT_FALSE(decode_member(bad).has_value()) << "'" << bad << "'";
   }
 }

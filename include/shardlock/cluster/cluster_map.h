@@ -69,11 +69,15 @@ struct MemberRecord {
   // covers the longest lease any member may have granted; 0 when the record
   // does not say (a node of an earlier version).
   std::uint64_t max_ttl_ms = 0;
+  // The node's --replicas: every node of a cluster must run with the same
+  // count (docs/cluster.md, "Replication"); 0 when the record does not say (a
+  // node of an earlier version, which does not replicate: one).
+  std::uint32_t replicas = 0;
 
   friend bool operator==(const MemberRecord&, const MemberRecord&) = default;
 };
 [[nodiscard]] std::string encode_member(const MemberRecord& record);
-// "address=... weight=... state=... [max_ttl_ms=...]" in any order; unknown
+// "address=... weight=... state=... [max_ttl_ms=...] [replicas=...]" in any order; unknown
 // fields are ignored (a newer node may add some). Nothing when a required
 // field is missing or malformed (the caller still counts such a member as
 // present: docs/cluster.md, "etcd layout").

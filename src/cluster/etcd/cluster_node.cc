@@ -84,6 +84,7 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   m.advertise = o.advertise;
   m.weight = o.weight;
   m.max_ttl = o.max_ttl;
+  m.replicas = static_cast<std::uint32_t>(o.replicas);
   m.min_epoch = min_grant_epoch;
   m.data_dir = o.data_dir;
   m.lease_ttl = o.lease_ttl;
@@ -214,6 +215,7 @@ void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds
       if (member.readable && member.record.max_ttl_ms != 0) {
         activation_->raise_max_ttl(milliseconds(member.record.max_ttl_ms));
       }
+      note_replicas_mismatch(member);
       const auto seen = seen_members_.find(member.id);
       if (seen == seen_members_.end()) {
         activation_->on_member_registered(member.id, now);
@@ -335,6 +337,23 @@ bool ClusterNode::take_over_pending(nanoseconds now) {
   stats_.buckets_taken_over += buckets;
   stats_.holders_inherited += holders;
   return true;
+}
+
+void ClusterNode::note_replicas_mismatch(const ClusterView::Member& member) {
+  // Membership::start() refuses such a node; two that register at once can
+  // still meet here. Safe all the same (a takeover needs a caught-up stream
+  // from the primary), but buckets shared with it wait for lock-delays and
+  // its grants may wait for acknowledgements that never come: said loudly,
+  // once per incarnation.
+  if (member.id == options_.node_id || !member.readable) return;
+  const std::size_t theirs = std::max<std::size_t>(member.record.replicas, 1);
+  if (theirs == options_.replicas) return;
+  if (!replicas_mismatch_noted_.insert({member.id, member.create_revision}).second) return;
+  note("node " + member.id + " runs with --replicas " + std::to_string(theirs) +
+       " and this node with --replicas " + std::to_string(options_.replicas) +
+       ": every node of a cluster needs the same count; restart one of them");
+  LockGuard lock(mutex_);
+  ++stats_.replicas_mismatched;
 }
 
 void ClusterNode::evict_silent_replicas() {

@@ -43,12 +43,14 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "activation.h"
@@ -106,6 +108,8 @@ struct ClusterNodeStats {
   std::uint64_t buckets_taken_over = 0;
   std::uint64_t holders_inherited = 0;
   std::uint64_t replicas_evicted = 0;
+  // Members seen running with another --replicas (each incarnation once).
+  std::uint64_t replicas_mismatched = 0;
   // The lock-delay now: the largest max TTL of any member seen, plus the
   // etcd lease TTL and the drift margin.
   std::chrono::nanoseconds lock_delay{0};
@@ -154,6 +158,7 @@ class ClusterNode {
   void adopt_replica_layout(bool history_restarted, std::chrono::nanoseconds now);
   bool take_over_pending(std::chrono::nanoseconds now);
   void evict_silent_replicas();
+  void note_replicas_mismatch(const ClusterView::Member& member);
   // The node lost its etcd lease and registered again: everything it knew
   // may be stale (the cluster may have given its buckets away meanwhile),
   // so it closes the gate and starts over as at a start.
@@ -187,6 +192,9 @@ class ClusterNode {
   // before: taken over (no lock-delay) once the server allows it.
   std::unordered_map<std::size_t, std::string> pending_takeovers_;
   std::unordered_set<std::int64_t> evicted_leases_;
+  // Incarnations (id, create revision) already reported by
+  // note_replicas_mismatch().
+  std::set<std::pair<std::string, std::int64_t>> replicas_mismatch_noted_;
   std::unordered_map<std::string, SeenMember> seen_members_;
   std::shared_ptr<const ClusterMap> map_;
   std::shared_ptr<const ClusterRouting> routing_;

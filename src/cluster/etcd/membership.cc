@@ -113,6 +113,8 @@ std::string_view to_string(MembershipErrc e) noexcept {
       return "cluster map older than the highest epoch seen";
     case MembershipErrc::kEpochFileFailed:
       return "epoch file unreadable or unwritable";
+    case MembershipErrc::kReplicasMismatch:
+      return "a live member runs with another replica count";
   }
   return "unknown membership error";
 }
@@ -186,6 +188,7 @@ std::error_code Membership::start(MembershipOptions options, std::unique_ptr<Mem
     return connected.error;
   }
   member->client_ = std::move(connected.value);
+  if (const std::error_code ec = member->check_replicas(detail)) return ec;
   std::int64_t registered_at = 0;
   if (const std::error_code ec = member->register_member(detail, &registered_at)) return ec;
   {
@@ -398,6 +401,28 @@ void Membership::set_deadline(nanoseconds send_time, std::int64_t ttl_seconds) {
   // raised before it. Only this node's registration and keep-alive paths
   // store it, one at a time (start(), then the keep-alive thread).
   deadline_ns_.store(deadline.count(), std::memory_order_release);
+}
+
+std::error_code Membership::check_replicas(std::string& detail) {
+  if (options_.replicas == 0) return {};
+  auto read = read_view(*client_, options_.prefix);
+  if (!read.ok()) {
+    detail = "cannot read the members: " + read.detail;
+    return read.error;
+  }
+  for (const ClusterView::Member& member : read.value.members) {
+    if (member.id == options_.node_id || !member.readable) continue;
+    // A record without the field is a node of an earlier version: it does
+    // not replicate.
+    const std::uint32_t theirs = std::max<std::uint32_t>(member.record.replicas, 1);
+    if (theirs == options_.replicas) continue;
+    detail = "node " + member.id + " runs with --replicas " + std::to_string(theirs) +
+             " and this node with --replicas " + std::to_string(options_.replicas) +
+             ": every node of a cluster needs the same count (each decides a bucket's " +
+             "backups from it; docs/cluster.md, \"Replication\")";
+    return make_error_code(MembershipErrc::kReplicasMismatch);
+  }
+  return {};
 }
 
 std::error_code Membership::register_member(std::string& detail, std::int64_t* revision) {

@@ -19,7 +19,7 @@
 //
 // Layout in etcd, under the prefix:
 //   members/<id>  "address=HOST:PORT weight=W state=active|draining
-//                 max_ttl_ms=T", under the node's own etcd lease (TTL 5 s,
+//                 max_ttl_ms=T replicas=R", under the node's own etcd lease (TTL 5 s,
 //                 kept alive every TTL/3)
 //   map           the published membership and its epoch: a version line
 //                 "shardlock-map v2 epoch=E", then one "<id> <address>
@@ -99,10 +99,11 @@ namespace shardlock::cluster {
 
 enum class MembershipErrc : std::uint8_t {
   kOk = 0,
-  kInvalidOptions,   // a bad node id, address, weight, TTL, margin or prefix
-  kMemberExists,     // members/<id> is held under another live etcd lease
-  kStaleMap,         // a map with an epoch below the highest this node has seen
-  kEpochFileFailed,  // the epoch file could not be read or written
+  kInvalidOptions,    // a bad node id, address, weight, TTL, margin or prefix
+  kMemberExists,      // members/<id> is held under another live etcd lease
+  kStaleMap,          // a map with an epoch below the highest this node has seen
+  kEpochFileFailed,   // the epoch file could not be read or written
+  kReplicasMismatch,  // a live member runs with another --replicas
 };
 [[nodiscard]] std::string_view to_string(MembershipErrc e) noexcept;
 [[nodiscard]] const std::error_category& membership_category() noexcept;
@@ -143,6 +144,10 @@ struct MembershipOptions {
   // The node's largest lease TTL, published in its member record so that
   // every node's lock-delay covers it (0: not published).
   std::chrono::milliseconds max_ttl{0};
+  // The node's --replicas, published in its member record; start() refuses
+  // to register beside a live member whose record says another count
+  // (MembershipErrc::kReplicasMismatch). 0: not published, not checked.
+  std::uint32_t replicas = 0;
   // The lowest epoch this node wants to work in (the token floor of its
   // data dir): its first publish writes at least this epoch.
   std::uint64_t min_epoch = 0;
@@ -305,6 +310,9 @@ class Membership {
 
   // Grants a lease and puts the member key under it if absent; the put's
   // revision in `revision`.
+  // Refuses (kReplicasMismatch) when a live member's record says another
+  // replica count than options_.replicas.
+  std::error_code check_replicas(std::string& detail);
   std::error_code register_member(std::string& detail, std::int64_t* revision = nullptr);
   // Puts the member key with `state` under `lease`; the caller holds
   // member_key_mutex_ and has just set state_ to `state`.
@@ -331,7 +339,7 @@ class Membership {
                                  std::vector<std::shared_ptr<const ClusterMap>>& adopted);
   MemberRecord record_of(MemberState state) const {
     return {options_.advertise, options_.weight, state,
-            static_cast<std::uint64_t>(options_.max_ttl.count())};
+            static_cast<std::uint64_t>(options_.max_ttl.count()), options_.replicas};
   }
 
   MembershipOptions options_;

@@ -517,6 +517,35 @@ TEST_F(MembershipTest, ASecondNodeWithALiveIdIsRefused) {
   EXPECT_EQ(twin, nullptr);
 }
 
+TEST_F(MembershipTest, ANodeWithAnotherReplicaCountIsRefused) {
+  MembershipOptions first = options_for("a");
+  first.replicas = 2;
+  ASSERT_NE(start(first), nullptr);
+  MembershipOptions other = options_for("b");
+  other.replicas = 3;
+  std::unique_ptr<Membership> refused;
+  std::string detail;
+  EXPECT_EQ(Membership::start(other, refused, detail), MembershipErrc::kReplicasMismatch);
+  EXPECT_NE(detail.find("node a runs with --replicas 2"), std::string::npos) << detail;
+  EXPECT_EQ(refused, nullptr);
+  // Refused before registering: b never appears.
+  const auto view = Membership::read_view(members_[0]->etcd(), prefix_);
+  ASSERT_TRUE(view.ok()) << view.detail;
+  EXPECT_EQ(view.value.members.size(), 1u);
+  // A record without the field (an earlier version) counts as one replica.
+  ASSERT_TRUE(members_[0]
+                  ->etcd()
+                  .put(prefix_ + "members/old", "address=127.0.0.1:9 weight=1 state=active")
+                  .ok());
+  MembershipOptions same = options_for("c");
+  same.replicas = 2;
+  EXPECT_EQ(Membership::start(same, refused, detail), MembershipErrc::kReplicasMismatch);
+  EXPECT_NE(detail.find("node old runs with --replicas 1"), std::string::npos) << detail;
+  ASSERT_TRUE(members_[0]->etcd().delete_key(prefix_ + "members/old").ok());
+  // The same count joins.
+  EXPECT_NE(start(same), nullptr);
+}
+
 const ClusterView::Member* find_member(const ClusterView& view, std::string_view id) {
   for (const ClusterView::Member& member : view.members) {
     if (member.id == id) return &member;
