@@ -53,6 +53,7 @@ class Reader {
     return true;
   }
   [[nodiscard]] bool done() const noexcept { return pos_ == in_.size(); }
+  [[nodiscard]] std::size_t left() const noexcept { return in_.size() - pos_; }
 
  private:
   std::span<const std::uint8_t> in_;
@@ -157,6 +158,10 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
     return false;
   }
   if (header.stream == 0 || header.first_seq == 0) return false;
+  // Every entry takes at least its prefix: a count the bytes cannot hold is
+  // refused before anything is allocated for it (a forged count would
+  // otherwise cost 65535 entries per datagram).
+  if (count > r.left() / kEntryPrefix) return false;
   entries.resize(count);
   for (Entry& e : entries) {
     if (!read_entry(r, e)) {

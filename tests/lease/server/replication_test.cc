@@ -145,6 +145,10 @@ TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   bad[5] = 2;  // an unknown flag (1 is kFlagAuthenticated, set by seal_datagram)
   EXPECT_TRUE(rejected(bad));
   bad = good;
+  bad[6] = 0xFF;  // a count the bytes cannot hold (refused before any allocation)
+  bad[7] = 0xFF;
+  EXPECT_TRUE(rejected(bad));
+  bad = good;
   bad[kReplicateHeaderSize] = 9;  // entry kind
   EXPECT_TRUE(rejected(bad));
   bad = good;
