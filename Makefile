@@ -7,8 +7,8 @@ JOBS ?= $(shell nproc)
 CMAKE ?= cmake
 CTEST ?= ctest
 
-.PHONY: all deps deps-release deps-peers deps-cluster run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture torture-cluster package bench-cluster
+.PHONY: all deps deps-release deps-peers deps-cluster deps-failover run test test-dev test-tsan test-clang bench bench-redis \
+        build-release build-bench format lint clean help torture torture-cluster package bench-cluster bench-failover
 
 all: build-release
 
@@ -17,7 +17,8 @@ help:
 	@echo "make test       dev (ASan+UBSan) tests, tsan concurrent tests, clang thread-safety build + fuzz"
 	@echo "make bench      run the lock, lock-table, router and lease-path benchmarks (bench preset)"
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
-	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, etcd requests, kill -9 window"
+	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, replication's cost, etcd requests, kill -9 window"
+	@echo "make bench-failover kill -9 of one of 3 servers: shardlock --replicas 2 beside etcd and ZooKeeper"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make torture-cluster  the long cluster run: etcd + 3 nodes, node and etcd faults"
 	@echo "make format     clang-format every source file in place"
@@ -37,6 +38,10 @@ deps-release:
 # etcd itself, for the runs that start a real cluster on loopback.
 deps-cluster:
 	@tools/install-deps.sh --cluster
+
+# etcd, ZooKeeper and kazoo, for make bench-failover.
+deps-failover:
+	@tools/install-deps.sh --failover
 
 deps-peers:
 	@tools/install-deps.sh --peers
@@ -97,6 +102,13 @@ bench-redis: build-release
 # unavailability window after kill -9 (real etcd on loopback).
 bench-cluster: build-release deps-cluster
 	bench/cluster_numbers.sh build/release
+
+# Failover side by side (issue 23): a lock held while one of three servers
+# is killed with -9, 5 trials each: does the holder keep it, and how soon
+# does a new client's acquire+release work (shardlock --replicas 2, a
+# 3-member etcd, a 3-server ZooKeeper; all on loopback).
+bench-failover: build-release deps-failover
+	bench/failover_numbers.sh build/release
 
 # ---- the long torture run -------------------------------------------------
 # 20% loss, duplicates and reordering; kill -9 restarts; server and client

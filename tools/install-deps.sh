@@ -9,6 +9,7 @@
 #   tools/install-deps.sh --peers    also the optional benchmark peers (make bench)
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
 #   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
+#   tools/install-deps.sh --failover the cluster set plus ZooKeeper and kazoo (make bench-failover)
 #
 # The default set includes etcd: the dev and tsan presets' cluster tests run
 # a real etcd.
@@ -43,6 +44,11 @@ grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
 etcd=(etcd-server etcd-client)
 peers=(libtbb-dev libabsl-dev libck-dev)
 redis=(redis-server redis-tools)
+# make bench-failover's peers: etcd (above) and a ZooKeeper ensemble, run
+# from the zookeeper package's jars with the script's own configuration
+# (zookeeperd would only add the system service, which the script never
+# uses), and kazoo's lock recipe as its client.
+zookeeper=(zookeeper python3-kazoo)
 
 want=("${release[@]}" "${grpc[@]}")
 with_testing=1
@@ -50,6 +56,7 @@ for arg in "$@"; do
   case "$arg" in
     --release) with_testing=0 ;;
     --cluster) with_testing=0; want+=("${etcd[@]}") ;;
+    --failover) with_testing=0; want+=("${etcd[@]}" "${zookeeper[@]}") ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
     -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
