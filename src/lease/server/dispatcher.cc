@@ -106,6 +106,17 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
   send_deferred(w, replies);
 }
 
+void Dispatcher::end_batch(std::vector<OutDatagram>& replies) noexcept {
+  if (options_.replicator == nullptr) return;
+  try {
+    // The batch's grants are held until the backups have them: send them now
+    // (one REPLICATE per backup for the whole batch), not at the next tick.
+    options_.replicator->poll(clock_.now().count(), replies);
+  } catch (const std::bad_alloc&) {
+    count(allocation_failures_);  // the next tick sends them
+  }
+}
+
 void Dispatcher::drain_journal(ShardSlot& slot) {
   if (options_.replicator == nullptr || !slot.shard->journal_pending()) return;
   if (slot.shard->journal_lost()) options_.replicator->start_over();

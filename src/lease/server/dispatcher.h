@@ -103,6 +103,8 @@ class Dispatcher {
 
   // Fires due timers of the shards this worker owns; appends the answers.
   void tick(unsigned worker, std::vector<OutDatagram>& replies) noexcept;
+  // After one received batch: sends the replication entries it produced.
+  void end_batch(std::vector<OutDatagram>& replies) noexcept;
 
   // A datagram dropped before decoding (larger than any valid one).
   void count_oversized() noexcept { count(malformed_); }

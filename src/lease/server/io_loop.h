@@ -76,6 +76,10 @@ class DatagramSink {
   virtual void log(std::string_view line) = 0;
   // Drives the timers this worker owns; appends deferred replies to `out`.
   virtual void on_tick(unsigned worker, std::vector<OutDatagram>& out) = 0;
+  // After the datagrams of one received batch, before its replies are sent:
+  // what the batch started that goes out at once (the replication stream's
+  // new entries, one datagram per backup for the whole batch).
+  virtual void on_batch_end(unsigned /*worker*/, std::vector<OutDatagram>& /*out*/) {}
 };
 
 // How long a loop keeps polling without sleeping after its last datagram

@@ -55,6 +55,7 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
         }
         sink.on_datagram(worker, batch->bytes(i), batch->peer(i), out);
       }
+      if (n > 0) sink.on_batch_end(worker, out);
       send_all(fd, out, sink);
       if (n < kRecvBatch) break;
     }

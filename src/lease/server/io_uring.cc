@@ -271,6 +271,7 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
 
     unsigned head = 0;
     unsigned seen = 0;
+    bool received = false;
     io_uring_cqe* cqe = nullptr;
     io_uring_for_each_cqe(&st.ring, head, cqe) {
       ++seen;
@@ -296,12 +297,14 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
             static_cast<const std::uint8_t*>(io_uring_recvmsg_payload(msg, &st.recv_template));
         const unsigned length = io_uring_recvmsg_payload_length(msg, cqe->res, &st.recv_template);
         sink.on_datagram(worker, {payload, length}, peer, out);
+        received = true;
         spin.on_activity(SpinWindow::Clock::now());
       }
       st.recycle(id);
       if (out.size() >= 32) st.queue_sends(out, sink);
     }
     io_uring_cq_advance(&st.ring, seen);
+    if (received) sink.on_batch_end(worker, out);
     if (spinning && seen == 0) idle_while_polling();
     if (spin.tick_due(SpinWindow::Clock::now())) sink.on_tick(worker, out);
     st.queue_sends(out, sink);

@@ -119,6 +119,9 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   }
   void on_oversized() override { dispatcher->count_oversized(); }
   void on_send_drop() override { dispatcher->count_send_drop(); }
+  void on_batch_end(unsigned /*worker*/, std::vector<OutDatagram>& out) override {
+    dispatcher->end_batch(out);
+  }
   void on_tick(unsigned worker, std::vector<OutDatagram>& out) override {
     dispatcher->tick(worker, out);
     if (worker != 0) return;

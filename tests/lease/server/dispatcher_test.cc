@@ -896,6 +896,38 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   EXPECT_EQ(holders[0].second.owner, kAlice);
 }
 
+TEST_F(DispatcherReplicationTest, ABatchsGrantsLeaveAtTheBatchsEndInOneDatagram) {
+  (void)pump();
+  const std::vector<std::string> own = own_keys_in_order(2);
+  // Two datagrams of one received batch: their grants wait, and nothing
+  // goes to the backup until the batch ends...
+  EXPECT_TRUE(send(kAlice, {request(MessageType::kAcquire, own[0], 2)}, alice_).empty());
+  EXPECT_TRUE(send(kBob, {request(MessageType::kAcquire, own[1], 3)}, bob_).empty());
+  // ...and then one REPLICATE carries both, without waiting for a tick.
+  std::vector<OutDatagram> out;
+  dispatcher_->end_batch(out);
+  ASSERT_EQ(out.size(), 1U);
+  ASSERT_EQ(port_of(out[0].peer), 2002);
+  replication::ReplicateHeader header;
+  std::vector<replication::Entry> entries;
+  ASSERT_TRUE(replication::decode_replicate({out[0].bytes.data(), out[0].length}, header, entries));
+  ASSERT_EQ(entries.size(), 2U);
+  EXPECT_EQ(entries[0].kind, replication::EntryKind::kGrant);
+  EXPECT_EQ(entries[1].kind, replication::EntryKind::kGrant);
+  // The backup's acknowledgement releases both answers.
+  std::vector<OutDatagram> acks;
+  ASSERT_TRUE(b_.on_datagram({out[0].bytes.data(), out[0].length}, peer_on_port(2001), ns(), acks));
+  ASSERT_EQ(acks.size(), 1U);
+  std::vector<OutDatagram> answers;
+  dispatcher_->handle(0, {acks[0].bytes.data(), acks[0].length}, peer_on_port(2002), answers);
+  EXPECT_EQ(only_reply_to(answers, alice_).type, MessageType::kGranted);
+  EXPECT_EQ(only_reply_to(answers, bob_).type, MessageType::kGranted);
+  // A batch that granted nothing sends nothing.
+  out.clear();
+  dispatcher_->end_batch(out);
+  EXPECT_TRUE(out.empty());
+}
+
 TEST_F(DispatcherReplicationTest, PastThePrimaryLeaseNothingIsGrantedOrRenewed) {
   const std::string key = key_of(true);
   (void)pump();
