@@ -27,9 +27,10 @@
 // (LeaseClient, the C ABI, shardlockctl). Answered RECOVERING, it is sent
 // again (fresh request id, the wait left) after the server's retry_after_ms
 // with jitter (retry_delay()), and completes kRecovering only when that
-// would be past its wait. Unanswered (cluster mode), every
-// kSilentTransmissions timer-driven sends refresh the map, so the call
-// moves to the key's new owner once the cluster has published it, and ends
+// would be past its wait. Unanswered (cluster mode), the
+// kSilentTransmissions-th timer-driven send and each one after refresh the
+// map, so the call moves to the key's new owner once the cluster has
+// published it, and ends
 // kUnreachable only at its deadline. An acquire without a wait and every
 // other call complete with the first answer, as before.
 #pragma once
@@ -330,9 +331,11 @@ class CallEngine final : public MapCaller {
   std::vector<std::uint64_t> parked_;
   // Cluster mode: a node that left a call unanswered through
   // kSilentTransmissions timer-driven sends (dead, or gone from the map),
-  // and again every kSilentTransmissions more: the map is refreshed from the
-  // others (I/O thread only). A dead node's member key outlives it by up to
-  // the etcd lease, so one refresh is often too early to move the call.
+  // and on every further one: the map is refreshed from the others (I/O
+  // thread only). A dead node's buckets move when a backup takes them over
+  // (a few hundred ms) or its member key ends (up to the etcd lease), so one
+  // refresh is often too early to move the call; the sends' growing
+  // interval paces the refreshes.
   const Endpoint* silent_node_ = nullptr;
   static constexpr unsigned kSilentTransmissions = 3;
   // A deque: growing it keeps earlier buffers in place, and outgoing_ points

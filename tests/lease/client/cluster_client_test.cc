@@ -687,6 +687,32 @@ TEST(ClusterClientTest, WaitingAcquireFollowsTheKeyWhenItsNodeDies) {
   EXPECT_EQ(b.granted(), std::vector<std::string>{key});
 }
 
+// A backup takes a dead node's buckets over within a few hundred ms: a call
+// to a silent node asks for the map again on every send from the third on,
+// not every third, so it finds the new owner soon after the map moves.
+TEST(ClusterClientTest, ASilentNodesCallRefreshesTheMapOnEverySendFromTheThird) {
+  FakeCluster cluster;
+  FakeNode a(cluster), b(cluster);
+  cluster.publish(5, one_member_each({&a, &b}));
+  a.know(5);
+  b.know(5);
+  auto client = start_cluster_client({a.address(), b.address()});
+  const std::string key = key_of(cluster, 5, a);
+  const std::uint64_t discovery = b.count(MessageType::kMap);
+  a.silent(true);
+  AcquireResult r;
+  std::thread waiter([&] { r = client->acquire(key, 5s, 30s); });
+  // Refreshes after sends 3, 4 and 5 (every third would need 9 sends).
+  ASSERT_TRUE(poll_until([&] { return b.count(MessageType::kMap) >= discovery + 3; }));
+  EXPECT_LE(a.count(MessageType::kAcquire), 7u);
+  // The map moves the key to b: the call follows it.
+  cluster.publish(6, one_member_each({&b}));
+  b.know(6);
+  waiter.join();
+  ASSERT_TRUE(r) << r.error.message();
+  EXPECT_EQ(b.granted(), std::vector<std::string>{key});
+}
+
 TEST(ClusterClientTest, AcquireManyNeedsOneOwnerUnderTheMap) {
   FakeCluster cluster;
   FakeNode a(cluster), b(cluster);
