@@ -97,8 +97,18 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
       drain_journal(slot);
       slot.note_timers();
     }
-    if (options_.replicator != nullptr && worker == 0) {
-      options_.replicator->poll(clock_.now().count(), replies);
+    if (options_.replicator != nullptr) {
+      const std::int64_t ticked = clock_.now().count();
+      // Relaxed: a time stamp, read by worker 0 as a hint of liveness only.
+      w.ticked_ns.store(ticked, std::memory_order_relaxed);
+      if (worker == 0) {
+        std::int64_t oldest = ticked;
+        for (const auto& other : workers_) {
+          oldest = std::min(oldest, other->ticked_ns.load(std::memory_order_relaxed));
+        }
+        options_.replicator->loop_ran(oldest);
+        options_.replicator->poll(ticked, replies);
+      }
     }
   } catch (const std::bad_alloc&) {
     count(allocation_failures_);

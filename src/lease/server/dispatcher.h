@@ -181,6 +181,9 @@ class Dispatcher {
     std::vector<std::uint8_t> map_members;  // MAP_REPLY entries
     // handle()'s time per datagram; written by this worker's thread only.
     AtomicLatencyHistogram latency;
+    // When this worker last ticked (after draining its socket), for the
+    // replicator's silence: written by this worker, read by worker 0.
+    std::atomic<std::int64_t> ticked_ns{0};
   };
   // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
   struct MultiAnswer {

@@ -413,12 +413,18 @@ bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std:
 std::vector<std::string> Replicator::silent_peers(std::int64_t now_ns,
                                                   std::int64_t silence_ns) const {
   LockGuard lock(mu_);
+  const std::int64_t until = loops_ran_ns_ ? std::min(now_ns, *loops_ran_ns_) : now_ns;
   std::vector<std::string> silent;
   for (const auto& [id, at] : heard_) {
-    if (at && now_ns - *at >= silence_ns) silent.push_back(id);
+    if (at && until - *at >= silence_ns) silent.push_back(id);
   }
   std::sort(silent.begin(), silent.end());
   return silent;
+}
+
+void Replicator::loop_ran(std::int64_t now_ns) {
+  LockGuard lock(mu_);
+  loops_ran_ns_ = std::max(loops_ran_ns_.value_or(now_ns), now_ns);
 }
 
 std::size_t Replicator::held() const {

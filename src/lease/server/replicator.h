@@ -149,8 +149,16 @@ class Replicator {
   // acknowledgement from a backup, no datagram from a primary. A peer never
   // heard from is not named: it may be slower to adopt the map (its etcd
   // lease, not a suspicion, speaks for it if it is dead).
+  //
+  // Silence counts only up to the last time every I/O loop of this node ran
+  // (loop_ran()): a node whose own loops stalled (CPU starvation, a pause)
+  // has not read what its peers sent meanwhile, so it suspects nobody for
+  // that time. Until loop_ran() is first called, up to `now_ns`.
   [[nodiscard]] std::vector<std::string> silent_peers(std::int64_t now_ns,
                                                       std::int64_t silence_ns) const;
+  // Every I/O loop of this node has drained its socket and ticked since
+  // `now_ns` (the dispatcher's oldest worker tick).
+  void loop_ran(std::int64_t now_ns);
 
   [[nodiscard]] std::size_t held() const;
   [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
@@ -207,6 +215,7 @@ class Replicator {
   // When each peer (by id) was last heard from, for silent_peers(); nullopt
   // while it has not been since it entered the layout.
   std::unordered_map<std::string, std::optional<std::int64_t>> heard_ SHARDLOCK_GUARDED_BY(mu_);
+  std::optional<std::int64_t> loops_ran_ns_ SHARDLOCK_GUARDED_BY(mu_);  // loop_ran()
   bool start_over_ SHARDLOCK_GUARDED_BY(mu_) = false;
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);

@@ -233,6 +233,23 @@ TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
   EXPECT_EQ(b_->silent_peers(now_, kSilence), std::vector<std::string>{"a"});
 }
 
+TEST_F(ReplicatorTest, ANodeWhoseOwnLoopsStalledSuspectsNobodyForThatTime) {
+  both_layouts();
+  constexpr std::int64_t kSilence = 300 * kMs;
+  (void)exchange(poll_a());
+  a_.loop_ran(now_);
+  // This node's loops stall for a second: what "b" sent meanwhile waits
+  // unread in the socket, so "b" is not named however long the stall.
+  now_ += 1000 * kMs;
+  EXPECT_TRUE(a_.silent_peers(now_, kSilence).empty());
+  // The loops ran again (and read nothing from "b"): now it is named.
+  a_.loop_ran(now_);
+  EXPECT_EQ(a_.silent_peers(now_, kSilence), std::vector<std::string>{"b"});
+  // A late report of an older run changes nothing.
+  a_.loop_ran(now_ - 900 * kMs);
+  EXPECT_EQ(a_.silent_peers(now_, kSilence), std::vector<std::string>{"b"});
+}
+
 TEST_F(ReplicatorTest, ARestartedBackupIsReportedAsPendingARestart) {
   both_layouts();
   a_.route(std::vector{grant("k", 41)});
