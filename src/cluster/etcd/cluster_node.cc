@@ -438,13 +438,19 @@ void ClusterNode::publish(nanoseconds now) {
     note("epoch " + std::to_string(gate_->epoch) + ": " + std::to_string(owned) + " of " +
          std::to_string(n) + " buckets here, " + std::to_string(active) + " active");
   }
-  LockGuard lock(mutex_);
-  published_gate_ = gate_;
-  stats_.epoch = gate_->epoch;
-  stats_.members = map_->members.size();
-  stats_.buckets_owned = owned;
-  stats_.buckets_active = active;
-  ++stats_.gates_published;
+  {
+    LockGuard lock(mutex_);
+    published_gate_ = gate_;
+    stats_.epoch = gate_->epoch;
+    stats_.members = map_->members.size();
+    stats_.buckets_owned = owned;
+    stats_.buckets_active = active;
+    ++stats_.gates_published;
+  }
+  // A new epoch's takeovers need its gate (above), not the next tick: they
+  // are the failover's critical path. Their buckets then go active in a
+  // second gate at once (the recursion stops there: no new epoch).
+  if (new_epoch && take_over_pending(now)) publish(now);
 }
 
 void ClusterNode::hand_off(nanoseconds now) {
