@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <future>
@@ -81,7 +82,12 @@ class ClientFailoverTest : public EtcdSuiteTest {
   }
   void TearDown() override {
     nodes_.clear();  // kills what is left
-    if (!root_.empty()) fs::remove_all(root_);
+    if (root_.empty()) return;
+    if (HasFailure()) {
+      std::fprintf(stderr, "node logs kept in %s\n", root_.c_str());
+      return;
+    }
+    fs::remove_all(root_);
   }
 
   // `max_ttl` is also the node's --lock-delay.
