@@ -138,7 +138,21 @@ void Dispatcher::drain_journal(ShardSlot& slot) {
 void Dispatcher::replicate_buckets(
     const std::vector<std::pair<std::uint16_t, std::uint32_t>>& pairs) {
   Replicator* r = options_.replicator;
-  if (r == nullptr || pairs.empty()) return;
+  if (r == nullptr) return;
+  // The replies set_layout() or restart_streams() set aside wait again once
+  // the snapshots are queued, whatever happens below.
+  struct Rehold {
+    Replicator* r;
+    Dispatcher* d;
+    ~Rehold() {
+      try {
+        r->rehold();
+      } catch (const std::bad_alloc&) {
+        d->count(d->allocation_failures_);  // they stay set aside; clients time out
+      }
+    }
+  } rehold{r, this};
+  if (pairs.empty()) return;
   // Which buckets each peer is owed.
   std::map<std::uint16_t, std::set<std::uint32_t>> owed;
   for (const auto& [peer, bucket] : pairs) owed[peer].insert(bucket);

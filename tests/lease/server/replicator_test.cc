@@ -127,6 +127,60 @@ TEST_F(ReplicatorTest, AGrantsAnswerLeavesOnlyOnceTheBackupHasIt) {
   EXPECT_FALSE(a_.hold(plain));
 }
 
+// The bug issue 23's end-to-end test of a backup killed mid-grant found: a
+// held answer whose backup left the layout was let out at once, with no
+// live replica of its grant. It now waits for the new backup's snapshot.
+TEST_F(ReplicatorTest, AnAnswerHeldForABackupThatLeftWaitsForTheNewBackupsSnapshot) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram reply = reply_datagram(0x77);
+  ASSERT_TRUE(a_.hold(reply));
+  (void)poll_a();  // lost: "b" dies with it
+
+  // The next map: "c" (port 1003) backs kBucket up instead of "b".
+  ReplicaLayout la;
+  la.epoch = 5;
+  la.peers = {ReplicaPeer{"c", loopback(1003)}};
+  la.backups.resize(8);
+  la.backups[kBucket] = {0};
+  const auto snapshots = a_.set_layout(la, now_);
+  ASSERT_EQ(snapshots.size(), 1U);
+  // Until the snapshot is queued, nothing lets the answer out, and an
+  // answer decided meanwhile waits behind it.
+  OutDatagram later = reply_datagram(0x78);
+  EXPECT_TRUE(a_.hold(later));
+  std::vector<OutDatagram> out = poll_a();
+  for (const OutDatagram& d : out) EXPECT_EQ(ntohs(d.peer.addr.v4.sin_port), 1003) << "a reply";
+  a_.begin_snapshot(0, kBucket);
+  a_.append_snapshot(0, std::vector{grant("k", 41)});
+  a_.end_snapshot(0, kBucket);
+  a_.rehold();
+  out = poll_a();
+  ASSERT_FALSE(out.empty());
+  for (const OutDatagram& d : out) ASSERT_EQ(ntohs(d.peer.addr.v4.sin_port), 1003) << "a reply";
+
+  // "c" applies the snapshot and acknowledges: both answers leave.
+  Replicator c(options(), 0);
+  ReplicaLayout lc;
+  lc.epoch = 5;
+  lc.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lc.backing.assign(8, ReplicaLayout::kNone);
+  lc.backing[kBucket] = 0;
+  (void)c.set_layout(lc, now_);
+  std::vector<OutDatagram> acks;
+  for (const OutDatagram& d : out) {
+    EXPECT_TRUE(c.on_datagram({d.bytes.data(), d.length}, loopback(1001), now_, acks));
+  }
+  std::vector<OutDatagram> released;
+  for (const OutDatagram& d : acks) {
+    EXPECT_TRUE(a_.on_datagram({d.bytes.data(), d.length}, loopback(1003), now_, released));
+  }
+  ASSERT_EQ(released.size(), 2U);
+  EXPECT_EQ(released[0].bytes[0], 0x77);
+  EXPECT_EQ(released[1].bytes[0], 0x78);
+  EXPECT_EQ(a_.held(), 0U);
+}
+
 TEST_F(ReplicatorTest, ALostDatagramHoldsTheAnswerUntilTheResend) {
   both_layouts();
   a_.route(std::vector{grant("k", 41)});

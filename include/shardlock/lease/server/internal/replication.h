@@ -300,6 +300,11 @@ class HeldReplies {
     held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(kept), held_.end());
   }
   [[nodiscard]] std::size_t size() const noexcept { return held_.size(); }
+  // Moves every held reply to `out`, in the order held, needs dropped.
+  void take_all(std::vector<Reply>& out) {
+    for (Held& h : held_) out.push_back(std::move(h.reply));
+    held_.clear();
+  }
 
  private:
   struct Held {
