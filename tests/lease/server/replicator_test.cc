@@ -56,13 +56,19 @@ class ReplicatorTest : public ::testing::Test {
 
   // Node "a" (port 1001) is the primary of kBucket and "b" (port 1002) its
   // backup, in both nodes' layouts.
+  // A primary's layout: `backup` (on `port`) backs kBucket up.
+  static ReplicaLayout primary_layout(std::uint64_t epoch, const std::string& backup,
+                                      std::uint16_t port) {
+    ReplicaLayout l;
+    l.epoch = epoch;
+    l.peers = {ReplicaPeer{backup, loopback(port)}};
+    l.backups.resize(8);
+    l.backups[kBucket] = {0};
+    return l;
+  }
+
   void both_layouts() {
-    ReplicaLayout la;
-    la.epoch = 4;
-    la.peers = {ReplicaPeer{"b", loopback(1002)}};
-    la.backups.resize(8);
-    la.backups[kBucket] = {0};
-    const auto snapshots = a_.set_layout(la, now_);
+    const auto snapshots = a_.set_layout(primary_layout(4, "b", 1002), now_);
     ASSERT_EQ(snapshots.size(), 1U);
     EXPECT_EQ(snapshots[0], std::make_pair(std::uint16_t{0}, kBucket));
     a_.begin_snapshot(0, kBucket);
@@ -138,12 +144,7 @@ TEST_F(ReplicatorTest, AnAnswerHeldForABackupThatLeftWaitsForTheNewBackupsSnapsh
   (void)poll_a();  // lost: "b" dies with it
 
   // The next map: "c" (port 1003) backs kBucket up instead of "b".
-  ReplicaLayout la;
-  la.epoch = 5;
-  la.peers = {ReplicaPeer{"c", loopback(1003)}};
-  la.backups.resize(8);
-  la.backups[kBucket] = {0};
-  const auto snapshots = a_.set_layout(la, now_);
+  const auto snapshots = a_.set_layout(primary_layout(5, "c", 1003), now_);
   ASSERT_EQ(snapshots.size(), 1U);
   // Until the snapshot is queued, nothing lets the answer out, and an
   // answer decided meanwhile waits behind it.
