@@ -622,7 +622,11 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       // free this one; the old token's RENEW/RELEASE now get EXPIRED.
       // Waiters keep their place.
       const std::uint64_t token = next_token(reply);
-      if (token != 0) grant(h, request, mode, token, fingerprint, now_ms, reply);
+      if (token == 0) return;
+      // The backups know holders by owner and token: the old token's holder
+      // ends here, or a takeover would inherit both and refuse the new one.
+      journal(replication::EntryKind::kRelease, h, 0);
+      grant(h, request, mode, token, fingerprint, now_ms, reply);
       return;
     }
   }
