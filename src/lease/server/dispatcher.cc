@@ -178,8 +178,19 @@ void Dispatcher::replicate_buckets(
 std::size_t Dispatcher::inherit(
     const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
     std::int64_t expiry_ms) {
+  // Each key's newest grant first: of two exclusive holders a replica knows
+  // (the older one's release had not reached it), the newer is the live one,
+  // and the older must be the one refused.
+  std::vector<const std::pair<std::string, replication::ReplicaHolder>*> order;
+  order.reserve(holders.size());
+  for (const auto& h : holders) order.push_back(&h);
+  std::stable_sort(order.begin(), order.end(), [](const auto* x, const auto* y) {
+    return x->first != y->first ? x->first < y->first : x->second.token > y->second.token;
+  });
   std::size_t installed = 0;
-  for (const auto& [key, holder] : holders) {
+  for (const auto* entry : order) {
+    const std::string& key = entry->first;
+    const replication::ReplicaHolder& holder = entry->second;
     ShardSlot& slot = *shards_[shard_of(key)];
     LockGuard lock(slot.mu);
     bool ok = false;

@@ -928,6 +928,29 @@ TEST_F(DispatcherReplicationTest, ABatchsGrantsLeaveAtTheBatchsEndInOneDatagram)
   EXPECT_TRUE(out.empty());
 }
 
+TEST_F(DispatcherReplicationTest, ATakeoverInstallsEachKeysNewestExclusiveHolder) {
+  const std::string key = key_of(true);
+  (void)pump();
+  // A replica that knows two exclusive holders of one key (the older one's
+  // release had not reached it), listed oldest first.
+  replication::ReplicaHolder older;
+  older.owner = kAlice;
+  older.token = (std::uint64_t{3} << 32) | 7;
+  older.request_id = 1;
+  older.ttl_ms = 5000;
+  replication::ReplicaHolder newer = older;
+  newer.token = older.token + 1;
+  newer.request_id = 2;
+  EXPECT_EQ(dispatcher_->inherit({{key, older}, {key, newer}}, now_ms_ + 5000), 1U);
+  // The newer one is the holder: it renews, the older one is over.
+  Message renew = request(MessageType::kRenew, key, 3);
+  renew.token = newer.token;
+  EXPECT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+  renew.request_id = 4;
+  renew.token = older.token;
+  EXPECT_NE(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+}
+
 TEST_F(DispatcherReplicationTest, PastThePrimaryLeaseNothingIsGrantedOrRenewed) {
   const std::string key = key_of(true);
   (void)pump();
