@@ -138,21 +138,7 @@ void Dispatcher::drain_journal(ShardSlot& slot) {
 void Dispatcher::replicate_buckets(
     const std::vector<std::pair<std::uint16_t, std::uint32_t>>& pairs) {
   Replicator* r = options_.replicator;
-  if (r == nullptr) return;
-  // The replies set_layout() or restart_streams() set aside wait again once
-  // the snapshots are queued, whatever happens below.
-  struct Rehold {
-    Replicator* r;
-    Dispatcher* d;
-    ~Rehold() {
-      try {
-        r->rehold();
-      } catch (const std::bad_alloc&) {
-        d->count(d->allocation_failures_);  // they stay set aside; clients time out
-      }
-    }
-  } rehold{r, this};
-  if (pairs.empty()) return;
+  if (r == nullptr || pairs.empty()) return;
   // Which buckets each peer is owed.
   std::map<std::uint16_t, std::set<std::uint32_t>> owed;
   for (const auto& [peer, bucket] : pairs) owed[peer].insert(bucket);
@@ -634,15 +620,34 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
   std::sort(multi.parts.begin(), multi.parts.end(), [](const auto& a, const auto& b) {
     return std::tie(a.shard, a.hash, a.key) < std::tie(b.shard, b.hash, b.key);
   });
+  std::optional<MultiAnswer> cached;
   {
     LockGuard lock(multi_mu_);
     if (active_many_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
-    if (const MultiAnswer* cached = many_answers_.find(owner, m.request_id)) {
-      if (cached->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
-      fill_many(*cached, w.many_tokens[item], reply);
-      return true;
+    if (const MultiAnswer* answer = many_answers_.find(owner, m.request_id)) {
+      if (answer->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
+      cached = *answer;
+    } else {
+      active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
     }
-    active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
+  }
+  if (cached) {
+    // As Shard::handle() does for a single key: in cluster mode a grant is
+    // answered again only while each of its keys may be granted here.
+    if (cached->type == MessageType::kGrantedMany) {
+      for (const MultiAcquire::Part& part : multi.parts) {
+        ShardSlot& slot = *shards_[part.shard];
+        LockGuard lock(slot.mu);
+        if (slot.shard->gate() == nullptr) break;
+        if (const auto verdict = slot.shard->verdict(part.key, now);
+            verdict != ClusterGate::Verdict::kGrant) {
+          slot.shard->refuse_by_gate(verdict, reply);
+          return true;
+        }
+      }
+    }
+    fill_many(*cached, w.many_tokens[item], reply);
+    return true;
   }
   multi.fingerprint = fingerprint;
   lock_parts(multi);

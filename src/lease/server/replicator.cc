@@ -84,7 +84,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
   std::vector<std::pair<std::uint16_t, std::uint32_t>> to_snapshot;
   auto leases = std::make_shared<Layout>();
   LockGuard lock(mu_);
-  set_aside_held();
+  drop_held();
   // Streams to backups: kept for peers that still back something up here
   // (unless the backup asked to start over), started for new ones, dropped
   // for the rest.
@@ -185,7 +185,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
 std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams() {
   std::vector<std::pair<std::uint16_t, std::uint32_t>> to_snapshot;
   LockGuard lock(mu_);
-  set_aside_held();
+  drop_held();
   for (std::size_t p = 0; p < current_.peers.size(); ++p) {
     const auto it = to_.find(current_.peers[p].id);
     if (it == to_.end() || !(start_over_ || it->second->stream.resync_requested())) continue;
@@ -279,35 +279,23 @@ std::vector<replication::HeldReplies<OutDatagram>::Need> Replicator::needs_now()
 
 bool Replicator::hold(OutDatagram& reply) {
   LockGuard lock(mu_);
-  // Behind replies set aside by a layout change: they wait for the same
-  // snapshots (rehold()).
-  if (!set_aside_.empty()) {
-    set_aside_.push_back(reply);
-    return true;
-  }
   std::vector<replication::HeldReplies<OutDatagram>::Need> needs = needs_now();
   if (needs.empty()) return false;
   held_.hold(std::move(needs), reply);
   return true;
 }
 
-void Replicator::set_aside_held() {
+void Replicator::drop_held() {
   // A held reply waited for the backups of the layout it was decided under.
-  // A backup that left it (killed, evicted, no longer backing the bucket
-  // up) will never have it; its replacement has it only once its snapshot
-  // is acknowledged. Answered now, a kill of this node would lose the
-  // holder (issue 23's e2e test of a backup killed mid-grant).
-  held_.take_all(set_aside_);
+  // One that left it (killed, evicted, no longer backing the bucket up)
+  // will never have its grant, and this node may have lost the bucket too:
+  // answered now, the grant could be lost with this node, or a backup that
+  // never had it could take over and grant the key again (issue 23's e2e
+  // tests of a backup killed mid-grant and of a partitioned primary).
+  std::vector<OutDatagram> dropped;
+  held_.take_all(dropped);
   held_streams_.clear();
-}
-
-void Replicator::rehold() {
-  LockGuard lock(mu_);
-  if (set_aside_.empty()) return;
-  std::vector<replication::HeldReplies<OutDatagram>::Need> needs = needs_now();
-  // With no stream outstanding, the next release_held() lets them out.
-  for (OutDatagram& reply : set_aside_) held_.hold(needs, std::move(reply));
-  set_aside_.clear();
+  dropped_.fetch_add(dropped.size(), std::memory_order_relaxed);
 }
 
 void Replicator::release_held(std::vector<OutDatagram>& out) {

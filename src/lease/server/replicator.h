@@ -93,10 +93,12 @@ class Replicator {
   // primary is forgotten (so it is never taken over from a stale copy), and
   // a primary it no longer backs up at all gets no more leases from it.
   //
-  // Every reply held so far is set aside, answered by nothing: the backups
-  // it waited for may no longer back its bucket up, and the new ones have
-  // it only once their snapshots are acknowledged. rehold() holds them again
-  // once the caller has queued the snapshots.
+  // Every reply held so far is dropped, never sent: the backups it waited
+  // for may no longer back its bucket up, and this node may no longer be
+  // its primary. The client retransmits; the shard answers the
+  // retransmission from its dedup cache only while the key's bucket may
+  // still be granted here, and that answer is held again behind the
+  // streams as they are then (snapshots to new backups included).
   std::vector<std::pair<std::uint16_t, std::uint32_t>> set_layout(ReplicaLayout layout,
                                                                   std::int64_t now_ns);
 
@@ -104,12 +106,12 @@ class Replicator {
   // restarted and lost what it had acknowledged), or every stream after
   // start_over(). Returns the (peer, bucket) pairs to snapshot(), as
   // set_layout() does; until then the primary holds no lease from that
-  // backup. Held replies are set aside until rehold(), as by set_layout().
+  // backup. Held replies are dropped, as by set_layout().
   std::vector<std::pair<std::uint16_t, std::uint32_t>> restart_streams();
-  // After the snapshots set_layout() or restart_streams() asked for are
-  // queued: the replies set aside wait again, for every stream to
-  // acknowledge what it has now (their snapshots included).
-  void rehold();
+  // Held replies dropped by layout changes and stream restarts.
+  [[nodiscard]] std::uint64_t dropped_replies() const noexcept {
+    return dropped_.load(std::memory_order_relaxed);
+  }
   // Whether restart_streams() has streams to start anew.
   [[nodiscard]] bool restart_pending() const;
   // A journal entry was lost (no memory): every stream starts over at the
@@ -232,9 +234,8 @@ class Replicator {
   replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
   // The stream ids held_'s needs refer to, by index.
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);
-  // Replies set aside by a layout change or a stream restart until rehold().
-  std::vector<OutDatagram> set_aside_ SHARDLOCK_GUARDED_BY(mu_);
-  void set_aside_held() SHARDLOCK_REQUIRES(mu_);
+  std::atomic<std::uint64_t> dropped_{0};
+  void drop_held() SHARDLOCK_REQUIRES(mu_);
   [[nodiscard]] std::vector<replication::HeldReplies<OutDatagram>::Need> needs_now()
       SHARDLOCK_REQUIRES(mu_);
   std::int64_t created_ns_;

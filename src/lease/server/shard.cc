@@ -208,6 +208,20 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
       }
       count(StatCounter::kRetransmits);
       if (cached->type == MessageType::kAcquire) return false;  // still queued
+      // In cluster mode a grant is answered again only while its key may be
+      // granted here. With replication its first answer may have been
+      // dropped unsent (Replicator::set_layout()) because its backups
+      // changed or this node lost the bucket, and a backup that never had
+      // the grant may have taken the key over since; the answer is then
+      // held behind the streams as they are now (Dispatcher::send_reply()).
+      // Without, a key that moved away is the new owner's to answer.
+      if (cached->type == MessageType::kGranted && gate_) {
+        if (const auto verdict = gate_verdict(request.key, now_ms);
+            verdict != ClusterGate::Verdict::kGrant) {
+          refuse_by_gate(verdict, reply);
+          return true;
+        }
+      }
       reply.type = cached->type;
       reply.token = cached->token;
       reply.ttl_ms = cached->ttl_ms;

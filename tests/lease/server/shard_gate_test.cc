@@ -294,6 +294,29 @@ TEST_F(ShardGateTest, PastThePrimaryLeaseAReplicatedKeyIsNeitherGrantedNorRenewe
   EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_).type, MessageType::kGranted);
 }
 
+// A replicated grant's first answer may have been dropped unsent (its
+// backups changed, Replicator::set_layout()), so its retransmission is
+// answered from the dedup cache only while the bucket may be granted here.
+// Before, a partitioned primary answered it after a backup that never had
+// the grant took the key over (issue 23's e2e partition test: two holders).
+TEST_F(ShardGateTest, AGrantsRetransmissionIsAnsweredOnlyWhileTheKeyIsGrantableHere) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  const Message granted = send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  replica_deadline_ = std::chrono::milliseconds(now_);  // the backups' lease ran out
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77).type, MessageType::kRecovering);
+  gate(6, ClusterGate::kForeign, 0, /*replicated=*/true);  // the key moved away
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77).type, MessageType::kRedirect);
+  gate(7, ClusterGate::kActive, 0, /*replicated=*/true);
+  replica_deadline_ = std::chrono::hours(1);
+  const Message again = send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77);
+  EXPECT_EQ(again.type, MessageType::kGranted);
+  EXPECT_EQ(again.token, granted.token);
+  // Unreplicated too: a key that moved away is the new owner's to answer.
+  gate(8, ClusterGate::kForeign);
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77).type, MessageType::kRedirect);
+}
+
 TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
   gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
   const Message a = send(kAlice, MessageType::kAcquireShared, mine_);
