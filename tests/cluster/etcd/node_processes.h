@@ -18,6 +18,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <regex>
@@ -50,7 +51,7 @@ inline std::string start_daemon(torture::ChildProcess& process, const std::strin
 
 // One etcd per suite (EtcdSuiteTest), and per test a temporary directory
 // for the nodes' data dirs and logs, removed after the test with every node
-// still running killed.
+// still running killed (kept, and named, when the test failed).
 class NodeProcessTest : public EtcdSuiteTest {
  protected:
   void SetUp() override {
@@ -62,7 +63,12 @@ class NodeProcessTest : public EtcdSuiteTest {
   }
   void TearDown() override {
     nodes_.clear();  // kills what is left
-    if (!root_.empty()) std::filesystem::remove_all(root_);
+    if (root_.empty()) return;
+    if (HasFailure()) {
+      std::cout << "kept the nodes' data dirs and logs for a look: " << root_ << "\n";
+      return;
+    }
+    std::filesystem::remove_all(root_);
   }
 
   // Starts node `id` of the test's cluster and records its listen address.
