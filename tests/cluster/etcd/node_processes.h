@@ -117,6 +117,10 @@ class NodeProcessTest : public EtcdSuiteTest {
                                           std::size_t count) {
     std::vector<std::string> keys;
     const auto members = c.map_members();
+    if (members.empty()) {
+      ADD_FAILURE() << "the client has no map";
+      return keys;
+    }
     for (int i = 0; keys.size() < count && i < 100000; ++i) {
       const std::string key = "key-" + std::to_string(i);
       if (members[c.node_for(key)].id == id) keys.push_back(key);
