@@ -80,7 +80,7 @@ const std::string kNeverEvicts = "1m";
 // them. Any other source is a client and gets its own upstream socket to the
 // node, whose answers go back to it from the node's relay port.
 //
-// One thread; cut() and set_listen_port() may be called from any thread.
+// One thread; cut() and set_listen_address() may be called from any thread.
 class NodeRelay {
  public:
   explicit NodeRelay(std::size_t nodes)
@@ -122,12 +122,16 @@ class NodeRelay {
     // Relaxed: a port read per datagram; nothing else is published with it.
     listen_ports_[node].store(static_cast<std::uint16_t>(port), std::memory_order_relaxed);
   }
-  // Drops (or again forwards) every datagram between nodes a and b, both
-  // ways, from the next one on.
-  void cut(std::size_t a, std::size_t b, bool cut) {
+  // Drops (or again forwards) every datagram from node `from` to node `to`,
+  // from the next one on.
+  void cut_one_way(std::size_t from, std::size_t to, bool cut) {
     // Relaxed: a flag read per datagram; nothing else is published with it.
-    cut_[a * nodes_ + b].store(cut, std::memory_order_relaxed);
-    cut_[b * nodes_ + a].store(cut, std::memory_order_relaxed);
+    cut_[from * nodes_ + to].store(cut, std::memory_order_relaxed);
+  }
+  // Both ways: a partition between nodes a and b.
+  void cut(std::size_t a, std::size_t b, bool cut) {
+    cut_one_way(a, b, cut);
+    cut_one_way(b, a, cut);
   }
   [[nodiscard]] std::uint64_t dropped() const noexcept {
     return dropped_.load(std::memory_order_relaxed);  // a statistic
@@ -446,6 +450,18 @@ class ReplicationE2eTest : public test_support::NodeProcessTest {
     return found;
   }
 
+  // SIGSTOPs node `id`, the primary of every held key, and waits until the
+  // `others` have evicted it and every lease has renewed since the pause
+  // began, which only the backups that took them over can do.
+  void pause_until_taken_over(const std::string& id, const std::vector<std::string>& others) {
+    nodes_.at(id)->signal(SIGSTOP);
+    const lease::LeaseClock::time_point stopped = lease::LeaseClock::now();
+    EXPECT_TRUE(
+        test_support::poll_until([&] { return !map_now(others).contains(id); }, 30s, 100ms));
+    EXPECT_TRUE(all_renewed_after(stopped));
+    EXPECT_EQ(lost_.load(), 0);
+  }
+
   std::atomic<int> lost_{0};
   std::vector<lease::Lease> leases_;
 };
@@ -504,17 +520,7 @@ TEST_F(ReplicationE2eTest, APrimaryPausedLongerIsTakenOverAndGrantsNothingWhenIt
   Rival rival(cluster_options(), leases_);
   ASSERT_FALSE(rival.start());
 
-  nodes_.at("n2")->signal(SIGSTOP);
-  const lease::LeaseClock::time_point stopped = lease::LeaseClock::now();
-  // Taken over: n2 leaves the map, and every lease renews after the pause
-  // began, which only a new primary can do.
-  EXPECT_TRUE(test_support::poll_until(
-      [&] {
-        return !map_now({"n1", "n3"}).contains("n2");
-      },
-      30s, 100ms));
-  EXPECT_TRUE(all_renewed_after(stopped));
-  EXPECT_EQ(lost_.load(), 0);
+  pause_until_taken_over("n2", {"n1", "n3"});
   expect_busy_for_another_owner();
   {
     LeaseClient other(cluster_options());
@@ -562,6 +568,39 @@ TEST_F(ReplicationE2eTest, APrimaryPausedLongerIsTakenOverAndGrantsNothingWhenIt
   // Not asserted: whether the holders keep their leases once n2 is back.
   // The new map makes n2 their keys' primary again, which waits for its
   // backups' hand-off (their leases ending) before it grants or renews.
+}
+
+// DISABLED: a gap rather than a broken promise of the docs. The holders of
+// a paused primary's keys ride through its takeover (the test above) but
+// lose their leases once it comes back: woken, n2 registers again, and the
+// next map makes it its old keys' primary again at once. It was nobody's
+// backup, so it cannot take the leases over from n1 and n3; it waits for
+// their hand-off, which waits for those leases to end, while the holders'
+// renewals go to n2 (REDIRECTed there by n1 and n3) and are answered
+// RECOVERING until each lease runs out. docs/cluster.md ("Repair": a new
+// backup "counts as a backup (and may be promoted) only after it has caught
+// up") suggests n2 should first catch up as their backup.
+TEST_F(ReplicationE2eTest, DISABLED_HoldersKeepTheirLeasesWhenATakenOverPrimaryComesBack) {
+  for (const char* id : {"n1", "n2", "n3"}) start_replicated(id);
+  auto holder = client_with_members({"n1", "n2", "n3"});
+  hold(*holder, keys_of(*holder, "n2", 3));
+  pause_until_taken_over("n2", {"n1", "n3"});
+
+  nodes_.at("n2")->signal(SIGCONT);
+  EXPECT_TRUE(test_support::poll_until(
+      [&] {
+        return map_now({"n1", "n3"}).contains("n2");
+      },
+      30s, 100ms));
+  const lease::LeaseClock::time_point back = lease::LeaseClock::now();
+  EXPECT_TRUE(test_support::poll_until(
+      [&] {
+        return lost_.load() > 0 ||
+               std::all_of(leases_.begin(), leases_.end(),
+                           [&](const lease::Lease& l) { return l.expiry() > back + kTtl; });
+      },
+      40s, 50ms));
+  EXPECT_EQ(lost_.load(), 0);
 }
 
 // A partition between a primary and its backup, both still reaching etcd
@@ -773,6 +812,47 @@ TEST_F(ReplicationE2eTest, ABackupKilledDuringGrantsLosesNoHolderToALaterFailove
   for (const lease::Lease& l : leases_) EXPECT_TRUE(l.valid()) << l.key();
   expect_busy_for_another_owner();
   for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();
+}
+
+// DISABLED: server bug, the one DISABLED_AGrantThePartitionedPrimary...
+// shows, on a backup's death. n2, the backup of a key's bucket, is killed
+// while n1 holds a grant back for n2's acknowledgement, and n3, the next
+// backup, is cut off from n1 (NodeRelay) so that it never gets the bucket's
+// snapshot. By docs/cluster.md ("Backup B killed ... P snapshots them to C
+// and resumes once C acknowledges") n1 must not answer that grant: no live
+// replica has it, and a kill of n1 would lose it (n3 cannot take over a
+// bucket it never caught up on). Replicator::release_held() answers it
+// GRANTED as soon as n1 adopts the map without n2 and drops n2's stream.
+// Without the cut the same window is open until n3 acknowledges the
+// snapshot, which on loopback is too short to hit from a test.
+TEST_F(ReplicationE2eTest, DISABLED_AGrantHeldForAKilledBackupWaitsForTheNextBackup) {
+  NodeRelay relay(3);
+  ASSERT_TRUE(relay.start());
+  const std::vector<std::string> ids = {"n1", "n2", "n3"};
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    // n3 never evicts: it stops hearing n1 below.
+    start_replicated(ids[i], ids[i] == "n3" ? kNeverEvicts : kReplicaTimeout, relay.address(i));
+    relay.set_listen_address(i, addresses_.at(ids[i]));
+  }
+  auto holder = client_with_members({"n1", "n2", "n3"});
+  // Primary n1, backup n2, then n3.
+  const auto keys = keys_ranked(ids, ids, 2);
+  hold(*holder, {keys[0]});  // n1 grants, with n2's acknowledgements
+  LeaseClientOptions patient = direct_options("n1");
+  patient.request_timeout = 10s;  // whenever n1 lets an answer out
+  LeaseClient at_n1(patient);
+  ASSERT_FALSE(at_n1.start()) << at_n1.error_detail();
+
+  // Nothing n1 sends reaches n3 from now on, so n3 never acknowledges a
+  // snapshot; n1 still hears n3 (as the primary of other buckets), so it
+  // does not evict it.
+  relay.cut_one_way(0, 2, true);
+  nodes_.at("n2")->kill();
+  // Within n1's last primary lease from n2 (250 ms): decided, then held.
+  auto r = at_n1.try_acquire(keys[1], kTtl);
+  EXPECT_TRUE(r.error) << keys[1] << " granted by n1 with its backup dead and the next one "
+                       << "never caught up";
+  EXPECT_NE(log_lines("n1", "evicting"), "") << "n1 did not evict the killed n2";
 }
 
 // A join that adds a backup: n3 joins a two-node cluster (--replicas 2) and
