@@ -36,6 +36,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -414,7 +415,7 @@ class ReplicationE2eTest : public test_support::NodeProcessTest {
   void hold(LeaseClient& client, const std::vector<std::string>& keys) {
     lease::LeaseOptions watch;
     watch.watchdog = true;
-    watch.on_lost = [this](const lease::LeaseLost&) { lost_.fetch_add(1); };
+    watch.on_lost = [this](const lease::LeaseLost& lost) { note_lost(lost); };
     for (const std::string& key : keys) {
       auto r = client.acquire(key, kTtl, 40s, watch);
       ASSERT_TRUE(r) << key << ": " << r.error.message();
@@ -437,7 +438,9 @@ class ReplicationE2eTest : public test_support::NodeProcessTest {
     ASSERT_FALSE(rival.start()) << rival.error_detail();
     for (const lease::Lease& l : leases_) {
       const auto r = rival.try_acquire(l.key(), kTtl);
-      EXPECT_EQ(r.error, LeaseErrc::kBusy) << l.key() << ": " << r.error.message();
+      EXPECT_EQ(r.error, LeaseErrc::kBusy)
+          << l.key() << " (held with token " << l.token() << "): "
+          << (r ? "granted with token " + std::to_string(r.lease.token()) : r.error.message());
     }
   }
   // A grant in the bucket of each key, by a client of the current map
@@ -487,10 +490,24 @@ class ReplicationE2eTest : public test_support::NodeProcessTest {
     EXPECT_TRUE(
         test_support::poll_until([&] { return !map_now(others).contains(id); }, 30s, 100ms));
     EXPECT_TRUE(all_renewed_after(stopped));
-    EXPECT_EQ(lost_.load(), 0);
+    EXPECT_EQ(lost_.load(), 0) << lost_detail();
+  }
+
+  // A holder's lost callback (on its client's watchdog thread).
+  void note_lost(const lease::LeaseLost& lost) {
+    std::lock_guard lock(lost_mutex_);
+    lost_detail_ +=
+        lost.key + " (token " + std::to_string(lost.token) + "): " + lost.reason.message() + "; ";
+    lost_.fetch_add(1);
+  }
+  [[nodiscard]] std::string lost_detail() {
+    std::lock_guard lock(lost_mutex_);
+    return "lost: " + lost_detail_;
   }
 
   std::atomic<int> lost_{0};
+  std::mutex lost_mutex_;
+  std::string lost_detail_;
   std::vector<lease::Lease> leases_;
 };
 
@@ -519,7 +536,7 @@ TEST_F(ReplicationE2eTest, APrimaryPausedShorterThanTheReplicaTimeoutKeepsItsBuc
   EXPECT_TRUE(all_renewed_after(resumed));
   rival.stop();
   EXPECT_EQ(rival.second_holders(), 0) << rival.summary();
-  EXPECT_EQ(lost_.load(), 0);
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
   std::uint64_t epoch_after = 0;
   EXPECT_EQ(map_now({"n1", "n3"}, &epoch_after), members_before);
   EXPECT_EQ(epoch_after, epoch_before) << "a map was published: n2 was evicted";
@@ -627,7 +644,7 @@ TEST_F(ReplicationE2eTest, DISABLED_HoldersKeepTheirLeasesWhenATakenOverPrimaryC
                            [&](const lease::Lease& l) { return l.expiry() > back + kTtl; });
       },
       40s, 50ms));
-  EXPECT_EQ(lost_.load(), 0);
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
 }
 
 // A partition between a primary and its backup, both still reaching etcd
@@ -804,7 +821,7 @@ TEST_F(ReplicationE2eTest, ABackupKilledDuringGrantsLosesNoHolderToALaterFailove
   // A stream of acquires, one at a time, through the kill of n2.
   lease::LeaseOptions watch;
   watch.watchdog = true;
-  watch.on_lost = [this](const lease::LeaseLost&) { lost_.fetch_add(1); };
+  watch.on_lost = [this](const lease::LeaseLost& lost) { note_lost(lost); };
   std::atomic<int> granted{0};
   std::vector<lease::Lease> granted_leases;
   std::vector<std::string> refused;
@@ -837,7 +854,7 @@ TEST_F(ReplicationE2eTest, ABackupKilledDuringGrantsLosesNoHolderToALaterFailove
   nodes_.at("n1")->kill();
   const lease::LeaseClock::time_point killed = lease::LeaseClock::now();
   EXPECT_TRUE(all_renewed_after(killed));
-  EXPECT_EQ(lost_.load(), 0);
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
   for (const lease::Lease& l : leases_) EXPECT_TRUE(l.valid()) << l.key();
   expect_busy_for_another_owner();
   for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();
@@ -880,6 +897,49 @@ TEST_F(ReplicationE2eTest, DISABLED_AGrantHeldForAKilledBackupWaitsForTheNextBac
   EXPECT_NE(log_lines("n1", "evicting"), "") << "n1 did not evict the killed n2";
 }
 
+// DISABLED: server bug. The exclusive holder acquiring its key again gets a
+// new token (Shard::acquire: "a new grant with a new token"), which the
+// stream carries as a grant with the new token and no release of the old
+// one; the backup, which keeps one holder per owner and token and drops one
+// only on a release, then has two for the key. Taking the bucket over,
+// Dispatcher::inherit installs the first and logs "takeover: a replicated
+// holder of a key could not be installed" for the other: when the stale
+// token comes first, the holder's live lease is lost (and the superseded
+// one lives again). Seen once, on a loaded machine, in
+// ABackupKilledDuringGrantsLosesNoHolderToALaterFailover: there an acquire
+// whose grant was held back was answered RECOVERING for a retransmission,
+// and the client asked again under a new request id.
+TEST_F(ReplicationE2eTest,
+       DISABLED_AHolderThatAcquiresItsKeyAgainKeepsTheNewGrantThroughAFailover) {
+  for (const char* id : {"n1", "n2", "n3"}) start_replicated(id);
+  auto holder = settled_client({"n1", "n2", "n3"});
+  lease::LeaseOptions watch;
+  watch.watchdog = true;
+  watch.on_lost = [this](const lease::LeaseLost& lost) { note_lost(lost); };
+  for (const std::string& key : keys_of(*holder, "n2", 4)) {
+    auto first = holder->acquire(key, kTtl, 40s);
+    ASSERT_TRUE(first) << key << ": " << first.error.message();
+    auto again = holder->acquire(key, kTtl, 40s, watch);
+    ASSERT_TRUE(again) << key << ": " << again.error.message();
+    EXPECT_GT(again.lease.token(), first.lease.token());
+    first.lease.detach();  // superseded: its RELEASE would be refused anyway
+    leases_.push_back(std::move(again.lease));
+  }
+
+  nodes_.at("n2")->kill();
+  const lease::LeaseClock::time_point killed = lease::LeaseClock::now();
+  EXPECT_TRUE(test_support::poll_until(
+      [&] {
+        return lost_.load() > 0 ||
+               std::all_of(leases_.begin(), leases_.end(),
+                           [&](const lease::Lease& l) { return l.expiry() > killed + kTtl; });
+      },
+      40s, 50ms));
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
+  EXPECT_EQ(log_lines("n1", "could not be installed") + log_lines("n3", "could not be installed"),
+            "");
+}
+
 // A join that adds a backup: n3 joins a two-node cluster (--replicas 2) and
 // becomes the backup of buckets whose primary n1 keeps; it catches up by a
 // snapshot of their leases (docs: "Repair"). Then n1 dies, and n3, not the
@@ -905,12 +965,12 @@ TEST_F(ReplicationE2eTest, ABackupAddedByAJoinCatchesUpAndTakesOver) {
       EXPECT_FALSE(own.lease.release());
     }
   }
-  EXPECT_EQ(lost_.load(), 0);
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
 
   nodes_.at("n1")->kill();
   const lease::LeaseClock::time_point killed = lease::LeaseClock::now();
   EXPECT_TRUE(all_renewed_after(killed));
-  EXPECT_EQ(lost_.load(), 0);
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
   EXPECT_NE(log_lines("n3", "took over"), "");
   expect_busy_for_another_owner();
   for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();
