@@ -18,7 +18,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <regex>
@@ -34,19 +36,34 @@
 namespace shardlock::test_support {
 
 // Starts shardlockd with `extra` flags on a loopback port and returns the
-// address from its ready line (empty on failure).
-inline std::string start_daemon(torture::ChildProcess& process, const std::string& log,
-                                const std::vector<std::string>& extra) {
+// address from its ready line, or empty, with `why`, when none came.
+inline std::string try_start_daemon(torture::ChildProcess& process, const std::string& log,
+                                    const std::vector<std::string>& extra, std::string& why) {
   using namespace std::chrono_literals;
   std::vector<std::string> argv = {SHARDLOCK_TOOL_SHARDLOCKD, "--listen", "127.0.0.1:0", "--io",
                                    "socket"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  EXPECT_TRUE(process.start(argv, /*capture_stdout=*/true, log)) << process.error();
+  if (!process.start(argv, /*capture_stdout=*/true, log)) {
+    why = process.error();
+    return {};
+  }
   const std::string ready = process.read_line(30s);
   std::smatch m;
   static const std::regex kListen(R"re("listen":"([0-9.]+:[0-9]+)")re");
-  EXPECT_TRUE(std::regex_search(ready, m, kListen)) << "ready line: '" << ready << "'";
-  return m.size() > 1 ? m[1].str() : std::string();
+  if (!std::regex_search(ready, m, kListen)) {
+    why = "ready line: '" + ready + "'";
+    return {};
+  }
+  return m[1].str();
+}
+
+// try_start_daemon(), failing the test when the daemon does not start.
+inline std::string start_daemon(torture::ChildProcess& process, const std::string& log,
+                                const std::vector<std::string>& extra) {
+  std::string why;
+  std::string address = try_start_daemon(process, log, extra, why);
+  EXPECT_FALSE(address.empty()) << why;
+  return address;
 }
 
 // One etcd per suite (EtcdSuiteTest), and per test a temporary directory
@@ -74,16 +91,30 @@ class NodeProcessTest : public EtcdSuiteTest {
   // Starts node `id` of the test's cluster and records its listen address.
   // `max_ttl` is also the node's --lock-delay.
   void start_node(const std::string& id, const std::vector<std::string>& extra = {},
-                  const std::string& max_ttl = "2s") {
+                  const std::string& max_ttl = "2s", const std::string& etcd_lease_ttl = "2s") {
     auto& process = nodes_[id];
-    process = std::make_unique<torture::ChildProcess>();
     std::vector<std::string> flags = {
         "--data-dir",     root_ + "/" + id, "--cluster",        "etcd://" + etcd_->endpoint(),
         "--cluster-name", test_name(),      "--node-id",        id,
-        "--max-ttl",      max_ttl,          "--etcd-lease-ttl", "2s",
+        "--max-ttl",      max_ttl,          "--etcd-lease-ttl", etcd_lease_ttl,
         "--lock-delay",   max_ttl};
     flags.insert(flags.end(), extra.begin(), extra.end());
-    addresses_[id] = start_daemon(*process, log_of(id), flags);
+    // A daemon that cannot reach etcd in time (its etcd calls have
+    // deadlines, which a loaded machine can miss) exits before its ready
+    // line; it is started again, up to three times in all, appending to
+    // the same log. Any other failure fails the test at once.
+    std::string why;
+    for (int attempt = 0; attempt < 3; ++attempt) {
+      process = std::make_unique<torture::ChildProcess>();
+      addresses_[id] = try_start_daemon(*process, log_of(id), flags, why);
+      if (!addresses_[id].empty()) return;
+      process->kill();
+      std::ifstream log(log_of(id));
+      const std::string text((std::istreambuf_iterator<char>(log)),
+                             std::istreambuf_iterator<char>());
+      if (text.find("cannot join the cluster") == std::string::npos) break;
+    }
+    ADD_FAILURE() << id << " did not start: " << why << " (log: " << log_of(id) << ")";
   }
   [[nodiscard]] std::string log_of(const std::string& id) const {
     return root_ + "/" + id + ".log";
