@@ -79,6 +79,14 @@ class NodeProcessTest : public EtcdSuiteTest {
     root_ = pattern;
   }
   void TearDown() override {
+    // A node the test did not kill that is gone died by itself: a crash, or
+    // a sanitizer's report (TSan exits 66), which its log holds.
+    for (const auto& [id, process] : nodes_) {
+      if (process->running() && process->wait_for(std::chrono::milliseconds(0))) {
+        ADD_FAILURE() << id << " exited by itself (wait status " << process->exit_status()
+                      << "): see " << log_of(id);
+      }
+    }
     nodes_.clear();  // kills what is left
     if (root_.empty()) return;
     if (HasFailure()) {
