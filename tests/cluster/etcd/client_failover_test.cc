@@ -14,24 +14,16 @@
 // Timings are short (TTLs and lock-delay of 2 s). The only timing checks
 // are lower bounds (no grant before the cluster's lock-delay after the
 // kill), which a slow machine cannot break.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
 #include <filesystem>
 #include <future>
-#include <map>
-#include <memory>
-#include <regex>
-#include <set>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "etcd_process.h"
+#include "node_processes.h"
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "tools/client_tool_support.h"
@@ -48,101 +40,15 @@ using lease::LeaseClient;
 using lease::LeaseClientOptions;
 using lease::testing::run_tool;
 using lease::testing::ToolResult;
-using test_support::EtcdSuiteTest;
+using test_support::start_daemon;
 
-const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 const std::string kCtl = SHARDLOCK_TOOL_SHARDLOCKCTL;
 // The cluster's lock-delay for a dead node's buckets: --max-ttl 2s +
 // --etcd-lease-ttl 2s + the 500 ms drift margin. The new owner counts it
 // from when it saw the member key vanish, which is after the kill.
 constexpr auto kClusterLockDelay = 4500ms;
 
-// Starts shardlockd with `extra` flags on a loopback port and returns the
-// address from its ready line (empty on failure).
-std::string start_daemon(torture::ChildProcess& process, const std::string& log,
-                         std::vector<std::string> extra) {
-  std::vector<std::string> argv = {kDaemon, "--listen", "127.0.0.1:0", "--io", "socket"};
-  argv.insert(argv.end(), extra.begin(), extra.end());
-  EXPECT_TRUE(process.start(argv, /*capture_stdout=*/true, log)) << process.error();
-  const std::string ready = process.read_line(30s);
-  std::smatch m;
-  static const std::regex kListen(R"re("listen":"([0-9.]+:[0-9]+)")re");
-  EXPECT_TRUE(std::regex_search(ready, m, kListen)) << "ready line: '" << ready << "'";
-  return m.size() > 1 ? m[1].str() : std::string();
-}
-
-class ClientFailoverTest : public EtcdSuiteTest {
- protected:
-  void SetUp() override {
-    EtcdSuiteTest::SetUp();
-    if (IsSkipped() || HasFatalFailure()) return;
-    char pattern[] = "/tmp/shardlock-failover-XXXXXX";
-    ASSERT_NE(::mkdtemp(pattern), nullptr);
-    root_ = pattern;
-  }
-  void TearDown() override {
-    nodes_.clear();  // kills what is left
-    if (root_.empty()) return;
-    if (HasFailure()) {
-      std::fprintf(stderr, "node logs kept in %s\n", root_.c_str());
-      return;
-    }
-    fs::remove_all(root_);
-  }
-
-  // `max_ttl` is also the node's --lock-delay.
-  void start_node(const std::string& id, const std::vector<std::string>& extra = {},
-                  const std::string& max_ttl = "2s") {
-    auto& process = nodes_[id];
-    process = std::make_unique<torture::ChildProcess>();
-    std::vector<std::string> flags = {
-        "--data-dir",     root_ + "/" + id, "--cluster",        "etcd://" + etcd_->endpoint(),
-        "--cluster-name", test_name(),      "--node-id",        id,
-        "--max-ttl",      max_ttl,          "--etcd-lease-ttl", "2s",
-        "--lock-delay",   max_ttl};
-    flags.insert(flags.end(), extra.begin(), extra.end());
-    addresses_[id] = start_daemon(*process, root_ + "/" + id + ".log", flags);
-  }
-
-  // A cluster client whose map has exactly `ids`, waiting up to 30 s for the
-  // cluster to publish it.
-  std::unique_ptr<LeaseClient> client_with_members(const std::set<std::string>& ids) {
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
-    for (;;) {
-      LeaseClientOptions options;
-      for (const auto& [id, address] : addresses_) options.nodes.push_back(address);
-      options.discover_cluster = true;
-      auto c = std::make_unique<LeaseClient>(options);
-      const std::error_code ec = c->start();
-      std::set<std::string> seen;
-      if (!ec) {
-        for (const auto& member : c->map_members()) seen.insert(member.id);
-      }
-      if (seen == ids || std::chrono::steady_clock::now() > deadline) {
-        EXPECT_EQ(seen, ids) << ec.message();
-        return c;
-      }
-      std::this_thread::sleep_for(100ms);
-    }
-  }
-
-  // Keys the map of `c` gives to member `id`.
-  static std::vector<std::string> keys_of(const LeaseClient& c, const std::string& id,
-                                          std::size_t count) {
-    std::vector<std::string> keys;
-    const auto members = c.map_members();
-    for (int i = 0; keys.size() < count && i < 100000; ++i) {
-      const std::string key = "key-" + std::to_string(i);
-      if (members[c.node_for(key)].id == id) keys.push_back(key);
-    }
-    EXPECT_EQ(keys.size(), count);
-    return keys;
-  }
-
-  std::string root_;
-  std::map<std::string, std::unique_ptr<torture::ChildProcess>> nodes_;
-  std::map<std::string, std::string> addresses_;  // by id
-};
+class ClientFailoverTest : public test_support::NodeProcessTest {};
 
 TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
   for (const char* id : {"n1", "n2", "n3"}) start_node(id);
