@@ -39,7 +39,10 @@ std::uint32_t magic_of(std::span<const std::uint8_t> bytes) noexcept {
 
 Replicator::Replicator(const ReplicatorOptions& options, std::int64_t now_ns)
     : options_(options), created_ns_(now_ns) {
-  layout_.store(std::make_shared<const Layout>());
+  {
+    LockGuard guard(layout_mu_);
+    layout_ = std::make_shared<const Layout>();
+  }
 }
 
 Replicator::~Replicator() = default;
@@ -178,7 +181,10 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
   }
   heard_ = std::move(heard);
   current_ = std::move(layout);
-  layout_.store(std::move(leases));
+  {
+    LockGuard guard(layout_mu_);
+    layout_ = std::move(leases);
+  }
   return to_snapshot;
 }
 
@@ -407,7 +413,7 @@ void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
 }
 
 std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexcept {
-  const std::shared_ptr<const Layout> layout = layout_.load(std::memory_order_acquire);
+  const std::shared_ptr<const Layout> layout = this->layout();
   std::int64_t until = kForever;
   if (bucket < layout->leases.size()) {
     for (const auto& lease : layout->leases[bucket]) {

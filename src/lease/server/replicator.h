@@ -42,6 +42,7 @@
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/wire/auth.h"
+#include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
 
@@ -219,7 +220,16 @@ class Replicator {
 
   ReplicatorOptions options_;
   std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated or from a stranger
-  std::atomic<std::shared_ptr<const Layout>> layout_;
+  // Read per grant (lease_until()), replaced per map. A lock, not a
+  // std::atomic<std::shared_ptr>: libstdc++ 12 implements that with a lock
+  // bit ThreadSanitizer cannot see, and reports its loads and stores as a
+  // race that halts the node under the tsan preset.
+  mutable Mutex layout_mu_;
+  std::shared_ptr<const Layout> layout_ SHARDLOCK_GUARDED_BY(layout_mu_);
+  [[nodiscard]] std::shared_ptr<const Layout> layout() const {
+    shardlock::LockGuard guard(layout_mu_);
+    return layout_;
+  }
 
   mutable Mutex mu_;
   std::uint32_t streams_started_ SHARDLOCK_GUARDED_BY(mu_) = 0;
