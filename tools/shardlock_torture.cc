@@ -205,6 +205,23 @@ int run(int argc, char** argv) {
                 "cluster mode: a node's etcd answers delayed by a seeded 0.1..0.3 x the etcd lease "
                 "TTL in its TCP proxy while one or (on a seeded half, with 3+ nodes) two other "
                 "nodes are drained and undrained, so its map watch lags");
+  // Replication (issue 23; docs/cluster.md, "Replication").
+  app.add_option("--replicas", o.replicas,
+                 "cluster mode: every node runs with --replicas N (each bucket on a primary and "
+                 "N - 1 backups); 1: no replication")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3))
+      ->needs(cluster_nodes);
+  std::string replica_timeout = std::to_string(o.replica_timeout_ms) + "ms";
+  app.add_option("--replica-timeout", replica_timeout,
+                 "cluster mode with --replicas: the nodes' --replica-timeout (a replica not heard "
+                 "from for this long is evicted), e.g. 300ms")
+      ->capture_default_str()
+      ->needs(cluster_nodes);
+  cluster_fault("--node-partitions", o.node_partitions,
+                "cluster mode: every datagram between two nodes (both directions) dropped for "
+                "longer than the replica timeout (3 x it + 1 s), then healed; the nodes still "
+                "reach etcd and the clients");
   app.add_flag("--unsafe-no-data-dir", o.unsafe_no_data_dir,
                "run the server without a data dir, so tokens restart after kill -9 (unsafe: to "
                "show the checker catches it)");
@@ -250,6 +267,19 @@ int run(int argc, char** argv) {
     std::fprintf(stderr,
                  "shardlock-torture: --stalled-double-drains and --double-drains need "
                  "--cluster-nodes 3 or more\n");
+    return 2;
+  }
+  {
+    const auto timeout = shardlock::tools::parse_duration_flag(
+        "--replica-timeout", replica_timeout, shardlock::tools::ZeroDuration::kRejected);
+    if (!timeout.error.empty()) {
+      std::fprintf(stderr, "shardlock-torture: %s\n", timeout.error.c_str());
+      return 2;
+    }
+    o.replica_timeout_ms = static_cast<int>(timeout.value.count());
+  }
+  if (o.node_partitions > 0 && o.replicas < 2) {
+    std::fprintf(stderr, "shardlock-torture: --node-partitions needs --replicas 2 or more\n");
     return 2;
   }
   if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {

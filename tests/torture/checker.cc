@@ -826,9 +826,13 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         ++report.faults[name];
         break;
       }
+      case EventKind::kNodeCutOn:
+        ++report.faults["node partition"];
+        break;
       case EventKind::kDrainOff:
       case EventKind::kEtcdCutOff:
       case EventKind::kClientCutOff:
+      case EventKind::kNodeCutOff:
         break;
       case EventKind::kServerStart:
       case EventKind::kServerReady:

@@ -140,6 +140,8 @@ const char* fault_name(Fault f) noexcept {
       return "rolling restart";
     case Fault::kSlowWatch:
       return "slowed map watch";
+    case Fault::kNodePartition:
+      return "node partition";
   }
   return "?";
 }
@@ -278,6 +280,7 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
               Fault::kKillDuringHandoff);
   plan.insert(plan.end(), static_cast<std::size_t>(o.rolling_restarts), Fault::kRollingRestart);
   plan.insert(plan.end(), static_cast<std::size_t>(o.slow_watches), Fault::kSlowWatch);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.node_partitions), Fault::kNodePartition);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);

@@ -76,6 +76,11 @@ struct TortureOptions {
   int kills_during_handoffs = 0;  // kill -9 of the drained node or an heir mid hand-off
   int rolling_restarts = 0;       // every node restarted in turn, --max-ttl raised
   int slow_watches = 0;           // a node's etcd answers delayed while maps move
+  // Replication (issue 23): every node runs with --replicas and
+  // --replica-timeout; 1 is no replication.
+  int replicas = 1;
+  int replica_timeout_ms = 300;
+  int node_partitions = 0;  // two nodes cut off from each other past the replica timeout
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the
