@@ -248,6 +248,13 @@ int run(int argc, char** argv) {
   worker->add_option("--permits", w.permits);
   worker->add_option("--permit-keys", w.permit_keys);
 
+  // Judges a kept history again (--keep-history), with the run's flags
+  // (--cluster-nodes, --replicas, --max-ttl-ms, ...) before the subcommand.
+  std::string history;
+  CLI::App* check = app.add_subcommand(
+      "check", "judge a history directory kept by an earlier run (--keep-history) again");
+  check->add_option("history", history, "the history directory")->required();
+
   if (const auto status =
           shardlock::tools::parse_command_line(app, argc, argv, "shardlock-torture")) {
     return *status;
@@ -295,6 +302,12 @@ int run(int argc, char** argv) {
     return 2;
   }
 #endif
+  if (check->parsed()) {
+    const std::int64_t bound = o.liveness_bound_ms > 0
+                                   ? o.liveness_bound_ms
+                                   : shardlock::torture::default_liveness_bound_ms(o);
+    return shardlock::torture::check_history(history, o, bound);
+  }
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
   o.progress = !quiet;
   if (!std::filesystem::exists(o.shardlockd)) {

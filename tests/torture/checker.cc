@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "checker_kept.h"
 #include "common/json.h"
 
 namespace shardlock::torture {
@@ -27,11 +28,12 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 12> kAllKinds = {
+constexpr std::array<ViolationKind, 13> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
     ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
     ViolationKind::kOwner,    ViolationKind::kKeyLiveness,   ViolationKind::kWait,
+    ViolationKind::kKept,
 };
 // wait: how much earlier than its wait a waiting acquire may give up
 // (the client's last try goes out kLastTryMargin, 10 ms, before the end).
@@ -338,6 +340,8 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "key_liveness";
     case ViolationKind::kWait:
       return "wait";
+    case ViolationKind::kKept:
+      return "kept";
   }
   return "unknown";
 }
@@ -512,6 +516,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     return ids;
   };
   std::vector<std::size_t> finals;
+  std::vector<LostLease> losses;  // kept: judged after the pass
   const auto count = [&](std::string name) { ++report.operations[std::move(name)]; };
   const auto outcome = [](const std::string& error) {
     return error.empty() || error == "-" ? std::string("failed") : error;
@@ -738,6 +743,9 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         if (!g.has_cut) g.has_cut = true, g.cut = e.t_ns;
         if (e.kind == EventKind::kLost) {
           count("lost");
+          if (options.replicas > 1 && g.has_start) {
+            losses.push_back(LostLease{i, key_names[kid], g.start, g.node});
+          }
         } else {
           invocations[OpId{Family::kRelease, e.client, e.op}] = Invocation{i, false, Best{}, {}};
         }
@@ -957,6 +965,10 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       return text + ")";
     });
   }
+
+  judge_kept(history, order, losses, options, [&](const LostLease& loss, std::string detail) {
+    recorder.add(ViolationKind::kKept, loss.key, [&] { return std::move(detail); });
+  });
 
   recorder.finish();
   return report;

@@ -171,12 +171,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     return longest.count();
   }
 
-  // A bucket's new owner waits out the lock-delay (max TTL + etcd lease TTL
-  // + margin) after the old owner's etcd lease ends, and a map change takes
-  // up to an etcd lease TTL to notice; then the clients' retries.
-  std::int64_t liveness_bound_ms() const override {
-    return 6LL * options_.max_ttl_ms + 3LL * etcd_ttl_ms() + 4000;
-  }
+  std::int64_t liveness_bound_ms() const override { return default_liveness_bound_ms(options_); }
 
   bool inject(Fault fault, std::mt19937_64& random, std::string& error) override {
     Node& victim = *nodes_[random() % static_cast<std::size_t>(options_.cluster_nodes)];

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "checker.h"
 #include "proxy.h"
 #include "recorder.h"
 #include "system.h"
@@ -98,5 +99,22 @@ inline constexpr int kExitSkipped = 77;
 // (the tool passes it where the build has the cluster layer; the harness
 // library itself links no gRPC).
 int run_torture(const TortureOptions& options, ClusterFactory make_cluster = nullptr);
+
+// After the heal, the bound within which every client must be granted:
+// for one node a lock-delay + 4 x max TTL + 2 s; for a cluster, a bucket's
+// new owner waits out the lock-delay (max TTL + etcd lease TTL + margin)
+// after the old owner's etcd lease ends, and a map change takes up to an
+// etcd lease TTL to notice; then the clients' retries.
+[[nodiscard]] std::int64_t default_liveness_bound_ms(const TortureOptions& options);
+
+// The checker's options for a run with `options`: what the kept property
+// needs to know of the nodes (replicas, timeouts) and the workers.
+[[nodiscard]] CheckOptions check_options(const TortureOptions& options,
+                                         std::int64_t liveness_bound_ms);
+
+// Judges a kept history directory again (the tool's `check`), as a run with
+// `options` would; prints the report. 0 clean, 1 violations, 3 unreadable.
+int check_history(const std::string& dir, const TortureOptions& options,
+                  std::int64_t liveness_bound_ms);
 
 }  // namespace shardlock::torture
