@@ -218,6 +218,11 @@ int run(int argc, char** argv) {
                  "from for this long is evicted), e.g. 300ms")
       ->capture_default_str()
       ->needs(cluster_nodes);
+  cluster_fault("--kills-mid-replication", o.kills_mid_replication,
+                "cluster mode with --replicas 2+: kill -9 and restart of a node half the replica "
+                "timeout after its peers stopped receiving its datagrams, so no backup has what "
+                "it granted meanwhile (a correct node answered none of it; shows the checker "
+                "biting on a SHARDLOCK_FAULT_EARLY_GRANT build)");
   cluster_fault("--node-partitions", o.node_partitions,
                 "cluster mode: every datagram between two nodes (both directions) dropped for "
                 "longer than the replica timeout (3 x it + 1 s), then healed; the nodes still "
@@ -285,8 +290,10 @@ int run(int argc, char** argv) {
     }
     o.replica_timeout_ms = static_cast<int>(timeout.value.count());
   }
-  if (o.node_partitions > 0 && o.replicas < 2) {
-    std::fprintf(stderr, "shardlock-torture: --node-partitions needs --replicas 2 or more\n");
+  if (o.node_partitions + o.kills_mid_replication > 0 && o.replicas < 2) {
+    std::fprintf(stderr,
+                 "shardlock-torture: --node-partitions and --kills-mid-replication need "
+                 "--replicas 2 or more\n");
     return 2;
   }
   if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {

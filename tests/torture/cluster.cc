@@ -168,6 +168,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     planned(options_.rolling_restarts, options_.cluster_nodes * rolling_step_for());
     planned(options_.slow_watches, 2 * map_move_bound() + hold_for() + undrain + etcd_ttl);
     planned(options_.node_partitions, node_cut_for() + restart_for());
+    planned(options_.kills_mid_replication, restart_for());
     return longest.count();
   }
 
@@ -213,6 +214,9 @@ class ClusterUnderTest final : public SystemUnderTest {
       case Fault::kNodePartition:
         node_partition(victim, random);
         return true;
+      case Fault::kKillMidReplication:
+        record_fault(fault);
+        return kill_mid_replication(victim, error);
       case Fault::kShortPause:
       case Fault::kShortEtcdPartition:
         record_fault(fault);
@@ -680,6 +684,23 @@ class ClusterUnderTest final : public SystemUnderTest {
     nemesis_.record(e);
     wait_for_full_map(Clock::now() + restart_for());
     settled_from_ = Clock::now();
+  }
+
+  // Replication's weak spot, for a server that answers GRANTED before its
+  // backups acknowledge (CMake SHARDLOCK_FAULT_EARLY_GRANT): the victim's
+  // peers' proxies drop its datagrams (its REPLICATE never arrives; theirs
+  // reach it) for half the replica timeout, short of an eviction, and then
+  // it is killed -9 and restarted. A correct primary answered none of the
+  // grants it made meanwhile; a backup takes over without them.
+  bool kill_mid_replication(Node& victim, std::string& error) {
+    for (const auto& other : nodes_) {
+      if (other.get() != &victim)
+        other->proxy.set_cut({victim.server->port()}, CutSources::kListed);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.replica_timeout_ms / 2));
+    victim.server->kill();
+    for (const auto& other : nodes_) other->proxy.set_cut({}, CutSources::kListed);
+    return start_node(victim, error);
   }
 
   void record(EventKind kind, const std::string& node) const {

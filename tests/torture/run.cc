@@ -140,6 +140,8 @@ const char* fault_name(Fault f) noexcept {
       return "slowed map watch";
     case Fault::kNodePartition:
       return "node partition";
+    case Fault::kKillMidReplication:
+      return "kill mid replication";
   }
   return "?";
 }
@@ -297,6 +299,8 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   plan.insert(plan.end(), static_cast<std::size_t>(o.rolling_restarts), Fault::kRollingRestart);
   plan.insert(plan.end(), static_cast<std::size_t>(o.slow_watches), Fault::kSlowWatch);
   plan.insert(plan.end(), static_cast<std::size_t>(o.node_partitions), Fault::kNodePartition);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.kills_mid_replication),
+              Fault::kKillMidReplication);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);

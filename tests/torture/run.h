@@ -82,6 +82,9 @@ struct TortureOptions {
   int replicas = 1;
   int replica_timeout_ms = 300;
   int node_partitions = 0;  // two nodes cut off from each other past the replica timeout
+  // kill -9 of a node half a replica timeout after its peers stopped
+  // receiving its datagrams: no backup has what it granted meanwhile.
+  int kills_mid_replication = 0;
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the

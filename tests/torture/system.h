@@ -32,6 +32,7 @@ enum class Fault : std::uint8_t {
   kRollingRestart,      // every node restarted in turn with a raised --max-ttl
   kSlowWatch,           // a node's etcd answers delayed while maps move
   kNodePartition,       // replication: two nodes cut off from each other, later healed
+  kKillMidReplication,  // replication: kill -9 of a node whose datagrams to its peers were dropped
 };
 [[nodiscard]] const char* fault_name(Fault fault) noexcept;
 
