@@ -383,6 +383,9 @@ std::string CheckReport::text() const {
     out += "  " + pad(name, width) + std::to_string(count) + "\n";
   }
   if (maps > 0) out += "cluster maps published: " + std::to_string(maps) + "\n";
+  if (kept_judged > 0) {
+    out += "kept: " + std::to_string(kept_judged) + " losses judged after a node fault\n";
+  }
   out += liveness_checked ? "liveness checked\n" : "liveness not checked (no healed event)\n";
   if (!examples.empty()) {
     out += "examples\n";
@@ -418,6 +421,7 @@ std::string CheckReport::json() const {
   append_json_object(out, faults, [](const std::string& s) -> std::string_view { return s; });
   out += ",\"lease_operations\":" + std::to_string(lease_operations);
   out += ",\"maps\":" + std::to_string(maps);
+  out += ",\"kept_judged\":" + std::to_string(kept_judged);
   out += ",\"liveness_checked\":";
   out += liveness_checked ? "true" : "false";
   out += '}';
@@ -966,9 +970,10 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     });
   }
 
-  judge_kept(history, order, losses, options, [&](const LostLease& loss, std::string detail) {
-    recorder.add(ViolationKind::kKept, loss.key, [&] { return std::move(detail); });
-  });
+  report.kept_judged =
+      judge_kept(history, order, losses, options, [&](const LostLease& loss, std::string detail) {
+        recorder.add(ViolationKind::kKept, loss.key, [&] { return std::move(detail); });
+      });
 
   recorder.finish();
   return report;

@@ -156,6 +156,10 @@ struct CheckReport {
   std::map<std::string, std::uint64_t> faults;
   // Cluster mode: the maps etcd published during the run (map events).
   std::uint64_t maps = 0;
+  // kept (replicas >= 2): the losses it judged, a node fault their cause
+  // with nothing to excuse them but the timing rule (the rest: no node
+  // fault near them, or excused).
+  std::uint64_t kept_judged = 0;
   // Acquire, renew and release completions, ok or not.
   std::uint64_t lease_operations = 0;
   // False when the history has no healed event.

@@ -175,10 +175,11 @@ std::optional<std::string> hand_off(const std::vector<const Event*>& maps, std::
 
 }  // namespace
 
-void judge_kept(const std::vector<Event>& history, const std::vector<std::size_t>& order,
-                const std::vector<LostLease>& losses, const CheckOptions& options,
-                const std::function<void(const LostLease&, std::string)>& violation) {
-  if (options.replicas < 2 || losses.empty()) return;
+std::size_t judge_kept(const std::vector<Event>& history, const std::vector<std::size_t>& order,
+                       const std::vector<LostLease>& losses, const CheckOptions& options,
+                       const std::function<void(const LostLease&, std::string)>& violation) {
+  if (options.replicas < 2 || losses.empty()) return 0;
+  std::size_t judged = 0;
   const std::vector<Disturbance> all = disturbances(history, order);
   std::vector<const Event*> maps;
   for (const std::size_t i : order) {
@@ -221,6 +222,7 @@ void judge_kept(const std::vector<Event>& history, const std::vector<std::size_t
     };
     if (std::any_of(all.begin(), all.end(), unsettled_by)) continue;
     if (hand_off(maps, loss.key, granted, lost.t_ns + kMapLagNs)) continue;
+    ++judged;
     // A loss for want of renewals is the failover's only if the client had
     // the time to renew at the new primary.
     const std::int64_t exposed = lost.t_ns - std::max(cause->start, granted);
@@ -234,6 +236,7 @@ void judge_kept(const std::vector<Event>& history, const std::vector<std::size_t
                         "), with no other fault within the settle time and the key's primary "
                         "moving only to its backups");
   }
+  return judged;
 }
 
 }  // namespace shardlock::torture

@@ -26,9 +26,10 @@ struct LostLease {
 
 // Calls `violation(loss, detail)` for every loss in `losses` that the kept
 // property does not excuse. `history` as check() got it, `order` its indices
-// in time order.
-void judge_kept(const std::vector<Event>& history, const std::vector<std::size_t>& order,
-                const std::vector<LostLease>& losses, const CheckOptions& options,
-                const std::function<void(const LostLease&, std::string)>& violation);
+// in time order. Returns how many losses it judged: a node fault their
+// cause, and nothing but the timing rule to excuse them.
+std::size_t judge_kept(const std::vector<Event>& history, const std::vector<std::size_t>& order,
+                       const std::vector<LostLease>& losses, const CheckOptions& options,
+                       const std::function<void(const LostLease&, std::string)>& violation);
 
 }  // namespace shardlock::torture

@@ -1168,6 +1168,7 @@ TEST(CheckerKept, ARefusalByTheBackupThatTookOverIsAViolation) {
   history.push_back(lost_because(lost(ms(10'800), 0, "k", cluster_token(3, 1)), "not_owner"));
   const CheckReport report = check(history, replicated());
   ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKept));
+  EXPECT_EQ(report.kept_judged, 1u);
   EXPECT_EQ(report.examples[0].key, "k");
   EXPECT_NE(report.examples[0].detail.find("into kill -9 of n1"), std::string::npos)
       << report.examples[0].detail;
