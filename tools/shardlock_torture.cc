@@ -218,6 +218,11 @@ int run(int argc, char** argv) {
                  "from for this long is evicted), e.g. 300ms")
       ->capture_default_str()
       ->needs(cluster_nodes);
+  app.add_flag("--strict-kept", o.strict_kept,
+               "the kept property does not excuse a hand-off to a node that came back into the "
+               "map (a restarted node takes its buckets back at once today, and its backup's "
+               "holders are lost)")
+      ->needs(cluster_nodes);
   cluster_fault("--kills-mid-replication", o.kills_mid_replication,
                 "cluster mode with --replicas 2+: kill -9 and restart of a node half the replica "
                 "timeout after its peers stopped receiving its datagrams, so no backup has what "

@@ -760,11 +760,20 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         count("release ok");
         ++report.lease_operations;
         break;
-      case EventKind::kReleaseFail:
-        (void)complete(Family::kRelease, e);
+      case EventKind::kReleaseFail: {
+        const std::optional<Invocation> inv = complete(Family::kRelease, e);
         count("release " + outcome(e.error));
         ++report.lease_operations;
+        // kept: a release refused because the server no longer has a lease
+        // the client still held (its expiry after the release's invocation)
+        // is a loss too, found at the release instead of at a renewal.
+        const Grant& g = grant(e, kid);
+        if (options.replicas > 1 && inv.has_value() && g.has_start && g.has_end &&
+            g.end > history[inv->event].t_ns && (e.error == "expired" || e.error == "not_owner")) {
+          losses.push_back(LostLease{i, key_names[kid], g.start, g.node});
+        }
         break;
+      }
       case EventKind::kRead:
         count("read");
         break;

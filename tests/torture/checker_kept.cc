@@ -221,20 +221,24 @@ std::size_t judge_kept(const std::vector<Event>& history, const std::vector<std:
       return d.end + (shared ? settle : failover) >= cause->start;
     };
     if (std::any_of(all.begin(), all.end(), unsettled_by)) continue;
-    if (hand_off(maps, loss.key, granted, lost.t_ns + kMapLagNs)) continue;
+    if (options.kept_excuses_rejoins && hand_off(maps, loss.key, granted, lost.t_ns + kMapLagNs)) {
+      continue;
+    }
     ++judged;
     // A loss for want of renewals is the failover's only if the client had
     // the time to renew at the new primary.
     const std::int64_t exposed = lost.t_ns - std::max(cause->start, granted);
     if (lost.error == "no_renewal" && exposed < failover) continue;
-    violation(loss, "client " + num(lost.client) + " lost token " + std::to_string(lost.token) +
+    const char* how =
+        lost.kind == EventKind::kLost ? " lost token " : " had the release refused of token ";
+    violation(loss, "client " + num(lost.client) + how + std::to_string(lost.token) +
                         " (granted by " + std::string(loss.node) + " at " + num(granted) + ") at " +
                         num(lost.t_ns) + " (" + lost.error + "), " + num(exposed / kNsPerMs) +
                         " ms into " + cause->what + " (from " + num(cause->start) +
                         (cause->end == kOpen ? std::string(", never healed")
                                              : std::string(" to ") + num(cause->end)) +
-                        "), with no other fault within the settle time and the key's primary "
-                        "moving only to its backups");
+                        "), with no other fault within the settle time" +
+                        (options.kept_excuses_rejoins ? " and no hand-off of the key" : ""));
   }
   return judged;
 }

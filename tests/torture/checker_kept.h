@@ -15,10 +15,11 @@
 
 namespace shardlock::torture {
 
-// One lease reported lost (a lost event), with what the checker's pass
-// learned of its grant.
+// One lease reported lost (a lost event, or a release refused while the
+// client still held the lease), with what the checker's pass learned of its
+// grant.
 struct LostLease {
-  std::size_t lost_event = 0;  // index into the history
+  std::size_t lost_event = 0;  // index into the history: the lost or release_fail event
   std::string_view key;
   std::int64_t granted_at = 0;  // its acquire_ok
   std::string_view node;        // the node that granted it

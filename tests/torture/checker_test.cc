@@ -1253,6 +1253,38 @@ TEST(CheckerKept, LossesTheDesignAllowsAreNoViolation) {
   expect_only(check(history, replicated()), ViolationKind::kKept);
 }
 
+// A release refused (expired) while the client's own expiry is still
+// ahead: the server no longer had the lease, found at the release.
+TEST(CheckerKept, AReleaseRefusedBeforeTheExpiryIsALoss) {
+  std::vector<Event> history = kill_of_the_primary();
+  history.push_back(release_invoke(ms(10'800), 0, 2, "k", cluster_token(3, 1)));
+  Event refused = release_invoke(ms(10'810), 0, 2, "k", cluster_token(3, 1));
+  refused.kind = EventKind::kReleaseFail, refused.error = "expired";
+  history.push_back(refused);
+  const CheckReport report = check(history, replicated());
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKept));
+  EXPECT_NE(report.examples[0].detail.find("had the release refused"), std::string::npos)
+      << report.examples[0].detail;
+  // Released at the client's own expiry (12 s) or later: no held lease lost.
+  for (Event& e : history) {
+    const bool release = e.kind == EventKind::kReleaseInvoke || e.kind == EventKind::kReleaseFail;
+    if (release) e.t_ns += ms(1'200);
+  }
+  EXPECT_TRUE(check(history, replicated()).ok());
+}
+
+// The node that came back took k at once and its backup handed k off:
+// excused by default, judged with kept_excuses_rejoins off.
+TEST(CheckerKept, AHandOffToANodeThatCameBackIsJudgedWhenStrict) {
+  std::vector<Event> history = kill_of_the_primary();
+  history.push_back(replicated_map(ms(11'000), 6, "n1", "n2", "n3", "n1"));
+  history.push_back(lost_because(lost(ms(11'050), 0, "k", cluster_token(3, 1)), "expired"));
+  EXPECT_TRUE(check(history, replicated()).ok());
+  CheckOptions strict = replicated();
+  strict.kept_excuses_rejoins = false;
+  expect_only(check(history, strict), ViolationKind::kKept);
+}
+
 TEST(CheckerKept, ParsesAndFormatsTheReplicationEvents) {
   const std::vector<std::string> lines = {
       "1 map epoch=7 owners=key-0:n1,key-1:n2 backups=key-0:n2,key-1:n3",

@@ -161,6 +161,7 @@ CheckOptions check_options(const TortureOptions& o, std::int64_t liveness_bound_
   // and a second for a restarted or evicted node to register again.
   c.settle_ms = o.max_ttl_ms + 1000LL * o.etcd_lease_ttl_s + 1500;
   c.clients_per_worker = o.clients_per_worker;
+  c.kept_excuses_rejoins = !o.strict_kept;
   return c;
 }
 

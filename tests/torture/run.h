@@ -85,6 +85,7 @@ struct TortureOptions {
   // kill -9 of a node half a replica timeout after its peers stopped
   // receiving its datagrams: no backup has what it granted meanwhile.
   int kills_mid_replication = 0;
+  bool strict_kept = false;  // CheckOptions::kept_excuses_rejoins off
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the
