@@ -205,6 +205,33 @@ int run(int argc, char** argv) {
                 "cluster mode: a node's etcd answers delayed by a seeded 0.1..0.3 x the etcd lease "
                 "TTL in its TCP proxy while one or (on a seeded half, with 3+ nodes) two other "
                 "nodes are drained and undrained, so its map watch lags");
+  // Replication (issue 23; docs/cluster.md, "Replication").
+  app.add_option("--replicas", o.replicas,
+                 "cluster mode: every node runs with --replicas N (each bucket on a primary and "
+                 "N - 1 backups); 1: no replication")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3))
+      ->needs(cluster_nodes);
+  std::string replica_timeout = std::to_string(o.replica_timeout_ms) + "ms";
+  app.add_option("--replica-timeout", replica_timeout,
+                 "cluster mode with --replicas: the nodes' --replica-timeout (a replica not heard "
+                 "from for this long is evicted), e.g. 300ms")
+      ->capture_default_str()
+      ->needs(cluster_nodes);
+  app.add_flag("--strict-kept", o.strict_kept,
+               "the kept property does not excuse a hand-off to a node that came back into the "
+               "map (a restarted node takes its buckets back at once today, and its backup's "
+               "holders are lost)")
+      ->needs(cluster_nodes);
+  cluster_fault("--kills-mid-replication", o.kills_mid_replication,
+                "cluster mode with --replicas 2+: kill -9 and restart of a node half the replica "
+                "timeout after its peers stopped receiving its datagrams, so no backup has what "
+                "it granted meanwhile (a correct node answered none of it; shows the checker "
+                "biting on a SHARDLOCK_FAULT_EARLY_GRANT build)");
+  cluster_fault("--node-partitions", o.node_partitions,
+                "cluster mode: every datagram between two nodes (both directions) dropped for "
+                "longer than the replica timeout (3 x it + 1 s), then healed; the nodes still "
+                "reach etcd and the clients");
   app.add_flag("--unsafe-no-data-dir", o.unsafe_no_data_dir,
                "run the server without a data dir, so tokens restart after kill -9 (unsafe: to "
                "show the checker catches it)");
@@ -231,6 +258,13 @@ int run(int argc, char** argv) {
   worker->add_option("--permits", w.permits);
   worker->add_option("--permit-keys", w.permit_keys);
 
+  // Judges a kept history again (--keep-history), with the run's flags
+  // (--cluster-nodes, --replicas, --max-ttl-ms, ...) before the subcommand.
+  std::string history;
+  CLI::App* check = app.add_subcommand(
+      "check", "judge a history directory kept by an earlier run (--keep-history) again");
+  check->add_option("history", history, "the history directory")->required();
+
   if (const auto status =
           shardlock::tools::parse_command_line(app, argc, argv, "shardlock-torture")) {
     return *status;
@@ -252,6 +286,21 @@ int run(int argc, char** argv) {
                  "--cluster-nodes 3 or more\n");
     return 2;
   }
+  {
+    const auto timeout = shardlock::tools::parse_duration_flag(
+        "--replica-timeout", replica_timeout, shardlock::tools::ZeroDuration::kRejected);
+    if (!timeout.error.empty()) {
+      std::fprintf(stderr, "shardlock-torture: %s\n", timeout.error.c_str());
+      return 2;
+    }
+    o.replica_timeout_ms = static_cast<int>(timeout.value.count());
+  }
+  if (o.node_partitions + o.kills_mid_replication > 0 && o.replicas < 2) {
+    std::fprintf(stderr,
+                 "shardlock-torture: --node-partitions and --kills-mid-replication need "
+                 "--replicas 2 or more\n");
+    return 2;
+  }
   if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {
     std::fprintf(stderr, "shardlock-torture: a cluster node needs its data dir\n");
     return 2;
@@ -265,6 +314,12 @@ int run(int argc, char** argv) {
     return 2;
   }
 #endif
+  if (check->parsed()) {
+    const std::int64_t bound = o.liveness_bound_ms > 0
+                                   ? o.liveness_bound_ms
+                                   : shardlock::torture::default_liveness_bound_ms(o);
+    return shardlock::torture::check_history(history, o, bound);
+  }
   o.network = {loss, duplicate, reorder, delay, max_delay_ms};
   o.progress = !quiet;
   if (!std::filesystem::exists(o.shardlockd)) {

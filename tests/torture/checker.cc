@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "checker_kept.h"
 #include "common/json.h"
 
 namespace shardlock::torture {
@@ -27,11 +28,12 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 12> kAllKinds = {
+constexpr std::array<ViolationKind, 13> kAllKinds = {
     ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
     ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
     ViolationKind::kOwner,    ViolationKind::kKeyLiveness,   ViolationKind::kWait,
+    ViolationKind::kKept,
 };
 // wait: how much earlier than its wait a waiting acquire may give up
 // (the client's last try goes out kLastTryMargin, 10 ms, before the end).
@@ -338,6 +340,8 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "key_liveness";
     case ViolationKind::kWait:
       return "wait";
+    case ViolationKind::kKept:
+      return "kept";
   }
   return "unknown";
 }
@@ -379,6 +383,9 @@ std::string CheckReport::text() const {
     out += "  " + pad(name, width) + std::to_string(count) + "\n";
   }
   if (maps > 0) out += "cluster maps published: " + std::to_string(maps) + "\n";
+  if (kept_judged > 0) {
+    out += "kept: " + std::to_string(kept_judged) + " losses judged after a node fault\n";
+  }
   out += liveness_checked ? "liveness checked\n" : "liveness not checked (no healed event)\n";
   if (!examples.empty()) {
     out += "examples\n";
@@ -414,6 +421,7 @@ std::string CheckReport::json() const {
   append_json_object(out, faults, [](const std::string& s) -> std::string_view { return s; });
   out += ",\"lease_operations\":" + std::to_string(lease_operations);
   out += ",\"maps\":" + std::to_string(maps);
+  out += ",\"kept_judged\":" + std::to_string(kept_judged);
   out += ",\"liveness_checked\":";
   out += liveness_checked ? "true" : "false";
   out += '}';
@@ -512,6 +520,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     return ids;
   };
   std::vector<std::size_t> finals;
+  std::vector<LostLease> losses;  // kept: judged after the pass
   const auto count = [&](std::string name) { ++report.operations[std::move(name)]; };
   const auto outcome = [](const std::string& error) {
     return error.empty() || error == "-" ? std::string("failed") : error;
@@ -738,6 +747,9 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         if (!g.has_cut) g.has_cut = true, g.cut = e.t_ns;
         if (e.kind == EventKind::kLost) {
           count("lost");
+          if (options.replicas > 1 && g.has_start) {
+            losses.push_back(LostLease{i, key_names[kid], g.start, g.node});
+          }
         } else {
           invocations[OpId{Family::kRelease, e.client, e.op}] = Invocation{i, false, Best{}, {}};
         }
@@ -748,11 +760,20 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         count("release ok");
         ++report.lease_operations;
         break;
-      case EventKind::kReleaseFail:
-        (void)complete(Family::kRelease, e);
+      case EventKind::kReleaseFail: {
+        const std::optional<Invocation> inv = complete(Family::kRelease, e);
         count("release " + outcome(e.error));
         ++report.lease_operations;
+        // kept: a release refused because the server no longer has a lease
+        // the client still held (its expiry after the release's invocation)
+        // is a loss too, found at the release instead of at a renewal.
+        const Grant& g = grant(e, kid);
+        if (options.replicas > 1 && inv.has_value() && g.has_start && g.has_end &&
+            g.end > history[inv->event].t_ns && (e.error == "expired" || e.error == "not_owner")) {
+          losses.push_back(LostLease{i, key_names[kid], g.start, g.node});
+        }
         break;
+      }
       case EventKind::kRead:
         count("read");
         break;
@@ -826,9 +847,13 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         ++report.faults[name];
         break;
       }
+      case EventKind::kNodeCutOn:
+        ++report.faults["node partition"];
+        break;
       case EventKind::kDrainOff:
       case EventKind::kEtcdCutOff:
       case EventKind::kClientCutOff:
+      case EventKind::kNodeCutOff:
         break;
       case EventKind::kServerStart:
       case EventKind::kServerReady:
@@ -953,6 +978,11 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       return text + ")";
     });
   }
+
+  report.kept_judged =
+      judge_kept(history, order, losses, options, [&](const LostLease& loss, std::string detail) {
+        recorder.add(ViolationKind::kKept, loss.key, [&] { return std::move(detail); });
+      });
 
   recorder.finish();
   return report;

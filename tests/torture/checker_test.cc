@@ -148,7 +148,7 @@ TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 12u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 13u);  // every kind, at zero
 }
 
 // A history without grants, or without a healed event, has no violation
@@ -956,7 +956,8 @@ TEST(Checker, TextNamesEveryKind) {
        {ViolationKind::kOverlap, ViolationKind::kTokenOrder, ViolationKind::kDuplicateToken,
         ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
         ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing,
-        ViolationKind::kOwner, ViolationKind::kKeyLiveness, ViolationKind::kWait}) {
+        ViolationKind::kOwner, ViolationKind::kKeyLiveness, ViolationKind::kWait,
+        ViolationKind::kKept}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
@@ -1112,6 +1113,196 @@ TEST(CheckerCluster, ParsesAndFormatsTheClusterEvents) {
            "1 node_join",                                        // no node
            "1 fault",                                            // no name
            "1 hold client=0 key=a token=1 expiry_ns=1 node=n1",  // not on a hold
+       }) {
+    std::string error;
+    EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;
+  }
+}
+
+// ---- replication: the kept property ----
+
+// The replicated cluster of the kept tests: key k on n1 (backup n2), key j
+// on n3 (backup n1), so every map names all its nodes.
+Event replicated_map(std::int64_t t, std::uint64_t epoch, std::string k_primary,
+                     std::string k_backup, std::string j_primary, std::string j_backup) {
+  Event e = map_event(t, epoch, {{"k", std::move(k_primary)}, {"j", std::move(j_primary)}});
+  e.backups = {{"k", std::move(k_backup)}, {"j", std::move(j_backup)}};
+  return e;
+}
+Event node_event(std::int64_t t, EventKind kind, std::string node, std::int64_t incarnation = 1) {
+  return from(server_event(t, kind, incarnation), std::move(node));
+}
+Event lost_because(Event e, std::string error) {
+  e.error = std::move(error);
+  return e;
+}
+CheckOptions replicated() {
+  CheckOptions o;
+  o.replicas = 2;
+  o.replica_timeout_ms = 300;
+  o.settle_ms = 5000;
+  o.failover_slack_ms = 1000;
+  o.clients_per_worker = 4;
+  return o;
+}
+
+// Client 0 holds k (granted by n1 at 10 s, a 2 s TTL) when n1 is killed at
+// 10.1 s and restarted; its backup n2 takes k over (epoch 4, where n1 is
+// gone); the client's renewal then reaches n2.
+std::vector<Event> kill_of_the_primary() {
+  return {
+      replicated_map(ms(0), 3, "n1", "n2", "n3", "n1"),
+      acquire_invoke(ms(10'000), 0, 1, "k"),
+      from(acquire_ok(ms(10'010), 0, 1, "k", cluster_token(3, 1), ms(12'000)), "n1"),
+      node_event(ms(10'100), EventKind::kServerKill, "n1"),
+      node_start(ms(10'101), "n1", 2, 2000),
+      replicated_map(ms(10'450), 4, "n2", "n3", "n3", "n2"),
+      node_event(ms(10'600), EventKind::kServerReady, "n1", 2),
+  };
+}
+
+// n2 answers the renewal NOT_OWNER: the grant n1 answered never reached
+// it, as when a primary answers GRANTED before its backup acknowledges.
+TEST(CheckerKept, ARefusalByTheBackupThatTookOverIsAViolation) {
+  std::vector<Event> history = kill_of_the_primary();
+  history.push_back(lost_because(lost(ms(10'800), 0, "k", cluster_token(3, 1)), "not_owner"));
+  const CheckReport report = check(history, replicated());
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKept));
+  EXPECT_EQ(report.kept_judged, 1u);
+  EXPECT_EQ(report.examples[0].key, "k");
+  EXPECT_NE(report.examples[0].detail.find("into kill -9 of n1"), std::string::npos)
+      << report.examples[0].detail;
+  // Without replication nothing promises the holder its lease.
+  EXPECT_TRUE(check(history, CheckOptions{}).ok());
+}
+
+// The expiry passing unrenewed 1.5 s into the kill is a violation too:
+// the failover (300 ms of silence, then the map) had the time to happen.
+TEST(CheckerKept, AnExpiryLongAfterTheFailoverIsAViolation) {
+  std::vector<Event> history = kill_of_the_primary();
+  history.push_back(lost_because(lost(ms(11'700), 0, "k", cluster_token(3, 1)), "no_renewal"));
+  expect_only(check(history, replicated()), ViolationKind::kKept);
+}
+
+// One node-to-node cut evicted both of k's replicas (the map that removes
+// them gives k to n3, which never had it): after a single fault that is no
+// excuse, and the loss is a violation.
+TEST(CheckerKept, ACutThatCostBothReplicasIsAViolation) {
+  std::vector<Event> history = {
+      replicated_map(ms(0), 3, "n1", "n2", "n3", "n1"),
+      acquire_invoke(ms(10'000), 0, 1, "k"),
+      from(acquire_ok(ms(10'010), 0, 1, "k", cluster_token(3, 1), ms(12'000)), "n1"),
+  };
+  Event cut = make(ms(10'100), EventKind::kNodeCutOn);
+  cut.node = "n1", cut.peer = "n2";
+  history.push_back(cut);
+  history.push_back(replicated_map(ms(10'450), 5, "n3", "n3", "n3", "n3"));
+  history.back().backups.clear();
+  cut.t_ns = ms(12'000), cut.kind = EventKind::kNodeCutOff;
+  history.push_back(cut);
+  history.push_back(lost_because(lost(ms(11'700), 0, "k", cluster_token(3, 1)), "no_renewal"));
+  const CheckReport report = check(history, replicated());
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKept));
+  EXPECT_NE(report.examples[0].detail.find("n1 cut off from n2"), std::string::npos)
+      << report.examples[0].detail;
+}
+
+// Near-misses: the same kill, and a loss the design allows.
+TEST(CheckerKept, LossesTheDesignAllowsAreNoViolation) {
+  struct Case {
+    const char* why;
+    std::vector<Event> extra;
+  };
+  const std::uint64_t token = cluster_token(3, 1);
+  Event worker_pause = make(ms(10'300), EventKind::kClientPause);
+  worker_pause.client = 0;  // worker 0: clients 0..3
+  Event worker_resume = worker_pause;
+  worker_resume.t_ns = ms(11'500), worker_resume.kind = EventKind::kClientResume;
+  Event other_worker_pause = worker_pause;
+  other_worker_pause.client = 1;
+  Event client_cut = make(ms(10'200), EventKind::kClientCutOn);
+  client_cut.node = "n2";
+  const std::vector<Case> cases = {
+      {"its expiry passed before a failover could be done (300 ms + slack)",
+       {lost_because(lost(ms(10'900), 0, "k", token), "no_renewal")}},
+      {"n1, back, took k again (a map that grew handed it off), and n1 refused it",
+       {replicated_map(ms(11'000), 6, "n1", "n2", "n3", "n1"),
+        lost_because(lost(ms(11'050), 0, "k", token), "expired")}},
+      {"its worker was paused",
+       {worker_pause, worker_resume, lost_because(lost(ms(11'700), 0, "k", token), "no_renewal")}},
+      {"k's other replica died too (a second node fault within a failover)",
+       {node_event(ms(10'300), EventKind::kServerKill, "n2"),
+        lost_because(lost(ms(11'700), 0, "k", token), "no_renewal")}},
+      {"the primary had started less than the settle time before",
+       {node_start(ms(6'000), "n1", 1, 2000), node_event(ms(6'200), EventKind::kServerReady, "n1"),
+        lost_because(lost(ms(11'700), 0, "k", token), "not_owner")}},
+      {"a client partition was on",
+       {client_cut, lost_because(lost(ms(11'700), 0, "k", token), "no_renewal")}},
+  };
+  for (const Case& c : cases) {
+    std::vector<Event> history = kill_of_the_primary();
+    history.insert(history.end(), c.extra.begin(), c.extra.end());
+    const CheckReport report = check(history, replicated());
+    EXPECT_TRUE(report.ok()) << c.why << "\n" << report.text();
+    EXPECT_EQ(report.operations.at("lost"), 1u) << c.why;
+  }
+  // Another worker's pause excuses nothing.
+  std::vector<Event> history = kill_of_the_primary();
+  history.insert(history.end(), {other_worker_pause, worker_resume,
+                                 lost_because(lost(ms(11'700), 0, "k", token), "no_renewal")});
+  expect_only(check(history, replicated()), ViolationKind::kKept);
+}
+
+// A release refused (expired) while the client's own expiry is still
+// ahead: the server no longer had the lease, found at the release.
+TEST(CheckerKept, AReleaseRefusedBeforeTheExpiryIsALoss) {
+  std::vector<Event> history = kill_of_the_primary();
+  history.push_back(release_invoke(ms(10'800), 0, 2, "k", cluster_token(3, 1)));
+  Event refused = release_invoke(ms(10'810), 0, 2, "k", cluster_token(3, 1));
+  refused.kind = EventKind::kReleaseFail, refused.error = "expired";
+  history.push_back(refused);
+  const CheckReport report = check(history, replicated());
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kKept));
+  EXPECT_NE(report.examples[0].detail.find("had the release refused"), std::string::npos)
+      << report.examples[0].detail;
+  // Released at the client's own expiry (12 s) or later: no held lease lost.
+  for (Event& e : history) {
+    const bool release = e.kind == EventKind::kReleaseInvoke || e.kind == EventKind::kReleaseFail;
+    if (release) e.t_ns += ms(1'200);
+  }
+  EXPECT_TRUE(check(history, replicated()).ok());
+}
+
+// The node that came back took k at once and its backup handed k off:
+// excused by default, judged with kept_excuses_rejoins off.
+TEST(CheckerKept, AHandOffToANodeThatCameBackIsJudgedWhenStrict) {
+  std::vector<Event> history = kill_of_the_primary();
+  history.push_back(replicated_map(ms(11'000), 6, "n1", "n2", "n3", "n1"));
+  history.push_back(lost_because(lost(ms(11'050), 0, "k", cluster_token(3, 1)), "expired"));
+  EXPECT_TRUE(check(history, replicated()).ok());
+  CheckOptions strict = replicated();
+  strict.kept_excuses_rejoins = false;
+  expect_only(check(history, strict), ViolationKind::kKept);
+}
+
+TEST(CheckerKept, ParsesAndFormatsTheReplicationEvents) {
+  const std::vector<std::string> lines = {
+      "1 map epoch=7 owners=key-0:n1,key-1:n2 backups=key-0:n2,key-1:n3",
+      "2 map epoch=8 owners=key-0:n1",
+      "3 node_cut_on node=n1 peer=n2",
+      "4 node_cut_off node=n1 peer=n2",
+  };
+  std::vector<Event> history;
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
+  EXPECT_EQ(history[0].backups,
+            (std::vector<std::pair<std::string, std::string>>{{"key-0", "n2"}, {"key-1", "n3"}}));
+  EXPECT_TRUE(history[1].backups.empty());
+  EXPECT_EQ(history[2].peer, "n2");
+  EXPECT_EQ(check(history, CheckOptions{}).faults.at("node partition"), 1u);
+  for (const char* bad : {
+           "1 map epoch=7 owners=key-0:n1 backups=key-0",  // no backup node
+           "3 node_cut_on node=n1",                        // no peer
+           "1 hold client=0 key=a token=1 expiry_ns=1 backups=a:n1",
        }) {
     std::string error;
     EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;

@@ -141,6 +141,7 @@ class ClusterUnderTest final : public SystemUnderTest {
       sum.duplicated += c.duplicated;
       sum.reordered += c.reordered;
       sum.delayed += c.delayed;
+      sum.cut += c.cut;
     }
     return sum;
   }
@@ -166,15 +167,12 @@ class ClusterUnderTest final : public SystemUnderTest {
             map_move_bound() + restart_for() + etcd_ttl + hold_for() + undrain);
     planned(options_.rolling_restarts, options_.cluster_nodes * rolling_step_for());
     planned(options_.slow_watches, 2 * map_move_bound() + hold_for() + undrain + etcd_ttl);
+    planned(options_.node_partitions, node_cut_for() + restart_for());
+    planned(options_.kills_mid_replication, restart_for());
     return longest.count();
   }
 
-  // A bucket's new owner waits out the lock-delay (max TTL + etcd lease TTL
-  // + margin) after the old owner's etcd lease ends, and a map change takes
-  // up to an etcd lease TTL to notice; then the clients' retries.
-  std::int64_t liveness_bound_ms() const override {
-    return 6LL * options_.max_ttl_ms + 3LL * etcd_ttl_ms() + 4000;
-  }
+  std::int64_t liveness_bound_ms() const override { return default_liveness_bound_ms(options_); }
 
   bool inject(Fault fault, std::mt19937_64& random, std::string& error) override {
     Node& victim = *nodes_[random() % static_cast<std::size_t>(options_.cluster_nodes)];
@@ -205,16 +203,20 @@ class ClusterUnderTest final : public SystemUnderTest {
         victim.etcd_proxy.set_cut(false);
         record(EventKind::kEtcdCutOff, victim.id);
         return true;
-      case Fault::kClientPartition: {
-        ProxyFaults cut = network_;
-        cut.loss = 1.0;
+      case Fault::kClientPartition:
+        // Every source but the nodes: their replication streams go on.
         record(EventKind::kClientCutOn, victim.id);
-        victim.proxy.set_faults(cut);
+        victim.proxy.set_cut(node_ports(), CutSources::kAllButListed);
         std::this_thread::sleep_for(client_cut_for());
-        victim.proxy.set_faults(network_);
+        victim.proxy.set_cut({}, CutSources::kListed);
         record(EventKind::kClientCutOff, victim.id);
         return true;
-      }
+      case Fault::kNodePartition:
+        node_partition(victim, random);
+        return true;
+      case Fault::kKillMidReplication:
+        record_fault(fault);
+        return kill_mid_replication(victim, error);
       case Fault::kShortPause:
       case Fault::kShortEtcdPartition:
         record_fault(fault);
@@ -287,6 +289,19 @@ class ClusterUnderTest final : public SystemUnderTest {
   std::chrono::milliseconds client_cut_for() const {
     return std::chrono::milliseconds(2LL * options_.max_ttl_ms);
   }
+  // Past the replica timeout (so one node of the two evicts the other and
+  // its buckets fail over), and long enough for the evicted node to try to
+  // come back while still cut off.
+  std::chrono::milliseconds node_cut_for() const {
+    return std::chrono::milliseconds(3LL * options_.replica_timeout_ms + 1000);
+  }
+  // Every node's server port: the source of its datagrams to its peers'
+  // proxies (a restart keeps the port).
+  std::vector<std::uint16_t> node_ports() const {
+    std::vector<std::uint16_t> ports;
+    for (const auto& node : nodes_) ports.push_back(node->server->port());
+    return ports;
+  }
   // Long enough for the buckets to move and be served elsewhere.
   std::chrono::milliseconds membership_change_for() const {
     return std::chrono::milliseconds(2 * etcd_ttl_ms() + 2LL * options_.max_ttl_ms);
@@ -313,10 +328,15 @@ class ClusterUnderTest final : public SystemUnderTest {
   // first see the old owner gone, within a lease TTL).
   std::chrono::milliseconds hold_for() const { return lock_delay(); }
 
-  // Starts (or restarts) a node, and points its proxy at its port.
-  static bool start_node(Node& node, std::string& error) {
+  // Starts (or restarts) a node, points its proxy at its port, and tells
+  // every other node's proxy that datagrams from that port are the node's
+  // (proxy.h: they reach the peer from the node's advertised address).
+  bool start_node(Node& node, std::string& error) {
     if (!node.server->start(error)) return false;
     node.proxy.set_server_port(node.server->port());
+    for (const auto& other : nodes_) {
+      if (other.get() != &node) other->proxy.add_node(node.server->port(), node.proxy);
+    }
     return true;
   }
 
@@ -348,6 +368,11 @@ class ClusterUnderTest final : public SystemUnderTest {
                    std::to_string(options_.unsafe_no_lock_delay ? 0 : c.lock_delay_ms) + "ms",
                    "--shards",
                    "8"};
+    if (options_.replicas > 1) {
+      c.arguments.insert(c.arguments.end(),
+                         {"--replicas", std::to_string(options_.replicas), "--replica-timeout",
+                          std::to_string(options_.replica_timeout_ms) + "ms"});
+    }
     return c;
   }
 
@@ -638,6 +663,46 @@ class ClusterUnderTest final : public SystemUnderTest {
     return ok;
   }
 
+  // Replication: every datagram between `victim` and a seeded other node
+  // dropped, both ways, at both nodes' proxies (a node's peers reach it
+  // from their server ports), for node_cut_for(); both still reach etcd
+  // and the clients. Then healed, and the next fault waits until the map
+  // holds every node again (the evicted one registers anew).
+  void node_partition(Node& victim, std::mt19937_64& random) {
+    Node& other = *pick(victim, 2, random).back();
+    Event e;
+    e.kind = EventKind::kNodeCutOn;
+    e.node = victim.id;
+    e.peer = other.id;
+    nemesis_.record(e);
+    victim.proxy.set_cut({other.server->port()}, CutSources::kListed);
+    other.proxy.set_cut({victim.server->port()}, CutSources::kListed);
+    std::this_thread::sleep_for(node_cut_for());
+    victim.proxy.set_cut({}, CutSources::kListed);
+    other.proxy.set_cut({}, CutSources::kListed);
+    e.kind = EventKind::kNodeCutOff;
+    nemesis_.record(e);
+    wait_for_full_map(Clock::now() + restart_for());
+    settled_from_ = Clock::now();
+  }
+
+  // Replication's weak spot, for a server that answers GRANTED before its
+  // backups acknowledge (CMake SHARDLOCK_FAULT_EARLY_GRANT): the victim's
+  // peers' proxies drop its datagrams (its REPLICATE never arrives; theirs
+  // reach it) for half the replica timeout, short of an eviction, and then
+  // it is killed -9 and restarted. A correct primary answered none of the
+  // grants it made meanwhile; a backup takes over without them.
+  bool kill_mid_replication(Node& victim, std::string& error) {
+    for (const auto& other : nodes_) {
+      if (other.get() != &victim)
+        other->proxy.set_cut({victim.server->port()}, CutSources::kListed);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.replica_timeout_ms / 2));
+    victim.server->kill();
+    for (const auto& other : nodes_) other->proxy.set_cut({}, CutSources::kListed);
+    return start_node(victim, error);
+  }
+
   void record(EventKind kind, const std::string& node) const {
     Event e;
     e.kind = kind;
@@ -671,6 +736,15 @@ class ClusterUnderTest final : public SystemUnderTest {
       const auto add_owner = [&](const std::string& key) {
         const cluster::ClusterMember* owner = routing->owner_of(key);
         if (owner != nullptr) e.owners.emplace_back(key, owner->id);
+        if (options_.replicas < 2) return;
+        // The rest of the key's ranking, as every node's replica layout
+        // reads it (replica_layout()): its backups, in promotion order.
+        const RouterSnapshot& ranks = routing->snapshot();
+        const std::vector<std::uint16_t> ranking = ranks.ranking_of_bucket(
+            routing->bucket_of(key), static_cast<std::size_t>(options_.replicas));
+        for (std::size_t r = 1; r < ranking.size(); ++r) {
+          e.backups.emplace_back(key, ranks.nodes()[ranking[r]].id);
+        }
       };
       for (int k = 0; k < options_.keys; ++k) add_owner("key-" + std::to_string(k));
       for (int k = 0; k < options_.permit_keys; ++k) add_owner("sem-" + std::to_string(k));

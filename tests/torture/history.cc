@@ -33,6 +33,8 @@ enum Field : std::uint32_t {
   kEpoch = 1 << 17,
   kOwners = 1 << 18,
   kFaultName = 1 << 19,
+  kBackups = 1 << 20,
+  kPeer = 1 << 21,
 };
 
 // What an acquire event may add: its mode, and a key list in place of its key.
@@ -45,7 +47,7 @@ struct KindInfo {
   std::uint32_t optional = 0;
 };
 
-constexpr std::array<KindInfo, 36> kKinds = {{
+constexpr std::array<KindInfo, 38> kKinds = {{
     {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait,
      kAcquireExtras},
     {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry,
@@ -74,7 +76,7 @@ constexpr std::array<KindInfo, 36> kKinds = {{
     {EventKind::kNetFaultsOn, "net_faults_on", 0},
     {EventKind::kNetFaultsOff, "net_faults_off", 0},
     {EventKind::kHealed, "healed", 0},
-    {EventKind::kMap, "map", kEpoch | kOwners},
+    {EventKind::kMap, "map", kEpoch | kOwners, kBackups},
     {EventKind::kNodeJoin, "node_join", kNode},
     {EventKind::kNodeLeave, "node_leave", kNode},
     {EventKind::kDrainOn, "drain_on", kNode},
@@ -84,6 +86,8 @@ constexpr std::array<KindInfo, 36> kKinds = {{
     {EventKind::kClientCutOn, "client_cut_on", kNode},
     {EventKind::kClientCutOff, "client_cut_off", kNode},
     {EventKind::kFault, "fault", kFaultName},
+    {EventKind::kNodeCutOn, "node_cut_on", kNode | kPeer},
+    {EventKind::kNodeCutOff, "node_cut_off", kNode | kPeer},
 }};
 
 const KindInfo& info(EventKind kind) noexcept { return kKinds[static_cast<std::size_t>(kind)]; }
@@ -115,6 +119,19 @@ std::vector<std::string_view> split_list(std::string_view text) {
     if (comma == text.size()) return items;
     start = comma + 1;
   }
+}
+
+// "a:x,b:y" -> {(a, x), (b, y)}; false when an item has no ':'.
+bool parse_pairs(std::string_view text, std::vector<std::pair<std::string, std::string>>& out) {
+  out.clear();
+  bool ok = true;
+  for (const std::string_view item : split_list(text)) {
+    const std::size_t colon = item.find(':');
+    ok = ok && colon != std::string_view::npos;
+    if (colon != std::string_view::npos)
+      out.emplace_back(item.substr(0, colon), item.substr(colon + 1));
+  }
+  return ok;
 }
 
 }  // namespace
@@ -194,11 +211,14 @@ std::string format_event(const Event& e) {
   }
   if (f & kEpoch) add("epoch", std::to_string(e.epoch));
   if (f & kFaultName) add("fault", e.fault.empty() ? "-" : e.fault);
-  if (f & kOwners) {
-    add("owners", join(e.owners, [](const std::pair<std::string, std::string>& owner) {
-          return owner.first + ":" + owner.second;
-        }));
-  }
+  if (f & kPeer) add("peer", e.peer.empty() ? "-" : e.peer);
+  const auto pairs = [](const std::vector<std::pair<std::string, std::string>>& list) {
+    return join(list, [](const std::pair<std::string, std::string>& pair) {
+      return pair.first + ":" + pair.second;
+    });
+  };
+  if (f & kOwners) add("owners", pairs(e.owners));
+  if ((k.optional & kBackups) && !e.backups.empty()) add("backups", pairs(e.backups));
   return line;
 }
 
@@ -275,15 +295,11 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
     } else if (name == "epoch") {
       ok = parse_int(value, e.epoch), seen |= kEpoch;
     } else if (name == "owners") {
-      e.owners.clear();
-      for (const std::string_view owner : split_list(value)) {
-        const std::size_t colon = owner.find(':');
-        ok = ok && colon != std::string_view::npos;
-        if (colon != std::string_view::npos) {
-          e.owners.emplace_back(owner.substr(0, colon), owner.substr(colon + 1));
-        }
-      }
-      seen |= kOwners;
+      ok = parse_pairs(value, e.owners), seen |= kOwners;
+    } else if (name == "backups") {
+      ok = parse_pairs(value, e.backups), seen |= kBackups;
+    } else if (name == "peer") {
+      e.peer = std::string(value), seen |= kPeer;
     } else {
       return fail("unknown field '" + std::string(name) + "'");
     }
@@ -296,7 +312,7 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
     required = (required & ~kKey) | kKeys;
     if (required & kToken) required = (required & ~kToken) | kTokens;
   }
-  const std::uint32_t allowed = required | (k.optional & (kMode | kPermits | kNode));
+  const std::uint32_t allowed = required | (k.optional & (kMode | kPermits | kNode | kBackups));
   if ((seen & required) != required) return fail("missing fields for " + std::string(words[1]));
   if (seen & ~allowed) return fail("unexpected fields for " + std::string(words[1]));
   return e;

@@ -30,7 +30,11 @@
 // The harness records every bucket map etcd published as a map event: its
 // epoch and, for every key of the workload, the owner that map gives it
 // (owners=key-0:n1,key-1:n2,...), computed with the Router beside the
-// nodes. Lines without node= (a single node) read as before.
+// nodes. Lines without node= (a single node) read as before. With
+// replication (--replicas 2+) a map event also lists each key's backups
+// (backups=key-0:n2,key-1:n3,...; several per key with --replicas 3, in
+// rank order), and the nemesis records node-to-node cuts (node_cut_on/off
+// node=A peer=B).
 //
 // This header is the only thing the harness and the checker share. The
 // checker shares no code with the lease client or server.
@@ -59,7 +63,8 @@ enum class EventKind : std::uint8_t {
   kReleaseInvoke,  // client op key token            (validity ends here)
   kReleaseOk,      // client op key token
   kReleaseFail,    // client op key token error
-  kLost,           // client key token error         (the on_lost callback ran)
+  kLost,           // client key token error         (the on_lost callback ran; error:
+                   //   the server's refusal, or no_renewal: the client's expiry passed)
   kRead,           // client key value               (a counter read from the resource)
   kWriteInvoke,    // client key token value
   // The resource (client = the writer).
@@ -79,7 +84,7 @@ enum class EventKind : std::uint8_t {
   kHealed,        // (the last fault has healed; liveness is measured from here)
   // Cluster mode: the harness's view of etcd, and the nemesis's cluster
   // faults (each names the node it is about).
-  kMap,           // epoch owners                   (t = the harness saw it published)
+  kMap,           // epoch owners [backups]         (t = the harness saw it published)
   kNodeJoin,      // node                           (an extra node joins)
   kNodeLeave,     // node                           (it is stopped with SIGTERM)
   kDrainOn,       // node                           (drain/<node> put in etcd)
@@ -91,6 +96,9 @@ enum class EventKind : std::uint8_t {
   // A compound fault of the cluster nemesis (several nodes, overlapping
   // steps) begins; the steps it takes are recorded as the events above.
   kFault,  // fault                                (its name, '_' for spaces)
+  // Replication: every datagram between two nodes dropped, both directions.
+  kNodeCutOn,   // node peer
+  kNodeCutOff,  // node peer
 };
 
 // How an acquire holds its key(s).
@@ -134,6 +142,11 @@ struct Event {
   // in it, as (key, node id).
   std::uint64_t epoch = 0;
   std::vector<std::pair<std::string, std::string>> owners;
+  // kMap with --replicas 2+: each workload key's backups in that map, as
+  // (key, node id), in rank order (the first is the one a failover promotes).
+  std::vector<std::pair<std::string, std::string>> backups;
+  // kNodeCutOn/Off: the other node of the cut (node is the first).
+  std::string peer;
   // kFault: the fault's name, words joined by '_' ("stalled_double_drain").
   std::string fault;
 

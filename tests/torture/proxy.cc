@@ -37,11 +37,12 @@ class Random {
 
 using Bytes = std::vector<std::uint8_t>;
 
-// Where a datagram goes: upstream (fd connected to the server) or back to a
-// client (from the listening socket to `to`).
+// Where a datagram goes: upstream (fd connected to the server), or to `to`
+// from `fd` (a client's answer from the listening socket, a node's datagram
+// from its own proxy's).
 struct Destination {
   int fd = -1;
-  bool to_client = false;
+  bool to_address = false;
   sockaddr_in to{};
 };
 
@@ -68,8 +69,11 @@ struct UdpProxy::Impl {
   std::atomic<std::uint16_t> server_port{0};
   std::thread thread;
   std::atomic<bool> stopping{false};
-  mutable std::mutex mutex;  // guards faults and counters
+  mutable std::mutex mutex;  // guards faults, the cut and counters
   ProxyFaults faults;
+  std::vector<std::uint16_t> cut_ports;
+  std::map<std::uint16_t, int> node_fds;  // a node's server port -> its proxy's socket
+  CutSources cut_which = CutSources::kListed;
   ProxyCounters counters;
 
   // Proxy thread only.
@@ -86,9 +90,9 @@ struct UdpProxy::Impl {
   }
 
   void send_now(const Destination& d, const Bytes& bytes) {
-    if (d.to_client) {
-      (void)::sendto(listen_fd, bytes.data(), bytes.size(), 0,
-                     reinterpret_cast<const sockaddr*>(&d.to), sizeof d.to);
+    if (d.to_address) {
+      (void)::sendto(d.fd, bytes.data(), bytes.size(), 0, reinterpret_cast<const sockaddr*>(&d.to),
+                     sizeof d.to);
     } else {
       (void)::send(d.fd, bytes.data(), bytes.size(), 0);  // fails while the server is down
     }
@@ -99,10 +103,7 @@ struct UdpProxy::Impl {
     if (it != upstream_of.end()) return it->second;
     const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return -1;
-    sockaddr_in server{};
-    server.sin_family = AF_INET;
-    server.sin_port = htons(server_port.load(std::memory_order_relaxed));
-    server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const sockaddr_in server = server_address();
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&server), sizeof server) != 0) {
       ::close(fd);
       return -1;
@@ -110,6 +111,34 @@ struct UdpProxy::Impl {
     upstream_of[address_key(client)] = fd;
     client_of[fd] = client;
     return fd;
+  }
+
+  // The socket of the proxy of the node at `from`, or -1 when `from` is no
+  // registered node.
+  int node_socket(const sockaddr_in& from) {
+    std::lock_guard lock(mutex);
+    const auto it = node_fds.find(ntohs(from.sin_port));
+    return it == node_fds.end() ? -1 : it->second;
+  }
+
+  sockaddr_in server_address() const {
+    sockaddr_in server{};
+    server.sin_family = AF_INET;
+    server.sin_port = htons(server_port.load(std::memory_order_relaxed));
+    server.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return server;
+  }
+
+  // Whether the current cut drops traffic from or to the client at `peer`.
+  bool cut_off(const sockaddr_in& peer) {
+    const std::uint16_t port = ntohs(peer.sin_port);
+    std::lock_guard lock(mutex);
+    const bool listed = std::find(cut_ports.begin(), cut_ports.end(), port) != cut_ports.end();
+    if (listed == (cut_which == CutSources::kListed)) {
+      ++counters.cut;
+      return true;
+    }
+    return false;
   }
 
   // Applies the current faults to one datagram.
@@ -202,10 +231,17 @@ struct UdpProxy::Impl {
           if (n < 0) break;  // EAGAIN, or ECONNREFUSED while the server is down
           Bytes bytes(buffer.begin(), buffer.begin() + n);
           if (p.fd == listen_fd) {
+            if (cut_off(from)) continue;
+            if (const int node = node_socket(from); node >= 0) {
+              forward(random, Destination{node, true, server_address()}, std::move(bytes), true);
+              continue;
+            }
             const int up = upstream_for(from);
             if (up >= 0) forward(random, Destination{up, false, {}}, std::move(bytes), true);
           } else {
-            forward(random, Destination{-1, true, client_of[p.fd]}, std::move(bytes), false);
+            const sockaddr_in& client = client_of[p.fd];
+            if (cut_off(client)) continue;
+            forward(random, Destination{listen_fd, true, client}, std::move(bytes), false);
           }
         }
       }
@@ -251,6 +287,17 @@ void UdpProxy::stop() {
 void UdpProxy::set_faults(const ProxyFaults& faults) {
   std::lock_guard lock(impl_->mutex);
   impl_->faults = faults;
+}
+
+void UdpProxy::add_node(std::uint16_t server_port, const UdpProxy& its_proxy) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->node_fds[server_port] = its_proxy.impl_->listen_fd;
+}
+
+void UdpProxy::set_cut(std::vector<std::uint16_t> ports, CutSources which) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->cut_ports = std::move(ports);
+  impl_->cut_which = which;
 }
 
 ProxyCounters UdpProxy::counters() const {

@@ -59,6 +59,10 @@ class EchoServer {
     std::lock_guard lock(mutex_);
     return peers_.size();
   }
+  std::set<std::uint16_t> peer_ports() {
+    std::lock_guard lock(mutex_);
+    return peers_;
+  }
 
  private:
   int fd_ = -1;
@@ -81,6 +85,13 @@ class Client {
     EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
   }
   ~Client() { ::close(fd_); }
+  // The port the proxy sees this client send from.
+  std::uint16_t port() const {
+    sockaddr_in addr{};
+    socklen_t len = sizeof addr;
+    EXPECT_EQ(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    return ntohs(addr.sin_port);
+  }
   void send(char c) { ASSERT_EQ(::send(fd_, &c, 1, 0), 1); }
   // Datagrams received until `want` arrived or nothing came for `quiet`.
   int receive(int want, std::chrono::milliseconds quiet) {
@@ -136,6 +147,61 @@ TEST(UdpProxyTest, LosesAndDuplicatesAsTold) {
   EXPECT_EQ(c.receive(20, 2000ms), 20);
   EXPECT_EQ(c.receive(1, 100ms), 0);
   EXPECT_EQ(proxy.counters().duplicated, 15u);
+}
+
+// Cluster nodes: node X sends to node Y's proxy from X's server port. Y
+// must see it come from X's advertised address (X's proxy), and Y's answer,
+// sent there, must reach X through X's proxy, from Y's proxy's address.
+TEST(UdpProxyTest, NodesReachEachOtherFromTheirProxiesAddresses) {
+  EchoServer peer;  // node Y
+  UdpProxy peer_proxy;
+  ASSERT_TRUE(peer_proxy.start(peer.port(), 4)) << peer_proxy.error();
+  Client node(peer_proxy.port());  // node X's server socket
+  UdpProxy node_proxy;
+  ASSERT_TRUE(node_proxy.start(node.port(), 5)) << node_proxy.error();
+  peer_proxy.add_node(node.port(), node_proxy);
+  node_proxy.add_node(peer.port(), peer_proxy);
+  for (int i = 0; i < 3; ++i) node.send('x');
+  // `node` is connected to Y's proxy: it receives only from that address.
+  EXPECT_EQ(node.receive(3, 2000ms), 3);
+  EXPECT_EQ(peer.peer_ports(), std::set<std::uint16_t>{node_proxy.port()});
+  EXPECT_EQ(peer_proxy.counters().forwarded, 3u) << "X to Y, through Y's proxy";
+  EXPECT_EQ(node_proxy.counters().forwarded, 3u) << "Y's answers, through X's proxy";
+}
+
+// A cluster node's peers reach its proxy from their server ports: a cut of
+// those ports is a node-to-node partition that lets the clients through,
+// and the reverse cut partitions the clients and spares the nodes.
+TEST(UdpProxyTest, CutsTheListedSourcesOrEveryOther) {
+  EchoServer echo;
+  UdpProxy proxy;
+  ASSERT_TRUE(proxy.start(echo.port(), 3)) << proxy.error();
+  Client node(proxy.port());
+  Client client(proxy.port());
+  // The proxy's listen queue is one FIFO: once the client's echoes are
+  // back, every datagram the node sent before them has been judged.
+  proxy.set_cut({node.port()}, CutSources::kListed);
+  for (int i = 0; i < 5; ++i) node.send('n');
+  for (int i = 0; i < 5; ++i) client.send('c');
+  EXPECT_EQ(client.receive(5, 2000ms), 5);
+  EXPECT_EQ(proxy.counters().cut, 5u);
+  EXPECT_EQ(node.receive(1, 100ms), 0);
+
+  proxy.set_cut({node.port()}, CutSources::kAllButListed);
+  for (int i = 0; i < 5; ++i) client.send('c');
+  for (int i = 0; i < 5; ++i) node.send('n');
+  EXPECT_EQ(node.receive(5, 2000ms), 5);
+  EXPECT_EQ(proxy.counters().cut, 10u);
+  EXPECT_EQ(client.receive(1, 100ms), 0);
+
+  // Healed: both pass, and a cut counts nothing as lost.
+  proxy.set_cut({}, CutSources::kListed);
+  node.send('n');
+  client.send('c');
+  EXPECT_EQ(node.receive(1, 2000ms), 1);
+  EXPECT_EQ(client.receive(1, 2000ms), 1);
+  EXPECT_EQ(proxy.counters().cut, 10u);
+  EXPECT_EQ(proxy.counters().dropped, 0u);
 }
 
 }  // namespace

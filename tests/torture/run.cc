@@ -54,9 +54,7 @@ class SingleServer final : public SystemUnderTest {
   ProxyCounters counters() const override { return proxy_.counters(); }
   // The faults fit in the plan's trailing slot (the schedule predates this).
   std::int64_t longest_fault_ms() const override { return 0; }
-  std::int64_t liveness_bound_ms() const override {
-    return options_.max_ttl_ms + 4LL * options_.max_ttl_ms + 2000;
-  }
+  std::int64_t liveness_bound_ms() const override { return default_liveness_bound_ms(options_); }
   bool inject(Fault fault, std::mt19937_64& /*random*/, std::string& error) override {
     switch (fault) {
       case Fault::kKill:
@@ -140,8 +138,31 @@ const char* fault_name(Fault f) noexcept {
       return "rolling restart";
     case Fault::kSlowWatch:
       return "slowed map watch";
+    case Fault::kNodePartition:
+      return "node partition";
+    case Fault::kKillMidReplication:
+      return "kill mid replication";
   }
   return "?";
+}
+
+std::int64_t default_liveness_bound_ms(const TortureOptions& o) {
+  if (o.cluster_nodes > 0) return 6LL * o.max_ttl_ms + 3000LL * o.etcd_lease_ttl_s + 4000;
+  return o.max_ttl_ms + 4LL * o.max_ttl_ms + 2000;
+}
+
+CheckOptions check_options(const TortureOptions& o, std::int64_t liveness_bound_ms) {
+  CheckOptions c;
+  c.liveness_bound_ms = liveness_bound_ms;
+  c.replicas = o.cluster_nodes > 0 ? o.replicas : 1;
+  c.replica_timeout_ms = o.replica_timeout_ms;
+  // A node's lock-delay (max TTL + etcd TTL + 0.5 s: a backup does not take
+  // over from a primary younger than that, counted from its registration)
+  // and a second for a restarted or evicted node to register again.
+  c.settle_ms = o.max_ttl_ms + 1000LL * o.etcd_lease_ttl_s + 1500;
+  c.clients_per_worker = o.clients_per_worker;
+  c.kept_excuses_rejoins = !o.strict_kept;
+  return c;
 }
 
 int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
@@ -278,6 +299,9 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
               Fault::kKillDuringHandoff);
   plan.insert(plan.end(), static_cast<std::size_t>(o.rolling_restarts), Fault::kRollingRestart);
   plan.insert(plan.end(), static_cast<std::size_t>(o.slow_watches), Fault::kSlowWatch);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.node_partitions), Fault::kNodePartition);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.kills_mid_replication),
+              Fault::kKillMidReplication);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);
@@ -395,9 +419,7 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
 
   std::vector<Event> history;
   if (!read_history(history_dir.string(), history, error)) return fail(error);
-  CheckOptions check_options;
-  check_options.liveness_bound_ms = liveness_bound_ms;
-  const CheckReport report = check(history, check_options);
+  const CheckReport report = check(history, check_options(o, liveness_bound_ms));
   const double seconds = static_cast<double>(monotonic_ns() - start_ns) / 1e9;
   const ProxyCounters c = system->counters();
   if (o.json) {
@@ -454,6 +476,18 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
     return 1;
   }
   return 0;
+}
+
+int check_history(const std::string& dir, const TortureOptions& o, std::int64_t liveness_bound_ms) {
+  std::vector<Event> history;
+  std::string error;
+  if (!read_history(dir, history, error)) {
+    std::fprintf(stderr, "shardlock-torture: %s\n", error.c_str());
+    return 3;
+  }
+  const CheckReport report = check(history, check_options(o, liveness_bound_ms));
+  std::printf("%s", o.json ? (report.json() + "\n").c_str() : report.text().c_str());
+  return report.ok() ? 0 : 1;
 }
 
 }  // namespace shardlock::torture

@@ -27,6 +27,7 @@
 #include <memory>
 #include <string>
 
+#include "checker.h"
 #include "proxy.h"
 #include "recorder.h"
 #include "system.h"
@@ -76,6 +77,15 @@ struct TortureOptions {
   int kills_during_handoffs = 0;  // kill -9 of the drained node or an heir mid hand-off
   int rolling_restarts = 0;       // every node restarted in turn, --max-ttl raised
   int slow_watches = 0;           // a node's etcd answers delayed while maps move
+  // Replication (issue 23): every node runs with --replicas and
+  // --replica-timeout; 1 is no replication.
+  int replicas = 1;
+  int replica_timeout_ms = 300;
+  int node_partitions = 0;  // two nodes cut off from each other past the replica timeout
+  // kill -9 of a node half a replica timeout after its peers stopped
+  // receiving its datagrams: no backup has what it granted meanwhile.
+  int kills_mid_replication = 0;
+  bool strict_kept = false;  // CheckOptions::kept_excuses_rejoins off
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the
@@ -93,5 +103,22 @@ inline constexpr int kExitSkipped = 77;
 // (the tool passes it where the build has the cluster layer; the harness
 // library itself links no gRPC).
 int run_torture(const TortureOptions& options, ClusterFactory make_cluster = nullptr);
+
+// After the heal, the bound within which every client must be granted:
+// for one node a lock-delay + 4 x max TTL + 2 s; for a cluster, a bucket's
+// new owner waits out the lock-delay (max TTL + etcd lease TTL + margin)
+// after the old owner's etcd lease ends, and a map change takes up to an
+// etcd lease TTL to notice; then the clients' retries.
+[[nodiscard]] std::int64_t default_liveness_bound_ms(const TortureOptions& options);
+
+// The checker's options for a run with `options`: what the kept property
+// needs to know of the nodes (replicas, timeouts) and the workers.
+[[nodiscard]] CheckOptions check_options(const TortureOptions& options,
+                                         std::int64_t liveness_bound_ms);
+
+// Judges a kept history directory again (the tool's `check`), as a run with
+// `options` would; prints the report. 0 clean, 1 violations, 3 unreadable.
+int check_history(const std::string& dir, const TortureOptions& options,
+                  std::int64_t liveness_bound_ms);
 
 }  // namespace shardlock::torture

@@ -31,6 +31,8 @@ enum class Fault : std::uint8_t {
   kKillDuringHandoff,   // kill -9 of the drained node or an heir while the hand-off runs
   kRollingRestart,      // every node restarted in turn with a raised --max-ttl
   kSlowWatch,           // a node's etcd answers delayed while maps move
+  kNodePartition,       // replication: two nodes cut off from each other, later healed
+  kKillMidReplication,  // replication: kill -9 of a node whose datagrams to its peers were dropped
 };
 [[nodiscard]] const char* fault_name(Fault fault) noexcept;
 

@@ -237,7 +237,10 @@ class ClientLoop {
       e.client = client;
       e.key = lost.key;
       e.token = lost.token;
-      e.error = error_name(lost.reason);
+      // A refusal names the server's answer; the client's own expiry
+      // passing with no confirmed renewal is "no_renewal" (the kept
+      // property tells the two apart).
+      e.error = lost.refused_by_server ? error_name(lost.reason) : "no_renewal";
       history.record(e);
     };
     return watch;

@@ -213,7 +213,15 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
   if (options_.auth_key) written = seal_datagram(o.bytes, written, *options_.auth_key);
   o.peer = peer;
   o.length = static_cast<std::uint16_t>(written);
-  if (options_.replicator != nullptr) {
+#if defined(SHARDLOCK_FAULT_EARLY_GRANT)
+  // UNSAFE, the torture harness's broken build (CMake option
+  // SHARDLOCK_FAULT_EARLY_GRANT): grants are answered at once, before any
+  // backup has them, to show the checker catches it. Never in a preset.
+  constexpr bool kHoldGrants = false;
+#else
+  constexpr bool kHoldGrants = true;
+#endif
+  if (kHoldGrants && options_.replicator != nullptr) {
     // A grant is answered only once every backup has it: the datagram waits
     // in the replicator (replies to other items in it wait along).
     const auto items = d.items();
