@@ -361,12 +361,15 @@ void ClusterNode::evict_silent_replicas() {
     const auto seen = seen_members_.find(id);
     if (seen == seen_members_.end() || seen->second.lease == 0) continue;
     if (!evicted_leases_.insert(seen->second.lease).second) continue;  // asked already
-    const EtcdStatus revoked = membership_->evict(seen->second.lease);
+    const EtcdStatus evicted = membership_->evict(id, seen->second.lease);
     note("replica " + id + " silent for " + std::to_string(options_.evict_after.count()) +
-         " ms: evicting it (revoking its etcd lease): " +
-         (revoked.ok() ? std::string("done") : revoked.detail));
-    if (!revoked.ok()) {
-      evicted_leases_.erase(seen->second.lease);  // the next pass tries again
+         " ms: evicting it (deleting its member key, revoking its etcd lease): " +
+         (evicted.ok() ? std::string("done") : evicted.detail));
+    if (!evicted.ok()) {
+      // Refused by etcd's comparison (this node was evicted first, or the
+      // peer registered again): that suspicion is over. Otherwise the next
+      // pass tries again.
+      if (evicted.error != EtcdErrc::kNotFound) evicted_leases_.erase(seen->second.lease);
       continue;
     }
     LockGuard lock(mutex_);

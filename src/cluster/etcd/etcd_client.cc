@@ -549,6 +549,30 @@ EtcdResult<TxnResult> EtcdClient::put_if_mod_revision(std::string_view key, std:
   return put_if(*impl_, std::move(compare), key, value, 0);
 }
 
+EtcdResult<TxnResult> EtcdClient::delete_if_leases(std::string_view key, std::int64_t key_lease,
+                                                   std::string_view guard_key,
+                                                   std::int64_t guard_lease) {
+  EtcdResult<TxnResult> result;
+  pb::TxnRequest request;
+  for (const auto& [k, lease] : {std::pair{key, key_lease}, std::pair{guard_key, guard_lease}}) {
+    pb::Compare* compare = request.add_compare();
+    compare->set_key(std::string(k));
+    compare->set_target(pb::Compare::LEASE);
+    compare->set_result(pb::Compare::EQUAL);
+    compare->set_lease(lease);
+  }
+  request.add_success()->mutable_request_delete_range()->set_key(std::string(key));
+  pb::TxnResponse response;
+  if (!impl_->unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+        return e.kv->Txn(&context, request, &response);
+      })) {
+    return result;
+  }
+  result.value.applied = response.succeeded();
+  result.value.revision = response.header().revision();
+  return result;
+}
+
 // ---------------------------------------------------------------------------
 // Watches
 // ---------------------------------------------------------------------------

@@ -198,6 +198,12 @@ class EtcdClient {
                                                           std::string_view value,
                                                           std::int64_t expected_mod_revision);
 
+  // Deletes `key` only if it is attached to `key_lease` and `guard_key` to
+  // `guard_lease`, atomically (Compare on LEASE, etcd 3.3 and later).
+  [[nodiscard]] EtcdResult<TxnResult> delete_if_leases(std::string_view key, std::int64_t key_lease,
+                                                       std::string_view guard_key,
+                                                       std::int64_t guard_lease);
+
   // --- watches ----------------------------------------------------------------
   // Watches every key starting with `prefix`, from `start_revision` (0: from
   // now on), on a thread of its own, until the returned EtcdWatch is

@@ -312,12 +312,30 @@ EtcdStatus Membership::put_handoff(std::uint64_t epoch) {
   return status_of(put.error, put.detail);
 }
 
-EtcdStatus Membership::evict(std::int64_t lease) {
-  if (lease == 0 || lease == lease_id()) {
+EtcdStatus Membership::evict(std::string_view id, std::int64_t lease) {
+  const std::int64_t own = lease_id();
+  if (lease == 0 || lease == own || id == options_.node_id) {
     return status_of(make_error_code(EtcdErrc::kNotFound),
                      "not evicting lease " + std::to_string(lease) + " (none, or this node's own)");
   }
-  return client_->revoke_lease(lease);
+  if (own == 0) {
+    return status_of(make_error_code(EtcdErrc::kNotFound),
+                     "not evicting " + std::string(id) + ": this node is not registered right now");
+  }
+  const std::string victim = options_.prefix + std::string(kMembersDir) + std::string(id);
+  const auto deleted = client_->delete_if_leases(victim, lease, member_key(), own);
+  if (!deleted.ok()) return status_of(deleted.error, deleted.detail);
+  if (!deleted.value.applied) {
+    return status_of(make_error_code(EtcdErrc::kNotFound),
+                     "not evicting " + std::string(id) +
+                         ": its member key is no longer under lease " + std::to_string(lease) +
+                         ", or this node's own is no longer under lease " + std::to_string(own) +
+                         " (evicted first)");
+  }
+  const EtcdStatus revoked = client_->revoke_lease(lease);
+  // Its member key is gone already; a lease that ran out meanwhile is fine.
+  if (!revoked.ok() && revoked.error != EtcdErrc::kNotFound) return revoked;
+  return {};
 }
 
 void Membership::request_new_epoch(std::uint64_t at_least) {

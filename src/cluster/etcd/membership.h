@@ -264,7 +264,14 @@ class Membership {
   // is alive, its next keep-alive finds the lease gone and it fails closed
   // and registers again. A lease id is never reused, so an old suspicion
   // cannot evict the node's next registration.
-  [[nodiscard]] EtcdStatus evict(std::int64_t lease);
+  //
+  // First, in one etcd transaction, it deletes the member key `id` holds
+  // under `lease`, and only while this node's own member key is still under
+  // its own lease: of two nodes cut off from each other that suspect each
+  // other at once, the first evicts the second, whose own transaction then
+  // fails (it is no longer a member), so one of them survives. kNotFound
+  // when the transaction did not apply.
+  [[nodiscard]] EtcdStatus evict(std::string_view id, std::int64_t lease);
 
   // Asks for a map with an epoch above the current one and at least
   // `at_least`, with the same membership if nothing changes: the map thread

@@ -517,6 +517,32 @@ TEST_F(MembershipTest, ASecondNodeWithALiveIdIsRefused) {
   EXPECT_EQ(twin, nullptr);
 }
 
+// Two nodes cut off from each other suspect each other at once: the first
+// eviction wins, and the second is refused by etcd (its evictor is no
+// longer a member), so one of them stays. Before, each revoked the other's
+// lease and both left the map.
+TEST_F(MembershipTest, OfTwoNodesEvictingEachOtherOnlyTheFirstSucceeds) {
+  Membership* a = start("a");
+  Membership* b = start("b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::int64_t a_lease = a->lease_id();
+  const std::int64_t b_lease = b->lease_id();
+  ASSERT_TRUE(a->evict("b", b_lease).ok());
+  const EtcdStatus second = b->evict("a", a_lease);
+  EXPECT_FALSE(second.ok());
+  EXPECT_EQ(second.error, EtcdErrc::kNotFound) << second.detail;
+  EXPECT_NE(second.detail.find("evicted first"), std::string::npos) << second.detail;
+  const auto view = Membership::read_view(a->etcd(), prefix_);
+  ASSERT_TRUE(view.ok()) << view.detail;
+  ASSERT_EQ(view.value.members.size(), 1U);
+  EXPECT_EQ(view.value.members[0].id, "a");
+  // A stale suspicion (a lease the peer no longer has) evicts nothing, nor
+  // does a node evict itself.
+  EXPECT_FALSE(a->evict("b", b_lease).ok());
+  EXPECT_FALSE(a->evict("a", a_lease).ok());
+}
+
 TEST_F(MembershipTest, ANodeWithAnotherReplicaCountIsRefused) {
   MembershipOptions first = options_for("a");
   first.replicas = 2;
