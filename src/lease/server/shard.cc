@@ -169,7 +169,8 @@ void Shard::remember(const ClientId& client, std::uint64_t request_id, const Ans
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
                    std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
-                   std::vector<DeferredReply>& deferred, std::uint16_t reply_credit) {
+                   std::vector<DeferredReply>& deferred, std::uint16_t reply_credit,
+                   HolderPage* page) {
   count(StatCounter::kRequests);
   reply = Message{};
   reply.request_id = request.request_id;
@@ -178,7 +179,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   const bool acquire = is_acquire(request.type) && request.type != MessageType::kAcquireMany;
   const bool mutating =
       acquire || request.type == MessageType::kRenew || request.type == MessageType::kRelease;
-  if (!mutating && request.type != MessageType::kQuery) {
+  if (!mutating && request.type != MessageType::kQuery &&
+      request.type != MessageType::kQueryHolders) {
     // ACQUIRE_MANY is the Dispatcher's (it spans shards); STATS too.
     reply.type = MessageType::kError;
     reply.error = WireError::kNotARequest;
@@ -242,7 +244,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   }
 
   try {
-    return decide(client, peer, request, key, fingerprint, reply_credit, now_ms, reply, deferred);
+    return decide(client, peer, request, key, fingerprint, reply_credit, now_ms, reply, deferred,
+                  page);
   } catch (const std::bad_alloc&) {
     // Every step allocates before it changes state, so the shard is as it
     // was before this request (a token may have been skipped).
@@ -256,7 +259,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
 
 bool Shard::decide(const ClientId& client, const Peer& peer, const Message& request,
                    const KeyRef& key, std::uint64_t fingerprint, std::uint16_t reply_credit,
-                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred) {
+                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred,
+                   HolderPage* page) {
   KeyState* state = find_live(key, now_ms, deferred);
   switch (request.type) {
     case MessageType::kRenew:
@@ -305,12 +309,13 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
         reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
         reply.holders = static_cast<std::uint32_t>(state->holders.size());
         reply.permits = state->permits;
-        reply.mode = state->permits != 0  ? LeaseMode::kPermit
-                     : state->exclusive() ? LeaseMode::kExclusive
-                                          : LeaseMode::kShared;
+        reply.mode = key_mode(*state);
       }
       return true;
     }
+    case MessageType::kQueryHolders:
+      list_holders(state, request, now_ms, page, reply);
+      return true;
     default: {  // the single-key ACQUIREs
       bool answered = true;
       acquire(client, peer, request, key, state, fingerprint, reply_credit, now_ms, reply,
@@ -318,6 +323,41 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
       return answered;
     }
   }
+}
+
+LeaseMode Shard::key_mode(const KeyState& state) noexcept {
+  if (state.permits != 0) return LeaseMode::kPermit;
+  return state.exclusive() ? LeaseMode::kExclusive : LeaseMode::kShared;
+}
+
+void Shard::list_holders(const KeyState* state, const Message& request, std::int64_t now_ms,
+                         HolderPage* page, Message& reply) {
+  reply.type = MessageType::kHoldersReply;
+  reply.first_holder = request.first_holder;
+  if (page != nullptr) page->entries.clear();
+  if (state == nullptr) return;  // free: no holders, no waiters
+  reply.mode = key_mode(*state);
+  reply.permits = state->permits;
+  reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
+  reply.holders = static_cast<std::uint32_t>(state->holders.size());
+  if (page == nullptr || request.first_holder >= state->holders.size()) return;
+  // Oldest grant first, as the list keeps them. Walking to first_holder
+  // costs one step per holder skipped (a semaphore's 65535 at most).
+  auto it = state->holders.begin();
+  std::advance(it, request.first_holder);
+  std::uint8_t listed = 0;
+  for (; it != state->holders.end() && listed < 0xFF; ++it) {
+    const HolderEntry entry{.owner = it->owner,
+                            .token = it->token,
+                            .ttl_left_ms = ttl_left(*it, now_ms),
+                            .flags = it->pending ? kHolderFlagPending : std::uint8_t{0},
+                            .value = {}};
+    if (page->entries.size() + holder_entry_size(entry) > page->room) break;
+    if (!append_holder_entry(entry, page->entries)) break;
+    ++listed;
+  }
+  reply.holder_list_count = listed;
+  reply.holder_list = page->entries;
 }
 
 namespace {

@@ -152,6 +152,14 @@ struct DeferredReply {
   [[nodiscard]] Message message() const noexcept;
 };
 
+// Where the holder entries of a QUERY_HOLDERS answer go: as many as `room`
+// bytes hold, appended to `entries`, which the HOLDERS_REPLY's holder_list
+// views. The caller keeps it (and its capacity) across requests.
+struct HolderPage {
+  std::size_t room = 0;
+  std::vector<std::uint8_t> entries;
+};
+
 class Shard {
  public:
   Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms);
@@ -168,15 +176,19 @@ class Shard {
   // answer carries `reply_credit` (DeferredReply::reply_credit).
   // `key_hash` is key_hash(request.key), computed once by the caller (which
   // also picks the shard with it) and used for every lookup here.
+  // QUERY_HOLDERS lists the key's holders (oldest grant first, from
+  // request.first_holder) into `page`; without one it answers the totals
+  // alone.
   bool handle(const ClientId& client, const Peer& peer, const Message& request,
               std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
-              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize);
+              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize,
+              HolderPage* page = nullptr);
   // The same, hashing the key here.
   bool handle(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
               Message& reply, std::vector<DeferredReply>& deferred,
-              std::uint16_t reply_credit = kMaxDatagramSize) {
+              std::uint16_t reply_credit = kMaxDatagramSize, HolderPage* page = nullptr) {
     return handle(client, peer, request, key_hash(request.key), now_ms, reply, deferred,
-                  reply_credit);
+                  reply_credit, page);
   }
 
   // The hash handle() expects for `key`: hash_key() under ShardLimits::hash_seed.
@@ -419,7 +431,12 @@ class Shard {
   // std::bad_alloc, with the shard unchanged.
   bool decide(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
               std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
-              Message& reply, std::vector<DeferredReply>& deferred);
+              Message& reply, std::vector<DeferredReply>& deferred, HolderPage* page);
+  // How `state`'s holders hold it (QUERY_REPLY's and HOLDERS_REPLY's mode).
+  [[nodiscard]] static LeaseMode key_mode(const KeyState& state) noexcept;
+  // HOLDERS_REPLY for `request` on `state` (null: free); see handle().
+  static void list_holders(const KeyState* state, const Message& request, std::int64_t now_ms,
+                           HolderPage* page, Message& reply);
   // An ACQUIRE of any single-key kind for `key`, held as `state` (null when
   // free).
   void acquire(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
