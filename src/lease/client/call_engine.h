@@ -107,6 +107,7 @@ struct Call {
   std::uint32_t wait_ms = 0;
   std::uint32_t first_shard = 0;
   std::uint32_t first_member = 0;          // MAP
+  std::uint32_t first_holder = 0;          // QUERY_HOLDERS
   LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY
   std::uint32_t permits = 0;               // ACQUIRE_PERMIT
   // ACQUIRE_MANY: the keys as wire entries (encode_key_list()); `key` stays
@@ -154,7 +155,8 @@ struct Call {
                    .key_count = key_count,
                    .key_list = key_list,
                    .first_shard = first_shard,
-                   .first_member = first_member};
+                   .first_member = first_member,
+                   .first_holder = first_holder};
   }
 };
 

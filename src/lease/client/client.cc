@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -459,6 +460,66 @@ CallResult LeaseClient::release(std::string_view key, std::uint64_t token) {
 CallResult LeaseClient::query(std::string_view key) {
   if (check_key(key)) return failed(LeaseErrc::kBadArgument);
   return core_->call_sync(core_->engine.make_call(MessageType::kQuery, key));
+}
+
+namespace {
+
+// Whether a QUERY_HOLDERS answer says the server does not know the request:
+// an older codec drops the unknown type (no answer), a server that decodes
+// it without serving it answers ERROR kNotARequest.
+bool predates_holders(const CallResult& r) noexcept {
+  return r.error == LeaseErrc::kUnreachable ||
+         (r.error == LeaseErrc::kServerError && r.wire_error == WireError::kNotARequest);
+}
+
+}  // namespace
+
+HoldersReply LeaseClient::holders(std::string_view key) {
+  HoldersReply out;
+  if (check_key(key)) {
+    out.error = LeaseErrc::kBadArgument;
+    return out;
+  }
+  // Bounded by the holders the server reports, and a hard cap should a
+  // server never make progress.
+  for (int page = 0; page < 65536; ++page) {
+    auto call = core_->engine.make_call(MessageType::kQueryHolders, key);
+    call->first_holder = static_cast<std::uint32_t>(out.holders.size());
+    CallResult r = core_->call_sync(std::move(call));
+    if (r.error && page == 0 && predates_holders(r)) {
+      const CallResult q = query(key);
+      out.listed = false;
+      out.error = q.error;
+      out.wire_error = q.wire_error;
+      out.held = q.held;
+      out.mode = q.mode;
+      out.token = q.token;
+      out.ttl_left = milliseconds(q.ttl_ms);
+      out.waiters = q.waiters;
+      out.holder_count = q.holders;
+      out.permits = q.permits;
+      return out;
+    }
+    if (r.error) {
+      out.error = r.error;
+      out.wire_error = r.wire_error;
+      return out;
+    }
+    out.mode = r.mode;
+    out.waiters = r.waiters;
+    out.holder_count = r.holders;
+    out.permits = r.permits;
+    // A holder granted between two pages joins the end of the list, so no
+    // holder is listed twice.
+    std::move(r.holder_list.begin(), r.holder_list.end(), std::back_inserter(out.holders));
+    if (out.holders.size() >= r.holders || r.holder_list.empty()) break;
+  }
+  out.held = out.holder_count > 0;
+  for (const HolderInfo& h : out.holders) {
+    out.token = std::max(out.token, h.token);
+    out.ttl_left = std::max(out.ttl_left, h.ttl_left);
+  }
+  return out;
 }
 
 ServerStatsReply LeaseClient::stats(std::size_t node) {
