@@ -25,7 +25,8 @@ from . import auth as _auth
 from . import protocol as p
 from . import router as _router
 from .client import (_LAST_TRY_MARGIN, _MAX_REDIRECTS, _REDIRECT_RETRY, _SILENT_SENDS,
-                     QueryResult, _acquire_request, _ClusterMap, _LeaseFacts, _MapPages, _Node, _answers, _key_bytes, _now,
+                     HoldersResult, QueryResult, _acquire_request, _ClusterMap, _HolderPages,
+                     _LeaseFacts, _MapPages, _Node, _answers, _key_bytes, _now, _request_values,
                      _raise_for_reply, _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
                      Key)
 from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError,
@@ -453,6 +454,18 @@ class AsyncClient:
         _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
         return QueryResult(reply)
 
+    async def holders(self, key: Key) -> HoldersResult:
+        """As Client.holders(): each holder of `key`, oldest grant first."""
+        data = _key_bytes(key)
+        pages = _HolderPages(data)
+        while True:
+            _, reply, node = await self._routed_call(p.QUERY_HOLDERS, data,
+                                                     first_holder=pages.first_holder())
+            if pages.server_predates(reply):
+                return HoldersResult.from_query(await self.query(key))
+            if pages.take(reply, node):
+                return pages.result
+
     # ---- internals ----------------------------------------------------------
 
     def _drift_margin(self, ttl_ms: int) -> float:
@@ -525,7 +538,7 @@ class AsyncClient:
             call.future.set_result(reply)
 
     async def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0,
-                           wait_ms: int = 0, permits: int = 0
+                           wait_ms: int = 0, permits: int = 0, first_holder: int = 0
                            ) -> Tuple[float, Optional[p.Message], _Node]:
         """As Client._routed_call(): RECOVERING ridden through while the wait
         lasts; in cluster mode REDIRECTs followed and silent owners left."""
@@ -537,12 +550,7 @@ class AsyncClient:
         redirects = 0
         while True:
             node, routed_by = self._route(key)
-            if message_type == p.QUERY:
-                values: Tuple[int, ...] = ()
-            elif message_type == p.ACQUIRE_PERMIT:
-                values = (ttl_ms, wait_ms, permits)
-            else:
-                values = (ttl_ms, wait_ms)
+            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder)
             moved = []
             on_silence = None
             if routed_by is not None:

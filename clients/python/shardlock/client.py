@@ -142,6 +142,107 @@ class QueryResult:
                 % (self.held, self.token, self.ttl_left_ms, self.waiters, self.mode, self.holders))
 
 
+_MODES = ("exclusive", "shared", "permit")
+
+
+class HolderInfo:
+    """One holder of a key (HoldersResult.holder_list)."""
+
+    __slots__ = ("owner", "token", "ttl_left_ms", "mode", "pending", "value")
+
+    def __init__(self, holder: p.Holder, mode: str) -> None:
+        lo, hi = holder.owner
+        self.owner = "%016x%016x" % (hi, lo)  # 32 hex digits, as Client.client_id
+        self.token = holder.token
+        self.ttl_left_ms = holder.ttl_left_ms  # as the server counted it
+        self.mode = mode
+        # Taken by a multi-key acquire that has not completed: no lease yet.
+        self.pending = bool(holder.flags & p.HOLDER_FLAG_PENDING)
+        self.value = holder.value  # what its acquire attached; b"" for none
+
+    def __repr__(self) -> str:
+        return ("HolderInfo(owner=%r, token=%d, ttl_left_ms=%d, mode=%r, pending=%r, value=%r)"
+                % (self.owner, self.token, self.ttl_left_ms, self.mode, self.pending, self.value))
+
+
+class HoldersResult:
+    """Who holds a key (Client.holders()): QUERY's summary and each holder,
+    oldest grant first. `listed` is False when the server predates
+    QUERY_HOLDERS: then the summary comes from QUERY and holder_list is
+    empty. `mode` is None when nobody holds the key."""
+
+    def __init__(self) -> None:
+        self.listed = True
+        self.held = False
+        self.mode: Optional[str] = None
+        self.token = 0  # the newest grant's
+        self.ttl_left_ms = 0  # the longest any holder has left
+        self.waiters = 0
+        self.holders = 0  # how many hold it, pending ones included
+        self.permits = 0
+        self.holder_list: List[HolderInfo] = []
+
+    @classmethod
+    def from_query(cls, q: QueryResult) -> "HoldersResult":
+        r = cls()
+        r.listed = False
+        r.held = q.held
+        r.mode = q.mode if q.held else None
+        r.token = q.token
+        r.ttl_left_ms = q.ttl_left_ms
+        r.waiters = q.waiters
+        r.holders = q.holders
+        r.permits = q.permits
+        return r
+
+    def __repr__(self) -> str:
+        return ("HoldersResult(listed=%r, held=%r, mode=%r, holders=%d, waiters=%d, "
+                "holder_list=%r)" % (self.listed, self.held, self.mode, self.holders,
+                                     self.waiters, self.holder_list))
+
+
+class _HolderPages:
+    """Gathers the QUERY_HOLDERS pages of one key into a HoldersResult, for
+    Client.holders() and AsyncClient.holders()."""
+
+    def __init__(self, key: bytes) -> None:
+        self.name = key.decode("utf-8", errors="replace")
+        self.result = HoldersResult()
+        self.pages = 0
+
+    def first_holder(self) -> int:
+        """Where the next page starts."""
+        return len(self.result.holder_list)
+
+    def server_predates(self, reply: Optional[p.Message]) -> bool:
+        """Whether the first page's answer says the server does not know
+        QUERY_HOLDERS: an older codec drops it (no answer), a server that
+        decodes it without serving it answers ERROR(not a request)."""
+        return self.pages == 0 and (reply is None or (
+            reply.type == p.ERROR and reply.error == p.ERROR_NOT_A_REQUEST))
+
+    def take(self, reply: Optional[p.Message], node: "_Node") -> bool:
+        """Adds a page; True once every holder the server counts is in (or
+        a page came back empty). Raises what a failed answer means."""
+        if reply is None:
+            raise UnreachableError("no answer from %s to QUERY_HOLDERS" % node.text)
+        _raise_for_reply(reply, self.name)
+        self.pages += 1
+        r = self.result
+        mode = _MODES[reply.mode]
+        r.holders = reply.holders
+        r.held = reply.holders > 0
+        r.mode = mode if r.held else None
+        r.waiters = reply.waiters
+        r.permits = reply.permits
+        for h in reply.holder_list:
+            r.holder_list.append(HolderInfo(h, mode))
+            r.token = max(r.token, h.token)
+            r.ttl_left_ms = max(r.ttl_left_ms, h.ttl_left_ms)
+        return len(r.holder_list) >= reply.holders or not reply.holder_list or \
+            self.pages >= 65536
+
+
 class _LeaseFacts:
     """What a lease is, for Lease and AsyncLease: set once, read anywhere."""
 
@@ -419,6 +520,18 @@ def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: i
     return data, ttl_ms, wait_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
 
 
+def _request_values(message_type: int, ttl_ms: int, wait_ms: int, permits: int,
+                    first_holder: int) -> Tuple[int, ...]:
+    """The fixed body fields after the key of a routed request."""
+    if message_type == p.QUERY:
+        return ()
+    if message_type == p.QUERY_HOLDERS:
+        return (first_holder,)
+    if message_type == p.ACQUIRE_PERMIT:
+        return (ttl_ms, wait_ms, permits)
+    return (ttl_ms, wait_ms)
+
+
 def _answers(request_type: int, key: bytes, reply: p.Message) -> bool:
     """Whether `reply` answers a request of `request_type` on `key`: its
     type is one the request gets, and a reply that carries a key carries
@@ -430,7 +543,7 @@ def _answers(request_type: int, key: bytes, reply: p.Message) -> bool:
 def _raise_for_reply(reply: p.Message, key: str) -> None:
     """Raises the error a non-success reply means; returns on success."""
     t = reply.type
-    if t in (p.GRANTED, p.RENEWED, p.RELEASED, p.QUERY_REPLY):
+    if t in (p.GRANTED, p.RENEWED, p.RELEASED, p.QUERY_REPLY, p.HOLDERS_REPLY):
         return
     if t == p.BUSY:
         raise BusyError(key, reply.ttl_ms)
@@ -776,6 +889,22 @@ class Client:
         _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
         return QueryResult(reply)
 
+    def holders(self, key: Key) -> HoldersResult:
+        """QUERY_HOLDERS: each holder of `key` (owner, token, time left),
+        oldest grant first, with QUERY's summary, as many pages as it takes.
+        A server that predates QUERY_HOLDERS leaves it unanswered (for the
+        request timeout) or refuses it; then this asks QUERY and returns its
+        summary with listed False."""
+        data = _key_bytes(key)
+        pages = _HolderPages(data)
+        while True:
+            _, reply, node = self._routed_call(p.QUERY_HOLDERS, data,
+                                               first_holder=pages.first_holder())
+            if pages.server_predates(reply):
+                return HoldersResult.from_query(self.query(key))
+            if pages.take(reply, node):
+                return pages.result
+
     @property
     def map_epoch(self) -> int:
         """The epoch of the cluster map in use; 0 without discover."""
@@ -839,8 +968,10 @@ class Client:
         return self._node, None
 
     def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0, wait_ms: int = 0,
-                     permits: int = 0) -> Tuple[float, Optional[p.Message], _Node]:
-        """An ACQUIRE* or QUERY call, within wait + request_timeout.
+                     permits: int = 0,
+                     first_holder: int = 0) -> Tuple[float, Optional[p.Message], _Node]:
+        """An ACQUIRE*, QUERY or QUERY_HOLDERS call, within wait +
+        request_timeout.
 
         An ACQUIRE* with a wait rides through RECOVERING while the wait
         lasts. In cluster mode it also follows REDIRECTs (refreshing the map
@@ -859,12 +990,7 @@ class Client:
         redirects = 0
         while True:
             node, routed_by = self._route(key)
-            if message_type == p.QUERY:
-                values: Tuple[int, ...] = ()
-            elif message_type == p.ACQUIRE_PERMIT:
-                values = (ttl_ms, wait_ms, permits)
-            else:
-                values = (ttl_ms, wait_ms)
+            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder)
             if routed_by is None:
                 # One node, or a static list: no map, so nothing to refresh
                 # or follow.
