@@ -45,7 +45,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     if (a.type != b.type || a.request_id != b.request_id || a.key != b.key || a.token != b.token ||
         a.ttl_ms != b.ttl_ms || a.epoch != b.epoch || a.member_list_count != b.member_list_count ||
         a.member_list.size() != b.member_list.size() || a.first_holder != b.first_holder ||
-        a.holder_list_count != b.holder_list_count ||
+        a.value != b.value || a.owner != b.owner || a.holder_list_count != b.holder_list_count ||
         a.holder_list.size() != b.holder_list.size()) {
       std::abort();
     }

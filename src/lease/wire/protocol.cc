@@ -464,7 +464,23 @@ bool all_zero(std::span<const std::uint8_t> s) noexcept {
 }
 
 bool framed_as_batch(const Datagram& d) noexcept {
-  return d.batch || d.count > 1 || (d.count == 1 && d.messages[0].owner.has_value());
+  return d.batch || d.count > 1 ||
+         (d.count == 1 && (d.messages[0].owner.has_value() || !d.messages[0].value.empty()));
+}
+
+// Whether `type` may carry a holder value (kItemFlagValue).
+constexpr bool takes_value(MessageType type) noexcept {
+  return type == MessageType::kAcquire || type == MessageType::kAcquireShared ||
+         type == MessageType::kAcquirePermit;
+}
+
+// The bytes of a batch item's header and optional fields, or SIZE_MAX for
+// a value the format forbids.
+std::size_t item_prefix_size(const Message& m) noexcept {
+  std::size_t n = kBatchItemHeaderSize + (m.owner ? kBatchItemOwnerSize : 0);
+  if (m.value.empty()) return n;
+  if (!takes_value(m.type) || m.value.size() > kMaxHolderValueLength) return SIZE_MAX;
+  return n + 2 + m.value.size();
 }
 
 class ProtocolCategory final : public std::error_category {
@@ -749,7 +765,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
       const std::uint16_t length = r.u16();
       const std::uint64_t request_id = r.u64();
       if (!r.ok()) return ProtocolError::kTruncated;
-      if ((item_flags & ~kItemFlagOwner) != 0) return ProtocolError::kBadFlags;
+      if ((item_flags & ~(kItemFlagOwner | kItemFlagValue)) != 0) return ProtocolError::kBadFlags;
       std::optional<ClientId> owner;
       if ((item_flags & kItemFlagOwner) != 0) {
         owner.emplace();
@@ -757,7 +773,17 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
         owner->hi = r.u64();
         if (!r.ok()) return ProtocolError::kTruncated;
       }
+      std::string_view value;
+      if ((item_flags & kItemFlagValue) != 0) {
+        value = r.key();
+        if (!r.ok()) return ProtocolError::kTruncated;
+      }
       if (!known_type(item_type)) return ProtocolError::kBadType;
+      if ((item_flags & kItemFlagValue) != 0 &&
+          (!takes_value(static_cast<MessageType>(item_type)) || value.empty() ||
+           value.size() > kMaxHolderValueLength)) {
+        return ProtocolError::kBadField;
+      }
       // Parse the body from exactly `length` bytes so a lying length cannot
       // make the item reach into its neighbour.
       Reader body(r.bytes(length));
@@ -767,6 +793,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
       m.type = static_cast<MessageType>(item_type);
       m.request_id = request_id;
       m.owner = owner;
+      m.value = value;
       if (const ProtocolError e = read_body(body, m); e != ProtocolError::kOk) {
         return e == ProtocolError::kTruncated ? ProtocolError::kBadLength : e;
       }
@@ -785,7 +812,11 @@ std::size_t encoded_size(const Datagram& d) noexcept {
   for (const Message& m : d.items()) {
     const std::size_t b = body_size(m);
     if (b == SIZE_MAX || (batch && b > 0xFFFF)) return 0;
-    if (batch) n += kBatchItemHeaderSize + (m.owner ? kBatchItemOwnerSize : 0);
+    if (batch) {
+      const std::size_t prefix = item_prefix_size(m);
+      if (prefix == SIZE_MAX) return 0;
+      n += prefix;
+    }
     n += b;
   }
   return n;
@@ -814,7 +845,8 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
   for (const Message& m : d.items()) {
     if (batch) {
       w.u8(static_cast<std::uint8_t>(m.type));
-      w.u8(m.owner ? kItemFlagOwner : 0);
+      w.u8(static_cast<std::uint8_t>((m.owner ? kItemFlagOwner : 0) |
+                                     (m.value.empty() ? 0 : kItemFlagValue)));
       const std::size_t length_at = w.position();
       w.u16(0);
       w.u64(m.request_id);
@@ -822,6 +854,7 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
         w.u64(m.owner->lo);
         w.u64(m.owner->hi);
       }
+      if (!m.value.empty()) w.key(m.value);
       const std::size_t body_at = w.position();
       write_body(w, m);
       w.patch_u16(length_at, static_cast<std::uint16_t>(w.position() - body_at));

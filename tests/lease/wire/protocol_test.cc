@@ -198,6 +198,7 @@ void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.member_list_count, b.member_list_count);
   EXPECT_TRUE(std::equal(a.member_list.begin(), a.member_list.end(), b.member_list.begin(),
                          b.member_list.end()));
+  EXPECT_EQ(a.value, b.value);
   EXPECT_EQ(a.first_holder, b.first_holder);
   EXPECT_EQ(a.holder_list_count, b.holder_list_count);
   EXPECT_TRUE(std::equal(a.holder_list.begin(), a.holder_list.end(), b.holder_list.begin(),
@@ -290,8 +291,9 @@ TEST(Protocol, BatchItemsCarryTheirOwnOwner) {
   EXPECT_TRUE(out.batch);
   EXPECT_EQ(out.messages[0].owner, (ClientId{5, 6}));
 
-  // Reserved item flag bits are rejected (item flags sit at header + 1).
-  for (int bit = 1; bit < 8; ++bit) {
+  // Reserved item flag bits are rejected (item flags sit at header + 1);
+  // bit 1 is kItemFlagValue (ProtocolHolders below).
+  for (int bit = 2; bit < 8; ++bit) {
     auto bad = one_bytes;
     bad[kHeaderSize + 1] = static_cast<std::uint8_t>(kItemFlagOwner | (1 << bit));
     EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags) << "bit " << bit;
@@ -1470,6 +1472,94 @@ TEST(ProtocolHolders, WalkingAMalformedListStops) {
     const std::size_t whole = cut >= list.size() ? 2 : cut >= holder_entry_size(entries[0]) ? 1 : 0;
     EXPECT_EQ(walked, whole) << cut;
   }
+}
+
+// Issue 25: a single-key ACQUIRE may attach a holder value, in its batch
+// item (kItemFlagValue), after the owner when it has one.
+TEST(ProtocolHolders, AnAcquireCarriesItsValueInItsItem) {
+  const std::string longest(kMaxHolderValueLength, 'v');
+  for (const MessageType type :
+       {MessageType::kAcquire, MessageType::kAcquireShared, MessageType::kAcquirePermit}) {
+    for (const bool with_owner : {false, true}) {
+      for (const std::string_view value :
+           {std::string_view("10.0.0.7:8080 pid 42"), std::string_view(longest)}) {
+        SCOPED_TRACE(::testing::Message()
+                     << to_string(type) << " owner=" << with_owner << " value=" << value.size());
+        Message m;
+        m.type = type;
+        m.request_id = 9;
+        m.key = kKey;
+        m.ttl_ms = 1000;
+        m.permits = type == MessageType::kAcquirePermit ? 3 : 0;
+        m.value = value;
+        if (with_owner) m.owner = ClientId{5, 6};
+        const Datagram d = single(m);
+        const auto bytes = encode_or_die(d);
+        ASSERT_FALSE(bytes.empty());
+        EXPECT_EQ(bytes[6], static_cast<std::uint8_t>(MessageType::kBatch));  // framed as a batch
+        EXPECT_EQ(bytes[kHeaderSize + 1],
+                  kItemFlagValue | (with_owner ? kItemFlagOwner : std::uint8_t{0}));
+        EXPECT_EQ(bytes.size(), encoded_size(d));
+        Datagram out;
+        ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+        EXPECT_EQ(out.messages[0].value, value);
+        EXPECT_EQ(out.messages[0].key, kKey);
+        EXPECT_EQ(out.messages[0].owner.has_value(), with_owner);
+        for (std::size_t len = 0; len < bytes.size(); ++len) {
+          std::vector<std::uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<long>(len));
+          EXPECT_NE(decode_exact(prefix, out), ProtocolError::kOk) << len;
+        }
+        // The value makes the request longer, never its reply.
+        Message plain = m;
+        plain.value = {};
+        Datagram framed = single(plain);
+        framed.batch = true;
+        EXPECT_EQ(max_reply_size(d), max_reply_size(framed));
+      }
+    }
+  }
+}
+
+TEST(ProtocolHolders, ValuesOnlyOnSingleKeyAcquiresAndWithinTheLimit) {
+  const std::string too_long(kMaxHolderValueLength + 1, 'v');
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = kKey;
+  m.ttl_ms = 1000;
+  m.value = too_long;
+  std::vector<std::uint8_t> buf(kMaxDatagramSize);
+  std::size_t n = 0;
+  EXPECT_NE(encode(single(m), buf, n), ProtocolError::kOk);
+  m.type = MessageType::kRenew;
+  m.value = "v";
+  EXPECT_NE(encode(single(m), buf, n), ProtocolError::kOk);
+  EXPECT_EQ(encoded_size(single(m)), 0u);
+
+  // Hand-built items: a value on a RENEW, an empty one, one too long.
+  m.type = MessageType::kAcquire;
+  m.value = "v";
+  const auto good = encode_or_die(single(m));
+  Datagram out;
+  ASSERT_EQ(decode_exact(good, out), ProtocolError::kOk);
+  auto on_renew = good;
+  on_renew[kHeaderSize] = static_cast<std::uint8_t>(MessageType::kRenew);
+  EXPECT_EQ(decode_exact(on_renew, out), ProtocolError::kBadField);
+  auto unknown_flag = good;
+  unknown_flag[kHeaderSize + 1] |= 0x04;
+  EXPECT_EQ(decode_exact(unknown_flag, out), ProtocolError::kBadFlags);
+  // The value field sits after the 12-byte item header: u16 length + bytes.
+  const std::size_t at = kHeaderSize + kBatchItemHeaderSize;
+  std::vector<std::uint8_t> empty(good.begin(), good.begin() + static_cast<long>(at));
+  empty.push_back(0);
+  empty.push_back(0);
+  empty.insert(empty.end(), good.begin() + static_cast<long>(at + 3), good.end());
+  EXPECT_EQ(decode_exact(empty, out), ProtocolError::kBadField);
+  std::vector<std::uint8_t> long_one(good.begin(), good.begin() + static_cast<long>(at));
+  long_one.push_back(static_cast<std::uint8_t>(too_long.size()));
+  long_one.push_back(static_cast<std::uint8_t>(too_long.size() >> 8));
+  long_one.insert(long_one.end(), too_long.begin(), too_long.end());
+  long_one.insert(long_one.end(), good.begin() + static_cast<long>(at + 3), good.end());
+  EXPECT_EQ(decode_exact(long_one, out), ProtocolError::kBadField);
 }
 
 TEST(Protocol, ErrorCategory) {

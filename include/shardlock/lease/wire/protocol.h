@@ -30,12 +30,19 @@
 //   Single message (type != kBatch): the body of `type` follows the header.
 //   Batch (type == kBatch): `count` items follow, each
 //     u8 type, u8 item_flags, u16 body_length, u64 request_id,
-//     [u128 owner: lo u64 then hi u64, only with kItemFlagOwner], body.
+//     [u128 owner: lo u64 then hi u64, only with kItemFlagOwner],
+//     [u16 value_length + value, only with kItemFlagValue], body.
 //   item_flags bit 0 (kItemFlagOwner): the item acts for `owner` instead of
 //   the header's client_id, so one datagram can carry the requests of many
-//   owners (a load generator, a proxy). The other bits are reserved and
-//   decoders reject them. Replies never carry an owner: the client matches
-//   them by request id.
+//   owners (a load generator, a proxy). Bit 1 (kItemFlagValue): a single-key
+//   ACQUIRE (exclusive, shared or permit) attaches a value of
+//   1..kMaxHolderValueLength bytes to the holder it makes (issue 25: a
+//   leader's address, a host name and pid), which HOLDERS_REPLY returns and
+//   renewals keep; on another type, empty or longer, it is kBadField. A
+//   request with a value is framed as a batch (of one, alone). The other
+//   bits are reserved and decoders reject them, so a server that predates
+//   values drops such a datagram. Replies never carry an owner or a value:
+//   the client matches them by request id.
 //   After the last message the datagram may carry zero padding (see below).
 //   Any non-zero byte there is malformed.
 //
@@ -209,6 +216,8 @@ inline constexpr std::size_t kMaxMemberIdLength = 128;
 inline constexpr std::size_t kMaxMemberAddressLength = 300;
 // Batch item flags bit: the item carries its own owner (see above).
 inline constexpr std::uint8_t kItemFlagOwner = 0x01;
+// Batch item flags bit: the item carries a holder value (see above).
+inline constexpr std::uint8_t kItemFlagValue = 0x02;
 // HOLDERS_REPLY entry flags bit: a pending holder (see above).
 inline constexpr std::uint8_t kHolderFlagPending = 0x01;
 // The longest value a holder may carry (a HOLDERS_REPLY entry's value).
@@ -631,6 +640,10 @@ struct Message {
   // A batch item's own owner (kItemFlagOwner); nullopt: the datagram's
   // client_id. encode() frames a datagram whose message has one as a batch.
   std::optional<ClientId> owner{};
+  // A single-key ACQUIRE's holder value (kItemFlagValue); empty: none. A
+  // view, like the key. encode() frames a datagram whose message has one as
+  // a batch.
+  std::string_view value{};
   std::string_view key;       // all keyed types; a view, never owned
   std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
   std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
