@@ -351,7 +351,7 @@ void Shard::list_holders(const KeyState* state, const Message& request, std::int
                             .token = it->token,
                             .ttl_left_ms = ttl_left(*it, now_ms),
                             .flags = it->pending ? kHolderFlagPending : std::uint8_t{0},
-                            .value = {}};
+                            .value = it->value};
     if (page->entries.size() + holder_entry_size(entry) > page->room) break;
     if (!append_holder_entry(entry, page->entries)) break;
     ++listed;
@@ -492,6 +492,7 @@ Shard::Holder& Shard::add_holder(KeyState& state, const ClientId& client) {
   h.owner = client;
   h.kind = kLeaseExpiry;
   h.pending = false;
+  h.value.clear();  // a spare node's; keeps its capacity, frees nothing
   ++leases_;
   return h;
 }
@@ -520,6 +521,7 @@ replication::Entry Shard::holder_entry(replication::EntryKind kind, std::size_t 
     e.mode = h.mode;
     e.permits = h.state->permits;
     e.ttl_ms = ttl_ms;
+    e.value = h.value;
   }
   return e;
 }
@@ -575,6 +577,7 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
       return false;
     }
   }
+  std::string value(holder.value);  // may throw: nothing changed yet
   const bool added = state == nullptr;
   if (added) state = &add_key(ref, holder.mode, holder.permits);
   Holder* h = nullptr;
@@ -588,6 +591,7 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
   h->request_id = holder.request_id;
   h->last_request_id = holder.request_id;
   h->mode = holder.mode;
+  h->value = std::move(value);
   state->newest_token = std::max(state->newest_token, holder.token);
   wheel_.schedule(*h, expiry_ms);
   // This node's own backups need it too.
@@ -596,7 +600,9 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
 }
 
 void Shard::grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
-                  std::uint64_t fingerprint, std::int64_t now_ms, Message& reply) {
+                  std::string&& value, std::uint64_t fingerprint, std::int64_t now_ms,
+                  Message& reply) noexcept {
+  h.value = std::move(value);  // before hold(), which journals it
   hold(h, request.request_id, token, mode, request.ttl_ms, now_ms);
   reply.type = MessageType::kGranted;
   reply.token = token;
@@ -614,6 +620,9 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
                     std::uint16_t reply_credit, std::int64_t now_ms, Message& reply,
                     bool& answered) {
   const LeaseMode mode = mode_of(request.type);
+  // The holder value (kItemFlagValue), copied before anything changes: the
+  // grant or the queueing below then only moves it.
+  std::string value(request.value);
   if (held == nullptr) {
     if (leases_ >= limits_.max_keys || !may_hold(client)) {
       refuse(reply);
@@ -623,7 +632,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     if (token == 0) return;
     KeyState& state = add_key(key, mode, request.permits);  // may throw: nothing changed
     try {
-      grant(add_holder(state, client), request, mode, token, fingerprint, now_ms, reply);
+      grant(add_holder(state, client), request, mode, token, std::move(value), fingerprint, now_ms,
+            reply);
     } catch (...) {
       keys_.erase(keys_.find(*state.key));
       throw;
@@ -680,7 +690,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       // The backups know holders by owner and token: the old token's holder
       // ends here, or a takeover would inherit both and refuse the new one.
       journal(replication::EntryKind::kRelease, h, 0);
-      grant(h, request, mode, token, fingerprint, now_ms, reply);
+      grant(h, request, mode, token, std::move(value), fingerprint, now_ms, reply);
       return;
     }
   }
@@ -692,7 +702,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     }
     const std::uint64_t token = next_token(reply);
     if (token == 0) return;
-    grant(add_holder(state, client), request, mode, token, fingerprint, now_ms, reply);
+    grant(add_holder(state, client), request, mode, token, std::move(value), fingerprint, now_ms,
+          reply);
     return;
   }
   if (request.wait_ms == 0) {
@@ -713,6 +724,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   w.mode = mode;
   w.fingerprint = fingerprint;
   w.reply_credit = reply_credit;
+  w.value = std::move(value);
   wheel_.schedule(w, now_ms + request.wait_ms);
   count(StatCounter::kQueued);
   remember(client, request.request_id,
@@ -846,6 +858,7 @@ void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
       m.taken = w.part + 1;
       defer(w, state, MessageType::kGranted, token, deferred);
     } else {
+      h->value = std::move(w.value);  // before hold(), which journals it
       hold(*h, w.request_id, token, w.mode, w.ttl_ms, now_ms);
       defer(w, state, MessageType::kGranted, token, deferred);
       remember(w.client, w.request_id,
@@ -903,6 +916,7 @@ Shard::Waiter& Shard::new_waiter(KeyState& state) {
   }
   Waiter& w = state.waiters.back();
   w.self = std::prev(state.waiters.end());
+  w.value.clear();  // a spare node's
   return w;
 }
 

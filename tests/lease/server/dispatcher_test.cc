@@ -419,6 +419,40 @@ TEST_F(DispatcherTest, QueryHoldersListsEverySharedHolderOldestFirst) {
   EXPECT_EQ(HolderList(rest).begin()->owner, kBob);
 }
 
+// Issue 25: an ACQUIRE's value stays with its holder: listed by
+// QUERY_HOLDERS, kept by renewals, and a queued ACQUIRE's comes with the
+// key when it is handed over.
+TEST_F(DispatcherTest, AHolderValueIsListedKeptByRenewalsAndHandedOver) {
+  Message first = request(MessageType::kAcquire, "v", 1);
+  first.value = "alice:7420 pid 1";
+  const Message granted = only_reply_to(send(kAlice, {first}, alice_), alice_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  Message queued = request(MessageType::kAcquire, "v", 2);
+  queued.wait_ms = 5000;
+  queued.value = "bob:7420 pid 2";
+  EXPECT_TRUE(send(kBob, {queued}, bob_).empty());
+
+  const auto value_of_first = [&] {
+    const Message r = holders_page("v", 0);
+    return r.holder_list_count == 1 ? std::string(HolderList(r).begin()->value) : std::string();
+  };
+  EXPECT_EQ(value_of_first(), "alice:7420 pid 1");
+  Message renew = request(MessageType::kRenew, "v", 3);
+  renew.token = granted.token;
+  ASSERT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+  EXPECT_EQ(value_of_first(), "alice:7420 pid 1");
+
+  const auto out = release_key(kAlice, "v", granted.token, 4, alice_);
+  EXPECT_EQ(only_reply_to(out, bob_).type, MessageType::kGranted);
+  const Message r = holders_page("v", 0);
+  ASSERT_EQ(r.holder_list_count, 1u);
+  EXPECT_EQ(HolderList(r).begin()->owner, kBob);
+  EXPECT_EQ(HolderList(r).begin()->value, "bob:7420 pid 2");
+  // A holder without a value lists an empty one.
+  (void)single_token(kCarol, "plain", 5, carol_);
+  EXPECT_TRUE(HolderList(holders_page("plain", 0)).begin()->value.empty());
+}
+
 TEST_F(DispatcherTest, QueryHoldersOfAFreeKeyListsNobody) {
   const Message r = holders_page("free", 0);
   ASSERT_EQ(r.type, MessageType::kHoldersReply);
@@ -1023,7 +1057,9 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   EXPECT_TRUE(pump().empty());  // heartbeat and snapshots; the lease comes back
 
   // The GRANTED waits in the replicator...
-  EXPECT_TRUE(send(kAlice, {request(MessageType::kAcquire, key, 2)}, alice_).empty());
+  Message acquire = request(MessageType::kAcquire, key, 2);
+  acquire.value = "leader at 10.0.0.1:80";  // issue 25: replicated with the grant
+  EXPECT_TRUE(send(kAlice, {acquire}, alice_).empty());
   // ...until the backup has acknowledged the grant.
   const std::vector<OutDatagram> released = pump();
   const Message granted = only_reply_to(released, alice_);
@@ -1041,6 +1077,7 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   EXPECT_EQ(holders[0].first, key);
   EXPECT_EQ(holders[0].second.token, granted.token);
   EXPECT_EQ(holders[0].second.owner, kAlice);
+  EXPECT_EQ(holders[0].second.value, "leader at 10.0.0.1:80");
 }
 
 TEST_F(DispatcherReplicationTest, ABatchsGrantsLeaveAtTheBatchsEndInOneDatagram) {

@@ -335,6 +335,7 @@ class Shard {
     LeaseMode mode = LeaseMode::kExclusive;
     std::uint64_t fingerprint = 0;   // of its ACQUIRE, for the answer remembered later
     std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
+    std::string value;               // its ACQUIRE's holder value, moved to the holder
     MultiAcquire* multi = nullptr;   // set for a part of an ACQUIRE_MANY
     std::size_t part = 0;            // which part of `multi`
     KeyState* state = nullptr;
@@ -353,6 +354,9 @@ class Shard {
     // Taken for an ACQUIRE_MANY that has not completed: no RENEW or RELEASE
     // applies to it until confirm().
     bool pending = false;
+    // What the granting ACQUIRE attached (kItemFlagValue), at most
+    // kMaxHolderValueLength bytes; renewals keep it. Replicated with the grant.
+    std::string value;
     KeyState* state = nullptr;
     std::list<Holder>::iterator self;
   };
@@ -458,9 +462,12 @@ class Shard {
   // Sets `h` to hold with `token` until now + ttl.
   void hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
             std::uint32_t ttl_ms, std::int64_t now_ms) noexcept;
-  // hold() for ACQUIRE `request`, answered GRANTED and remembered.
+  // hold() for ACQUIRE `request`, answered GRANTED and remembered; `h`
+  // takes `value` (request.value, copied by the caller before any change, so
+  // this never allocates).
   void grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
-             std::uint64_t fingerprint, std::int64_t now_ms, Message& reply);
+             std::string&& value, std::uint64_t fingerprint, std::int64_t now_ms,
+             Message& reply) noexcept;
   // `h` is gone (release, expiry, abandonment): serve the waiters it was
   // keeping out, and forget the key if nobody holds it then.
   void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
