@@ -187,7 +187,8 @@ CallResult failed(std::error_code e) {
 }
 
 bool valid_lease_options(const LeaseOptions& options) noexcept {
-  return options.renew_fraction > 0.0 && options.renew_fraction < 1.0;
+  return options.renew_fraction > 0.0 && options.renew_fraction < 1.0 &&
+         options.value.size() <= kMaxHolderValueLength;
 }
 
 bool valid_timing(milliseconds ttl, milliseconds wait) noexcept {
@@ -199,7 +200,7 @@ bool valid_timing(milliseconds ttl, milliseconds wait) noexcept {
 // negative wait, permits outside 1..kMaxPermits, an unknown mode).
 std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseMode mode,
                                   std::uint32_t permits, milliseconds ttl, milliseconds wait,
-                                  std::unique_ptr<Call>& out) {
+                                  std::string_view value, std::unique_ptr<Call>& out) {
   if (check_key(key) || !valid_timing(ttl, wait)) return LeaseErrc::kBadArgument;
   if (mode != LeaseMode::kExclusive && mode != LeaseMode::kShared && mode != LeaseMode::kPermit)
     return LeaseErrc::kBadArgument;
@@ -209,6 +210,7 @@ std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseM
   out->ttl_ms = internal::clamp_ms(ttl);
   out->wait_ms = internal::clamp_ms(wait);
   out->permits = mode == LeaseMode::kPermit ? permits : 0;
+  out->value = value;
   out->budget += wait;
   return {};
 }
@@ -389,7 +391,7 @@ AcquireResult LeaseClient::acquire_one(std::string_view key, LeaseMode mode, std
   }
   const CallResult r =
       acquire_in_rounds(*core_, wait, [&](milliseconds round, std::unique_ptr<Call>& call) {
-        return make_acquire_call(*core_, key, mode, permits, ttl, round, call);
+        return make_acquire_call(*core_, key, mode, permits, ttl, round, lease_options.value, call);
       });
   result.error = r.error;
   result.holder_ttl_left_ms = r.reply == MessageType::kBusy ? r.ttl_ms : 0;
@@ -413,7 +415,9 @@ MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> k
                                              milliseconds ttl, milliseconds wait, LeaseMode mode,
                                              LeaseOptions lease_options) {
   MultiAcquireResult result;
-  if (!valid_timing(ttl, wait) || !valid_lease_options(lease_options)) {
+  // ACQUIRE_MANY carries no holder value (protocol.h, kItemFlagValue).
+  if (!valid_timing(ttl, wait) || !valid_lease_options(lease_options) ||
+      !lease_options.value.empty()) {
     result.error = LeaseErrc::kBadArgument;
     return result;
   }
@@ -556,7 +560,7 @@ void LeaseClient::acquire_async(std::string_view key, LeaseMode mode, std::uint3
                                 milliseconds ttl, milliseconds wait, Completion done,
                                 std::optional<ClientId> owner) {
   std::unique_ptr<Call> call;
-  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, call)) {
+  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, {}, call)) {
     done(failed(ec));
     return;
   }

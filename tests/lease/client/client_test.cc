@@ -1428,6 +1428,56 @@ TEST(LeaseHoldersTest, ShowsTheExclusiveHolderAndItsWaiters) {
   EXPECT_EQ(holder->holders("").error, LeaseErrc::kBadArgument);
 }
 
+// Issue 25: a value attached to an acquire is listed with its holder and
+// outlives the watchdog's renewals; a waiting acquire's comes with the key.
+TEST(LeaseHoldersTest, AnAcquiresValueStaysWithItsHolder) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto leader = start_client({address(*server)});
+  auto next = start_client({address(*server)});
+  LeaseOptions options;
+  options.watchdog = true;
+  options.value = "10.0.0.7:5432 pid 4242";
+  AcquireResult held = leader->acquire("election/db", 600ms, 0ms, options);
+  ASSERT_TRUE(held) << held.error.message();
+  LeaseOptions next_options;
+  next_options.value = std::string(kMaxHolderValueLength, 'n');
+  std::atomic<bool> granted{false};
+  AcquireResult next_held;  // outlives the thread: its Lease releases when destroyed
+  std::thread waiter([&] {
+    next_held = next->acquire("election/db", 10s, 10s, next_options);
+    EXPECT_TRUE(next_held) << next_held.error.message();
+    granted.store(true);
+  });
+  // Several TTLs of renewals later, the value is still there.
+  ASSERT_TRUE(test_support::poll_until(
+      [&] { return server->stats().counter(StatCounter::kRenewed) >= 3; }, 10s));
+  HoldersReply r = next->holders("election/db");
+  ASSERT_FALSE(r.error) << r.error.message();
+  ASSERT_EQ(r.holders.size(), 1u);
+  EXPECT_EQ(r.holders[0].value, "10.0.0.7:5432 pid 4242");
+  EXPECT_EQ(r.holders[0].token, held.lease.token());
+  EXPECT_EQ(r.waiters, 1u);
+
+  EXPECT_FALSE(held.lease.release());
+  ASSERT_TRUE(test_support::poll_until([&] { return granted.load(); }, 10s));
+  waiter.join();
+  r = leader->holders("election/db");
+  ASSERT_EQ(r.holders.size(), 1u);
+  EXPECT_EQ(r.holders[0].owner, next->client_id());
+  EXPECT_EQ(r.holders[0].value, next_options.value);
+
+  // Too long, or on acquire_many: refused before sending.
+  LeaseOptions too_long;
+  too_long.value = std::string(kMaxHolderValueLength + 1, 'x');
+  EXPECT_EQ(leader->acquire("election/x", 1s, 0ms, too_long).error, LeaseErrc::kBadArgument);
+  const std::vector<std::string_view> keys = {"m/1", "m/2"};
+  LeaseOptions valued;
+  valued.value = "v";
+  EXPECT_EQ(leader->acquire_many(keys, 1s, 0ms, LeaseMode::kExclusive, valued).error,
+            LeaseErrc::kBadArgument);
+}
+
 // A server from before QUERY_HOLDERS answers QUERY, and either drops
 // QUERY_HOLDERS (its codec does not know the type) or answers it
 // ERROR(kNotARequest).
