@@ -280,9 +280,14 @@ int shardlock_client_id(const shardlock_client* client, char* out, size_t out_si
   });
 }
 
-int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
-                      int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
-                      void* user_data, shardlock_lease** out) {
+}  // extern "C"
+
+namespace {
+
+// shardlock_acquire() and shardlock_acquire_with_value().
+int acquire_lease(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
+                  int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
+                  void* user_data, std::string_view value, shardlock_lease** out) noexcept {
   return guarded([&]() -> int {
     if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
     *out = nullptr;
@@ -302,8 +307,12 @@ int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms
       return fail(SHARDLOCK_BAD_ARGUMENT, "permits must be 0 unless the mode is SHARDLOCK_PERMIT");
     }
 
+    if (value.size() > lease::kMaxHolderValueLength) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "the value is longer than 256 bytes");
+    }
     lease::LeaseOptions lease_options;
     lease_options.watchdog = (flags & SHARDLOCK_WATCHDOG) != 0;
+    lease_options.value = value;
     if (on_lost != nullptr) {
       lease_options.on_lost = [on_lost, user_data](const lease::LeaseLost& lost) {
         on_lost(lost.key.c_str(), lost.token, to_status(lost.reason),
@@ -337,6 +346,32 @@ int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms
     *out = handle.release();
     return fail(SHARDLOCK_OK, "");
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
+                      int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
+                      void* user_data, shardlock_lease** out) {
+  return acquire_lease(client, key, ttl_ms, wait_ms, mode, permits, flags, on_lost, user_data, {},
+                       out);
+}
+
+int shardlock_acquire_with_value(shardlock_client* client, const char* key, uint32_t ttl_ms,
+                                 uint32_t wait_ms, int mode, uint32_t permits, unsigned flags,
+                                 shardlock_lost_fn on_lost, void* user_data, const void* value,
+                                 size_t value_length, shardlock_lease** out) {
+  if (value == nullptr && value_length != 0) {
+    if (out != nullptr) *out = nullptr;
+    return fail(SHARDLOCK_BAD_ARGUMENT, "value is NULL");
+  }
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): the caller's bytes
+  const std::string_view bytes(static_cast<const char*>(value),
+                               value == nullptr ? 0 : value_length);
+  return acquire_lease(client, key, ttl_ms, wait_ms, mode, permits, flags, on_lost, user_data,
+                       bytes, out);
 }
 
 int shardlock_lease_renew(shardlock_lease* lease, uint32_t ttl_ms) {

@@ -467,6 +467,32 @@ const char* c_api_holders(const char* server) {
 
   shardlock_lease_destroy(ra);
   shardlock_lease_destroy(rb);
+
+  /* A value the lease carries, listed with its holder (bytes, NULs too). */
+  CHECK_STATUS(shardlock_acquire_with_value(a, "c-api/v", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL,
+                                            NULL, "db\0:5432", 8, &ra),
+               SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_query_holders(b, "c-api/v", &h), SHARDLOCK_OK);
+  memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  CHECK_STATUS(shardlock_holders_get(h, 0, &info), SHARDLOCK_OK);
+  CHECK(info.value_length == 8 && memcmp(info.value, "db\0:5432", 8) == 0);
+  CHECK(info.value[8] == 0);
+  shardlock_holders_destroy(h);
+  rb = (shardlock_lease*)&rb;
+  {
+    char long_value[257];
+    memset(long_value, 'v', sizeof long_value);
+    CHECK_STATUS(shardlock_acquire_with_value(b, "c-api/w", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0,
+                                              NULL, NULL, long_value, sizeof long_value, &rb),
+                 SHARDLOCK_BAD_ARGUMENT);
+    CHECK(rb == NULL);
+  }
+  CHECK_STATUS(shardlock_acquire_with_value(b, "c-api/w", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL,
+                                            NULL, NULL, 3, &rb),
+               SHARDLOCK_BAD_ARGUMENT);
+  shardlock_lease_destroy(ra);
+
   shardlock_client_destroy(a);
   shardlock_client_destroy(b);
   return NULL;

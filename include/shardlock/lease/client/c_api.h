@@ -57,10 +57,10 @@ extern "C" {
 #define SHARDLOCK_C_API_VERSION 1
 /* The minor version: functions added without breaking the ABI. 1 added
  * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1); 2 added
- * shardlock_query_holders() and the shardlock_holders_* functions
- * (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a newer
- * function needs a library at least that new, which the dynamic loader
- * checks by symbol version. */
+ * shardlock_query_holders(), the shardlock_holders_* functions and
+ * shardlock_acquire_with_value() (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
+ * newer function needs a library at least that new, which the dynamic loader checks by symbol
+ * version. */
 #define SHARDLOCK_C_API_MINOR 2
 
 /* The typedefs below are C, which has no `using`; clang-tidy's
@@ -221,6 +221,19 @@ SHARDLOCK_C_EXPORT int shardlock_acquire(shardlock_client* client, const char* k
                                          uint32_t wait_ms, int mode, uint32_t permits,
                                          unsigned flags, shardlock_lost_fn on_lost, void* user_data,
                                          shardlock_lease** out);
+
+/* As shardlock_acquire(), with a value of `value_length` bytes (at most
+ * 256; NULL with 0: none) that the lease carries for others to see: listed
+ * with its holder by shardlock_query_holders(), kept through renewals
+ * (issue 25: a leader's address, a host name and pid). A value longer than
+ * 256 bytes is SHARDLOCK_BAD_ARGUMENT. A server that predates values drops
+ * the request (SHARDLOCK_UNREACHABLE). Since SHARDLOCK_C_API_MINOR 2. */
+SHARDLOCK_C_EXPORT int shardlock_acquire_with_value(shardlock_client* client, const char* key,
+                                                    uint32_t ttl_ms, uint32_t wait_ms, int mode,
+                                                    uint32_t permits, unsigned flags,
+                                                    shardlock_lost_fn on_lost, void* user_data,
+                                                    const void* value, size_t value_length,
+                                                    shardlock_lease** out);
 
 /* Renews the lease for `ttl_ms` (0: the TTL it has). Blocks up to the request
  * timeout. SHARDLOCK_NOT_OWNER or SHARDLOCK_EXPIRED mean the lease is lost
