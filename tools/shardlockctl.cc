@@ -3,9 +3,9 @@
 //   shardlockctl [GLOBAL FLAGS] SUBCOMMAND [FLAGS] [GLOBAL FLAGS]
 //     global: --server HOST:PORT[,HOST:PORT...] --timeout DUR --auth-key FILE
 //             --discover, and the output switch -w json | --json
-//     run     KEY... [-w DUR | -n] [-s | --permits P] [-E N] [--ttl DUR]
+//     run     KEY... [-w DUR | -n] [-s | --permits P] [--value V] [-E N] [--ttl DUR]
 //             [--on-lost term|kill|ignore] -- COMMAND ARGS...
-//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--owner HEX]
+//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--value V] [--owner HEX]
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
 //     query   KEY          (each holder, and the waiters)
@@ -464,6 +464,7 @@ Failure diagnosed(LeaseClient& client, const Globals& g, milliseconds timeout,
 struct KindArg {
   bool shared = false;
   std::uint32_t permits = 0;  // 0: not a semaphore
+  std::string value;          // --value: the holder value (one key)
   [[nodiscard]] LeaseMode mode() const noexcept {
     return permits > 0 ? LeaseMode::kPermit : shared ? LeaseMode::kShared : LeaseMode::kExclusive;
   }
@@ -484,6 +485,7 @@ struct Acquired {
 Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys, KindArg kind,
                       milliseconds ttl, milliseconds wait, LeaseOptions options) {
   Acquired out;
+  options.value = kind.value;
   if (keys.size() == 1) {
     AcquireResult r = kind.permits > 0 ? client.acquire_permit(keys[0], kind.permits, ttl, wait,
                                                                std::move(options))
@@ -1107,6 +1109,9 @@ int run(int argc, char** argv) {
                     "One of at most P leases on the key (a semaphore); the first holder's P holds "
                     "while the key is in use. One key only; not with --shared")
         ->check(CLI::Range(1u, static_cast<unsigned>(kMaxPermits)));
+    sub->add_option("--value", kind.value,
+                    "V: a value the lease carries, shown by query with its holder (the "
+                    "holder's address, a host name and pid); at most 256 bytes, one key only");
   };
 
   auto* acquire = app.add_subcommand(
@@ -1298,6 +1303,13 @@ int run(int argc, char** argv) {
     }
     if (kind.permits > 0 && keys.size() > 1) {
       return shardlock::tools::usage_error(kTool, "--permits takes one key");
+    }
+    if (!kind.value.empty() && keys.size() > 1) {
+      return shardlock::tools::usage_error(kTool, "--value takes one key");
+    }
+    if (kind.value.size() > kMaxHolderValueLength) {
+      return shardlock::tools::usage_error(
+          kTool, "--value is at most " + std::to_string(kMaxHolderValueLength) + " bytes");
     }
     if (keys.size() > kMaxKeysPerRequest) {
       return shardlock::tools::usage_error(kTool, "at most " + std::to_string(kMaxKeysPerRequest) +

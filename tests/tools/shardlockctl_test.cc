@@ -752,6 +752,31 @@ TEST(ShardlockctlTest, QueryShowsEachHolder) {
   EXPECT_EQ(ctl_text(d, {"query", "who/nobody"}).out, "who/nobody not held waiters=0\n");
 }
 
+// Issue 25: acquire --value attaches a value that query shows with the
+// holder; run takes it too, and it is one key's, at most 256 bytes.
+TEST(ShardlockctlTest, AcquireValueIsShownByQuery) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult granted =
+      ctl(d, {"acquire", "leader/db", "--ttl", "30s", "--value", "10.0.0.7:5432"});
+  ASSERT_EQ(granted.exit_code, 0) << granted.err;
+  const nlohmann::json q = nlohmann::json::parse(ctl(d, {"query", "leader/db"}).out);
+  ASSERT_EQ(q["holder_list"].size(), 1u);
+  EXPECT_EQ(q["holder_list"][0]["value"], "10.0.0.7:5432");
+  EXPECT_NE(ctl_text(d, {"query", "leader/db"}).out.find(" value=10.0.0.7:5432\n"),
+            std::string::npos);
+
+  const std::string script =
+      "\"$0\" --server \"$SHARDLOCK_SERVER\" query --json \"$SHARDLOCK_KEY\"";
+  const ToolResult run =
+      ctl_text(d, {"run", "job/x", "--value", "host-b pid 7", "--", "/bin/sh", "-c", script, kCtl});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("\"value\":\"host-b pid 7\""), std::string::npos) << run.out;
+
+  EXPECT_EQ(ctl(d, {"acquire", "a", "b", "--ttl", "5s", "--value", "v"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"acquire", "a", "--ttl", "5s", "--value", std::string(257, 'v')}).exit_code, 2);
+}
+
 // A key is bytes: one that is not UTF-8 still gives valid JSON (escaped,
 // with its exact bytes in key_hex) and a readable line.
 TEST(ShardlockctlTest, KeysThatAreNotUtf8StayValidJson) {
