@@ -520,6 +520,17 @@ def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: i
     return data, ttl_ms, wait_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
 
 
+def _value_bytes(value: Union[bytes, str, None]) -> bytes:
+    """An acquire's holder value as bytes (str: UTF-8); ValueError past
+    MAX_HOLDER_VALUE_LENGTH bytes."""
+    if value is None:
+        return b""
+    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if len(data) > p.MAX_HOLDER_VALUE_LENGTH:
+        raise ValueError("a value is at most %d bytes" % p.MAX_HOLDER_VALUE_LENGTH)
+    return data
+
+
 def _request_values(message_type: int, ttl_ms: int, wait_ms: int, permits: int,
                     first_holder: int) -> Tuple[int, ...]:
     """The fixed body fields after the key of a routed request."""
@@ -835,13 +846,16 @@ class Client:
 
     def acquire(self, key: Key, ttl: float, wait: float = 0, *, shared: bool = False,
                 permits: int = 0, watchdog: bool = True, on_lost: Optional[OnLost] = None,
-                renew_fraction: float = 1.0 / 3.0) -> Lease:
+                renew_fraction: float = 1.0 / 3.0,
+                value: Union[bytes, str, None] = None) -> Lease:
         """Takes `key` for `ttl` seconds, waiting up to `wait` seconds for a
         holder to let go (0: BusyError at once). Exclusive by default;
         `shared=True` for a shared lease; `permits=N` for one of N permits
         (a counting semaphore). With `watchdog` the lease renews itself at
         renew_fraction x ttl; `on_lost(lease, reason)` runs once, on the
-        watchdog thread, if the lease is lost.
+        watchdog thread, if the lease is lost. `value` (bytes, or str as
+        UTF-8; at most 256 bytes) stays with the holder for holders() to
+        show, through renewals: a leader's address, a host name and pid.
 
         Blocks at most wait + request_timeout. With a wait, a server in its
         lock-delay (RECOVERING) is asked again until the wait is spent. In
@@ -854,7 +868,8 @@ class Client:
         Lease returned is valid."""
         data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
             key, ttl, wait, shared, permits, renew_fraction)
-        sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits)
+        sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits,
+                                              value=_value_bytes(value))
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
@@ -968,8 +983,8 @@ class Client:
         return self._node, None
 
     def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0, wait_ms: int = 0,
-                     permits: int = 0,
-                     first_holder: int = 0) -> Tuple[float, Optional[p.Message], _Node]:
+                     permits: int = 0, first_holder: int = 0,
+                     value: bytes = b"") -> Tuple[float, Optional[p.Message], _Node]:
         """An ACQUIRE*, QUERY or QUERY_HOLDERS call, within wait +
         request_timeout.
 
@@ -995,7 +1010,7 @@ class Client:
                 # One node, or a static list: no map, so nothing to refresh
                 # or follow.
                 reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                                   node=node)
+                                   node=node, value=value)
                 if reply is not None and reply.type == p.RECOVERING and waits:
                     left = wait_end - _now()
                     if left > _LAST_TRY_MARGIN:
@@ -1016,7 +1031,7 @@ class Client:
                 return False
 
             reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                               node=node, on_silence=on_silence)
+                               node=node, on_silence=on_silence, value=value)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
@@ -1116,7 +1131,8 @@ class Client:
     def _call(self, message_type: int, key: bytes, values: Tuple[int, ...],
               timeout: Optional[float] = None, request_id: Optional[int] = None,
               sent: Optional[float] = None, node: Optional[_Node] = None,
-              on_silence: Optional[Callable[[], bool]] = None) -> Optional[p.Message]:
+              on_silence: Optional[Callable[[], bool]] = None,
+              value: bytes = b"") -> Optional[p.Message]:
         """Sends a request of `message_type` on `key` with the type's fixed
         body `values` (p.pack_request) to `node` (default: the server), and
         retransmits it (same request id) until it is answered or `timeout`
@@ -1128,7 +1144,8 @@ class Client:
         if node is None:
             node = self._node
         data = p.pack_request(message_type, request_id, self._client_id, key, values,
-                              None if message_type == p.MAP else self._epoch(), self._auth_key)
+                              None if message_type == p.MAP else self._epoch(), self._auth_key,
+                              value=value)
         call = _Call(message_type, key)
         if self._closed:
             raise ClientClosedError("the client is closed")

@@ -50,6 +50,7 @@ EPOCH_SIZE = 8
 MAX_MEMBER_ID_LENGTH = 128
 MAX_MEMBER_ADDRESS_LENGTH = 64
 ITEM_FLAG_OWNER = 0x01
+ITEM_FLAG_VALUE = 0x02  # the item carries a holder value (single-key ACQUIREs)
 HOLDER_FLAG_PENDING = 0x01  # a HOLDERS_REPLY entry of an ACQUIRE_MANY not yet complete
 MAX_HOLDER_VALUE_LENGTH = 256
 
@@ -219,6 +220,7 @@ class Message:
     # MAP_REPLY: this page's members, each (id, address "host:port", weight).
     members: List[Tuple[bytes, str, int]] = field(default_factory=list)
     first_holder: int = 0  # QUERY_HOLDERS, HOLDERS_REPLY
+    value: bytes = b""  # a single-key ACQUIRE's holder value (ITEM_FLAG_VALUE)
     # HOLDERS_REPLY: this page's holders, oldest grant first.
     holder_list: List[Holder] = field(default_factory=list)
 
@@ -306,18 +308,58 @@ def request_pad(message_type: int, key_length: int, auth: bool = False) -> int:
     return pad
 
 
+_VALUE_TYPES = (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT)
+
+
+def _pack_with_value(message_type: int, request_id: int, client_id: Tuple[int, int], key: bytes,
+                     values: Tuple[int, ...], epoch: Optional[int], value: bytes,
+                     pad: bool) -> bytes:
+    """A single-key ACQUIRE with a holder value: a batch of one whose item
+    carries ITEM_FLAG_VALUE and the value (u16 length + bytes) before the
+    body, padded as the server bounds a batch: the item's largest reply, and
+    a whole datagram header more for a waiting ACQUIRE's later answer."""
+    if message_type not in _VALUE_TYPES:
+        raise ProtocolError("only ACQUIRE, ACQUIRE_SHARED and ACQUIRE_PERMIT carry a value")
+    if len(value) > MAX_HOLDER_VALUE_LENGTH:
+        raise ProtocolError("value longer than %d bytes" % MAX_HOLDER_VALUE_LENGTH)
+    body = struct.pack("<H", len(key)) + key + _TAIL_STRUCTS[message_type].pack(*values)
+    lo, hi = client_id
+    flags = 0 if epoch is None else FLAG_EPOCH
+    data = _HEADER.pack(MAGIC, VERSION, flags, BATCH, 1, request_id, lo, hi)
+    if epoch is not None:
+        data += _U64.pack(epoch)
+    data += _BATCH_ITEM.pack(message_type, ITEM_FLAG_VALUE, len(body), request_id)
+    data += struct.pack("<H", len(value)) + value + body
+    if pad:
+        bound = HEADER_SIZE + BATCH_ITEM_HEADER_SIZE + max_reply_body(
+            Message(type=message_type, key=key))
+        if values[1]:  # wait_ms: its answer may come later, in a datagram of its own
+            bound += HEADER_SIZE - BATCH_ITEM_HEADER_SIZE
+        data += bytes(max(0, bound - len(data)))
+    return data
+
+
 def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int], key: bytes,
                  values: Tuple[int, ...], epoch: Optional[int] = None,
-                 auth_key: Optional[bytes] = None, pad: bool = True) -> bytes:
+                 auth_key: Optional[bytes] = None, pad: bool = True,
+                 value: bytes = b"") -> bytes:
     """A single-message request datagram: `values` are the type's fixed body
     fields in wire order after the key (ACQUIRE: ttl_ms, wait_ms; RENEW:
     token, ttl_ms; RELEASE: token; QUERY: none; QUERY_HOLDERS: first_holder;
-    MAP: first_member). The
-    client's hot path; encode_request() is the same from a Message."""
+    MAP: first_member). A `value` (single-key ACQUIREs: the holder value,
+    at most MAX_HOLDER_VALUE_LENGTH bytes) frames the request as a batch of
+    one. The client's hot path; encode_request() is the same from a
+    Message."""
     if message_type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message_type))
     if len(key) > 0xFFFF:
         raise ProtocolError("key too long for its u16 length")
+    if value:
+        data = _pack_with_value(message_type, request_id, client_id, key, values, epoch, value,
+                                pad)
+        if len(data) + (0 if auth_key is None else AUTH_TAG_SIZE) > MAX_DATAGRAM_SIZE:
+            raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
+        return data if auth_key is None else seal(data, auth_key)
     pad_to = request_pad(message_type, len(key), auth_key is not None) if pad else 0
     flags = (0 if epoch is None else FLAG_EPOCH) | (0 if auth_key is None else FLAG_AUTHENTICATED)
     s = _request_struct(message_type, len(key), epoch is not None, pad_to)
@@ -538,15 +580,21 @@ def decode(data: bytes, auth_key: Optional[bytes] = None) -> Datagram:
                 raise ProtocolError("truncated")
             item_type, item_flags, body_length, item_id = _BATCH_ITEM.unpack_from(view, at)
             at += BATCH_ITEM_HEADER_SIZE
-            if item_flags & ~ITEM_FLAG_OWNER:
+            if item_flags & ~(ITEM_FLAG_OWNER | ITEM_FLAG_VALUE):
                 raise ProtocolError("bad item flags")
             if item_flags & ITEM_FLAG_OWNER:
                 at += BATCH_ITEM_OWNER_SIZE  # replies never carry one; skip it
+            value = b""
+            if item_flags & ITEM_FLAG_VALUE:  # requests only
+                value, at = _read_bytes(view, at)
+                if item_type not in _VALUE_TYPES or not 1 <= len(value) <= MAX_HOLDER_VALUE_LENGTH:
+                    raise ProtocolError("bad value")
             if at + body_length > len(view):
                 raise ProtocolError("truncated")
             m, size = _decode_body(item_type, view[at:at + body_length], item_id)
             if size != body_length:
                 raise ProtocolError("bad length")
+            m.value = value
             messages.append(m)
             at += body_length
     if any(view[at:]):

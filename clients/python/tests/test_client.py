@@ -379,6 +379,21 @@ class Holders(ServerTestCase):
         for lease in leases:
             lease.release()
 
+    def test_a_value_stays_with_its_holder(self):
+        leader, other = self.client(), self.client()
+        with leader.lock("py/leader", ttl=1.2, value="10.0.0.7:5432") as lease:
+            waiter = threading.Thread(
+                target=lambda: other.lock("py/leader", ttl=5, wait=10, value=b"next").release())
+            waiter.start()
+            self.assertTrue(wait_until(lambda: other.query("py/leader").waiters == 1))
+            time.sleep(0.6)  # the watchdog renews (at ttl/3): the value stays
+            r = other.holders("py/leader")
+            self.assertEqual([(h.owner, h.token, h.value) for h in r.holder_list],
+                             [(leader.client_id, lease.token, b"10.0.0.7:5432")])
+        waiter.join(10)
+        with self.assertRaises(ValueError):
+            leader.lock("py/leader", ttl=1, value=b"v" * 257)
+
     def test_a_free_key_has_no_holders_and_no_mode(self):
         r = self.client().holders("py/nobody")
         self.assertTrue(r.listed)

@@ -243,6 +243,22 @@ class HolderMessages(unittest.TestCase):
         m = p.decode(header + bytes.fromhex(fixed + entry + longest)).messages[0]
         self.assertEqual(len(m.holder_list[0].value), p.MAX_HOLDER_VALUE_LENGTH)
 
+    def test_an_acquire_carries_its_value_in_a_batch_of_one(self):
+        for wait_ms, size in ((0, 32 + 12 + 14 + len(KEY)), (500, 32 + 12 + 14 + len(KEY) + 20)):
+            with self.subTest(wait_ms=wait_ms):
+                data = p.pack_request(p.ACQUIRE, 9, CLIENT, KEY, (30000, wait_ms),
+                                      value=b"10.0.0.7:80")
+                self.assertEqual(data[6], p.BATCH)
+                self.assertEqual(data[p.HEADER_SIZE + 1], p.ITEM_FLAG_VALUE)
+                self.assertEqual(len(data), max(size, 32 + 12 + 2 + 11 + 2 + len(KEY) + 8))
+                m = p.decode(data).messages[0]
+                self.assertEqual((m.type, m.request_id, m.key, m.ttl_ms, m.wait_ms, m.value),
+                                 (p.ACQUIRE, 9, KEY, 30000, wait_ms, b"10.0.0.7:80"))
+        with self.assertRaises(p.ProtocolError):
+            p.pack_request(p.RENEW, 9, CLIENT, KEY, (1, 1000), value=b"v")
+        with self.assertRaises(p.ProtocolError):
+            p.pack_request(p.ACQUIRE, 9, CLIENT, KEY, (1000, 0), value=b"v" * 257)
+
 
 if __name__ == "__main__":
     unittest.main()
