@@ -32,7 +32,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 MAGIC = 0x4B4C4853
 VERSION = 1
@@ -180,6 +180,9 @@ _BATCH_ITEM = struct.Struct("<BBHQ")
 def type_name(message_type: int) -> str:
     """"ACQUIRE", "GRANTED", ...; "UNKNOWN" for other values."""
     return _NAMES.get(message_type, "UNKNOWN")
+
+
+T = TypeVar("T")
 
 
 class ProtocolError(ValueError):
@@ -481,60 +484,61 @@ def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[
         m.__dict__.update(zip(_TAIL_NAMES[message_type], tail.unpack_from(body, at)))
         at += tail.size
     if message_type == MAP_REPLY:
-        m.members, at = _decode_members(body, at)
+        m.members, at = _decode_list(body, at, _read_member)
     elif message_type == QUERY_REPLY and (m.held > 1 or m.mode > MODE_PERMIT):
         raise ProtocolError("bad field")
     elif message_type == HOLDERS_REPLY:
         if m.mode > MODE_PERMIT:
             raise ProtocolError("bad field")
-        m.holder_list, at = _decode_holders(body, at)
+        m.holder_list, at = _decode_list(body, at, _read_holder)
     return m, at
 
 
 _HOLDER = struct.Struct("<QQQIB")
 
 
-def _decode_holders(body: memoryview, at: int) -> Tuple[List[Holder], int]:
-    """A HOLDERS_REPLY holder list from `at`; as the C++ codec, flags other
-    than HOLDER_FLAG_PENDING and values over MAX_HOLDER_VALUE_LENGTH bytes
-    are refused."""
+def _decode_list(body: memoryview, at: int, read_entry: Callable[[memoryview, int], Tuple[T, int]]
+                 ) -> Tuple[List[T], int]:
+    """A u8 count and that many entries from `at`, each read by
+    `read_entry(body, at)` -> (entry, offset after it)."""
     if at + 1 > len(body):
         raise ProtocolError("truncated")
     count = body[at]
     at += 1
-    holders = []
+    entries = []
     for _ in range(count):
-        if at + _HOLDER.size > len(body):
-            raise ProtocolError("truncated")
-        lo, hi, token, ttl_left_ms, flags = _HOLDER.unpack_from(body, at)
-        value, at = _read_bytes(body, at + _HOLDER.size)
-        if flags & ~HOLDER_FLAG_PENDING or len(value) > MAX_HOLDER_VALUE_LENGTH:
-            raise ProtocolError("bad holder")
-        holders.append(Holder((lo, hi), token, ttl_left_ms, flags, value))
-    return holders, at
+        entry, at = read_entry(body, at)
+        entries.append(entry)
+    return entries, at
 
 
-def _decode_members(body: memoryview, at: int) -> Tuple[List[Tuple[bytes, str, int]], int]:
-    """A MAP_REPLY member list from `at`; as the C++ codec, ids of 1..128
-    bytes, addresses of 1..64 (text), weights of at least 1."""
-    if at + 1 > len(body):
+def _read_holder(body: memoryview, at: int) -> Tuple[Holder, int]:
+    """One HOLDERS_REPLY entry; as the C++ codec, flags other than
+    HOLDER_FLAG_PENDING and values over MAX_HOLDER_VALUE_LENGTH bytes are
+    refused."""
+    if at + _HOLDER.size > len(body):
         raise ProtocolError("truncated")
-    count = body[at]
-    at += 1
-    members = []
-    for _ in range(count):
-        member_id, at = _read_bytes(body, at)
-        address, at = _read_bytes(body, at)
-        weight, at = _read_uint(body, at, "I")
-        if not (1 <= len(member_id) <= MAX_MEMBER_ID_LENGTH and
-                1 <= len(address) <= MAX_MEMBER_ADDRESS_LENGTH and weight >= 1):
-            raise ProtocolError("bad member")
-        try:
-            address_text = address.decode("ascii")
-        except UnicodeDecodeError:
-            raise ProtocolError("bad member address") from None
-        members.append((member_id, address_text, weight))
-    return members, at
+    lo, hi, token, ttl_left_ms, flags = _HOLDER.unpack_from(body, at)
+    value, at = _read_bytes(body, at + _HOLDER.size)
+    if flags & ~HOLDER_FLAG_PENDING or len(value) > MAX_HOLDER_VALUE_LENGTH:
+        raise ProtocolError("bad holder")
+    return Holder((lo, hi), token, ttl_left_ms, flags, value), at
+
+
+def _read_member(body: memoryview, at: int) -> Tuple[Tuple[bytes, str, int], int]:
+    """One MAP_REPLY member; as the C++ codec, ids of 1..128 bytes,
+    addresses of 1..64 (text), weights of at least 1."""
+    member_id, at = _read_bytes(body, at)
+    address, at = _read_bytes(body, at)
+    weight, at = _read_uint(body, at, "I")
+    if not (1 <= len(member_id) <= MAX_MEMBER_ID_LENGTH and
+            1 <= len(address) <= MAX_MEMBER_ADDRESS_LENGTH and weight >= 1):
+        raise ProtocolError("bad member")
+    try:
+        address_text = address.decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad member address") from None
+    return (member_id, address_text, weight), at
 
 
 def decode(data: bytes, auth_key: Optional[bytes] = None) -> Datagram:
