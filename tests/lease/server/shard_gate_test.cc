@@ -272,6 +272,30 @@ TEST_F(ShardGateTest, TheExclusiveHolderAcquiringAgainJournalsTheOldTokensEnd) {
   EXPECT_EQ(holders[0].second.token, again.token);
 }
 
+// Issue 25: the holder's value goes to the backups with its grant, in the
+// journal and in a snapshot alike.
+TEST_F(ShardGateTest, AHolderValueIsJournaledAndSnapshotted) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = mine_;
+  m.ttl_ms = 1000;
+  m.request_id = 1;
+  m.value = "10.0.0.7:5432";
+  Message reply;
+  ASSERT_TRUE(shard_->handle(kAlice, Peer{}, m, now_, reply, deferred_));
+  ASSERT_EQ(reply.type, MessageType::kGranted);
+  std::vector<replication::Entry> journal;
+  shard_->take_journal(journal);
+  ASSERT_EQ(journal.size(), 1U);
+  EXPECT_EQ(journal[0].value, "10.0.0.7:5432");
+  std::vector<replication::Entry> snapshot;
+  shard_->snapshot_all(snapshot);
+  ASSERT_EQ(snapshot.size(), 1U);
+  EXPECT_EQ(snapshot[0].value, "10.0.0.7:5432");
+  EXPECT_EQ(snapshot[0].token, reply.token);
+}
+
 TEST_F(ShardGateTest, AnUnreplicatedBucketJournalsNothing) {
   gate(5);
   const Message granted = send(kAlice, MessageType::kAcquire, mine_);
