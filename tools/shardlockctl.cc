@@ -3,12 +3,12 @@
 //   shardlockctl [GLOBAL FLAGS] SUBCOMMAND [FLAGS] [GLOBAL FLAGS]
 //     global: --server HOST:PORT[,HOST:PORT...] --timeout DUR --auth-key FILE
 //             --discover, and the output switch -w json | --json
-//     run     KEY... [-w DUR | -n] [-s | --permits P] [-E N] [--ttl DUR]
+//     run     KEY... [-w DUR | -n] [-s | --permits P] [--value V] [-E N] [--ttl DUR]
 //             [--on-lost term|kill|ignore] -- COMMAND ARGS...
-//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--owner HEX]
+//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--value V] [--owner HEX]
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
-//     query   KEY
+//     query   KEY          (each holder, and the waiters)
 //     stats
 //     keygen
 //     members --cluster etcd://HOST:PORT[,...] [--cluster-name NAME]
@@ -223,6 +223,57 @@ std::string seconds_text(std::uint64_t ms) {
   return text + "s";
 }
 
+// query's JSON: QUERY's summary fields as before (mode null when nobody
+// holds the key), "listed" (false: the server predates QUERY_HOLDERS), and
+// "holder_list", each holder oldest grant first (null when not listed).
+Json holders_json(const std::string& key, const HoldersReply& r) {
+  Json j;
+  put_key(j, "key", key);
+  j["held"] = r.held;
+  j["mode"] = r.held ? Json(std::string(to_string(r.mode))) : Json(nullptr);
+  j["holders"] = r.holder_count;
+  j["permits"] = r.permits;
+  j["token"] = r.token;
+  j["ttl_left_ms"] = r.ttl_left.count();
+  j["waiters"] = r.waiters;
+  j["listed"] = r.listed;
+  if (!r.listed) {
+    j["holder_list"] = nullptr;
+    return j;
+  }
+  j["holder_list"] = Json::array();
+  for (const HolderInfo& h : r.holders) {
+    Json item;
+    item["owner"] = to_hex(h.owner);
+    item["token"] = h.token;
+    item["mode"] = std::string(to_string(r.mode));
+    item["ttl_left_ms"] = h.ttl_left.count();
+    item["pending"] = h.pending;
+    put_key(item, "value", h.value);
+    j["holder_list"].push_back(std::move(item));
+  }
+  return j;
+}
+
+// query for people: the summary line ("not held" when nobody holds the
+// key), then one indented line per holder, oldest grant first.
+std::string holders_text(const std::string& key, const HoldersReply& r) {
+  std::string text = shown(key);
+  if (!r.held) return text + " not held waiters=" + std::to_string(r.waiters) + "\n";
+  const std::string mode(to_string(r.mode));
+  text += " held mode=" + mode + " holders=" + std::to_string(r.holder_count) +
+          (r.mode == LeaseMode::kPermit ? " permits=" + std::to_string(r.permits) : "") +
+          " ttl_left=" + seconds_text(static_cast<std::uint64_t>(r.ttl_left.count())) +
+          " token=" + std::to_string(r.token) + " waiters=" + std::to_string(r.waiters) + "\n";
+  for (const HolderInfo& h : r.holders) {
+    text += "  owner=" + to_hex(h.owner) + " token=" + std::to_string(h.token) + " mode=" + mode +
+            " ttl_left=" + seconds_text(static_cast<std::uint64_t>(h.ttl_left.count())) +
+            (h.pending ? " pending" : "") + (h.value.empty() ? "" : " value=" + shown(h.value)) +
+            "\n";
+  }
+  return text;
+}
+
 void print_json(const Json& j, std::FILE* to = stdout) {
   // Keys are escaped above, so nothing invalid reaches dump(); `replace`
   // keeps even a missed one from throwing.
@@ -413,6 +464,7 @@ Failure diagnosed(LeaseClient& client, const Globals& g, milliseconds timeout,
 struct KindArg {
   bool shared = false;
   std::uint32_t permits = 0;  // 0: not a semaphore
+  std::string value;          // --value: the holder value (one key)
   [[nodiscard]] LeaseMode mode() const noexcept {
     return permits > 0 ? LeaseMode::kPermit : shared ? LeaseMode::kShared : LeaseMode::kExclusive;
   }
@@ -433,6 +485,7 @@ struct Acquired {
 Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys, KindArg kind,
                       milliseconds ttl, milliseconds wait, LeaseOptions options) {
   Acquired out;
+  options.value = kind.value;
   if (keys.size() == 1) {
     AcquireResult r = kind.permits > 0 ? client.acquire_permit(keys[0], kind.permits, ttl, wait,
                                                                std::move(options))
@@ -1056,6 +1109,9 @@ int run(int argc, char** argv) {
                     "One of at most P leases on the key (a semaphore); the first holder's P holds "
                     "while the key is in use. One key only; not with --shared")
         ->check(CLI::Range(1u, static_cast<unsigned>(kMaxPermits)));
+    sub->add_option("--value", kind.value,
+                    "V: a value the lease carries, shown by query with its holder (the "
+                    "holder's address, a host name and pid); at most 256 bytes, one key only");
   };
 
   auto* acquire = app.add_subcommand(
@@ -1088,8 +1144,9 @@ int run(int argc, char** argv) {
 
   auto* query = app.add_subcommand(
       "query",
-      "Is the key held, how (mode: exclusive, shared or permit), by how many holders (and the "
-      "permit limit), the newest token, the longest ttl left, and how many wait");
+      "Who holds the key: each holder (owner id, token, mode, time left), oldest grant first, "
+      "and how many wait; with the summary (held, mode: exclusive, shared or permit, holders, "
+      "the permit limit, the newest token, the longest ttl left)");
   query->add_option("key", key, "The key")->required();
   add_global_flags(*query, g, /*short_w=*/true);
 
@@ -1247,6 +1304,13 @@ int run(int argc, char** argv) {
     if (kind.permits > 0 && keys.size() > 1) {
       return shardlock::tools::usage_error(kTool, "--permits takes one key");
     }
+    if (!kind.value.empty() && keys.size() > 1) {
+      return shardlock::tools::usage_error(kTool, "--value takes one key");
+    }
+    if (kind.value.size() > kMaxHolderValueLength) {
+      return shardlock::tools::usage_error(
+          kTool, "--value is at most " + std::to_string(kMaxHolderValueLength) + " bytes");
+    }
     if (keys.size() > kMaxKeysPerRequest) {
       return shardlock::tools::usage_error(kTool, "at most " + std::to_string(kMaxKeysPerRequest) +
                                                       " keys at once, got " +
@@ -1342,10 +1406,29 @@ int run(int argc, char** argv) {
     return kExitOk;
   }
   const std::vector<std::string> one_key = {key};
-  if (renew->parsed() || release->parsed() || query->parsed()) {
-    const CallResult r = renew->parsed()     ? client.renew(key, token, ttl.value)
-                         : release->parsed() ? client.release(key, token)
-                                             : client.query(key);
+  if (query->parsed()) {
+    const HoldersReply r = client.holders(key);
+    if (r.error) {
+      return report(out, one_key,
+                    diagnosed(client, g, timeout.value, one_key, r.error, r.wire_error, ttl.value),
+                    ttl.value);
+    }
+    if (!r.listed) {
+      std::fprintf(stderr,
+                   "shardlockctl: %s: the server does not list holders (it predates "
+                   "QUERY_HOLDERS): its summary only\n",
+                   shown(key).c_str());
+    }
+    if (out.json) {
+      print_json(holders_json(key, r));
+    } else {
+      std::printf("%s", holders_text(key, r).c_str());
+    }
+    return kExitOk;
+  }
+  if (renew->parsed() || release->parsed()) {
+    const CallResult r =
+        renew->parsed() ? client.renew(key, token, ttl.value) : client.release(key, token);
     if (r.error) {
       return report(out, one_key,
                     diagnosed(client, g, timeout.value, one_key, r.error, r.wire_error, ttl.value),
@@ -1359,25 +1442,10 @@ int run(int argc, char** argv) {
       j["ttl_ms"] = r.ttl_ms;
       j["renewed"] = true;
       text += " token=" + std::to_string(token) + " renewed ttl=" + seconds_text(r.ttl_ms);
-    } else if (release->parsed()) {
+    } else {
       j["token"] = token;
       j["released"] = true;
       text += " token=" + std::to_string(token) + " released";
-    } else {
-      j["held"] = r.held;
-      j["mode"] = std::string(to_string(r.mode));
-      j["holders"] = r.holders;
-      j["permits"] = r.permits;
-      j["token"] = r.token;
-      j["ttl_left_ms"] = r.ttl_ms;
-      j["waiters"] = r.waiters;
-      text += r.held ? " held mode=" + std::string(to_string(r.mode)) +
-                           " holders=" + std::to_string(r.holders) +
-                           (r.mode == LeaseMode::kPermit ? " permits=" + std::to_string(r.permits)
-                                                         : std::string()) +
-                           " ttl_left=" + seconds_text(r.ttl_ms)
-                     : std::string(" free");
-      text += " token=" + std::to_string(r.token) + " waiters=" + std::to_string(r.waiters);
     }
     if (out.json) {
       print_json(j);

@@ -44,9 +44,19 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const auto& b = second.messages[i];
     if (a.type != b.type || a.request_id != b.request_id || a.key != b.key || a.token != b.token ||
         a.ttl_ms != b.ttl_ms || a.epoch != b.epoch || a.member_list_count != b.member_list_count ||
-        a.member_list.size() != b.member_list.size()) {
+        a.member_list.size() != b.member_list.size() || a.first_holder != b.first_holder ||
+        a.value != b.value || a.owner != b.owner || a.holder_list_count != b.holder_list_count ||
+        a.holder_list.size() != b.holder_list.size()) {
       std::abort();
     }
+    // A decoded holder list walks entry by entry to its count, each within
+    // the bounds decode() checked.
+    std::size_t holders = 0;
+    for (const auto& h : shardlock::lease::HolderList(a)) {
+      if (h.value.size() > shardlock::lease::kMaxHolderValueLength) std::abort();
+      ++holders;
+    }
+    if (holders != a.holder_list_count) std::abort();
   }
   if (shardlock::lease::max_reply_size(first) < shardlock::lease::kHeaderSize) std::abort();
   return 0;

@@ -678,10 +678,11 @@ TEST(ShardlockctlTest, OutputIsForPeopleByDefault) {
       << acquired.out;
   const ToolResult query = ctl_text(d, {"query", "h/a"});
   EXPECT_TRUE(std::regex_match(
-      query.out, std::regex("h/a held mode=exclusive holders=1 ttl_left=[0-9.]+s token=\\d+ "
-                            "waiters=0\n")))
+      query.out, std::regex("h/a held mode=exclusive holders=1 ttl_left=[0-9.]+s token=(\\d+) "
+                            "waiters=0\n"
+                            "  owner=[0-9a-f]{32} token=\\d+ mode=exclusive ttl_left=[0-9.]+s\n")))
       << query.out;
-  EXPECT_EQ(ctl_text(d, {"query", "h/free"}).out, "h/free free token=0 waiters=0\n");
+  EXPECT_EQ(ctl_text(d, {"query", "h/free"}).out, "h/free not held waiters=0\n");
   const ToolResult busy = ctl_text(d, {"acquire", "h/a", "--ttl", "5s"});
   EXPECT_EQ(busy.exit_code, 1);
   EXPECT_EQ(busy.out, "");
@@ -690,6 +691,90 @@ TEST(ShardlockctlTest, OutputIsForPeopleByDefault) {
   EXPECT_EQ(stats.exit_code, 0);
   EXPECT_EQ(stats.out.rfind(d.address() + " shards=8\n", 0), 0u) << stats.out;
   EXPECT_NE(stats.out.find("  grants "), std::string::npos) << stats.out;
+}
+
+// query shows each holder: owner, token, mode and time left, oldest grant
+// first, with the waiters; nobody holding it is "not held", mode null.
+TEST(ShardlockctlTest, QueryShowsEachHolder) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  std::vector<Json> grants;
+  for (int i = 0; i < 3; ++i) {
+    const ToolResult r = ctl(d, {"acquire", "who/doc", "-s", "--ttl", "30s"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    grants.push_back(parsed(r));
+  }
+  // A writer waiting behind the readers, from a client of our own.
+  LeaseClientOptions options;
+  options.nodes = {d.address()};
+  LeaseClient writer(options);
+  ASSERT_FALSE(writer.start());
+  std::atomic<bool> answered{false};
+  writer.acquire_async("who/doc", 30s, 20s, [&](const CallResult&) { answered.store(true); });
+  for (int i = 0; i < 200 && writer.query("who/doc").waiters == 0; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+
+  const ToolResult json = ctl(d, {"query", "who/doc"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  const nlohmann::json q = nlohmann::json::parse(json.out);
+  EXPECT_EQ(q["held"], true);
+  EXPECT_EQ(q["mode"], "shared");
+  EXPECT_EQ(q["holders"], 3);
+  EXPECT_EQ(q["waiters"], 1);
+  EXPECT_EQ(q["listed"], true);
+  ASSERT_EQ(q["holder_list"].size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const nlohmann::json& h = q["holder_list"][i];
+    EXPECT_EQ(h["owner"], grants[i]["owner"].text) << i;
+    EXPECT_EQ(h["token"].get<double>(), grants[i]["token"].number) << i;
+    EXPECT_EQ(h["mode"], "shared");
+    EXPECT_GT(h["ttl_left_ms"].get<std::int64_t>(), 0);
+    EXPECT_LE(h["ttl_left_ms"].get<std::int64_t>(), 30000);
+    EXPECT_EQ(h["pending"], false);
+    EXPECT_EQ(h["value"], "");
+  }
+
+  const ToolResult text = ctl_text(d, {"query", "who/doc"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_TRUE(std::regex_match(
+      text.out, std::regex("who/doc held mode=shared holders=3 ttl_left=[0-9.]+s token=\\d+ "
+                           "waiters=1\n"
+                           "(  owner=[0-9a-f]{32} token=\\d+ mode=shared ttl_left=[0-9.]+s\n){3}")))
+      << text.out;
+  EXPECT_NE(text.out.find("owner=" + grants[1]["owner"].text), std::string::npos);
+
+  const nlohmann::json free = nlohmann::json::parse(ctl(d, {"query", "who/nobody"}).out);
+  EXPECT_EQ(free["held"], false);
+  EXPECT_TRUE(free["mode"].is_null());
+  EXPECT_EQ(free["holders"], 0);
+  EXPECT_TRUE(free["holder_list"].empty());
+  EXPECT_EQ(ctl_text(d, {"query", "who/nobody"}).out, "who/nobody not held waiters=0\n");
+}
+
+// Issue 25: acquire --value attaches a value that query shows with the
+// holder; run takes it too, and it is one key's, at most 256 bytes.
+TEST(ShardlockctlTest, AcquireValueIsShownByQuery) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult granted =
+      ctl(d, {"acquire", "leader/db", "--ttl", "30s", "--value", "10.0.0.7:5432"});
+  ASSERT_EQ(granted.exit_code, 0) << granted.err;
+  const nlohmann::json q = nlohmann::json::parse(ctl(d, {"query", "leader/db"}).out);
+  ASSERT_EQ(q["holder_list"].size(), 1u);
+  EXPECT_EQ(q["holder_list"][0]["value"], "10.0.0.7:5432");
+  EXPECT_NE(ctl_text(d, {"query", "leader/db"}).out.find(" value=10.0.0.7:5432\n"),
+            std::string::npos);
+
+  const std::string script =
+      "\"$0\" --server \"$SHARDLOCK_SERVER\" query --json \"$SHARDLOCK_KEY\"";
+  const ToolResult run =
+      ctl_text(d, {"run", "job/x", "--value", "host-b pid 7", "--", "/bin/sh", "-c", script, kCtl});
+  ASSERT_EQ(run.exit_code, 0) << run.err;
+  EXPECT_NE(run.out.find("\"value\":\"host-b pid 7\""), std::string::npos) << run.out;
+
+  EXPECT_EQ(ctl(d, {"acquire", "a", "b", "--ttl", "5s", "--value", "v"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"acquire", "a", "--ttl", "5s", "--value", std::string(257, 'v')}).exit_code, 2);
 }
 
 // A key is bytes: one that is not UTF-8 still gives valid JSON (escaped,

@@ -16,7 +16,7 @@ clients/python/README.md.
 
 from .aio import AsyncClient, AsyncLease
 from .auth import load_auth_key, parse_auth_key
-from .client import Client, Lease, QueryResult
+from .client import Client, HolderInfo, HoldersResult, Lease, QueryResult
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError,
@@ -27,7 +27,7 @@ __version__ = "0.2.0"
 
 __all__ = [
     "AsyncClient", "AsyncLease", "BusyError", "Client", "ClientClosedError",
-    "GrantExpiredError", "Lease", "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError",
+    "GrantExpiredError", "HolderInfo", "HoldersResult", "Lease", "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError",
     "NotOwnerError", "QueryResult", "RecoveringError", "RedirectedError", "ServerError",
     "ShardlockError", "UnreachableError", "WaitTimeoutError", "load_auth_key", "parse_auth_key",
 ]

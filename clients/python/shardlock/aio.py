@@ -25,8 +25,10 @@ from . import auth as _auth
 from . import protocol as p
 from . import router as _router
 from .client import (_LAST_TRY_MARGIN, _MAX_REDIRECTS, _REDIRECT_RETRY, _SILENT_SENDS,
-                     QueryResult, _acquire_request, _ClusterMap, _LeaseFacts, _MapPages, _Node, _answers, _key_bytes, _now,
+                     HoldersResult, QueryResult, _acquire_request, _ClusterMap, _HolderPages,
+                     _LeaseFacts, _MapPages, _Node, _answers, _key_bytes, _now, _request_values,
                      _raise_for_reply, _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
+                     _value_bytes,
                      Key)
 from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
@@ -418,12 +420,14 @@ class AsyncClient:
     async def acquire(self, key: Key, ttl: float, wait: float = 0, *, shared: bool = False,
                       permits: int = 0, watchdog: bool = True,
                       on_lost: Optional[AsyncOnLost] = None,
-                      renew_fraction: float = 1.0 / 3.0) -> AsyncLease:
+                      renew_fraction: float = 1.0 / 3.0,
+                      value: Union[bytes, str, None] = None) -> AsyncLease:
         """As Client.acquire(). `on_lost(lease, reason)` runs on the loop; if
         it returns an awaitable, that runs as a task."""
         data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
             key, ttl, wait, shared, permits, renew_fraction)
-        sent, reply, node = await self._routed_call(message_type, data, ttl_ms, wait_ms, permits)
+        sent, reply, node = await self._routed_call(message_type, data, ttl_ms, wait_ms, permits,
+                                                    value=_value_bytes(value))
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
@@ -453,6 +457,18 @@ class AsyncClient:
         _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
         return QueryResult(reply)
 
+    async def holders(self, key: Key) -> HoldersResult:
+        """As Client.holders(): each holder of `key`, oldest grant first."""
+        data = _key_bytes(key)
+        pages = _HolderPages(data)
+        while True:
+            _, reply, node = await self._routed_call(p.QUERY_HOLDERS, data,
+                                                     first_holder=pages.first_holder())
+            if pages.server_predates(reply):
+                return HoldersResult.from_query(await self.query(key))
+            if pages.take(reply, node):
+                return pages.result
+
     # ---- internals ----------------------------------------------------------
 
     def _drift_margin(self, ttl_ms: int) -> float:
@@ -476,8 +492,8 @@ class AsyncClient:
     async def _call(self, message_type: int, key: bytes, values: Tuple[int, ...],
                     timeout: Optional[float] = None, request_id: Optional[int] = None,
                     sent: Optional[float] = None, node: Optional[_Node] = None,
-                    on_silence: Optional[Callable[[], Awaitable[bool]]] = None
-                    ) -> Optional[p.Message]:
+                    on_silence: Optional[Callable[[], Awaitable[bool]]] = None,
+                    value: bytes = b"") -> Optional[p.Message]:
         """As Client._call(): the reply, or None once `timeout` passes."""
         if self._closed:
             raise ClientClosedError("the client is closed")
@@ -489,7 +505,7 @@ class AsyncClient:
         assert target is not None
         epoch = None if message_type == p.MAP or self._map is None else self._map.epoch
         data = p.pack_request(message_type, request_id, self._client_id, key, values, epoch,
-                              self._auth_key)
+                              self._auth_key, value=value)
         start = _now() if sent is None else sent
         deadline = start + (self.request_timeout if timeout is None else timeout)
         call = _AsyncCall(self, message_type, key, data, target.address, deadline,
@@ -525,8 +541,8 @@ class AsyncClient:
             call.future.set_result(reply)
 
     async def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0,
-                           wait_ms: int = 0, permits: int = 0
-                           ) -> Tuple[float, Optional[p.Message], _Node]:
+                           wait_ms: int = 0, permits: int = 0, first_holder: int = 0,
+                           value: bytes = b"") -> Tuple[float, Optional[p.Message], _Node]:
         """As Client._routed_call(): RECOVERING ridden through while the wait
         lasts; in cluster mode REDIRECTs followed and silent owners left."""
         start = _now()
@@ -537,12 +553,7 @@ class AsyncClient:
         redirects = 0
         while True:
             node, routed_by = self._route(key)
-            if message_type == p.QUERY:
-                values: Tuple[int, ...] = ()
-            elif message_type == p.ACQUIRE_PERMIT:
-                values = (ttl_ms, wait_ms, permits)
-            else:
-                values = (ttl_ms, wait_ms)
+            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder)
             moved = []
             on_silence = None
             if routed_by is not None:
@@ -555,7 +566,7 @@ class AsyncClient:
                         return True
                     return False
             reply = await self._call(message_type, key, values, timeout=deadline - sent,
-                                     sent=sent, node=node, on_silence=on_silence)
+                                     sent=sent, node=node, on_silence=on_silence, value=value)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:

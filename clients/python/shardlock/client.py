@@ -142,6 +142,107 @@ class QueryResult:
                 % (self.held, self.token, self.ttl_left_ms, self.waiters, self.mode, self.holders))
 
 
+_MODES = ("exclusive", "shared", "permit")
+
+
+class HolderInfo:
+    """One holder of a key (HoldersResult.holder_list)."""
+
+    __slots__ = ("owner", "token", "ttl_left_ms", "mode", "pending", "value")
+
+    def __init__(self, holder: p.Holder, mode: str) -> None:
+        lo, hi = holder.owner
+        self.owner = "%016x%016x" % (hi, lo)  # 32 hex digits, as Client.client_id
+        self.token = holder.token
+        self.ttl_left_ms = holder.ttl_left_ms  # as the server counted it
+        self.mode = mode
+        # Taken by a multi-key acquire that has not completed: no lease yet.
+        self.pending = bool(holder.flags & p.HOLDER_FLAG_PENDING)
+        self.value = holder.value  # what its acquire attached; b"" for none
+
+    def __repr__(self) -> str:
+        return ("HolderInfo(owner=%r, token=%d, ttl_left_ms=%d, mode=%r, pending=%r, value=%r)"
+                % (self.owner, self.token, self.ttl_left_ms, self.mode, self.pending, self.value))
+
+
+class HoldersResult:
+    """Who holds a key (Client.holders()): QUERY's summary and each holder,
+    oldest grant first. `listed` is False when the server predates
+    QUERY_HOLDERS: then the summary comes from QUERY and holder_list is
+    empty. `mode` is None when nobody holds the key."""
+
+    def __init__(self) -> None:
+        self.listed = True
+        self.held = False
+        self.mode: Optional[str] = None
+        self.token = 0  # the newest grant's
+        self.ttl_left_ms = 0  # the longest any holder has left
+        self.waiters = 0
+        self.holders = 0  # how many hold it, pending ones included
+        self.permits = 0
+        self.holder_list: List[HolderInfo] = []
+
+    @classmethod
+    def from_query(cls, q: QueryResult) -> "HoldersResult":
+        r = cls()
+        r.listed = False
+        r.held = q.held
+        r.mode = q.mode if q.held else None
+        r.token = q.token
+        r.ttl_left_ms = q.ttl_left_ms
+        r.waiters = q.waiters
+        r.holders = q.holders
+        r.permits = q.permits
+        return r
+
+    def __repr__(self) -> str:
+        return ("HoldersResult(listed=%r, held=%r, mode=%r, holders=%d, waiters=%d, "
+                "holder_list=%r)" % (self.listed, self.held, self.mode, self.holders,
+                                     self.waiters, self.holder_list))
+
+
+class _HolderPages:
+    """Gathers the QUERY_HOLDERS pages of one key into a HoldersResult, for
+    Client.holders() and AsyncClient.holders()."""
+
+    def __init__(self, key: bytes) -> None:
+        self.name = key.decode("utf-8", errors="replace")
+        self.result = HoldersResult()
+        self.pages = 0
+
+    def first_holder(self) -> int:
+        """Where the next page starts."""
+        return len(self.result.holder_list)
+
+    def server_predates(self, reply: Optional[p.Message]) -> bool:
+        """Whether the first page's answer says the server does not know
+        QUERY_HOLDERS: an older codec drops it (no answer), a server that
+        decodes it without serving it answers ERROR(not a request)."""
+        return self.pages == 0 and (reply is None or (
+            reply.type == p.ERROR and reply.error == p.ERROR_NOT_A_REQUEST))
+
+    def take(self, reply: Optional[p.Message], node: "_Node") -> bool:
+        """Adds a page; True once every holder the server counts is in (or
+        a page came back empty). Raises what a failed answer means."""
+        if reply is None:
+            raise UnreachableError("no answer from %s to QUERY_HOLDERS" % node.text)
+        _raise_for_reply(reply, self.name)
+        self.pages += 1
+        r = self.result
+        mode = _MODES[reply.mode]
+        r.holders = reply.holders
+        r.held = reply.holders > 0
+        r.mode = mode if r.held else None
+        r.waiters = reply.waiters
+        r.permits = reply.permits
+        for h in reply.holder_list:
+            r.holder_list.append(HolderInfo(h, mode))
+            r.token = max(r.token, h.token)
+            r.ttl_left_ms = max(r.ttl_left_ms, h.ttl_left_ms)
+        return len(r.holder_list) >= reply.holders or not reply.holder_list or \
+            self.pages >= 65536
+
+
 class _LeaseFacts:
     """What a lease is, for Lease and AsyncLease: set once, read anywhere."""
 
@@ -419,6 +520,29 @@ def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: i
     return data, ttl_ms, wait_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
 
 
+def _value_bytes(value: Union[bytes, str, None]) -> bytes:
+    """An acquire's holder value as bytes (str: UTF-8); ValueError past
+    MAX_HOLDER_VALUE_LENGTH bytes."""
+    if value is None:
+        return b""
+    data = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+    if len(data) > p.MAX_HOLDER_VALUE_LENGTH:
+        raise ValueError("a value is at most %d bytes" % p.MAX_HOLDER_VALUE_LENGTH)
+    return data
+
+
+def _request_values(message_type: int, ttl_ms: int, wait_ms: int, permits: int,
+                    first_holder: int) -> Tuple[int, ...]:
+    """The fixed body fields after the key of a routed request."""
+    if message_type == p.QUERY:
+        return ()
+    if message_type == p.QUERY_HOLDERS:
+        return (first_holder,)
+    if message_type == p.ACQUIRE_PERMIT:
+        return (ttl_ms, wait_ms, permits)
+    return (ttl_ms, wait_ms)
+
+
 def _answers(request_type: int, key: bytes, reply: p.Message) -> bool:
     """Whether `reply` answers a request of `request_type` on `key`: its
     type is one the request gets, and a reply that carries a key carries
@@ -430,7 +554,7 @@ def _answers(request_type: int, key: bytes, reply: p.Message) -> bool:
 def _raise_for_reply(reply: p.Message, key: str) -> None:
     """Raises the error a non-success reply means; returns on success."""
     t = reply.type
-    if t in (p.GRANTED, p.RENEWED, p.RELEASED, p.QUERY_REPLY):
+    if t in (p.GRANTED, p.RENEWED, p.RELEASED, p.QUERY_REPLY, p.HOLDERS_REPLY):
         return
     if t == p.BUSY:
         raise BusyError(key, reply.ttl_ms)
@@ -722,13 +846,16 @@ class Client:
 
     def acquire(self, key: Key, ttl: float, wait: float = 0, *, shared: bool = False,
                 permits: int = 0, watchdog: bool = True, on_lost: Optional[OnLost] = None,
-                renew_fraction: float = 1.0 / 3.0) -> Lease:
+                renew_fraction: float = 1.0 / 3.0,
+                value: Union[bytes, str, None] = None) -> Lease:
         """Takes `key` for `ttl` seconds, waiting up to `wait` seconds for a
         holder to let go (0: BusyError at once). Exclusive by default;
         `shared=True` for a shared lease; `permits=N` for one of N permits
         (a counting semaphore). With `watchdog` the lease renews itself at
         renew_fraction x ttl; `on_lost(lease, reason)` runs once, on the
-        watchdog thread, if the lease is lost.
+        watchdog thread, if the lease is lost. `value` (bytes, or str as
+        UTF-8; at most 256 bytes) stays with the holder for holders() to
+        show, through renewals: a leader's address, a host name and pid.
 
         Blocks at most wait + request_timeout. With a wait, a server in its
         lock-delay (RECOVERING) is asked again until the wait is spent. In
@@ -741,7 +868,8 @@ class Client:
         Lease returned is valid."""
         data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
             key, ttl, wait, shared, permits, renew_fraction)
-        sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits)
+        sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits,
+                                              value=_value_bytes(value))
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
@@ -775,6 +903,22 @@ class Client:
             raise UnreachableError("no answer from %s to QUERY" % node.text)
         _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
         return QueryResult(reply)
+
+    def holders(self, key: Key) -> HoldersResult:
+        """QUERY_HOLDERS: each holder of `key` (owner, token, time left),
+        oldest grant first, with QUERY's summary, as many pages as it takes.
+        A server that predates QUERY_HOLDERS leaves it unanswered (for the
+        request timeout) or refuses it; then this asks QUERY and returns its
+        summary with listed False."""
+        data = _key_bytes(key)
+        pages = _HolderPages(data)
+        while True:
+            _, reply, node = self._routed_call(p.QUERY_HOLDERS, data,
+                                               first_holder=pages.first_holder())
+            if pages.server_predates(reply):
+                return HoldersResult.from_query(self.query(key))
+            if pages.take(reply, node):
+                return pages.result
 
     @property
     def map_epoch(self) -> int:
@@ -839,8 +983,10 @@ class Client:
         return self._node, None
 
     def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0, wait_ms: int = 0,
-                     permits: int = 0) -> Tuple[float, Optional[p.Message], _Node]:
-        """An ACQUIRE* or QUERY call, within wait + request_timeout.
+                     permits: int = 0, first_holder: int = 0,
+                     value: bytes = b"") -> Tuple[float, Optional[p.Message], _Node]:
+        """An ACQUIRE*, QUERY or QUERY_HOLDERS call, within wait +
+        request_timeout.
 
         An ACQUIRE* with a wait rides through RECOVERING while the wait
         lasts. In cluster mode it also follows REDIRECTs (refreshing the map
@@ -859,17 +1005,12 @@ class Client:
         redirects = 0
         while True:
             node, routed_by = self._route(key)
-            if message_type == p.QUERY:
-                values: Tuple[int, ...] = ()
-            elif message_type == p.ACQUIRE_PERMIT:
-                values = (ttl_ms, wait_ms, permits)
-            else:
-                values = (ttl_ms, wait_ms)
+            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder)
             if routed_by is None:
                 # One node, or a static list: no map, so nothing to refresh
                 # or follow.
                 reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                                   node=node)
+                                   node=node, value=value)
                 if reply is not None and reply.type == p.RECOVERING and waits:
                     left = wait_end - _now()
                     if left > _LAST_TRY_MARGIN:
@@ -890,7 +1031,7 @@ class Client:
                 return False
 
             reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                               node=node, on_silence=on_silence)
+                               node=node, on_silence=on_silence, value=value)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
@@ -990,7 +1131,8 @@ class Client:
     def _call(self, message_type: int, key: bytes, values: Tuple[int, ...],
               timeout: Optional[float] = None, request_id: Optional[int] = None,
               sent: Optional[float] = None, node: Optional[_Node] = None,
-              on_silence: Optional[Callable[[], bool]] = None) -> Optional[p.Message]:
+              on_silence: Optional[Callable[[], bool]] = None,
+              value: bytes = b"") -> Optional[p.Message]:
         """Sends a request of `message_type` on `key` with the type's fixed
         body `values` (p.pack_request) to `node` (default: the server), and
         retransmits it (same request id) until it is answered or `timeout`
@@ -1002,7 +1144,8 @@ class Client:
         if node is None:
             node = self._node
         data = p.pack_request(message_type, request_id, self._client_id, key, values,
-                              None if message_type == p.MAP else self._epoch(), self._auth_key)
+                              None if message_type == p.MAP else self._epoch(), self._auth_key,
+                              value=value)
         call = _Call(message_type, key)
         if self._closed:
             raise ClientClosedError("the client is closed")

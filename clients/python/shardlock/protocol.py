@@ -4,7 +4,8 @@ Bytes in, a message or a ProtocolError out; it never touches a socket. The
 format is documented byte by byte at the top of
 include/shardlock/lease/protocol.h; this module implements the part a client
 needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
-RENEW, RELEASE, QUERY, and MAP for cluster mode) and every reply a server
+RENEW, RELEASE, QUERY, QUERY_HOLDERS, and MAP for cluster mode) and every
+reply a server
 sends to them, single or batched, sealed with datagram authentication
 (auth.py) or not. Batched requests, ACQUIRE_MANY and STATS are not
 implemented.
@@ -31,7 +32,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple, TypeVar
 
 MAGIC = 0x4B4C4853
 VERSION = 1
@@ -49,6 +50,9 @@ EPOCH_SIZE = 8
 MAX_MEMBER_ID_LENGTH = 128
 MAX_MEMBER_ADDRESS_LENGTH = 64
 ITEM_FLAG_OWNER = 0x01
+ITEM_FLAG_VALUE = 0x02  # the item carries a holder value (single-key ACQUIREs)
+HOLDER_FLAG_PENDING = 0x01  # a HOLDERS_REPLY entry of an ACQUIRE_MANY not yet complete
+MAX_HOLDER_VALUE_LENGTH = 256
 
 # Message types.
 ACQUIRE = 0x01
@@ -60,6 +64,7 @@ ACQUIRE_SHARED = 0x06
 ACQUIRE_PERMIT = 0x07
 ACQUIRE_MANY = 0x08
 MAP = 0x09
+QUERY_HOLDERS = 0x0A
 GRANTED = 0x81
 BUSY = 0x82
 TIMEOUT = 0x83
@@ -79,6 +84,7 @@ QUERY_REPLY = 0x8A
 STATS_REPLY = 0x8B
 GRANTED_MANY = 0x8C
 BUSY_MANY = 0x8D
+HOLDERS_REPLY = 0x90
 BATCH = 0xFF
 
 # Lease modes (QUERY_REPLY's mode).
@@ -105,10 +111,14 @@ WIRE_ERRORS = {
     15: "bad lease mode",
 }
 ERROR_REQUEST_TOO_SMALL = 6
+ERROR_NOT_A_REQUEST = 7
 
 # Each body field in wire order: (attribute, struct format or "key").
 _KEY = "key"
 _MEMBERS = "members"  # u8 n, n x (u16 id length + id, u16 address length + address, u32 weight)
+# u8 n, n x (u128 owner, u64 token, u32 ttl_left_ms, u8 flags, u16 value length + value)
+_HOLDERS = "holder_list"
+_LISTS = (_MEMBERS, _HOLDERS)
 _BODIES = {
     ACQUIRE: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I")),
     ACQUIRE_SHARED: (("key", _KEY), ("ttl_ms", "I"), ("wait_ms", "I")),
@@ -131,6 +141,9 @@ _BODIES = {
                 ("members", _MEMBERS)),
     QUERY_REPLY: (("key", _KEY), ("held", "B"), ("token", "Q"), ("ttl_ms", "I"),
                   ("waiters", "I"), ("mode", "B"), ("holders", "I"), ("permits", "I")),
+    QUERY_HOLDERS: (("key", _KEY), ("first_holder", "I")),
+    HOLDERS_REPLY: (("key", _KEY), ("mode", "B"), ("permits", "I"), ("waiters", "I"),
+                    ("holders", "I"), ("first_holder", "I"), ("holder_list", _HOLDERS)),
 }
 
 # What the server sends each request (kRequestReplies). The reply bound is
@@ -144,6 +157,7 @@ _REPLIES = {
     RELEASE: (RELEASED, NOT_OWNER, EXPIRED, ERROR),
     QUERY: (QUERY_REPLY, ERROR, REDIRECT, RECOVERING),
     MAP: (MAP_REPLY, ERROR),
+    QUERY_HOLDERS: (HOLDERS_REPLY, ERROR, REDIRECT, RECOVERING),
 }
 _ALSO_ACCEPTED = {RELEASE: (RECOVERING,), MAP: (RECOVERING,)}
 
@@ -154,7 +168,8 @@ _NAMES = {
     RENEWED: "RENEWED", RELEASED: "RELEASED", NOT_OWNER: "NOT_OWNER", EXPIRED: "EXPIRED",
     RECOVERING: "RECOVERING", ERROR: "ERROR", REDIRECT: "REDIRECT", QUERY_REPLY: "QUERY_REPLY",
     STATS_REPLY: "STATS_REPLY", GRANTED_MANY: "GRANTED_MANY", BUSY_MANY: "BUSY_MANY",
-    BATCH: "BATCH", MAP: "MAP", MAP_REPLY: "MAP_REPLY",
+    BATCH: "BATCH", MAP: "MAP", MAP_REPLY: "MAP_REPLY", QUERY_HOLDERS: "QUERY_HOLDERS",
+    HOLDERS_REPLY: "HOLDERS_REPLY",
 }
 
 _HEADER = struct.Struct("<IBBBBQQQ")
@@ -167,8 +182,22 @@ def type_name(message_type: int) -> str:
     return _NAMES.get(message_type, "UNKNOWN")
 
 
+T = TypeVar("T")
+
+
 class ProtocolError(ValueError):
     """Bytes that are not a datagram this codec can read or write."""
+
+
+@dataclass
+class Holder:
+    """One holder in a HOLDERS_REPLY."""
+
+    owner: Tuple[int, int]  # (lo, hi), as a client id
+    token: int
+    ttl_left_ms: int
+    flags: int = 0  # HOLDER_FLAG_PENDING
+    value: bytes = b""
 
 
 @dataclass
@@ -193,6 +222,10 @@ class Message:
     member_count: int = 0  # MAP_REPLY: the map's members, all pages
     # MAP_REPLY: this page's members, each (id, address "host:port", weight).
     members: List[Tuple[bytes, str, int]] = field(default_factory=list)
+    first_holder: int = 0  # QUERY_HOLDERS, HOLDERS_REPLY
+    value: bytes = b""  # a single-key ACQUIRE's holder value (ITEM_FLAG_VALUE)
+    # HOLDERS_REPLY: this page's holders, oldest grant first.
+    holder_list: List[Holder] = field(default_factory=list)
 
 
 def _body_size(message: Message) -> int:
@@ -203,12 +236,12 @@ def _body_size(message: Message) -> int:
 
 
 def _fixed_size(message_type: int) -> Tuple[bool, int]:
-    """(carries a key, body size less the key's bytes; a member list counted
-    empty)."""
+    """(carries a key, body size less the key's bytes; a member or holder
+    list counted empty)."""
     keyed = False
     n = 0
     for _, fmt in _BODIES[message_type]:
-        if fmt == _MEMBERS:
+        if fmt in _LISTS:
             n += 1
         elif fmt == _KEY:
             keyed = True
@@ -234,9 +267,9 @@ def max_reply_size(request: Message) -> int:
     return HEADER_SIZE + max_reply_body(request)
 
 
-_TAIL_FORMATS = {t: "".join(fmt for _, fmt in fields if fmt not in (_KEY, _MEMBERS))
+_TAIL_FORMATS = {t: "".join(fmt for _, fmt in fields if fmt not in (_KEY,) + _LISTS)
                  for t, fields in _BODIES.items()}
-_TAIL_NAMES = {t: tuple(name for name, fmt in fields if fmt not in (_KEY, _MEMBERS))
+_TAIL_NAMES = {t: tuple(name for name, fmt in fields if fmt not in (_KEY,) + _LISTS)
                for t, fields in _BODIES.items()}
 _KEYED = {t: any(fmt == _KEY for _, fmt in fields) for t, fields in _BODIES.items()}
 _REQUEST_STRUCTS: Dict[Tuple[int, int, bool, int], struct.Struct] = {}
@@ -268,8 +301,8 @@ _REQUEST_PAD: Dict[Tuple[int, int], int] = {}
 def request_pad(message_type: int, key_length: int, auth: bool = False) -> int:
     """The size a request of this type and key length is padded to: its
     max_reply_size(), or a whole datagram (less the tag when sealed) for a
-    MAP, whose reply page fills what it may."""
-    if message_type == MAP:
+    MAP or QUERY_HOLDERS, whose reply page fills what it may."""
+    if message_type in (MAP, QUERY_HOLDERS):
         return MAX_DATAGRAM_SIZE - (AUTH_TAG_SIZE if auth else 0)
     pad = _REQUEST_PAD.get((message_type, key_length))
     if pad is None:
@@ -278,17 +311,58 @@ def request_pad(message_type: int, key_length: int, auth: bool = False) -> int:
     return pad
 
 
+_VALUE_TYPES = (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT)
+
+
+def _pack_with_value(message_type: int, request_id: int, client_id: Tuple[int, int], key: bytes,
+                     values: Tuple[int, ...], epoch: Optional[int], value: bytes,
+                     pad: bool) -> bytes:
+    """A single-key ACQUIRE with a holder value: a batch of one whose item
+    carries ITEM_FLAG_VALUE and the value (u16 length + bytes) before the
+    body, padded as the server bounds a batch: the item's largest reply, and
+    a whole datagram header more for a waiting ACQUIRE's later answer."""
+    if message_type not in _VALUE_TYPES:
+        raise ProtocolError("only ACQUIRE, ACQUIRE_SHARED and ACQUIRE_PERMIT carry a value")
+    if len(value) > MAX_HOLDER_VALUE_LENGTH:
+        raise ProtocolError("value longer than %d bytes" % MAX_HOLDER_VALUE_LENGTH)
+    body = struct.pack("<H", len(key)) + key + _TAIL_STRUCTS[message_type].pack(*values)
+    lo, hi = client_id
+    flags = 0 if epoch is None else FLAG_EPOCH
+    data = _HEADER.pack(MAGIC, VERSION, flags, BATCH, 1, request_id, lo, hi)
+    if epoch is not None:
+        data += _U64.pack(epoch)
+    data += _BATCH_ITEM.pack(message_type, ITEM_FLAG_VALUE, len(body), request_id)
+    data += struct.pack("<H", len(value)) + value + body
+    if pad:
+        bound = HEADER_SIZE + BATCH_ITEM_HEADER_SIZE + max_reply_body(
+            Message(type=message_type, key=key))
+        if values[1]:  # wait_ms: its answer may come later, in a datagram of its own
+            bound += HEADER_SIZE - BATCH_ITEM_HEADER_SIZE
+        data += bytes(max(0, bound - len(data)))
+    return data
+
+
 def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int], key: bytes,
                  values: Tuple[int, ...], epoch: Optional[int] = None,
-                 auth_key: Optional[bytes] = None, pad: bool = True) -> bytes:
+                 auth_key: Optional[bytes] = None, pad: bool = True,
+                 value: bytes = b"") -> bytes:
     """A single-message request datagram: `values` are the type's fixed body
     fields in wire order after the key (ACQUIRE: ttl_ms, wait_ms; RENEW:
-    token, ttl_ms; RELEASE: token; QUERY: none; MAP: first_member). The
-    client's hot path; encode_request() is the same from a Message."""
+    token, ttl_ms; RELEASE: token; QUERY: none; QUERY_HOLDERS: first_holder;
+    MAP: first_member). A `value` (single-key ACQUIREs: the holder value,
+    at most MAX_HOLDER_VALUE_LENGTH bytes) frames the request as a batch of
+    one. The client's hot path; encode_request() is the same from a
+    Message."""
     if message_type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message_type))
     if len(key) > 0xFFFF:
         raise ProtocolError("key too long for its u16 length")
+    if value:
+        data = _pack_with_value(message_type, request_id, client_id, key, values, epoch, value,
+                                pad)
+        if len(data) + (0 if auth_key is None else AUTH_TAG_SIZE) > MAX_DATAGRAM_SIZE:
+            raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
+        return data if auth_key is None else seal(data, auth_key)
     pad_to = request_pad(message_type, len(key), auth_key is not None) if pad else 0
     flags = (0 if epoch is None else FLAG_EPOCH) | (0 if auth_key is None else FLAG_AUTHENTICATED)
     s = _request_struct(message_type, len(key), epoch is not None, pad_to)
@@ -389,8 +463,8 @@ _U64 = struct.Struct("<Q")
 
 def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[Message, int]:
     """Reads one body from the front of `body`; returns it and its size.
-    Every body is: the key if it has one, fixed fields, a member list if
-    it has one (_BODIES), so one Struct reads the fixed part."""
+    Every body is: the key if it has one, fixed fields, a member or holder
+    list if it has one (_BODIES), so one Struct reads the fixed part."""
     tail = _TAIL_STRUCTS.get(message_type)
     if tail is None:
         raise ProtocolError("unknown message type 0x%02x" % message_type)
@@ -410,33 +484,61 @@ def _decode_body(message_type: int, body: memoryview, request_id: int) -> Tuple[
         m.__dict__.update(zip(_TAIL_NAMES[message_type], tail.unpack_from(body, at)))
         at += tail.size
     if message_type == MAP_REPLY:
-        m.members, at = _decode_members(body, at)
+        m.members, at = _decode_list(body, at, _read_member)
     elif message_type == QUERY_REPLY and (m.held > 1 or m.mode > MODE_PERMIT):
         raise ProtocolError("bad field")
+    elif message_type == HOLDERS_REPLY:
+        if m.mode > MODE_PERMIT:
+            raise ProtocolError("bad field")
+        m.holder_list, at = _decode_list(body, at, _read_holder)
     return m, at
 
 
-def _decode_members(body: memoryview, at: int) -> Tuple[List[Tuple[bytes, str, int]], int]:
-    """A MAP_REPLY member list from `at`; as the C++ codec, ids of 1..128
-    bytes, addresses of 1..64 (text), weights of at least 1."""
+_HOLDER = struct.Struct("<QQQIB")
+
+
+def _decode_list(body: memoryview, at: int, read_entry: Callable[[memoryview, int], Tuple[T, int]]
+                 ) -> Tuple[List[T], int]:
+    """A u8 count and that many entries from `at`, each read by
+    `read_entry(body, at)` -> (entry, offset after it)."""
     if at + 1 > len(body):
         raise ProtocolError("truncated")
     count = body[at]
     at += 1
-    members = []
+    entries = []
     for _ in range(count):
-        member_id, at = _read_bytes(body, at)
-        address, at = _read_bytes(body, at)
-        weight, at = _read_uint(body, at, "I")
-        if not (1 <= len(member_id) <= MAX_MEMBER_ID_LENGTH and
-                1 <= len(address) <= MAX_MEMBER_ADDRESS_LENGTH and weight >= 1):
-            raise ProtocolError("bad member")
-        try:
-            address_text = address.decode("ascii")
-        except UnicodeDecodeError:
-            raise ProtocolError("bad member address") from None
-        members.append((member_id, address_text, weight))
-    return members, at
+        entry, at = read_entry(body, at)
+        entries.append(entry)
+    return entries, at
+
+
+def _read_holder(body: memoryview, at: int) -> Tuple[Holder, int]:
+    """One HOLDERS_REPLY entry; as the C++ codec, flags other than
+    HOLDER_FLAG_PENDING and values over MAX_HOLDER_VALUE_LENGTH bytes are
+    refused."""
+    if at + _HOLDER.size > len(body):
+        raise ProtocolError("truncated")
+    lo, hi, token, ttl_left_ms, flags = _HOLDER.unpack_from(body, at)
+    value, at = _read_bytes(body, at + _HOLDER.size)
+    if flags & ~HOLDER_FLAG_PENDING or len(value) > MAX_HOLDER_VALUE_LENGTH:
+        raise ProtocolError("bad holder")
+    return Holder((lo, hi), token, ttl_left_ms, flags, value), at
+
+
+def _read_member(body: memoryview, at: int) -> Tuple[Tuple[bytes, str, int], int]:
+    """One MAP_REPLY member; as the C++ codec, ids of 1..128 bytes,
+    addresses of 1..64 (text), weights of at least 1."""
+    member_id, at = _read_bytes(body, at)
+    address, at = _read_bytes(body, at)
+    weight, at = _read_uint(body, at, "I")
+    if not (1 <= len(member_id) <= MAX_MEMBER_ID_LENGTH and
+            1 <= len(address) <= MAX_MEMBER_ADDRESS_LENGTH and weight >= 1):
+        raise ProtocolError("bad member")
+    try:
+        address_text = address.decode("ascii")
+    except UnicodeDecodeError:
+        raise ProtocolError("bad member address") from None
+    return (member_id, address_text, weight), at
 
 
 def decode(data: bytes, auth_key: Optional[bytes] = None) -> Datagram:
@@ -482,15 +584,21 @@ def decode(data: bytes, auth_key: Optional[bytes] = None) -> Datagram:
                 raise ProtocolError("truncated")
             item_type, item_flags, body_length, item_id = _BATCH_ITEM.unpack_from(view, at)
             at += BATCH_ITEM_HEADER_SIZE
-            if item_flags & ~ITEM_FLAG_OWNER:
+            if item_flags & ~(ITEM_FLAG_OWNER | ITEM_FLAG_VALUE):
                 raise ProtocolError("bad item flags")
             if item_flags & ITEM_FLAG_OWNER:
                 at += BATCH_ITEM_OWNER_SIZE  # replies never carry one; skip it
+            value = b""
+            if item_flags & ITEM_FLAG_VALUE:  # requests only
+                value, at = _read_bytes(view, at)
+                if item_type not in _VALUE_TYPES or not 1 <= len(value) <= MAX_HOLDER_VALUE_LENGTH:
+                    raise ProtocolError("bad value")
             if at + body_length > len(view):
                 raise ProtocolError("truncated")
             m, size = _decode_body(item_type, view[at:at + body_length], item_id)
             if size != body_length:
                 raise ProtocolError("bad length")
+            m.value = value
             messages.append(m)
             at += body_length
     if any(view[at:]):

@@ -40,6 +40,21 @@ class AsyncLocks(unittest.IsolatedAsyncioTestCase):
             self.assertGreater(second.token, lease.token)
             await second.release()
 
+    async def test_holders_lists_each_holder(self):
+        async with shardlock.AsyncClient(self.daemon.address) as a, \
+                shardlock.AsyncClient(self.daemon.address) as b:
+            ra = await a.acquire("aio/who", 5, shared=True)
+            rb = await b.acquire("aio/who", 5, shared=True)
+            r = await a.holders("aio/who")
+            self.assertTrue(r.listed)
+            self.assertEqual((r.held, r.mode, r.holders), (True, "shared", 2))
+            self.assertEqual([h.owner for h in r.holder_list], [a.client_id, b.client_id])
+            self.assertEqual([h.token for h in r.holder_list], [ra.token, rb.token])
+            await ra.release()
+            await rb.release()
+            free = await a.holders("aio/who")
+            self.assertEqual((free.held, free.mode, free.holder_list), (False, None, []))
+
     async def test_a_waiting_acquire_is_handed_the_lease(self):
         async with shardlock.AsyncClient(self.daemon.address) as a, \
                 shardlock.AsyncClient(self.daemon.address) as b:

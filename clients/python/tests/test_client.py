@@ -343,13 +343,91 @@ class Wire(ServerTestCase):
             relay.close()
 
 
+class Holders(ServerTestCase):
+    """Client.holders(): each holder of a key, oldest grant first."""
+
+    def test_each_shared_holder_and_the_waiters(self):
+        readers = [self.client() for _ in range(3)]
+        leases = [c.lock_shared("py/who", ttl=20) for c in readers]
+        writer = self.client()
+        thread = threading.Thread(target=lambda: writer.lock("py/who", ttl=5, wait=10).release())
+        thread.start()
+        self.assertTrue(wait_until(lambda: writer.query("py/who").waiters == 1))
+        r = writer.holders("py/who")
+        self.assertTrue(r.listed)
+        self.assertTrue(r.held)
+        self.assertEqual((r.mode, r.holders, r.waiters, r.permits), ("shared", 3, 1, 0))
+        self.assertEqual([h.owner for h in r.holder_list], [c.client_id for c in readers])
+        self.assertEqual([h.token for h in r.holder_list], [lease.token for lease in leases])
+        for h in r.holder_list:
+            self.assertEqual(h.mode, "shared")
+            self.assertTrue(0 < h.ttl_left_ms <= 20000)
+            self.assertFalse(h.pending)
+            self.assertEqual(h.value, b"")
+        self.assertEqual(r.token, leases[-1].token)
+        for lease in leases:
+            lease.release()
+        thread.join(10)
+
+    def test_many_holders_come_in_pages(self):
+        count = 50  # more than one reply datagram lists
+        clients = [self.client() for _ in range(count)]
+        leases = [c.lock("py/pool", ttl=20, permits=count) for c in clients]
+        r = self.client().holders("py/pool")
+        self.assertEqual((r.mode, r.holders, r.permits), ("permit", count, count))
+        self.assertEqual([h.token for h in r.holder_list], [lease.token for lease in leases])
+        for lease in leases:
+            lease.release()
+
+    def test_a_value_stays_with_its_holder(self):
+        leader, other = self.client(), self.client()
+        with leader.lock("py/leader", ttl=1.2, value="10.0.0.7:5432") as lease:
+            waiter = threading.Thread(
+                target=lambda: other.lock("py/leader", ttl=5, wait=10, value=b"next").release())
+            waiter.start()
+            self.assertTrue(wait_until(lambda: other.query("py/leader").waiters == 1))
+            time.sleep(0.6)  # the watchdog renews (at ttl/3): the value stays
+            r = other.holders("py/leader")
+            self.assertEqual([(h.owner, h.token, h.value) for h in r.holder_list],
+                             [(leader.client_id, lease.token, b"10.0.0.7:5432")])
+        waiter.join(10)
+        with self.assertRaises(ValueError):
+            leader.lock("py/leader", ttl=1, value=b"v" * 257)
+
+    def test_a_free_key_has_no_holders_and_no_mode(self):
+        r = self.client().holders("py/nobody")
+        self.assertTrue(r.listed)
+        self.assertFalse(r.held)
+        self.assertIsNone(r.mode)
+        self.assertEqual((r.holders, r.holder_list), (0, []))
+
+    def test_an_older_server_gets_the_query_summary(self):
+        relay = DroppingRelay(("127.0.0.1", self.daemon.port), drop_replies=0,
+                              drop_types=(p.QUERY_HOLDERS,))
+        try:
+            holder = self.client()
+            lease = holder.lock("py/old", ttl=20)
+            a = shardlock.Client("127.0.0.1:%d" % relay.port, request_timeout=0.3)
+            self.clients.append(a)
+            r = a.holders("py/old")
+            self.assertFalse(r.listed)
+            self.assertTrue(r.held)
+            self.assertEqual((r.mode, r.holders, r.token), ("exclusive", 1, lease.token))
+            self.assertEqual(r.holder_list, [])
+            lease.release()
+        finally:
+            relay.close()
+
+
 class DroppingRelay:
     """A UDP relay between one client and the server that loses the first
-    `drop_replies` replies and records every request it forwards."""
+    `drop_replies` replies, and every request of a type in `drop_types` (as
+    a server whose codec predates the type), and records every request."""
 
-    def __init__(self, server, drop_replies):
+    def __init__(self, server, drop_replies, drop_types=()):
         self.server = server
         self.drop_replies = drop_replies
+        self.drop_types = drop_types
         self.requests = []
         self.front = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.front.bind(("127.0.0.1", 0))
@@ -367,8 +445,10 @@ class DroppingRelay:
                 data, source = s.recvfrom(2048)
                 if s is self.front:
                     self.peer = source
-                    self.requests.append(p.decode(data))
-                    self.back.sendto(data, self.server)
+                    request = p.decode(data)
+                    self.requests.append(request)
+                    if request.messages[0].type not in self.drop_types:
+                        self.back.sendto(data, self.server)
                 elif self.drop_replies > 0:
                     self.drop_replies -= 1
                 elif self.peer is not None:

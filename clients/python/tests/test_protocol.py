@@ -192,5 +192,73 @@ class ClusterMessages(unittest.TestCase):
                     p.decode(header + bytes.fromhex(fixed + member))
 
 
+# HOLDERS_REPLY's body in WireBytesArePinned (protocol_test.cc).
+HOLDERS_REPLY_BODY = ("09006f72646572732f3432" "01" "00000000" "03000000" "05000000" "02000000"
+                      "02"
+                      "1100000000000000" "2200000000000000" "2800000000000000" "84030000" "00"
+                      "0b00" "31302e302e302e373a3830"
+                      "3300000000000000" "4400000000000000" "2900000000000000" "00000000" "01"
+                      "0000")
+
+
+class HolderMessages(unittest.TestCase):
+    """QUERY_HOLDERS and HOLDERS_REPLY, pinned to WireBytesArePinned."""
+
+    def test_query_holders_matches_the_cpp_codec(self):
+        m = p.Message(type=p.QUERY_HOLDERS, key=KEY, first_holder=2)
+        self.assertEqual(p.encode_request(m, CLIENT, pad=False)[p.HEADER_SIZE:].hex(),
+                         "09006f72646572732f343202000000")
+        self.assertEqual(p.max_reply_size(m), 61)
+        # It asks for a whole datagram of holders, as MAP does for members.
+        self.assertEqual(len(p.encode_request(m, CLIENT)), p.MAX_DATAGRAM_SIZE)
+        self.assertEqual(p.type_name(p.QUERY_HOLDERS), "QUERY_HOLDERS")
+
+    def test_holders_reply_decodes_from_the_pinned_bytes(self):
+        header = bytes.fromhex("53484c4b01009001" "0100000000000000") + bytes(16)
+        data = header + bytes.fromhex(HOLDERS_REPLY_BODY)
+        m = p.decode(data).messages[0]
+        self.assertEqual((m.type, m.key, m.mode, m.permits, m.waiters, m.holders, m.first_holder),
+                         (p.HOLDERS_REPLY, KEY, p.MODE_SHARED, 0, 3, 5, 2))
+        self.assertEqual(m.holder_list, [
+            p.Holder((0x11, 0x22), 40, 900, 0, b"10.0.0.7:80"),
+            p.Holder((0x33, 0x44), 41, 0, p.HOLDER_FLAG_PENDING, b""),
+        ])
+        self.assertTrue(p.reply_answers(p.QUERY_HOLDERS, p.HOLDERS_REPLY))
+        self.assertTrue(p.reply_answers(p.QUERY_HOLDERS, p.REDIRECT))
+        self.assertTrue(p.reply_carries_key(p.HOLDERS_REPLY))
+        for n in range(len(data)):
+            with self.assertRaises(p.ProtocolError):
+                p.decode(data[:n])
+
+    def test_a_bad_holder_is_refused(self):
+        header = bytes.fromhex("53484c4b01009001" "0100000000000000") + bytes(16)
+        fixed = "0100" "6b" "00" "00000000" "00000000" "01000000" "00000000" "01"
+        entry = "00" * 28
+        for tail in ("02" "0000",                          # a reserved flag
+                     "00" "0101" + "76" * 257):            # a value of 257 bytes
+            with self.subTest(tail=tail[:8]):
+                with self.assertRaises(p.ProtocolError):
+                    p.decode(header + bytes.fromhex(fixed + entry + tail))
+        longest = "00" "0001" + "76" * 256
+        m = p.decode(header + bytes.fromhex(fixed + entry + longest)).messages[0]
+        self.assertEqual(len(m.holder_list[0].value), p.MAX_HOLDER_VALUE_LENGTH)
+
+    def test_an_acquire_carries_its_value_in_a_batch_of_one(self):
+        for wait_ms, size in ((0, 32 + 12 + 14 + len(KEY)), (500, 32 + 12 + 14 + len(KEY) + 20)):
+            with self.subTest(wait_ms=wait_ms):
+                data = p.pack_request(p.ACQUIRE, 9, CLIENT, KEY, (30000, wait_ms),
+                                      value=b"10.0.0.7:80")
+                self.assertEqual(data[6], p.BATCH)
+                self.assertEqual(data[p.HEADER_SIZE + 1], p.ITEM_FLAG_VALUE)
+                self.assertEqual(len(data), max(size, 32 + 12 + 2 + 11 + 2 + len(KEY) + 8))
+                m = p.decode(data).messages[0]
+                self.assertEqual((m.type, m.request_id, m.key, m.ttl_ms, m.wait_ms, m.value),
+                                 (p.ACQUIRE, 9, KEY, 30000, wait_ms, b"10.0.0.7:80"))
+        with self.assertRaises(p.ProtocolError):
+            p.pack_request(p.RENEW, 9, CLIENT, KEY, (1, 1000), value=b"v")
+        with self.assertRaises(p.ProtocolError):
+            p.pack_request(p.ACQUIRE, 9, CLIENT, KEY, (1000, 0), value=b"v" * 257)
+
+
 if __name__ == "__main__":
     unittest.main()

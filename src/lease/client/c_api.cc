@@ -15,6 +15,7 @@
 #include <string_view>
 #include <system_error>
 #include <utility>
+#include <vector>
 
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/auth.h"
@@ -31,6 +32,11 @@ struct shardlock_client {
 
 struct shardlock_lease {
   lease::Lease lease;
+};
+
+struct shardlock_holders {
+  lease::HoldersReply reply;
+  std::vector<std::string> owners;  // each holder's id in hex
 };
 
 namespace {
@@ -124,6 +130,25 @@ std::string acquire_detail(const lease::AcquireResult& r) {
 constexpr std::size_t kClientOptionsSizeV1 =
     offsetof(shardlock_client_options, flags) + sizeof(shardlock_client_options::flags);
 static_assert(kClientOptionsSizeV1 <= sizeof(shardlock_client_options));
+
+// The size of the first version of shardlock_holder_info.
+constexpr std::size_t kHolderInfoSizeV1 =
+    offsetof(shardlock_holder_info, value_length) + sizeof(shardlock_holder_info::value_length);
+
+// What every keyed call checks first: a client, and a NUL-terminated key of
+// 1..kMaxKeyLength bytes (strnlen: a longer one is refused without reading
+// past it). SHARDLOCK_OK with `view` set, else the failure.
+int keyed_arguments(const shardlock_client* client, const char* key,
+                    std::string_view& view) noexcept {
+  if (client == nullptr || key == nullptr) {
+    return fail(SHARDLOCK_BAD_ARGUMENT, "client or key is NULL");
+  }
+  view = std::string_view(key, ::strnlen(key, lease::kMaxKeyLength + 1));
+  if (view.size() < lease::kMinKeyLength || view.size() > lease::kMaxKeyLength) {
+    return fail(SHARDLOCK_BAD_ARGUMENT, "the key must be 1..256 bytes");
+  }
+  return SHARDLOCK_OK;
+}
 
 // Both create functions: builds, starts and hands out a client.
 int create_client(const char* nodes, const char* auth_key_file, uint32_t request_timeout_ms,
@@ -255,19 +280,20 @@ int shardlock_client_id(const shardlock_client* client, char* out, size_t out_si
   });
 }
 
-int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
-                      int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
-                      void* user_data, shardlock_lease** out) {
+}  // extern "C"
+
+namespace {
+
+// shardlock_acquire() and shardlock_acquire_with_value().
+int acquire_lease(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
+                  int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
+                  void* user_data, std::string_view value, shardlock_lease** out) noexcept {
   return guarded([&]() -> int {
     if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
     *out = nullptr;
-    if (client == nullptr || key == nullptr) {
-      return fail(SHARDLOCK_BAD_ARGUMENT, "client or key is NULL");
-    }
-    // strnlen: a key longer than the limit is refused without reading past it.
-    const std::string_view key_view(key, ::strnlen(key, lease::kMaxKeyLength + 1));
-    if (key_view.size() < lease::kMinKeyLength || key_view.size() > lease::kMaxKeyLength) {
-      return fail(SHARDLOCK_BAD_ARGUMENT, "the key must be 1..256 bytes");
+    std::string_view key_view;
+    if (const int status = keyed_arguments(client, key, key_view); status != SHARDLOCK_OK) {
+      return status;
     }
     if (ttl_ms == 0) return fail(SHARDLOCK_BAD_ARGUMENT, "ttl_ms is 0");
     if ((flags & ~SHARDLOCK_WATCHDOG) != 0) return fail(SHARDLOCK_BAD_ARGUMENT, "unknown flags");
@@ -281,8 +307,12 @@ int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms
       return fail(SHARDLOCK_BAD_ARGUMENT, "permits must be 0 unless the mode is SHARDLOCK_PERMIT");
     }
 
+    if (value.size() > lease::kMaxHolderValueLength) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "the value is longer than 256 bytes");
+    }
     lease::LeaseOptions lease_options;
     lease_options.watchdog = (flags & SHARDLOCK_WATCHDOG) != 0;
+    lease_options.value = value;
     if (on_lost != nullptr) {
       lease_options.on_lost = [on_lost, user_data](const lease::LeaseLost& lost) {
         on_lost(lost.key.c_str(), lost.token, to_status(lost.reason),
@@ -316,6 +346,32 @@ int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms
     *out = handle.release();
     return fail(SHARDLOCK_OK, "");
   });
+}
+
+}  // namespace
+
+extern "C" {
+
+int shardlock_acquire(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
+                      int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
+                      void* user_data, shardlock_lease** out) {
+  return acquire_lease(client, key, ttl_ms, wait_ms, mode, permits, flags, on_lost, user_data, {},
+                       out);
+}
+
+int shardlock_acquire_with_value(shardlock_client* client, const char* key, uint32_t ttl_ms,
+                                 uint32_t wait_ms, int mode, uint32_t permits, unsigned flags,
+                                 shardlock_lost_fn on_lost, void* user_data, const void* value,
+                                 size_t value_length, shardlock_lease** out) {
+  if (value == nullptr && value_length != 0) {
+    if (out != nullptr) *out = nullptr;
+    return fail(SHARDLOCK_BAD_ARGUMENT, "value is NULL");
+  }
+  // NOLINTNEXTLINE(cppcoreguidelines-pro-type-reinterpret-cast): the caller's bytes
+  const std::string_view bytes(static_cast<const char*>(value),
+                               value == nullptr ? 0 : value_length);
+  return acquire_lease(client, key, ttl_ms, wait_ms, mode, permits, flags, on_lost, user_data,
+                       bytes, out);
 }
 
 int shardlock_lease_renew(shardlock_lease* lease, uint32_t ttl_ms) {
@@ -362,6 +418,88 @@ int64_t shardlock_lease_remaining_ms(const shardlock_lease* lease) {
   const auto left = lease->lease.expiry() - lease::LeaseClock::now();
   if (left.count() <= 0) return 0;
   return std::chrono::duration_cast<milliseconds>(left).count();
+}
+
+int shardlock_query_holders(shardlock_client* client, const char* key, shardlock_holders** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    std::string_view key_view;
+    if (const int status = keyed_arguments(client, key, key_view); status != SHARDLOCK_OK) {
+      return status;
+    }
+    auto snapshot = std::make_unique<shardlock_holders>();
+    snapshot->reply = client->client.holders(key_view);
+    const lease::HoldersReply& r = snapshot->reply;
+    if (r.error) {
+      const int status = to_status(r.error);
+      std::string detail = r.error.message();
+      if (r.error == LeaseErrc::kServerError)
+        detail += std::string(": ") + std::string(lease::to_string(r.wire_error));
+      return fail(status, detail);
+    }
+    snapshot->owners.reserve(r.holders.size());
+    for (const lease::HolderInfo& h : r.holders) snapshot->owners.push_back(lease::to_hex(h.owner));
+    *out = snapshot.release();
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+void shardlock_holders_destroy(shardlock_holders* holders) {
+  delete holders;  // NOLINT(cppcoreguidelines-owning-memory): the C API owns it by pointer
+}
+
+int shardlock_holders_listed(const shardlock_holders* holders) {
+  return holders != nullptr && holders->reply.listed ? 1 : 0;
+}
+
+uint32_t shardlock_holders_total(const shardlock_holders* holders) {
+  return holders == nullptr ? 0 : holders->reply.holder_count;
+}
+
+int shardlock_holders_mode(const shardlock_holders* holders) {
+  if (holders == nullptr || !holders->reply.held) return -1;
+  return static_cast<int>(holders->reply.mode);
+}
+
+uint32_t shardlock_holders_waiters(const shardlock_holders* holders) {
+  return holders == nullptr ? 0 : holders->reply.waiters;
+}
+
+uint32_t shardlock_holders_permits(const shardlock_holders* holders) {
+  return holders == nullptr ? 0 : holders->reply.permits;
+}
+
+size_t shardlock_holders_count(const shardlock_holders* holders) {
+  return holders == nullptr ? 0 : holders->reply.holders.size();
+}
+
+int shardlock_holders_get(const shardlock_holders* holders, size_t index,
+                          shardlock_holder_info* out) {
+  return guarded([&]() -> int {
+    if (holders == nullptr || out == nullptr) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "holders or out is NULL");
+    }
+    if (out->size < kHolderInfoSizeV1) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "out->size is less than the smallest holder info (" +
+                                              std::to_string(kHolderInfoSizeV1) +
+                                              "): set it to sizeof(shardlock_holder_info)");
+    }
+    if (index >= holders->reply.holders.size()) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "index " + std::to_string(index) + " past the " +
+                                              std::to_string(holders->reply.holders.size()) +
+                                              " holders listed");
+    }
+    const lease::HolderInfo& h = holders->reply.holders[index];
+    const std::string& owner = holders->owners[index];
+    std::memcpy(out->owner, owner.c_str(), std::min(owner.size() + 1, sizeof out->owner));
+    out->token = h.token;
+    out->ttl_left_ms = h.ttl_left.count();
+    out->pending = h.pending ? 1 : 0;
+    out->value = h.value.c_str();
+    out->value_length = h.value.size();
+    return fail(SHARDLOCK_OK, "");
+  });
 }
 
 }  // extern "C"

@@ -63,6 +63,7 @@ std::error_code error_for(MessageType reply) noexcept {
     case MessageType::kQueryReply:
     case MessageType::kStatsReply:
     case MessageType::kMapReply:
+    case MessageType::kHoldersReply:
       return {};
     case MessageType::kBusy:
     case MessageType::kBusyMany:
@@ -93,11 +94,12 @@ Datagram& tx_datagram() noexcept {
   return datagram;
 }
 
-// STATS and MAP: their replies carry as many shard tokens or members as the
-// request's padding leaves room for (anti-amplification), so they are padded
-// to a whole datagram, alone.
+// STATS, MAP and QUERY_HOLDERS: their replies carry as many shard tokens,
+// members or holders as the request's padding leaves room for
+// (anti-amplification), so they are padded to a whole datagram, alone.
 bool asks_for_a_page(const Call& call) noexcept {
-  return call.type == MessageType::kStats || call.type == MessageType::kMap;
+  return call.type == MessageType::kStats || call.type == MessageType::kMap ||
+         call.type == MessageType::kQueryHolders;
 }
 
 // Whether a reply that answers `call`'s type is well formed for this very
@@ -569,6 +571,17 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
         r.members.push_back(MapMember{std::string(e.id), std::string(e.address), e.weight});
       }
     }
+    if (m.type == MessageType::kHoldersReply) {
+      r.first_holder = m.first_holder;
+      r.holder_list.reserve(m.holder_list_count);
+      for (const HolderEntry& e : HolderList(m)) {
+        r.holder_list.push_back(HolderInfo{.owner = e.owner,
+                                           .token = e.token,
+                                           .ttl_left = milliseconds(e.ttl_left_ms),
+                                           .pending = (e.flags & kHolderFlagPending) != 0,
+                                           .value = std::string(e.value)});
+      }
+    }
     if (m.type == MessageType::kStatsReply) {
       r.shard_count = m.shard_count;
       r.first_shard = m.first_shard;
@@ -724,7 +737,8 @@ bool CallEngine::follows_owner(MessageType type) noexcept {
   // A RENEW too: with replication the key's new owner holds the lease a
   // node that left granted (docs/cluster.md, "Replication"); without it,
   // the new owner answers that it has no such lease, as the old one would.
-  return is_acquire(type) || type == MessageType::kQuery || type == MessageType::kRenew;
+  return is_acquire(type) || type == MessageType::kQuery || type == MessageType::kQueryHolders ||
+         type == MessageType::kRenew;
 }
 
 void CallEngine::follow_redirects() {

@@ -107,8 +107,10 @@ struct Call {
   std::uint32_t wait_ms = 0;
   std::uint32_t first_shard = 0;
   std::uint32_t first_member = 0;          // MAP
+  std::uint32_t first_holder = 0;          // QUERY_HOLDERS
   LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY
   std::uint32_t permits = 0;               // ACQUIRE_PERMIT
+  std::string value;                       // single-key ACQUIREs: the holder value
   // ACQUIRE_MANY: the keys as wire entries (encode_key_list()); `key` stays
   // empty, as the TIMEOUT answering it carries no key.
   std::uint8_t key_count = 0;
@@ -145,6 +147,7 @@ struct Call {
   [[nodiscard]] Message message() const noexcept {
     return Message{.type = type,
                    .request_id = request_id,
+                   .value = value,
                    .key = key,
                    .token = token,
                    .ttl_ms = ttl_ms,
@@ -154,7 +157,8 @@ struct Call {
                    .key_count = key_count,
                    .key_list = key_list,
                    .first_shard = first_shard,
-                   .first_member = first_member};
+                   .first_member = first_member,
+                   .first_holder = first_holder};
   }
 };
 

@@ -10,6 +10,7 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -186,7 +187,8 @@ CallResult failed(std::error_code e) {
 }
 
 bool valid_lease_options(const LeaseOptions& options) noexcept {
-  return options.renew_fraction > 0.0 && options.renew_fraction < 1.0;
+  return options.renew_fraction > 0.0 && options.renew_fraction < 1.0 &&
+         options.value.size() <= kMaxHolderValueLength;
 }
 
 bool valid_timing(milliseconds ttl, milliseconds wait) noexcept {
@@ -198,7 +200,7 @@ bool valid_timing(milliseconds ttl, milliseconds wait) noexcept {
 // negative wait, permits outside 1..kMaxPermits, an unknown mode).
 std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseMode mode,
                                   std::uint32_t permits, milliseconds ttl, milliseconds wait,
-                                  std::unique_ptr<Call>& out) {
+                                  std::string_view value, std::unique_ptr<Call>& out) {
   if (check_key(key) || !valid_timing(ttl, wait)) return LeaseErrc::kBadArgument;
   if (mode != LeaseMode::kExclusive && mode != LeaseMode::kShared && mode != LeaseMode::kPermit)
     return LeaseErrc::kBadArgument;
@@ -208,6 +210,7 @@ std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseM
   out->ttl_ms = internal::clamp_ms(ttl);
   out->wait_ms = internal::clamp_ms(wait);
   out->permits = mode == LeaseMode::kPermit ? permits : 0;
+  out->value = value;
   out->budget += wait;
   return {};
 }
@@ -388,7 +391,7 @@ AcquireResult LeaseClient::acquire_one(std::string_view key, LeaseMode mode, std
   }
   const CallResult r =
       acquire_in_rounds(*core_, wait, [&](milliseconds round, std::unique_ptr<Call>& call) {
-        return make_acquire_call(*core_, key, mode, permits, ttl, round, call);
+        return make_acquire_call(*core_, key, mode, permits, ttl, round, lease_options.value, call);
       });
   result.error = r.error;
   result.holder_ttl_left_ms = r.reply == MessageType::kBusy ? r.ttl_ms : 0;
@@ -412,7 +415,9 @@ MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> k
                                              milliseconds ttl, milliseconds wait, LeaseMode mode,
                                              LeaseOptions lease_options) {
   MultiAcquireResult result;
-  if (!valid_timing(ttl, wait) || !valid_lease_options(lease_options)) {
+  // ACQUIRE_MANY carries no holder value (protocol.h, kItemFlagValue).
+  if (!valid_timing(ttl, wait) || !valid_lease_options(lease_options) ||
+      !lease_options.value.empty()) {
     result.error = LeaseErrc::kBadArgument;
     return result;
   }
@@ -461,6 +466,66 @@ CallResult LeaseClient::query(std::string_view key) {
   return core_->call_sync(core_->engine.make_call(MessageType::kQuery, key));
 }
 
+namespace {
+
+// Whether a QUERY_HOLDERS answer says the server does not know the request:
+// an older codec drops the unknown type (no answer), a server that decodes
+// it without serving it answers ERROR kNotARequest.
+bool predates_holders(const CallResult& r) noexcept {
+  return r.error == LeaseErrc::kUnreachable ||
+         (r.error == LeaseErrc::kServerError && r.wire_error == WireError::kNotARequest);
+}
+
+}  // namespace
+
+HoldersReply LeaseClient::holders(std::string_view key) {
+  HoldersReply out;
+  if (check_key(key)) {
+    out.error = LeaseErrc::kBadArgument;
+    return out;
+  }
+  // Bounded by the holders the server reports, and a hard cap should a
+  // server never make progress.
+  for (int page = 0; page < 65536; ++page) {
+    auto call = core_->engine.make_call(MessageType::kQueryHolders, key);
+    call->first_holder = static_cast<std::uint32_t>(out.holders.size());
+    CallResult r = core_->call_sync(std::move(call));
+    if (r.error && page == 0 && predates_holders(r)) {
+      const CallResult q = query(key);
+      out.listed = false;
+      out.error = q.error;
+      out.wire_error = q.wire_error;
+      out.held = q.held;
+      out.mode = q.mode;
+      out.token = q.token;
+      out.ttl_left = milliseconds(q.ttl_ms);
+      out.waiters = q.waiters;
+      out.holder_count = q.holders;
+      out.permits = q.permits;
+      return out;
+    }
+    if (r.error) {
+      out.error = r.error;
+      out.wire_error = r.wire_error;
+      return out;
+    }
+    out.mode = r.mode;
+    out.waiters = r.waiters;
+    out.holder_count = r.holders;
+    out.permits = r.permits;
+    // A holder granted between two pages joins the end of the list, so no
+    // holder is listed twice.
+    std::move(r.holder_list.begin(), r.holder_list.end(), std::back_inserter(out.holders));
+    if (out.holders.size() >= r.holders || r.holder_list.empty()) break;
+  }
+  out.held = out.holder_count > 0;
+  for (const HolderInfo& h : out.holders) {
+    out.token = std::max(out.token, h.token);
+    out.ttl_left = std::max(out.ttl_left, h.ttl_left);
+  }
+  return out;
+}
+
 ServerStatsReply LeaseClient::stats(std::size_t node) {
   ServerStatsReply out;
   if (node >= core_->setup.options.nodes.size()) {
@@ -495,7 +560,7 @@ void LeaseClient::acquire_async(std::string_view key, LeaseMode mode, std::uint3
                                 milliseconds ttl, milliseconds wait, Completion done,
                                 std::optional<ClientId> owner) {
   std::unique_ptr<Call> call;
-  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, call)) {
+  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, {}, call)) {
     done(failed(ec));
     return;
   }

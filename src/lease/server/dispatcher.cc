@@ -339,6 +339,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   // Relaxed: see gate_epoch_.
   const std::uint64_t gate_epoch = gate_epoch_.load(std::memory_order_relaxed);
   const bool behind = gate_epoch != 0 && w.request.epoch.value_or(0) > gate_epoch;
+  bool holders_paged = false;  // one holder page per datagram, like STATS
   for (std::size_t i = 0; i < w.request.count; ++i) {
     const Message& m = w.request.messages[i];
     Message r;
@@ -369,9 +370,16 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       const ClientId owner = m.owner.value_or(w.request.client_id);
       const auto credit = static_cast<std::uint16_t>(
           std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      // QUERY_HOLDERS: the padding pays for its holders (its reply bound
+      // counts none), as for a MAP page.
+      HolderPage* page = nullptr;
+      if (m.type == MessageType::kQueryHolders && !std::exchange(holders_paged, true)) {
+        w.holder_page.room = std::exchange(stats_slack, 0);
+        page = &w.holder_page;
+      }
       LockGuard lock(slot.mu);
       const bool answered =
-          slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit);
+          slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit, page);
       drain_journal(slot);
       slot.note_timers();
       if (!answered) continue;

@@ -9,6 +9,8 @@
 //      gets ERROR(request too small) items, and no reply is ever larger than
 //      the datagram that asked for it (larger ones are withheld, counted);
 //   4. for each item: STATS is answered here from every shard's counters;
+//      QUERY_HOLDERS goes to its key's shard with the request's padding as
+//      the room for holder entries (one page per datagram, as for STATS);
 //      ACQUIRE_MANY is taken here across the shards of its keys (below);
 //      anything else goes to the shard its key hashes to, under that shard's
 //      lock, with the key hashed once for the whole path;
@@ -179,6 +181,7 @@ class Dispatcher {
     std::array<std::array<std::uint8_t, 8 * kMaxKeysPerRequest>, kMaxBatch> many_tokens{};
     std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
     std::vector<std::uint8_t> map_members;  // MAP_REPLY entries
+    HolderPage holder_page;                 // HOLDERS_REPLY entries
     // handle()'s time per datagram; written by this worker's thread only.
     AtomicLatencyHistogram latency;
     // When this worker last ticked (after draining its socket), for the

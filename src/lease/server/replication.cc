@@ -11,6 +11,10 @@ namespace {
 constexpr std::size_t kEntryPrefix = 5;                                         // kind, bucket
 constexpr std::size_t kGrantFixed = kEntryPrefix + 2 + 16 + 8 + 8 + 1 + 4 + 4;  // + key
 constexpr std::size_t kReleaseFixed = kEntryPrefix + 2 + 16 + 8;                // + key
+// The wire kind of a kGrant whose holder has a value: the kGrant fields,
+// then u16 length + value (1..kMaxHolderValueLength bytes). A grant without
+// one keeps kind 1, byte for byte what version 1 sent before values.
+constexpr std::uint8_t kGrantWithValue = 5;
 
 class Writer {
  public:
@@ -64,8 +68,12 @@ bool has_key(EntryKind kind) noexcept {
   return kind == EntryKind::kGrant || kind == EntryKind::kRelease;
 }
 
+bool carries_value(const Entry& e) noexcept {
+  return e.kind == EntryKind::kGrant && !e.value.empty();
+}
+
 void write_entry(Writer& w, const Entry& e) {
-  w.put(static_cast<std::uint8_t>(e.kind));
+  w.put(carries_value(e) ? kGrantWithValue : static_cast<std::uint8_t>(e.kind));
   w.put(e.bucket);
   if (!has_key(e.kind)) return;
   w.put(static_cast<std::uint16_t>(e.key.size()));
@@ -78,16 +86,22 @@ void write_entry(Writer& w, const Entry& e) {
   w.put(static_cast<std::uint8_t>(e.mode));
   w.put(e.permits);
   w.put(e.ttl_ms);
+  if (!carries_value(e)) return;
+  w.put(static_cast<std::uint16_t>(e.value.size()));
+  w.bytes(e.value);
 }
 
 bool read_entry(Reader& r, Entry& e) {
   std::uint8_t kind = 0;
   if (!r.get(kind) || !r.get(e.bucket)) return false;
+  const bool with_value = kind == kGrantWithValue;
+  if (with_value) kind = static_cast<std::uint8_t>(EntryKind::kGrant);
   if (kind < static_cast<std::uint8_t>(EntryKind::kGrant) ||
       kind > static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp)) {
     return false;
   }
   e.kind = static_cast<EntryKind>(kind);
+  e.value.clear();
   if (!has_key(e.kind)) return true;
   std::uint16_t length = 0;
   if (!r.get(length) || length < kMinKeyLength || length > kMaxKeyLength) return false;
@@ -99,7 +113,10 @@ bool read_entry(Reader& r, Entry& e) {
   if (!r.get(e.request_id) || !r.get(mode) || !r.get(e.permits) || !r.get(e.ttl_ms)) return false;
   if (mode > static_cast<std::uint8_t>(LeaseMode::kPermit)) return false;
   e.mode = static_cast<LeaseMode>(mode);
-  return true;
+  if (!with_value) return true;
+  std::uint16_t value_length = 0;
+  return r.get(value_length) && value_length >= 1 && value_length <= kMaxHolderValueLength &&
+         r.string(value_length, e.value);
 }
 
 }  // namespace
@@ -107,7 +124,7 @@ bool read_entry(Reader& r, Entry& e) {
 std::size_t entry_size(const Entry& e) noexcept {
   switch (e.kind) {
     case EntryKind::kGrant:
-      return kGrantFixed + e.key.size();
+      return kGrantFixed + e.key.size() + (carries_value(e) ? 2 + e.value.size() : 0);
     case EntryKind::kRelease:
       return kReleaseFixed + e.key.size();
     case EntryKind::kResetBucket:
@@ -123,6 +140,7 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
   std::size_t size = kReplicateHeaderSize;
   for (const Entry& e : entries) {
     if (has_key(e.kind) && (e.key.size() < kMinKeyLength || e.key.size() > kMaxKeyLength)) break;
+    if (e.value.size() > kMaxHolderValueLength) break;
     if (size + entry_size(e) > kMaxReplicationDatagram || count == UINT16_MAX) break;
     size += entry_size(e);
     ++count;
@@ -215,6 +233,7 @@ std::uint64_t PrimaryStream::append(Entry entry) {
       (entry.key.size() < kMinKeyLength || entry.key.size() > kMaxKeyLength)) {
     return 0;
   }
+  if (entry.value.size() > kMaxHolderValueLength) return 0;
   pending_.push_back(std::move(entry));
   return next_seq_++;
 }
@@ -351,7 +370,7 @@ void BackupStream::apply(const Entry& e) {
       return;
     case EntryKind::kGrant: {
       auto& list = buckets_[e.bucket].keys[e.key];
-      const ReplicaHolder h{e.owner, e.token, e.request_id, e.mode, e.permits, e.ttl_ms};
+      const ReplicaHolder h{e.owner, e.token, e.request_id, e.mode, e.permits, e.ttl_ms, e.value};
       // Idempotent: a grant seen twice (a snapshot overlapping the stream,
       // or repeating what an earlier stream sent) is one holder: the owner
       // and token name it.

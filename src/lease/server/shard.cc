@@ -169,7 +169,8 @@ void Shard::remember(const ClientId& client, std::uint64_t request_id, const Ans
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
                    std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
-                   std::vector<DeferredReply>& deferred, std::uint16_t reply_credit) {
+                   std::vector<DeferredReply>& deferred, std::uint16_t reply_credit,
+                   HolderPage* page) {
   count(StatCounter::kRequests);
   reply = Message{};
   reply.request_id = request.request_id;
@@ -178,7 +179,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   const bool acquire = is_acquire(request.type) && request.type != MessageType::kAcquireMany;
   const bool mutating =
       acquire || request.type == MessageType::kRenew || request.type == MessageType::kRelease;
-  if (!mutating && request.type != MessageType::kQuery) {
+  if (!mutating && request.type != MessageType::kQuery &&
+      request.type != MessageType::kQueryHolders) {
     // ACQUIRE_MANY is the Dispatcher's (it spans shards); STATS too.
     reply.type = MessageType::kError;
     reply.error = WireError::kNotARequest;
@@ -242,7 +244,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
   }
 
   try {
-    return decide(client, peer, request, key, fingerprint, reply_credit, now_ms, reply, deferred);
+    return decide(client, peer, request, key, fingerprint, reply_credit, now_ms, reply, deferred,
+                  page);
   } catch (const std::bad_alloc&) {
     // Every step allocates before it changes state, so the shard is as it
     // was before this request (a token may have been skipped).
@@ -256,7 +259,8 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
 
 bool Shard::decide(const ClientId& client, const Peer& peer, const Message& request,
                    const KeyRef& key, std::uint64_t fingerprint, std::uint16_t reply_credit,
-                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred) {
+                   std::int64_t now_ms, Message& reply, std::vector<DeferredReply>& deferred,
+                   HolderPage* page) {
   KeyState* state = find_live(key, now_ms, deferred);
   switch (request.type) {
     case MessageType::kRenew:
@@ -305,12 +309,13 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
         reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
         reply.holders = static_cast<std::uint32_t>(state->holders.size());
         reply.permits = state->permits;
-        reply.mode = state->permits != 0  ? LeaseMode::kPermit
-                     : state->exclusive() ? LeaseMode::kExclusive
-                                          : LeaseMode::kShared;
+        reply.mode = key_mode(*state);
       }
       return true;
     }
+    case MessageType::kQueryHolders:
+      list_holders(state, request, now_ms, page, reply);
+      return true;
     default: {  // the single-key ACQUIREs
       bool answered = true;
       acquire(client, peer, request, key, state, fingerprint, reply_credit, now_ms, reply,
@@ -318,6 +323,41 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
       return answered;
     }
   }
+}
+
+LeaseMode Shard::key_mode(const KeyState& state) noexcept {
+  if (state.permits != 0) return LeaseMode::kPermit;
+  return state.exclusive() ? LeaseMode::kExclusive : LeaseMode::kShared;
+}
+
+void Shard::list_holders(const KeyState* state, const Message& request, std::int64_t now_ms,
+                         HolderPage* page, Message& reply) {
+  reply.type = MessageType::kHoldersReply;
+  reply.first_holder = request.first_holder;
+  if (page != nullptr) page->entries.clear();
+  if (state == nullptr) return;  // free: no holders, no waiters
+  reply.mode = key_mode(*state);
+  reply.permits = state->permits;
+  reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
+  reply.holders = static_cast<std::uint32_t>(state->holders.size());
+  if (page == nullptr || request.first_holder >= state->holders.size()) return;
+  // Oldest grant first, as the list keeps them. Walking to first_holder
+  // costs one step per holder skipped (a semaphore's 65535 at most).
+  auto it = state->holders.begin();
+  std::advance(it, request.first_holder);
+  std::uint8_t listed = 0;
+  for (; it != state->holders.end() && listed < 0xFF; ++it) {
+    const HolderEntry entry{.owner = it->owner,
+                            .token = it->token,
+                            .ttl_left_ms = ttl_left(*it, now_ms),
+                            .flags = it->pending ? kHolderFlagPending : std::uint8_t{0},
+                            .value = it->value};
+    if (page->entries.size() + holder_entry_size(entry) > page->room) break;
+    if (!append_holder_entry(entry, page->entries)) break;
+    ++listed;
+  }
+  reply.holder_list_count = listed;
+  reply.holder_list = page->entries;
 }
 
 namespace {
@@ -452,6 +492,7 @@ Shard::Holder& Shard::add_holder(KeyState& state, const ClientId& client) {
   h.owner = client;
   h.kind = kLeaseExpiry;
   h.pending = false;
+  h.value.clear();  // a spare node's; keeps its capacity, frees nothing
   ++leases_;
   return h;
 }
@@ -480,6 +521,7 @@ replication::Entry Shard::holder_entry(replication::EntryKind kind, std::size_t 
     e.mode = h.mode;
     e.permits = h.state->permits;
     e.ttl_ms = ttl_ms;
+    e.value = h.value;
   }
   return e;
 }
@@ -535,6 +577,7 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
       return false;
     }
   }
+  std::string value(holder.value);  // may throw: nothing changed yet
   const bool added = state == nullptr;
   if (added) state = &add_key(ref, holder.mode, holder.permits);
   Holder* h = nullptr;
@@ -548,6 +591,7 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
   h->request_id = holder.request_id;
   h->last_request_id = holder.request_id;
   h->mode = holder.mode;
+  h->value = std::move(value);
   state->newest_token = std::max(state->newest_token, holder.token);
   wheel_.schedule(*h, expiry_ms);
   // This node's own backups need it too.
@@ -556,7 +600,9 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
 }
 
 void Shard::grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
-                  std::uint64_t fingerprint, std::int64_t now_ms, Message& reply) {
+                  std::string&& value, std::uint64_t fingerprint, std::int64_t now_ms,
+                  Message& reply) noexcept {
+  h.value = std::move(value);  // before hold(), which journals it
   hold(h, request.request_id, token, mode, request.ttl_ms, now_ms);
   reply.type = MessageType::kGranted;
   reply.token = token;
@@ -574,6 +620,9 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
                     std::uint16_t reply_credit, std::int64_t now_ms, Message& reply,
                     bool& answered) {
   const LeaseMode mode = mode_of(request.type);
+  // The holder value (kItemFlagValue), copied before anything changes: the
+  // grant or the queueing below then only moves it.
+  std::string value(request.value);
   if (held == nullptr) {
     if (leases_ >= limits_.max_keys || !may_hold(client)) {
       refuse(reply);
@@ -583,7 +632,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     if (token == 0) return;
     KeyState& state = add_key(key, mode, request.permits);  // may throw: nothing changed
     try {
-      grant(add_holder(state, client), request, mode, token, fingerprint, now_ms, reply);
+      grant(add_holder(state, client), request, mode, token, std::move(value), fingerprint, now_ms,
+            reply);
     } catch (...) {
       keys_.erase(keys_.find(*state.key));
       throw;
@@ -640,7 +690,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       // The backups know holders by owner and token: the old token's holder
       // ends here, or a takeover would inherit both and refuse the new one.
       journal(replication::EntryKind::kRelease, h, 0);
-      grant(h, request, mode, token, fingerprint, now_ms, reply);
+      grant(h, request, mode, token, std::move(value), fingerprint, now_ms, reply);
       return;
     }
   }
@@ -652,7 +702,8 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
     }
     const std::uint64_t token = next_token(reply);
     if (token == 0) return;
-    grant(add_holder(state, client), request, mode, token, fingerprint, now_ms, reply);
+    grant(add_holder(state, client), request, mode, token, std::move(value), fingerprint, now_ms,
+          reply);
     return;
   }
   if (request.wait_ms == 0) {
@@ -673,6 +724,7 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
   w.mode = mode;
   w.fingerprint = fingerprint;
   w.reply_credit = reply_credit;
+  w.value = std::move(value);
   wheel_.schedule(w, now_ms + request.wait_ms);
   count(StatCounter::kQueued);
   remember(client, request.request_id,
@@ -806,6 +858,7 @@ void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
       m.taken = w.part + 1;
       defer(w, state, MessageType::kGranted, token, deferred);
     } else {
+      h->value = std::move(w.value);  // before hold(), which journals it
       hold(*h, w.request_id, token, w.mode, w.ttl_ms, now_ms);
       defer(w, state, MessageType::kGranted, token, deferred);
       remember(w.client, w.request_id,
@@ -863,6 +916,7 @@ Shard::Waiter& Shard::new_waiter(KeyState& state) {
   }
   Waiter& w = state.waiters.back();
   w.self = std::prev(state.waiters.end());
+  w.value.clear();  // a spare node's
   return w;
 }
 

@@ -172,6 +172,9 @@ struct FieldCodec<BodyField::kFirstMember>
 template <>
 struct FieldCodec<BodyField::kMemberCount>
     : UintField<BodyField::kMemberCount, &Message::member_count> {};
+template <>
+struct FieldCodec<BodyField::kFirstHolder>
+    : UintField<BodyField::kFirstHolder, &Message::first_holder> {};
 
 template <>
 struct FieldCodec<BodyField::kMode> : FixedField<BodyField::kMode> {
@@ -186,25 +189,35 @@ struct FieldCodec<BodyField::kMode> : FixedField<BodyField::kMode> {
   }
 };
 
-// u8 count, then each key as u16 length + bytes. The entries stay a view;
-// KeyList walks them.
-template <>
-struct FieldCodec<BodyField::kKeyList> {
-  static_assert(body_field_size(BodyField::kKeyList) == 1);  // u8 count
+// A list field: u8 count, then `count` entries, which stay a view (KeyList,
+// MemberList, HolderList walk them). ReadEntry reads one entry and says
+// whether decode() accepts it; every entry is read before judging, so a short
+// list is kTruncated even after a bad entry.
+template <BodyField F, std::uint8_t Message::*Count, std::span<const std::uint8_t> Message::*List,
+          bool (*ReadEntry)(Reader&) noexcept>
+struct EntryListField {
+  static_assert(body_field_size(F) == 1);  // u8 count
   static bool fits(const Message& /*m*/) noexcept { return true; }
-  static std::size_t variable_size(const Message& m) noexcept { return m.key_list.size(); }
+  static std::size_t variable_size(const Message& m) noexcept { return (m.*List).size(); }
   static void write(Writer& w, const Message& m) noexcept {
-    w.u8(m.key_count);
-    w.bytes(m.key_list.data(), m.key_list.size());
+    w.u8(m.*Count);
+    w.bytes((m.*List).data(), (m.*List).size());
   }
   static bool read(Reader& r, Message& m) noexcept {
-    m.key_count = r.u8();
+    m.*Count = r.u8();
     const std::size_t from = r.position();
-    for (std::size_t i = 0; i < m.key_count; ++i) (void)r.key();
-    if (r.ok()) m.key_list = r.since(from);
-    return true;
+    bool valid = true;
+    for (std::size_t i = 0; i < m.*Count && r.ok(); ++i) valid = ReadEntry(r) && valid;
+    if (r.ok()) m.*List = r.since(from);
+    return valid;
   }
 };
+
+// A key: u16 length + bytes, any length.
+bool read_key_entry(Reader& r) noexcept {
+  (void)r.key();
+  return true;
+}
 
 // Whether a member-list entry holds what decode() accepts.
 constexpr bool valid_member(std::size_t id_length, std::size_t address_length,
@@ -213,32 +226,39 @@ constexpr bool valid_member(std::size_t id_length, std::size_t address_length,
          address_length <= kMaxMemberAddressLength && weight >= 1;
 }
 
-// u8 count, then each member as u16 length + id, u16 length + address, u32
-// weight. The entries stay a view; MemberList walks them. Every entry is
-// read before judging, so a short list is kTruncated even after a bad one.
+// A member: u16 length + id, u16 length + address, u32 weight.
+bool read_member_entry(Reader& r) noexcept {
+  const std::size_t id_length = r.key().size();
+  const std::size_t address_length = r.key().size();
+  const std::uint32_t weight = r.u32();
+  return valid_member(id_length, address_length, weight);
+}
+
+// Whether a holder-list entry holds what decode() accepts.
+constexpr bool valid_holder(std::uint8_t flags, std::size_t value_length) noexcept {
+  return (flags & ~kHolderFlagPending) == 0 && value_length <= kMaxHolderValueLength;
+}
+
+// A holder: u128 owner, u64 token, u32 ttl_left_ms, u8 flags, u16 length +
+// value.
+bool read_holder_entry(Reader& r) noexcept {
+  (void)r.bytes(16 + 8 + 4);
+  const std::uint8_t flags = r.u8();
+  return valid_holder(flags, r.key().size());
+}
+
 template <>
-struct FieldCodec<BodyField::kMemberList> {
-  static_assert(body_field_size(BodyField::kMemberList) == 1);  // u8 count
-  static bool fits(const Message& /*m*/) noexcept { return true; }
-  static std::size_t variable_size(const Message& m) noexcept { return m.member_list.size(); }
-  static void write(Writer& w, const Message& m) noexcept {
-    w.u8(m.member_list_count);
-    w.bytes(m.member_list.data(), m.member_list.size());
-  }
-  static bool read(Reader& r, Message& m) noexcept {
-    m.member_list_count = r.u8();
-    const std::size_t from = r.position();
-    bool valid = true;
-    for (std::size_t i = 0; i < m.member_list_count && r.ok(); ++i) {
-      const std::size_t id_length = r.key().size();
-      const std::size_t address_length = r.key().size();
-      const std::uint32_t weight = r.u32();
-      valid = valid && valid_member(id_length, address_length, weight);
-    }
-    if (r.ok()) m.member_list = r.since(from);
-    return valid;
-  }
+struct FieldCodec<BodyField::kKeyList>
+    : EntryListField<BodyField::kKeyList, &Message::key_count, &Message::key_list, read_key_entry> {
 };
+template <>
+struct FieldCodec<BodyField::kMemberList>
+    : EntryListField<BodyField::kMemberList, &Message::member_list_count, &Message::member_list,
+                     read_member_entry> {};
+template <>
+struct FieldCodec<BodyField::kHolderList>
+    : EntryListField<BodyField::kHolderList, &Message::holder_list_count, &Message::holder_list,
+                     read_holder_entry> {};
 
 template <>
 struct FieldCodec<BodyField::kTokenList> {
@@ -444,7 +464,23 @@ bool all_zero(std::span<const std::uint8_t> s) noexcept {
 }
 
 bool framed_as_batch(const Datagram& d) noexcept {
-  return d.batch || d.count > 1 || (d.count == 1 && d.messages[0].owner.has_value());
+  return d.batch || d.count > 1 ||
+         (d.count == 1 && (d.messages[0].owner.has_value() || !d.messages[0].value.empty()));
+}
+
+// Whether `type` may carry a holder value (kItemFlagValue).
+constexpr bool takes_value(MessageType type) noexcept {
+  return type == MessageType::kAcquire || type == MessageType::kAcquireShared ||
+         type == MessageType::kAcquirePermit;
+}
+
+// The bytes of a batch item's header and optional fields, or SIZE_MAX for
+// a value the format forbids.
+std::size_t item_prefix_size(const Message& m) noexcept {
+  std::size_t n = kBatchItemHeaderSize + (m.owner ? kBatchItemOwnerSize : 0);
+  if (m.value.empty()) return n;
+  if (!takes_value(m.type) || m.value.size() > kMaxHolderValueLength) return SIZE_MAX;
+  return n + 2 + m.value.size();
 }
 
 class ProtocolCategory final : public std::error_category {
@@ -619,31 +655,42 @@ KeyList::iterator& KeyList::iterator::operator++() noexcept {
   return *this;
 }
 
-MemberList::iterator::iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept
-    : rest_(rest), left_(left) {
-  load();
-}
-
-void MemberList::iterator::load() noexcept {
-  if (left_ == 0) return;
-  Reader r(rest_);
+std::size_t parse_entry(std::span<const std::uint8_t> in, MemberEntry& out) noexcept {
+  Reader r(in);
   const std::string_view id = r.key();
   const std::string_view address = r.key();
   const std::uint32_t weight = r.u32();
-  if (!r.ok()) {
-    left_ = 0;  // malformed: stop
-    return;
-  }
-  current_ = {id, address, weight};
-  entry_size_ = r.position();
+  if (!r.ok()) return 0;
+  out = {id, address, weight};
+  return r.position();
 }
 
-MemberList::iterator& MemberList::iterator::operator++() noexcept {
-  if (left_ == 0) return *this;
-  rest_ = rest_.subspan(entry_size_);
-  --left_;
-  load();
-  return *this;
+std::size_t parse_entry(std::span<const std::uint8_t> in, HolderEntry& out) noexcept {
+  Reader r(in);
+  HolderEntry h;
+  h.owner.lo = r.u64();
+  h.owner.hi = r.u64();
+  h.token = r.u64();
+  h.ttl_left_ms = r.u32();
+  h.flags = r.u8();
+  h.value = r.key();
+  if (!r.ok()) return 0;
+  out = h;
+  return r.position();
+}
+
+bool append_holder_entry(const HolderEntry& holder, std::vector<std::uint8_t>& out) {
+  if (!valid_holder(holder.flags, holder.value.size())) return false;
+  const std::size_t at = out.size();
+  out.resize(at + holder_entry_size(holder));
+  Writer w(std::span<std::uint8_t>(out).subspan(at));
+  w.u64(holder.owner.lo);
+  w.u64(holder.owner.hi);
+  w.u64(holder.token);
+  w.u32(holder.ttl_left_ms);
+  w.u8(holder.flags);
+  w.key(holder.value);
+  return w.ok();
 }
 
 bool encode_member_list(std::span<const MemberEntry> members, std::vector<std::uint8_t>& out) {
@@ -718,7 +765,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
       const std::uint16_t length = r.u16();
       const std::uint64_t request_id = r.u64();
       if (!r.ok()) return ProtocolError::kTruncated;
-      if ((item_flags & ~kItemFlagOwner) != 0) return ProtocolError::kBadFlags;
+      if ((item_flags & ~(kItemFlagOwner | kItemFlagValue)) != 0) return ProtocolError::kBadFlags;
       std::optional<ClientId> owner;
       if ((item_flags & kItemFlagOwner) != 0) {
         owner.emplace();
@@ -726,7 +773,17 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
         owner->hi = r.u64();
         if (!r.ok()) return ProtocolError::kTruncated;
       }
+      std::string_view value;
+      if ((item_flags & kItemFlagValue) != 0) {
+        value = r.key();
+        if (!r.ok()) return ProtocolError::kTruncated;
+      }
       if (!known_type(item_type)) return ProtocolError::kBadType;
+      if ((item_flags & kItemFlagValue) != 0 &&
+          (!takes_value(static_cast<MessageType>(item_type)) || value.empty() ||
+           value.size() > kMaxHolderValueLength)) {
+        return ProtocolError::kBadField;
+      }
       // Parse the body from exactly `length` bytes so a lying length cannot
       // make the item reach into its neighbour.
       Reader body(r.bytes(length));
@@ -736,6 +793,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
       m.type = static_cast<MessageType>(item_type);
       m.request_id = request_id;
       m.owner = owner;
+      m.value = value;
       if (const ProtocolError e = read_body(body, m); e != ProtocolError::kOk) {
         return e == ProtocolError::kTruncated ? ProtocolError::kBadLength : e;
       }
@@ -754,7 +812,11 @@ std::size_t encoded_size(const Datagram& d) noexcept {
   for (const Message& m : d.items()) {
     const std::size_t b = body_size(m);
     if (b == SIZE_MAX || (batch && b > 0xFFFF)) return 0;
-    if (batch) n += kBatchItemHeaderSize + (m.owner ? kBatchItemOwnerSize : 0);
+    if (batch) {
+      const std::size_t prefix = item_prefix_size(m);
+      if (prefix == SIZE_MAX) return 0;
+      n += prefix;
+    }
     n += b;
   }
   return n;
@@ -783,7 +845,8 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
   for (const Message& m : d.items()) {
     if (batch) {
       w.u8(static_cast<std::uint8_t>(m.type));
-      w.u8(m.owner ? kItemFlagOwner : 0);
+      w.u8(static_cast<std::uint8_t>((m.owner ? kItemFlagOwner : 0) |
+                                     (m.value.empty() ? 0 : kItemFlagValue)));
       const std::size_t length_at = w.position();
       w.u16(0);
       w.u64(m.request_id);
@@ -791,6 +854,7 @@ ProtocolError encode(const Datagram& d, std::span<std::uint8_t> out, std::size_t
         w.u64(m.owner->lo);
         w.u64(m.owner->hi);
       }
+      if (!m.value.empty()) w.key(m.value);
       const std::size_t body_at = w.position();
       write_body(w, m);
       w.patch_u16(length_at, static_cast<std::uint16_t>(w.position() - body_at));

@@ -50,6 +50,8 @@ TEST_F(CApiTest, BadArgumentsReturnTheirCodes) {
 
 TEST_F(CApiTest, CreateExChecksItsOptions) { expect_passes(c_api_create_ex(address_.c_str())); }
 
+TEST_F(CApiTest, QueryHoldersListsEachHolder) { expect_passes(c_api_holders(address_.c_str())); }
+
 TEST_F(CApiTest, WatchdogKeepsALeaseAndLossIsReportedOnce) {
   expect_passes(c_api_watchdog_and_lost(
       address_.c_str(), [](void* server) { static_cast<LeaseServer*>(server)->stop(); },

@@ -406,3 +406,94 @@ const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void
   shardlock_client_destroy(client);
   return NULL;
 }
+
+const char* c_api_holders(const char* server) {
+  shardlock_client* a = NULL;
+  shardlock_client* b = NULL;
+  shardlock_lease* ra = NULL;
+  shardlock_lease* rb = NULL;
+  shardlock_holders* h = NULL;
+  shardlock_holder_info info;
+  char id_a[33];
+  char id_b[33];
+
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &b), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_id(a, id_a, sizeof id_a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_id(b, id_b, sizeof id_b), SHARDLOCK_OK);
+
+  /* A free key: no holders, no mode. */
+  CHECK_STATUS(shardlock_query_holders(a, "c-api/h", &h), SHARDLOCK_OK);
+  CHECK(shardlock_holders_listed(h) == 1);
+  CHECK(shardlock_holders_mode(h) == -1);
+  CHECK(shardlock_holders_total(h) == 0 && shardlock_holders_count(h) == 0);
+  shardlock_holders_destroy(h);
+  h = NULL;
+
+  /* Two shared holders, oldest first. */
+  CHECK_STATUS(shardlock_acquire(a, "c-api/h", 5000, 0, SHARDLOCK_SHARED, 0, 0, NULL, NULL, &ra),
+               SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_acquire(b, "c-api/h", 5000, 0, SHARDLOCK_SHARED, 0, 0, NULL, NULL, &rb),
+               SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_query_holders(b, "c-api/h", &h), SHARDLOCK_OK);
+  CHECK(shardlock_holders_mode(h) == SHARDLOCK_SHARED);
+  CHECK(shardlock_holders_total(h) == 2 && shardlock_holders_count(h) == 2);
+  CHECK(shardlock_holders_waiters(h) == 0 && shardlock_holders_permits(h) == 0);
+  memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  CHECK_STATUS(shardlock_holders_get(h, 0, &info), SHARDLOCK_OK);
+  CHECK(strcmp(info.owner, id_a) == 0);
+  CHECK(info.token == shardlock_lease_token(ra));
+  CHECK(info.ttl_left_ms > 0 && info.ttl_left_ms <= 5000);
+  CHECK(info.pending == 0);
+  CHECK(info.value != NULL && info.value_length == 0 && info.value[0] == 0);
+  CHECK_STATUS(shardlock_holders_get(h, 1, &info), SHARDLOCK_OK);
+  CHECK(strcmp(info.owner, id_b) == 0);
+  CHECK(info.token == shardlock_lease_token(rb));
+
+  /* Bad arguments. */
+  CHECK_STATUS(shardlock_holders_get(h, 2, &info), SHARDLOCK_BAD_ARGUMENT);
+  info.size = 8;
+  CHECK_STATUS(shardlock_holders_get(h, 0, &info), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_holders_get(NULL, 0, &info), SHARDLOCK_BAD_ARGUMENT);
+  shardlock_holders_destroy(h);
+  h = (shardlock_holders*)&h; /* must be reset to NULL on failure */
+  CHECK_STATUS(shardlock_query_holders(a, "", &h), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(h == NULL);
+  CHECK_STATUS(shardlock_query_holders(NULL, "k", &h), SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_query_holders(a, "k", NULL), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(shardlock_holders_count(NULL) == 0 && shardlock_holders_mode(NULL) == -1);
+  shardlock_holders_destroy(NULL);
+
+  shardlock_lease_destroy(ra);
+  shardlock_lease_destroy(rb);
+
+  /* A value the lease carries, listed with its holder (bytes, NULs too). */
+  CHECK_STATUS(shardlock_acquire_with_value(a, "c-api/v", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL,
+                                            NULL, "db\0:5432", 8, &ra),
+               SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_query_holders(b, "c-api/v", &h), SHARDLOCK_OK);
+  memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  CHECK_STATUS(shardlock_holders_get(h, 0, &info), SHARDLOCK_OK);
+  CHECK(info.value_length == 8 && memcmp(info.value, "db\0:5432", 8) == 0);
+  CHECK(info.value[8] == 0);
+  shardlock_holders_destroy(h);
+  rb = (shardlock_lease*)&rb;
+  {
+    char long_value[257];
+    memset(long_value, 'v', sizeof long_value);
+    CHECK_STATUS(shardlock_acquire_with_value(b, "c-api/w", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0,
+                                              NULL, NULL, long_value, sizeof long_value, &rb),
+                 SHARDLOCK_BAD_ARGUMENT);
+    CHECK(rb == NULL);
+  }
+  CHECK_STATUS(shardlock_acquire_with_value(b, "c-api/w", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL,
+                                            NULL, NULL, 3, &rb),
+               SHARDLOCK_BAD_ARGUMENT);
+  shardlock_lease_destroy(ra);
+
+  shardlock_client_destroy(a);
+  shardlock_client_destroy(b);
+  return NULL;
+}

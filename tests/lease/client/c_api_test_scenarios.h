@@ -12,6 +12,8 @@ const char* c_api_shared_and_permits(const char* server);
 const char* c_api_bad_arguments(const char* server);
 // shardlock_client_create_ex(): bad options are refused with their codes.
 const char* c_api_create_ex(const char* server);
+// shardlock_query_holders() and the snapshot's accessors.
+const char* c_api_holders(const char* server);
 // Calls stop_server(context) part way, to lose a lease.
 const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void*), void* context);
 

@@ -1348,5 +1348,178 @@ TEST(LeaseKindsTest, BusyManyNamesTheKeyAndTimeoutCarriesNoKey) {
   EXPECT_TRUE(timed_out.busy_key.empty());
 }
 
+// ---------------------------------------------------------------------------
+// Who holds what (QUERY_HOLDERS)
+
+TEST(LeaseHoldersTest, ListsEachHolderOldestFirstAcrossPages) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto client = start_client({address(*server)});
+  // More permit holders than one reply datagram lists, each its own owner.
+  constexpr std::uint32_t kHolders = 120;
+  std::vector<std::uint64_t> tokens(kHolders);
+  for (std::uint32_t i = 0; i < kHolders; ++i) {
+    std::atomic<bool> done{false};
+    CallResult result;
+    client->acquire_async(
+        "pool/many", LeaseMode::kPermit, kHolders, 30s, 0ms,
+        [&](const CallResult& r) {
+          result = r;
+          done.store(true);
+        },
+        ClientId{1000 + i, 7});
+    ASSERT_TRUE(test_support::poll_until([&] { return done.load(); }, 5s));
+    ASSERT_FALSE(result.error) << result.error.message();
+    tokens[i] = result.token;
+  }
+  const HoldersReply r = client->holders("pool/many");
+  ASSERT_FALSE(r.error) << r.error.message();
+  EXPECT_TRUE(r.listed);
+  EXPECT_TRUE(r.held);
+  EXPECT_EQ(r.mode, LeaseMode::kPermit);
+  EXPECT_EQ(r.permits, kHolders);
+  EXPECT_EQ(r.holder_count, kHolders);
+  EXPECT_EQ(r.waiters, 0u);
+  ASSERT_EQ(r.holders.size(), kHolders);
+  for (std::uint32_t i = 0; i < kHolders; ++i) {
+    EXPECT_EQ(r.holders[i].owner, (ClientId{1000 + i, 7})) << i;
+    EXPECT_EQ(r.holders[i].token, tokens[i]) << i;
+    EXPECT_GT(r.holders[i].ttl_left, 0ms);
+    EXPECT_LE(r.holders[i].ttl_left, 30s);
+    EXPECT_FALSE(r.holders[i].pending);
+    EXPECT_TRUE(r.holders[i].value.empty());
+  }
+  EXPECT_EQ(r.token, tokens.back());
+}
+
+TEST(LeaseHoldersTest, ShowsTheExclusiveHolderAndItsWaiters) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto holder = start_client({address(*server)});
+  auto waiter = start_client({address(*server)});
+  AcquireResult held = holder->acquire("jobs/one", 20s, 0ms);
+  ASSERT_TRUE(held) << held.error.message();
+  std::atomic<bool> done{false};
+  waiter->acquire_async("jobs/one", 20s, 10s, [&](const CallResult&) { done.store(true); });
+  ASSERT_TRUE(test_support::poll_until([&] { return holder->query("jobs/one").waiters == 1; }, 5s));
+
+  const HoldersReply r = waiter->holders("jobs/one");
+  ASSERT_FALSE(r.error) << r.error.message();
+  EXPECT_TRUE(r.held);
+  EXPECT_EQ(r.mode, LeaseMode::kExclusive);
+  EXPECT_EQ(r.waiters, 1u);
+  ASSERT_EQ(r.holders.size(), 1u);
+  EXPECT_EQ(r.holders[0].owner, holder->client_id());
+  EXPECT_EQ(r.holders[0].token, held.lease.token());
+  EXPECT_EQ(r.token, held.lease.token());
+
+  EXPECT_FALSE(held.lease.release());
+  ASSERT_TRUE(test_support::poll_until([&] { return done.load(); }, 5s));
+  const HoldersReply after = holder->holders("jobs/one");
+  ASSERT_EQ(after.holders.size(), 1u);
+  EXPECT_EQ(after.holders[0].owner, waiter->client_id());
+
+  const HoldersReply free = holder->holders("jobs/nobody");
+  ASSERT_FALSE(free.error);
+  EXPECT_TRUE(free.listed);
+  EXPECT_FALSE(free.held);
+  EXPECT_EQ(free.holder_count, 0u);
+  EXPECT_TRUE(free.holders.empty());
+  EXPECT_EQ(holder->holders("").error, LeaseErrc::kBadArgument);
+}
+
+// Issue 25: a value attached to an acquire is listed with its holder and
+// outlives the watchdog's renewals; a waiting acquire's comes with the key.
+TEST(LeaseHoldersTest, AnAcquiresValueStaysWithItsHolder) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto leader = start_client({address(*server)});
+  auto next = start_client({address(*server)});
+  LeaseOptions options;
+  options.watchdog = true;
+  options.value = "10.0.0.7:5432 pid 4242";
+  AcquireResult held = leader->acquire("election/db", 600ms, 0ms, options);
+  ASSERT_TRUE(held) << held.error.message();
+  LeaseOptions next_options;
+  next_options.value = std::string(kMaxHolderValueLength, 'n');
+  std::atomic<bool> granted{false};
+  AcquireResult next_held;  // outlives the thread: its Lease releases when destroyed
+  std::thread waiter([&] {
+    next_held = next->acquire("election/db", 10s, 10s, next_options);
+    EXPECT_TRUE(next_held) << next_held.error.message();
+    granted.store(true);
+  });
+  // Several TTLs of renewals later, the value is still there.
+  ASSERT_TRUE(test_support::poll_until(
+      [&] { return server->stats().counter(StatCounter::kRenewed) >= 3; }, 10s));
+  HoldersReply r = next->holders("election/db");
+  ASSERT_FALSE(r.error) << r.error.message();
+  ASSERT_EQ(r.holders.size(), 1u);
+  EXPECT_EQ(r.holders[0].value, "10.0.0.7:5432 pid 4242");
+  EXPECT_EQ(r.holders[0].token, held.lease.token());
+  EXPECT_EQ(r.waiters, 1u);
+
+  EXPECT_FALSE(held.lease.release());
+  ASSERT_TRUE(test_support::poll_until([&] { return granted.load(); }, 10s));
+  waiter.join();
+  r = leader->holders("election/db");
+  ASSERT_EQ(r.holders.size(), 1u);
+  EXPECT_EQ(r.holders[0].owner, next->client_id());
+  EXPECT_EQ(r.holders[0].value, next_options.value);
+
+  // Too long, or on acquire_many: refused before sending.
+  LeaseOptions too_long;
+  too_long.value = std::string(kMaxHolderValueLength + 1, 'x');
+  EXPECT_EQ(leader->acquire("election/x", 1s, 0ms, too_long).error, LeaseErrc::kBadArgument);
+  const std::vector<std::string_view> keys = {"m/1", "m/2"};
+  LeaseOptions valued;
+  valued.value = "v";
+  EXPECT_EQ(leader->acquire_many(keys, 1s, 0ms, LeaseMode::kExclusive, valued).error,
+            LeaseErrc::kBadArgument);
+}
+
+// A server from before QUERY_HOLDERS answers QUERY, and either drops
+// QUERY_HOLDERS (its codec does not know the type) or answers it
+// ERROR(kNotARequest).
+TEST(LeaseHoldersTest, AnOlderServerGetsTheQuerySummary) {
+  for (const bool refuses : {false, true}) {
+    SCOPED_TRACE(refuses ? "ERROR(kNotARequest)" : "no answer");
+    ScriptedNode old([&](const Message& m, const ClientId& from) {
+      std::vector<std::vector<std::uint8_t>> replies;
+      Message reply;
+      reply.request_id = m.request_id;
+      if (m.type == MessageType::kQuery) {
+        reply.type = MessageType::kQueryReply;
+        reply.key = m.key;
+        reply.held = true;
+        reply.token = 42;
+        reply.ttl_ms = 900;
+        reply.waiters = 2;
+        reply.mode = LeaseMode::kShared;
+        reply.holders = 3;
+        replies.push_back(encode_reply(from, reply));
+      } else if (m.type == MessageType::kQueryHolders && refuses) {
+        reply.type = MessageType::kError;
+        reply.error = WireError::kNotARequest;
+        replies.push_back(encode_reply(from, reply));
+      }
+      return replies;
+    });
+    LeaseClientOptions options;
+    options.request_timeout = 300ms;
+    auto client = start_client({old.address()}, options);
+    const HoldersReply r = client->holders("old/key");
+    ASSERT_FALSE(r.error) << r.error.message();
+    EXPECT_FALSE(r.listed);
+    EXPECT_TRUE(r.holders.empty());
+    EXPECT_TRUE(r.held);
+    EXPECT_EQ(r.mode, LeaseMode::kShared);
+    EXPECT_EQ(r.token, 42u);
+    EXPECT_EQ(r.ttl_left, 900ms);
+    EXPECT_EQ(r.waiters, 2u);
+    EXPECT_EQ(r.holder_count, 3u);
+  }
+}
+
 }  // namespace
 }  // namespace shardlock::lease

@@ -24,6 +24,7 @@ namespace {
 
 constexpr ClientId kAlice{1, 1};
 constexpr ClientId kBob{2, 2};
+constexpr ClientId kCarol{3, 3};
 
 using test_support::peer_on_port;
 
@@ -164,6 +165,24 @@ class DispatcherTest : public ::testing::Test {
     m.token = token;
     return send(client, {m}, from);
   }
+  // QUERY_HOLDERS of `key` from `first`, padded to `pad_to` bytes (at
+  // least its bound); the reply's views stay valid for the test.
+  Message holders_page(const std::string& key, std::uint32_t first,
+                       std::size_t pad_to = kMaxDatagramSize) {
+    Message m = request(MessageType::kQueryHolders, key, ++query_id_);
+    m.first_holder = first;
+    Datagram d;
+    d.client_id = kCarol;
+    d.request_id = m.request_id;
+    EXPECT_TRUE(d.push(m));
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+    std::size_t n = 0;
+    EXPECT_EQ(encode(d, bytes, n, std::max(pad_to, max_reply_size(d))), ProtocolError::kOk);
+    bytes.resize(n);
+    const auto out = handle(bytes, carol_);
+    for (const OutDatagram& o : out) EXPECT_LE(o.length, n);  // never amplified
+    return only_reply_to(out, carol_);
+  }
   // Keys that land on at least two shards.
   std::vector<std::string> spread_keys(std::size_t n) {
     std::vector<std::string> keys;
@@ -190,8 +209,6 @@ class DispatcherTest : public ::testing::Test {
   const Peer bob_ = peer_on_port(1002);
   const Peer carol_ = peer_on_port(1003);
 };
-
-constexpr ClientId kCarol{3, 3};
 
 TEST_F(DispatcherTest, GrantsAndRefusesWithRepliesToTheSender) {
   auto out = send(kAlice, {request(MessageType::kAcquire, "k", 1)}, alice_);
@@ -361,6 +378,162 @@ TEST_F(DispatcherTest, ASealedDatagramToAServerWithoutAKeyIsRejected) {
 }
 
 // ---- ACQUIRE_MANY ------------------------------------------------------------
+
+TEST_F(DispatcherTest, QueryHoldersListsEverySharedHolderOldestFirst) {
+  const ClientId owners[] = {kAlice, kBob, ClientId{7, 8}};
+  std::vector<std::uint64_t> tokens;
+  for (std::size_t i = 0; i < std::size(owners); ++i) {
+    Message m = request(MessageType::kAcquireShared, "k", 10 + i);
+    m.ttl_ms = 1000 + 100 * static_cast<std::uint32_t>(i);
+    const Message granted = only_reply_to(send(owners[i], {m}, alice_), alice_);
+    ASSERT_EQ(granted.type, MessageType::kGranted);
+    tokens.push_back(granted.token);
+  }
+  Message waiting = request(MessageType::kAcquire, "k", 20);
+  waiting.wait_ms = 5000;
+  EXPECT_TRUE(send(kCarol, {waiting}, bob_).empty());  // queued behind the readers
+  now_ms_ += 250;
+
+  const Message r = holders_page("k", 0);
+  ASSERT_EQ(r.type, MessageType::kHoldersReply);
+  EXPECT_EQ(r.key, "k");
+  EXPECT_EQ(r.mode, LeaseMode::kShared);
+  EXPECT_EQ(r.holders, 3u);
+  EXPECT_EQ(r.waiters, 1u);
+  EXPECT_EQ(r.permits, 0u);
+  EXPECT_EQ(r.first_holder, 0u);
+  ASSERT_EQ(r.holder_list_count, 3u);
+  std::size_t i = 0;
+  for (const HolderEntry& h : HolderList(r)) {
+    EXPECT_EQ(h.owner, owners[i]);
+    EXPECT_EQ(h.token, tokens[i]);
+    EXPECT_EQ(h.ttl_left_ms, 1000 + 100 * i - 250);
+    EXPECT_EQ(h.flags, 0);
+    EXPECT_TRUE(h.value.empty());
+    ++i;
+  }
+  EXPECT_EQ(i, 3u);
+  // From the second holder on.
+  const Message rest = holders_page("k", 1);
+  ASSERT_EQ(rest.holder_list_count, 2u);
+  EXPECT_EQ(HolderList(rest).begin()->owner, kBob);
+}
+
+// Issue 25: an ACQUIRE's value stays with its holder: listed by
+// QUERY_HOLDERS, kept by renewals, and a queued ACQUIRE's comes with the
+// key when it is handed over.
+TEST_F(DispatcherTest, AHolderValueIsListedKeptByRenewalsAndHandedOver) {
+  Message first = request(MessageType::kAcquire, "v", 1);
+  first.value = "alice:7420 pid 1";
+  const Message granted = only_reply_to(send(kAlice, {first}, alice_), alice_);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  Message queued = request(MessageType::kAcquire, "v", 2);
+  queued.wait_ms = 5000;
+  queued.value = "bob:7420 pid 2";
+  EXPECT_TRUE(send(kBob, {queued}, bob_).empty());
+
+  const auto value_of_first = [&] {
+    const Message r = holders_page("v", 0);
+    return r.holder_list_count == 1 ? std::string(HolderList(r).begin()->value) : std::string();
+  };
+  EXPECT_EQ(value_of_first(), "alice:7420 pid 1");
+  Message renew = request(MessageType::kRenew, "v", 3);
+  renew.token = granted.token;
+  ASSERT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+  EXPECT_EQ(value_of_first(), "alice:7420 pid 1");
+
+  const auto out = release_key(kAlice, "v", granted.token, 4, alice_);
+  EXPECT_EQ(only_reply_to(out, bob_).type, MessageType::kGranted);
+  const Message r = holders_page("v", 0);
+  ASSERT_EQ(r.holder_list_count, 1u);
+  EXPECT_EQ(HolderList(r).begin()->owner, kBob);
+  EXPECT_EQ(HolderList(r).begin()->value, "bob:7420 pid 2");
+  // A holder without a value lists an empty one.
+  (void)single_token(kCarol, "plain", 5, carol_);
+  EXPECT_TRUE(HolderList(holders_page("plain", 0)).begin()->value.empty());
+}
+
+TEST_F(DispatcherTest, QueryHoldersOfAFreeKeyListsNobody) {
+  const Message r = holders_page("free", 0);
+  ASSERT_EQ(r.type, MessageType::kHoldersReply);
+  EXPECT_EQ(r.holders, 0u);
+  EXPECT_EQ(r.waiters, 0u);
+  EXPECT_EQ(r.holder_list_count, 0u);
+  // A key released is free again.
+  const std::uint64_t token = single_token(kAlice, "free", 1, alice_);
+  EXPECT_EQ(holders_page("free", 0).holders, 1u);
+  release_key(kAlice, "free", token, 2, alice_);
+  EXPECT_EQ(holders_page("free", 0).holders, 0u);
+}
+
+// A semaphore with more holders than a datagram holds: pages of whole
+// entries, each within the request's bytes, that together list every holder
+// once in grant order; a page past the end is empty with the totals.
+TEST_F(DispatcherTest, QueryHoldersPagesManyHolders) {
+  constexpr std::uint32_t kHolders = 150;
+  std::vector<std::uint64_t> tokens;
+  for (std::uint32_t i = 0; i < kHolders; ++i) {
+    Message m = request(MessageType::kAcquirePermit, "sem", 1);
+    m.permits = kHolders;
+    const Message granted = only_reply_to(send(ClientId{100 + i, 1}, {m}, alice_), alice_);
+    ASSERT_EQ(granted.type, MessageType::kGranted);
+    tokens.push_back(granted.token);
+  }
+  std::vector<std::uint64_t> listed;
+  std::size_t pages = 0;
+  while (listed.size() < kHolders && pages < kHolders) {
+    const Message r = holders_page("sem", static_cast<std::uint32_t>(listed.size()));
+    ASSERT_EQ(r.type, MessageType::kHoldersReply);
+    EXPECT_EQ(r.mode, LeaseMode::kPermit);
+    EXPECT_EQ(r.permits, kHolders);
+    EXPECT_EQ(r.holders, kHolders);
+    ASSERT_GT(r.holder_list_count, 0u);
+    for (const HolderEntry& h : HolderList(r)) {
+      EXPECT_EQ(h.owner, (ClientId{100 + listed.size(), 1}));
+      listed.push_back(h.token);
+    }
+    ++pages;
+  }
+  EXPECT_EQ(listed, tokens);
+  EXPECT_GT(pages, 2u);  // it did page
+  const Message past = holders_page("sem", kHolders);
+  EXPECT_EQ(past.holders, kHolders);
+  EXPECT_EQ(past.first_holder, kHolders);
+  EXPECT_EQ(past.holder_list_count, 0u);
+  const Message far = holders_page("sem", 0xFFFFFFFF);
+  EXPECT_EQ(far.holder_list_count, 0u);
+  // Padded only to its bound: the totals, and no holder it did not pay for.
+  const Message unpaid = holders_page("sem", 0, 0);
+  EXPECT_EQ(unpaid.holders, kHolders);
+  EXPECT_EQ(unpaid.holder_list_count, 0u);
+}
+
+// Two QUERY_HOLDERS in one datagram: the padding pays one page, so the
+// second gets the totals alone, and both answers fit the request.
+TEST_F(DispatcherTest, OneHolderPagePerDatagram) {
+  (void)single_token(kAlice, "a", 1, alice_);
+  (void)single_token(kAlice, "b", 2, alice_);
+  Datagram d;
+  d.client_id = kCarol;
+  d.request_id = 77;
+  d.batch = true;
+  for (const char* key : {"a", "b"}) {
+    Message m = request(MessageType::kQueryHolders, key, ++query_id_);
+    EXPECT_TRUE(d.push(m));
+  }
+  std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode(d, bytes, n, kMaxDatagramSize), ProtocolError::kOk);
+  bytes.resize(n);
+  const auto out = handle(bytes, carol_);
+  ASSERT_EQ(out.size(), 1u);
+  const Datagram r = decoded(out[0]);
+  ASSERT_EQ(r.count, 2);
+  EXPECT_EQ(r.messages[0].holder_list_count, 1u);
+  EXPECT_EQ(HolderList(r.messages[0]).begin()->owner, kAlice);
+  EXPECT_EQ(r.messages[1].holders, 1u);
+  EXPECT_EQ(r.messages[1].holder_list_count, 0u);
+}
 
 TEST_F(DispatcherTest, AcquireManyGrantsEveryKeyWithItsOwnToken) {
   const std::vector<std::string> keys = spread_keys(6);
@@ -712,6 +885,14 @@ TEST_F(DispatcherGateTest, KeysOfOtherNodesAreRedirectedAndOwnKeysGranted) {
   const std::uint64_t token = single_token(kAlice, key_of(true), 2, alice_);
   EXPECT_EQ(token >> 32, 5u);
   EXPECT_EQ(counter(StatCounter::kRedirects), 1u);
+  // QUERY_HOLDERS is routed as QUERY is.
+  const Message elsewhere = holders_page(key_of(false), 0);
+  EXPECT_EQ(elsewhere.type, MessageType::kRedirect);
+  EXPECT_EQ(elsewhere.epoch, 5u);
+  const Message here = holders_page(key_of(true), 0);
+  ASSERT_EQ(here.type, MessageType::kHoldersReply);
+  ASSERT_EQ(here.holder_list_count, 1u);
+  EXPECT_EQ(HolderList(here).begin()->token, token);
 }
 
 TEST_F(DispatcherGateTest, AClientWithANewerMapIsToldToRetryNotGranted) {
@@ -876,7 +1057,9 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   EXPECT_TRUE(pump().empty());  // heartbeat and snapshots; the lease comes back
 
   // The GRANTED waits in the replicator...
-  EXPECT_TRUE(send(kAlice, {request(MessageType::kAcquire, key, 2)}, alice_).empty());
+  Message acquire = request(MessageType::kAcquire, key, 2);
+  acquire.value = "leader at 10.0.0.1:80";  // issue 25: replicated with the grant
+  EXPECT_TRUE(send(kAlice, {acquire}, alice_).empty());
   // ...until the backup has acknowledged the grant.
   const std::vector<OutDatagram> released = pump();
   const Message granted = only_reply_to(released, alice_);
@@ -894,6 +1077,7 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   EXPECT_EQ(holders[0].first, key);
   EXPECT_EQ(holders[0].second.token, granted.token);
   EXPECT_EQ(holders[0].second.owner, kAlice);
+  EXPECT_EQ(holders[0].second.value, "leader at 10.0.0.1:80");
 }
 
 TEST_F(DispatcherReplicationTest, ABatchsGrantsLeaveAtTheBatchsEndInOneDatagram) {

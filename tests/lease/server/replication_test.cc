@@ -53,8 +53,15 @@ std::vector<Entry> one_of_each() {
   Entry permit = grant(65535, std::string(kMaxKeyLength, 'k'), 0x500000002, 4, 42);
   permit.mode = LeaseMode::kPermit;
   permit.permits = 3;
-  return {marker(EntryKind::kResetBucket, 9), shared, permit,
-          release(9, "orders/1", 0x500000001, 3), marker(EntryKind::kBucketCaughtUp, 9)};
+  permit.value = std::string(kMaxHolderValueLength, 'v');  // issue 25: the longest value
+  Entry leader = grant(9, "leader/db", 0x500000003, 5, 43);
+  leader.value = "10.0.0.7:5432";
+  return {marker(EntryKind::kResetBucket, 9),
+          shared,
+          permit,
+          leader,
+          release(9, "orders/1", 0x500000001, 3),
+          marker(EntryKind::kBucketCaughtUp, 9)};
 }
 
 // Appends a snapshot of `bucket` holding one grant of `key`.
@@ -184,6 +191,66 @@ TEST(ReplicationCodec, ADatagramCarriesWhatFitsAndTheRestFollows) {
   EXPECT_EQ(primary.applied(), 200U);
   EXPECT_EQ(backup.holder_count(), 200U);
   EXPECT_EQ(primary.unacknowledged(), 0U);
+}
+
+// Issue 25: a grant with a holder value travels as wire kind 5 with the
+// value after the grant's fields; one without stays kind 1, byte for byte
+// what the codec wrote before values, so a stream without values is
+// unchanged for a backup that predates them.
+TEST(ReplicationCodec, AHolderValueTravelsWithItsGrant) {
+  std::vector<std::uint8_t> plain;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{grant(1, "k", 2)}, plain),
+            1U);
+  EXPECT_EQ(plain[kReplicateHeaderSize], 1);  // kGrant
+  Entry with = grant(1, "k", 2);
+  with.value = "host-a:7420 pid 99";
+  std::vector<std::uint8_t> valued;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{with}, valued), 1U);
+  EXPECT_EQ(valued[kReplicateHeaderSize], 5);
+  EXPECT_EQ(valued.size(), plain.size() + 2 + with.value.size());
+  EXPECT_TRUE(std::equal(plain.begin() + kReplicateHeaderSize + 1, plain.end(),
+                         valued.begin() + kReplicateHeaderSize + 1));
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  ASSERT_TRUE(decode_replicate(valued, h, back));
+  ASSERT_EQ(back.size(), 1U);
+  EXPECT_EQ(back[0], with);
+
+  const auto rejected = [](std::vector<std::uint8_t> bytes) {
+    ReplicateHeader header;
+    std::vector<Entry> e;
+    return !decode_replicate(bytes, header, e);
+  };
+  auto empty = plain;  // kind 5 with a value of 0 bytes
+  empty[kReplicateHeaderSize] = 5;
+  empty.push_back(0);
+  empty.push_back(0);
+  EXPECT_TRUE(rejected(empty));
+  auto too_long = plain;
+  too_long[kReplicateHeaderSize] = 5;
+  too_long.push_back(static_cast<std::uint8_t>(kMaxHolderValueLength + 1));
+  too_long.push_back(static_cast<std::uint8_t>((kMaxHolderValueLength + 1) >> 8));
+  too_long.insert(too_long.end(), kMaxHolderValueLength + 1, 'v');
+  EXPECT_TRUE(rejected(too_long));
+  auto release_with_value = plain;  // only a grant carries a value
+  release_with_value[kReplicateHeaderSize] = 6;
+  EXPECT_TRUE(rejected(release_with_value));
+
+  PrimaryStream primary(1, StreamTiming{});
+  Entry huge = grant(1, "k", 3);
+  huge.value = std::string(kMaxHolderValueLength + 1, 'v');
+  EXPECT_EQ(primary.append(huge), 0U);
+
+  // The backup keeps the value with the holder, for a takeover.
+  BackupStream backup(StreamTiming{}, 0);
+  PrimaryStream stream(1, StreamTiming{});
+  (void)stream.append(with);
+  std::vector<std::vector<std::uint8_t>> wire;
+  stream.poll(0, 1, wire);
+  deliver(stream, backup, wire, 0);
+  const auto holders = backup.holders(1, "k");
+  ASSERT_EQ(holders.size(), 1U);
+  EXPECT_EQ(holders[0].value, with.value);
 }
 
 TEST(ReplicationStream, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {

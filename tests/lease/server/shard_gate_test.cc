@@ -272,6 +272,30 @@ TEST_F(ShardGateTest, TheExclusiveHolderAcquiringAgainJournalsTheOldTokensEnd) {
   EXPECT_EQ(holders[0].second.token, again.token);
 }
 
+// Issue 25: the holder's value goes to the backups with its grant, in the
+// journal and in a snapshot alike.
+TEST_F(ShardGateTest, AHolderValueIsJournaledAndSnapshotted) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = mine_;
+  m.ttl_ms = 1000;
+  m.request_id = 1;
+  m.value = "10.0.0.7:5432";
+  Message reply;
+  ASSERT_TRUE(shard_->handle(kAlice, Peer{}, m, now_, reply, deferred_));
+  ASSERT_EQ(reply.type, MessageType::kGranted);
+  std::vector<replication::Entry> journal;
+  shard_->take_journal(journal);
+  ASSERT_EQ(journal.size(), 1U);
+  EXPECT_EQ(journal[0].value, "10.0.0.7:5432");
+  std::vector<replication::Entry> snapshot;
+  shard_->snapshot_all(snapshot);
+  ASSERT_EQ(snapshot.size(), 1U);
+  EXPECT_EQ(snapshot[0].value, "10.0.0.7:5432");
+  EXPECT_EQ(snapshot[0].token, reply.token);
+}
+
 TEST_F(ShardGateTest, AnUnreplicatedBucketJournalsNothing) {
   gate(5);
   const Message granted = send(kAlice, MessageType::kAcquire, mine_);
@@ -342,8 +366,21 @@ TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
 TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndRenews) {
   gate(9, ClusterGate::kActive, 0, /*replicated=*/true);
   const replication::ReplicaHolder inherited{
-      kAlice, cluster::compose_token(8, 3), 77, LeaseMode::kExclusive, 0, 1000};
+      kAlice, cluster::compose_token(8, 3), 77, LeaseMode::kExclusive, 0, 1000, "primary-a:80"};
   ASSERT_TRUE(shard_->inherit(mine_, inherited, now_ + 5'000));
+  {
+    // Its value came along (issue 25).
+    Message q;
+    q.type = MessageType::kQueryHolders;
+    q.key = mine_;
+    q.request_id = 900;
+    HolderPage page{.room = kMaxDatagramSize, .entries = {}};
+    Message r;
+    ASSERT_TRUE(shard_->handle(kBob, Peer{}, q, now_, r, deferred_, kMaxDatagramSize, &page));
+    ASSERT_EQ(r.holder_list_count, 1u);
+    EXPECT_EQ(HolderList(r).begin()->value, "primary-a:80");
+    EXPECT_EQ(HolderList(r).begin()->token, inherited.token);
+  }
   // The ACQUIRE the old primary granted, retransmitted: the same grant.
   const Message again = send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77);
   ASSERT_EQ(again.type, MessageType::kGranted);
@@ -354,7 +391,8 @@ TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndR
   EXPECT_EQ(send(kAlice, MessageType::kRenew, mine_, inherited.token).type, MessageType::kRenewed);
   // A replica never holds an exclusive lease beside another: refused.
   EXPECT_FALSE(shard_->inherit(
-      mine_, replication::ReplicaHolder{kBob, inherited.token + 1, 5, LeaseMode::kExclusive, 0, 1},
+      mine_,
+      replication::ReplicaHolder{kBob, inherited.token + 1, 5, LeaseMode::kExclusive, 0, 1, ""},
       now_ + 5'000));
   EXPECT_EQ(send(kAlice, MessageType::kRelease, mine_, inherited.token).type,
             MessageType::kReleased);
@@ -367,7 +405,7 @@ TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndR
 TEST_F(ShardGateTest, AnInheritedHolderExpiresAtTheTakeoversDeadline) {
   gate(9, ClusterGate::kActive, 0, /*replicated=*/true);
   ASSERT_TRUE(shard_->inherit(
-      mine_, replication::ReplicaHolder{kAlice, 5, 1, LeaseMode::kExclusive, 0, 1000},
+      mine_, replication::ReplicaHolder{kAlice, 5, 1, LeaseMode::kExclusive, 0, 1000, ""},
       now_ + 3'000));
   now_ += 2'999;
   shard_->advance(now_, deferred_);

@@ -137,6 +137,25 @@ std::vector<Message> one_of_each_type() {
     m.member_list_count = 2;
     m.member_list = members;
   });
+  add(MessageType::kQueryHolders, [](Message& m) {
+    m.key = kKey;
+    m.first_holder = 2;
+  });
+  static const std::vector<std::uint8_t> holders = [] {
+    std::vector<std::uint8_t> out;
+    EXPECT_TRUE(append_holder_entry({{0x11, 0x22}, 40, 900, 0, "10.0.0.7:80"}, out));
+    EXPECT_TRUE(append_holder_entry({{0x33, 0x44}, 41, 0, kHolderFlagPending, ""}, out));
+    return out;
+  }();
+  add(MessageType::kHoldersReply, [](Message& m) {
+    m.key = kKey;
+    m.mode = LeaseMode::kShared;
+    m.waiters = 3;
+    m.holders = 5;
+    m.first_holder = 2;
+    m.holder_list_count = 2;
+    m.holder_list = holders;
+  });
   return all;
 }
 
@@ -179,6 +198,11 @@ void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.member_list_count, b.member_list_count);
   EXPECT_TRUE(std::equal(a.member_list.begin(), a.member_list.end(), b.member_list.begin(),
                          b.member_list.end()));
+  EXPECT_EQ(a.value, b.value);
+  EXPECT_EQ(a.first_holder, b.first_holder);
+  EXPECT_EQ(a.holder_list_count, b.holder_list_count);
+  EXPECT_TRUE(std::equal(a.holder_list.begin(), a.holder_list.end(), b.holder_list.begin(),
+                         b.holder_list.end()));
 }
 
 Datagram single(const Message& m) {
@@ -267,8 +291,9 @@ TEST(Protocol, BatchItemsCarryTheirOwnOwner) {
   EXPECT_TRUE(out.batch);
   EXPECT_EQ(out.messages[0].owner, (ClientId{5, 6}));
 
-  // Reserved item flag bits are rejected (item flags sit at header + 1).
-  for (int bit = 1; bit < 8; ++bit) {
+  // Reserved item flag bits are rejected (item flags sit at header + 1);
+  // bit 1 is kItemFlagValue (ProtocolHolders below).
+  for (int bit = 2; bit < 8; ++bit) {
     auto bad = one_bytes;
     bad[kHeaderSize + 1] = static_cast<std::uint8_t>(kItemFlagOwner | (1 << bit));
     EXPECT_EQ(decode_exact(bad, out), ProtocolError::kBadFlags) << "bit " << bit;
@@ -296,19 +321,36 @@ TEST(Protocol, EveryTruncationOfEveryMessageIsRejected) {
     b.batch = true;
     datagrams.push_back(b);
   }
-  Datagram all;
-  for (const Message& m : one_of_each_type()) ASSERT_TRUE(all.push(m));
-  datagrams.push_back(all);
-  for (Message& m : all.items()) m.owner = ClientId{3, 4};
-  datagrams.push_back(all);
-  // With a map epoch after the header, single and batched.
+  // Every type batched, in as few datagrams as hold them with an owner and
+  // an epoch each: plain, with owners, with owners and an epoch.
+  std::vector<Datagram> batches(1);
+  for (Message m : one_of_each_type()) {
+    m.owner = ClientId{3, 4};
+    Datagram& last = batches.back();
+    ASSERT_TRUE(last.push(m));
+    last.epoch = 9;
+    if (encoded_size(last) > kMaxDatagramSize) {
+      --last.count;
+      batches.emplace_back();
+      ASSERT_TRUE(batches.back().push(m));
+    }
+  }
+  for (Datagram& all : batches) {
+    all.epoch.reset();
+    for (Message& m : all.items()) m.owner.reset();
+    all.batch = true;
+    datagrams.push_back(all);
+    for (Message& m : all.items()) m.owner = ClientId{3, 4};
+    datagrams.push_back(all);
+    all.epoch = 9;
+    datagrams.push_back(all);
+  }
+  // With a map epoch after the header, single.
   for (const Message& m : one_of_each_type()) {
     Datagram e = single(m);
     e.epoch = 0x0102030405060708ULL;
     datagrams.push_back(e);
   }
-  all.epoch = 9;
-  datagrams.push_back(all);
 
   for (const Datagram& d : datagrams) {
     const auto bytes = encode_or_die(d);
@@ -436,6 +478,10 @@ TEST(Protocol, PaddedRequestsBoundEveryReply) {
     const std::size_t n = 1 + rng() % 4;
     for (std::size_t i = 0; i < n; ++i) {
       Message m = one_of_each_type()[rng() % 5];
+      if (rng() % 6 == 0) {
+        m.type = MessageType::kQueryHolders;
+        m.first_holder = static_cast<std::uint32_t>(rng());
+      }
       m.key = key;
       ASSERT_TRUE(req.push(m));
     }
@@ -462,6 +508,9 @@ TEST(Protocol, PaddedRequestsBoundEveryReply) {
           break;
         case MessageType::kQuery:
           worst.type = MessageType::kQueryReply;
+          break;
+        case MessageType::kQueryHolders:
+          worst.type = MessageType::kHoldersReply;  // with no holders: its bound
           break;
         default:
           worst.type = MessageType::kStatsReply;
@@ -639,6 +688,29 @@ TEST(Protocol, WireBytesArePinned) {
        "5b3a3a315d3a37303031"
        "2c010000",
        34},
+      {MessageType::kQueryHolders, "09006f72646572732f343202000000", 61},
+      {MessageType::kHoldersReply,
+       "09006f72646572732f3432"
+       "01"
+       "00000000"
+       "03000000"
+       "05000000"
+       "02000000"
+       "02"
+       "1100000000000000"
+       "2200000000000000"
+       "2800000000000000"
+       "84030000"
+       "00"
+       "0b00"
+       "31302e302e302e373a3830"
+       "3300000000000000"
+       "4400000000000000"
+       "2900000000000000"
+       "00000000"
+       "01"
+       "0000",
+       34},
   };
   const auto all = one_of_each_type();
   ASSERT_EQ(all.size(), std::size(pinned));
@@ -778,9 +850,14 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
     }
   };
   // What issue 14 (clusters) added: REDIRECT to the requests on a key whose
-  // owner a map decides, and the MAP request.
+  // owner a map decides, and the MAP request. Issue 24: QUERY_HOLDERS, routed
+  // and answered as QUERY is.
   const auto answered_now = [&](MessageType request, MessageType reply) {
     if (request == kMap) return reply == kMapReply || reply == kError || reply == kRecovering;
+    if (request == kQueryHolders) {
+      return reply == kHoldersReply || reply == kError || reply == kRecovering ||
+             reply == kRedirect;
+    }
     if (reply == kRedirect) {
       return is_acquire(request) || request == kRenew || request == kQuery;
     }
@@ -796,7 +873,7 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
   for (unsigned t = 0; t < 256; ++t) {
     const auto reply = static_cast<MessageType>(t);
     const bool carried_before = reply == kGranted || reply == kBusy || reply == kTimeout ||
-                                reply == kRenewed || reply == kQueryReply;
+                                reply == kRenewed || reply == kQueryReply || reply == kHoldersReply;
     EXPECT_EQ(reply_carries_key(reply), carried_before) << t;
   }
 }
@@ -808,9 +885,10 @@ TEST(ProtocolTable, SizesAreTheBytesWritten) {
   for (Message m : one_of_each_type()) {
     SCOPED_TRACE(std::string(to_string(m.type)));
     const MessageBody& body = *message_body(m.type);
-    const std::size_t expected =
-        body.fixed_size() + (body.has(BodyField::kKey) ? m.key.size() : 0) +
-        m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() + m.member_list.size();
+    const std::size_t expected = body.fixed_size() +
+                                 (body.has(BodyField::kKey) ? m.key.size() : 0) +
+                                 m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() +
+                                 m.member_list.size() + m.holder_list.size();
     const auto bytes = encode_or_die(single(m));
     EXPECT_EQ(bytes.size(), encoded_size(single(m)));
     EXPECT_EQ(bytes.size(), kHeaderSize + expected);
@@ -1009,6 +1087,23 @@ TEST(ProtocolTable, MapIsPaddedForAnEmptyMapReply) {
   Message empty;
   empty.type = MessageType::kMapReply;
   EXPECT_EQ(encoded_size(single(empty)), max_reply_size(single(map)));
+}
+
+// QUERY_HOLDERS is padded for a HOLDERS_REPLY without holders (its key,
+// mode, permits, waiters, holders, first holder and the list's count byte);
+// the holders it gets are paid for by padding beyond that.
+TEST(ProtocolTable, QueryHoldersIsPaddedForAnEmptyPage) {
+  Message query;
+  query.type = MessageType::kQueryHolders;
+  query.key = kKey;
+  EXPECT_EQ(max_reply_size(single(query)), kHeaderSize + 2 + kKey.size() + 1 + 4 + 4 + 4 + 4 + 1);
+  Message empty;
+  empty.type = MessageType::kHoldersReply;
+  empty.key = kKey;
+  EXPECT_EQ(encoded_size(single(empty)), max_reply_size(single(query)));
+  EXPECT_TRUE(reply_carries_key(MessageType::kHoldersReply));
+  EXPECT_EQ(to_string(MessageType::kQueryHolders), "QUERY_HOLDERS");
+  EXPECT_EQ(to_string(MessageType::kHoldersReply), "HOLDERS_REPLY");
 }
 
 TEST(ProtocolTable, OnlyAWaitingAcquireMayBeAnsweredLater) {
@@ -1252,6 +1347,219 @@ TEST(ProtocolMembers, WalkingAMalformedListStops) {
     const std::size_t whole = cut >= list.size() ? 2 : cut >= member_entry_size(entries[0]) ? 1 : 0;
     EXPECT_EQ(walked, whole) << cut;
   }
+}
+
+TEST(ProtocolHolders, ListReadsBackHolderByHolder) {
+  const std::string longest(kMaxHolderValueLength, 'v');
+  const HolderEntry entries[] = {{{1, 2}, 7, 1000, 0, ""},
+                                 {{~0ULL, ~1ULL}, ~0ULL, 0xFFFFFFFF, kHolderFlagPending, longest},
+                                 {{5, 6}, 9, 0, 0, "host:1 pid 42"}};
+  std::vector<std::uint8_t> list;
+  std::size_t size = 0;
+  for (const HolderEntry& e : entries) {
+    ASSERT_TRUE(append_holder_entry(e, list));
+    size += holder_entry_size(e);
+  }
+  EXPECT_EQ(list.size(), size);
+  Message m;
+  m.type = MessageType::kHoldersReply;
+  m.key = kKey;
+  m.mode = LeaseMode::kPermit;
+  m.permits = 9;
+  m.waiters = 4;
+  m.holders = 3;
+  m.holder_list_count = 3;
+  m.holder_list = list;
+  // The longest value still leaves a page of one within a datagram.
+  Datagram out;
+  ASSERT_EQ(decode_exact(encode_or_die(single(m)), out), ProtocolError::kOk);
+  const Message& got = out.messages[0];
+  EXPECT_EQ(got.mode, LeaseMode::kPermit);
+  EXPECT_EQ(got.permits, 9u);
+  EXPECT_EQ(got.waiters, 4u);
+  EXPECT_EQ(got.holders, 3u);
+  const HolderList holders(got);
+  ASSERT_EQ(holders.size(), 3u);
+  std::size_t i = 0;
+  for (const HolderEntry& e : holders) {
+    ASSERT_LT(i, std::size(entries));
+    EXPECT_EQ(e.owner, entries[i].owner);
+    EXPECT_EQ(e.token, entries[i].token);
+    EXPECT_EQ(e.ttl_left_ms, entries[i].ttl_left_ms);
+    EXPECT_EQ(e.flags, entries[i].flags);
+    EXPECT_EQ(e.value, entries[i].value);
+    ++i;
+  }
+  EXPECT_EQ(i, 3u);
+  // A free key: no holders, and the walk ends at once.
+  Message free;
+  free.type = MessageType::kHoldersReply;
+  free.key = kKey;
+  free.first_holder = 7;
+  ASSERT_EQ(decode_exact(encode_or_die(single(free)), out), ProtocolError::kOk);
+  EXPECT_EQ(out.messages[0].first_holder, 7u);
+  EXPECT_EQ(HolderList(out.messages[0]).begin(), HolderList(out.messages[0]).end());
+}
+
+TEST(ProtocolHolders, EncoderRefusesWhatDecodeWouldRefuse) {
+  const std::string too_long(kMaxHolderValueLength + 1, 'v');
+  std::vector<std::uint8_t> list;
+  EXPECT_FALSE(append_holder_entry({{1, 1}, 1, 1, 0, too_long}, list));
+  EXPECT_FALSE(append_holder_entry({{1, 1}, 1, 1, 0x02, ""}, list));
+  EXPECT_TRUE(list.empty());  // nothing appended
+}
+
+// Hand-built entries with reserved flags or a value too long are kBadField;
+// a count above the entries is kTruncated (single) or kBadLength (batch).
+TEST(ProtocolHolders, BadEntriesAreRejected) {
+  const auto entry = [](std::uint8_t flags, std::size_t value_length) {
+    std::vector<std::uint8_t> e(16 + 8 + 4, 0x5A);
+    e.push_back(flags);
+    e.push_back(static_cast<std::uint8_t>(value_length));
+    e.push_back(static_cast<std::uint8_t>(value_length >> 8));
+    e.insert(e.end(), value_length, 'v');
+    return e;
+  };
+  const auto decode_list = [](std::uint8_t count, const std::vector<std::uint8_t>& list,
+                              bool batch) {
+    Message m;
+    m.type = MessageType::kHoldersReply;
+    m.key = kKey;
+    m.holders = count;
+    m.holder_list_count = count;
+    m.holder_list = list;
+    Datagram d = single(m);
+    d.batch = batch;
+    Datagram out;
+    return decode_exact(encode_or_die(d), out);
+  };
+  struct Case {
+    std::uint8_t flags;
+    std::size_t value_length;
+    ProtocolError expected;
+  };
+  const Case cases[] = {
+      {0, 0, ProtocolError::kOk},
+      {kHolderFlagPending, kMaxHolderValueLength, ProtocolError::kOk},
+      {0x02, 0, ProtocolError::kBadField},
+      {0x80, 3, ProtocolError::kBadField},
+      {0, kMaxHolderValueLength + 1, ProtocolError::kBadField},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(::testing::Message() << int{c.flags} << " " << c.value_length);
+    EXPECT_EQ(decode_list(1, entry(c.flags, c.value_length), false), c.expected);
+    auto two = entry(0, 4);
+    const auto second = entry(c.flags, c.value_length);
+    two.insert(two.end(), second.begin(), second.end());
+    EXPECT_EQ(decode_list(2, two, false), c.expected);
+    EXPECT_EQ(decode_list(2, two, true), c.expected);
+  }
+  EXPECT_EQ(decode_list(2, entry(0, 4), false), ProtocolError::kTruncated);
+  EXPECT_EQ(decode_list(2, entry(0, 4), true), ProtocolError::kBadLength);
+}
+
+// Walking a hand-built list that is cut short stops at the last whole entry.
+TEST(ProtocolHolders, WalkingAMalformedListStops) {
+  const HolderEntry entries[] = {{{1, 1}, 1, 0, 0, "a"}, {{2, 2}, 2, 0, 0, "bb"}};
+  std::vector<std::uint8_t> list;
+  for (const HolderEntry& e : entries) ASSERT_TRUE(append_holder_entry(e, list));
+  for (std::size_t cut = 0; cut <= list.size(); ++cut) {
+    std::size_t walked = 0;
+    for (const HolderEntry& e : HolderList(2, std::span(list).first(cut))) {
+      EXPECT_EQ(e.token, walked + 1);
+      ++walked;
+    }
+    const std::size_t whole = cut >= list.size() ? 2 : cut >= holder_entry_size(entries[0]) ? 1 : 0;
+    EXPECT_EQ(walked, whole) << cut;
+  }
+}
+
+// Issue 25: a single-key ACQUIRE may attach a holder value, in its batch
+// item (kItemFlagValue), after the owner when it has one.
+TEST(ProtocolHolders, AnAcquireCarriesItsValueInItsItem) {
+  const std::string longest(kMaxHolderValueLength, 'v');
+  for (const MessageType type :
+       {MessageType::kAcquire, MessageType::kAcquireShared, MessageType::kAcquirePermit}) {
+    for (const bool with_owner : {false, true}) {
+      for (const std::string_view value :
+           {std::string_view("10.0.0.7:8080 pid 42"), std::string_view(longest)}) {
+        SCOPED_TRACE(::testing::Message()
+                     << to_string(type) << " owner=" << with_owner << " value=" << value.size());
+        Message m;
+        m.type = type;
+        m.request_id = 9;
+        m.key = kKey;
+        m.ttl_ms = 1000;
+        m.permits = type == MessageType::kAcquirePermit ? 3 : 0;
+        m.value = value;
+        if (with_owner) m.owner = ClientId{5, 6};
+        const Datagram d = single(m);
+        const auto bytes = encode_or_die(d);
+        ASSERT_FALSE(bytes.empty());
+        EXPECT_EQ(bytes[6], static_cast<std::uint8_t>(MessageType::kBatch));  // framed as a batch
+        EXPECT_EQ(bytes[kHeaderSize + 1],
+                  kItemFlagValue | (with_owner ? kItemFlagOwner : std::uint8_t{0}));
+        EXPECT_EQ(bytes.size(), encoded_size(d));
+        Datagram out;
+        ASSERT_EQ(decode_exact(bytes, out), ProtocolError::kOk);
+        EXPECT_EQ(out.messages[0].value, value);
+        EXPECT_EQ(out.messages[0].key, kKey);
+        EXPECT_EQ(out.messages[0].owner.has_value(), with_owner);
+        for (std::size_t len = 0; len < bytes.size(); ++len) {
+          std::vector<std::uint8_t> prefix(bytes.begin(), bytes.begin() + static_cast<long>(len));
+          EXPECT_NE(decode_exact(prefix, out), ProtocolError::kOk) << len;
+        }
+        // The value makes the request longer, never its reply.
+        Message plain = m;
+        plain.value = {};
+        Datagram framed = single(plain);
+        framed.batch = true;
+        EXPECT_EQ(max_reply_size(d), max_reply_size(framed));
+      }
+    }
+  }
+}
+
+TEST(ProtocolHolders, ValuesOnlyOnSingleKeyAcquiresAndWithinTheLimit) {
+  const std::string too_long(kMaxHolderValueLength + 1, 'v');
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = kKey;
+  m.ttl_ms = 1000;
+  m.value = too_long;
+  std::vector<std::uint8_t> buf(kMaxDatagramSize);
+  std::size_t n = 0;
+  EXPECT_NE(encode(single(m), buf, n), ProtocolError::kOk);
+  m.type = MessageType::kRenew;
+  m.value = "v";
+  EXPECT_NE(encode(single(m), buf, n), ProtocolError::kOk);
+  EXPECT_EQ(encoded_size(single(m)), 0u);
+
+  // Hand-built items: a value on a RENEW, an empty one, one too long.
+  m.type = MessageType::kAcquire;
+  m.value = "v";
+  const auto good = encode_or_die(single(m));
+  Datagram out;
+  ASSERT_EQ(decode_exact(good, out), ProtocolError::kOk);
+  auto on_renew = good;
+  on_renew[kHeaderSize] = static_cast<std::uint8_t>(MessageType::kRenew);
+  EXPECT_EQ(decode_exact(on_renew, out), ProtocolError::kBadField);
+  auto unknown_flag = good;
+  unknown_flag[kHeaderSize + 1] |= 0x04;
+  EXPECT_EQ(decode_exact(unknown_flag, out), ProtocolError::kBadFlags);
+  // The value field sits after the 12-byte item header: u16 length + bytes.
+  const std::size_t at = kHeaderSize + kBatchItemHeaderSize;
+  std::vector<std::uint8_t> empty(good.begin(), good.begin() + static_cast<long>(at));
+  empty.push_back(0);
+  empty.push_back(0);
+  empty.insert(empty.end(), good.begin() + static_cast<long>(at + 3), good.end());
+  EXPECT_EQ(decode_exact(empty, out), ProtocolError::kBadField);
+  std::vector<std::uint8_t> long_one(good.begin(), good.begin() + static_cast<long>(at));
+  long_one.push_back(static_cast<std::uint8_t>(too_long.size()));
+  long_one.push_back(static_cast<std::uint8_t>(too_long.size() >> 8));
+  long_one.insert(long_one.end(), too_long.begin(), too_long.end());
+  long_one.insert(long_one.end(), good.begin() + static_cast<long>(at + 3), good.end());
+  EXPECT_EQ(decode_exact(long_one, out), ProtocolError::kBadField);
 }
 
 TEST(Protocol, ErrorCategory) {

@@ -28,7 +28,7 @@
  * added). No function throws, aborts or exits on bad input: NULL handles,
  * NULL or over-long keys, bad modes and unknown flags are
  * SHARDLOCK_BAD_ARGUMENT. The library exports only shardlock_* symbols,
- * versioned SHARDLOCK_C_1 (and SHARDLOCK_C_1.1 for those added since); its
+ * versioned SHARDLOCK_C_1 (and SHARDLOCK_C_1.1, 1.2 for those added since); its
  * SONAME is libshardlock_c.so.1 and changes only with an incompatible change
  * here.
  *
@@ -56,10 +56,12 @@ extern "C" {
  * symbol version node (SHARDLOCK_C_1). */
 #define SHARDLOCK_C_API_VERSION 1
 /* The minor version: functions added without breaking the ABI. 1 added
- * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1). Test it
- * at compile time; a program that uses a newer function needs a library at
- * least that new, which the dynamic loader checks by symbol version. */
-#define SHARDLOCK_C_API_MINOR 1
+ * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1); 2 added
+ * shardlock_query_holders(), the shardlock_holders_* functions and
+ * shardlock_acquire_with_value() (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
+ * newer function needs a library at least that new, which the dynamic loader checks by symbol
+ * version. */
+#define SHARDLOCK_C_API_MINOR 2
 
 /* The typedefs below are C, which has no `using`; clang-tidy's
  * modernize-use-using is silenced on each for that reason. */
@@ -69,6 +71,8 @@ extern "C" {
 typedef struct shardlock_client shardlock_client; /* NOLINT(modernize-use-using) */
 /* A lease acquired through a client: key, fencing token, client-side expiry. */
 typedef struct shardlock_lease shardlock_lease; /* NOLINT(modernize-use-using) */
+/* Who held a key when it was asked (shardlock_query_holders()): a snapshot. */
+typedef struct shardlock_holders shardlock_holders; /* NOLINT(modernize-use-using) */
 
 /* What a call returns. The first thirteen mirror LeaseErrc (client.h). */
 enum shardlock_status {
@@ -218,6 +222,19 @@ SHARDLOCK_C_EXPORT int shardlock_acquire(shardlock_client* client, const char* k
                                          unsigned flags, shardlock_lost_fn on_lost, void* user_data,
                                          shardlock_lease** out);
 
+/* As shardlock_acquire(), with a value of `value_length` bytes (at most
+ * 256; NULL with 0: none) that the lease carries for others to see: listed
+ * with its holder by shardlock_query_holders(), kept through renewals
+ * (issue 25: a leader's address, a host name and pid). A value longer than
+ * 256 bytes is SHARDLOCK_BAD_ARGUMENT. A server that predates values drops
+ * the request (SHARDLOCK_UNREACHABLE). Since SHARDLOCK_C_API_MINOR 2. */
+SHARDLOCK_C_EXPORT int shardlock_acquire_with_value(shardlock_client* client, const char* key,
+                                                    uint32_t ttl_ms, uint32_t wait_ms, int mode,
+                                                    uint32_t permits, unsigned flags,
+                                                    shardlock_lost_fn on_lost, void* user_data,
+                                                    const void* value, size_t value_length,
+                                                    shardlock_lease** out);
+
 /* Renews the lease for `ttl_ms` (0: the TTL it has). Blocks up to the request
  * timeout. SHARDLOCK_NOT_OWNER or SHARDLOCK_EXPIRED mean the lease is lost
  * (and its callback fires); SHARDLOCK_LEASE_INACTIVE that it was released
@@ -254,6 +271,70 @@ SHARDLOCK_C_EXPORT int shardlock_lease_valid(const shardlock_lease* lease);
  * CLOCK_BOOTTIME), rounded down; 0 once it has passed, or when the lease is
  * released or lost, or NULL. */
 SHARDLOCK_C_EXPORT int64_t shardlock_lease_remaining_ms(const shardlock_lease* lease);
+
+/* ---- Who holds a key ---------------------------------------------------- */
+
+/* Asks who holds `key` (NUL-terminated, 1..256 bytes): every holder, oldest
+ * grant first, with the mode, the waiters and the permit limit. Blocks up to
+ * the request timeout per page of holders (a page is about 40 holders).
+ * On SHARDLOCK_OK *out is a snapshot to free with
+ * shardlock_holders_destroy(); otherwise *out is NULL. A server that
+ * predates this request is asked QUERY instead once the request goes
+ * unanswered: shardlock_holders_listed() is then 0 and only the summary is
+ * filled. Since SHARDLOCK_C_API_MINOR 2. */
+SHARDLOCK_C_EXPORT int shardlock_query_holders(shardlock_client* client, const char* key,
+                                               shardlock_holders** out);
+
+/* Frees a snapshot. NULL is ignored. */
+SHARDLOCK_C_EXPORT void shardlock_holders_destroy(shardlock_holders* holders);
+
+/* 1 when the server listed each holder, 0 when it predates that (then
+ * shardlock_holders_count() is 0 and the summary comes from QUERY) or for
+ * NULL. */
+SHARDLOCK_C_EXPORT int shardlock_holders_listed(const shardlock_holders* holders);
+
+/* How many holders the server counted (pending ones included); 0 for a
+ * free key or NULL. */
+SHARDLOCK_C_EXPORT uint32_t shardlock_holders_total(const shardlock_holders* holders);
+
+/* A shardlock_mode, or -1 when nobody holds the key (and for NULL). */
+SHARDLOCK_C_EXPORT int shardlock_holders_mode(const shardlock_holders* holders);
+
+/* Acquires queued behind the holders; 0 for NULL. */
+SHARDLOCK_C_EXPORT uint32_t shardlock_holders_waiters(const shardlock_holders* holders);
+
+/* A semaphore key's limit, 0 for a lock key (and for NULL). */
+SHARDLOCK_C_EXPORT uint32_t shardlock_holders_permits(const shardlock_holders* holders);
+
+/* How many holders the snapshot lists (shardlock_holders_get() takes
+ * 0..count-1); 0 for NULL. A key whose holders changed while its pages were
+ * fetched may list fewer than shardlock_holders_total(). */
+SHARDLOCK_C_EXPORT size_t shardlock_holders_count(const shardlock_holders* holders);
+
+/* One holder. The caller zeroes it and sets `size` (as for
+ * shardlock_client_options), so fields can be added at its end. */
+typedef struct shardlock_holder_info { /* NOLINT(modernize-use-using) */
+  /* sizeof(shardlock_holder_info) as the caller compiled it. */
+  size_t size;
+  /* The owner's id: 32 lowercase hex digits and a NUL. */
+  char owner[33];
+  /* Its fencing token. */
+  uint64_t token;
+  /* Milliseconds it had left when the server answered. */
+  int64_t ttl_left_ms;
+  /* 1: taken by a multi-key acquire that has not completed (no lease yet). */
+  int pending;
+  /* The value its acquire attached, `value_length` bytes plus a NUL (it may
+   * hold NULs itself); "" when none. Valid until the snapshot is destroyed. */
+  const char* value;
+  size_t value_length;
+} shardlock_holder_info;
+
+/* Fills `out` with holder `index` (0 is the oldest grant).
+ * SHARDLOCK_BAD_ARGUMENT for NULL, an index past shardlock_holders_count(),
+ * or a `size` smaller than the first version of the struct. */
+SHARDLOCK_C_EXPORT int shardlock_holders_get(const shardlock_holders* holders, size_t index,
+                                             shardlock_holder_info* out);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -217,6 +217,18 @@ struct MapMember {
   friend bool operator==(const MapMember&, const MapMember&) = default;
 };
 
+// One holder of a key (HOLDERS_REPLY; LeaseClient::holders()), owned.
+struct HolderInfo {
+  ClientId owner;
+  std::uint64_t token = 0;
+  std::chrono::milliseconds ttl_left{0};  // as the server counted it, rounded down
+  // Taken by an ACQUIRE_MANY that has not completed: no lease yet, and it
+  // may yet be given up.
+  bool pending = false;
+  std::string value;  // what its acquire attached; empty: nothing
+  friend bool operator==(const HolderInfo&, const HolderInfo&) = default;
+};
+
 // The answer to one call, as the async interface delivers it and the sync
 // helpers below read it.
 struct CallResult {
@@ -227,10 +239,10 @@ struct CallResult {
   std::uint32_t retry_after_ms = 0;             // RECOVERING
   WireError wire_error = WireError::kInternal;  // ERROR
   bool held = false;                            // QUERY_REPLY
-  std::uint32_t waiters = 0;                    // QUERY_REPLY
-  LeaseMode mode = LeaseMode::kExclusive;       // QUERY_REPLY
-  std::uint32_t holders = 0;                    // QUERY_REPLY
-  std::uint32_t permits = 0;                    // QUERY_REPLY: a semaphore key's limit
+  std::uint32_t waiters = 0;                    // QUERY_REPLY, HOLDERS_REPLY
+  LeaseMode mode = LeaseMode::kExclusive;       // QUERY_REPLY, HOLDERS_REPLY
+  std::uint32_t holders = 0;                    // QUERY_REPLY, HOLDERS_REPLY: all of them
+  std::uint32_t permits = 0;                    // ... a semaphore key's limit
   std::vector<std::uint64_t> tokens;            // GRANTED_MANY: one per key, in request order
   std::uint8_t busy_index = 0;                  // BUSY_MANY: the first busy key's index
   // When the call's first transmission left; a grant's expiry counts from it.
@@ -248,6 +260,9 @@ struct CallResult {
   std::uint32_t member_count = 0;
   std::uint32_t first_member = 0;
   std::vector<MapMember> members;
+  // HOLDERS_REPLY: one page of the key's holders, first_holder onward.
+  std::uint32_t first_holder = 0;
+  std::vector<HolderInfo> holder_list;
   // The node the call was last sent to (null if it never was): the one that
   // answered, when an answer came. Owned by the client, valid while it lives.
   const Endpoint* node = nullptr;
@@ -280,6 +295,13 @@ struct LeaseOptions {
   // release() or destruction of the Lease began. Runs on the client's
   // watchdog thread; it may call the client, and should not block for long.
   std::function<void(const LeaseLost&)> on_lost;
+  // A value the grant attaches to its holder (issue 25: the leader's
+  // address, a host name and pid): at most kMaxHolderValueLength bytes (more
+  // is kBadArgument), returned by holders() with the holder, kept through
+  // renewals, replicated with the grant. Empty: none. Single-key acquires
+  // only (acquire_many() refuses one with kBadArgument). A server that
+  // predates values drops the request: the acquire ends kUnreachable.
+  std::string value;
 };
 
 // Splits "HOST:PORT,HOST:PORT,..." (the tools' --server) into node

@@ -90,6 +90,31 @@ struct ServerStatsReply {
   std::vector<std::uint64_t> shard_tokens;
 };
 
+// Who holds a key (LeaseClient::holders()).
+struct HoldersReply {
+  std::error_code error;
+  WireError wire_error = WireError::kInternal;  // error kServerError: the server's code
+  // Whether the server listed each holder. False when it predates
+  // QUERY_HOLDERS (it dropped the request, or answered ERROR kNotARequest):
+  // the summary below then comes from QUERY and `holders` is empty.
+  bool listed = true;
+  // The summary QUERY gives: held (some holder, pending ones included), the
+  // mode (meaningless when not held), the newest grant's token, the longest
+  // time any holder has left, the waiters, how many hold it, and a
+  // semaphore key's limit (0 for a lock key).
+  bool held = false;
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint64_t token = 0;
+  std::chrono::milliseconds ttl_left{0};
+  std::uint32_t waiters = 0;
+  std::uint32_t holder_count = 0;
+  std::uint32_t permits = 0;
+  // Each holder, oldest grant first, gathered a page at a time: a holder
+  // that leaves between two pages may shift one that stays past the page
+  // boundary, so a key whose holders change meanwhile can be listed short.
+  std::vector<HolderInfo> holders;
+};
+
 class LeaseClient;
 namespace internal {
 struct ClientCore;
@@ -279,6 +304,11 @@ class LeaseClient {
                                  std::chrono::milliseconds ttl);
   [[nodiscard]] CallResult release(std::string_view key, std::uint64_t token);
   [[nodiscard]] CallResult query(std::string_view key);
+  // Every holder of `key` (QUERY_HOLDERS, as many pages as it takes) with
+  // the QUERY summary, in one blocking call. Against a server that predates
+  // QUERY_HOLDERS it falls back to QUERY after the request goes unanswered
+  // (request_timeout) and returns the summary with listed false.
+  [[nodiscard]] HoldersReply holders(std::string_view key);
   // STATS of node `node` (an index into options.nodes, in cluster mode too),
   // every shard's token (paged as needed).
   [[nodiscard]] ServerStatsReply stats(std::size_t node = 0);

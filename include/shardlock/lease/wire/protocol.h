@@ -30,12 +30,19 @@
 //   Single message (type != kBatch): the body of `type` follows the header.
 //   Batch (type == kBatch): `count` items follow, each
 //     u8 type, u8 item_flags, u16 body_length, u64 request_id,
-//     [u128 owner: lo u64 then hi u64, only with kItemFlagOwner], body.
+//     [u128 owner: lo u64 then hi u64, only with kItemFlagOwner],
+//     [u16 value_length + value, only with kItemFlagValue], body.
 //   item_flags bit 0 (kItemFlagOwner): the item acts for `owner` instead of
 //   the header's client_id, so one datagram can carry the requests of many
-//   owners (a load generator, a proxy). The other bits are reserved and
-//   decoders reject them. Replies never carry an owner: the client matches
-//   them by request id.
+//   owners (a load generator, a proxy). Bit 1 (kItemFlagValue): a single-key
+//   ACQUIRE (exclusive, shared or permit) attaches a value of
+//   1..kMaxHolderValueLength bytes to the holder it makes (issue 25: a
+//   leader's address, a host name and pid), which HOLDERS_REPLY returns and
+//   renewals keep; on another type, empty or longer, it is kBadField. A
+//   request with a value is framed as a batch (of one, alone). The other
+//   bits are reserved and decoders reject them, so a server that predates
+//   values drops such a datagram. Replies never carry an owner or a value:
+//   the client matches them by request id.
 //   After the last message the datagram may carry zero padding (see below).
 //   Any non-zero byte there is malformed.
 //
@@ -59,6 +66,7 @@
 //     QUERY       key
 //     STATS       u32 first_shard
 //     MAP         u32 first_member
+//     QUERY_HOLDERS  key, u32 first_holder
 //     GRANTED     key, u64 token, u32 ttl_ms
 //     BUSY        key, u32 ttl_left_ms
 //     TIMEOUT     key
@@ -87,6 +95,18 @@
 //                 else 0)
 //     STATS_REPLY u32 shard_count, u32 first_shard, u8 counter_count,
 //                 counter_count x u64, u16 token_count, token_count x u64
+//     HOLDERS_REPLY  key, u8 mode, u32 permits, u32 waiters, u32 holders,
+//                 u32 first_holder, holder list
+//                 (holder list = u8 n, n x (u128 owner: lo u64 then hi u64,
+//                 u64 token, u32 ttl_left_ms, u8 holder_flags, u16
+//                 value_length + value): the key's holders first_holder
+//                 onward, oldest grant first; holders: all of them (0: the
+//                 key is free, and mode means nothing); holder_flags bit 0
+//                 (kHolderFlagPending): taken by an ACQUIRE_MANY that has
+//                 not completed, no lease yet; the other bits are reserved
+//                 and decoders reject them; value: what the holder's
+//                 acquire attached, 0..kMaxHolderValueLength bytes (longer:
+//                 kBadField))
 //
 //   Which reply answers which request (kRequestReplies below):
 //     request   the server sends                          a client also takes
@@ -101,13 +121,16 @@
 //     QUERY     QUERY_REPLY ERROR REDIRECT RECOVERING     -
 //     STATS     STATS_REPLY ERROR                         RECOVERING
 //     MAP       MAP_REPLY ERROR                           RECOVERING
+//     QUERY_HOLDERS  HOLDERS_REPLY ERROR REDIRECT          -
+//                    RECOVERING
 //   A reply type sent as a request is answered ERROR(kNotARequest). An
 //   ACQUIRE of any kind that waits (wait_ms > 0) may be answered later, on
 //   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR). A TIMEOUT answering
 //   ACQUIRE_MANY carries an empty key: the request's key field, which
 //   ACQUIRE_MANY does not have. A client ignores a reply that does not
 //   answer its request (reply_answers()), and one that carries a key
-//   (reply_carries_key(): GRANTED, BUSY, TIMEOUT, RENEWED, QUERY_REPLY)
+//   (reply_carries_key(): GRANTED, BUSY, TIMEOUT, RENEWED, QUERY_REPLY,
+//   HOLDERS_REPLY)
 //   other than its request's.
 //
 // Anti-amplification: the reply bytes a request datagram causes, deferred
@@ -125,10 +148,13 @@
 // tokens as the request's padding leaves room for, starting at first_shard;
 // page through with first_shard. MAP_REPLY likewise: its bound counts no
 // members, and it carries as many as the padding leaves room for, starting
-// at first_member. REDIRECT (8 bytes) never changes how far a request is
-// padded: the request's own body, or another reply it may get, is at least
-// as large for any valid key. The epoch of kFlagEpoch makes a request 8
-// bytes longer and its reply no longer.
+// at first_member. HOLDERS_REPLY likewise (its bound counts no holders,
+// first_holder pages); a page past the last holder is empty and still
+// carries the totals. A server that predates QUERY_HOLDERS drops it as an
+// unknown type (no answer); a client then falls back to QUERY. REDIRECT (8 bytes) never changes how
+// far a request is padded: the request's own body, or another reply it may get, is at least as
+// large for any valid key. The epoch of kFlagEpoch makes a request 8 bytes longer and its reply no
+// longer.
 //
 // Lease kinds (the shard's rules; docs/lease-server.md has the details)
 //   * exclusive (ACQUIRE): one holder. shared (ACQUIRE_SHARED): any number of
@@ -190,6 +216,12 @@ inline constexpr std::size_t kMaxMemberIdLength = 128;
 inline constexpr std::size_t kMaxMemberAddressLength = 300;
 // Batch item flags bit: the item carries its own owner (see above).
 inline constexpr std::uint8_t kItemFlagOwner = 0x01;
+// Batch item flags bit: the item carries a holder value (see above).
+inline constexpr std::uint8_t kItemFlagValue = 0x02;
+// HOLDERS_REPLY entry flags bit: a pending holder (see above).
+inline constexpr std::uint8_t kHolderFlagPending = 0x01;
+// The longest value a holder may carry (a HOLDERS_REPLY entry's value).
+inline constexpr std::size_t kMaxHolderValueLength = 256;
 
 enum class MessageType : std::uint8_t {
   // Requests.
@@ -202,6 +234,7 @@ enum class MessageType : std::uint8_t {
   kAcquirePermit = 0x07,
   kAcquireMany = 0x08,
   kMap = 0x09,
+  kQueryHolders = 0x0A,
   // Replies.
   kGranted = 0x81,
   kBusy = 0x82,
@@ -218,6 +251,7 @@ enum class MessageType : std::uint8_t {
   kBusyMany = 0x8D,
   kRedirect = 0x8E,
   kMapReply = 0x8F,
+  kHoldersReply = 0x90,
   // Header type of a batch datagram; never the type of a Message.
   kBatch = 0xFF,
 };
@@ -328,7 +362,11 @@ enum class BodyField : std::uint8_t {
   kMemberCount,  // u32                               Message::member_count
   // u8 n, n x (u16 length + id, u16 length + address, u32 weight); ids,
   // addresses or weights out of bounds: kBadField.
-  kMemberList,  //                                    Message::member_list_count, member_list
+  kMemberList,   //                                   Message::member_list_count, member_list
+  kFirstHolder,  // u32                               Message::first_holder
+  // u8 n, n x (u128 owner, u64 token, u32 ttl_left_ms, u8 flags, u16 length
+  // + value); reserved flags or a value too long: kBadField.
+  kHolderList,  //                                    Message::holder_list_count, holder_list
 };
 
 // The bytes `field` takes besides a key's bytes and the shard tokens: the
@@ -345,6 +383,7 @@ enum class BodyField : std::uint8_t {
     case BodyField::kKeyList:
     case BodyField::kTokenList:
     case BodyField::kMemberList:
+    case BodyField::kHolderList:
       return 1;
     case BodyField::kPermits:
     case BodyField::kHolders:
@@ -360,6 +399,7 @@ enum class BodyField : std::uint8_t {
     case BodyField::kShardCount:
     case BodyField::kFirstMember:
     case BodyField::kMemberCount:
+    case BodyField::kFirstHolder:
       return 4;
     case BodyField::kHeld:
       return 1;
@@ -431,6 +471,9 @@ inline constexpr auto kMessageBodies = [] {
       MessageBody{kMap,         "MAP",          {kFirstMember}},
       MessageBody{kRedirect,    "REDIRECT",     {kEpoch}},
       MessageBody{kMapReply,    "MAP_REPLY",    {kEpoch, kMemberCount, kFirstMember, kMemberList}},
+      MessageBody{kQueryHolders, "QUERY_HOLDERS", {kKey, kFirstHolder}},
+      MessageBody{kHoldersReply, "HOLDERS_REPLY", {kKey, kMode, kPermits, kWaiters, kHolders,
+                                                   kFirstHolder, kHolderList}},
   };
 }();
 // clang-format on
@@ -496,6 +539,7 @@ inline constexpr auto kRequestReplies = [] {
       Row{kQuery,   {kQueryReply, kError, kRedirect, kRecovering},              {},            false},
       Row{kStats,   {kStatsReply, kError},                                      {kRecovering}, false},
       Row{kMap,     {kMapReply, kError},                                        {kRecovering}, false},
+      Row{kQueryHolders, {kHoldersReply, kError, kRedirect, kRecovering},       {},            false},
   };
 }();
 // clang-format on
@@ -557,7 +601,8 @@ struct ReplyBodyBound {
 };
 
 // The reply body bound of `request` from its row of kRequestReplies, a
-// STATS_REPLY counted with no shard tokens and a MAP_REPLY with no members. A type that is no
+// STATS_REPLY counted with no shard tokens, a MAP_REPLY with no members and a
+// HOLDERS_REPLY with no holders. A type that is no
 // request is answered ERROR(kNotARequest).
 [[nodiscard]] constexpr ReplyBodyBound max_reply_body_bound(MessageType request) noexcept {
   ReplyBodyBound bound;
@@ -595,6 +640,10 @@ struct Message {
   // A batch item's own owner (kItemFlagOwner); nullopt: the datagram's
   // client_id. encode() frames a datagram whose message has one as a batch.
   std::optional<ClientId> owner{};
+  // A single-key ACQUIRE's holder value (kItemFlagValue); empty: none. A
+  // view, like the key. encode() frames a datagram whose message has one as
+  // a batch.
+  std::string_view value{};
   std::string_view key;       // all keyed types; a view, never owned
   std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
   std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
@@ -603,9 +652,9 @@ struct Message {
   WireError error = WireError::kInternal;  // ERROR
   bool held = false;                       // QUERY_REPLY
   std::uint32_t waiters = 0;               // QUERY_REPLY
-  LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY, QUERY_REPLY
-  std::uint32_t permits = 0;               // ACQUIRE_PERMIT, QUERY_REPLY
-  std::uint32_t holders = 0;               // QUERY_REPLY
+  LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY, QUERY_REPLY, HOLDERS_REPLY
+  std::uint32_t permits = 0;               // ACQUIRE_PERMIT, QUERY_REPLY, HOLDERS_REPLY
+  std::uint32_t holders = 0;               // QUERY_REPLY, HOLDERS_REPLY: all of the key's
   std::uint8_t index = 0;                  // BUSY_MANY
   // ACQUIRE_MANY: key_count keys as their wire entries (u16 length + bytes
   // each, without the count byte); read them with KeyList, build them with
@@ -631,6 +680,12 @@ struct Message {
   // encode_member_list().
   std::uint8_t member_list_count = 0;
   std::span<const std::uint8_t> member_list{};
+  std::uint32_t first_holder = 0;  // QUERY_HOLDERS, HOLDERS_REPLY
+  // HOLDERS_REPLY: holder_list_count holders as their wire entries (without
+  // the count byte); read them with HolderList, build them with
+  // append_holder_entry().
+  std::uint8_t holder_list_count = 0;
+  std::span<const std::uint8_t> holder_list{};
 
   [[nodiscard]] std::size_t shard_token_count() const noexcept {
     return shard_tokens_le.size() / 8;
@@ -701,24 +756,58 @@ struct MemberEntry {
   std::uint32_t weight = 1;
 };
 
-// The members of a MAP_REPLY (Message::member_list_count and member_list),
-// in order. A decoded message's list is well formed (decode() checked it);
-// walking a hand-built malformed one stops early.
-class MemberList {
+// One holder of a HOLDERS_REPLY: its value is a view into the datagram.
+struct HolderEntry {
+  ClientId owner;
+  std::uint64_t token = 0;
+  std::uint32_t ttl_left_ms = 0;
+  std::uint8_t flags = 0;  // kHolderFlagPending
+  std::string_view value;  // at most kMaxHolderValueLength bytes
+};
+
+// The wire size of one holder-list entry.
+[[nodiscard]] constexpr std::size_t holder_entry_size(const HolderEntry& h) noexcept {
+  return 16 + 8 + 4 + 1 + 2 + h.value.size();
+}
+
+// Appends `holder` as a holder-list entry to `out`, for Message::holder_list;
+// false, appending nothing, for one that decode() would refuse (reserved
+// flags, a value longer than kMaxHolderValueLength).
+[[nodiscard]] bool append_holder_entry(const HolderEntry& holder, std::vector<std::uint8_t>& out);
+
+// Reads one entry of a wire list at the front of `in` into `out`; returns
+// its wire size, or 0 when `in` does not start with a whole entry. A view:
+// `out` points into `in`.
+[[nodiscard]] std::size_t parse_entry(std::span<const std::uint8_t> in, MemberEntry& out) noexcept;
+[[nodiscard]] std::size_t parse_entry(std::span<const std::uint8_t> in, HolderEntry& out) noexcept;
+
+// The `count` entries of a list field (MAP_REPLY's members, HOLDERS_REPLY's
+// holders), in order. A decoded message's list is well formed (decode()
+// checked it); walking a hand-built malformed one stops early.
+template <class Entry>
+class EntryList {
  public:
-  MemberList(std::uint8_t count, std::span<const std::uint8_t> entries) noexcept
+  EntryList(std::uint8_t count, std::span<const std::uint8_t> entries) noexcept
       : count_(count), entries_(entries) {}
-  explicit MemberList(const Message& m) noexcept : MemberList(m.member_list_count, m.member_list) {}
 
   class iterator {
    public:
-    using value_type = MemberEntry;
+    using value_type = Entry;
     using difference_type = std::ptrdiff_t;
     iterator() noexcept = default;
-    iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept;
-    [[nodiscard]] const MemberEntry& operator*() const noexcept { return current_; }
-    [[nodiscard]] const MemberEntry* operator->() const noexcept { return &current_; }
-    iterator& operator++() noexcept;
+    iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept
+        : rest_(rest), left_(left) {
+      load();
+    }
+    [[nodiscard]] const Entry& operator*() const noexcept { return current_; }
+    [[nodiscard]] const Entry* operator->() const noexcept { return &current_; }
+    iterator& operator++() noexcept {
+      if (left_ == 0) return *this;
+      rest_ = rest_.subspan(entry_size_);
+      --left_;
+      load();
+      return *this;
+    }
     iterator operator++(int) noexcept {
       iterator old = *this;
       ++*this;
@@ -729,11 +818,15 @@ class MemberList {
     }
 
    private:
-    void load() noexcept;
+    void load() noexcept {
+      if (left_ == 0) return;
+      entry_size_ = parse_entry(rest_, current_);
+      if (entry_size_ == 0) left_ = 0;  // malformed: stop
+    }
     std::span<const std::uint8_t> rest_{};
     std::size_t left_ = 0;
     std::size_t entry_size_ = 0;  // wire bytes of current_
-    MemberEntry current_{};
+    Entry current_{};
   };
   [[nodiscard]] iterator begin() const noexcept { return {entries_, count_}; }
   [[nodiscard]] iterator end() const noexcept { return {}; }
@@ -742,6 +835,21 @@ class MemberList {
  private:
   std::uint8_t count_;
   std::span<const std::uint8_t> entries_;
+};
+
+// The members of a MAP_REPLY (Message::member_list_count and member_list).
+class MemberList : public EntryList<MemberEntry> {
+ public:
+  using EntryList::EntryList;
+  explicit MemberList(const Message& m) noexcept : EntryList(m.member_list_count, m.member_list) {}
+};
+
+// The holders of a HOLDERS_REPLY (Message::holder_list_count and
+// holder_list).
+class HolderList : public EntryList<HolderEntry> {
+ public:
+  using EntryList::EntryList;
+  explicit HolderList(const Message& m) noexcept : EntryList(m.holder_list_count, m.holder_list) {}
 };
 
 // The wire size of one member-list entry.
@@ -759,6 +867,15 @@ static_assert(kHeaderSize + kEpochSize + (8 + 4 + 4 + 1) +
                       kMaxMemberIdLength + kMaxMemberAddressLength + 16 <=
                   kMaxDatagramSize,
               "a MAP_REPLY page must hold one member of the longest id and address");
+
+// A HOLDERS_REPLY page of one holder with the longest value (header, the
+// body's fixed part with the longest key, the entry, a 16-byte auth tag)
+// fits a datagram, so a client that pads QUERY_HOLDERS to a whole datagram
+// always gets a page with at least one holder.
+static_assert(kHeaderSize + (2 + kMaxKeyLength + 1 + 4 + 4 + 4 + 4 + 1) +
+                      holder_entry_size(HolderEntry{}) + kMaxHolderValueLength + 16 <=
+                  kMaxDatagramSize,
+              "a HOLDERS_REPLY page must hold one holder of the longest value");
 
 // Writes `members` as member-list entries into `out` (resized), for
 // Message::member_list; false when there are more than 255 members or one

@@ -88,6 +88,12 @@ struct Entry {
   LeaseMode mode = LeaseMode::kExclusive;  // kGrant
   std::uint32_t permits = 0;               // kGrant: a semaphore key's limit
   std::uint32_t ttl_ms = 0;                // kGrant: the TTL granted
+  // kGrant: the holder's value (protocol.h, kItemFlagValue), at most
+  // kMaxHolderValueLength bytes. A grant with one travels as its own wire
+  // kind (kGrantWithValue below), so a datagram without values is what
+  // version 1 always sent, and a backup that predates values refuses only
+  // the datagrams that carry one.
+  std::string value;
   friend bool operator==(const Entry&, const Entry&) = default;
 };
 
@@ -114,7 +120,8 @@ struct Ack {
 // Codec. encode_replicate() writes the header and as many of `entries` as
 // fit in kMaxReplicationDatagram, and returns how many it wrote (at least
 // one, unless `entries` is empty, or its first entry alone is too large: a key
-// longer than kMaxKeyLength). The decoders never throw and reject anything
+// longer than kMaxKeyLength, or a value longer than kMaxHolderValueLength).
+// The decoders never throw and reject anything
 // malformed, truncated or of another version.
 [[nodiscard]] std::size_t encode_replicate(const ReplicateHeader& header,
                                            std::span<const Entry> entries,
@@ -145,7 +152,8 @@ class PrimaryStream {
   PrimaryStream(std::uint64_t stream, const StreamTiming& timing) noexcept;
 
   // Queues one entry; returns its number, or 0 for an entry that cannot be
-  // sent (a key outside kMinKeyLength..kMaxKeyLength). Sent by the next
+  // sent (a key outside kMinKeyLength..kMaxKeyLength, a value longer than
+  // kMaxHolderValueLength). Sent by the next
   // poll().
   std::uint64_t append(Entry entry);
   // The datagrams due at `now_ns`: every entry not sent yet, everything not
@@ -202,6 +210,7 @@ struct ReplicaHolder {
   LeaseMode mode = LeaseMode::kExclusive;
   std::uint32_t permits = 0;
   std::uint32_t ttl_ms = 0;
+  std::string value;  // the holder's value (Entry::value)
   friend bool operator==(const ReplicaHolder&, const ReplicaHolder&) = default;
 };
 

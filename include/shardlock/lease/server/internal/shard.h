@@ -152,6 +152,14 @@ struct DeferredReply {
   [[nodiscard]] Message message() const noexcept;
 };
 
+// Where the holder entries of a QUERY_HOLDERS answer go: as many as `room`
+// bytes hold, appended to `entries`, which the HOLDERS_REPLY's holder_list
+// views. The caller keeps it (and its capacity) across requests.
+struct HolderPage {
+  std::size_t room = 0;
+  std::vector<std::uint8_t> entries;
+};
+
 class Shard {
  public:
   Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens, std::int64_t now_ms);
@@ -168,15 +176,19 @@ class Shard {
   // answer carries `reply_credit` (DeferredReply::reply_credit).
   // `key_hash` is key_hash(request.key), computed once by the caller (which
   // also picks the shard with it) and used for every lookup here.
+  // QUERY_HOLDERS lists the key's holders (oldest grant first, from
+  // request.first_holder) into `page`; without one it answers the totals
+  // alone.
   bool handle(const ClientId& client, const Peer& peer, const Message& request,
               std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
-              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize);
+              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize,
+              HolderPage* page = nullptr);
   // The same, hashing the key here.
   bool handle(const ClientId& client, const Peer& peer, const Message& request, std::int64_t now_ms,
               Message& reply, std::vector<DeferredReply>& deferred,
-              std::uint16_t reply_credit = kMaxDatagramSize) {
+              std::uint16_t reply_credit = kMaxDatagramSize, HolderPage* page = nullptr) {
     return handle(client, peer, request, key_hash(request.key), now_ms, reply, deferred,
-                  reply_credit);
+                  reply_credit, page);
   }
 
   // The hash handle() expects for `key`: hash_key() under ShardLimits::hash_seed.
@@ -323,6 +335,7 @@ class Shard {
     LeaseMode mode = LeaseMode::kExclusive;
     std::uint64_t fingerprint = 0;   // of its ACQUIRE, for the answer remembered later
     std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
+    std::string value;               // its ACQUIRE's holder value, moved to the holder
     MultiAcquire* multi = nullptr;   // set for a part of an ACQUIRE_MANY
     std::size_t part = 0;            // which part of `multi`
     KeyState* state = nullptr;
@@ -341,6 +354,9 @@ class Shard {
     // Taken for an ACQUIRE_MANY that has not completed: no RENEW or RELEASE
     // applies to it until confirm().
     bool pending = false;
+    // What the granting ACQUIRE attached (kItemFlagValue), at most
+    // kMaxHolderValueLength bytes; renewals keep it. Replicated with the grant.
+    std::string value;
     KeyState* state = nullptr;
     std::list<Holder>::iterator self;
   };
@@ -419,7 +435,12 @@ class Shard {
   // std::bad_alloc, with the shard unchanged.
   bool decide(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
               std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
-              Message& reply, std::vector<DeferredReply>& deferred);
+              Message& reply, std::vector<DeferredReply>& deferred, HolderPage* page);
+  // How `state`'s holders hold it (QUERY_REPLY's and HOLDERS_REPLY's mode).
+  [[nodiscard]] static LeaseMode key_mode(const KeyState& state) noexcept;
+  // HOLDERS_REPLY for `request` on `state` (null: free); see handle().
+  static void list_holders(const KeyState* state, const Message& request, std::int64_t now_ms,
+                           HolderPage* page, Message& reply);
   // An ACQUIRE of any single-key kind for `key`, held as `state` (null when
   // free).
   void acquire(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
@@ -441,9 +462,12 @@ class Shard {
   // Sets `h` to hold with `token` until now + ttl.
   void hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
             std::uint32_t ttl_ms, std::int64_t now_ms) noexcept;
-  // hold() for ACQUIRE `request`, answered GRANTED and remembered.
+  // hold() for ACQUIRE `request`, answered GRANTED and remembered; `h`
+  // takes `value` (request.value, copied by the caller before any change, so
+  // this never allocates).
   void grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
-             std::uint64_t fingerprint, std::int64_t now_ms, Message& reply);
+             std::string&& value, std::uint64_t fingerprint, std::int64_t now_ms,
+             Message& reply) noexcept;
   // `h` is gone (release, expiry, abandonment): serve the waiters it was
   // keeping out, and forget the key if nobody holds it then.
   void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
