@@ -129,10 +129,11 @@ class NodeProcessTest : public EtcdSuiteTest {
   }
 
   // A cluster client, seeded with every node started so far, whose map has
-  // exactly `ids`, waiting up to 30 s for the cluster to publish it.
+  // exactly `ids`, waiting up to 60 s for the cluster to publish it (room for
+  // a start-up eviction and the lock-delay it costs).
   std::unique_ptr<lease::LeaseClient> client_with_members(const std::set<std::string>& ids) {
     using namespace std::chrono_literals;
-    const auto deadline = std::chrono::steady_clock::now() + 30s;
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
     for (;;) {
       lease::LeaseClientOptions options;
       for (const auto& [id, address] : addresses_) options.nodes.push_back(address);
