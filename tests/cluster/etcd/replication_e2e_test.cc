@@ -20,8 +20,8 @@
 // owner while its holder's lease is valid (the holder's client-side expiry
 // errs early, so a grant while valid() is true afterwards overlaps the
 // holder's lease on the server). Waits poll with deadlines; timings are
-// generous, for sanitizer builds on two shared cores (replica timeout 1 s,
-// not 300 ms; 6 s leases), and nothing bounds how fast a failover is.
+// generous, for sanitizer builds on two shared cores (replica timeout 2 s,
+// not 300 ms; 8 s leases), and nothing bounds how fast a failover is.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -57,13 +57,15 @@ using lease::LeaseClientOptions;
 using lease::LeaseErrc;
 
 // The holders' TTL, and the nodes' --max-ttl and --lock-delay. A watchdog
-// renews at a third of it, so a failover has two thirds of a TTL (4 s) to
-// finish before a holder's lease runs out.
-constexpr auto kTtl = 6000ms;
-const std::string kMaxTtl = "6s";
-// Long enough that a node stalled by a loaded sanitizer run is not taken for
-// dead (client_failover_test uses the same).
-const std::string kReplicaTimeout = "1s";
+// renews at a third of it, so a failover has two thirds of a TTL (about 5 s)
+// to finish before a holder's lease runs out.
+constexpr auto kTtl = 8000ms;
+const std::string kMaxTtl = "8s";
+// Long enough that a node stalled by a sanitizer run is not taken for dead:
+// with 1 s, three ASan nodes on two cores evicted the last one started at
+// start-up in most runs under ctest, a lock-delay more before the cluster
+// settled.
+const std::string kReplicaTimeout = "2s";
 // For a node that must never be the one to evict (the flag's maximum).
 const std::string kNeverEvicts = "1m";
 // Not the 2 s of the other cluster tests: at a load average of 20 on the
@@ -675,7 +677,7 @@ class PartitionTest : public ReplicationE2eTest {
  protected:
   // `ask_from_the_cut`: ask n1 for free keys from the moment of the cut,
   // inside its last primary lease, and not only once n2 has evicted it (by
-  // then that lease has run out: n2 evicts after 1 s without n1's
+  // then that lease has run out: n2 evicts after 2 s without n1's
   // datagrams, n1's lease ends 250 ms after the last of n2's acks, and the
   // cut stopped both at once).
   void run(bool ask_from_the_cut) {
@@ -729,7 +731,7 @@ class PartitionTest : public ReplicationE2eTest {
     // machine stalled for a second before it.
     const std::string n2_evictions_before = log_lines("n2", "evicting");
     EXPECT_EQ(log_lines("n1", "evicting") + n2_evictions_before + log_lines("n3", "evicting"), "")
-        << "too loaded for a 1 s replica timeout";
+        << "too loaded for a 2 s replica timeout";
     relay.cut(0, 1, true);
     const lease::LeaseClock::time_point cut = lease::LeaseClock::now();
     auto evicted = [&] { return log_lines("n2", "evicting") != n2_evictions_before; };
@@ -749,14 +751,13 @@ class PartitionTest : public ReplicationE2eTest {
         30s, 50ms))
         << "n1 was not evicted, or did not come back";
     ask_n1_all();
-    // Asked from the cut, n1 may answer a grant whose entry and
-    // acknowledgement crossed just before it: n2 has that one, and the
-    // second-holder check below is what must hold.
-    if (!ask_from_the_cut) {
-      EXPECT_TRUE(granted_by_n1.empty())
-          << "n1, cut off from its backup, answered " << granted_by_n1.size()
-          << " grants; its answers: " << ::testing::PrintToString(answers);
-    }
+    // Not asserted empty: asked from the cut, n1 may answer a grant whose
+    // entry and acknowledgement crossed just before it (n2 has that one),
+    // and the loop above keeps asking until it sees n1 in a map again, by
+    // when n1 may grant again by right. The second-holder check below is
+    // what must hold.
+    std::cout << "n1 answered " << granted_by_n1.size()
+              << " grants; its answers: " << ::testing::PrintToString(answers) << "\n";
     EXPECT_TRUE(test_support::poll_until(
         [&] {
           try_n1s_grants();
