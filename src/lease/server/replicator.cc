@@ -414,11 +414,19 @@ void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
 
 std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexcept {
   const std::shared_ptr<const Layout> layout = this->layout();
+  // A bucket with no backup in the current layout has no primary lease.
+  // Only a gate that replicates the bucket asks, and such a gate's map has
+  // backups for every bucket it gives this node; but the layout of the next
+  // map is installed before its gate, and a map without this node (evicted)
+  // has no backups at all: until its gate is in, the old gate must not read
+  // "forever" here and grant without a replica (a partitioned primary did,
+  // and its backup had taken the keys over: two holders).
+  if (bucket >= layout->leases.size() || layout->leases[bucket].empty()) {
+    return std::chrono::nanoseconds(std::numeric_limits<std::int64_t>::min());
+  }
   std::int64_t until = kForever;
-  if (bucket < layout->leases.size()) {
-    for (const auto& lease : layout->leases[bucket]) {
-      until = std::min(until, lease->load(std::memory_order_acquire));
-    }
+  for (const auto& lease : layout->leases[bucket]) {
+    until = std::min(until, lease->load(std::memory_order_acquire));
   }
   return std::chrono::nanoseconds(until);
 }

@@ -147,7 +147,8 @@ class Replicator {
   void poll(std::int64_t now_ns, std::vector<OutDatagram>& out);
 
   // The end of this node's primary lease for `bucket` (the earliest of its
-  // backups'); far in the future for a bucket without backups. Lock-free.
+  // backups'); long past for a bucket without backups in the current layout
+  // (see replicator.cc). Takes a short lock to read the layout.
   [[nodiscard]] std::chrono::nanoseconds lease_until(std::size_t bucket) const noexcept;
 
   // As a backup of `primary` (a peer id): whether `bucket` was caught up
