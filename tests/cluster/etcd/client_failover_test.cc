@@ -144,13 +144,13 @@ TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
 // renewals follow the keys there. The keys stay exclusive throughout, and a
 // key of n2's nobody held is granted by its new owner.
 TEST_F(ClientFailoverTest, WithReplicasAKilledNodesHoldersKeepTheirLeases) {
-  // A replica timeout of 1 s, not 300 ms, and 8 s leases: sanitizer builds
+  // A replica timeout of 2 s, not 300 ms, and 8 s leases: sanitizer builds
   // on two shared cores can stall a node that long without it being dead,
   // and the failover must fit in what is left of a lease after its last
   // renewal. Nothing here bounds how fast it is (bench-failover does).
   constexpr auto kTtl = 8000ms;
   for (const char* id : {"n1", "n2", "n3"}) {
-    start_node(id, {"--replicas", "2", "--replica-timeout", "1s"}, "10s");
+    start_node(id, {"--replicas", "2", "--replica-timeout", "2s"}, "10s");
   }
   auto holder = client_with_members({"n1", "n2", "n3"});
   const auto keys = keys_of(*holder, "n2", 5);
