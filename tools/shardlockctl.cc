@@ -482,8 +482,9 @@ struct Acquired {
 
 // One key: ACQUIRE, ACQUIRE_SHARED or ACQUIRE_PERMIT. Several: one
 // ACQUIRE_MANY, all or nothing.
-Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys, KindArg kind,
-                      milliseconds ttl, milliseconds wait, LeaseOptions options) {
+Acquired acquire_keys(LeaseClient& client, const std::vector<std::string>& keys,
+                      const KindArg& kind, milliseconds ttl, milliseconds wait,
+                      LeaseOptions options) {
   Acquired out;
   options.value = kind.value;
   if (keys.size() == 1) {

@@ -332,7 +332,7 @@ EtcdStatus Membership::evict(std::string_view id, std::int64_t lease) {
                          ", or this node's own is no longer under lease " + std::to_string(own) +
                          " (evicted first)");
   }
-  const EtcdStatus revoked = client_->revoke_lease(lease);
+  EtcdStatus revoked = client_->revoke_lease(lease);
   // Its member key is gone already; a lease that ran out meanwhile is fine.
   if (!revoked.ok() && revoked.error != EtcdErrc::kNotFound) return revoked;
   return {};
