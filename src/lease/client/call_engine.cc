@@ -485,8 +485,7 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
       call.unsent = false;
       call.first_sent = now;
     }
-    if (call.epoch && ++call.unanswered_sends >= kSilentTransmissions &&
-        follows_owner(call.type)) {
+    if (call.epoch && ++call.unanswered_sends >= kSilentTransmissions && follows_owner(call.type)) {
       silent_node_ = call.to;  // its owner may have left the cluster: see io_loop()
     }
     retransmits_.fetch_add(1, std::memory_order_relaxed);  // a statistic
