@@ -324,6 +324,31 @@ std::vector<std::uint16_t> RouterSnapshot::ranking_of_bucket(std::size_t bucket,
   return ranking;
 }
 
+std::vector<std::uint16_t> RouterSnapshot::replica_set(std::size_t bucket, std::size_t replicas,
+                                                       const std::vector<bool>& learners) const {
+  auto learner = [&](std::uint16_t node) { return node < learners.size() && learners[node]; };
+  const auto learner_count =
+      static_cast<std::size_t>(std::count(learners.begin(), learners.end(), true));
+  std::vector<std::uint16_t> set;
+  std::size_t members = 0;
+  const std::vector<std::uint16_t> ranking = ranking_of_bucket(bucket, replicas + learner_count);
+  for (std::size_t rank = 0; rank < ranking.size() && members < replicas; ++rank) {
+    const std::uint16_t node = ranking[rank];
+    if (!learner(node)) {
+      set.push_back(node);
+      ++members;
+    } else if (rank < replicas) {
+      set.push_back(node);
+    }
+  }
+  // The primary first: a learner ranked above it moves behind it.
+  const auto primary =
+      std::find_if(set.begin(), set.end(), [&](std::uint16_t n) { return !learner(n); });
+  if (primary == set.end()) return {};
+  std::rotate(set.begin(), primary, primary + 1);
+  return set;
+}
+
 std::vector<NodeId> RouterSnapshot::owners(std::string_view key, std::size_t n) const {
   std::vector<NodeId> result;
   if (nodes_.empty() || n == 0) return result;

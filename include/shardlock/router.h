@@ -232,6 +232,16 @@ class RouterSnapshot {
   std::vector<NodeId> owners(std::string_view key, std::size_t n) const;
   // The same ranking as indices into nodes(), for a bucket.
   std::vector<std::uint16_t> ranking_of_bucket(std::size_t bucket, std::size_t n) const;
+  // The replica set of a bucket when the nodes flagged in `learners` (indexed
+  // like nodes(); missing entries are false) may back buckets up but own
+  // none: the primary first (the best-ranked other node, so the owner of a
+  // snapshot built without the learners), then its backups: the next
+  // `replicas` - 1 other nodes, and every learner ranked among the first
+  // `replicas` nodes of all. Rankings are per node, so a learner leaves the
+  // others' order alone, and once promoted it is a backup or the primary
+  // exactly where it was a learner. Empty when every node is a learner.
+  std::vector<std::uint16_t> replica_set(std::size_t bucket, std::size_t replicas,
+                                         const std::vector<bool>& learners) const;
 
   // Bounded-load lookup (Mirrokni, Thorup, Zadimoghaddam 2018): the first
   // node in the key's ranking whose load is below its capacity

@@ -14,6 +14,8 @@ namespace {
 
 constexpr std::string_view kMapVersionLineV1 = "shardlock-map v1";
 constexpr std::string_view kMapVersionPrefixV2 = "shardlock-map v2 epoch=";
+// Starts a learner's line; not a node id character.
+constexpr char kLearnerMark = '+';
 // The wire's bounds (MAP_REPLY members): what membership accepts is what a
 // node can serve to clients.
 constexpr std::size_t kMaxNodeIdBytes = lease::kMaxMemberIdLength;
@@ -95,7 +97,15 @@ std::optional<std::string> etcd_endpoints_of_url(std::string_view url) {
 // ---------------------------------------------------------------------------
 
 std::string_view to_string(MemberState state) noexcept {
-  return state == MemberState::kDraining ? "draining" : "active";
+  switch (state) {
+    case MemberState::kDraining:
+      return "draining";
+    case MemberState::kJoining:
+      return "joining";
+    case MemberState::kActive:
+      break;
+  }
+  return "active";
 }
 
 std::string encode_member(const MemberRecord& record) {
@@ -128,6 +138,8 @@ std::optional<MemberRecord> decode_member(std::string_view text) {
         record.state = MemberState::kActive;
       } else if (value == "draining") {
         record.state = MemberState::kDraining;
+      } else if (value == "joining") {
+        record.state = MemberState::kJoining;
       } else {
         return std::nullopt;
       }
@@ -146,14 +158,18 @@ std::string encode_map(const ClusterMap& map) {
   std::string text(kMapVersionPrefixV2);
   text += std::to_string(map.epoch);
   text += '\n';
-  for (const ClusterMember& member : map.members) {
+  auto line = [&text](const ClusterMember& member, bool learner) {
+    if (learner) text += kLearnerMark;
     text += member.id;
     text += ' ';
     text += member.address;
     text += ' ';
     text += std::to_string(member.weight);
+    if (member.lease != 0) text += " lease=" + std::to_string(member.lease);
     text += '\n';
-  }
+  };
+  for (const ClusterMember& member : map.members) line(member, false);
+  for (const ClusterMember& learner : map.learners) line(learner, true);
   return text;
 }
 
@@ -170,15 +186,35 @@ std::optional<ClusterMap> decode_map(std::string_view text, std::uint64_t mod_re
   }
   map.members.reserve(lines.size() - 1);
   for (std::size_t i = 1; i < lines.size(); ++i) {
-    const std::vector<std::string_view> fields = split(lines[i], ' ');
-    if (fields.size() != 3 || !valid_node_id(fields[0]) || !valid_member_address(fields[1])) {
+    std::string_view line = lines[i];
+    const bool learner = line.starts_with(kLearnerMark);
+    if (learner) line.remove_prefix(1);
+    const std::vector<std::string_view> fields = split(line, ' ');
+    if (fields.size() < 3 || fields.size() > 4 || !valid_node_id(fields[0]) ||
+        !valid_member_address(fields[1])) {
       return std::nullopt;
     }
     ClusterMember member{std::string(fields[0]), std::string(fields[1]), 0};
     if (!parse_decimal(fields[2], member.weight) || !valid_weight(member.weight))
       return std::nullopt;
-    if (!map.members.empty() && !(map.members.back().id < member.id)) return std::nullopt;
-    map.members.push_back(std::move(member));
+    if (fields.size() == 4) {
+      constexpr std::string_view kLease = "lease=";
+      if (!fields[3].starts_with(kLease) ||
+          !parse_decimal(fields[3].substr(kLease.size()), member.lease) || member.lease <= 0) {
+        return std::nullopt;
+      }
+    }
+    // Members, then learners, each in id order.
+    std::vector<ClusterMember>& list = learner ? map.learners : map.members;
+    if (!learner && !map.learners.empty()) return std::nullopt;
+    if (!list.empty() && !(list.back().id < member.id)) return std::nullopt;
+    list.push_back(std::move(member));
+  }
+  for (const ClusterMember& learner : map.learners) {
+    const auto at =
+        std::lower_bound(map.members.begin(), map.members.end(), learner.id,
+                         [](const ClusterMember& m, const std::string& id) { return m.id < id; });
+    if (at != map.members.end() && at->id == learner.id) return std::nullopt;
   }
   return map;
 }
@@ -228,6 +264,30 @@ const ClusterMember* ClusterRouting::owner_of_bucket(std::size_t bucket) const n
   const std::uint16_t index = table[bucket];
   if (index == RouterSnapshot::kNoOwner || index >= map_.members.size()) return nullptr;
   return &map_.members[index];
+}
+
+RouterStatus ReplicaRouting::build(const ClusterMap& map, const RouterOptions& options,
+                                   std::unique_ptr<ReplicaRouting>& out) {
+  std::unique_ptr<ReplicaRouting> routing(new ReplicaRouting());
+  std::vector<std::pair<ClusterMember, bool>> all;
+  for (const ClusterMember& member : map.members) all.emplace_back(member, false);
+  for (const ClusterMember& learner : map.learners) all.emplace_back(learner, true);
+  // The Router keeps its nodes sorted by id.
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a.first.id < b.first.id; });
+  std::vector<Node> nodes;
+  for (auto& [member, learner] : all) {
+    nodes.push_back(Node{member.id, member.weight});
+    routing->nodes_.push_back(std::move(member));
+    routing->learners_.push_back(learner);
+  }
+  Router router(options);
+  if (const RouterStatus status = router.assign(nodes); status != RouterStatus::kOk) {
+    return status;
+  }
+  routing->snapshot_ = router.snapshot();
+  out = std::move(routing);
+  return RouterStatus::kOk;
 }
 
 std::vector<std::size_t> ClusterRouting::buckets_per_member() const {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <memory>
 #include <numeric>
@@ -76,6 +77,93 @@ TEST(MapValue, RoundTripsAndRejectsWhatEncodeWouldNotProduce) {
   EXPECT_FALSE(valid_node_id(""));
   EXPECT_FALSE(valid_node_id("a/b"));
   EXPECT_FALSE(valid_node_id(std::string(129, 'a')));
+}
+
+TEST(MapValue, LearnersAndLeasesRoundTripAndTheirMalformedLinesAreRejected) {
+  ClusterMap map{7, {{"a", "127.0.0.1:1", 1, 11}, {"c", "127.0.0.1:3", 2}}};
+  map.learners = {{"b", "127.0.0.1:2", 1, 22}};
+  const std::string text = encode_map(map);
+  EXPECT_EQ(text,
+            "shardlock-map v2 epoch=7\na 127.0.0.1:1 1 lease=11\nc 127.0.0.1:3 2\n"
+            "+b 127.0.0.1:2 1 lease=22\n");
+  EXPECT_EQ(decode_map(text, 1), map);
+  // Clients route over the members only.
+  EXPECT_EQ(decode_map_members(text), map.members);
+  for (const char* bad :
+       {"shardlock-map v2 epoch=1\n+a h:1 1\na h:2 1\n",           // a member after a learner
+        "shardlock-map v2 epoch=1\na h:1 1\n+a h:2 1\n",           // a member's id again
+        "shardlock-map v2 epoch=1\n+b h:1 1\n+a h:2 1\n",          // learners out of order
+        "shardlock-map v2 epoch=1\n+ h:1 1\n",                     // no id
+        "shardlock-map v2 epoch=1\na h:1 1 lease=0\n",             // lease 0 is "unknown"
+        "shardlock-map v2 epoch=1\na h:1 1 lease=-3\n",            //
+        "shardlock-map v2 epoch=1\na h:1 1 lease=x\n",             //
+        "shardlock-map v2 epoch=1\na h:1 1 term=4\n",              // an unknown field
+        "shardlock-map v2 epoch=1\na h:1 1 lease=4 lease=4\n"}) {  // five fields
+    EXPECT_FALSE(decode_map(bad, 5).has_value()) << "'" << bad << "'";
+  }
+  // A joining member's state.
+  const MemberRecord joining{"127.0.0.1:7700", 1, MemberState::kJoining, 0, 2};
+  EXPECT_EQ(encode_member(joining), "address=127.0.0.1:7700 weight=1 state=joining replicas=2");
+  EXPECT_EQ(decode_member(encode_member(joining)), joining);
+}
+
+TEST(ReplicaRoutingTest, ALearnerBacksUpWhereItRanksAndOnceAMemberOwnsExactlyThere) {
+  RouterOptions options = cluster_router_options();
+  options.bucket_bits = kTestBucketBits;
+  ClusterMap three{5, {{"n1", "h:1", 1}, {"n2", "h:2", 1}, {"n3", "h:3", 1}}};
+  ClusterMap with_learner = three;
+  with_learner.learners = {{"n0", "h:0", 1}};  // sorts first among the nodes
+  ClusterMap promoted{6, {{"n0", "h:0", 1}, {"n1", "h:1", 1}, {"n2", "h:2", 1}, {"n3", "h:3", 1}}};
+  std::unique_ptr<ClusterRouting> owners;
+  std::unique_ptr<ClusterRouting> owners_after;
+  std::unique_ptr<ReplicaRouting> learning;
+  std::unique_ptr<ReplicaRouting> plain;
+  std::unique_ptr<ReplicaRouting> after;
+  ASSERT_EQ(ClusterRouting::build(with_learner, options, owners), RouterStatus::kOk);
+  ASSERT_EQ(ClusterRouting::build(promoted, options, owners_after), RouterStatus::kOk);
+  ASSERT_EQ(ReplicaRouting::build(with_learner, options, learning), RouterStatus::kOk);
+  ASSERT_EQ(ReplicaRouting::build(three, options, plain), RouterStatus::kOk);
+  ASSERT_EQ(ReplicaRouting::build(promoted, options, after), RouterStatus::kOk);
+  ASSERT_EQ(learning->nodes().size(), 4u);
+  ASSERT_TRUE(learning->learners()[0]);
+  const auto ids = [](const ReplicaRouting& r, const std::vector<std::uint16_t>& set) {
+    std::vector<std::string> out;
+    for (const std::uint16_t i : set) out.push_back(r.nodes()[i].id);
+    return out;
+  };
+  std::size_t learner_backs = 0;
+  for (std::size_t b = 0; b < learning->snapshot().bucket_count(); ++b) {
+    const std::vector<std::string> set = ids(*learning, learning->replicas_of(b, 2));
+    const std::vector<std::string> without = ids(*plain, plain->replicas_of(b, 2));
+    const std::vector<std::string> once_member = ids(*after, after->replicas_of(b, 2));
+    ASSERT_GE(set.size(), 2u);
+    // The learner never owns a bucket, and the owners' replica sets stay
+    // what they are without it: it is one more backup where it ranks.
+    EXPECT_EQ(set[0], owners->owner_of_bucket(b)->id) << b;
+    std::vector<std::string> members_only = set;
+    std::erase(members_only, "n0");
+    EXPECT_EQ(members_only, without) << b;
+    const bool learner_here = set.size() == 3;
+    EXPECT_EQ(learner_here, std::find(set.begin(), set.end(), "n0") != set.end()) << b;
+    // Once promoted it holds exactly the buckets it backed up: the primary
+    // where it ranked first, a backup where second.
+    const bool in_after =
+        std::find(once_member.begin(), once_member.end(), "n0") != once_member.end();
+    EXPECT_EQ(learner_here, in_after) << b;
+    if (learner_here) {
+      ++learner_backs;
+      EXPECT_EQ(once_member[0] == "n0", owners_after->owner_of_bucket(b)->id == "n0") << b;
+    }
+  }
+  // With two of four ranks, about half the buckets.
+  EXPECT_GT(learner_backs, learning->snapshot().bucket_count() / 3);
+  EXPECT_LT(learner_backs, learning->snapshot().bucket_count() * 2 / 3);
+  // A map of learners only has no replica sets.
+  ClusterMap only_learners{1, {}};
+  only_learners.learners = {{"n0", "h:0", 1}};
+  std::unique_ptr<ReplicaRouting> none;
+  ASSERT_EQ(ReplicaRouting::build(only_learners, options, none), RouterStatus::kOk);
+  EXPECT_TRUE(none->replicas_of(0, 2).empty());
 }
 
 TEST(ClusterRoutingTest, EqualMapsGiveEqualOwnersAndAKeyMapsToItsBucketsOwner) {

@@ -57,7 +57,10 @@ namespace shardlock::cluster {
 // Values and their encodings (pure: bytes in, a value or nothing out)
 // ---------------------------------------------------------------------------
 
-enum class MemberState : std::uint8_t { kActive, kDraining };
+// kJoining: a node with replication that registered and is catching up as
+// a learner; it becomes kActive once it has every bucket it will own or back
+// up (docs/cluster.md, "Repair").
+enum class MemberState : std::uint8_t { kActive, kDraining, kJoining };
 [[nodiscard]] std::string_view to_string(MemberState state) noexcept;
 
 // A member as its etcd key describes it.
@@ -88,6 +91,10 @@ struct ClusterMember {
   std::string id;
   std::string address;
   std::uint32_t weight = 1;
+  // The etcd lease its member key was under when the map was published (0:
+  // not recorded, a map of an earlier version): a member that registers
+  // again is a new incarnation, which joins as a learner.
+  std::int64_t lease = 0;
 
   friend bool operator==(const ClusterMember&, const ClusterMember&) = default;
 };
@@ -102,11 +109,17 @@ struct ClusterMember {
 struct ClusterMap {
   std::uint64_t epoch = 0;
   std::vector<ClusterMember> members;  // sorted by id, ids distinct
+  // Joining nodes (MemberState::kJoining) that back buckets up to catch up
+  // but own none; clients never see them. Sorted by id, ids distinct and
+  // not members'.
+  std::vector<ClusterMember> learners{};
 
   friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
 };
 // The map key's value for `map` (members sorted by id, epoch >= 1):
-// "shardlock-map v2 epoch=E" and one "<id> <address> <weight>" line each.
+// "shardlock-map v2 epoch=E" and one "<id> <address> <weight>[ lease=L]"
+// line per member, then one "+<id> <address> <weight>[ lease=L]" per
+// learner.
 [[nodiscard]] std::string encode_map(const ClusterMap& map);
 // The map a map key's value describes: a v2 value carries its epoch, a v1
 // value ("shardlock-map v1") takes `mod_revision`. Nothing for anything the
@@ -168,6 +181,38 @@ class ClusterRouting {
  private:
   ClusterRouting() = default;
   ClusterMap map_;
+  std::shared_ptr<const RouterSnapshot> snapshot_;
+};
+
+// The replica sets of a map's buckets (docs/cluster.md, "Replication"): a
+// Router over its members and learners together, so that each bucket's
+// primary is its owner in the map's ClusterRouting and its backups are the
+// next members and the learners ranked among them (RouterSnapshot::
+// replica_set()). Immutable once built.
+class ReplicaRouting {
+ public:
+  // `options` as for ClusterRouting::build().
+  [[nodiscard]] static RouterStatus build(const ClusterMap& map, const RouterOptions& options,
+                                          std::unique_ptr<ReplicaRouting>& out);
+  [[nodiscard]] static RouterStatus build(const ClusterMap& map,
+                                          std::unique_ptr<ReplicaRouting>& out) {
+    return build(map, cluster_router_options(), out);
+  }
+
+  [[nodiscard]] const RouterSnapshot& snapshot() const noexcept { return *snapshot_; }
+  // Members and learners, in snapshot() order (by id).
+  [[nodiscard]] const std::vector<ClusterMember>& nodes() const noexcept { return nodes_; }
+  [[nodiscard]] const std::vector<bool>& learners() const noexcept { return learners_; }
+  // Indices into nodes(): the primary, then the backups.
+  [[nodiscard]] std::vector<std::uint16_t> replicas_of(std::size_t bucket,
+                                                       std::size_t replicas) const {
+    return snapshot_->replica_set(bucket, replicas, learners_);
+  }
+
+ private:
+  ReplicaRouting() = default;
+  std::vector<ClusterMember> nodes_;
+  std::vector<bool> learners_;
   std::shared_ptr<const RouterSnapshot> snapshot_;
 };
 

@@ -262,7 +262,36 @@ EtcdStatus Membership::drain() {
   return put_member_state(MemberState::kDraining, lease);
 }
 
+EtcdStatus Membership::caught_up() {
+  LockGuard order(member_key_mutex_);
+  MemberState state = MemberState::kActive;
+  std::int64_t lease = 0;
+  {
+    LockGuard lock(mutex_);
+    if (!learning_) return {};
+    learning_ = false;
+    state = state_;
+    lease = lease_id_;
+  }
+  if (lease == 0) return {};
+  const EtcdStatus put = put_member_state(state, lease);
+  if (!put.ok()) {
+    LockGuard lock(mutex_);
+    learning_ = lease == lease_id_;  // the next call tries again
+  }
+  return put;
+}
+
+bool Membership::learning() const {
+  LockGuard lock(mutex_);
+  return learning_;
+}
+
 EtcdStatus Membership::put_member_state(MemberState state, std::int64_t lease) {
+  {
+    LockGuard lock(mutex_);
+    if (learning_ && state == MemberState::kActive) state = MemberState::kJoining;
+  }
   const auto put = client_->put(member_key(), encode_member(record_of(state)), lease);
   return status_of(put.error, put.detail);
 }
@@ -453,8 +482,11 @@ std::error_code Membership::register_member(std::string& detail, std::int64_t* r
   }
   MemberState state = MemberState::kActive;
   {
+    // Each registration is a new incarnation: with replication, it learns
+    // before it owns anything.
     LockGuard lock(mutex_);
-    state = state_;
+    learning_ = options_.join_as_learner;
+    state = learning_ && state_ == MemberState::kActive ? MemberState::kJoining : state_;
   }
   const std::int64_t lease = granted.value.id;
   const auto put = client_->put_if_absent(member_key(), encode_member(record_of(state)), lease);
@@ -629,14 +661,28 @@ std::optional<std::int64_t> Membership::reconcile() {
     if (*put_own_key) continue;  // this read is already out of date
 
     std::vector<ClusterMember> live;
+    std::vector<ClusterMember> learners;
     bool registered = false;  // this node's key is in the read, under its current lease
     const std::int64_t lease = lease_id();
+    auto promoted = [&](const ClusterView::Member& member) {
+      if (!published || member.lease == 0) return false;
+      return std::any_of(
+          published->members.begin(), published->members.end(),
+          [&](const ClusterMember& m) { return m.id == member.id && m.lease == member.lease; });
+    };
     for (const ClusterView::Member& member : view->members) {
       if (member.id == options_.node_id) registered = lease != 0 && member.lease == lease;
-      if (member.readable && member.record.state == MemberState::kActive) {
-        live.push_back({member.id, member.record.address, member.record.weight});
+      if (!member.readable) continue;
+      ClusterMember entry{member.id, member.record.address, member.record.weight, member.lease};
+      if (member.record.state == MemberState::kActive ||
+          (member.record.state == MemberState::kJoining && promoted(member))) {
+        live.push_back(std::move(entry));
+      } else if (member.record.state == MemberState::kJoining) {
+        learners.push_back(std::move(entry));
       }
     }
+    // With no member to learn from, the learners own the buckets at once.
+    if (live.empty()) live.swap(learners);
     bool republish = false;
     std::uint64_t epoch_floor = 0;
     {
@@ -654,7 +700,8 @@ std::optional<std::int64_t> Membership::reconcile() {
       epoch_floor = epoch_floor_;
     }
     // An empty membership gives no owners at all; keep the last map instead.
-    const bool unchanged = published && published->members == live;
+    const bool unchanged =
+        published && published->members == live && published->learners == learners;
     if (live.empty() || (unchanged && !republish)) break;
     // The next epoch: one above the map read, so that consecutive maps have
     // consecutive epochs (a node that sees a jump knows it missed one). A
@@ -663,7 +710,7 @@ std::optional<std::int64_t> Membership::reconcile() {
     ClusterMap next{std::max({published ? published->epoch : 0, epoch_file_->highest(),
                               epoch_floor > 0 ? epoch_floor - 1 : 0}) +
                         1,
-                    std::move(live)};
+                    std::move(live), std::move(learners)};
     const auto swapped =
         client_->put_if_mod_revision(map_key, encode_map(next), published_revision);
     if (!swapped.ok()) {

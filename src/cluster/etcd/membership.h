@@ -18,12 +18,19 @@
 //   member->current_map();          // the newest map, epoch included
 //
 // Layout in etcd, under the prefix:
-//   members/<id>  "address=HOST:PORT weight=W state=active|draining
+//   members/<id>  "address=HOST:PORT weight=W state=active|draining|joining
 //                 max_ttl_ms=T replicas=R", under the node's own etcd lease (TTL 5 s,
 //                 kept alive every TTL/3)
 //   map           the published membership and its epoch: a version line
 //                 "shardlock-map v2 epoch=E", then one "<id> <address>
-//                 <weight>" line per member in id order
+//                 <weight> lease=L" line per member in id order, then one
+//                 "+<id> ..." line per learner
+//
+// Members and learners: an active member key is a member. A joining one
+// (a node with replication that has not caught up) is a learner, unless the
+// published map already has it as a member under the same etcd lease (it
+// was promoted, or the cluster had no member to learn from: then every
+// joining node is a member at once).
 //   handoff/<id>  the newest epoch node <id> has handed off (decimal), under
 //                 that node's etcd lease (put_handoff())
 //   drain/<id>    an operator's drain request for node <id>, any value,
@@ -148,6 +155,10 @@ struct MembershipOptions {
   // to register beside a live member whose record says another count
   // (MembershipErrc::kReplicasMismatch). 0: not published, not checked.
   std::uint32_t replicas = 0;
+  // Every registration joins as a learner (state=joining), which the maps
+  // list apart from the members, until caught_up(): a node with
+  // replication joins this way (docs/cluster.md, "Repair").
+  bool join_as_learner = false;
   // The lowest epoch this node wants to work in (the token floor of its
   // data dir): its first publish writes at least this epoch.
   std::uint64_t min_epoch = 0;
@@ -251,6 +262,13 @@ class Membership {
   // etcd put, after a registration in flight (at most two etcd calls). A
   // drain by code is never undone by a drain/<self> key going away.
   [[nodiscard]] EtcdStatus drain();
+
+  // Ends this registration's learning (options.join_as_learner): puts the
+  // member key with state=active, so the next map makes the node a member.
+  // One etcd put, none when it is not learning or not registered right now.
+  [[nodiscard]] EtcdStatus caught_up();
+  // Whether this registration is still a learner.
+  [[nodiscard]] bool learning() const;
 
   // Puts handoff/<node_id> = `epoch` (decimal) under the node's current etcd
   // lease, so it vanishes with the node. One etcd put. kNotFound when the
@@ -371,6 +389,9 @@ class Membership {
   bool watch_failed_ SHARDLOCK_GUARDED_BY(mutex_) = false;
   std::int64_t lease_id_ SHARDLOCK_GUARDED_BY(mutex_) = 0;
   MemberState state_ SHARDLOCK_GUARDED_BY(mutex_) = MemberState::kActive;
+  // This registration is a learner (options_.join_as_learner, until
+  // caught_up()); an active state_ is then written as joining.
+  bool learning_ SHARDLOCK_GUARDED_BY(mutex_) = false;
   // state_ is kDraining because of a drain/<self> key, not drain().
   bool drained_by_key_ SHARDLOCK_GUARDED_BY(mutex_) = false;
   // A fresh epoch is wanted: a map published after the etcd revision
