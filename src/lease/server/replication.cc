@@ -15,6 +15,8 @@ constexpr std::size_t kReleaseFixed = kEntryPrefix + 2 + 16 + 8;                
 // then u16 length + value (1..kMaxHolderValueLength bytes). A grant without
 // one keeps kind 1, byte for byte what version 1 sent before values.
 constexpr std::uint8_t kGrantWithValue = 5;
+// A kBucketCaughtUp with Entry::owner_active.
+constexpr std::uint8_t kCaughtUpActive = 6;
 
 class Writer {
  public:
@@ -73,7 +75,10 @@ bool carries_value(const Entry& e) noexcept {
 }
 
 void write_entry(Writer& w, const Entry& e) {
-  w.put(carries_value(e) ? kGrantWithValue : static_cast<std::uint8_t>(e.kind));
+  const bool active_mark = e.kind == EntryKind::kBucketCaughtUp && e.owner_active;
+  w.put(carries_value(e) ? kGrantWithValue
+        : active_mark    ? kCaughtUpActive
+                         : static_cast<std::uint8_t>(e.kind));
   w.put(e.bucket);
   if (!has_key(e.kind)) return;
   w.put(static_cast<std::uint16_t>(e.key.size()));
@@ -96,6 +101,8 @@ bool read_entry(Reader& r, Entry& e) {
   if (!r.get(kind) || !r.get(e.bucket)) return false;
   const bool with_value = kind == kGrantWithValue;
   if (with_value) kind = static_cast<std::uint8_t>(EntryKind::kGrant);
+  e.owner_active = kind == kCaughtUpActive;
+  if (e.owner_active) kind = static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp);
   if (kind < static_cast<std::uint8_t>(EntryKind::kGrant) ||
       kind > static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp)) {
     return false;
@@ -150,7 +157,7 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
   Writer w(out);
   w.put(kReplicateMagic);
   w.put(kReplicationVersion);
-  w.put(std::uint8_t{0});
+  w.put(header.settled ? kFlagPrimarySettled : std::uint8_t{0});
   w.put(static_cast<std::uint16_t>(count));
   w.put(header.stream);
   w.put(header.epoch);
@@ -170,12 +177,14 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
   std::uint8_t flags = 0;
   std::uint16_t count = 0;
   if (!r.get(magic) || magic != kReplicateMagic || !r.get(version) ||
-      version != kReplicationVersion || !r.get(flags) || (flags & ~kFlagAuthenticated) != 0 ||
-      !r.get(count) || !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
+      version != kReplicationVersion || !r.get(flags) ||
+      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled)) != 0 || !r.get(count) ||
+      !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
       !r.get(header.sent_ns)) {
     return false;
   }
   if (header.stream == 0 || header.first_seq == 0) return false;
+  header.settled = (flags & kFlagPrimarySettled) != 0;
   // Every entry takes at least its prefix: a count the bytes cannot hold is
   // refused before anything is allocated for it (a forged count would
   // otherwise cost 65535 entries per datagram).
@@ -239,12 +248,16 @@ std::uint64_t PrimaryStream::append(Entry entry) {
 }
 
 void PrimaryStream::send_from(std::size_t index, std::int64_t now_ns, std::uint64_t epoch,
-                              std::vector<std::vector<std::uint8_t>>& out) {
+                              bool settled, std::vector<std::vector<std::uint8_t>>& out) {
   // pending_ is a deque; encode_replicate wants contiguous entries, so each
   // datagram's run is copied (at most one datagram's worth). Every entry
   // fits a datagram on its own (append() checks the key).
   std::vector<Entry> run;
-  while (index < pending_.size()) {
+  // Within the window (an entry past it goes out once the ones before it
+  // are acknowledged), and a bounded burst.
+  const auto window = static_cast<std::size_t>(std::max<std::uint64_t>(timing_.max_in_flight, 1));
+  const std::size_t end = std::min(pending_.size(), window);
+  for (std::size_t sent = 0; index < end && sent < timing_.max_datagrams_per_poll; ++sent) {
     run.clear();
     std::size_t size = kReplicateHeaderSize;
     for (std::size_t i = index; i < pending_.size(); ++i) {
@@ -252,7 +265,7 @@ void PrimaryStream::send_from(std::size_t index, std::int64_t now_ns, std::uint6
       size += entry_size(pending_[i]);
       run.push_back(pending_[i]);
     }
-    const ReplicateHeader header{stream_, epoch, applied_ + 1 + index, now_ns};
+    const ReplicateHeader header{stream_, epoch, applied_ + 1 + index, now_ns, settled};
     out.emplace_back();
     index += encode_replicate(header, run, out.back());
     ++datagrams_sent_;
@@ -262,28 +275,30 @@ void PrimaryStream::send_from(std::size_t index, std::int64_t now_ns, std::uint6
 }
 
 void PrimaryStream::poll(std::int64_t now_ns, std::uint64_t epoch,
-                         std::vector<std::vector<std::uint8_t>>& out) {
+                         std::vector<std::vector<std::uint8_t>>& out, bool settled) {
   if (resync_) return;
-  const bool unsent = sent_up_to_ < last_seq();
+  // New entries go out while the unacknowledged ones stay under the window.
+  const bool unsent = sent_up_to_ < last_seq() && sent_up_to_ - applied_ < timing_.max_in_flight;
   const bool overdue = !pending_.empty() && sent_up_to_ > applied_ &&
                        now_ns - oldest_unacked_send_ns_ >= timing_.retransmit_ns;
   if (overdue) {
-    // Everything unacknowledged, from the oldest: the backup applies in
-    // order, so a lost datagram holds back all after it.
+    // The unacknowledged, from the oldest: the backup applies in order, so
+    // a lost datagram holds back all after it.
     ++retransmissions_;
-    send_from(0, now_ns, epoch, out);
+    send_from(0, now_ns, epoch, settled, out);
     oldest_unacked_send_ns_ = now_ns;
     return;
   }
   if (unsent) {
     const bool was_idle = sent_up_to_ == applied_;
-    send_from(static_cast<std::size_t>(sent_up_to_ - applied_), now_ns, epoch, out);
+    send_from(static_cast<std::size_t>(sent_up_to_ - applied_), now_ns, epoch, settled, out);
     if (was_idle) oldest_unacked_send_ns_ = now_ns;
     return;
   }
   if (now_ns - last_send_ns_ >= timing_.heartbeat_ns) {
     out.emplace_back();
-    (void)encode_replicate(ReplicateHeader{stream_, epoch, next_seq_, now_ns}, {}, out.back());
+    (void)encode_replicate(ReplicateHeader{stream_, epoch, next_seq_, now_ns, settled}, {},
+                           out.back());
     ++datagrams_sent_;
     last_send_ns_ = now_ns;
   }
@@ -328,14 +343,17 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   Ack ack;
   ack.stream = header.stream;
   ack.echo_sent_ns = header.sent_ns;
-  if (header.stream < stream_) return ack;  // an older stream of this primary: no lease
+  if (header.stream < stream_) return ack;         // an older stream of this primary: no lease
+  if (header.stream <= after_stream_) return ack;  // one this node stopped promising for good
   if (header.stream > stream_) {
     // A new stream (the primary restarted or started over, or this node
     // did): followed from its first entry. Its snapshots reset every bucket
     // it covers.
     stream_ = header.stream;
     applied_ = 0;
+    primary_settled_ = false;
   }
+  if (header.settled) primary_settled_ = true;
   const std::uint64_t first = header.first_seq;
   if (first > applied_ + 1 && !entries.empty()) ++gaps_;
   for (std::size_t i = 0; i < entries.size(); ++i) {
@@ -346,7 +364,7 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
     applied_ = seq;
   }
   ack.applied = applied_;
-  if (promising_) {
+  if (promising_ && header.epoch >= lease_from_epoch_) {
     ack.lease_ms = timing_.lease_ms;
     promised_until_ns_ = std::max(promised_until_ns_,
                                   now_ns + static_cast<std::int64_t>(timing_.lease_ms) * 1'000'000);
@@ -364,9 +382,11 @@ void BackupStream::apply(const Entry& e) {
       // holder, so a takeover inherits them too, and blocks their keys until
       // they have surely ended.
       buckets_[e.bucket].caught_up = false;
+      buckets_[e.bucket].owner_active = false;
       return;
     case EntryKind::kBucketCaughtUp:
       buckets_[e.bucket].caught_up = true;
+      buckets_[e.bucket].owner_active = e.owner_active;
       return;
     case EntryKind::kGrant: {
       auto& list = buckets_[e.bucket].keys[e.key];
@@ -403,6 +423,11 @@ void BackupStream::apply(const Entry& e) {
 bool BackupStream::caught_up(std::uint32_t bucket) const noexcept {
   const auto it = buckets_.find(bucket);
   return it != buckets_.end() && it->second.caught_up;
+}
+
+bool BackupStream::owner_active(std::uint32_t bucket) const noexcept {
+  const auto it = buckets_.find(bucket);
+  return it != buckets_.end() && it->second.caught_up && it->second.owner_active;
 }
 
 std::vector<ReplicaHolder> BackupStream::holders(std::uint32_t bucket, std::string_view key) const {

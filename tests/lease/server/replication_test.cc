@@ -134,6 +134,141 @@ TEST(ReplicationCodec, EveryTruncationAndTrailingByteIsRejected) {
   }
 }
 
+TEST(ReplicationCodec, ThePrimarysSettledFlagTravelsAndABackupRemembersItPerStream) {
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(
+      encode_replicate(ReplicateHeader{7, 1, 1, 0, true}, std::vector{grant(1, "k", 2)}, bytes),
+      1U);
+  EXPECT_EQ(bytes[5], kFlagPrimarySettled);
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(decode_replicate(bytes, header, entries));
+  EXPECT_TRUE(header.settled);
+  // The backup: unsettled until a datagram of the stream says so, and a new
+  // stream starts unsettled again (a restarted primary).
+  BackupStream backup(StreamTiming{}, 0);
+  (void)backup.on_replicate(ReplicateHeader{7, 1, 1, 0}, entries, 0);
+  EXPECT_FALSE(backup.primary_settled());
+  (void)backup.on_replicate(ReplicateHeader{7, 1, 2, 0, true}, {}, 0);
+  EXPECT_TRUE(backup.primary_settled());
+  (void)backup.on_replicate(ReplicateHeader{8, 1, 1, 0}, {}, 0);
+  EXPECT_FALSE(backup.primary_settled());
+  // The primary says it once its process is past its lock-delay.
+  PrimaryStream primary(9, StreamTiming{});
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(StreamTiming{}.heartbeat_ns, 1, wire, /*settled=*/true);
+  ASSERT_EQ(wire.size(), 1u);
+  ASSERT_TRUE(decode_replicate(wire[0], header, entries));
+  EXPECT_TRUE(header.settled);
+}
+
+TEST(ReplicationCodec, AStreamAfterTheOneABackupStoppedPromisingIsFollowedWithNothingBefore) {
+  // A backup that took some of a live primary's buckets over follows the
+  // rest on a new stream: the old one is answered "nothing applied", with no
+  // lease, so the primary starts a new stream (and its snapshots).
+  BackupStream fresh(StreamTiming{}, 0, /*after_stream=*/5);
+  const Ack old =
+      fresh.on_replicate(ReplicateHeader{5, 1, 9, 100}, std::vector{grant(1, "k", 2)}, 1'000);
+  EXPECT_EQ(old.applied, 0u);
+  EXPECT_EQ(old.lease_ms, 0u);
+  EXPECT_TRUE(fresh.holders(1, "k").empty());
+  PrimaryStream primary(5, StreamTiming{});
+  (void)primary.append(grant(1, "k", 2));
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  primary.on_ack(Ack{5, 1, 0, 250}, 1);  // applied before
+  primary.on_ack(Ack{5, 0, 1, 0}, 2);    // the fresh stream's answer
+  EXPECT_TRUE(primary.resync_requested());
+  const Ack next = fresh.on_replicate(ReplicateHeader{6, 1, 1, 200}, {}, 2'000);
+  EXPECT_GT(next.lease_ms, 0u);
+}
+
+TEST(ReplicationFlow, ASnapshotOfManyBucketsGoesOutInBoundedBurstsWithinTheWindow) {
+  // Markers for 20000 buckets: hundreds of datagrams. A poll sends at most
+  // max_datagrams_per_poll of them, new entries stop at max_in_flight
+  // unacknowledged, and a retransmission resends a bounded burst from the
+  // oldest.
+  StreamTiming timing;
+  timing.max_datagrams_per_poll = 8;
+  timing.max_in_flight = 1000;
+  PrimaryStream primary(1, timing);
+  for (std::uint32_t b = 0; b < 20000; ++b) {
+    Entry e;
+    e.kind = EntryKind::kResetBucket;
+    e.bucket = b;
+    (void)primary.append(e);
+  }
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  std::uint64_t highest_sent = 0;
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  for (int poll = 0; poll < 4; ++poll) {
+    wire.clear();
+    primary.poll(poll, 1, wire);
+    EXPECT_LE(wire.size(), 8u);
+    for (const auto& d : wire) {
+      ASSERT_TRUE(decode_replicate(d, header, entries));
+      highest_sent = std::max<std::uint64_t>(highest_sent, header.first_seq + entries.size() - 1);
+    }
+  }
+  // Nothing acknowledged: no datagram begins past the window (the last one
+  // begun inside it is filled: a datagram holds about 70 markers).
+  EXPECT_LT(highest_sent, 1000u + 100u);
+  EXPECT_GT(highest_sent, 100u);
+  // A retransmission starts over from the oldest, in a burst as bounded.
+  wire.clear();
+  primary.poll(timing.retransmit_ns + 10, 1, wire);
+  ASSERT_FALSE(wire.empty());
+  EXPECT_LE(wire.size(), 8u);
+  ASSERT_TRUE(decode_replicate(wire[0], header, entries));
+  EXPECT_EQ(header.first_seq, 1u);
+  // Acknowledged as it goes, the whole snapshot gets through.
+  std::int64_t now = timing.retransmit_ns + 10;
+  for (int round = 0; round < 10000 && backup.applied() < 20000; ++round) {
+    for (const auto& d : wire) {
+      ASSERT_TRUE(decode_replicate(d, header, entries));
+      primary.on_ack(backup.on_replicate(header, entries, now), now);
+    }
+    wire.clear();
+    primary.poll(++now, 1, wire);
+  }
+  EXPECT_EQ(backup.applied(), 20000u);
+}
+
+TEST(ReplicationCodec, ACaughtUpMarkCarriesWhetherThePrimaryHadTheBucketActive) {
+  Entry active;
+  active.kind = EntryKind::kBucketCaughtUp;
+  active.bucket = 9;
+  active.owner_active = true;
+  Entry reset;
+  reset.kind = EntryKind::kResetBucket;
+  reset.bucket = 9;
+  Entry plain = active;
+  plain.owner_active = false;
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{reset, active}, bytes), 2U);
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(decode_replicate(bytes, header, entries));
+  ASSERT_EQ(entries.size(), 2U);
+  EXPECT_EQ(entries[1], active);
+  BackupStream backup(StreamTiming{}, 0);
+  (void)backup.on_replicate(header, entries, 0);
+  EXPECT_TRUE(backup.owner_active(9));
+  // A new snapshot of the bucket starts over, and says it again or not.
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 3, 0}, std::vector{reset}, bytes), 1U);
+  ASSERT_TRUE(decode_replicate(bytes, header, entries));
+  (void)backup.on_replicate(header, entries, 0);
+  EXPECT_FALSE(backup.owner_active(9));
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 4, 0}, std::vector{plain}, bytes), 1U);
+  ASSERT_TRUE(decode_replicate(bytes, header, entries));
+  EXPECT_EQ(entries[0], plain);
+  (void)backup.on_replicate(header, entries, 0);
+  EXPECT_TRUE(backup.caught_up(9));
+  EXPECT_FALSE(backup.owner_active(9));
+}
+
 TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   std::vector<std::uint8_t> good;
   ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{grant(1, "k", 2)}, good), 1U);
@@ -149,7 +284,7 @@ TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   bad[4] = 2;  // version
   EXPECT_TRUE(rejected(bad));
   bad = good;
-  bad[5] = 2;  // an unknown flag (1 is kFlagAuthenticated, set by seal_datagram)
+  bad[5] = 4;  // an unknown flag (1 is kFlagAuthenticated, 2 kFlagPrimarySettled)
   EXPECT_TRUE(rejected(bad));
   bad = good;
   bad[6] = 0xFF;  // a count the bytes cannot hold (refused before any allocation)

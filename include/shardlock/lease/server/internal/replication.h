@@ -66,9 +66,13 @@ inline constexpr std::uint8_t kReplicationVersion = 1;
 inline constexpr std::size_t kMaxReplicationDatagram = kMaxDatagramSize - kAuthTagSize;
 // Both headers put their flags byte where a client datagram has its own
 // (kHeaderFlagsOffset), so seal_datagram() and open_datagram() (auth.h)
-// authenticate node-to-node datagrams unchanged; kFlagAuthenticated is the
-// only flag.
+// authenticate node-to-node datagrams unchanged. A REPLICATE's flags may
+// also carry kFlagPrimarySettled.
 inline constexpr std::size_t kReplicateHeaderSize = 40;
+// The primary's process has been up for its lock-delay: every lease it may
+// have granted, its earlier runs' included, is in its state, so a stream's
+// snapshots cover them all (ReplicateHeader::settled).
+inline constexpr std::uint8_t kFlagPrimarySettled = 0x02;
 inline constexpr std::size_t kAckHeaderSize = 36;  // the whole ack
 
 enum class EntryKind : std::uint8_t {
@@ -94,6 +98,11 @@ struct Entry {
   // version 1 always sent, and a backup that predates values refuses only
   // the datagrams that carry one.
   std::string value;
+  // kBucketCaughtUp: the primary had the bucket active when it sent the
+  // snapshot (every earlier owner's lease there was over), so a backup that
+  // takes it over need not wait for the history it did not see (a wire kind
+  // of its own, kCaughtUpActive below).
+  bool owner_active = false;
   friend bool operator==(const Entry&, const Entry&) = default;
 };
 
@@ -106,6 +115,7 @@ struct ReplicateHeader {
   std::uint64_t first_seq = 0;  // the first entry's number (entries are consecutive);
                                 // with no entries, the next number (a heartbeat)
   std::int64_t sent_ns = 0;     // the primary's clock at the send, echoed in the ack
+  bool settled = false;         // kFlagPrimarySettled
   friend bool operator==(const ReplicateHeader&, const ReplicateHeader&) = default;
 };
 
@@ -139,6 +149,13 @@ struct StreamTiming {
   // two clocks' rate difference and scheduling (as the client's drift margin).
   double drift_factor = 0.01;
   std::int64_t drift_allowance_ns = 2'000'000;
+  // Flow control: at most this many datagrams per poll(), and new entries
+  // go out only while fewer than max_in_flight are unacknowledged. A
+  // snapshot of a node's share of 65536 buckets is thousands of datagrams;
+  // sent (and resent every retransmit_ns) at once, they overflow the
+  // sockets' buffers and are lost over and over.
+  std::size_t max_datagrams_per_poll = 32;
+  std::uint64_t max_in_flight = 4096;  // entries
 };
 
 class PrimaryStream {
@@ -159,7 +176,10 @@ class PrimaryStream {
   // The datagrams due at `now_ns`: every entry not sent yet, everything not
   // acknowledged once retransmit_ns has passed since it was last sent, and a
   // heartbeat (no entries) when nothing was sent for heartbeat_ns.
-  void poll(std::int64_t now_ns, std::uint64_t epoch, std::vector<std::vector<std::uint8_t>>& out);
+  // `settled`: the primary's process is past its lock-delay
+  // (kFlagPrimarySettled).
+  void poll(std::int64_t now_ns, std::uint64_t epoch, std::vector<std::vector<std::uint8_t>>& out,
+            bool settled = false);
   // Takes the backup's acknowledgement. One for another stream is ignored.
   void on_ack(const Ack& ack, std::int64_t now_ns) noexcept;
 
@@ -181,7 +201,7 @@ class PrimaryStream {
   [[nodiscard]] std::uint64_t retransmissions() const noexcept { return retransmissions_; }
 
  private:
-  void send_from(std::size_t index, std::int64_t now_ns, std::uint64_t epoch,
+  void send_from(std::size_t index, std::int64_t now_ns, std::uint64_t epoch, bool settled,
                  std::vector<std::vector<std::uint8_t>>& out);
 
   std::uint64_t stream_;
@@ -219,8 +239,24 @@ class BackupStream {
   // Created at `now_ns`: a node that restarted may have promised a lease in
   // its previous run, up to lease_ms before it died, so a new BackupStream
   // counts as having promised until now + lease_ms.
-  BackupStream(const StreamTiming& timing, std::int64_t now_ns) noexcept
+  //
+  // `after_stream`: streams up to this id are answered as if nothing were
+  // applied, with no lease, and not applied. A backup that takes a bucket
+  // over from a live primary stops promising its stream for good (a lease
+  // is per stream, not per bucket), and follows the rest of that primary's
+  // buckets on a new one: this answer makes the primary start it, with
+  // snapshots (PrimaryStream::resync_requested()).
+  //
+  // `lease_from_epoch`: acknowledgements grant a lease only to datagrams
+  // sent in this map epoch or a later one. That backup owns the buckets it
+  // took over from the epoch it did; a primary still on an older map may
+  // believe it owns them, and must not get a lease from this backup
+  // until it has left that map behind.
+  BackupStream(const StreamTiming& timing, std::int64_t now_ns, std::uint64_t after_stream = 0,
+               std::uint64_t lease_from_epoch = 0) noexcept
       : timing_(timing),
+        after_stream_(after_stream),
+        lease_from_epoch_(lease_from_epoch),
         promised_until_ns_(now_ns + static_cast<std::int64_t>(timing.lease_ms) * 1'000'000) {}
 
   // Applies one REPLICATE datagram received at `now_ns` and returns the
@@ -248,9 +284,15 @@ class BackupStream {
 
   [[nodiscard]] std::uint64_t stream() const noexcept { return stream_; }
   [[nodiscard]] std::uint64_t applied() const noexcept { return applied_; }
+  // A datagram of the stream followed said its primary was settled
+  // (kFlagPrimarySettled): the snapshots of this stream cover every lease the
+  // primary's process, or its earlier runs, may have granted.
+  [[nodiscard]] bool primary_settled() const noexcept { return primary_settled_; }
   // Whether `bucket`'s snapshot has been applied, so its holders here are
   // every holder the primary has answered (and maybe a few released since).
   [[nodiscard]] bool caught_up(std::uint32_t bucket) const noexcept;
+  // Whether `bucket`'s snapshot said the primary had it active.
+  [[nodiscard]] bool owner_active(std::uint32_t bucket) const noexcept;
   // The holders replicated for `key` (empty when none).
   [[nodiscard]] std::vector<ReplicaHolder> holders(std::uint32_t bucket,
                                                    std::string_view key) const;
@@ -265,13 +307,17 @@ class BackupStream {
  private:
   struct BucketReplica {
     bool caught_up = false;
+    bool owner_active = false;  // the caught-up mark said so
     std::unordered_map<std::string, std::vector<ReplicaHolder>> keys;
   };
   void apply(const Entry& e);
 
   StreamTiming timing_;
+  std::uint64_t after_stream_ = 0;
+  std::uint64_t lease_from_epoch_ = 0;
   std::uint64_t stream_ = 0;
   std::uint64_t applied_ = 0;
+  bool primary_settled_ = false;
   bool promising_ = true;
   std::int64_t promised_until_ns_;
   std::unordered_map<std::uint32_t, BucketReplica> buckets_;
