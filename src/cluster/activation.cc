@@ -43,7 +43,9 @@ bool BucketActivation::released(NodeIndex node, Time now) const {
 MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
   if (map.epoch <= epoch_) return MapVerdict::kStale;
   std::unique_ptr<ClusterRouting> routing;
-  if (ClusterRouting::build(map, options_.router_options, routing) != RouterStatus::kOk) {
+  std::unique_ptr<ReplicaRouting> replicas;
+  if (ClusterRouting::build(map, options_.router_options, routing) != RouterStatus::kOk ||
+      ReplicaRouting::build(map, options_.router_options, replicas) != RouterStatus::kOk) {
     return MapVerdict::kUnroutable;
   }
   const bool first = routing_ == nullptr;
@@ -95,7 +97,8 @@ MapVerdict BucketActivation::on_map(const ClusterMap& map, Time now) {
     }
   }
   epoch_ = map.epoch;
-  previous_routing_ = consecutive ? std::move(routing_) : nullptr;
+  previous_replicas_ = consecutive ? std::move(replicas_) : nullptr;
+  replicas_ = std::move(replicas);
   routing_ = std::move(routing);
   compact_chains();
   // Acks of this epoch that arrived before the map did count now.
@@ -145,9 +148,14 @@ BucketActivation::ChainIndex BucketActivation::add_chain(std::vector<NodeIndex> 
   return static_cast<ChainIndex>(chains_.size() - 1);
 }
 
-void BucketActivation::on_taken_over(std::size_t bucket, std::string_view node) {
+void BucketActivation::on_taken_over(std::size_t bucket, std::string_view node, bool owner_active) {
   const std::optional<NodeIndex> index = find(node);
   if (!index || *index == self_ || bucket >= chain_of_bucket_.size()) return;
+  if (owner_active) {
+    chain_of_bucket_[bucket] = 0;  // chains_[0] is always empty
+    unseen_history_[bucket] = false;
+    return;
+  }
   const ChainIndex chain = chain_of_bucket_[bucket];
   const std::vector<NodeIndex>& members = chains_[chain];
   if (std::find(members.begin(), members.end(), *index) == members.end()) return;
@@ -167,18 +175,19 @@ void BucketActivation::on_taken_over(std::size_t bucket, std::string_view node) 
 
 std::optional<std::string> BucketActivation::previous_primary_backed_by_self(
     std::size_t bucket, std::size_t replicas) const {
-  if (!previous_routing_ || replicas < 2) return std::nullopt;
-  const RouterSnapshot& before = previous_routing_->snapshot();
-  if (bucket >= before.bucket_count()) return std::nullopt;
-  const std::vector<std::uint16_t> ranking = before.ranking_of_bucket(bucket, replicas);
+  if (!previous_replicas_ || replicas < 2) return std::nullopt;
+  const ReplicaRouting& before = *previous_replicas_;
+  if (bucket >= before.snapshot().bucket_count()) return std::nullopt;
   // Any backup, not only the first: when the primary and the backups ranked
   // before this node left in one map, this node inherits the bucket, and it
-  // acknowledged every grant they did.
-  const auto self = std::find_if(ranking.begin() + 1, ranking.end(), [&](std::uint16_t node) {
-    return before.nodes()[node].id == options_.node_id;
-  });
-  if (ranking.size() < 2 || self == ranking.end()) return std::nullopt;
-  return before.nodes()[ranking[0]].id;
+  // acknowledged every grant they did. A learner backed it up too: it
+  // acknowledged every grant since its snapshot.
+  const std::vector<std::uint16_t> set = before.replicas_of(bucket, replicas);
+  const auto self =
+      std::find_if(set.begin() + (set.empty() ? 0 : 1), set.end(),
+                   [&](std::uint16_t node) { return before.nodes()[node].id == options_.node_id; });
+  if (set.size() < 2 || self == set.end()) return std::nullopt;
+  return before.nodes()[set[0]].id;
 }
 
 void BucketActivation::raise_max_ttl(Time max_ttl) {

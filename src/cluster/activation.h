@@ -130,7 +130,10 @@ class BucketActivation {
   // grant nor renew it), and it installed every holder `node` answered. So
   // `node` no longer needs to let go of `bucket`: it leaves the bucket's
   // chain (only this bucket's); other nodes in it still must let go.
-  void on_taken_over(std::size_t bucket, std::string_view node);
+  // `owner_active`: `node` had the bucket active (every earlier owner's
+  // lease there was over), so nobody else in its chain, nor the history this
+  // node did not see, need let go either: it is active at once.
+  void on_taken_over(std::size_t bucket, std::string_view node, bool owner_active = false);
   // The owner `bucket` had in the map before the current one, if this node
   // followed both (consecutive epochs, no start over) and that map ranked
   // this node among its backups (`replicas` owners per bucket: the first
@@ -218,9 +221,11 @@ class BucketActivation {
 
   std::uint64_t epoch_ = 0;
   std::unique_ptr<ClusterRouting> routing_;
-  // The map before the current one, when the current one followed it
-  // directly (for previous_primary_backed_by_self); null otherwise.
-  std::unique_ptr<ClusterRouting> previous_routing_;
+  // The replica sets of the current map and, when the current one followed
+  // it directly, of the map before (for previous_primary_backed_by_self);
+  // null otherwise.
+  std::unique_ptr<ReplicaRouting> replicas_;
+  std::unique_ptr<ReplicaRouting> previous_replicas_;
   // owner_[b]: the current owner's node index, or kNoNode.
   std::vector<NodeIndex> owner_;
   std::vector<ChainIndex> chain_of_bucket_;

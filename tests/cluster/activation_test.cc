@@ -453,6 +453,59 @@ TEST(BucketActivation, WithThreeReplicasTheSecondBackupTakesOverWhenPrimaryAndFi
   }
 }
 
+TEST(BucketActivation, ALearnerTakesOverTheBucketsItBackedUpWhenItIsPromoted) {
+  // n4 joins as a learner, catches up, and becomes a member in the next map:
+  // the buckets it owns now it backed up for their primary as a learner, so
+  // it takes each over from that primary. Where it was not a learner, it
+  // owns nothing now.
+  ClusterMap learning = make_map(10, {"n1", "n2", "n3"});
+  learning.learners = {{"n4", "n4:7700", 1}};
+  const ClusterMap promoted = make_map(11, {"n1", "n2", "n3", "n4"});
+  std::unique_ptr<ReplicaRouting> before;
+  ASSERT_EQ(ReplicaRouting::build(learning, router_options(), before), RouterStatus::kOk);
+  BucketActivation activation = make("n4");
+  const Time opened = settle_first_map(activation, learning, Time{0});
+  ASSERT_EQ(activation.on_map(promoted, opened), MapVerdict::kAdopted);
+  std::size_t taken = 0;
+  for (std::size_t b = 0; b < before->snapshot().bucket_count(); ++b) {
+    if (!activation.owns(b)) continue;
+    const std::vector<std::uint16_t> set = before->replicas_of(b, 2);
+    ASSERT_EQ(set.size(), 3u) << b;  // it was this bucket's learner
+    EXPECT_EQ(activation.previous_primary_backed_by_self(b, 2),
+              std::optional<std::string>(before->nodes()[set[0]].id))
+        << b;
+    ++taken;
+  }
+  EXPECT_GT(taken, 0u);
+}
+
+TEST(BucketActivation, ATakeoverOfABucketItsPrimaryHadActiveNeedsNoOtherWait) {
+  // A node that has just started knows nothing of the history: every bucket
+  // waits for the lock-delay. Taken over from a primary that had it active
+  // (every earlier owner's lease there was over), a bucket is active at
+  // once; without that word, it still waits.
+  ClusterMap learning = make_map(10, {"n1", "n2", "n3"});
+  learning.learners = {{"n4", "n4:7700", 1}};
+  const ClusterMap promoted = make_map(11, {"n1", "n2", "n3", "n4"});
+  BucketActivation activation = make("n4");
+  ASSERT_EQ(activation.on_map(learning, Time{0}), MapVerdict::kAdopted);
+  for (const ClusterMember& m : learning.members) activation.on_handoff(m.id, learning.epoch);
+  ASSERT_EQ(activation.on_map(promoted, seconds(1)), MapVerdict::kAdopted);
+  for (const ClusterMember& m : learning.members) activation.on_handoff(m.id, promoted.epoch);
+  std::vector<std::size_t> taken;
+  for (std::size_t b = 0; b < (std::size_t{1} << kBucketBits) && taken.size() < 2; ++b) {
+    if (activation.owns(b) && activation.previous_primary_backed_by_self(b, 2)) taken.push_back(b);
+  }
+  ASSERT_EQ(taken.size(), 2u);
+  const std::string p0 = *activation.previous_primary_backed_by_self(taken[0], 2);
+  const std::string p1 = *activation.previous_primary_backed_by_self(taken[1], 2);
+  activation.on_taken_over(taken[0], p0, /*owner_active=*/true);
+  activation.on_taken_over(taken[1], p1, /*owner_active=*/false);
+  EXPECT_TRUE(activation.may_grant(taken[0], seconds(2)));
+  EXPECT_FALSE(activation.may_grant(taken[1], seconds(2)));
+  EXPECT_TRUE(activation.may_grant(taken[1], kLockDelay + seconds(1)));
+}
+
 TEST(BucketActivation, NoTakeoverAcrossASkippedMap) {
   BucketActivation activation = make("n2");
   const Time opened = settle_first_map(activation, kThree, Time{0});

@@ -730,6 +730,11 @@ class ClusterUnderTest final : public SystemUnderTest {
       if (cluster::ClusterRouting::build(map, routing) != RouterStatus::kOk) {
         continue;
       }
+      std::unique_ptr<cluster::ReplicaRouting> replicas;
+      if (options_.replicas >= 2 &&
+          cluster::ReplicaRouting::build(map, replicas) != RouterStatus::kOk) {
+        replicas.reset();
+      }
       Event e;
       e.kind = EventKind::kMap;
       e.epoch = map.epoch;
@@ -737,13 +742,15 @@ class ClusterUnderTest final : public SystemUnderTest {
         const cluster::ClusterMember* owner = routing->owner_of(key);
         if (owner != nullptr) e.owners.emplace_back(key, owner->id);
         if (options_.replicas < 2) return;
-        // The rest of the key's ranking, as every node's replica layout
-        // reads it (replica_layout()): its backups, in promotion order.
-        const RouterSnapshot& ranks = routing->snapshot();
-        const std::vector<std::uint16_t> ranking = ranks.ranking_of_bucket(
+        // The key's backups, as every node's replica layout reads them
+        // (replica_layout()), in promotion order; learners back it up too but
+        // take nothing over, so they are left out.
+        if (!replicas) return;
+        const std::vector<std::uint16_t> set = replicas->replicas_of(
             routing->bucket_of(key), static_cast<std::size_t>(options_.replicas));
-        for (std::size_t r = 1; r < ranking.size(); ++r) {
-          e.backups.emplace_back(key, ranks.nodes()[ranking[r]].id);
+        for (std::size_t r = 1; r < set.size(); ++r) {
+          if (replicas->learners()[set[r]]) continue;
+          e.backups.emplace_back(key, replicas->nodes()[set[r]].id);
         }
       };
       for (int k = 0; k < options_.keys; ++k) add_owner("key-" + std::to_string(k));

@@ -85,6 +85,7 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   m.weight = o.weight;
   m.max_ttl = o.max_ttl;
   m.replicas = static_cast<std::uint32_t>(o.replicas);
+  m.join_as_learner = o.replicas > 1;
   m.min_epoch = min_grant_epoch;
   m.data_dir = o.data_dir;
   m.lease_ttl = o.lease_ttl;
@@ -174,6 +175,7 @@ void ClusterNode::run() {
     if (registration != registration_) {
       if (registration_ != 0) start_over();
       registration_ = registration;
+      learning_since_ = now;
     }
     // A gate changes with news from etcd, or with time while some bucket of
     // this node waits for its lock-delay; otherwise there is nothing to redo
@@ -181,7 +183,10 @@ void ClusterNode::run() {
     const bool news = !views.empty();
     apply_views(views, now);
     if (news || activation_pending_) publish(now);
-    if (options_.replicas > 1) evict_silent_replicas();
+    if (options_.replicas > 1) {
+      evict_silent_replicas();
+      finish_learning(now);
+    }
     // Both below take every shard lock in turn: at the count's pace, not
     // every tick.
     if (now - last_count < kHandOffCountInterval) continue;
@@ -279,15 +284,19 @@ void ClusterNode::adopt_map(const std::shared_ptr<const ClusterMap>& map, nanose
 }
 
 void ClusterNode::adopt_replica_layout(bool history_restarted, nanoseconds now) {
-  const std::vector<ClusterMember>& members = routing_->map().members;
-  std::vector<std::string> addresses;
-  auto self = static_cast<std::uint16_t>(members.size());  // not a member: no role
-  for (std::size_t i = 0; i < members.size(); ++i) {
-    addresses.push_back(members[i].address);
-    if (members[i].id == options_.node_id) self = static_cast<std::uint16_t>(i);
+  std::unique_ptr<ReplicaRouting> replicas;
+  if (ReplicaRouting::build(*map_, cluster_router_options(), replicas) != RouterStatus::kOk) {
+    return;  // the map routed, so its members and learners do too
   }
-  if (const std::error_code ec = server_.set_replica_layout(map_->epoch, routing_->snapshot(), self,
-                                                            options_.replicas, addresses)) {
+  std::vector<std::string> addresses;
+  auto self = static_cast<std::uint16_t>(replicas->nodes().size());  // absent: no role
+  for (std::size_t i = 0; i < replicas->nodes().size(); ++i) {
+    addresses.push_back(replicas->nodes()[i].address);
+    if (replicas->nodes()[i].id == options_.node_id) self = static_cast<std::uint16_t>(i);
+  }
+  if (const std::error_code ec =
+          server_.set_replica_layout(map_->epoch, replicas->snapshot(), replicas->learners(), self,
+                                     options_.replicas, addresses)) {
     note("epoch " + std::to_string(map_->epoch) + ": no replica layout: " + server_.error_detail());
   }
   // A skipped map leaves no history to take over by: those buckets wait as
@@ -314,18 +323,22 @@ bool ClusterNode::take_over_pending(nanoseconds now) {
   for (auto it = pending_takeovers_.begin(); it != pending_takeovers_.end();) {
     // A primary that restarted less than a lock-delay ago may have leases
     // from its earlier run that its stream never carried: its buckets wait
-    // for the lock-delay as without replication.
-    if (!activation_->incarnation_settled(it->second, now)) {
+    // for the lock-delay as without replication. Settled: its stream says
+    // its process is past its lock-delay, or this node saw it register that
+    // long ago (a node that just started sees every registration as new).
+    const auto bucket = static_cast<std::uint32_t>(it->first);
+    if (!server_.replica_primary_settled(it->second, bucket) &&
+        !activation_->incarnation_settled(it->second, now)) {
       ++it;
       continue;
     }
-    const auto installed =
-        server_.take_over(it->second, static_cast<std::uint32_t>(it->first), hold);
+    bool owner_active = false;
+    const auto installed = server_.take_over(it->second, bucket, hold, &owner_active);
     if (!installed) {
       ++it;
       continue;
     }
-    activation_->on_taken_over(it->first, it->second);
+    activation_->on_taken_over(it->first, it->second, owner_active);
     ++buckets;
     holders += *installed;
     it = pending_takeovers_.erase(it);
@@ -354,6 +367,34 @@ void ClusterNode::note_replicas_mismatch(const ClusterView::Member& member) {
        ": every node of a cluster needs the same count; restart one of them");
   LockGuard lock(mutex_);
   ++stats_.replicas_mismatched;
+}
+
+void ClusterNode::finish_learning(nanoseconds now) {
+  if (!map_ || !membership_->learning()) return;
+  const auto is_self = [&](const ClusterMember& m) { return m.id == options_.node_id; };
+  const bool member = std::any_of(map_->members.begin(), map_->members.end(), is_self);
+  const bool learner = std::any_of(map_->learners.begin(), map_->learners.end(), is_self);
+  if (!member && !learner) return;  // the map does not list this registration yet
+  const auto [caught_up, backed] = server_.replicas_caught_up();
+  std::string why;
+  if (member) {
+    why = "the map made it a member (no member was left to learn from)";
+  } else if (caught_up == backed) {
+    why = "caught up on all " + std::to_string(backed) + " buckets it backs up";
+  } else if (now - learning_since_ >= activation_->lock_delay()) {
+    // A primary that never streams (a peer of another --replicas, one that is
+    // itself stuck) must not keep this node out for good. Safe all the same:
+    // a bucket this node was not a caught-up backup of waits for its chain's
+    // hand-offs or the lock-delay when it moves here.
+    why = "still behind on " + std::to_string(backed - caught_up) + " of " +
+          std::to_string(backed) + " buckets after a lock-delay; joining all the same";
+  } else {
+    return;
+  }
+  const EtcdStatus put = membership_->caught_up();
+  note("learner: " + why + (put.ok() ? std::string(": now active") : ": " + put.detail));
+  LockGuard lock(mutex_);
+  ++stats_.learner_promotions;
 }
 
 void ClusterNode::evict_silent_replicas() {

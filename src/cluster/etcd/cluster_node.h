@@ -108,6 +108,8 @@ struct ClusterNodeStats {
   std::uint64_t buckets_taken_over = 0;
   std::uint64_t holders_inherited = 0;
   std::uint64_t replicas_evicted = 0;
+  // Registrations that finished learning (asked to become a member).
+  std::uint64_t learner_promotions = 0;
   // Members seen running with another --replicas (each incarnation once).
   std::uint64_t replicas_mismatched = 0;
   // The lock-delay now: the largest max TTL of any member seen, plus the
@@ -158,6 +160,9 @@ class ClusterNode {
   void adopt_replica_layout(bool history_restarted, std::chrono::nanoseconds now);
   bool take_over_pending(std::chrono::nanoseconds now);
   void evict_silent_replicas();
+  // A learner (a registration with replication) asks to become a member once
+  // it has caught up on every bucket it backs up (docs/cluster.md, "Repair").
+  void finish_learning(std::chrono::nanoseconds now);
   void note_replicas_mismatch(const ClusterView::Member& member);
   // The node lost its etcd lease and registered again: everything it knew
   // may be stale (the cluster may have given its buckets away meanwhile),
@@ -204,6 +209,7 @@ class ClusterNode {
   // The membership registration the activation state belongs to, and this
   // node's member key's create revision as the views last showed it.
   std::uint64_t registration_ = 0;
+  std::chrono::nanoseconds learning_since_{0};  // the current registration's first tick
   std::int64_t self_create_revision_ = 0;
   // After a new registration: views read before it are skipped (those that
   // show this node's key older than this revision).

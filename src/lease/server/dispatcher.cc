@@ -158,7 +158,18 @@ void Dispatcher::replicate_buckets(
       if (!part.empty()) r->append_snapshot(peer, part);
     }
   }
-  for (const auto& [peer, bucket] : pairs) r->end_snapshot(peer, bucket);
+  // Whether this node has each bucket active: a backup that takes it over
+  // from here then need not wait for history it did not see.
+  std::shared_ptr<const ClusterGate> gate;
+  {
+    LockGuard lock(gate_mu_);
+    gate = gate_;
+  }
+  for (const auto& [peer, bucket] : pairs) {
+    const bool active =
+        gate && bucket < gate->buckets.size() && gate->buckets[bucket] == ClusterGate::kActive;
+    r->end_snapshot(peer, bucket, active);
+  }
 }
 
 std::size_t Dispatcher::inherit(

@@ -51,7 +51,8 @@ std::uint64_t Replicator::next_stream_id(std::uint64_t epoch) noexcept {
   return (epoch << 32) | ++streams_started_;
 }
 
-ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing, std::uint16_t self,
+ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
+                             const std::vector<bool>& learners, std::uint16_t self,
                              std::size_t replicas, const std::vector<Peer>& addresses) {
   ReplicaLayout layout;
   layout.epoch = epoch;
@@ -67,16 +68,14 @@ ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
   layout.backing.assign(buckets, ReplicaLayout::kNone);
   if (replicas < 2) return layout;
   for (std::size_t b = 0; b < buckets; ++b) {
-    const std::vector<std::uint16_t> ranking = routing.ranking_of_bucket(b, replicas);
-    if (ranking.empty()) continue;
-    if (ranking[0] == self) {
-      for (std::size_t r = 1; r < ranking.size(); ++r) {
-        if (peer_of[ranking[r]] != ReplicaLayout::kNone) {
-          layout.backups[b].push_back(peer_of[ranking[r]]);
-        }
+    const std::vector<std::uint16_t> set = routing.replica_set(b, replicas, learners);
+    if (set.empty()) continue;
+    if (set[0] == self) {
+      for (std::size_t r = 1; r < set.size(); ++r) {
+        if (peer_of[set[r]] != ReplicaLayout::kNone) layout.backups[b].push_back(peer_of[set[r]]);
       }
-    } else if (std::find(ranking.begin() + 1, ranking.end(), self) != ranking.end()) {
-      layout.backing[b] = peer_of[ranking[0]];
+    } else if (std::find(set.begin() + 1, set.end(), self) != set.end()) {
+      layout.backing[b] = peer_of[set[0]];
     }
   }
   return layout;
@@ -140,20 +139,49 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
     if (layout.backing[b] == ReplicaLayout::kNone) continue;
     backed[layout.peers[layout.backing[b]].id].push_back(static_cast<std::uint32_t>(b));
   }
-  for (auto& [id, from] : from_) {
-    const auto now_backed = backed.find(id);
+  // Buckets this node owns now (it is their primary).
+  auto primary_here = [&](std::uint32_t b) {
+    return b < layout.backups.size() && !layout.backups[b].empty();
+  };
+  // A stream from a primary that is still one, some of whose buckets this
+  // node owns now: it stops promising that stream for good, since a lease
+  // covers a stream, not a bucket; the stream is kept for the takeover of
+  // those buckets, and the primary's other buckets follow a new stream
+  // (after_stream), which it starts with snapshots.
+  std::unordered_map<std::string, std::uint64_t> after_stream;
+  for (auto it = from_.begin(); it != from_.end();) {
+    FromPrimary& from = *it->second;
+    const auto now_backed = backed.find(it->first);
     if (now_backed == backed.end()) {
       // Its promise still runs out on time; no new one.
-      from->stream.stop_promising();
+      from.stream.stop_promising();
+      ++it;
       continue;
     }
+    std::vector<std::uint32_t> taking;
     // Both lists ascend (built by walking the buckets in order).
-    for (const std::uint32_t b : from->buckets) {
-      if (!std::binary_search(now_backed->second.begin(), now_backed->second.end(), b)) {
-        from->stream.forget(b);
+    for (const std::uint32_t b : from.buckets) {
+      if (std::binary_search(now_backed->second.begin(), now_backed->second.end(), b)) continue;
+      if (primary_here(b) && from.stream.promising()) {
+        taking.push_back(b);
+      } else {
+        from.stream.forget(b);
       }
     }
+    if (taking.empty()) {
+      ++it;
+      continue;
+    }
+    from.stream.stop_promising();
+    from.buckets = std::move(taking);
+    after_stream[it->first] = from.stream.stream();
+    retiring_.emplace_back(it->first, std::move(it->second));
+    it = from_.erase(it);
   }
+  // A retiring stream is kept only for buckets this node still owns.
+  for (auto& [id, from] : retiring_)
+    std::erase_if(from->buckets, [&](std::uint32_t b) { return !primary_here(b); });
+  std::erase_if(retiring_, [](const auto& r) { return r.second->buckets.empty(); });
   for (auto& entry : backed) {
     const std::string& id = entry.first;
     std::vector<std::uint32_t>& buckets = entry.second;
@@ -164,8 +192,13 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       // A fresh stream counts as having promised a lease from now: this
       // node's previous run, or this run before it stopped promising, may
       // have promised one.
-      from_[id] = std::make_unique<FromPrimary>(peer.address, options_.timing,
-                                                std::max(now_ns, created_ns_), std::move(buckets));
+      // After a retirement, no lease to the primary before it is on this map:
+      // on an older one it may still count the taken buckets as its own.
+      const auto after = after_stream.find(id);
+      const bool retired = after != after_stream.end();
+      from_[id] = std::make_unique<FromPrimary>(
+          peer.address, options_.timing, std::max(now_ns, created_ns_), std::move(buckets),
+          retired ? after->second : 0, retired ? layout.epoch : 0);
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);
@@ -234,12 +267,13 @@ replication::PrimaryStream* Replicator::stream_to(std::uint16_t peer) {
   return it == to_.end() ? nullptr : &it->second->stream;
 }
 
-void Replicator::mark(std::uint16_t peer, EntryKind kind, std::uint32_t bucket) {
+void Replicator::mark(std::uint16_t peer, EntryKind kind, std::uint32_t bucket, bool owner_active) {
   LockGuard lock(mu_);
   if (replication::PrimaryStream* s = stream_to(peer)) {
     Entry e;
     e.kind = kind;
     e.bucket = bucket;
+    e.owner_active = owner_active;
     (void)s->append(e);
   }
 }
@@ -255,8 +289,8 @@ void Replicator::append_snapshot(std::uint16_t peer, std::span<const Entry> hold
   }
 }
 
-void Replicator::end_snapshot(std::uint16_t peer, std::uint32_t bucket) {
-  mark(peer, EntryKind::kBucketCaughtUp, bucket);
+void Replicator::end_snapshot(std::uint16_t peer, std::uint32_t bucket, bool owner_active) {
+  mark(peer, EntryKind::kBucketCaughtUp, bucket, owner_active);
 }
 
 void Replicator::route(std::span<const Entry> entries) {
@@ -406,7 +440,7 @@ void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
   std::vector<std::vector<std::uint8_t>> wire;
   for (auto& [id, s] : to_) {
     wire.clear();
-    s->stream.poll(now_ns, current_.epoch, wire);
+    s->stream.poll(now_ns, current_.epoch, wire, now_ns >= options_.settled_at_ns);
     for (const auto& d : wire) emit(d, s->address, out);
   }
   release_held(out);
@@ -431,17 +465,50 @@ std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexc
   return std::chrono::nanoseconds(until);
 }
 
-bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
-                          std::vector<std::pair<std::string, replication::ReplicaHolder>>& out) {
+std::pair<std::size_t, std::size_t> Replicator::backed_caught_up() const {
   LockGuard lock(mu_);
-  const auto it = from_.find(primary);
-  if (it == from_.end()) return false;
-  const replication::BackupStream& s = it->second->stream;
-  const std::vector<std::uint32_t>& backed = it->second->buckets;
-  if (!std::binary_search(backed.begin(), backed.end(), bucket)) return false;
-  if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
-  out = s.bucket_holders(bucket);
-  return true;
+  std::size_t backed = 0;
+  std::size_t caught_up = 0;
+  for (std::size_t b = 0; b < current_.backing.size(); ++b) {
+    if (current_.backing[b] == ReplicaLayout::kNone) continue;
+    ++backed;
+    const auto from = from_.find(current_.peers[current_.backing[b]].id);
+    if (from != from_.end() && from->second->stream.caught_up(static_cast<std::uint32_t>(b))) {
+      ++caught_up;
+    }
+  }
+  return {caught_up, backed};
+}
+
+bool Replicator::primary_settled(const std::string& primary, std::uint32_t bucket) const {
+  LockGuard lock(mu_);
+  const auto has = [&](const FromPrimary& from) {
+    return std::binary_search(from.buckets.begin(), from.buckets.end(), bucket) &&
+           from.stream.primary_settled();
+  };
+  if (const auto it = from_.find(primary); it != from_.end() && has(*it->second)) return true;
+  return std::any_of(retiring_.begin(), retiring_.end(),
+                     [&](const auto& r) { return r.first == primary && has(*r.second); });
+}
+
+bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
+                          std::vector<std::pair<std::string, replication::ReplicaHolder>>& out,
+                          bool* owner_active) {
+  LockGuard lock(mu_);
+  const auto take = [&](FromPrimary& from) {
+    const replication::BackupStream& s = from.stream;
+    if (!std::binary_search(from.buckets.begin(), from.buckets.end(), bucket)) return false;
+    if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
+    out = s.bucket_holders(bucket);
+    if (owner_active != nullptr) *owner_active = s.owner_active(bucket);
+    return true;
+  };
+  if (const auto it = from_.find(primary); it != from_.end() && take(*it->second)) return true;
+  // A retiring stream goes at the next layout that leaves this node none of
+  // its buckets (set_layout()); a bucket taken over stays listed till then
+  // (erasing each would cost a takeover of a node's buckets O(buckets^2)).
+  return std::any_of(retiring_.begin(), retiring_.end(),
+                     [&](const auto& r) { return r.first == primary && take(*r.second); });
 }
 
 std::vector<std::string> Replicator::silent_peers(std::int64_t now_ns,

@@ -69,14 +69,21 @@ struct ReplicaLayout {
 struct ReplicatorOptions {
   replication::StreamTiming timing;
   std::optional<AuthKey> auth_key;
+  // From this time on (the server's clock) this node's process has been up
+  // for its lock-delay: its streams say so (kFlagPrimarySettled), and a
+  // backup may then take over from it without waiting to have seen its
+  // registration a lock-delay ago.
+  std::int64_t settled_at_ns = 0;
 };
 
 // The layout of `routing` for the node at index `self` with `replicas`
-// owners per bucket (Router ranking: the first the primary, the next its
-// backups). `addresses[i]` is node i's lease port; the peers are every
-// other node, in the routing's order.
+// owners per bucket (RouterSnapshot::replica_set(): the primary, then its
+// backups, the nodes flagged in `learners` backing up but never primary).
+// `addresses[i]` is node i's lease port; the peers are every other node, in
+// the routing's order.
 [[nodiscard]] ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
-                                           std::uint16_t self, std::size_t replicas,
+                                           const std::vector<bool>& learners, std::uint16_t self,
+                                           std::size_t replicas,
                                            const std::vector<Peer>& addresses);
 
 class Replicator {
@@ -128,7 +135,8 @@ class Replicator {
   // (Dispatcher::replicate_bucket()).
   void begin_snapshot(std::uint16_t peer, std::uint32_t bucket);
   void append_snapshot(std::uint16_t peer, std::span<const replication::Entry> holders);
-  void end_snapshot(std::uint16_t peer, std::uint32_t bucket);
+  // `owner_active`: this node has the bucket active (Entry::owner_active).
+  void end_snapshot(std::uint16_t peer, std::uint32_t bucket, bool owner_active = false);
   // Appends each journal entry to the streams of its bucket's backups.
   void route(std::span<const replication::Entry> entries);
 
@@ -151,11 +159,23 @@ class Replicator {
   // (see replicator.cc). Takes a short lock to read the layout.
   [[nodiscard]] std::chrono::nanoseconds lease_until(std::size_t bucket) const noexcept;
 
+  // As a backup: how many of the buckets this node backs up in the current
+  // layout are caught up, and how many it backs up. A learner is promoted
+  // once they are equal (docs/cluster.md, "Repair").
+  [[nodiscard]] std::pair<std::size_t, std::size_t> backed_caught_up() const;
+
+  // As a backup of `primary` (a peer id): whether the stream that has
+  // `bucket` said its primary was settled (kFlagPrimarySettled).
+  [[nodiscard]] bool primary_settled(const std::string& primary, std::uint32_t bucket) const;
+
   // As a backup of `primary` (a peer id): whether `bucket` was caught up
   // and the promise to the primary has run out (it stopped promising when
   // the layout dropped it), and if so, `bucket`'s replicated holders.
+  // `owner_active`, when given: whether the bucket's snapshot said the
+  // primary had it active (Entry::owner_active).
   [[nodiscard]] bool takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
-                              std::vector<std::pair<std::string, replication::ReplicaHolder>>& out);
+                              std::vector<std::pair<std::string, replication::ReplicaHolder>>& out,
+                              bool* owner_active = nullptr);
 
   // The peers of the current layout (backups and primaries of this node)
   // heard from since they entered it, and not for `silence_ns` now: no
@@ -196,8 +216,11 @@ class Replicator {
   };
   struct FromPrimary {
     FromPrimary(const Peer& primary_address, const replication::StreamTiming& timing,
-                std::int64_t now_ns, std::vector<std::uint32_t> backed)
-        : address(primary_address), stream(timing, now_ns), buckets(std::move(backed)) {}
+                std::int64_t now_ns, std::vector<std::uint32_t> backed,
+                std::uint64_t after_stream = 0, std::uint64_t lease_from_epoch = 0)
+        : address(primary_address),
+          stream(timing, now_ns, after_stream, lease_from_epoch),
+          buckets(std::move(backed)) {}
     Peer address;
     replication::BackupStream stream;
     std::vector<std::uint32_t>
@@ -213,7 +236,8 @@ class Replicator {
   ToBackup* backup_at(const Peer& from) SHARDLOCK_REQUIRES(mu_);
   replication::PrimaryStream* stream_to(std::uint16_t peer) SHARDLOCK_REQUIRES(mu_);
   // Appends a marker entry (reset, caught-up) to the stream to `peer`.
-  void mark(std::uint16_t peer, replication::EntryKind kind, std::uint32_t bucket);
+  void mark(std::uint16_t peer, replication::EntryKind kind, std::uint32_t bucket,
+            bool owner_active = false);
   // A stream id: the map epoch in the high half, a count in the low. A
   // node works in a fresh epoch after every start (docs/cluster.md), so its
   // ids rise across restarts too, as BackupStream needs.
@@ -242,6 +266,11 @@ class Replicator {
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<FromPrimary>> from_ SHARDLOCK_GUARDED_BY(mu_);
+  // Streams from live primaries that stopped being promised because this
+  // node now owns some of their buckets (a learner promoted): kept, by
+  // primary id, for takeover() of those buckets only (`buckets`).
+  std::vector<std::pair<std::string, std::unique_ptr<FromPrimary>>> retiring_
+      SHARDLOCK_GUARDED_BY(mu_);
   replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
   // The stream ids held_'s needs refer to, by index.
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);

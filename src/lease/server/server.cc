@@ -292,6 +292,11 @@ std::error_code LeaseServer::Impl::start() {
   if (o.replication) {
     internal::ReplicatorOptions r;
     r.auth_key = o.auth_key;
+    // Every lease an earlier run may have granted has ended by then, whatever
+    // --lock-delay says.
+    r.settled_at_ns =
+        clock.now().count() +
+        std::chrono::nanoseconds(std::max({lock_delay, previous_bound, o.max_ttl})).count();
     replicator = std::make_unique<internal::Replicator>(r, clock.now().count());
     d.replicator = replicator.get();
   }
@@ -489,6 +494,7 @@ bool LeaseServer::needs_new_epoch() const {
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
 std::error_code LeaseServer::set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
+                                                const std::vector<bool>& learners,
                                                 std::uint16_t self, std::size_t replicas,
                                                 const std::vector<std::string>& addresses) {
   Impl& s = *impl_;
@@ -511,9 +517,18 @@ std::error_code LeaseServer::set_replica_layout(std::uint64_t epoch, const Route
     peers[i].len = length;
   }
   const internal::ReplicaLayout layout =
-      internal::replica_layout(epoch, routing, self, replicas, peers);
+      internal::replica_layout(epoch, routing, learners, self, replicas, peers);
   s.dispatcher->replicate_buckets(s.replicator->set_layout(layout, s.clock.now().count()));
   return {};
+}
+
+bool LeaseServer::replica_primary_settled(const std::string& primary, std::uint32_t bucket) const {
+  return impl_->replicator && impl_->replicator->primary_settled(primary, bucket);
+}
+
+std::pair<std::size_t, std::size_t> LeaseServer::replicas_caught_up() const {
+  if (!impl_->replicator) return {0, 0};
+  return impl_->replicator->backed_caught_up();
 }
 
 std::chrono::nanoseconds LeaseServer::replica_lease_until(std::size_t bucket) const noexcept {
@@ -529,12 +544,15 @@ std::vector<std::string> LeaseServer::silent_replicas(std::chrono::milliseconds 
 }
 
 std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, std::uint32_t bucket,
-                                                  std::chrono::milliseconds hold) {
+                                                  std::chrono::milliseconds hold,
+                                                  bool* owner_active) {
   Impl& s = *impl_;
   if (!s.replicator || !s.dispatcher) return std::nullopt;
   const std::chrono::nanoseconds now = s.clock.now();
   std::vector<std::pair<std::string, internal::replication::ReplicaHolder>> holders;
-  if (!s.replicator->takeover(primary, bucket, now.count(), holders)) return std::nullopt;
+  if (!s.replicator->takeover(primary, bucket, now.count(), holders, owner_active)) {
+    return std::nullopt;
+  }
   const std::int64_t expiry_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now).count() + hold.count() + 1;
   return s.dispatcher->inherit(holders, expiry_ms);

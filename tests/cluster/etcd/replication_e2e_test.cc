@@ -13,6 +13,9 @@
 //   a server bug);
 // - a backup killed while grants are in flight: every grant answered lives
 //   on the bucket's new backup, so a later kill of the primary loses none;
+// - a join that makes the new node a primary, and a taken-over primary that
+//   comes back: each learns as a backup first, then takes its buckets over
+//   with their holders;
 // - a join that adds a backup: the new backup catches up by a snapshot and
 //   inherits the leases when the primary dies.
 //
@@ -35,6 +38,7 @@
 #include <cstdint>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -444,12 +448,31 @@ class ReplicationE2eTest : public test_support::NodeProcessTest {
         40s, 50ms);
     return renewed;
   }
-  // Another owner is refused every held key.
+  // Starts n1 and n2, holds `keys` there, then starts n3 and returns a
+  // client once n3 is a member (a learner first, then promoted).
+  std::unique_ptr<LeaseClient> hold_then_join_n3(const std::vector<std::string>& keys) {
+    start_replicated("n1");
+    start_replicated("n2");
+    auto holder = settled_client({"n1", "n2"});
+    hold(*holder, keys);
+    holders_.push_back(std::move(holder));
+    start_replicated("n3");
+    return client_with_members({"n1", "n2", "n3"});
+  }
+  // Another owner is refused every held key: BUSY, once the key's owner is
+  // past its start's lock-delay (until then it answers RECOVERING, which
+  // grants nothing either).
   void expect_busy_for_another_owner() {
     LeaseClient rival(cluster_options());
     ASSERT_FALSE(rival.start()) << rival.error_detail();
     for (const lease::Lease& l : leases_) {
-      const auto r = rival.try_acquire(l.key(), kTtl);
+      lease::AcquireResult r;
+      (void)test_support::poll_until(
+          [&] {
+            r = rival.try_acquire(l.key(), kTtl);
+            return r.error != LeaseErrc::kRecovering;
+          },
+          30s, 200ms);
       EXPECT_EQ(r.error, LeaseErrc::kBusy)
           << l.key() << " (held with token " << l.token() << "): "
           << (r ? "granted with token " + std::to_string(r.lease.token()) : r.error.message());
@@ -520,6 +543,8 @@ class ReplicationE2eTest : public test_support::NodeProcessTest {
   std::atomic<int> lost_{0};
   std::mutex lost_mutex_;
   std::string lost_detail_;
+  // Clients whose leases are in leases_ (those go first).
+  std::vector<std::unique_ptr<LeaseClient>> holders_;
   std::vector<lease::Lease> leases_;
 };
 
@@ -539,6 +564,8 @@ TEST_F(ReplicationE2eTest, APrimaryPausedShorterThanTheReplicaTimeoutKeepsItsBuc
   Rival rival(cluster_options(), leases_);
   ASSERT_FALSE(rival.start());
 
+  const std::map<std::string, std::string> took_over_before = {
+      {"n1", log_lines("n1", "took over")}, {"n3", log_lines("n3", "took over")}};
   nodes_.at("n2")->signal(SIGSTOP);
   std::this_thread::sleep_for(500ms);  // the pause itself, not a wait for anything
   nodes_.at("n2")->signal(SIGCONT);
@@ -552,8 +579,10 @@ TEST_F(ReplicationE2eTest, APrimaryPausedShorterThanTheReplicaTimeoutKeepsItsBuc
   std::uint64_t epoch_after = 0;
   EXPECT_EQ(map_now({"n1", "n3"}, &epoch_after), members_before);
   EXPECT_EQ(epoch_after, epoch_before) << "a map was published: n2 was evicted";
+  // No takeover since the pause (learners promoted at the start take
+  // buckets over too, before it).
   for (const char* id : {"n1", "n3"}) {
-    EXPECT_EQ(log_lines(id, "took over"), "");
+    EXPECT_EQ(log_lines(id, "took over"), took_over_before.at(id)) << id;
     EXPECT_EQ(log_lines(id, "evicting"), "");
   }
   expect_busy_for_another_owner();
@@ -622,21 +651,17 @@ TEST_F(ReplicationE2eTest, APrimaryPausedLongerIsTakenOverAndGrantsNothingWhenIt
   EXPECT_EQ(renewed, 0) << "the old primary renewed a lease its backup took over";
   rival.stop();
   EXPECT_EQ(rival.second_holders(), 0) << rival.summary();
-  // Not asserted: whether the holders keep their leases once n2 is back
-  // (they do not: DISABLED_HoldersKeepTheirLeasesWhenATakenOverPrimaryComesBack).
+  // Whether the holders keep their leases once n2 is back:
+  // HoldersKeepTheirLeasesWhenATakenOverPrimaryComesBack.
 }
 
-// DISABLED: a gap rather than a broken promise of the docs. The holders of
-// a paused primary's keys ride through its takeover (the test above) but
-// lose their leases once it comes back: woken, n2 registers again, and the
-// next map makes it its old keys' primary again at once. It was nobody's
-// backup, so it cannot take the leases over from n1 and n3; it waits for
-// their hand-off, which waits for those leases to end, while the holders'
-// renewals go to n2 (REDIRECTed there by n1 and n3) and are answered
-// RECOVERING until each lease runs out. docs/cluster.md ("Repair": a new
-// backup "counts as a backup (and may be promoted) only after it has caught
-// up") suggests n2 should first catch up as their backup.
-TEST_F(ReplicationE2eTest, DISABLED_HoldersKeepTheirLeasesWhenATakenOverPrimaryComesBack) {
+// A taken-over primary that comes back: woken, n2 registers again, under a
+// new etcd lease, so it joins as a learner (docs/cluster.md, "Repair"): it
+// backs its old keys up for n1 and n3, which took them over, until it has
+// caught up, and only then becomes a member and takes them back, holders
+// and all. Before the rule it was at once their primary again in the next
+// map, with none of their leases, and the holders lost them.
+TEST_F(ReplicationE2eTest, HoldersKeepTheirLeasesWhenATakenOverPrimaryComesBack) {
   for (const char* id : {"n1", "n2", "n3"}) start_replicated(id);
   auto holder = settled_client({"n1", "n2", "n3"});
   hold(*holder, keys_of(*holder, "n2", 3));
@@ -651,6 +676,8 @@ TEST_F(ReplicationE2eTest, DISABLED_HoldersKeepTheirLeasesWhenATakenOverPrimaryC
   const lease::LeaseClock::time_point back = lease::LeaseClock::now();
   EXPECT_TRUE(all_renewed_after(back));
   EXPECT_EQ(lost_.load(), 0) << lost_detail();
+  EXPECT_NE(log_lines("n2", "learner: caught up"), "");
+  expect_busy_for_another_owner();
 }
 
 // A partition between a primary and its backup, both still reaching etcd
@@ -943,16 +970,10 @@ TEST_F(ReplicationE2eTest, AHolderThatAcquiresItsKeyAgainKeepsTheNewGrantThrough
 // snapshot of their leases (docs: "Repair"). Then n1 dies, and n3, not the
 // old backup n2, is the one that takes the buckets over, with the holders.
 TEST_F(ReplicationE2eTest, ABackupAddedByAJoinCatchesUpAndTakesOver) {
-  start_replicated("n1");
-  start_replicated("n2");
-  auto holder = settled_client({"n1", "n2"});
   // n1 primary, n2 backup now; once n3 joins, n3 is the backup and n2 the
   // third; once n1 leaves, n3 is the primary.
   const auto keys = keys_ranked({"n1", "n2", "n3"}, {"n1", "n3", "n2"}, 3);
-  hold(*holder, keys);
-
-  start_replicated("n3");
-  auto joined = client_with_members({"n1", "n2", "n3"});
+  auto joined = hold_then_join_n3(keys);
   // n3 has the buckets (the grants there wait for its acks), and is past
   // its start's lock-delay (it grants one of its own keys).
   expect_buckets_replicated(*joined, keys);
@@ -969,6 +990,25 @@ TEST_F(ReplicationE2eTest, ABackupAddedByAJoinCatchesUpAndTakesOver) {
   const lease::LeaseClock::time_point killed = lease::LeaseClock::now();
   EXPECT_TRUE(all_renewed_after(killed));
   EXPECT_EQ(lost_.load(), 0) << lost_detail();
+  EXPECT_NE(log_lines("n3", "took over"), "");
+  expect_busy_for_another_owner();
+  for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();
+}
+
+// A join that makes the new node a primary: n3 joins as a learner, backs up
+// the buckets it will own for their primary n1 until it has caught up, and
+// only then becomes a member and takes them over from n1, with their
+// holders (docs/cluster.md, "Repair"). Before the rule the map made n3 their
+// primary at once, with none of their leases.
+TEST_F(ReplicationE2eTest, AJoinThatMakesTheNewNodeAPrimaryKeepsTheHolders) {
+  // n1 primary, n2 backup now; once n3 is a member, n3 is the primary and n1
+  // its backup.
+  const auto keys = keys_ranked({"n1", "n2", "n3"}, {"n3", "n1", "n2"}, 3);
+  auto joined = hold_then_join_n3(keys);
+  const lease::LeaseClock::time_point member = lease::LeaseClock::now();
+  EXPECT_TRUE(all_renewed_after(member));
+  EXPECT_EQ(lost_.load(), 0) << lost_detail();
+  EXPECT_NE(log_lines("n3", "learner: caught up"), "");
   EXPECT_NE(log_lines("n3", "took over"), "");
   expect_busy_for_another_owner();
   for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();

@@ -73,8 +73,8 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
                                               "127.0.0.1:" + std::to_string(b.port())};
   // Epoch 1: nodes "a" and "b", each the other's backup.
   const auto routing = routing_of({"a", "b"});
-  ASSERT_FALSE(a.set_replica_layout(1, *routing, 0, 2, addresses)) << a.error_detail();
-  ASSERT_FALSE(b.set_replica_layout(1, *routing, 1, 2, addresses)) << b.error_detail();
+  ASSERT_FALSE(a.set_replica_layout(1, *routing, {}, 0, 2, addresses)) << a.error_detail();
+  ASSERT_FALSE(b.set_replica_layout(1, *routing, {}, 1, 2, addresses)) << b.error_detail();
   a.publish_cluster_gate(gate_for(a, 1, routing, 0, true));
   b.publish_cluster_gate(gate_for(b, 1, routing, 1, true));
 
@@ -103,7 +103,7 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   // "a" and, once its last promise has run out, takes the bucket over.
   a.stop();
   const auto alone = routing_of({"b"});
-  ASSERT_FALSE(b.set_replica_layout(2, *alone, 0, 2, {addresses[1]})) << b.error_detail();
+  ASSERT_FALSE(b.set_replica_layout(2, *alone, {}, 0, 2, {addresses[1]})) << b.error_detail();
   b.publish_cluster_gate(gate_for(b, 2, alone, 0, false));
   std::optional<std::size_t> installed;
   ASSERT_TRUE(poll_until(
@@ -142,7 +142,7 @@ TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
   const std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(a.port()),
                                               "127.0.0.1:9"};
   const auto routing = routing_of({"a", "b"});
-  ASSERT_FALSE(a.set_replica_layout(1, *routing, 0, 2, addresses)) << a.error_detail();
+  ASSERT_FALSE(a.set_replica_layout(1, *routing, {}, 0, 2, addresses)) << a.error_detail();
   a.publish_cluster_gate(gate_for(a, 1, routing, 0, true));
   std::string key;
   for (int i = 0; key.empty(); ++i) {
@@ -158,7 +158,7 @@ TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
   EXPECT_FALSE(r);
   EXPECT_EQ(r.error, LeaseErrc::kRecovering) << r.error.message();
 
-  EXPECT_EQ(a.set_replica_layout(1, *routing, 0, 2, {"127.0.0.1:1", "no.such.host.invalid:1"}),
+  EXPECT_EQ(a.set_replica_layout(1, *routing, {}, 0, 2, {"127.0.0.1:1", "no.such.host.invalid:1"}),
             ServerError::kBadOptions);
   EXPECT_NE(a.error_detail().find("no.such.host.invalid"), std::string::npos);
   a.stop();

@@ -271,6 +271,77 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
   EXPECT_EQ(holders[0].first, "k");
 }
 
+TEST_F(ReplicatorTest, ABackupThatNowOwnsABucketOfALivePrimaryTakesItOverAndLendsItNoLease) {
+  // A learner promoted: "a" stays the primary of kBucket + 1, but the next
+  // map gives kBucket to "b", its backup, while "a" is still on the map
+  // before. "b" takes kBucket over with the holder "a" answered, and "a"
+  // gets no lease from "b" (a lease covers a stream, every bucket on it)
+  // until it is on the new map, where kBucket is no longer its own.
+  constexpr std::uint32_t kOther = kBucket + 1;
+  const auto snapshot_all = [&](Replicator& r, const auto& pairs) {
+    for (const auto& [peer, bucket] : pairs) {
+      r.begin_snapshot(peer, bucket);
+      r.end_snapshot(peer, bucket);
+    }
+  };
+  ReplicaLayout la = primary_layout(4, "b", 1002);
+  la.backups[kOther] = {0};
+  snapshot_all(a_, a_.set_layout(la, now_));
+  ReplicaLayout lb;
+  lb.epoch = 4;
+  lb.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.backing[kBucket] = 0;
+  lb.backing[kOther] = 0;
+  (void)b_->set_layout(lb, now_);
+  Entry other = grant("o", 43);
+  other.bucket = kOther;
+  a_.route(std::vector{grant("k", 41), other});
+  (void)exchange(poll_a());
+  ASSERT_GT(a_.lease_until(kBucket).count(), now_);
+
+  ReplicaLayout lb5;
+  lb5.epoch = 5;
+  lb5.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb5.backups.resize(8);
+  lb5.backups[kBucket] = {0};
+  lb5.backing.assign(8, ReplicaLayout::kNone);
+  lb5.backing[kOther] = 0;
+  (void)b_->set_layout(lb5, now_);
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 100 * kMs, holders));  // promised till then
+  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{0}, std::size_t{1}));
+
+  // "a", still on epoch 4, streams on: "b" answers it with nothing applied
+  // and no lease, so its lease runs out and it starts a new stream...
+  for (int i = 0; i < 5; ++i) {
+    now_ += 60 * kMs;
+    (void)exchange(poll_a());
+  }
+  EXPECT_LT(a_.lease_until(kBucket).count(), now_);
+  ASSERT_TRUE(a_.restart_pending());
+  snapshot_all(a_, a_.restart_streams());
+  (void)exchange(poll_a());
+  // ...which "b" follows, but lends no lease while "a" is on epoch 4.
+  EXPECT_LT(a_.lease_until(kBucket).count(), now_);
+  EXPECT_LT(a_.lease_until(kOther).count(), now_);
+  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{1}, std::size_t{1}));
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
+  ASSERT_EQ(holders.size(), 1U);
+  EXPECT_EQ(holders[0].first, "k");
+  EXPECT_FALSE(b_->takeover("a", kOther, now_, holders));  // still "a"'s
+
+  // On epoch 5 "a" is the primary of kOther only, and earns leases again.
+  ReplicaLayout la5 = primary_layout(5, "b", 1002);
+  la5.backups[kBucket].clear();
+  la5.backups[kOther] = {0};
+  snapshot_all(a_, a_.set_layout(la5, now_));
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());
+  EXPECT_GT(a_.lease_until(kOther).count(), now_);
+  EXPECT_EQ(a_.lease_until(kBucket).count(), std::numeric_limits<std::int64_t>::min());
+}
+
 TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
   both_layouts();
   constexpr std::int64_t kSilence = 300 * kMs;
@@ -392,7 +463,7 @@ TEST(ReplicaLayoutTest, EveryBucketHasOnePrimaryWhoseBackupsBackItUp) {
   const std::vector<Peer> addresses = {loopback(1001), loopback(1002), loopback(1003)};
   std::vector<ReplicaLayout> layouts;
   for (std::uint16_t self = 0; self < 3; ++self) {
-    layouts.push_back(replica_layout(6, *routing, self, 2, addresses));
+    layouts.push_back(replica_layout(6, *routing, {}, self, 2, addresses));
     EXPECT_EQ(layouts.back().epoch, 6U);
     ASSERT_EQ(layouts.back().peers.size(), 2U);
   }
@@ -417,7 +488,7 @@ TEST(ReplicaLayoutTest, EveryBucketHasOnePrimaryWhoseBackupsBackItUp) {
     EXPECT_EQ(layouts[third].backing[b], ReplicaLayout::kNone);
   }
   // One replica: no backups, nothing backed up.
-  const ReplicaLayout single = replica_layout(6, *routing, 0, 1, addresses);
+  const ReplicaLayout single = replica_layout(6, *routing, {}, 0, 1, addresses);
   for (std::size_t b = 0; b < routing->bucket_count(); ++b) {
     EXPECT_TRUE(single.backups[b].empty());
     EXPECT_EQ(single.backing[b], ReplicaLayout::kNone);

@@ -239,13 +239,23 @@ class LeaseServer {
 
   // ---- Replication (options.replication): the cluster layer's hooks ----
   // Adopts the replica layout of the map `routing` of `epoch` for the node
-  // at index `self`, with `replicas` owners per bucket; `addresses[i]` is
-  // node i's "HOST:PORT". New backups (and buckets new to a backup) are sent
-  // snapshots before this returns. kBadOptions, with error_detail(), when an
-  // address does not resolve; nothing changes then.
+  // at index `self`, with `replicas` owners per bucket and the nodes flagged
+  // in `learners` backing up only (RouterSnapshot::replica_set());
+  // `addresses[i]` is node i's "HOST:PORT". New backups (and buckets new to
+  // a backup) are sent snapshots before this returns. kBadOptions, with
+  // error_detail(), when an address does not resolve; nothing changes then.
   std::error_code set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
-                                     std::uint16_t self, std::size_t replicas,
+                                     const std::vector<bool>& learners, std::uint16_t self,
+                                     std::size_t replicas,
                                      const std::vector<std::string>& addresses);
+  // As a backup of `primary`: whether the stream that has `bucket` said the
+  // primary's process had been up for its lock-delay (so its snapshots
+  // cover every lease it, or an earlier run of it, may have granted).
+  [[nodiscard]] bool replica_primary_settled(const std::string& primary,
+                                             std::uint32_t bucket) const;
+  // As a backup: (buckets caught up, buckets backed up) in the current
+  // layout; (0, 0) without replication.
+  [[nodiscard]] std::pair<std::size_t, std::size_t> replicas_caught_up() const;
   // The end of this node's primary lease for `bucket` on now()'s clock (the
   // earliest its backups gave); far in the future for a bucket without
   // backups. Lock-free: a gate's replica_deadline calls it.
@@ -260,9 +270,12 @@ class LeaseServer {
   // The replicas (node ids: backups of this node, primaries it backs up)
   // not heard from for `silence`, for the cluster layer's eviction.
   [[nodiscard]] std::vector<std::string> silent_replicas(std::chrono::milliseconds silence) const;
+  // `owner_active`, when given: whether `primary` had the bucket active
+  // when it sent its snapshot (so nobody before it holds a lease there).
   [[nodiscard]] std::optional<std::size_t> take_over(const std::string& primary,
                                                      std::uint32_t bucket,
-                                                     std::chrono::milliseconds hold);
+                                                     std::chrono::milliseconds hold,
+                                                     bool* owner_active = nullptr);
 
  private:
   struct Impl;
