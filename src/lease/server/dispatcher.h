@@ -230,7 +230,13 @@ class Dispatcher {
   // MAP_REPLY: the gate's map, as many members from request.first_member as
   // `slack` bytes allow.
   void fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply);
-  void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
+  // Adds `shard`'s counters and gauges (leases, keys, waiters) to
+  // `counters`; under the shard's lock.
+  static void add_shard_values(const Shard& shard,
+                               std::array<std::uint64_t, kStatCounterCount>& counters) noexcept;
+  // Adds this dispatcher's counters and sets the server-wide gauges (uptime,
+  // lock-delay left, version).
+  void add_own_values(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   [[nodiscard]] std::int64_t now_ms() const;
 
   // ACQUIRE_MANY `m` of `owner`: false when it was queued (or is already in
@@ -274,6 +280,7 @@ class Dispatcher {
   static constexpr std::uint32_t kBehindRetryMs = 20;
   // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
   ShardLimits limits_;
+  std::int64_t started_ms_;  // now_ms() at construction: STATS' uptime counts from it
   // The gate MAP answers from (the shards have their own copies).
   mutable Mutex gate_mu_;
   std::shared_ptr<const ClusterGate> gate_ SHARDLOCK_GUARDED_BY(gate_mu_);

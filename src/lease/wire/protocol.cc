@@ -520,9 +520,22 @@ std::string_view to_string(StatCounter counter) noexcept {
                                                                              "limit_rejections",
                                                                              "allocation_failures",
                                                                              "send_drops",
-                                                                             "redirects"};
+                                                                             "redirects",
+                                                                             "leases",
+                                                                             "keys",
+                                                                             "waiters",
+                                                                             "uptime_ms",
+                                                                             "lock_delay_left_ms",
+                                                                             "version"};
+  static_assert(!kNames.back().empty(), "a STATS value without a name");
   const auto i = static_cast<std::size_t>(counter);
   return i < kNames.size() ? kNames[i] : "unknown";
+}
+
+std::string version_text(std::uint64_t packed) {
+  if (packed == 0) return {};
+  return std::to_string(packed >> 32) + "." + std::to_string((packed >> 16) & 0xFFFF) + "." +
+         std::to_string(packed & 0xFFFF);
 }
 
 std::string_view to_string(WireError code) noexcept {

@@ -107,6 +107,16 @@ class DispatcherTest : public ::testing::Test {
     EXPECT_EQ(r.messages[0].error, error);
   }
 
+  // The STATS_REPLY datagram a STATS from carol gets (empty if none came).
+  Datagram stats_reply(std::uint64_t request_id) {
+    Message stats;
+    stats.type = MessageType::kStats;
+    stats.request_id = request_id;
+    const auto out = send(kCarol, {stats}, carol_);
+    EXPECT_EQ(out.size(), 1u);
+    return out.size() == 1 ? decoded(out[0]) : Datagram{};
+  }
+
   std::uint64_t counter(StatCounter c) const {
     return dispatcher_->stats().counters[static_cast<std::size_t>(c)];
   }
@@ -322,16 +332,38 @@ TEST_F(DispatcherTest, ReplyTypesSentToTheServerAreNotRequests) {
 TEST_F(DispatcherTest, StatsCarryTheDispatchersOwnCounters) {
   dispatcher_->count_send_drop();
   dispatcher_->count_send_drop();
-  Message stats;
-  stats.type = MessageType::kStats;
-  stats.request_id = 11;
-  const auto out = send(kAlice, {stats}, alice_);
-  ASSERT_EQ(out.size(), 1u);
-  const Datagram r = decoded(out[0]);
+  const Datagram r = stats_reply(11);
   ASSERT_EQ(r.messages[0].type, MessageType::kStatsReply);
   EXPECT_EQ(r.messages[0].shard_count, 4u);
   EXPECT_EQ(r.messages[0].counter(StatCounter::kSendDrops), 2u);
   EXPECT_EQ(to_string(StatCounter::kSendDrops), "send_drops");
+}
+
+// STATS' gauges: what is held and queued now, the time since the
+// dispatcher was made, the lock-delay left and the version.
+TEST_F(DispatcherTest, StatsCarryTheGauges) {
+  now_ms_ += 1500;
+  (void)send(kAlice, {request(MessageType::kAcquire, "g/a", 1)}, alice_);
+  (void)send(kAlice, {request(MessageType::kAcquireShared, "g/b", 2)}, alice_);
+  (void)send(kBob, {request(MessageType::kAcquireShared, "g/b", 3)}, bob_);
+  Message waits = request(MessageType::kAcquire, "g/a", 4);
+  waits.wait_ms = 5000;
+  EXPECT_TRUE(send(kBob, {waits}, bob_).empty());  // queued
+  const Datagram r = stats_reply(12);
+  const Message& m = r.messages[0];
+  ASSERT_EQ(m.type, MessageType::kStatsReply);
+  EXPECT_EQ(m.counters_le.size(), 8 * kStatCounterCount);
+  EXPECT_EQ(m.counter(StatCounter::kLeases), 3u);
+  EXPECT_EQ(m.counter(StatCounter::kKeys), 2u);
+  EXPECT_EQ(m.counter(StatCounter::kWaiters), 1u);
+  EXPECT_EQ(m.counter(StatCounter::kUptimeMs), 1500u);
+  EXPECT_EQ(m.counter(StatCounter::kLockDelayLeftMs), 0u);
+  EXPECT_NE(version_text(m.counter(StatCounter::kVersion)), "");
+  const ServerStats s = dispatcher_->stats();
+  EXPECT_EQ(s.leases, 3u);
+  EXPECT_EQ(s.keys, 2u);
+  EXPECT_EQ(s.waiters, 1u);
+  EXPECT_EQ(s.counter(StatCounter::kUptimeMs), 1500u);
 }
 
 TEST_F(DispatcherTest, KeysSpreadOverShardsAndStayOnTheirShard) {

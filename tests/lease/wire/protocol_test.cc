@@ -644,7 +644,7 @@ TEST(Protocol, WireBytesArePinned) {
       {MessageType::kRenew, "09006f72646572732f34324d00000000000000e8030000", 47},
       {MessageType::kRelease, "09006f72646572732f34324e00000000000000", 34},
       {MessageType::kQuery, "09006f72646572732f3432", 69},
-      {MessageType::kStats, "07000000", 211},
+      {MessageType::kStats, "07000000", 259},
       {MessageType::kAcquireShared, "09006f72646572732f343230750000f4010000", 55},
       {MessageType::kAcquirePermit, "09006f72646572732f343230750000f401000003000000", 55},
       {MessageType::kAcquireMany, "0130750000f40100000201006109006f72646572732f3432", 53},
@@ -661,11 +661,14 @@ TEST(Protocol, WireBytesArePinned) {
        "09006f72646572732f34320105000000000000001100000003000000020200000004000000", 34},
       {MessageType::kStatsReply,
        "4000000003000000"
-       "15e803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
+       "1be803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
        "ed03000000000000ee03000000000000ef03000000000000f003000000000000f103000000000000"
        "f203000000000000f303000000000000f403000000000000f503000000000000f603000000000000"
        "f703000000000000f803000000000000f903000000000000fa03000000000000fb03000000000000"
        "fc03000000000000"
+       // the gauges: leases, keys, waiters, uptime, lock-delay left, version
+       "fd03000000000000fe03000000000000ff030000000000000004000000000000"
+       "01040000000000000204000000000000"
        "020001000000000000000200000000000009",
        34},
       {MessageType::kGrantedMany, "307500000201000000000000000200000000000009", 34},
@@ -1560,6 +1563,61 @@ TEST(ProtocolHolders, ValuesOnlyOnSingleKeyAcquiresAndWithinTheLimit) {
   long_one.insert(long_one.end(), too_long.begin(), too_long.end());
   long_one.insert(long_one.end(), good.begin() + static_cast<long>(at + 3), good.end());
   EXPECT_EQ(decode_exact(long_one, out), ProtocolError::kBadField);
+}
+
+// A server that predates the gauges sends 21 values: a newer client reads
+// them, and every gauge as 0; an older client reads a newer server's first
+// 21 and ignores the rest.
+TEST(Protocol, StatsGaugesAreAppendedToTheCounters) {
+  std::vector<std::uint8_t> values;
+  for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+    for (std::size_t b = 0; b < 8; ++b)
+      values.push_back(static_cast<std::uint8_t>((i + 1) >> (8 * b)));
+  }
+  Datagram d;
+  Message m;
+  m.type = MessageType::kStatsReply;
+  m.shard_count = 2;
+  m.counters_le = values;
+  ASSERT_TRUE(d.push(m));
+  std::array<std::uint8_t, kMaxDatagramSize> out{};
+  std::size_t written = 0;
+  ASSERT_EQ(encode(d, out, written), ProtocolError::kOk);
+  // The counter count is the byte after shard_count and first_shard.
+  const std::size_t count_at = kHeaderSize + 8;
+  ASSERT_EQ(out[count_at], kStatCounterCount);
+  Datagram read;
+  ASSERT_EQ(decode(std::span(out).first(written), read), ProtocolError::kOk);
+  EXPECT_EQ(read.messages[0].counter(StatCounter::kLeases), 22u);
+  EXPECT_EQ(read.messages[0].counter(StatCounter::kVersion), 27u);
+
+  // The same reply as an older server sends it: 21 values.
+  std::vector<std::uint8_t> old(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(written));
+  old[count_at] = kStatCounterCountWithoutGauges;
+  const auto gauges_at =
+      static_cast<std::ptrdiff_t>(count_at + 1 + 8 * kStatCounterCountWithoutGauges);
+  old.erase(old.begin() + gauges_at,
+            old.begin() + gauges_at + 8 * (kStatCounterCount - kStatCounterCountWithoutGauges));
+  ASSERT_EQ(decode(old, read), ProtocolError::kOk);
+  EXPECT_EQ(read.messages[0].counter(StatCounter::kRedirects), 21u);
+  for (std::size_t i = kStatCounterCountWithoutGauges; i < kStatCounterCount; ++i) {
+    EXPECT_TRUE(is_gauge(static_cast<StatCounter>(i)));
+    EXPECT_EQ(read.messages[0].counter_at(i), 0u) << i;
+  }
+  EXPECT_FALSE(is_gauge(StatCounter::kRedirects));
+  EXPECT_EQ(to_string(StatCounter::kUptimeMs), "uptime_ms");
+  EXPECT_EQ(to_string(StatCounter::kVersion), "version");
+}
+
+TEST(Protocol, VersionsPackIntoOneGauge) {
+  static_assert(pack_version("1.2.3") == (1ULL << 32 | 2ULL << 16 | 3));
+  EXPECT_EQ(version_text(pack_version("0.1.0")), "0.1.0");
+  EXPECT_EQ(version_text(pack_version("12.65535.7")), "12.65535.7");
+  EXPECT_EQ(version_text(0), "");
+  for (const char* bad : {"", "1", "1.2", "1.2.3.4", "1..3", ".1.2", "1.2.", "1.2.x", "1.65536.0",
+                          "v1.2.3", "1.2.3-rc1"}) {
+    EXPECT_EQ(pack_version(bad), 0u) << bad;
+  }
 }
 
 TEST(Protocol, ErrorCategory) {

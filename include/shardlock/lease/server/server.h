@@ -157,13 +157,14 @@ struct LatencyHistogram {
   double sum_seconds = 0;
 };
 
-// A snapshot of the server's counters (the same ones STATS returns), plus
+// A snapshot of the server's counters and gauges (the values STATS returns;
+// leases, keys, waiters and lock_delay_left repeat gauges among them), plus
 // what metrics export besides them.
 struct ServerStats {
   std::array<std::uint64_t, kStatCounterCount> counters{};
   std::vector<std::uint64_t> shard_tokens;  // the last token each shard issued
   std::uint64_t leases = 0;                 // held now (each shared or permit holder counts)
-  std::uint64_t keys = 0;                   // keys with a holder now
+  std::uint64_t keys = 0;                   // keys with a holder (or waiter) now
   std::uint64_t waiters = 0;                // queued ACQUIREs now
   // How long ACQUIRE still answers RECOVERING (the lock-delay); 0 once over.
   std::chrono::milliseconds lock_delay_left{0};

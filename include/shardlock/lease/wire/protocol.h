@@ -180,6 +180,7 @@
 #include <initializer_list>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
@@ -330,10 +331,48 @@ enum class StatCounter : std::uint8_t {
   kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)
   kSendDrops,           // replies that never left: no send slot, socket buffer full, failed send
   kRedirects,           // REDIRECT answers: the cluster map gives the key to another node
+  // Gauges: a reading at the time of the reply, not a running total. A
+  // server that predates them sends 21 values, so they read as 0.
+  kLeases,           // leases held (each shared or permit holder counts)
+  kKeys,             // keys with a holder or a waiter
+  kWaiters,          // queued ACQUIREs
+  kUptimeMs,         // milliseconds since the server started
+  kLockDelayLeftMs,  // milliseconds until ACQUIRE stops answering RECOVERING; 0 once over
+  kVersion,          // the server's version, pack_version() of "MAJOR.MINOR.PATCH"
 };
-inline constexpr std::size_t kStatCounterCount = 21;
+inline constexpr std::size_t kStatCounterCount = 27;
+// The values a server that predates the gauges sends.
+inline constexpr std::size_t kStatCounterCountWithoutGauges = 21;
+// Whether `counter` is a gauge (kLeases onward), not a running total.
+[[nodiscard]] constexpr bool is_gauge(StatCounter counter) noexcept {
+  return counter >= StatCounter::kLeases;
+}
 // The counter's name in STATS output ("grants", "send_drops", ...).
 [[nodiscard]] std::string_view to_string(StatCounter counter) noexcept;
+// "MAJOR.MINOR.PATCH" as one u64 (major << 32 | minor << 16 | patch), the
+// kVersion gauge; 0 for text of another shape or a part out of range.
+[[nodiscard]] constexpr std::uint64_t pack_version(std::string_view text) noexcept {
+  std::uint64_t parts[3] = {0, 0, 0};
+  std::size_t part = 0;
+  bool digit_seen = false;
+  for (const char c : text) {
+    if (c == '.' && digit_seen && part < 2) {
+      ++part;
+      digit_seen = false;
+    } else if (c >= '0' && c <= '9' && parts[part] < 0x10000) {
+      parts[part] = parts[part] * 10 + static_cast<std::uint64_t>(c - '0');
+      digit_seen = true;
+    } else {
+      return 0;
+    }
+  }
+  if (part != 2 || !digit_seen || parts[0] > 0xFFFFFFFF || parts[1] > 0xFFFF || parts[2] > 0xFFFF) {
+    return 0;
+  }
+  return parts[0] << 32 | parts[1] << 16 | parts[2];
+}
+// The text of a pack_version() value: "1.2.3"; "" for 0 (not known).
+[[nodiscard]] std::string version_text(std::uint64_t packed);
 
 // ---- The message body table ---------------------------------------------
 
