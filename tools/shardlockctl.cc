@@ -9,7 +9,8 @@
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
 //     query   KEY          (each holder, and the waiters)
-//     stats
+//     stats        (gauges: version, uptime, leases, keys, waiters; counters)
+//     ping         (round trip, version, uptime, recovering or not)
 //     keygen
 //     members --cluster etcd://HOST:PORT[,...] [--cluster-name NAME]
 //     drain   ID --cluster ... [--cancel] [--force] [--wait DUR]
@@ -720,6 +721,121 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
   return kExitError;
 }
 
+// ------------------------------------------------------------------ stats, ping
+
+// The gauges of a STATS reply beside its counters, under their JSON names;
+// from a server that predates them, version null and no others.
+void put_gauges(Json& j, const ServerStatsReply& s) {
+  const std::string version = s.version();
+  j["version"] = version.empty() ? Json(nullptr) : Json(version);
+  if (!s.has_gauges()) return;
+  for (std::size_t i = kStatCounterCountWithoutGauges; i < kStatCounterCount; ++i) {
+    const auto gauge = static_cast<StatCounter>(i);
+    if (gauge != StatCounter::kVersion) j[std::string(to_string(gauge))] = s.counter(gauge);
+  }
+  j["recovering"] = s.counter(StatCounter::kLockDelayLeftMs) > 0;
+}
+
+// ping for people: "ADDR answered in 0.21ms: shardlockd 1.2.0, up 12.5s,
+// granting" (or "recovering: grants in 41s").
+std::string ping_text(const std::string& node, const ServerStatsReply& s) {
+  char round_trip[32];
+  std::snprintf(round_trip, sizeof round_trip, "%.2fms",
+                static_cast<double>(s.round_trip.count()) / 1000.0);
+  std::string text = node + " answered in " + round_trip;
+  if (!s.has_gauges()) return text + " (a server too old to say its version or state)\n";
+  const std::uint64_t delay = s.counter(StatCounter::kLockDelayLeftMs);
+  return text + ": shardlockd " + s.version() + ", up " +
+         seconds_text(s.counter(StatCounter::kUptimeMs)) + ", " +
+         (delay > 0 ? "recovering: grants in " + seconds_text(delay) + " (its lock-delay)"
+                    : std::string("granting")) +
+         "\n";
+}
+
+// stats for people: the node and its shard count, then one "  name value"
+// line per gauge and counter, then the shard tokens.
+std::string stats_text(const std::string& node, const ServerStatsReply& s) {
+  std::string text = node + " shards=" + std::to_string(s.shard_count) + "\n";
+  char line[96];
+  const auto add = [&](std::string_view name, const std::string& value) {
+    std::snprintf(line, sizeof line, "  %-20s %s\n", std::string(name).c_str(), value.c_str());
+    text += line;
+  };
+  if (s.has_gauges()) {
+    add("version", s.version());
+    add("uptime", seconds_text(s.counter(StatCounter::kUptimeMs)));
+    add("lock_delay_left", seconds_text(s.counter(StatCounter::kLockDelayLeftMs)));
+    for (const StatCounter gauge :
+         {StatCounter::kLeases, StatCounter::kKeys, StatCounter::kWaiters}) {
+      add(to_string(gauge), std::to_string(s.counter(gauge)));
+    }
+  }
+  for (std::size_t i = 0; i < kStatCounterCountWithoutGauges; ++i) {
+    add(to_string(static_cast<StatCounter>(i)), std::to_string(s.counters[i]));
+  }
+  std::string tokens;
+  for (const std::uint64_t t : s.shard_tokens) {
+    tokens += (tokens.empty() ? "" : " ") + std::to_string(t);
+  }
+  add("shard_tokens", tokens);
+  return text;
+}
+
+// stats or ping (`ping`) of every node in turn: one result each (JSON: one
+// object, {"nodes": [...]}); the exit status is the worst node's.
+int print_nodes(LeaseClient& client, const std::vector<std::string>& nodes, milliseconds timeout,
+                bool have_key, const Output& out, bool ping) {
+  Json results = Json::array();
+  int worst = kExitOk;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    const std::string& node = nodes[n];
+    const ServerStatsReply s = ping ? client.ping(n) : client.stats(n);
+    Json j;
+    j["server"] = node;
+    if (s.error) {
+      Failure f;
+      f.error = s.error;
+      if (s.error == LeaseErrc::kUnreachable) diagnose_silence(client, node, timeout, have_key, f);
+      j["error"] = failure_name(f);
+      if (!f.detail.empty()) j["message"] = f.detail;
+      if (!out.json) {
+        std::fprintf(stderr, "shardlockctl: %s: %s\n", node.c_str(),
+                     failure_text(f, {}, {}).c_str());
+      }
+      worst = std::max(worst, failure_status(f));
+      results.push_back(std::move(j));
+      continue;
+    }
+    if (ping) {
+      j["round_trip_us"] = s.round_trip.count();
+      put_gauges(j, s);
+      if (!out.json) std::printf("%s", ping_text(node, s).c_str());
+      results.push_back(std::move(j));
+      continue;
+    }
+    j["shards"] = s.shard_count;
+    if (s.shard_tokens.size() < s.shard_count) {
+      // The server stopped paging early: what follows is a part, not the
+      // whole, and must not read as the server's state.
+      std::fprintf(stderr, "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
+                   node.c_str(), s.shard_tokens.size(), s.shard_count);
+      j["error"] = "incomplete";
+      worst = std::max(worst, kExitError);
+    }
+    put_gauges(j, s);
+    Json counters;
+    for (std::size_t i = 0; i < kStatCounterCountWithoutGauges; ++i) {
+      counters[std::string(to_string(static_cast<StatCounter>(i)))] = s.counters[i];
+    }
+    j["counters"] = counters;
+    j["shard_tokens"] = s.shard_tokens;
+    if (!out.json) std::printf("%s", stats_text(node, s).c_str());
+    results.push_back(std::move(j));
+  }
+  if (out.json) print_json(Json{{"nodes", results}});
+  return worst;
+}
+
 // ------------------------------------------------------------------ cluster
 
 // The flags of members and drain.
@@ -1154,8 +1270,17 @@ int run(int argc, char** argv) {
   auto* keygen = app.add_subcommand(
       "keygen", "Print a new random auth key (64 hex digits) for shardlockd --auth-key");
   add_global_flags(*keygen, g, /*short_w=*/true);
-  auto* stats = app.add_subcommand("stats", "Server counters and every shard's token");
+  auto* stats = app.add_subcommand(
+      "stats",
+      "Each server's version, uptime, lock-delay left, leases held, keys in use and waiters, its "
+      "counters, and every shard's token");
   add_global_flags(*stats, g, /*short_w=*/true);
+  auto* ping = app.add_subcommand(
+      "ping",
+      "Ask each server how it is: the round trip, its version and uptime, and whether it is "
+      "recovering (in its lock-delay after a start, ACQUIRE answered RECOVERING) and for how "
+      "long yet");
+  add_global_flags(*ping, g, /*short_w=*/true);
 
   RunArgs run_args;
   auto* run = app.add_subcommand(
@@ -1328,7 +1453,7 @@ int run(int argc, char** argv) {
     return shardlock::tools::usage_error(kTool, "only run takes -- COMMAND");
   }
   std::vector<std::string> checked_keys = keys;
-  if (!stats->parsed() && keys.empty()) checked_keys.push_back(key);
+  if (!stats->parsed() && !ping->parsed() && keys.empty()) checked_keys.push_back(key);
   for (const std::string& k : checked_keys) {
     if (k.size() < kMinKeyLength || k.size() > kMaxKeyLength) {
       return shardlock::tools::usage_error(
@@ -1455,62 +1580,9 @@ int run(int argc, char** argv) {
     }
     return kExitOk;
   }
-  if (stats->parsed()) {
-    Json nodes = Json::array();
-    int worst = kExitOk;
-    for (std::size_t n = 0; n < options.nodes.size(); ++n) {
-      const std::string& node = options.nodes[n];
-      const ServerStatsReply s = client.stats(n);
-      Json j;
-      j["server"] = node;
-      if (s.error) {
-        Failure f;
-        f.error = s.error;
-        if (s.error == LeaseErrc::kUnreachable) {
-          diagnose_silence(client, node, timeout.value, options.auth_key.has_value(), f);
-        }
-        j["error"] = failure_name(f);
-        if (!f.detail.empty()) j["message"] = f.detail;
-        if (!out.json) {
-          std::fprintf(stderr, "shardlockctl: %s: %s\n", node.c_str(),
-                       failure_text(f, {}, {}).c_str());
-        }
-        worst = std::max(worst, failure_status(f));
-        nodes.push_back(std::move(j));
-        continue;
-      }
-      j["shards"] = s.shard_count;
-      if (s.shard_tokens.size() < s.shard_count) {
-        // The server stopped paging early: what follows is a part, not the
-        // whole, and must not read as the server's state.
-        std::fprintf(stderr,
-                     "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
-                     node.c_str(), s.shard_tokens.size(), s.shard_count);
-        j["error"] = "incomplete";
-        worst = std::max(worst, kExitError);
-      }
-      Json counters;
-      for (std::size_t i = 0; i < kStatCounterCount; ++i) {
-        counters[std::string(to_string(static_cast<StatCounter>(i)))] = s.counters[i];
-      }
-      j["counters"] = counters;
-      j["shard_tokens"] = s.shard_tokens;
-      if (!out.json) {
-        std::printf("%s shards=%u\n", node.c_str(), s.shard_count);
-        for (std::size_t i = 0; i < kStatCounterCount; ++i) {
-          std::printf("  %-20s %" PRIu64 "\n",
-                      std::string(to_string(static_cast<StatCounter>(i))).c_str(), s.counters[i]);
-        }
-        std::string tokens;
-        for (const std::uint64_t t : s.shard_tokens) {
-          tokens += (tokens.empty() ? "" : " ") + std::to_string(t);
-        }
-        std::printf("  %-20s %s\n", "shard_tokens", tokens.c_str());
-      }
-      nodes.push_back(std::move(j));
-    }
-    if (out.json) print_json(Json{{"nodes", nodes}});
-    return worst;
+  if (stats->parsed() || ping->parsed()) {
+    return print_nodes(client, options.nodes, timeout.value, options.auth_key.has_value(), out,
+                       ping->parsed());
   }
   if (run->parsed()) {
     run_args.keys = keys;

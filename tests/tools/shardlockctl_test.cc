@@ -178,6 +178,66 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   EXPECT_GE(node["counters"]["grants"].number, 1);
   EXPECT_GE(node["counters"]["busy"].number, 1);
   EXPECT_GE(node["counters"]["released"].number, 1);
+  // The gauges beside the counters: the lease taken first was superseded by
+  // the re-grant and that one released, so nothing is held now.
+  EXPECT_TRUE(std::regex_match(node["version"].text, std::regex(R"(\d+\.\d+\.\d+)")))
+      << node["version"].text;
+  EXPECT_EQ(node["leases"].number, 0);
+  EXPECT_EQ(node["keys"].number, 0);
+  EXPECT_EQ(node["waiters"].number, 0);
+  EXPECT_GT(node["uptime_ms"].number, 0);
+  EXPECT_EQ(node["lock_delay_left_ms"].number, 0);
+  EXPECT_FALSE(node["recovering"].boolean);
+  EXPECT_FALSE(node["counters"].has("leases"));  // a gauge is no counter
+}
+
+// ping: the round trip, version, uptime and whether the server recovers;
+// stats: leases, keys and waiters held now.
+TEST(ShardlockctlTest, PingSaysHowTheServerIs) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult pinged = ctl(d, {"ping"});
+  ASSERT_EQ(pinged.exit_code, 0) << pinged.err;
+  const Json node = parsed(pinged)["nodes"].items.at(0);
+  EXPECT_EQ(node["server"].text, d.address());
+  EXPECT_GT(node["round_trip_us"].number, 0);
+  EXPECT_TRUE(std::regex_match(node["version"].text, std::regex(R"(\d+\.\d+\.\d+)")));
+  EXPECT_FALSE(node["recovering"].boolean);
+  EXPECT_EQ(node["lock_delay_left_ms"].number, 0);
+  const ToolResult text = ctl_text(d, {"ping"});
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_TRUE(std::regex_match(
+      text.out, std::regex(d.address() + R"( answered in [0-9.]+ms: shardlockd \d+\.\d+\.\d+, )"
+                                         R"(up [0-9.]+s, granting\n)")))
+      << text.out;
+
+  ASSERT_EQ(ctl(d, {"acquire", "p/a", "p/b", "--ttl", "30s"}).exit_code, 0);
+  ASSERT_EQ(ctl(d, {"acquire", "p/s", "--ttl", "30s", "-s"}).exit_code, 0);
+  ASSERT_EQ(ctl(d, {"acquire", "p/s", "--ttl", "30s", "-s"}).exit_code, 0);
+  const Json stats = parsed(ctl(d, {"stats"}))["nodes"].items.at(0);
+  EXPECT_EQ(stats["leases"].number, 4);
+  EXPECT_EQ(stats["keys"].number, 3);
+  EXPECT_EQ(stats["waiters"].number, 0);
+  const ToolResult stats_text = ctl_text(d, {"stats"});
+  EXPECT_NE(stats_text.out.find("\n  leases               4\n"), std::string::npos)
+      << stats_text.out;
+  EXPECT_NE(stats_text.out.find("\n  version              "), std::string::npos);
+  EXPECT_NE(stats_text.out.find("\n  uptime               "), std::string::npos);
+
+  // In its lock-delay: answered, recovering, and how long yet.
+  Daemon recovering("1m");
+  ASSERT_FALSE(recovering.address().empty());
+  const ToolResult r = ctl(recovering, {"ping"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Json rn = parsed(r)["nodes"].items.at(0);
+  EXPECT_TRUE(rn["recovering"].boolean);
+  EXPECT_GT(rn["lock_delay_left_ms"].number, 50000);
+  EXPECT_NE(ctl_text(recovering, {"ping"}).out.find("recovering: grants in "), std::string::npos);
+
+  const ToolResult unreachable =
+      run_tool(kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "ping", "--json"});
+  EXPECT_EQ(unreachable.exit_code, 3);
+  EXPECT_EQ(parsed(unreachable)["nodes"].items.at(0)["error"].text, "unreachable");
 }
 
 TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
@@ -190,7 +250,7 @@ TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
   EXPECT_EQ(ctl(d, {"acquire", std::string(300, 'k'), "--ttl", "1s"}).exit_code, 2);
   EXPECT_EQ(ctl(d, {"run", "k", "--ttl", "1s", "--on-lost", "shrug", "--", "true"}).exit_code, 2);
   EXPECT_EQ(run_tool(kCtl, {"acquire", "k", "--ttl", "1s"}).exit_code, 2);  // no --server
-  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "run"}) {
+  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "ping", "run"}) {
     const ToolResult help = run_tool(kCtl, {sub, "--help"});
     EXPECT_EQ(help.exit_code, 0) << sub;
     EXPECT_NE(help.out.find("--help"), std::string::npos) << sub;
@@ -636,8 +696,8 @@ TEST(ShardlockctlTest, GlobalFlagsGoAnywhereAndEverySubcommandListsThem) {
                {"SHARDLOCK_SERVER=no-port"});
   EXPECT_EQ(flag_wins.exit_code, 0) << flag_wins.err;
 
-  for (const char* sub :
-       {"acquire", "renew", "release", "query", "stats", "run", "keygen", "members", "drain"}) {
+  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "ping", "run", "keygen",
+                          "members", "drain"}) {
     const ToolResult help = run_tool(kCtl, {sub, "--help"});
     EXPECT_EQ(help.exit_code, 0) << sub;
     for (const char* flag :

@@ -585,6 +585,7 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
       r.shard_count = m.shard_count;
       r.first_shard = m.first_shard;
       for (std::size_t i = 0; i < kStatCounterCount; ++i) r.counters[i] = m.counter_at(i);
+      r.counters_sent = m.counters_le.size() / 8;
       r.shard_tokens.reserve(m.shard_token_count());
       for (std::size_t i = 0; i < m.shard_token_count(); ++i)
         r.shard_tokens.push_back(m.shard_token(i));

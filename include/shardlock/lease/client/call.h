@@ -253,6 +253,7 @@ struct CallResult {
   std::uint32_t shard_count = 0;
   std::uint32_t first_shard = 0;
   std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::size_t counters_sent = 0;  // values the server sent (21: it predates the gauges)
   std::vector<std::uint64_t> shard_tokens;
   // REDIRECT, MAP_REPLY: the node's map epoch. MAP_REPLY: one page of the
   // map's members (first_member onward) and how many it has in all.
