@@ -108,13 +108,14 @@ class DispatcherTest : public ::testing::Test {
   }
 
   // The STATS_REPLY datagram a STATS from carol gets (empty if none came).
+  // Its views stay valid for the rest of the test.
   Datagram stats_reply(std::uint64_t request_id) {
     Message stats;
     stats.type = MessageType::kStats;
     stats.request_id = request_id;
     const auto out = send(kCarol, {stats}, carol_);
     EXPECT_EQ(out.size(), 1u);
-    return out.size() == 1 ? decoded(out[0]) : Datagram{};
+    return out.size() == 1 ? decoded(kept_.emplace_back(out[0])) : Datagram{};
   }
 
   std::uint64_t counter(StatCounter c) const {
