@@ -156,6 +156,18 @@ std::vector<Message> one_of_each_type() {
     m.holder_list_count = 2;
     m.holder_list = holders;
   });
+  add(MessageType::kHotKeys, [](Message&) {});
+  static const std::vector<std::uint8_t> hot_keys = [] {
+    std::vector<std::uint8_t> out;
+    EXPECT_TRUE(append_hot_key_entry({kKey, 100, 3, 7, 1, 2}, out));
+    EXPECT_TRUE(append_hot_key_entry({"a", 5, 5, 0, 0, 0}, out));
+    return out;
+  }();
+  add(MessageType::kHotKeysReply, [](Message& m) {
+    m.window_ms = 10000;
+    m.hot_key_count = 2;
+    m.hot_key_list = hot_keys;
+  });
   return all;
 }
 
@@ -198,6 +210,10 @@ void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.member_list_count, b.member_list_count);
   EXPECT_TRUE(std::equal(a.member_list.begin(), a.member_list.end(), b.member_list.begin(),
                          b.member_list.end()));
+  EXPECT_EQ(a.window_ms, b.window_ms);
+  EXPECT_EQ(a.hot_key_count, b.hot_key_count);
+  EXPECT_TRUE(std::equal(a.hot_key_list.begin(), a.hot_key_list.end(), b.hot_key_list.begin(),
+                         b.hot_key_list.end()));
   EXPECT_EQ(a.value, b.value);
   EXPECT_EQ(a.first_holder, b.first_holder);
   EXPECT_EQ(a.holder_list_count, b.holder_list_count);
@@ -714,6 +730,25 @@ TEST(Protocol, WireBytesArePinned) {
        "01"
        "0000",
        34},
+      {MessageType::kHotKeys, "", 37},
+      {MessageType::kHotKeysReply,
+       "10270000"
+       "02"
+       "0900"
+       "6f72646572732f3432"
+       "64000000"
+       "03000000"
+       "07000000"
+       "01000000"
+       "02000000"
+       "0100"
+       "61"
+       "05000000"
+       "05000000"
+       "00000000"
+       "00000000"
+       "00000000",
+       34},
   };
   const auto all = one_of_each_type();
   ASSERT_EQ(all.size(), std::size(pinned));
@@ -854,9 +889,12 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
   };
   // What issue 14 (clusters) added: REDIRECT to the requests on a key whose
   // owner a map decides, and the MAP request. Issue 24: QUERY_HOLDERS, routed
-  // and answered as QUERY is.
+  // and answered as QUERY is, and HOT_KEYS, answered as MAP is.
   const auto answered_now = [&](MessageType request, MessageType reply) {
     if (request == kMap) return reply == kMapReply || reply == kError || reply == kRecovering;
+    if (request == kHotKeys) {
+      return reply == kHotKeysReply || reply == kError || reply == kRecovering;
+    }
     if (request == kQueryHolders) {
       return reply == kHoldersReply || reply == kError || reply == kRecovering ||
              reply == kRedirect;
@@ -888,10 +926,10 @@ TEST(ProtocolTable, SizesAreTheBytesWritten) {
   for (Message m : one_of_each_type()) {
     SCOPED_TRACE(std::string(to_string(m.type)));
     const MessageBody& body = *message_body(m.type);
-    const std::size_t expected = body.fixed_size() +
-                                 (body.has(BodyField::kKey) ? m.key.size() : 0) +
-                                 m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() +
-                                 m.member_list.size() + m.holder_list.size();
+    const std::size_t expected =
+        body.fixed_size() + (body.has(BodyField::kKey) ? m.key.size() : 0) +
+        m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() + m.member_list.size() +
+        m.holder_list.size() + m.hot_key_list.size();
     const auto bytes = encode_or_die(single(m));
     EXPECT_EQ(bytes.size(), encoded_size(single(m)));
     EXPECT_EQ(bytes.size(), kHeaderSize + expected);
@@ -1459,6 +1497,74 @@ TEST(ProtocolHolders, BadEntriesAreRejected) {
   }
   EXPECT_EQ(decode_list(2, entry(0, 4), false), ProtocolError::kTruncated);
   EXPECT_EQ(decode_list(2, entry(0, 4), true), ProtocolError::kBadLength);
+}
+
+// HOT_KEYS_REPLY entries read back key by key; the encoder refuses what
+// decode() would: an empty or too long key, an error above the requests.
+TEST(ProtocolHotKeys, ListReadsBackAndBadEntriesAreRejected) {
+  const std::string longest(kMaxKeyLength, 'k');
+  std::vector<std::uint8_t> list;
+  ASSERT_TRUE(append_hot_key_entry({longest, 9, 2, 1, 3, 4}, list));
+  ASSERT_TRUE(append_hot_key_entry({"b", 0, 0, 0, 0, 0}, list));
+  std::vector<std::uint8_t> refused;
+  EXPECT_FALSE(append_hot_key_entry({"", 1, 0, 0, 0, 0}, refused));
+  EXPECT_FALSE(append_hot_key_entry({longest + "k", 1, 0, 0, 0, 0}, refused));
+  EXPECT_FALSE(append_hot_key_entry({"c", 1, 2, 0, 0, 0}, refused));
+  EXPECT_TRUE(refused.empty());
+
+  const auto decode_list = [](std::uint8_t count, const std::vector<std::uint8_t>& entries,
+                              bool batch, Datagram& out) {
+    Message m;
+    m.type = MessageType::kHotKeysReply;
+    m.window_ms = 5000;
+    m.hot_key_count = count;
+    m.hot_key_list = entries;
+    Datagram d = single(m);
+    d.batch = batch;
+    return decode_exact(encode_or_die(d), out);
+  };
+  Datagram out;
+  ASSERT_EQ(decode_list(2, list, false, out), ProtocolError::kOk);
+  std::vector<HotKeyEntry> read(HotKeyList(out.messages[0]).begin(),
+                                HotKeyList(out.messages[0]).end());
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].key, longest);
+  EXPECT_EQ(read[0].requests, 9u);
+  EXPECT_EQ(read[0].error, 2u);
+  EXPECT_EQ(read[0].busy, 1u);
+  EXPECT_EQ(read[0].holders, 3u);
+  EXPECT_EQ(read[0].waiters, 4u);
+  EXPECT_EQ(read[1].key, "b");
+
+  // Hand-built entries the encoder would refuse.
+  const auto entry = [](std::size_t key_length, std::uint32_t requests, std::uint32_t error) {
+    std::vector<std::uint8_t> e = {static_cast<std::uint8_t>(key_length),
+                                   static_cast<std::uint8_t>(key_length >> 8)};
+    e.insert(e.end(), key_length, 'k');
+    for (const std::uint32_t v : {requests, error, 0U, 0U, 0U}) {
+      for (int b = 0; b < 4; ++b) e.push_back(static_cast<std::uint8_t>(v >> (8 * b)));
+    }
+    return e;
+  };
+  for (const bool batch : {false, true}) {
+    EXPECT_EQ(decode_list(1, entry(0, 1, 0), batch, out), ProtocolError::kBadField);
+    EXPECT_EQ(decode_list(1, entry(kMaxKeyLength + 1, 1, 0), batch, out), ProtocolError::kBadField);
+    EXPECT_EQ(decode_list(1, entry(3, 1, 2), batch, out), ProtocolError::kBadField);
+    EXPECT_EQ(decode_list(1, entry(3, 2, 2), batch, out), ProtocolError::kOk);
+  }
+  EXPECT_EQ(decode_list(2, entry(3, 2, 2), false, out), ProtocolError::kTruncated);
+  EXPECT_EQ(decode_list(2, entry(3, 2, 2), true, out), ProtocolError::kBadLength);
+}
+
+// HOT_KEYS is padded for a reply with no keys: the padding pays for them.
+TEST(ProtocolTable, HotKeysIsPaddedForAnEmptyList) {
+  Message m;
+  m.type = MessageType::kHotKeys;
+  EXPECT_EQ(max_reply_size(single(m)), kHeaderSize + 4 + 1);
+  EXPECT_TRUE(reply_answers(MessageType::kHotKeys, MessageType::kHotKeysReply));
+  EXPECT_TRUE(reply_answers(MessageType::kHotKeys, MessageType::kRecovering));
+  EXPECT_FALSE(reply_answers(MessageType::kHotKeys, MessageType::kStatsReply));
+  EXPECT_FALSE(reply_carries_key(MessageType::kHotKeysReply));
 }
 
 // Walking a hand-built list that is cut short stops at the last whole entry.
