@@ -300,6 +300,12 @@ int run(int argc, char** argv) {
         ->check(CLI::Range(std::size_t{1}, kMaxBound));
   }
 
+  app.add_option("--hot-keys", options.hot_keys_per_shard,
+                 "slots per shard of the busiest-keys sketch that shardlockctl top reads (fixed "
+                 "memory, ~300 bytes a slot); 0 = none")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, LeaseServerOptions::kMaxHotKeysPerShard));
+
 #ifdef SHARDLOCK_HAVE_CLUSTER
   shardlock::cluster::ClusterNodeOptions cluster;
   std::string cluster_url;

@@ -1,5 +1,6 @@
 // The lease service's request path in user space, piece by piece: the codec,
-// the shard state machine, the dedup cache and the timer wheel. No sockets:
+// the shard state machine (with and without its hot-key sketch), the dedup
+// cache and the timer wheel. No sockets:
 // what these cost is what the server adds to the network round trip.
 //
 //   build/bench/bench/lease_benchmark
@@ -12,15 +13,19 @@
 #include <vector>
 
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/hot_keys.h"
 #include "shardlock/lease/server/internal/shard.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
+#include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lease/wire/protocol.h"
+#include "shardlock/workload/zipf.h"
 
 namespace shardlock::lease {
 namespace {
 
 using internal::DedupCache;
 using internal::DeferredReply;
+using internal::HotKeys;
 using internal::Peer;
 using internal::Shard;
 using internal::ShardLimits;
@@ -84,10 +89,16 @@ void BM_DecodeAcquire(benchmark::State& state) {
 BENCHMARK(BM_DecodeAcquire)->Arg(1)->Arg(16);
 
 // One ACQUIRE of a free key and its RELEASE, through the shard state machine
-// (dedup cache, key table, timer wheel, token counter).
+// (dedup cache, key table, timer wheel, token counter). Arg: the hot-key
+// sketch's slots (ShardLimits::hot_keys; 0: none), so /0 against /16 is
+// what HOT_KEYS costs the request path; the second arg: keys cycled through
+// (many more than the slots: every request misses the sketch, its worst
+// case; 4: every request hits).
 void BM_ShardAcquireRelease(benchmark::State& state) {
-  Shard shard(0, ShardLimits{}, ShardTokens{}, 1000);
-  const std::vector<std::string> keys = make_keys(1024);
+  Shard shard(0, ShardLimits{.hot_keys = static_cast<std::size_t>(state.range(0))}, ShardTokens{},
+              1000);
+  const std::vector<std::string> keys = make_keys(static_cast<std::size_t>(state.range(1)));
+  const std::size_t mask = keys.size() - 1;
   const ClientId client{1, 1};
   const Peer peer;
   std::vector<DeferredReply> deferred;
@@ -97,7 +108,7 @@ void BM_ShardAcquireRelease(benchmark::State& state) {
   for (auto _ : state) {
     Message m;
     m.type = MessageType::kAcquire;
-    m.key = keys[k++ & 1023];
+    m.key = keys[k++ & mask];
     m.ttl_ms = 30'000;
     m.request_id = ++request_id;
     (void)shard.handle(client, peer, m, 1000, reply, deferred);
@@ -109,7 +120,33 @@ void BM_ShardAcquireRelease(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * 2);
 }
-BENCHMARK(BM_ShardAcquireRelease);
+BENCHMARK(BM_ShardAcquireRelease)
+    ->ArgNames({"hot_keys", "keys"})
+    ->Args({0, 1024})
+    ->Args({16, 1024})
+    ->Args({64, 1024})
+    ->Args({0, 4})
+    ->Args({16, 4});
+
+// The sketch alone: one record() of a Zipf(0.99) key over 100000 (most hit
+// a slot, the tail misses), per capacity.
+void BM_HotKeysRecord(benchmark::State& state) {
+  HotKeys sketch(static_cast<std::size_t>(state.range(0)), kMaxKeyLength, 10'000, 0);
+  const std::vector<std::string> keys = make_keys(100'000);
+  std::vector<std::uint64_t> hashes;
+  hashes.reserve(keys.size());
+  for (const std::string& key : keys) hashes.push_back(internal::hash_key(key, 42));
+  workload::ZipfGenerator zipf(keys.size(), 0.99, 7);
+  std::vector<std::uint32_t> order(1 << 16);
+  for (std::uint32_t& i : order) i = static_cast<std::uint32_t>(zipf.next());
+  std::size_t n = 0;
+  for (auto _ : state) {
+    const std::uint32_t i = order[n++ & (order.size() - 1)];
+    sketch.record(hashes[i], keys[i], false, 0);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_HotKeysRecord)->Arg(16)->Arg(64);
 
 // A retransmitted ACQUIRE that is still queued, past the dedup cache, behind
 // Arg waiters on one key: one index lookup, whatever the queue length (it

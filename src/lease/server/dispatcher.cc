@@ -356,6 +356,9 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     } else if (m.type == MessageType::kMap) {
       fill_map(w, m, stats_slack, r);
       stats_slack = 0;
+    } else if (m.type == MessageType::kHotKeys) {
+      fill_hot_keys(w, stats_slack, now, r);
+      stats_slack = 0;
     } else if (behind && is_request(m.type) && m.type != MessageType::kRelease) {
       r.type = MessageType::kRecovering;
       r.retry_after_ms = kBehindRetryMs;
@@ -491,6 +494,30 @@ void Dispatcher::fill_map(Worker& w, const Message& request, std::size_t slack, 
   if (!encode_member_list(page, w.map_members)) page.clear();  // ids and addresses are bounded
   reply.member_list_count = static_cast<std::uint8_t>(page.size());
   reply.member_list = w.map_members;
+}
+
+void Dispatcher::fill_hot_keys(Worker& w, std::size_t slack, std::int64_t now, Message& reply) {
+  reply.type = MessageType::kHotKeysReply;
+  const std::int64_t window = HotKeys::window_ms(started_ms_, now, limits_.hot_key_half_life_ms);
+  reply.window_ms = static_cast<std::uint32_t>(std::clamp<std::int64_t>(window, 0, UINT32_MAX));
+  w.hot_keys.clear();
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    slot->shard->hot_keys(now, w.hot_keys);
+  }
+  // The busiest first; equal counts by key, so a page reads the same twice.
+  std::sort(w.hot_keys.begin(), w.hot_keys.end(), [](const HotKeyCount& a, const HotKeyCount& b) {
+    return a.requests != b.requests ? a.requests > b.requests : a.key < b.key;
+  });
+  w.hot_key_entries.clear();
+  std::size_t listed = 0;
+  for (const HotKeyCount& k : w.hot_keys) {
+    const HotKeyEntry entry{k.key, k.requests, k.error, k.busy, k.holders, k.waiters};
+    if (listed == 0xFF || w.hot_key_entries.size() + hot_key_entry_size(entry) > slack) break;
+    if (append_hot_key_entry(entry, w.hot_key_entries)) ++listed;  // keys are 1..256 bytes
+  }
+  reply.hot_key_count = static_cast<std::uint8_t>(listed);
+  reply.hot_key_list = w.hot_key_entries;
 }
 
 void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {

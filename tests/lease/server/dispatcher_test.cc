@@ -367,6 +367,57 @@ TEST_F(DispatcherTest, StatsCarryTheGauges) {
   EXPECT_EQ(s.counter(StatCounter::kUptimeMs), 1500u);
 }
 
+// HOT_KEYS: every shard's busiest keys, most requests first, with BUSY
+// answers, holders and waiters now, as many as the request's padding pays
+// for; the window is the time since the dispatcher started.
+TEST_F(DispatcherTest, HotKeysListTheBusiestKeysOfEveryShard) {
+  std::uint64_t id = 100;
+  for (int i = 0; i < 6; ++i)
+    (void)send(kAlice, {request(MessageType::kAcquire, "hot/a", ++id)}, alice_);
+  for (int i = 0; i < 3; ++i)
+    (void)send(kBob, {request(MessageType::kAcquire, "hot/a", ++id)}, bob_);
+  Message waits = request(MessageType::kAcquire, "hot/a", ++id);
+  waits.wait_ms = 5000;
+  EXPECT_TRUE(send(kCarol, {waits}, carol_).empty());  // queued
+  for (int i = 0; i < 4; ++i) (void)send(kBob, {request(MessageType::kQuery, "hot/b", ++id)}, bob_);
+  (void)send(kBob, {request(MessageType::kRelease, "hot/c", ++id)}, bob_);
+  now_ms_ += 2000;
+
+  Message hot;
+  hot.type = MessageType::kHotKeys;
+  hot.request_id = 7;
+  Datagram d;
+  d.client_id = kCarol;
+  d.request_id = 7;
+  ASSERT_TRUE(d.push(hot));
+  std::vector<std::uint8_t> padded(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode(d, padded, n, kMaxDatagramSize), ProtocolError::kOk);
+  const auto out = handle(padded, carol_);
+  ASSERT_EQ(out.size(), 1u);
+  const Datagram r = decoded(out[0]);
+  const Message& m = r.messages[0];
+  ASSERT_EQ(m.type, MessageType::kHotKeysReply);
+  EXPECT_EQ(m.window_ms, 2000u);  // no half-life boundary passed since it started
+  const std::vector<HotKeyEntry> keys(HotKeyList(m).begin(), HotKeyList(m).end());
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[0].key, "hot/a");
+  EXPECT_EQ(keys[0].requests, 10u);
+  EXPECT_EQ(keys[0].error, 0u);
+  EXPECT_EQ(keys[0].busy, 3u);  // bob's, and alice's own acquires are new grants
+  EXPECT_EQ(keys[0].holders, 1u);
+  EXPECT_EQ(keys[0].waiters, 1u);
+  EXPECT_EQ(keys[1].key, "hot/b");
+  EXPECT_EQ(keys[1].requests, 4u);
+  EXPECT_EQ(keys[1].holders, 0u);
+  EXPECT_EQ(keys[2].key, "hot/c");
+
+  // Padded only to the bound, the reply carries no keys.
+  const auto bare = send(kCarol, {hot}, carol_);
+  ASSERT_EQ(bare.size(), 1u);
+  EXPECT_EQ(decoded(bare[0]).messages[0].hot_key_count, 0);
+}
+
 TEST_F(DispatcherTest, KeysSpreadOverShardsAndStayOnTheirShard) {
   std::set<std::size_t> used;
   for (int i = 0; i < 200; ++i) {

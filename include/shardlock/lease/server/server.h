@@ -106,6 +106,11 @@ struct LeaseServerOptions {
   std::size_t max_waiters_per_key = 10'000;      // queued ACQUIREs on one key
   std::size_t max_leases_per_client = 100'000;   // leases held by one client id
   std::size_t max_waiters_per_client = 100'000;  // ACQUIREs queued by one client id
+  // Slots of each shard's hot-key sketch (HOT_KEYS, shardlockctl top;
+  // internal/hot_keys.h), 0..kMaxHotKeysPerShard: its memory is fixed at
+  // start, about 300 bytes a slot. 0: no sketch, HOT_KEYS lists no keys.
+  std::size_t hot_keys_per_shard = 16;
+  static constexpr std::size_t kMaxHotKeysPerShard = 1024;
   // Shared key for datagram authentication (auth.h). When set, every
   // datagram must carry a valid tag (the others are dropped and counted as
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams

@@ -66,6 +66,7 @@
 
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/hot_keys.h"
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/server/internal/token_store.h"
@@ -97,6 +98,20 @@ struct ShardLimits {
   // epoch at or below token_floor >> 32: every token composed there could
   // be at or below it (RECOVERING, and needs_new_epoch()).
   std::uint64_t token_floor = 0;
+  // The busiest keys' sketch (hot_keys.h): slots per shard (0: none, HOT_KEYS
+  // answers no keys) and its half-life.
+  std::size_t hot_keys = 16;
+  std::int64_t hot_key_half_life_ms = HotKeys::kDefaultHalfLifeMs;
+};
+
+// One of a shard's busiest keys (Shard::hot_keys()), with what it holds now.
+struct HotKeyCount {
+  std::string key;
+  std::uint32_t requests = 0;  // HotKeys::Entry's
+  std::uint32_t error = 0;
+  std::uint32_t busy = 0;
+  std::uint32_t holders = 0;  // now
+  std::uint32_t waiters = 0;  // now
 };
 
 // One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
@@ -190,6 +205,11 @@ class Shard {
     return handle(client, peer, request, key_hash(request.key), now_ms, reply, deferred,
                   reply_credit, page);
   }
+
+  // Appends this shard's busiest keys (its sketch's slots, decayed to
+  // `now_ms`), each with its holders and waiters now, to `out`, in no order.
+  // Copies the keys: may throw std::bad_alloc.
+  void hot_keys(std::int64_t now_ms, std::vector<HotKeyCount>& out);
 
   // The hash handle() expects for `key`: hash_key() under ShardLimits::hash_seed.
   [[nodiscard]] std::uint64_t key_hash(std::string_view key) const noexcept {
@@ -406,6 +426,10 @@ class Shard {
   enum class OwnerCheck { kOk, kExpired, kNotOwner };
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
+  // handle() but for the sketch, which handle() feeds the outcome.
+  bool answer(const ClientId& client, const Peer& peer, const Message& request,
+              std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
+              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit, HolderPage* page);
   [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
   // The gate's verdict on `key` now: kGrant without a gate.
   [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
@@ -544,6 +568,7 @@ class Shard {
   std::unordered_map<ClientId, Usage, SeededHash> usage_;
   std::array<std::uint64_t, kStatCounterCount> counters_{};
   std::string last_error_;
+  HotKeys hot_keys_;  // every single-key request, and whether it was answered BUSY
 };
 
 }  // namespace shardlock::lease::internal
