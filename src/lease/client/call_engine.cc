@@ -64,6 +64,7 @@ std::error_code error_for(MessageType reply) noexcept {
     case MessageType::kStatsReply:
     case MessageType::kMapReply:
     case MessageType::kHoldersReply:
+    case MessageType::kHotKeysReply:
       return {};
     case MessageType::kBusy:
     case MessageType::kBusyMany:
@@ -94,12 +95,12 @@ Datagram& tx_datagram() noexcept {
   return datagram;
 }
 
-// STATS, MAP and QUERY_HOLDERS: their replies carry as many shard tokens,
-// members or holders as the request's padding leaves room for
+// STATS, MAP, QUERY_HOLDERS and HOT_KEYS: their replies carry as many shard
+// tokens, members, holders or keys as the request's padding leaves room for
 // (anti-amplification), so they are padded to a whole datagram, alone.
 bool asks_for_a_page(const Call& call) noexcept {
   return call.type == MessageType::kStats || call.type == MessageType::kMap ||
-         call.type == MessageType::kQueryHolders;
+         call.type == MessageType::kQueryHolders || call.type == MessageType::kHotKeys;
 }
 
 // Whether a reply that answers `call`'s type is well formed for this very
@@ -579,6 +580,14 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
                                            .ttl_left = milliseconds(e.ttl_left_ms),
                                            .pending = (e.flags & kHolderFlagPending) != 0,
                                            .value = std::string(e.value)});
+      }
+    }
+    if (m.type == MessageType::kHotKeysReply) {
+      r.window_ms = m.window_ms;
+      r.hot_keys.reserve(m.hot_key_count);
+      for (const HotKeyEntry& e : HotKeyList(m)) {
+        r.hot_keys.push_back(
+            HotKeyInfo{std::string(e.key), e.requests, e.error, e.busy, e.holders, e.waiters});
       }
     }
     if (m.type == MessageType::kStatsReply) {

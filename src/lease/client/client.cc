@@ -569,6 +569,21 @@ ServerStatsReply LeaseClient::stats(std::size_t node) {
   return out;
 }
 
+HotKeysReply LeaseClient::hot_keys(std::size_t node) {
+  HotKeysReply out;
+  if (node >= core_->setup.options.nodes.size()) {
+    out.error = LeaseErrc::kBadArgument;
+    return out;
+  }
+  auto call = core_->engine.make_call(MessageType::kHotKeys, {});
+  if (node < core_->setup.endpoints.size()) call->to = &core_->setup.endpoints[node];
+  CallResult r = core_->call_sync(std::move(call));
+  out.error = r.error;
+  out.keys = std::move(r.hot_keys);
+  out.window = milliseconds(r.window_ms);
+  return out;
+}
+
 ServerStatsReply LeaseClient::ping(std::size_t node) {
   ServerStatsReply out;
   if (node >= core_->setup.options.nodes.size()) {

@@ -103,6 +103,20 @@ struct ServerStatsReply {
   [[nodiscard]] std::string version() const { return version_text(counter(StatCounter::kVersion)); }
 };
 
+// A node's busiest keys (LeaseClient::hot_keys()).
+struct HotKeysReply {
+  std::error_code error;
+  // The busiest keys the server's sketches hold, most requests first, as
+  // many as one datagram carries (about 30 with short keys).
+  std::vector<HotKeyInfo> keys;
+  // The decayed time the counts cover: a key's requests per second is
+  // requests * 1000 / window (rate()).
+  std::chrono::milliseconds window{0};
+  [[nodiscard]] double rate(const HotKeyInfo& key) const noexcept {
+    return window.count() > 0 ? key.requests * 1000.0 / static_cast<double>(window.count()) : 0.0;
+  }
+};
+
 // Who holds a key (LeaseClient::holders()).
 struct HoldersReply {
   std::error_code error;
@@ -329,6 +343,10 @@ class LeaseClient {
   // counters and gauges (version, uptime, lock-delay left) and round_trip.
   // Blocks up to request_timeout; kUnreachable when no answer came.
   [[nodiscard]] ServerStatsReply ping(std::size_t node = 0);
+  // HOT_KEYS of node `node`: its busiest keys (docs/lease-server.md, "Hot
+  // keys"). Blocks up to request_timeout; a server that predates HOT_KEYS
+  // drops it, so that is kUnreachable too.
+  [[nodiscard]] HotKeysReply hot_keys(std::size_t node = 0);
 
   // ---- asynchronous calls -------------------------------------------------
   // `done` runs exactly once, on the I/O thread, by the call's deadline; it
