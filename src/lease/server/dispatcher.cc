@@ -20,7 +20,7 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
     : options_(std::move(options)),
       clock_(options_.clock),
       limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
-      started_ms_(now_ms()),
+      started_ms_(shards.empty() ? now_ms() : shards.front()->created_ms()),
       active_many_(16, MultiIdHash{options_.key_seed}),
       many_answers_(limits_.dedup_capacity, options_.key_seed) {
   shards_.reserve(shards.size());

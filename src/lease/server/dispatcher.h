@@ -287,7 +287,9 @@ class Dispatcher {
   static constexpr std::uint32_t kBehindRetryMs = 20;
   // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
   ShardLimits limits_;
-  std::int64_t started_ms_;  // now_ms() at construction: STATS' uptime counts from it
+  // When the shards were made (LeaseServer makes them all at one now_ms):
+  // STATS' uptime and the hot-key halvings count from it.
+  std::int64_t started_ms_;
   // The gate MAP answers from (the shards have their own copies).
   mutable Mutex gate_mu_;
   std::shared_ptr<const ClusterGate> gate_ SHARDLOCK_GUARDED_BY(gate_mu_);

@@ -6,27 +6,16 @@
 
 namespace shardlock::lease::internal {
 
-namespace {
-
-// The first multiple of `half_life_ms` after `now_ms`: every shard halves on
-// the same boundaries, so their counts weigh alike and merge.
-std::int64_t next_boundary(std::int64_t now_ms, std::int64_t half_life_ms) noexcept {
-  const std::int64_t floor =
-      now_ms >= 0 ? now_ms / half_life_ms : -((-now_ms + half_life_ms - 1) / half_life_ms);
-  return (floor + 1) * half_life_ms;
-}
-
-}  // namespace
-
 HotKeys::HotKeys(std::size_t capacity, std::size_t max_key_length, std::int64_t half_life_ms,
-                 std::int64_t now_ms)
+                 std::int64_t origin_ms)
     : max_key_length_(max_key_length),
       half_life_ms_(std::max<std::int64_t>(half_life_ms, 0)),
+      origin_ms_(origin_ms),
       hashes_(capacity),
       counts_(capacity),
       slots_(capacity),
       key_bytes_(capacity * max_key_length) {
-  if (half_life_ms_ > 0) next_halving_ms_ = next_boundary(now_ms, half_life_ms_);
+  if (half_life_ms_ > 0) next_halving_ms_ = origin_ms + half_life_ms_;
 }
 
 void HotKeys::take_slot(std::uint64_t key_hash, std::string_view key, bool busy) noexcept {
@@ -62,17 +51,17 @@ void HotKeys::halve_until(std::int64_t now_ms) noexcept {
   }
 }
 
-std::int64_t HotKeys::window_ms(std::int64_t since_ms, std::int64_t now_ms,
+std::int64_t HotKeys::window_ms(std::int64_t origin_ms, std::int64_t now_ms,
                                 std::int64_t half_life_ms) noexcept {
-  if (now_ms <= since_ms) return 0;
-  if (half_life_ms <= 0) return now_ms - since_ms;
+  if (now_ms <= origin_ms) return 0;
+  if (half_life_ms <= 0) return now_ms - origin_ms;
   // Walk back from now, one period between boundaries at a time, each
-  // weighing half the one after it, until `since_ms` or the weight is gone.
+  // weighing half the one after it, until the origin or the weight is gone.
   std::int64_t end = now_ms;
-  std::int64_t start = next_boundary(now_ms, half_life_ms) - half_life_ms;
+  std::int64_t start = origin_ms + (now_ms - origin_ms) / half_life_ms * half_life_ms;
   std::int64_t total = 0;
-  for (int halvings = 0; halvings < 32 && end > since_ms; ++halvings) {
-    total += (end - std::max(start, since_ms)) >> halvings;
+  for (int halvings = 0; halvings < 32 && end > origin_ms; ++halvings) {
+    total += (end - start) >> halvings;
     end = start;
     start -= half_life_ms;
   }

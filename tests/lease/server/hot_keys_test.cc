@@ -128,20 +128,25 @@ TEST(HotKeys, ANewKeyTakesTheSmallestSlotWithItsCountAsError) {
   EXPECT_EQ(e.at("hot").requests, 10u);
 }
 
-// Counts halve on every half-life boundary (multiples of the half-life, the
+// Counts halve every half-life after the origin (the server's start, the
 // same in every shard), lazily: several boundaries at once halve as often.
 TEST(HotKeys, CountsHalveOnEachBoundary) {
-  HotKeys sketch(4, 256, /*half_life_ms=*/1000, /*now_ms=*/1500);
+  HotKeys sketch(4, 256, /*half_life_ms=*/1000, /*origin_ms=*/1500);
   for (int i = 0; i < 64; ++i) record(sketch, "a", 1500, i % 2 == 0);
-  EXPECT_EQ(entries(sketch, 1999).at("a").requests, 64u);
-  EXPECT_EQ(entries(sketch, 2000).at("a").requests, 32u);  // boundary 2000
-  EXPECT_EQ(entries(sketch, 2000).at("a").busy, 16u);
-  record(sketch, "a", 2500);
-  EXPECT_EQ(entries(sketch, 2999).at("a").requests, 33u);
-  EXPECT_EQ(entries(sketch, 5000).at("a").requests, 4u);  // 3000, 4000, 5000
+  EXPECT_EQ(sketch.origin_ms(), 1500);
+  EXPECT_EQ(entries(sketch, 2499).at("a").requests, 64u);
+  EXPECT_EQ(entries(sketch, 2500).at("a").requests, 32u);  // boundary 2500
+  EXPECT_EQ(entries(sketch, 2500).at("a").busy, 16u);
+  record(sketch, "a", 3000);
+  EXPECT_EQ(entries(sketch, 3499).at("a").requests, 33u);
+  EXPECT_EQ(entries(sketch, 5500).at("a").requests, 4u);  // 3500, 4500, 5500
   EXPECT_TRUE(entries(sketch, 100'000).empty());          // all halved away
   record(sketch, "b", 100'000);
   EXPECT_EQ(entries(sketch, 100'000).at("b").requests, 1u);
+  // Without a half-life nothing halves.
+  HotKeys kept(4, 256, 0, 0);
+  record(kept, "a", 0);
+  EXPECT_EQ(entries(kept, 1'000'000'000).at("a").requests, 1u);
 }
 
 // window_ms(): each millisecond weighs as a request made then; a key
@@ -151,7 +156,7 @@ TEST(HotKeys, WindowTurnsCountsIntoRates) {
   EXPECT_EQ(HotKeys::window_ms(100, 700, 1000), 600);  // no boundary yet
   EXPECT_EQ(HotKeys::window_ms(0, 1000, 1000), 500);   // [0,1000) halved once
   EXPECT_EQ(HotKeys::window_ms(0, 1250, 1000), 750);   // 250 + 1000 / 2
-  EXPECT_EQ(HotKeys::window_ms(500, 2250, 1000), 250 + 500 + 125);
+  EXPECT_EQ(HotKeys::window_ms(500, 2750, 1000), 250 + 500 + 250);
   EXPECT_EQ(HotKeys::window_ms(700, 700, 1000), 0);
   // A steady 2 requests per millisecond since 500 ms.
   HotKeys sketch(2, 256, 1000, 500);

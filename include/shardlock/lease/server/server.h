@@ -111,6 +111,9 @@ struct LeaseServerOptions {
   // start, about 300 bytes a slot. 0: no sketch, HOT_KEYS lists no keys.
   std::size_t hot_keys_per_shard = 16;
   static constexpr std::size_t kMaxHotKeysPerShard = 1024;
+  // Its counts halve every hot_key_half_life after the start, so it follows
+  // current traffic; 0: never (counts since the start).
+  std::chrono::milliseconds hot_key_half_life{10'000};
   // Shared key for datagram authentication (auth.h). When set, every
   // datagram must carry a valid tag (the others are dropped and counted as
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams

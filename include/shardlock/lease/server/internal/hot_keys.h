@@ -15,11 +15,12 @@
 // fixed at construction (the keys' bytes included): no per-key growth.
 //
 // Decay: a live view wants the hot keys of now, not of last week. Every
-// `half_life_ms` of the server clock, on boundaries shared by every shard
-// (multiples of the half-life), each count and error is halved (rounded
-// down), so a request weighs 2^-k after k boundaries; the bounds above hold
-// for the weighted counts, give or take the rounding (under 1). window_ms()
-// is the weighted time the counts cover: count / window is a rate.
+// `half_life_ms` from `origin_ms` (the server's start, the same in every
+// shard, so their counts weigh alike and merge), each count and error is
+// halved (rounded down), so a request weighs 2^-k after k boundaries; the
+// bounds above hold for the weighted counts, give or take the rounding
+// (under 1). window_ms() is the weighted time the counts cover: count /
+// window is a rate.
 //
 // Cost per record(): a scan of `capacity` hashes in one array (two cache
 // lines at 16); a miss when full also scans the counts for the smallest and
@@ -50,14 +51,16 @@ class HotKeys {
   };
 
   // `capacity` 0: disabled, record() does nothing. Keys longer than
-  // `max_key_length` are not recorded. half_life_ms 0: no decay.
+  // `max_key_length` are not recorded. half_life_ms 0: no decay; else counts
+  // halve at origin_ms + k x half_life_ms.
   HotKeys(std::size_t capacity, std::size_t max_key_length, std::int64_t half_life_ms,
-          std::int64_t now_ms);
+          std::int64_t origin_ms);
 
   [[nodiscard]] bool enabled() const noexcept { return !hashes_.empty(); }
   [[nodiscard]] std::size_t capacity() const noexcept { return hashes_.size(); }
   // Slots with a key (those halved to 0 included).
   [[nodiscard]] std::size_t size() const noexcept { return used_; }
+  [[nodiscard]] std::int64_t origin_ms() const noexcept { return origin_ms_; }
 
   // Counts one request for `key` (hash `key_hash`) at `now_ms`, and one BUSY
   // answer if `busy`. Never allocates, never throws.
@@ -87,11 +90,11 @@ class HotKeys {
     }
   }
 
-  // The weight in milliseconds of the time from `since_ms` to `now_ms`, each
-  // millisecond weighing as a request made then does after the halvings
-  // since (half_life_ms 0: now_ms - since_ms): a key requested r times a
-  // second throughout has a count near r * window_ms / 1000.
-  [[nodiscard]] static std::int64_t window_ms(std::int64_t since_ms, std::int64_t now_ms,
+  // The weight in milliseconds of the time from `origin_ms` to `now_ms`,
+  // each millisecond weighing as a request made then does after the
+  // halvings since (half_life_ms 0: now_ms - origin_ms): a key requested r
+  // times a second throughout has a count near r * window_ms / 1000.
+  [[nodiscard]] static std::int64_t window_ms(std::int64_t origin_ms, std::int64_t now_ms,
                                               std::int64_t half_life_ms) noexcept;
 
  private:
@@ -114,6 +117,7 @@ class HotKeys {
 
   std::size_t max_key_length_;
   std::int64_t half_life_ms_;
+  std::int64_t origin_ms_;
   std::int64_t next_halving_ms_ = 0;
   std::size_t used_ = 0;
   std::vector<std::uint64_t> hashes_;  // capacity(); [0, used_) hold keys

@@ -99,7 +99,8 @@ struct ShardLimits {
   // be at or below it (RECOVERING, and needs_new_epoch()).
   std::uint64_t token_floor = 0;
   // The busiest keys' sketch (hot_keys.h): slots per shard (0: none, HOT_KEYS
-  // answers no keys) and its half-life.
+  // answers no keys) and its half-life (0: no decay), counted from the
+  // shard's creation (every shard of a server is made at one now_ms).
   std::size_t hot_keys = 16;
   std::int64_t hot_key_half_life_ms = HotKeys::kDefaultHalfLifeMs;
 };
@@ -328,6 +329,8 @@ class Shard {
                std::int64_t expiry_ms);
 
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  // The now_ms it was made at: the origin of its sketch's halvings.
+  [[nodiscard]] std::int64_t created_ms() const noexcept { return hot_keys_.origin_ms(); }
   [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
   [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
     return counters_;
