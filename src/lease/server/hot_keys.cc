@@ -8,10 +8,11 @@ namespace shardlock::lease::internal {
 
 HotKeys::HotKeys(std::size_t capacity, std::size_t max_key_length, std::int64_t half_life_ms,
                  std::int64_t origin_ms)
-    : max_key_length_(max_key_length),
+    : capacity_(capacity),
+      max_key_length_(max_key_length),
       half_life_ms_(std::max<std::int64_t>(half_life_ms, 0)),
       origin_ms_(origin_ms),
-      hashes_(capacity),
+      hashes_((capacity + 3) / 4 * 4),
       counts_(capacity),
       slots_(capacity),
       key_bytes_(capacity * max_key_length) {
@@ -21,12 +22,14 @@ HotKeys::HotKeys(std::size_t capacity, std::size_t max_key_length, std::int64_t 
 void HotKeys::take_slot(std::uint64_t key_hash, std::string_view key, bool busy) noexcept {
   std::size_t i = used_;
   std::uint32_t floor = 0;
-  if (used_ < hashes_.size()) {
+  if (used_ < capacity_) {
     ++used_;
   } else {
-    i = static_cast<std::size_t>(std::min_element(counts_.begin(), counts_.end()) -
+    // The smallest count, branch-free, then its first slot.
+    floor = counts_[0];
+    for (const std::uint32_t c : counts_) floor = std::min(floor, c);
+    i = static_cast<std::size_t>(std::find(counts_.begin(), counts_.end(), floor) -
                                  counts_.begin());
-    floor = counts_[i];
   }
   hashes_[i] = key_hash;
   counts_[i] = floor;

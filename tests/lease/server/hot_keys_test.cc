@@ -48,6 +48,21 @@ TEST(HotKeys, CountsEachKeyExactlyWhileThereIsRoom) {
   EXPECT_EQ(e.at("c").hash, hash_key("c", kSeed));
 }
 
+// The lookup reads hashes four at a time: a capacity that is no multiple
+// of four, and a key whose hash is 0 (what the unused slots hold), still
+// count right.
+TEST(HotKeys, OddCapacitiesAndAZeroHash) {
+  HotKeys sketch(5, 256, 0, 0);
+  for (int i = 0; i < 3; ++i) sketch.record(0, "zero", false, 0);
+  for (int i = 0; i < 3; ++i) record(sketch, "k" + std::to_string(i), 0);
+  EXPECT_EQ(entries(sketch, 0).at("zero").requests, 3u);
+  for (int i = 3; i < 9; ++i) record(sketch, "k" + std::to_string(i), 0);
+  EXPECT_EQ(sketch.capacity(), 5u);
+  EXPECT_EQ(sketch.size(), 5u);
+  EXPECT_EQ(entries(sketch, 0).size(), 5u);
+  EXPECT_EQ(entries(sketch, 0).at("zero").requests, 3u);  // never the smallest
+}
+
 // 100000 distinct keys through 16 slots: never more than 16, and no memory
 // beyond what construction took (the vectors keep their buffers).
 TEST(HotKeys, MemoryIsBoundedWhateverTheKeys) {
