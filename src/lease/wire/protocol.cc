@@ -260,7 +260,7 @@ bool read_hot_key_entry(Reader& r) noexcept {
   const std::size_t key_length = r.key().size();
   const std::uint32_t requests = r.u32();
   const std::uint32_t error = r.u32();
-  (void)r.bytes(3 * 4);
+  (void)r.bytes(3 * sizeof(std::uint32_t));  // busy, holders, waiters
   return valid_hot_key(key_length, requests, error);
 }
 

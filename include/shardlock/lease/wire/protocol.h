@@ -851,7 +851,7 @@ struct HotKeyEntry {
 
 // The wire size of one hot-key-list entry.
 [[nodiscard]] constexpr std::size_t hot_key_entry_size(const HotKeyEntry& h) noexcept {
-  return 2 + h.key.size() + 5 * 4;
+  return 2 + h.key.size() + 5 * sizeof(std::uint32_t);
 }
 
 // Appends `entry` as a hot-key-list entry to `out`, for
