@@ -725,6 +725,13 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
     answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
     count(allocation_failures_);
   }
+  // Each key is requested once, as a single ACQUIRE of it would be; the
+  // key BUSY_MANY names was answered busy.
+  for (const MultiAcquire::Part& part : multi.parts) {
+    const bool busy =
+        answer && answer->type == MessageType::kBusyMany && answer->index == part.index;
+    shard_at(part.shard).note_request(part.hash, part.key, busy, now);
+  }
   unlock_parts(multi);
   if (!answer) return false;  // queued: `multi` is the shards' now, until its step comes
   if (answer->type == MessageType::kError) count(errors_);

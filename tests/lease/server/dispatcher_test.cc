@@ -412,6 +412,21 @@ TEST_F(DispatcherTest, HotKeysListTheBusiestKeysOfEveryShard) {
   EXPECT_EQ(keys[1].holders, 0u);
   EXPECT_EQ(keys[2].key, "hot/c");
 
+  // ACQUIRE_MANY's keys count too, the one BUSY_MANY names as busy.
+  (void)send(kBob, {many({"hot/c", "hot/a"}, ++id)}, bob_);
+  const auto again = handle(padded, carol_);
+  ASSERT_EQ(again.size(), 1u);
+  const Datagram r2 = decoded(again[0]);
+  const std::vector<HotKeyEntry> after(HotKeyList(r2.messages[0]).begin(),
+                                       HotKeyList(r2.messages[0]).end());
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_EQ(after[0].key, "hot/a");
+  EXPECT_EQ(after[0].requests, 11u);
+  EXPECT_EQ(after[0].busy, 4u);
+  EXPECT_EQ(after[2].key, "hot/c");
+  EXPECT_EQ(after[2].requests, 2u);
+  EXPECT_EQ(after[2].busy, 0u);
+
   // Padded only to the bound, the reply carries no keys.
   const auto bare = send(kCarol, {hot}, carol_);
   ASSERT_EQ(bare.size(), 1u);

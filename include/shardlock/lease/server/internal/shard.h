@@ -301,6 +301,12 @@ class Shard {
   }
   // Counts a multi-key request's outcome in this shard's counters.
   void count_outcome(StatCounter c) noexcept { count(c); }
+  // Records a request for `key` (of this shard; hash `key_hash`) in the
+  // hot-key sketch, as handle() does its own: ACQUIRE_MANY's keys.
+  void note_request(std::uint64_t key_hash, std::string_view key, bool busy,
+                    std::int64_t now_ms) noexcept {
+    hot_keys_.record(key_hash, key, busy, now_ms);
+  }
 
   // ---- Replication (docs/cluster.md, "Replication") ----------------------
   // Under a gate that marks a key's bucket replicated, every holder added
