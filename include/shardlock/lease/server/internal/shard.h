@@ -577,7 +577,7 @@ class Shard {
   std::unordered_map<ClientId, Usage, SeededHash> usage_;
   std::array<std::uint64_t, kStatCounterCount> counters_{};
   std::string last_error_;
-  HotKeys hot_keys_;  // every single-key request, and whether it was answered BUSY
+  HotKeys hot_keys_;  // every keyed request (note_request()), and whether it was answered BUSY
 };
 
 }  // namespace shardlock::lease::internal
