@@ -9,7 +9,10 @@
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
 //     query   KEY          (each holder, and the waiters)
-//     stats
+//     stats        (gauges: version, uptime, leases, keys, waiters; counters)
+//     ping         (round trip, version, uptime, recovering or not)
+//     top | hot    [--interval DUR] [--count N | --once] [--limit N]
+//                  (a live view of the busiest keys, as redis-cli --hotkeys)
 //     keygen
 //     members --cluster etcd://HOST:PORT[,...] [--cluster-name NAME]
 //     drain   ID --cluster ... [--cancel] [--force] [--wait DUR]
@@ -720,6 +723,253 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
   return kExitError;
 }
 
+// ------------------------------------------------------------------ stats, ping
+
+// The gauges of a STATS reply beside its counters, under their JSON names;
+// from a server that predates them, version null and no others.
+void put_gauges(Json& j, const ServerStatsReply& s) {
+  const std::string version = s.version();
+  j["version"] = version.empty() ? Json(nullptr) : Json(version);
+  if (!s.has_gauges()) return;
+  for (std::size_t i = kStatCounterCountWithoutGauges; i < kStatCounterCount; ++i) {
+    const auto gauge = static_cast<StatCounter>(i);
+    if (gauge != StatCounter::kVersion) j[std::string(to_string(gauge))] = s.counter(gauge);
+  }
+  j["recovering"] = s.counter(StatCounter::kLockDelayLeftMs) > 0;
+}
+
+// ping for people: "ADDR answered in 0.21ms: shardlockd 1.2.0, up 12.5s,
+// granting" (or "recovering: grants in 41s").
+std::string ping_text(const std::string& node, const ServerStatsReply& s) {
+  char round_trip[32];
+  std::snprintf(round_trip, sizeof round_trip, "%.2fms",
+                static_cast<double>(s.round_trip.count()) / 1000.0);
+  std::string text = node + " answered in " + round_trip;
+  if (!s.has_gauges()) return text + " (a server too old to say its version or state)\n";
+  const std::uint64_t delay = s.counter(StatCounter::kLockDelayLeftMs);
+  return text + ": shardlockd " + s.version() + ", up " +
+         seconds_text(s.counter(StatCounter::kUptimeMs)) + ", " +
+         (delay > 0 ? "recovering: grants in " + seconds_text(delay) + " (its lock-delay)"
+                    : std::string("granting")) +
+         "\n";
+}
+
+// stats for people: the node and its shard count, then one "  name value"
+// line per gauge and counter, then the shard tokens.
+std::string stats_text(const std::string& node, const ServerStatsReply& s) {
+  std::string text = node + " shards=" + std::to_string(s.shard_count) + "\n";
+  char line[96];
+  const auto add = [&](std::string_view name, const std::string& value) {
+    std::snprintf(line, sizeof line, "  %-20s %s\n", std::string(name).c_str(), value.c_str());
+    text += line;
+  };
+  if (s.has_gauges()) {
+    add("version", s.version());
+    add("uptime", seconds_text(s.counter(StatCounter::kUptimeMs)));
+    add("lock_delay_left", seconds_text(s.counter(StatCounter::kLockDelayLeftMs)));
+    for (const StatCounter gauge :
+         {StatCounter::kLeases, StatCounter::kKeys, StatCounter::kWaiters}) {
+      add(to_string(gauge), std::to_string(s.counter(gauge)));
+    }
+  }
+  for (std::size_t i = 0; i < kStatCounterCountWithoutGauges; ++i) {
+    add(to_string(static_cast<StatCounter>(i)), std::to_string(s.counters[i]));
+  }
+  std::string tokens;
+  for (const std::uint64_t t : s.shard_tokens) {
+    tokens += (tokens.empty() ? "" : " ") + std::to_string(t);
+  }
+  add("shard_tokens", tokens);
+  return text;
+}
+
+// Why a call to `node` failed, diagnosed: on stderr for people, in `j` for
+// JSON. Returns its exit status.
+int node_failure(LeaseClient& client, const std::string& node, milliseconds timeout, bool have_key,
+                 std::error_code error, const Output& out, Json& j) {
+  Failure f;
+  f.error = error;
+  if (error == LeaseErrc::kUnreachable) diagnose_silence(client, node, timeout, have_key, f);
+  j["error"] = failure_name(f);
+  if (!f.detail.empty()) j["message"] = f.detail;
+  if (!out.json) {
+    std::fprintf(stderr, "shardlockctl: %s: %s\n", node.c_str(), failure_text(f, {}, {}).c_str());
+  }
+  return failure_status(f);
+}
+
+// stats or ping (`ping`) of every node in turn: one result each (JSON: one
+// object, {"nodes": [...]}); the exit status is the worst node's.
+int print_nodes(LeaseClient& client, const std::vector<std::string>& nodes, milliseconds timeout,
+                bool have_key, const Output& out, bool ping) {
+  Json results = Json::array();
+  int worst = kExitOk;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    const std::string& node = nodes[n];
+    const ServerStatsReply s = ping ? client.ping(n) : client.stats(n);
+    Json j;
+    j["server"] = node;
+    if (s.error) {
+      worst = std::max(worst, node_failure(client, node, timeout, have_key, s.error, out, j));
+      results.push_back(std::move(j));
+      continue;
+    }
+    if (ping) {
+      j["round_trip_us"] = s.round_trip.count();
+      put_gauges(j, s);
+      if (!out.json) std::printf("%s", ping_text(node, s).c_str());
+      results.push_back(std::move(j));
+      continue;
+    }
+    j["shards"] = s.shard_count;
+    if (s.shard_tokens.size() < s.shard_count) {
+      // The server stopped paging early: what follows is a part, not the
+      // whole, and must not read as the server's state.
+      std::fprintf(stderr, "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
+                   node.c_str(), s.shard_tokens.size(), s.shard_count);
+      j["error"] = "incomplete";
+      worst = std::max(worst, kExitError);
+    }
+    put_gauges(j, s);
+    Json counters;
+    for (std::size_t i = 0; i < kStatCounterCountWithoutGauges; ++i) {
+      counters[std::string(to_string(static_cast<StatCounter>(i)))] = s.counters[i];
+    }
+    j["counters"] = counters;
+    j["shard_tokens"] = s.shard_tokens;
+    if (!out.json) std::printf("%s", stats_text(node, s).c_str());
+    results.push_back(std::move(j));
+  }
+  if (out.json) print_json(Json{{"nodes", results}});
+  return worst;
+}
+
+// ------------------------------------------------------------------ top
+
+// What top was asked to do.
+struct TopArgs {
+  DurationArg interval{"1s"};
+  std::uint64_t count = 0;  // frames; 0: until interrupted
+  bool once = false;        // --once: one frame
+  std::size_t limit = 20;   // keys shown per node
+};
+
+// One node's last STATS, for its request rate over the interval.
+struct RateSample {
+  std::uint64_t requests = 0;
+  std::uint64_t uptime_ms = 0;
+};
+
+// Requests per second from `since` to `now` (since the start when `since`
+// is all zeros).
+double request_rate(const RateSample& since, const RateSample& now) {
+  if (now.uptime_ms <= since.uptime_ms || now.requests < since.requests) return 0.0;
+  return static_cast<double>(now.requests - since.requests) * 1000.0 /
+         static_cast<double>(now.uptime_ms - since.uptime_ms);
+}
+
+// A rate for people: 1234.5, 12.0, 0.
+std::string rate_text(double rate) {
+  char text[32];
+  std::snprintf(text, sizeof text, rate == 0 ? "%.0f" : "%.1f", rate);
+  return text;
+}
+
+// One frame of one node: its header line, then the busiest keys as a table.
+std::string top_text(const std::string& node, const ServerStatsReply& s, double rate,
+                     const HotKeysReply& hot, std::size_t limit) {
+  std::string text = node + " shardlockd " + s.version() + " up " +
+                     seconds_text(s.counter(StatCounter::kUptimeMs)) + ": " + rate_text(rate) +
+                     " req/s, " + std::to_string(s.counter(StatCounter::kLeases)) + " leases, " +
+                     std::to_string(s.counter(StatCounter::kKeys)) + " keys, " +
+                     std::to_string(s.counter(StatCounter::kWaiters)) + " waiters" +
+                     (s.counter(StatCounter::kLockDelayLeftMs) > 0 ? ", recovering" : "") + "\n";
+  const std::size_t rows = std::min(limit, hot.keys.size());
+  std::size_t width = 3;
+  for (std::size_t i = 0; i < rows; ++i) {
+    width = std::max(width, std::min<std::size_t>(shown(hot.keys[i].key).size(), 48));
+  }
+  char line[512];
+  std::snprintf(line, sizeof line, "%-*s %10s %10s %8s %8s %8s %8s\n", static_cast<int>(width),
+                "KEY", "REQ/S", "REQUESTS", "ERROR", "BUSY", "HOLDERS", "WAITERS");
+  text += line;
+  for (std::size_t i = 0; i < rows; ++i) {
+    const HotKeyInfo& k = hot.keys[i];
+    std::snprintf(line, sizeof line, "%-*s %10s %10u %8u %8u %8u %8u\n", static_cast<int>(width),
+                  shown(k.key).c_str(), rate_text(hot.rate(k)).c_str(), k.requests, k.error, k.busy,
+                  k.holders, k.waiters);
+    text += line;
+  }
+  if (hot.keys.empty()) text += "(no key requested lately)\n";
+  return text;
+}
+
+// top's JSON for one node: the gauges, the request rate and the keys.
+void put_top(Json& j, const ServerStatsReply& s, double rate, bool since_start,
+             const HotKeysReply& hot, std::size_t limit) {
+  j["request_rate"] = rate;
+  j["rate_since"] = since_start ? "start" : "last";
+  put_gauges(j, s);
+  j["window_ms"] = hot.window.count();
+  j["hot_keys"] = Json::array();
+  for (std::size_t i = 0; i < std::min(limit, hot.keys.size()); ++i) {
+    const HotKeyInfo& k = hot.keys[i];
+    Json item;
+    put_key(item, "key", k.key);
+    item["requests_per_second"] = hot.rate(k);
+    item["requests"] = k.requests;
+    item["error"] = k.error;
+    item["busy"] = k.busy;
+    item["holders"] = k.holders;
+    item["waiters"] = k.waiters;
+    j["hot_keys"].push_back(std::move(item));
+  }
+}
+
+// The busiest keys of every node, refreshed every --interval, like top(1)
+// (a terminal is cleared between frames) and redis-cli --hotkeys. Each
+// node's request rate is over the interval (the first frame: since it
+// started), from STATS' requests counter and uptime.
+int run_top(LeaseClient& client, const std::vector<std::string>& nodes, milliseconds timeout,
+            bool have_key, const Output& out, const TopArgs& args) {
+  const std::uint64_t frames = args.once ? 1 : args.count;
+  const bool clear = !out.json && ::isatty(STDOUT_FILENO) == 1;
+  std::vector<std::optional<RateSample>> last(nodes.size());
+  int worst = kExitOk;
+  auto next = std::chrono::steady_clock::now();
+  for (std::uint64_t frame = 0; frames == 0 || frame < frames; ++frame) {
+    if (frame > 0) std::this_thread::sleep_until(next);
+    next = std::chrono::steady_clock::now() + args.interval.value;
+    std::string text = clear ? "\x1b[H\x1b[2J" : (frame > 0 ? "\n" : "");
+    Json results = Json::array();
+    for (std::size_t n = 0; n < nodes.size(); ++n) {
+      Json j;
+      j["server"] = nodes[n];
+      const ServerStatsReply s = client.ping(n);
+      const HotKeysReply hot = s.error ? HotKeysReply{} : client.hot_keys(n);
+      if (const std::error_code error = s.error ? s.error : hot.error) {
+        worst = std::max(worst, node_failure(client, nodes[n], timeout, have_key, error, out, j));
+        results.push_back(std::move(j));
+        last[n].reset();
+        continue;
+      }
+      const RateSample now{s.counter(StatCounter::kRequests), s.counter(StatCounter::kUptimeMs)};
+      const double rate = request_rate(last[n].value_or(RateSample{}), now);
+      put_top(j, s, rate, !last[n].has_value(), hot, args.limit);
+      last[n] = now;
+      text += top_text(nodes[n], s, rate, hot, args.limit);
+      results.push_back(std::move(j));
+    }
+    if (out.json) {
+      print_json(Json{{"nodes", results}});
+    } else {
+      std::fputs(text.c_str(), stdout);
+    }
+    std::fflush(stdout);
+  }
+  return worst;
+}
+
 // ------------------------------------------------------------------ cluster
 
 // The flags of members and drain.
@@ -1154,8 +1404,34 @@ int run(int argc, char** argv) {
   auto* keygen = app.add_subcommand(
       "keygen", "Print a new random auth key (64 hex digits) for shardlockd --auth-key");
   add_global_flags(*keygen, g, /*short_w=*/true);
-  auto* stats = app.add_subcommand("stats", "Server counters and every shard's token");
+  auto* stats = app.add_subcommand(
+      "stats",
+      "Each server's version, uptime, lock-delay left, leases held, keys in use and waiters, its "
+      "counters, and every shard's token");
   add_global_flags(*stats, g, /*short_w=*/true);
+  TopArgs top_args;
+  auto* top = app.add_subcommand(
+      "top",
+      "A live view of each server's busiest keys by requests (its bounded sketch of them), with "
+      "their requests per second, BUSY answers, holders and waiters, under a line with the "
+      "server's request rate, leases, keys and waiters; refreshed every --interval, like top(1) "
+      "and redis-cli --hotkeys. Ctrl-C ends it. Alias: hot");
+  top->alias("hot");
+  top->add_option("--interval", top_args.interval.text, "Time between refreshes")
+      ->capture_default_str();
+  top->add_option("--count", top_args.count, "Stop after this many refreshes (0: never)")
+      ->capture_default_str();
+  top->add_flag("--once", top_args.once, "One refresh, then exit (as --count 1)");
+  top->add_option("--limit", top_args.limit, "Keys shown per server")
+      ->check(CLI::Range(1, 255))
+      ->capture_default_str();
+  add_global_flags(*top, g, /*short_w=*/true);
+  auto* ping = app.add_subcommand(
+      "ping",
+      "Ask each server how it is: the round trip, its version and uptime, and whether it is "
+      "recovering (in its lock-delay after a start, ACQUIRE answered RECOVERING) and for how "
+      "long yet");
+  add_global_flags(*ping, g, /*short_w=*/true);
 
   RunArgs run_args;
   auto* run = app.add_subcommand(
@@ -1328,7 +1604,9 @@ int run(int argc, char** argv) {
     return shardlock::tools::usage_error(kTool, "only run takes -- COMMAND");
   }
   std::vector<std::string> checked_keys = keys;
-  if (!stats->parsed() && keys.empty()) checked_keys.push_back(key);
+  if (!stats->parsed() && !ping->parsed() && !top->parsed() && keys.empty()) {
+    checked_keys.push_back(key);
+  }
   for (const std::string& k : checked_keys) {
     if (k.size() < kMinKeyLength || k.size() > kMaxKeyLength) {
       return shardlock::tools::usage_error(
@@ -1455,62 +1733,14 @@ int run(int argc, char** argv) {
     }
     return kExitOk;
   }
-  if (stats->parsed()) {
-    Json nodes = Json::array();
-    int worst = kExitOk;
-    for (std::size_t n = 0; n < options.nodes.size(); ++n) {
-      const std::string& node = options.nodes[n];
-      const ServerStatsReply s = client.stats(n);
-      Json j;
-      j["server"] = node;
-      if (s.error) {
-        Failure f;
-        f.error = s.error;
-        if (s.error == LeaseErrc::kUnreachable) {
-          diagnose_silence(client, node, timeout.value, options.auth_key.has_value(), f);
-        }
-        j["error"] = failure_name(f);
-        if (!f.detail.empty()) j["message"] = f.detail;
-        if (!out.json) {
-          std::fprintf(stderr, "shardlockctl: %s: %s\n", node.c_str(),
-                       failure_text(f, {}, {}).c_str());
-        }
-        worst = std::max(worst, failure_status(f));
-        nodes.push_back(std::move(j));
-        continue;
-      }
-      j["shards"] = s.shard_count;
-      if (s.shard_tokens.size() < s.shard_count) {
-        // The server stopped paging early: what follows is a part, not the
-        // whole, and must not read as the server's state.
-        std::fprintf(stderr,
-                     "shardlockctl: %s: stats incomplete: %zu of %u shard tokens received\n",
-                     node.c_str(), s.shard_tokens.size(), s.shard_count);
-        j["error"] = "incomplete";
-        worst = std::max(worst, kExitError);
-      }
-      Json counters;
-      for (std::size_t i = 0; i < kStatCounterCount; ++i) {
-        counters[std::string(to_string(static_cast<StatCounter>(i)))] = s.counters[i];
-      }
-      j["counters"] = counters;
-      j["shard_tokens"] = s.shard_tokens;
-      if (!out.json) {
-        std::printf("%s shards=%u\n", node.c_str(), s.shard_count);
-        for (std::size_t i = 0; i < kStatCounterCount; ++i) {
-          std::printf("  %-20s %" PRIu64 "\n",
-                      std::string(to_string(static_cast<StatCounter>(i))).c_str(), s.counters[i]);
-        }
-        std::string tokens;
-        for (const std::uint64_t t : s.shard_tokens) {
-          tokens += (tokens.empty() ? "" : " ") + std::to_string(t);
-        }
-        std::printf("  %-20s %s\n", "shard_tokens", tokens.c_str());
-      }
-      nodes.push_back(std::move(j));
-    }
-    if (out.json) print_json(Json{{"nodes", nodes}});
-    return worst;
+  if (top->parsed()) {
+    if (!parse_arg(top_args.interval, "--interval", ZeroDuration::kRejected)) return kExitUsage;
+    return run_top(client, options.nodes, timeout.value, options.auth_key.has_value(), out,
+                   top_args);
+  }
+  if (stats->parsed() || ping->parsed()) {
+    return print_nodes(client, options.nodes, timeout.value, options.auth_key.has_value(), out,
+                       ping->parsed());
   }
   if (run->parsed()) {
     run_args.keys = keys;

@@ -230,6 +230,7 @@ int run(int argc, char** argv) {
   std::string max_ttl = "60s";
   std::string max_wait = "5m";
   std::optional<std::string> lock_delay;
+  std::string hot_key_half_life = "10s";
   std::string io = "auto";
   app.add_option("--listen", options.bind_address,
                  "HOST:PORT to bind (IPv4, or [IPv6]:PORT); port 0 picks a free port")
@@ -299,6 +300,16 @@ int run(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(std::size_t{1}, kMaxBound));
   }
+
+  app.add_option("--hot-keys", options.hot_keys_per_shard,
+                 "slots per shard of the busiest-keys sketch that shardlockctl top reads (fixed "
+                 "memory, ~300 bytes a slot); 0 = none")
+      ->capture_default_str()
+      ->check(CLI::Range(std::size_t{0}, LeaseServerOptions::kMaxHotKeysPerShard));
+  app.add_option("--hot-key-half-life", hot_key_half_life,
+                 "the sketch's counts halve this often, so top follows current traffic; 0 = "
+                 "never (counts since the start)")
+      ->capture_default_str();
 
 #ifdef SHARDLOCK_HAVE_CLUSTER
   shardlock::cluster::ClusterNodeOptions cluster;
@@ -384,6 +395,10 @@ int run(int argc, char** argv) {
       shardlock::tools::parse_duration_flag("--max-wait", max_wait, ZeroDuration::kAllowed);
   if (!max_wait_flag.error.empty()) return usage_error(max_wait_flag.error);
   options.max_wait = max_wait_flag.value;
+  const auto half_life_flag = shardlock::tools::parse_duration_flag(
+      "--hot-key-half-life", hot_key_half_life, ZeroDuration::kAllowed);
+  if (!half_life_flag.error.empty()) return usage_error(half_life_flag.error);
+  options.hot_key_half_life = half_life_flag.value;
   if (lock_delay) {
     const auto lock_delay_flag =
         shardlock::tools::parse_duration_flag("--lock-delay", *lock_delay, ZeroDuration::kAllowed);

@@ -1,5 +1,6 @@
 // The lease service's request path in user space, piece by piece: the codec,
-// the shard state machine, the dedup cache and the timer wheel. No sockets:
+// the shard state machine (with and without its hot-key sketch), the dedup
+// cache and the timer wheel. No sockets:
 // what these cost is what the server adds to the network round trip.
 //
 //   build/bench/bench/lease_benchmark
@@ -11,16 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "server/dispatcher.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/hot_keys.h"
 #include "shardlock/lease/server/internal/shard.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
+#include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lease/wire/protocol.h"
+#include "shardlock/workload/zipf.h"
 
 namespace shardlock::lease {
 namespace {
 
 using internal::DedupCache;
 using internal::DeferredReply;
+using internal::HotKeys;
 using internal::Peer;
 using internal::Shard;
 using internal::ShardLimits;
@@ -84,10 +90,16 @@ void BM_DecodeAcquire(benchmark::State& state) {
 BENCHMARK(BM_DecodeAcquire)->Arg(1)->Arg(16);
 
 // One ACQUIRE of a free key and its RELEASE, through the shard state machine
-// (dedup cache, key table, timer wheel, token counter).
+// (dedup cache, key table, timer wheel, token counter). Arg: the hot-key
+// sketch's slots (ShardLimits::hot_keys; 0: none), so /0 against /16 is
+// what HOT_KEYS costs the request path; the second arg: keys cycled through
+// (many more than the slots: every request misses the sketch, its worst
+// case; 4: every request hits).
 void BM_ShardAcquireRelease(benchmark::State& state) {
-  Shard shard(0, ShardLimits{}, ShardTokens{}, 1000);
-  const std::vector<std::string> keys = make_keys(1024);
+  Shard shard(0, ShardLimits{.hot_keys = static_cast<std::size_t>(state.range(0))}, ShardTokens{},
+              1000);
+  const std::vector<std::string> keys = make_keys(static_cast<std::size_t>(state.range(1)));
+  const std::size_t mask = keys.size() - 1;
   const ClientId client{1, 1};
   const Peer peer;
   std::vector<DeferredReply> deferred;
@@ -97,7 +109,7 @@ void BM_ShardAcquireRelease(benchmark::State& state) {
   for (auto _ : state) {
     Message m;
     m.type = MessageType::kAcquire;
-    m.key = keys[k++ & 1023];
+    m.key = keys[k++ & mask];
     m.ttl_ms = 30'000;
     m.request_id = ++request_id;
     (void)shard.handle(client, peer, m, 1000, reply, deferred);
@@ -109,7 +121,86 @@ void BM_ShardAcquireRelease(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * 2);
 }
-BENCHMARK(BM_ShardAcquireRelease);
+BENCHMARK(BM_ShardAcquireRelease)
+    ->ArgNames({"hot_keys", "keys"})
+    ->Args({0, 1024})
+    ->Args({16, 1024})
+    ->Args({64, 1024})
+    ->Args({0, 4})
+    ->Args({16, 4});
+
+// One QUERY datagram through the dispatcher, as a socket hands it over:
+// decode, the anti-amplification check, the key's shard under its lock,
+// the reply encoded. Args as BM_ShardAcquireRelease's: sketch slots per
+// shard (0: none), and keys cycled through (1024: every request misses
+// the sketch once its slots are taken; 4: every one hits).
+void BM_DispatcherQuery(benchmark::State& state) {
+  constexpr std::uint32_t kShards = 4;
+  const ShardLimits limits{.hash_seed = 42, .hot_keys = static_cast<std::size_t>(state.range(0))};
+  std::vector<std::unique_ptr<Shard>> shards;
+  for (std::uint32_t i = 0; i < kShards; ++i) {
+    shards.push_back(std::make_unique<Shard>(i, limits, ShardTokens{}, 0));
+  }
+  internal::DispatcherOptions options;
+  options.log = [](std::string_view) {};
+  options.key_seed = limits.hash_seed;
+  internal::Dispatcher dispatcher(std::move(options), std::move(shards));
+  const std::vector<std::string> keys = make_keys(static_cast<std::size_t>(state.range(1)));
+  std::vector<std::vector<std::uint8_t>> datagrams;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    Datagram d;
+    d.client_id = ClientId{1, 1};
+    d.request_id = i + 1;
+    Message m;
+    m.type = MessageType::kQuery;
+    m.request_id = i + 1;
+    m.key = keys[i];
+    (void)d.push(m);
+    std::vector<std::uint8_t>& bytes = datagrams.emplace_back(kMaxDatagramSize);
+    std::size_t written = 0;
+    if (encode_request(d, bytes, written) != ProtocolError::kOk) {
+      state.SkipWithError("encode failed");
+      return;
+    }
+    bytes.resize(written);
+  }
+  const Peer peer;
+  std::vector<internal::OutDatagram> replies;
+  replies.reserve(4);
+  std::size_t k = 0;
+  for (auto _ : state) {
+    replies.clear();
+    dispatcher.handle(0, datagrams[k++ & (datagrams.size() - 1)], peer, replies);
+    benchmark::DoNotOptimize(replies.data());
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_DispatcherQuery)
+    ->ArgNames({"hot_keys", "keys"})
+    ->Args({0, 1024})
+    ->Args({16, 1024})
+    ->Args({0, 4})
+    ->Args({16, 4});
+
+// The sketch alone: one record() of a Zipf(0.99) key over 100000 (most hit
+// a slot, the tail misses), per capacity.
+void BM_HotKeysRecord(benchmark::State& state) {
+  HotKeys sketch(static_cast<std::size_t>(state.range(0)), kMaxKeyLength, 10'000, 0);
+  const std::vector<std::string> keys = make_keys(100'000);
+  std::vector<std::uint64_t> hashes;
+  hashes.reserve(keys.size());
+  for (const std::string& key : keys) hashes.push_back(internal::hash_key(key, 42));
+  workload::ZipfGenerator zipf(keys.size(), 0.99, 7);
+  std::vector<std::uint32_t> order(1 << 16);
+  for (std::uint32_t& i : order) i = static_cast<std::uint32_t>(zipf.next());
+  std::size_t n = 0;
+  for (auto _ : state) {
+    const std::uint32_t i = order[n++ & (order.size() - 1)];
+    sketch.record(hashes[i], keys[i], false, 0);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_HotKeysRecord)->Arg(16)->Arg(64);
 
 // A retransmitted ACQUIRE that is still queued, past the dedup cache, behind
 // Arg waiters on one key: one index lookup, whatever the queue length (it

@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         a.ttl_ms != b.ttl_ms || a.epoch != b.epoch || a.member_list_count != b.member_list_count ||
         a.member_list.size() != b.member_list.size() || a.first_holder != b.first_holder ||
         a.value != b.value || a.owner != b.owner || a.holder_list_count != b.holder_list_count ||
-        a.holder_list.size() != b.holder_list.size()) {
+        a.holder_list.size() != b.holder_list.size() || a.window_ms != b.window_ms ||
+        a.hot_key_count != b.hot_key_count || a.hot_key_list.size() != b.hot_key_list.size()) {
       std::abort();
     }
     // A decoded holder list walks entry by entry to its count, each within
@@ -57,6 +58,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       ++holders;
     }
     if (holders != a.holder_list_count) std::abort();
+    // A decoded hot-key list likewise: every key in bounds, no error above
+    // its count.
+    std::size_t hot_keys = 0;
+    for (const auto& k : shardlock::lease::HotKeyList(a)) {
+      if (k.key.empty() || k.key.size() > shardlock::lease::kMaxKeyLength || k.error > k.requests) {
+        std::abort();
+      }
+      ++hot_keys;
+    }
+    if (hot_keys != a.hot_key_count) std::abort();
   }
   if (shardlock::lease::max_reply_size(first) < shardlock::lease::kHeaderSize) std::abort();
   return 0;

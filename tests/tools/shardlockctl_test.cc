@@ -178,6 +178,66 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   EXPECT_GE(node["counters"]["grants"].number, 1);
   EXPECT_GE(node["counters"]["busy"].number, 1);
   EXPECT_GE(node["counters"]["released"].number, 1);
+  // The gauges beside the counters: the lease taken first was superseded by
+  // the re-grant and that one released, so nothing is held now.
+  EXPECT_TRUE(std::regex_match(node["version"].text, std::regex(R"(\d+\.\d+\.\d+)")))
+      << node["version"].text;
+  EXPECT_EQ(node["leases"].number, 0);
+  EXPECT_EQ(node["keys"].number, 0);
+  EXPECT_EQ(node["waiters"].number, 0);
+  EXPECT_GT(node["uptime_ms"].number, 0);
+  EXPECT_EQ(node["lock_delay_left_ms"].number, 0);
+  EXPECT_FALSE(node["recovering"].boolean);
+  EXPECT_FALSE(node["counters"].has("leases"));  // a gauge is no counter
+}
+
+// ping: the round trip, version, uptime and whether the server recovers;
+// stats: leases, keys and waiters held now.
+TEST(ShardlockctlTest, PingSaysHowTheServerIs) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult pinged = ctl(d, {"ping"});
+  ASSERT_EQ(pinged.exit_code, 0) << pinged.err;
+  const Json node = parsed(pinged)["nodes"].items.at(0);
+  EXPECT_EQ(node["server"].text, d.address());
+  EXPECT_GT(node["round_trip_us"].number, 0);
+  EXPECT_TRUE(std::regex_match(node["version"].text, std::regex(R"(\d+\.\d+\.\d+)")));
+  EXPECT_FALSE(node["recovering"].boolean);
+  EXPECT_EQ(node["lock_delay_left_ms"].number, 0);
+  const ToolResult text = ctl_text(d, {"ping"});
+  EXPECT_EQ(text.exit_code, 0);
+  EXPECT_TRUE(std::regex_match(
+      text.out, std::regex(d.address() + R"( answered in [0-9.]+ms: shardlockd \d+\.\d+\.\d+, )"
+                                         R"(up [0-9.]+s, granting\n)")))
+      << text.out;
+
+  ASSERT_EQ(ctl(d, {"acquire", "p/a", "p/b", "--ttl", "30s"}).exit_code, 0);
+  ASSERT_EQ(ctl(d, {"acquire", "p/s", "--ttl", "30s", "-s"}).exit_code, 0);
+  ASSERT_EQ(ctl(d, {"acquire", "p/s", "--ttl", "30s", "-s"}).exit_code, 0);
+  const Json stats = parsed(ctl(d, {"stats"}))["nodes"].items.at(0);
+  EXPECT_EQ(stats["leases"].number, 4);
+  EXPECT_EQ(stats["keys"].number, 3);
+  EXPECT_EQ(stats["waiters"].number, 0);
+  const ToolResult stats_text = ctl_text(d, {"stats"});
+  EXPECT_NE(stats_text.out.find("\n  leases               4\n"), std::string::npos)
+      << stats_text.out;
+  EXPECT_NE(stats_text.out.find("\n  version              "), std::string::npos);
+  EXPECT_NE(stats_text.out.find("\n  uptime               "), std::string::npos);
+
+  // In its lock-delay: answered, recovering, and how long yet.
+  Daemon recovering("1m");
+  ASSERT_FALSE(recovering.address().empty());
+  const ToolResult r = ctl(recovering, {"ping"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Json rn = parsed(r)["nodes"].items.at(0);
+  EXPECT_TRUE(rn["recovering"].boolean);
+  EXPECT_GT(rn["lock_delay_left_ms"].number, 50000);
+  EXPECT_NE(ctl_text(recovering, {"ping"}).out.find("recovering: grants in "), std::string::npos);
+
+  const ToolResult unreachable =
+      run_tool(kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "ping", "--json"});
+  EXPECT_EQ(unreachable.exit_code, 3);
+  EXPECT_EQ(parsed(unreachable)["nodes"].items.at(0)["error"].text, "unreachable");
 }
 
 TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
@@ -190,7 +250,7 @@ TEST(ShardlockctlTest, UsageUnreachableAndRecoveringExitCodes) {
   EXPECT_EQ(ctl(d, {"acquire", std::string(300, 'k'), "--ttl", "1s"}).exit_code, 2);
   EXPECT_EQ(ctl(d, {"run", "k", "--ttl", "1s", "--on-lost", "shrug", "--", "true"}).exit_code, 2);
   EXPECT_EQ(run_tool(kCtl, {"acquire", "k", "--ttl", "1s"}).exit_code, 2);  // no --server
-  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "run"}) {
+  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "ping", "top", "run"}) {
     const ToolResult help = run_tool(kCtl, {sub, "--help"});
     EXPECT_EQ(help.exit_code, 0) << sub;
     EXPECT_NE(help.out.find("--help"), std::string::npos) << sub;
@@ -609,6 +669,81 @@ TEST(ShardlockctlTest, StatsThatStopPagingEarlyAreAnError) {
   EXPECT_NE(r.err.find("0 of 4 shard tokens"), std::string::npos) << r.err;
 }
 
+// top (and its alias hot): the busiest keys with their BUSY answers,
+// holders and waiters, under the server's request rate; --once, --count
+// and --interval bound it.
+TEST(ShardlockctlTest, TopShowsTheBusiestKeys) {
+  // Counts that never halve, so none does between the requests and top.
+  Daemon d("0", {"--hot-key-half-life", "0"});
+  ASSERT_FALSE(d.address().empty());
+  ASSERT_EQ(ctl(d, {"acquire", "top/hot", "--ttl", "60s"}).exit_code, 0);
+  for (int i = 0; i < 4; ++i)
+    EXPECT_EQ(ctl(d, {"acquire", "top/hot", "--ttl", "60s"}).exit_code, 1);
+  EXPECT_EQ(ctl(d, {"query", "top/warm"}).exit_code, 0);
+
+  const ToolResult once = ctl(d, {"top", "--once"});
+  ASSERT_EQ(once.exit_code, 0) << once.err;
+  const Json node = parsed(once)["nodes"].items.at(0);
+  EXPECT_EQ(node["server"].text, d.address());
+  EXPECT_EQ(node["rate_since"].text, "start");
+  EXPECT_GT(node["request_rate"].number, 0);
+  EXPECT_EQ(node["leases"].number, 1);
+  EXPECT_GT(node["window_ms"].number, 0);
+  const auto& keys = node["hot_keys"].items;
+  ASSERT_EQ(keys.size(), 2u);
+  EXPECT_EQ(keys[0]["key"].text, "top/hot");
+  EXPECT_EQ(keys[0]["requests"].number, 5);
+  EXPECT_EQ(keys[0]["error"].number, 0);
+  EXPECT_EQ(keys[0]["busy"].number, 4);
+  EXPECT_EQ(keys[0]["holders"].number, 1);
+  EXPECT_EQ(keys[0]["waiters"].number, 0);
+  EXPECT_GT(keys[0]["requests_per_second"].number, 0);
+  EXPECT_EQ(keys[1]["key"].text, "top/warm");
+  EXPECT_EQ(keys[1]["holders"].number, 0);
+
+  // Two frames, the second's rate over the interval; --limit cuts the list.
+  const ToolResult frames = ctl(d, {"hot", "--count", "2", "--interval", "200ms", "--limit", "1"});
+  ASSERT_EQ(frames.exit_code, 0) << frames.err;
+  std::vector<Json> lines;
+  std::size_t from = 0;
+  for (std::size_t at; (at = frames.out.find('\n', from)) != std::string::npos; from = at + 1) {
+    const auto j = testing::JsonParser::parse(std::string_view(frames.out).substr(from, at - from));
+    ASSERT_TRUE(j) << frames.out;
+    lines.push_back(*j);
+  }
+  ASSERT_EQ(lines.size(), 2u) << frames.out;
+  EXPECT_EQ(lines[1]["nodes"].items.at(0)["rate_since"].text, "last");
+  EXPECT_EQ(lines[1]["nodes"].items.at(0)["hot_keys"].items.size(), 1u);
+
+  // For people: the server's line, then a table.
+  const ToolResult text = ctl_text(d, {"top", "--once"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_TRUE(std::regex_search(
+      text.out, std::regex(d.address() + R"( shardlockd \d+\.\d+\.\d+ up [0-9.]+s: [0-9.]+ req/s, )"
+                                         R"(1 leases, 1 keys, 0 waiters\n)")))
+      << text.out;
+  EXPECT_TRUE(std::regex_search(
+      text.out, std::regex(R"(KEY +REQ/S +REQUESTS +ERROR +BUSY +HOLDERS +WAITERS\n)"
+                           R"(top/hot +[0-9.]+ +\d+ +0 +4 +1 +0\n)")))
+      << text.out;
+  EXPECT_EQ(text.out.find("\x1b["), std::string::npos);  // not a terminal: no clearing
+
+  EXPECT_EQ(ctl(d, {"top", "--interval", "0"}).exit_code, 2);
+
+  // shardlockd --hot-keys 0 keeps no sketch: top lists no key.
+  Daemon none("0", {"--hot-keys", "0"});
+  ASSERT_FALSE(none.address().empty());
+  ASSERT_EQ(ctl(none, {"acquire", "top/hot", "--ttl", "60s"}).exit_code, 0);
+  const ToolResult empty = ctl(none, {"top", "--once"});
+  ASSERT_EQ(empty.exit_code, 0) << empty.err;
+  EXPECT_TRUE(parsed(empty)["nodes"].items.at(0)["hot_keys"].items.empty()) << empty.out;
+  EXPECT_NE(ctl_text(none, {"top", "--once"}).out.find("(no key requested lately)"),
+            std::string::npos);
+  EXPECT_EQ(
+      run_tool(kCtl, {"--server", "127.0.0.1:9", "--timeout", "300ms", "top", "--once"}).exit_code,
+      3);
+}
+
 // ---------------------------------------------------------- conventions
 
 // The global flags work before or after the subcommand, and every
@@ -636,8 +771,8 @@ TEST(ShardlockctlTest, GlobalFlagsGoAnywhereAndEverySubcommandListsThem) {
                {"SHARDLOCK_SERVER=no-port"});
   EXPECT_EQ(flag_wins.exit_code, 0) << flag_wins.err;
 
-  for (const char* sub :
-       {"acquire", "renew", "release", "query", "stats", "run", "keygen", "members", "drain"}) {
+  for (const char* sub : {"acquire", "renew", "release", "query", "stats", "ping", "run", "keygen",
+                          "members", "drain"}) {
     const ToolResult help = run_tool(kCtl, {sub, "--help"});
     EXPECT_EQ(help.exit_code, 0) << sub;
     for (const char* flag :

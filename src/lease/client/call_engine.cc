@@ -64,6 +64,7 @@ std::error_code error_for(MessageType reply) noexcept {
     case MessageType::kStatsReply:
     case MessageType::kMapReply:
     case MessageType::kHoldersReply:
+    case MessageType::kHotKeysReply:
       return {};
     case MessageType::kBusy:
     case MessageType::kBusyMany:
@@ -94,12 +95,12 @@ Datagram& tx_datagram() noexcept {
   return datagram;
 }
 
-// STATS, MAP and QUERY_HOLDERS: their replies carry as many shard tokens,
-// members or holders as the request's padding leaves room for
+// STATS, MAP, QUERY_HOLDERS and HOT_KEYS: their replies carry as many shard
+// tokens, members, holders or keys as the request's padding leaves room for
 // (anti-amplification), so they are padded to a whole datagram, alone.
 bool asks_for_a_page(const Call& call) noexcept {
   return call.type == MessageType::kStats || call.type == MessageType::kMap ||
-         call.type == MessageType::kQueryHolders;
+         call.type == MessageType::kQueryHolders || call.type == MessageType::kHotKeys;
 }
 
 // Whether a reply that answers `call`'s type is well formed for this very
@@ -581,10 +582,19 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
                                            .value = std::string(e.value)});
       }
     }
+    if (m.type == MessageType::kHotKeysReply) {
+      r.window_ms = m.window_ms;
+      r.hot_keys.reserve(m.hot_key_count);
+      for (const HotKeyEntry& e : HotKeyList(m)) {
+        r.hot_keys.push_back(
+            HotKeyInfo{std::string(e.key), e.requests, e.error, e.busy, e.holders, e.waiters});
+      }
+    }
     if (m.type == MessageType::kStatsReply) {
       r.shard_count = m.shard_count;
       r.first_shard = m.first_shard;
       for (std::size_t i = 0; i < kStatCounterCount; ++i) r.counters[i] = m.counter_at(i);
+      r.counters_sent = m.counters_le.size() / 8;
       r.shard_tokens.reserve(m.shard_token_count());
       for (std::size_t i = 0; i < m.shard_token_count(); ++i)
         r.shard_tokens.push_back(m.shard_token(i));

@@ -526,6 +526,33 @@ HoldersReply LeaseClient::holders(std::string_view key) {
   return out;
 }
 
+namespace {
+
+// One STATS page of node `node` from `first_shard` into `out` (the tokens
+// appended); false with out.error set when it failed.
+bool stats_page(internal::ClientCore& core, std::size_t node, std::uint32_t first_shard,
+                ServerStatsReply& out) {
+  auto call = core.engine.make_call(MessageType::kStats, {});
+  if (node < core.setup.endpoints.size()) call->to = &core.setup.endpoints[node];
+  call->first_shard = first_shard;
+  const CallResult r = core.call_sync(std::move(call));
+  if (r.error) {
+    out.error = r.error;
+    return false;
+  }
+  if (out.round_trip.count() == 0) {
+    out.round_trip =
+        std::chrono::duration_cast<std::chrono::microseconds>(LeaseClock::now() - r.first_sent);
+  }
+  out.shard_count = r.shard_count;
+  out.counters = r.counters;
+  out.counters_sent = r.counters_sent;
+  out.shard_tokens.insert(out.shard_tokens.end(), r.shard_tokens.begin(), r.shard_tokens.end());
+  return true;
+}
+
+}  // namespace
+
 ServerStatsReply LeaseClient::stats(std::size_t node) {
   ServerStatsReply out;
   if (node >= core_->setup.options.nodes.size()) {
@@ -535,19 +562,36 @@ ServerStatsReply LeaseClient::stats(std::size_t node) {
   // Page through the shard tokens; bounded by the shard count the server
   // reports (and a hard cap, should a server never make progress).
   for (int page = 0; page < 65536; ++page) {
-    auto call = core_->engine.make_call(MessageType::kStats, {});
-    if (node < core_->setup.endpoints.size()) call->to = &core_->setup.endpoints[node];
-    call->first_shard = static_cast<std::uint32_t>(out.shard_tokens.size());
-    const CallResult r = core_->call_sync(std::move(call));
-    if (r.error) {
-      out.error = r.error;
-      return out;
-    }
-    out.shard_count = r.shard_count;
-    out.counters = r.counters;
-    out.shard_tokens.insert(out.shard_tokens.end(), r.shard_tokens.begin(), r.shard_tokens.end());
-    if (out.shard_tokens.size() >= out.shard_count || r.shard_tokens.empty()) break;
+    const std::size_t before = out.shard_tokens.size();
+    if (!stats_page(*core_, node, static_cast<std::uint32_t>(before), out)) return out;
+    if (out.shard_tokens.size() >= out.shard_count || out.shard_tokens.size() == before) break;
   }
+  return out;
+}
+
+HotKeysReply LeaseClient::hot_keys(std::size_t node) {
+  HotKeysReply out;
+  if (node >= core_->setup.options.nodes.size()) {
+    out.error = LeaseErrc::kBadArgument;
+    return out;
+  }
+  auto call = core_->engine.make_call(MessageType::kHotKeys, {});
+  if (node < core_->setup.endpoints.size()) call->to = &core_->setup.endpoints[node];
+  CallResult r = core_->call_sync(std::move(call));
+  out.error = r.error;
+  out.keys = std::move(r.hot_keys);
+  out.window = milliseconds(r.window_ms);
+  return out;
+}
+
+ServerStatsReply LeaseClient::ping(std::size_t node) {
+  ServerStatsReply out;
+  if (node >= core_->setup.options.nodes.size()) {
+    out.error = LeaseErrc::kBadArgument;
+    return out;
+  }
+  // Past any shard: the reply carries no tokens, only the values.
+  (void)stats_page(*core_, node, UINT32_MAX, out);
   return out;
 }
 

@@ -12,6 +12,7 @@
 
 #include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lock_guard.h"
+#include "shardlock_version.h"
 
 namespace shardlock::lease::internal {
 
@@ -19,6 +20,7 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
     : options_(std::move(options)),
       clock_(options_.clock),
       limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
+      started_ms_(shards.empty() ? now_ms() : shards.front()->created_ms()),
       active_many_(16, MultiIdHash{options_.key_seed}),
       many_answers_(limits_.dedup_capacity, options_.key_seed) {
   shards_.reserve(shards.size());
@@ -40,6 +42,10 @@ std::int64_t Dispatcher::now_ms() const {
 }
 
 namespace {
+
+// STATS' version gauge.
+constexpr std::uint64_t kPackedVersion = pack_version(kVersion);
+static_assert(kPackedVersion != 0, "PROJECT_VERSION is not MAJOR.MINOR.PATCH");
 
 // The shard of a key hash: its high 32 bits scaled to [0, shards), leaving
 // the low bits, which the shard's table indexes with, independent of it.
@@ -361,6 +367,9 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     } else if (m.type == MessageType::kMap) {
       fill_map(w, m, stats_slack, r);
       stats_slack = 0;
+    } else if (m.type == MessageType::kHotKeys) {
+      fill_hot_keys(w, stats_slack, now, r);
+      stats_slack = 0;
     } else if (behind && is_request(m.type) && m.type != MessageType::kRelease) {
       r.type = MessageType::kRecovering;
       r.retry_after_ms = kBehindRetryMs;
@@ -413,10 +422,9 @@ void Dispatcher::fill_stats(Worker& w, const Message& request, std::size_t slack
   std::array<std::uint64_t, kStatCounterCount> counters{};
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
-    const auto& c = slot->shard->counters();
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) counters[i] += c[i];
+    add_shard_values(*slot->shard, counters);
   }
-  add_own_counters(counters);
+  add_own_values(counters);
   for (std::size_t i = 0; i < kStatCounterCount; ++i) {
     for (std::size_t b = 0; b < 8; ++b) {
       w.stats_counters[i * 8 + b] = static_cast<std::uint8_t>(counters[i] >> (8 * b));
@@ -438,8 +446,28 @@ void Dispatcher::fill_stats(Worker& w, const Message& request, std::size_t slack
   reply.shard_tokens_le = w.stats_tokens;
 }
 
-void Dispatcher::add_own_counters(
+void Dispatcher::add_shard_values(const Shard& shard,
+                                  std::array<std::uint64_t, kStatCounterCount>& counters) noexcept {
+  const auto& c = shard.counters();
+  for (std::size_t i = 0; i < kStatCounterCount; ++i) counters[i] += c[i];
+  const auto add = [&](StatCounter gauge, std::size_t value) {
+    counters[static_cast<std::size_t>(gauge)] += value;
+  };
+  add(StatCounter::kLeases, shard.leases());
+  add(StatCounter::kKeys, shard.held_keys());
+  add(StatCounter::kWaiters, shard.queued_waiters());
+}
+
+void Dispatcher::add_own_values(
     std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept {
+  const std::int64_t now = now_ms();
+  const auto set = [&](StatCounter gauge, std::int64_t value) {
+    counters[static_cast<std::size_t>(gauge)] =
+        static_cast<std::uint64_t>(std::max<std::int64_t>(value, 0));
+  };
+  set(StatCounter::kUptimeMs, now - started_ms_);
+  set(StatCounter::kLockDelayLeftMs, limits_.recovering_until_ms - now);
+  counters[static_cast<std::size_t>(StatCounter::kVersion)] = kPackedVersion;
   const auto add = [&](StatCounter c, const std::atomic<std::uint64_t>& value) {
     // Relaxed: statistics, with no ordering against anything else.
     counters[static_cast<std::size_t>(c)] += value.load(std::memory_order_relaxed);
@@ -479,6 +507,30 @@ void Dispatcher::fill_map(Worker& w, const Message& request, std::size_t slack, 
   reply.member_list = w.map_members;
 }
 
+void Dispatcher::fill_hot_keys(Worker& w, std::size_t slack, std::int64_t now, Message& reply) {
+  reply.type = MessageType::kHotKeysReply;
+  const std::int64_t window = HotKeys::window_ms(started_ms_, now, limits_.hot_key_half_life_ms);
+  reply.window_ms = static_cast<std::uint32_t>(std::clamp<std::int64_t>(window, 0, UINT32_MAX));
+  w.hot_keys.clear();
+  for (const auto& slot : shards_) {
+    LockGuard lock(slot->mu);
+    slot->shard->hot_keys(now, w.hot_keys);
+  }
+  // The busiest first; equal counts by key, so a page reads the same twice.
+  std::sort(w.hot_keys.begin(), w.hot_keys.end(), [](const HotKeyCount& a, const HotKeyCount& b) {
+    return a.requests != b.requests ? a.requests > b.requests : a.key < b.key;
+  });
+  w.hot_key_entries.clear();
+  std::size_t listed = 0;
+  for (const HotKeyCount& k : w.hot_keys) {
+    const HotKeyEntry entry{k.key, k.requests, k.error, k.busy, k.holders, k.waiters};
+    if (listed == 0xFF || w.hot_key_entries.size() + hot_key_entry_size(entry) > slack) break;
+    if (append_hot_key_entry(entry, w.hot_key_entries)) ++listed;  // keys are 1..256 bytes
+  }
+  reply.hot_key_count = static_cast<std::uint8_t>(listed);
+  reply.hot_key_list = w.hot_key_entries;
+}
+
 void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
@@ -511,17 +563,15 @@ ServerStats Dispatcher::stats() const {
   ServerStats s;
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
-    const auto& c = slot->shard->counters();
-    for (std::size_t i = 0; i < kStatCounterCount; ++i) s.counters[i] += c[i];
+    add_shard_values(*slot->shard, s.counters);
     s.shard_tokens.push_back(slot->shard->last_token());
-    s.leases += slot->shard->leases();
-    s.keys += slot->shard->held_keys();
-    s.waiters += slot->shard->queued_waiters();
   }
-  add_own_counters(s.counters);
+  add_own_values(s.counters);
   for (const auto& w : workers_) w->latency.add_to(s.request_latency);
-  const std::int64_t left = limits_.recovering_until_ms - now_ms();
-  s.lock_delay_left = std::chrono::milliseconds(left > 0 ? left : 0);
+  s.leases = s.counter(StatCounter::kLeases);
+  s.keys = s.counter(StatCounter::kKeys);
+  s.waiters = s.counter(StatCounter::kWaiters);
+  s.lock_delay_left = std::chrono::milliseconds(s.counter(StatCounter::kLockDelayLeftMs));
   return s;
 }
 
@@ -685,6 +735,13 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
     abandon_many(multi, now, w.deferred);
     answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
     count(allocation_failures_);
+  }
+  // Each key is requested once, as a single ACQUIRE of it would be; the
+  // key BUSY_MANY names was answered busy.
+  for (const MultiAcquire::Part& part : multi.parts) {
+    const bool busy =
+        answer && answer->type == MessageType::kBusyMany && answer->index == part.index;
+    shard_at(part.shard).note_request(part.hash, part.key, busy, now);
   }
   unlock_parts(multi);
   if (!answer) return false;  // queued: `multi` is the shards' now, until its step comes

@@ -8,7 +8,9 @@
 //   3. the anti-amplification check: a request not padded for its answers
 //      gets ERROR(request too small) items, and no reply is ever larger than
 //      the datagram that asked for it (larger ones are withheld, counted);
-//   4. for each item: STATS is answered here from every shard's counters;
+//   4. for each item: STATS is answered here from every shard's counters,
+//      and HOT_KEYS from every shard's sketch (the busiest keys first, as
+//      many as the request's padding pays for);
 //      QUERY_HOLDERS goes to its key's shard with the request's padding as
 //      the room for holder entries (one page per datagram, as for STATS);
 //      ACQUIRE_MANY is taken here across the shards of its keys (below);
@@ -182,6 +184,8 @@ class Dispatcher {
     std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
     std::vector<std::uint8_t> map_members;  // MAP_REPLY entries
     HolderPage holder_page;                 // HOLDERS_REPLY entries
+    std::vector<HotKeyCount> hot_keys;      // every shard's, for HOT_KEYS_REPLY
+    std::vector<std::uint8_t> hot_key_entries;
     // handle()'s time per datagram; written by this worker's thread only.
     AtomicLatencyHistogram latency;
     // When this worker last ticked (after draining its socket), for the
@@ -230,7 +234,16 @@ class Dispatcher {
   // MAP_REPLY: the gate's map, as many members from request.first_member as
   // `slack` bytes allow.
   void fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply);
-  void add_own_counters(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
+  // Adds `shard`'s counters and gauges (leases, keys, waiters) to
+  // `counters`; under the shard's lock.
+  static void add_shard_values(const Shard& shard,
+                               std::array<std::uint64_t, kStatCounterCount>& counters) noexcept;
+  // Adds this dispatcher's counters and sets the server-wide gauges (uptime,
+  // lock-delay left, version).
+  // HOT_KEYS_REPLY: every shard's busiest keys, the busiest first, as many
+  // as `slack` bytes allow.
+  void fill_hot_keys(Worker& w, std::size_t slack, std::int64_t now, Message& reply);
+  void add_own_values(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   [[nodiscard]] std::int64_t now_ms() const;
 
   // ACQUIRE_MANY `m` of `owner`: false when it was queued (or is already in
@@ -274,6 +287,9 @@ class Dispatcher {
   static constexpr std::uint32_t kBehindRetryMs = 20;
   // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
   ShardLimits limits_;
+  // When the shards were made (LeaseServer makes them all at one now_ms):
+  // STATS' uptime and the hot-key halvings count from it.
+  std::int64_t started_ms_;
   // The gate MAP answers from (the shards have their own copies).
   mutable Mutex gate_mu_;
   std::shared_ptr<const ClusterGate> gate_ SHARDLOCK_GUARDED_BY(gate_mu_);

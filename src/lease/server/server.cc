@@ -170,6 +170,15 @@ std::error_code LeaseServer::Impl::start() {
   if (o.max_ttl.count() <= 0 || o.max_ttl.count() > UINT32_MAX) {
     return fail(ServerError::kBadOptions, "max_ttl must be 1ms..49d, got " + to_string(o.max_ttl));
   }
+  if (o.hot_keys_per_shard > LeaseServerOptions::kMaxHotKeysPerShard) {
+    return fail(ServerError::kBadOptions,
+                "hot_keys_per_shard must be 0.." +
+                    std::to_string(LeaseServerOptions::kMaxHotKeysPerShard) + ", got " +
+                    std::to_string(o.hot_keys_per_shard));
+  }
+  if (o.hot_key_half_life.count() < 0) {
+    return fail(ServerError::kBadOptions, "hot_key_half_life must not be negative");
+  }
   if (o.max_wait.count() < 0 || o.max_wait.count() > UINT32_MAX) {
     return fail(ServerError::kBadOptions, "max_wait must be 0..49d");
   }
@@ -258,6 +267,8 @@ std::error_code LeaseServer::Impl::start() {
   limits.max_ttl_ms = static_cast<std::uint32_t>(o.max_ttl.count());
   limits.max_wait_ms = static_cast<std::uint32_t>(o.max_wait.count());
   limits.dedup_capacity = o.dedup_entries_per_shard;
+  limits.hot_keys = o.hot_keys_per_shard;
+  limits.hot_key_half_life_ms = o.hot_key_half_life.count();
   limits.recovering_until_ms = now + lock_delay.count();
   limits.max_keys = share(o.max_keys, o.shards);
   limits.max_waiters = share(o.max_waiters, o.shards);

@@ -35,7 +35,8 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
       keys_(16),
       dedup_(limits.dedup_capacity, limits.hash_seed),
       waiter_index_(16, SeededHash{limits.hash_seed}),
-      usage_(16, SeededHash{limits.hash_seed}) {}
+      usage_(16, SeededHash{limits.hash_seed}),
+      hot_keys_(limits.hot_keys, kMaxKeyLength, limits.hot_key_half_life_ms, now_ms) {}
 
 std::size_t Shard::SeededHash::operator()(const WaiterId& id) const noexcept {
   const std::uint64_t words[3] = {id.client.lo, id.client.hi, id.request_id};
@@ -168,6 +169,34 @@ void Shard::remember(const ClientId& client, std::uint64_t request_id, const Ans
 }
 
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
+                   std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
+                   std::vector<DeferredReply>& deferred, std::uint16_t reply_credit,
+                   HolderPage* page) {
+  const bool answered =
+      answer(client, peer, request, key_hash, now_ms, reply, deferred, reply_credit, page);
+  // Every request a key gets counts, refused ones too (they are traffic);
+  // an empty key is no key.
+  if (!request.key.empty()) {
+    hot_keys_.record(key_hash, request.key, answered && reply.type == MessageType::kBusy, now_ms);
+  }
+  return answered;
+}
+
+void Shard::hot_keys(std::int64_t now_ms, std::vector<HotKeyCount>& out) {
+  hot_keys_.for_each(now_ms, [&](const HotKeys::Entry& e) {
+    HotKeyCount& row = out.emplace_back();
+    row.key = e.key;
+    row.requests = e.requests;
+    row.error = e.error;
+    row.busy = e.busy;
+    if (const auto it = keys_.find(KeyRef{e.key, e.hash}); it != keys_.end()) {
+      row.holders = static_cast<std::uint32_t>(it->second.holders.size());
+      row.waiters = static_cast<std::uint32_t>(it->second.waiters.size());
+    }
+  });
+}
+
+bool Shard::answer(const ClientId& client, const Peer& peer, const Message& request,
                    std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
                    std::vector<DeferredReply>& deferred, std::uint16_t reply_credit,
                    HolderPage* page) {

@@ -175,6 +175,8 @@ struct FieldCodec<BodyField::kMemberCount>
 template <>
 struct FieldCodec<BodyField::kFirstHolder>
     : UintField<BodyField::kFirstHolder, &Message::first_holder> {};
+template <>
+struct FieldCodec<BodyField::kWindow> : UintField<BodyField::kWindow, &Message::window_ms> {};
 
 template <>
 struct FieldCodec<BodyField::kMode> : FixedField<BodyField::kMode> {
@@ -247,6 +249,21 @@ bool read_holder_entry(Reader& r) noexcept {
   return valid_holder(flags, r.key().size());
 }
 
+// Whether a hot-key-list entry holds what decode() accepts.
+constexpr bool valid_hot_key(std::size_t key_length, std::uint32_t requests,
+                             std::uint32_t error) noexcept {
+  return key_length >= kMinKeyLength && key_length <= kMaxKeyLength && error <= requests;
+}
+
+// A hot key: u16 length + key, u32 requests, error, busy, holders, waiters.
+bool read_hot_key_entry(Reader& r) noexcept {
+  const std::size_t key_length = r.key().size();
+  const std::uint32_t requests = r.u32();
+  const std::uint32_t error = r.u32();
+  (void)r.bytes(3 * sizeof(std::uint32_t));  // busy, holders, waiters
+  return valid_hot_key(key_length, requests, error);
+}
+
 template <>
 struct FieldCodec<BodyField::kKeyList>
     : EntryListField<BodyField::kKeyList, &Message::key_count, &Message::key_list, read_key_entry> {
@@ -259,6 +276,10 @@ template <>
 struct FieldCodec<BodyField::kHolderList>
     : EntryListField<BodyField::kHolderList, &Message::holder_list_count, &Message::holder_list,
                      read_holder_entry> {};
+template <>
+struct FieldCodec<BodyField::kHotKeyList>
+    : EntryListField<BodyField::kHotKeyList, &Message::hot_key_count, &Message::hot_key_list,
+                     read_hot_key_entry> {};
 
 template <>
 struct FieldCodec<BodyField::kTokenList> {
@@ -520,9 +541,22 @@ std::string_view to_string(StatCounter counter) noexcept {
                                                                              "limit_rejections",
                                                                              "allocation_failures",
                                                                              "send_drops",
-                                                                             "redirects"};
+                                                                             "redirects",
+                                                                             "leases",
+                                                                             "keys",
+                                                                             "waiters",
+                                                                             "uptime_ms",
+                                                                             "lock_delay_left_ms",
+                                                                             "version"};
+  static_assert(!kNames.back().empty(), "a STATS value without a name");
   const auto i = static_cast<std::size_t>(counter);
   return i < kNames.size() ? kNames[i] : "unknown";
+}
+
+std::string version_text(std::uint64_t packed) {
+  if (packed == 0) return {};
+  return std::to_string(packed >> 32) + "." + std::to_string((packed >> 16) & 0xFFFF) + "." +
+         std::to_string(packed & 0xFFFF);
 }
 
 std::string_view to_string(WireError code) noexcept {
@@ -677,6 +711,34 @@ std::size_t parse_entry(std::span<const std::uint8_t> in, HolderEntry& out) noex
   if (!r.ok()) return 0;
   out = h;
   return r.position();
+}
+
+std::size_t parse_entry(std::span<const std::uint8_t> in, HotKeyEntry& out) noexcept {
+  Reader r(in);
+  HotKeyEntry h;
+  h.key = r.key();
+  h.requests = r.u32();
+  h.error = r.u32();
+  h.busy = r.u32();
+  h.holders = r.u32();
+  h.waiters = r.u32();
+  if (!r.ok()) return 0;
+  out = h;
+  return r.position();
+}
+
+bool append_hot_key_entry(const HotKeyEntry& entry, std::vector<std::uint8_t>& out) {
+  if (!valid_hot_key(entry.key.size(), entry.requests, entry.error)) return false;
+  const std::size_t at = out.size();
+  out.resize(at + hot_key_entry_size(entry));
+  Writer w(std::span<std::uint8_t>(out).subspan(at));
+  w.key(entry.key);
+  w.u32(entry.requests);
+  w.u32(entry.error);
+  w.u32(entry.busy);
+  w.u32(entry.holders);
+  w.u32(entry.waiters);
+  return w.ok();
 }
 
 bool append_holder_entry(const HolderEntry& holder, std::vector<std::uint8_t>& out) {

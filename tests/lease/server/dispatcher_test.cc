@@ -107,6 +107,17 @@ class DispatcherTest : public ::testing::Test {
     EXPECT_EQ(r.messages[0].error, error);
   }
 
+  // The STATS_REPLY datagram a STATS from carol gets (empty if none came).
+  // Its views stay valid for the rest of the test.
+  Datagram stats_reply(std::uint64_t request_id) {
+    Message stats;
+    stats.type = MessageType::kStats;
+    stats.request_id = request_id;
+    const auto out = send(kCarol, {stats}, carol_);
+    EXPECT_EQ(out.size(), 1u);
+    return out.size() == 1 ? decoded(kept_.emplace_back(out[0])) : Datagram{};
+  }
+
   std::uint64_t counter(StatCounter c) const {
     return dispatcher_->stats().counters[static_cast<std::size_t>(c)];
   }
@@ -322,16 +333,104 @@ TEST_F(DispatcherTest, ReplyTypesSentToTheServerAreNotRequests) {
 TEST_F(DispatcherTest, StatsCarryTheDispatchersOwnCounters) {
   dispatcher_->count_send_drop();
   dispatcher_->count_send_drop();
-  Message stats;
-  stats.type = MessageType::kStats;
-  stats.request_id = 11;
-  const auto out = send(kAlice, {stats}, alice_);
-  ASSERT_EQ(out.size(), 1u);
-  const Datagram r = decoded(out[0]);
+  const Datagram r = stats_reply(11);
   ASSERT_EQ(r.messages[0].type, MessageType::kStatsReply);
   EXPECT_EQ(r.messages[0].shard_count, 4u);
   EXPECT_EQ(r.messages[0].counter(StatCounter::kSendDrops), 2u);
   EXPECT_EQ(to_string(StatCounter::kSendDrops), "send_drops");
+}
+
+// STATS' gauges: what is held and queued now, the time since the
+// dispatcher was made, the lock-delay left and the version.
+TEST_F(DispatcherTest, StatsCarryTheGauges) {
+  now_ms_ += 1500;
+  (void)send(kAlice, {request(MessageType::kAcquire, "g/a", 1)}, alice_);
+  (void)send(kAlice, {request(MessageType::kAcquireShared, "g/b", 2)}, alice_);
+  (void)send(kBob, {request(MessageType::kAcquireShared, "g/b", 3)}, bob_);
+  Message waits = request(MessageType::kAcquire, "g/a", 4);
+  waits.wait_ms = 5000;
+  EXPECT_TRUE(send(kBob, {waits}, bob_).empty());  // queued
+  const Datagram r = stats_reply(12);
+  const Message& m = r.messages[0];
+  ASSERT_EQ(m.type, MessageType::kStatsReply);
+  EXPECT_EQ(m.counters_le.size(), 8 * kStatCounterCount);
+  EXPECT_EQ(m.counter(StatCounter::kLeases), 3u);
+  EXPECT_EQ(m.counter(StatCounter::kKeys), 2u);
+  EXPECT_EQ(m.counter(StatCounter::kWaiters), 1u);
+  EXPECT_EQ(m.counter(StatCounter::kUptimeMs), 1500u);
+  EXPECT_EQ(m.counter(StatCounter::kLockDelayLeftMs), 0u);
+  EXPECT_NE(version_text(m.counter(StatCounter::kVersion)), "");
+  const ServerStats s = dispatcher_->stats();
+  EXPECT_EQ(s.leases, 3u);
+  EXPECT_EQ(s.keys, 2u);
+  EXPECT_EQ(s.waiters, 1u);
+  EXPECT_EQ(s.counter(StatCounter::kUptimeMs), 1500u);
+}
+
+// HOT_KEYS: every shard's busiest keys, most requests first, with BUSY
+// answers, holders and waiters now, as many as the request's padding pays
+// for; the window is the time since the dispatcher started.
+TEST_F(DispatcherTest, HotKeysListTheBusiestKeysOfEveryShard) {
+  std::uint64_t id = 100;
+  for (int i = 0; i < 6; ++i)
+    (void)send(kAlice, {request(MessageType::kAcquire, "hot/a", ++id)}, alice_);
+  for (int i = 0; i < 3; ++i)
+    (void)send(kBob, {request(MessageType::kAcquire, "hot/a", ++id)}, bob_);
+  Message waits = request(MessageType::kAcquire, "hot/a", ++id);
+  waits.wait_ms = 5000;
+  EXPECT_TRUE(send(kCarol, {waits}, carol_).empty());  // queued
+  for (int i = 0; i < 4; ++i) (void)send(kBob, {request(MessageType::kQuery, "hot/b", ++id)}, bob_);
+  (void)send(kBob, {request(MessageType::kRelease, "hot/c", ++id)}, bob_);
+  now_ms_ += 2000;
+
+  Message hot;
+  hot.type = MessageType::kHotKeys;
+  hot.request_id = 7;
+  Datagram d;
+  d.client_id = kCarol;
+  d.request_id = 7;
+  ASSERT_TRUE(d.push(hot));
+  std::vector<std::uint8_t> padded(kMaxDatagramSize);
+  std::size_t n = 0;
+  ASSERT_EQ(encode(d, padded, n, kMaxDatagramSize), ProtocolError::kOk);
+  const auto out = handle(padded, carol_);
+  ASSERT_EQ(out.size(), 1u);
+  const Datagram r = decoded(out[0]);
+  const Message& m = r.messages[0];
+  ASSERT_EQ(m.type, MessageType::kHotKeysReply);
+  EXPECT_EQ(m.window_ms, 2000u);  // no half-life boundary passed since it started
+  const std::vector<HotKeyEntry> keys(HotKeyList(m).begin(), HotKeyList(m).end());
+  ASSERT_EQ(keys.size(), 3u);
+  EXPECT_EQ(keys[0].key, "hot/a");
+  EXPECT_EQ(keys[0].requests, 10u);
+  EXPECT_EQ(keys[0].error, 0u);
+  EXPECT_EQ(keys[0].busy, 3u);  // bob's, and alice's own acquires are new grants
+  EXPECT_EQ(keys[0].holders, 1u);
+  EXPECT_EQ(keys[0].waiters, 1u);
+  EXPECT_EQ(keys[1].key, "hot/b");
+  EXPECT_EQ(keys[1].requests, 4u);
+  EXPECT_EQ(keys[1].holders, 0u);
+  EXPECT_EQ(keys[2].key, "hot/c");
+
+  // ACQUIRE_MANY's keys count too, the one BUSY_MANY names as busy.
+  (void)send(kBob, {many({"hot/c", "hot/a"}, ++id)}, bob_);
+  const auto again = handle(padded, carol_);
+  ASSERT_EQ(again.size(), 1u);
+  const Datagram r2 = decoded(again[0]);
+  const std::vector<HotKeyEntry> after(HotKeyList(r2.messages[0]).begin(),
+                                       HotKeyList(r2.messages[0]).end());
+  ASSERT_EQ(after.size(), 3u);
+  EXPECT_EQ(after[0].key, "hot/a");
+  EXPECT_EQ(after[0].requests, 11u);
+  EXPECT_EQ(after[0].busy, 4u);
+  EXPECT_EQ(after[2].key, "hot/c");
+  EXPECT_EQ(after[2].requests, 2u);
+  EXPECT_EQ(after[2].busy, 0u);
+
+  // Padded only to the bound, the reply carries no keys.
+  const auto bare = send(kCarol, {hot}, carol_);
+  ASSERT_EQ(bare.size(), 1u);
+  EXPECT_EQ(decoded(bare[0]).messages[0].hot_key_count, 0);
 }
 
 TEST_F(DispatcherTest, KeysSpreadOverShardsAndStayOnTheirShard) {

@@ -747,6 +747,9 @@ TEST(LeaseServerStart, BadOptionsAndAddresses) {
   o.busy_poll = std::chrono::microseconds{10'001};
   EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadOptions));
   o = {};
+  o.hot_keys_per_shard = LeaseServerOptions::kMaxHotKeysPerShard + 1;
+  EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadOptions));
+  o = {};
   o.bind_address = "no-port";
   EXPECT_EQ(try_start(o), make_error_code(ServerError::kBadAddress));
   o.bind_address = "127.0.0.1:65536";  // beyond the port range: not read as 0

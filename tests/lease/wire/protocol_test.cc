@@ -156,6 +156,18 @@ std::vector<Message> one_of_each_type() {
     m.holder_list_count = 2;
     m.holder_list = holders;
   });
+  add(MessageType::kHotKeys, [](Message&) {});
+  static const std::vector<std::uint8_t> hot_keys = [] {
+    std::vector<std::uint8_t> out;
+    EXPECT_TRUE(append_hot_key_entry({kKey, 100, 3, 7, 1, 2}, out));
+    EXPECT_TRUE(append_hot_key_entry({"a", 5, 5, 0, 0, 0}, out));
+    return out;
+  }();
+  add(MessageType::kHotKeysReply, [](Message& m) {
+    m.window_ms = 10000;
+    m.hot_key_count = 2;
+    m.hot_key_list = hot_keys;
+  });
   return all;
 }
 
@@ -198,6 +210,10 @@ void expect_same(const Message& a, const Message& b) {
   EXPECT_EQ(a.member_list_count, b.member_list_count);
   EXPECT_TRUE(std::equal(a.member_list.begin(), a.member_list.end(), b.member_list.begin(),
                          b.member_list.end()));
+  EXPECT_EQ(a.window_ms, b.window_ms);
+  EXPECT_EQ(a.hot_key_count, b.hot_key_count);
+  EXPECT_TRUE(std::equal(a.hot_key_list.begin(), a.hot_key_list.end(), b.hot_key_list.begin(),
+                         b.hot_key_list.end()));
   EXPECT_EQ(a.value, b.value);
   EXPECT_EQ(a.first_holder, b.first_holder);
   EXPECT_EQ(a.holder_list_count, b.holder_list_count);
@@ -644,7 +660,7 @@ TEST(Protocol, WireBytesArePinned) {
       {MessageType::kRenew, "09006f72646572732f34324d00000000000000e8030000", 47},
       {MessageType::kRelease, "09006f72646572732f34324e00000000000000", 34},
       {MessageType::kQuery, "09006f72646572732f3432", 69},
-      {MessageType::kStats, "07000000", 211},
+      {MessageType::kStats, "07000000", 259},
       {MessageType::kAcquireShared, "09006f72646572732f343230750000f4010000", 55},
       {MessageType::kAcquirePermit, "09006f72646572732f343230750000f401000003000000", 55},
       {MessageType::kAcquireMany, "0130750000f40100000201006109006f72646572732f3432", 53},
@@ -661,11 +677,14 @@ TEST(Protocol, WireBytesArePinned) {
        "09006f72646572732f34320105000000000000001100000003000000020200000004000000", 34},
       {MessageType::kStatsReply,
        "4000000003000000"
-       "15e803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
+       "1be803000000000000e903000000000000ea03000000000000eb03000000000000ec03000000000000"
        "ed03000000000000ee03000000000000ef03000000000000f003000000000000f103000000000000"
        "f203000000000000f303000000000000f403000000000000f503000000000000f603000000000000"
        "f703000000000000f803000000000000f903000000000000fa03000000000000fb03000000000000"
        "fc03000000000000"
+       // the gauges: leases, keys, waiters, uptime, lock-delay left, version
+       "fd03000000000000fe03000000000000ff030000000000000004000000000000"
+       "01040000000000000204000000000000"
        "020001000000000000000200000000000009",
        34},
       {MessageType::kGrantedMany, "307500000201000000000000000200000000000009", 34},
@@ -710,6 +729,25 @@ TEST(Protocol, WireBytesArePinned) {
        "00000000"
        "01"
        "0000",
+       34},
+      {MessageType::kHotKeys, "", 37},
+      {MessageType::kHotKeysReply,
+       "10270000"
+       "02"
+       "0900"
+       "6f72646572732f3432"
+       "64000000"
+       "03000000"
+       "07000000"
+       "01000000"
+       "02000000"
+       "0100"
+       "61"
+       "05000000"
+       "05000000"
+       "00000000"
+       "00000000"
+       "00000000",
        34},
   };
   const auto all = one_of_each_type();
@@ -851,9 +889,12 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
   };
   // What issue 14 (clusters) added: REDIRECT to the requests on a key whose
   // owner a map decides, and the MAP request. Issue 24: QUERY_HOLDERS, routed
-  // and answered as QUERY is.
+  // and answered as QUERY is, and HOT_KEYS, answered as MAP is.
   const auto answered_now = [&](MessageType request, MessageType reply) {
     if (request == kMap) return reply == kMapReply || reply == kError || reply == kRecovering;
+    if (request == kHotKeys) {
+      return reply == kHotKeysReply || reply == kError || reply == kRecovering;
+    }
     if (request == kQueryHolders) {
       return reply == kHoldersReply || reply == kError || reply == kRecovering ||
              reply == kRedirect;
@@ -885,10 +926,10 @@ TEST(ProtocolTable, SizesAreTheBytesWritten) {
   for (Message m : one_of_each_type()) {
     SCOPED_TRACE(std::string(to_string(m.type)));
     const MessageBody& body = *message_body(m.type);
-    const std::size_t expected = body.fixed_size() +
-                                 (body.has(BodyField::kKey) ? m.key.size() : 0) +
-                                 m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() +
-                                 m.member_list.size() + m.holder_list.size();
+    const std::size_t expected =
+        body.fixed_size() + (body.has(BodyField::kKey) ? m.key.size() : 0) +
+        m.shard_tokens_le.size() + m.key_list.size() + m.tokens_le.size() + m.member_list.size() +
+        m.holder_list.size() + m.hot_key_list.size();
     const auto bytes = encode_or_die(single(m));
     EXPECT_EQ(bytes.size(), encoded_size(single(m)));
     EXPECT_EQ(bytes.size(), kHeaderSize + expected);
@@ -1458,6 +1499,74 @@ TEST(ProtocolHolders, BadEntriesAreRejected) {
   EXPECT_EQ(decode_list(2, entry(0, 4), true), ProtocolError::kBadLength);
 }
 
+// HOT_KEYS_REPLY entries read back key by key; the encoder refuses what
+// decode() would: an empty or too long key, an error above the requests.
+TEST(ProtocolHotKeys, ListReadsBackAndBadEntriesAreRejected) {
+  const std::string longest(kMaxKeyLength, 'k');
+  std::vector<std::uint8_t> list;
+  ASSERT_TRUE(append_hot_key_entry({longest, 9, 2, 1, 3, 4}, list));
+  ASSERT_TRUE(append_hot_key_entry({"b", 0, 0, 0, 0, 0}, list));
+  std::vector<std::uint8_t> refused;
+  EXPECT_FALSE(append_hot_key_entry({"", 1, 0, 0, 0, 0}, refused));
+  EXPECT_FALSE(append_hot_key_entry({longest + "k", 1, 0, 0, 0, 0}, refused));
+  EXPECT_FALSE(append_hot_key_entry({"c", 1, 2, 0, 0, 0}, refused));
+  EXPECT_TRUE(refused.empty());
+
+  const auto decode_list = [](std::uint8_t count, const std::vector<std::uint8_t>& entries,
+                              bool batch, Datagram& out) {
+    Message m;
+    m.type = MessageType::kHotKeysReply;
+    m.window_ms = 5000;
+    m.hot_key_count = count;
+    m.hot_key_list = entries;
+    Datagram d = single(m);
+    d.batch = batch;
+    return decode_exact(encode_or_die(d), out);
+  };
+  Datagram out;
+  ASSERT_EQ(decode_list(2, list, false, out), ProtocolError::kOk);
+  std::vector<HotKeyEntry> read(HotKeyList(out.messages[0]).begin(),
+                                HotKeyList(out.messages[0]).end());
+  ASSERT_EQ(read.size(), 2u);
+  EXPECT_EQ(read[0].key, longest);
+  EXPECT_EQ(read[0].requests, 9u);
+  EXPECT_EQ(read[0].error, 2u);
+  EXPECT_EQ(read[0].busy, 1u);
+  EXPECT_EQ(read[0].holders, 3u);
+  EXPECT_EQ(read[0].waiters, 4u);
+  EXPECT_EQ(read[1].key, "b");
+
+  // Hand-built entries the encoder would refuse.
+  const auto entry = [](std::size_t key_length, std::uint32_t requests, std::uint32_t error) {
+    std::vector<std::uint8_t> e = {static_cast<std::uint8_t>(key_length),
+                                   static_cast<std::uint8_t>(key_length >> 8)};
+    e.insert(e.end(), key_length, 'k');
+    for (const std::uint32_t v : {requests, error, 0U, 0U, 0U}) {
+      for (int b = 0; b < 4; ++b) e.push_back(static_cast<std::uint8_t>(v >> (8 * b)));
+    }
+    return e;
+  };
+  for (const bool batch : {false, true}) {
+    EXPECT_EQ(decode_list(1, entry(0, 1, 0), batch, out), ProtocolError::kBadField);
+    EXPECT_EQ(decode_list(1, entry(kMaxKeyLength + 1, 1, 0), batch, out), ProtocolError::kBadField);
+    EXPECT_EQ(decode_list(1, entry(3, 1, 2), batch, out), ProtocolError::kBadField);
+    EXPECT_EQ(decode_list(1, entry(3, 2, 2), batch, out), ProtocolError::kOk);
+  }
+  EXPECT_EQ(decode_list(2, entry(3, 2, 2), false, out), ProtocolError::kTruncated);
+  EXPECT_EQ(decode_list(2, entry(3, 2, 2), true, out), ProtocolError::kBadLength);
+}
+
+// HOT_KEYS is padded for a reply with no keys: the padding pays for them.
+TEST(ProtocolTable, HotKeysIsPaddedForAnEmptyList) {
+  Message m;
+  m.type = MessageType::kHotKeys;
+  EXPECT_EQ(max_reply_size(single(m)), kHeaderSize + 4 + 1);
+  EXPECT_TRUE(reply_answers(MessageType::kHotKeys, MessageType::kHotKeysReply));
+  EXPECT_TRUE(reply_answers(MessageType::kHotKeys, MessageType::kRecovering));
+  EXPECT_FALSE(reply_answers(MessageType::kHotKeys, MessageType::kStatsReply));
+  EXPECT_FALSE(reply_carries_key(MessageType::kHotKeysReply));
+}
+
 // Walking a hand-built list that is cut short stops at the last whole entry.
 TEST(ProtocolHolders, WalkingAMalformedListStops) {
   const HolderEntry entries[] = {{{1, 1}, 1, 0, 0, "a"}, {{2, 2}, 2, 0, 0, "bb"}};
@@ -1560,6 +1669,61 @@ TEST(ProtocolHolders, ValuesOnlyOnSingleKeyAcquiresAndWithinTheLimit) {
   long_one.insert(long_one.end(), too_long.begin(), too_long.end());
   long_one.insert(long_one.end(), good.begin() + static_cast<long>(at + 3), good.end());
   EXPECT_EQ(decode_exact(long_one, out), ProtocolError::kBadField);
+}
+
+// A server that predates the gauges sends 21 values: a newer client reads
+// them, and every gauge as 0; an older client reads a newer server's first
+// 21 and ignores the rest.
+TEST(Protocol, StatsGaugesAreAppendedToTheCounters) {
+  std::vector<std::uint8_t> values;
+  for (std::size_t i = 0; i < kStatCounterCount; ++i) {
+    for (std::size_t b = 0; b < 8; ++b)
+      values.push_back(static_cast<std::uint8_t>((i + 1) >> (8 * b)));
+  }
+  Datagram d;
+  Message m;
+  m.type = MessageType::kStatsReply;
+  m.shard_count = 2;
+  m.counters_le = values;
+  ASSERT_TRUE(d.push(m));
+  std::array<std::uint8_t, kMaxDatagramSize> out{};
+  std::size_t written = 0;
+  ASSERT_EQ(encode(d, out, written), ProtocolError::kOk);
+  // The counter count is the byte after shard_count and first_shard.
+  const std::size_t count_at = kHeaderSize + 8;
+  ASSERT_EQ(out[count_at], kStatCounterCount);
+  Datagram read;
+  ASSERT_EQ(decode(std::span(out).first(written), read), ProtocolError::kOk);
+  EXPECT_EQ(read.messages[0].counter(StatCounter::kLeases), 22u);
+  EXPECT_EQ(read.messages[0].counter(StatCounter::kVersion), 27u);
+
+  // The same reply as an older server sends it: 21 values.
+  std::vector<std::uint8_t> old(out.begin(), out.begin() + static_cast<std::ptrdiff_t>(written));
+  old[count_at] = kStatCounterCountWithoutGauges;
+  const auto gauges_at =
+      static_cast<std::ptrdiff_t>(count_at + 1 + 8 * kStatCounterCountWithoutGauges);
+  old.erase(old.begin() + gauges_at,
+            old.begin() + gauges_at + 8 * (kStatCounterCount - kStatCounterCountWithoutGauges));
+  ASSERT_EQ(decode(old, read), ProtocolError::kOk);
+  EXPECT_EQ(read.messages[0].counter(StatCounter::kRedirects), 21u);
+  for (std::size_t i = kStatCounterCountWithoutGauges; i < kStatCounterCount; ++i) {
+    EXPECT_TRUE(is_gauge(static_cast<StatCounter>(i)));
+    EXPECT_EQ(read.messages[0].counter_at(i), 0u) << i;
+  }
+  EXPECT_FALSE(is_gauge(StatCounter::kRedirects));
+  EXPECT_EQ(to_string(StatCounter::kUptimeMs), "uptime_ms");
+  EXPECT_EQ(to_string(StatCounter::kVersion), "version");
+}
+
+TEST(Protocol, VersionsPackIntoOneGauge) {
+  static_assert(pack_version("1.2.3") == (1ULL << 32 | 2ULL << 16 | 3));
+  EXPECT_EQ(version_text(pack_version("0.1.0")), "0.1.0");
+  EXPECT_EQ(version_text(pack_version("12.65535.7")), "12.65535.7");
+  EXPECT_EQ(version_text(0), "");
+  for (const char* bad : {"", "1", "1.2", "1.2.3.4", "1..3", ".1.2", "1.2.", "1.2.x", "1.65536.0",
+                          "v1.2.3", "1.2.3-rc1"}) {
+    EXPECT_EQ(pack_version(bad), 0u) << bad;
+  }
 }
 
 TEST(Protocol, ErrorCategory) {

@@ -229,6 +229,18 @@ struct HolderInfo {
   friend bool operator==(const HolderInfo&, const HolderInfo&) = default;
 };
 
+// One of a server's busiest keys (HOT_KEYS_REPLY; LeaseClient::hot_keys()),
+// owned.
+struct HotKeyInfo {
+  std::string key;
+  std::uint32_t requests = 0;  // decayed request count: an upper bound
+  std::uint32_t error = 0;     // requests - error: a lower bound
+  std::uint32_t busy = 0;      // BUSY answers, counted alike
+  std::uint32_t holders = 0;   // now
+  std::uint32_t waiters = 0;   // now
+  friend bool operator==(const HotKeyInfo&, const HotKeyInfo&) = default;
+};
+
 // The answer to one call, as the async interface delivers it and the sync
 // helpers below read it.
 struct CallResult {
@@ -253,6 +265,7 @@ struct CallResult {
   std::uint32_t shard_count = 0;
   std::uint32_t first_shard = 0;
   std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::size_t counters_sent = 0;  // values the server sent (21: it predates the gauges)
   std::vector<std::uint64_t> shard_tokens;
   // REDIRECT, MAP_REPLY: the node's map epoch. MAP_REPLY: one page of the
   // map's members (first_member onward) and how many it has in all.
@@ -263,6 +276,10 @@ struct CallResult {
   // HOLDERS_REPLY: one page of the key's holders, first_holder onward.
   std::uint32_t first_holder = 0;
   std::vector<HolderInfo> holder_list;
+  // HOT_KEYS_REPLY: the busiest keys, most requests first, and the decayed
+  // time their counts cover.
+  std::uint32_t window_ms = 0;
+  std::vector<HotKeyInfo> hot_keys;
   // The node the call was last sent to (null if it never was): the one that
   // answered, when an answer came. Owned by the client, valid while it lives.
   const Endpoint* node = nullptr;

@@ -83,11 +83,38 @@
 
 namespace shardlock::lease {
 
+// A node's STATS (LeaseClient::stats(), ping()).
 struct ServerStatsReply {
   std::error_code error;
   std::uint32_t shard_count = 0;
+  // The counters and gauges (StatCounter); a gauge the server did not send
+  // (has_gauges() false: it predates them) reads 0.
   std::array<std::uint64_t, kStatCounterCount> counters{};
+  std::size_t counters_sent = 0;  // how many values the server sent
   std::vector<std::uint64_t> shard_tokens;
+  // From the first STATS request's first transmission to its answer.
+  std::chrono::microseconds round_trip{0};
+
+  [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
+    return counters[static_cast<std::size_t>(c)];
+  }
+  [[nodiscard]] bool has_gauges() const noexcept { return counters_sent >= kStatCounterCount; }
+  // "1.2.3", or "" from a server that predates the version gauge.
+  [[nodiscard]] std::string version() const { return version_text(counter(StatCounter::kVersion)); }
+};
+
+// A node's busiest keys (LeaseClient::hot_keys()).
+struct HotKeysReply {
+  std::error_code error;
+  // The busiest keys the server's sketches hold, most requests first, as
+  // many as one datagram carries (about 30 with short keys).
+  std::vector<HotKeyInfo> keys;
+  // The decayed time the counts cover: a key's requests per second is
+  // requests * 1000 / window (rate()).
+  std::chrono::milliseconds window{0};
+  [[nodiscard]] double rate(const HotKeyInfo& key) const noexcept {
+    return window.count() > 0 ? key.requests * 1000.0 / static_cast<double>(window.count()) : 0.0;
+  }
 };
 
 // Who holds a key (LeaseClient::holders()).
@@ -312,6 +339,14 @@ class LeaseClient {
   // STATS of node `node` (an index into options.nodes, in cluster mode too),
   // every shard's token (paged as needed).
   [[nodiscard]] ServerStatsReply stats(std::size_t node = 0);
+  // One STATS round trip to node `node`, asking for no shard tokens: the
+  // counters and gauges (version, uptime, lock-delay left) and round_trip.
+  // Blocks up to request_timeout; kUnreachable when no answer came.
+  [[nodiscard]] ServerStatsReply ping(std::size_t node = 0);
+  // HOT_KEYS of node `node`: its busiest keys (docs/lease-server.md, "Hot
+  // keys"). Blocks up to request_timeout; a server that predates HOT_KEYS
+  // drops it, so that is kUnreachable too.
+  [[nodiscard]] HotKeysReply hot_keys(std::size_t node = 0);
 
   // ---- asynchronous calls -------------------------------------------------
   // `done` runs exactly once, on the I/O thread, by the call's deadline; it

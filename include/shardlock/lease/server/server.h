@@ -106,6 +106,14 @@ struct LeaseServerOptions {
   std::size_t max_waiters_per_key = 10'000;      // queued ACQUIREs on one key
   std::size_t max_leases_per_client = 100'000;   // leases held by one client id
   std::size_t max_waiters_per_client = 100'000;  // ACQUIREs queued by one client id
+  // Slots of each shard's hot-key sketch (HOT_KEYS, shardlockctl top;
+  // internal/hot_keys.h), 0..kMaxHotKeysPerShard: its memory is fixed at
+  // start, about 300 bytes a slot. 0: no sketch, HOT_KEYS lists no keys.
+  std::size_t hot_keys_per_shard = 16;
+  static constexpr std::size_t kMaxHotKeysPerShard = 1024;
+  // Its counts halve every hot_key_half_life after the start, so it follows
+  // current traffic; 0: never (counts since the start).
+  std::chrono::milliseconds hot_key_half_life{10'000};
   // Shared key for datagram authentication (auth.h). When set, every
   // datagram must carry a valid tag (the others are dropped and counted as
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams
@@ -157,13 +165,14 @@ struct LatencyHistogram {
   double sum_seconds = 0;
 };
 
-// A snapshot of the server's counters (the same ones STATS returns), plus
+// A snapshot of the server's counters and gauges (the values STATS returns;
+// leases, keys, waiters and lock_delay_left repeat gauges among them), plus
 // what metrics export besides them.
 struct ServerStats {
   std::array<std::uint64_t, kStatCounterCount> counters{};
   std::vector<std::uint64_t> shard_tokens;  // the last token each shard issued
   std::uint64_t leases = 0;                 // held now (each shared or permit holder counts)
-  std::uint64_t keys = 0;                   // keys with a holder now
+  std::uint64_t keys = 0;                   // keys with a holder (or waiter) now
   std::uint64_t waiters = 0;                // queued ACQUIREs now
   // How long ACQUIRE still answers RECOVERING (the lock-delay); 0 once over.
   std::chrono::milliseconds lock_delay_left{0};

@@ -67,6 +67,7 @@
 //     STATS       u32 first_shard
 //     MAP         u32 first_member
 //     QUERY_HOLDERS  key, u32 first_holder
+//     HOT_KEYS    (empty)
 //     GRANTED     key, u64 token, u32 ttl_ms
 //     BUSY        key, u32 ttl_left_ms
 //     TIMEOUT     key
@@ -107,6 +108,18 @@
 //                 and decoders reject them; value: what the holder's
 //                 acquire attached, 0..kMaxHolderValueLength bytes (longer:
 //                 kBadField))
+//     HOT_KEYS_REPLY  u32 window_ms, hot-key list
+//                 (hot-key list = u8 n, n x (u16 key_length + key, u32
+//                 requests, u32 error, u32 busy, u32 holders, u32 waiters):
+//                 the server's busiest keys, most requests first, from its
+//                 bounded per-shard sketches (docs/lease-server.md, "Hot
+//                 keys"). requests: the key's decayed request count, an
+//                 upper bound; requests - error: a lower bound (error >
+//                 requests, or a key outside 1..kMaxKeyLength bytes:
+//                 kBadField); busy: BUSY answers counted alike; holders and
+//                 waiters: the key's now. window_ms: the decayed time the
+//                 counts cover, so requests * 1000 / window_ms is a rate per
+//                 second)
 //
 //   Which reply answers which request (kRequestReplies below):
 //     request   the server sends                          a client also takes
@@ -123,6 +136,7 @@
 //     MAP       MAP_REPLY ERROR                           RECOVERING
 //     QUERY_HOLDERS  HOLDERS_REPLY ERROR REDIRECT          -
 //                    RECOVERING
+//     HOT_KEYS  HOT_KEYS_REPLY ERROR                      RECOVERING
 //   A reply type sent as a request is answered ERROR(kNotARequest). An
 //   ACQUIRE of any kind that waits (wait_ms > 0) may be answered later, on
 //   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR). A TIMEOUT answering
@@ -151,7 +165,10 @@
 // at first_member. HOLDERS_REPLY likewise (its bound counts no holders,
 // first_holder pages); a page past the last holder is empty and still
 // carries the totals. A server that predates QUERY_HOLDERS drops it as an
-// unknown type (no answer); a client then falls back to QUERY. REDIRECT (8 bytes) never changes how
+// unknown type (no answer); a client then falls back to QUERY.
+// HOT_KEYS_REPLY likewise: its bound counts no keys, and it carries as many
+// of the busiest as the padding leaves room for (up to 255). A server that
+// predates HOT_KEYS drops it (no answer). REDIRECT (8 bytes) never changes how
 // far a request is padded: the request's own body, or another reply it may get, is at least as
 // large for any valid key. The epoch of kFlagEpoch makes a request 8 bytes longer and its reply no
 // longer.
@@ -180,6 +197,7 @@
 #include <initializer_list>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <system_error>
 #include <vector>
@@ -235,6 +253,7 @@ enum class MessageType : std::uint8_t {
   kAcquireMany = 0x08,
   kMap = 0x09,
   kQueryHolders = 0x0A,
+  kHotKeys = 0x0B,
   // Replies.
   kGranted = 0x81,
   kBusy = 0x82,
@@ -252,6 +271,7 @@ enum class MessageType : std::uint8_t {
   kRedirect = 0x8E,
   kMapReply = 0x8F,
   kHoldersReply = 0x90,
+  kHotKeysReply = 0x91,
   // Header type of a batch datagram; never the type of a Message.
   kBatch = 0xFF,
 };
@@ -330,10 +350,48 @@ enum class StatCounter : std::uint8_t {
   kAllocationFailures,  // requests refused because memory ran out (ERROR kResourceExhausted)
   kSendDrops,           // replies that never left: no send slot, socket buffer full, failed send
   kRedirects,           // REDIRECT answers: the cluster map gives the key to another node
+  // Gauges: a reading at the time of the reply, not a running total. A
+  // server that predates them sends 21 values, so they read as 0.
+  kLeases,           // leases held (each shared or permit holder counts)
+  kKeys,             // keys with a holder or a waiter
+  kWaiters,          // queued ACQUIREs
+  kUptimeMs,         // milliseconds since the server started
+  kLockDelayLeftMs,  // milliseconds until ACQUIRE stops answering RECOVERING; 0 once over
+  kVersion,          // the server's version, pack_version() of "MAJOR.MINOR.PATCH"
 };
-inline constexpr std::size_t kStatCounterCount = 21;
+inline constexpr std::size_t kStatCounterCount = 27;
+// The values a server that predates the gauges sends.
+inline constexpr std::size_t kStatCounterCountWithoutGauges = 21;
+// Whether `counter` is a gauge (kLeases onward), not a running total.
+[[nodiscard]] constexpr bool is_gauge(StatCounter counter) noexcept {
+  return counter >= StatCounter::kLeases;
+}
 // The counter's name in STATS output ("grants", "send_drops", ...).
 [[nodiscard]] std::string_view to_string(StatCounter counter) noexcept;
+// "MAJOR.MINOR.PATCH" as one u64 (major << 32 | minor << 16 | patch), the
+// kVersion gauge; 0 for text of another shape or a part out of range.
+[[nodiscard]] constexpr std::uint64_t pack_version(std::string_view text) noexcept {
+  std::uint64_t parts[3] = {0, 0, 0};
+  std::size_t part = 0;
+  bool digit_seen = false;
+  for (const char c : text) {
+    if (c == '.' && digit_seen && part < 2) {
+      ++part;
+      digit_seen = false;
+    } else if (c >= '0' && c <= '9' && parts[part] < 0x10000) {
+      parts[part] = parts[part] * 10 + static_cast<std::uint64_t>(c - '0');
+      digit_seen = true;
+    } else {
+      return 0;
+    }
+  }
+  if (part != 2 || !digit_seen || parts[0] > 0xFFFFFFFF || parts[1] > 0xFFFF || parts[2] > 0xFFFF) {
+    return 0;
+  }
+  return parts[0] << 32 | parts[1] << 16 | parts[2];
+}
+// The text of a pack_version() value: "1.2.3"; "" for 0 (not known).
+[[nodiscard]] std::string version_text(std::uint64_t packed);
 
 // ---- The message body table ---------------------------------------------
 
@@ -367,6 +425,11 @@ enum class BodyField : std::uint8_t {
   // u8 n, n x (u128 owner, u64 token, u32 ttl_left_ms, u8 flags, u16 length
   // + value); reserved flags or a value too long: kBadField.
   kHolderList,  //                                    Message::holder_list_count, holder_list
+  kWindow,      // u32                                  Message::window_ms
+  // u8 n, n x (u16 length + key, u32 requests, u32 error, u32 busy, u32
+  // holders, u32 waiters); a key outside 1..kMaxKeyLength or error >
+  // requests: kBadField.
+  kHotKeyList,  //                                    Message::hot_key_count, hot_key_list
 };
 
 // The bytes `field` takes besides a key's bytes and the shard tokens: the
@@ -384,6 +447,7 @@ enum class BodyField : std::uint8_t {
     case BodyField::kTokenList:
     case BodyField::kMemberList:
     case BodyField::kHolderList:
+    case BodyField::kHotKeyList:
       return 1;
     case BodyField::kPermits:
     case BodyField::kHolders:
@@ -400,6 +464,7 @@ enum class BodyField : std::uint8_t {
     case BodyField::kFirstMember:
     case BodyField::kMemberCount:
     case BodyField::kFirstHolder:
+    case BodyField::kWindow:
       return 4;
     case BodyField::kHeld:
       return 1;
@@ -474,6 +539,8 @@ inline constexpr auto kMessageBodies = [] {
       MessageBody{kQueryHolders, "QUERY_HOLDERS", {kKey, kFirstHolder}},
       MessageBody{kHoldersReply, "HOLDERS_REPLY", {kKey, kMode, kPermits, kWaiters, kHolders,
                                                    kFirstHolder, kHolderList}},
+      MessageBody{kHotKeys,      "HOT_KEYS",       {}},
+      MessageBody{kHotKeysReply, "HOT_KEYS_REPLY", {kWindow, kHotKeyList}},
   };
 }();
 // clang-format on
@@ -540,6 +607,7 @@ inline constexpr auto kRequestReplies = [] {
       Row{kStats,   {kStatsReply, kError},                                      {kRecovering}, false},
       Row{kMap,     {kMapReply, kError},                                        {kRecovering}, false},
       Row{kQueryHolders, {kHoldersReply, kError, kRedirect, kRecovering},       {},            false},
+      Row{kHotKeys, {kHotKeysReply, kError},                                    {kRecovering}, false},
   };
 }();
 // clang-format on
@@ -686,6 +754,12 @@ struct Message {
   // append_holder_entry().
   std::uint8_t holder_list_count = 0;
   std::span<const std::uint8_t> holder_list{};
+  std::uint32_t window_ms = 0;  // HOT_KEYS_REPLY
+  // HOT_KEYS_REPLY: hot_key_count keys as their wire entries (without the
+  // count byte); read them with HotKeyList, build them with
+  // append_hot_key_entry().
+  std::uint8_t hot_key_count = 0;
+  std::span<const std::uint8_t> hot_key_list{};
 
   [[nodiscard]] std::size_t shard_token_count() const noexcept {
     return shard_tokens_le.size() / 8;
@@ -765,6 +839,26 @@ struct HolderEntry {
   std::string_view value;  // at most kMaxHolderValueLength bytes
 };
 
+// One key of a HOT_KEYS_REPLY: its key is a view into the datagram.
+struct HotKeyEntry {
+  std::string_view key;
+  std::uint32_t requests = 0;  // decayed count, an upper bound
+  std::uint32_t error = 0;     // requests - error: a lower bound
+  std::uint32_t busy = 0;      // BUSY answers, counted alike
+  std::uint32_t holders = 0;   // now
+  std::uint32_t waiters = 0;   // now
+};
+
+// The wire size of one hot-key-list entry.
+[[nodiscard]] constexpr std::size_t hot_key_entry_size(const HotKeyEntry& h) noexcept {
+  return 2 + h.key.size() + 5 * sizeof(std::uint32_t);
+}
+
+// Appends `entry` as a hot-key-list entry to `out`, for
+// Message::hot_key_list; false, appending nothing, for one that decode()
+// would refuse (a key outside 1..kMaxKeyLength bytes, error > requests).
+[[nodiscard]] bool append_hot_key_entry(const HotKeyEntry& entry, std::vector<std::uint8_t>& out);
+
 // The wire size of one holder-list entry.
 [[nodiscard]] constexpr std::size_t holder_entry_size(const HolderEntry& h) noexcept {
   return 16 + 8 + 4 + 1 + 2 + h.value.size();
@@ -780,6 +874,7 @@ struct HolderEntry {
 // `out` points into `in`.
 [[nodiscard]] std::size_t parse_entry(std::span<const std::uint8_t> in, MemberEntry& out) noexcept;
 [[nodiscard]] std::size_t parse_entry(std::span<const std::uint8_t> in, HolderEntry& out) noexcept;
+[[nodiscard]] std::size_t parse_entry(std::span<const std::uint8_t> in, HotKeyEntry& out) noexcept;
 
 // The `count` entries of a list field (MAP_REPLY's members, HOLDERS_REPLY's
 // holders), in order. A decoded message's list is well formed (decode()
@@ -850,6 +945,13 @@ class HolderList : public EntryList<HolderEntry> {
  public:
   using EntryList::EntryList;
   explicit HolderList(const Message& m) noexcept : EntryList(m.holder_list_count, m.holder_list) {}
+};
+
+// The keys of a HOT_KEYS_REPLY (Message::hot_key_count and hot_key_list).
+class HotKeyList : public EntryList<HotKeyEntry> {
+ public:
+  using EntryList::EntryList;
+  explicit HotKeyList(const Message& m) noexcept : EntryList(m.hot_key_count, m.hot_key_list) {}
 };
 
 // The wire size of one member-list entry.

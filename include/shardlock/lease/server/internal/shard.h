@@ -66,6 +66,7 @@
 
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/hot_keys.h"
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/server/internal/token_store.h"
@@ -97,6 +98,21 @@ struct ShardLimits {
   // epoch at or below token_floor >> 32: every token composed there could
   // be at or below it (RECOVERING, and needs_new_epoch()).
   std::uint64_t token_floor = 0;
+  // The busiest keys' sketch (hot_keys.h): slots per shard (0: none, HOT_KEYS
+  // answers no keys) and its half-life (0: no decay), counted from the
+  // shard's creation (every shard of a server is made at one now_ms).
+  std::size_t hot_keys = 16;
+  std::int64_t hot_key_half_life_ms = HotKeys::kDefaultHalfLifeMs;
+};
+
+// One of a shard's busiest keys (Shard::hot_keys()), with what it holds now.
+struct HotKeyCount {
+  std::string key;
+  std::uint32_t requests = 0;  // HotKeys::Entry's
+  std::uint32_t error = 0;
+  std::uint32_t busy = 0;
+  std::uint32_t holders = 0;  // now
+  std::uint32_t waiters = 0;  // now
 };
 
 // One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
@@ -191,6 +207,11 @@ class Shard {
                   reply_credit, page);
   }
 
+  // Appends this shard's busiest keys (its sketch's slots, decayed to
+  // `now_ms`), each with its holders and waiters now, to `out`, in no order.
+  // Copies the keys: may throw std::bad_alloc.
+  void hot_keys(std::int64_t now_ms, std::vector<HotKeyCount>& out);
+
   // The hash handle() expects for `key`: hash_key() under ShardLimits::hash_seed.
   [[nodiscard]] std::uint64_t key_hash(std::string_view key) const noexcept {
     return hash_key(key, limits_.hash_seed);
@@ -280,6 +301,12 @@ class Shard {
   }
   // Counts a multi-key request's outcome in this shard's counters.
   void count_outcome(StatCounter c) noexcept { count(c); }
+  // Records a request for `key` (of this shard; hash `key_hash`) in the
+  // hot-key sketch, as handle() does its own: ACQUIRE_MANY's keys.
+  void note_request(std::uint64_t key_hash, std::string_view key, bool busy,
+                    std::int64_t now_ms) noexcept {
+    hot_keys_.record(key_hash, key, busy, now_ms);
+  }
 
   // ---- Replication (docs/cluster.md, "Replication") ----------------------
   // Under a gate that marks a key's bucket replicated, every holder added
@@ -308,6 +335,8 @@ class Shard {
                std::int64_t expiry_ms);
 
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
+  // The now_ms it was made at: the origin of its sketch's halvings.
+  [[nodiscard]] std::int64_t created_ms() const noexcept { return hot_keys_.origin_ms(); }
   [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
   [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
     return counters_;
@@ -406,6 +435,10 @@ class Shard {
   enum class OwnerCheck { kOk, kExpired, kNotOwner };
 
   void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
+  // handle() but for the sketch, which handle() feeds the outcome.
+  bool answer(const ClientId& client, const Peer& peer, const Message& request,
+              std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
+              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit, HolderPage* page);
   [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
   // The gate's verdict on `key` now: kGrant without a gate.
   [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
@@ -544,6 +577,7 @@ class Shard {
   std::unordered_map<ClientId, Usage, SeededHash> usage_;
   std::array<std::uint64_t, kStatCounterCount> counters_{};
   std::string last_error_;
+  HotKeys hot_keys_;  // every keyed request (note_request()), and whether it was answered BUSY
 };
 
 }  // namespace shardlock::lease::internal
