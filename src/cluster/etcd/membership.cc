@@ -274,7 +274,7 @@ EtcdStatus Membership::caught_up() {
     lease = lease_id_;
   }
   if (lease == 0) return {};
-  const EtcdStatus put = put_member_state(state, lease);
+  EtcdStatus put = put_member_state(state, lease);
   if (!put.ok()) {
     LockGuard lock(mutex_);
     learning_ = lease == lease_id_;  // the next call tries again
