@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-release deps-peers deps-cluster deps-failover run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture torture-cluster package bench-cluster bench-failover
+        build-release build-bench format lint clean help torture torture-cluster package bench-cluster bench-failover bench-peers deps-lock-peers
 
 all: build-release
 
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
 	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, replication's cost, etcd requests, kill -9 window"
 	@echo "make bench-failover kill -9 of one of 3 servers: shardlock --replicas 2 beside etcd and ZooKeeper"
+	@echo "make bench-peers    shardlock beside Redis's lock recipe and etcd's Go Mutex, at equal batching"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make torture-cluster  the long cluster run: etcd + 3 nodes, node and etcd faults"
 	@echo "make format     clang-format every source file in place"
@@ -45,6 +46,9 @@ deps-failover:
 
 deps-peers:
 	@tools/install-deps.sh --peers
+
+deps-lock-peers:
+	@tools/install-deps.sh --lock-peers
 
 # ---- the main job --------------------------------------------------------
 build-release: deps-release
@@ -109,6 +113,11 @@ bench-cluster: build-release deps-cluster
 # 3-member etcd, a 3-server ZooKeeper; all on loopback).
 bench-failover: build-release deps-failover
 	bench/failover_numbers.sh build/release
+
+# shardlock beside Redis's lock recipe (unpipelined and -P 16) and etcd's Go
+# concurrency.Mutex, each row at equal batching (issue 24).
+bench-peers: build-release deps-lock-peers
+	bench/peers_numbers.sh build/release
 
 # ---- the long torture run -------------------------------------------------
 # 20% loss, duplicates and reordering; kill -9 restarts; server and client

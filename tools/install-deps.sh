@@ -10,6 +10,8 @@
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
 #   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
 #   tools/install-deps.sh --failover the cluster set plus ZooKeeper and kazoo (make bench-failover)
+#   tools/install-deps.sh --lock-peers the release set plus Redis, etcd and Go with etcd's
+#                                    client sources (make bench-peers)
 #
 # The default set includes etcd: the dev and tsan presets' cluster tests run
 # a real etcd.
@@ -49,6 +51,9 @@ redis=(redis-server redis-tools)
 # (zookeeperd would only add the system service, which the script never
 # uses), and kazoo's lock recipe as its client.
 zookeeper=(zookeeper python3-kazoo)
+# make bench-peers builds a Go program against etcd's own lock
+# (clientv3/concurrency), from Debian's sources in /usr/share/gocode.
+golang=(golang-go golang-etcd-server-dev)
 
 want=("${release[@]}" "${grpc[@]}")
 with_testing=1
@@ -57,6 +62,7 @@ for arg in "$@"; do
     --release) with_testing=0 ;;
     --cluster) with_testing=0; want+=("${etcd[@]}") ;;
     --failover) with_testing=0; want+=("${etcd[@]}" "${zookeeper[@]}") ;;
+    --lock-peers) with_testing=0; want+=("${etcd[@]}" "${redis[@]}" "${golang[@]}") ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
     -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
