@@ -467,48 +467,52 @@ std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexc
 
 std::pair<std::size_t, std::size_t> Replicator::backed_caught_up() const {
   LockGuard lock(mu_);
+  // A stream still promised is one from a primary of the current layout, and
+  // lists exactly the buckets backed up for it (set_layout()).
   std::size_t backed = 0;
   std::size_t caught_up = 0;
-  for (std::size_t b = 0; b < current_.backing.size(); ++b) {
-    if (current_.backing[b] == ReplicaLayout::kNone) continue;
-    ++backed;
-    const auto from = from_.find(current_.peers[current_.backing[b]].id);
-    if (from != from_.end() && from->second->stream.caught_up(static_cast<std::uint32_t>(b))) {
-      ++caught_up;
-    }
+  for (const auto& [id, from] : from_) {
+    if (!from->stream.promising()) continue;
+    backed += from->buckets.size();
+    for (const std::uint32_t b : from->buckets) caught_up += from->stream.caught_up(b) ? 1 : 0;
   }
   return {caught_up, backed};
 }
 
+const Replicator::FromPrimary* Replicator::stream_with(const std::string& primary,
+                                                       std::uint32_t bucket) const {
+  const auto lists = [&](const FromPrimary& from) {
+    return std::binary_search(from.buckets.begin(), from.buckets.end(), bucket);
+  };
+  if (const auto it = from_.find(primary); it != from_.end() && lists(*it->second)) {
+    return it->second.get();
+  }
+  // A retiring stream goes at the next layout that leaves this node none of
+  // its buckets (set_layout()); a bucket taken over stays listed till then
+  // (erasing each would cost a takeover of a node's buckets O(buckets^2)).
+  for (const auto& [id, from] : retiring_) {
+    if (id == primary && lists(*from)) return from.get();
+  }
+  return nullptr;
+}
+
 bool Replicator::primary_settled(const std::string& primary, std::uint32_t bucket) const {
   LockGuard lock(mu_);
-  const auto has = [&](const FromPrimary& from) {
-    return std::binary_search(from.buckets.begin(), from.buckets.end(), bucket) &&
-           from.stream.primary_settled();
-  };
-  if (const auto it = from_.find(primary); it != from_.end() && has(*it->second)) return true;
-  return std::any_of(retiring_.begin(), retiring_.end(),
-                     [&](const auto& r) { return r.first == primary && has(*r.second); });
+  const FromPrimary* from = stream_with(primary, bucket);
+  return from != nullptr && from->stream.primary_settled();
 }
 
 bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,
                           std::vector<std::pair<std::string, replication::ReplicaHolder>>& out,
                           bool* owner_active) {
   LockGuard lock(mu_);
-  const auto take = [&](FromPrimary& from) {
-    const replication::BackupStream& s = from.stream;
-    if (!std::binary_search(from.buckets.begin(), from.buckets.end(), bucket)) return false;
-    if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
-    out = s.bucket_holders(bucket);
-    if (owner_active != nullptr) *owner_active = s.owner_active(bucket);
-    return true;
-  };
-  if (const auto it = from_.find(primary); it != from_.end() && take(*it->second)) return true;
-  // A retiring stream goes at the next layout that leaves this node none of
-  // its buckets (set_layout()); a bucket taken over stays listed till then
-  // (erasing each would cost a takeover of a node's buckets O(buckets^2)).
-  return std::any_of(retiring_.begin(), retiring_.end(),
-                     [&](const auto& r) { return r.first == primary && take(*r.second); });
+  const FromPrimary* from = stream_with(primary, bucket);
+  if (from == nullptr) return false;
+  const replication::BackupStream& s = from->stream;
+  if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
+  out = s.bucket_holders(bucket);
+  if (owner_active != nullptr) *owner_active = s.owner_active(bucket);
+  return true;
 }
 
 std::vector<std::string> Replicator::silent_peers(std::int64_t now_ns,

@@ -231,6 +231,9 @@ class Replicator {
     std::vector<std::vector<std::shared_ptr<std::atomic<std::int64_t>>>> leases;
   };
 
+  // The stream (current or retiring) that lists `bucket` for `primary`.
+  const FromPrimary* stream_with(const std::string& primary, std::uint32_t bucket) const
+      SHARDLOCK_REQUIRES(mu_);
   void emit(std::span<const std::uint8_t> bytes, const Peer& to, std::vector<OutDatagram>& out);
   void release_held(std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
   ToBackup* backup_at(const Peer& from) SHARDLOCK_REQUIRES(mu_);
