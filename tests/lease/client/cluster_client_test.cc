@@ -710,7 +710,12 @@ TEST(ClusterClientTest, ASilentNodesCallRefreshesTheMapOnEverySendFromTheSecond)
   b.know(6);
   waiter.join();
   ASSERT_TRUE(r) << r.error.message();
-  EXPECT_EQ(b.granted(), std::vector<std::string>{key});
+  // One request reached b (the fake grants a retransmission of it again,
+  // where a server answers it from its dedup cache), for that key.
+  EXPECT_EQ(b.distinct(MessageType::kAcquire), 1u);
+  const std::vector<std::string> granted = b.granted();
+  ASSERT_FALSE(granted.empty());
+  for (const std::string& g : granted) EXPECT_EQ(g, key);
 }
 
 TEST(ClusterClientTest, AcquireManyNeedsOneOwnerUnderTheMap) {
