@@ -295,7 +295,11 @@ int run(int argc, char** argv) {
         {"--max-leases-per-client", &options.max_leases_per_client,
          "leases one client id may hold (enforced per shard as ceil(n / shards))"},
         {"--max-waiters-per-client", &options.max_waiters_per_client,
-         "ACQUIREs one client id may have queued (per shard as ceil(n / shards))"}}) {
+         "ACQUIREs one client id may have queued (per shard as ceil(n / shards))"},
+        {"--max-watches", &options.max_watches, "parked WATCHes (blocking queries), all keys"},
+        {"--max-watches-per-key", &options.max_watches_per_key, "parked WATCHes on one key"},
+        {"--max-watches-per-client", &options.max_watches_per_client,
+         "WATCHes one client id may have parked (per shard as ceil(n / shards))"}}) {
     app.add_option(flag, *field, what)
         ->capture_default_str()
         ->check(CLI::Range(std::size_t{1}, kMaxBound));

@@ -396,6 +396,12 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       if (m.type == MessageType::kQueryHolders && !std::exchange(holders_paged, true)) {
         w.holder_page.room = std::exchange(stats_slack, 0);
         page = &w.holder_page;
+      } else if (m.type == MessageType::kWatch && !std::exchange(holders_paged, true)) {
+        // A WATCH that waits is paid by its credit (its answer may come
+        // later); one that does not, by the padding, as QUERY_HOLDERS.
+        w.holder_page.room =
+            m.wait_ms > 0 ? watch_reply_room(credit, m.key.size()) : std::exchange(stats_slack, 0);
+        page = &w.holder_page;
       }
       LockGuard lock(slot.mu);
       const bool answered =

@@ -199,7 +199,10 @@ std::error_code LeaseServer::Impl::start() {
                                     {"max_waiters", o.max_waiters},
                                     {"max_waiters_per_key", o.max_waiters_per_key},
                                     {"max_leases_per_client", o.max_leases_per_client},
-                                    {"max_waiters_per_client", o.max_waiters_per_client}}) {
+                                    {"max_waiters_per_client", o.max_waiters_per_client},
+                                    {"max_watches", o.max_watches},
+                                    {"max_watches_per_key", o.max_watches_per_key},
+                                    {"max_watches_per_client", o.max_watches_per_client}}) {
     if (value == 0) return fail(ServerError::kBadOptions, std::string(name) + " must be >= 1");
   }
   if (o.token_block == 0 || o.token_block > kMaxTokenBlock) {
@@ -275,6 +278,9 @@ std::error_code LeaseServer::Impl::start() {
   limits.max_waiters_per_key = o.max_waiters_per_key;
   limits.max_leases_per_client = share(o.max_leases_per_client, o.shards);
   limits.max_waiters_per_client = share(o.max_waiters_per_client, o.shards);
+  limits.max_watches = share(o.max_watches, o.shards);
+  limits.max_watches_per_key = o.max_watches_per_key;
+  limits.max_watches_per_client = share(o.max_watches_per_client, o.shards);
   // One secret seed for the key hash, which places a key on a shard and
   // indexes the shard's tables (see Dispatcher).
   limits.hash_seed = secret_seed();

@@ -22,6 +22,13 @@ Message DeferredReply::message() const noexcept {
   m.error = error;
   m.epoch = epoch;
   m.retry_after_ms = retry_after_ms;
+  m.mode = mode;
+  m.permits = permits;
+  m.waiters = waiters;
+  m.holders = holders;
+  m.first_holder = first_holder;
+  m.holder_list_count = holder_list_count;
+  m.holder_list = holder_entries;
   return m;
 }
 
@@ -36,6 +43,7 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
       dedup_(limits.dedup_capacity, limits.hash_seed),
       waiter_index_(16, SeededHash{limits.hash_seed}),
       usage_(16, SeededHash{limits.hash_seed}),
+      watch_index_(16, SeededHash{limits.hash_seed}),
       hot_keys_(limits.hot_keys, kMaxKeyLength, limits.hot_key_half_life_ms, now_ms) {}
 
 std::size_t Shard::SeededHash::operator()(const WaiterId& id) const noexcept {
@@ -48,15 +56,17 @@ std::size_t Shard::SeededHash::operator()(const ClientId& id) const noexcept {
   return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
 }
 
-void Shard::use(const ClientId& client, long leases, long waiters) {
+void Shard::use(const ClientId& client, long leases, long waiters, long watches) {
   auto it = usage_.find(client);
   if (it == usage_.end()) {
-    if (leases <= 0 && waiters <= 0) return;
+    if (leases <= 0 && waiters <= 0 && watches <= 0) return;
     it = usage_.try_emplace(client).first;  // may throw; nothing changed yet
   }
-  it->second.leases = static_cast<std::size_t>(static_cast<long>(it->second.leases) + leases);
-  it->second.waiters = static_cast<std::size_t>(static_cast<long>(it->second.waiters) + waiters);
-  if (it->second.leases == 0 && it->second.waiters == 0) usage_.erase(it);
+  Usage& u = it->second;
+  u.leases = static_cast<std::size_t>(static_cast<long>(u.leases) + leases);
+  u.waiters = static_cast<std::size_t>(static_cast<long>(u.waiters) + waiters);
+  u.watches = static_cast<std::size_t>(static_cast<long>(u.watches) + watches);
+  if (u.leases == 0 && u.waiters == 0 && u.watches == 0) usage_.erase(it);
 }
 
 bool Shard::may_hold(const ClientId& client) const {
@@ -82,6 +92,9 @@ Shard::~Shard() {
   for (auto& [key, state] : keys_) {
     for (Waiter& w : state.waiters) wheel_.cancel(w);
     for (Holder& h : state.holders) wheel_.cancel(h);
+  }
+  for (auto& [key, list] : watches_) {
+    for (Watch& w : list.watches) wheel_.cancel(w);
   }
 }
 
@@ -115,7 +128,8 @@ bool Shard::validate(const Message& request, Message& reply) const noexcept {
   } else if ((acquire || request.type == MessageType::kRenew) &&
              (request.ttl_ms == 0 || request.ttl_ms > limits_.max_ttl_ms)) {
     reply.error = WireError::kTtlOutOfRange;
-  } else if (acquire && request.wait_ms > limits_.max_wait_ms) {
+  } else if ((acquire || request.type == MessageType::kWatch) &&
+             request.wait_ms > limits_.max_wait_ms) {
     reply.error = WireError::kWaitOutOfRange;
   } else if (request.type == MessageType::kAcquirePermit &&
              (request.permits == 0 || request.permits > kMaxPermits)) {
@@ -174,6 +188,7 @@ bool Shard::handle(const ClientId& client, const Peer& peer, const Message& requ
                    HolderPage* page) {
   const bool answered =
       answer(client, peer, request, key_hash, now_ms, reply, deferred, reply_credit, page);
+  wake_watchers(now_ms, deferred);
   // Every request a key gets counts, refused ones too (they are traffic);
   // an empty key is no key.
   if (!request.key.empty()) {
@@ -209,7 +224,7 @@ bool Shard::answer(const ClientId& client, const Peer& peer, const Message& requ
   const bool mutating =
       acquire || request.type == MessageType::kRenew || request.type == MessageType::kRelease;
   if (!mutating && request.type != MessageType::kQuery &&
-      request.type != MessageType::kQueryHolders) {
+      request.type != MessageType::kQueryHolders && request.type != MessageType::kWatch) {
     // ACQUIRE_MANY is the Dispatcher's (it spans shards); STATS too.
     reply.type = MessageType::kError;
     reply.error = WireError::kNotARequest;
@@ -220,7 +235,9 @@ bool Shard::answer(const ClientId& client, const Peer& peer, const Message& requ
     count(StatCounter::kErrors);
     return true;
   }
-  if (acquire && now_ms < limits_.recovering_until_ms) {
+  // A WATCH too: the holders of the lock-delay are unknown, so no version
+  // read now could be trusted.
+  if ((acquire || request.type == MessageType::kWatch) && now_ms < limits_.recovering_until_ms) {
     reply.type = MessageType::kRecovering;
     reply.retry_after_ms = static_cast<std::uint32_t>(
         std::min<std::int64_t>(limits_.recovering_until_ms - now_ms, UINT32_MAX));
@@ -345,6 +362,8 @@ bool Shard::decide(const ClientId& client, const Peer& peer, const Message& requ
     case MessageType::kQueryHolders:
       list_holders(state, request, now_ms, page, reply);
       return true;
+    case MessageType::kWatch:
+      return watch(client, peer, request, key, state, reply_credit, now_ms, reply, page);
     default: {  // the single-key ACQUIREs
       bool answered = true;
       acquire(client, peer, request, key, state, fingerprint, reply_credit, now_ms, reply,
@@ -439,17 +458,22 @@ void Shard::set_gate(std::shared_ptr<const ClusterGate> gate) noexcept {
     // Relinking a timer changes neither the index nor any queue.
     if (w->multi != nullptr && lost_a_key(*w->multi)) wheel_.schedule(*w, wheel_.now());
   }
+  // A WATCH parked on a key that moved: answered REDIRECT at the next
+  // advance(), so its client asks the key's new owner.
+  for (const auto& [id, w] : watch_index_) {
+    if (foreign(w->list->key->text)) wheel_.schedule(*w, wheel_.now());
+  }
+}
+
+bool Shard::foreign(std::string_view key) const noexcept {
+  if (!gate_ || !gate_->routing) return false;
+  const std::size_t bucket = gate_->bucket_of(key);
+  return bucket >= gate_->buckets.size() || gate_->buckets[bucket] == ClusterGate::kForeign;
 }
 
 bool Shard::lost_a_key(const MultiAcquire& m) const noexcept {
-  if (!gate_ || !gate_->routing) return false;
-  for (const MultiAcquire::Part& part : m.parts) {
-    const std::size_t bucket = gate_->bucket_of(part.key);
-    if (bucket >= gate_->buckets.size() || gate_->buckets[bucket] == ClusterGate::kForeign) {
-      return true;
-    }
-  }
-  return false;
+  return std::any_of(m.parts.begin(), m.parts.end(),
+                     [this](const MultiAcquire::Part& part) { return foreign(part.key); });
 }
 
 std::uint64_t Shard::issue_token() {
@@ -535,6 +559,7 @@ void Shard::hold(Holder& h, std::uint64_t request_id, std::uint64_t token, Lease
   h.state->newest_token = std::max(h.state->newest_token, token);
   wheel_.schedule(h, deadline_for(now_ms, ttl_ms));
   journal(replication::EntryKind::kGrant, h, ttl_ms);
+  touch(*h.state);
 }
 
 replication::Entry Shard::holder_entry(replication::EntryKind kind, std::size_t bucket,
@@ -623,6 +648,7 @@ bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& hold
   h->value = std::move(value);
   state->newest_token = std::max(state->newest_token, holder.token);
   wheel_.schedule(*h, expiry_ms);
+  touch(*state);
   // This node's own backups need it too.
   journal(replication::EntryKind::kGrant, *h, holder.ttl_ms);
   return true;
@@ -789,14 +815,26 @@ Shard::Waiter& Shard::enqueue(KeyState& state, const ClientId& client, std::uint
   return w;
 }
 
+namespace {
+
+// A deferred answer to the parked request `r` (a Waiter or a Watch): where
+// it goes and the bytes it may take.
+template <class Parked>
+DeferredReply addressed_to(const Parked& r) {
+  DeferredReply out;
+  out.peer = r.peer;
+  out.client = r.client;
+  out.request_id = r.request_id;
+  out.reply_credit = r.reply_credit;
+  return out;
+}
+
+}  // namespace
+
 void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
                   std::vector<DeferredReply>& deferred) noexcept {
   try {
-    DeferredReply out;
-    out.peer = w.peer;
-    out.client = w.client;
-    out.request_id = w.request_id;
-    out.reply_credit = w.reply_credit;
+    DeferredReply out = addressed_to(w);
     out.multi = w.multi;
     if (w.multi == nullptr) out.key = state.key->text;
     out.type = type;
@@ -817,6 +855,7 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
 void Shard::drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
   KeyState& state = *h.state;
   journal(replication::EntryKind::kRelease, h, 0);
+  touch(state);
   wheel_.cancel(h);
   use(h.owner, -1, 0);
   --leases_;
@@ -915,6 +954,12 @@ void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredR
     drop_holder(static_cast<Holder&>(node), now_ms, deferred);
     return;
   }
+  if (node.kind == kWatchTimeout) {
+    // Its wait is over, or set_gate() gave its key to another node.
+    auto& w = static_cast<Watch&>(node);
+    answer_watch(w, foreign(w.list->key->text), now_ms, deferred);
+    return;
+  }
   auto& w = static_cast<Waiter&>(node);
   KeyState& state = *w.state;
   if (w.multi != nullptr && lost_a_key(*w.multi)) {
@@ -961,6 +1006,7 @@ void Shard::retire_waiter(KeyState& state, std::list<Waiter>::iterator waiter) {
 
 void Shard::advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
   wheel_.advance(now_ms, [&](TimerNode& node) { on_timer(node, now_ms, deferred); });
+  wake_watchers(now_ms, deferred);
 }
 
 // ---- ACQUIRE_MANY parts ----------------------------------------------------
@@ -1080,6 +1126,189 @@ void Shard::abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::
                     std::vector<DeferredReply>& deferred) {
   Holder* h = pending_holder(m, part);
   if (h != nullptr) drop_holder(*h, now_ms, deferred);
+}
+
+}  // namespace shardlock::lease::internal
+
+namespace shardlock::lease::internal {
+
+// ---- WATCH -------------------------------------------------------------------
+
+Shard::Version Shard::version_of(const KeyState* state) noexcept {
+  if (state == nullptr || state->holders.empty()) return {};
+  return {state->holders.back().token, static_cast<std::uint32_t>(state->holders.size())};
+}
+
+void Shard::list_newest(const KeyState* state, std::size_t room, std::int64_t now_ms,
+                        std::vector<std::uint8_t>& entries, Message& reply) {
+  reply.type = MessageType::kHoldersReply;
+  reply.first_holder = 0;
+  reply.holder_list_count = 0;
+  if (state == nullptr) return;
+  reply.mode = key_mode(*state);
+  reply.permits = state->permits;
+  reply.waiters = static_cast<std::uint32_t>(state->waiters.size());
+  reply.holders = static_cast<std::uint32_t>(state->holders.size());
+  const auto entry_of = [now_ms](const Holder& h) {
+    return HolderEntry{.owner = h.owner,
+                       .token = h.token,
+                       .ttl_left_ms = ttl_left(h, now_ms),
+                       .flags = h.pending ? kHolderFlagPending : std::uint8_t{0},
+                       .value = h.value};
+  };
+  // Back from the newest while the entries fit, then out oldest first.
+  auto first = state->holders.end();
+  std::size_t bytes = 0;
+  std::uint8_t listed = 0;
+  while (first != state->holders.begin() && listed < 0xFF) {
+    const std::size_t size = holder_entry_size(entry_of(*std::prev(first)));
+    if (bytes + size > room) break;
+    bytes += size;
+    ++listed;
+    --first;
+  }
+  reply.first_holder = reply.holders - listed;
+  for (auto it = first; it != state->holders.end(); ++it) {
+    if (!append_holder_entry(entry_of(*it), entries)) break;  // a value the codec refuses
+    ++reply.holder_list_count;
+  }
+}
+
+bool Shard::watch(const ClientId& client, const Peer& peer, const Message& request,
+                  const KeyRef& key, const KeyState* state, std::uint16_t reply_credit,
+                  std::int64_t now_ms, Message& reply, HolderPage* page) {
+  const Version now_version = version_of(state);
+  if (request.wait_ms == 0 || !(now_version == Version{request.token, request.holders})) {
+    if (page == nullptr) {
+      std::vector<std::uint8_t> none;  // no room: stays empty, allocates nothing
+      list_newest(state, 0, now_ms, none, reply);
+    } else {
+      page->entries.clear();
+      list_newest(state, page->room, now_ms, page->entries, reply);
+      reply.holder_list = page->entries;
+    }
+    return true;
+  }
+  if (watch_index_.contains(WaiterId{client, request.request_id})) {
+    count(StatCounter::kRetransmits);
+    return false;  // parked already
+  }
+  auto list_it = watches_.find(key);
+  if (watch_index_.size() >= limits_.max_watches ||
+      (list_it != watches_.end() &&
+       list_it->second.watches.size() >= limits_.max_watches_per_key)) {
+    refuse(reply);
+    return true;
+  }
+  if (const auto it = usage_.find(client);
+      it != usage_.end() && it->second.watches >= limits_.max_watches_per_client) {
+    refuse(reply);
+    return true;
+  }
+  // Everything that allocates first, undone on a throw: the shard is then
+  // as it was.
+  const bool added = list_it == watches_.end();
+  if (added) {
+    list_it = watches_.try_emplace(HashedKey{std::string(key.text), key.hash}).first;
+    list_it->second.key = &list_it->first;
+  }
+  WatchList& list = list_it->second;
+  try {
+    touched_.reserve(watches_.size());
+    list.watches.emplace_back();
+    try {
+      watch_index_.emplace(WaiterId{client, request.request_id}, &list.watches.back());
+      use(client, 0, 0, 1);
+    } catch (...) {
+      watch_index_.erase(WaiterId{client, request.request_id});
+      list.watches.pop_back();
+      throw;
+    }
+  } catch (...) {
+    if (added) watches_.erase(list_it);
+    throw;
+  }
+  Watch& w = list.watches.back();
+  w.self = std::prev(list.watches.end());
+  w.list = &list;
+  w.client = client;
+  w.request_id = request.request_id;
+  w.peer = peer;
+  w.since = Version{request.token, request.holders};
+  w.reply_credit = reply_credit;
+  w.kind = kWatchTimeout;
+  wheel_.schedule(w, now_ms + static_cast<std::int64_t>(request.wait_ms));
+  return false;
+}
+
+void Shard::touch(const KeyState& state) noexcept {
+  if (watches_.empty()) return;
+  const auto it = watches_.find(KeyRef{state.key->text, state.key->hash});
+  if (it == watches_.end() || it->second.touched) return;
+  it->second.touched = true;
+  touched_.push_back(&it->second);  // within the capacity watch() reserved
+}
+
+void Shard::wake_watchers(std::int64_t now_ms, std::vector<DeferredReply>& deferred) noexcept {
+  if (touched_.empty()) return;
+  // Answering never touches a list, so touched_ stays as it is while this
+  // walks it; emptied lists are erased afterwards.
+  for (WatchList* list : touched_) {
+    const auto it = keys_.find(KeyRef{list->key->text, list->key->hash});
+    const Version now_version = version_of(it == keys_.end() ? nullptr : &it->second);
+    for (auto w = list->watches.begin(); w != list->watches.end();) {
+      Watch& watch = *w++;
+      if (watch.since == now_version) continue;
+      wheel_.cancel(watch);
+      answer_watch(watch, false, now_ms, deferred);
+    }
+  }
+  std::vector<WatchList*> lists;
+  lists.swap(touched_);
+  for (WatchList* list : lists) {
+    list->touched = false;
+    if (list->watches.empty()) watches_.erase(watches_.find(*list->key));
+  }
+  lists.clear();
+  touched_.swap(lists);  // keeps the capacity touch() relies on
+}
+
+void Shard::answer_watch(Watch& w, bool redirect, std::int64_t now_ms,
+                         std::vector<DeferredReply>& deferred) noexcept {
+  try {
+    DeferredReply out = addressed_to(w);
+    out.key = w.list->key->text;
+    if (redirect) {
+      out.type = MessageType::kRedirect;
+      out.epoch = gate_->epoch;
+      count(StatCounter::kRedirects);
+    } else {
+      const auto it = keys_.find(KeyRef{w.list->key->text, w.list->key->hash});
+      Message summary;
+      list_newest(it == keys_.end() ? nullptr : &it->second,
+                  watch_reply_room(w.reply_credit, out.key.size()), now_ms, out.holder_entries,
+                  summary);
+      out.type = MessageType::kHoldersReply;
+      out.mode = summary.mode;
+      out.permits = summary.permits;
+      out.waiters = summary.waiters;
+      out.holders = summary.holders;
+      out.first_holder = summary.first_holder;
+      out.holder_list_count = summary.holder_list_count;
+    }
+    deferred.push_back(std::move(out));
+  } catch (const std::bad_alloc&) {
+    count(StatCounter::kAllocationFailures);  // its retransmission is answered afresh
+  }
+  retire_watch(w);
+}
+
+void Shard::retire_watch(Watch& w) noexcept {
+  WatchList& list = *w.list;
+  watch_index_.erase(WaiterId{w.client, w.request_id});
+  use(w.client, 0, 0, -1);  // shrinking never allocates
+  list.watches.erase(w.self);
+  if (list.watches.empty() && !list.touched) watches_.erase(watches_.find(*list.key));
 }
 
 }  // namespace shardlock::lease::internal

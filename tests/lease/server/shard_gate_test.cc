@@ -180,6 +180,22 @@ TEST_F(ShardGateTest, WaitersOfAHandedOffKeyAreRedirectedNotGranted) {
   EXPECT_EQ(again.epoch, 8U);
 }
 
+TEST_F(ShardGateTest, AWatchOfAKeyThatMovesIsRedirectedAtTheNextAdvance) {
+  gate(7);
+  EXPECT_EQ(send(kAlice, MessageType::kWatch, theirs_, 0, 5000).type, MessageType::kRedirect);
+  bool answered = true;
+  (void)send(kBob, MessageType::kWatch, mine_, 0, /*wait=*/5000, /*rid=*/78, &answered);
+  ASSERT_FALSE(answered);  // parked: the key is free, as Bob saw it
+  EXPECT_EQ(shard_->parked_watches(), 1U);
+  gate(8, ClusterGate::kForeign);
+  shard_->advance(now_ + 1, deferred_);  // the next tick
+  ASSERT_EQ(deferred_.size(), 1U);
+  EXPECT_EQ(deferred_[0].type, MessageType::kRedirect);
+  EXPECT_EQ(deferred_[0].request_id, 78U);
+  EXPECT_EQ(deferred_[0].message().epoch, 8U);
+  EXPECT_EQ(shard_->parked_watches(), 0U);
+}
+
 TEST_F(ShardGateTest, AMultiKeyPartOfAnotherNodeIsRefusedByProbe) {
   gate(7);
   MultiAcquire m;

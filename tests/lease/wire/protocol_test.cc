@@ -168,6 +168,12 @@ std::vector<Message> one_of_each_type() {
     m.hot_key_count = 2;
     m.hot_key_list = hot_keys;
   });
+  add(MessageType::kWatch, [](Message& m) {
+    m.key = kKey;
+    m.token = 41;
+    m.holders = 2;
+    m.wait_ms = 30000;
+  });
   return all;
 }
 
@@ -282,11 +288,14 @@ TEST(Protocol, BatchItemsCarryTheirOwnOwner) {
   d.request_id = 77;
   std::size_t with_owner = 0;
   for (Message m : one_of_each_type()) {
-    if (d.count % 2 == 1) {
-      m.owner = ClientId{100u + d.count, 200u + d.count};
-      ++with_owner;
-    }
+    const bool owned = d.count % 2 == 1;
+    if (owned) m.owner = ClientId{100u + d.count, 200u + d.count};
     ASSERT_TRUE(d.push(m));
+    if (encoded_size(d) > kMaxDatagramSize) {  // as many types as one datagram holds
+      --d.count;
+      break;
+    }
+    if (owned) ++with_owner;
   }
   Datagram plain = d;
   for (Message& m : plain.items()) m.owner.reset();
@@ -749,6 +758,10 @@ TEST(Protocol, WireBytesArePinned) {
        "00000000"
        "00000000",
        34},
+      {MessageType::kWatch,
+       "09006f72646572732f3432290000000000000002000000"
+       "30750000",
+       61},
   };
   const auto all = one_of_each_type();
   ASSERT_EQ(all.size(), std::size(pinned));
@@ -895,7 +908,8 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
     if (request == kHotKeys) {
       return reply == kHotKeysReply || reply == kError || reply == kRecovering;
     }
-    if (request == kQueryHolders) {
+    // Issue 25: WATCH, a blocking QUERY_HOLDERS, answered as it is.
+    if (request == kQueryHolders || request == kWatch) {
       return reply == kHoldersReply || reply == kError || reply == kRecovering ||
              reply == kRedirect;
     }
@@ -1147,12 +1161,13 @@ TEST(ProtocolTable, QueryHoldersIsPaddedForAnEmptyPage) {
   EXPECT_EQ(to_string(MessageType::kHoldersReply), "HOLDERS_REPLY");
 }
 
-TEST(ProtocolTable, OnlyAWaitingAcquireMayBeAnsweredLater) {
+TEST(ProtocolTable, OnlyAWaitingAcquireOrWatchMayBeAnsweredLater) {
   for (Message m : one_of_each_type()) {
     m.wait_ms = 0;
     EXPECT_FALSE(may_answer_later(m)) << to_string(m.type);
     m.wait_ms = 1;
-    EXPECT_EQ(may_answer_later(m), is_acquire(m.type)) << to_string(m.type);
+    EXPECT_EQ(may_answer_later(m), is_acquire(m.type) || m.type == MessageType::kWatch)
+        << to_string(m.type);
   }
 }
 

@@ -106,6 +106,11 @@ struct LeaseServerOptions {
   std::size_t max_waiters_per_key = 10'000;      // queued ACQUIREs on one key
   std::size_t max_leases_per_client = 100'000;   // leases held by one client id
   std::size_t max_waiters_per_client = 100'000;  // ACQUIREs queued by one client id
+  // Parked WATCHes (a blocking QUERY, protocol.h "Watches"): each costs
+  // about 200 bytes until it is answered, so these bound their memory.
+  std::size_t max_watches = 100'000;            // parked WATCHes, all keys
+  std::size_t max_watches_per_key = 10'000;     // parked WATCHes on one key
+  std::size_t max_watches_per_client = 10'000;  // WATCHes parked by one client id
   // Slots of each shard's hot-key sketch (HOT_KEYS, shardlockctl top;
   // internal/hot_keys.h), 0..kMaxHotKeysPerShard: its memory is fixed at
   // start, about 300 bytes a slot. 0: no sketch, HOT_KEYS lists no keys.

@@ -68,6 +68,10 @@
 //     MAP         u32 first_member
 //     QUERY_HOLDERS  key, u32 first_holder
 //     HOT_KEYS    (empty)
+//     WATCH       key, u64 token, u32 holders, u32 wait_ms
+//                 (a blocking QUERY_HOLDERS: answered when the key's
+//                 version differs from (token, holders), or once wait_ms
+//                 has passed; see "Watches" below)
 //     GRANTED     key, u64 token, u32 ttl_ms
 //     BUSY        key, u32 ttl_left_ms
 //     TIMEOUT     key
@@ -137,9 +141,11 @@
 //     QUERY_HOLDERS  HOLDERS_REPLY ERROR REDIRECT          -
 //                    RECOVERING
 //     HOT_KEYS  HOT_KEYS_REPLY ERROR                      RECOVERING
+//     WATCH     HOLDERS_REPLY ERROR REDIRECT RECOVERING   -
 //   A reply type sent as a request is answered ERROR(kNotARequest). An
 //   ACQUIRE of any kind that waits (wait_ms > 0) may be answered later, on
-//   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR). A TIMEOUT answering
+//   its own (GRANTED or GRANTED_MANY, TIMEOUT or ERROR), and so may a WATCH
+//   that waits (HOLDERS_REPLY, REDIRECT or ERROR). A TIMEOUT answering
 //   ACQUIRE_MANY carries an empty key: the request's key field, which
 //   ACQUIRE_MANY does not have. A client ignores a reply that does not
 //   answer its request (reply_answers()), and one that carries a key
@@ -172,6 +178,27 @@
 // far a request is padded: the request's own body, or another reply it may get, is at least as
 // large for any valid key. The epoch of kFlagEpoch makes a request 8 bytes longer and its reply no
 // longer.
+//
+// Watches (issue 25; docs/lease-server.md, "Watches")
+//   A key's version is (the token of its newest holder, in the holder
+//   list's order, and its holder count), (0, 0) while nobody holds it:
+//   every grant gives a new token, and between grants the count only falls,
+//   so two different holder sets never share a version as long as one
+//   follows the other. Renewals and waiters do not change it. WATCH carries
+//   the version its sender last saw; the server answers HOLDERS_REPLY at
+//   once when the key's version differs (or wait_ms is 0), else parks the
+//   request and answers when a grant, release or expiry changes the
+//   version, or when wait_ms has passed (the same version again). The
+//   answer lists the key's NEWEST holders (a tail page: first_holder is
+//   where it starts, and it always ends at the last holder when the request
+//   was padded to a whole datagram), so the client reads the version off it:
+//   the last entry's token and the holders total. A version no key can have
+//   (kNoVersionToken) asks for the state at once. A parked WATCH is a
+//   deferred answer like a waiting ACQUIRE: bounded per client, per key and
+//   per shard (ERROR kLimitExceeded past a bound), its answer within the
+//   bytes its datagram left (deferred_reply_credit()), and a retransmission
+//   (same request id) of a parked WATCH is not parked twice. During the
+//   lock-delay the holders are unknown: WATCH is answered RECOVERING.
 //
 // Lease kinds (the shard's rules; docs/lease-server.md has the details)
 //   * exclusive (ACQUIRE): one holder. shared (ACQUIRE_SHARED): any number of
@@ -240,6 +267,9 @@ inline constexpr std::uint8_t kItemFlagValue = 0x02;
 inline constexpr std::uint8_t kHolderFlagPending = 0x01;
 // The longest value a holder may carry (a HOLDERS_REPLY entry's value).
 inline constexpr std::size_t kMaxHolderValueLength = 256;
+// A WATCH token no key's version has (tokens never reach it): the sender
+// has seen nothing yet and wants the key's state at once.
+inline constexpr std::uint64_t kNoVersionToken = ~std::uint64_t{0};
 
 enum class MessageType : std::uint8_t {
   // Requests.
@@ -254,6 +284,7 @@ enum class MessageType : std::uint8_t {
   kMap = 0x09,
   kQueryHolders = 0x0A,
   kHotKeys = 0x0B,
+  kWatch = 0x0C,
   // Replies.
   kGranted = 0x81,
   kBusy = 0x82,
@@ -541,6 +572,7 @@ inline constexpr auto kMessageBodies = [] {
                                                    kFirstHolder, kHolderList}},
       MessageBody{kHotKeys,      "HOT_KEYS",       {}},
       MessageBody{kHotKeysReply, "HOT_KEYS_REPLY", {kWindow, kHotKeyList}},
+      MessageBody{kWatch,        "WATCH",          {kKey, kToken, kHolders, kWait}},
   };
 }();
 // clang-format on
@@ -608,6 +640,7 @@ inline constexpr auto kRequestReplies = [] {
       Row{kMap,     {kMapReply, kError},                                        {kRecovering}, false},
       Row{kQueryHolders, {kHoldersReply, kError, kRedirect, kRecovering},       {},            false},
       Row{kHotKeys, {kHotKeysReply, kError},                                    {kRecovering}, false},
+      Row{kWatch,   {kHoldersReply, kError, kRedirect, kRecovering},            {},            true},
   };
 }();
 // clang-format on
@@ -713,16 +746,16 @@ struct Message {
   // a batch.
   std::string_view value{};
   std::string_view key;       // all keyed types; a view, never owned
-  std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY
+  std::uint64_t token = 0;    // RENEW, RELEASE, GRANTED, QUERY_REPLY, WATCH
   std::uint32_t ttl_ms = 0;   // ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
-  std::uint32_t wait_ms = 0;  // ACQUIRE
+  std::uint32_t wait_ms = 0;  // ACQUIRE, WATCH
   std::uint32_t retry_after_ms = 0;        // RECOVERING
   WireError error = WireError::kInternal;  // ERROR
   bool held = false;                       // QUERY_REPLY
   std::uint32_t waiters = 0;               // QUERY_REPLY
   LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY, QUERY_REPLY, HOLDERS_REPLY
   std::uint32_t permits = 0;               // ACQUIRE_PERMIT, QUERY_REPLY, HOLDERS_REPLY
-  std::uint32_t holders = 0;               // QUERY_REPLY, HOLDERS_REPLY: all of the key's
+  std::uint32_t holders = 0;               // QUERY_REPLY, HOLDERS_REPLY: all of the key's; WATCH
   std::uint8_t index = 0;                  // BUSY_MANY
   // ACQUIRE_MANY: key_count keys as their wire entries (u16 length + bytes
   // each, without the count byte); read them with KeyList, build them with

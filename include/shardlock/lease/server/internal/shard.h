@@ -90,6 +90,9 @@ struct ShardLimits {
   std::size_t max_waiters_per_key = SIZE_MAX;     // queued ACQUIREs on one key
   std::size_t max_leases_per_client = SIZE_MAX;   // keys one client id holds here
   std::size_t max_waiters_per_client = SIZE_MAX;  // ACQUIREs one client id has queued here
+  std::size_t max_watches = SIZE_MAX;             // parked WATCHes, all keys
+  std::size_t max_watches_per_key = SIZE_MAX;     // parked WATCHes on one key
+  std::size_t max_watches_per_client = SIZE_MAX;  // WATCHes one client id has parked here
   // Seeds every hash of remote input in the shard (key table, dedup index,
   // per-client tables); LeaseServer draws it from getrandom() at start.
   std::uint64_t hash_seed = 0;
@@ -159,6 +162,16 @@ struct DeferredReply {
   // Bytes this reply may take: what the queueing datagram left for it
   // (anti-amplification); LeaseServer withholds a larger reply.
   std::uint16_t reply_credit = 0;
+  // kHoldersReply (a WATCH's answer): the key's summary and a tail page of
+  // its holders, as HOLDERS_REPLY carries them (holder_entries is the
+  // holder list's bytes).
+  LeaseMode mode = LeaseMode::kExclusive;
+  std::uint32_t permits = 0;
+  std::uint32_t waiters = 0;
+  std::uint32_t holders = 0;
+  std::uint32_t first_holder = 0;
+  std::uint8_t holder_list_count = 0;
+  std::vector<std::uint8_t> holder_entries;
   // Not a reply but a step of this ACQUIRE_MANY for the Dispatcher: its
   // queued part was granted (kGranted; `multi->taken` counts it), its wait
   // ran out (kTimeout), or a token could not be issued (kError).
@@ -167,6 +180,17 @@ struct DeferredReply {
   // A view of this reply; valid while *this is.
   [[nodiscard]] Message message() const noexcept;
 };
+
+// The holder-list bytes a WATCH's HOLDERS_REPLY for a key of `key_length`
+// bytes may carry within `reply_credit` bytes, framed as a single message (a
+// later answer is one; a batch item's header is smaller than the datagram
+// header counted here).
+[[nodiscard]] constexpr std::size_t watch_reply_room(std::size_t reply_credit,
+                                                     std::size_t key_length) noexcept {
+  const std::size_t fixed =
+      kHeaderSize + message_body(MessageType::kHoldersReply)->fixed_size() + key_length;
+  return reply_credit > fixed ? reply_credit - fixed : 0;
+}
 
 // Where the holder entries of a QUERY_HOLDERS answer go: as many as `room`
 // bytes hold, appended to `entries`, which the HOLDERS_REPLY's holder_list
@@ -194,7 +218,10 @@ class Shard {
   // also picks the shard with it) and used for every lookup here.
   // QUERY_HOLDERS lists the key's holders (oldest grant first, from
   // request.first_holder) into `page`; without one it answers the totals
-  // alone.
+  // alone. WATCH (protocol.h, "Watches") is answered at once, its newest
+  // holders in `page` as far as page->room leaves room, when the key's
+  // version differs from the request's or it does not wait; otherwise it is
+  // parked (false), and its answer comes later through `deferred`.
   bool handle(const ClientId& client, const Peer& peer, const Message& request,
               std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
               std::vector<DeferredReply>& deferred, std::uint16_t reply_credit = kMaxDatagramSize,
@@ -217,7 +244,11 @@ class Shard {
     return hash_key(key, limits_.hash_seed);
   }
 
-  // Fires every expiry and wait timeout due by `now_ms`.
+  // Fires every expiry and wait timeout due by `now_ms`, and answers the
+  // parked WATCHes of every key whose version changed since the last call
+  // (ACQUIRE_MANY's take() and confirm(), and inherit(), change keys
+  // without a `deferred` to answer into: their watchers hear at the next
+  // advance(), which the server's tick drives while any WATCH is parked).
   void advance(std::int64_t now_ms, std::vector<DeferredReply>& deferred);
 
   // ---- ACQUIRE_MANY parts (see the top of this file) ----
@@ -344,6 +375,7 @@ class Shard {
   [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
   [[nodiscard]] std::size_t leases() const noexcept { return leases_; }
   [[nodiscard]] std::size_t queued_waiters() const noexcept { return waiter_index_.size(); }
+  [[nodiscard]] std::size_t parked_watches() const noexcept { return watch_index_.size(); }
   // Client ids with a lease held or an ACQUIRE queued here.
   [[nodiscard]] std::size_t tracked_clients() const noexcept { return usage_.size(); }
   [[nodiscard]] std::size_t timers() const noexcept { return wheel_.size(); }
@@ -354,8 +386,33 @@ class Shard {
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
 
  private:
-  enum TimerKind : std::uint8_t { kLeaseExpiry = 1, kWaitTimeout = 2 };
+  enum TimerKind : std::uint8_t { kLeaseExpiry = 1, kWaitTimeout = 2, kWatchTimeout = 3 };
   struct KeyState;
+  struct WatchList;
+  // A key's version (protocol.h, "Watches"): its newest holder's token and
+  // its holder count; {0, 0} while free.
+  struct Version {
+    std::uint64_t token = 0;
+    std::uint32_t holders = 0;
+    friend bool operator==(const Version&, const Version&) = default;
+  };
+  // A parked WATCH; the node is its wait timer.
+  struct Watch : TimerNode {
+    ClientId client;
+    std::uint64_t request_id = 0;
+    Peer peer;
+    Version since;                   // what its sender last saw
+    std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
+    WatchList* list = nullptr;
+    std::list<Watch>::iterator self;
+  };
+  // The parked WATCHes of one key, kept apart from keys_: a watched key may
+  // be free.
+  struct WatchList {
+    const HashedKey* key = nullptr;  // watches_'s key
+    std::list<Watch> watches;
+    bool touched = false;  // in touched_
+  };
   struct Waiter : TimerNode {
     ClientId client;
     std::uint64_t request_id = 0;
@@ -416,6 +473,7 @@ class Shard {
   struct Usage {
     std::size_t leases = 0;
     std::size_t waiters = 0;
+    std::size_t watches = 0;
   };
   // 24 bytes: the dedup ring writes one per request, and its size shows in
   // the request path's cache misses (a 40-byte layout cost ~8% of the
@@ -524,14 +582,42 @@ class Shard {
   // retransmission gets it), and the failure is counted.
   void defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
              std::vector<DeferredReply>& deferred) noexcept;
-  // Usage of `client`, adjusted by `leases` and `waiters`; an entry is
-  // dropped at zero. Growing may throw std::bad_alloc (before any change).
-  void use(const ClientId& client, long leases, long waiters);
+  // Usage of `client`, adjusted by `leases`, `waiters` and `watches`; an
+  // entry is dropped at zero. Growing may throw std::bad_alloc (before any
+  // change).
+  void use(const ClientId& client, long leases, long waiters, long watches = 0);
   // Whether `client` may hold one more lease / queue one more ACQUIRE.
   [[nodiscard]] bool may_hold(const ClientId& client) const;
   [[nodiscard]] bool may_queue(const ClientId& client, const KeyState& state) const;
   // A request refused by a limit.
   void refuse(Message& reply) noexcept;
+
+  // ---- WATCH (protocol.h, "Watches") ----
+  [[nodiscard]] static Version version_of(const KeyState* state) noexcept;
+  // WATCH past validation and the gate: answered now (true), or parked.
+  bool watch(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
+             const KeyState* state, std::uint16_t reply_credit, std::int64_t now_ms, Message& reply,
+             HolderPage* page);
+  // HOLDERS_REPLY's fields for `state` (null: free) with its newest holders
+  // that fit `room` bytes appended to `entries` (a tail page); the holder
+  // list is left for the caller to point at `entries`.
+  static void list_newest(const KeyState* state, std::size_t room, std::int64_t now_ms,
+                          std::vector<std::uint8_t>& entries, Message& reply);
+  // The version of `state`'s key may have changed: its watchers are looked
+  // at by wake_watchers(). Never throws (touched_ has room for every list).
+  void touch(const KeyState& state) noexcept;
+  // Answers the parked WATCHes of every touched key whose version moved.
+  void wake_watchers(std::int64_t now_ms, std::vector<DeferredReply>& deferred) noexcept;
+  // Answers `w` with its key's state now (or `redirect`: REDIRECT) and
+  // forgets it. Never throws: an answer that cannot be allocated is not
+  // sent (the client's retransmission is answered afresh).
+  void answer_watch(Watch& w, bool redirect, std::int64_t now_ms,
+                    std::vector<DeferredReply>& deferred) noexcept;
+  // Forgets `w` (its timer already cancelled or fired), and its key's list
+  // once empty and untouched.
+  void retire_watch(Watch& w) noexcept;
+  // Whether the gate gives `key` to another node.
+  [[nodiscard]] bool foreign(std::string_view key) const noexcept;
   void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
   // The deadline of a lease granted or renewed for `ttl_ms` at `now_ms`,
   // rounded up (see shard.cc), and the time surely left of one.
@@ -575,6 +661,12 @@ class Shard {
   // ACQUIRE still queued is found in O(1), however long the queue.
   std::unordered_map<WaiterId, Waiter*, SeededHash> waiter_index_;
   std::unordered_map<ClientId, Usage, SeededHash> usage_;
+  // Parked WATCHes by key, by (client id, request id) for retransmissions,
+  // and the lists whose key changed since wake_watchers() last ran (its
+  // capacity is kept at watches_.size(), so touch() never allocates).
+  std::unordered_map<HashedKey, WatchList, HashedKeyHash, HashedKeyEqual> watches_;
+  std::unordered_map<WaiterId, Watch*, SeededHash> watch_index_;
+  std::vector<WatchList*> touched_;
   std::array<std::uint64_t, kStatCounterCount> counters_{};
   std::string last_error_;
   HotKeys hot_keys_;  // every keyed request (note_request()), and whether it was answered BUSY
