@@ -100,7 +100,8 @@ Datagram& tx_datagram() noexcept {
 // (anti-amplification), so they are padded to a whole datagram, alone.
 bool asks_for_a_page(const Call& call) noexcept {
   return call.type == MessageType::kStats || call.type == MessageType::kMap ||
-         call.type == MessageType::kQueryHolders || call.type == MessageType::kHotKeys;
+         call.type == MessageType::kQueryHolders || call.type == MessageType::kHotKeys ||
+         call.type == MessageType::kWatch;
 }
 
 // Whether a reply that answers `call`'s type is well formed for this very
@@ -245,7 +246,7 @@ void CallEngine::arm(Call& call, Clock::time_point now) noexcept {
   // A redirected call keeps the deadline of its first transmission.
   if (call.deadline == Clock::time_point{}) {
     call.deadline = now + call.budget;
-    if (is_acquire(call.type) && call.wait_ms > 0) call.wait_end = now + milliseconds(call.wait_ms);
+    if (may_answer_later(call.message())) call.wait_end = now + milliseconds(call.wait_ms);
   }
   if (call.wait_end != Clock::time_point{}) call.wait_ms = wait_left(call, now);
   call.interval = setup_.options.initial_retransmit;
@@ -747,7 +748,7 @@ bool CallEngine::follows_owner(MessageType type) noexcept {
   // node that left granted (docs/cluster.md, "Replication"); without it,
   // the new owner answers that it has no such lease, as the old one would.
   return is_acquire(type) || type == MessageType::kQuery || type == MessageType::kQueryHolders ||
-         type == MessageType::kRenew;
+         type == MessageType::kWatch || type == MessageType::kRenew;
 }
 
 void CallEngine::follow_redirects() {

@@ -108,6 +108,7 @@ struct Call {
   std::uint32_t first_shard = 0;
   std::uint32_t first_member = 0;          // MAP
   std::uint32_t first_holder = 0;          // QUERY_HOLDERS
+  std::uint32_t holders = 0;               // WATCH: the version's holder count
   LeaseMode mode = LeaseMode::kExclusive;  // ACQUIRE_MANY
   std::uint32_t permits = 0;               // ACQUIRE_PERMIT
   std::string value;                       // single-key ACQUIREs: the holder value
@@ -121,7 +122,7 @@ struct Call {
   // Cluster mode: the epoch of the map it was routed with, sent in the
   // datagram's header (kFlagEpoch); nullopt before the first map.
   std::optional<std::uint64_t> epoch;
-  // An acquire with a wait: when the wait ends (set on the first
+  // An acquire or a WATCH with a wait: when the wait ends (set on the first
   // transmission; zero for every other call). Until then RECOVERING is
   // ridden through, and each fresh request id carries the wait left.
   Clock::time_point wait_end;
@@ -154,6 +155,7 @@ struct Call {
                    .wait_ms = wait_ms,
                    .mode = mode,
                    .permits = permits,
+                   .holders = holders,
                    .key_count = key_count,
                    .key_list = key_list,
                    .first_shard = first_shard,

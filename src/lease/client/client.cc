@@ -584,6 +584,60 @@ HotKeysReply LeaseClient::hot_keys(std::size_t node) {
   return out;
 }
 
+WatchEvent watch_event(const CallResult& r) {
+  WatchEvent e;
+  e.error = r.error;
+  e.wire_error = r.wire_error;
+  e.retry_after_ms = r.retry_after_ms;
+  if (r.error) return e;
+  e.mode = r.mode;
+  e.permits = r.permits;
+  e.waiters = r.waiters;
+  e.holder_count = r.holders;
+  e.holders = r.holder_list;
+  // The page ends at the newest holder (the server lists a tail), so the
+  // version is read off its last entry.
+  e.version = KeyVersion{e.holders.empty() ? 0 : e.holders.back().token, r.holders};
+  return e;
+}
+
+namespace {
+
+// The WATCH of `key` from `since` for `wait`, or kBadArgument.
+std::error_code make_watch_call(ClientCore& core, std::string_view key, KeyVersion since,
+                                milliseconds wait, std::unique_ptr<Call>& out) {
+  if (check_key(key) || wait.count() < 0) return LeaseErrc::kBadArgument;
+  out = core.engine.make_call(MessageType::kWatch, key);
+  out->token = since.token;
+  out->holders = since.holders;
+  out->wait_ms = internal::clamp_ms(wait);
+  out->budget += wait;
+  return {};
+}
+
+}  // namespace
+
+WatchEvent LeaseClient::watch_once(std::string_view key, KeyVersion since, milliseconds wait) {
+  std::unique_ptr<Call> call;
+  if (const std::error_code e = make_watch_call(*core_, key, since, wait, call)) {
+    WatchEvent out;
+    out.error = e;
+    return out;
+  }
+  return watch_event(core_->call_sync(std::move(call)));
+}
+
+void LeaseClient::watch_async(std::string_view key, KeyVersion since, milliseconds wait,
+                              Completion done) {
+  std::unique_ptr<Call> call;
+  if (const std::error_code e = make_watch_call(*core_, key, since, wait, call)) {
+    done(failed(e));
+    return;
+  }
+  call->done = std::move(done);
+  core_->engine.submit(std::move(call));
+}
+
 ServerStatsReply LeaseClient::ping(std::size_t node) {
   ServerStatsReply out;
   if (node >= core_->setup.options.nodes.size()) {

@@ -117,6 +117,35 @@ struct HotKeysReply {
   }
 };
 
+// A key's version as a watch compares it (protocol.h, "Watches"): the
+// newest holder's token and the holder count; {0, 0} while nobody holds it.
+// The default, a version no key has, asks for the state at once.
+struct KeyVersion {
+  std::uint64_t token = kNoVersionToken;
+  std::uint32_t holders = 0;
+  friend bool operator==(const KeyVersion&, const KeyVersion&) = default;
+};
+
+// A key's state as a watch reports it (LeaseClient::watch_once(), KeyWatch
+// in watch.h).
+struct WatchEvent {
+  std::error_code error;                        // empty when the state below is the key's
+  WireError wire_error = WireError::kInternal;  // error kServerError: the server's code
+  std::uint32_t retry_after_ms = 0;             // kRecovering
+  KeyVersion version;
+  LeaseMode mode = LeaseMode::kExclusive;  // meaningless while free
+  std::uint32_t permits = 0;               // a semaphore key's limit, else 0
+  std::uint32_t waiters = 0;
+  std::uint32_t holder_count = 0;  // all of them
+  // The newest holders, oldest grant first, ending at the newest: every one
+  // unless their values take more than a datagram (a crowded shared or
+  // semaphore key); an exclusive holder is always listed.
+  std::vector<HolderInfo> holders;
+  [[nodiscard]] bool held() const noexcept { return holder_count > 0; }
+};
+// The WatchEvent a WATCH's answer `r` carries.
+[[nodiscard]] WatchEvent watch_event(const CallResult& r);
+
 // Who holds a key (LeaseClient::holders()).
 struct HoldersReply {
   std::error_code error;
@@ -347,6 +376,15 @@ class LeaseClient {
   // keys"). Blocks up to request_timeout; a server that predates HOT_KEYS
   // drops it, so that is kUnreachable too.
   [[nodiscard]] HotKeysReply hot_keys(std::size_t node = 0);
+  // One WATCH of `key` (a blocking query, protocol.h "Watches"): its state
+  // as soon as its version differs from `since` (at once for the default
+  // KeyVersion), or its state after `wait` with the same version. Blocks up
+  // to wait + request_timeout; rides through RECOVERING, REDIRECT and a
+  // silent node within that, like a waiting acquire. A wait above the
+  // server's max_wait is kServerError kWaitOutOfRange. KeyWatch (watch.h)
+  // loops over it: use that to follow a key.
+  [[nodiscard]] WatchEvent watch_once(std::string_view key, KeyVersion since,
+                                      std::chrono::milliseconds wait);
 
   // ---- asynchronous calls -------------------------------------------------
   // `done` runs exactly once, on the I/O thread, by the call's deadline; it
@@ -374,6 +412,9 @@ class LeaseClient {
                    Completion done, std::optional<ClientId> owner = std::nullopt);
   void release_async(std::string_view key, std::uint64_t token, Completion done,
                      std::optional<ClientId> owner = std::nullopt);
+  // watch_once() without blocking: read the answer with watch_event().
+  void watch_async(std::string_view key, KeyVersion since, std::chrono::milliseconds wait,
+                   Completion done);
   // Runs `fn` on the I/O thread soon (for starting completion chains there).
   void post(std::function<void()> fn);
 
