@@ -30,7 +30,8 @@
 //     two holds of one grant, nor reject a late write from the first.
 // Two ReentrantLeases over one LeaseClient do not know each other's holds:
 // each takes its own grant, and the later one supersedes the earlier (as two
-// plain acquires do). Keep one per LeaseClient.
+// plain acquires do); so does a plain LeaseClient::acquire() of a key held
+// here. Keep one per LeaseClient, and take its keys only through it.
 //
 // Design. A mutex-guarded map from key to the shared hold of one grant: a
 // Lease and its hold count. The first acquire of a key inserts the hold as
