@@ -220,10 +220,12 @@ TEST_F(ReentrantLeasesTest, ThreadsOfOneOwnerShareHolds) {
   ASSERT_TRUE(pin);
   const std::uint64_t token = pin.lease.token();
 
+  // Relaxed counters: they are read after join(), which orders them.
   std::atomic<int> failures{0};
   std::atomic<int> wrong_tokens{0};
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
+  threads.reserve(kThreads);
   for (int t = 0; t < kThreads; ++t) {
     threads.emplace_back([&, t] {
       for (int round = 0; round < kRounds; ++round) {
@@ -241,6 +243,7 @@ TEST_F(ReentrantLeasesTest, ThreadsOfOneOwnerShareHolds) {
     });
   }
   std::thread reader([&] {
+    // Acquire: pairs with the release store below (nothing else is handed over).
     while (!stop.load(std::memory_order_acquire)) (void)leases_->hold_count("shared/state");
   });
   for (auto& thread : threads) thread.join();
@@ -252,7 +255,7 @@ TEST_F(ReentrantLeasesTest, ThreadsOfOneOwnerShareHolds) {
   // Without the pin, grants come and go while the threads churn; each
   // acquire still succeeds, and at the end nothing is held.
   EXPECT_FALSE(pin.lease.release());
-  stop.store(true, std::memory_order_release);  // pairs with the loads above
+  stop.store(true, std::memory_order_release);  // pairs with the reader's acquire load
   reader.join();
   threads.clear();
   for (int t = 0; t < kThreads; ++t) {
