@@ -5,6 +5,10 @@
     with client.lock("orders/42", ttl=30) as lease:
         storage.write(data, fence=lease.token)
 
+    locks = shardlock.ReentrantLocks(client)  # reentrant for this client
+    with locks.lock("orders/42") as outer, locks.lock("orders/42") as inner:
+        assert inner.token == outer.token and inner.hold_count == 2
+
     async with shardlock.AsyncClient("127.0.0.1:7420") as client:
         async with client.lock("orders/42", ttl=30) as lease:
             await storage.write(data, fence=lease.token)
@@ -21,6 +25,7 @@ from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpir
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError,
                      WaitTimeoutError)
+from .reentrant import ReentrantLease, ReentrantLocks
 
 # The one place the version is written: pyproject.toml reads it from here.
 __version__ = "0.2.0"
@@ -28,6 +33,7 @@ __version__ = "0.2.0"
 __all__ = [
     "AsyncClient", "AsyncLease", "BusyError", "Client", "ClientClosedError",
     "GrantExpiredError", "HolderInfo", "HoldersResult", "Lease", "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError",
-    "NotOwnerError", "QueryResult", "RecoveringError", "RedirectedError", "ServerError",
+    "NotOwnerError", "QueryResult", "ReentrantLease", "ReentrantLocks", "RecoveringError",
+    "RedirectedError", "ServerError",
     "ShardlockError", "UnreachableError", "WaitTimeoutError", "load_auth_key", "parse_auth_key",
 ]

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/reentrant.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
 
@@ -28,10 +29,23 @@ using std::chrono::milliseconds;
 struct shardlock_client {
   explicit shardlock_client(lease::LeaseClientOptions options) : client(std::move(options)) {}
   lease::LeaseClient client;
+  lease::ReentrantLeases reentrant{client};  // shardlock_acquire_reentrant()'s holds
 };
 
+// A plain lease, or one hold of a reentrant grant (`reentrant` not empty).
 struct shardlock_lease {
   lease::Lease lease;
+  lease::ReentrantLease reentrant;
+  // A reentrant hold's key and token, which outlive its release (as a
+  // released Lease's do): shardlock_lease_key()'s string lives until destroy.
+  std::string reentrant_key;
+  std::uint64_t reentrant_token = 0;
+
+  [[nodiscard]] bool is_reentrant() const noexcept { return !reentrant_key.empty(); }
+  // The grant: the plain Lease, or the reentrant hold's (empty once released).
+  [[nodiscard]] const lease::Lease& grant() const noexcept {
+    return is_reentrant() ? reentrant.lease() : lease;
+  }
 };
 
 struct shardlock_holders {
@@ -105,8 +119,13 @@ int guarded(Body&& body) noexcept {
   }
 }
 
-// The detail of a failed acquire: what the server told us besides the code.
-std::string acquire_detail(const lease::AcquireResult& r) {
+// The status of a failed acquire (an AcquireResult or a
+// ReentrantAcquireResult), with what the server told us besides the code as
+// the detail.
+template <typename Result>
+int acquire_failed(const Result& r) {
+  const int status = to_status(r.error);
+  if (status == SHARDLOCK_INTERNAL) return fail(status, r.error.message());
   std::string text(lease::to_string(static_cast<LeaseErrc>(r.error.value())));
   switch (static_cast<LeaseErrc>(r.error.value())) {
     case LeaseErrc::kBusy:
@@ -122,7 +141,7 @@ std::string acquire_detail(const lease::AcquireResult& r) {
     default:
       break;
   }
-  return text;
+  return fail(status, text);
 }
 
 // The size of the first version of shardlock_client_options: what every
@@ -284,6 +303,32 @@ int shardlock_client_id(const shardlock_client* client, char* out, size_t out_si
 
 namespace {
 
+// What every acquire checks and builds: a client and key (`key_view`), a
+// TTL, flags, a value, and the LeaseOptions they make. SHARDLOCK_OK or the
+// failure.
+int lease_arguments(const shardlock_client* client, const char* key, uint32_t ttl_ms,
+                    unsigned flags, shardlock_lost_fn on_lost, void* user_data,
+                    std::string_view value, std::string_view& key_view,
+                    lease::LeaseOptions& lease_options) {
+  if (const int status = keyed_arguments(client, key, key_view); status != SHARDLOCK_OK) {
+    return status;
+  }
+  if (ttl_ms == 0) return fail(SHARDLOCK_BAD_ARGUMENT, "ttl_ms is 0");
+  if ((flags & ~SHARDLOCK_WATCHDOG) != 0) return fail(SHARDLOCK_BAD_ARGUMENT, "unknown flags");
+  if (value.size() > lease::kMaxHolderValueLength) {
+    return fail(SHARDLOCK_BAD_ARGUMENT, "the value is longer than 256 bytes");
+  }
+  lease_options.watchdog = (flags & SHARDLOCK_WATCHDOG) != 0;
+  lease_options.value = value;
+  if (on_lost != nullptr) {
+    lease_options.on_lost = [on_lost, user_data](const lease::LeaseLost& lost) {
+      on_lost(lost.key.c_str(), lost.token, to_status(lost.reason), lost.refused_by_server ? 1 : 0,
+              user_data);
+    };
+  }
+  return SHARDLOCK_OK;
+}
+
 // shardlock_acquire() and shardlock_acquire_with_value().
 int acquire_lease(shardlock_client* client, const char* key, uint32_t ttl_ms, uint32_t wait_ms,
                   int mode, uint32_t permits, unsigned flags, shardlock_lost_fn on_lost,
@@ -292,11 +337,12 @@ int acquire_lease(shardlock_client* client, const char* key, uint32_t ttl_ms, ui
     if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
     *out = nullptr;
     std::string_view key_view;
-    if (const int status = keyed_arguments(client, key, key_view); status != SHARDLOCK_OK) {
+    lease::LeaseOptions lease_options;
+    if (const int status = lease_arguments(client, key, ttl_ms, flags, on_lost, user_data, value,
+                                           key_view, lease_options);
+        status != SHARDLOCK_OK) {
       return status;
     }
-    if (ttl_ms == 0) return fail(SHARDLOCK_BAD_ARGUMENT, "ttl_ms is 0");
-    if ((flags & ~SHARDLOCK_WATCHDOG) != 0) return fail(SHARDLOCK_BAD_ARGUMENT, "unknown flags");
     if (mode == SHARDLOCK_PERMIT) {
       if (permits == 0 || permits > lease::kMaxPermits) {
         return fail(SHARDLOCK_BAD_ARGUMENT, "permits must be 1..65535");
@@ -307,18 +353,6 @@ int acquire_lease(shardlock_client* client, const char* key, uint32_t ttl_ms, ui
       return fail(SHARDLOCK_BAD_ARGUMENT, "permits must be 0 unless the mode is SHARDLOCK_PERMIT");
     }
 
-    if (value.size() > lease::kMaxHolderValueLength) {
-      return fail(SHARDLOCK_BAD_ARGUMENT, "the value is longer than 256 bytes");
-    }
-    lease::LeaseOptions lease_options;
-    lease_options.watchdog = (flags & SHARDLOCK_WATCHDOG) != 0;
-    lease_options.value = value;
-    if (on_lost != nullptr) {
-      lease_options.on_lost = [on_lost, user_data](const lease::LeaseLost& lost) {
-        on_lost(lost.key.c_str(), lost.token, to_status(lost.reason),
-                lost.refused_by_server ? 1 : 0, user_data);
-      };
-    }
     // Allocated before the call, so that a failure here cannot strand a
     // grant the server has already made.
     auto handle = std::make_unique<shardlock_lease>();
@@ -337,11 +371,7 @@ int acquire_lease(shardlock_client* client, const char* key, uint32_t ttl_ms, ui
         result = c.acquire(key_view, ttl, wait, std::move(lease_options));
         break;
     }
-    if (result.error) {
-      const int status = to_status(result.error);
-      if (status == SHARDLOCK_INTERNAL) return fail(status, result.error.message());
-      return fail(status, acquire_detail(result));
-    }
+    if (result.error) return acquire_failed(result);
     handle->lease = std::move(result.lease);
     *out = handle.release();
     return fail(SHARDLOCK_OK, "");
@@ -377,7 +407,8 @@ int shardlock_acquire_with_value(shardlock_client* client, const char* key, uint
 int shardlock_lease_renew(shardlock_lease* lease, uint32_t ttl_ms) {
   return guarded([&]() -> int {
     if (lease == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "lease is NULL");
-    const std::error_code ec = lease->lease.renew(milliseconds(ttl_ms));
+    const std::error_code ec = lease->is_reentrant() ? lease->reentrant.renew(milliseconds(ttl_ms))
+                                                     : lease->lease.renew(milliseconds(ttl_ms));
     return fail(to_status(ec), ec ? ec.message() : "");
   });
 }
@@ -385,9 +416,42 @@ int shardlock_lease_renew(shardlock_lease* lease, uint32_t ttl_ms) {
 int shardlock_lease_release(shardlock_lease* lease) {
   return guarded([&]() -> int {
     if (lease == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "lease is NULL");
-    const std::error_code ec = lease->lease.release();
+    const std::error_code ec =
+        lease->is_reentrant() ? lease->reentrant.release() : lease->lease.release();
     return fail(to_status(ec), ec ? ec.message() : "");
   });
+}
+
+int shardlock_acquire_reentrant(shardlock_client* client, const char* key, uint32_t ttl_ms,
+                                uint32_t wait_ms, unsigned flags, shardlock_lost_fn on_lost,
+                                void* user_data, shardlock_lease** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    std::string_view key_view;
+    lease::LeaseOptions lease_options;
+    if (const int status = lease_arguments(client, key, ttl_ms, flags, on_lost, user_data, {},
+                                           key_view, lease_options);
+        status != SHARDLOCK_OK) {
+      return status;
+    }
+    // Allocated before the call, as in acquire_lease().
+    auto handle = std::make_unique<shardlock_lease>();
+    handle->reentrant_key = key_view;
+    lease::ReentrantAcquireResult result = client->reentrant.acquire(
+        key_view, milliseconds(ttl_ms), milliseconds(wait_ms), std::move(lease_options));
+    if (result.error) return acquire_failed(result);
+    handle->reentrant_token = result.lease.token();
+    handle->reentrant = std::move(result.lease);
+    *out = handle.release();
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+size_t shardlock_lease_hold_count(const shardlock_lease* lease) {
+  if (lease == nullptr) return 0;
+  if (lease->is_reentrant()) return lease->reentrant.hold_count();
+  return lease->lease.empty() ? 0 : 1;
 }
 
 void shardlock_lease_destroy(shardlock_lease* lease) {
@@ -398,24 +462,26 @@ void shardlock_lease_destroy(shardlock_lease* lease) {
 }
 
 uint64_t shardlock_lease_token(const shardlock_lease* lease) {
-  return lease == nullptr ? 0 : lease->lease.token();
+  if (lease == nullptr) return 0;
+  return lease->is_reentrant() ? lease->reentrant_token : lease->lease.token();
 }
 
 const char* shardlock_lease_key(const shardlock_lease* lease) {
-  return lease == nullptr ? "" : lease->lease.key().c_str();
+  if (lease == nullptr) return "";
+  return lease->is_reentrant() ? lease->reentrant_key.c_str() : lease->lease.key().c_str();
 }
 
 int shardlock_lease_mode(const shardlock_lease* lease) {
-  return lease == nullptr ? SHARDLOCK_EXCLUSIVE : static_cast<int>(lease->lease.mode());
+  return lease == nullptr ? SHARDLOCK_EXCLUSIVE : static_cast<int>(lease->grant().mode());
 }
 
 int shardlock_lease_valid(const shardlock_lease* lease) {
-  return lease != nullptr && lease->lease.valid() ? 1 : 0;
+  return lease != nullptr && lease->grant().valid() ? 1 : 0;
 }
 
 int64_t shardlock_lease_remaining_ms(const shardlock_lease* lease) {
-  if (lease == nullptr || !lease->lease.valid()) return 0;
-  const auto left = lease->lease.expiry() - lease::LeaseClock::now();
+  if (lease == nullptr || !lease->grant().valid()) return 0;
+  const auto left = lease->grant().expiry() - lease::LeaseClock::now();
   if (left.count() <= 0) return 0;
   return std::chrono::duration_cast<milliseconds>(left).count();
 }

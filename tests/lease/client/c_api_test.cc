@@ -3,31 +3,21 @@
 // only the C header; this file starts the server and reports.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <memory>
 #include <string>
 
 #include "c_api_test_scenarios.h"
-#include "shardlock/lease/server/server.h"
+#include "lease/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
 
-using namespace std::chrono_literals;
-
 class CApiTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    LeaseServerOptions options;
-    options.bind_address = "127.0.0.1:0";
-    options.shards = 4;
-    options.lock_delay = 0ms;
-    options.max_ttl = 60s;
-    options.log = [](std::string_view) {};
-    server_ = std::make_unique<LeaseServer>(options);
-    const std::error_code ec = server_->start();
-    ASSERT_FALSE(ec) << ec.message() << ": " << server_->error_detail();
-    address_ = "127.0.0.1:" + std::to_string(server_->port());
+    server_ = test_support::start_loopback_server();
+    ASSERT_TRUE(server_);
+    address_ = test_support::loopback_address(*server_);
   }
   void TearDown() override { server_->stop(); }
 
@@ -51,6 +41,8 @@ TEST_F(CApiTest, BadArgumentsReturnTheirCodes) {
 TEST_F(CApiTest, CreateExChecksItsOptions) { expect_passes(c_api_create_ex(address_.c_str())); }
 
 TEST_F(CApiTest, QueryHoldersListsEachHolder) { expect_passes(c_api_holders(address_.c_str())); }
+
+TEST_F(CApiTest, ReentrantHoldsShareAGrant) { expect_passes(c_api_reentrant(address_.c_str())); }
 
 TEST_F(CApiTest, WatchdogKeepsALeaseAndLossIsReportedOnce) {
   expect_passes(c_api_watchdog_and_lost(

@@ -354,18 +354,26 @@ static void record_lost(const char* key, uint64_t token, int reason, int refused
   atomic_fetch_add(&record->calls, 1); /* last: the test reads the rest after it */
 }
 
+static void clear_lost(struct lost_record* record) {
+  memset(record, 0, sizeof *record);
+  atomic_init(&record->calls, 0);
+}
+
+/* Waits up to 5 s for the callback to have fired. */
+static void wait_for_lost(struct lost_record* record) {
+  int waited;
+  for (waited = 0; waited < 5000 && atomic_load(&record->calls) == 0; waited += 10) sleep_ms(10);
+}
+
 const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void*), void* context) {
   shardlock_client* client = NULL;
   shardlock_lease* kept = NULL;
   shardlock_lease* lost = NULL;
   struct lost_record kept_record;
   struct lost_record lost_record;
-  int waited;
 
-  memset(&kept_record, 0, sizeof kept_record);
-  memset(&lost_record, 0, sizeof lost_record);
-  atomic_init(&kept_record.calls, 0);
-  atomic_init(&lost_record.calls, 0);
+  clear_lost(&kept_record);
+  clear_lost(&lost_record);
   CHECK_STATUS(shardlock_client_create(server, NULL, 300, &client), SHARDLOCK_OK);
 
   /* The watchdog keeps a 600 ms lease across three TTLs. */
@@ -384,9 +392,7 @@ const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void
   /* The server goes away: renewals go unanswered, the client-side expiry
    * passes, and the callback fires once, on the watchdog thread. */
   stop_server(context);
-  for (waited = 0; waited < 5000 && atomic_load(&lost_record.calls) == 0; waited += 10) {
-    sleep_ms(10);
-  }
+  wait_for_lost(&lost_record);
   CHECK(atomic_load(&lost_record.calls) == 1);
   CHECK(atomic_load(&lost_record.reason) == SHARDLOCK_EXPIRED);
   CHECK(atomic_load(&lost_record.token) == shardlock_lease_token(lost));
@@ -492,6 +498,87 @@ const char* c_api_holders(const char* server) {
                                             NULL, NULL, 3, &rb),
                SHARDLOCK_BAD_ARGUMENT);
   shardlock_lease_destroy(ra);
+
+  shardlock_client_destroy(a);
+  shardlock_client_destroy(b);
+  return NULL;
+}
+
+const char* c_api_reentrant(const char* server) {
+  shardlock_client* a = NULL;
+  shardlock_client* b = NULL;
+  shardlock_lease* outer = NULL;
+  shardlock_lease* inner = NULL;
+  shardlock_lease* other = NULL;
+  struct lost_record record;
+  uint64_t token;
+
+  clear_lost(&record);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &b), SHARDLOCK_OK);
+
+  /* A second acquire by the same client shares the grant and its token. */
+  CHECK_STATUS(shardlock_acquire_reentrant(a, "c-api/r", 5000, 0, 0, NULL, NULL, &outer),
+               SHARDLOCK_OK);
+  CHECK(shardlock_lease_hold_count(outer) == 1);
+  token = shardlock_lease_token(outer);
+  CHECK_STATUS(shardlock_acquire_reentrant(a, "c-api/r", 5000, 0, 0, NULL, NULL, &inner),
+               SHARDLOCK_OK);
+  CHECK(shardlock_lease_token(inner) == token);
+  CHECK(shardlock_lease_hold_count(outer) == 2 && shardlock_lease_hold_count(inner) == 2);
+  CHECK(strcmp(shardlock_lease_key(inner), "c-api/r") == 0);
+  CHECK(shardlock_lease_mode(inner) == SHARDLOCK_EXCLUSIVE);
+  CHECK(shardlock_lease_valid(inner) == 1 && shardlock_lease_remaining_ms(inner) > 0);
+  CHECK_STATUS(
+      shardlock_acquire(b, "c-api/r", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &other),
+      SHARDLOCK_BUSY);
+
+  /* Releasing one hold keeps the key; the handle keeps its key and token. */
+  CHECK_STATUS(shardlock_lease_release(inner), SHARDLOCK_OK);
+  CHECK(shardlock_lease_valid(inner) == 0 && shardlock_lease_hold_count(inner) == 0);
+  CHECK(shardlock_lease_token(inner) == token);
+  CHECK(strcmp(shardlock_lease_key(inner), "c-api/r") == 0);
+  CHECK_STATUS(shardlock_lease_release(inner), SHARDLOCK_LEASE_INACTIVE);
+  CHECK_STATUS(shardlock_lease_renew(inner, 0), SHARDLOCK_LEASE_INACTIVE);
+  shardlock_lease_destroy(inner);
+  CHECK(shardlock_lease_hold_count(outer) == 1);
+  CHECK_STATUS(shardlock_lease_renew(outer, 4000), SHARDLOCK_OK);
+  CHECK_STATUS(
+      shardlock_acquire(b, "c-api/r", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &other),
+      SHARDLOCK_BUSY);
+
+  /* Destroying the last hold releases the key: b, waiting, is handed it. */
+  shardlock_lease_destroy(outer);
+  CHECK_STATUS(
+      shardlock_acquire(b, "c-api/r", 5000, 3000, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &other),
+      SHARDLOCK_OK);
+  CHECK(shardlock_lease_hold_count(other) == 1); /* a plain lease */
+  shardlock_lease_destroy(other);
+
+  /* A lost grant: every hold is invalid, and on_lost fires once. */
+  CHECK_STATUS(
+      shardlock_acquire_reentrant(a, "c-api/r-lost", 300, 0, 0, record_lost, &record, &outer),
+      SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_acquire_reentrant(a, "c-api/r-lost", 300, 0, 0, NULL, NULL, &inner),
+               SHARDLOCK_OK);
+  wait_for_lost(&record);
+  CHECK(atomic_load(&record.calls) == 1);
+  CHECK(shardlock_lease_valid(outer) == 0 && shardlock_lease_valid(inner) == 0);
+  shardlock_lease_destroy(inner);
+  shardlock_lease_destroy(outer);
+  CHECK(atomic_load(&record.calls) == 1);
+
+  /* Bad arguments, as shardlock_acquire(). */
+  CHECK(shardlock_lease_hold_count(NULL) == 0);
+  CHECK_STATUS(shardlock_acquire_reentrant(a, "c-api/r", 0, 0, 0, NULL, NULL, &outer),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK(outer == NULL);
+  CHECK_STATUS(shardlock_acquire_reentrant(a, "c-api/r", 5000, 0, 0x80u, NULL, NULL, &outer),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_acquire_reentrant(NULL, "c-api/r", 5000, 0, 0, NULL, NULL, &outer),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_acquire_reentrant(a, "c-api/r", 5000, 0, 0, NULL, NULL, NULL),
+               SHARDLOCK_BAD_ARGUMENT);
 
   shardlock_client_destroy(a);
   shardlock_client_destroy(b);

@@ -14,6 +14,8 @@ const char* c_api_bad_arguments(const char* server);
 const char* c_api_create_ex(const char* server);
 // shardlock_query_holders() and the snapshot's accessors.
 const char* c_api_holders(const char* server);
+// shardlock_acquire_reentrant(): shared grants, hold counts, the last release.
+const char* c_api_reentrant(const char* server);
 // Calls stop_server(context) part way, to lose a lease.
 const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void*), void* context);
 

@@ -57,8 +57,9 @@ extern "C" {
 #define SHARDLOCK_C_API_VERSION 1
 /* The minor version: functions added without breaking the ABI. 1 added
  * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1); 2 added
- * shardlock_query_holders(), the shardlock_holders_* functions and
- * shardlock_acquire_with_value() (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
+ * shardlock_query_holders(), the shardlock_holders_* functions,
+ * shardlock_acquire_with_value(), shardlock_acquire_reentrant() and
+ * shardlock_lease_hold_count() (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
  * newer function needs a library at least that new, which the dynamic loader checks by symbol
  * version. */
 #define SHARDLOCK_C_API_MINOR 2
@@ -335,6 +336,45 @@ typedef struct shardlock_holder_info { /* NOLINT(modernize-use-using) */
  * or a `size` smaller than the first version of the struct. */
 SHARDLOCK_C_EXPORT int shardlock_holders_get(const shardlock_holders* holders, size_t index,
                                              shardlock_holder_info* out);
+
+/* ---- Reentrant leases ---------------------------------------------------- */
+
+/* Acquires `key` exclusively, reentrantly for this client (ReentrantLeases in
+ * reentrant.h, docs/client.md "Reentrant leases"): when the client already
+ * holds `key` through an earlier shardlock_acquire_reentrant() whose lease is
+ * still valid, *out is a new handle of that same grant (same token, no
+ * round trip; `ttl_ms`, `wait_ms`, `flags`, `on_lost` and `user_data` are
+ * then ignored) and the grant's hold count goes up by one. Otherwise as
+ * shardlock_acquire() with SHARDLOCK_EXCLUSIVE. While another thread's
+ * reentrant acquire of the key is in flight, this one waits for it up to
+ * `wait_ms` and joins it (SHARDLOCK_TIMEOUT, or SHARDLOCK_BUSY with no wait,
+ * if it is still in flight then).
+ *
+ * The owner is the client: every thread that uses it shares its holds, and
+ * every hold carries the same fencing token. Do not use it to exclude
+ * threads of one process from each other, nor between holders that must
+ * wait for one another to finish with the resource: they are let in at
+ * once. Reentrant and plain acquires of one key by one client do not know
+ * of each other (a plain one supersedes the reentrant grant).
+ *
+ * The handle works with every shardlock_lease_* function:
+ * shardlock_lease_release() and shardlock_lease_destroy() drop its hold, and
+ * only the last hold's release or destroy releases the key (the first
+ * answers SHARDLOCK_OK at once while other holds remain);
+ * shardlock_lease_renew() renews the grant for every hold;
+ * shardlock_lease_valid() is 0 for every hold once the grant is lost, and
+ * `on_lost` fires once per grant. `user_data` must stay valid until the
+ * grant's last hold is destroyed. Since SHARDLOCK_C_API_MINOR 2. */
+SHARDLOCK_C_EXPORT int shardlock_acquire_reentrant(shardlock_client* client, const char* key,
+                                                   uint32_t ttl_ms, uint32_t wait_ms,
+                                                   unsigned flags, shardlock_lost_fn on_lost,
+                                                   void* user_data, shardlock_lease** out);
+
+/* How many handles hold the grant of a lease from
+ * shardlock_acquire_reentrant(), this one included; 0 once its hold was
+ * released. 1 for a lease from shardlock_acquire() that is not released, 0
+ * for NULL. Since SHARDLOCK_C_API_MINOR 2. */
+SHARDLOCK_C_EXPORT size_t shardlock_lease_hold_count(const shardlock_lease* lease);
 
 #ifdef __cplusplus
 } /* extern "C" */
