@@ -18,7 +18,9 @@
 #include <vector>
 
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/election.h"
 #include "shardlock/lease/client/reentrant.h"
+#include "shardlock/lease/client/watch.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
 
@@ -51,6 +53,17 @@ struct shardlock_lease {
 struct shardlock_holders {
   lease::HoldersReply reply;
   std::vector<std::string> owners;  // each holder's id in hex
+};
+
+struct shardlock_watch {
+  shardlock_watch(lease::LeaseClient& client, std::string key) : watch(client, std::move(key)) {}
+  lease::KeyWatch watch;
+};
+
+struct shardlock_election {
+  shardlock_election(lease::LeaseClient& client, std::string name, lease::ElectionOptions options)
+      : election(client, std::move(name), options) {}
+  lease::Election election;
 };
 
 namespace {
@@ -566,6 +579,143 @@ int shardlock_holders_get(const shardlock_holders* holders, size_t index,
     out->value_length = h.value.size();
     return fail(SHARDLOCK_OK, "");
   });
+}
+
+}  // extern "C"
+
+namespace {
+
+// A snapshot of what a watch reported, read as shardlock_query_holders()'s.
+std::unique_ptr<shardlock_holders> snapshot_of(lease::WatchEvent&& event) {
+  auto snapshot = std::make_unique<shardlock_holders>();
+  lease::HoldersReply& r = snapshot->reply;
+  r.held = event.held();
+  r.mode = event.mode;
+  r.token = event.version.token;
+  for (const lease::HolderInfo& h : event.holders) r.ttl_left = std::max(r.ttl_left, h.ttl_left);
+  r.waiters = event.waiters;
+  r.holder_count = event.holder_count;
+  r.permits = event.permits;
+  r.holders = std::move(event.holders);
+  snapshot->owners.reserve(r.holders.size());
+  for (const lease::HolderInfo& h : r.holders) snapshot->owners.push_back(lease::to_hex(h.owner));
+  return snapshot;
+}
+
+}  // namespace
+
+extern "C" {
+
+int shardlock_watch_create(shardlock_client* client, const char* key, shardlock_watch** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    std::string_view key_view;
+    if (const int status = keyed_arguments(client, key, key_view); status != SHARDLOCK_OK) {
+      return status;
+    }
+    *out = std::make_unique<shardlock_watch>(client->client, std::string(key_view)).release();
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+int shardlock_watch_next(shardlock_watch* watch, uint32_t timeout_ms, shardlock_holders** out) {
+  return guarded([&]() -> int {
+    if (watch == nullptr || out == nullptr)
+      return fail(SHARDLOCK_BAD_ARGUMENT, "watch or out is NULL");
+    *out = nullptr;
+    std::optional<lease::WatchEvent> event = watch->watch.next(milliseconds(timeout_ms));
+    if (!event) return fail(SHARDLOCK_TIMEOUT, "no change within the timeout");
+    if (event->error) {
+      std::string detail = event->error.message();
+      if (event->error == LeaseErrc::kServerError)
+        detail += std::string(": ") + std::string(lease::to_string(event->wire_error));
+      return fail(to_status(event->error), detail);
+    }
+    *out = snapshot_of(std::move(*event)).release();
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+void shardlock_watch_cancel(shardlock_watch* watch) {
+  if (watch != nullptr) watch->watch.cancel();
+}
+
+void shardlock_watch_destroy(shardlock_watch* watch) {
+  delete watch;  // NOLINT(cppcoreguidelines-owning-memory): the C API owns it by pointer
+}
+
+int shardlock_election_create(shardlock_client* client, const char* name, uint32_t ttl_ms,
+                              shardlock_lost_fn on_lost, void* user_data,
+                              shardlock_election** out) {
+  return guarded([&]() -> int {
+    if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
+    *out = nullptr;
+    std::string_view name_view;
+    if (const int status = keyed_arguments(client, name, name_view); status != SHARDLOCK_OK) {
+      return status;
+    }
+    if (ttl_ms == 0) return fail(SHARDLOCK_BAD_ARGUMENT, "ttl_ms is 0");
+    lease::ElectionOptions options;
+    options.ttl = milliseconds(ttl_ms);
+    auto handle =
+        std::make_unique<shardlock_election>(client->client, std::string(name_view), options);
+    if (on_lost != nullptr) {
+      handle->election.on_lost([on_lost, user_data](const lease::LeaseLost& lost) {
+        on_lost(lost.key.c_str(), lost.token, to_status(lost.reason),
+                lost.refused_by_server ? 1 : 0, user_data);
+      });
+    }
+    *out = handle.release();
+    return fail(SHARDLOCK_OK, "");
+  });
+}
+
+int shardlock_election_campaign(shardlock_election* election, const void* value,
+                                size_t value_length, uint32_t wait_ms) {
+  return guarded([&]() -> int {
+    if (election == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "election is NULL");
+    if (value == nullptr && value_length != 0) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "value is NULL with a length");
+    }
+    if (value_length > lease::kMaxHolderValueLength) {
+      return fail(SHARDLOCK_BAD_ARGUMENT, "the value is longer than 256 bytes");
+    }
+    const milliseconds wait =
+        wait_ms == SHARDLOCK_WAIT_FOREVER ? std::chrono::hours(24 * 365) : milliseconds(wait_ms);
+    const std::string_view text(static_cast<const char*>(value), value_length);
+    const std::error_code ec = election->election.campaign(text, wait);
+    return fail(to_status(ec), ec ? ec.message() : "");
+  });
+}
+
+int shardlock_election_resign(shardlock_election* election) {
+  return guarded([&]() -> int {
+    if (election == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "election is NULL");
+    const std::error_code ec = election->election.resign();
+    return fail(to_status(ec), ec ? ec.message() : "");
+  });
+}
+
+int shardlock_election_leading(const shardlock_election* election) {
+  return election != nullptr && election->election.leading() ? 1 : 0;
+}
+
+uint64_t shardlock_election_term(const shardlock_election* election) {
+  return election == nullptr ? 0 : election->election.term();
+}
+
+void shardlock_election_destroy(shardlock_election* election) {
+  delete election;  // NOLINT(cppcoreguidelines-owning-memory): the C API owns it by pointer
+}
+
+int shardlock_holders_leader(const shardlock_holders* holders, shardlock_holder_info* out) {
+  if (holders == nullptr || out == nullptr || out->size < kHolderInfoSizeV1) return -1;
+  if (holders->reply.holder_count != 1 ||
+      !lease::leader_of(holders->reply.mode, holders->reply.holders)) {
+    return 0;
+  }
+  return shardlock_holders_get(holders, 0, out) == SHARDLOCK_OK ? 1 : -1;
 }
 
 }  // extern "C"

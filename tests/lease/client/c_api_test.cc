@@ -44,6 +44,10 @@ TEST_F(CApiTest, QueryHoldersListsEachHolder) { expect_passes(c_api_holders(addr
 
 TEST_F(CApiTest, ReentrantHoldsShareAGrant) { expect_passes(c_api_reentrant(address_.c_str())); }
 
+TEST_F(CApiTest, ElectionsAndWatchesSeeEachLeader) {
+  expect_passes(c_api_election_and_watch(address_.c_str()));
+}
+
 TEST_F(CApiTest, WatchdogKeepsALeaseAndLossIsReportedOnce) {
   expect_passes(c_api_watchdog_and_lost(
       address_.c_str(), [](void* server) { static_cast<LeaseServer*>(server)->stop(); },

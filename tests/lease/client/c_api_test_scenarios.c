@@ -584,3 +584,79 @@ const char* c_api_reentrant(const char* server) {
   shardlock_client_destroy(b);
   return NULL;
 }
+
+const char* c_api_election_and_watch(const char* server) {
+  shardlock_client* a = NULL;
+  shardlock_client* b = NULL;
+  shardlock_client* o = NULL;
+  shardlock_election* ea = NULL;
+  shardlock_election* eb = NULL;
+  shardlock_watch* w = NULL;
+  shardlock_holders* h = NULL;
+  shardlock_holder_info info;
+  uint64_t term_a;
+
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &a), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &b), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &o), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_watch_create(o, "c-api/leader", &w), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_election_create(a, "c-api/leader", 5000, NULL, NULL, &ea), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_election_create(b, "", 5000, NULL, NULL, &eb), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(eb == NULL);
+  CHECK_STATUS(shardlock_election_create(b, "c-api/leader", 0, NULL, NULL, &eb),
+               SHARDLOCK_BAD_ARGUMENT);
+  CHECK_STATUS(shardlock_election_create(b, "c-api/leader", 5000, NULL, NULL, &eb), SHARDLOCK_OK);
+
+  /* The first state comes at once: nobody leads. */
+  CHECK_STATUS(shardlock_watch_next(w, 5000, &h), SHARDLOCK_OK);
+  memset(&info, 0, sizeof info);
+  info.size = sizeof info;
+  CHECK(shardlock_holders_leader(h, &info) == 0);
+  shardlock_holders_destroy(h);
+  h = NULL;
+
+  CHECK_STATUS(shardlock_election_campaign(ea, "host-a", 6, SHARDLOCK_WAIT_FOREVER), SHARDLOCK_OK);
+  CHECK(shardlock_election_leading(ea) == 1);
+  term_a = shardlock_election_term(ea);
+  CHECK(term_a != 0);
+  CHECK_STATUS(shardlock_election_campaign(ea, "host-a", 6, 0), SHARDLOCK_BUSY);
+  CHECK_STATUS(shardlock_election_campaign(eb, "host-b", 6, 100), SHARDLOCK_TIMEOUT);
+  CHECK(shardlock_election_leading(eb) == 0 && shardlock_election_term(eb) == 0);
+
+  /* The watch wakes with A as leader, its value and term. */
+  CHECK_STATUS(shardlock_watch_next(w, 5000, &h), SHARDLOCK_OK);
+  CHECK(shardlock_holders_leader(h, &info) == 1);
+  CHECK(info.token == term_a);
+  CHECK(info.value_length == 6 && memcmp(info.value, "host-a", 6) == 0);
+  shardlock_holders_destroy(h);
+  h = NULL;
+  CHECK_STATUS(shardlock_watch_next(w, 200, &h), SHARDLOCK_TIMEOUT); /* renewals: no change */
+  CHECK(h == NULL);
+
+  /* A resigns; B is elected with a later term, and the watch sees it. */
+  CHECK_STATUS(shardlock_election_resign(ea), SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_election_resign(ea), SHARDLOCK_LEASE_INACTIVE);
+  CHECK_STATUS(shardlock_election_campaign(eb, "host-b", 6, 5000), SHARDLOCK_OK);
+  CHECK(shardlock_election_term(eb) > term_a);
+  for (int i = 0; i < 3; ++i) {
+    CHECK_STATUS(shardlock_watch_next(w, 5000, &h), SHARDLOCK_OK);
+    if (shardlock_holders_leader(h, &info) == 1) break;
+    shardlock_holders_destroy(h);
+    h = NULL;
+  }
+  CHECK(h != NULL);
+  CHECK(info.token == shardlock_election_term(eb));
+  CHECK(info.value_length == 6 && memcmp(info.value, "host-b", 6) == 0);
+  shardlock_holders_destroy(h);
+  CHECK(shardlock_holders_leader(NULL, &info) == -1);
+
+  shardlock_watch_cancel(w);
+  CHECK_STATUS(shardlock_watch_next(w, 5000, &h), SHARDLOCK_TIMEOUT);
+  shardlock_watch_destroy(w);
+  shardlock_election_destroy(ea);
+  shardlock_election_destroy(eb); /* resigns */
+  shardlock_client_destroy(a);
+  shardlock_client_destroy(b);
+  shardlock_client_destroy(o);
+  return NULL;
+}

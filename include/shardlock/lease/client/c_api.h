@@ -58,8 +58,10 @@ extern "C" {
 /* The minor version: functions added without breaking the ABI. 1 added
  * shardlock_client_create_ex() (symbol version SHARDLOCK_C_1.1); 2 added
  * shardlock_query_holders(), the shardlock_holders_* functions,
- * shardlock_acquire_with_value(), shardlock_acquire_reentrant() and
- * shardlock_lease_hold_count() (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
+ * shardlock_acquire_with_value(), shardlock_acquire_reentrant(),
+ * shardlock_lease_hold_count(), and the shardlock_watch_* and
+ * shardlock_election_* functions and shardlock_holders_leader()
+ * (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
  * newer function needs a library at least that new, which the dynamic loader checks by symbol
  * version. */
 #define SHARDLOCK_C_API_MINOR 2
@@ -375,6 +377,92 @@ SHARDLOCK_C_EXPORT int shardlock_acquire_reentrant(shardlock_client* client, con
  * released. 1 for a lease from shardlock_acquire() that is not released, 0
  * for NULL. Since SHARDLOCK_C_API_MINOR 2. */
 SHARDLOCK_C_EXPORT size_t shardlock_lease_hold_count(const shardlock_lease* lease);
+
+/* ---- Watches ------------------------------------------------------------ */
+
+/* Follows one key without polling (KeyWatch in watch.h; protocol.h,
+ * "Watches"): each shardlock_watch_next() blocks until the key's holders
+ * change. Since SHARDLOCK_C_API_MINOR 2. */
+typedef struct shardlock_watch shardlock_watch; /* NOLINT(modernize-use-using) */
+
+/* Starts following `key` (NUL-terminated, 1..256 bytes); nothing is sent
+ * until the first shardlock_watch_next(). The client must outlive it. */
+SHARDLOCK_C_EXPORT int shardlock_watch_create(shardlock_client* client, const char* key,
+                                              shardlock_watch** out);
+
+/* The key's next state, as a snapshot read like shardlock_query_holders()'s
+ * (the newest holders, oldest first; every one unless their values fill more
+ * than a datagram): at once on the first call, afterwards the first state
+ * whose holders differ from the one last returned (renewals and waiters are
+ * no change; after a gap, the newest state, not each one between). Blocks
+ * up to `timeout_ms`. SHARDLOCK_OK with *out to free with
+ * shardlock_holders_destroy(); SHARDLOCK_TIMEOUT when nothing changed by
+ * then or the watch was cancelled; another status when the server could not
+ * be read for the whole timeout. One thread at a time. */
+SHARDLOCK_C_EXPORT int shardlock_watch_next(shardlock_watch* watch, uint32_t timeout_ms,
+                                            shardlock_holders** out);
+
+/* Wakes a blocked shardlock_watch_next() (it returns SHARDLOCK_TIMEOUT), and
+ * every later one. Any thread. NULL is ignored. */
+SHARDLOCK_C_EXPORT void shardlock_watch_cancel(shardlock_watch* watch);
+
+/* Frees the watch; not while shardlock_watch_next() runs on it (cancel
+ * first). NULL is ignored. */
+SHARDLOCK_C_EXPORT void shardlock_watch_destroy(shardlock_watch* watch);
+
+/* ---- Leader election ---------------------------------------------------- */
+
+/* One campaigner for one name (Election in election.h; README, "Leader
+ * election"): the leader is the name's exclusive holder, its value what its
+ * campaign attached, its term the grant's fencing token. Since
+ * SHARDLOCK_C_API_MINOR 2. */
+typedef struct shardlock_election shardlock_election; /* NOLINT(modernize-use-using) */
+
+/* A campaign wait with no end (about a year). */
+#define SHARDLOCK_WAIT_FOREVER UINT32_MAX
+
+/* A campaigner for `name` whose leadership is a lease of `ttl_ms` renewed by
+ * the watchdog. `on_lost` (may be NULL) is called once, on the client's
+ * watchdog thread, when leadership is lost rather than resigned (its `key`
+ * is the name, its `token` the term). The client must outlive it. */
+SHARDLOCK_C_EXPORT int shardlock_election_create(shardlock_client* client, const char* name,
+                                                 uint32_t ttl_ms, shardlock_lost_fn on_lost,
+                                                 void* user_data, shardlock_election** out);
+
+/* Waits up to `wait_ms` (SHARDLOCK_WAIT_FOREVER: no end), FIFO behind
+ * earlier campaigners, to lead with `value` (`value_length` bytes, at most
+ * 256; NULL with 0 for none). SHARDLOCK_OK: leading, and
+ * shardlock_election_term() tells the term. SHARDLOCK_TIMEOUT when the wait
+ * ran out; SHARDLOCK_BUSY while already leading or campaigning. Blocks. */
+SHARDLOCK_C_EXPORT int shardlock_election_campaign(shardlock_election* election, const void* value,
+                                                   size_t value_length, uint32_t wait_ms);
+
+/* Gives leadership up; the next campaigner is elected at once.
+ * SHARDLOCK_LEASE_INACTIVE when not leading. Blocks up to the request
+ * timeout. */
+SHARDLOCK_C_EXPORT int shardlock_election_resign(shardlock_election* election);
+
+/* 1 while this campaigner leads (as its client can prove), else 0. */
+SHARDLOCK_C_EXPORT int shardlock_election_leading(const shardlock_election* election);
+
+/* This campaigner's term while leading, else 0. */
+SHARDLOCK_C_EXPORT uint64_t shardlock_election_term(const shardlock_election* election);
+
+/* Resigns if leading, and frees it. Not while a campaign runs on it. NULL is
+ * ignored. */
+SHARDLOCK_C_EXPORT void shardlock_election_destroy(shardlock_election* election);
+
+/* The leader of a snapshot (shardlock_query_holders() of a name, or
+ * shardlock_watch_next() on one): 1 with `out` filled as
+ * shardlock_holders_get() fills it (`out->token` is the term) when the key
+ * has one exclusive holder, 0 when it has no leader, -1 for NULL or a bad
+ * `out->size`.
+ *
+ * To observe a name's leader: shardlock_watch_create() on the name, then
+ * this on each snapshot shardlock_watch_next() gives; one whose leader has
+ * the term last seen is a change of holders but not of leader: skip it. */
+SHARDLOCK_C_EXPORT int shardlock_holders_leader(const shardlock_holders* holders,
+                                                shardlock_holder_info* out);
 
 #ifdef __cplusplus
 } /* extern "C" */
