@@ -168,6 +168,7 @@ using internal::Call;
 using internal::ClientCore;
 using internal::close_lease;
 using internal::LeaseState;
+using internal::make_renewal;
 using internal::send_release;
 using Clock = LeaseClock;
 using std::chrono::milliseconds;
@@ -285,10 +286,11 @@ CallResult acquire_in_rounds(ClientCore& core, milliseconds wait, const MakeCall
 }
 
 // The leases of one grant, a state per key (keys[i] holds tokens[i]), each
-// watched when its options ask for it. Empty when the grant's client-side
-// expiry had passed on arrival (a long wait, or a GRANTED recovered late by
-// retransmission): then every key is released, best effort, and the caller
-// reports kGrantExpired, so a returned Lease is valid when it is returned.
+// watched when its options ask for it. A grant whose client-side expiry had
+// passed on arrival (a wait longer than the TTL, or a GRANTED recovered late
+// by retransmission) is first renewed, key by key. Empty when that fails:
+// then every key is released, best effort, and the caller reports
+// kGrantExpired, so a returned Lease is valid when it is returned.
 std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<ClientCore>& core,
                                                      std::span<const std::string_view> keys,
                                                      std::span<const std::uint64_t> tokens,
@@ -307,13 +309,28 @@ std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<Clien
   // options (and of on_lost); the last takes the caller's.
   for (std::size_t i = 0; i + 1 < keys.size(); ++i) add(i, lease_options);
   add(keys.size() - 1, std::move(lease_options));
-  bool expired = false;
-  {
-    // One grant, one expiry: every state has the same.
-    LockGuard lock(states.front()->mutex);
-    expired = Clock::now() >= states.front()->expiry;
+  const auto expired = [&states] {
+    return std::any_of(states.begin(), states.end(), [](const std::shared_ptr<LeaseState>& s) {
+      LockGuard lock(s->mutex);
+      return Clock::now() >= s->expiry;
+    });
+  };
+  if (expired()) {
+    // The grant may have been made any time after the request's first
+    // transmission, so its expiry counts from there: a wait longer than the
+    // TTL (a campaign, run's wait for a long holder) ends past it. A RENEW
+    // proves the lease still stands and moves the expiry to its own send
+    // time + TTL; refused (the lease ended at the server meanwhile), the
+    // grant is given back below.
+    for (const auto& state : states) {
+      auto call = make_renewal(core->engine, *state, ttl);
+      const std::uint64_t request_id = call->request_id;
+      const CallResult r = core->call_sync(std::move(call));
+      LockGuard lock(state->mutex);
+      (void)state->apply_renewal(r, request_id, ttl, Clock::now());
+    }
   }
-  if (expired) {
+  if (expired()) {
     // The leases may still stand on the server for a moment, but the client
     // cannot prove it: give them back.
     for (const auto& state : states) {

@@ -745,9 +745,11 @@ TEST(LeaseSafetyTest, LostCallbackNeverOutlivesReleaseOrDestruction) {
   }
 }
 
-// Hole 6: a grant that arrives after its own client-side expiry is an
-// error, never a Lease that is invalid from the start.
-TEST(LeaseSafetyTest, AGrantThatArrivesExpiredIsAnError) {
+// Hole 6: a grant that arrives after its own client-side expiry is never a
+// Lease that is invalid from the start. Its expiry counts from the ACQUIRE's
+// first send, so a wait longer than the TTL ends past it: the client renews
+// it before returning it, and the renewal's send time bounds the expiry.
+TEST(LeaseSafetyTest, AGrantThatArrivesPastItsExpiryIsRenewedBeforeItIsReturned) {
   auto server = start_server();
   ASSERT_TRUE(server);
   auto holder = start_client({address(*server)});
@@ -762,10 +764,40 @@ TEST(LeaseSafetyTest, AGrantThatArrivesExpiredIsAnError) {
     std::this_thread::sleep_for(250ms);  // longer than the waiter's TTL
     (void)held.lease.release();
   });
-  AcquireResult late = waiter->acquire("late", 100ms, 5s);
+  const std::uint64_t renewed_before = server->stats().counter(StatCounter::kRenewed);
+  AcquireResult late = waiter->acquire("late", 200ms, 5s);
+  release_later.join();
+  ASSERT_TRUE(late) << late.error.message();
+  EXPECT_TRUE(late.lease.valid());
+  EXPECT_GT(late.lease.token(), held.lease.token());
+  EXPECT_EQ(server->stats().counter(StatCounter::kRenewed), renewed_before + 1);
+  EXPECT_FALSE(late.lease.release());
+}
+
+// ... and one whose lease ended at the server before the client heard of it
+// (its GRANTED lost until the TTL ran out) is an error, and nothing is held.
+TEST(LeaseSafetyTest, AGrantWhoseLeaseEndedBeforeItArrivedIsAnError) {
+  auto server = start_server();
+  ASSERT_TRUE(server);
+  auto holder = start_client({address(*server)});
+  std::atomic<bool> cut{false};
+  auto waiter = start_client({address(*server)}, faulty(Faults{}, 1, &cut));
+  AcquireResult held = holder->try_acquire("ended", 10s);
+  ASSERT_TRUE(held);
+  std::thread release_later([&] {
+    const auto begin = Clock::now();
+    while (server->stats().counter(StatCounter::kQueued) == 0 && Clock::now() - begin < 5s)
+      std::this_thread::sleep_for(1ms);
+    cut = true;  // the GRANTED and the retransmissions are lost...
+    (void)held.lease.release();
+    std::this_thread::sleep_for(400ms);  // ...until the 100 ms lease has ended
+    cut = false;
+  });
+  AcquireResult late = waiter->acquire("ended", 100ms, 5s);
   release_later.join();
   EXPECT_EQ(late.error, LeaseErrc::kGrantExpired);
   EXPECT_TRUE(late.lease.empty());
+  EXPECT_EQ(holder->query("ended").held, false);
 }
 
 // Hole 9 (client side): a second process acting for the same owner (as

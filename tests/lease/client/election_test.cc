@@ -136,5 +136,23 @@ TEST_F(ElectionTest, ALostLeadershipCallsBackOnceAndTheNextCampaignerIsElected) 
   EXPECT_EQ(lost.load(), 1);
 }
 
+TEST_F(ElectionTest, ACampaignThatWaitsLongerThanTheTtlIsElected) {
+  auto ca = client();
+  auto cb = client();
+  ElectionOptions options;
+  options.ttl = 300ms;
+  Election a(*ca, "long", options);
+  Election b(*cb, "long", options);
+  ASSERT_FALSE(a.campaign("a"));
+  std::thread resign_later([&] {
+    std::this_thread::sleep_for(800ms);  // renewed by the watchdog meanwhile
+    EXPECT_FALSE(a.resign());
+  });
+  EXPECT_FALSE(b.campaign("b", 5s));
+  resign_later.join();
+  EXPECT_TRUE(b.leading());
+  EXPECT_GT(b.term(), 0u);
+}
+
 }  // namespace
 }  // namespace shardlock::lease

@@ -307,9 +307,12 @@ class LeaseClient {
   // longer than the server takes in one request (its max_wait, or 49 days,
   // the wire's limit) is not an error: the client queues again with the
   // wait left after each TIMEOUT until its own wait is spent (so a key
-  // freed between two rounds may go to a waiter queued behind). A grant that
-  // arrives after its own client-side expiry (wait >= TTL, or a GRANTED
-  // recovered late by retransmission) is released and returned as
+  // freed between two rounds may go to a waiter queued behind). A grant's
+  // client-side expiry counts from the request's first transmission, so one
+  // that arrives past it (wait >= TTL, or a GRANTED recovered late by
+  // retransmission) is renewed before it is returned (one more round trip;
+  // its expiry then counts from the RENEW); if the renewal is refused (the
+  // lease already ended at the server) it is released and returned as
   // kGrantExpired: a returned Lease is valid() when acquire() returns.
   // Acquiring a key this client already holds gives a new grant with a new
   // token; the older Lease then finds itself superseded (lost) at its next
