@@ -12,6 +12,10 @@
     for event in client.watch("jobs/nightly"):  # its state now, then each change
         print(event.version, event.holders)
 
+    election = shardlock.Election(client, "scheduler", ttl=10)
+    term = election.campaign("10.0.0.7:8080")  # waits until elected; fences writes
+    election.resign()
+
     async with shardlock.AsyncClient("127.0.0.1:7420") as client:
         async with client.lock("orders/42", ttl=30) as lease:
             await storage.write(data, fence=lease.token)
@@ -21,10 +25,11 @@ It speaks the UDP wire format itself (protocol.py); see
 clients/python/README.md.
 """
 
-from .aio import AsyncClient, AsyncKeyWatch, AsyncLease
+from .aio import AsyncClient, AsyncKeyWatch, AsyncLease, AsyncLeaderObserver
 from .auth import load_auth_key, parse_auth_key
 from .client import (NO_VERSION, Client, HolderInfo, HoldersResult, KeyVersion, Lease,
                      QueryResult, WatchEvent)
+from .election import Election, LeaderChange, LeaderInfo, LeaderObserver, leader_of
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError,
@@ -36,11 +41,11 @@ from .watch import KeyWatch
 __version__ = "0.2.0"
 
 __all__ = [
-    "AsyncClient", "AsyncKeyWatch", "AsyncLease", "BusyError", "Client",
-    "ClientClosedError", "GrantExpiredError", "HolderInfo", "HoldersResult",
-    "KeyVersion", "KeyWatch", "Lease",
+    "AsyncClient", "AsyncKeyWatch", "AsyncLease", "AsyncLeaderObserver", "BusyError", "Client",
+    "ClientClosedError", "Election", "GrantExpiredError", "HolderInfo", "HoldersResult",
+    "KeyVersion", "KeyWatch", "Lease", "LeaderChange", "LeaderInfo", "LeaderObserver",
     "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError", "NO_VERSION", "NotOwnerError",
     "QueryResult", "ReentrantLease", "ReentrantLocks", "RecoveringError", "RedirectedError",
     "ServerError", "ShardlockError", "UnreachableError", "WaitTimeoutError", "WatchEvent",
-    "load_auth_key", "parse_auth_key",
+    "leader_of", "load_auth_key", "parse_auth_key",
 ]

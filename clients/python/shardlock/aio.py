@@ -11,8 +11,9 @@ awaiting task, and datagram_received() completes the future. The watchdog
 is a timer per lease that starts a renewal task when it is due; a release
 cancels it. Everything runs on the loop the client was started on.
 
-Watches have their asyncio form too (AsyncKeyWatch: `async for`), driving
-the same round logic as KeyWatch.
+Watches and leader observers have their asyncio forms too (AsyncKeyWatch,
+AsyncLeaderObserver: `async for`), driving the same round logic as KeyWatch
+and LeaderObserver. Campaigning (Election) is in the blocking client only.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import asyncio
 import inspect
 import os
 import random
-from typing import Any, Awaitable, Callable, Dict, Generator, List, Optional, \
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, List, Optional, \
     Sequence, Tuple, Union
 
 from . import auth as _auth
@@ -33,6 +34,7 @@ from .client import (_LAST_TRY_MARGIN, _MAX_REDIRECTS, _REDIRECT_RETRY, _SILENT_
                      _answers, _key_bytes, _now, _request_values, _raise_for_reply,
                      _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
                      _value_bytes, _watch_answer, _watch_since, Key)
+from .election import LeaderChange, LeaderInfo, _LeaderChanges
 from .watch import PAUSE, Outcome, _WatchedKey
 from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
@@ -486,6 +488,10 @@ class AsyncClient:
         `await watch.next(timeout)`."""
         return AsyncKeyWatch(self, key, round=round, retry=retry)
 
+    def observe(self, name: Key, round: float = 30.0) -> "AsyncLeaderObserver":
+        """As Client.observe(): `async for leader in client.observe(name)`."""
+        return AsyncLeaderObserver(self, name, round=round)
+
     # ---- internals ----------------------------------------------------------
 
     def _drift_margin(self, ttl_ms: int) -> float:
@@ -683,6 +689,34 @@ class AsyncKeyWatch(_WatchedKey):
         event = await self.next(None)
         assert event is not None  # without a timeout, only a state ends next()
         return event
+
+
+class AsyncLeaderObserver:
+    """LeaderObserver (election.py) for asyncio: `async for leader in
+    client.observe(name)` yields each change's leader (LeaderInfo, or None
+    for none), in term order."""
+
+    def __init__(self, client: AsyncClient, name: Key, round: float = 30.0) -> None:
+        self._watch = AsyncKeyWatch(client, name, round=round)
+        self._changes = _LeaderChanges()
+
+    async def next(self, timeout: Optional[float] = None) -> Optional[LeaderChange]:
+        """As LeaderObserver.next()."""
+        deadline = None if timeout is None else _now() + timeout
+        while True:
+            event = await self._watch.next(None if deadline is None
+                                           else max(0.0, deadline - _now()))
+            if event is None:
+                return None
+            change = self._changes.take(event)
+            if change is not None:
+                return change
+
+    async def __aiter__(self) -> AsyncIterator[Optional[LeaderInfo]]:
+        while True:
+            change = await self.next(None)
+            assert change is not None
+            yield change.leader
 
 
 class _NoLock:

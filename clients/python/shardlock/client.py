@@ -62,6 +62,7 @@ from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpir
                      WaitTimeoutError)
 
 if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (they import this module)
+    from .election import LeaderObserver
     from .watch import KeyWatch
 
 if hasattr(time, "CLOCK_BOOTTIME"):
@@ -1063,6 +1064,12 @@ class Client:
         re-arms; `retry`: the first back-off after a failed round."""
         from .watch import KeyWatch
         return KeyWatch(self, key, round=round, retry=retry)
+
+    def observe(self, name: Key, round: float = 30.0) -> "LeaderObserver":
+        """A LeaderObserver (election.py) of the election `name`: its
+        leader now, then each change of leader once, in term order."""
+        from .election import LeaderObserver
+        return LeaderObserver(self, name, round=round)
 
     @property
     def map_epoch(self) -> int:
