@@ -10,6 +10,10 @@ timer handle; the timer retransmits (same request id) without waking the
 awaiting task, and datagram_received() completes the future. The watchdog
 is a timer per lease that starts a renewal task when it is due; a release
 cancels it. Everything runs on the loop the client was started on.
+
+Watches and leader observers have their asyncio forms too (AsyncKeyWatch,
+AsyncLeaderObserver: `async for`), driving the same round logic as KeyWatch
+and LeaderObserver. Campaigning (Election) is in the blocking client only.
 """
 
 from __future__ import annotations
@@ -18,18 +22,20 @@ import asyncio
 import inspect
 import os
 import random
-from typing import Any, Awaitable, Callable, Dict, Generator, List, Optional, Sequence, Tuple, \
-    Union
+from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, List, Optional, \
+    Sequence, Tuple, Union
 
 from . import auth as _auth
 from . import protocol as p
 from . import router as _router
 from .client import (_LAST_TRY_MARGIN, _MAX_REDIRECTS, _REDIRECT_RETRY, _SILENT_SENDS,
-                     HoldersResult, QueryResult, _acquire_request, _ClusterMap, _HolderPages,
-                     _LeaseFacts, _MapPages, _Node, _answers, _key_bytes, _now, _request_values,
-                     _raise_for_reply, _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
-                     _value_bytes,
-                     Key)
+                     NO_VERSION, HoldersResult, KeyVersion, QueryResult, WatchEvent,
+                     _acquire_request, _ClusterMap, _HolderPages, _LeaseFacts, _MapPages, _Node,
+                     _answers, _key_bytes, _now, _request_values, _raise_for_reply,
+                     _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
+                     _value_bytes, _watch_answer, _watch_since, Key)
+from .election import LeaderChange, LeaderInfo, _LeaderChanges
+from .watch import PAUSE, Outcome, _WatchedKey
 from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError,
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError)
@@ -469,10 +475,31 @@ class AsyncClient:
             if pages.take(reply, node):
                 return pages.result
 
+    async def watch_once(self, key: Key, since: Optional[KeyVersion] = None,
+                         wait: float = 30.0) -> WatchEvent:
+        """As Client.watch_once(): one WATCH, answered when the key's
+        version differs from `since` (at once for None) or after `wait`."""
+        data = _key_bytes(key)
+        wait_ms = _to_ms(wait, "wait", True)
+        return await self._watch_once(data, _watch_since(since), wait_ms)
+
+    def watch(self, key: Key, round: float = 30.0, retry: float = 0.05) -> "AsyncKeyWatch":
+        """As Client.watch(): `async for event in client.watch(key)`, or
+        `await watch.next(timeout)`."""
+        return AsyncKeyWatch(self, key, round=round, retry=retry)
+
+    def observe(self, name: Key, round: float = 30.0) -> "AsyncLeaderObserver":
+        """As Client.observe(): `async for leader in client.observe(name)`."""
+        return AsyncLeaderObserver(self, name, round=round)
+
     # ---- internals ----------------------------------------------------------
 
     def _drift_margin(self, ttl_ms: int) -> float:
         return self._drift_factor * ttl_ms / 1000.0 + self._drift_allowance
+
+    async def _watch_once(self, key: bytes, since: KeyVersion, wait_ms: int) -> WatchEvent:
+        _, reply, node = await self._routed_call(p.WATCH, key, wait_ms=wait_ms, since=since)
+        return _watch_answer(reply, node, key)
 
     def _new_request_id(self) -> int:
         request_id = self._next_id
@@ -542,7 +569,8 @@ class AsyncClient:
 
     async def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0,
                            wait_ms: int = 0, permits: int = 0, first_holder: int = 0,
-                           value: bytes = b"") -> Tuple[float, Optional[p.Message], _Node]:
+                           value: bytes = b"", since: KeyVersion = NO_VERSION
+                           ) -> Tuple[float, Optional[p.Message], _Node]:
         """As Client._routed_call(): RECOVERING ridden through while the wait
         lasts; in cluster mode REDIRECTs followed and silent owners left."""
         start = _now()
@@ -553,7 +581,7 @@ class AsyncClient:
         redirects = 0
         while True:
             node, routed_by = self._route(key)
-            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder)
+            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder, since)
             moved = []
             on_silence = None
             if routed_by is not None:
@@ -624,6 +652,71 @@ class AsyncClient:
                     self._map = fetched
                 return failures
         return failures
+
+
+class AsyncKeyWatch(_WatchedKey):
+    """KeyWatch (watch.py) for asyncio: the same rounds, awaited. Use it
+    from the client's loop, one next() at a time; cancel the awaiting task
+    to stop it."""
+
+    _client: AsyncClient
+
+    async def next(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
+        """As KeyWatch.next(): the next state, None when `timeout` passed
+        with none; raises the last round's error when none could be read."""
+        deadline = None if timeout is None else _now() + timeout
+        steps = self._rounds.steps(deadline)
+        outcome: Outcome = None
+        try:
+            while True:
+                action, amount = steps.send(outcome)
+                outcome = None
+                if action == PAUSE:
+                    await asyncio.sleep(amount)
+                    continue
+                try:
+                    outcome = await self._client._watch_once(self._key, self._rounds.since,
+                                                             int(amount))
+                except ShardlockError as error:
+                    outcome = error
+        except StopIteration as stop:
+            return stop.value
+
+    def __aiter__(self) -> "AsyncKeyWatch":
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        event = await self.next(None)
+        assert event is not None  # without a timeout, only a state ends next()
+        return event
+
+
+class AsyncLeaderObserver:
+    """LeaderObserver (election.py) for asyncio: `async for leader in
+    client.observe(name)` yields each change's leader (LeaderInfo, or None
+    for none), in term order."""
+
+    def __init__(self, client: AsyncClient, name: Key, round: float = 30.0) -> None:
+        self._watch = AsyncKeyWatch(client, name, round=round)
+        self._changes = _LeaderChanges()
+
+    async def next(self, timeout: Optional[float] = None) -> Optional[LeaderChange]:
+        """As LeaderObserver.next()."""
+        deadline = None if timeout is None else _now() + timeout
+        while True:
+            event = await self._watch.next(None if deadline is None
+                                           else max(0.0, deadline - _now()))
+            if event is None:
+                return None
+            change = self._changes.take(event)
+            if change is not None:
+                return change
+
+    async def __aiter__(self) -> AsyncIterator[Optional[LeaderInfo]]:
+        while True:
+            change = await self.next(None)
+            assert change is not None
+            yield change.leader
 
 
 class _NoLock:

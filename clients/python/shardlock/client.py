@@ -34,6 +34,9 @@ The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
   move to the key's new owner, where a waiting acquire rides through the
   lock-delay as above. All within the call's deadline. Leases renew and
   release at the node that granted them.
+* A WATCH (watch_once(), and KeyWatch in watch.py over it) is sent, padded
+  to a whole datagram, and ridden through as a waiting acquire is: its wait
+  is the time the server may park it.
 """
 
 from __future__ import annotations
@@ -46,7 +49,9 @@ import struct
 import threading
 import time
 import weakref
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Dict, List, NamedTuple, Optional, Sequence, Set, \
+    Tuple, Union
 
 from . import auth as _auth
 from . import protocol as p
@@ -55,6 +60,10 @@ from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpir
                      LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
                      RedirectedError, ServerError, ShardlockError, UnreachableError,
                      WaitTimeoutError)
+
+if TYPE_CHECKING:  # pragma: no cover - imports for annotations only (they import this module)
+    from .election import LeaderObserver
+    from .watch import KeyWatch
 
 if hasattr(time, "CLOCK_BOOTTIME"):
     def _now() -> float:
@@ -123,6 +132,53 @@ class _Call:
         self.done = False
         self.reply: Optional[p.Message] = None
         self.event: Optional[threading.Event] = None
+
+
+class _Cancel:
+    """Ends the calls of one KeyWatch from any thread (KeyWatch.cancel()):
+    each call made with it returns None at once once it is cancelled, and
+    the pauses between its tries end."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self._lock = threading.Lock()
+        self._calls: Set[_Call] = set()  # in flight, under _lock
+
+    @property
+    def cancelled(self) -> bool:
+        return self.event.is_set()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.event.set()
+            calls = list(self._calls)
+        for call in calls:
+            # As a close() does: the waiter sees done without a reply. A
+            # reply that races in is dropped; the caller wanted none.
+            call.done = True
+            event = call.event
+            if event is not None:
+                event.set()
+
+    def enter(self, call: _Call) -> bool:
+        """Registers `call`; False if cancelled already."""
+        with self._lock:
+            if self.event.is_set():
+                return False
+            self._calls.add(call)
+            return True
+
+    def leave(self, call: _Call) -> None:
+        with self._lock:
+            self._calls.discard(call)
+
+
+def _pause(seconds: float, cancel: Optional[_Cancel]) -> None:
+    """Sleeps `seconds`, or less if `cancel` is cancelled meanwhile."""
+    if cancel is None:
+        time.sleep(seconds)
+    else:
+        cancel.event.wait(seconds)
 
 
 class QueryResult:
@@ -199,6 +255,69 @@ class HoldersResult:
         return ("HoldersResult(listed=%r, held=%r, mode=%r, holders=%d, waiters=%d, "
                 "holder_list=%r)" % (self.listed, self.held, self.mode, self.holders,
                                      self.waiters, self.holder_list))
+
+
+class KeyVersion(NamedTuple):
+    """A key's version as a watch compares it (protocol.h, "Watches"): the
+    newest holder's token and the holder count; (0, 0) while nobody holds
+    it. Renewals and waiters do not change it."""
+
+    token: int
+    holders: int
+
+
+# The version of nothing seen yet: a WATCH from it is answered at once.
+NO_VERSION = KeyVersion(p.NO_VERSION_TOKEN, 0)
+
+
+@dataclass
+class WatchEvent:
+    """A key's state as a watch reports it (Client.watch_once(), KeyWatch).
+    `holders` are the newest holders, oldest grant first, ending at the
+    newest: every one unless their values take more than a datagram (a
+    crowded shared or semaphore key); an exclusive holder is always listed.
+    `mode` is None while nobody holds the key."""
+
+    version: KeyVersion
+    mode: Optional[str]
+    permits: int  # a semaphore key's limit, else 0
+    waiters: int
+    holder_count: int  # all of them, listed or not
+    holders: List[HolderInfo] = field(default_factory=list)
+
+    @property
+    def held(self) -> bool:
+        return self.holder_count > 0
+
+    @classmethod
+    def from_reply(cls, reply: p.Message) -> "WatchEvent":
+        """The state a HOLDERS_REPLY answering a WATCH carries. The page is
+        a tail (it ends at the newest holder), so the version is read off its
+        last entry."""
+        mode = _MODES[reply.mode]
+        holders = [HolderInfo(h, mode) for h in reply.holder_list]
+        return cls(KeyVersion(holders[-1].token if holders else 0, reply.holders),
+                   mode if reply.holders else None, reply.permits, reply.waiters,
+                   reply.holders, holders)
+
+
+def _watch_since(since: Optional[KeyVersion]) -> KeyVersion:
+    """The version a WATCH carries: `since`, or NO_VERSION for None."""
+    if since is None:
+        return NO_VERSION
+    token, holders = since
+    if not (0 <= token <= 0xFFFFFFFFFFFFFFFF and 0 <= holders <= 0xFFFFFFFF):
+        raise ValueError("since must be a KeyVersion (u64 token, u32 holders)")
+    return KeyVersion(token, holders)
+
+
+def _watch_answer(reply: Optional[p.Message], node: "_Node", key: bytes) -> WatchEvent:
+    """What a WATCH's last answer means: the state, or the error raised."""
+    key_text = key.decode("utf-8", errors="replace")
+    if reply is None:
+        raise UnreachableError("no answer from %s to WATCH %r" % (node.text, key_text))
+    _raise_for_reply(reply, key_text)
+    return WatchEvent.from_reply(reply)
 
 
 class _HolderPages:
@@ -532,12 +651,14 @@ def _value_bytes(value: Union[bytes, str, None]) -> bytes:
 
 
 def _request_values(message_type: int, ttl_ms: int, wait_ms: int, permits: int,
-                    first_holder: int) -> Tuple[int, ...]:
+                    first_holder: int, since: KeyVersion) -> Tuple[int, ...]:
     """The fixed body fields after the key of a routed request."""
     if message_type == p.QUERY:
         return ()
     if message_type == p.QUERY_HOLDERS:
         return (first_holder,)
+    if message_type == p.WATCH:
+        return (since.token, since.holders, wait_ms)
     if message_type == p.ACQUIRE_PERMIT:
         return (ttl_ms, wait_ms, permits)
     return (ttl_ms, wait_ms)
@@ -920,6 +1041,36 @@ class Client:
             if pages.take(reply, node):
                 return pages.result
 
+    def watch_once(self, key: Key, since: Optional[KeyVersion] = None,
+                   wait: float = 30.0) -> WatchEvent:
+        """One WATCH of `key` (a blocking query, protocol.h "Watches"): its
+        state as soon as its version differs from `since` (at once for
+        None), or its state after `wait` seconds with the same version.
+        Blocks up to wait + request_timeout; rides through RECOVERING, a
+        REDIRECT and a silent node within that, as a waiting acquire does.
+        Raises UnreachableError, RecoveringError (only once the wait is
+        spent), RedirectedError, ServerError (code 5 for a wait above the
+        server's --max-wait; 10 past the server's bounds on parked
+        watches), ValueError for bad arguments. watch() loops over it: use
+        that to follow a key."""
+        data = _key_bytes(key)
+        wait_ms = _to_ms(wait, "wait", True)
+        return self._watch_once(data, _watch_since(since), wait_ms)
+
+    def watch(self, key: Key, round: float = 30.0, retry: float = 0.05) -> "KeyWatch":
+        """A KeyWatch (watch.py) following `key`: `next(timeout)` or
+        iteration gives its state now, then each change of version once.
+        `round`: the longest one WATCH waits at the server before it
+        re-arms; `retry`: the first back-off after a failed round."""
+        from .watch import KeyWatch
+        return KeyWatch(self, key, round=round, retry=retry)
+
+    def observe(self, name: Key, round: float = 30.0) -> "LeaderObserver":
+        """A LeaderObserver (election.py) of the election `name`: its
+        leader now, then each change of leader once, in term order."""
+        from .election import LeaderObserver
+        return LeaderObserver(self, name, round=round)
+
     @property
     def map_epoch(self) -> int:
         """The epoch of the cluster map in use; 0 without discover."""
@@ -972,6 +1123,12 @@ class Client:
 
     # ---- calls ------------------------------------------------------------
 
+    def _watch_once(self, key: bytes, since: KeyVersion, wait_ms: int,
+                    cancel: Optional[_Cancel] = None) -> WatchEvent:
+        _, reply, node = self._routed_call(p.WATCH, key, wait_ms=wait_ms, since=since,
+                                           cancel=cancel)
+        return _watch_answer(reply, node, key)
+
     def _route(self, key: bytes) -> Tuple[_Node, Optional[_ClusterMap]]:
         """Where a call on `key` goes, and the map that said so (None: not
         in cluster mode)."""
@@ -984,12 +1141,14 @@ class Client:
 
     def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0, wait_ms: int = 0,
                      permits: int = 0, first_holder: int = 0,
-                     value: bytes = b"") -> Tuple[float, Optional[p.Message], _Node]:
-        """An ACQUIRE*, QUERY or QUERY_HOLDERS call, within wait +
-        request_timeout.
+                     value: bytes = b"", since: KeyVersion = NO_VERSION,
+                     cancel: Optional[_Cancel] = None
+                     ) -> Tuple[float, Optional[p.Message], _Node]:
+        """An ACQUIRE*, QUERY, QUERY_HOLDERS or WATCH call, within wait +
+        request_timeout; with `cancel`, until that is cancelled (None).
 
-        An ACQUIRE* with a wait rides through RECOVERING while the wait
-        lasts. In cluster mode it also follows REDIRECTs (refreshing the map
+        An ACQUIRE* or WATCH with a wait rides through RECOVERING while the
+        wait lasts. In cluster mode it also follows REDIRECTs (refreshing the map
         from the redirecting node when its map is newer, at most
         _MAX_REDIRECTS) and, every _SILENT_SENDS unanswered sends, refreshes
         the map from the other members and the seeds (the silent node last)
@@ -1005,17 +1164,17 @@ class Client:
         redirects = 0
         while True:
             node, routed_by = self._route(key)
-            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder)
+            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder, since)
             if routed_by is None:
                 # One node, or a static list: no map, so nothing to refresh
                 # or follow.
                 reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                                   node=node, value=value)
+                                   node=node, value=value, cancel=cancel)
                 if reply is not None and reply.type == p.RECOVERING and waits:
                     left = wait_end - _now()
                     if left > _LAST_TRY_MARGIN:
-                        time.sleep(min(_retry_delay(reply.retry_after_ms),
-                                       left - _LAST_TRY_MARGIN))
+                        _pause(min(_retry_delay(reply.retry_after_ms), left - _LAST_TRY_MARGIN),
+                               cancel)
                         sent = _now()
                         if sent < deadline:
                             wait_ms = max(1, int((wait_end - sent) * 1000))
@@ -1031,7 +1190,7 @@ class Client:
                 return False
 
             reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                               node=node, on_silence=on_silence, value=value)
+                               node=node, on_silence=on_silence, value=value, cancel=cancel)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
@@ -1046,14 +1205,14 @@ class Client:
                 if self._map is routed_by:
                     # The node will catch up with our map (not a hop), or no
                     # newer map was found yet: ask again shortly.
-                    time.sleep(max(0.0, min(_REDIRECT_RETRY, deadline - _now())))
+                    _pause(max(0.0, min(_REDIRECT_RETRY, deadline - _now())), cancel)
             elif reply is not None and reply.type == p.RECOVERING and waits:
                 # A hint past the wait's end is cut to a last try just
                 # before it (the node may be ready sooner than it said).
                 left = wait_end - _now()
                 if left <= _LAST_TRY_MARGIN:
                     return sent, reply, node
-                time.sleep(min(_retry_delay(reply.retry_after_ms), left - _LAST_TRY_MARGIN))
+                _pause(min(_retry_delay(reply.retry_after_ms), left - _LAST_TRY_MARGIN), cancel)
             elif reply is not None:
                 return sent, reply, node
             sent = _now()
@@ -1132,13 +1291,14 @@ class Client:
               timeout: Optional[float] = None, request_id: Optional[int] = None,
               sent: Optional[float] = None, node: Optional[_Node] = None,
               on_silence: Optional[Callable[[], bool]] = None,
-              value: bytes = b"") -> Optional[p.Message]:
+              value: bytes = b"", cancel: Optional[_Cancel] = None) -> Optional[p.Message]:
         """Sends a request of `message_type` on `key` with the type's fixed
         body `values` (p.pack_request) to `node` (default: the server), and
         retransmits it (same request id) until it is answered or `timeout`
         seconds pass; returns the reply, or None. After every _SILENT_SENDS
         unanswered sends it calls `on_silence`, and gives up (None) if that
-        returns True. Raises ClientClosedError if the client is closed."""
+        returns True; it also returns None once `cancel` is cancelled.
+        Raises ClientClosedError if the client is closed."""
         if request_id is None:
             request_id = next(self._ids) & 0xFFFFFFFFFFFFFFFF
         if node is None:
@@ -1149,6 +1309,8 @@ class Client:
         call = _Call(message_type, key)
         if self._closed:
             raise ClientClosedError("the client is closed")
+        if cancel is not None and not cancel.enter(call):
+            return None
         calls = self._calls
         calls[request_id] = call
         start = _now() if sent is None else sent
@@ -1173,12 +1335,16 @@ class Client:
                     return None
                 jittered = interval * self._random.uniform(0.75, 1.25)
                 if self._await_reply(call, now + (jittered if jittered < left else left)):
+                    if cancel is not None and cancel.cancelled:
+                        return None
                     if call.reply is None:
                         raise ClientClosedError("the client is closed")
                     return call.reply
                 interval = min(interval * 2, self._max_retransmit)
         finally:
             calls.pop(request_id, None)
+            if cancel is not None:
+                cancel.leave(call)
 
     def _await_reply(self, call: _Call, until: float) -> bool:
         """Waits until `call` is answered (True) or `until` passes (False).

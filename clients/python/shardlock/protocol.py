@@ -4,9 +4,8 @@ Bytes in, a message or a ProtocolError out; it never touches a socket. The
 format is documented byte by byte at the top of
 include/shardlock/lease/protocol.h; this module implements the part a client
 needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
-RENEW, RELEASE, QUERY, QUERY_HOLDERS, and MAP for cluster mode) and every
-reply a server
-sends to them, single or batched, sealed with datagram authentication
+RENEW, RELEASE, QUERY, QUERY_HOLDERS, WATCH, and MAP for cluster mode) and
+every reply a server sends to them, single or batched, sealed with datagram authentication
 (auth.py) or not. Batched requests, ACQUIRE_MANY and STATS are not
 implemented.
 
@@ -19,6 +18,14 @@ epoch, then the body of `type` (a key is u16 length + bytes).
 Anti-amplification: a request must be padded with zeros up to the largest
 reply the server may send to it (max_reply_size()), or the server answers
 ERROR(REQUEST_TOO_SMALL). encode_request() pads.
+
+Watches (protocol.h, "Watches"): a key's version is (the token of its newest
+holder, its holder count), (0, 0) while free. WATCH carries the version its
+sender last saw and a wait; the server answers HOLDERS_REPLY at once when the
+key's version differs (NO_VERSION_TOKEN: always), else when it changes or
+the wait ends. Like a waiting ACQUIRE it may be answered later, so it is
+padded to a whole datagram, which also makes its HOLDERS_REPLY a tail page
+ending at the newest holder: the version is read off the last entry.
 
 Speed: a client encodes and decodes a datagram per call, so both work from
 struct.Struct objects built once: one per request type, key length and
@@ -53,6 +60,8 @@ ITEM_FLAG_OWNER = 0x01
 ITEM_FLAG_VALUE = 0x02  # the item carries a holder value (single-key ACQUIREs)
 HOLDER_FLAG_PENDING = 0x01  # a HOLDERS_REPLY entry of an ACQUIRE_MANY not yet complete
 MAX_HOLDER_VALUE_LENGTH = 256
+# A WATCH token no key's version has: the sender wants the state at once.
+NO_VERSION_TOKEN = 0xFFFFFFFFFFFFFFFF
 
 # Message types.
 ACQUIRE = 0x01
@@ -65,6 +74,7 @@ ACQUIRE_PERMIT = 0x07
 ACQUIRE_MANY = 0x08
 MAP = 0x09
 QUERY_HOLDERS = 0x0A
+WATCH = 0x0C  # a blocking QUERY_HOLDERS (issue 25)
 GRANTED = 0x81
 BUSY = 0x82
 TIMEOUT = 0x83
@@ -110,6 +120,7 @@ WIRE_ERRORS = {
     14: "bad key list (none, too many, or a key twice)",
     15: "bad lease mode",
 }
+ERROR_WAIT_OUT_OF_RANGE = 5  # e.g. a wait above the server's --max-wait
 ERROR_REQUEST_TOO_SMALL = 6
 ERROR_NOT_A_REQUEST = 7
 
@@ -144,6 +155,7 @@ _BODIES = {
     QUERY_HOLDERS: (("key", _KEY), ("first_holder", "I")),
     HOLDERS_REPLY: (("key", _KEY), ("mode", "B"), ("permits", "I"), ("waiters", "I"),
                     ("holders", "I"), ("first_holder", "I"), ("holder_list", _HOLDERS)),
+    WATCH: (("key", _KEY), ("token", "Q"), ("holders", "I"), ("wait_ms", "I")),
 }
 
 # What the server sends each request (kRequestReplies). The reply bound is
@@ -158,6 +170,7 @@ _REPLIES = {
     QUERY: (QUERY_REPLY, ERROR, REDIRECT, RECOVERING),
     MAP: (MAP_REPLY, ERROR),
     QUERY_HOLDERS: (HOLDERS_REPLY, ERROR, REDIRECT, RECOVERING),
+    WATCH: (HOLDERS_REPLY, ERROR, REDIRECT, RECOVERING),
 }
 _ALSO_ACCEPTED = {RELEASE: (RECOVERING,), MAP: (RECOVERING,)}
 
@@ -169,7 +182,7 @@ _NAMES = {
     RECOVERING: "RECOVERING", ERROR: "ERROR", REDIRECT: "REDIRECT", QUERY_REPLY: "QUERY_REPLY",
     STATS_REPLY: "STATS_REPLY", GRANTED_MANY: "GRANTED_MANY", BUSY_MANY: "BUSY_MANY",
     BATCH: "BATCH", MAP: "MAP", MAP_REPLY: "MAP_REPLY", QUERY_HOLDERS: "QUERY_HOLDERS",
-    HOLDERS_REPLY: "HOLDERS_REPLY",
+    HOLDERS_REPLY: "HOLDERS_REPLY", WATCH: "WATCH",
 }
 
 _HEADER = struct.Struct("<IBBBBQQQ")
@@ -209,14 +222,14 @@ class Message:
     key: bytes = b""
     token: int = 0
     ttl_ms: int = 0  # ACQUIRE, RENEW, GRANTED, RENEWED; ttl left for BUSY, QUERY_REPLY
-    wait_ms: int = 0
+    wait_ms: int = 0  # ACQUIRE*, WATCH
     permits: int = 0
     retry_after_ms: int = 0
     error: int = 0
     held: int = 0
     waiters: int = 0
     mode: int = 0
-    holders: int = 0
+    holders: int = 0  # QUERY_REPLY, HOLDERS_REPLY: all of them; WATCH: of the version seen
     epoch: int = 0  # REDIRECT, MAP_REPLY: the sender's map epoch
     first_member: int = 0  # MAP, MAP_REPLY
     member_count: int = 0  # MAP_REPLY: the map's members, all pages
@@ -296,13 +309,15 @@ def _request_struct(message_type: int, key_length: int, with_epoch: bool,
 
 
 _REQUEST_PAD: Dict[Tuple[int, int], int] = {}
+_PAGED = (MAP, QUERY_HOLDERS, WATCH)
 
 
 def request_pad(message_type: int, key_length: int, auth: bool = False) -> int:
     """The size a request of this type and key length is padded to: its
     max_reply_size(), or a whole datagram (less the tag when sealed) for a
-    MAP or QUERY_HOLDERS, whose reply page fills what it may."""
-    if message_type in (MAP, QUERY_HOLDERS):
+    MAP, QUERY_HOLDERS or WATCH, whose reply page fills what it may (and a
+    WATCH's answer may come later, within the bytes its datagram left)."""
+    if message_type in _PAGED:
         return MAX_DATAGRAM_SIZE - (AUTH_TAG_SIZE if auth else 0)
     pad = _REQUEST_PAD.get((message_type, key_length))
     if pad is None:
@@ -349,10 +364,10 @@ def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int],
     """A single-message request datagram: `values` are the type's fixed body
     fields in wire order after the key (ACQUIRE: ttl_ms, wait_ms; RENEW:
     token, ttl_ms; RELEASE: token; QUERY: none; QUERY_HOLDERS: first_holder;
-    MAP: first_member). A `value` (single-key ACQUIREs: the holder value,
-    at most MAX_HOLDER_VALUE_LENGTH bytes) frames the request as a batch of
-    one. The client's hot path; encode_request() is the same from a
-    Message."""
+    WATCH: token, holders, wait_ms; MAP: first_member). A `value`
+    (single-key ACQUIREs: the holder value, at most MAX_HOLDER_VALUE_LENGTH
+    bytes) frames the request as a batch of one. The client's hot path;
+    encode_request() is the same from a Message."""
     if message_type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message_type))
     if len(key) > 0xFFFF:

@@ -9,16 +9,10 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import shardlock  # noqa: E402
-from test_client import Daemon  # noqa: E402
+from test_client import AsyncServerTestCase  # noqa: E402
 
 
-class AsyncLocks(unittest.IsolatedAsyncioTestCase):
-    def setUp(self):
-        self.daemon = Daemon()
-
-    def tearDown(self):
-        self.daemon.stop()
-
+class AsyncLocks(AsyncServerTestCase):
     async def test_lock_busy_and_release(self):
         async with shardlock.AsyncClient(self.daemon.address) as a, \
                 shardlock.AsyncClient(self.daemon.address) as b:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import sys
 import tempfile
+import threading
 import unittest
 from unittest import mock
 
@@ -103,6 +104,18 @@ class AgainstAnAuthServer(unittest.TestCase):
                 self.assertTrue(c.query("auth/a").held)
                 lease.renew()
             self.assertFalse(c.query("auth/a").held)
+
+    def test_a_sealed_watch_is_parked_and_woken(self):
+        # Padded to 1400 bytes less the tag, its later answer fits.
+        with shardlock.Client(self.daemon.address, auth_key_file=self.key_file) as a, \
+                shardlock.Client(self.daemon.address, auth_key_file=self.key_file) as b:
+            lease = a.acquire("auth/w", 30, value="sealed")
+            held = b.watch_once("auth/w")
+            self.assertEqual(held.holders[-1].value, b"sealed")
+            releaser = threading.Timer(0.3, lease.release)
+            releaser.start()
+            self.assertEqual(b.watch_once("auth/w", since=held.version, wait=60).version, (0, 0))
+            releaser.join()
 
     def test_no_key_or_another_key_gets_no_answer(self):
         for options in ({}, {"auth_key": bytes(32)}):

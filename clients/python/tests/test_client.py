@@ -93,6 +93,16 @@ class ServerTestCase(unittest.TestCase):
         return c
 
 
+class AsyncServerTestCase(unittest.IsolatedAsyncioTestCase):
+    """A daemon per test, for the asyncio client's tests."""
+
+    def setUp(self):
+        self.daemon = Daemon()
+
+    def tearDown(self):
+        self.daemon.stop()
+
+
 class Locks(ServerTestCase):
     def test_lock_and_unlock(self):
         a = self.client()

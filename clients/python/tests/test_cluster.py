@@ -40,6 +40,8 @@ def encode_reply(message_type, request_id, **fields):
                 out += struct.pack("<H", len(member_id)) + member_id
                 out += struct.pack("<H", len(address)) + address.encode()
                 out += struct.pack("<I", weight)
+        elif fmt == "holder_list":
+            out += b"\x00"  # no holders listed: the fakes answer for free keys
         else:
             out += struct.pack("<" + fmt, fields.get(attribute, 0))
     return bytes(out)
@@ -133,6 +135,8 @@ class Cluster:
             return encode_reply(p.RELEASED, m.request_id)
         if m.type == p.QUERY:
             return encode_reply(p.QUERY_REPLY, m.request_id, key=m.key)
+        if m.type == p.WATCH:
+            return encode_reply(p.HOLDERS_REPLY, m.request_id, key=m.key)
         return None
 
     def router(self):
@@ -168,6 +172,17 @@ class ClusterModeTestCase(unittest.TestCase):
         c = shardlock.Client(seeds, discover=True, **options)
         self.clients.append(c)
         return c
+
+    def move_b_away(self, key):
+        """The cluster moves b's buckets: epoch 2 has a and c only. b, still
+        up, redirects (its map is newer than the client's). Returns the
+        new owner of `key`."""
+        self.cluster.epoch = 2
+        self.cluster.members = [m for m in self.cluster.members if m[0] != b"b"]
+        self.cluster.override["b"] = lambda node, d, m: (
+            self.cluster.answer(node, d, m) if m.type == p.MAP
+            else encode_reply(p.REDIRECT, m.request_id, epoch=2))
+        return self.cluster.router().owner(key).decode()
 
 
 class Discovery(ClusterModeTestCase):
@@ -214,14 +229,7 @@ class Redirects(ClusterModeTestCase):
     def test_a_redirect_refreshes_the_map_from_that_node_and_goes_to_the_owner(self):
         c = self.client()
         key = self.cluster.key_owned_by("b")
-        # The cluster moves b's buckets: epoch 2 has a and c only. b, still
-        # up, redirects (its map is newer than the client's).
-        self.cluster.epoch = 2
-        self.cluster.members = [m for m in self.cluster.members if m[0] != b"b"]
-        self.cluster.override["b"] = lambda node, d, m: (
-            self.cluster.answer(node, d, m) if m.type == p.MAP
-            else encode_reply(p.REDIRECT, m.request_id, epoch=2))
-        new_owner = self.cluster.router().owner(key).decode()
+        new_owner = self.move_b_away(key)
         lease = c.acquire(key, ttl=5, watchdog=False)
         self.assertEqual(lease.token, self.cluster.tokens[new_owner])
         self.assertEqual(c.map_epoch, 2)
@@ -307,6 +315,41 @@ class Recovering(ClusterModeTestCase):
         with self.assertRaises(shardlock.RecoveringError):
             c.acquire(key, ttl=5, watchdog=False)
         self.assertEqual(self.cluster.nodes["c"].calls(p.ACQUIRE), 1)
+
+
+class Watches(ClusterModeTestCase):
+    """A WATCH is routed and ridden through as a waiting acquire."""
+
+    def test_a_redirected_watch_goes_to_the_owner_of_the_newer_map(self):
+        c = self.client()
+        key = self.cluster.key_owned_by("b")
+        new_owner = self.move_b_away(key)
+        event = c.watch_once(key, since=shardlock.KeyVersion(7, 1), wait=10)
+        self.assertEqual(event.version, (0, 0))
+        watch = self.cluster.nodes[new_owner].of_type(p.WATCH)[-1]
+        self.assertEqual((watch[0].epoch, watch[1].token, watch[1].holders), (2, 7, 1))
+        self.assertLessEqual(watch[1].wait_ms, 10000)
+
+    def test_a_waiting_watch_rides_through_recovering_with_the_same_version(self):
+        c = self.client()
+        key = self.cluster.key_owned_by("c")
+        count = [0]
+
+        def handler(node, d, m):
+            if m.type == p.WATCH and count[0] < 3:
+                count[0] += 1
+                return encode_reply(p.RECOVERING, m.request_id, retry_after_ms=30)
+            return self.cluster.answer(node, d, m)
+        self.cluster.override["c"] = handler
+        self.assertEqual(c.watch_once(key, since=shardlock.KeyVersion(9, 2), wait=10).version,
+                         (0, 0))
+        watches = self.cluster.nodes["c"].of_type(p.WATCH)
+        self.assertEqual(self.cluster.nodes["c"].calls(p.WATCH), 4)  # fresh ids, same version
+        self.assertTrue(all((m.token, m.holders) == (9, 2) and 0 < m.wait_ms <= 10000
+                            for _, m in watches))
+        count[0] = 0
+        with self.assertRaises(shardlock.RecoveringError):
+            c.watch_once(key, wait=0)  # a try reports it
 
 
 class Silence(ClusterModeTestCase):

@@ -243,6 +243,28 @@ class HolderMessages(unittest.TestCase):
         m = p.decode(header + bytes.fromhex(fixed + entry + longest)).messages[0]
         self.assertEqual(len(m.holder_list[0].value), p.MAX_HOLDER_VALUE_LENGTH)
 
+    def test_watch_matches_the_cpp_codec_and_asks_for_a_whole_datagram(self):
+        m = p.Message(type=p.WATCH, key=KEY, token=41, holders=2, wait_ms=30000)
+        self.assertEqual(p.encode_request(m, CLIENT, pad=False)[p.HEADER_SIZE:].hex(),
+                         "09006f72646572732f3432290000000000000002000000" "30750000")
+        self.assertEqual(p.max_reply_size(m), 61)
+        self.assertEqual(p.type_name(p.WATCH), "WATCH")
+        # Its answer may come later, as a tail page of holders: a whole
+        # datagram, less the tag when sealed, with or without an epoch.
+        self.assertEqual(len(p.encode_request(m, CLIENT)), p.MAX_DATAGRAM_SIZE)
+        self.assertEqual(len(p.encode_request(m, CLIENT, epoch=3)), p.MAX_DATAGRAM_SIZE)
+        sealed = p.encode_request(m, CLIENT, auth_key=bytes(32))
+        self.assertEqual(len(sealed), p.MAX_DATAGRAM_SIZE)
+        back = p.decode(sealed, bytes(32)).messages[0]
+        self.assertEqual((back.type, back.key, back.token, back.holders, back.wait_ms),
+                         (p.WATCH, KEY, 41, 2, 30000))
+        for reply in (p.HOLDERS_REPLY, p.ERROR, p.REDIRECT, p.RECOVERING):
+            self.assertTrue(p.reply_answers(p.WATCH, reply), p.type_name(reply))
+        for reply in (p.QUERY_REPLY, p.GRANTED, p.TIMEOUT):
+            self.assertFalse(p.reply_answers(p.WATCH, reply), p.type_name(reply))
+        none_seen = p.pack_request(p.WATCH, 1, CLIENT, KEY, (p.NO_VERSION_TOKEN, 0, 0))
+        self.assertEqual(p.decode(none_seen).messages[0].token, 2 ** 64 - 1)
+
     def test_an_acquire_carries_its_value_in_a_batch_of_one(self):
         for wait_ms, size in ((0, 32 + 12 + 14 + len(KEY)), (500, 32 + 12 + 14 + len(KEY) + 20)):
             with self.subTest(wait_ms=wait_ms):

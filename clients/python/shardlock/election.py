@@ -1,0 +1,266 @@
+"""Leader election on a lease key (the Python side of
+include/shardlock/lease/client/election.h): the recipe etcd's
+concurrency.Election, Curator's LeaderLatch / LeaderSelector and
+`consul lock` give.
+
+    election = shardlock.Election(client, "scheduler/nightly",
+                                  on_lost=lambda e, reason: stop_leading())
+    term = election.campaign("10.0.0.7:8080 pid 4242")   # waits until elected
+    run_as_leader(fence=term)                             # the term fences writes
+    election.resign()
+
+    for leader in client.observe("scheduler/nightly"):    # each change, in term order
+        route_to(leader.value if leader else None)
+
+Design (as the C++ Election):
+
+* An election is a key; its leader is the key's exclusive holder, and the
+  leader's value (an address, a host and pid) is the holder value its
+  acquire attached. campaign() is an exclusive acquire that waits (FIFO at
+  the key's node) and then holds with the watchdog.
+* The term is the grant's fencing token: strictly rising over every leader
+  of a name, so a deposed leader's writes can be refused by term.
+* Leadership ends on resign(), or when the lease is lost (a renewal refused
+  or not confirmed before the client-side expiry): on_lost says so, once,
+  on the client's watchdog thread. A leader must stop acting as one then.
+* A campaign waits in rounds of at most half the TTL: a grant is only
+  provably valid until the first send of its request plus the TTL, so a
+  single wait longer than the TTL could end in a grant already expired
+  (GrantExpiredError). Between two rounds a freed key may go to a
+  campaigner queued behind.
+* Observers follow the key with a watch (watch.py): each change of leader
+  is reported once, in term order; one that was away sees the newest
+  leader, not each one between.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
+
+from . import protocol as p
+from .client import HolderInfo, Key, Lease, WatchEvent, _key_bytes, _now, _to_ms, _value_bytes
+from .errors import LeaseInactiveError, ServerError, ShardlockError, WaitTimeoutError
+from .watch import KeyWatch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .client import Client
+
+OnLeadershipLost = Callable[["Election", ShardlockError], None]
+
+# shardlockd's default --max-wait: the longest round a campaign asks for
+# first; halved while a server refuses it (as the C++ acquire's rounds).
+_USUAL_MAX_WAIT = 300.0
+
+
+@dataclass(frozen=True)
+class LeaderInfo:
+    """A leader as others see it (Election.leader(), LeaderObserver)."""
+
+    value: bytes  # what its campaign() attached
+    owner: str  # its client's id, 32 hex digits (Client.client_id)
+    term: int  # its grant's fencing token
+    ttl_left_ms: int  # as the server counted it
+
+
+@dataclass(frozen=True)
+class LeaderChange:
+    """One change of leader (LeaderObserver.next()): `leader` is None when
+    there is none now."""
+
+    leader: Optional[LeaderInfo]
+
+
+def leader_of(mode: Optional[str], holders: List[HolderInfo]) -> Optional[LeaderInfo]:
+    """The leader a watch event or a holders listing shows: its exclusive
+    holder, if any (a pending or shared holder is no leader)."""
+    if mode != "exclusive" or len(holders) != 1 or holders[0].pending:
+        return None
+    h = holders[0]
+    return LeaderInfo(h.value, h.owner, h.token, h.ttl_left_ms)
+
+
+class Election:
+    """One campaigner for one name (an exclusive lease key). Its methods may
+    be called from any thread. The client must stay open while it leads.
+    `ttl`: the leadership lease's TTL in seconds, how long a leader that
+    dies silently keeps the others waiting; renewed at ttl / 3 by the
+    watchdog. `on_lost(election, reason)`: called once if leadership is
+    lost rather than resigned, on the client's watchdog thread (it may also
+    be set as the attribute, before campaign())."""
+
+    def __init__(self, client: "Client", name: Key, ttl: float = 10.0,
+                 on_lost: Optional[OnLeadershipLost] = None) -> None:
+        self._client = client
+        self._name = _key_bytes(name)
+        _to_ms(ttl, "ttl", False)
+        self.ttl = ttl
+        self.on_lost = on_lost
+        self._lock = threading.Lock()
+        self._campaigning = False  # under _lock
+        self._lease: Optional[Lease] = None  # under _lock: the leadership, once won
+
+    @property
+    def name(self) -> str:
+        return self._name.decode("utf-8", errors="replace")
+
+    def campaign(self, value: Union[bytes, str], wait: Optional[float] = None) -> int:
+        """Waits up to `wait` seconds (None: for ever), FIFO behind earlier
+        campaigners, to become leader with `value` (bytes, or str as UTF-8;
+        at most 256 bytes), then holds the leadership with the watchdog.
+        Returns the term. Raises WaitTimeoutError when the wait ran out
+        (BusyError for wait=0 while someone leads), RuntimeError while this
+        Election campaigns or leads already, ValueError for a bad value, and
+        what acquire() raises otherwise. Blocks."""
+        data = _value_bytes(value)
+        end = None if wait is None else _now() + wait
+        if wait is not None:
+            _to_ms(wait, "wait", True)
+        with self._lock:
+            if self._campaigning or (self._lease is not None and self._lease.valid):
+                raise RuntimeError("this Election campaigns or leads already")
+            self._campaigning = True
+            self._lease = None
+        try:
+            lease = self._acquire_in_rounds(data, end)
+        finally:
+            with self._lock:
+                self._campaigning = False
+        with self._lock:
+            self._lease = lease
+        return lease.token
+
+    def _acquire_in_rounds(self, value: bytes, end: Optional[float]) -> Lease:
+        """Exclusive acquires of the name until one is granted or `end`
+        passes; each round waits at most half the TTL (see the top) and the
+        server's max-wait."""
+        round_wait = min(_USUAL_MAX_WAIT, self.ttl / 2)
+        while True:
+            left = round_wait if end is None else max(0.0, end - _now())
+            asked = min(round_wait, left)
+            if 0 < asked < 0.001:
+                asked = 0.001  # a wait of 0 would be a try: BUSY at once
+            try:
+                return self._client.acquire(self._name, self.ttl, asked, value=value,
+                                            on_lost=self._lost)
+            except ServerError as error:
+                if error.code != p.ERROR_WAIT_OUT_OF_RANGE or asked <= 0.001:
+                    raise
+                round_wait = asked / 2  # the server's max-wait is lower
+            except WaitTimeoutError:
+                if end is not None and _now() >= end - 0.001:
+                    raise
+
+    def _lost(self, lease: Lease, reason: ShardlockError) -> None:
+        callback = self.on_lost
+        if callback is not None:
+            callback(self, reason)
+
+    def resign(self) -> None:
+        """Gives leadership up (RELEASE): the next campaigner is elected at
+        once. Raises LeaseInactiveError when not leading, and what
+        Lease.release() raises (NotOwnerError, LeaseExpiredError: the
+        leadership was lost already). Blocks up to request_timeout."""
+        with self._lock:
+            lease, self._lease = self._lease, None
+        if lease is None:
+            raise LeaseInactiveError("%r: not leading" % self.name)
+        lease.release()
+
+    @property
+    def leading(self) -> bool:
+        """Whether this campaigner leads now, as the client can prove."""
+        with self._lock:
+            return self._lease is not None and self._lease.valid
+
+    @property
+    def term(self) -> int:
+        """This campaigner's term while leading, else 0."""
+        with self._lock:
+            lease = self._lease
+        return lease.token if lease is not None and lease.valid else 0
+
+    def leader(self) -> Optional[LeaderInfo]:
+        """The current leader of the name (anyone's), or None when there is
+        none. Raises what Client.holders() raises. Blocks."""
+        r = self._client.holders(self._name)
+        return leader_of(r.mode, r.holder_list)
+
+    def observe(self, round: float = 30.0) -> "LeaderObserver":
+        """A LeaderObserver of this election's name."""
+        return LeaderObserver(self._client, self._name, round=round)
+
+    def __enter__(self) -> "Election":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Resigns if leading (a failure to is left to the lease's TTL)."""
+        try:
+            self.resign()
+        except ShardlockError:
+            pass
+
+    def __repr__(self) -> str:
+        return "Election(name=%r, leading=%r, term=%d)" % (self.name, self.leading, self.term)
+
+
+class _LeaderChanges:
+    """Turns a watch's events into changes of leader: a change of holders
+    that is no change of leader (a pending part, a shared holder, a
+    renewal) is skipped; a new term, or none, is reported once, and never
+    a term older than one reported (term order). For LeaderObserver and
+    AsyncLeaderObserver."""
+
+    def __init__(self) -> None:
+        self._reported = False
+        self._term = 0  # the last reported leader's; 0: none
+        self._highest = 0  # the highest term reported
+
+    def take(self, event: WatchEvent) -> Optional[LeaderChange]:
+        leader = leader_of(event.mode, event.holders)
+        term = leader.term if leader is not None else 0
+        if (self._reported and term == self._term) or (leader is not None and
+                                                       term < self._highest):
+            return None
+        self._reported = True
+        self._term = term
+        self._highest = max(self._highest, term)
+        return LeaderChange(leader)
+
+
+class LeaderObserver:
+    """Follows the leader of one name through a watch (Client.observe()):
+    each change once, in term order. One thread calls next() (or iterates)
+    at a time; cancel() from any."""
+
+    def __init__(self, client: "Client", name: Key, round: float = 30.0) -> None:
+        self._watch = KeyWatch(client, name, round=round)
+        self._changes = _LeaderChanges()
+
+    def next(self, timeout: Optional[float] = None) -> Optional[LeaderChange]:
+        """The leader now on the first call; afterwards the next change of
+        leader (another term, or none). Blocks up to `timeout` seconds
+        (None: until there is one): None when nothing changed by then, or
+        after cancel(). Raises as KeyWatch.next() when the server could not
+        be read for the whole timeout."""
+        deadline = None if timeout is None else _now() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - _now())
+            event = self._watch.next(left)
+            if event is None:
+                return None
+            change = self._changes.take(event)
+            if change is not None:
+                return change
+
+    def cancel(self) -> None:
+        self._watch.cancel()
+
+    def __iter__(self) -> Iterator[Optional[LeaderInfo]]:
+        """Each change's leader (None: no leader now), until cancel()."""
+        while True:
+            change = self.next(None)
+            if change is None:
+                return
+            yield change.leader
