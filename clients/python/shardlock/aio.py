@@ -440,8 +440,18 @@ class AsyncClient:
         _raise_for_reply(reply, key_text)
         expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
         if _now() >= expiry:
-            await self._call(p.RELEASE, data, (reply.token,), node=node)
-            raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
+            # Past its expiry (a wait longer than the TTL): a RENEW proves it
+            # still stands, counted from its own send, as Client.acquire().
+            probe = AsyncLease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, False,
+                               None, renew_fraction, node)
+            try:
+                await probe._renew_once(reply.ttl_ms, self.request_timeout)
+            except ShardlockError:
+                pass
+            if not probe.valid:
+                await self._call(p.RELEASE, data, (reply.token,), node=node)
+                raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
+            expiry, sent = probe._expiry, probe._confirmed_sent
         return AsyncLease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
                           on_lost, renew_fraction, node)
 

@@ -996,11 +996,23 @@ class Client:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
         _raise_for_reply(reply, key_text)
         expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
-        if _now() >= expiry:
-            self._call(p.RELEASE, data, (reply.token,), node=node)
-            raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
         lease = Lease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
                       on_lost, renew_fraction, node)
+        if _now() >= expiry:
+            # The grant may date from any time after the first send, so a wait
+            # longer than the TTL ends past this expiry: a RENEW proves the
+            # lease still stands and counts the expiry from its own send (as
+            # the C++ client does). Refused, the grant is given back.
+            try:
+                lease._renew_once(reply.ttl_ms, self.request_timeout)
+            except ShardlockError:
+                pass
+            if not lease.valid:
+                lease._close()
+                self._call(p.RELEASE, data, (reply.token,), node=node)
+                raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
+            with lease._lock:
+                expiry, sent = lease._expiry, lease._confirmed_sent
         if watchdog or on_lost is not None:
             self._watch(lease, min(expiry, sent + reply.ttl_ms / 1000.0 * renew_fraction)
                         if watchdog else expiry)

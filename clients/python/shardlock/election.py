@@ -23,11 +23,10 @@ Design (as the C++ Election):
 * Leadership ends on resign(), or when the lease is lost (a renewal refused
   or not confirmed before the client-side expiry): on_lost says so, once,
   on the client's watchdog thread. A leader must stop acting as one then.
-* A campaign waits in rounds of at most half the TTL: a grant is only
-  provably valid until the first send of its request plus the TTL, so a
-  single wait longer than the TTL could end in a grant already expired
-  (GrantExpiredError). Between two rounds a freed key may go to a
-  campaigner queued behind.
+* A campaign is one waiting acquire (FIFO), in rounds only as long as the
+  server's max-wait forces. A wait longer than the TTL ends in a grant past
+  its client-side expiry, which the client renews before returning it
+  (Client.acquire()), so it leads at once.
 * Observers follow the key with a watch (watch.py): each change of leader
   is reported once, in term order; one that was away sees the newest
   leader, not each one between.
@@ -133,9 +132,8 @@ class Election:
 
     def _acquire_in_rounds(self, value: bytes, end: Optional[float]) -> Lease:
         """Exclusive acquires of the name until one is granted or `end`
-        passes; each round waits at most half the TTL (see the top) and the
-        server's max-wait."""
-        round_wait = min(_USUAL_MAX_WAIT, self.ttl / 2)
+        passes; each round waits at most the server's max-wait."""
+        round_wait = _USUAL_MAX_WAIT
         while True:
             left = round_wait if end is None else max(0.0, end - _now())
             asked = min(round_wait, left)

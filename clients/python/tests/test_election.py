@@ -132,9 +132,8 @@ class Elections(ServerCase):
         self.assertIsNone(a.leader())
 
     def test_a_campaign_waits_longer_than_the_ttl(self):
-        # One acquire waiting past its TTL would end GrantExpiredError (the
-        # grant is only provably valid from its request's first send); the
-        # campaign's rounds of ttl / 2 get a grant that is valid.
+        # The grant arrives past its client-side expiry (counted from the
+        # request's first send); the client renews it before returning it.
         ca, cb = self.client(), self.client()
         a = shardlock.Election(ca, "long", ttl=1.0)
         b = shardlock.Election(cb, "long", ttl=1.0)
