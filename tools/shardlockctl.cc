@@ -84,6 +84,7 @@
 #include "common/command_line.h"
 #include "common/json.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/election.h"
 #include "shardlock/lease/wire/duration.h"
 #if defined(SHARDLOCK_HAVE_CLUSTER)
 #include <map>
@@ -556,6 +557,7 @@ struct RunArgs {
   int conflict_status = kExitConflictDefault;
   std::string on_lost = "term";
   std::vector<std::string> command;
+  bool election = false;  // elect: the lease is leadership, its token the term
 };
 
 int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, const Output& out,
@@ -630,6 +632,8 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
       "SHARDLOCK_OWNER=" + to_hex(leases.front().owner()),
       "SHARDLOCK_SERVER=" + g.servers,
   };
+  // elect: the term, by the name etcd's and Consul's recipes use for it.
+  if (args.election) extra.push_back("SHARDLOCK_TERM=" + tokens.front());
   // So the command's own shardlockctl calls reach an --auth-key server too.
   if (!auth_key_file.empty()) extra.push_back("SHARDLOCK_AUTH_KEY_FILE=" + auth_key_file);
   std::vector<char*> envp;
@@ -639,6 +643,7 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
         std::strncmp(*e, "SHARDLOCK_MODE=", 15) == 0 ||
         std::strncmp(*e, "SHARDLOCK_OWNER=", 16) == 0 ||
         std::strncmp(*e, "SHARDLOCK_SERVER=", 17) == 0 ||
+        std::strncmp(*e, "SHARDLOCK_TERM=", 15) == 0 ||
         (!auth_key_file.empty() && std::strncmp(*e, "SHARDLOCK_AUTH_KEY_FILE=", 24) == 0)) {
       continue;
     }
@@ -721,6 +726,70 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return kExitError;
+}
+
+// ------------------------------------------------------------------ leader, observe
+
+// A name's leader (or none) as a line for people and as JSON.
+std::string leader_text(const std::string& name, const std::optional<LeaderInfo>& leader) {
+  if (!leader) return shown(name) + " no leader\n";
+  return shown(name) + " leader term=" + std::to_string(leader->term) +
+         " owner=" + to_hex(leader->owner) + " ttl=" + seconds_text(leader->ttl_left.count()) +
+         " value=" + shown(leader->value) + "\n";
+}
+
+Json leader_json(const std::string& name, const std::optional<LeaderInfo>& leader) {
+  Json j;
+  put_key(j, "name", name);
+  if (!leader) {
+    j["leader"] = nullptr;
+    return j;
+  }
+  Json l;
+  l["term"] = leader->term;
+  l["owner"] = to_hex(leader->owner);
+  l["ttl_ms"] = leader->ttl_left.count();
+  put_key(l, "value", leader->value);
+  j["leader"] = std::move(l);
+  return j;
+}
+
+void print_leader(const Output& out, const std::string& name,
+                  const std::optional<LeaderInfo>& leader) {
+  if (out.json) {
+    print_json(leader_json(name, leader));
+  } else {
+    std::printf("%s", leader_text(name, leader).c_str());
+  }
+  std::fflush(stdout);
+}
+
+// observe: one line per change of leader, the first for the leader now,
+// until --count changes were shown (0: until interrupted).
+int run_observe(LeaseClient& client, const Globals& g, milliseconds timeout, const Output& out,
+                const std::string& name, std::uint64_t count) {
+  LeaderObserver observer(client, name);
+  std::uint64_t shown_changes = 0;
+  std::error_code last_error;
+  while (count == 0 || shown_changes < count) {
+    std::error_code error;
+    std::optional<LeaderChange> change = observer.next(std::chrono::seconds(1), &error);
+    if (error) {
+      // Said once per outage, on stderr; the watch keeps trying.
+      if (error != last_error) {
+        const std::vector<std::string> keys = {name};
+        (void)report(Output{.json = false, .errors_to_stderr = true}, keys,
+                     diagnosed(client, g, timeout, keys, error, WireError::kInternal, {}), {});
+      }
+      last_error = error;
+      continue;
+    }
+    last_error.clear();
+    if (!change) continue;
+    print_leader(out, name, change->leader);
+    ++shown_changes;
+  }
+  return kExitOk;
 }
 
 // ------------------------------------------------------------------ stats, ping
@@ -1461,6 +1530,56 @@ int run(int argc, char** argv) {
       "The command follows --: shardlockctl run KEY... [-w 10s | -n] -- COMMAND ARGS...\n"
       "A lease lost while the command runs: --on-lost's signal to it, and exit 75.");
 
+  auto* elect = app.add_subcommand(
+      "elect",
+      "Run COMMAND while leader of NAME (leader election, as etcdctl elect and consul lock): "
+      "waits, FIFO behind earlier campaigners, until elected (unless -n or -w), then holds the "
+      "leadership lease with --value while the command runs; the command sees SHARDLOCK_TERM "
+      "(the leadership's term, a fencing token) besides run's variables. Lost leadership: "
+      "--on-lost's signal to the command, and exit 75. Not elected: exit -E's status");
+  elect->add_option("name", keys, "The election's name, then -- COMMAND ARGS...")
+      ->required()
+      ->expected(1);
+  elect->add_option("--value", kind.value,
+                    "V: what others see as the leader (leader, observe): an address, a host name "
+                    "and pid; at most 256 bytes");
+  elect
+      ->add_option("--ttl", ttl.text,
+                   "Leadership lease; renewed every ttl/3. A leader that dies silently keeps "
+                   "the others waiting this long")
+      ->default_str("10s");
+  elect->add_option("-w", short_w, "DUR: same as --wait; json or text: same as --write-out");
+  elect->add_option("--wait", wait.text, "Campaign at most this long (default: until elected)");
+  elect->add_flag("-n,--nonblock", nonblock, "Do not wait: fail at once if another leads");
+  elect
+      ->add_option("-E,--conflict-exit-code", conflict_status,
+                   "Exit status when not elected (another leads, or the wait ran out)")
+      ->check(CLI::Range(0, 255))
+      ->capture_default_str();
+  elect
+      ->add_option("--on-lost", run_args.on_lost, "What to do to the command if leadership is lost")
+      ->check(CLI::IsMember({"term", "kill", "ignore"}))
+      ->capture_default_str();
+  add_global_flags(*elect, g, /*short_w=*/false);
+  elect->footer("shardlockctl elect NAME --value HOST:PORT -- COMMAND ARGS...");
+
+  auto* leader = app.add_subcommand(
+      "leader",
+      "The leader of election NAME: its term, owner, time left and value; or 'no leader' "
+      "(JSON: {name, leader: {term, owner, ttl_ms, value} or null})");
+  leader->add_option("name", key, "The election's name")->required();
+  add_global_flags(*leader, g, /*short_w=*/true);
+
+  std::uint64_t observe_count = 0;
+  auto* observe = app.add_subcommand(
+      "observe",
+      "Follow election NAME: one line per change of leader (as leader prints it), the first for "
+      "the leader now, in term order, without polling (a watch). Ctrl-C ends it");
+  observe->add_option("name", key, "The election's name")->required();
+  observe->add_option("--count", observe_count, "Stop after this many lines (0: never)")
+      ->capture_default_str();
+  add_global_flags(*observe, g, /*short_w=*/true);
+
   ClusterArgs cluster_args;
   const auto add_cluster_flags = [&cluster_args](CLI::App* sub) {
     sub->add_option("--cluster", cluster_args.url, "etcd://HOST:PORT[,HOST:PORT...] of the cluster")
@@ -1500,7 +1619,7 @@ int run(int argc, char** argv) {
   bool run_named = false;
   for (std::size_t i = 1; i < args.size(); ++i) {
     const std::string_view arg = args[i];
-    if (arg == "run") run_named = true;
+    if (arg == "run" || arg == "elect") run_named = true;
     if (run_named && arg == "--") {
       for (std::size_t j = i + 1; j < args.size(); ++j) command.emplace_back(args[j]);
       args.resize(i);
@@ -1522,7 +1641,7 @@ int run(int argc, char** argv) {
   default_from_env(g.auth_key_file, "SHARDLOCK_AUTH_KEY_FILE");
   Output out;
   out.json = g.output.json();
-  out.errors_to_stderr = run->parsed();
+  out.errors_to_stderr = run->parsed() || elect->parsed();
   DurationArg timeout{g.timeout};
   if (members->parsed() || drain->parsed()) {
     if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
@@ -1546,6 +1665,7 @@ int run(int argc, char** argv) {
     return shardlock::tools::usage_error(kTool, "--server (or SHARDLOCK_SERVER) is required");
   }
   if (run->parsed() && ttl.text.empty()) ttl.text = "30s";
+  if (elect->parsed() && ttl.text.empty()) ttl.text = "10s";
   if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
       !parse_arg(ttl, "--ttl", ZeroDuration::kRejected) ||
       !parse_arg(wait, "--wait", ZeroDuration::kAllowed)) {
@@ -1556,7 +1676,7 @@ int run(int argc, char** argv) {
                                          "-n (do not wait) and -w/--wait exclude each other");
   }
   // run waits until granted unless told otherwise; acquire answers at once.
-  if (run->parsed() && !nonblock && wait.text.empty()) wait.value = kForever;
+  if ((run->parsed() || elect->parsed()) && !nonblock && wait.text.empty()) wait.value = kForever;
 
   LeaseClientOptions options;
   options.nodes = split_node_list(g.servers);
@@ -1573,7 +1693,7 @@ int run(int argc, char** argv) {
   const auto auth = shardlock::tools::load_auth_key_flag(g.auth_key_file);
   if (!auth.error.empty()) return shardlock::tools::usage_error(kTool, auth.error);
   options.auth_key = auth.key;
-  if (acquire->parsed() || run->parsed()) {
+  if (acquire->parsed() || run->parsed() || elect->parsed()) {
     if (kind.shared && kind.permits > 0) {
       return shardlock::tools::usage_error(
           kTool, "--shared and --permits exclude each other: a key is a lock or a semaphore");
@@ -1600,8 +1720,11 @@ int run(int argc, char** argv) {
     if (run->parsed() && command.empty()) {
       return shardlock::tools::usage_error(kTool, "run: give the command after --");
     }
+    if (elect->parsed() && command.empty()) {
+      return shardlock::tools::usage_error(kTool, "elect: give the command after --");
+    }
   } else if (!command.empty()) {
-    return shardlock::tools::usage_error(kTool, "only run takes -- COMMAND");
+    return shardlock::tools::usage_error(kTool, "only run and elect take -- COMMAND");
   }
   std::vector<std::string> checked_keys = keys;
   if (!stats->parsed() && !ping->parsed() && !top->parsed() && keys.empty()) {
@@ -1613,7 +1736,7 @@ int run(int argc, char** argv) {
           kTool, "keys are 1.." + std::to_string(kMaxKeyLength) + " bytes");
     }
   }
-  if (run->parsed()) {
+  if (run->parsed() || elect->parsed()) {
     // Before any client thread exists, so every thread inherits the mask.
     sigset_t handled;
     sigemptyset(&handled);
@@ -1742,7 +1865,21 @@ int run(int argc, char** argv) {
     return print_nodes(client, options.nodes, timeout.value, options.auth_key.has_value(), out,
                        ping->parsed());
   }
-  if (run->parsed()) {
+  if (leader->parsed()) {
+    const HoldersReply r = client.holders(key);
+    if (r.error) {
+      return report(out, one_key,
+                    diagnosed(client, g, timeout.value, one_key, r.error, r.wire_error, ttl.value),
+                    ttl.value);
+    }
+    print_leader(out, key, leader_of(r.mode, r.holders));
+    return kExitOk;
+  }
+  if (observe->parsed()) {
+    return run_observe(client, g, timeout.value, out, key, observe_count);
+  }
+  if (run->parsed() || elect->parsed()) {
+    run_args.election = elect->parsed();
     run_args.keys = keys;
     run_args.kind = kind;
     run_args.ttl = ttl.value;

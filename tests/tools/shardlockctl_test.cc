@@ -992,6 +992,74 @@ TEST(ShardlockctlTest, RunCanBeInterruptedWhileItWaits) {
   EXPECT_NE(r.err.find("not acquired"), std::string::npos) << r.err;
 }
 
+// ------------------------------------------------------------ elections
+
+// elect runs the command while leader (SHARDLOCK_TERM set), leader shows
+// who leads, observe prints each change of leader once, in term order.
+TEST(ShardlockctlTest, ElectLeaderAndObserve) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult none = ctl_text(d, {"leader", "e/sched"});
+  EXPECT_EQ(none.exit_code, 0) << none.err;
+  EXPECT_EQ(none.out, "e/sched no leader\n");
+  const Json j = parsed(ctl(d, {"leader", "e/sched"}));
+  EXPECT_TRUE(j.has("leader"));
+  EXPECT_EQ(j["leader"].kind, Json::Kind::kNull);
+
+  ChildProcess observer(kCtl, {"--server", d.address(), "observe", "e/sched", "--count", "3"});
+  EXPECT_EQ(observer.read_line(20s), "e/sched no leader");
+  const ToolResult a = ctl_text(d, {"elect", "e/sched", "--value", "host-a:1", "--", "/bin/sh",
+                                    "-c", "echo term=$SHARDLOCK_TERM key=$SHARDLOCK_KEY"});
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_match(a.out, m, std::regex("term=(\\d+) key=e/sched\n"))) << a.out;
+  const std::string term = m[1].str();
+  const std::string line = observer.read_line(20s);
+  EXPECT_EQ(line.rfind("e/sched leader term=" + term + " owner=", 0), 0u) << line;
+  EXPECT_NE(line.find(" value=host-a:1"), std::string::npos) << line;
+  const ToolResult r = observer.finish(20s);  // the third: no leader once A's command ended
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "e/sched no leader\n");
+
+  EXPECT_EQ(ctl_text(d,
+                     {
+                         "elect",
+                         "e/sched",
+                         "--",
+                     })
+                .exit_code,
+            2);  // no command
+  EXPECT_EQ(
+      ctl_text(d, {"elect", "e/sched", "--value", std::string(257, 'v'), "--", "true"}).exit_code,
+      2);
+}
+
+// A leader killed with SIGKILL never resigns: the next campaigner is
+// elected once its leadership lease runs out (the TTL), with a later term,
+// and `leader` shows it.
+TEST(ShardlockctlTest, AKilledLeadersSuccessorIsElectedWhenItsTtlRunsOut) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  ChildProcess first(
+      kCtl, {"--server", d.address(), "elect", "e/job", "--value", "first", "--ttl", "1s", "--",
+             "/bin/sh", "-c", "echo term=$SHARDLOCK_TERM; exec sleep 60"});
+  const std::string first_line = first.read_line(20s);
+  ASSERT_EQ(first_line.rfind("term=", 0), 0u) << first_line;
+  const std::uint64_t first_term = std::stoull(first_line.substr(5));
+  ChildProcess second(kCtl, {"--server", d.address(), "elect", "e/job", "--value", "second",
+                             "--ttl", "1s", "--", "/bin/sh", "-c", "echo term=$SHARDLOCK_TERM"});
+  for (int i = 0; i < 2000 && parsed(ctl(d, {"query", "e/job"}))["waiters"].number < 1; ++i) {
+    std::this_thread::sleep_for(10ms);
+  }
+  ASSERT_EQ(parsed(ctl(d, {"query", "e/job"}))["waiters"].number, 1) << "second is campaigning";
+  first.signal(SIGKILL);  // its shell and sleep live on; its lease is no longer renewed
+  const ToolResult r = second.finish(30s);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.out.rfind("term=", 0), 0u) << r.out;
+  EXPECT_GT(std::stoull(r.out.substr(5)), first_term);
+  (void)first.finish(1s);
+}
+
 // ------------------------------------------------------------ real causes
 
 TEST(ShardlockctlTest, ANameThatDoesNotResolveIsNotAUsageError) {
