@@ -36,7 +36,9 @@ int run(int argc, char** argv) {
       "only rose, the fenced resource lost no increment, nothing was granted during "
       "lock-delay, and every client recovered. With --cluster-nodes, the same against a cluster "
       "of shardlockd nodes and etcd (docs/cluster.md, \"Torture: cluster mode\"), plus that "
-      "every grant came from its key's owner in the map of its token's epoch"};
+      "every grant came from its key's owner in the map of its token's epoch. With --elections, "
+      "leader elections too: one leader per name at a time, terms rising, observers' leaders in "
+      "term order"};
   app.set_version_flag("--version", "shardlock-torture 0.1.0");
   TortureOptions o;
   const std::filesystem::path self_dir = std::filesystem::path(argv[0]).parent_path();
@@ -57,9 +59,10 @@ int run(int argc, char** argv) {
   app.add_option("--workers", o.workers, "worker processes (each can be paused)")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
-  app.add_option("--clients", o.clients_per_worker, "lease clients per worker process")
+  app.add_option("--clients", o.clients_per_worker,
+                 "lease clients per worker process (0: only the election workload)")
       ->capture_default_str()
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(0, 256));
   app.add_option("--keys", o.keys, "keys the clients contend for")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -119,6 +122,19 @@ int run(int argc, char** argv) {
   app.add_option("--permit-keys", o.permit_keys, "semaphore keys the permit cycles contend for")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
+  app.add_option("--elections", o.elections,
+                 "election workload: this many names (elect-N), each with --campaigners clients "
+                 "that campaign, lead a while and resign, and --observers clients that follow "
+                 "the leader; checks one leader per name at a time as the clients saw it, "
+                 "rising terms, and every observer's leaders in term order and each one granted")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000));
+  app.add_option("--campaigners", o.campaigners, "campaigners per election name")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 64));
+  app.add_option("--observers", o.observers, "observers (LeaderObserver) per election name")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 64));
   app.add_option("--liveness-bound-ms", o.liveness_bound_ms,
                  "after the heal, every client must acquire within this (0: lock-delay + "
                  "4 x max TTL + 2 s)")
@@ -257,6 +273,11 @@ int run(int argc, char** argv) {
   worker->add_option("--multi-fraction", w.multi_fraction);
   worker->add_option("--permits", w.permits);
   worker->add_option("--permit-keys", w.permit_keys);
+  worker->add_option("--elections", w.elections);
+  worker->add_option("--campaigners", w.campaigners);
+  worker->add_option("--observers", w.observers);
+  worker->add_option("--workers", w.workers);
+  worker->add_option("--election-base", w.election_base);
 
   // Judges a kept history again (--keep-history), with the run's flags
   // (--cluster-nodes, --replicas, --max-ttl-ms, ...) before the subcommand.
@@ -274,6 +295,10 @@ int run(int argc, char** argv) {
     std::fprintf(stderr,
                  "shardlock-torture: --read-fraction + --permit-fraction + --multi-fraction "
                  "exceed 1\n");
+    return 2;
+  }
+  if (o.clients_per_worker == 0 && o.elections == 0) {
+    std::fprintf(stderr, "shardlock-torture: --clients 0 needs --elections\n");
     return 2;
   }
   if (o.cluster_nodes == 1) {

@@ -20,6 +20,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "checker_election.h"
 #include "checker_kept.h"
 #include "common/json.h"
 
@@ -28,12 +29,13 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 13> kAllKinds = {
-    ViolationKind::kOverlap,  ViolationKind::kTokenOrder,    ViolationKind::kDuplicateToken,
-    ViolationKind::kFencing,  ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
-    ViolationKind::kLiveness, ViolationKind::kPermitLimit,   ViolationKind::kAllOrNothing,
-    ViolationKind::kOwner,    ViolationKind::kKeyLiveness,   ViolationKind::kWait,
-    ViolationKind::kKept,
+constexpr std::array<ViolationKind, 17> kAllKinds = {
+    ViolationKind::kOverlap,       ViolationKind::kTokenOrder,     ViolationKind::kDuplicateToken,
+    ViolationKind::kFencing,       ViolationKind::kLostIncrement,  ViolationKind::kLockDelay,
+    ViolationKind::kLiveness,      ViolationKind::kPermitLimit,    ViolationKind::kAllOrNothing,
+    ViolationKind::kOwner,         ViolationKind::kKeyLiveness,    ViolationKind::kWait,
+    ViolationKind::kKept,          ViolationKind::kOneLeader,      ViolationKind::kTermOrder,
+    ViolationKind::kObserverOrder, ViolationKind::kObservedLeader,
 };
 // wait: how much earlier than its wait a waiting acquire may give up
 // (the client's last try goes out kLastTryMargin, 10 ms, before the end).
@@ -342,6 +344,14 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "wait";
     case ViolationKind::kKept:
       return "kept";
+    case ViolationKind::kOneLeader:
+      return "one_leader";
+    case ViolationKind::kTermOrder:
+      return "term_order";
+    case ViolationKind::kObserverOrder:
+      return "observer_order";
+    case ViolationKind::kObservedLeader:
+      return "observed_leader";
   }
   return "unknown";
 }
@@ -349,7 +359,7 @@ std::string_view to_string(ViolationKind kind) noexcept {
 std::uint64_t CheckReport::grants() const {
   std::uint64_t n = 0;
   for (const auto& [name, count] : operations) {
-    if (name.ends_with("acquire ok")) n += count;
+    if (name.ends_with("acquire ok") || name == "campaign elected") n += count;
   }
   return n;
 }
@@ -374,7 +384,11 @@ std::string CheckReport::text() const {
     const std::size_t count = it == violation_counts.end() ? 0 : it->second;
     out += "  " + pad(to_string(kind), width) + std::to_string(count) + "\n";
   }
-  out += "operations (" + std::to_string(lease_operations) + " lease operations)\n";
+  out += "operations (" + std::to_string(lease_operations) + " lease operations";
+  if (election_operations > 0) {
+    out += ", " + std::to_string(election_operations) + " election operations";
+  }
+  out += ")\n";
   for (const auto& [name, count] : operations) {
     out += "  " + pad(name, width) + std::to_string(count) + "\n";
   }
@@ -420,6 +434,7 @@ std::string CheckReport::json() const {
   out += ",\"faults\":";
   append_json_object(out, faults, [](const std::string& s) -> std::string_view { return s; });
   out += ",\"lease_operations\":" + std::to_string(lease_operations);
+  out += ",\"election_operations\":" + std::to_string(election_operations);
   out += ",\"maps\":" + std::to_string(maps);
   out += ",\"kept_judged\":" + std::to_string(kept_judged);
   out += ",\"liveness_checked\":";
@@ -500,6 +515,13 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     std::int64_t later_grant = 0;
   };
   std::map<std::int64_t, Liveness> clients;
+  // Liveness: `e` (a grant to its client) served the client.
+  const auto served = [&](const Event& e) {
+    if (!healed || e.t_ns < healed_t) return;
+    Liveness& live = clients[e.client];
+    if (e.t_ns <= live_until) live.granted = true;
+    if (!live.any_later_grant) live.any_later_grant = true, live.later_grant = e.t_ns;
+  };
   // Per key: asked for within the liveness bound after the heal, and granted
   // after the heal.
   struct KeyLiveness {
@@ -536,19 +558,24 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       if (!live.active) live.active = true, live.first_active = e.t_ns;
     }
     const bool after_heal = healed && e.t_ns >= healed_t;
-    if (after_heal && (e.kind == EventKind::kAcquireInvoke || e.kind == EventKind::kAcquireOk ||
-                       e.kind == EventKind::kAcquireFail)) {
+    // An election is a grant of its name, and an observer's report one to
+    // the observer (checker.h, Elections).
+    const bool asks = e.kind == EventKind::kAcquireInvoke || e.kind == EventKind::kCampaignInvoke;
+    const bool grant_event = e.kind == EventKind::kAcquireOk || e.kind == EventKind::kElected;
+    const bool refused = e.kind == EventKind::kAcquireFail || e.kind == EventKind::kCampaignFail;
+    if (after_heal && (asks || grant_event || refused)) {
       for (const std::uint32_t id : keys_of_event(e)) {
         KeyLiveness& live = key_liveness[id];
-        if (e.kind == EventKind::kAcquireOk) {
+        if (grant_event) {
           live.granted = true;
-        } else if (e.kind == EventKind::kAcquireFail) {
+        } else if (refused) {
           ++live.failures, live.last_failure = i;
         } else if (!live.wanted && e.t_ns <= live_until) {
           live.wanted = true, live.first_invoke = i;
         }
       }
     }
+    if (e.kind == EventKind::kElected || e.kind == EventKind::kObserve) served(e);
     switch (e.kind) {
       case EventKind::kAcquireInvoke: {
         Invocation inv{i, e.wait_ms == 0, state(kid).received_before(e.t_ns), {}};
@@ -690,11 +717,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
           }
         }
 
-        if (healed && e.t_ns >= healed_t) {
-          Liveness& live = clients[e.client];
-          if (e.t_ns <= live_until) live.granted = true;
-          if (!live.any_later_grant) live.any_later_grant = true, live.later_grant = e.t_ns;
-        }
+        served(e);
         break;
       }
       case EventKind::kAcquireFail: {
@@ -862,6 +885,16 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       case EventKind::kNetFaultsOff:
       case EventKind::kHealed:
         break;
+      case EventKind::kCampaignInvoke:  // judge_elections() counts and judges these
+      case EventKind::kElected:
+      case EventKind::kCampaignFail:
+      case EventKind::kLead:
+      case EventKind::kResignInvoke:
+      case EventKind::kResignOk:
+      case EventKind::kResignFail:
+      case EventKind::kDeposed:
+      case EventKind::kObserve:
+        break;
     }
   }
 
@@ -978,6 +1011,11 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       return text + ")";
     });
   }
+
+  judge_elections(history, order, report,
+                  [&](ViolationKind kind, std::string_view name, const DetailText& detail) {
+                    recorder.add(kind, name, detail);
+                  });
 
   report.kept_judged =
       judge_kept(history, order, losses, options, [&](const LostLease& loss, std::string detail) {

@@ -87,6 +87,32 @@
 //                      (no_renewal), the client had replica_timeout_ms +
 //                      failover_slack_ms from the fault (or the grant, if
 //                      later) to renew at the new primary.
+//
+// Elections (history.h, "Elections"), per name. A campaigner's leadership
+// interval, as its client sees it, runs from its elected event (campaign()
+// returned) to its last lead event (leading() said true), cut at its
+// resign_invoke or deposed event: never past the moment the client stopped
+// believing it led. A campaign is named by its client and op, and an
+// observer's report names the campaign it saw lead by the value that
+// campaign attached. For liveness and key_liveness an election is a grant
+// (of its name), and so is an observer's report (to the observer).
+//   one_leader       no two leadership intervals of a name overlap (touching
+//                    ones, one ending where the next begins, do not);
+//   term_order       a later election has a larger term: one whose campaign
+//                    was invoked after another's was won (elected recorded),
+//                    or whose leadership interval began after another's
+//                    ended, has the larger term (so no term is won twice);
+//   observer_order   each observer reports a name's leaders with strictly
+//                    rising terms: never a leader whose term is older than,
+//                    or the same as, one it already reported (a report of no
+//                    leader may come between any two; skipping leaders is
+//                    fine: an observer that was away sees the newest);
+//   observed_leader  every leader an observer reports was granted: its value
+//                    names a campaign of that name invoked before the report,
+//                    and the reported term is the one that campaign won, or,
+//                    when its campaign() never returned the win (a timeout
+//                    whose grant came too late, a run that ended), a term no
+//                    other campaign won.
 #pragma once
 
 #include <cstddef>
@@ -138,6 +164,10 @@ enum class ViolationKind : std::uint8_t {
   kKeyLiveness,
   kWait,
   kKept,
+  kOneLeader,
+  kTermOrder,
+  kObserverOrder,
+  kObservedLeader,
 };
 
 struct Violation {
@@ -170,11 +200,14 @@ struct CheckReport {
   std::uint64_t kept_judged = 0;
   // Acquire, renew and release completions, ok or not.
   std::uint64_t lease_operations = 0;
+  // Campaign and resign completions, ok or not, and observers' reports.
+  std::uint64_t election_operations = 0;
   // False when the history has no healed event.
   bool liveness_checked = false;
 
   [[nodiscard]] bool ok() const;
-  // Grants received, of every kind (the "... acquire ok" operations).
+  // Grants received, of every kind (the "... acquire ok" operations), and
+  // elections won ("campaign elected").
   [[nodiscard]] std::uint64_t grants() const;
   // False for a history that is no evidence either way: no grant at all, or
   // no healed event (liveness not judged). A harness must not report such a
@@ -186,7 +219,8 @@ struct CheckReport {
 
 // "overlap", "token_order", "duplicate_token", "fencing", "lost_increment",
 // "lock_delay", "liveness", "permit_limit", "all_or_nothing", "owner",
-// "key_liveness", "wait", "kept".
+// "key_liveness", "wait", "kept", "one_leader", "term_order", "observer_order",
+// "observed_leader".
 [[nodiscard]] std::string_view to_string(ViolationKind kind) noexcept;
 
 // Judges `history` (any order; sorted by t_ns here, stable). Never throws on

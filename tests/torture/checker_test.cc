@@ -148,7 +148,7 @@ TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 13u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 17u);  // every kind, at zero
 }
 
 // A history without grants, or without a healed event, has no violation
@@ -957,7 +957,8 @@ TEST(Checker, TextNamesEveryKind) {
         ViolationKind::kFencing, ViolationKind::kLostIncrement, ViolationKind::kLockDelay,
         ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing,
         ViolationKind::kOwner, ViolationKind::kKeyLiveness, ViolationKind::kWait,
-        ViolationKind::kKept}) {
+        ViolationKind::kKept, ViolationKind::kOneLeader, ViolationKind::kTermOrder,
+        ViolationKind::kObserverOrder, ViolationKind::kObservedLeader}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
@@ -1303,6 +1304,246 @@ TEST(CheckerKept, ParsesAndFormatsTheReplicationEvents) {
            "1 map epoch=7 owners=key-0:n1 backups=key-0",  // no backup node
            "3 node_cut_on node=n1",                        // no peer
            "1 hold client=0 key=a token=1 expiry_ns=1 backups=a:n1",
+       }) {
+    std::string error;
+    EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;
+  }
+}
+
+// ---- elections: campaigners' leadership as their clients saw it, observers ----
+
+Event with_op(Event e, std::int64_t op) {
+  e.op = op;
+  return e;
+}
+Event campaign_invoke(std::int64_t t, std::int64_t client, std::int64_t op, std::string name) {
+  Event e =
+      with_op(with_token(make(t, EventKind::kCampaignInvoke), client, std::move(name), 0), op);
+  e.ttl_ms = 100, e.wait_ms = 1000;
+  return e;
+}
+Event elected(std::int64_t t, std::int64_t client, std::int64_t op, std::string name,
+              std::uint64_t term) {
+  return with_op(with_token(make(t, EventKind::kElected), client, std::move(name), term), op);
+}
+Event campaign_fail(std::int64_t t, std::int64_t client, std::int64_t op, std::string name) {
+  Event e = with_op(with_token(make(t, EventKind::kCampaignFail), client, std::move(name), 0), op);
+  e.error = "timeout";
+  return e;
+}
+Event lead(std::int64_t t, std::int64_t client, std::string name, std::uint64_t term) {
+  return with_token(make(t, EventKind::kLead), client, std::move(name), term);
+}
+Event resign_invoke(std::int64_t t, std::int64_t client, std::int64_t op, std::string name,
+                    std::uint64_t term) {
+  return with_op(with_token(make(t, EventKind::kResignInvoke), client, std::move(name), term), op);
+}
+// The election's lease lost: as a lost lease's event, of its own kind.
+Event deposed(std::int64_t t, std::int64_t client, std::string name, std::uint64_t term) {
+  Event e = lost(t, client, std::move(name), term);
+  e.kind = EventKind::kDeposed;
+  return e;
+}
+// An observer's report: `campaign` is "<client>.<op>" ("-" and term 0: no leader).
+Event observe(std::int64_t t, std::int64_t observer, std::string name, std::uint64_t term,
+              std::string campaign) {
+  Event e = with_token(make(t, EventKind::kObserve), observer, std::move(name), term);
+  e.leader = std::move(campaign);
+  return e;
+}
+
+// One campaign of "e" that wins `term` and leads [won, until): invoked,
+// elected, a lead just before `until`, then resigned at `until`.
+std::vector<Event> leadership(std::int64_t client, std::int64_t op, std::uint64_t term,
+                              std::int64_t invoked, std::int64_t won, std::int64_t until) {
+  return {campaign_invoke(invoked, client, op, "e"), elected(won, client, op, "e", term),
+          lead(won, client, "e", term), lead(until, client, "e", term),
+          resign_invoke(until, client, op + 1, "e", term)};
+}
+std::vector<Event> joined(std::vector<std::vector<Event>> parts) {
+  std::vector<Event> all;
+  for (std::vector<Event>& part : parts) all.insert(all.end(), part.begin(), part.end());
+  return all;
+}
+
+// Leaders one after another, touching; one deposed, whose lead recorded
+// after its loss does not stretch its leadership; a win whose grant came
+// too late for its campaign() (a timeout) that an observer saw anyway; an
+// observer that skips a leader and reports no leader between two.
+TEST(CheckerElection, LegalNearMissesAreOk) {
+  std::vector<Event> history = joined({
+      leadership(0, 1, 1, ms(0), ms(10), ms(50)),
+      leadership(1, 1, 2, ms(5), ms(50), ms(90)),  // touches: 0 resigned at 50
+      {campaign_invoke(ms(60), 0, 3, "e"), elected(ms(100), 0, 3, "e", 3), lead(ms(100), 0, "e", 3),
+       deposed(ms(120), 0, "e", 3),
+       lead(ms(160), 0, "e", 3)},  // after its loss: the cut at 120 wins
+      leadership(1, 3, 5, ms(95), ms(130), ms(170)),
+      {campaign_invoke(ms(175), 2, 1, "e"), campaign_fail(ms(300), 2, 1, "e")},  // won term 6
+      leadership(0, 5, 7, ms(180), ms(320), ms(400)),
+      {observe(ms(1), 9, "e", 0, "-"), observe(ms(20), 9, "e", 1, "0.1"),
+       observe(ms(140), 9, "e", 5, "1.3"),  // skips 2 and 3
+       observe(ms(175), 9, "e", 0, "-"), observe(ms(250), 9, "e", 6, "2.1"),
+       observe(ms(330), 9, "e", 7, "0.5")},
+      // Another name has its own terms and leaders, at the same time.
+      {campaign_invoke(ms(0), 3, 1, "f"), elected(ms(15), 3, 1, "f", 1), lead(ms(15), 3, "f", 1),
+       lead(ms(60), 3, "f", 1), observe(ms(30), 9, "f", 1, "3.1")},
+      {make(ms(500), EventKind::kHealed)},
+  });
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_TRUE(report.judged_something());
+  EXPECT_EQ(report.operations.at("campaign elected"), 6u);
+  EXPECT_EQ(report.operations.at("campaign timeout"), 1u);
+  EXPECT_EQ(report.operations.at("observe leader"), 5u);
+  EXPECT_EQ(report.operations.at("observe no leader"), 2u);
+  EXPECT_EQ(report.operations.at("deposed"), 1u);
+  EXPECT_EQ(report.grants(), 6u);
+
+  std::reverse(history.begin(), history.end());  // the input order does not matter
+  EXPECT_TRUE(check(history, CheckOptions{}).ok());
+}
+
+TEST(CheckerElection, OneLeader) {
+  // 1 still leads at 60 when 2 (queued before 1 won) is elected at 50.
+  const std::vector<Event> history = joined({
+      leadership(0, 1, 1, ms(0), ms(10), ms(60)),
+      leadership(1, 1, 2, ms(5), ms(50), ms(90)),
+  });
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kOneLeader));
+  EXPECT_EQ(report.examples[0].key, "e");
+  EXPECT_NE(report.examples[0].detail.find("client 0's campaign op 1 term 1 [10000000, 60000000)"
+                                           " overlaps client 1's campaign op 1 term 2"),
+            std::string::npos)
+      << report.examples[0].detail;
+
+  // Cut by its loss at 40, the first leadership ends before the second.
+  std::vector<Event> cut = history;
+  cut.push_back(deposed(ms(40), 0, "e", 1));
+  EXPECT_TRUE(check(cut, CheckOptions{}).ok()) << check(cut, CheckOptions{}).text();
+  // A win its client never confirmed with a lead is no leadership.
+  const std::vector<Event> unconfirmed = {
+      campaign_invoke(ms(0), 0, 1, "e"), elected(ms(10), 0, 1, "e", 1),
+      campaign_invoke(ms(5), 1, 1, "e"), elected(ms(20), 1, 1, "e", 2),
+      lead(ms(20), 1, "e", 2),           lead(ms(30), 1, "e", 2)};
+  EXPECT_TRUE(check(unconfirmed, CheckOptions{}).ok());
+}
+
+TEST(CheckerElection, TermOrder) {
+  // Invoked after term 5 was won, and won term 4: flagged once, though its
+  // leadership also follows the first one's.
+  const std::vector<Event> after_a_win = joined({
+      leadership(0, 1, 5, ms(0), ms(10), ms(20)),
+      leadership(1, 1, 4, ms(15), ms(30), ms(40)),
+  });
+  CheckReport report = check(after_a_win, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kTermOrder));
+  EXPECT_NE(report.examples[0].detail.find("won term 4"), std::string::npos)
+      << report.examples[0].detail;
+
+  // Queued before term 5 was won, but led only after that leadership ended.
+  const std::vector<Event> after_a_leadership = joined({
+      leadership(0, 1, 5, ms(0), ms(10), ms(20)),
+      leadership(1, 1, 4, ms(5), ms(30), ms(40)),
+  });
+  report = check(after_a_leadership, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kTermOrder));
+  EXPECT_NE(report.examples[0].detail.find("began after"), std::string::npos)
+      << report.examples[0].detail;
+
+  // One term won by two concurrent campaigns.
+  const std::vector<Event> twice = {campaign_invoke(ms(0), 0, 1, "e"),
+                                    campaign_invoke(ms(0), 1, 1, "e"),
+                                    elected(ms(10), 0, 1, "e", 3), elected(ms(11), 1, 1, "e", 3)};
+  report = check(twice, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kTermOrder));
+  EXPECT_NE(report.examples[0].detail.find("which client 0's campaign op 1 had won"),
+            std::string::npos)
+      << report.examples[0].detail;
+}
+
+TEST(CheckerElection, ObserverOrder) {
+  const std::vector<Event> history = joined({
+      leadership(0, 1, 1, ms(0), ms(10), ms(20)),
+      leadership(1, 1, 2, ms(5), ms(20), ms(30)),
+      {observe(ms(25), 9, "e", 2, "1.1"), observe(ms(26), 9, "e", 1, "0.1"),  // older
+       observe(ms(27), 9, "e", 0, "-"), observe(ms(28), 9, "e", 2, "1.1"),    // again
+       observe(ms(29), 8, "e", 1, "0.1")},  // another observer: its own order
+  });
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kObserverOrder, 2));
+  EXPECT_NE(report.examples[0].detail.find("an older leader"), std::string::npos)
+      << report.examples[0].detail;
+  EXPECT_NE(report.examples[1].detail.find("the same leader twice"), std::string::npos)
+      << report.examples[1].detail;
+}
+
+TEST(CheckerElection, ObservedLeader) {
+  const std::vector<Event> history = joined({
+      leadership(0, 1, 1, ms(0), ms(10), ms(20)),
+      {campaign_invoke(ms(15), 1, 1, "e"), campaign_fail(ms(60), 1, 1, "e")},
+      {observe(ms(12), 9, "e", 1, "0.7"),     // no such campaign
+       observe(ms(13), 8, "e", 1, "nobody"),  // not a campaign's value
+       observe(ms(14), 7, "e", 2, "0.1"),     // 0.1 won term 1, not 2
+       observe(ms(14), 6, "e", 2, "1.1"),     // 1.1 was invoked only at 15
+       observe(ms(16), 5, "e", 1, "1.1"),     // 1.1 never won, and term 1 is 0.1's
+       observe(ms(17), 4, "f", 1, "0.1")},    // 0.1 campaigned for e, not f
+  });
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kObservedLeader, 6));
+  EXPECT_NE(report.examples[2].detail.find("won term 1"), std::string::npos)
+      << report.examples[2].detail;
+}
+
+TEST(CheckerElection, ElectionLivenessCountsWinsAndReports) {
+  const std::vector<Event> history = {
+      make(ms(1000), EventKind::kHealed),
+      campaign_invoke(ms(1100), 0, 1, "e"),
+      elected(ms(1200), 0, 1, "e", 1),
+      observe(ms(1300), 9, "e", 1, "0.1"),
+      // Asks for a name nobody is elected to after the heal.
+      campaign_invoke(ms(1100), 1, 1, "g"),
+      campaign_fail(ms(2100), 1, 1, "g"),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kLiveness), 1u) << report.text();
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kKeyLiveness), 1u) << report.text();
+  for (const Violation& v : report.examples) {
+    EXPECT_TRUE(v.kind == ViolationKind::kKeyLiveness ? v.key == "g"
+                                                      : v.detail.find("client 1 ") == 0)
+        << v.detail;
+  }
+}
+
+TEST(CheckerElection, ParsesAndFormatsTheElectionEvents) {
+  const std::vector<std::string> lines = {
+      "1000 campaign_invoke client=0 op=1 key=e ttl_ms=500 wait_ms=1000",
+      "2000 elected client=0 op=1 key=e token=4",
+      "2500 lead client=0 key=e token=4",
+      "2600 observe client=1 key=e token=4 leader=0.1",
+      "3000 resign_invoke client=0 op=2 key=e token=4",
+      "3100 resign_fail client=0 op=2 key=e token=4 error=expired",
+      "3200 observe client=1 key=e token=0 leader=-",
+      "4000 campaign_invoke client=0 op=3 key=e ttl_ms=500 wait_ms=1000",
+      "5000 campaign_fail client=0 op=3 key=e error=timeout",
+      "6000 campaign_invoke client=0 op=4 key=e ttl_ms=500 wait_ms=1000",
+      "7000 elected client=0 op=4 key=e token=9",
+      "8000 deposed client=0 key=e token=9 error=no_renewal",
+      "9000 resign_invoke client=0 op=5 key=e token=9",
+      "9100 resign_ok client=0 op=5 key=e token=9",
+  };
+  std::vector<Event> history;
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
+  EXPECT_EQ(history[3].leader, "0.1");
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.election_operations, 7u);  // 3 campaigns, 2 resigns, 2 reports
+  EXPECT_NE(report.text().find("7 election operations"), std::string::npos) << report.text();
+  EXPECT_NE(report.json().find(R"("election_operations":7)"), std::string::npos);
+  for (const char* bad : {
+           "1 observe client=1 key=e token=4",                  // no leader
+           "1 elected client=0 op=1 key=e token=4 leader=0.1",  // leader on another kind
+           "1 lead client=0 key=e",                             // no term
        }) {
     std::string error;
     EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;

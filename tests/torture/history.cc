@@ -35,6 +35,7 @@ enum Field : std::uint32_t {
   kFaultName = 1 << 19,
   kBackups = 1 << 20,
   kPeer = 1 << 21,
+  kLeader = 1 << 22,
 };
 
 // What an acquire event may add: its mode, and a key list in place of its key.
@@ -47,7 +48,7 @@ struct KindInfo {
   std::uint32_t optional = 0;
 };
 
-constexpr std::array<KindInfo, 38> kKinds = {{
+constexpr std::array<KindInfo, 47> kKinds = {{
     {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait,
      kAcquireExtras},
     {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry,
@@ -88,6 +89,15 @@ constexpr std::array<KindInfo, 38> kKinds = {{
     {EventKind::kFault, "fault", kFaultName},
     {EventKind::kNodeCutOn, "node_cut_on", kNode | kPeer},
     {EventKind::kNodeCutOff, "node_cut_off", kNode | kPeer},
+    {EventKind::kCampaignInvoke, "campaign_invoke", kClient | kOp | kKey | kTtl | kWait},
+    {EventKind::kElected, "elected", kClient | kOp | kKey | kToken},
+    {EventKind::kCampaignFail, "campaign_fail", kClient | kOp | kKey | kError},
+    {EventKind::kLead, "lead", kClient | kKey | kToken},
+    {EventKind::kResignInvoke, "resign_invoke", kClient | kOp | kKey | kToken},
+    {EventKind::kResignOk, "resign_ok", kClient | kOp | kKey | kToken},
+    {EventKind::kResignFail, "resign_fail", kClient | kOp | kKey | kToken | kError},
+    {EventKind::kDeposed, "deposed", kClient | kKey | kToken | kError},
+    {EventKind::kObserve, "observe", kClient | kKey | kToken | kLeader},
 }};
 
 const KindInfo& info(EventKind kind) noexcept { return kKinds[static_cast<std::size_t>(kind)]; }
@@ -212,6 +222,7 @@ std::string format_event(const Event& e) {
   if (f & kEpoch) add("epoch", std::to_string(e.epoch));
   if (f & kFaultName) add("fault", e.fault.empty() ? "-" : e.fault);
   if (f & kPeer) add("peer", e.peer.empty() ? "-" : e.peer);
+  if (f & kLeader) add("leader", e.leader.empty() ? "-" : e.leader);
   const auto pairs = [](const std::vector<std::pair<std::string, std::string>>& list) {
     return join(list, [](const std::pair<std::string, std::string>& pair) {
       return pair.first + ":" + pair.second;
@@ -300,6 +311,8 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
       ok = parse_pairs(value, e.backups), seen |= kBackups;
     } else if (name == "peer") {
       e.peer = std::string(value), seen |= kPeer;
+    } else if (name == "leader") {
+      e.leader = std::string(value), seen |= kLeader;
     } else {
       return fail("unknown field '" + std::string(name) + "'");
     }

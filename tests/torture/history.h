@@ -36,6 +36,14 @@
 // rank order), and the nemesis records node-to-node cuts (node_cut_on/off
 // node=A peer=B).
 //
+// Elections (--elections; issue 25). A campaigner's events carry key=<the
+// election's name> and, from the grant on, token=<its term>; the value its
+// campaign attached is "<client>.<op>" of its campaign_invoke, so an
+// observer's report names the campaign it saw win (leader=<that value>, or
+// leader=- with token=0 for no leader). A campaigner's leadership, as the
+// client sees it, runs from its elected event to its last lead event, cut at
+// its resign_invoke or deposed event.
+//
 // This header is the only thing the harness and the checker share. The
 // checker shares no code with the lease client or server.
 #pragma once
@@ -99,6 +107,19 @@ enum class EventKind : std::uint8_t {
   // Replication: every datagram between two nodes dropped, both directions.
   kNodeCutOn,   // node peer
   kNodeCutOff,  // node peer
+  // Elections: campaigners (client = the campaigner's index; op as above).
+  kCampaignInvoke,  // client op key ttl_ms wait_ms    (key = the election's name)
+  kElected,         // client op key token             (t = campaign() returned; token =
+                    //   the term, 0 when the lease was no longer valid to read it)
+  kCampaignFail,    // client op key error
+  kLead,            // client key token                (t taken before leading() said true)
+  kResignInvoke,    // client op key token             (leadership ends here)
+  kResignOk,        // client op key token
+  kResignFail,      // client op key token error
+  kDeposed,         // client key token error          (the on_lost callback ran; error as kLost)
+  // Observers (client = the observer's index).
+  kObserve,  // client key token leader            (LeaderObserver::next() reported a
+             //   change: the term and value of the leader, or token=0 leader=-)
 };
 
 // How an acquire holds its key(s).
@@ -149,6 +170,9 @@ struct Event {
   std::string peer;
   // kFault: the fault's name, words joined by '_' ("stalled_double_drain").
   std::string fault;
+  // kObserve: the value of the leader reported ("<client>.<op>" of its
+  // campaign), "-" for none.
+  std::string leader;
 
   [[nodiscard]] bool multi_key() const noexcept { return !keys.empty(); }
 };

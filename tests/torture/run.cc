@@ -268,7 +268,17 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
                                      "--permits",
                                      std::to_string(o.permits),
                                      "--permit-keys",
-                                     std::to_string(o.permit_keys)};
+                                     std::to_string(o.permit_keys),
+                                     "--elections",
+                                     std::to_string(o.elections),
+                                     "--campaigners",
+                                     std::to_string(o.campaigners),
+                                     "--observers",
+                                     std::to_string(o.observers),
+                                     "--workers",
+                                     std::to_string(o.workers),
+                                     "--election-base",
+                                     std::to_string(o.workers * o.clients_per_worker)};
     const std::vector<std::string> target = system->worker_arguments();
     argv.insert(argv.end(), target.begin(), target.end());
     if (!workers[static_cast<std::size_t>(w)].start(
@@ -454,7 +464,7 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   // rather than printing a clean report.
   if (!report.judged_something()) {
     std::fprintf(stderr, "shardlock-torture: %s, so the run checked nothing; see %s\n",
-                 report.grants() == 0 ? "no client was ever granted a lease"
+                 report.grants() == 0 ? "no client was ever granted a lease or elected"
                                       : "the history has no healed event (liveness was not judged)",
                  (scratch / "worker-*.err").c_str());
     cleanup.path.clear();  // keep the logs it points to

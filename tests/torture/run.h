@@ -58,6 +58,11 @@ struct TortureOptions {
   double multi_fraction = 0.1;   // multi-key all-or-nothing leases
   int permits = 2;               // P of every semaphore key
   int permit_keys = 2;           // semaphore keys
+  // The election workload (worker.h, "Elections"): names, and campaigners
+  // and observers per name, dealt round-robin over the workers.
+  int elections = 0;
+  int campaigners = 2;
+  int observers = 1;
   // Deliberately unsafe servers, to show the checker bites.
   bool unsafe_no_lock_delay = false;  // --lock-delay 0
   bool unsafe_no_data_dir = false;    // tokens restart from 1 after kill -9

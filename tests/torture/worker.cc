@@ -20,6 +20,7 @@
 #include "recorder.h"
 #include "resource.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/client/election.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "shardlock/workload/zipf.h"
 
@@ -54,6 +55,20 @@ std::string error_name(const std::error_code& ec) {
     if (c == ' ') c = '_';
   }
   return name.empty() ? "-" : name;
+}
+
+// The event of a loss the on_lost callback reports: kLost for a lease,
+// kDeposed for an election's. A refusal names the server's answer; the
+// client's own expiry passing with no confirmed renewal is "no_renewal"
+// (the kept property tells the two apart).
+Event loss_event(EventKind kind, std::int64_t client, const LeaseLost& lost) {
+  Event e;
+  e.kind = kind;
+  e.client = client;
+  e.key = lost.key;
+  e.token = lost.token;
+  e.error = lost.refused_by_server ? error_name(lost.reason) : "no_renewal";
+  return e;
 }
 
 // "a,b,c" -> {a, b, c}.
@@ -232,16 +247,7 @@ class ClientLoop {
     LeaseOptions watch;
     watch.watchdog = true;
     watch.on_lost = [&history = history_, client = client_](const LeaseLost& lost) {
-      Event e;
-      e.kind = EventKind::kLost;
-      e.client = client;
-      e.key = lost.key;
-      e.token = lost.token;
-      // A refusal names the server's answer; the client's own expiry
-      // passing with no confirmed renewal is "no_renewal" (the kept
-      // property tells the two apart).
-      e.error = lost.refused_by_server ? error_name(lost.reason) : "no_renewal";
-      history.record(e);
+      history.record(loss_event(EventKind::kLost, client, lost));
     };
     return watch;
   }
@@ -453,23 +459,173 @@ class ClientLoop {
   std::int64_t op_ = 0;
 };
 
+// One election campaigner (worker.h, "Elections").
+class Campaigner {
+ public:
+  Campaigner(const WorkerOptions& o, int client, std::string name, const Recorder& history,
+             LeaseClient& lease_client)
+      : o_(o),
+        client_(client),
+        name_(std::move(name)),
+        history_(history),
+        lease_client_(lease_client),
+        random_(o.seed * 1000003 + static_cast<std::uint64_t>(client)) {}
+
+  void run() {
+    while (monotonic_ns() < o_.end_ns) cycle();
+  }
+
+ private:
+  Event event(EventKind kind, std::int64_t op, std::uint64_t term) const {
+    Event e;
+    e.kind = kind;
+    e.client = client_;
+    e.op = op;
+    e.key = name_;
+    e.token = term;
+    return e;
+  }
+
+  void cycle() {
+    Event invoked = event(EventKind::kCampaignInvoke, ++op_, 0);
+    invoked.ttl_ms = o_.ttl_ms / 2 + static_cast<int>(random_.uniform(o_.ttl_ms / 2 + 1));
+    invoked.wait_ms = o_.max_wait_ms;
+    history_.record(invoked);
+    lease::Election election(lease_client_, name_,
+                             lease::ElectionOptions{std::chrono::milliseconds(invoked.ttl_ms)});
+    // Runs on the client's watchdog thread (the history outlives the client).
+    election.on_lost([&history = history_, client = client_](const LeaseLost& lost) {
+      history.record(loss_event(EventKind::kDeposed, client, lost));
+    });
+    const std::string value = std::to_string(client_) + "." + std::to_string(invoked.op);
+    if (const std::error_code ec =
+            election.campaign(value, std::chrono::milliseconds(invoked.wait_ms))) {
+      Event fail = event(EventKind::kCampaignFail, invoked.op, 0);
+      fail.error = error_name(ec);
+      history_.record(fail);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1 + random_.uniform(10)));
+      return;
+    }
+    // term() is 0 when the lease was no longer valid to read it: a win
+    // with no leadership (the checker orders no term 0).
+    const std::uint64_t term = election.term();
+    history_.record(event(EventKind::kElected, invoked.op, term));
+    hold(election, term, invoked.ttl_ms);
+    const Event resign = event(EventKind::kResignInvoke, ++op_, term);
+    history_.record(resign);
+    const std::error_code ec = election.resign();
+    Event done = event(ec ? EventKind::kResignFail : EventKind::kResignOk, resign.op, term);
+    if (ec) done.error = error_name(ec);
+    history_.record(done);
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(random_.uniform(static_cast<std::uint64_t>(invoked.ttl_ms / 4))));
+  }
+
+  // Leads for a while, recording each moment the client can prove it leads.
+  void hold(const lease::Election& election, std::uint64_t term, std::int64_t ttl_ms) {
+    const std::int64_t until =
+        monotonic_ns() + static_cast<std::int64_t>(1 + random_.uniform(static_cast<std::uint64_t>(
+                                                           std::max(o_.max_wait_ms * 3 / 4, 1)))) *
+                             1'000'000;
+    const std::uint64_t step_ms =
+        static_cast<std::uint64_t>(std::max<std::int64_t>(ttl_ms / 16, 1));
+    for (;;) {
+      // Stamped before the question: leadership valid when leading() says
+      // so was valid at this earlier instant too (nothing revives it).
+      Event lead = event(EventKind::kLead, -1, term);
+      lead.t_ns = monotonic_ns();
+      if (lead.t_ns >= until || !election.leading()) return;
+      history_.record(lead);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1 + random_.uniform(step_ms)));
+    }
+  }
+
+  const WorkerOptions& o_;
+  const int client_;
+  const std::string name_;
+  const Recorder& history_;
+  LeaseClient& lease_client_;
+  workload::SplitMix64 random_;
+  std::int64_t op_ = 0;
+};
+
+// Every change of leader of `name`, as a LeaderObserver reports it.
+void observe(const WorkerOptions& o, int client, const std::string& name, const Recorder& history,
+             LeaseClient& lease_client) {
+  lease::KeyWatchOptions options;
+  options.round = std::chrono::milliseconds(o.max_wait_ms);  // the server refuses longer waits
+  lease::LeaderObserver observer(lease_client, name, options);
+  for (std::int64_t now = monotonic_ns(); now < o.end_ns; now = monotonic_ns()) {
+    const std::optional<lease::LeaderChange> change = observer.next(
+        std::chrono::milliseconds(std::min<std::int64_t>((o.end_ns - now) / 1'000'000 + 1, 1000)));
+    if (!change) continue;
+    Event e;
+    e.kind = EventKind::kObserve;
+    e.client = client;
+    e.key = name;
+    e.token = change->leader ? change->leader->term : 0;
+    e.leader = change->leader ? change->leader->value : "-";
+    // A value that is no campaign's ("" or with blanks) must still be one
+    // word of the history line; the checker reports it.
+    if (e.leader.empty()) e.leader = "?";
+    for (char& c : e.leader) {
+      if (c <= ' ') c = '_';
+    }
+    history.record(e);
+  }
+}
+
+// What every client of the worker starts from: the server (or the
+// cluster's seeds) and the retransmission timing.
+LeaseClientOptions client_options(const WorkerOptions& o) {
+  LeaseClientOptions options;
+  options.nodes = split(o.server, ',');
+  options.discover_cluster = o.cluster;
+  options.request_timeout = std::chrono::milliseconds(o.request_timeout_ms);
+  options.initial_retransmit = std::chrono::milliseconds(o.initial_retransmit_ms);
+  options.max_retransmit = std::chrono::milliseconds(std::max(o.initial_retransmit_ms, 100));
+  return options;
+}
+
+// A client's history file, created; false (said on stderr) when it cannot be.
+bool open_history(const WorkerOptions& o, int client, Recorder& history) {
+  if (history.open(o.history_dir + "/client-" + std::to_string(client) + ".log")) return true;
+  std::fprintf(stderr, "worker: cannot create history: %s\n", std::strerror(errno));
+  return false;
+}
+
+// Election role `role` (worker.h): a campaigner or an observer of its name.
+int run_election_role(const WorkerOptions& o, int role) {
+  const int client = o.election_base + role;
+  Recorder history;
+  if (!open_history(o, client, history)) return 3;
+  LeaseClient lease_client(client_options(o));
+  if (const std::error_code ec = lease_client.start()) {
+    std::fprintf(stderr, "worker: %s\n", lease_client.error_detail().c_str());
+    return 3;
+  }
+  const int per_name = o.campaigners + o.observers;
+  const std::string name = "elect-" + std::to_string(role / per_name);
+  if (role % per_name < o.campaigners) {
+    Campaigner(o, client, name, history, lease_client).run();
+  } else {
+    observe(o, client, name, history, lease_client);
+  }
+  return 0;
+}
+
 // One lease client: its history file, resource connection and LeaseClient.
 int run_client(const WorkerOptions& o, int client) {
   Recorder history;
-  if (!history.open(o.history_dir + "/client-" + std::to_string(client) + ".log")) {
-    std::fprintf(stderr, "worker: cannot create history: %s\n", std::strerror(errno));
-    return 3;
-  }
+  if (!open_history(o, client, history)) return 3;
   ResourceConnection resource;
   if (!resource.connect(o.resource)) {
     std::fprintf(stderr, "worker: cannot reach the resource\n");
     return 3;
   }
-  LeaseClientOptions options;
-  options.nodes = split(o.server, ',');
+  LeaseClientOptions options = client_options(o);
   AnsweringNodes* nodes = nullptr;
   if (o.cluster) {
-    options.discover_cluster = true;
     auto names = std::make_shared<std::map<std::string, std::string>>();
     for (const std::string& entry : split(o.node_names, ',')) {
       const std::size_t eq = entry.find('=');
@@ -481,9 +637,6 @@ int run_client(const WorkerOptions& o, int client) {
       return wrapped;
     };
   }
-  options.request_timeout = std::chrono::milliseconds(o.request_timeout_ms);
-  options.initial_retransmit = std::chrono::milliseconds(o.initial_retransmit_ms);
-  options.max_retransmit = std::chrono::milliseconds(std::max(o.initial_retransmit_ms, 100));
   LeaseClient lease_client(options);
   if (const std::error_code ec = lease_client.start()) {
     std::fprintf(stderr, "worker: %s\n", lease_client.error_detail().c_str());
@@ -496,11 +649,22 @@ int run_client(const WorkerOptions& o, int client) {
 }  // namespace
 
 int run_worker(const WorkerOptions& o) {
-  std::vector<int> status(static_cast<std::size_t>(o.clients), 0);
+  // This worker's election roles: every workers-th, from its index on.
+  std::vector<int> roles;
+  for (int role = o.index; role < o.elections * (o.campaigners + o.observers);
+       role += std::max(o.workers, 1)) {
+    roles.push_back(role);
+  }
+  std::vector<int> status(static_cast<std::size_t>(o.clients) + roles.size(), 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < o.clients; ++t) {
     threads.emplace_back(
         [&, t] { status[static_cast<std::size_t>(t)] = run_client(o, o.index * o.clients + t); });
+  }
+  for (std::size_t n = 0; n < roles.size(); ++n) {
+    threads.emplace_back([&, n] {
+      status[static_cast<std::size_t>(o.clients) + n] = run_election_role(o, roles[n]);
+    });
   }
   for (std::thread& t : threads) t.join();
   for (const int s : status) {

@@ -29,6 +29,25 @@
 // (history.h) in the client's own file, with the client-side expiry it
 // relied on converted to CLOCK_MONOTONIC.
 //
+// Elections (`elections` > 0; issue 25): names elect-0, elect-1, ..., each
+// with `campaigners` campaigners and `observers` observers, every one on its
+// own thread with its own LeaseClient. Role r of them (campaigners of a
+// name first, then its observers, name after name) runs in worker
+// r % workers as client election_base + r, so the nemesis's pauses hit
+// leaders, waiting campaigners and observers alike.
+//
+//   campaigner  Election::campaign("<client>.<op>") with a TTL of half to
+//               all the max and a wait of max_wait_ms; once elected, holds
+//               for up to 3/4 of max_wait_ms (past the watchdog's renewals),
+//               asking leading() every TTL/16 or so and recording each yes
+//               as a lead event stamped before the question, so the history
+//               never claims more leadership than the client had; stops at
+//               the first no (a loss: on_lost records it as deposed), then
+//               resigns, and pauses up to TTL/4 before campaigning again.
+//               A campaign that ends without a win is recorded and retried.
+//   observer    LeaderObserver::next() in a loop; each change it reports is
+//               an observe event (the term and the value: which campaign).
+//
 // Cluster mode (`cluster`): `server` lists the nodes' proxies as seeds, the
 // clients discover the map and follow redirects (discover_cluster), and each
 // grant is recorded with the node that answered it: the transport notes
@@ -70,6 +89,12 @@ struct WorkerOptions {
   double multi_fraction = 0.1;
   int permits = 2;      // P of every semaphore key
   int permit_keys = 2;  // semaphore keys sem-0 .. sem-(permit_keys - 1)
+  // Elections (see above).
+  int elections = 0;      // names
+  int campaigners = 2;    // per name
+  int observers = 1;      // per name
+  int workers = 1;        // worker processes in the run (roles are dealt round-robin)
+  int election_base = 0;  // the first election role's client index
 };
 
 // Runs the workload; returns the process exit status (0, or 3 on a setup
