@@ -57,7 +57,8 @@ void report(benchmark::State& state, std::vector<double>& micros) {
   if (micros.empty()) return;
   std::sort(micros.begin(), micros.end());
   const auto at = [&](double q) {
-    return micros[std::min(micros.size() - 1, static_cast<std::size_t>(q * micros.size()))];
+    const auto rank = static_cast<std::size_t>(q * static_cast<double>(micros.size()));
+    return micros[std::min(micros.size() - 1, rank)];
   };
   state.counters["p50_us"] = at(0.50);
   state.counters["p99_us"] = at(0.99);
