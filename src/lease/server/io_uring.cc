@@ -381,13 +381,16 @@ void UringLoop::run(unsigned worker, DatagramSink& sink, const std::atomic<bool>
         const unsigned length = io_uring_recvmsg_payload_length(msg, cqe->res, &st.recv_template);
         sink.on_datagram(worker, {payload, length}, peer, out);
         received = true;
-        spin.on_activity(SpinWindow::Clock::now());
       }
       st.recycle(id);
       if (out.size() >= 32) st.queue_sends(out, sink);
     }
     io_uring_cq_advance(&st.ring, seen);
-    if (received) sink.on_batch_end(worker, out);
+    if (received) {
+      // Once per wake-up, not per datagram: the clock read showed in profiles.
+      spin.on_activity(SpinWindow::Clock::now());
+      sink.on_batch_end(worker, out);
+    }
     if (spinning && seen == 0) idle_while_polling();
     if (spin.tick_due(SpinWindow::Clock::now())) sink.on_tick(worker, out);
     st.queue_sends(out, sink);
