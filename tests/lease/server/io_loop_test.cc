@@ -354,6 +354,14 @@ TEST(SendPlan, KeepsOrderedDatagramsInOrderAndGroupsTheOthersIntoRuns) {
   ASSERT_EQ(kN, kMaxSegments);
   EXPECT_EQ(plan.plan(views, kN, true), 1u);
   EXPECT_EQ(plan.run(0).size(), kMaxSegments);
+
+  // Datagrams above kMaxSegmentSize go alone.
+  static const std::array<std::uint8_t, kMaxSegmentSize + 1> large{};
+  for (std::size_t i = 0; i < 4; ++i) views[i] = {&one, sizeof one, large, true};
+  EXPECT_EQ(plan.plan(views, 4, true), 4u);
+  views[3].bytes = std::span(large).first(kMaxSegmentSize);
+  views[2].bytes = std::span(large).first(kMaxSegmentSize);
+  EXPECT_EQ(plan.plan(views, 4, true), 3u);  // the two large alone, the two others together
 }
 
 // A segmented send reaches the receiver as the very datagrams it was made
