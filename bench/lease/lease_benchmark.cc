@@ -183,7 +183,8 @@ BENCHMARK(BM_DispatcherQuery)
     ->Args({16, 4});
 
 // The sketch alone: one record() of a Zipf(0.99) key over 100000 (most hit
-// a slot, the tail misses), per capacity.
+// a slot, the tail misses), per capacity; past its first kExactRequests it
+// samples, as a busy shard's does.
 void BM_HotKeysRecord(benchmark::State& state) {
   HotKeys sketch(static_cast<std::size_t>(state.range(0)), kMaxKeyLength, 10'000, 0);
   const std::vector<std::string> keys = make_keys(100'000);

@@ -20,7 +20,8 @@ namespace {
 
 class UdpTransport final : public DatagramTransport {
  public:
-  UdpTransport(int fd, bool sealed) noexcept : fd_(fd), sealed_(sealed) {}
+  UdpTransport(int fd, bool sealed) noexcept
+      : fd_(fd), sealed_(sealed), segment_(internal::segmentation_supported(fd)) {}
   ~UdpTransport() override { ::close(fd_); }
   UdpTransport(const UdpTransport&) = delete;
   UdpTransport& operator=(const UdpTransport&) = delete;
@@ -34,11 +35,16 @@ class UdpTransport final : public DatagramTransport {
 
   void send_many(std::span<const Outgoing> datagrams) override {
     // A datagram the kernel refused (buffer full) is a lost datagram: the
-    // retransmission timer covers it.
-    (void)internal::send_batched(fd_, datagrams.size(), [&](std::size_t i) {
-      const Outgoing& d = datagrams[i];
-      return internal::OutgoingView{&d.to->address, d.to->length, d.bytes};
-    });
+    // retransmission timer covers it. Requests are independent of each
+    // other, so they may leave in any order (grouped for segmentation).
+    (void)internal::send_batched(
+        fd_, datagrams.size(),
+        [&](std::size_t i) {
+          const Outgoing& d = datagrams[i];
+          return internal::OutgoingView{&d.to->address, d.to->length, d.bytes,
+                                        /*any_order=*/true};
+        },
+        segment_);
   }
 
   std::size_t receive(const std::function<void(std::span<const std::uint8_t>)>& deliver) override {
@@ -76,7 +82,8 @@ class UdpTransport final : public DatagramTransport {
   static constexpr std::size_t kBatch = 32;
   static constexpr int kRounds = 8;
   int fd_;
-  bool sealed_;  // the client seals its requests and expects sealed replies
+  bool sealed_;   // the client seals its requests and expects sealed replies
+  bool segment_;  // UDP_SEGMENT works (send_many() is the I/O thread's alone)
   std::atomic<std::uint64_t> auth_mismatches_{0};
   internal::ReceiveBatch<kBatch> batch_;
 };

@@ -230,6 +230,7 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
   if (options_.auth_key) written = seal_datagram(o.bytes, written, *options_.auth_key);
   o.peer = peer;
   o.length = static_cast<std::uint16_t>(written);
+  o.any_order = true;  // answers carry their request ids: a client matches them in any order
 #if defined(SHARDLOCK_FAULT_EARLY_GRANT)
   // UNSAFE, the torture harness's broken build (CMake option
   // SHARDLOCK_FAULT_EARLY_GRANT): grants are answered at once, before any

@@ -58,6 +58,10 @@ class SpinWindow {
 struct OutDatagram {
   Peer peer;
   std::uint16_t length = 0;
+  // It answers a client's request: it may leave before datagrams queued
+  // ahead of it (OutgoingView::any_order), so replies of one size to one
+  // client go out as one segmented send. Replication datagrams keep order.
+  bool any_order = false;
   std::array<std::uint8_t, kMaxDatagramSize> bytes;
 };
 

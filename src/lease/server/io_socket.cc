@@ -15,11 +15,14 @@ constexpr std::size_t kRecvBatch = 32;
 constexpr int kRecvRoundsPerTick = 16;
 
 // Sends and clears `out`; each datagram the kernel refuses is counted.
-void send_all(int fd, std::vector<OutDatagram>& out, DatagramSink& sink) {
-  const std::size_t lost = send_batched(fd, out.size(), [&](std::size_t i) {
-    const OutDatagram& d = out[i];
-    return OutgoingView{&d.peer.addr, d.peer.len, {d.bytes.data(), d.length}};
-  });
+void send_all(int fd, std::vector<OutDatagram>& out, DatagramSink& sink, bool& segment) {
+  const std::size_t lost = send_batched(
+      fd, out.size(),
+      [&](std::size_t i) {
+        const OutDatagram& d = out[i];
+        return OutgoingView{&d.peer.addr, d.peer.len, {d.bytes.data(), d.length}, d.any_order};
+      },
+      segment);
   for (std::size_t i = 0; i < lost; ++i) sink.on_send_drop();
   out.clear();
 }
@@ -32,6 +35,7 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
   auto batch = std::make_unique<ReceiveBatch<kRecvBatch>>();
   std::vector<OutDatagram> out;
   out.reserve(std::size_t{kRecvBatch} * 2);
+  bool segment = segmentation_supported(fd);
 
   // Relaxed: stop only asks the loop to finish; LeaseServer::stop() joins
   // the thread, which orders everything after it.
@@ -56,12 +60,12 @@ void run_socket_loop(int fd, unsigned worker, DatagramSink& sink, const std::ato
         sink.on_datagram(worker, batch->bytes(i), batch->peer(i), out);
       }
       if (n > 0) sink.on_batch_end(worker, out);
-      send_all(fd, out, sink);
+      send_all(fd, out, sink, segment);
       if (n < kRecvBatch) break;
     }
     if (spin.tick_due(SpinWindow::Clock::now())) {
       sink.on_tick(worker, out);
-      send_all(fd, out, sink);
+      send_all(fd, out, sink, segment);
     }
   }
 }

@@ -3,6 +3,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/udp.h>
 
 #include <cstring>
 
@@ -94,6 +95,23 @@ bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) noexcept
   const auto& x = reinterpret_cast<const sockaddr_in&>(a);
   const auto& y = reinterpret_cast<const sockaddr_in&>(b);
   return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+}
+
+bool segmentation_supported(int fd) noexcept {
+  int size = 0;
+  socklen_t length = sizeof size;
+  return ::getsockopt(fd, IPPROTO_UDP, UDP_SEGMENT, &size, &length) == 0;
+}
+
+void set_segment_size(msghdr& header, SegmentControl& control,
+                      std::uint16_t segment_size) noexcept {
+  header.msg_control = control.bytes.data();
+  header.msg_controllen = control.bytes.size();
+  cmsghdr* c = CMSG_FIRSTHDR(&header);
+  c->cmsg_level = IPPROTO_UDP;
+  c->cmsg_type = UDP_SEGMENT;
+  c->cmsg_len = CMSG_LEN(sizeof segment_size);
+  std::memcpy(CMSG_DATA(c), &segment_size, sizeof segment_size);
 }
 
 }  // namespace shardlock::lease::internal

@@ -2,12 +2,14 @@
 // it finds the heavy hitters of a skewed stream, and its counts keep the
 // algorithm's bounds (count - error <= true count <= count, the smallest
 // count at most N / capacity); halving on shared boundaries, and the window
-// that turns counts into rates.
+// that turns counts into rates. Past kExactRequests it samples: counts are
+// exact below it, and estimates within the documented error above it.
 #include "shardlock/lease/server/internal/hot_keys.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 #include <vector>
@@ -29,6 +31,19 @@ std::map<std::string, HotKeys::Entry> entries(HotKeys& sketch, std::int64_t now_
 
 void record(HotKeys& sketch, const std::string& key, std::int64_t now_ms, bool busy = false) {
   sketch.record(hash_key(key, kSeed), key, busy, now_ms);
+}
+
+// Records `requests` keys drawn Zipf(0.99) from 10000, as shardlock-bench
+// sends them; returns each key's true count.
+std::map<std::string, std::uint32_t> record_zipf(HotKeys& sketch, std::size_t requests) {
+  workload::ZipfGenerator zipf(10'000, 0.99, 42);
+  std::map<std::string, std::uint32_t> truth;
+  for (std::size_t i = 0; i < requests; ++i) {
+    const std::string key = "k" + std::to_string(zipf.next());
+    ++truth[key];
+    record(sketch, key, 0);
+  }
+  return truth;
 }
 
 TEST(HotKeys, CountsEachKeyExactlyWhileThereIsRoom) {
@@ -89,14 +104,9 @@ TEST(HotKeys, MemoryIsBoundedWhateverTheKeys) {
 TEST(HotKeys, FindsTheHeavyHittersOfASkewedStreamWithinTheBounds) {
   constexpr std::size_t kCapacity = 32;
   constexpr std::size_t kRequests = 200'000;
-  HotKeys sketch(kCapacity, 256, 0, 0);
-  workload::ZipfGenerator zipf(10'000, 0.99, 42);
-  std::map<std::string, std::uint32_t> truth;
-  for (std::size_t i = 0; i < kRequests; ++i) {
-    const std::string key = "k" + std::to_string(zipf.next());
-    ++truth[key];
-    record(sketch, key, 0);
-  }
+  // Every request recorded: the algorithm's bounds hold exactly.
+  HotKeys sketch(kCapacity, 256, 0, 0, HotKeys::kNeverSample);
+  const std::map<std::string, std::uint32_t> truth = record_zipf(sketch, kRequests);
   const auto e = entries(sketch, 0);
   ASSERT_EQ(e.size(), kCapacity);
   std::uint64_t sum = 0;
@@ -119,6 +129,71 @@ TEST(HotKeys, FindsTheHeavyHittersOfASkewedStreamWithinTheBounds) {
   std::sort(by_count.rbegin(), by_count.rend());
   for (const auto& [n, key] : by_count) {
     if (n <= kRequests / kCapacity) break;
+    EXPECT_TRUE(e.contains(key)) << key << " with " << n;
+  }
+  std::vector<std::pair<std::uint32_t, std::string>> reported;
+  for (const auto& [key, entry] : e) reported.emplace_back(entry.requests, key);
+  std::sort(reported.rbegin(), reported.rend());
+  for (std::size_t i = 0; i < 3; ++i) EXPECT_EQ(reported[i].second, by_count[i].second) << i;
+}
+
+// Every request counts until the counts sum to kExactRequests; from there
+// one in kSampleEvery counts kSampleEvery. Halving back below the threshold
+// makes it exact again.
+TEST(HotKeys, ExactUntilTheCountsReachTheThresholdThenSampled) {
+  HotKeys sketch(4, 256, /*half_life_ms=*/1000, 0);
+  for (std::uint64_t i = 0; i + 1 < HotKeys::kExactRequests; ++i) record(sketch, "a", 0, true);
+  EXPECT_FALSE(sketch.sampling());
+  EXPECT_EQ(entries(sketch, 0).at("a").requests, HotKeys::kExactRequests - 1);
+  EXPECT_EQ(entries(sketch, 0).at("a").busy, HotKeys::kExactRequests - 1);
+  record(sketch, "a", 0);
+  EXPECT_TRUE(sketch.sampling());
+  EXPECT_EQ(sketch.total(), HotKeys::kExactRequests);
+  constexpr int kMore = 160'000;
+  for (int i = 0; i < kMore; ++i) record(sketch, "a", 0);
+  const std::uint32_t count = entries(sketch, 0).at("a").requests;
+  EXPECT_EQ((count - HotKeys::kExactRequests) % HotKeys::kSampleEvery, 0u);
+  EXPECT_EQ(sketch.total(), count);
+  // 160000 more, estimated within 5 standard deviations (sqrt(15 x 160000)
+  // = 1549).
+  EXPECT_NEAR(static_cast<double>(count - HotKeys::kExactRequests), kMore, 5 * 1549.0);
+  // Halved to below the threshold (7 boundaries: 164096 >> 7 = 1282), every
+  // request counts again.
+  EXPECT_LT(entries(sketch, 7000).at("a").requests, HotKeys::kExactRequests);
+  EXPECT_FALSE(sketch.sampling());
+  const std::uint32_t before = entries(sketch, 7000).at("a").requests;
+  record(sketch, "a", 7000);
+  EXPECT_EQ(entries(sketch, 7000).at("a").requests, before + 1);
+}
+
+// The sampled sketch on the skewed stream above: each count brackets an
+// estimate of the true count within the documented error (5 standard
+// deviations of sqrt(15 n)), the counts sum to about N, the keys above
+// N / K are found, and the three busiest come first in their true order.
+TEST(HotKeys, SampledCountsEstimateTheTrueCountsWithinTheDocumentedError) {
+  constexpr std::size_t kCapacity = 32;
+  constexpr std::size_t kRequests = 200'000;
+  HotKeys sketch(kCapacity, 256, 0, 0);
+  const std::map<std::string, std::uint32_t> truth = record_zipf(sketch, kRequests);
+  ASSERT_TRUE(sketch.sampling());
+  const auto e = entries(sketch, 0);
+  ASSERT_EQ(e.size(), kCapacity);
+  const auto sigma = [](double n) { return std::sqrt((HotKeys::kSampleEvery - 1) * n); };
+  std::uint64_t sum = 0;
+  for (const auto& [key, entry] : e) {
+    SCOPED_TRACE(key);
+    const double real = truth.at(key);
+    EXPECT_LE(real, entry.requests + 5 * sigma(real));
+    EXPECT_GE(real, entry.requests - entry.error - 5 * sigma(real));
+    sum += entry.requests;
+  }
+  EXPECT_NEAR(static_cast<double>(sum), kRequests, 5 * sigma(kRequests));
+  std::vector<std::pair<std::uint32_t, std::string>> by_count;
+  for (const auto& [key, n] : truth) by_count.emplace_back(n, key);
+  std::sort(by_count.rbegin(), by_count.rend());
+  // Keys clearly above N / K (by the sampling's 5 deviations) hold a slot.
+  for (const auto& [n, key] : by_count) {
+    if (n <= kRequests / kCapacity + 5 * sigma(kRequests)) break;
     EXPECT_TRUE(e.contains(key)) << key << " with " << n;
   }
   std::vector<std::pair<std::uint32_t, std::string>> reported;

@@ -3,7 +3,9 @@
 // socket and hands every datagram to a recording sink, which echoes it. The
 // tests check datagrams reach the sink whole with the sender's address,
 // replies reach the sender, oversized datagrams are reported not delivered,
-// timers tick while idle, and stop() ends the loop.
+// timers tick while idle, and stop() ends the loop. Also the send path both
+// loops and the client share (wire/udp.h): how SendPlan orders and groups
+// datagrams, and that a segmented send arrives as the same datagrams.
 #include "server/io_loop.h"
 
 #include <arpa/inet.h>
@@ -14,6 +16,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -25,10 +28,12 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "poll_until.h"
+#include "wire/udp.h"
 
 namespace shardlock::lease::internal {
 namespace {
@@ -58,6 +63,7 @@ class RecordingSink final : public DatagramSink {
     const std::string answer = std::string(kReplyPrefix) + payload;
     reply.length = static_cast<std::uint16_t>(answer.size());
     std::memcpy(reply.bytes.data(), answer.data(), answer.size());
+    reply.any_order = true;  // as the dispatcher's answers: same-size ones go out segmented
     std::lock_guard lock(mutex_);
     received_.push_back({worker, std::move(payload), peer});
   }
@@ -296,6 +302,112 @@ TEST_P(IoLoopTest, TicksWhileIdleAndStopsWhenAsked) {
   EXPECT_EQ(sink_.received_count(), 0u);
   EXPECT_EQ(sink_.ticks(), ticks);
   EXPECT_TRUE(sink_.logged().empty());
+}
+
+// SendPlan: datagrams that must keep their order (the replication stream's)
+// do, whatever their sizes; the others are grouped by address and size,
+// largest first; and every run obeys the kernel's rule for segments (all of
+// the first's size but a shorter last one, one address, at most
+// kMaxSegments).
+TEST(SendPlan, KeepsOrderedDatagramsInOrderAndGroupsTheOthersIntoRuns) {
+  constexpr std::size_t kN = 64;
+  sockaddr_in one{};
+  one.sin_family = AF_INET;
+  one.sin_port = htons(1);
+  sockaddr_in two = one;
+  two.sin_port = htons(2);
+  static const std::array<std::uint8_t, 100> bytes{};
+  std::array<OutgoingView, kN> views;
+  // (address, size, any_order), in queue order.
+  const std::vector<std::tuple<const sockaddr_in*, std::size_t, bool>> queued = {
+      {&one, 30, false}, {&one, 50, true}, {&two, 40, true}, {&one, 10, false},
+      {&one, 50, true},  {&one, 20, true}, {&two, 40, true}, {&one, 30, false},
+      {&one, 50, true},  {&two, 35, true}, {&one, 20, true}};
+  for (std::size_t i = 0; i < queued.size(); ++i) {
+    const auto [to, size, any_order] = queued[i];
+    views[i] = {to, sizeof *to, std::span(bytes).first(size), any_order};
+  }
+  SendPlan<kN> plan;
+  const std::size_t runs = plan.plan(views, queued.size(), /*segment=*/true);
+  std::vector<std::size_t> order;
+  for (std::size_t p = 0; p < queued.size(); ++p) order.push_back(plan.order(p));
+  // The ordered three first, as queued; then to `one` by size (50, 50, 50,
+  // 20, 20), then to `two` (40, 40, 35); equal ones as queued.
+  EXPECT_EQ(order, (std::vector<std::size_t>{0, 3, 7, 1, 4, 8, 5, 10, 2, 6, 9}));
+  std::vector<std::pair<std::size_t, std::size_t>> cuts;
+  for (std::size_t r = 0; r < runs; ++r) cuts.emplace_back(plan.run(r).begin, plan.run(r).end);
+  // Ordered 30 + 10 (a shorter last one ends a run), 30 alone (the next is
+  // larger), then 50 50 50 + 20, 20 alone (the next goes elsewhere), and
+  // 40 40 + 35.
+  EXPECT_EQ(cuts, (std::vector<std::pair<std::size_t, std::size_t>>{
+                      {0, 2}, {2, 3}, {3, 7}, {7, 8}, {8, 11}}));
+
+  // Without segmentation: one run per datagram, in queue order.
+  EXPECT_EQ(plan.plan(views, queued.size(), /*segment=*/false), queued.size());
+  for (std::size_t p = 0; p < queued.size(); ++p) {
+    EXPECT_EQ(plan.order(p), p);
+    EXPECT_EQ(plan.run(p).size(), 1u);
+  }
+
+  // A run stops at kMaxSegments datagrams.
+  for (std::size_t i = 0; i < kN; ++i) views[i] = {&one, sizeof one, bytes, true};
+  ASSERT_EQ(kN, kMaxSegments);
+  EXPECT_EQ(plan.plan(views, kN, true), 1u);
+  EXPECT_EQ(plan.run(0).size(), kMaxSegments);
+
+  // Datagrams above kMaxSegmentSize go alone.
+  static const std::array<std::uint8_t, kMaxSegmentSize + 1> large{};
+  for (std::size_t i = 0; i < 4; ++i) views[i] = {&one, sizeof one, large, true};
+  EXPECT_EQ(plan.plan(views, 4, true), 4u);
+  views[3].bytes = std::span(large).first(kMaxSegmentSize);
+  views[2].bytes = std::span(large).first(kMaxSegmentSize);
+  EXPECT_EQ(plan.plan(views, 4, true), 3u);  // the two large alone, the two others together
+}
+
+// A segmented send reaches the receiver as the very datagrams it was made
+// of, each whole, in order; and a send_batched() that mixes sizes and
+// addresses delivers every datagram once.
+TEST(SendBatched, SegmentedRunsArriveAsTheSameDatagrams) {
+  LoopbackSocket sender;
+  LoopbackSocket a;
+  LoopbackSocket b;
+  bool segment = segmentation_supported(sender.fd);
+  if (!segment) GTEST_SKIP() << "the kernel has no UDP_SEGMENT";
+  struct Datagram {
+    const LoopbackSocket* to;
+    std::string bytes;
+  };
+  std::vector<Datagram> datagrams;
+  for (int i = 0; i < 100; ++i) {
+    // Four sizes (10, 11, 12 and 13 bytes) to two receivers.
+    datagrams.push_back(
+        {i % 3 == 0 ? &b : &a, "d" + std::string(i % 4, '+') + "-" + std::to_string(1000000 + i)});
+  }
+  const std::size_t lost = send_batched(
+      sender.fd, datagrams.size(),
+      [&](std::size_t i) {
+        const Datagram& d = datagrams[i];
+        return OutgoingView{&d.to->address,
+                            sizeof d.to->address,
+                            {reinterpret_cast<const std::uint8_t*>(d.bytes.data()), d.bytes.size()},
+                            /*any_order=*/true};
+      },
+      segment);
+  EXPECT_EQ(lost, 0u);
+  EXPECT_TRUE(segment) << "a segmented send failed on loopback";
+  for (const LoopbackSocket* receiver : {&a, &b}) {
+    std::vector<std::string> got;
+    while (std::optional<std::string> d = receiver->receive(std::chrono::milliseconds(200))) {
+      got.push_back(std::move(*d));
+    }
+    std::vector<std::string> expected;
+    for (const Datagram& d : datagrams) {
+      if (d.to == receiver) expected.push_back(d.bytes);
+    }
+    std::sort(got.begin(), got.end());
+    std::sort(expected.begin(), expected.end());
+    EXPECT_EQ(got, expected);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Loops, IoLoopTest, ::testing::Values(Loop::kSocket, Loop::kUring),
