@@ -1263,14 +1263,11 @@ void Shard::wake_watchers(std::int64_t now_ms, std::vector<DeferredReply>& defer
       answer_watch(watch, false, now_ms, deferred);
     }
   }
-  std::vector<WatchList*> lists;
-  lists.swap(touched_);
-  for (WatchList* list : lists) {
+  for (WatchList* list : touched_) {
     list->touched = false;
     if (list->watches.empty()) watches_.erase(watches_.find(*list->key));
   }
-  lists.clear();
-  touched_.swap(lists);  // keeps the capacity touch() relies on
+  touched_.clear();  // keeps the capacity touch() relies on
 }
 
 void Shard::answer_watch(Watch& w, bool redirect, std::int64_t now_ms,
