@@ -64,6 +64,49 @@ void report(benchmark::State& state, std::vector<double>& micros) {
   state.counters["p99_us"] = at(0.99);
 }
 
+// What the observing thread (a watch or a poller) reports: the newest token
+// it saw held, and when it first saw the key free after freed_at was reset.
+struct Sightings {
+  std::atomic<std::int64_t> freed_at{0};
+  std::atomic<std::uint64_t> seen_token{0};
+  void held(std::uint64_t token) { seen_token.store(token, std::memory_order_release); }
+  void free() {
+    if (freed_at.load(std::memory_order_relaxed) == 0) {
+      freed_at.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+    }
+  }
+};
+
+// The timed loop both benchmarks share: take `key`, wait until the observer
+// has seen the grant, wait `settle(round)`, then time RELEASE -> the
+// observer seeing the key free.
+template <class Settle>
+void time_releases(benchmark::State& state, Loopback& net, std::string_view key, Sightings& seen,
+                   const Settle& settle) {
+  std::vector<double> micros;
+  std::int64_t round = 0;
+  for (auto _ : state) {
+    auto lease = net.holder->try_acquire(key, 30s);
+    if (!lease) {
+      state.SkipWithError("acquire failed");
+      break;
+    }
+    while (seen.seen_token.load(std::memory_order_acquire) != lease.lease.token()) {
+      std::this_thread::yield();
+    }
+    std::this_thread::sleep_for(settle(++round));
+    seen.freed_at.store(0, std::memory_order_relaxed);
+    const auto start = Clock::now();
+    (void)lease.lease.release();
+    std::int64_t stamp = 0;
+    while ((stamp = seen.freed_at.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
+    const auto elapsed = Clock::duration(stamp) - start.time_since_epoch();
+    state.SetIterationTime(std::chrono::duration<double>(elapsed).count());
+    micros.push_back(std::chrono::duration<double, std::micro>(elapsed).count());
+  }
+  report(state, micros);
+}
+
 // The watcher follows the key with a KeyWatch on its own thread and stamps
 // each time it sees the key free; the timed part is release -> that stamp.
 void BM_WakeUpAfterRelease_Watch(benchmark::State& state) {
@@ -72,8 +115,7 @@ void BM_WakeUpAfterRelease_Watch(benchmark::State& state) {
     state.SkipWithError("no loopback server");
     return;
   }
-  std::atomic<std::int64_t> freed_at{0};
-  std::atomic<std::uint64_t> seen_token{0};
+  Sightings seen;
   KeyWatch watch(*net.watcher, "bench/watched");
   std::thread follower([&] {
     for (;;) {
@@ -81,36 +123,17 @@ void BM_WakeUpAfterRelease_Watch(benchmark::State& state) {
       if (!event) return;  // cancelled
       if (event->error) continue;
       if (event->held()) {
-        seen_token.store(event->version.token, std::memory_order_release);
+        seen.held(event->version.token);
       } else {
-        freed_at.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+        seen.free();
       }
     }
   });
-  std::vector<double> micros;
-  for (auto _ : state) {
-    auto lease = net.holder->try_acquire("bench/watched", 30s);
-    if (!lease) {
-      state.SkipWithError("acquire failed");
-      break;
-    }
-    // The watcher has seen the grant and re-armed from its version.
-    while (seen_token.load(std::memory_order_acquire) != lease.lease.token()) {
-      std::this_thread::yield();
-    }
-    std::this_thread::sleep_for(2ms);  // its WATCH parked at the server
-    freed_at.store(0, std::memory_order_relaxed);
-    const auto start = Clock::now();
-    (void)lease.lease.release();
-    std::int64_t stamp = 0;
-    while ((stamp = freed_at.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
-    const auto elapsed = Clock::duration(stamp) - start.time_since_epoch();
-    state.SetIterationTime(std::chrono::duration<double>(elapsed).count());
-    micros.push_back(std::chrono::duration<double, std::micro>(elapsed).count());
-  }
+  // The watcher has seen the grant and re-armed from its version: 2 ms for
+  // its WATCH to park at the server.
+  time_releases(state, net, "bench/watched", seen, [](std::int64_t) { return 2ms; });
   watch.cancel();
   follower.join();
-  report(state, micros);
 }
 BENCHMARK(BM_WakeUpAfterRelease_Watch)
     ->UseManualTime()
@@ -127,48 +150,26 @@ void BM_WakeUpAfterRelease_QueryPolling(benchmark::State& state) {
   }
   const std::chrono::milliseconds interval(state.range(0));
   std::atomic<bool> stop{false};
-  std::atomic<std::int64_t> freed_at{0};
-  std::atomic<std::uint64_t> seen_token{0};
+  Sightings seen;
   std::thread poller([&] {
     while (!stop.load(std::memory_order_relaxed)) {
       const auto r = net.watcher->query("bench/polled");
       if (!r.error) {
         if (r.held) {
-          seen_token.store(r.token, std::memory_order_release);
-        } else if (freed_at.load(std::memory_order_relaxed) == 0) {
-          freed_at.store(Clock::now().time_since_epoch().count(), std::memory_order_release);
+          seen.held(r.token);
+        } else {
+          seen.free();
         }
       }
       std::this_thread::sleep_for(interval);
     }
   });
-  std::vector<double> micros;
-  std::int64_t round = 0;
-  for (auto _ : state) {
-    auto lease = net.holder->try_acquire("bench/polled", 30s);
-    if (!lease) {
-      state.SkipWithError("acquire failed");
-      break;
-    }
-    while (seen_token.load(std::memory_order_acquire) != lease.lease.token()) {
-      std::this_thread::yield();
-    }
-    // A phase spread over the poller's period, as a real release has.
-    ++round;
-    std::this_thread::sleep_for(
-        std::chrono::microseconds(round * 7919 % (interval.count() * 1000)));
-    freed_at.store(0, std::memory_order_relaxed);
-    const auto start = Clock::now();
-    (void)lease.lease.release();
-    std::int64_t stamp = 0;
-    while ((stamp = freed_at.load(std::memory_order_acquire)) == 0) std::this_thread::yield();
-    const auto elapsed = Clock::duration(stamp) - start.time_since_epoch();
-    state.SetIterationTime(std::chrono::duration<double>(elapsed).count());
-    micros.push_back(std::chrono::duration<double, std::micro>(elapsed).count());
-  }
+  // A phase spread over the poller's period, as a real release has.
+  time_releases(state, net, "bench/polled", seen, [&](std::int64_t round) {
+    return std::chrono::microseconds(round * 7919 % (interval.count() * 1000));
+  });
   stop = true;
   poller.join();
-  report(state, micros);
 }
 BENCHMARK(BM_WakeUpAfterRelease_QueryPolling)
     ->Arg(10)
