@@ -56,7 +56,8 @@ std::size_t Shard::SeededHash::operator()(const ClientId& id) const noexcept {
   return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
 }
 
-void Shard::use(const ClientId& client, long leases, long waiters, long watches) {
+void Shard::use(const ClientId& owner, long leases, long waiters, long watches) {
+  const ClientId client = owner_client(owner);
   auto it = usage_.find(client);
   if (it == usage_.end()) {
     if (leases <= 0 && waiters <= 0 && watches <= 0) return;
@@ -69,15 +70,15 @@ void Shard::use(const ClientId& client, long leases, long waiters, long watches)
   if (u.leases == 0 && u.waiters == 0 && u.watches == 0) usage_.erase(it);
 }
 
-bool Shard::may_hold(const ClientId& client) const {
-  const auto it = usage_.find(client);
+bool Shard::may_hold(const ClientId& owner) const {
+  const auto it = usage_.find(owner_client(owner));
   return it == usage_.end() || it->second.leases < limits_.max_leases_per_client;
 }
 
-bool Shard::may_queue(const ClientId& client, const KeyState& state) const {
+bool Shard::may_queue(const ClientId& owner, const KeyState& state) const {
   if (waiter_index_.size() >= limits_.max_waiters) return false;
   if (state.waiters.size() >= limits_.max_waiters_per_key) return false;
-  const auto it = usage_.find(client);
+  const auto it = usage_.find(owner_client(owner));
   return it == usage_.end() || it->second.waiters < limits_.max_waiters_per_client;
 }
 
@@ -735,19 +736,11 @@ void Shard::acquire(const ClientId& client, const Peer& peer, const Message& req
       count(StatCounter::kStaleRequests);
       return;
     }
-    if (mode == LeaseMode::kExclusive && h.mode == LeaseMode::kExclusive) {
-      // The exclusive holder acquiring again: a new grant with a new token,
-      // so the older grant's RELEASE (from a dropped or lost Lease) can never
-      // free this one; the old token's RENEW/RELEASE now get EXPIRED.
-      // Waiters keep their place.
-      const std::uint64_t token = next_token(reply);
-      if (token == 0) return;
-      // The backups know holders by owner and token: the old token's holder
-      // ends here, or a takeover would inherit both and refuse the new one.
-      journal(replication::EntryKind::kRelease, h, 0);
-      grant(h, request, mode, token, std::move(value), fingerprint, now_ms, reply);
-      return;
-    }
+    // A new request of an owner that holds the key: a contender like any
+    // other ("One owner, one grant", docs/lease-server.md). Re-granting it
+    // would leave the earlier handle believing it holds a lease that is
+    // gone; below, an exclusive holder's request is BUSY or waits in FIFO
+    // order, and a shared or permit holder's may take one more hold.
   }
   if (state.waiters.empty() && fits(state, mode)) {
     // Another shared holder, or another permit.
@@ -1200,7 +1193,7 @@ bool Shard::watch(const ClientId& client, const Peer& peer, const Message& reque
     refuse(reply);
     return true;
   }
-  if (const auto it = usage_.find(client);
+  if (const auto it = usage_.find(owner_client(client));
       it != usage_.end() && it->second.watches >= limits_.max_watches_per_client) {
     refuse(reply);
     return true;

@@ -134,11 +134,14 @@ TEST_F(ShardTest, GrantBusyReleaseGrant) {
   EXPECT_EQ(counter(StatCounter::kBusy), 1u);
 }
 
-// Issue 11, hole 2: a holder that acquires again gets a new token, so the
-// RELEASE of its older Lease (dropped, or declared lost) cannot free the new
-// grant. The granting ACQUIRE itself, past its dedup entry, still gets the
-// same grant; an older request of the holder gets BUSY.
-TEST_F(ShardTest, ReacquireByHolderIsANewGrantWithANewToken) {
+// One owner, one grant (issue 33): an owner's new ACQUIRE of a key it holds
+// exclusively is a contender like any other. It is never re-granted, which
+// would leave the first handle believing it holds a lease that is gone:
+// with no wait it is BUSY, with a wait it queues in FIFO order and is
+// granted at the first grant's release. The granting ACQUIRE itself, past
+// its dedup entry, still gets the same grant; an older request of the holder
+// gets BUSY.
+TEST_F(ShardTest, ReacquireByTheHolderIsAContenderNotANewGrant) {
   make_shard(ShardLimits{.dedup_capacity = 0});  // every retransmission is past the cache
   const auto t = acquire(kAlice, 1000, 0, 500).reply.token;
   now_ += 400;
@@ -148,19 +151,48 @@ TEST_F(ShardTest, ReacquireByHolderIsANewGrantWithANewToken) {
   EXPECT_EQ(retransmitted.reply.ttl_ms, 600u);
 
   auto again = acquire(kAlice, 1000, 0, 501);
-  ASSERT_EQ(again.reply.type, MessageType::kGranted);
-  EXPECT_GT(again.reply.token, t);
-  EXPECT_EQ(again.reply.ttl_ms, 1000u);
+  ASSERT_EQ(again.reply.type, MessageType::kBusy) << "no second grant to the same owner";
+  EXPECT_EQ(again.reply.ttl_ms, 600u);
+  EXPECT_EQ(query().reply.token, t);
+  EXPECT_EQ(renew(kAlice, t, 1000, 502).reply.type, MessageType::kRenewed)
+      << "the first grant stands";
 
-  EXPECT_EQ(release(kAlice, t, 502).reply.type, MessageType::kExpired) << "the old grant is gone";
-  auto q = query();
-  EXPECT_TRUE(q.reply.held);
-  EXPECT_EQ(q.reply.token, again.reply.token);
+  // With a wait: queued behind Bob, who asked first, in FIFO order.
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 503).answered);
+  ASSERT_FALSE(acquire(kAlice, 1000, 5000, 504).answered);
+  EXPECT_EQ(query().reply.waiters, 2u);
+  ASSERT_EQ(release(kAlice, t, 505).reply.type, MessageType::kReleased);
+  auto handed = take_deferred();
+  ASSERT_EQ(handed.size(), 1u);
+  EXPECT_EQ(handed[0].client, kBob);
+  ASSERT_EQ(handed[0].type, MessageType::kGranted);
+  const auto bob = handed[0].token;
+  ASSERT_EQ(release(kBob, bob, 506).reply.type, MessageType::kReleased);
+  handed = take_deferred();
+  ASSERT_EQ(handed.size(), 1u);
+  EXPECT_EQ(handed[0].client, kAlice);
+  ASSERT_EQ(handed[0].type, MessageType::kGranted);
+  EXPECT_GT(handed[0].token, bob);
 
   auto stale = acquire(kAlice, 1000, 0, 499);
   EXPECT_EQ(stale.reply.type, MessageType::kBusy);
-  EXPECT_EQ(query().reply.token, again.reply.token);
-  EXPECT_EQ(counter(StatCounter::kStaleRequests), 1u);
+  EXPECT_EQ(query().reply.token, handed[0].token);
+  EXPECT_GE(counter(StatCounter::kStaleRequests), 1u);
+}
+
+// A shared holder's second shared ACQUIRE is one more hold with its own
+// token: both stand, so neither handle is left believing in a grant that
+// is gone.
+TEST_F(ShardTest, ASharedHolderAcquiringAgainTakesASecondHold) {
+  const auto first = acquire_shared(kAlice, 1000, 0, 600);
+  ASSERT_EQ(first.reply.type, MessageType::kGranted);
+  const auto second = acquire_shared(kAlice, 1000, 0, 601);
+  ASSERT_EQ(second.reply.type, MessageType::kGranted);
+  EXPECT_GT(second.reply.token, first.reply.token);
+  EXPECT_EQ(query().reply.holders, 2u);
+  EXPECT_EQ(renew(kAlice, first.reply.token, 1000, 602).reply.type, MessageType::kRenewed);
+  EXPECT_EQ(release(kAlice, second.reply.token, 603).reply.type, MessageType::kReleased);
+  EXPECT_EQ(query().reply.holders, 1u);
 }
 
 // Issue 11, hole 9: a holder's RENEW older than one already applied (a late
@@ -455,6 +487,10 @@ TEST_F(ShardTest, TokensStrictlyIncreaseUnderRandomTraffic) {
   }
   EXPECT_EQ(last, shard_->last_token());
   // Every lease and waiter eventually times out and leaves nothing behind.
+  // One jump fires every timer due by its end at once, so a waiter handed a
+  // key on the way is granted at the jump's end: a second jump ends it.
+  advance_to(now_ + 100'000);
+  drain();
   advance_to(now_ + 100'000);
   drain();
   EXPECT_EQ(shard_->held_keys(), 0u);
@@ -573,6 +609,27 @@ TEST_F(ShardTest, PerClientLeasesAndWaitersAreBounded) {
   take_deferred();
   EXPECT_EQ(shard_->tracked_clients(), 0u);
   EXPECT_EQ(shard_->queued_waiters(), 0u);
+}
+
+// The handles of one client are owners of their own (handle_owner() in
+// client/call.h: the client's upper 96 bits, a handle count below) but
+// count against one per-client quota: owner_client() groups them.
+TEST_F(ShardTest, PerClientBoundsCountEveryHandleOfTheClient) {
+  make_shard(ShardLimits{.max_leases_per_client = 2, .max_waiters_per_client = 1});
+  const auto handle = [](std::uint64_t n) { return ClientId{0xABCD'0000'0000 | n, 42}; };
+  const ClientId h1 = handle(1);
+  const ClientId h2 = handle(2);
+  const ClientId h3 = handle(3);
+  ASSERT_NE(h1, h2);
+  EXPECT_EQ(owner_client(h1), owner_client(h3));
+  ASSERT_EQ(acquire(h1, 1000, 0, 0, "a").reply.type, MessageType::kGranted);
+  ASSERT_EQ(acquire(h2, 1000, 0, 0, "b").reply.type, MessageType::kGranted);
+  EXPECT_EQ(acquire(h3, 1000, 0, 0, "c").reply.error, WireError::kLimitExceeded)
+      << "a third handle of the same client is over its quota";
+  ASSERT_FALSE(acquire(h3, 1000, 5000, 0, "a").answered);
+  EXPECT_EQ(acquire(h1, 1000, 5000, 0, "b").reply.error, WireError::kLimitExceeded)
+      << "one waiter per client";
+  EXPECT_EQ(shard_->tracked_clients(), 1u);
 }
 
 // The queued-retransmission lookup is an index, kept exact through every way
@@ -861,8 +918,9 @@ TEST_F(ShardTest, AnExclusiveTokenExceedsEveryEarlierGrantOnTheKey) {
   ASSERT_EQ(d.size(), 1u);
   EXPECT_GT(d[0].token, highest);
   highest = d[0].token;
-  // Exclusive re-acquire by the writer, then readers, then an exclusive
-  // grant on a free key after they expire: always above.
+  // The writer's release, a new exclusive grant, then readers, then an
+  // exclusive grant on a free key after they expire: always above.
+  ASSERT_EQ(release(kDave, d[0].token).reply.type, MessageType::kReleased);
   const auto again = acquire(kDave, 1000, 0, 42);
   ASSERT_EQ(again.reply.type, MessageType::kGranted);
   EXPECT_GT(again.reply.token, highest);
@@ -1022,9 +1080,10 @@ TEST_F(ShardTest, OneClientTakingTwoPermitsGetsTwoTokens) {
   EXPECT_EQ(acquire_permit(kBob, 2, 1000).reply.type, MessageType::kGranted);
 }
 
-// Two shared leases of one client are two grants too; an exclusive re-acquire
-// by the holder still replaces its grant (one holder, new token).
-TEST_F(ShardTest, SharedReacquireAddsAHolderExclusiveReacquireReplaces) {
+// Two shared leases of one owner are two grants too; an exclusive re-acquire
+// by the holder is a contender (issue 33): busy with no wait, queued behind
+// the waiters already there with one, and the first grant stands.
+TEST_F(ShardTest, SharedReacquireAddsAHolderExclusiveReacquireQueues) {
   const auto s1 = acquire_shared(kAlice, 1000, 0, 10).reply.token;
   const auto s2 = acquire_shared(kAlice, 1000, 0, 11);
   ASSERT_EQ(s2.reply.type, MessageType::kGranted);
@@ -1033,19 +1092,21 @@ TEST_F(ShardTest, SharedReacquireAddsAHolderExclusiveReacquireReplaces) {
 
   const auto e1 = acquire(kBob, 1000, 0, 20, "e").reply.token;
   ASSERT_FALSE(acquire(kCarol, 1000, 5000, 30, "e").answered);
-  const auto e2 = acquire(kBob, 1000, 0, 21, "e");
-  ASSERT_EQ(e2.reply.type, MessageType::kGranted);
-  EXPECT_GT(e2.reply.token, e1);
+  EXPECT_EQ(acquire(kBob, 1000, 0, 21, "e").reply.type, MessageType::kBusy);
+  ASSERT_FALSE(acquire(kBob, 1000, 5000, 22, "e").answered) << "queued behind Carol";
   auto q = query("e");
   EXPECT_EQ(q.reply.holders, 1u);
-  EXPECT_EQ(q.reply.waiters, 1u);
-  EXPECT_EQ(q.reply.token, e2.reply.token);
-  EXPECT_EQ(release(kBob, e1, 22, "e").reply.type, MessageType::kExpired);
-  EXPECT_TRUE(take_deferred().empty());
-  ASSERT_EQ(release(kBob, e2.reply.token, 23, "e").reply.type, MessageType::kReleased);
-  const auto d = take_deferred();
+  EXPECT_EQ(q.reply.waiters, 2u);
+  EXPECT_EQ(q.reply.token, e1);
+  ASSERT_EQ(release(kBob, e1, 23, "e").reply.type, MessageType::kReleased);
+  auto d = take_deferred();
   ASSERT_EQ(d.size(), 1u);
   EXPECT_EQ(d[0].client, kCarol);
+  ASSERT_EQ(release(kCarol, d[0].token, 31, "e").reply.type, MessageType::kReleased);
+  d = take_deferred();
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].client, kBob);
+  EXPECT_EQ(d[0].request_id, 22u);
 }
 
 // A client may hold a lease on a key and also wait on it (a second permit, a

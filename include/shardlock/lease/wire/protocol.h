@@ -726,12 +726,21 @@ struct ReplyBodyBound {
   return bound;
 }
 
-// 128-bit client identity. Random per client instance (never a thread id).
+// 128-bit owner identity. A client picks a random one for itself and gives
+// each lease handle its own owner, which shares the client's upper 96 bits
+// (handle_owner() in client/call.h; the Python client does the same).
 struct ClientId {
   std::uint64_t lo = 0;
   std::uint64_t hi = 0;
   friend constexpr bool operator==(const ClientId&, const ClientId&) = default;
 };
+
+// The client an owner belongs to: its upper 96 bits. The server counts its
+// per-client bounds over it, so the handles of one client share one quota.
+// Two unrelated random ids share it with probability 2^-96.
+[[nodiscard]] constexpr ClientId owner_client(ClientId owner) noexcept {
+  return ClientId{.lo = owner.lo & ~std::uint64_t{0xFFFF'FFFF}, .hi = owner.hi};
+}
 
 // One request or reply. Only the fields of its type are meaningful (see the
 // body table above); the others keep their defaults and are not encoded.

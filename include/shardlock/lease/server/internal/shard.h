@@ -582,13 +582,15 @@ class Shard {
   // retransmission gets it), and the failure is counted.
   void defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
              std::vector<DeferredReply>& deferred) noexcept;
-  // Usage of `client`, adjusted by `leases`, `waiters` and `watches`; an
+  // Usage of `owner`'s client (owner_client(): a client's lease handles
+  // share its quota), adjusted by `leases`, `waiters` and `watches`; an
   // entry is dropped at zero. Growing may throw std::bad_alloc (before any
   // change).
-  void use(const ClientId& client, long leases, long waiters, long watches = 0);
-  // Whether `client` may hold one more lease / queue one more ACQUIRE.
-  [[nodiscard]] bool may_hold(const ClientId& client) const;
-  [[nodiscard]] bool may_queue(const ClientId& client, const KeyState& state) const;
+  void use(const ClientId& owner, long leases, long waiters, long watches = 0);
+  // Whether `owner`'s client may hold one more lease / queue one more
+  // ACQUIRE.
+  [[nodiscard]] bool may_hold(const ClientId& owner) const;
+  [[nodiscard]] bool may_queue(const ClientId& owner, const KeyState& state) const;
   // A request refused by a limit.
   void refuse(Message& reply) noexcept;
 
@@ -660,6 +662,7 @@ class Shard {
   // Every queued waiter by (client id, request id), so a retransmitted
   // ACQUIRE still queued is found in O(1), however long the queue.
   std::unordered_map<WaiterId, Waiter*, SeededHash> waiter_index_;
+  // Per client (owner_client() of the owners), for the per-client bounds.
   std::unordered_map<ClientId, Usage, SeededHash> usage_;
   // Parked WATCHes by key, by (client id, request id) for retransmissions,
   // and the lists whose key changed since wake_watchers() last ran (its
