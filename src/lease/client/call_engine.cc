@@ -258,6 +258,7 @@ void CallEngine::complete_now(std::unique_ptr<Call> call, LeaseErrc error) {
   r.error = error;
   r.first_sent = Clock::now();
   r.request_id = call->request_id;
+  r.owner = call->owner;
   if (call->done) call->done(r);
 }
 
@@ -266,6 +267,7 @@ void CallEngine::fail(std::unique_ptr<Call> call, LeaseErrc error) {
   r.error = error;
   r.first_sent = call->first_sent;
   r.request_id = call->request_id;
+  r.owner = call->owner;
   r.transmissions = call->transmissions;
   r.node = call->to;
   if (call->done) call->done(r);
@@ -471,6 +473,7 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
       r.error = call.redirected ? LeaseErrc::kRedirected : LeaseErrc::kUnreachable;
       r.first_sent = call.first_sent;
       r.request_id = call.request_id;
+      r.owner = call.owner;
       r.transmissions = call.transmissions;
       r.node = call.to;
       ready.push_back({std::move(call.done), std::move(r)});
@@ -561,6 +564,7 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     }
     r.first_sent = call.first_sent;
     r.request_id = call.request_id;
+    r.owner = call.owner;
     r.transmissions = call.transmissions;
     r.node = call.to;
     r.epoch = m.epoch;

@@ -162,6 +162,14 @@ CallResult ClientCore::call_sync(std::unique_ptr<Call> call) {
   return std::move(waiter->result);
 }
 
+ClientId ClientCore::next_owner() noexcept {
+  const auto own = static_cast<std::uint32_t>(setup.id.lo);
+  for (;;) {
+    const std::uint32_t handle = handles.fetch_add(1, std::memory_order_relaxed) + 1;
+    if (handle != own) return handle_owner(setup.id, handle);
+  }
+}
+
 }  // namespace internal
 
 using internal::Call;
@@ -201,13 +209,15 @@ bool valid_timing(milliseconds ttl, milliseconds wait) noexcept {
 // negative wait, permits outside 1..kMaxPermits, an unknown mode).
 std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseMode mode,
                                   std::uint32_t permits, milliseconds ttl, milliseconds wait,
-                                  std::string_view value, std::unique_ptr<Call>& out) {
+                                  std::string_view value, const ClientId& owner,
+                                  std::unique_ptr<Call>& out) {
   if (check_key(key) || !valid_timing(ttl, wait)) return LeaseErrc::kBadArgument;
   if (mode != LeaseMode::kExclusive && mode != LeaseMode::kShared && mode != LeaseMode::kPermit)
     return LeaseErrc::kBadArgument;
   if (mode == LeaseMode::kPermit && (permits == 0 || permits > kMaxPermits))
     return LeaseErrc::kBadArgument;
   out = core.engine.make_call(acquire_type(mode), key);
+  out->owner = owner;
   out->ttl_ms = internal::clamp_ms(ttl);
   out->wait_ms = internal::clamp_ms(wait);
   out->permits = mode == LeaseMode::kPermit ? permits : 0;
@@ -223,7 +233,7 @@ std::error_code make_acquire_call(ClientCore& core, std::string_view key, LeaseM
 // one node, since one server can only grant its own keys all-or-nothing.
 std::error_code make_acquire_many_call(ClientCore& core, std::span<const std::string_view> keys,
                                        LeaseMode mode, milliseconds ttl, milliseconds wait,
-                                       std::unique_ptr<Call>& out) {
+                                       const ClientId& owner, std::unique_ptr<Call>& out) {
   if (keys.empty() || keys.size() > kMaxKeysPerRequest || !valid_timing(ttl, wait) ||
       (mode != LeaseMode::kExclusive && mode != LeaseMode::kShared)) {
     return LeaseErrc::kBadArgument;
@@ -236,6 +246,7 @@ std::error_code make_acquire_many_call(ClientCore& core, std::span<const std::st
     }
   }
   auto call = core.engine.make_call(MessageType::kAcquireMany, {});
+  call->owner = owner;
   if (!core.engine.route_keys(keys, *call)) return LeaseErrc::kCrossNode;
   call->mode = mode;
   call->ttl_ms = internal::clamp_ms(ttl);
@@ -302,7 +313,7 @@ std::vector<std::shared_ptr<LeaseState>> admit_grant(const std::shared_ptr<Clien
   states.reserve(keys.size());
   const auto add = [&](std::size_t i, LeaseOptions options) {
     states.push_back(std::make_shared<LeaseState>(std::string(keys[i]), tokens[i], kind,
-                                                  core->setup.id, std::move(options), core->margin,
+                                                  grant.owner, std::move(options), core->margin,
                                                   grant, ttl));
   };
   // Each lease renews and is lost on its own, with its own copy of the
@@ -406,9 +417,13 @@ AcquireResult LeaseClient::acquire_one(std::string_view key, LeaseMode mode, std
     result.error = LeaseErrc::kBadArgument;
     return result;
   }
+  // One owner for every round: each round is a new request of the same
+  // contender.
+  const ClientId owner = lease_options.owner.value_or(core_->next_owner());
   const CallResult r =
       acquire_in_rounds(*core_, wait, [&](milliseconds round, std::unique_ptr<Call>& call) {
-        return make_acquire_call(*core_, key, mode, permits, ttl, round, lease_options.value, call);
+        return make_acquire_call(*core_, key, mode, permits, ttl, round, lease_options.value, owner,
+                                 call);
       });
   result.error = r.error;
   result.holder_ttl_left_ms = r.reply == MessageType::kBusy ? r.ttl_ms : 0;
@@ -438,9 +453,10 @@ MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> k
     result.error = LeaseErrc::kBadArgument;
     return result;
   }
+  const ClientId owner = lease_options.owner.value_or(core_->next_owner());
   const CallResult r =
       acquire_in_rounds(*core_, wait, [&](milliseconds round, std::unique_ptr<Call>& call) {
-        return make_acquire_many_call(*core_, keys, mode, ttl, round, call);
+        return make_acquire_many_call(*core_, keys, mode, ttl, round, owner, call);
       });
   result.error = r.error;
   if (r.reply == MessageType::kBusyMany) {
@@ -675,12 +691,12 @@ void LeaseClient::acquire_async(std::string_view key, LeaseMode mode, std::uint3
                                 milliseconds ttl, milliseconds wait, Completion done,
                                 std::optional<ClientId> owner) {
   std::unique_ptr<Call> call;
-  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, {}, call)) {
+  if (std::error_code ec = make_acquire_call(*core_, key, mode, permits, ttl, wait, {},
+                                             owner.value_or(core_->next_owner()), call)) {
     done(failed(ec));
     return;
   }
   call->done = std::move(done);
-  if (owner) call->owner = *owner;
   core_->engine.submit(std::move(call));
 }
 
@@ -688,12 +704,12 @@ void LeaseClient::acquire_many_async(std::span<const std::string_view> keys, Lea
                                      milliseconds ttl, milliseconds wait, Completion done,
                                      std::optional<ClientId> owner) {
   std::unique_ptr<Call> call;
-  if (std::error_code ec = make_acquire_many_call(*core_, keys, mode, ttl, wait, call)) {
+  if (std::error_code ec = make_acquire_many_call(*core_, keys, mode, ttl, wait,
+                                                  owner.value_or(core_->next_owner()), call)) {
     done(failed(ec));
     return;
   }
   call->done = std::move(done);
-  if (owner) call->owner = *owner;
   core_->engine.submit(std::move(call));
 }
 

@@ -7,6 +7,7 @@
 // runs once, from ~LeaseClient, on neither of the client's threads.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <system_error>
@@ -29,12 +30,20 @@ struct ClientCore {
   // The sync wrapper: submits `call` and blocks the calling thread until it
   // completes. Not from the I/O thread.
   CallResult call_sync(std::unique_ptr<Call> call);
+  // A fresh owner for one lease handle (handle_owner() of the client id and
+  // the next handle count), never the client id itself. Any thread.
+  ClientId next_owner() noexcept;
 
   ClientSetup setup;
   std::string error_detail;
   DriftMargin margin;
   CallEngine engine{setup};
   Watchdog watchdog{engine};
+  // Handles made so far (next_owner()); relaxed: only its uniqueness
+  // matters, which the atomic increment gives on its own. 32 bits wrap
+  // after 2^32 acquires, harmlessly: a holder's second acquire is a
+  // contender like another's, and its token still tells its grants apart.
+  std::atomic<std::uint32_t> handles{0};
 };
 
 // Marks `state` released (returning whether it was still held or lost, so a

@@ -30,13 +30,11 @@ void send_release(ClientCore& core, LeaseState& state) noexcept {
     // the lease until then), and, when the map now gives the key to another
     // node, to that one too: it may have taken the lease over. The token is
     // this lease's alone, so neither can free another grant.
-    auto call = core.engine.make_call(MessageType::kRelease, state.key);
-    call->token = state.token;
+    auto call = make_lease_call(core.engine, MessageType::kRelease, state);
     call->done = [](const CallResult&) {};
     if (state.node != nullptr && call->to != state.node) {
-      auto pinned = core.engine.make_call(MessageType::kRelease, state.key);
+      auto pinned = make_lease_call(core.engine, MessageType::kRelease, state);
       pinned->to = state.node;
-      pinned->token = state.token;
       pinned->done = [](const CallResult&) {};
       core.engine.submit(std::move(pinned));
     }
@@ -50,6 +48,7 @@ void send_release(ClientCore& core, LeaseState& state) noexcept {
 
 using internal::close_lease;
 using internal::LeaseState;
+using internal::make_lease_call;
 using internal::make_renewal;
 using internal::send_release;
 using Clock = LeaseClock;
@@ -137,16 +136,14 @@ std::error_code Lease::release() {
   // granted if that differs (it may still hold it, handing the key off).
   // The owner first: after a failover the granting node is gone, and the
   // backup that took the lease over has it.
-  auto call = core_->engine.make_call(MessageType::kRelease, state_->key);
-  call->token = state_->token;
+  auto call = make_lease_call(core_->engine, MessageType::kRelease, *state_);
   const Endpoint* owner = call->to;
   const CallResult at_owner = core_->call_sync(std::move(call));
   if (!at_owner.error || state_->node == nullptr || owner == state_->node) {
     return at_owner.error;
   }
-  auto pinned = core_->engine.make_call(MessageType::kRelease, state_->key);
+  auto pinned = make_lease_call(core_->engine, MessageType::kRelease, *state_);
   pinned->to = state_->node;
-  pinned->token = state_->token;
   return core_->call_sync(std::move(pinned)).error;
 }
 

@@ -58,13 +58,20 @@ bool LeaseState::apply_renewal(const CallResult& r, std::uint64_t request_id,
   return false;
 }
 
+std::unique_ptr<Call> make_lease_call(const CallEngine& engine, MessageType type,
+                                      const LeaseState& state) {
+  auto call = engine.make_call(type, state.key);
+  call->token = state.token;
+  call->owner = state.owner;
+  return call;
+}
+
 std::unique_ptr<Call> make_renewal(CallEngine& engine, LeaseState& state, milliseconds ttl) {
   // Routed to the key's owner now, not pinned to the node that granted it:
   // in cluster mode a primary that left hands its leases to its backup
   // (docs/cluster.md, "Replication"), and a renewal follows the key there.
   // Only a node holding this very token (unique in the cluster) renews it.
-  auto call = engine.make_call(MessageType::kRenew, state.key);
-  call->token = state.token;
+  auto call = make_lease_call(engine, MessageType::kRenew, state);
   call->ttl_ms = clamp_ms(ttl);
   call->request_id = engine.new_request_id();
   LockGuard state_lock(state.mutex);

@@ -115,6 +115,11 @@ struct LeaseState {
   Mutex callback_mutex;
 };
 
+// A call about `state`'s own lease (RENEW, RELEASE): its key, its token and
+// the owner it was granted to, routed as make_call() routes the key.
+[[nodiscard]] std::unique_ptr<Call> make_lease_call(const CallEngine& engine, MessageType type,
+                                                    const LeaseState& state);
+
 // A RENEW of `state` for `ttl` with its request id reserved and noted in the
 // state (its expiry comes in first if `ttl` is shorter). Takes state.mutex.
 [[nodiscard]] std::unique_ptr<Call> make_renewal(CallEngine& engine, LeaseState& state,

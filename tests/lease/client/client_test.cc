@@ -178,7 +178,8 @@ TEST(LeaseClientTest, GrantsBusyReleaseAndIncreasingTokens) {
   EXPECT_EQ(first.lease.key(), "orders/1");
   EXPECT_GT(first.lease.token(), 0u);
   EXPECT_TRUE(first.lease.valid());
-  EXPECT_EQ(first.lease.owner(), a->client_id());
+  EXPECT_EQ(owner_client(first.lease.owner()), owner_client(a->client_id()))
+      << "the lease's own owner, of a's client";
   EXPECT_LE(first.lease.expiry(), LeaseClock::now() + 10s);
 
   AcquireResult busy = b->try_acquire("orders/1", 10s);
@@ -492,10 +493,13 @@ TEST(LeaseClientTest, CallsFromCompletionsAreBatched) {
           return;
         }
         granted.fetch_add(1);
-        client->release_async(key, r.token, [&](const CallResult& rr) {
-          if (!rr.error) released.fetch_add(1);
-          done.fetch_add(1);
-        });
+        client->release_async(
+            key, r.token,
+            [&](const CallResult& rr) {
+              if (!rr.error) released.fetch_add(1);
+              done.fetch_add(1);
+            },
+            r.owner);  // the acquire's own fresh owner
       });
     }
   });
@@ -593,29 +597,29 @@ TEST(LeaseSafetyTest, RenewalToAShorterTtlShortensTheClientExpiry) {
   EXPECT_EQ(held.lease.ttl(), 500ms);
 }
 
-// Hole 2: a second Lease on the same key from the same client must not share
-// the first one's grant, so dropping the first never frees the second.
-TEST(LeaseSafetyTest, DroppingASupersededLeaseKeepsItsReplacement) {
+// Hole 2, and issue 33: a second acquire of a held key through the same
+// client is a contender of its own, never a grant that shares or replaces
+// the first: busy at once, granted (with a newer token) only after the first
+// lets go, and dropping the first never frees the second.
+TEST(LeaseSafetyTest, ASecondAcquireThroughTheSameClientWaitsForTheFirst) {
   auto server = start_server();
   ASSERT_TRUE(server);
   auto a = start_client({address(*server)});
   auto observer = start_client({address(*server)});
   AcquireResult first = a->try_acquire("replaced", 10s);
   ASSERT_TRUE(first);
-  AcquireResult second = a->try_acquire("replaced", 10s);
-  ASSERT_TRUE(second);
+  AcquireResult busy = a->try_acquire("replaced", 10s);
+  EXPECT_EQ(busy.error, LeaseErrc::kBusy);
+  EXPECT_TRUE(first.lease.valid());
+  EXPECT_FALSE(first.lease.renew(10s)) << "the first grant stands";
+  std::thread release_soon([&] {
+    std::this_thread::sleep_for(50ms);
+    EXPECT_FALSE(first.lease.release());
+  });
+  AcquireResult second = a->acquire("replaced", 10s, 10s);
+  release_soon.join();
+  ASSERT_TRUE(second) << second.error.message();
   EXPECT_GT(second.lease.token(), first.lease.token()) << "a fresh grant, not the old one";
-  first = AcquireResult{};  // the old Lease's destructor sends its RELEASE
-  EXPECT_EQ(first.lease.token(), 0u);
-  // A RELEASE is fire-and-forget; a QUERY sent after it on another socket can
-  // overtake it, so wait for the server to have answered it.
-  const auto begin = Clock::now();
-  while (server->stats().counter(StatCounter::kExpiredReplies) +
-                 server->stats().counter(StatCounter::kReleased) ==
-             0 &&
-         Clock::now() - begin < 5s) {
-    std::this_thread::sleep_for(2ms);
-  }
   const CallResult q = observer->query("replaced");
   ASSERT_FALSE(q.error);
   EXPECT_TRUE(q.held);
@@ -624,7 +628,9 @@ TEST(LeaseSafetyTest, DroppingASupersededLeaseKeepsItsReplacement) {
 }
 
 // Hole 2, the lost case: a Lease the client declared lost while the server
-// still held it is re-acquired; dropping the lost one must not free the new.
+// still held it. A new acquire through the same client is another owner, so
+// it waits until the server's lease ends; dropping the lost one then must
+// not free the new grant.
 TEST(LeaseSafetyTest, DroppingALostLeaseKeepsTheReacquiredOne) {
   auto server = start_server();
   ASSERT_TRUE(server);
@@ -635,13 +641,16 @@ TEST(LeaseSafetyTest, DroppingALostLeaseKeepsTheReacquiredOne) {
   std::atomic<int> lost{0};
   LeaseOptions watch;
   watch.on_lost = [&](const LeaseLost&) { lost.fetch_add(1); };
-  AcquireResult old = a->try_acquire("relost", 4s, watch);
+  AcquireResult old = a->try_acquire("relost", 2s, watch);
   ASSERT_TRUE(old);
   const auto begin = Clock::now();
   while (lost.load() == 0 && Clock::now() - begin < 10s) std::this_thread::sleep_for(2ms);
   ASSERT_EQ(lost.load(), 1);
-  AcquireResult again = a->try_acquire("relost", 4s);
+  EXPECT_EQ(a->try_acquire("relost", 2s).error, LeaseErrc::kBusy)
+      << "the server still holds the lost lease";
+  AcquireResult again = a->acquire("relost", 4s, 5s);
   ASSERT_TRUE(again) << again.error.message();
+  EXPECT_GT(again.lease.token(), old.lease.token());
   old = AcquireResult{};
   // A RELEASE, if one was sent, left a's socket in that assignment, before
   // this QUERY; the server serves one client socket in order, so once a's
@@ -810,11 +819,12 @@ TEST(LeaseSafetyTest, ALaterClientForTheSameOwnerRenewsForReal) {
   AcquireResult held = first->try_acquire("handed/over", 2s);
   ASSERT_TRUE(held);
   const std::uint64_t token = held.lease.token();
+  const ClientId held_owner = held.lease.owner();
   held.lease.detach();
   for (int round = 0; round < 8; ++round) {
     std::this_thread::sleep_for(2ms);  // a later process starts later
     LeaseClientOptions same_owner;
-    same_owner.client_id = first->client_id();
+    same_owner.client_id = held_owner;
     auto later = start_client({address(*server)}, same_owner);
     const CallResult r = later->renew("handed/over", token, 5s);
     ASSERT_FALSE(r.error) << r.error.message();
@@ -1441,7 +1451,7 @@ TEST(LeaseHoldersTest, ShowsTheExclusiveHolderAndItsWaiters) {
   EXPECT_EQ(r.mode, LeaseMode::kExclusive);
   EXPECT_EQ(r.waiters, 1u);
   ASSERT_EQ(r.holders.size(), 1u);
-  EXPECT_EQ(r.holders[0].owner, holder->client_id());
+  EXPECT_EQ(r.holders[0].owner, held.lease.owner());
   EXPECT_EQ(r.holders[0].token, held.lease.token());
   EXPECT_EQ(r.token, held.lease.token());
 
@@ -1449,7 +1459,7 @@ TEST(LeaseHoldersTest, ShowsTheExclusiveHolderAndItsWaiters) {
   ASSERT_TRUE(test_support::poll_until([&] { return done.load(); }, 5s));
   const HoldersReply after = holder->holders("jobs/one");
   ASSERT_EQ(after.holders.size(), 1u);
-  EXPECT_EQ(after.holders[0].owner, waiter->client_id());
+  EXPECT_EQ(owner_client(after.holders[0].owner), owner_client(waiter->client_id()));
 
   const HoldersReply free = holder->holders("jobs/nobody");
   ASSERT_FALSE(free.error);
@@ -1496,7 +1506,7 @@ TEST(LeaseHoldersTest, AnAcquiresValueStaysWithItsHolder) {
   waiter.join();
   r = leader->holders("election/db");
   ASSERT_EQ(r.holders.size(), 1u);
-  EXPECT_EQ(r.holders[0].owner, next->client_id());
+  EXPECT_EQ(owner_client(r.holders[0].owner), owner_client(next->client_id()));
   EXPECT_EQ(r.holders[0].value, next_options.value);
 
   // Too long, or on acquire_many: refused before sending.

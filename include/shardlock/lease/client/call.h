@@ -175,8 +175,11 @@ struct LeaseClientOptions {
   // members must share the seeds' address family; addresses are resolved on
   // the client's I/O thread, so maps should hold numeric addresses.
   bool discover_cluster = false;
-  // The owner identity; random (getrandom) when empty. Set it only to act for
-  // an owner that already exists (shardlockctl renew/release --owner).
+  // The client's identity; random (getrandom) when empty. It is the owner of
+  // the raw calls (renew(), release(), and the async calls given no owner),
+  // never of a Lease: each acquire contends as a fresh owner of its own
+  // (LeaseOptions::owner). Set it only to act for an owner that already
+  // exists (shardlockctl renew/release --owner).
   std::optional<ClientId> client_id;
   // How long a call without a wait retransmits before it gives up as
   // kUnreachable. An ACQUIRE that waits gets its wait on top.
@@ -260,7 +263,10 @@ struct CallResult {
   // When the call's first transmission left; a grant's expiry counts from it.
   LeaseClock::time_point first_sent;
   std::uint64_t request_id = 0;  // the call's request id
-  unsigned transmissions = 0;    // 1 + retransmissions
+  // The owner the call was made as: an async acquire given no owner makes a
+  // fresh one, which its renew_async()/release_async() must then name.
+  ClientId owner;
+  unsigned transmissions = 0;  // 1 + retransmissions
   // STATS_REPLY: one page of the server's counters and shard tokens.
   std::uint32_t shard_count = 0;
   std::uint32_t first_shard = 0;
@@ -319,7 +325,27 @@ struct LeaseOptions {
   // only (acquire_many() refuses one with kBadArgument). A server that
   // predates values drops the request: the acquire ends kUnreachable.
   std::string value;
+  // Who the lease's owner is. Empty (the default): a fresh owner for this
+  // acquire alone (handle_owner() of the client's id and a per-client
+  // count), so two acquires of one key through one client, from one thread
+  // or many, exclude each other exactly as two processes do: the second
+  // waits in FIFO order or is refused. Set it to act as a known owner (a
+  // tool that takes a lease another process renews and releases by owner,
+  // shardlockctl acquire --owner). An owner that holds a key exclusively
+  // and acquires it again under a new request id is a contender like any
+  // other (docs/lease-server.md, "One owner, one grant"), never re-granted.
+  std::optional<ClientId> owner;
 };
+
+// The owner of a client's `handle`-th handle: `client` with the low 32 bits
+// of its `lo` word replaced by `handle`, so owner_client() (protocol.h) of
+// every handle is the client's and the server's per-client bounds
+// (max_leases_per_client, ...) count a client's handles together. The
+// Python client derives its owners the same way.
+[[nodiscard]] constexpr ClientId handle_owner(ClientId client, std::uint32_t handle) noexcept {
+  const ClientId base = owner_client(client);
+  return ClientId{.lo = base.lo | handle, .hi = base.hi};
+}
 
 // Splits "HOST:PORT,HOST:PORT,..." (the tools' --server) into node
 // addresses, skipping empty items.
