@@ -1,5 +1,5 @@
-// ReentrantLeases and ReentrantLease: reentrancy keyed to the LeaseClient's
-// owner id, over plain Leases. See reentrant.h.
+// ReentrantLeases and ReentrantLease: reentrancy keyed to the acquiring
+// thread (or to the whole object), over plain Leases. See reentrant.h.
 //
 // Lock order: a table's mutex, then a hold's mutex, then (inside Lease) the
 // lease's state mutex. No Lease is destroyed or released while either of
@@ -11,9 +11,10 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
-#include <unordered_map>
+#include <thread>
 #include <utility>
 
 #include "shardlock/internal/thread_annotations.h"
@@ -32,7 +33,8 @@ struct ReentrantHold {
     kReleased,   // the last hold was dropped
   };
 
-  explicit ReentrantHold(std::string hold_key) : key(std::move(hold_key)) {}
+  ReentrantHold(std::thread::id hold_thread, std::string hold_key)
+      : thread(hold_thread), key(std::move(hold_key)) {}
 
   // Joinable by another acquire: in flight, or held and still valid.
   [[nodiscard]] bool joinable() const SHARDLOCK_EXCLUDES(mutex) {
@@ -40,6 +42,9 @@ struct ReentrantHold {
     return state == State::kAcquiring || (state == State::kHeld && lease.valid());
   }
 
+  // Whose hold it is: the acquiring thread (ReentrancyScope::kThread), or
+  // one id for every thread (kClient).
+  const std::thread::id thread;
   const std::string key;
   // The grant. Written under `mutex` twice: when the first acquire settles
   // (before state becomes kHeld, which is what makes handles exist) and
@@ -56,15 +61,17 @@ struct ReentrantHold {
   std::size_t holds SHARDLOCK_GUARDED_BY(mutex) = 0;
 };
 
-// Each key's current hold, shared by ReentrantLeases and its handles (which
-// may outlive it).
+// Each (thread, key)'s current hold, shared by ReentrantLeases and its
+// handles (which may outlive it).
 struct ReentrantTable {
+  using Slot = std::pair<std::thread::id, std::string>;
+
   // Drops the key's entry if it is still `hold` (a newer grant may have
   // replaced it).
   void forget(const ReentrantHold& hold) SHARDLOCK_EXCLUDES(mutex) {
     std::shared_ptr<ReentrantHold> erased;  // destroyed after the lock is let go
     LockGuard lock(mutex);
-    auto it = holds.find(hold.key);
+    auto it = holds.find(Slot(hold.thread, hold.key));
     if (it != holds.end() && it->second.get() == &hold) {
       erased = std::move(it->second);
       holds.erase(it);
@@ -72,7 +79,8 @@ struct ReentrantTable {
   }
 
   mutable Mutex mutex;
-  std::unordered_map<std::string, std::shared_ptr<ReentrantHold>> holds SHARDLOCK_GUARDED_BY(mutex);
+  // Ordered: std::thread::id has operator< but no portable hash for a pair.
+  std::map<Slot, std::shared_ptr<ReentrantHold>> holds SHARDLOCK_GUARDED_BY(mutex);
 };
 
 }  // namespace internal
@@ -167,8 +175,13 @@ std::error_code ReentrantLease::release() {
 // ReentrantLeases
 // ---------------------------------------------------------------------------
 
-ReentrantLeases::ReentrantLeases(LeaseClient& client)
-    : client_(client), table_(std::make_shared<ReentrantTable>()) {}
+ReentrantLeases::ReentrantLeases(LeaseClient& client, ReentrancyScope scope)
+    : client_(client), scope_(scope), table_(std::make_shared<ReentrantTable>()) {}
+
+std::thread::id ReentrantLeases::holder_thread() const noexcept {
+  // kClient: every thread is the default id, which names no thread.
+  return scope_ == ReentrancyScope::kThread ? std::this_thread::get_id() : std::thread::id{};
+}
 ReentrantLeases::~ReentrantLeases() = default;
 
 ReentrantAcquireResult ReentrantLeases::acquire(std::string_view key, milliseconds ttl,
@@ -179,6 +192,7 @@ ReentrantAcquireResult ReentrantLeases::acquire(std::string_view key, millisecon
     return std::max(milliseconds{0},
                     wait - std::chrono::duration_cast<milliseconds>(Clock::now() - start));
   };
+  const std::thread::id thread = holder_thread();
   std::string key_text(key);
   for (;;) {
     std::shared_ptr<ReentrantHold> hold;
@@ -186,9 +200,9 @@ ReentrantAcquireResult ReentrantLeases::acquire(std::string_view key, millisecon
     bool first = false;
     {
       LockGuard lock(table_->mutex);
-      std::shared_ptr<ReentrantHold>& slot = table_->holds[key_text];
+      std::shared_ptr<ReentrantHold>& slot = table_->holds[ReentrantTable::Slot(thread, key_text)];
       if (slot == nullptr || !slot->joinable()) {
-        replaced = std::exchange(slot, std::make_shared<ReentrantHold>(key_text));
+        replaced = std::exchange(slot, std::make_shared<ReentrantHold>(thread, key_text));
         first = true;
       }
       hold = slot;
@@ -242,9 +256,9 @@ ReentrantAcquireResult ReentrantLeases::acquire(std::string_view key, millisecon
 }
 
 std::size_t ReentrantLeases::hold_count(std::string_view key) const {
-  const std::string key_text(key);
+  const ReentrantTable::Slot slot(holder_thread(), std::string(key));
   LockGuard lock(table_->mutex);
-  const auto it = table_->holds.find(key_text);
+  const auto it = table_->holds.find(slot);
   if (it == table_->holds.end()) return 0;
   const ReentrantHold& hold = *it->second;
   LockGuard hold_lock(hold.mutex);

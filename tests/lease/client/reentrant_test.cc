@@ -1,7 +1,9 @@
 // ReentrantLeases against a real LeaseServer on loopback: a second acquire by
-// the owner shares the grant and counts a hold, only the last release frees
-// the key, a lost grant invalidates every hold, and threads of one owner
-// share holds without ever taking a second grant while one is held.
+// the holding thread shares the grant and counts a hold, only the last
+// release frees the key, a lost grant invalidates every hold, another
+// thread waits for the grant like another process (the default,
+// ReentrancyScope::kThread), and with kClient threads share holds without
+// ever taking a second grant while one is held.
 #include "shardlock/lease/client/reentrant.h"
 
 #include <gtest/gtest.h>
@@ -74,6 +76,10 @@ class ReentrantLeasesTest : public ::testing::Test {
     return two;
   }
 
+  void use_scope(ReentrancyScope scope) {
+    leases_ = std::make_unique<ReentrantLeases>(*owner_, scope);
+  }
+
   std::unique_ptr<LeaseServer> server_;
   std::unique_ptr<LeaseClient> owner_;
   std::unique_ptr<LeaseClient> other_;
@@ -92,7 +98,8 @@ TEST_F(ReentrantLeasesTest, ASecondAcquireSharesTheTokenAndCountsAHold) {
   EXPECT_TRUE(inner.reentered);
   EXPECT_EQ(inner.lease.token(), outer.lease.token());
   EXPECT_EQ(inner.lease.key(), "orders/42");
-  EXPECT_EQ(inner.lease.lease().owner(), owner_->client_id());
+  EXPECT_EQ(inner.lease.lease().owner(), outer.lease.lease().owner()) << "one grant, one owner";
+  EXPECT_EQ(owner_client(inner.lease.lease().owner()), owner_client(owner_->client_id()));
   EXPECT_EQ(outer.lease.hold_count(), 2U);
   EXPECT_EQ(inner.lease.hold_count(), 2U);
   EXPECT_EQ(leases_->hold_count("orders/42"), 2U);
@@ -179,6 +186,7 @@ TEST_F(ReentrantLeasesTest, ALostGrantInvalidatesEveryHoldAndFiresOnce) {
 }
 
 TEST_F(ReentrantLeasesTest, AnAcquireInFlightIsJoinedNotRepeated) {
+  use_scope(ReentrancyScope::kClient);
   auto two = two_acquires_behind_other("queue", 10s, 10s);
   // The second acquire waits for the first instead of queueing its own.
   std::this_thread::sleep_for(100ms);
@@ -196,6 +204,7 @@ TEST_F(ReentrantLeasesTest, AnAcquireInFlightIsJoinedNotRepeated) {
 }
 
 TEST_F(ReentrantLeasesTest, AFailedAcquireInFlightLetsTheWaiterTryItself) {
+  use_scope(ReentrancyScope::kClient);
   auto two = two_acquires_behind_other("contended", 300ms, 20s);
   two->first_thread.join();
   EXPECT_EQ(two->first.error, LeaseErrc::kTimeout);
@@ -210,10 +219,11 @@ TEST_F(ReentrantLeasesTest, AFailedAcquireInFlightLetsTheWaiterTryItself) {
   EXPECT_EQ(two->second.lease.hold_count(), 1U);
 }
 
-// Threads of one owner share holds: while any thread holds the key there is
+// kClient: threads of one owner share holds: while any thread holds the key there is
 // one grant, every hold sees its token, and the key is free for another owner
 // only once the last hold is gone. Runs under TSan (label "concurrent").
 TEST_F(ReentrantLeasesTest, ThreadsOfOneOwnerShareHolds) {
+  use_scope(ReentrancyScope::kClient);
   constexpr int kThreads = 4;
   constexpr int kRounds = 40;
   ReentrantAcquireResult pin = leases_->acquire("shared/state", 10s, 0ms);
@@ -271,6 +281,46 @@ TEST_F(ReentrantLeasesTest, ThreadsOfOneOwnerShareHolds) {
   EXPECT_EQ(leases_->hold_count("shared/state"), 0U);
   EXPECT_TRUE(
       poll_until([&] { return free_for_others(*other_, "shared/state"); }, kPollTimeout, 10ms));
+}
+
+// kThread, the default (Redisson's rule): the holding thread re-enters with
+// the same token; another thread of the same process is a contender that
+// waits at the server, in FIFO order, until the last hold is released.
+TEST_F(ReentrantLeasesTest, AnotherThreadWaitsForTheHoldingThreadsLastRelease) {
+  ASSERT_EQ(leases_->scope(), ReentrancyScope::kThread);
+  ReentrantAcquireResult outer = leases_->acquire("per/thread", 10s, 0ms);
+  ASSERT_TRUE(outer);
+  ReentrantAcquireResult inner = leases_->acquire("per/thread", 10s, 0ms);
+  ASSERT_TRUE(inner);
+  EXPECT_TRUE(inner.reentered);
+  EXPECT_EQ(inner.lease.token(), outer.lease.token());
+  EXPECT_EQ(leases_->hold_count("per/thread"), 2U);
+
+  // Another thread, no wait: busy, although the same object holds the key.
+  ReentrantAcquireResult tried;
+  std::thread([&] { tried = leases_->try_acquire("per/thread", 10s); }).join();
+  EXPECT_EQ(tried.error, LeaseErrc::kBusy);
+
+  // Another thread, waiting: queued at the server behind this thread's grant.
+  std::atomic<bool> done{false};
+  ReentrantAcquireResult waited;
+  std::thread waiter([&] {
+    waited = leases_->acquire("per/thread", 10s, 20s);
+    done.store(true, std::memory_order_release);  // pairs with the loads below
+  });
+  ASSERT_TRUE(
+      poll_until([&] { return other_->query("per/thread").waiters == 1; }, kPollTimeout, 5ms));
+  EXPECT_FALSE(inner.lease.release());  // one hold fewer: still held
+  std::this_thread::sleep_for(50ms);
+  EXPECT_FALSE(done.load(std::memory_order_acquire)) << "let in before the last release";
+  EXPECT_EQ(other_->query("per/thread").token, outer.lease.token());
+  EXPECT_FALSE(outer.lease.release());
+  waiter.join();
+  ASSERT_TRUE(waited) << waited.error.message();
+  EXPECT_FALSE(waited.reentered);
+  EXPECT_GT(waited.lease.token(), outer.lease.token()) << "a grant of its own";
+  EXPECT_EQ(leases_->hold_count("per/thread"), 0U) << "the waiter's hold is its thread's";
+  EXPECT_FALSE(waited.lease.release());
 }
 
 TEST_F(ReentrantLeasesTest, HandlesOutliveTheirReentrantLeases) {
