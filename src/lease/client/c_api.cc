@@ -31,7 +31,10 @@ using std::chrono::milliseconds;
 struct shardlock_client {
   explicit shardlock_client(lease::LeaseClientOptions options) : client(std::move(options)) {}
   lease::LeaseClient client;
-  lease::ReentrantLeases reentrant{client};  // shardlock_acquire_reentrant()'s holds
+  // shardlock_acquire_reentrant()'s holds: per thread, and (with
+  // SHARDLOCK_REENTRANT_PER_CLIENT) shared by every thread.
+  lease::ReentrantLeases reentrant{client, lease::ReentrancyScope::kThread};
+  lease::ReentrantLeases reentrant_per_client{client, lease::ReentrancyScope::kClient};
 };
 
 // A plain lease, or one hold of a reentrant grant (`reentrant` not empty).
@@ -443,15 +446,18 @@ int shardlock_acquire_reentrant(shardlock_client* client, const char* key, uint3
     *out = nullptr;
     std::string_view key_view;
     lease::LeaseOptions lease_options;
-    if (const int status = lease_arguments(client, key, ttl_ms, flags, on_lost, user_data, {},
-                                           key_view, lease_options);
+    const bool per_client = (flags & SHARDLOCK_REENTRANT_PER_CLIENT) != 0;
+    if (const int status =
+            lease_arguments(client, key, ttl_ms, flags & ~SHARDLOCK_REENTRANT_PER_CLIENT, on_lost,
+                            user_data, {}, key_view, lease_options);
         status != SHARDLOCK_OK) {
       return status;
     }
     // Allocated before the call, as in acquire_lease().
     auto handle = std::make_unique<shardlock_lease>();
     handle->reentrant_key = key_view;
-    lease::ReentrantAcquireResult result = client->reentrant.acquire(
+    lease::ReentrantLeases& leases = per_client ? client->reentrant_per_client : client->reentrant;
+    lease::ReentrantAcquireResult result = leases.acquire(
         key_view, milliseconds(ttl_ms), milliseconds(wait_ms), std::move(lease_options));
     if (result.error) return acquire_failed(result);
     handle->reentrant_token = result.lease.token();

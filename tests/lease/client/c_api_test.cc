@@ -44,6 +44,10 @@ TEST_F(CApiTest, QueryHoldersListsEachHolder) { expect_passes(c_api_holders(addr
 
 TEST_F(CApiTest, ReentrantHoldsShareAGrant) { expect_passes(c_api_reentrant(address_.c_str())); }
 
+TEST_F(CApiTest, ThreadsSharingOneClientExcludeEachOther) {
+  expect_passes(c_api_threads(address_.c_str()));
+}
+
 TEST_F(CApiTest, ElectionsAndWatchesSeeEachLeader) {
   expect_passes(c_api_election_and_watch(address_.c_str()));
 }

@@ -7,6 +7,7 @@
 
 #include "c_api_test_scenarios.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -448,13 +449,16 @@ const char* c_api_holders(const char* server) {
   memset(&info, 0, sizeof info);
   info.size = sizeof info;
   CHECK_STATUS(shardlock_holders_get(h, 0, &info), SHARDLOCK_OK);
-  CHECK(strcmp(info.owner, id_a) == 0);
+  /* Each lease is its own owner: a's client id with its last 8 hex digits
+   * (32 bits) a handle count. */
+  CHECK(strlen(info.owner) == 32 && strncmp(info.owner, id_a, 24) == 0);
+  CHECK(strcmp(info.owner, id_a) != 0);
   CHECK(info.token == shardlock_lease_token(ra));
   CHECK(info.ttl_left_ms > 0 && info.ttl_left_ms <= 5000);
   CHECK(info.pending == 0);
   CHECK(info.value != NULL && info.value_length == 0 && info.value[0] == 0);
   CHECK_STATUS(shardlock_holders_get(h, 1, &info), SHARDLOCK_OK);
-  CHECK(strcmp(info.owner, id_b) == 0);
+  CHECK(strncmp(info.owner, id_b, 24) == 0);
   CHECK(info.token == shardlock_lease_token(rb));
 
   /* Bad arguments. */
@@ -658,5 +662,106 @@ const char* c_api_election_and_watch(const char* server) {
   shardlock_client_destroy(a);
   shardlock_client_destroy(b);
   shardlock_client_destroy(o);
+  return NULL;
+}
+
+/* Threads sharing one client, as a thread pool shares one global client. */
+enum { kThreadCount = 8, kThreadRounds = 4 };
+
+struct shared_counter {
+  shardlock_client* client;
+  atomic_int inside;
+  atomic_int overlaps;
+  atomic_int failures;
+  int value; /* guarded by the lease alone */
+};
+
+static void* increment_under_lease(void* arg) {
+  struct shared_counter* c = arg;
+  int round;
+  for (round = 0; round < kThreadRounds; ++round) {
+    shardlock_lease* lease = NULL;
+    int seen;
+    if (shardlock_acquire(c->client, "c-api/threads", 10000, 30000, SHARDLOCK_EXCLUSIVE, 0, 0, NULL,
+                          NULL, &lease) != SHARDLOCK_OK) {
+      atomic_fetch_add(&c->failures, 1);
+      continue;
+    }
+    if (atomic_fetch_add(&c->inside, 1) != 0) atomic_fetch_add(&c->overlaps, 1);
+    seen = c->value;
+    sleep_ms(3);
+    c->value = seen + 1;
+    atomic_fetch_sub(&c->inside, 1);
+    if (shardlock_lease_release(lease) != SHARDLOCK_OK) atomic_fetch_add(&c->failures, 1);
+    shardlock_lease_destroy(lease);
+  }
+  return NULL;
+}
+
+struct reentrant_try {
+  shardlock_client* client;
+  unsigned flags;
+  int status;
+  uint64_t token;
+};
+
+static void* try_reentrant(void* arg) {
+  struct reentrant_try* t = arg;
+  shardlock_lease* lease = NULL;
+  t->status = shardlock_acquire_reentrant(t->client, "c-api/r-thread", 5000, 0, t->flags, NULL,
+                                          NULL, &lease);
+  t->token = t->status == SHARDLOCK_OK ? shardlock_lease_token(lease) : 0;
+  shardlock_lease_destroy(lease);
+  return NULL;
+}
+
+const char* c_api_threads(const char* server) {
+  struct shared_counter counter;
+  struct reentrant_try other_thread;
+  pthread_t threads[kThreadCount];
+  shardlock_lease* outer = NULL;
+  shardlock_lease* inner = NULL;
+  int i;
+
+  memset(&counter, 0, sizeof counter);
+  CHECK_STATUS(shardlock_client_create(server, NULL, 0, &counter.client), SHARDLOCK_OK);
+
+  /* Every lease is its own owner: the threads exclude each other. */
+  for (i = 0; i < kThreadCount; ++i) {
+    CHECK(pthread_create(&threads[i], NULL, increment_under_lease, &counter) == 0);
+  }
+  for (i = 0; i < kThreadCount; ++i) pthread_join(threads[i], NULL);
+  CHECK(atomic_load(&counter.failures) == 0);
+  CHECK(atomic_load(&counter.overlaps) == 0);
+  CHECK(counter.value == kThreadCount * kThreadRounds);
+
+  /* Reentrant per thread: this thread re-enters, another one is busy. */
+  CHECK_STATUS(
+      shardlock_acquire_reentrant(counter.client, "c-api/r-thread", 5000, 0, 0, NULL, NULL, &outer),
+      SHARDLOCK_OK);
+  CHECK_STATUS(
+      shardlock_acquire_reentrant(counter.client, "c-api/r-thread", 5000, 0, 0, NULL, NULL, &inner),
+      SHARDLOCK_OK);
+  CHECK(shardlock_lease_hold_count(inner) == 2);
+  memset(&other_thread, 0, sizeof other_thread);
+  other_thread.client = counter.client;
+  CHECK(pthread_create(&threads[0], NULL, try_reentrant, &other_thread) == 0);
+  pthread_join(threads[0], NULL);
+  CHECK(other_thread.status == SHARDLOCK_BUSY);
+  shardlock_lease_destroy(inner);
+  shardlock_lease_destroy(outer);
+
+  /* SHARDLOCK_REENTRANT_PER_CLIENT: the other thread joins the grant. */
+  CHECK_STATUS(shardlock_acquire_reentrant(counter.client, "c-api/r-thread", 5000, 0,
+                                           SHARDLOCK_REENTRANT_PER_CLIENT, NULL, NULL, &outer),
+               SHARDLOCK_OK);
+  other_thread.flags = SHARDLOCK_REENTRANT_PER_CLIENT;
+  CHECK(pthread_create(&threads[0], NULL, try_reentrant, &other_thread) == 0);
+  pthread_join(threads[0], NULL);
+  CHECK(other_thread.status == SHARDLOCK_OK);
+  CHECK(other_thread.token == shardlock_lease_token(outer));
+  shardlock_lease_destroy(outer);
+
+  shardlock_client_destroy(counter.client);
   return NULL;
 }

@@ -18,6 +18,9 @@ const char* c_api_holders(const char* server);
 const char* c_api_reentrant(const char* server);
 // shardlock_election_*, shardlock_watch_* and shardlock_holders_leader().
 const char* c_api_election_and_watch(const char* server);
+// Threads sharing one client: leases exclude each other, reentrancy is per
+// thread unless SHARDLOCK_REENTRANT_PER_CLIENT.
+const char* c_api_threads(const char* server);
 // Calls stop_server(context) part way, to lose a lease.
 const char* c_api_watchdog_and_lost(const char* server, void (*stop_server)(void*), void* context);
 

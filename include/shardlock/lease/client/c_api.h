@@ -16,9 +16,10 @@
  *   shardlock_client_destroy(client);
  *
  * It wraps shardlock::lease::LeaseClient and Lease (client.h, docs/client.md),
- * whose semantics it keeps: one random 128-bit owner per client, retransmission
- * with the same request id, a client-side expiry that errs early, a watchdog
- * that renews at ttl / 3, and a lost-lease callback that fires at most once.
+ * whose semantics it keeps: every lease is its own owner (two acquires of one
+ * key through one client, from one thread or many, exclude each other as two
+ * processes do), retransmission with the same request id, a client-side expiry that errs early, a
+ * watchdog that renews at ttl / 3, and a lost-lease callback that fires at most once.
  *
  * ABI rules. Handles are opaque. The one struct that crosses the interface,
  * shardlock_client_options, is read only by the library and starts with its
@@ -64,13 +65,17 @@ extern "C" {
  * (SHARDLOCK_C_1.2). Test it at compile time; a program that uses a
  * newer function needs a library at least that new, which the dynamic loader checks by symbol
  * version. */
-#define SHARDLOCK_C_API_MINOR 2
+/* Minor 3 adds no symbol: every lease is its own owner, reentrant acquires
+ * are per thread, and SHARDLOCK_REENTRANT_PER_CLIENT asks for the old
+ * per-client reentrancy. */
+#define SHARDLOCK_C_API_MINOR 3
 
 /* The typedefs below are C, which has no `using`; clang-tidy's
  * modernize-use-using is silenced on each for that reason. */
 
-/* A lease client: one UDP socket, one owner identity, an I/O thread and, from
- * the first lease that needs it, a watchdog thread. */
+/* A lease client: one UDP socket, one client identity (each lease it takes is
+ * an owner of its own), an I/O thread and, from the first lease that needs
+ * it, a watchdog thread. */
 typedef struct shardlock_client shardlock_client; /* NOLINT(modernize-use-using) */
 /* A lease acquired through a client: key, fencing token, client-side expiry. */
 typedef struct shardlock_lease shardlock_lease; /* NOLINT(modernize-use-using) */
@@ -110,6 +115,10 @@ enum shardlock_mode {
 
 /* Flags of shardlock_acquire(). */
 #define SHARDLOCK_WATCHDOG 0x1u /* renew automatically at ttl / 3 */
+/* shardlock_acquire_reentrant() only: every thread of the client shares the
+ * holds (the behaviour before SHARDLOCK_C_API_MINOR 3), instead of the
+ * acquiring thread alone. */
+#define SHARDLOCK_REENTRANT_PER_CLIENT 0x2u
 
 /* Called when a lease is lost: a renewal was refused (reason
  * SHARDLOCK_NOT_OWNER or SHARDLOCK_EXPIRED, refused_by_server 1) or answered
@@ -341,23 +350,21 @@ SHARDLOCK_C_EXPORT int shardlock_holders_get(const shardlock_holders* holders, s
 
 /* ---- Reentrant leases ---------------------------------------------------- */
 
-/* Acquires `key` exclusively, reentrantly for this client (ReentrantLeases in
- * reentrant.h, docs/client.md "Reentrant leases"): when the client already
- * holds `key` through an earlier shardlock_acquire_reentrant() whose lease is
- * still valid, *out is a new handle of that same grant (same token, no
- * round trip; `ttl_ms`, `wait_ms`, `flags`, `on_lost` and `user_data` are
- * then ignored) and the grant's hold count goes up by one. Otherwise as
- * shardlock_acquire() with SHARDLOCK_EXCLUSIVE. While another thread's
- * reentrant acquire of the key is in flight, this one waits for it up to
- * `wait_ms` and joins it (SHARDLOCK_TIMEOUT, or SHARDLOCK_BUSY with no wait,
- * if it is still in flight then).
- *
- * The owner is the client: every thread that uses it shares its holds, and
- * every hold carries the same fencing token. Do not use it to exclude
- * threads of one process from each other, nor between holders that must
- * wait for one another to finish with the resource: they are let in at
- * once. Reentrant and plain acquires of one key by one client do not know
- * of each other (a plain one supersedes the reentrant grant).
+/* Acquires `key` exclusively, reentrantly for the calling thread
+ * (ReentrantLeases in reentrant.h, docs/client.md "Reentrant leases"): when
+ * this thread already holds `key` through an earlier
+ * shardlock_acquire_reentrant() whose lease is still valid, *out is a new
+ * handle of that same grant (same token, no round trip; `ttl_ms`,
+ * `wait_ms`, `on_lost` and `user_data` are then ignored) and the grant's
+ * hold count goes up by one. Otherwise as shardlock_acquire() with
+ * SHARDLOCK_EXCLUSIVE: another thread of the process waits for the grant
+ * like another process (FIFO at the server), or is SHARDLOCK_BUSY with no
+ * wait. `flags`: SHARDLOCK_WATCHDOG, and SHARDLOCK_REENTRANT_PER_CLIENT for
+ * holds that every thread of the client shares (and joins while another
+ * thread's acquire is in flight, up to `wait_ms`): every such hold carries
+ * the same fencing token, so do not use it to exclude threads of one
+ * process from each other. Reentrant and plain acquires of one key exclude
+ * each other as two owners do.
  *
  * The handle works with every shardlock_lease_* function:
  * shardlock_lease_release() and shardlock_lease_destroy() drop its hold, and
