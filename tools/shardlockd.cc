@@ -3,7 +3,9 @@
 // Prints one JSON line to stdout once the socket is bound:
 //   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...,
 //    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":60.000,...,
-//    "version":"0.1.0","pid":1234}
+//    "fresh_data_dir":false,"version":"0.1.0","pid":1234}
+// (fresh_data_dir: the data dir had never issued a token, so there was no
+// lock-delay to wait out; docs/lease-server.md, "A fresh data dir")
 // logs to stderr, one line per event with a level (common/daemon_log.h:
 // a timestamp on a terminal, a "<N>" priority for journald), including
 // "granting: ..." once ACQUIRE can be granted and, at most once per
@@ -533,28 +535,39 @@ int run(int argc, char** argv) {
   const std::string delay_ends_text =
       utc_iso8601(std::chrono::system_clock::now() +
                   std::chrono::duration_cast<std::chrono::system_clock::duration>(delay_left));
-  log.write(LogLevel::kInfo,
-            "lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
-                (cluster_json == "null" ? "" : ", the earliest this node's buckets activate") +
-                ": ACQUIRE is answered RECOVERING until then");
+  if (delay_left.count() == 0) {
+    log.write(LogLevel::kInfo,
+              std::string("no lock-delay") +
+                  (server.fresh_data_dir() ? " (fresh data dir: no lease was ever granted from it)"
+                                           : "") +
+                  ": ACQUIRE is granted at once");
+  } else {
+    log.write(LogLevel::kInfo,
+              "lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
+                  (cluster_json == "null" ? "" : ", the earliest this node's buckets activate") +
+                  ": ACQUIRE is answered RECOVERING until then");
+  }
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
       "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
       "\"lock_delay_ends\":\"%s\",\"lock_delay_remaining_s\":%s,\"auth\":%s,\"metrics\":%s,"
-      "\"allocator\":\"%s\",\"cluster\":%s,\"version\":\"%s\",\"pid\":%d}\n",
+      "\"fresh_data_dir\":%s,\"allocator\":\"%s\",\"cluster\":%s,\"version\":\"%s\","
+      "\"pid\":%d}\n",
       json_string(server.listen_address()).c_str(), server.port(), options.shards,
       std::string(to_string(server.backend())).c_str(), options.io_threads,
       options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
       static_cast<long long>(options.max_ttl.count()),
       static_cast<long long>(effective_delay.count()), delay_ends_text.c_str(),
       seconds_text(delay_left).c_str(), options.auth_key ? "true" : "false", metrics_json.c_str(),
-      shardlock::tools::kAllocatorName, cluster_json.c_str(),
-      std::string(shardlock::kVersion).c_str(), static_cast<int>(::getpid()));
+      server.fresh_data_dir() ? "true" : "false", shardlock::tools::kAllocatorName,
+      cluster_json.c_str(), std::string(shardlock::kVersion).c_str(), static_cast<int>(::getpid()));
   std::fflush(stdout);
   // Bound, data dir loaded, ready line out: systemd may start what follows it.
   const std::string listening = "; listening on " + server.listen_address();
-  notify(log, "READY=1\nSTATUS=in its lock-delay until " + delay_ends_text +
-                  ": ACQUIRE is answered RECOVERING" + listening);
+  notify(log, delay_left.count() == 0
+                  ? "READY=1\nSTATUS=granting" + listening
+                  : "READY=1\nSTATUS=in its lock-delay until " + delay_ends_text +
+                        ": ACQUIRE is answered RECOVERING" + listening);
 
   auto granting = [&]() -> std::optional<std::string> {
     if (server.now() < server_delay_ends) return std::nullopt;
@@ -567,7 +580,8 @@ int run(int argc, char** argv) {
              " buckets here active";
     }
 #endif
-    return std::string("granting: the lock-delay is over");
+    return std::string(server.lock_delay().count() == 0 ? "granting: no lock-delay"
+                                                        : "granting: the lock-delay is over");
   };
   const int signal_number = serve_until_stopped(
       signals, log, server, summary_interval_flag.value, granting,

@@ -151,6 +151,8 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   bool started = false;
   IoBackend backend = IoBackend::kSocket;
   std::chrono::milliseconds lock_delay{0};
+  // The data dir had never issued a token (TokenStore::fresh()), plain mode.
+  bool fresh_data_dir = false;
   std::uint64_t token_floor = 0;  // TokenStore::token_floor() at start
   std::uint16_t port = 0;
   std::string listen;
@@ -226,6 +228,18 @@ std::error_code LeaseServer::Impl::start() {
     token_floor = store->token_floor();
     floor = mode == internal::TokenMode::kPlain ? std::max(store->floor(), token_floor)
                                                 : store->floor();
+    // A fresh dir in plain mode grants at once (below), so its tokens must
+    // stand above any a wiped predecessor issued: they start at the
+    // wall-clock floor. Cluster runs compose epochs from etcd instead, and
+    // their start waits for the cluster (docs/cluster.md).
+    fresh_data_dir = store->fresh() && mode == internal::TokenMode::kPlain;
+    if (fresh_data_dir) {
+      const auto wall_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+      floor = std::max(floor, internal::wall_clock_token_floor(
+                                  static_cast<std::uint64_t>(std::max<std::int64_t>(wall_ms, 0))));
+    }
     if (floor > UINT64_MAX - o.token_block) {
       return fail(std::make_error_code(std::errc::value_too_large),
                   "data dir " + o.data_dir + ": token space exhausted (tokens issued up to " +
@@ -246,7 +260,12 @@ std::error_code LeaseServer::Impl::start() {
       return fail(ec, detail);
     }
     const std::string previous_mode = store->used_in_cluster_mode() ? "cluster" : "plain";
-    if (mode == internal::TokenMode::kPlain) {
+    if (fresh_data_dir) {
+      o.log("data dir " + o.data_dir + " is fresh (no lease was ever granted from it): " +
+            (o.lock_delay ? "lock-delay " + to_string(*o.lock_delay) + " as asked"
+                          : std::string("no lock-delay, ACQUIRE is granted at once")) +
+            "; tokens start above the wall-clock floor " + std::to_string(floor));
+    } else if (mode == internal::TokenMode::kPlain) {
       o.log("data dir " + o.data_dir + " (last used in " + previous_mode +
             " mode): tokens continue above " + std::to_string(floor));
     } else {
@@ -259,7 +278,10 @@ std::error_code LeaseServer::Impl::start() {
   }
   // The default lock-delay covers the longest lease any earlier run may have
   // granted: its max TTL, as recorded in the data dir, if that was longer.
-  lock_delay = o.lock_delay.value_or(std::max(o.max_ttl, previous_bound));
+  // A fresh data dir has no earlier lease to wait out (an explicit
+  // lock_delay is still applied).
+  lock_delay = o.lock_delay.value_or(fresh_data_dir ? std::chrono::milliseconds{0}
+                                                    : std::max(o.max_ttl, previous_bound));
   if (lock_delay < previous_bound) {
     o.log("warning: lock-delay " + to_string(lock_delay) + " is shorter than the previous run's " +
           "max TTL " + to_string(previous_bound) + ": its leases may still be live");
@@ -341,7 +363,7 @@ std::error_code LeaseServer::Impl::start() {
     }
   }
 
-  if (lock_delay.count() == 0) {
+  if (lock_delay.count() == 0 && !fresh_data_dir) {
     o.log("warning: lock-delay is 0: leases granted before a restart may overlap new ones");
   }
   o.log("listening on " + listen + " (udp), " + std::to_string(o.shards) + " shards, " +
@@ -491,6 +513,7 @@ std::uint16_t LeaseServer::port() const noexcept { return impl_->port; }
 std::string LeaseServer::listen_address() const { return impl_->listen; }
 IoBackend LeaseServer::backend() const noexcept { return impl_->backend; }
 std::chrono::milliseconds LeaseServer::lock_delay() const noexcept { return impl_->lock_delay; }
+bool LeaseServer::fresh_data_dir() const noexcept { return impl_->fresh_data_dir; }
 const std::string& LeaseServer::error_detail() const noexcept { return impl_->error_detail; }
 void LeaseServer::stop() { impl_->stop(); }
 

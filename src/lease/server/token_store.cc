@@ -300,8 +300,9 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
       detail = "data dir " + dir;
       detail.append(": ").append(name).append(": ").append(why);
       detail +=
-          " (refusing to start: tokens could go backwards; restore the file or "
-          "remove the whole directory to reset tokens deliberately)";
+          " (refusing to start: tokens could go backwards; restore the file, or "
+          "remove the whole directory to start afresh: tokens then start above a "
+          "wall-clock floor)";
       break;
     }
   }
@@ -318,6 +319,7 @@ std::error_code TokenStore::open(const std::string& dir, std::unique_ptr<TokenSt
       return ServerError::kDataDirCorrupt;
     }
   }
+  store->fresh_ = !have_meta;
   out = std::move(store);
   return {};
 }

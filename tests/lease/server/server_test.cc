@@ -25,6 +25,7 @@
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/token_store.h"
+#include "shardlock/lease/wire/fencing.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease {
@@ -923,19 +924,21 @@ TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
   LeaseServer server(o);
   ASSERT_FALSE(server.start()) << server.error_detail();
   UdpTestPeer peer(server.port());
-  for (std::uint64_t expected = 1; expected <= 2; ++expected) {
+  // A fresh dir: the tokens start above its wall-clock floor.
+  const std::uint64_t first = server.stats().shard_tokens[0] + 1;
+  for (std::uint64_t expected = first; expected <= first + 1; ++expected) {
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
     EXPECT_EQ(g.token, expected);
     ASSERT_EQ(peer.release("k", g.token).type, MessageType::kReleased);
   }
-  // The block [1, 2] is used up; removing the directory makes the next
-  // reservation fail.
+  // The block [first, first + 1] is used up; removing the directory makes
+  // the next reservation fail.
   std::filesystem::remove_all(tmpl);
   const Message e = peer.acquire("k", 1000);
   ASSERT_EQ(e.type, MessageType::kError);
   EXPECT_EQ(e.error, WireError::kInternal);
-  EXPECT_EQ(server.stats().shard_tokens[0], 2u);
+  EXPECT_EQ(server.stats().shard_tokens[0], first + 1);
   server.stop();
   std::scoped_lock lock(logs_mu);
   bool logged = false;
@@ -1042,6 +1045,83 @@ std::shared_ptr<const internal::ClusterGate> one_node_gate(std::uint64_t epoch) 
   gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kActive);
   gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
   return gate;
+}
+
+// Issue 33: a data dir that never issued a token grants at once (the
+// default lock-delay is 0); restarted on the same dir, the server waits its
+// lock-delay out again.
+TEST(LeaseServerStart, AFreshDataDirGrantsAtOnceAndARestartWaits) {
+  const TempDataDir dir;
+  LeaseServerOptions o = dir.options();
+  o.lock_delay.reset();  // the default
+  o.max_ttl = milliseconds{30'000};
+  std::uint64_t token = 0;
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    EXPECT_TRUE(server.fresh_data_dir());
+    EXPECT_EQ(server.lock_delay(), milliseconds{0});
+    UdpTestPeer peer(server.port());
+    const Message g = peer.acquire("k", 1000);
+    ASSERT_EQ(g.type, MessageType::kGranted) << "the first acquire is granted at once";
+    token = g.token;
+  }  // stopped with the lease held, as a kill -9 leaves it
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    EXPECT_FALSE(server.fresh_data_dir());
+    EXPECT_EQ(server.lock_delay(), milliseconds{30'000});
+    UdpTestPeer peer(server.port());
+    const Message r = peer.acquire("k", 1000);
+    EXPECT_EQ(r.type, MessageType::kRecovering) << "a restart waits its lock-delay out";
+  }
+  // An explicit lock-delay is applied to a fresh dir too.
+  const TempDataDir other;
+  LeaseServerOptions asked = other.options();
+  asked.lock_delay = milliseconds{5000};
+  LeaseServer server(asked);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  EXPECT_TRUE(server.fresh_data_dir());
+  EXPECT_EQ(server.lock_delay(), milliseconds{5000});
+  EXPECT_GT(token, 0U);
+}
+
+// Issue 33: a data dir wiped while a client holds a lease of the old run.
+// The new run cannot tell it from a new dir, so it grants at once; its
+// tokens start at the wall-clock floor, above every token the old run
+// issued (even one that issued many), so a fencing resource rejects the old
+// holder once the new one writes. Fails if the floor is removed.
+TEST(LeaseServerStart, AWipedDataDirStartsAboveEveryTokenTheOldOneIssued) {
+  const TempDataDir dir;
+  LeaseServerOptions o = dir.options();
+  o.lock_delay.reset();
+  o.token_block = 1 << 20;  // one durable block: the old run may issue a million
+  std::uint64_t old_token = 0;
+  {
+    LeaseServer server(o);
+    ASSERT_FALSE(server.start()) << server.error_detail();
+    UdpTestPeer peer(server.port());
+    for (int i = 0; i < 200; ++i) {
+      const Message g = peer.acquire("k", 60'000);
+      ASSERT_EQ(g.type, MessageType::kGranted);
+      old_token = g.token;
+      if (i + 1 < 200) {
+        ASSERT_EQ(peer.release("k", g.token).type, MessageType::kReleased);
+      }
+    }
+  }  // the last lease is still held by its client when the dir is wiped
+  std::filesystem::remove_all(o.data_dir);
+  LeaseServer server(o);
+  ASSERT_FALSE(server.start()) << server.error_detail();
+  EXPECT_TRUE(server.fresh_data_dir());
+  UdpTestPeer peer(server.port());
+  const Message g = peer.acquire("k", 1000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  EXPECT_GT(g.token, old_token) << "a wiped dir never reissues an old token";
+  FencingValidator fence;
+  EXPECT_TRUE(fence.check_and_advance("k", g.token));
+  EXPECT_FALSE(fence.check_and_advance("k", old_token))
+      << "the old holder's writes are refused once the new holder wrote";
 }
 
 // Issue 21, hole 6: a data dir used in cluster mode (tokens epoch << 32 |

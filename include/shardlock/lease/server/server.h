@@ -25,7 +25,8 @@
 //     than every token issued before; see docs/lease-server.md for the exact
 //     guarantees with and without a data dir.
 //   * Lock-delay: for `lock_delay` after start() every ACQUIRE is answered
-//     RECOVERING, because leases granted before a crash are unknown.
+//     RECOVERING, because leases granted before a crash are unknown. A
+//     fresh data dir has none, and grants at once.
 #pragma once
 
 #include <array>
@@ -71,8 +72,9 @@ struct LeaseServerOptions {
   std::chrono::milliseconds max_wait{300'000};
   // How long after start() ACQUIRE answers RECOVERING. nullopt = max_ttl,
   // or the max TTL of an earlier run recorded in data_dir if that is longer
-  // (until this run has waited it out). Zero is allowed (tests) and logged
-  // as a warning.
+  // (until this run has waited it out); 0 for a data dir that never issued
+  // a token (LeaseServer::fresh_data_dir()). Zero is allowed (tests) and,
+  // but for a fresh data dir, logged as a warning.
   std::optional<std::chrono::milliseconds> lock_delay;
   // Directory for the token high-water marks. Empty: tokens are kept in
   // memory only and restart from 1 (see docs/lease-server.md).
@@ -218,8 +220,14 @@ class LeaseServer {
   // The back end start() chose.
   [[nodiscard]] IoBackend backend() const noexcept;
   // The lock-delay start() applied: options.lock_delay, or by default the
-  // larger of max_ttl and the max TTL the data dir records for earlier runs.
+  // larger of max_ttl and the max TTL the data dir records for earlier runs,
+  // or 0 for a fresh data dir (fresh_data_dir()).
   [[nodiscard]] std::chrono::milliseconds lock_delay() const noexcept;
+  // Whether start() found a data dir that had never issued a token, outside
+  // cluster mode: no earlier lease can be live, so by default it grants at
+  // once, and its tokens start above a wall-clock floor in case the dir was
+  // wiped under live holders (docs/lease-server.md, "A fresh data dir").
+  [[nodiscard]] bool fresh_data_dir() const noexcept;
   // Why start() failed.
   [[nodiscard]] const std::string& error_detail() const noexcept;
   // Counters and per-shard tokens; takes each shard lock briefly.

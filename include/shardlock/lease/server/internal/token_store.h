@@ -72,6 +72,12 @@ class TokenStore {
   // says so).
   [[nodiscard]] bool used_in_cluster_mode() const noexcept { return cluster_before_; }
 
+  // Whether no earlier run ever issued a token from this dir: it had no
+  // meta at open (new or empty, or a first start cut short before meta).
+  // Such a dir has no lease of its own to wait out (LeaseServer skips the
+  // lock-delay) but may have replaced a wiped one: a plain run starts its
+  // tokens above wall_clock_token_floor() then.
+  [[nodiscard]] bool fresh() const noexcept { return fresh_; }
   // The longest a lease granted by an earlier run may still be live, as
   // recorded by it (see record_lease_bound); 0 if unknown (fresh dir).
   [[nodiscard]] std::uint64_t previous_lease_bound_ms() const noexcept { return lease_bound_ms_; }
@@ -110,12 +116,25 @@ class TokenStore {
   std::uint64_t floor_ = 0;
   std::uint64_t token_floor_ = 0;
   bool cluster_before_ = false;
+  bool fresh_ = false;
   std::uint64_t lease_bound_ms_ = 0;
   std::uint32_t shards_ = 0;
   TokenMode mode_ = TokenMode::kPlain;
   std::atomic<std::uint64_t> reservations_{0};
   AtomicLatencyHistogram reservation_latency_;
 };
+
+// The first raw counter value of a plain run on a fresh data dir:
+// `wall_ms` (milliseconds since the Unix epoch) << 20. A fresh dir may be a
+// wiped one whose clients still hold leases (docs/lease-server.md, "A fresh
+// data dir"): every token that dir's runs issued is below this floor as long
+// as they started at a floor of their own (or from 1, before floors
+// existed) and drew fewer than 2^20 tokens per millisecond of wall clock
+// since, about a billion a second. 2026's floor is about 2^60.7, leaving
+// centuries of tokens.
+[[nodiscard]] constexpr std::uint64_t wall_clock_token_floor(std::uint64_t wall_ms) noexcept {
+  return wall_ms << 20;
+}
 
 // One shard's token counter. Not thread-safe: the shard lock guards it.
 class ShardTokens {
