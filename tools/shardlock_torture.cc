@@ -63,6 +63,11 @@ int run(int argc, char** argv) {
                  "lease clients per worker process (0: only the election workload)")
       ->capture_default_str()
       ->check(CLI::Range(0, 256));
+  app.add_option("--threads-per-client", o.threads_per_client,
+                 "lease clients (threads, each with its own history) that share one "
+                 "LeaseClient, as a thread pool shares one client; each acquire is its own owner")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 256));
   app.add_option("--keys", o.keys, "keys the clients contend for")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -257,6 +262,7 @@ int run(int argc, char** argv) {
   CLI::App* worker = app.add_subcommand("worker", "")->group("");
   worker->add_option("--index", w.index)->required();
   worker->add_option("--clients", w.clients)->required();
+  worker->add_option("--threads-per-client", w.threads_per_client);
   worker->add_option("--server", w.server)->required();
   worker->add_flag("--cluster", w.cluster);
   worker->add_option("--node-names", w.node_names);

@@ -7,9 +7,11 @@
 // Properties, per key (a correct system produces no violation). A holder's
 // validity interval runs from its grant received to its last known expiry
 // (the grant's, a renewal's or a hold's, as last recorded), cut at its
-// release invocation or loss. Only holders of different clients conflict: a
-// client that acquires again while holding gets a new grant that supersedes
-// its own older one (client.h), which is no conflict.
+// release invocation or loss. Only holders of different clients conflict. A
+// client is one history (one thread of a worker): it takes a key at a time,
+// so its own intervals never meet. Threads that share one LeaseClient
+// (--threads-per-client) are clients of their own, so the checker judges
+// them against each other exactly as separate processes.
 //   overlap          no exclusive holder's interval overlaps another client's
 //                    holder's (exclusive, shared or permit) on the same key.
 //                    Shared holders may overlap each other, and permit

@@ -243,6 +243,8 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
                                      std::to_string(w),
                                      "--clients",
                                      std::to_string(o.clients_per_worker),
+                                     "--threads-per-client",
+                                     std::to_string(o.threads_per_client),
                                      "--resource",
                                      resource_name,
                                      "--history",

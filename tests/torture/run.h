@@ -40,6 +40,7 @@ struct TortureOptions {
   int fault_seconds = 20;      // how long faults are injected
   int workers = 4;             // worker processes
   int clients_per_worker = 4;  // lease clients per worker
+  int threads_per_client = 1;  // of them, how many share one LeaseClient
   int keys = 8;
   int max_ttl_ms = 1000;               // the server's --max-ttl; clients ask for up to this
   int max_wait_ms = 1000;              // the longest wait an ACQUIRE asks for

@@ -614,8 +614,39 @@ int run_election_role(const WorkerOptions& o, int role) {
   return 0;
 }
 
-// One lease client: its history file, resource connection and LeaseClient.
-int run_client(const WorkerOptions& o, int client) {
+// A LeaseClient for one group of lease clients, with the transport wrapper
+// that names the answering node in cluster mode (null otherwise).
+struct SharedClient {
+  std::unique_ptr<LeaseClient> lease_client;
+  AnsweringNodes* nodes = nullptr;
+};
+
+// The started LeaseClient of a group; false (said on stderr) when it fails.
+bool start_shared_client(const WorkerOptions& o, SharedClient& shared) {
+  LeaseClientOptions options = client_options(o);
+  if (o.cluster) {
+    auto names = std::make_shared<std::map<std::string, std::string>>();
+    for (const std::string& entry : split(o.node_names, ',')) {
+      const std::size_t eq = entry.find('=');
+      if (eq != std::string::npos) (*names)[entry.substr(eq + 1)] = entry.substr(0, eq);
+    }
+    options.wrap_transport = [&shared, names](std::unique_ptr<lease::DatagramTransport> inner) {
+      auto wrapped = std::make_unique<AnsweringNodes>(std::move(inner), names);
+      shared.nodes = wrapped.get();
+      return wrapped;
+    };
+  }
+  shared.lease_client = std::make_unique<LeaseClient>(options);
+  if (const std::error_code ec = shared.lease_client->start()) {
+    std::fprintf(stderr, "worker: %s\n", shared.lease_client->error_detail().c_str());
+    return false;
+  }
+  return true;
+}
+
+// One lease client: its history file and resource connection, over its
+// group's LeaseClient.
+int run_client(const WorkerOptions& o, int client, SharedClient& shared) {
   Recorder history;
   if (!open_history(o, client, history)) return 3;
   ResourceConnection resource;
@@ -623,26 +654,7 @@ int run_client(const WorkerOptions& o, int client) {
     std::fprintf(stderr, "worker: cannot reach the resource\n");
     return 3;
   }
-  LeaseClientOptions options = client_options(o);
-  AnsweringNodes* nodes = nullptr;
-  if (o.cluster) {
-    auto names = std::make_shared<std::map<std::string, std::string>>();
-    for (const std::string& entry : split(o.node_names, ',')) {
-      const std::size_t eq = entry.find('=');
-      if (eq != std::string::npos) (*names)[entry.substr(eq + 1)] = entry.substr(0, eq);
-    }
-    options.wrap_transport = [&nodes, names](std::unique_ptr<lease::DatagramTransport> inner) {
-      auto wrapped = std::make_unique<AnsweringNodes>(std::move(inner), names);
-      nodes = wrapped.get();
-      return wrapped;
-    };
-  }
-  LeaseClient lease_client(options);
-  if (const std::error_code ec = lease_client.start()) {
-    std::fprintf(stderr, "worker: %s\n", lease_client.error_detail().c_str());
-    return 3;
-  }
-  ClientLoop(o, client, history, resource, lease_client, nodes).run();
+  ClientLoop(o, client, history, resource, *shared.lease_client, shared.nodes).run();
   return 0;
 }
 
@@ -655,11 +667,22 @@ int run_worker(const WorkerOptions& o) {
        role += std::max(o.workers, 1)) {
     roles.push_back(role);
   }
+  // One LeaseClient per group of threads_per_client lease clients, started
+  // before any of them runs (a deque: the transport wrapper keeps a pointer
+  // into its element).
+  const int per_group = std::max(o.threads_per_client, 1);
+  std::deque<SharedClient> groups(
+      static_cast<std::size_t>((o.clients + per_group - 1) / per_group));
+  for (SharedClient& group : groups) {
+    if (!start_shared_client(o, group)) return 3;
+  }
   std::vector<int> status(static_cast<std::size_t>(o.clients) + roles.size(), 0);
   std::vector<std::thread> threads;
   for (int t = 0; t < o.clients; ++t) {
-    threads.emplace_back(
-        [&, t] { status[static_cast<std::size_t>(t)] = run_client(o, o.index * o.clients + t); });
+    threads.emplace_back([&, t] {
+      status[static_cast<std::size_t>(t)] =
+          run_client(o, o.index * o.clients + t, groups[static_cast<std::size_t>(t / per_group)]);
+    });
   }
   for (std::size_t n = 0; n < roles.size(); ++n) {
     threads.emplace_back([&, n] {

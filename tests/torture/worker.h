@@ -1,7 +1,10 @@
 // worker.h: one worker process of a torture run. It runs `clients` lease
-// clients, each on its own thread with its own LeaseClient (its own owner
-// identity), looping until end_ns over cycles of four kinds, picked per
-// cycle by the client's seeded random stream:
+// clients, each on its own thread with its own history, looping until
+// end_ns over cycles of four kinds, picked per cycle by the client's seeded
+// random stream. Each group of `threads_per_client` of them shares one
+// LeaseClient, as the threads of a pool share one client: every acquire is
+// an owner of its own, so the checker judges them as separate clients.
+// The cycles:
 //
 //   exclusive  acquire a key of a small set (key-N), sometimes renew it,
 //              read the key's counter from the fenced resource, write
@@ -61,11 +64,12 @@
 namespace shardlock::torture {
 
 struct WorkerOptions {
-  int index = 0;         // the worker process's index
-  int clients = 1;       // lease clients (threads) in this process
-  std::string server;    // HOST:PORT the clients send to (the proxy); in
-                         // cluster mode, the seeds, comma-separated
-  bool cluster = false;  // discover the cluster's map from the seeds
+  int index = 0;               // the worker process's index
+  int clients = 1;             // lease clients (threads) in this process
+  int threads_per_client = 1;  // of them, how many share one LeaseClient
+  std::string server;          // HOST:PORT the clients send to (the proxy); in
+                               // cluster mode, the seeds, comma-separated
+  bool cluster = false;        // discover the cluster's map from the seeds
   // Cluster mode: "id=HOST:PORT,..." naming each node by the address its
   // map entry (its proxy) has; a grant from an unnamed address is recorded
   // with the address.
