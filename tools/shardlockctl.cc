@@ -3,9 +3,11 @@
 //   shardlockctl [GLOBAL FLAGS] SUBCOMMAND [FLAGS] [GLOBAL FLAGS]
 //     global: --server HOST:PORT[,HOST:PORT...] --timeout DUR --auth-key FILE
 //             --discover, and the output switch -w json | --json
-//     run     KEY... [-w DUR | -n] [-s | --permits P] [--value V] [-E N] [--ttl DUR]
-//             [--on-lost term|kill|ignore] -- COMMAND ARGS...
-//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--value V] [--owner HEX]
+//     run     KEY... [-w DUR | -n] [-s | --permits P] [--value V] [-E N] [-q] [--ttl DUR]
+//             [--on-lost term|kill|ignore] [--kill-after DUR] -- COMMAND ARGS...
+//     elect   NAME [-w DUR | -n] [--value V] [-E N] [-q] [--ttl DUR] [--on-lost ...]
+//             [--kill-after DUR] -- COMMAND ARGS...
+//     acquire KEY... --ttl DUR [-w DUR] [-s | --permits P] [--value V] [--owner HEX] [-q]
 //     renew   KEY --token T --owner HEX --ttl DUR
 //     release KEY --token T --owner HEX
 //     query   KEY          (each holder, and the waiters)
@@ -25,7 +27,12 @@
 // server's --max-wait is queued again until it is spent. A key it cannot
 // take prints nothing on stdout (the command's stream): the reason goes to
 // stderr and the exit status is -E's (69 by default, EX_UNAVAILABLE, so it
-// is not the command's own 1).
+// is not the command's own 1), for a server in its lock-delay too, so that
+// `run -n -E 0 -q` skips a turn quietly. A wait that lasts over a second
+// says once on stderr what it waits for and how long at most (flock -v
+// style) unless -q. A lease lost while the command runs (the message says
+// why) gets it SIGTERM, then SIGKILL after --kill-after (5s), as timeout -k
+// and consul lock do, so it cannot go on past another holder's grant.
 //
 // Several keys (up to 16, all owned by one node) are taken all or nothing
 // with one ACQUIRE_MANY, exclusive or shared; --permits takes one key.
@@ -54,7 +61,7 @@
 //   run: the command's own exit status (128+N if killed by signal N;
 //        126 not executable, 127 not found), except 5 when it cannot be
 //        learned, -E's status (69) when the lease was not acquired (busy,
-//        or -w ran out), and
+//        recovering, or -w ran out), and
 //   75 the lease was lost while the command ran (EX_TEMPFAIL)
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -72,7 +79,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -136,7 +145,18 @@ struct Globals {
 struct Output {
   bool json = false;
   bool errors_to_stderr = false;  // run: stdout is the command's
+  // -q: no line while waiting, and a conflict (is_conflict()) is told by
+  // the exit status alone, as flock -n tells it (acquire's JSON result on
+  // stdout still says it).
+  bool quiet = false;
 };
+
+// The key is not to be had now: another owner holds it (busy, or the wait
+// ran out) or the server is in its lock-delay. run and elect exit -E's
+// status for these; -q says nothing about them.
+bool is_conflict(const std::error_code& ec) {
+  return ec == LeaseErrc::kBusy || ec == LeaseErrc::kTimeout || ec == LeaseErrc::kRecovering;
+}
 
 int exit_code_for(const std::error_code& ec) {
   if (!ec) return kExitOk;
@@ -343,12 +363,13 @@ std::string failure_text(const Failure& f, milliseconds ttl, milliseconds wait) 
 // status.
 int report(const Output& out, const std::vector<std::string>& keys, const Failure& f,
            milliseconds ttl = {}, milliseconds wait = {}) {
+  const bool silent = out.quiet && !f.auth_failed && is_conflict(f.error);
   // For people: on stderr always (with JSON too, unless the JSON goes there).
-  if (!out.json || !out.errors_to_stderr) {
+  if (!silent && (!out.json || !out.errors_to_stderr)) {
     std::fprintf(stderr, "shardlockctl: %s%s%s\n", shown_keys(keys).c_str(),
                  keys.empty() ? "" : ": ", failure_text(f, ttl, wait).c_str());
   }
-  if (!out.json) return failure_status(f);
+  if (!out.json || (silent && out.errors_to_stderr)) return failure_status(f);
   Json j;
   if (!keys.empty()) put_keys(j, keys);
   j["error"] = failure_name(f);
@@ -524,6 +545,180 @@ Failure acquire_failure(LeaseClient& client, const Globals& g, milliseconds time
   return f;
 }
 
+// ------------------------------------------------------------------ waiting
+
+// How long a wait goes on before it says, once, what it waits for (as
+// flock -v does): a wait that ends sooner prints nothing.
+constexpr milliseconds kNoticeAfter{1000};
+
+// A duration in a line people read while they wait: to a tenth of a second.
+std::string tenths_text(std::uint64_t ms) { return seconds_text((ms + 50) / 100 * 100); }
+
+// What run, elect and acquire --wait wait for.
+struct WaitTarget {
+  std::vector<std::string> keys;
+  milliseconds wait{0};   // kForever: until granted
+  bool election = false;  // elect: the one key is the election's name
+};
+
+// The line a wait prints once it has lasted kNoticeAfter: what holds the
+// acquire up (a holder and its time left, or the server's lock-delay and
+// when it ends) and how long the wait goes on at most. It learns that from
+// one WATCH per key that asks for the key's state at once: a WATCH takes
+// nothing and moves no waiter, so the queued ACQUIRE keeps its place; and
+// unlike QUERY it is answered RECOVERING during a lock-delay, with the time
+// left. The WATCHes are asynchronous, so the caller's loop keeps taking
+// signals while they are out.
+class WaitNotice {
+ public:
+  WaitNotice(LeaseClient& client, WaitTarget target)
+      : client_(client), target_(std::move(target)) {}
+
+  // Called on every turn of the caller's waiting loop with how long it has
+  // waited: sends the WATCHes at kNoticeAfter, prints once they are all
+  // answered (each is, by the client's request timeout).
+  void poll(milliseconds waited) {
+    if (said_ || waited < kNoticeAfter) return;
+    if (!answers_) {
+      answers_ = std::make_shared<Answers>();
+      answers_->events.resize(target_.keys.size());
+      for (std::size_t i = 0; i < target_.keys.size(); ++i) {
+        // The completion may run after this object is gone (the acquire
+        // was granted first): it holds the answers, not `this`.
+        client_.watch_async(target_.keys[i], KeyVersion{}, milliseconds{0},
+                            [answers = answers_, i](const CallResult& r) {
+                              std::lock_guard lock(answers->mutex);
+                              answers->events[i] = watch_event(r);
+                            });
+      }
+      return;
+    }
+    std::vector<WatchEvent> events;
+    {
+      std::lock_guard lock(answers_->mutex);
+      for (const std::optional<WatchEvent>& e : answers_->events) {
+        if (!e) return;
+        events.push_back(*e);
+      }
+    }
+    said_ = true;
+    std::fprintf(stderr, "shardlockctl: %s\n", line(events).c_str());
+    std::fflush(stderr);
+  }
+
+ private:
+  struct Answers {
+    std::mutex mutex;
+    std::vector<std::optional<WatchEvent>> events;  // by key; empty until answered
+  };
+
+  // "up to 1m30s" or "until granted".
+  [[nodiscard]] std::string how_long() const {
+    if (target_.wait == kForever) return target_.election ? "until elected" : "until granted";
+    return "up to " + seconds_text(static_cast<std::uint64_t>(target_.wait.count()));
+  }
+  [[nodiscard]] const char* verb() const { return target_.election ? "campaigning" : "waiting"; }
+
+  // Who holds a key and how long its lease has left.
+  [[nodiscard]] std::string holder_text(const WatchEvent& e) const {
+    std::uint64_t longest = 0;
+    std::uint64_t soonest = UINT64_MAX;
+    for (const HolderInfo& h : e.holders) {
+      const auto left = static_cast<std::uint64_t>(h.ttl_left.count());
+      longest = std::max(longest, left);
+      soonest = std::min(soonest, left);
+    }
+    if (e.holders.empty()) soonest = 0;
+    if (e.mode == LeaseMode::kShared) {
+      return "held shared by " + std::to_string(e.holder_count) + " owner" +
+             (e.holder_count == 1 ? "" : "s") + ", " + tenths_text(longest) +
+             " left on the longest lease";
+    }
+    if (e.mode == LeaseMode::kPermit) {
+      return std::to_string(e.holder_count) + " of " + std::to_string(e.permits) +
+             " permits held, the first to end has " + tenths_text(soonest) + " left";
+    }
+    // An exclusive holder is always listed, the newest last.
+    if (e.holders.empty()) return "held by another owner";
+    const HolderInfo& holder = e.holders.back();
+    if (target_.election) {
+      return "led by " +
+             (holder.value.empty() ? std::string("another owner") : shown(holder.value)) +
+             ", term " + std::to_string(holder.token) + ", " + tenths_text(longest) +
+             " left on its lease";
+    }
+    return "held by another owner, " + tenths_text(longest) + " left on its lease";
+  }
+
+  [[nodiscard]] std::string line(const std::vector<WatchEvent>& events) const {
+    const std::vector<std::string>& keys = target_.keys;
+    const std::string what =
+        target_.election ? "leadership of " + shown(keys.front()) : shown_keys(keys);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (events[i].error == LeaseErrc::kRecovering) {
+        return "server " + client_.address_for(keys[i]) +
+               " is recovering after a restart (its lock-delay): grants in " +
+               tenths_text(events[i].retry_after_ms) + "; " + verb() + " for " + what + " " +
+               how_long();
+      }
+    }
+    // Several keys: the first that is held names the holder.
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      const WatchEvent& e = events[i];
+      if (e.error || !e.held()) continue;
+      return std::string(verb()) + " for " + what + " (" +
+             (keys.size() > 1 ? shown(keys[i]) + " is " : "") + holder_text(e) + "; " + verb() +
+             " " + how_long() + ")";
+    }
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (!events[i].error) continue;
+      return std::string(verb()) + " for " + what + " (the server " + client_.address_for(keys[i]) +
+             " did not say what holds it up: " + error_name(events[i].error) + "; " + verb() + " " +
+             how_long() + ")";
+    }
+    // Free, yet not granted: queued behind earlier waiters, or being granted now.
+    std::uint32_t waiters = 0;
+    for (const WatchEvent& e : events) waiters = std::max(waiters, e.waiters);
+    return std::string(verb()) + " for " + what + " (not held, " + std::to_string(waiters) +
+           " waiting; " + verb() + " " + how_long() + ")";
+  }
+
+  LeaseClient& client_;
+  const WaitTarget target_;
+  std::shared_ptr<Answers> answers_;  // null until the WATCHes are sent
+  bool said_ = false;
+};
+
+// acquire_keys() on a thread of its own, waited for here: `pause` blocks
+// for one turn of the loop (run takes its signals there). A wait that
+// lasts kNoticeAfter prints what it waits for, once, unless `quiet`.
+Acquired acquire_telling(LeaseClient& client, const std::vector<std::string>& keys,
+                         const KindArg& kind, milliseconds ttl, milliseconds wait,
+                         LeaseOptions options, bool quiet, bool election,
+                         const std::function<void()>& pause) {
+  Acquired acquired;
+  std::atomic<bool> done{false};
+  std::thread acquirer([&] {
+    acquired = acquire_keys(client, keys, kind, ttl, wait, std::move(options));
+    // Release pairs with the acquire loads below: `acquired` is written first.
+    done.store(true, std::memory_order_release);
+  });
+  std::optional<WaitNotice> notice;
+  if (!quiet && wait > kNoticeAfter) {
+    notice.emplace(client, WaitTarget{keys, wait, election});
+  }
+  const auto start = std::chrono::steady_clock::now();
+  while (!done.load(std::memory_order_acquire)) {
+    pause();
+    if (notice) {
+      notice->poll(
+          std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - start));
+    }
+  }
+  acquirer.join();
+  return acquired;
+}
+
 struct DurationArg {
   std::string text;
   milliseconds value{0};
@@ -544,10 +739,6 @@ bool parse_arg(DurationArg& d, const char* flag, ZeroDuration zero) {
 
 // ------------------------------------------------------------------ run
 
-const char* signal_for(const std::string& on_lost) {
-  return on_lost == "kill" ? "SIGKILL" : on_lost == "term" ? "SIGTERM" : "none";
-}
-
 // What run was asked to do.
 struct RunArgs {
   std::vector<std::string> keys;
@@ -556,9 +747,37 @@ struct RunArgs {
   milliseconds wait;  // kForever: until granted
   int conflict_status = kExitConflictDefault;
   std::string on_lost = "term";
+  // --on-lost term: SIGKILL this long after the SIGTERM if the command is
+  // still running (as timeout -k, consul lock); 0: never.
+  milliseconds kill_after{0};
   std::vector<std::string> command;
   bool election = false;  // elect: the lease is leadership, its token the term
 };
+
+// Why a lease was lost, for "lease on 'KEY' lost: ...". `unconfirmed`: how
+// long before the loss the last confirmed grant or renewal was sent.
+std::string loss_text(const LeaseLost& lost, milliseconds unconfirmed, const std::string& node) {
+  const std::error_code& reason = lost.reason;
+  if (reason == LeaseErrc::kExpired && !lost.refused_by_server) {
+    return "expired: no renewal confirmed for " +
+           tenths_text(static_cast<std::uint64_t>(std::max<std::int64_t>(unconfirmed.count(), 0))) +
+           " (its ttl): the server " + node + " did not answer in time";
+  }
+  if (reason == LeaseErrc::kNotOwner) {
+    return "the server " + node +
+           " refused its renewal: not owner (the lease was released or taken over; another owner "
+           "may hold it now)";
+  }
+  if (reason == LeaseErrc::kExpired) {
+    return "the server " + node +
+           " refused its renewal: expired (it no longer holds this lease: it ran out there, or "
+           "the key moved to another node)";
+  }
+  if (reason == LeaseErrc::kServerError) {
+    return "the server " + node + " answered its renewal with ERROR";
+  }
+  return reason.message();
+}
 
 int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, const Output& out,
                 const RunArgs& args) {
@@ -573,10 +792,12 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
   sigemptyset(&handled);
   for (int s : {SIGCHLD, SIGTERM, SIGINT, SIGHUP}) sigaddset(&handled, s);
 
-  // Which key was lost first; written on the watchdog thread, read below.
+  // The first loss, and when it was seen; written on the watchdog thread,
+  // read below.
   struct Loss {
     std::mutex mutex;
-    std::string key;
+    std::optional<LeaseLost> event;
+    LeaseClock::time_point at;
   } loss;
   std::atomic<bool> lost{false};
   LeaseOptions options;
@@ -584,23 +805,19 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
   options.on_lost = [&lost, &loss](const LeaseLost& event) {
     {
       std::lock_guard lock(loss.mutex);
-      if (loss.key.empty()) loss.key = event.key;
+      if (!loss.event) {
+        loss.event = event;
+        loss.at = LeaseClock::now();
+      }
     }
-    // Relaxed is enough: the key rides under loss.mutex, not on the flag.
+    // Relaxed is enough: the loss rides under loss.mutex, not on the flag.
     lost.store(true, std::memory_order_relaxed);
   };
   // The wait may be long (by default, until granted): it runs on its own
   // thread so that a signal can end it here. The queued ACQUIRE cannot be
   // taken back: should the server grant it after we left, the lease stands
   // until its TTL runs out, as a crashed holder's would.
-  Acquired acquired;
-  std::atomic<bool> acquire_done{false};
-  std::thread acquirer([&] {
-    acquired = acquire_keys(client, keys, args.kind, args.ttl, args.wait, std::move(options));
-    // Release pairs with the acquire load below: `acquired` is written first.
-    acquire_done.store(true, std::memory_order_release);
-  });
-  while (!acquire_done.load(std::memory_order_acquire)) {
+  const auto take_signals = [&] {
     const timespec tick{0, 20'000'000};
     siginfo_t info{};
     const int sig = ::sigtimedwait(&handled, &info, &tick);
@@ -610,13 +827,13 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
       std::fflush(stderr);
       std::_Exit(128 + sig);  // the acquirer is blocked in the client: no unwinding
     }
-  }
-  acquirer.join();
+  };
+  Acquired acquired = acquire_telling(client, keys, args.kind, args.ttl, args.wait,
+                                      std::move(options), out.quiet, args.election, take_signals);
   if (acquired.error) {
     const Failure f = acquire_failure(client, g, timeout, keys, acquired, args.ttl);
     const int status = report(out, keys, f, args.ttl, args.wait);
-    const bool conflict = f.error == LeaseErrc::kBusy || f.error == LeaseErrc::kTimeout;
-    return conflict ? args.conflict_status : status;
+    return is_conflict(f.error) ? args.conflict_status : status;
   }
   std::vector<Lease>& leases = acquired.leases;
   std::vector<std::string> tokens;
@@ -675,6 +892,9 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
   }
 
   bool signalled_for_loss = false;
+  // --kill-after: when the command, sent SIGTERM for a lost lease, gets
+  // SIGKILL if it is still running.
+  std::optional<std::chrono::steady_clock::time_point> kill_at;
   int status = 0;
   bool status_known = true;
   for (;;) {
@@ -689,16 +909,48 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
     }
     if (lost.load(std::memory_order_relaxed) && !signalled_for_loss) {
       signalled_for_loss = true;
-      std::string lost_key;
+      LeaseLost event;
+      LeaseClock::time_point lost_at;
       {
         std::lock_guard lock(loss.mutex);
-        lost_key = loss.key;
+        event = *loss.event;
+        lost_at = loss.at;
       }
-      std::fprintf(stderr, "shardlockctl: lease on '%s' lost; %s the command\n",
-                   shown(lost_key).c_str(),
-                   on_lost == "ignore" ? "not signalling" : signal_for(on_lost));
-      if (on_lost == "term") ::kill(child, SIGTERM);
+      milliseconds unconfirmed{0};
+      for (const Lease& lease : leases) {
+        if (lease.key() == event.key && lease.token() == event.token) {
+          unconfirmed =
+              std::chrono::duration_cast<milliseconds>(lost_at - lease.expiry()) + lease.ttl();
+        }
+      }
+      const std::string action =
+          on_lost == "ignore" ? std::string("not signalling the command (--on-lost ignore)")
+          : on_lost == "kill" ? std::string("sending SIGKILL to the command")
+          : args.kill_after.count() > 0
+              ? "sending SIGTERM to the command, SIGKILL if it is still running in " +
+                    seconds_text(static_cast<std::uint64_t>(args.kill_after.count())) +
+                    " (--kill-after)"
+              : std::string("sending SIGTERM to the command");
+      std::fprintf(stderr, "shardlockctl: lease on '%s' lost: %s; %s\n", shown(event.key).c_str(),
+                   loss_text(event, unconfirmed, client.address_for(event.key)).c_str(),
+                   action.c_str());
+      std::fflush(stderr);
+      if (on_lost == "term") {
+        ::kill(child, SIGTERM);
+        if (args.kill_after.count() > 0) {
+          kill_at = std::chrono::steady_clock::now() + args.kill_after;
+        }
+      }
       if (on_lost == "kill") ::kill(child, SIGKILL);
+    }
+    if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
+      kill_at.reset();
+      std::fprintf(stderr,
+                   "shardlockctl: the command is still running %s after SIGTERM: sending "
+                   "SIGKILL\n",
+                   seconds_text(static_cast<std::uint64_t>(args.kill_after.count())).c_str());
+      std::fflush(stderr);
+      ::kill(child, SIGKILL);
     }
     // Wake for a child exit or a signal to forward; the 20 ms bound is
     // how late a lost lease may be noticed.
@@ -1416,6 +1668,8 @@ int run(int argc, char** argv) {
   std::string short_w;
   bool nonblock = false;
   int conflict_status = kExitConflictDefault;
+  bool quiet = false;            // -q: acquire, run, elect
+  DurationArg kill_after{"5s"};  // run, elect
   std::string owner_hex;
   std::uint64_t token = 0;
   // acquire and run take their keys the same way.
@@ -1445,8 +1699,14 @@ int run(int argc, char** argv) {
                       "Wait up to this long for the holder(s) to let go (default 0: answer busy "
                       "at once)");
   add_kind_flags(acquire);
-  acquire->add_option("--owner", owner_hex,
-                      "Act as this owner (32 hex digits); default: a new random owner");
+  acquire->add_option(
+      "--owner", owner_hex,
+      "Act as this owner (32 hex digits): the lease is held by exactly this "
+      "owner, as renew and release --owner name it; default: a fresh owner of its own");
+  acquire->add_flag("-q,--quiet", quiet,
+                    "No line on stderr while waiting (after 1s a --wait prints what holds the key "
+                    "and how long it waits at most), nor when busy, recovering or the wait ran "
+                    "out: the exit status says it (JSON still prints its result)");
   add_global_flags(*acquire, g, /*short_w=*/false);
 
   auto* renew = app.add_subcommand("renew", "Extend a lease you hold");
@@ -1508,27 +1768,44 @@ int run(int argc, char** argv) {
       "Hold a lease (or several keys' leases, all or nothing) while COMMAND runs, like flock: "
       "waits for it unless -n or -w; the command sees SHARDLOCK_KEY, SHARDLOCK_TOKEN (comma "
       "separated for several keys, in the order given), SHARDLOCK_MODE, SHARDLOCK_OWNER and "
-      "SHARDLOCK_SERVER. Not acquired: nothing on stdout, the reason on stderr, exit -E's "
-      "status");
+      "SHARDLOCK_SERVER. Not acquired: nothing on stdout, the reason on stderr (unless -q), "
+      "exit -E's status");
   run->add_option("key", keys, "The key(s), then -- COMMAND ARGS...")->required();
   run->add_option("--ttl", ttl.text, "Lease duration; renewed every ttl/3 while the command runs")
       ->default_str("30s");
   run->add_option("--wait", wait.text,
                   "Wait at most this long for the holder(s) to let go (default: until granted; a "
                   "wait beyond the server's --max-wait queues again until it is spent)");
-  run->add_flag("-n,--nonblock", nonblock, "Do not wait: fail at once if a key is held");
+  run->add_flag("-n,--nonblock", nonblock,
+                "Do not wait: fail at once if a key is held or the server is in its lock-delay");
   run->add_option("-E,--conflict-exit-code", conflict_status,
-                  "Exit status when the lease is not acquired (busy, or the wait ran out)")
+                  "Exit status when the lease is not acquired: busy, the server recovering (its "
+                  "lock-delay after a restart), or the wait ran out. -n -E 0 -q: skip quietly")
       ->check(CLI::Range(0, 255))
       ->capture_default_str();
+  run->add_flag("-q,--quiet", quiet,
+                "Say nothing on stderr about waiting (after 1s of waiting a line says what holds "
+                "the lease up and how long it waits at most) or about not acquiring it (busy, "
+                "recovering, the wait ran out): the exit status says it, as with flock -n");
   add_kind_flags(run);
-  run->add_option("--on-lost", run_args.on_lost, "What to do to the command if a lease is lost")
+  run->add_option("--on-lost", run_args.on_lost,
+                  "What to do to the command if a lease is lost: term (SIGTERM, then SIGKILL "
+                  "after --kill-after), kill (SIGKILL) or ignore")
       ->check(CLI::IsMember({"term", "kill", "ignore"}))
+      ->capture_default_str();
+  run->add_option("--kill-after", kill_after.text,
+                  "With --on-lost term: SIGKILL the command if it is still running this long "
+                  "after the SIGTERM, so it cannot work on past another holder's grant (as "
+                  "timeout -k); 0: never")
       ->capture_default_str();
   add_global_flags(*run, g, /*short_w=*/false);
   run->footer(
       "The command follows --: shardlockctl run KEY... [-w 10s | -n] -- COMMAND ARGS...\n"
-      "A lease lost while the command runs: --on-lost's signal to it, and exit 75.");
+      "A wait of over 1s prints one line on stderr saying what it waits for (a holder and its "
+      "time left, or the server's lock-delay) and how long at most, unless -q.\n"
+      "A lease lost while the command runs (it expired unrenewed, or the server refused its "
+      "renewal; the message says which): SIGTERM to the command, SIGKILL after --kill-after "
+      "(--on-lost), and exit 75.");
 
   auto* elect = app.add_subcommand(
       "elect",
@@ -1550,18 +1827,34 @@ int run(int argc, char** argv) {
       ->default_str("10s");
   elect->add_option("-w", short_w, "DUR: same as --wait; json or text: same as --write-out");
   elect->add_option("--wait", wait.text, "Campaign at most this long (default: until elected)");
-  elect->add_flag("-n,--nonblock", nonblock, "Do not wait: fail at once if another leads");
+  elect->add_flag("-n,--nonblock", nonblock,
+                  "Do not wait: fail at once if another leads or the server is in its lock-delay");
   elect
       ->add_option("-E,--conflict-exit-code", conflict_status,
-                   "Exit status when not elected (another leads, or the wait ran out)")
+                   "Exit status when not elected: another leads, the server is recovering (its "
+                   "lock-delay after a restart), or the wait ran out")
       ->check(CLI::Range(0, 255))
       ->capture_default_str();
+  elect->add_flag("-q,--quiet", quiet,
+                  "Say nothing on stderr about campaigning (after 1s a line says who leads and "
+                  "how long it waits at most) or about not being elected: the exit status says it");
   elect
-      ->add_option("--on-lost", run_args.on_lost, "What to do to the command if leadership is lost")
+      ->add_option("--on-lost", run_args.on_lost,
+                   "What to do to the command if leadership is lost: term (SIGTERM, then SIGKILL "
+                   "after --kill-after), kill (SIGKILL) or ignore")
       ->check(CLI::IsMember({"term", "kill", "ignore"}))
       ->capture_default_str();
+  elect
+      ->add_option("--kill-after", kill_after.text,
+                   "With --on-lost term: SIGKILL the command if it is still running this long "
+                   "after the SIGTERM, so it cannot act on past the next leader's election; 0: "
+                   "never")
+      ->capture_default_str();
   add_global_flags(*elect, g, /*short_w=*/false);
-  elect->footer("shardlockctl elect NAME --value HOST:PORT -- COMMAND ARGS...");
+  elect->footer(
+      "shardlockctl elect NAME --value HOST:PORT -- COMMAND ARGS...\n"
+      "Lost leadership (the message says why): SIGTERM to the command, SIGKILL after "
+      "--kill-after (--on-lost), and exit 75.");
 
   auto* leader = app.add_subcommand(
       "leader",
@@ -1642,6 +1935,7 @@ int run(int argc, char** argv) {
   Output out;
   out.json = g.output.json();
   out.errors_to_stderr = run->parsed() || elect->parsed();
+  out.quiet = quiet;
   DurationArg timeout{g.timeout};
   if (members->parsed() || drain->parsed()) {
     if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
@@ -1668,7 +1962,8 @@ int run(int argc, char** argv) {
   if (elect->parsed() && ttl.text.empty()) ttl.text = "10s";
   if (!parse_arg(timeout, "--timeout", ZeroDuration::kRejected) ||
       !parse_arg(ttl, "--ttl", ZeroDuration::kRejected) ||
-      !parse_arg(wait, "--wait", ZeroDuration::kAllowed)) {
+      !parse_arg(wait, "--wait", ZeroDuration::kAllowed) ||
+      !parse_arg(kill_after, "--kill-after", ZeroDuration::kAllowed)) {
     return kExitUsage;
   }
   if (nonblock && !wait.text.empty()) {
@@ -1682,6 +1977,9 @@ int run(int argc, char** argv) {
   options.nodes = split_node_list(g.servers);
   options.discover_cluster = g.discover;
   options.request_timeout = timeout.value;
+  // acquire --owner: the lease's owner (each acquire is otherwise a fresh
+  // owner of its own); renew, release --owner: the raw calls' owner.
+  LeaseOptions acquire_options;
   if (!owner_hex.empty()) {
     const auto id = parse_client_id(owner_hex);
     if (!id) {
@@ -1689,6 +1987,7 @@ int run(int argc, char** argv) {
                                            "--owner wants 32 hex digits, got '" + owner_hex + "'");
     }
     options.client_id = *id;
+    acquire_options.owner = *id;
   }
   const auto auth = shardlock::tools::load_auth_key_flag(g.auth_key_file);
   if (!auth.error.empty()) return shardlock::tools::usage_error(kTool, auth.error);
@@ -1767,7 +2066,12 @@ int run(int argc, char** argv) {
   }
 
   if (acquire->parsed()) {
-    Acquired a = acquire_keys(client, keys, kind, ttl.value, wait.value, {});
+    Acquired a =
+        !quiet && wait.value > kNoticeAfter
+            ? acquire_telling(client, keys, kind, ttl.value, wait.value, std::move(acquire_options),
+                              quiet, /*election=*/false,
+                              [] { std::this_thread::sleep_for(milliseconds(20)); })
+            : acquire_keys(client, keys, kind, ttl.value, wait.value, std::move(acquire_options));
     if (a.error) {
       return report(out, keys, acquire_failure(client, g, timeout.value, keys, a, ttl.value),
                     ttl.value, wait.value);
@@ -1885,6 +2189,7 @@ int run(int argc, char** argv) {
     run_args.ttl = ttl.value;
     run_args.wait = wait.value;
     run_args.conflict_status = conflict_status;
+    run_args.kill_after = kill_after.value;
     return run_command(client, g, timeout.value, out, run_args);
   }
   return kExitUsage;

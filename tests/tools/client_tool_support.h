@@ -265,19 +265,9 @@ class ChildProcess {
   }
 
   // One stdout line, or "" if none arrives within `timeout`.
-  std::string read_line(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string line;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{out_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      char c = 0;
-      if (::read(out_, &c, 1) != 1) break;
-      if (c == '\n') return line;
-      line += c;
-    }
-    return line;
-  }
+  std::string read_line(std::chrono::milliseconds timeout) { return line_of(out_, timeout); }
+  // One stderr line, likewise.
+  std::string read_stderr_line(std::chrono::milliseconds timeout) { return line_of(err_, timeout); }
 
   // Collects output until the child exits or `timeout` passes (then kills it
   // and reports exit_code -1).
@@ -323,6 +313,20 @@ class ChildProcess {
   }
 
  private:
+  static std::string line_of(int fd, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::string line;
+    while (std::chrono::steady_clock::now() < deadline) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, 50) <= 0) continue;
+      char c = 0;
+      if (::read(fd, &c, 1) != 1) break;
+      if (c == '\n') return line;
+      line += c;
+    }
+    return line;
+  }
+
   pid_t pid_ = -1;
   int out_ = -1;
   int err_ = -1;

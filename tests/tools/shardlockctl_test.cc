@@ -12,15 +12,20 @@
 
 #include <array>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "tools/client_tool_support.h"
@@ -39,12 +44,18 @@ const std::string kCtl = SHARDLOCK_TOOL_SHARDLOCKCTL;
 const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 
 // A shardlockd on 127.0.0.1:0; address() is empty if it did not come up.
+// An empty `lock_delay` leaves it to the server (none for a fresh data dir,
+// --max-ttl after a restart).
 class Daemon {
  public:
   explicit Daemon(const std::string& lock_delay = "0", const std::vector<std::string>& extra = {})
-      : process_(kDaemon, with_extra({"--listen", "127.0.0.1:0", "--shards", "8", "--lock-delay",
-                                      lock_delay},
-                                     extra)) {
+      : process_(
+            kDaemon,
+            with_extra(lock_delay.empty()
+                           ? std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", "8"}
+                           : std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", "8",
+                                                      "--lock-delay", lock_delay},
+                       extra)) {
     const std::string line = process_.read_line(20s);
     std::smatch m;
     static const std::regex kReady(R"re("listen":"(127\.0\.0\.1:\d+)")re");
@@ -124,24 +135,31 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   const ToolResult waited = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--wait", "200ms"});
   EXPECT_EQ(waited.exit_code, 1);
   EXPECT_EQ(parsed(waited)["error"].text, "timeout");
-  // The same owner acquiring again gets a fresh grant with a newer token;
-  // the first token is dead from then on.
+  // The same owner acquiring again (--owner: exactly that owner, a new
+  // request) is a contender like any other, never a new grant that would
+  // replace the first: busy, and the first grant stands
+  // (docs/lease-server.md, "One owner, one grant").
   const ToolResult again = ctl(d, {"acquire", "deploy/prod", "--ttl", "30s", "--owner", owner});
-  EXPECT_EQ(again.exit_code, 0);
-  EXPECT_GT(parsed(again)["token"].number, grant["token"].number);
-  const ToolResult old_token =
-      ctl(d, {"renew", "deploy/prod", "--token", token, "--owner", owner, "--ttl", "10s"});
-  EXPECT_EQ(old_token.exit_code, 1);
-  EXPECT_EQ(parsed(old_token)["error"].text, "expired");
-  const Json regrant = parsed(again);
-  const std::string token_text =
-      std::to_string(static_cast<std::uint64_t>(regrant["token"].number));
+  EXPECT_EQ(again.exit_code, 1) << again.out;
+  EXPECT_EQ(parsed(again)["error"].text, "busy");
+  const std::string& token_text = token;
+  // --owner is the lease's owner as given, not one derived from it.
+  const std::string chosen(32, 'c');
+  const ToolResult as_chosen =
+      ctl(d, {"acquire", "deploy/chosen", "--ttl", "30s", "--owner", chosen});
+  EXPECT_EQ(as_chosen.exit_code, 0) << as_chosen.err;
+  EXPECT_EQ(parsed(as_chosen)["owner"].text, chosen);
+  const std::string chosen_token =
+      std::to_string(static_cast<std::uint64_t>(parsed(as_chosen)["token"].number));
+  EXPECT_EQ(
+      ctl(d, {"release", "deploy/chosen", "--token", chosen_token, "--owner", chosen}).exit_code,
+      0);
 
   const ToolResult query = ctl(d, {"query", "deploy/prod"});
   EXPECT_EQ(query.exit_code, 0);
   const Json q = parsed(query);
   EXPECT_TRUE(q["held"].boolean);
-  EXPECT_EQ(q["token"].number, regrant["token"].number);
+  EXPECT_EQ(q["token"].number, grant["token"].number);
   EXPECT_GT(q["ttl_left_ms"].number, 0);
   EXPECT_TRUE(q.has("waiters"));
 
@@ -178,8 +196,8 @@ TEST(ShardlockctlTest, AcquireRenewReleaseQueryStatsPrintJsonWithExitCodes) {
   EXPECT_GE(node["counters"]["grants"].number, 1);
   EXPECT_GE(node["counters"]["busy"].number, 1);
   EXPECT_GE(node["counters"]["released"].number, 1);
-  // The gauges beside the counters: the lease taken first was superseded by
-  // the re-grant and that one released, so nothing is held now.
+  // The gauges beside the counters: both leases were released, so nothing
+  // is held now.
   EXPECT_TRUE(std::regex_match(node["version"].text, std::regex(R"(\d+\.\d+\.\d+)")))
       << node["version"].text;
   EXPECT_EQ(node["leases"].number, 0);
@@ -410,6 +428,8 @@ TEST(ShardlockctlTest, RunSignalsTheCommandWhenTheLeaseIsLost) {
     EXPECT_EQ(r.exit_code, 75) << r.err;
     EXPECT_EQ(r.out.find("got-term") != std::string::npos, c.expected_output_found == 1) << r.out;
     EXPECT_NE(r.err.find("lost"), std::string::npos) << r.err;
+    // Why: the renewals went unanswered until the client-side expiry.
+    EXPECT_NE(r.err.find("expired: no renewal confirmed for"), std::string::npos) << r.err;
     if (std::string(c.on_lost) == "ignore") {
       EXPECT_NE(r.out.find("finished"), std::string::npos) << r.out;
     }
@@ -990,6 +1010,196 @@ TEST(ShardlockctlTest, RunCanBeInterruptedWhileItWaits) {
   EXPECT_EQ(r.exit_code, 128 + SIGTERM);
   EXPECT_EQ(r.out, "");
   EXPECT_NE(r.err.find("not acquired"), std::string::npos) << r.err;
+}
+
+// How often `word` occurs in `text`.
+std::size_t occurrences(const std::string& text, const std::string& word) {
+  std::size_t count = 0;
+  for (std::size_t at = text.find(word); at != std::string::npos; at = text.find(word, at + 1)) {
+    ++count;
+  }
+  return count;
+}
+
+// A wait that outlasts a second says once, on stderr, what it waits for
+// and how long at most (flock -v style): run, acquire --wait and elect
+// alike; -q silences it. The holders stay until the lines have been read,
+// then are released by key, token and owner, so nothing hangs on timing.
+TEST(ShardlockctlTest, AWaitBehindAHolderSaysOnceWhatItWaitsFor) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  struct Holder {
+    std::string key;
+    std::string token;
+    std::string owner;
+  };
+  std::vector<Holder> holders;
+  const auto hold = [&d, &holders](const std::string& key, const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"acquire", key, "--ttl", "1m"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    const ToolResult r = ctl(d, args);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const Json j = parsed(r);
+    holders.push_back(
+        {key, std::to_string(static_cast<std::uint64_t>(j["token"].number)), j["owner"].text});
+  };
+  for (const char* key : {"wait/quiet", "wait/run", "wait/acquire"}) hold(key, {});
+  hold("wait/elect", {"--value", "host-a:1"});
+  const auto ctl_child = [&d](std::vector<std::string> args) {
+    args.insert(args.begin(), {"--server", d.address()});
+    return std::make_unique<ChildProcess>(kCtl, args);
+  };
+  const auto with_echo = [](std::vector<std::string> args) {
+    args.insert(args.end(), {"--", "/bin/sh", "-c", "echo ran"});
+    return args;
+  };
+  // The quiet one first: once the others have spoken, it has waited longer.
+  auto quiet = ctl_child(with_echo({"run", "-q", "wait/quiet", "--ttl", "5s"}));
+  ASSERT_TRUE(test_support::poll_until(
+      [&d] {
+        return parsed(ctl(d, {"query", "wait/quiet"}))["waiters"].number >= 1;
+      },
+      test_support::kPollTimeout, 10ms));
+  auto run = ctl_child(with_echo({"run", "wait/run", "--ttl", "5s"}));
+  auto acquire = ctl_child({"acquire", "wait/acquire", "--ttl", "5s", "-w", "50s"});
+  auto elect = ctl_child(with_echo({"elect", "wait/elect", "--ttl", "5s"}));
+
+  const std::string run_line = run->read_stderr_line(20s);
+  EXPECT_EQ(run_line.rfind("shardlockctl: waiting for wait/run (held by another owner, ", 0), 0u)
+      << run_line;
+  EXPECT_TRUE(run_line.ends_with(" left on its lease; waiting until granted)")) << run_line;
+  const std::string acquire_line = acquire->read_stderr_line(20s);
+  EXPECT_EQ(
+      acquire_line.rfind("shardlockctl: waiting for wait/acquire (held by another owner, ", 0), 0u)
+      << acquire_line;
+  EXPECT_TRUE(acquire_line.ends_with(" left on its lease; waiting up to 50s)")) << acquire_line;
+  const std::string elect_line = elect->read_stderr_line(20s);
+  EXPECT_EQ(
+      elect_line.rfind(
+          "shardlockctl: campaigning for leadership of wait/elect (led by host-a:1, term ", 0),
+      0u)
+      << elect_line;
+  EXPECT_TRUE(elect_line.ends_with(" left on its lease; campaigning until elected)")) << elect_line;
+
+  for (const Holder& h : holders) {
+    EXPECT_EQ(ctl(d, {"release", h.key, "--token", h.token, "--owner", h.owner}).exit_code, 0)
+        << h.key;
+  }
+  // Once: nothing more on stderr after the line.
+  for (auto* waiter : {run.get(), elect.get(), quiet.get()}) {
+    const ToolResult r = waiter->finish(30s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "ran\n");
+    EXPECT_EQ(r.err, "");
+  }
+  const ToolResult acquired = acquire->finish(30s);
+  EXPECT_EQ(acquired.exit_code, 0) << acquired.err;
+  EXPECT_EQ(acquired.err, "");
+
+  // A wait that ends at once says nothing.
+  const ToolResult free_key = ctl_text(d, with_echo({"run", "wait/free"}));
+  EXPECT_EQ(free_key.exit_code, 0) << free_key.err;
+  EXPECT_EQ(free_key.err, "");
+  // -n -q on a held key: the status alone says it, as flock -n.
+  ASSERT_EQ(ctl(d, {"acquire", "wait/held", "--ttl", "30s"}).exit_code, 0);
+  const ToolResult busy = ctl_text(d, with_echo({"run", "-n", "-q", "wait/held"}));
+  EXPECT_EQ(busy.exit_code, 69);
+  EXPECT_EQ(busy.out, "");
+  EXPECT_EQ(busy.err, "");
+}
+
+// After a restart the server answers RECOVERING for its lock-delay (here
+// its earlier run's max TTL, a minute: longer than the test). run -n counts
+// that as a conflict (-E's status), so a cron job's `run -n -E 0 -q` skips
+// its turn quietly; without -q it says why. A waiting run says once that
+// the server is recovering and when it grants; -q silences that too.
+TEST(ShardlockctlTest, ALockDelayIsAConflictAndAWaitThroughItSaysSo) {
+  char dir_template[] = "/tmp/shardlockctl-test-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir_template), nullptr);
+  const std::string dir = dir_template;
+  const std::unique_ptr<const std::string, void (*)(const std::string*)> remove_dir(
+      &dir, [](const std::string* path) { std::filesystem::remove_all(*path); });
+  const std::vector<std::string> flags = {"--data-dir", dir, "--max-ttl", "1m"};
+  {
+    Daemon first("", flags);  // a fresh data dir: no lock-delay
+    ASSERT_FALSE(first.address().empty());
+    ASSERT_EQ(ctl(first, {"acquire", "cron/backup", "--ttl", "2s"}).exit_code, 0);
+    first.kill9();
+  }
+  Daemon restarted("", flags);
+  ASSERT_FALSE(restarted.address().empty());
+  const auto run_args = [&restarted](std::vector<std::string> run_flags) {
+    run_flags.insert(run_flags.begin(), {"--server", restarted.address(), "run"});
+    run_flags.insert(run_flags.end(),
+                     {"cron/backup", "--ttl", "2s", "--", "/bin/sh", "-c", "echo ran"});
+    return run_flags;
+  };
+  ChildProcess waiting(kCtl, run_args({"-w", "3s"}));
+  ChildProcess waiting_quietly(kCtl, run_args({"-w", "3s", "-q"}));
+
+  const ToolResult quiet = run_tool(kCtl, run_args({"-n", "-E", "0", "-q"}));
+  EXPECT_EQ(quiet.exit_code, 0) << quiet.err;
+  EXPECT_EQ(quiet.out, "");
+  EXPECT_EQ(quiet.err, "");
+  const ToolResult told = run_tool(kCtl, run_args({"-n", "-E", "0"}));
+  EXPECT_EQ(told.exit_code, 0) << told.err;
+  EXPECT_EQ(told.out, "");
+  EXPECT_NE(told.err.find("cron/backup: the server is recovering"), std::string::npos) << told.err;
+  EXPECT_EQ(run_tool(kCtl, run_args({"-n"})).exit_code, 69);
+
+  const ToolResult r = waiting.finish(30s);
+  EXPECT_EQ(r.exit_code, 69) << r.err;  // still recovering when -w ran out: a conflict
+  EXPECT_EQ(r.out, "");
+  const std::string said = "shardlockctl: server " + restarted.address() +
+                           " is recovering after a restart (its lock-delay): grants in ";
+  EXPECT_EQ(r.err.rfind(said, 0), 0u) << r.err;
+  EXPECT_EQ(occurrences(r.err, said), 1u) << r.err;
+  EXPECT_NE(r.err.find("; waiting for cron/backup up to 3s\n"), std::string::npos) << r.err;
+  const ToolResult q = waiting_quietly.finish(30s);
+  EXPECT_EQ(q.exit_code, 69) << q.err;
+  EXPECT_EQ(q.out, "");
+  EXPECT_EQ(q.err, "");
+}
+
+// A lost lease ends the command even when it ignores SIGTERM: SIGKILL
+// follows --kill-after later, so it cannot work on past another holder's
+// grant (as timeout -k). The lease is taken away as an operator would: it
+// is released by key, token and owner from another process, so the next
+// renewal is refused, and the message says so. Without the SIGKILL, run
+// would wait for the command for ever and finish() would give up (-1).
+TEST(ShardlockctlTest, ALostLeaseKillsACommandThatIgnoresSigterm) {
+  Daemon d;
+  ASSERT_FALSE(d.address().empty());
+  const std::string script =
+      "trap '' TERM; echo \"$SHARDLOCK_TOKEN $SHARDLOCK_OWNER $$\"; while :; do sleep 0.1; done";
+  for (const char* sub : {"run", "elect"}) {
+    SCOPED_TRACE(sub);
+    const std::string key = std::string("kill-after/") + sub;
+    ChildProcess holder(kCtl, {"--server", d.address(), sub, key, "--ttl", "1500ms", "--kill-after",
+                               "1s", "--", "/bin/sh", "-c", script});
+    const std::string line = holder.read_line(20s);
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(line, m, std::regex(R"((\d+) ([0-9a-f]{32}) (\d+))"))) << line;
+    const pid_t command = static_cast<pid_t>(std::stol(m[3].str()));
+    const ToolResult released =
+        ctl(d, {"release", key, "--token", m[1].str(), "--owner", m[2].str()});
+    EXPECT_EQ(released.exit_code, 0) << released.err;
+    const ToolResult r = holder.finish(10s);
+    EXPECT_EQ(r.exit_code, 75) << r.err;
+    EXPECT_NE(r.err.find("lease on '" + key + "' lost: the server " + d.address() +
+                         " refused its renewal"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("sending SIGTERM to the command, SIGKILL if it is still running in 1s"),
+              std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("still running 1s after SIGTERM: sending SIGKILL"), std::string::npos)
+        << r.err;
+    // Gone: killed and reaped by run (not left to run on as an orphan).
+    EXPECT_TRUE(test_support::poll_until(
+        [command] { return ::kill(command, 0) != 0 && errno == ESRCH; }, 5s, 10ms));
+    if (::kill(command, 0) == 0) ::kill(command, SIGKILL);
+  }
 }
 
 // ------------------------------------------------------------ elections
