@@ -2,10 +2,10 @@
 
     import shardlock
     client = shardlock.Client("127.0.0.1:7420")
-    with client.lock("orders/42", ttl=30) as lease:
-        storage.write(data, fence=lease.token)
+    with client.lock("orders/42", ttl=30) as lease:  # waits until granted
+        storage.write(data, fence=lease.token)       # each lock() its own owner
 
-    locks = shardlock.ReentrantLocks(client)  # reentrant for this client
+    locks = shardlock.ReentrantLocks(client)  # reentrant per thread
     with locks.lock("orders/42") as outer, locks.lock("orders/42") as inner:
         assert inner.token == outer.token and inner.hold_count == 2
 

@@ -29,9 +29,10 @@ from . import auth as _auth
 from . import protocol as p
 from . import router as _router
 from .client import (_LAST_TRY_MARGIN, _MAX_REDIRECTS, _REDIRECT_RETRY, _SILENT_SENDS,
-                     NO_VERSION, HoldersResult, KeyVersion, QueryResult, WatchEvent,
-                     _acquire_request, _ClusterMap, _HolderPages, _LeaseFacts, _MapPages, _Node,
-                     _answers, _key_bytes, _now, _request_values, _raise_for_reply,
+                     NO_VERSION, HoldersResult, KeyVersion, Owner, OwnerId, QueryResult,
+                     WatchEvent, _acquire_request, _ClusterMap, _HandleOwners, _HolderPages,
+                     _LeaseFacts, _MapPages, _Node, _WaitRounds, _answers, _key_bytes, _now,
+                     _owner_hex, _raw_answer, _raw_request, _request_values, _raise_for_reply,
                      _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
                      _value_bytes, _watch_answer, _watch_since, Key)
 from .election import LeaderChange, LeaderInfo, _LeaderChanges
@@ -106,12 +107,15 @@ class AsyncLease(_LeaseFacts):
     """A held lease, for asyncio: key, fencing token and the expiry the
     client can prove. `async with lease:` releases it on exit and raises
     LeaseLostError if it was lost while the block ran (unless another
-    exception is on its way). Use it from the client's event loop only."""
+    exception is on its way). Use it from the client's event loop only.
+    Each AsyncLease is its own owner (`owner`), as a Lease is: tasks sharing
+    one AsyncClient exclude each other."""
 
     def __init__(self, client: "AsyncClient", key: bytes, token: int, mode: int, ttl_ms: int,
                  expiry: float, sent: float, watchdog: bool, on_lost: Optional[AsyncOnLost],
-                 renew_fraction: float, node: _Node) -> None:
+                 renew_fraction: float, node: _Node, owner: OwnerId) -> None:
         self._client = client
+        self._owner = owner
         self._node = node  # renewals and releases go where it was granted
         self._key = key
         self._token = token
@@ -161,7 +165,8 @@ class AsyncLease(_LeaseFacts):
             self._timer.cancel()
         if self._renewal is not None and self._renewal is not asyncio.current_task():
             self._renewal.cancel()
-        reply = await self._client._call(p.RELEASE, self._key, (self._token,), node=self._node)
+        reply = await self._client._call(p.RELEASE, self._key, (self._token,), node=self._node,
+                                         owner=self._owner)
         if reply is None:
             raise UnreachableError("no answer to RELEASE of %r" % self.key)
         _raise_for_reply(reply, self.key)
@@ -179,8 +184,8 @@ class AsyncLease(_LeaseFacts):
             raise LeaseLostError(self.key, lost)
 
     def __repr__(self) -> str:
-        return "AsyncLease(key=%r, token=%d, mode=%s, valid=%r)" % (
-            self.key, self._token, self.mode, self.valid)
+        return "AsyncLease(key=%r, token=%d, mode=%s, owner=%s, valid=%r)" % (
+            self.key, self._token, self.mode, self.owner, self.valid)
 
     # ---- internals ----------------------------------------------------------
 
@@ -229,7 +234,8 @@ class AsyncLease(_LeaseFacts):
         self._expiry = min(self._expiry, sent + ttl_ms / 1000.0 - margin(ttl_ms))
         try:
             reply = await client._call(p.RENEW, self._key, (self._token, ttl_ms), timeout=timeout,
-                                       request_id=request_id, sent=sent, node=self._node)
+                                       request_id=request_id, sent=sent, node=self._node,
+                                       owner=self._owner)
         finally:
             self._pending.pop(request_id, None)
         if reply is not None and reply.type == p.RENEWED:
@@ -337,6 +343,7 @@ class AsyncClient:
             raise ValueError("client_id must be 16 bytes")
         self._client_id = (int.from_bytes(raw_id[:8], "little"),
                            int.from_bytes(raw_id[8:], "little"))
+        self._owners = _HandleOwners(self._client_id)  # a fresh owner per acquire
         self._next_id = ((int(__import__("time").time() * 1000) << 20) |
                          random.getrandbits(20)) & 0xFFFFFFFFFFFFFFFF
         self._random = random.Random()
@@ -405,8 +412,8 @@ class AsyncClient:
 
     @property
     def client_id(self) -> str:
-        lo, hi = self._client_id
-        return "%016x%016x" % (hi, lo)
+        """As Client.client_id: the raw calls' default owner, no lease's."""
+        return _owner_hex(self._client_id)
 
     @property
     def map_epoch(self) -> int:
@@ -423,17 +430,27 @@ class AsyncClient:
     def address_for(self, key: Key) -> str:
         return self._route(_key_bytes(key))[0].text
 
-    async def acquire(self, key: Key, ttl: float, wait: float = 0, *, shared: bool = False,
-                      permits: int = 0, watchdog: bool = True,
+    async def acquire(self, key: Key, ttl: float, wait: Optional[float] = 0, *,
+                      shared: bool = False, permits: int = 0, watchdog: bool = True,
                       on_lost: Optional[AsyncOnLost] = None,
                       renew_fraction: float = 1.0 / 3.0,
-                      value: Union[bytes, str, None] = None) -> AsyncLease:
-        """As Client.acquire(). `on_lost(lease, reason)` runs on the loop; if
-        it returns an awaitable, that runs as a task."""
-        data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
-            key, ttl, wait, shared, permits, renew_fraction)
-        sent, reply, node = await self._routed_call(message_type, data, ttl_ms, wait_ms, permits,
-                                                    value=_value_bytes(value))
+                      value: Union[bytes, str, None] = None,
+                      owner: Optional[Owner] = None) -> AsyncLease:
+        """As Client.acquire(): a try by default (wait=0), wait=None or
+        float('inf') until granted; each acquire its own owner unless
+        `owner` names one. `on_lost(lease, reason)` runs on the loop; if it
+        returns an awaitable, that runs as a task."""
+        data, ttl_ms, message_type, mode = _acquire_request(key, ttl, shared, permits,
+                                                            renew_fraction)
+        rounds = _WaitRounds(wait)
+        value_bytes = _value_bytes(value)
+        lease_owner = self._owners.resolve(owner)
+        while True:
+            sent, reply, node = await self._routed_call(message_type, data, ttl_ms,
+                                                        rounds.next_ms(), permits,
+                                                        value=value_bytes, owner=lease_owner)
+            if not rounds.again(reply):
+                break
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
@@ -443,27 +460,46 @@ class AsyncClient:
             # Past its expiry (a wait longer than the TTL): a RENEW proves it
             # still stands, counted from its own send, as Client.acquire().
             probe = AsyncLease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, False,
-                               None, renew_fraction, node)
+                               None, renew_fraction, node, lease_owner)
             try:
                 await probe._renew_once(reply.ttl_ms, self.request_timeout)
             except ShardlockError:
                 pass
             if not probe.valid:
-                await self._call(p.RELEASE, data, (reply.token,), node=node)
+                await self._call(p.RELEASE, data, (reply.token,), node=node, owner=lease_owner)
                 raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
             expiry, sent = probe._expiry, probe._confirmed_sent
         return AsyncLease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
-                          on_lost, renew_fraction, node)
+                          on_lost, renew_fraction, node, lease_owner)
 
-    def lock(self, key: Key, ttl: float = 30, wait: float = 0, **options: Any) -> _LockContext:
+    def lock(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
+             **options: Any) -> _LockContext:
         """An exclusive lease: `async with client.lock(key, ttl=30) as lease:`
-        (released on exit), or `lease = await client.lock(...)`."""
+        (released on exit), or `lease = await client.lock(...)`. Waits until
+        granted by default (wait=None), as Client.lock(); wait=0 for a try."""
         return _LockContext(self.acquire(key, ttl, wait, **options))
 
-    def lock_shared(self, key: Key, ttl: float = 30, wait: float = 0,
+    def lock_shared(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
                     **options: Any) -> _LockContext:
         """A shared lease, as lock()."""
         return _LockContext(self.acquire(key, ttl, wait, shared=True, **options))
+
+    async def renew(self, key: Key, token: int, ttl: float, *,
+                    owner: Optional[Owner] = None) -> float:
+        """As Client.renew(): RENEW of (`key`, `token`) as `owner` (default:
+        this client's id); the TTL granted, in seconds."""
+        data, values, as_owner = _raw_request(self._client_id, key, token, ttl, owner)
+        reply = await self._call(p.RENEW, data, values, node=self._route(data)[0],
+                                 owner=as_owner)
+        return _raw_answer(reply, p.RENEW, data)
+
+    async def release(self, key: Key, token: int, *, owner: Optional[Owner] = None) -> None:
+        """As Client.release(): RELEASE of (`key`, `token`) as `owner`
+        (default: this client's id), waiting for the answer."""
+        data, values, as_owner = _raw_request(self._client_id, key, token, None, owner)
+        reply = await self._call(p.RELEASE, data, values, node=self._route(data)[0],
+                                 owner=as_owner)
+        _raw_answer(reply, p.RELEASE, data)
 
     async def query(self, key: Key) -> QueryResult:
         data = _key_bytes(key)
@@ -530,7 +566,7 @@ class AsyncClient:
                     timeout: Optional[float] = None, request_id: Optional[int] = None,
                     sent: Optional[float] = None, node: Optional[_Node] = None,
                     on_silence: Optional[Callable[[], Awaitable[bool]]] = None,
-                    value: bytes = b"") -> Optional[p.Message]:
+                    value: bytes = b"", owner: Optional[OwnerId] = None) -> Optional[p.Message]:
         """As Client._call(): the reply, or None once `timeout` passes."""
         if self._closed:
             raise ClientClosedError("the client is closed")
@@ -541,7 +577,8 @@ class AsyncClient:
         target = node if node is not None else self._node
         assert target is not None
         epoch = None if message_type == p.MAP or self._map is None else self._map.epoch
-        data = p.pack_request(message_type, request_id, self._client_id, key, values, epoch,
+        data = p.pack_request(message_type, request_id,
+                              self._client_id if owner is None else owner, key, values, epoch,
                               self._auth_key, value=value)
         start = _now() if sent is None else sent
         deadline = start + (self.request_timeout if timeout is None else timeout)
@@ -579,7 +616,8 @@ class AsyncClient:
 
     async def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0,
                            wait_ms: int = 0, permits: int = 0, first_holder: int = 0,
-                           value: bytes = b"", since: KeyVersion = NO_VERSION
+                           value: bytes = b"", since: KeyVersion = NO_VERSION,
+                           owner: Optional[OwnerId] = None
                            ) -> Tuple[float, Optional[p.Message], _Node]:
         """As Client._routed_call(): RECOVERING ridden through while the wait
         lasts; in cluster mode REDIRECTs followed and silent owners left."""
@@ -604,7 +642,8 @@ class AsyncClient:
                         return True
                     return False
             reply = await self._call(message_type, key, values, timeout=deadline - sent,
-                                     sent=sent, node=node, on_silence=on_silence, value=value)
+                                     sent=sent, node=node, on_silence=on_silence, value=value,
+                                     owner=owner)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:

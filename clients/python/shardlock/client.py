@@ -2,9 +2,17 @@
 
 The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
 
-* One UDP socket and one random 128-bit client id per Client. The id owns
-  every lease the client takes: two Clients exclude each other, two threads
-  of one Client do not.
+* One UDP socket and one random 128-bit client id per Client. The owner is
+  the handle, not the client: each acquire contends as an owner of its own
+  (the client id with the low 32 bits of its lo word replaced by a
+  per-client count, as the C++ client's handle_owner()), so two acquires of
+  one key through one Client, from one thread or many, exclude each other
+  exactly as two processes do. The Lease renews and releases as that owner.
+  owner= acts as a known owner instead (a tool that releases for another).
+* A wait is asked in rounds (_WaitRounds, as the C++ acquire_in_rounds): a
+  round the server answers TIMEOUT is asked again while the wait lasts
+  (wait=None: until granted), and one refused as longer than the server's
+  --max-wait is halved.
 * A receiver thread matches replies to calls by request id (and checks the
   reply type and key, so a stray datagram completes nothing). The calling
   thread sends and retransmits its own request with the SAME request id, after
@@ -42,6 +50,7 @@ The same design as the C++ LeaseClient (include/shardlock/lease/client.h):
 from __future__ import annotations
 
 import itertools
+import math
 import os
 import random
 import socket
@@ -117,6 +126,144 @@ def _to_ms(seconds: float, name: str, allow_zero: bool) -> int:
     if ms < (0 if allow_zero else 1) or ms > 0xFFFFFFFF:
         raise ValueError("%s out of range: %r s" % (name, seconds))
     return ms
+
+
+# ---- owners and waits: what Client and AsyncClient acquires share ----------
+
+# An owner on the wire: the datagram's client_id field as (lo, hi).
+OwnerId = Tuple[int, int]
+# What owner= takes: 32 hex digits, hi then lo (as Client.client_id,
+# Lease.owner and HolderInfo.owner print it), or 16 bytes (as the client_id=
+# argument takes them: lo then hi, each little-endian).
+Owner = Union[str, bytes, bytearray]
+
+_LOW_32 = 0xFFFFFFFF
+
+
+def _owner_hex(owner: OwnerId) -> str:
+    lo, hi = owner
+    return "%016x%016x" % (hi, lo)
+
+
+def _owner_id(owner: Owner) -> OwnerId:
+    """The (lo, hi) of an owner= argument; ValueError if it is neither 32
+    hex digits nor 16 bytes."""
+    if isinstance(owner, str):
+        try:
+            if len(owner) != 32:
+                raise ValueError
+            return int(owner[16:], 16), int(owner[:16], 16)
+        except ValueError:
+            raise ValueError("an owner is 32 hex digits (hi then lo, as Client.client_id), "
+                             "not %r" % owner) from None
+    if isinstance(owner, (bytes, bytearray)) and len(owner) == 16:
+        return int.from_bytes(owner[:8], "little"), int.from_bytes(owner[8:], "little")
+    raise ValueError("an owner is 32 hex digits or 16 bytes, not %r" % (owner,))
+
+
+def _handle_owner(client: OwnerId, handle: int) -> OwnerId:
+    """The owner of a client's `handle`-th handle: the client id with the low
+    32 bits of lo replaced by `handle` (C++ handle_owner()), so the server,
+    which counts per-client bounds over the upper 96 bits, counts a client's
+    handles together."""
+    lo, hi = client
+    return (lo & ~_LOW_32) | (handle & _LOW_32), hi
+
+
+class _HandleOwners:
+    """The owners a client's acquires contend as: a fresh one per acquire
+    (handles 1, 2, ..., wrapping after 2^32, skipping the client id's own low
+    32 bits so no handle is the client id), or the one owner= names. Any
+    thread: the count moves under a lock."""
+
+    def __init__(self, client: OwnerId) -> None:
+        self._client = client
+        self._own_low = client[0] & _LOW_32
+        self._lock = threading.Lock()
+        self._handles = 0  # handles made so far, under _lock
+
+    def resolve(self, owner: Optional[Owner]) -> OwnerId:
+        """`owner` as (lo, hi), or a fresh handle's owner for None."""
+        if owner is not None:
+            return _owner_id(owner)
+        with self._lock:
+            handle = (self._handles + 1) & _LOW_32
+            if handle == self._own_low:
+                handle = (handle + 1) & _LOW_32
+            self._handles = handle
+        return _handle_owner(self._client, handle)
+
+
+def _wait_seconds(wait: Optional[float], name: str = "wait") -> Optional[float]:
+    """A wait argument as seconds, or None for "until granted" (None or
+    float('inf')); ValueError for a negative or NaN wait or a non-number."""
+    if wait is None:
+        return None
+    try:
+        if isinstance(wait, (str, bytes)):
+            raise TypeError
+        seconds = float(wait)
+    except (TypeError, ValueError):
+        raise ValueError("%s must be a number of seconds or None, not %r" % (name, wait)) from None
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError("%s must be >= 0 seconds, None or float('inf') (until granted), not %r"
+                         % (name, wait))
+    return None if math.isinf(seconds) else seconds
+
+
+# shardlockd's default --max-wait: the first round of a wait without end,
+# and the first guess when a longer round is refused; halved from there
+# while refused (as the C++ acquire_in_rounds' kUsualMaxWait).
+_USUAL_MAX_WAIT_MS = 300_000
+
+
+class _WaitRounds:
+    """An acquire's wait as the rounds the server is asked for, as the C++
+    client's acquire_in_rounds(): one round, one queue position, as long as
+    the server takes it. A round answered TIMEOUT while the wait lasts is
+    asked again (a new request of the same owner, behind later arrivals:
+    only a wait longer than the server's --max-wait needs it); one refused
+    as longer than the server's --max-wait (ERROR 5) is halved. No I/O:
+    the caller sends each round and reports its answer to again()."""
+
+    def __init__(self, wait: Optional[float]) -> None:
+        seconds = _wait_seconds(wait)
+        self.forever = seconds is None
+        self._end = 0.0 if seconds is None else _now() + seconds
+        self._waits = seconds is None or seconds > 0
+        self._round_ms = _USUAL_MAX_WAIT_MS if seconds is None else \
+            min(int(math.ceil(seconds * 1000)), _LOW_32)
+        self._asked_ms = 0
+
+    def next_ms(self) -> int:
+        """The wait to ask for in the next round (0: a try, BUSY at once)."""
+        if not self._waits:
+            asked = 0
+        elif self.forever:
+            asked = self._round_ms
+        else:
+            # At least 1 ms: a wait of 0 would make it a try.
+            left = max(1, int(math.ceil((self._end - _now()) * 1000)))
+            asked = min(self._round_ms, left)
+        self._asked_ms = asked
+        return asked
+
+    def again(self, reply: Optional[p.Message]) -> bool:
+        """Whether the round that got `reply` (None: unanswered) is to be
+        asked again."""
+        if reply is None:
+            return False
+        if reply.type == p.ERROR and reply.error == p.ERROR_WAIT_OUT_OF_RANGE and \
+                self._asked_ms > 1:
+            self._round_ms = _USUAL_MAX_WAIT_MS if self._asked_ms > _USUAL_MAX_WAIT_MS \
+                else self._asked_ms // 2
+            return True
+        if reply.type == p.RECOVERING:
+            # Still recovering at the round's end (_routed_call rides through
+            # it within the round): a finite wait is spent, one without end
+            # goes on.
+            return self.forever
+        return reply.type == p.TIMEOUT and self._waits and (self.forever or _now() < self._end)
 
 
 class _Call:
@@ -207,8 +354,8 @@ class HolderInfo:
     __slots__ = ("owner", "token", "ttl_left_ms", "mode", "pending", "value")
 
     def __init__(self, holder: p.Holder, mode: str) -> None:
-        lo, hi = holder.owner
-        self.owner = "%016x%016x" % (hi, lo)  # 32 hex digits, as Client.client_id
+        # The holder's own owner: 32 hex digits, as Lease.owner prints it.
+        self.owner = _owner_hex(holder.owner)
         self.token = holder.token
         self.ttl_left_ms = holder.ttl_left_ms  # as the server counted it
         self.mode = mode
@@ -368,6 +515,7 @@ class _LeaseFacts:
     _key: bytes
     _token: int
     _mode: int
+    _owner: OwnerId
 
     @property
     def key(self) -> str:
@@ -385,6 +533,13 @@ class _LeaseFacts:
     @property
     def mode(self) -> str:
         return ("exclusive", "shared", "permit")[self._mode]
+
+    @property
+    def owner(self) -> str:
+        """The owner this lease was taken, renews and releases as: 32 hex
+        digits, hi then lo (as Client.client_id and HolderInfo.owner). A
+        fresh one per acquire unless the acquire named one (owner=)."""
+        return _owner_hex(self._owner)
 
 
 def _refresh_order(current: Optional["_ClusterMap"], seeds: List["_Node"],
@@ -410,12 +565,17 @@ class Lease(_LeaseFacts):
     exception is already on its way). Its methods may be called from any
     thread. A Lease that is garbage collected while held sends one RELEASE
     (best effort); with the watchdog on, keep a reference to it.
+
+    Each Lease is its own owner (`owner`): its renewals, its watchdog's and
+    its release are sent as that owner, so another Lease of the same Client
+    can neither renew nor release it.
     """
 
     def __init__(self, client: "Client", key: bytes, token: int, mode: int, ttl_ms: int,
                  expiry: float, sent: float, watchdog: bool, on_lost: Optional[OnLost],
-                 renew_fraction: float, node: "_Node") -> None:
+                 renew_fraction: float, node: "_Node", owner: OwnerId) -> None:
         self._client = client
+        self._owner = owner
         # The node that granted it: renewals and releases go there, whatever
         # a newer cluster map says (docs/cluster.md, Clients).
         self._node = node
@@ -483,7 +643,8 @@ class Lease(_LeaseFacts):
         if not self._close():
             raise LeaseInactiveError("the lease on %r was released already" % self.key)
         self._client._unwatch(self)
-        reply = self._client._call(p.RELEASE, self._key, (self._token,), node=self._node)
+        reply = self._client._call(p.RELEASE, self._key, (self._token,), node=self._node,
+                                   owner=self._owner)
         if reply is None:
             raise UnreachableError("no answer to RELEASE of %r" % self.key)
         _raise_for_reply(reply, self.key)
@@ -504,13 +665,14 @@ class Lease(_LeaseFacts):
     def __del__(self) -> None:
         try:
             if self._close():
-                self._client._send_once(p.RELEASE, self._key, (self._token,), self._node)
+                self._client._send_once(p.RELEASE, self._key, (self._token,), self._node,
+                                        self._owner)
         except Exception:  # noqa: BLE001 - interpreter shutdown: nothing to do
             pass
 
     def __repr__(self) -> str:
-        return "Lease(key=%r, token=%d, mode=%s, valid=%r)" % (
-            self.key, self._token, self.mode, self.valid)
+        return "Lease(key=%r, token=%d, mode=%s, owner=%s, valid=%r)" % (
+            self.key, self._token, self.mode, self.owner, self.valid)
 
     # ---- internals ----------------------------------------------------------
 
@@ -539,7 +701,8 @@ class Lease(_LeaseFacts):
             # The server may apply a shorter TTL at any moment: pull in now.
             self._expiry = min(self._expiry, sent + ttl_ms / 1000.0 - self._margin(ttl_ms))
         reply = self._client._call(p.RENEW, self._key, (self._token, ttl_ms), timeout=timeout,
-                                   request_id=request_id, sent=sent, node=self._node)
+                                   request_id=request_id, sent=sent, node=self._node,
+                                   owner=self._owner)
         with self._lock:
             self._pending.pop(request_id, None)
             if reply is not None and reply.type == p.RENEWED:
@@ -619,13 +782,12 @@ class Lease(_LeaseFacts):
         return min(expiry, due) if self._watchdog else expiry
 
 
-def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: int,
-                     renew_fraction: float) -> Tuple[bytes, int, int, int, int]:
-    """An acquire's checked arguments: (key bytes, ttl_ms, wait_ms, message
-    type, lease mode). ValueError for bad ones."""
+def _acquire_request(key: Key, ttl: float, shared: bool, permits: int,
+                     renew_fraction: float) -> Tuple[bytes, int, int, int]:
+    """An acquire's checked arguments: (key bytes, ttl_ms, message type,
+    lease mode). ValueError for bad ones. The wait is _WaitRounds'."""
     data = _key_bytes(key)
     ttl_ms = _to_ms(ttl, "ttl", False)
-    wait_ms = _to_ms(wait, "wait", True)
     if not 0 < renew_fraction < 1:
         raise ValueError("renew_fraction must be in (0, 1)")
     if permits:
@@ -633,10 +795,33 @@ def _acquire_request(key: Key, ttl: float, wait: float, shared: bool, permits: i
             raise ValueError("a lease is shared or one of permits, not both")
         if not 1 <= permits <= p.MAX_PERMITS:
             raise ValueError("permits must be 1..65535")
-        return data, ttl_ms, wait_ms, p.ACQUIRE_PERMIT, p.MODE_PERMIT
+        return data, ttl_ms, p.ACQUIRE_PERMIT, p.MODE_PERMIT
     if shared:
-        return data, ttl_ms, wait_ms, p.ACQUIRE_SHARED, p.MODE_SHARED
-    return data, ttl_ms, wait_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
+        return data, ttl_ms, p.ACQUIRE_SHARED, p.MODE_SHARED
+    return data, ttl_ms, p.ACQUIRE, p.MODE_EXCLUSIVE
+
+
+def _raw_request(client_id: OwnerId, key: Key, token: int, ttl: Optional[float],
+                 owner: Optional[Owner]) -> Tuple[bytes, Tuple[int, ...], OwnerId]:
+    """A raw renew() (with `ttl`) or release() (ttl None), checked: (key
+    bytes, body values, owner: `owner`, or the client id). ValueError for
+    bad arguments. For Client and AsyncClient."""
+    data = _key_bytes(key)
+    if isinstance(token, bool) or not isinstance(token, int) or \
+            not 0 < token <= 0xFFFFFFFFFFFFFFFF:
+        raise ValueError("a token is an integer in 1..2^64-1, not %r" % (token,))
+    values = (token,) if ttl is None else (token, _to_ms(ttl, "ttl", False))
+    return data, values, client_id if owner is None else _owner_id(owner)
+
+
+def _raw_answer(reply: Optional[p.Message], message_type: int, key: bytes) -> float:
+    """What a raw renew() or release() answer means: the TTL answered
+    (seconds; 0 for a release), or the error raised."""
+    key_text = key.decode("utf-8", errors="replace")
+    if reply is None:
+        raise UnreachableError("no answer to %s of %r" % (p.type_name(message_type), key_text))
+    _raise_for_reply(reply, key_text)
+    return reply.ttl_ms / 1000.0 if reply.type == p.RENEWED else 0.0
 
 
 def _value_bytes(value: Union[bytes, str, None]) -> bytes:
@@ -876,9 +1061,11 @@ class Client:
     that gives one (UnreachableError if none does, ImportError if the
     xxhash package is missing), and each key goes to the member that owns
     it under that map, following redirects and failovers.
-    Times are in seconds. Thread-safe. Close it (or use it as a context
-    manager) to stop its threads; leases still alive then become inert and
-    expire on the server after their TTL.
+    Times are in seconds. Thread-safe: any number of threads may share one
+    Client, and each acquire contends as an owner of its own (Lease.owner),
+    so threads sharing it exclude each other as separate processes do.
+    Close it (or use it as a context manager) to stop its threads; leases
+    still alive then become inert and expire on the server after their TTL.
     """
 
     def __init__(self, server: Union[str, Sequence[str], None] = None, *,
@@ -913,6 +1100,7 @@ class Client:
             raise ValueError("client_id must be 16 bytes")
         self._client_id = (int.from_bytes(raw_id[:8], "little"),
                            int.from_bytes(raw_id[8:], "little"))
+        self._owners = _HandleOwners(self._client_id)
         # Request ids start at the wall-clock millisecond << 20 plus 20
         # random bits, as the C++ client's: a later process acting for the
         # same owner neither collides in the server's dedup cache nor sends
@@ -961,16 +1149,19 @@ class Client:
 
     @property
     def client_id(self) -> str:
-        """The owner identity: 32 hex digits, hi then lo (as shardlockctl)."""
-        lo, hi = self._client_id
-        return "%016x%016x" % (hi, lo)
+        """The client's identity: 32 hex digits, hi then lo (as shardlockctl).
+        The owner of the raw renew() and release() calls by default; no
+        Lease has it as its owner (Lease.owner shares its upper 96 bits)."""
+        return _owner_hex(self._client_id)
 
-    def acquire(self, key: Key, ttl: float, wait: float = 0, *, shared: bool = False,
-                permits: int = 0, watchdog: bool = True, on_lost: Optional[OnLost] = None,
-                renew_fraction: float = 1.0 / 3.0,
-                value: Union[bytes, str, None] = None) -> Lease:
+    def acquire(self, key: Key, ttl: float, wait: Optional[float] = 0, *,
+                shared: bool = False, permits: int = 0, watchdog: bool = True,
+                on_lost: Optional[OnLost] = None, renew_fraction: float = 1.0 / 3.0,
+                value: Union[bytes, str, None] = None, owner: Optional[Owner] = None) -> Lease:
         """Takes `key` for `ttl` seconds, waiting up to `wait` seconds for a
-        holder to let go (0: BusyError at once). Exclusive by default;
+        holder to let go. The default wait=0 is a try: BusyError at once if
+        the key is held. wait=None or float('inf'): until granted; a
+        negative or NaN wait is a ValueError. Exclusive by default;
         `shared=True` for a shared lease; `permits=N` for one of N permits
         (a counting semaphore). With `watchdog` the lease renews itself at
         renew_fraction x ttl; `on_lost(lease, reason)` runs once, on the
@@ -978,26 +1169,43 @@ class Client:
         UTF-8; at most 256 bytes) stays with the holder for holders() to
         show, through renewals: a leader's address, a host name and pid.
 
-        Blocks at most wait + request_timeout. With a wait, a server in its
-        lock-delay (RECOVERING) is asked again until the wait is spent. In
-        cluster mode the call goes to the key's owner, follows REDIRECTs (at
-        most 8) and, when the owner stops answering, refreshes the map and
-        moves to the key's new owner, all within that bound.
-        Raises BusyError, WaitTimeoutError, UnreachableError,
-        RecoveringError (only once the wait is spent), RedirectedError,
-        ServerError or GrantExpiredError; ValueError for bad arguments. The
-        Lease returned is valid."""
-        data, ttl_ms, wait_ms, message_type, mode = _acquire_request(
-            key, ttl, wait, shared, permits, renew_fraction)
-        sent, reply, node = self._routed_call(message_type, data, ttl_ms, wait_ms, permits,
-                                              value=_value_bytes(value))
+        The lease is its own owner (Lease.owner): a second acquire of the
+        key through this client, from this thread or another, is a
+        contender like another process's, queued FIFO behind it (or BUSY).
+        `owner` (32 hex digits, or 16 bytes as client_id= takes them)
+        acquires as that owner instead, for a tool that must act for
+        someone else; the server then treats it as that owner's request.
+
+        Blocks at most wait + request_timeout (without end for wait=None).
+        A wait is asked in rounds of at most the server's --max-wait (a
+        round refused as too long is halved; one answered TIMEOUT is asked
+        again while the wait lasts), each riding through a server's
+        lock-delay (RECOVERING). In cluster mode the call goes to the key's
+        node, follows REDIRECTs (at most 8) and, when the node stops
+        answering, refreshes the map and moves to the key's new node, all
+        within the round.
+        Raises BusyError, WaitTimeoutError, UnreachableError (no answer for
+        a whole round: the request timeout, or the round plus it with a
+        wait), RecoveringError (only once the wait is spent),
+        RedirectedError, ServerError or GrantExpiredError; ValueError for
+        bad arguments. The Lease returned is valid."""
+        data, ttl_ms, message_type, mode = _acquire_request(key, ttl, shared, permits,
+                                                            renew_fraction)
+        rounds = _WaitRounds(wait)
+        value_bytes = _value_bytes(value)
+        lease_owner = self._owners.resolve(owner)
+        while True:
+            sent, reply, node = self._routed_call(message_type, data, ttl_ms, rounds.next_ms(),
+                                                  permits, value=value_bytes, owner=lease_owner)
+            if not rounds.again(reply):
+                break
         key_text = data.decode("utf-8", errors="replace")
         if reply is None:
             raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
         _raise_for_reply(reply, key_text)
         expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
         lease = Lease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
-                      on_lost, renew_fraction, node)
+                      on_lost, renew_fraction, node, lease_owner)
         if _now() >= expiry:
             # The grant may date from any time after the first send, so a wait
             # longer than the TTL ends past this expiry: a RENEW proves the
@@ -1009,7 +1217,7 @@ class Client:
                 pass
             if not lease.valid:
                 lease._close()
-                self._call(p.RELEASE, data, (reply.token,), node=node)
+                self._call(p.RELEASE, data, (reply.token,), node=node, owner=lease_owner)
                 raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
             with lease._lock:
                 expiry, sent = lease._expiry, lease._confirmed_sent
@@ -1018,15 +1226,49 @@ class Client:
                         if watchdog else expiry)
         return lease
 
-    def lock(self, key: Key, ttl: float = 30, wait: float = 0, **options) -> Lease:
+    def lock(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
+             **options) -> Lease:
         """An exclusive lease, for `with client.lock(key, ttl=30) as lease:`.
-        As acquire()."""
+        As acquire(), but waits until granted by default (wait=None, as
+        redis-py's and kazoo's locks do); wait=0 for a try."""
         return self.acquire(key, ttl, wait, **options)
 
-    def lock_shared(self, key: Key, ttl: float = 30, wait: float = 0, **options) -> Lease:
+    def lock_shared(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
+                    **options) -> Lease:
         """A shared lease: held alongside other shared leases, never with an
-        exclusive one. As acquire()."""
+        exclusive one. As lock(): waits until granted by default."""
         return self.acquire(key, ttl, wait, shared=True, **options)
+
+    def renew(self, key: Key, token: int, ttl: float, *, owner: Optional[Owner] = None) -> float:
+        """RENEW of the lease (`key`, `token`) as `owner` (default: this
+        client's id), for a tool that keeps alive a lease another process
+        took (as `shardlockctl renew --owner`): name the lease's own owner
+        (Lease.owner, HolderInfo.owner), since every Lease has one of its
+        own. Sent to the key's node. Returns the TTL the server answered,
+        in seconds: the one asked for, or the time left unchanged when the
+        server took the request as stale (it applies an owner's renewals in
+        request-id order, and request ids start at the wall-clock
+        millisecond: a client started before the lease's own acquire may
+        be behind it).
+        Raises NotOwnerError, LeaseExpiredError, UnreachableError,
+        RedirectedError, ServerError; ValueError for bad arguments. A Lease
+        of this client renews itself: use Lease.renew() for it."""
+        data, values, as_owner = _raw_request(self._client_id, key, token, ttl, owner)
+        reply = self._call(p.RENEW, data, values, node=self._route(data)[0], owner=as_owner)
+        return _raw_answer(reply, p.RENEW, data)
+
+    def release(self, key: Key, token: int, *, owner: Optional[Owner] = None) -> None:
+        """RELEASE of the lease (`key`, `token`) as `owner` (default: this
+        client's id), for a tool that ends a lease another process took (as
+        `shardlockctl release --owner`): name the lease's own owner
+        (Lease.owner, HolderInfo.owner). Sent to the key's node; waits for
+        the answer. A Lease of this client that is released this way learns
+        it at its next renewal (on_lost). Raises NotOwnerError,
+        LeaseExpiredError, UnreachableError, RedirectedError, ServerError;
+        ValueError for bad arguments."""
+        data, values, as_owner = _raw_request(self._client_id, key, token, None, owner)
+        reply = self._call(p.RELEASE, data, values, node=self._route(data)[0], owner=as_owner)
+        _raw_answer(reply, p.RELEASE, data)
 
     def query(self, key: Key) -> QueryResult:
         """QUERY: who holds `key` and how (no lease taken)."""
@@ -1154,10 +1396,11 @@ class Client:
     def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0, wait_ms: int = 0,
                      permits: int = 0, first_holder: int = 0,
                      value: bytes = b"", since: KeyVersion = NO_VERSION,
-                     cancel: Optional[_Cancel] = None
+                     cancel: Optional[_Cancel] = None, owner: Optional[OwnerId] = None
                      ) -> Tuple[float, Optional[p.Message], _Node]:
-        """An ACQUIRE*, QUERY, QUERY_HOLDERS or WATCH call, within wait +
-        request_timeout; with `cancel`, until that is cancelled (None).
+        """An ACQUIRE*, QUERY, QUERY_HOLDERS or WATCH call as `owner`
+        (default: the client id), within wait + request_timeout; with
+        `cancel`, until that is cancelled (None).
 
         An ACQUIRE* or WATCH with a wait rides through RECOVERING while the
         wait lasts. In cluster mode it also follows REDIRECTs (refreshing the map
@@ -1181,7 +1424,7 @@ class Client:
                 # One node, or a static list: no map, so nothing to refresh
                 # or follow.
                 reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                                   node=node, value=value, cancel=cancel)
+                                   node=node, value=value, cancel=cancel, owner=owner)
                 if reply is not None and reply.type == p.RECOVERING and waits:
                     left = wait_end - _now()
                     if left > _LAST_TRY_MARGIN:
@@ -1202,7 +1445,8 @@ class Client:
                 return False
 
             reply = self._call(message_type, key, values, timeout=deadline - sent, sent=sent,
-                               node=node, on_silence=on_silence, value=value, cancel=cancel)
+                               node=node, on_silence=on_silence, value=value, cancel=cancel,
+                               owner=owner)
             if reply is None and not moved:
                 return sent, None, node
             if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
@@ -1288,14 +1532,14 @@ class Client:
         return current.epoch if current is not None else None
 
     def _send_once(self, message_type: int, key: bytes, values: Tuple[int, ...],
-                   node: _Node) -> None:
-        """One datagram, no answer awaited (a best-effort RELEASE)."""
+                   node: _Node, owner: OwnerId) -> None:
+        """One datagram as `owner`, no answer awaited (a best-effort RELEASE)."""
         if self._closed:
             return
         try:
-            self._socket.sendto(p.pack_request(message_type, self._new_request_id(),
-                                               self._client_id, key, values, self._epoch(),
-                                               self._auth_key), node.address)
+            self._socket.sendto(p.pack_request(message_type, self._new_request_id(), owner, key,
+                                               values, self._epoch(), self._auth_key),
+                                node.address)
         except OSError:
             pass
 
@@ -1303,9 +1547,11 @@ class Client:
               timeout: Optional[float] = None, request_id: Optional[int] = None,
               sent: Optional[float] = None, node: Optional[_Node] = None,
               on_silence: Optional[Callable[[], bool]] = None,
-              value: bytes = b"", cancel: Optional[_Cancel] = None) -> Optional[p.Message]:
+              value: bytes = b"", cancel: Optional[_Cancel] = None,
+              owner: Optional[OwnerId] = None) -> Optional[p.Message]:
         """Sends a request of `message_type` on `key` with the type's fixed
-        body `values` (p.pack_request) to `node` (default: the server), and
+        body `values` (p.pack_request) as `owner` (default: the client id)
+        to `node` (default: the server), and
         retransmits it (same request id) until it is answered or `timeout`
         seconds pass; returns the reply, or None. After every _SILENT_SENDS
         unanswered sends it calls `on_silence`, and gives up (None) if that
@@ -1315,7 +1561,8 @@ class Client:
             request_id = next(self._ids) & 0xFFFFFFFFFFFFFFFF
         if node is None:
             node = self._node
-        data = p.pack_request(message_type, request_id, self._client_id, key, values,
+        data = p.pack_request(message_type, request_id,
+                              self._client_id if owner is None else owner, key, values,
                               None if message_type == p.MAP else self._epoch(), self._auth_key,
                               value=value)
         call = _Call(message_type, key)

@@ -24,9 +24,12 @@ Design (as the C++ Election):
   or not confirmed before the client-side expiry): on_lost says so, once,
   on the client's watchdog thread. A leader must stop acting as one then.
 * A campaign is one waiting acquire (FIFO), in rounds only as long as the
-  server's max-wait forces. A wait longer than the TTL ends in a grant past
-  its client-side expiry, which the client renews before returning it
-  (Client.acquire()), so it leads at once.
+  server's max-wait forces (Client.acquire() with wait=None asks them). A
+  wait longer than the TTL ends in a grant past its client-side expiry,
+  which the client renews before returning it, so it leads at once.
+* Each campaign contends as an owner of its own (Lease.owner), as every
+  acquire does: two Elections of one name over one Client compete as two
+  processes would. LeaderInfo.owner is the leader's lease's owner.
 * Observers follow the key with a watch (watch.py): each change of leader
   is reported once, in term order; one that was away sees the newest
   leader, not each one between.
@@ -38,9 +41,9 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
 
-from . import protocol as p
-from .client import HolderInfo, Key, Lease, WatchEvent, _key_bytes, _now, _to_ms, _value_bytes
-from .errors import LeaseInactiveError, ServerError, ShardlockError, WaitTimeoutError
+from .client import HolderInfo, Key, Lease, WatchEvent, _key_bytes, _now, _to_ms, _value_bytes, \
+    _wait_seconds
+from .errors import LeaseInactiveError, ShardlockError
 from .watch import KeyWatch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -48,17 +51,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 OnLeadershipLost = Callable[["Election", ShardlockError], None]
 
-# shardlockd's default --max-wait: the longest round a campaign asks for
-# first; halved while a server refuses it (as the C++ acquire's rounds).
-_USUAL_MAX_WAIT = 300.0
-
 
 @dataclass(frozen=True)
 class LeaderInfo:
     """A leader as others see it (Election.leader(), LeaderObserver)."""
 
     value: bytes  # what its campaign() attached
-    owner: str  # its client's id, 32 hex digits (Client.client_id)
+    owner: str  # its lease's owner, 32 hex digits (Lease.owner; not Client.client_id)
     term: int  # its grant's fencing token
     ttl_left_ms: int  # as the server counted it
 
@@ -105,50 +104,30 @@ class Election:
         return self._name.decode("utf-8", errors="replace")
 
     def campaign(self, value: Union[bytes, str], wait: Optional[float] = None) -> int:
-        """Waits up to `wait` seconds (None: for ever), FIFO behind earlier
-        campaigners, to become leader with `value` (bytes, or str as UTF-8;
-        at most 256 bytes), then holds the leadership with the watchdog.
-        Returns the term. Raises WaitTimeoutError when the wait ran out
-        (BusyError for wait=0 while someone leads), RuntimeError while this
-        Election campaigns or leads already, ValueError for a bad value, and
-        what acquire() raises otherwise. Blocks."""
+        """Waits up to `wait` seconds (None or float('inf'): for ever), FIFO
+        behind earlier campaigners, to become leader with `value` (bytes, or
+        str as UTF-8; at most 256 bytes), then holds the leadership with the
+        watchdog. Returns the term. Raises WaitTimeoutError when the wait
+        ran out (BusyError for wait=0 while someone leads), RuntimeError
+        while this Election campaigns or leads already, ValueError for a bad
+        value or a negative or NaN wait, and what acquire() raises
+        otherwise. Blocks."""
         data = _value_bytes(value)
-        end = None if wait is None else _now() + wait
-        if wait is not None:
-            _to_ms(wait, "wait", True)
+        _wait_seconds(wait)
         with self._lock:
             if self._campaigning or (self._lease is not None and self._lease.valid):
                 raise RuntimeError("this Election campaigns or leads already")
             self._campaigning = True
             self._lease = None
         try:
-            lease = self._acquire_in_rounds(data, end)
+            lease = self._client.acquire(self._name, self.ttl, wait, value=data,
+                                         on_lost=self._lost)
         finally:
             with self._lock:
                 self._campaigning = False
         with self._lock:
             self._lease = lease
         return lease.token
-
-    def _acquire_in_rounds(self, value: bytes, end: Optional[float]) -> Lease:
-        """Exclusive acquires of the name until one is granted or `end`
-        passes; each round waits at most the server's max-wait."""
-        round_wait = _USUAL_MAX_WAIT
-        while True:
-            left = round_wait if end is None else max(0.0, end - _now())
-            asked = min(round_wait, left)
-            if 0 < asked < 0.001:
-                asked = 0.001  # a wait of 0 would be a try: BUSY at once
-            try:
-                return self._client.acquire(self._name, self.ttl, asked, value=value,
-                                            on_lost=self._lost)
-            except ServerError as error:
-                if error.code != p.ERROR_WAIT_OUT_OF_RANGE or asked <= 0.001:
-                    raise
-                round_wait = asked / 2  # the server's max-wait is lower
-            except WaitTimeoutError:
-                if end is not None and _now() >= end - 0.001:
-                    raise
 
     def _lost(self, lease: Lease, reason: ShardlockError) -> None:
         callback = self.on_lost
@@ -171,6 +150,16 @@ class Election:
         """Whether this campaigner leads now, as the client can prove."""
         with self._lock:
             return self._lease is not None and self._lease.valid
+
+    @property
+    def owner(self) -> Optional[str]:
+        """The owner of this campaigner's leadership lease while leading
+        (Lease.owner: what leader() reports as LeaderInfo.owner), else None.
+        An operator releases the leadership with client.release(name, term,
+        owner=...)."""
+        with self._lock:
+            lease = self._lease
+        return lease.owner if lease is not None and lease.valid else None
 
     @property
     def term(self) -> int:

@@ -1,45 +1,57 @@
-"""Reentrant leases keyed to an owner, as Redisson's RLock, Curator's
-InterProcessMutex and Hazelcast's FencedLock offer: a second acquire of a
-key the owner already holds returns the same grant (same fencing token) and
-counts one more hold; only the last release lets the key go.
+"""Reentrant leases, as Redisson's RLock, Curator's InterProcessMutex and
+Hazelcast's FencedLock offer: a second acquire of a key the same holder
+already holds returns the same grant (same fencing token) and counts one
+more hold; only the last release lets the key go.
 
-    locks = shardlock.ReentrantLocks(client)    # one per Client
+    locks = shardlock.ReentrantLocks(client)    # reentrant per thread
     with locks.lock("orders/42", ttl=30) as outer:
         with locks.lock("orders/42", ttl=30) as inner:   # no round trip
             assert inner.token == outer.token and inner.hold_count == 2
         # still held here
     # released here
 
-The owner is the Client (its client id), not a thread: every thread that
-acquires through one ReentrantLocks shares its holds. Do not use it to
-exclude threads of one process from each other (the second thread is let in
-at once: use threading.Lock inside the process), nor between holders that
-must wait for each other to finish with the resource, nor where a resource
-must tell holders apart by token (every hold carries the same one). Two
-ReentrantLocks over one Client, or a plain Client.acquire() of a key held
-here, take separate grants, the later superseding the earlier: keep one per
-Client and take its keys only through it. docs/client.md, "Reentrant
-leases", says more.
+Who the holder is (`scope`):
+
+* "thread" (the default, Redisson's rule): the thread. The same thread
+  re-enters; another thread of the same process, through this object or
+  not, is a contender like any other: its acquire waits at the server (FIFO)
+  or is refused, since each grant is its own owner (Lease.owner).
+* "client": this object, whatever the thread (what ReentrantLocks was in
+  earlier versions): every thread that acquires through it shares its
+  holds, so it does not exclude the threads of one process from each
+  other. Keep it for code that hands a hold between threads and knows it.
+
+Either way every hold of a grant carries the same token: do not use it
+between holders that must wait for each other to finish with the resource,
+nor where the resource must tell them apart. A plain Client.acquire() of a
+key held here, or another ReentrantLocks, is a contender like another
+process's. docs/client.md, "Reentrant leases", says more.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
-from .client import Client, Key, Lease, _key_bytes
+from .client import Client, Key, Lease, _key_bytes, _wait_seconds
 from .errors import (BusyError, LeaseInactiveError, LeaseLostError, ShardlockError,
                      WaitTimeoutError)
 
 _ACQUIRING, _HELD, _FAILED, _RELEASED = range(4)
+_SCOPES = ("thread", "client")
+
+# A hold's holder and key: (a thread's number, or 0 for scope "client"; key).
+_HoldKey = Tuple[int, bytes]
 
 
 class _Hold:
     """One grant and the handles that hold it (all under ReentrantLocks._cond)."""
 
-    def __init__(self, key: bytes) -> None:
-        self.key = key
+    def __init__(self, slot: _HoldKey) -> None:
+        self.slot = slot
+        self.key = slot[1]
         self.state = _ACQUIRING
         self.lease: Optional[Lease] = None
         self.holds = 0
@@ -56,12 +68,12 @@ class ReentrantLease:
     reference to a held handle drops its hold; the last one's RELEASE is then
     sent best effort, as a Lease's."""
 
-    def __init__(self, owner: "ReentrantLocks", hold: _Hold, reentered: bool) -> None:
-        self._owner = owner
+    def __init__(self, locks: "ReentrantLocks", hold: _Hold, reentered: bool) -> None:
+        self._locks = locks
         self._hold: Optional[_Hold] = hold
         assert hold.lease is not None
         self._lease: Lease = hold.lease  # kept after release: key and token stay readable
-        self.reentered = reentered  # joined a grant the owner already held
+        self.reentered = reentered  # joined a grant its holder already held
 
     @property
     def lease(self) -> Lease:
@@ -71,6 +83,11 @@ class ReentrantLease:
     @property
     def key(self) -> str:
         return self._lease.key
+
+    @property
+    def owner(self) -> str:
+        """The grant's owner (Lease.owner), the same for every hold."""
+        return self._lease.owner
 
     @property
     def token(self) -> int:
@@ -87,7 +104,7 @@ class ReentrantLease:
     def hold_count(self) -> int:
         """How many handles hold the grant now (this one included); 0 once
         this hold was released."""
-        with self._owner._cond:
+        with self._locks._cond:
             return self._hold.holds if self._hold is not None else 0
 
     def remaining(self) -> float:
@@ -103,7 +120,7 @@ class ReentrantLease:
         """Drops this hold. The last one releases the grant, waiting for the
         answer and raising as Lease.release() does; any other returns at once
         and the key stays held. LeaseInactiveError if released before."""
-        last = self._owner._drop(self)
+        last = self._locks._drop(self)
         if last is None:
             return
         last.release()
@@ -126,7 +143,7 @@ class ReentrantLease:
 
     def __del__(self) -> None:
         try:
-            self._owner._drop(self)  # the last Lease's own __del__ then sends RELEASE
+            self._locks._drop(self)  # the last Lease's own __del__ then sends RELEASE
         except Exception:  # noqa: BLE001 - released before, or interpreter shutdown
             pass
 
@@ -136,40 +153,56 @@ class ReentrantLease:
 
 
 class ReentrantLocks:
-    """Reentrant exclusive leases of one owner: `client`'s client id.
-    Thread-safe."""
+    """Reentrant exclusive leases over `client`, reentrant per thread
+    (scope="thread", the default) or for every thread of this object
+    (scope="client", the per-client behaviour of earlier versions); see
+    the module's docstring. Thread-safe."""
 
-    def __init__(self, client: Client) -> None:
+    def __init__(self, client: Client, scope: str = "thread") -> None:
+        if scope not in _SCOPES:
+            raise ValueError("scope must be 'thread' or 'client', not %r" % (scope,))
         self._client = client
+        self.scope = scope
         self._cond = threading.Condition()
-        self._holds: Dict[bytes, _Hold] = {}  # each key's current grant, under _cond
+        # Each holder's current grant of each key, under _cond.
+        self._holds: Dict[_HoldKey, _Hold] = {}
+        # Scope "thread": each thread's number, never reused (a thread id
+        # is, once its thread ended, and a hold may outlive its thread).
+        self._thread = threading.local()
+        self._thread_numbers = itertools.count(1)
 
-    def acquire(self, key: Key, ttl: float, wait: float = 0, **options) -> ReentrantLease:
-        """An exclusive hold of `key`. If this object holds a valid grant of
-        `key`, a handle of that grant (same token, reentered True, one more
-        hold) without a round trip; `ttl`, `wait` and `options` are then
-        ignored (the grant keeps its TTL, watchdog and on_lost; renew() for
-        more time). Otherwise as Client.acquire(key, ttl, wait, **options),
-        with its errors; on_lost fires once for all holds of the grant.
+    def acquire(self, key: Key, ttl: float, wait: Optional[float] = 0,
+                **options) -> ReentrantLease:
+        """An exclusive hold of `key`. If the calling thread (scope
+        "client": this object) holds a valid grant of `key` here, a handle
+        of that grant (same token, reentered True, one more hold) without a
+        round trip; `ttl`, `wait` and `options` are then ignored (the grant
+        keeps its TTL, watchdog and on_lost; renew() for more time).
+        Otherwise as Client.acquire(key, ttl, wait, **options), with its
+        errors and its waits (wait=0 a try, None until granted): a new grant
+        of its own owner, for which another thread's hold is a holder like
+        any other. on_lost fires once for all holds of the grant.
 
-        While another thread's acquire of the key is in flight, this one
-        waits for it up to `wait` and joins it, or tries itself if it
-        failed; a wait that runs out first raises WaitTimeoutError
-        (BusyError with no wait)."""
+        Scope "client" only: while another thread's acquire of the key is
+        in flight, this one waits for it up to `wait` and joins it, or
+        tries itself if it failed; a wait that runs out first raises
+        WaitTimeoutError (BusyError with no wait)."""
         data = _key_bytes(key)
-        deadline = time.monotonic() + wait
+        seconds = _wait_seconds(wait)
+        deadline = None if seconds is None else time.monotonic() + seconds
+        slot = (self._holder(), data)
         while True:
             with self._cond:
-                hold = self._holds.get(data)
+                hold = self._holds.get(slot)
                 if hold is None or not hold.joinable():
-                    hold = self._holds[data] = _Hold(data)
+                    hold = self._holds[slot] = _Hold(slot)
                     first = True
                 else:
                     first = False
                     while hold.state == _ACQUIRING:
-                        left = deadline - time.monotonic()
-                        if left <= 0:
-                            if wait > 0:
+                        left = None if deadline is None else deadline - time.monotonic()
+                        if left is not None and left <= 0:
+                            if seconds:
                                 raise WaitTimeoutError(
                                     "an acquire of %r in flight did not finish in time" % data)
                             raise BusyError(data.decode("utf-8", errors="replace"), 0)
@@ -179,23 +212,38 @@ class ReentrantLocks:
                         return ReentrantLease(self, hold, reentered=True)
                     continue  # failed, lost or released meanwhile: try again
             if first:
-                return self._acquire_first(hold, ttl, max(0.0, deadline - time.monotonic()),
-                                           options)
+                return self._acquire_first(
+                    hold, ttl, None if deadline is None else max(0.0, deadline - time.monotonic()),
+                    options)
 
-    def lock(self, key: Key, ttl: float = 30, wait: float = 0, **options) -> ReentrantLease:
-        """For `with locks.lock(key, ttl=30) as lease:`. As acquire()."""
+    def lock(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
+             **options) -> ReentrantLease:
+        """For `with locks.lock(key, ttl=30) as lease:`. As acquire(), but
+        waits until granted by default (wait=None), as Client.lock()."""
         return self.acquire(key, ttl, wait, **options)
 
     def hold_count(self, key: Key) -> int:
-        """How many handles hold this object's current grant of `key` (0:
-        none, or an acquire of it is in flight)."""
+        """How many handles hold the calling thread's (scope "client": this
+        object's) current grant of `key` (0: none, or an acquire of it is in
+        flight)."""
         with self._cond:
-            hold = self._holds.get(_key_bytes(key))
+            hold = self._holds.get((self._holder(), _key_bytes(key)))
             return hold.holds if hold is not None and hold.state == _HELD else 0
 
     # ---- internals ------------------------------------------------------------
 
-    def _acquire_first(self, hold: _Hold, ttl: float, wait: float, options) -> ReentrantLease:
+    def _holder(self) -> int:
+        """Who holds: the calling thread's number, or 0 for scope "client"."""
+        if self.scope == "client":
+            return 0
+        number = getattr(self._thread, "number", None)
+        if number is None:
+            with self._cond:  # an RLock: hold_count() calls this under it
+                number = self._thread.number = next(self._thread_numbers)
+        return number
+
+    def _acquire_first(self, hold: _Hold, ttl: float, wait: Optional[float],
+                       options) -> ReentrantLease:
         lease: Optional[Lease] = None
         try:
             lease = self._client.acquire(hold.key, ttl, wait, **options)
@@ -210,9 +258,10 @@ class ReentrantLocks:
         return ReentrantLease(self, hold, reentered=False)
 
     def _forget(self, hold: _Hold) -> None:
-        """Under _cond: drops the key's entry if it is still `hold`."""
-        if self._holds.get(hold.key) is hold:
-            del self._holds[hold.key]
+        """Under _cond: drops the holder's entry of the key if it is still
+        `hold`."""
+        if self._holds.get(hold.slot) is hold:
+            del self._holds[hold.slot]
 
     def _drop(self, handle: ReentrantLease) -> Optional[Lease]:
         """Drops `handle`'s hold; returns the grant's Lease if it was the

@@ -23,7 +23,7 @@ class AsyncLocks(AsyncServerTestCase):
                 self.assertTrue(4 < lease.remaining() <= 5)
                 self.assertTrue((await a.query("aio/a")).held)
                 with self.assertRaises(shardlock.BusyError):
-                    await b.lock("aio/a", ttl=5)
+                    await b.lock("aio/a", ttl=5, wait=0)
                 with self.assertRaises(shardlock.WaitTimeoutError):
                     await b.acquire("aio/a", 5, wait=0.2)
             self.assertFalse(lease.valid)
@@ -42,7 +42,7 @@ class AsyncLocks(AsyncServerTestCase):
             r = await a.holders("aio/who")
             self.assertTrue(r.listed)
             self.assertEqual((r.held, r.mode, r.holders), (True, "shared", 2))
-            self.assertEqual([h.owner for h in r.holder_list], [a.client_id, b.client_id])
+            self.assertEqual([h.owner for h in r.holder_list], [ra.owner, rb.owner])
             self.assertEqual([h.token for h in r.holder_list], [ra.token, rb.token])
             await ra.release()
             await rb.release()
@@ -91,7 +91,7 @@ class AsyncLocks(AsyncServerTestCase):
                 await asyncio.sleep(2.5)
                 self.assertTrue(lease.valid)
                 with self.assertRaises(shardlock.BusyError):
-                    await b.lock("aio/watch", ttl=1)
+                    await b.lock("aio/watch", ttl=1, wait=0)
 
     async def test_on_lost_runs_once_when_the_server_dies(self):
         async with shardlock.AsyncClient(self.daemon.address, request_timeout=0.3) as a:

@@ -121,7 +121,7 @@ class AgainstAnAuthServer(unittest.TestCase):
         for options in ({}, {"auth_key": bytes(32)}):
             with shardlock.Client(self.daemon.address, request_timeout=0.3, **options) as c:
                 with self.assertRaises(shardlock.UnreachableError):
-                    c.lock("auth/b", ttl=5)
+                    c.lock("auth/b", ttl=5, wait=0)
 
     def test_the_asyncio_client_with_the_key_gets_leases(self):
         async def run():
@@ -131,7 +131,7 @@ class AgainstAnAuthServer(unittest.TestCase):
                     self.assertTrue((await c.query("auth/c")).held)
             async with shardlock.AsyncClient(self.daemon.address, request_timeout=0.3) as c:
                 with self.assertRaises(shardlock.UnreachableError):
-                    await c.lock("auth/c", ttl=5)
+                    await c.lock("auth/c", ttl=5, wait=0)
         asyncio.run(run())
 
 

@@ -126,7 +126,7 @@ class Locks(ServerTestCase):
         self.assertNotEqual(a.client_id, b.client_id)
         with a.lock("py/busy", ttl=5):
             with self.assertRaises(shardlock.BusyError) as busy:
-                b.lock("py/busy", ttl=5)
+                b.lock("py/busy", ttl=5, wait=0)
             self.assertGreater(busy.exception.holder_ttl_left_ms, 0)
             with self.assertRaises(shardlock.WaitTimeoutError):
                 b.lock("py/busy", ttl=5, wait=0.2)
@@ -157,16 +157,16 @@ class Locks(ServerTestCase):
             q = c.query("py/shared")
             self.assertEqual((q.held, q.mode, q.holders), (True, "shared", 2))
             with self.assertRaises(shardlock.BusyError):
-                c.lock("py/shared", ttl=5)
+                c.lock("py/shared", ttl=5, wait=0)
         with c.lock("py/shared", ttl=5):
             with self.assertRaises(shardlock.BusyError):
-                a.lock_shared("py/shared", ttl=5)
+                a.lock_shared("py/shared", ttl=5, wait=0)
 
     def test_permits(self):
         a, b, c = self.client(), self.client(), self.client()
         with a.lock("py/permits", ttl=5, permits=2), b.lock("py/permits", ttl=5, permits=2):
             with self.assertRaises(shardlock.BusyError):
-                c.lock("py/permits", ttl=5, permits=2)
+                c.lock("py/permits", ttl=5, permits=2, wait=0)
             with self.assertRaises(shardlock.ServerError) as error:
                 c.lock("py/permits", ttl=5, permits=3)
             self.assertEqual(error.exception.code, 12)  # kLeaseKindMismatch
@@ -214,7 +214,7 @@ class Watchdog(ServerTestCase):
             time.sleep(3.2)
             self.assertTrue(lease.valid)
             with self.assertRaises(shardlock.BusyError):
-                b.lock("py/watched", ttl=1)
+                b.lock("py/watched", ttl=1, wait=0)
         self.assertEqual(lost, [])
 
     def test_on_lost_fires_once_when_the_server_is_killed(self):
@@ -241,7 +241,7 @@ class Watchdog(ServerTestCase):
         # And with the server gone, calls are unreachable by their deadline.
         start = time.monotonic()
         with self.assertRaises(shardlock.UnreachableError):
-            a.lock("py/lost", ttl=1)
+            a.lock("py/lost", ttl=1, wait=0)
         self.assertLess(time.monotonic() - start, 5)
 
 
@@ -367,7 +367,7 @@ class Holders(ServerTestCase):
         self.assertTrue(r.listed)
         self.assertTrue(r.held)
         self.assertEqual((r.mode, r.holders, r.waiters, r.permits), ("shared", 3, 1, 0))
-        self.assertEqual([h.owner for h in r.holder_list], [c.client_id for c in readers])
+        self.assertEqual([h.owner for h in r.holder_list], [lease.owner for lease in leases])
         self.assertEqual([h.token for h in r.holder_list], [lease.token for lease in leases])
         for h in r.holder_list:
             self.assertEqual(h.mode, "shared")
@@ -399,7 +399,7 @@ class Holders(ServerTestCase):
             time.sleep(0.6)  # the watchdog renews (at ttl/3): the value stays
             r = other.holders("py/leader")
             self.assertEqual([(h.owner, h.token, h.value) for h in r.holder_list],
-                             [(leader.client_id, lease.token, b"10.0.0.7:5432")])
+                             [(lease.owner, lease.token, b"10.0.0.7:5432")])
         waiter.join(10)
         with self.assertRaises(ValueError):
             leader.lock("py/leader", ttl=1, value=b"v" * 257)

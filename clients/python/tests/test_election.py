@@ -70,7 +70,7 @@ class Elections(ServerCase):
         self.assertEqual(a.term, a_term)
         self.assertTrue(wait_until(lambda: len(seen_live) == 2))
         self.assertEqual((seen_live[1].value, seen_live[1].owner, seen_live[1].term),
-                         (b"host-a:1", ca.client_id, a_term))
+                         (b"host-a:1", a.owner, a_term))
 
         elected = threading.Event()
 
@@ -95,7 +95,7 @@ class Elections(ServerCase):
                                    seen_live[-1].term == b_term))
         leader = a.leader()
         self.assertEqual((leader.value, leader.owner, leader.term),
-                         (b"host-b:2", cb.client_id, b_term))
+                         (b"host-b:2", b.owner, b_term))
         b.resign()
         self.assertTrue(wait_until(lambda: seen_live[-1] is None))
         self.assertIsNone(a.leader())
@@ -143,17 +143,18 @@ class Elections(ServerCase):
         self.assertTrue(b.leading)
         b.resign()
 
-    def test_on_lost_fires_once_when_another_client_of_the_same_owner_releases(self):
+    def test_on_lost_fires_once_when_another_client_releases_as_its_owner(self):
         ca, cb = self.client(), self.client()
         lost = []
         a = shardlock.Election(ca, "svc", ttl=0.6,
                                on_lost=lambda election, reason: lost.append((election, reason)))
         term = a.campaign("a")
-        impostor = self.client(client_id=bytes.fromhex(ca.client_id)[::-1])
-        self.assertEqual(impostor.client_id, ca.client_id)
-        # Ends the lease at the server (as `shardlockctl release --owner`):
-        # A's next renewal is refused.
-        impostor._call(p.RELEASE, b"svc", (term,))
+        owner = a.owner
+        self.assertEqual(a.leader().owner, owner)
+        self.assertNotEqual(owner, ca.client_id)  # each campaign is its own owner
+        # Ends the lease at the server as its owner (as `shardlockctl
+        # release --owner`): A's next renewal is refused.
+        cb.release("svc", term, owner=owner)
         self.assertTrue(wait_until(lambda: len(lost) == 1))
         self.assertIs(lost[0][0], a)
         self.assertIsInstance(lost[0][1], (shardlock.NotOwnerError, shardlock.LeaseExpiredError))
@@ -179,7 +180,7 @@ class AsyncObserver(AsyncServerTestCase):
             await lease.release()
             leaders = await asyncio.wait_for(task, 10)
             self.assertEqual([x.term if x else None for x in leaders], [None, lease.token, None])
-            self.assertEqual((leaders[1].value, leaders[1].owner), (b"me", a.client_id))
+            self.assertEqual((leaders[1].value, leaders[1].owner), (b"me", lease.owner))
             observer = b.observe("aio/elect")
             self.assertIsNone((await observer.next(5)).leader)
             self.assertIsNone(await observer.next(0.3))

@@ -44,7 +44,7 @@ class StaticNodes(unittest.TestCase):
                 with shardlock.Client(c.address_for(key)) as at_owner:
                     self.assertTrue(at_owner.query(key).held, key)
                 with self.assertRaises(shardlock.BusyError):
-                    other_order.lock(key, ttl=5)
+                    other_order.lock(key, ttl=5, wait=0)
             for lease in leases:
                 lease.release()
 

@@ -1,10 +1,12 @@
 """ReentrantLocks against a real shardlockd (see test_client.py): holds of
-one owner share a grant and its token, only the last release frees the key,
-a lost grant invalidates every hold, and threads of one owner share holds."""
+one thread share a grant and its token, only the last release frees the
+key, a lost grant invalidates every hold; another thread waits at the
+server (scope "thread", the default), or shares the holds (scope "client")."""
 
 import os
 import sys
 import threading
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -74,8 +76,10 @@ class Reentrant(ServerTestCase):
         self.assertTrue(wait_until(lambda: lost))
         self.assertFalse(a.valid)
         self.assertFalse(b.valid)
-        # The next acquire takes a new grant, not the lost one.
-        fresh = self.locks.acquire("py/short", 10)
+        # The next acquire takes a new grant, not the lost one: a contender
+        # like another (the client's expiry errs early, so the server may
+        # hold the lost grant a few ms more).
+        fresh = self.locks.acquire("py/short", 10, wait=5)
         self.assertFalse(fresh.reentered)
         self.assertGreater(fresh.token, a.token)
         a.release()
@@ -88,7 +92,48 @@ class Reentrant(ServerTestCase):
             with self.locks.lock("py/lost-in-block", ttl=0.3, watchdog=False):
                 wait_until(lambda: False, timeout=0.5)
 
-    def test_threads_of_one_owner_share_holds(self):
+    def test_another_thread_waits_until_the_last_hold_is_released(self):
+        outer = self.locks.acquire("py/per-thread", 10)
+        inner = self.locks.acquire("py/per-thread", 10)
+        self.assertEqual((inner.reentered, inner.token, inner.hold_count),
+                         (True, outer.token, 2))
+        self.assertEqual(inner.owner, outer.owner)
+        got = {}
+        entered = threading.Event()
+
+        def other_thread():
+            self.assertEqual(self.locks.hold_count("py/per-thread"), 0)  # not its holds
+            with self.locks.lock("py/per-thread", ttl=10, wait=10) as hold:
+                got["hold"] = (hold.reentered, hold.token, hold.hold_count, hold.owner)
+                entered.set()
+
+        thread = threading.Thread(target=other_thread)
+        thread.start()
+        self.assertTrue(wait_until(lambda: self.other.query("py/per-thread").waiters == 1))
+        inner.release()
+        time.sleep(0.2)  # one hold left: the other thread still waits
+        self.assertFalse(entered.is_set())
+        self.assertEqual(self.other.query("py/per-thread").waiters, 1)
+        outer.release()
+        self.assertTrue(entered.wait(5))
+        thread.join(5)
+        reentered, token, holds, owner = got["hold"]
+        self.assertEqual((reentered, holds), (False, 1))
+        self.assertGreater(token, outer.token)
+        self.assertNotEqual(owner, outer.owner)
+
+    def test_a_plain_acquire_of_the_client_is_another_contender(self):
+        with self.locks.lock("py/plain", ttl=10):
+            with self.assertRaises(shardlock.BusyError):
+                self.owner.acquire("py/plain", 5)
+
+    def test_an_unknown_scope_is_refused(self):
+        with self.assertRaises(ValueError):
+            shardlock.ReentrantLocks(self.owner, scope="process")
+        self.assertEqual(self.locks.scope, "thread")
+
+    def test_scope_client_lets_threads_share_holds(self):
+        self.locks = shardlock.ReentrantLocks(self.owner, scope="client")
         pin = self.locks.acquire("py/threads", 10)
         failures = []
 
@@ -111,7 +156,8 @@ class Reentrant(ServerTestCase):
         pin.release()
         self.assertTrue(self.free_for_other("py/threads"))
 
-    def test_a_try_does_not_wait_for_an_acquire_in_flight(self):
+    def test_scope_client_a_try_does_not_wait_for_an_acquire_in_flight(self):
+        self.locks = shardlock.ReentrantLocks(self.owner, scope="client")
         blocker = self.other.acquire("py/queue", 10)
         got = {}
         first = threading.Thread(

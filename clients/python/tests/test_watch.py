@@ -133,7 +133,7 @@ class Watches(ServerCase):
         self.assertEqual((held.mode, held.holder_count, held.waiters), ("exclusive", 1, 0))
         holder = held.holders[-1]
         self.assertEqual((holder.owner, holder.token, holder.value),
-                         (a.client_id, lease.token, b"10.0.0.7:8080"))
+                         (lease.owner, lease.token, b"10.0.0.7:8080"))
         self.assertTrue(0 < holder.ttl_left_ms <= 5000)
         lease.renew()
         # A renewal is no change: the wait ends with the same version.
