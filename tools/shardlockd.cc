@@ -535,12 +535,10 @@ int run(int argc, char** argv) {
   const std::string delay_ends_text =
       utc_iso8601(std::chrono::system_clock::now() +
                   std::chrono::duration_cast<std::chrono::system_clock::duration>(delay_left));
-  if (delay_left.count() == 0) {
+  if (delay_left.count() == 0 && server.fresh_data_dir()) {
     log.write(LogLevel::kInfo,
-              std::string("no lock-delay") +
-                  (server.fresh_data_dir() ? " (fresh data dir: no lease was ever granted from it)"
-                                           : "") +
-                  ": ACQUIRE is granted at once");
+              "no lock-delay (fresh data dir: no lease was ever granted from it): ACQUIRE is "
+              "granted at once");
   } else {
     log.write(LogLevel::kInfo,
               "lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
@@ -564,8 +562,8 @@ int run(int argc, char** argv) {
   std::fflush(stdout);
   // Bound, data dir loaded, ready line out: systemd may start what follows it.
   const std::string listening = "; listening on " + server.listen_address();
-  notify(log, delay_left.count() == 0
-                  ? "READY=1\nSTATUS=granting" + listening
+  notify(log, delay_left.count() == 0 && server.fresh_data_dir()
+                  ? "READY=1\nSTATUS=granting (fresh data dir)" + listening
                   : "READY=1\nSTATUS=in its lock-delay until " + delay_ends_text +
                         ": ACQUIRE is answered RECOVERING" + listening);
 
@@ -580,8 +578,9 @@ int run(int argc, char** argv) {
              " buckets here active";
     }
 #endif
-    return std::string(server.lock_delay().count() == 0 ? "granting: no lock-delay"
-                                                        : "granting: the lock-delay is over");
+    return std::string(server.lock_delay().count() == 0 && server.fresh_data_dir()
+                           ? "granting: no lock-delay (fresh data dir)"
+                           : "granting: the lock-delay is over");
   };
   const int signal_number = serve_until_stopped(
       signals, log, server, summary_interval_flag.value, granting,

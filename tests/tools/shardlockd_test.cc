@@ -260,6 +260,49 @@ TEST_F(ShardlockdTest, TokensSurviveKillDashNine) {
   EXPECT_EQ(d.wait(), 0);
 }
 
+// Issue 33: a brand-new data dir has no earlier lease to protect, so the
+// daemon grants at once with the default lock-delay and says so; after a
+// kill -9 the same dir waits its lock-delay out (RECOVERING).
+TEST_F(ShardlockdTest, AFreshDataDirGrantsAtOnceAndARestartAfterKillDashNineWaits) {
+  const std::string dir = root_ + "/fresh";
+  const std::vector<std::string> common = {"--listen", "127.0.0.1:0", "--data-dir", dir,
+                                           "--shards", "4",           "--max-ttl",  "3s",
+                                           "--io",     "socket"};
+  std::uint64_t token = 0;
+  {
+    Daemon d(common);
+    const std::string ready = d.read_line();
+    EXPECT_NE(ready.find("\"fresh_data_dir\":true"), std::string::npos) << ready;
+    EXPECT_NE(ready.find("\"lock_delay_ms\":0"), std::string::npos) << ready;
+    const std::uint16_t port = ready_port(ready);
+    ASSERT_NE(port, 0);
+    UdpTestPeer peer(port);
+    const Message g = peer.acquire("cron/backup", 3000);
+    ASSERT_EQ(g.type, MessageType::kGranted) << "the first acquire waits for nothing";
+    token = g.token;
+    d.signal(SIGKILL);
+    EXPECT_EQ(d.wait(), 128 + SIGKILL);
+    const std::string log = d.read_stderr();
+    EXPECT_NE(log.find("fresh data dir"), std::string::npos) << log;
+  }
+  Daemon d(common);
+  const std::string ready = d.read_line();
+  EXPECT_NE(ready.find("\"fresh_data_dir\":false"), std::string::npos) << ready;
+  const std::uint16_t port = ready_port(ready);
+  ASSERT_NE(port, 0);
+  UdpTestPeer peer(port);
+  const Message r = peer.acquire("cron/backup", 3000);
+  ASSERT_EQ(r.type, MessageType::kRecovering) << "the lease of the killed run may be live";
+  EXPECT_GT(r.retry_after_ms, 0u);
+  EXPECT_LE(r.retry_after_ms, 3000u);
+  std::this_thread::sleep_for(milliseconds{r.retry_after_ms + 20});
+  const Message g = peer.acquire("cron/backup", 3000);
+  ASSERT_EQ(g.type, MessageType::kGranted);
+  EXPECT_GT(g.token, token);
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.wait(), 0);
+}
+
 std::int64_t ready_lock_delay_ms(const std::string& line) {
   std::smatch m;
   static const std::regex kDelay(R"re("lock_delay_ms":(\d+))re");

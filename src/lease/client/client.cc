@@ -479,18 +479,22 @@ MultiAcquireResult LeaseClient::acquire_many(std::span<const std::string_view> k
   return result;
 }
 
-CallResult LeaseClient::renew(std::string_view key, std::uint64_t token, milliseconds ttl) {
+CallResult LeaseClient::renew(std::string_view key, std::uint64_t token, milliseconds ttl,
+                              std::optional<ClientId> owner) {
   if (check_key(key) || ttl.count() <= 0) return failed(LeaseErrc::kBadArgument);
   auto call = core_->engine.make_call(MessageType::kRenew, key);
   call->token = token;
   call->ttl_ms = internal::clamp_ms(ttl);
+  if (owner) call->owner = *owner;
   return core_->call_sync(std::move(call));
 }
 
-CallResult LeaseClient::release(std::string_view key, std::uint64_t token) {
+CallResult LeaseClient::release(std::string_view key, std::uint64_t token,
+                                std::optional<ClientId> owner) {
   if (check_key(key)) return failed(LeaseErrc::kBadArgument);
   auto call = core_->engine.make_call(MessageType::kRelease, key);
   call->token = token;
+  if (owner) call->owner = *owner;
   return core_->call_sync(std::move(call));
 }
 

@@ -67,6 +67,11 @@ std::uint64_t Election::term() const {
   return !lease_.empty() && lease_.valid() ? lease_.token() : 0;
 }
 
+ClientId Election::owner() const {
+  LockGuard lock(mutex_);
+  return !lease_.empty() && lease_.valid() ? lease_.owner() : ClientId{};
+}
+
 std::optional<LeaderInfo> Election::leader(std::error_code* error) {
   const HoldersReply r = client_.holders(name_);
   if (error != nullptr) *error = r.error;

@@ -695,10 +695,6 @@ TEST_F(ReplicationE2eTest, APrimaryPausedLongerIsTakenOverAndGrantsNothingWhenIt
   nodes_.at("n2")->signal(SIGCONT);
   LeaseClient direct(direct_options("n2"));
   ASSERT_FALSE(direct.start()) << direct.error_detail();
-  LeaseClientOptions as_holder = direct_options("n2");
-  as_holder.client_id = holder->client_id();
-  LeaseClient direct_holder(as_holder);
-  ASSERT_FALSE(direct_holder.start()) << direct_holder.error_detail();
   int granted_while_held = 0;
   int renewed = 0;
   int asked = 0;
@@ -711,7 +707,8 @@ TEST_F(ReplicationE2eTest, APrimaryPausedLongerIsTakenOverAndGrantsNothingWhenIt
         if (l.valid()) ++granted_while_held;
         (void)r.lease.release();
       }
-      const auto renewal = direct_holder.renew(l.key(), l.token(), kTtl);
+      // As the holder itself: the lease's own owner.
+      const auto renewal = direct.renew(l.key(), l.token(), kTtl, l.owner());
       if (!renewal.error) ++renewed;
       ++asked;
     }
@@ -1008,25 +1005,25 @@ TEST_F(ReplicationE2eTest, AGrantHeldForAKilledBackupWaitsForTheNextBackup) {
       << "n1 did not evict the killed n2";
 }
 
-// The exclusive holder acquiring its key again gets a new token. The stream
-// used to carry it as a grant with no release of the old token, so the
-// backup had two holders for the key and its takeover could install the
-// stale one and refuse the live one. The shard now journals the old token's
-// end first, and a takeover installs each key's newest holder first.
-TEST_F(ReplicationE2eTest, AHolderThatAcquiresItsKeyAgainKeepsTheNewGrantThroughAFailover) {
+// An owner acquiring a key it holds again (issue 33: a contender, never a
+// second grant) is refused, and the one grant it has goes through a
+// failover. Before issue 33 it got a new token; the stream then had to
+// carry the old token's end first, or the backup's takeover could install
+// the stale holder and refuse the live one.
+TEST_F(ReplicationE2eTest, AHolderThatAcquiresItsKeyAgainKeepsItsGrantThroughAFailover) {
   for (const char* id : {"n1", "n2", "n3"}) start_replicated(id);
   auto holder = settled_client({"n1", "n2", "n3"});
   lease::LeaseOptions watch;
   watch.watchdog = true;
   watch.on_lost = [this](const lease::LeaseLost& lost) { note_lost(lost); };
   for (const std::string& key : keys_of(*holder, "n2", 4)) {
-    auto first = holder->acquire(key, kTtl, 40s);
+    auto first = holder->acquire(key, kTtl, 40s, watch);
     ASSERT_TRUE(first) << key << ": " << first.error.message();
-    auto again = holder->acquire(key, kTtl, 40s, watch);
-    ASSERT_TRUE(again) << key << ": " << again.error.message();
-    EXPECT_GT(again.lease.token(), first.lease.token());
-    first.lease.detach();  // superseded: its RELEASE would be refused anyway
-    leases_.push_back(std::move(again.lease));
+    lease::LeaseOptions same_owner;
+    same_owner.owner = first.lease.owner();
+    auto again = holder->try_acquire(key, kTtl, same_owner);
+    EXPECT_EQ(again.error, lease::LeaseErrc::kBusy) << key << ": " << again.error.message();
+    leases_.push_back(std::move(first.lease));
   }
 
   nodes_.at("n2")->kill();
@@ -1126,7 +1123,7 @@ TEST_F(ReplicationE2eTest, AWatchRidesThroughAFailoverAndIsWokenByTheRelease) {
   EXPECT_EQ(first.version, held);
   ASSERT_EQ(first.holders.size(), 1u);
   EXPECT_EQ(first.holders.back().value, "holder-a:7");
-  EXPECT_EQ(first.holders.back().owner, holder->client_id());
+  EXPECT_EQ(first.holders.back().owner, leases_.back().owner());
   // The next round is sent as soon as the first answer is recorded; this
   // lets it reach n2 and park there before the kill (sent later, it would
   // ride the failover too, as a fresh request rather than a parked one).
@@ -1202,7 +1199,7 @@ TEST_F(ReplicationE2eTest, AnElectionKeepsItsLeaderThroughAFailoverAndHandsOffAf
     ASSERT_TRUE(first.leader);
     EXPECT_EQ(first.leader->value, "host-a:1");
     EXPECT_EQ(first.leader->term, a_term);
-    EXPECT_EQ(first.leader->owner, client_a.client_id());
+    EXPECT_EQ(first.leader->owner, a.owner());
   }
 
   std::atomic<bool> b_elected{false};
@@ -1265,7 +1262,7 @@ TEST_F(ReplicationE2eTest, AnElectionKeepsItsLeaderThroughAFailoverAndHandsOffAf
     EXPECT_FALSE(changes[1].leader) << "term " << changes[1].leader->term;
   }
   EXPECT_EQ(changes.back().leader->value, "host-b:2");
-  EXPECT_EQ(changes.back().leader->owner, client_b.client_id());
+  EXPECT_EQ(changes.back().leader->owner, b.owner());
   EXPECT_EQ(lost_.load(), 0) << lost_detail();
   EXPECT_FALSE(b.resign());
   std::cout << "changes of leader reported: " << changes.size()

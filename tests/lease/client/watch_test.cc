@@ -67,7 +67,7 @@ TEST(WatchTest, AWatchFromTheCurrentVersionIsAnsweredByTheRelease) {
   EXPECT_EQ(now.version, (KeyVersion{lease.lease.token(), 1}));
   ASSERT_EQ(now.holders.size(), 1u);
   EXPECT_EQ(now.holders[0].value, "10.1.2.3:8080 pid 42");
-  EXPECT_EQ(now.holders[0].owner, holder->client_id());
+  EXPECT_EQ(now.holders[0].owner, lease.lease.owner());
 
   // Parked at the server until the release: with a 20 s wait, the same
   // version would come back only after it.

@@ -95,6 +95,7 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   AcquireResult held = client.acquire(key, 5s, 2s);
   ASSERT_TRUE(held) << held.error.message();
   const std::uint64_t token = held.lease.token();
+  const ClientId owner = held.lease.owner();
 
   // Before "a" is gone, "b" may not take over: it is still promising.
   EXPECT_FALSE(b.take_over("a", bucket, 10s).has_value());
@@ -118,10 +119,9 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   // the key.
   LeaseClientOptions same = co;
   same.nodes = {addresses[1]};
-  same.client_id = client.client_id();
   LeaseClient at_b(same);
   ASSERT_FALSE(at_b.start()) << at_b.error_detail();
-  const CallResult renewed = at_b.renew(key, token, 5s);
+  const CallResult renewed = at_b.renew(key, token, 5s, owner);
   EXPECT_FALSE(renewed.error) << renewed.error.message();
   EXPECT_EQ(renewed.reply, MessageType::kRenewed);
 

@@ -246,30 +246,31 @@ TEST_F(ShardWatchTest, ParkedWatchesAreBoundedPerKeyPerClientAndInTotal) {
     return r.answered && r.reply.type == MessageType::kError &&
            r.reply.error == WireError::kLimitExceeded;
   };
-  EXPECT_FALSE(watch(0, 0, 30'000, 0, ClientId{1, 0}).answered);
-  EXPECT_FALSE(watch(0, 0, 30'000, 0, ClientId{1, 0}).answered);
-  EXPECT_TRUE(refused(watch(0, 0, 30'000, 0, ClientId{1, 0})));  // per client
-  EXPECT_FALSE(watch(0, 0, 30'000, 0, ClientId{2, 0}).answered);
-  EXPECT_TRUE(refused(watch(0, 0, 30'000, 0, ClientId{3, 0})));  // per key
+  EXPECT_FALSE(watch(0, 0, 30'000, 0, ClientId{0, 1}).answered);
+  EXPECT_FALSE(watch(0, 0, 30'000, 0, ClientId{0, 1}).answered);
+  // Distinct clients differ above an owner's low 32 bits (owner_client()).
+  EXPECT_TRUE(refused(watch(0, 0, 30'000, 0, ClientId{0, 1})));  // per client
+  EXPECT_FALSE(watch(0, 0, 30'000, 0, ClientId{0, 2}).answered);
+  EXPECT_TRUE(refused(watch(0, 0, 30'000, 0, ClientId{0, 3})));  // per key
   for (std::uint64_t c = 4; c < 6; ++c) {
     Message m;
     m.type = MessageType::kWatch;
     m.key = "other";
     m.wait_ms = 30'000;
-    EXPECT_FALSE(send(ClientId{c, 0}, m).answered);
+    EXPECT_FALSE(send(ClientId{0, c}, m).answered);
   }
   Message m;
   m.type = MessageType::kWatch;
   m.key = "third";
   m.wait_ms = 30'000;
-  EXPECT_TRUE(refused(send(ClientId{7, 0}, m)));  // in total
+  EXPECT_TRUE(refused(send(ClientId{0, 7}, m)));  // in total
   EXPECT_EQ(shard_->parked_watches(), 5u);
   EXPECT_EQ(counter(StatCounter::kLimitRejections), 3u);
   // Answered, they free their room (and their clients' usage goes).
   acquire(kAlice);
   EXPECT_EQ(answers_of(take_deferred()).size(), 3u);
   EXPECT_EQ(shard_->parked_watches(), 2u);
-  EXPECT_FALSE(watch(1, 1, 30'000, 0, ClientId{1, 0}).answered);
+  EXPECT_FALSE(watch(1, 1, 30'000, 0, ClientId{0, 1}).answered);
 }
 
 TEST_F(ShardWatchTest, ItIsRecoveringDuringTheLockDelayAndItsWaitIsBounded) {
@@ -290,7 +291,7 @@ TEST_F(ShardWatchTest, ItIsRecoveringDuringTheLockDelayAndItsWaitIsBounded) {
 TEST_F(ShardWatchTest, ManyWatchersOfOneKeyAreAllAnsweredOnce) {
   const auto g = acquire(kAlice);
   for (std::uint64_t c = 0; c < 50; ++c) {
-    EXPECT_FALSE(watch(g.reply.token, 1, 30'000, 0, ClientId{100 + c, 0}).answered);
+    EXPECT_FALSE(watch(g.reply.token, 1, 30'000, 0, ClientId{0, 100 + c}).answered);
   }
   release(kAlice, g.reply.token);
   acquire(kBob);  // a second change before anyone re-arms: nobody is answered twice

@@ -19,11 +19,12 @@
 //   result.lease.release();                             // or let it go out of scope
 //
 // Design (details and measured numbers in docs/client.md)
-//   * One UDP socket and one random 128-bit client id per LeaseClient. The id
-//     is the owner of every lease the client takes: two LeaseClients exclude
-//     each other, two threads of one LeaseClient do not (the server answers a
-//     repeated ACQUIRE by the holder with the same grant). Use a LeaseClient
-//     per independent owner, or the LockTable inside one process.
+//   * One UDP socket and one random 128-bit client id per LeaseClient. Every
+//     acquire contends as an owner of its own (the client id with its low 32
+//     bits a handle count; LeaseOptions::owner for a known one), so threads
+//     sharing one LeaseClient exclude each other exactly as two processes
+//     do: one client per process, shared by its threads, is the intended
+//     use.
 //   * Threads: one I/O thread receives every reply (recvmmsg), matches it to
 //     its outstanding call by request id and drives retransmissions from a
 //     timer heap. Callers send their first transmission themselves and sleep
@@ -314,9 +315,9 @@ class LeaseClient {
   // its expiry then counts from the RENEW); if the renewal is refused (the
   // lease already ended at the server) it is released and returned as
   // kGrantExpired: a returned Lease is valid() when acquire() returns.
-  // Acquiring a key this client already holds gives a new grant with a new
-  // token; the older Lease then finds itself superseded (lost) at its next
-  // renewal.
+  // Every acquire is an owner of its own (LeaseOptions::owner): acquiring a
+  // key this client already holds waits for that grant like any other
+  // contender's (or is kBusy with no wait).
   [[nodiscard]] AcquireResult acquire(std::string_view key, std::chrono::milliseconds ttl,
                                       std::chrono::milliseconds wait,
                                       LeaseOptions lease_options = {});
@@ -358,10 +359,13 @@ class LeaseClient {
                                                 LeaseMode mode = LeaseMode::kExclusive,
                                                 LeaseOptions lease_options = {});
   // Raw RENEW/RELEASE by key and token, for an owner that holds no Lease
-  // object (shardlockctl). The caller's client id must be the owner's.
+  // object (shardlockctl), as `owner` (default: client_id()): the owner the
+  // lease was granted to (Lease::owner()).
   [[nodiscard]] CallResult renew(std::string_view key, std::uint64_t token,
-                                 std::chrono::milliseconds ttl);
-  [[nodiscard]] CallResult release(std::string_view key, std::uint64_t token);
+                                 std::chrono::milliseconds ttl,
+                                 std::optional<ClientId> owner = std::nullopt);
+  [[nodiscard]] CallResult release(std::string_view key, std::uint64_t token,
+                                   std::optional<ClientId> owner = std::nullopt);
   [[nodiscard]] CallResult query(std::string_view key);
   // Every holder of `key` (QUERY_HOLDERS, as many pages as it takes) with
   // the QUERY summary, in one blocking call. Against a server that predates

@@ -51,7 +51,7 @@ namespace shardlock::lease {
 // A leader as others see it (Election::leader(), LeaderObserver).
 struct LeaderInfo {
   std::string value;  // what its campaign() attached
-  ClientId owner;     // its client's id
+  ClientId owner;     // its campaign's lease owner (owner_client(): its client's)
   std::uint64_t term = 0;
   std::chrono::milliseconds ttl_left{0};  // as the server counted it
   friend bool operator==(const LeaderInfo&, const LeaderInfo&) = default;
@@ -90,6 +90,9 @@ class Election {
   [[nodiscard]] bool leading() const;
   // This campaigner's term while leading, else 0.
   [[nodiscard]] std::uint64_t term() const;
+  // This campaigner's owner while leading (its lease's own, as
+  // LeaderInfo::owner shows it), else all zero.
+  [[nodiscard]] ClientId owner() const;
   // The current leader of the name (anyone's), or nullopt when there is
   // none; `error` is set when the server could not be asked. Blocks.
   [[nodiscard]] std::optional<LeaderInfo> leader(std::error_code* error = nullptr);
