@@ -1,22 +1,29 @@
 // The lease service's request path in user space, piece by piece: the codec,
 // the shard state machine (with and without its hot-key sketch), the dedup
 // cache and the timer wheel. No sockets:
-// what these cost is what the server adds to the network round trip.
+// what these cost is what the server adds to the network round trip. One
+// exception, BM_ClientAcquireRelease: a LeaseClient's acquire+release pair
+// through a LeaseServer on loopback, with one owner for every lease or a
+// fresh one per lease (issue 33), side by side in the same run.
 //
-//   build/bench/bench/lease_benchmark
+//   build/bench/bench/lease_benchmark --benchmark_filter=Owner
 #include <benchmark/benchmark.h>
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "server/dispatcher.h"
+#include "shardlock/internal/cpu.h"
+#include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
 #include "shardlock/lease/server/internal/hot_keys.h"
 #include "shardlock/lease/server/internal/shard.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
+#include "shardlock/lease/server/server.h"
 #include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "shardlock/workload/zipf.h"
@@ -264,7 +271,85 @@ void BM_TimerWheelScheduleAndFire(benchmark::State& state) {
 }
 BENCHMARK(BM_TimerWheelScheduleAndFire);
 
+// BM_ShardAcquireRelease's pair with one owner for every lease (Arg 0, as a
+// client was before issue 33) or a fresh handle owner per pair (Arg 1, as
+// every acquire is now: handle_owner() of one client, so the per-client
+// usage entry is the same): what the server pays for owners per handle.
+void BM_ShardAcquireReleaseOwner(benchmark::State& state) {
+  Shard shard(0, ShardLimits{}, ShardTokens{}, 1000);
+  const std::vector<std::string> keys = make_keys(1024);
+  const bool fresh = state.range(0) != 0;
+  const ClientId client{0x5eed'0000'0000, 7};
+  const Peer peer;
+  std::vector<DeferredReply> deferred;
+  Message reply;
+  std::uint64_t request_id = 1;
+  std::uint32_t handle = 0;
+  std::size_t k = 0;
+  for (auto _ : state) {
+    const ClientId owner = fresh ? handle_owner(client, ++handle) : client;
+    Message m;
+    m.type = MessageType::kAcquire;
+    m.key = keys[k++ & 1023];
+    m.ttl_ms = 30'000;
+    m.request_id = ++request_id;
+    (void)shard.handle(owner, peer, m, 1000, reply, deferred);
+    m.type = MessageType::kRelease;
+    m.token = reply.token;
+    m.request_id = ++request_id;
+    (void)shard.handle(owner, peer, m, 1000, reply, deferred);
+    benchmark::DoNotOptimize(reply);
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ShardAcquireReleaseOwner)->ArgName("fresh_owner")->Arg(0)->Arg(1);
+
+// One try_acquire() and release() through a LeaseClient and a LeaseServer on
+// loopback (two round trips), each lease with a fresh owner (Arg 1, the
+// default) or all of them as one known owner (Arg 0, LeaseOptions::owner:
+// the old one-owner-per-client identity). The ratio of the two is the cost
+// of an owner per handle end to end.
+void BM_ClientAcquireReleaseOwner(benchmark::State& state) {
+  using namespace std::chrono_literals;
+  LeaseServerOptions server_options;
+  server_options.bind_address = "127.0.0.1:0";
+  server_options.lock_delay = 0ms;
+  server_options.shards = 4;
+  server_options.log = [](std::string_view) {};
+  LeaseServer server(server_options);
+  if (server.start()) {
+    state.SkipWithError("the server did not start");
+    return;
+  }
+  LeaseClientOptions client_options;
+  client_options.nodes = {"127.0.0.1:" + std::to_string(server.port())};
+  LeaseClient client(client_options);
+  if (client.start()) {
+    state.SkipWithError("the client did not start");
+    return;
+  }
+  LeaseOptions options;
+  if (state.range(0) == 0) options.owner = client.client_id();
+  const std::vector<std::string> keys = make_keys(1024);
+  std::size_t k = 0;
+  for (auto _ : state) {
+    AcquireResult r = client.try_acquire(keys[k++ & 1023], 30s, options);
+    if (!r || r.lease.release()) {
+      state.SkipWithError("acquire or release failed");
+      return;
+    }
+  }
+  state.SetItemsProcessed(state.iterations());
+}
+BENCHMARK(BM_ClientAcquireReleaseOwner)->ArgName("fresh_owner")->Arg(0)->Arg(1)->UseRealTime();
+
 }  // namespace
 }  // namespace shardlock::lease
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  benchmark::AddCustomContext("cpu_model", shardlock::internal::cpu_model_name());
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
