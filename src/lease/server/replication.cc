@@ -319,6 +319,13 @@ void PrimaryStream::on_ack(const Ack& ack, std::int64_t now_ns) noexcept {
       return;
     }
   }
+  // An ack that lends no lease, for a datagram sent after this primary's
+  // lease from the backup had ended: the backup no longer promises, and may
+  // have taken the buckets over without what it applies now. It releases
+  // no held answer (issue 34, hole 1: with a backup that still applied such
+  // a datagram, a grant made under the lease but replicated late was
+  // answered after the takeover had given the key to someone else).
+  if (ack.lease_ms == 0 && ack.echo_sent_ns >= lease_until_ns_) return;
   if (ack.applied > applied_) {
     while (applied_ < ack.applied && !pending_.empty()) {
       pending_.pop_front();
@@ -343,6 +350,15 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   Ack ack;
   ack.stream = header.stream;
   ack.echo_sent_ns = header.sent_ns;
+  if (promise_expired(now_ns)) {
+    // Frozen (issue 34, hole 1): this node may have taken the primary's
+    // buckets over with what it had applied by now. An entry applied and
+    // acknowledged after that would let the primary answer a grant the
+    // takeover never saw: two holders. What it acknowledges stays where it
+    // was, and a new stream is not followed.
+    ack.applied = header.stream == stream_ ? applied_ : 0;
+    return ack;
+  }
   if (header.stream < stream_) return ack;         // an older stream of this primary: no lease
   if (header.stream <= after_stream_) return ack;  // one this node stopped promising for good
   if (header.stream > stream_) {
@@ -355,12 +371,15 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   }
   if (header.settled) primary_settled_ = true;
   const std::uint64_t first = header.first_seq;
+  // A datagram of a later map than the backup's may carry buckets this
+  // node backs up only there (see carry()): those are not refused.
+  const bool later_map = header.epoch > carried_epoch_;
   if (first > applied_ + 1 && !entries.empty()) ++gaps_;
   for (std::size_t i = 0; i < entries.size(); ++i) {
     const std::uint64_t seq = first + i;
     if (seq <= applied_) continue;   // a duplicate
     if (seq != applied_ + 1) break;  // after a gap: wait for the resend
-    apply(entries[i]);
+    apply(entries[i], later_map);
     applied_ = seq;
   }
   ack.applied = applied_;
@@ -372,7 +391,27 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   return ack;
 }
 
-void BackupStream::apply(const Entry& e) {
+void BackupStream::carry(std::vector<std::uint32_t> buckets, std::uint64_t epoch) {
+  carried_ = std::move(buckets);
+  carried_epoch_ = epoch;
+  carry_set_ = true;
+  for (auto it = buckets_.begin(); it != buckets_.end();) {
+    if (std::binary_search(carried_.begin(), carried_.end(), it->first)) {
+      ++it;
+      continue;
+    }
+    for (const auto& [key, holders] : it->second.keys) holder_count_ -= holders.size();
+    it = buckets_.erase(it);
+  }
+}
+
+void BackupStream::apply(const Entry& e, bool later_map) {
+  if (e.bucket >= kMaxBuckets ||
+      (carry_set_ && !later_map &&
+       !std::binary_search(carried_.begin(), carried_.end(), e.bucket))) {
+    ++refused_entries_;  // not a bucket this stream backs up
+    return;
+  }
   switch (e.kind) {
     case EntryKind::kResetBucket:
       // A snapshot begins: not caught up until it ends. The holders already
@@ -398,6 +437,11 @@ void BackupStream::apply(const Entry& e) {
         return x.owner == h.owner && x.token == h.token;
       });
       if (same == list.end()) {
+        if (holder_count_ >= kMaxReplicaHolders) {
+          ++refused_entries_;
+          if (list.empty()) buckets_[e.bucket].keys.erase(e.key);
+          return;
+        }
         list.push_back(h);
         ++holder_count_;
       }

@@ -174,13 +174,16 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
     }
     from.stream.stop_promising();
     from.buckets = std::move(taking);
+    from.stream.carry(from.buckets, layout.epoch);
     after_stream[it->first] = from.stream.stream();
     retiring_.emplace_back(it->first, std::move(it->second));
     it = from_.erase(it);
   }
   // A retiring stream is kept only for buckets this node still owns.
-  for (auto& [id, from] : retiring_)
+  for (auto& [id, from] : retiring_) {
     std::erase_if(from->buckets, [&](std::uint32_t b) { return !primary_here(b); });
+    from->stream.carry(from->buckets, layout.epoch);
+  }
   std::erase_if(retiring_, [](const auto& r) { return r.second->buckets.empty(); });
   for (auto& entry : backed) {
     const std::string& id = entry.first;
@@ -198,10 +201,11 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       const bool retired = after != after_stream.end();
       from_[id] = std::make_unique<FromPrimary>(
           peer.address, options_.timing, std::max(now_ns, created_ns_), std::move(buckets),
-          retired ? after->second : 0, retired ? layout.epoch : 0);
+          layout.epoch, retired ? after->second : 0, retired ? layout.epoch : 0);
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);
+      it->second->stream.carry(it->second->buckets, layout.epoch);
     }
   }
   // Peers new to the layout are not heard from yet; the rest keep their time.
@@ -394,9 +398,15 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
+    // By address; a stream still promised first: a departed primary's
+    // stream stays for its takeovers, and a node that replaced it at the
+    // same address under a new id must reach its own (issue 34, hole 5).
     FromPrimary* primary = nullptr;
     for (auto& [id, f] : from_) {
-      if (same_peer(f->address, from)) primary = f.get();
+      if (!same_peer(f->address, from)) continue;
+      if (primary == nullptr || (!primary->stream.promising() && f->stream.promising())) {
+        primary = f.get();
+      }
     }
     if (primary == nullptr) {
       // Not a primary of this node's in its map: not applied, not answered

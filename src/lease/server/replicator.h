@@ -216,11 +216,13 @@ class Replicator {
   };
   struct FromPrimary {
     FromPrimary(const Peer& primary_address, const replication::StreamTiming& timing,
-                std::int64_t now_ns, std::vector<std::uint32_t> backed,
+                std::int64_t now_ns, std::vector<std::uint32_t> backed, std::uint64_t layout_epoch,
                 std::uint64_t after_stream = 0, std::uint64_t lease_from_epoch = 0)
         : address(primary_address),
           stream(timing, now_ns, after_stream, lease_from_epoch),
-          buckets(std::move(backed)) {}
+          buckets(std::move(backed)) {
+      stream.carry(buckets, layout_epoch);
+    }
     Peer address;
     replication::BackupStream stream;
     std::vector<std::uint32_t>

@@ -572,6 +572,86 @@ TEST(ReplicationStream, AfterStopPromisingThePrimaryLosesItsLeaseAndTheBackupMay
   EXPECT_EQ(inherited[0].second.request_id, 100U);
 }
 
+// Issue 34, hole 1: a grant made under the primary lease whose REPLICATE was
+// lost reaches the backup only after the backup's promise ran out and it
+// took the bucket over without it. The backup is frozen by then: it neither
+// applies nor acknowledges it, so the primary never answers the grant.
+TEST(ReplicationStream, AFrozenBackupNeitherAppliesNorAcknowledgesALateGrant) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  deliver(primary, backup, wire, 0);  // a heartbeat: the primary holds a lease
+  ASSERT_TRUE(primary.holds_lease(10 * kMs));
+  (void)primary.append(grant(4, "late", 9));
+  wire.clear();
+  primary.poll(10 * kMs, 1, wire);  // lost: a one-way cut
+  backup.stop_promising();          // the backup evicts the primary
+  ASSERT_TRUE(backup.promise_expired(300 * kMs));
+  ASSERT_TRUE(backup.bucket_holders(4).empty()) << "taken over without the late grant";
+  // The cut heals: the primary's retransmission arrives.
+  wire.clear();
+  primary.poll(310 * kMs, 1, wire);
+  ASSERT_FALSE(wire.empty());
+  deliver(primary, backup, wire, 311 * kMs);
+  EXPECT_TRUE(backup.bucket_holders(4).empty()) << "applied after the takeover";
+  EXPECT_EQ(backup.applied(), 0U);
+  EXPECT_EQ(primary.applied(), 0U) << "the grant's held answer would be let out";
+  EXPECT_FALSE(primary.holds_lease(311 * kMs));
+}
+
+// The primary's half of hole 1: an ack that lends no lease, for a datagram
+// sent after the primary's lease had ended (a backup that predates the
+// freeze, or one that has just stopped promising), releases nothing.
+TEST(ReplicationStream, AnAckWithoutALeaseForADatagramSentPastTheLeaseReleasesNothing) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  primary.on_ack(Ack{1, 0, 0, 250}, 1 * kMs);  // a lease until about 245.5 ms
+  const std::int64_t lease_end = primary.lease_until_ns();
+  ASSERT_GT(lease_end, 200 * kMs);
+  (void)primary.append(grant(4, "k", 9));
+  wire.clear();
+  primary.poll(lease_end + 1, 1, wire);
+  primary.on_ack(Ack{1, 1, lease_end + 1, 0}, lease_end + 2);
+  EXPECT_EQ(primary.applied(), 0U);
+  // Sent before the lease ended, the same answer counts.
+  primary.on_ack(Ack{1, 1, lease_end - 1, 0}, lease_end + 2);
+  EXPECT_EQ(primary.applied(), 1U);
+}
+
+// Issue 34, hole 4: a stream applies only the buckets it carries, so
+// datagrams naming any other bucket (forged, or from a primary on another
+// layout) cannot grow the backup.
+TEST(ReplicationStream, ABackupAppliesOnlyTheBucketsItsStreamCarries) {
+  StreamTiming timing;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  backup.carry({2, 5}, 1);
+  (void)primary.append(grant(2, "mine", 1));
+  for (std::uint32_t b = 100; b < 140; ++b) (void)primary.append(grant(b, "stray", b));
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  deliver(primary, backup, wire, 0);
+  EXPECT_EQ(backup.holder_count(), 1U);
+  EXPECT_EQ(backup.refused_entries(), 40U);
+  EXPECT_EQ(backup.holders(2, "mine").size(), 1U);
+  EXPECT_TRUE(backup.bucket_holders(100).empty());
+  EXPECT_EQ(backup.applied(), 41U) << "the stream goes on: refused is not a gap";
+  // A datagram of a map the backup has not adopted yet may carry buckets it
+  // backs up only there: applied, as far as bucket numbers go.
+  (void)primary.append(grant(7, "next", 200));
+  (void)primary.append(grant(1u << 20, "beyond", 201));
+  wire.clear();
+  primary.poll(1 * kMs, 2, wire);
+  deliver(primary, backup, wire, 1 * kMs);
+  EXPECT_EQ(backup.applied(), 43U);
+  EXPECT_EQ(backup.holders(7, "next").size(), 1U);
+  EXPECT_EQ(backup.refused_entries(), 41U) << "no bucket number is beyond the map's";
+}
+
 TEST(ReplicationStream, ABackupFollowsOnlyALargerStreamFromItsStart) {
   StreamTiming timing;
   BackupStream backup(timing, 0);

@@ -220,6 +220,75 @@ TEST_F(ReplicatorTest, TheBackupTakesOverOnlyAfterItsPromiseRanOut) {
   EXPECT_FALSE(b_->takeover("c", kBucket, after, holders));
 }
 
+// Issue 34, hole 1, through both nodes' Replicators: "a" grants under its
+// primary lease, the REPLICATE is lost (a one-way cut from "a" to "b"), "b"
+// evicts "a" and takes the bucket over without the grant. When the cut
+// heals, "a"'s retransmission must not be acknowledged: before the fix "b"
+// applied it to its stale replica and "a" answered GRANTED, while "b" could
+// grant the key to another client.
+TEST_F(ReplicatorTest, ABackupThatTookOverNeverAcknowledgesTheOldPrimarysLateGrant) {
+  both_layouts();
+  (void)exchange(poll_a());  // snapshots acknowledged: "a" holds a lease
+  ASSERT_GT(a_.lease_until(kBucket).count(), now_);
+  a_.route(std::vector{grant("late", 44)});
+  OutDatagram reply = reply_datagram(0x55);
+  ASSERT_TRUE(a_.hold(reply));
+  (void)poll_a();  // lost
+  ReplicaLayout lb;
+  lb.epoch = 5;
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  ASSERT_TRUE(b_->set_layout(lb, now_).empty());
+  now_ += 300 * kMs;
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
+  EXPECT_TRUE(holders.empty());
+  // The cut heals.
+  const std::vector<OutDatagram> released = exchange(poll_a());
+  EXPECT_TRUE(released.empty()) << "the late grant was answered after the takeover";
+  EXPECT_EQ(a_.held(), 1U);
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
+  EXPECT_TRUE(holders.empty());
+}
+
+// Issue 34, hole 5: a node replaced at the same HOST:PORT under a new id
+// ("a2" for the dead "a", as the runbook says a wiped data dir is). "b"
+// keeps "a"'s stream for its takeover; "a2"'s datagrams must reach "a2"'s
+// own stream, which lends it a lease, not the departed one.
+TEST_F(ReplicatorTest, ANodeReplacedAtTheSameAddressReachesItsOwnStream) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  ReplicaLayout lb;
+  lb.epoch = 5;
+  lb.peers = {ReplicaPeer{"a2", loopback(1001)}};
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.backing[kBucket] = 0;
+  (void)b_->set_layout(lb, now_);
+  Replicator a2(options(), now_);
+  ReplicaLayout la = primary_layout(5, "b", 1002);
+  for (const auto& [peer, bucket] : a2.set_layout(la, now_)) {
+    a2.begin_snapshot(peer, bucket);
+    a2.end_snapshot(peer, bucket);
+  }
+  std::vector<OutDatagram> out;
+  a2.poll(now_, out);
+  ASSERT_FALSE(out.empty());
+  std::vector<OutDatagram> acks;
+  for (const OutDatagram& d : out) {
+    EXPECT_TRUE(b_->on_datagram({d.bytes.data(), d.length}, loopback(1001), now_, acks));
+  }
+  std::vector<OutDatagram> released;
+  for (const OutDatagram& d : acks) {
+    EXPECT_TRUE(a2.on_datagram({d.bytes.data(), d.length}, loopback(1002), now_, released));
+  }
+  EXPECT_GT(a2.lease_until(kBucket).count(), now_) << "a2's stream went to a's replica";
+  // And "a"'s replica is still there for its takeover.
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_ + 300 * kMs, holders));
+  ASSERT_EQ(holders.size(), 1U);
+  EXPECT_EQ(holders[0].second.token, 41U);
+}
+
 TEST_F(ReplicatorTest, ABucketNoLongerBackedUpIsForgottenAndNeverTakenOver) {
   both_layouts();
   a_.route(std::vector{grant("k", 41)});
@@ -246,6 +315,7 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
   // "b" restarts: a new Replicator, empty, with the same layout.
   b_ = std::make_unique<Replicator>(options(), now_);
   ReplicaLayout lb;
+  lb.epoch = 4;  // the map it restarts into: the primary's
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
   lb.backing[kBucket] = 0;

@@ -180,7 +180,10 @@ class PrimaryStream {
   // (kFlagPrimarySettled).
   void poll(std::int64_t now_ns, std::uint64_t epoch, std::vector<std::vector<std::uint8_t>>& out,
             bool settled = false);
-  // Takes the backup's acknowledgement. One for another stream is ignored.
+  // Takes the backup's acknowledgement. One for another stream is ignored,
+  // and so is one that lends no lease for a datagram sent after this
+  // primary's lease had ended (the backup may have taken over: what it
+  // applied then releases no held answer).
   void on_ack(const Ack& ack, std::int64_t now_ns) noexcept;
 
   [[nodiscard]] std::uint64_t stream() const noexcept { return stream_; }
@@ -260,7 +263,10 @@ class BackupStream {
         promised_until_ns_(now_ns + static_cast<std::int64_t>(timing.lease_ms) * 1'000'000) {}
 
   // Applies one REPLICATE datagram received at `now_ns` and returns the
-  // acknowledgement to send back. A datagram of a larger stream id than the
+  // acknowledgement to send back. Once promise_expired(now_ns) the stream
+  // is frozen: nothing more is applied and the ack names what was applied
+  // before (0 for another stream), so a takeover's holders are every grant
+  // the primary can ever have answered. A datagram of a larger stream id than the
   // one followed starts following it from its first entry (the primary
   // keeps everything unacknowledged, so it resends from there). One of a
   // smaller id is answered without a lease and not applied, so a late
@@ -301,6 +307,24 @@ class BackupStream {
       std::uint32_t bucket) const;
   // Drops what is known of `bucket` (this node no longer backs it up).
   void forget(std::uint32_t bucket);
+  // The buckets this stream carries (ascending) in the backup's map of
+  // `epoch`: entries of a datagram of that map or an earlier one for any
+  // other bucket are not applied (issue 34, hole 4: a forged or faulty
+  // stream grew a backup without bound with holders of arbitrary buckets).
+  // A datagram of a later map may carry buckets this node backs up only
+  // there, so its entries are applied (within kMaxBuckets and
+  // kMaxReplicaHolders), and forgotten by the carry() of that map unless
+  // it carries them. Unset, every bucket is carried.
+  // What is known of buckets not in `buckets` is forgotten.
+  void carry(std::vector<std::uint32_t> buckets, std::uint64_t epoch);
+  // Entries not applied because of carry() or kMaxReplicaHolders.
+  [[nodiscard]] std::uint64_t refused_entries() const noexcept { return refused_entries_; }
+  // The most holders one stream keeps: past it a grant is refused (and
+  // counted), bounding a backup's memory whatever a primary sends.
+  static constexpr std::size_t kMaxReplicaHolders = std::size_t{1} << 21;
+  // Buckets are numbered below this whatever the map (RouterOptions'
+  // largest bucket_bits, the cluster's 65536).
+  static constexpr std::uint32_t kMaxBuckets = std::uint32_t{1} << 16;
   [[nodiscard]] std::size_t holder_count() const noexcept { return holder_count_; }
   [[nodiscard]] std::uint64_t gaps() const noexcept { return gaps_; }
 
@@ -310,7 +334,7 @@ class BackupStream {
     bool owner_active = false;  // the caught-up mark said so
     std::unordered_map<std::string, std::vector<ReplicaHolder>> keys;
   };
-  void apply(const Entry& e);
+  void apply(const Entry& e, bool later_map);
 
   StreamTiming timing_;
   std::uint64_t after_stream_ = 0;
@@ -323,6 +347,10 @@ class BackupStream {
   std::unordered_map<std::uint32_t, BucketReplica> buckets_;
   std::size_t holder_count_ = 0;
   std::uint64_t gaps_ = 0;
+  std::vector<std::uint32_t> carried_;
+  std::uint64_t carried_epoch_ = 0;
+  bool carry_set_ = false;
+  std::uint64_t refused_entries_ = 0;
 };
 
 // Answers held until the entries they depend on are acknowledged: each
