@@ -181,17 +181,37 @@ void Dispatcher::replicate_buckets(
 std::size_t Dispatcher::inherit(
     const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
     std::int64_t expiry_ms) {
-  // Each key's newest grant first: of two exclusive holders a replica knows
-  // (the older one's release had not reached it), the newer is the live one,
-  // and the older must be the one refused.
+  // Per key, in token order (issue 34, hole 6: newest first, a key's
+  // holders were listed newest first and its version, the last holder's
+  // token, went back, so a watch reported a change that did not happen).
+  // Only the holders that can coexist with the key's newest grant are
+  // live: a replica may know older ones whose release had not reached it,
+  // and every grant after an exclusive one, or an exclusive one after any,
+  // was made once they were over. So the newest exclusive holder alone, or
+  // every holder of the newest one's kind.
   std::vector<const std::pair<std::string, replication::ReplicaHolder>*> order;
   order.reserve(holders.size());
   for (const auto& h : holders) order.push_back(&h);
   std::stable_sort(order.begin(), order.end(), [](const auto* x, const auto* y) {
-    return x->first != y->first ? x->first < y->first : x->second.token > y->second.token;
+    return x->first != y->first ? x->first < y->first : x->second.token < y->second.token;
   });
+  std::vector<const std::pair<std::string, replication::ReplicaHolder>*> live;
+  live.reserve(order.size());
+  for (std::size_t begin = 0; begin < order.size();) {
+    std::size_t end = begin;
+    while (end < order.size() && order[end]->first == order[begin]->first) ++end;
+    const replication::ReplicaHolder& newest = order[end - 1]->second;
+    for (std::size_t i = begin; i < end; ++i) {
+      const replication::ReplicaHolder& h = order[i]->second;
+      const bool coexists = newest.mode == LeaseMode::kExclusive
+                                ? i + 1 == end
+                                : h.mode == newest.mode && h.permits == newest.permits;
+      if (coexists) live.push_back(order[i]);
+    }
+    begin = end;
+  }
   std::size_t installed = 0;
-  for (const auto* entry : order) {
+  for (const auto* entry : live) {
     const std::string& key = entry->first;
     const replication::ReplicaHolder& holder = entry->second;
     ShardSlot& slot = *shards_[shard_of(key)];
@@ -539,6 +559,12 @@ void Dispatcher::fill_hot_keys(Worker& w, std::size_t slack, std::int64_t now, M
 }
 
 void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
+  if (gate && !gate->clock) {
+    // The gate decides by the clock at the decision (ClusterGate::clock).
+    auto timed = std::make_shared<ClusterGate>(*gate);
+    timed->clock = [clock = clock_] { return clock.now(); };
+    gate = std::move(timed);
+  }
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
     slot->shard->set_gate(gate);

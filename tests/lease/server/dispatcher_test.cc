@@ -43,7 +43,13 @@ class DispatcherTest : public ::testing::Test {
     }
     DispatcherOptions o;
     o.auth_key = key;
-    o.clock = [this] { return std::chrono::milliseconds(now_ms_); };
+    // Each reading moves the clock on by clock_step_ms_ (0: it stands
+    // still), as the time a request waits between reads would.
+    o.clock = [this] {
+      const std::int64_t t = now_ms_;
+      now_ms_ += clock_step_ms_;
+      return std::chrono::milliseconds(t);
+    };
     o.log = [this](std::string_view line) { log_.emplace_back(line); };
     o.key_seed = limits.hash_seed;
     o.workers = 2;
@@ -207,6 +213,7 @@ class DispatcherTest : public ::testing::Test {
   }
 
   std::int64_t now_ms_ = 1'000'000;
+  std::int64_t clock_step_ms_ = 0;
   std::size_t last_sent_ = 0;  // bytes of the last datagram send() handed over
   AuthKey key_ = generate_auth_key();
   std::vector<std::string> log_;
@@ -1151,6 +1158,24 @@ class DispatcherReplicationTest : public DispatcherGateTest {
   Replicator b_;
 };
 
+// Issue 34, hole 1, the second way in: the gate used the time a datagram
+// arrived, read before the wait for the shard's lock, so a request that
+// arrived inside the primary lease and was decided after it was granted
+// without a lease. Here every clock reading is 10 ms after the one before:
+// the request arrives 2 ms before the lease ends and is decided after it.
+TEST_F(DispatcherReplicationTest, TheGateDecidesByTheClockAtTheDecisionNotTheArrival) {
+  const std::string key = key_of(true);
+  EXPECT_TRUE(pump().empty());  // the lease comes back
+  const auto bucket = gate_->bucket_of(key);
+  const std::int64_t lease_end_ms = a_.lease_until(bucket).count() / 1'000'000;
+  ASSERT_GT(lease_end_ms, now_ms_);
+  now_ms_ = lease_end_ms - 2;
+  clock_step_ms_ = 10;
+  EXPECT_EQ(try_single(kAlice, key, 5), MessageType::kRecovering);
+  clock_step_ms_ = 0;
+  EXPECT_FALSE(held(key)) << "granted after the primary lease ended";
+}
+
 TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   const std::string key = key_of(true);
   // No primary lease from the backup yet: nothing is granted.
@@ -1234,6 +1259,43 @@ TEST_F(DispatcherReplicationTest, ATakeoverInstallsEachKeysNewestExclusiveHolder
   renew.request_id = 4;
   renew.token = older.token;
   EXPECT_NE(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
+}
+
+// Issue 34, hole 6: shared holders are installed in token order, so the
+// key lists them oldest first and its version (the newest token, the holder
+// count) is what it was at the primary: a watch since that version sees no
+// change that did not happen.
+TEST_F(DispatcherReplicationTest, ATakeoverInstallsSharedHoldersInTokenOrder) {
+  const std::string key = key_of(true);
+  (void)pump();
+  replication::ReplicaHolder first;
+  first.owner = kAlice;
+  first.mode = LeaseMode::kShared;
+  first.token = (std::uint64_t{3} << 32) | 7;
+  first.request_id = 1;
+  first.ttl_ms = 5000;
+  replication::ReplicaHolder second = first;
+  second.owner = kBob;
+  second.token = first.token + 1;
+  replication::ReplicaHolder stale = first;  // an exclusive holder whose release was lost
+  stale.owner = kCarol;
+  stale.mode = LeaseMode::kExclusive;
+  stale.token = first.token - 1;
+  // Listed newest first, as a replica may hand them out.
+  EXPECT_EQ(dispatcher_->inherit({{key, second}, {key, stale}, {key, first}}, now_ms_ + 5000), 2U);
+  const auto out = send(kBob, {request(MessageType::kQuery, key, 9)}, carol_);
+  ASSERT_EQ(out.size(), 1U);
+  const Message q = decoded(out[0]).messages[0];
+  EXPECT_EQ(q.holders, 2U);
+  EXPECT_EQ(q.mode, LeaseMode::kShared);
+  // A WATCH since the version the primary had, (second, 2), parks: no
+  // change happened. Installed newest first, the version read (first, 2)
+  // and the watch was answered at once.
+  Message watch = request(MessageType::kWatch, key, 10);
+  watch.token = second.token;
+  watch.holders = 2;
+  watch.wait_ms = 1000;
+  EXPECT_TRUE(send(kBob, {watch}, carol_).empty()) << "a change that did not happen";
 }
 
 TEST_F(DispatcherReplicationTest, PastThePrimaryLeaseNothingIsGrantedOrRenewed) {

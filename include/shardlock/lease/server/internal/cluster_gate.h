@@ -13,6 +13,7 @@
 // A single shardlockd has no gate (null): every key is its own.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,12 @@ struct ClusterGate {
   // The node's etcd lease deadline on the server's clock; a grant needs the
   // time before it (fail closed). Must not be empty.
   std::function<std::chrono::nanoseconds()> lease_deadline;
+  // The server's clock, read when check() decides (Dispatcher::publish_gate()
+  // sets it): the deadlines are compared with the later of it and the
+  // caller's `now_ms`, which may have been read before a wait for the
+  // shard's lock (issue 34, hole 1: a request that arrived inside the
+  // primary lease and was decided after it). Empty: `now_ms` alone.
+  std::function<std::chrono::nanoseconds()> clock;
   // Replication (docs/cluster.md, "Replication"): per bucket, non-zero when
   // the bucket has backups (this node is its primary and journals its
   // holders); empty without replication. A replicated bucket is granted and
@@ -95,8 +102,9 @@ struct ClusterGate {
     if (state == kForeign) return Verdict::kRedirect;
     if (state != kActive || epoch < min_grant_epoch) return Verdict::kNotReady;
     // now_ms is rounded down, so the true time may be up to 1 ms later: err
-    // towards failing closed.
-    const std::chrono::nanoseconds latest = std::chrono::milliseconds(now_ms + 1);
+    // towards failing closed; and it may be older than the decision.
+    std::chrono::nanoseconds latest = std::chrono::milliseconds(now_ms + 1);
+    if (clock) latest = std::max(latest, clock());
     if (!(latest < lease_deadline())) return Verdict::kNotReady;
     if (replicated_bucket(bucket) && !(latest < replica_deadline(bucket))) {
       return Verdict::kNotReady;
