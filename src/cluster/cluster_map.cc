@@ -298,4 +298,8 @@ std::vector<std::size_t> ClusterRouting::buckets_per_member() const {
   return counts;
 }
 
+bool has_backups(const ClusterMap& map, std::size_t replicas) noexcept {
+  return replicas > 1 && map.members.size() + map.learners.size() > 1;
+}
+
 }  // namespace shardlock::cluster

@@ -107,6 +107,31 @@ TEST(MapValue, LearnersAndLeasesRoundTripAndTheirMalformedLinesAreRejected) {
   EXPECT_EQ(decode_member(encode_member(joining)), joining);
 }
 
+// Issue 34, hole 2: a lone member with a learner streams every bucket to it,
+// so its buckets have a backup and must be granted within the primary lease.
+TEST(ReplicaRoutingTest, ALoneMemberWithALearnerHasBackups) {
+  ClusterMap map;
+  map.epoch = 3;
+  map.members = {ClusterMember{"n1", "127.0.0.1:7001", 1}};
+  EXPECT_FALSE(has_backups(map, 2)) << "alone: nobody to take over";
+  map.learners = {ClusterMember{"n2", "127.0.0.1:7002", 1}};
+  EXPECT_TRUE(has_backups(map, 2)) << "the learner backs every bucket up";
+  EXPECT_FALSE(has_backups(map, 1)) << "unreplicated";
+  map.learners.clear();
+  map.members.push_back(ClusterMember{"n2", "127.0.0.1:7002", 1});
+  EXPECT_TRUE(has_backups(map, 2));
+  // Wherever has_backups() holds, the layout gives every bucket a backup.
+  map.members.pop_back();
+  map.learners = {ClusterMember{"n2", "127.0.0.1:7002", 1}};
+  RouterOptions options = cluster_router_options();
+  options.bucket_bits = kTestBucketBits;
+  std::unique_ptr<ReplicaRouting> replicas;
+  ASSERT_EQ(ReplicaRouting::build(map, options, replicas), RouterStatus::kOk);
+  for (std::size_t b = 0; b < replicas->snapshot().bucket_count(); ++b) {
+    EXPECT_EQ(replicas->replicas_of(b, 2).size(), 2U) << "bucket " << b;
+  }
+}
+
 TEST(ReplicaRoutingTest, ALearnerBacksUpWhereItRanksAndOnceAMemberOwnsExactlyThere) {
   RouterOptions options = cluster_router_options();
   options.bucket_bits = kTestBucketBits;

@@ -116,6 +116,16 @@ struct ClusterMap {
 
   friend bool operator==(const ClusterMap&, const ClusterMap&) = default;
 };
+// Whether the buckets of `map` have backups when each has `replicas` owners:
+// some node besides a bucket's primary, a learner included (a learner backs
+// up wherever it ranks among a bucket's first `replicas` nodes, and with two
+// nodes or more and replicas >= 2 every bucket has one). A primary of such a
+// map grants and renews only within its primary lease (ClusterGate::
+// replicated): issue 34, hole 2, was a lone member that streamed every bucket
+// to its learners but granted without that lease, so a learner promoted and
+// taking buckets over found the lone member still granting them.
+[[nodiscard]] bool has_backups(const ClusterMap& map, std::size_t replicas) noexcept;
+
 // The map key's value for `map` (members sorted by id, epoch >= 1):
 // "shardlock-map v2 epoch=E" and one "<id> <address> <weight>[ lease=L]"
 // line per member, then one "+<id> <address> <weight>[ lease=L]" per

@@ -440,9 +440,10 @@ void ClusterNode::publish(nanoseconds now) {
   }
   activation_pending_ = active < owned;
   // With replicas, every bucket owned here has backups once the map has
-  // another member: granted and renewed only within the primary lease.
+  // another node, member or learner: granted and renewed only within the
+  // primary lease (has_backups()).
   std::vector<std::uint8_t> replicated;
-  if (options_.replicas > 1 && map_->members.size() > 1) {
+  if (has_backups(*map_, options_.replicas)) {
     replicated.assign(n, 0);
     for (std::size_t b = 0; b < n; ++b) {
       replicated[b] = buckets[b] != lease::internal::ClusterGate::kForeign ? 1 : 0;
