@@ -197,6 +197,14 @@ std::string resolve_auth_key_path(const std::string& flag, const DaemonLog& log)
   return flag;
 }
 
+// Whether "HOST:PORT" names a loopback host (127.0.0.0/8, [::1], localhost):
+// the one place --replicas may go without --cluster-key (tests, one host).
+bool is_loopback_address(std::string_view address) {
+  const std::size_t colon = address.rfind(':');
+  const std::string_view host = address.substr(0, colon == std::string_view::npos ? 0 : colon);
+  return host.starts_with("127.") || host == "[::1]" || host == "localhost";
+}
+
 // For an --auth-key that cannot be read: where a plain name was looked for.
 std::string auth_key_hint(const std::string& flag) {
   if (flag.find('/') != std::string::npos) return "";
@@ -266,6 +274,7 @@ int run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(0u, 10'000u));
   std::string auth_key_file;
+  std::string cluster_key_file;  // --cluster-key, with the cluster flags below
   app.add_option("--auth-key", auth_key_file,
                  "file with the shared key (64 hex digits, from `shardlockctl keygen`): every "
                  "datagram must then carry a valid tag, and replies are sealed. Under systemd, "
@@ -350,6 +359,11 @@ int run(int argc, char** argv) {
       ->capture_default_str()
       ->check(CLI::Range(std::size_t{1}, std::size_t{3}))
       ->needs(cluster_flag);
+  app.add_option("--cluster-key", cluster_key_file,
+                 "with --replicas: file with the key (64 hex digits, `shardlockctl keygen`) that "
+                 "seals node-to-node replication datagrams; every node has it, clients never do "
+                 "(not the --auth-key). Required unless every node listens on loopback")
+      ->needs(cluster_flag);
   app.add_option("--replica-timeout", replica_timeout,
                  "with --replicas: a replica not heard from for this long is evicted from the "
                  "cluster (its etcd lease revoked), so its buckets fail over at once")
@@ -368,7 +382,7 @@ int run(int argc, char** argv) {
     if (arg == "--") break;
     for (const std::string_view flag :
          {"--cluster", "--node-id", "--advertise", "--weight", "--cluster-name", "--etcd-lease-ttl",
-          "--replicas", "--replica-timeout"}) {
+          "--replicas", "--replica-timeout", "--cluster-key"}) {
       if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
         return usage_error(
             std::string(flag) +
@@ -462,6 +476,29 @@ int run(int argc, char** argv) {
       return usage_error("--replica-timeout must be 100ms..1m");
     }
     cluster.evict_after = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_flag.value);
+    if (!cluster_key_file.empty()) {
+      if (!options.replication) return usage_error("--cluster-key needs --replicas 2 or 3");
+      const auto cluster_key_path = resolve_auth_key_path(cluster_key_file, log);
+      const auto key = shardlock::tools::load_auth_key_flag(cluster_key_path);
+      if (!key.error.empty()) {
+        return usage_error("--cluster-key: " + key.error + auth_key_hint(cluster_key_file));
+      }
+      if (options.auth_key && key.key && *key.key == *options.auth_key) {
+        return usage_error(
+            "--cluster-key is the --auth-key: the clients hold that one, so any of them could "
+            "forge the replication stream; make a key of its own (shardlockctl keygen)");
+      }
+      warn_if_others_can_read(cluster_key_path, log);
+      options.cluster_key = key.key;
+    } else if (options.replication &&
+               !(is_loopback_address(options.bind_address) &&
+                 (cluster.advertise.empty() || is_loopback_address(cluster.advertise)))) {
+      return usage_error(
+          "--replicas " + std::to_string(cluster.replicas) +
+          " needs --cluster-key FILE outside loopback: the replication stream moves holders "
+          "between nodes, and without a key of its own anyone who can reach the port (or holds "
+          "the clients' --auth-key) can forge it (docs/cluster.md, \"Replication\")");
+    }
   }
 #endif
 

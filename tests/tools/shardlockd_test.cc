@@ -843,5 +843,41 @@ TEST_F(ShardlockdTest, WarnsAboutAKeyFileOthersCanRead) {
   }
 }
 
+// Issue 34, hole 3: the replication stream is sealed with a cluster key that
+// clients never hold. --replicas outside loopback without one, or with the
+// clients' --auth-key as the cluster key, is a usage error; on loopback it
+// is optional (tests, one host).
+TEST_F(ShardlockdTest, ReplicasOutsideLoopbackNeedAClusterKeyOfTheirOwn) {
+  if (!daemon_has_cluster()) GTEST_SKIP() << "shardlockd was built without the cluster layer";
+  const std::string key = root_ + "/cluster.key";
+  std::ofstream(key, std::ios::trunc) << kKeyText;
+  ASSERT_EQ(::chmod(key.c_str(), 0600), 0);
+  const std::string other = root_ + "/client.key";
+  std::ofstream(other, std::ios::trunc)
+      << "ffeeddccbbaa99887766554433221100ffeeddccbbaa99887766554433221100\n";
+  ASSERT_EQ(::chmod(other.c_str(), 0600), 0);
+  auto node = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = {
+        "--cluster",     "etcd://127.0.0.1:1", "--node-id", "n1",   "--data-dir",
+        root_ + "/data", "--replicas",         "2",         "--io", "socket"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return Daemon(args).finish(milliseconds{20'000});
+  };
+  testing::ToolResult r = node({"--listen", "0.0.0.0:0"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("needs --cluster-key FILE outside loopback"), std::string::npos) << r.err;
+  r = node({"--listen", "127.0.0.1:0", "--advertise", "10.1.2.3:7420"});
+  EXPECT_EQ(r.exit_code, 2) << "advertised beyond loopback: " << r.err;
+  r = node({"--listen", "0.0.0.0:0", "--cluster-key", key, "--auth-key", key});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--cluster-key is the --auth-key"), std::string::npos) << r.err;
+  // Its own key, or loopback: the flags pass (nothing answers at etcd's port 1).
+  r = node({"--listen", "0.0.0.0:0", "--cluster-key", key, "--auth-key", other});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("cannot join the cluster"), std::string::npos) << r.err;
+  r = node({"--listen", "127.0.0.1:0"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+}
+
 }  // namespace
 }  // namespace shardlock::lease

@@ -330,7 +330,7 @@ std::error_code LeaseServer::Impl::start() {
   d.workers = static_cast<unsigned>(fds.size());
   if (o.replication) {
     internal::ReplicatorOptions r;
-    r.auth_key = o.auth_key;
+    r.auth_key = o.cluster_key ? o.cluster_key : o.auth_key;
     // Every lease an earlier run may have granted has ended by then, whatever
     // --lock-delay says.
     r.settled_at_ns =

@@ -135,6 +135,11 @@ struct LeaseServerOptions {
   // port, driven by the cluster layer through set_replica_layout() and
   // take_over(). Needs start_closed.
   bool replication = false;
+  // The key that seals node-to-node replication datagrams (--cluster-key),
+  // which clients never hold: with it a client's key (auth_key) can no
+  // longer forge a REPLICATE or an ack (issue 34, hole 3). Unset: auth_key
+  // seals them, as before, and without either they travel in clear.
+  std::optional<AuthKey> cluster_key;
   // The clock every duration is measured on (lease expiry, waits,
   // lock-delay, and the cluster's etcd-lease deadline through now()),
   // injectable for tests. Default (empty): CLOCK_BOOTTIME, which keeps
