@@ -893,8 +893,10 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
 
   bool signalled_for_loss = false;
   // --kill-after: when the command, sent SIGTERM for a lost lease, gets
-  // SIGKILL if it is still running.
-  std::optional<std::chrono::steady_clock::time_point> kill_at;
+  // SIGKILL if it is still running; time_point::max(): none (a sentinel,
+  // not an optional, which GCC 12 at -O1 calls maybe-uninitialized).
+  constexpr auto kNoKill = std::chrono::steady_clock::time_point::max();
+  std::chrono::steady_clock::time_point kill_at = kNoKill;
   int status = 0;
   bool status_known = true;
   for (;;) {
@@ -943,8 +945,8 @@ int run_command(LeaseClient& client, const Globals& g, milliseconds timeout, con
       }
       if (on_lost == "kill") ::kill(child, SIGKILL);
     }
-    if (kill_at && std::chrono::steady_clock::now() >= *kill_at) {
-      kill_at.reset();
+    if (kill_at != kNoKill && std::chrono::steady_clock::now() >= kill_at) {
+      kill_at = kNoKill;
       std::fprintf(stderr,
                    "shardlockctl: the command is still running %s after SIGTERM: sending "
                    "SIGKILL\n",
