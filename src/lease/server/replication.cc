@@ -413,16 +413,28 @@ void BackupStream::apply(const Entry& e, bool later_map) {
     return;
   }
   switch (e.kind) {
-    case EntryKind::kResetBucket:
+    case EntryKind::kResetBucket: {
       // A snapshot begins: not caught up until it ends. The holders already
       // known stay: a primary that restarted starts a new stream, and the
       // leases its earlier run granted may still be live although the new
       // run knows nothing of them. Only a release (or forget()) removes a
       // holder, so a takeover inherits them too, and blocks their keys until
-      // they have surely ended.
-      buckets_[e.bucket].caught_up = false;
-      buckets_[e.bucket].owner_active = false;
+      // they have surely ended. Unless the primary is settled (up for its
+      // lock-delay: every lease of its earlier runs has ended, and every one
+      // of this run is in its state): its snapshot then lists every holder
+      // it has, and one it no longer lists ended there, its release lost
+      // with the stream it was on (issue 34, hole 7: such a holder came back
+      // at the takeover and blocked its key, and a resigned leader was
+      // reported leader again).
+      BucketReplica& bucket = buckets_[e.bucket];
+      if (primary_settled_) {
+        for (const auto& [key, holders] : bucket.keys) holder_count_ -= holders.size();
+        bucket.keys.clear();
+      }
+      bucket.caught_up = false;
+      bucket.owner_active = false;
       return;
+    }
     case EntryKind::kBucketCaughtUp:
       buckets_[e.bucket].caught_up = true;
       buckets_[e.bucket].owner_active = e.owner_active;

@@ -802,6 +802,33 @@ TEST(ReplicationStream, AnEarlierRunsHoldersSurviveTheNewRunsSnapshot) {
   EXPECT_EQ(inherited[0].second.token, 7U);
 }
 
+// Issue 34, hole 7: a RELEASE answered at the primary whose entry was lost
+// when the stream started over (restart_streams() drops what was not
+// acknowledged). A settled primary's snapshot lists every holder it has, so
+// the released one is gone from the replica; before, the takeover inherited
+// it and blocked its key for a max TTL.
+TEST(ReplicationStream, ASettledPrimarysSnapshotDropsAHolderWhoseReleaseWasLost) {
+  StreamTiming timing;
+  BackupStream backup(timing, 0);
+  PrimaryStream first(1, timing);
+  snapshot_of(first, 2, "released", 7);
+  std::vector<std::vector<std::uint8_t>> wire;
+  first.poll(0, 1, wire, /*settled=*/true);
+  deliver(first, backup, wire, 0);
+  ASSERT_EQ(backup.holders(2, "released").size(), 1U);
+  // The release's entry is lost with the stream; the next stream's snapshot
+  // of bucket 2 is empty.
+  PrimaryStream second(2, timing);
+  (void)second.append(marker(EntryKind::kResetBucket, 2));
+  (void)second.append(marker(EntryKind::kBucketCaughtUp, 2));
+  wire.clear();
+  second.poll(1 * kMs, 1, wire, /*settled=*/true);
+  deliver(second, backup, wire, 1 * kMs);
+  ASSERT_TRUE(backup.caught_up(2));
+  EXPECT_TRUE(backup.bucket_holders(2).empty()) << "the released holder came back";
+  EXPECT_EQ(backup.holder_count(), 0U);
+}
+
 TEST(ReplicationStream, AcksThatCannotBeOursAreIgnored) {
   StreamTiming timing;
   PrimaryStream primary(1, timing);
