@@ -27,7 +27,7 @@ namespace {
 using namespace std::chrono_literals;
 
 // GET http://127.0.0.1:port/path; the body, or "" on any failure.
-std::string http_get(std::uint16_t port, const std::string& path) {
+std::string http_get_once(std::uint16_t port, const std::string& path) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return {};
   sockaddr_in addr{};
@@ -50,6 +50,18 @@ std::string http_get(std::uint16_t port, const std::string& path) {
   const std::size_t body = response.find("\r\n\r\n");
   if (response.rfind("HTTP/1.1 200", 0) != 0 && response.rfind("HTTP/1.0 200", 0) != 0) return {};
   return body == std::string::npos ? std::string{} : response.substr(body + 4);
+}
+
+// The body of a 200 answer to GET `path`, asked up to 5 times 100 ms apart:
+// on two shared cores beside the rest of the suite, one exchange has been
+// seen to come back short (a connection-level hiccup, not an answer). A
+// wrong or missing page still fails the test: what it checks is the body.
+std::string http_get(std::uint16_t port, const std::string& path) {
+  for (int attempt = 0;; ++attempt) {
+    std::string body = http_get_once(port, path);
+    if (!body.empty() || attempt == 4) return body;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
 }
 
 // "name value" samples of a text exposition (labels kept in the name).
