@@ -96,6 +96,24 @@ void BM_DecodeAcquire(benchmark::State& state) {
 }
 BENCHMARK(BM_DecodeAcquire)->Arg(1)->Arg(16);
 
+// One ACQUIRE of `key` by `owner` at the shard's clock time 1000 and the
+// RELEASE of its grant, each with the next request id.
+void acquire_then_release(Shard& shard, const ClientId& owner, std::string_view key,
+                          std::uint64_t& request_id, Message& reply,
+                          std::vector<DeferredReply>& deferred) {
+  const Peer peer;
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.key = key;
+  m.ttl_ms = 30'000;
+  m.request_id = ++request_id;
+  (void)shard.handle(owner, peer, m, 1000, reply, deferred);
+  m.type = MessageType::kRelease;
+  m.token = reply.token;
+  m.request_id = ++request_id;
+  (void)shard.handle(owner, peer, m, 1000, reply, deferred);
+}
+
 // One ACQUIRE of a free key and its RELEASE, through the shard state machine
 // (dedup cache, key table, timer wheel, token counter). Arg: the hot-key
 // sketch's slots (ShardLimits::hot_keys; 0: none), so /0 against /16 is
@@ -108,22 +126,12 @@ void BM_ShardAcquireRelease(benchmark::State& state) {
   const std::vector<std::string> keys = make_keys(static_cast<std::size_t>(state.range(1)));
   const std::size_t mask = keys.size() - 1;
   const ClientId client{1, 1};
-  const Peer peer;
   std::vector<DeferredReply> deferred;
   Message reply;
   std::uint64_t request_id = 1;
   std::size_t k = 0;
   for (auto _ : state) {
-    Message m;
-    m.type = MessageType::kAcquire;
-    m.key = keys[k++ & mask];
-    m.ttl_ms = 30'000;
-    m.request_id = ++request_id;
-    (void)shard.handle(client, peer, m, 1000, reply, deferred);
-    m.type = MessageType::kRelease;
-    m.token = reply.token;
-    m.request_id = ++request_id;
-    (void)shard.handle(client, peer, m, 1000, reply, deferred);
+    acquire_then_release(shard, client, keys[k++ & mask], request_id, reply, deferred);
     benchmark::DoNotOptimize(reply);
   }
   state.SetItemsProcessed(state.iterations() * 2);
@@ -280,7 +288,6 @@ void BM_ShardAcquireReleaseOwner(benchmark::State& state) {
   const std::vector<std::string> keys = make_keys(1024);
   const bool fresh = state.range(0) != 0;
   const ClientId client{0x5eed'0000'0000, 7};
-  const Peer peer;
   std::vector<DeferredReply> deferred;
   Message reply;
   std::uint64_t request_id = 1;
@@ -288,16 +295,7 @@ void BM_ShardAcquireReleaseOwner(benchmark::State& state) {
   std::size_t k = 0;
   for (auto _ : state) {
     const ClientId owner = fresh ? handle_owner(client, ++handle) : client;
-    Message m;
-    m.type = MessageType::kAcquire;
-    m.key = keys[k++ & 1023];
-    m.ttl_ms = 30'000;
-    m.request_id = ++request_id;
-    (void)shard.handle(owner, peer, m, 1000, reply, deferred);
-    m.type = MessageType::kRelease;
-    m.token = reply.token;
-    m.request_id = ++request_id;
-    (void)shard.handle(owner, peer, m, 1000, reply, deferred);
+    acquire_then_release(shard, owner, keys[k++ & 1023], request_id, reply, deferred);
     benchmark::DoNotOptimize(reply);
   }
   state.SetItemsProcessed(state.iterations());
