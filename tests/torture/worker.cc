@@ -112,8 +112,18 @@ class AnsweringNodes final : public lease::DatagramTransport {
     return inner_->poll_interval();
   }
 
-  // The node that granted `token` on `key` (key "" for a multi-key grant),
-  // forgotten once asked; "-" when unknown.
+  // A multi-key grant's record: all its tokens. Two nodes number their
+  // tokens alike in one epoch (epoch << 32 | counter), so the first token
+  // alone could name another thread's grant from another node.
+  static std::string multi_grant_key(const std::vector<std::uint64_t>& tokens) {
+    std::string key = "many:";
+    for (const std::uint64_t t : tokens) key += std::to_string(t) + ",";
+    return key;
+  }
+
+  // The node that granted `token` on `key` (for a multi-key grant, key
+  // multi_grant_key() of its tokens and token 0), forgotten once asked; "-"
+  // when unknown.
   std::string take(const std::string& key, std::uint64_t token) {
     std::lock_guard lock(mutex_);
     const auto it = granted_.find({key, token});
@@ -153,13 +163,26 @@ class AnsweringNodes final : public lease::DatagramTransport {
       const auto sent = sent_.find(m.request_id);
       if (sent == sent_.end()) continue;
       if (m.type == lease::MessageType::kGranted) {
-        granted_[{std::string(m.key), m.token}] = sent->second;
+        remember({std::string(m.key), m.token}, sent->second);
       } else {
-        for (std::size_t n = 0; n < m.listed_token_count(); ++n) {
-          granted_[{std::string(), m.listed_token(n)}] = sent->second;
-        }
+        std::vector<std::uint64_t> tokens;
+        for (std::size_t n = 0; n < m.listed_token_count(); ++n)
+          tokens.push_back(m.listed_token(n));
+        remember({multi_grant_key(tokens), 0}, sent->second);
       }
-      if (granted_.size() > kRemembered) granted_.erase(granted_.begin());
+    }
+  }
+
+  // Records a grant's node, forgetting the oldest ones past kRemembered
+  // (grants nobody takes: answers that came after their call gave up). By
+  // age, not by key: a map ordered by key dropped the multi-key grants
+  // first, which threads sharing one LeaseClient (and so this transport)
+  // then found missing, as "-".
+  void remember(std::pair<std::string, std::uint64_t> grant, const std::string& node) {
+    if (granted_.insert_or_assign(grant, node).second) granted_order_.push_back(grant);
+    while (granted_order_.size() > kRemembered) {
+      granted_.erase(granted_order_.front());
+      granted_order_.pop_front();
     }
   }
 
@@ -169,6 +192,7 @@ class AnsweringNodes final : public lease::DatagramTransport {
   std::map<std::uint64_t, std::string> sent_;  // request id -> node
   std::deque<std::uint64_t> order_;            // request ids, oldest first
   std::map<std::pair<std::string, std::uint64_t>, std::string> granted_;
+  std::deque<std::pair<std::string, std::uint64_t>> granted_order_;  // oldest first
 };
 
 // What one cycle of a client does.
@@ -429,7 +453,7 @@ class ClientLoop {
       ok.expiry_ns = std::min(ok.expiry_ns, expiry_on_monotonic(lease));
     }
     if (nodes_ != nullptr && !got.leases.empty()) {
-      ok.node = nodes_->take("", got.leases.front().token());
+      ok.node = nodes_->take(AnsweringNodes::multi_grant_key(ok.tokens), 0);
     }
     if (got.leases.empty()) {
       // Success with no lease: recorded as the keys asked for with no
