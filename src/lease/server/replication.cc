@@ -2,6 +2,8 @@
 // ends of a stream (include/shardlock/lease/server/internal/replication.h).
 #include "shardlock/lease/server/internal/replication.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -66,6 +68,16 @@ class Reader {
   std::size_t pos_ = 0;
 };
 
+void put_addressing(Writer& w, const Addressing& a) {
+  w.put(a.sender);
+  w.put(a.receiver);
+  w.put(a.incarnation);
+}
+
+bool get_addressing(Reader& r, Addressing& a) noexcept {
+  return r.get(a.sender) && r.get(a.receiver) && r.get(a.incarnation);
+}
+
 bool has_key(EntryKind kind) noexcept {
   return kind == EntryKind::kGrant || kind == EntryKind::kRelease;
 }
@@ -128,6 +140,10 @@ bool read_entry(Reader& r, Entry& e) {
 
 }  // namespace
 
+std::uint64_t node_tag(std::string_view node_id) noexcept {
+  return XXH3_64bits(node_id.data(), node_id.size());
+}
+
 std::size_t entry_size(const Entry& e) noexcept {
   switch (e.kind) {
     case EntryKind::kGrant:
@@ -163,6 +179,7 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
   w.put(header.epoch);
   w.put(header.first_seq);
   w.put(header.sent_ns);
+  put_addressing(w, header.addressing);
   for (std::size_t i = 0; i < count; ++i) write_entry(w, entries[i]);
   return count;
 }
@@ -180,7 +197,7 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
       version != kReplicationVersion || !r.get(flags) ||
       (flags & ~(kFlagAuthenticated | kFlagPrimarySettled)) != 0 || !r.get(count) ||
       !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
-      !r.get(header.sent_ns)) {
+      !r.get(header.sent_ns) || !get_addressing(r, header.addressing)) {
     return false;
   }
   if (header.stream == 0 || header.first_seq == 0) return false;
@@ -215,6 +232,7 @@ void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out) {
   w.put(ack.applied);
   w.put(ack.echo_sent_ns);
   w.put(ack.lease_ms);
+  put_addressing(w, ack.addressing);
 }
 
 bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
@@ -226,7 +244,7 @@ bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
   if (!r.get(magic) || magic != kAckMagic || !r.get(version) || version != kReplicationVersion ||
       !r.get(flags) || (flags & ~kFlagAuthenticated) != 0 || !r.get(reserved) || reserved != 0 ||
       !r.get(ack.stream) || !r.get(ack.applied) || !r.get(ack.echo_sent_ns) ||
-      !r.get(ack.lease_ms) || !r.done()) {
+      !r.get(ack.lease_ms) || !get_addressing(r, ack.addressing) || !r.done()) {
     return false;
   }
   return ack.stream != 0;
@@ -234,8 +252,9 @@ bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
 
 // ------------------------------------------------------------ PrimaryStream
 
-PrimaryStream::PrimaryStream(std::uint64_t stream, const StreamTiming& timing) noexcept
-    : stream_(stream), timing_(timing) {}
+PrimaryStream::PrimaryStream(std::uint64_t stream, const StreamTiming& timing,
+                             const Addressing& addressing) noexcept
+    : stream_(stream), timing_(timing), addressing_(addressing) {}
 
 std::uint64_t PrimaryStream::append(Entry entry) {
   if (has_key(entry.kind) &&
@@ -265,7 +284,8 @@ void PrimaryStream::send_from(std::size_t index, std::int64_t now_ns, std::uint6
       size += entry_size(pending_[i]);
       run.push_back(pending_[i]);
     }
-    const ReplicateHeader header{stream_, epoch, applied_ + 1 + index, now_ns, settled};
+    const ReplicateHeader header{stream_, epoch,   applied_ + 1 + index,
+                                 now_ns,  settled, addressing_};
     out.emplace_back();
     index += encode_replicate(header, run, out.back());
     ++datagrams_sent_;
@@ -297,8 +317,8 @@ void PrimaryStream::poll(std::int64_t now_ns, std::uint64_t epoch,
   }
   if (now_ns - last_send_ns_ >= timing_.heartbeat_ns) {
     out.emplace_back();
-    (void)encode_replicate(ReplicateHeader{stream_, epoch, next_seq_, now_ns, settled}, {},
-                           out.back());
+    (void)encode_replicate(ReplicateHeader{stream_, epoch, next_seq_, now_ns, settled, addressing_},
+                           {}, out.back());
     ++datagrams_sent_;
     last_send_ns_ = now_ns;
   }

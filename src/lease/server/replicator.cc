@@ -56,6 +56,7 @@ ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
                              std::size_t replicas, const std::vector<Peer>& addresses) {
   ReplicaLayout layout;
   layout.epoch = epoch;
+  if (self < routing.size()) layout.self_id = routing.nodes()[self].id;
   // Peer index of each node index (self has none).
   std::vector<std::uint16_t> peer_of(routing.size(), ReplicaLayout::kNone);
   for (std::size_t i = 0; i < routing.size() && i < addresses.size(); ++i) {
@@ -67,10 +68,12 @@ ReplicaLayout replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
   layout.backups.resize(buckets);
   layout.backing.assign(buckets, ReplicaLayout::kNone);
   if (replicas < 2) return layout;
+  layout.owned.assign(buckets, false);
   for (std::size_t b = 0; b < buckets; ++b) {
     const std::vector<std::uint16_t> set = routing.replica_set(b, replicas, learners);
     if (set.empty()) continue;
     if (set[0] == self) {
+      layout.owned[b] = true;
       for (std::size_t r = 1; r < set.size(); ++r) {
         if (peer_of[set[r]] != ReplicaLayout::kNone) layout.backups[b].push_back(peer_of[set[r]]);
       }
@@ -87,6 +90,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
   auto leases = std::make_shared<Layout>();
   LockGuard lock(mu_);
   drop_held();
+  self_tag_ = replication::node_tag(layout.self_id);
   // Streams to backups: kept for peers that still back something up here
   // (unless the backup asked to start over), started for new ones, dropped
   // for the rest.
@@ -105,7 +109,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
     } else {
       to.emplace(peer.id,
                  std::make_unique<ToBackup>(peer.id, peer.address, next_stream_id(layout.epoch),
-                                            options_.timing));
+                                            options_.timing, addressing_to(peer.id)));
     }
   }
   to_ = std::move(to);
@@ -153,9 +157,23 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
     FromPrimary& from = *it->second;
     const auto now_backed = backed.find(it->first);
     if (now_backed == backed.end()) {
-      // Its promise still runs out on time; no new one.
+      // Its promise still runs out on time; no new one. Kept only for the
+      // buckets this node now owns (with backups or without) and has not
+      // taken over yet: a departed
+      // primary's stream goes once its takeovers are done (issue 34,
+      // hole 5: one stale replica stayed per departed id).
       from.stream.stop_promising();
-      ++it;
+      std::vector<std::uint32_t> kept;
+      for (const std::uint32_t b : from.buckets) {
+        const bool owned = b >= layout.owned.size() || layout.owned[b];
+        if (owned && !from.taken.contains(b)) {
+          kept.push_back(b);
+        } else {
+          from.stream.forget(b);
+        }
+      }
+      from.buckets = std::move(kept);
+      it = from.buckets.empty() ? from_.erase(it) : std::next(it);
       continue;
     }
     std::vector<std::uint32_t> taking;
@@ -200,8 +218,9 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       const auto after = after_stream.find(id);
       const bool retired = after != after_stream.end();
       from_[id] = std::make_unique<FromPrimary>(
-          peer.address, options_.timing, std::max(now_ns, created_ns_), std::move(buckets),
-          layout.epoch, retired ? after->second : 0, retired ? layout.epoch : 0);
+          replication::node_tag(id), peer.address, options_.timing, std::max(now_ns, created_ns_),
+          std::move(buckets), layout.epoch, retired ? after->second : 0,
+          retired ? layout.epoch : 0);
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);
@@ -233,7 +252,9 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
     const auto it = to_.find(current_.peers[p].id);
     if (it == to_.end() || !(start_over_ || it->second->stream.resync_requested())) continue;
     ToBackup& s = *it->second;
-    s.stream = replication::PrimaryStream(next_stream_id(current_.epoch), options_.timing);
+    s.stream = replication::PrimaryStream(next_stream_id(current_.epoch), options_.timing,
+                                          addressing_to(s.peer));
+    s.incarnation = 0;
     s.lease_until->store(std::numeric_limits<std::int64_t>::min(), std::memory_order_release);
     s.covered.clear();
     for (std::size_t b = 0; b < current_.backups.size(); ++b) {
@@ -360,11 +381,15 @@ void Replicator::release_held(std::vector<OutDatagram>& out) {
   if (held_.size() == 0) held_streams_.clear();
 }
 
-Replicator::ToBackup* Replicator::backup_at(const Peer& from) {
+Replicator::ToBackup* Replicator::backup_at(std::uint64_t sender, const Peer& from) {
   for (auto& [id, s] : to_) {
-    if (same_peer(s->address, from)) return s.get();
+    if (s->tag == sender && same_peer(s->address, from)) return s.get();
   }
   return nullptr;
+}
+
+replication::Addressing Replicator::addressing_to(const std::string& peer) const {
+  return replication::Addressing{self_tag_, replication::node_tag(peer), options_.incarnation};
 }
 
 void Replicator::emit(std::span<const std::uint8_t> bytes, const Peer& to,
@@ -398,14 +423,14 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    // By address; a stream still promised first: a departed primary's
-    // stream stays for its takeovers, and a node that replaced it at the
-    // same address under a new id must reach its own (issue 34, hole 5).
+    // The stream of the primary the datagram names, if it comes from the
+    // address the layout gives that primary and is for this node (issue 34,
+    // holes 3 and 5: by address alone, a node that replaced a departed one
+    // at its address was applied to the departed one's replica).
     FromPrimary* primary = nullptr;
-    for (auto& [id, f] : from_) {
-      if (!same_peer(f->address, from)) continue;
-      if (primary == nullptr || (!primary->stream.promising() && f->stream.promising())) {
-        primary = f.get();
+    if (header.addressing.receiver == self_tag_) {
+      for (auto& [id, f] : from_) {
+        if (f->tag == header.addressing.sender && same_peer(f->address, from)) primary = f.get();
       }
     }
     if (primary == nullptr) {
@@ -414,7 +439,8 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    const replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
+    replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
+    ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation};
     for (auto& [id, f] : from_) {
       if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
     }
@@ -429,12 +455,20 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       return true;
     }
     LockGuard lock(mu_);
-    ToBackup* s = backup_at(from);
+    ToBackup* s =
+        ack.addressing.receiver == self_tag_ ? backup_at(ack.addressing.sender, from) : nullptr;
     if (s == nullptr) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    s->stream.on_ack(ack, now_ns);
+    if (s->incarnation != 0 && ack.addressing.incarnation != s->incarnation) {
+      // Another process of the backup: what this stream's earlier acks
+      // counted on is gone with the old one.
+      s->stream.backup_restarted();
+    } else {
+      s->stream.on_ack(ack, now_ns);
+    }
+    s->incarnation = ack.addressing.incarnation;
     if (heard_.contains(s->peer)) heard_[s->peer] = now_ns;
     s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
                                                        : s->stream.lease_until_ns(),
@@ -521,6 +555,7 @@ bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std:
   const replication::BackupStream& s = from->stream;
   if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
   out = s.bucket_holders(bucket);
+  from->taken.insert(bucket);
   if (owner_active != nullptr) *owner_active = s.owner_active(bucket);
   return true;
 }
@@ -545,6 +580,11 @@ void Replicator::loop_ran(std::int64_t now_ns) {
 std::size_t Replicator::held() const {
   LockGuard lock(mu_);
   return held_.size();
+}
+
+std::size_t Replicator::primary_streams() const {
+  LockGuard lock(mu_);
+  return from_.size() + retiring_.size();
 }
 
 }  // namespace shardlock::lease::internal

@@ -10,9 +10,13 @@
 //     snapshots of the buckets it backs up: snapshot()).
 //   * route(): the shards' journal entries, each to the streams of its
 //     bucket's backups, in the order given.
-//   * Held answers: a reply datagram that carries a grant is held (hold())
-//     until every stream has acknowledged every entry it had when the reply
-//     was held, then comes out of poll() or on_datagram().
+//   * Held answers: a reply datagram that carries a grant or a release is
+//     held (hold()) until every stream has acknowledged every entry it had
+//     when the reply was held, then comes out of poll() or on_datagram().
+//   * Addressing: every datagram names its sender and receiver by node id
+//     (replication::Addressing); one is taken only by the stream of the
+//     node it names, from the address the layout gives that node, and
+//     only when it is for this node.
 //   * The primary lease of a bucket (lease_until()) is the earliest of its
 //     backups' streams' leases; it reads atomics, so a shard's gate calls it
 //     under the shard's lock without taking the replicator's.
@@ -56,6 +60,9 @@ struct ReplicaPeer {
 // One map's replica layout, as this node sees it.
 struct ReplicaLayout {
   std::uint64_t epoch = 0;  // the map's
+  // This node's id in the map: node-to-node datagrams name it
+  // (replication::Addressing), and one for another id is refused.
+  std::string self_id;
   std::vector<ReplicaPeer> peers;
   // For each bucket: the indices into `peers` of its backups when this node
   // is its primary; empty otherwise.
@@ -64,6 +71,11 @@ struct ReplicaLayout {
   // one of its backups; kNone otherwise.
   static constexpr std::uint16_t kNone = 0xFFFF;
   std::vector<std::uint16_t> backing;
+  // For each bucket: whether this node is its primary (with backups or,
+  // the last one left, without). A departed primary's stream is kept for
+  // the buckets this node owns until they are taken over. Empty: unknown,
+  // every bucket counts as owned.
+  std::vector<bool> owned;
 };
 
 struct ReplicatorOptions {
@@ -74,6 +86,10 @@ struct ReplicatorOptions {
   // backup may then take over from it without waiting to have seen its
   // registration a lock-delay ago.
   std::int64_t settled_at_ns = 0;
+  // This process among the node's runs (replication::Addressing): any value
+  // a restart changes (the server uses its start on the wall clock). Only
+  // compared for equality, so a wall clock stepped back does no harm.
+  std::uint64_t incarnation = 0;
 };
 
 // The layout of `routing` for the node at index `self` with `replicas`
@@ -194,6 +210,9 @@ class Replicator {
   void loop_ran(std::int64_t now_ns);
 
   [[nodiscard]] std::size_t held() const;
+  // Streams this node follows as a backup: of primaries in the layout, and
+  // of departed or retiring ones kept for their takeovers.
+  [[nodiscard]] std::size_t primary_streams() const;
   [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
     return rejected_.load(std::memory_order_relaxed);
   }
@@ -201,32 +220,43 @@ class Replicator {
  private:
   struct ToBackup {
     ToBackup(std::string peer_id, const Peer& peer_address, std::uint64_t stream_id,
-             const replication::StreamTiming& timing)
+             const replication::StreamTiming& timing, const replication::Addressing& addressing)
         : peer(std::move(peer_id)),
           address(peer_address),
-          stream(stream_id, timing),
+          stream(stream_id, timing, addressing),
           lease_until(std::make_shared<std::atomic<std::int64_t>>(
               std::numeric_limits<std::int64_t>::min())) {}
     std::string peer;
+    std::uint64_t tag = replication::node_tag(peer);
     Peer address;
     replication::PrimaryStream stream;
+    // The backup's incarnation, from its first ack on this stream (0: none
+    // yet).
+    std::uint64_t incarnation = 0;
     // The stream's lease end, copied on each ack for lock-free readers.
     std::shared_ptr<std::atomic<std::int64_t>> lease_until;
     std::set<std::uint32_t> covered;  // buckets this stream carries (snapshot sent)
   };
   struct FromPrimary {
-    FromPrimary(const Peer& primary_address, const replication::StreamTiming& timing,
-                std::int64_t now_ns, std::vector<std::uint32_t> backed, std::uint64_t layout_epoch,
+    FromPrimary(std::uint64_t primary_tag, const Peer& primary_address,
+                const replication::StreamTiming& timing, std::int64_t now_ns,
+                std::vector<std::uint32_t> backed, std::uint64_t layout_epoch,
                 std::uint64_t after_stream = 0, std::uint64_t lease_from_epoch = 0)
-        : address(primary_address),
+        : tag(primary_tag),
+          address(primary_address),
           stream(timing, now_ns, after_stream, lease_from_epoch),
           buckets(std::move(backed)) {
       stream.carry(buckets, layout_epoch);
     }
+    std::uint64_t tag;  // replication::node_tag() of the primary's id
     Peer address;
     replication::BackupStream stream;
     std::vector<std::uint32_t>
         buckets;  // backed up for this primary in the current layout, ascending
+    // Of those, the ones takeover() handed out (a departed primary's stream
+    // goes once none is left to take over: set_layout()). Mutable: the
+    // takeover's bookkeeping, beside a replica it only reads.
+    mutable std::set<std::uint32_t> taken;
   };
   struct Layout {
     // For each bucket, the lease ends of its backups' streams.
@@ -238,7 +268,10 @@ class Replicator {
       SHARDLOCK_REQUIRES(mu_);
   void emit(std::span<const std::uint8_t> bytes, const Peer& to, std::vector<OutDatagram>& out);
   void release_held(std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
-  ToBackup* backup_at(const Peer& from) SHARDLOCK_REQUIRES(mu_);
+  // The stream to the backup a datagram from `from` names as its sender.
+  ToBackup* backup_at(std::uint64_t sender, const Peer& from) SHARDLOCK_REQUIRES(mu_);
+  [[nodiscard]] replication::Addressing addressing_to(const std::string& peer) const
+      SHARDLOCK_REQUIRES(mu_);
   replication::PrimaryStream* stream_to(std::uint16_t peer) SHARDLOCK_REQUIRES(mu_);
   // Appends a marker entry (reset, caught-up) to the stream to `peer`.
   void mark(std::uint16_t peer, replication::EntryKind kind, std::uint32_t bucket,
@@ -269,6 +302,7 @@ class Replicator {
   std::optional<std::int64_t> loops_ran_ns_ SHARDLOCK_GUARDED_BY(mu_);  // loop_ran()
   bool start_over_ SHARDLOCK_GUARDED_BY(mu_) = false;
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
+  std::uint64_t self_tag_ SHARDLOCK_GUARDED_BY(mu_) = 0;  // node_tag(current_.self_id)
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<FromPrimary>> from_ SHARDLOCK_GUARDED_BY(mu_);
   // Streams from live primaries that stopped being promised because this

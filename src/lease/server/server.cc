@@ -331,6 +331,10 @@ std::error_code LeaseServer::Impl::start() {
   if (o.replication) {
     internal::ReplicatorOptions r;
     r.auth_key = o.cluster_key ? o.cluster_key : o.auth_key;
+    // This process among the node's runs, named in every node-to-node
+    // datagram (replication::Addressing); only compared for equality.
+    r.incarnation = static_cast<std::uint64_t>(
+        std::chrono::system_clock::now().time_since_epoch().count());
     // Every lease an earlier run may have granted has ended by then, whatever
     // --lock-delay says.
     r.settled_at_ns =

@@ -1106,10 +1106,12 @@ class DispatcherReplicationTest : public DispatcherGateTest {
     auto gate = std::make_shared<ClusterGate>(*gate_);
     gate->replicated.assign(gate->buckets.size(), 0);
     ReplicaLayout la;
+    la.self_id = "a";
     la.epoch = 3;
     la.peers = {ReplicaPeer{"b", peer_on_port(2002)}};
     la.backups.resize(gate->buckets.size());
     ReplicaLayout lb;
+    lb.self_id = "b";
     lb.epoch = 3;
     lb.peers = {ReplicaPeer{"a", peer_on_port(2001)}};
     lb.backing.assign(gate->buckets.size(), ReplicaLayout::kNone);
@@ -1194,6 +1196,7 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
   // The backup has the holder, and takes it over once "a" is gone from its
   // map and its promise has run out.
   ReplicaLayout none;
+  none.self_id = "b";
   none.backing.assign(gate_->buckets.size(), ReplicaLayout::kNone);
   (void)b_.set_layout(none, ns());
   std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;

@@ -94,7 +94,7 @@ void deliver(PrimaryStream& primary, BackupStream& backup,
 
 TEST(ReplicationCodec, EveryEntryKindRoundTrips) {
   const std::vector<Entry> entries = one_of_each();
-  const ReplicateHeader header{0x1234, 17, 5, 123456789};
+  const ReplicateHeader header{0x1234, 17, 5, 123456789, false, Addressing{1, 2, 3}};
   std::vector<std::uint8_t> bytes;
   ASSERT_EQ(encode_replicate(header, entries, bytes), entries.size());
   ReplicateHeader h;
@@ -103,12 +103,28 @@ TEST(ReplicationCodec, EveryEntryKindRoundTrips) {
   EXPECT_EQ(h, header);
   EXPECT_EQ(back, entries);
 
-  const Ack ack{0x1234, 9, 123456789, 250};
+  const Ack ack{0x1234, 9, 123456789, 250, Addressing{4, 5, 6}};
   encode_ack(ack, bytes);
   EXPECT_EQ(bytes.size(), kAckHeaderSize);
   Ack a;
   ASSERT_TRUE(decode_ack(bytes, a));
   EXPECT_EQ(a, ack);
+}
+
+// Version 1 datagrams named neither end; a node of this version refuses them
+// rather than match them by address.
+TEST(ReplicationCodec, AnUnaddressedVersionOneDatagramIsRefused) {
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{grant(1, "k", 2)}, bytes),
+            1U);
+  bytes[4] = 1;  // the version byte
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  EXPECT_FALSE(decode_replicate(bytes, h, back));
+  encode_ack(Ack{1, 1, 1, 1}, bytes);
+  bytes[4] = 1;
+  Ack a;
+  EXPECT_FALSE(decode_ack(bytes, a));
 }
 
 TEST(ReplicationCodec, EveryTruncationAndTrailingByteIsRejected) {
@@ -281,7 +297,7 @@ TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   bad[0] ^= 1;  // magic
   EXPECT_TRUE(rejected(bad));
   bad = good;
-  bad[4] = 2;  // version
+  bad[4] = 3;  // version
   EXPECT_TRUE(rejected(bad));
   bad = good;
   bad[5] = 4;  // an unknown flag (1 is kFlagAuthenticated, 2 kFlagPrimarySettled)

@@ -58,8 +58,9 @@ class ReplicatorTest : public ::testing::Test {
   // backup, in both nodes' layouts.
   // A primary's layout: `backup` (on `port`) backs kBucket up.
   static ReplicaLayout primary_layout(std::uint64_t epoch, const std::string& backup,
-                                      std::uint16_t port) {
+                                      std::uint16_t port, const std::string& self = "a") {
     ReplicaLayout l;
+    l.self_id = self;
     l.epoch = epoch;
     l.peers = {ReplicaPeer{backup, loopback(port)}};
     l.backups.resize(8);
@@ -74,12 +75,18 @@ class ReplicatorTest : public ::testing::Test {
     a_.begin_snapshot(0, kBucket);
     a_.end_snapshot(0, kBucket);
 
+    EXPECT_TRUE(b_->set_layout(backup_layout(4), now_).empty());
+  }
+
+  // The backup's layout: "b" backs kBucket up for "a".
+  static ReplicaLayout backup_layout(std::uint64_t epoch) {
     ReplicaLayout lb;
-    lb.epoch = 4;
+    lb.self_id = "b";
+    lb.epoch = epoch;
     lb.peers = {ReplicaPeer{"a", loopback(1001)}};
     lb.backing.assign(8, ReplicaLayout::kNone);
     lb.backing[kBucket] = 0;
-    EXPECT_TRUE(b_->set_layout(lb, now_).empty());
+    return lb;
   }
 
   // Moves every datagram between the two until none is left; what is for
@@ -166,6 +173,7 @@ TEST_F(ReplicatorTest, AnAnswerHeldForABackupThatLeftIsNeverSent) {
 
   Replicator c(options(), 0);
   ReplicaLayout lc;
+  lc.self_id = "c";
   lc.epoch = 5;
   lc.peers = {ReplicaPeer{"a", loopback(1001)}};
   lc.backing.assign(8, ReplicaLayout::kNone);
@@ -204,6 +212,7 @@ TEST_F(ReplicatorTest, TheBackupTakesOverOnlyAfterItsPromiseRanOut) {
   EXPECT_FALSE(b_->takeover("a", kBucket, now_, holders));
   // The map drops "a" (it died): "b" stops promising...
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.epoch = 5;
   lb.backing.assign(8, ReplicaLayout::kNone);
   ASSERT_TRUE(b_->set_layout(lb, now_).empty());
@@ -235,6 +244,7 @@ TEST_F(ReplicatorTest, ABackupThatTookOverNeverAcknowledgesTheOldPrimarysLateGra
   ASSERT_TRUE(a_.hold(reply));
   (void)poll_a();  // lost
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.epoch = 5;
   lb.backing.assign(8, ReplicaLayout::kNone);
   ASSERT_TRUE(b_->set_layout(lb, now_).empty());
@@ -259,13 +269,14 @@ TEST_F(ReplicatorTest, ANodeReplacedAtTheSameAddressReachesItsOwnStream) {
   a_.route(std::vector{grant("k", 41)});
   (void)exchange(poll_a());
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.epoch = 5;
   lb.peers = {ReplicaPeer{"a2", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
   lb.backing[kBucket] = 0;
   (void)b_->set_layout(lb, now_);
   Replicator a2(options(), now_);
-  ReplicaLayout la = primary_layout(5, "b", 1002);
+  ReplicaLayout la = primary_layout(5, "b", 1002, "a2");
   for (const auto& [peer, bucket] : a2.set_layout(la, now_)) {
     a2.begin_snapshot(peer, bucket);
     a2.end_snapshot(peer, bucket);
@@ -295,6 +306,7 @@ TEST_F(ReplicatorTest, ABucketNoLongerBackedUpIsForgottenAndNeverTakenOver) {
   (void)exchange(poll_a());
   // The next map keeps "a" as a primary of "b"'s, but for another bucket.
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.epoch = 5;
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
@@ -315,6 +327,7 @@ TEST_F(ReplicatorTest, ARestartedBackupIsStartedOverWithASnapshot) {
   // "b" restarts: a new Replicator, empty, with the same layout.
   b_ = std::make_unique<Replicator>(options(), now_);
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.epoch = 4;  // the map it restarts into: the primary's
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
@@ -358,6 +371,7 @@ TEST_F(ReplicatorTest, ABackupThatNowOwnsABucketOfALivePrimaryTakesItOverAndLend
   la.backups[kOther] = {0};
   snapshot_all(a_, a_.set_layout(la, now_));
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.epoch = 4;
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
@@ -371,6 +385,7 @@ TEST_F(ReplicatorTest, ABackupThatNowOwnsABucketOfALivePrimaryTakesItOverAndLend
   ASSERT_GT(a_.lease_until(kBucket).count(), now_);
 
   ReplicaLayout lb5;
+  lb5.self_id = "b";
   lb5.epoch = 5;
   lb5.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb5.backups.resize(8);
@@ -454,6 +469,7 @@ TEST_F(ReplicatorTest, ARestartedBackupIsReportedAsPendingARestart) {
   EXPECT_FALSE(a_.restart_pending());
   b_ = std::make_unique<Replicator>(options(), now_);
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
   lb.backing[kBucket] = 0;
@@ -485,6 +501,122 @@ TEST_F(ReplicatorTest, AStrangersDatagramsEarnNothing) {
   EXPECT_TRUE(out.empty());
 }
 
+// Issue 34, hole 3: a datagram names its sender and receiver, and only the
+// stream of the sender it names, at the address the layout gives that
+// sender, takes it.
+TEST_F(ReplicatorTest, ADatagramThatMisnamesEitherEndEarnsNothing) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  const std::vector<OutDatagram> wire = poll_a();
+  ASSERT_EQ(wire.size(), 1U);
+  using replication::ReplicateHeader;
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(
+      replication::decode_replicate({wire[0].bytes.data(), wire[0].length}, header, entries));
+  EXPECT_EQ(header.addressing.sender, replication::node_tag("a"));
+  EXPECT_EQ(header.addressing.receiver, replication::node_tag("b"));
+  const auto send = [&](const ReplicateHeader& h) {
+    std::vector<std::uint8_t> bytes;
+    EXPECT_EQ(replication::encode_replicate(h, entries, bytes), entries.size());
+    std::vector<OutDatagram> out;
+    EXPECT_TRUE(b_->on_datagram(bytes, loopback(1001), now_, out));
+    return out;
+  };
+  ReplicateHeader other_receiver = header;
+  other_receiver.addressing.receiver = replication::node_tag("c");
+  EXPECT_TRUE(send(other_receiver).empty());
+  ReplicateHeader other_sender = header;  // "b" backs up nothing for "c"
+  other_sender.addressing.sender = replication::node_tag("c");
+  EXPECT_TRUE(send(other_sender).empty());
+  EXPECT_EQ(b_->rejected_datagrams(), 2U);
+  // Nothing applied: the datagram's snapshot mark would have caught it up.
+  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{0}, std::size_t{1}));
+  // The datagram as sent is applied and answered.
+  const std::vector<OutDatagram> acks = send(header);
+  ASSERT_EQ(acks.size(), 1U);
+  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{1}, std::size_t{1}));
+  // An ack is checked the same way: one that names another backup lends
+  // no lease.
+  replication::Ack ack;
+  ASSERT_TRUE(replication::decode_ack({acks[0].bytes.data(), acks[0].length}, ack));
+  EXPECT_EQ(ack.addressing.sender, replication::node_tag("b"));
+  EXPECT_EQ(ack.addressing.receiver, replication::node_tag("a"));
+  replication::Ack misnamed = ack;
+  misnamed.addressing.sender = replication::node_tag("c");
+  std::vector<std::uint8_t> bytes;
+  replication::encode_ack(misnamed, bytes);
+  std::vector<OutDatagram> out;
+  EXPECT_TRUE(a_.on_datagram(bytes, loopback(1002), now_, out));
+  EXPECT_EQ(a_.rejected_datagrams(), 1U);
+  EXPECT_LT(a_.lease_until(kBucket).count(), now_);
+  EXPECT_TRUE(a_.on_datagram({acks[0].bytes.data(), acks[0].length}, loopback(1002), now_, out));
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
+// Issue 34, hole 5 (the rest): a departed primary's stream is kept while a
+// bucket of it is still to be taken over here, and goes after that.
+TEST_F(ReplicatorTest, ADepartedPrimarysStreamGoesOnceItsTakeoversAreDone) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  EXPECT_EQ(b_->primary_streams(), 1U);
+  // "a" died; "b", the last one left, owns kBucket without a backup.
+  ReplicaLayout lb;
+  lb.self_id = "b";
+  lb.epoch = 5;
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.owned.assign(8, false);
+  lb.owned[kBucket] = true;
+  (void)b_->set_layout(lb, now_);
+  EXPECT_EQ(b_->primary_streams(), 1U) << "dropped before its takeover";
+  lb.epoch = 6;
+  (void)b_->set_layout(lb, now_);
+  EXPECT_EQ(b_->primary_streams(), 1U) << "dropped before its takeover";
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_ + 251 * kMs, holders));
+  ASSERT_EQ(holders.size(), 1U);
+  lb.epoch = 7;
+  (void)b_->set_layout(lb, now_);
+  EXPECT_EQ(b_->primary_streams(), 0U);
+}
+
+TEST_F(ReplicatorTest, ADepartedPrimarysBucketsThatWentElsewhereAreForgottenAtOnce) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  ReplicaLayout lb;
+  lb.self_id = "b";
+  lb.epoch = 5;
+  lb.backing.assign(8, ReplicaLayout::kNone);
+  lb.owned.assign(8, false);  // kBucket went to another node
+  (void)b_->set_layout(lb, now_);
+  EXPECT_EQ(b_->primary_streams(), 0U);
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 251 * kMs, holders));
+}
+
+// A backup's process changed (its incarnation on the wire): the primary
+// starts the stream over whatever the new process acknowledges.
+TEST_F(ReplicatorTest, ABackupsNewIncarnationStartsTheStreamOver) {
+  ReplicatorOptions first = options();
+  first.incarnation = 11;
+  b_ = std::make_unique<Replicator>(first, now_);
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  ASSERT_GT(a_.lease_until(kBucket).count(), now_);
+  EXPECT_FALSE(a_.restart_pending());
+  ReplicatorOptions second = options();
+  second.incarnation = 12;
+  b_ = std::make_unique<Replicator>(second, now_);
+  (void)b_->set_layout(backup_layout(4), now_);
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());
+  EXPECT_TRUE(a_.restart_pending());
+  EXPECT_EQ(a_.lease_until(kBucket).count(), std::numeric_limits<std::int64_t>::min());
+}
+
 TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
   AuthKey key{};
   key[0] = 1;
@@ -494,12 +626,14 @@ TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
   Replicator b(options(key), 0);
   Replicator forger(options(other), 0);
   ReplicaLayout la;
+  la.self_id = "a";
   la.peers = {ReplicaPeer{"b", loopback(1002)}};
   la.backups.resize(8);
   la.backups[kBucket] = {0};
   (void)a.set_layout(la, 0);
   (void)forger.set_layout(la, 0);
   ReplicaLayout lb;
+  lb.self_id = "b";
   lb.peers = {ReplicaPeer{"a", loopback(1001)}};
   lb.backing.assign(8, ReplicaLayout::kNone);
   lb.backing[kBucket] = 0;

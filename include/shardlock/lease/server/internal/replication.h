@@ -49,6 +49,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -60,7 +61,9 @@ namespace shardlock::lease::internal::replication {
 
 inline constexpr std::uint32_t kReplicateMagic = 0x50524C53;  // "SLRP" little-endian
 inline constexpr std::uint32_t kAckMagic = 0x41524C53;        // "SLRA" little-endian
-inline constexpr std::uint8_t kReplicationVersion = 1;
+// Version 2 added the addressing (Addressing below): version 1 datagrams
+// named neither end, so a backup matched them by source address alone.
+inline constexpr std::uint8_t kReplicationVersion = 2;
 // Node-to-node datagrams stay under a common path MTU, as client ones do,
 // with room for the authentication tag.
 inline constexpr std::size_t kMaxReplicationDatagram = kMaxDatagramSize - kAuthTagSize;
@@ -68,12 +71,32 @@ inline constexpr std::size_t kMaxReplicationDatagram = kMaxDatagramSize - kAuthT
 // (kHeaderFlagsOffset), so seal_datagram() and open_datagram() (auth.h)
 // authenticate node-to-node datagrams unchanged. A REPLICATE's flags may
 // also carry kFlagPrimarySettled.
-inline constexpr std::size_t kReplicateHeaderSize = 40;
+inline constexpr std::size_t kReplicateHeaderSize = 64;
 // The primary's process has been up for its lock-delay: every lease it may
 // have granted, its earlier runs' included, is in its state, so a stream's
 // snapshots cover them all (ReplicateHeader::settled).
 inline constexpr std::uint8_t kFlagPrimarySettled = 0x02;
-inline constexpr std::size_t kAckHeaderSize = 36;  // the whole ack
+inline constexpr std::size_t kAckHeaderSize = 60;  // the whole ack
+
+// Who a node-to-node datagram is from and for (issue 34, hole 3). Each end
+// is named by node_tag() of its node id, so a backup finds the stream of the
+// primary the datagram names, not of whichever node last used the address,
+// and checks that the address is the one the layout gives that node; a
+// datagram for another node (a stale address, a replaced node) is refused.
+// `incarnation` is the sender's process (ReplicatorOptions::incarnation): a
+// primary that sees its backup's change starts the stream over, whatever the
+// new process acknowledges. All zero: unaddressed (tests of the streams
+// alone).
+struct Addressing {
+  std::uint64_t sender = 0;
+  std::uint64_t receiver = 0;
+  std::uint64_t incarnation = 0;
+  friend bool operator==(const Addressing&, const Addressing&) = default;
+};
+// A node id's tag on the wire: XXH3 of the id. Two ids of one cluster with
+// one tag cannot tell their streams apart; the layout refuses such a pair
+// (replica_layout() logs nothing: 2^-64 per pair).
+[[nodiscard]] std::uint64_t node_tag(std::string_view node_id) noexcept;
 
 enum class EntryKind : std::uint8_t {
   kGrant = 1,
@@ -116,6 +139,7 @@ struct ReplicateHeader {
                                 // with no entries, the next number (a heartbeat)
   std::int64_t sent_ns = 0;     // the primary's clock at the send, echoed in the ack
   bool settled = false;         // kFlagPrimarySettled
+  Addressing addressing{};      // sender: the primary
   friend bool operator==(const ReplicateHeader&, const ReplicateHeader&) = default;
 };
 
@@ -124,6 +148,7 @@ struct Ack {
   std::uint64_t applied = 0;      // every entry up to this number is applied
   std::int64_t echo_sent_ns = 0;  // the acknowledged datagram's sent_ns
   std::uint32_t lease_ms = 0;     // the primary lease granted from echo_sent_ns; 0: none
+  Addressing addressing{};        // sender: the backup
   friend bool operator==(const Ack&, const Ack&) = default;
 };
 
@@ -166,7 +191,9 @@ class PrimaryStream {
   // count of restarts of the stream in the low ones): a backup follows only
   // a larger id, so a late datagram of an older stream can never roll it
   // back.
-  PrimaryStream(std::uint64_t stream, const StreamTiming& timing) noexcept;
+  // `addressing`: what every datagram of the stream names (Addressing).
+  PrimaryStream(std::uint64_t stream, const StreamTiming& timing,
+                const Addressing& addressing = {}) noexcept;
 
   // Queues one entry; returns its number, or 0 for an entry that cannot be
   // sent (a key outside kMinKeyLength..kMaxKeyLength, a value longer than
@@ -200,6 +227,10 @@ class PrimaryStream {
   // acknowledged and trimmed here). The owner starts a new, larger stream
   // with a snapshot of every bucket. No lease until then.
   [[nodiscard]] bool resync_requested() const noexcept { return resync_; }
+  // The backup's process is not the one this stream followed (its
+  // incarnation changed): what it acknowledged is gone with it, so
+  // resync_requested() from now on.
+  void backup_restarted() noexcept { resync_ = true; }
   [[nodiscard]] std::uint64_t datagrams_sent() const noexcept { return datagrams_sent_; }
   [[nodiscard]] std::uint64_t retransmissions() const noexcept { return retransmissions_; }
 
@@ -209,6 +240,7 @@ class PrimaryStream {
 
   std::uint64_t stream_;
   StreamTiming timing_;
+  Addressing addressing_;
   std::deque<Entry> pending_;  // entries applied_+1 .. next_seq_-1
   std::uint64_t applied_ = 0;  // acknowledged by the backup
   std::uint64_t next_seq_ = 1;
