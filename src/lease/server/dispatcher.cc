@@ -260,13 +260,17 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
   constexpr bool kHoldGrants = true;
 #endif
   if (kHoldGrants && options_.replicator != nullptr) {
-    // A grant is answered only once every backup has it: the datagram waits
-    // in the replicator (replies to other items in it wait along).
+    // A grant or a release is answered only once every backup has it: the
+    // datagram waits in the replicator (replies to other items in it wait
+    // along). A RELEASED answered before its backup had it (issue 34,
+    // hole 7) told the client the key was free while a takeover would
+    // bring the holder back for a whole TTL.
     const auto items = d.items();
-    const bool grants = std::any_of(items.begin(), items.end(), [](const Message& m) {
-      return m.type == MessageType::kGranted || m.type == MessageType::kGrantedMany;
+    const bool replicated = std::any_of(items.begin(), items.end(), [](const Message& m) {
+      return m.type == MessageType::kGranted || m.type == MessageType::kGrantedMany ||
+             m.type == MessageType::kReleased;
     });
-    if (grants && options_.replicator->hold(o)) replies.pop_back();
+    if (replicated && options_.replicator->hold(o)) replies.pop_back();
   }
 }
 
