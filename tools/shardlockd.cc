@@ -282,7 +282,9 @@ int run(int argc, char** argv) {
                  "$CREDENTIALS_DIRECTORY/NAME (LoadCredential=NAME:PATH)");
   std::string log_level = "info";
   app.add_option("--log-level", log_level,
-                 "least severe lines logged: error, warning, info or debug")
+                 "least severe lines logged: error, warning, info or debug (debug adds the "
+                 "grant log: one line per grant, hand-off, release, expiry and takeover, at most "
+                 "1000 a second)")
       ->capture_default_str()
       ->check(CLI::IsMember({"error", "warning", "warn", "info", "debug"}));
   std::string log_summary_interval = "10s";
@@ -432,6 +434,11 @@ int run(int argc, char** argv) {
   if (auth.key) warn_if_others_can_read(auth_key_path, log);
   options.auth_key = auth.key;
   options.log = [&log](std::string_view line) { log.write_library_line(line); };
+  if (log.enabled(LogLevel::kDebug)) {
+    // The grant log: one line per grant, hand-off, release, expiry and
+    // takeover (rate-limited), so "who held X at 10:02" has an answer.
+    options.grant_log = [&log](std::string_view line) { log.write(LogLevel::kDebug, line); };
+  }
 #ifdef SHARDLOCK_HAVE_CLUSTER
   if (!cluster_url.empty()) {
     const auto endpoints = shardlock::cluster::etcd_endpoints_of_url(cluster_url);

@@ -28,6 +28,7 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
     auto slot = std::make_unique<ShardSlot>();
     LockGuard lock(slot->mu);
     slot->shard = std::move(shard);
+    slot->shard->set_grant_log(options_.grant_log);
     shards_.push_back(std::move(slot));
   }
   for (unsigned w = 0; w < std::max(1U, options_.workers); ++w) {
@@ -226,6 +227,10 @@ std::size_t Dispatcher::inherit(
     slot.note_timers();
     if (ok) {
       ++installed;
+      if (options_.grant_log != nullptr) {
+        options_.grant_log->record(LeaseEvent::kTakeover, key, holder.owner, holder.token,
+                                   holder.ttl_ms, /*cluster=*/true, now_ms());
+      }
     } else {
       options_.log("takeover: a replicated holder of a key could not be installed");
     }

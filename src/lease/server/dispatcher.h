@@ -58,6 +58,7 @@
 #include "server/replicator.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/grant_log.h"
 #include "shardlock/lease/server/internal/latency_histogram.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
@@ -86,9 +87,12 @@ struct DispatcherOptions {
   // Replication (docs/cluster.md, "Replication"; server/replicator.h), not
   // owned: node-to-node datagrams go to it, every shard's journal is moved
   // into it under the shard's lock, a reply datagram that carries a grant
-  // is held in it until the backups have the grant, and tick() sends what
-  // it has due. Null: no replication.
+  // or a release is held in it until the backups have it, and tick() sends
+  // what it has due. Null: no replication.
   Replicator* replicator = nullptr;
+  // Not owned: every shard records its lease events in it, and inherit()
+  // its takeovers (grant_log.h). Null: no grant log.
+  GrantLog* grant_log = nullptr;
 };
 
 class Dispatcher {

@@ -142,6 +142,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::unique_ptr<TokenStore> store;
   // Declared before the dispatcher, which uses it, so it outlives it.
   std::unique_ptr<internal::Replicator> replicator;
+  std::unique_ptr<internal::GrantLog> grant_log;  // outlives the dispatcher's shards
   std::unique_ptr<Dispatcher> dispatcher;
   std::vector<int> fds;
   int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
@@ -328,13 +329,17 @@ std::error_code LeaseServer::Impl::start() {
   d.log = o.log;
   d.key_seed = limits.hash_seed;
   d.workers = static_cast<unsigned>(fds.size());
+  if (o.grant_log) {
+    grant_log = std::make_unique<internal::GrantLog>(o.grant_log, o.grant_log_lines_per_second);
+    d.grant_log = grant_log.get();
+  }
   if (o.replication) {
     internal::ReplicatorOptions r;
     r.auth_key = o.cluster_key ? o.cluster_key : o.auth_key;
     // This process among the node's runs, named in every node-to-node
     // datagram (replication::Addressing); only compared for equality.
-    r.incarnation = static_cast<std::uint64_t>(
-        std::chrono::system_clock::now().time_since_epoch().count());
+    r.incarnation =
+        static_cast<std::uint64_t>(std::chrono::system_clock::now().time_since_epoch().count());
     // Every lease an earlier run may have granted has ended by then, whatever
     // --lock-delay says.
     r.settled_at_ns =

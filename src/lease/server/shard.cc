@@ -552,7 +552,7 @@ Shard::Holder& Shard::add_holder(KeyState& state, const ClientId& client) {
 }
 
 void Shard::hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
-                 std::uint32_t ttl_ms, std::int64_t now_ms) noexcept {
+                 std::uint32_t ttl_ms, std::int64_t now_ms, LeaseEvent event) noexcept {
   h.token = token;
   h.request_id = request_id;
   h.last_request_id = request_id;
@@ -560,7 +560,14 @@ void Shard::hold(Holder& h, std::uint64_t request_id, std::uint64_t token, Lease
   h.state->newest_token = std::max(h.state->newest_token, token);
   wheel_.schedule(h, deadline_for(now_ms, ttl_ms));
   journal(replication::EntryKind::kGrant, h, ttl_ms);
+  log_event(event, h, ttl_ms, now_ms);
   touch(*h.state);
+}
+
+void Shard::log_event(LeaseEvent event, const Holder& h, std::uint32_t ttl_ms,
+                      std::int64_t now_ms) const noexcept {
+  if (grant_log_ == nullptr) return;
+  grant_log_->record(event, h.state->key->text, h.owner, h.token, ttl_ms, gate_ != nullptr, now_ms);
 }
 
 replication::Entry Shard::holder_entry(replication::EntryKind kind, std::size_t bucket,
@@ -845,9 +852,11 @@ void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std:
   }
 }
 
-void Shard::drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
+void Shard::drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred,
+                        LeaseEvent event) {
   KeyState& state = *h.state;
   journal(replication::EntryKind::kRelease, h, 0);
+  log_event(event, h, 0, now_ms);
   touch(state);
   wheel_.cancel(h);
   use(h.owner, -1, 0);
@@ -913,14 +922,15 @@ void Shard::serve_waiters(KeyState& state, std::int64_t now_ms,
       // A part of an ACQUIRE_MANY: held pending until the request completes
       // or gives up, which the Dispatcher decides with every shard it spans.
       MultiAcquire& m = *w.multi;
-      hold(*h, m.request_id, token, m.mode, m.ttl_ms, std::max(m.wait_deadline_ms, now_ms));
+      hold(*h, m.request_id, token, m.mode, m.ttl_ms, std::max(m.wait_deadline_ms, now_ms),
+           LeaseEvent::kHandOff);
       h->pending = true;
       m.parts[w.part].token = token;
       m.taken = w.part + 1;
       defer(w, state, MessageType::kGranted, token, deferred);
     } else {
       h->value = std::move(w.value);  // before hold(), which journals it
-      hold(*h, w.request_id, token, w.mode, w.ttl_ms, now_ms);
+      hold(*h, w.request_id, token, w.mode, w.ttl_ms, now_ms, LeaseEvent::kHandOff);
       defer(w, state, MessageType::kGranted, token, deferred);
       remember(w.client, w.request_id,
                Answer{.type = MessageType::kGranted,
@@ -944,7 +954,7 @@ void Shard::erase(KeyState& state) {
 void Shard::on_timer(TimerNode& node, std::int64_t now_ms, std::vector<DeferredReply>& deferred) {
   if (node.kind == kLeaseExpiry) {
     count(StatCounter::kExpirations);
-    drop_holder(static_cast<Holder&>(node), now_ms, deferred);
+    drop_holder(static_cast<Holder&>(node), now_ms, deferred, LeaseEvent::kExpiry);
     return;
   }
   if (node.kind == kWatchTimeout) {
@@ -1118,7 +1128,7 @@ void Shard::confirm(const MultiAcquire& m, const MultiAcquire::Part& part, std::
 void Shard::abandon(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                     std::vector<DeferredReply>& deferred) {
   Holder* h = pending_holder(m, part);
-  if (h != nullptr) drop_holder(*h, now_ms, deferred);
+  if (h != nullptr) drop_holder(*h, now_ms, deferred, LeaseEvent::kAbandon);
 }
 
 }  // namespace shardlock::lease::internal

@@ -149,6 +149,16 @@ struct LeaseServerOptions {
   // Where log lines go (one line per call, no trailing newline). Default:
   // stderr, prefixed with "shardlock-lease: ".
   std::function<void(std::string_view)> log;
+  // The grant log (issue 34): when set, one line per grant, hand-off,
+  // release, expiry, abandoned ACQUIRE_MANY part and takeover, with key,
+  // owner, token, epoch (cluster mode) and TTL, so "who held X at 10:02"
+  // has an answer (docs/lease-server.md, "Grant log"). At most
+  // grant_log_lines_per_second lines a second; the rest are counted and
+  // the next line that fits says how many. Off (empty) by default:
+  // shardlockd turns it on at --log-level debug. Called under a shard's
+  // lock: quick, and never calling back into the server.
+  std::function<void(std::string_view)> grant_log;
+  std::uint32_t grant_log_lines_per_second = 1000;
 };
 
 // Errors start() returns besides system errors (std::errc values).

@@ -66,6 +66,7 @@
 
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/grant_log.h"
 #include "shardlock/lease/server/internal/hot_keys.h"
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
@@ -365,6 +366,11 @@ class Shard {
   bool inherit(std::string_view key, const replication::ReplicaHolder& holder,
                std::int64_t expiry_ms);
 
+  // Every grant, hand-off, release, expiry and abandonment from now on is
+  // recorded in `log` (grant_log.h; not owned, outlives the shard); null:
+  // none (the default).
+  void set_grant_log(GrantLog* log) noexcept { grant_log_ = log; }
+
   [[nodiscard]] std::uint32_t index() const noexcept { return index_; }
   // The now_ms it was made at: the origin of its sketch's halvings.
   [[nodiscard]] std::int64_t created_ms() const noexcept { return hot_keys_.origin_ms(); }
@@ -551,8 +557,10 @@ class Shard {
   // nothing changed.
   Holder& add_holder(KeyState& state, const ClientId& client);
   // Sets `h` to hold with `token` until now + ttl.
+  // `event`: what the grant log calls it (a grant or a hand-off).
   void hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
-            std::uint32_t ttl_ms, std::int64_t now_ms) noexcept;
+            std::uint32_t ttl_ms, std::int64_t now_ms,
+            LeaseEvent event = LeaseEvent::kGrant) noexcept;
   // hold() for ACQUIRE `request`, answered GRANTED and remembered; `h`
   // takes `value` (request.value, copied by the caller before any change, so
   // this never allocates).
@@ -561,7 +569,10 @@ class Shard {
              Message& reply) noexcept;
   // `h` is gone (release, expiry, abandonment): serve the waiters it was
   // keeping out, and forget the key if nobody holds it then.
-  void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred,
+                   LeaseEvent event = LeaseEvent::kRelease);
+  void log_event(LeaseEvent event, const Holder& h, std::uint32_t ttl_ms,
+                 std::int64_t now_ms) const noexcept;
   // Grants waiters from the front of `state`'s queue while each fits; forgets
   // the key when it ends with no holder.
   void serve_waiters(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
@@ -632,6 +643,7 @@ class Shard {
   Holder* pending_holder(const MultiAcquire& m, const MultiAcquire::Part& part);
 
   std::uint32_t index_;
+  GrantLog* grant_log_ = nullptr;  // set_grant_log()
   ShardLimits limits_;
   ShardTokens tokens_;
   std::shared_ptr<const ClusterGate> gate_;
