@@ -68,6 +68,12 @@ int run(int argc, char** argv) {
                  "LeaseClient, as a thread pool shares one client; each acquire is its own owner")
       ->capture_default_str()
       ->check(CLI::Range(1, 256));
+  app.add_option("--slow-retransmit-groups", o.slow_retransmit_groups,
+                 "of each worker's LeaseClients (groups of --threads-per-client clients), how "
+                 "many resend first after 600 ms instead of 5 ms, as a client built with a slow "
+                 "initial retransmission does")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 256));
   app.add_option("--keys", o.keys, "keys the clients contend for")
       ->capture_default_str()
       ->check(CLI::Range(1, 1000000));
@@ -249,6 +255,14 @@ int run(int argc, char** argv) {
                 "timeout after its peers stopped receiving its datagrams, so no backup has what "
                 "it granted meanwhile (a correct node answered none of it; shows the checker "
                 "biting on a SHARDLOCK_FAULT_EARLY_GRANT build)");
+  cluster_fault("--one-way-node-cuts", o.one_way_node_cuts,
+                "cluster mode with --replicas 2+: one node's datagrams to a seeded peer dropped "
+                "(the peer's still reach it) for 3 x the replica timeout + 1 s, so the peer "
+                "evicts it and takes its buckets over while it still hears the peer");
+  cluster_fault("--slow-etcd-links", o.slow_etcd_links,
+                "cluster mode with --replicas 2+: a one-way node cut while the cut node's etcd "
+                "answers are delayed by a seeded 0.1..0.3 x the etcd lease TTL, so it learns of "
+                "its eviction late");
   cluster_fault("--node-partitions", o.node_partitions,
                 "cluster mode: every datagram between two nodes (both directions) dropped for "
                 "longer than the replica timeout (3 x it + 1 s), then healed; the nodes still "
@@ -263,6 +277,7 @@ int run(int argc, char** argv) {
   worker->add_option("--index", w.index)->required();
   worker->add_option("--clients", w.clients)->required();
   worker->add_option("--threads-per-client", w.threads_per_client);
+  worker->add_option("--slow-retransmit-groups", w.slow_retransmit_groups);
   worker->add_option("--server", w.server)->required();
   worker->add_flag("--cluster", w.cluster);
   worker->add_option("--node-names", w.node_names);
@@ -326,10 +341,11 @@ int run(int argc, char** argv) {
     }
     o.replica_timeout_ms = static_cast<int>(timeout.value.count());
   }
-  if (o.node_partitions + o.kills_mid_replication > 0 && o.replicas < 2) {
+  if (o.node_partitions + o.kills_mid_replication + o.one_way_node_cuts + o.slow_etcd_links > 0 &&
+      o.replicas < 2) {
     std::fprintf(stderr,
-                 "shardlock-torture: --node-partitions and --kills-mid-replication need "
-                 "--replicas 2 or more\n");
+                 "shardlock-torture: --node-partitions, --kills-mid-replication, "
+                 "--one-way-node-cuts and --slow-etcd-links need --replicas 2 or more\n");
     return 2;
   }
   if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {

@@ -142,6 +142,10 @@ const char* fault_name(Fault f) noexcept {
       return "node partition";
     case Fault::kKillMidReplication:
       return "kill mid replication";
+    case Fault::kOneWayNodeCut:
+      return "one-way node cut";
+    case Fault::kSlowEtcdLink:
+      return "one-way node cut with a slow etcd link";
   }
   return "?";
 }
@@ -245,6 +249,8 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
                                      std::to_string(o.clients_per_worker),
                                      "--threads-per-client",
                                      std::to_string(o.threads_per_client),
+                                     "--slow-retransmit-groups",
+                                     std::to_string(o.slow_retransmit_groups),
                                      "--resource",
                                      resource_name,
                                      "--history",
@@ -314,6 +320,8 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   plan.insert(plan.end(), static_cast<std::size_t>(o.node_partitions), Fault::kNodePartition);
   plan.insert(plan.end(), static_cast<std::size_t>(o.kills_mid_replication),
               Fault::kKillMidReplication);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.one_way_node_cuts), Fault::kOneWayNodeCut);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.slow_etcd_links), Fault::kSlowEtcdLink);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);

@@ -41,6 +41,10 @@ struct TortureOptions {
   int workers = 4;             // worker processes
   int clients_per_worker = 4;  // lease clients per worker
   int threads_per_client = 1;  // of them, how many share one LeaseClient
+  // Of each worker's LeaseClients, how many retransmit slowly (a first
+  // resend after 600 ms, as a documented client argument allows): hole 1
+  // was reached through a client like that.
+  int slow_retransmit_groups = 0;
   int keys = 8;
   int max_ttl_ms = 1000;               // the server's --max-ttl; clients ask for up to this
   int max_wait_ms = 1000;              // the longest wait an ACQUIRE asks for
@@ -91,6 +95,12 @@ struct TortureOptions {
   // kill -9 of a node half a replica timeout after its peers stopped
   // receiving its datagrams: no backup has what it granted meanwhile.
   int kills_mid_replication = 0;
+  // Issue 34: a node's datagrams to a peer dropped one way only, past the
+  // replica timeout (the peer evicts it while it still hears the peer); and
+  // the same with the cut node's etcd link delayed, so it sees the map that
+  // evicted it late (hole 1's two ways in).
+  int one_way_node_cuts = 0;
+  int slow_etcd_links = 0;
   bool strict_kept = false;  // CheckOptions::kept_excuses_rejoins off
 };
 

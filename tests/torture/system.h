@@ -33,6 +33,8 @@ enum class Fault : std::uint8_t {
   kSlowWatch,           // a node's etcd answers delayed while maps move
   kNodePartition,       // replication: two nodes cut off from each other, later healed
   kKillMidReplication,  // replication: kill -9 of a node whose datagrams to its peers were dropped
+  kOneWayNodeCut,       // replication: one node's datagrams to a peer dropped, the peer's not
+  kSlowEtcdLink,        // replication: a one-way cut while the cut node sees etcd late
 };
 [[nodiscard]] const char* fault_name(Fault fault) noexcept;
 

@@ -599,6 +599,9 @@ void observe(const WorkerOptions& o, int client, const std::string& name, const 
   }
 }
 
+// A slowly retransmitting client's first resend (WorkerOptions).
+constexpr std::chrono::milliseconds kSlowRetransmit{600};
+
 // What every client of the worker starts from: the server (or the
 // cluster's seeds) and the retransmission timing.
 LeaseClientOptions client_options(const WorkerOptions& o) {
@@ -646,8 +649,12 @@ struct SharedClient {
 };
 
 // The started LeaseClient of a group; false (said on stderr) when it fails.
-bool start_shared_client(const WorkerOptions& o, SharedClient& shared) {
+bool start_shared_client(const WorkerOptions& o, SharedClient& shared, bool slow) {
   LeaseClientOptions options = client_options(o);
+  if (slow) {
+    options.initial_retransmit = kSlowRetransmit;
+    options.max_retransmit = std::max(options.max_retransmit, kSlowRetransmit);
+  }
   if (o.cluster) {
     auto names = std::make_shared<std::map<std::string, std::string>>();
     for (const std::string& entry : split(o.node_names, ',')) {
@@ -697,8 +704,9 @@ int run_worker(const WorkerOptions& o) {
   const int per_group = std::max(o.threads_per_client, 1);
   std::deque<SharedClient> groups(
       static_cast<std::size_t>((o.clients + per_group - 1) / per_group));
-  for (SharedClient& group : groups) {
-    if (!start_shared_client(o, group)) return 3;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const bool slow = g < static_cast<std::size_t>(std::max(o.slow_retransmit_groups, 0));
+    if (!start_shared_client(o, groups[g], slow)) return 3;
   }
   std::vector<int> status(static_cast<std::size_t>(o.clients) + roles.size(), 0);
   std::vector<std::thread> threads;

@@ -67,9 +67,12 @@ struct WorkerOptions {
   int index = 0;               // the worker process's index
   int clients = 1;             // lease clients (threads) in this process
   int threads_per_client = 1;  // of them, how many share one LeaseClient
-  std::string server;          // HOST:PORT the clients send to (the proxy); in
-                               // cluster mode, the seeds, comma-separated
-  bool cluster = false;        // discover the cluster's map from the seeds
+  // The first this-many LeaseClients resend first after 600 ms, not
+  // initial_retransmit_ms (run.h).
+  int slow_retransmit_groups = 0;
+  std::string server;    // HOST:PORT the clients send to (the proxy); in
+                         // cluster mode, the seeds, comma-separated
+  bool cluster = false;  // discover the cluster's map from the seeds
   // Cluster mode: "id=HOST:PORT,..." naming each node by the address its
   // map entry (its proxy) has; a grant from an unnamed address is recorded
   // with the address.
