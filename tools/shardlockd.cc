@@ -584,10 +584,17 @@ int run(int argc, char** argv) {
               "no lock-delay (fresh data dir: no lease was ever granted from it): ACQUIRE is "
               "granted at once");
   } else {
-    log.write(LogLevel::kInfo,
-              "lock-delay ends at " + delay_ends_text + " (in " + seconds_text(delay_left) + " s)" +
-                  (cluster_json == "null" ? "" : ", the earliest this node's buckets activate") +
-                  ": ACQUIRE is answered RECOVERING until then");
+    const std::string until =
+        cluster_json == "null"
+            ? ": ACQUIRE is answered RECOVERING until then"
+            : (options.replication
+                   ? ", the earliest this node's buckets activate, except those it takes over "
+                     "complete from a replica (they grant at once): the rest answer ACQUIRE "
+                     "RECOVERING until then"
+                   : ", the earliest this node's buckets activate: ACQUIRE is answered "
+                     "RECOVERING until then");
+    log.write(LogLevel::kInfo, "lock-delay ends at " + delay_ends_text + " (in " +
+                                   seconds_text(delay_left) + " s)" + until);
   }
   std::printf(
       "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","

@@ -138,7 +138,7 @@ void BucketActivation::start_history_over(const OwnerInNewMap& owner_in_new_map,
     owner_[b] = after;
     unseen_history_[b] = true;
   }
-  history_known_from_ = now + lock_delay_;
+  history_known_from_ = std::max(now + lock_delay_, options_.history_floor);
   ++history_restarts_;
 }
 

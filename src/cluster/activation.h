@@ -92,6 +92,15 @@ struct ActivationOptions {
   std::chrono::nanoseconds lock_delay_margin{0};
   // Must equal the options every node routes with.
   RouterOptions router_options;
+  // A map with no history (the first, a skipped one) activates nothing
+  // before this time (on the caller's clock), whatever the lock-delay: the
+  // end of the server's own lock-delay, past which every lease its earlier
+  // run may have granted is over. A bucket taken over complete
+  // (on_taken_over with owner_active) does not wait for it: the primary's
+  // snapshot holds every live lease of the bucket, the earlier run's
+  // included, since they were taken over with its buckets when it died
+  // (issue 34, hole 8).
+  std::chrono::nanoseconds history_floor{0};
 };
 
 enum class MapVerdict : std::uint8_t {

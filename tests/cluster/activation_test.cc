@@ -506,6 +506,34 @@ TEST(BucketActivation, ATakeoverOfABucketItsPrimaryHadActiveNeedsNoOtherWait) {
   EXPECT_TRUE(activation.may_grant(taken[1], kLockDelay + seconds(1)));
 }
 
+// Issue 34, hole 8: the history floor (the server's own lock-delay end)
+// holds every bucket of a map without history past the cluster's
+// lock-delay, except one taken over complete, which grants at once.
+TEST(BucketActivation, TheHistoryFloorHoldsEveryBucketButOneTakenOverComplete) {
+  ClusterMap learning = make_map(10, {"n1", "n2", "n3"});
+  learning.learners = {{"n4", "n4:7700", 1}};
+  const ClusterMap promoted = make_map(11, {"n1", "n2", "n3", "n4"});
+  const Time floor = 3 * kLockDelay;
+  BucketActivation activation(ActivationOptions{.node_id = "n4",
+                                                .lock_delay = kLockDelay,
+                                                .router_options = router_options(),
+                                                .history_floor = floor});
+  ASSERT_EQ(activation.on_map(learning, Time{0}), MapVerdict::kAdopted);
+  ASSERT_EQ(activation.on_map(promoted, seconds(1)), MapVerdict::kAdopted);
+  for (const ClusterMember& m : learning.members) activation.on_handoff(m.id, promoted.epoch);
+  std::vector<std::size_t> taken;
+  for (std::size_t b = 0; b < (std::size_t{1} << kBucketBits) && taken.size() < 2; ++b) {
+    if (activation.owns(b) && activation.previous_primary_backed_by_self(b, 2)) taken.push_back(b);
+  }
+  ASSERT_EQ(taken.size(), 2u);
+  activation.on_taken_over(taken[0], *activation.previous_primary_backed_by_self(taken[0], 2),
+                           /*owner_active=*/true);
+  EXPECT_TRUE(activation.may_grant(taken[0], seconds(2)));
+  EXPECT_FALSE(activation.may_grant(taken[1], kLockDelay + seconds(1))) << "past the lock-delay";
+  EXPECT_FALSE(activation.may_grant(taken[1], floor - seconds(1)));
+  EXPECT_TRUE(activation.may_grant(taken[1], floor));
+}
+
 TEST(BucketActivation, NoTakeoverAcrossASkippedMap) {
   BucketActivation activation = make("n2");
   const Time opened = settle_first_map(activation, kThree, Time{0});

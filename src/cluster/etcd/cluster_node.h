@@ -177,7 +177,8 @@ class ClusterNode {
         ActivationOptions{.node_id = options_.node_id,
                           .lock_delay = lock_delay_,
                           .lock_delay_margin = lock_delay_margin(),
-                          .router_options = cluster_router_options()});
+                          .router_options = cluster_router_options(),
+                          .history_floor = server_recovered_at_});
   }
   void note(std::string_view line) { options_.log(line); }
 

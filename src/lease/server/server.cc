@@ -295,7 +295,10 @@ std::error_code LeaseServer::Impl::start() {
   limits.dedup_capacity = o.dedup_entries_per_shard;
   limits.hot_keys = o.hot_keys_per_shard;
   limits.hot_key_half_life_ms = o.hot_key_half_life.count();
-  limits.recovering_until_ms = now + lock_delay.count();
+  // In cluster mode the gate enforces the lock-delay per bucket (see
+  // LeaseServerOptions::start_closed): a bucket taken over complete grants
+  // at once, the rest wait for it there.
+  limits.recovering_until_ms = o.start_closed ? now : now + lock_delay.count();
   limits.max_keys = share(o.max_keys, o.shards);
   limits.max_waiters = share(o.max_waiters, o.shards);
   limits.max_waiters_per_key = o.max_waiters_per_key;

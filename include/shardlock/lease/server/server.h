@@ -129,6 +129,11 @@ struct LeaseServerOptions {
   // Cluster mode (src/cluster/etcd/cluster_node.h): start with a closed gate, so
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
   // map, until the cluster layer publishes one (publish_cluster_gate()).
+  // The server's own lock-delay (lock_delay()) is then the cluster layer's
+  // to enforce, per bucket: its gate keeps every bucket closed until it
+  // ends, except those taken over complete from a settled primary, whose
+  // snapshot holds every live lease (ClusterNode; issue 34, hole 8). The
+  // shards do not refuse ACQUIRE by it.
   bool start_closed = false;
   // Replication (docs/cluster.md, "Replication"; cluster mode with
   // --replicas above 1): node-to-node replication streams on the lease
