@@ -263,6 +263,10 @@ int run(int argc, char** argv) {
                 "cluster mode with --replicas 2+: a one-way node cut while the cut node's etcd "
                 "answers are delayed by a seeded 0.1..0.3 x the etcd lease TTL, so it learns of "
                 "its eviction late");
+  cluster_fault("--node-replacements", o.node_replacements,
+                "cluster mode: kill -9 of a node, its data dir wiped, and a start at the same "
+                "address and port under a new id (n1 -> n1r1), as a lost disk is replaced; the "
+                "workers still name that address by its first id (node_replaced in the history)");
   cluster_fault("--node-partitions", o.node_partitions,
                 "cluster mode: every datagram between two nodes (both directions) dropped for "
                 "longer than the replica timeout (3 x it + 1 s), then healed; the nodes still "

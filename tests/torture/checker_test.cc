@@ -1023,6 +1023,33 @@ TEST(CheckerCluster, AGrantFromANodeThatDoesNotOwnTheKeyInItsEpochIsAnOwnerViola
       << report.examples[0].detail;
 }
 
+// Issue 34: a node replaced at its address under a new id (n1 -> n1r1).
+// The workers still name that address n1, so a grant the map gives n1r1
+// comes "from n1": the node_replaced event makes it n1r1's. Any other owner
+// is still a violation.
+TEST(CheckerCluster, AReplacedNodesGrantsAreItsSuccessorsWhenTheMapSaysSo) {
+  std::vector<Event> history = clean_cluster_history();
+  Event replaced;
+  replaced.t_ns = ms(450);
+  replaced.kind = EventKind::kNodeReplaced;
+  replaced.node = "n1";
+  replaced.peer = "n1r1";
+  history.push_back(replaced);
+  history.push_back(map_event(ms(460), 10, {{"k", "n1r1"}, {"j", "n2"}}));
+  history.push_back(acquire_invoke(ms(500), 2, 1, "k"));
+  history.push_back(from(acquire_ok(ms(510), 2, 1, "k", cluster_token(10, 1), ms(600)), "n1"));
+  CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.faults.at("node replacement"), 1u);
+  // j is n2's in epoch 10: a grant of it from n1's address is not n1r1's.
+  history.push_back(acquire_invoke(ms(700), 3, 1, "j"));
+  history.push_back(from(acquire_ok(ms(710), 3, 1, "j", cluster_token(10, 2), ms(800)), "n1"));
+  ASSERT_NO_FATAL_FAILURE(expect_only(check(history, CheckOptions{}), ViolationKind::kOwner));
+  // Without the node_replaced event, the first grant is a violation too.
+  std::erase_if(history, [](const Event& e) { return e.kind == EventKind::kNodeReplaced; });
+  expect_only(check(history, CheckOptions{}), ViolationKind::kOwner, 2);
+}
+
 TEST(CheckerCluster, AMultiKeyGrantIsJudgedPerKey) {
   std::vector<Event> history = clean_cluster_history();
   history.push_back(acquire_many_invoke(ms(500), 2, 1, {"j", "k"}));

@@ -42,6 +42,10 @@ std::chrono::milliseconds seeded_share(std::mt19937_64& random, std::int64_t bas
 
 struct Node {
   std::string id;
+  // A replaced node's first id, which the workers name its address by, and
+  // how many times it was replaced (Fault::kReplaceNode).
+  std::string first_id;
+  int replacements = 0;
   UdpProxy proxy;       // the clients' way in; its address is the advertised one
   TcpProxy etcd_proxy;  // the node's way to etcd
   std::unique_ptr<ServerUnderTest> server;
@@ -170,6 +174,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     planned(options_.node_partitions, node_cut_for() + restart_for());
     planned(options_.kills_mid_replication, restart_for());
     planned(options_.one_way_node_cuts + options_.slow_etcd_links, node_cut_for() + restart_for());
+    planned(options_.node_replacements, restart_for() + std::chrono::milliseconds(lock_delay()));
     return longest.count();
   }
 
@@ -247,6 +252,8 @@ class ClusterUnderTest final : public SystemUnderTest {
         record_fault(fault);
         one_way_node_cut(victim, random, seeded_share(random, etcd_ttl_ms(), 0.1, 0.3));
         return true;
+      case Fault::kReplaceNode:
+        return replace_node(victim, error);
       case Fault::kClientPause:
         break;
     }
@@ -720,6 +727,32 @@ class ClusterUnderTest final : public SystemUnderTest {
     nemesis_.record(e);
     wait_for_full_map(Clock::now() + restart_for());
     settled_from_ = Clock::now();
+  }
+
+  // A lost disk, replaced as the runbook says: kill -9, the data dir wiped,
+  // and a start at the same address and server port under a new id
+  // (<first id>r<n>). Recorded as node_replaced (node = the first id, which
+  // the workers still call the address by); the next fault waits until the
+  // map holds every node, the new id included.
+  bool replace_node(Node& victim, std::string& error) {
+    const std::string first = victim.first_id.empty() ? victim.id : victim.first_id;
+    victim.server->kill();
+    std::error_code ignored;
+    fs::remove_all(scratch_ / ("data-" + victim.id), ignored);
+    victim.first_id = first;
+    victim.id = first + "r" + std::to_string(++victim.replacements);
+    Event e;
+    e.kind = EventKind::kNodeReplaced;
+    e.node = first;
+    e.peer = victim.id;
+    nemesis_.record(e);
+    victim.server->rename(victim.id);
+    const ServerConfig next = config(victim);
+    victim.server->reconfigure(next.arguments, next.lock_delay_ms);
+    if (!start_node(victim, error)) return false;
+    wait_for_full_map(Clock::now() + restart_for() + std::chrono::milliseconds(lock_delay()));
+    settled_from_ = Clock::now();
+    return true;
   }
 
   // Replication's weak spot, for a server that answers GRANTED before its

@@ -48,7 +48,7 @@ struct KindInfo {
   std::uint32_t optional = 0;
 };
 
-constexpr std::array<KindInfo, 47> kKinds = {{
+constexpr std::array<KindInfo, 48> kKinds = {{
     {EventKind::kAcquireInvoke, "acquire_invoke", kClient | kOp | kKey | kTtl | kWait,
      kAcquireExtras},
     {EventKind::kAcquireOk, "acquire_ok", kClient | kOp | kKey | kToken | kExpiry,
@@ -89,6 +89,7 @@ constexpr std::array<KindInfo, 47> kKinds = {{
     {EventKind::kFault, "fault", kFaultName},
     {EventKind::kNodeCutOn, "node_cut_on", kNode | kPeer},
     {EventKind::kNodeCutOff, "node_cut_off", kNode | kPeer},
+    {EventKind::kNodeReplaced, "node_replaced", kNode | kPeer},
     {EventKind::kCampaignInvoke, "campaign_invoke", kClient | kOp | kKey | kTtl | kWait},
     {EventKind::kElected, "elected", kClient | kOp | kKey | kToken},
     {EventKind::kCampaignFail, "campaign_fail", kClient | kOp | kKey | kError},

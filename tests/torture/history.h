@@ -34,7 +34,8 @@
 // replication (--replicas 2+) a map event also lists each key's backups
 // (backups=key-0:n2,key-1:n3,...; several per key with --replicas 3, in
 // rank order), and the nemesis records node-to-node cuts (node_cut_on/off
-// node=A peer=B).
+// node=A peer=B) and replacements (node_replaced node=A peer=A2: a new id at
+// A's address, which the workers still call A).
 //
 // Elections (--elections; issue 25). A campaigner's events carry key=<the
 // election's name> and, from the grant on, token=<its term>; the value its
@@ -107,6 +108,11 @@ enum class EventKind : std::uint8_t {
   // Replication: every datagram between two nodes dropped, both directions.
   kNodeCutOn,   // node peer
   kNodeCutOff,  // node peer
+  // A node replaced at its address under a new id (its data dir wiped, as
+  // the runbook says a lost disk is): node = the name the workers know the
+  // address by (its first id), peer = the new id. Grants from that address
+  // carry the first name from then on.
+  kNodeReplaced,  // node peer
   // Elections: campaigners (client = the campaigner's index; op as above).
   kCampaignInvoke,  // client op key ttl_ms wait_ms    (key = the election's name)
   kElected,         // client op key token             (t = campaign() returned; token =

@@ -146,6 +146,8 @@ const char* fault_name(Fault f) noexcept {
       return "one-way node cut";
     case Fault::kSlowEtcdLink:
       return "one-way node cut with a slow etcd link";
+    case Fault::kReplaceNode:
+      return "node replaced under a new id";
   }
   return "?";
 }
@@ -322,6 +324,7 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
               Fault::kKillMidReplication);
   plan.insert(plan.end(), static_cast<std::size_t>(o.one_way_node_cuts), Fault::kOneWayNodeCut);
   plan.insert(plan.end(), static_cast<std::size_t>(o.slow_etcd_links), Fault::kSlowEtcdLink);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.node_replacements), Fault::kReplaceNode);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);

@@ -101,6 +101,11 @@ struct TortureOptions {
   // evicted it late (hole 1's two ways in).
   int one_way_node_cuts = 0;
   int slow_etcd_links = 0;
+  // A node killed -9, its data dir wiped, and started again at its address
+  // (same proxy, same server port) under a new id, as the runbook says a
+  // lost disk is (hole 5: a backup matched the new node's stream to the
+  // dead id's replica by address).
+  int node_replacements = 0;
   bool strict_kept = false;  // CheckOptions::kept_excuses_rejoins off
 };
 

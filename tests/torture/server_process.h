@@ -52,6 +52,9 @@ class ServerUnderTest {
   // The arguments of the next start (say, a changed --max-ttl for a rolling
   // restart) and the lock-delay its start records.
   void reconfigure(std::vector<std::string> arguments, std::int64_t lock_delay_ms);
+  // The next start is node `node` (its events carry it): a replacement
+  // under a new id.
+  void rename(std::string node) { config_.node = std::move(node); }
   // SIGTERM (after SIGCONT), and SIGKILL if it has not exited within 5 s.
   void stop();
 

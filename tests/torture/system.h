@@ -35,6 +35,7 @@ enum class Fault : std::uint8_t {
   kKillMidReplication,  // replication: kill -9 of a node whose datagrams to its peers were dropped
   kOneWayNodeCut,       // replication: one node's datagrams to a peer dropped, the peer's not
   kSlowEtcdLink,        // replication: a one-way cut while the cut node sees etcd late
+  kReplaceNode,         // kill -9, data dir wiped, restarted at its address under a new id
 };
 [[nodiscard]] const char* fault_name(Fault fault) noexcept;
 
