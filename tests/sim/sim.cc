@@ -312,7 +312,8 @@ struct Node {
   bool paused = false;
   std::vector<std::pair<int, std::vector<std::uint8_t>>> paused_inbox;
   std::vector<ClusterView> pending_views;
-  Time etcd_delay = 2 * kMs;  // this node's etcd link: one way
+  std::vector<ClusterMap> watched_maps;  // delivered by the watch since the last pass
+  Time etcd_delay = 2 * kMs;             // this node's etcd link: one way
 
   // Membership, modelled.
   std::int64_t lease = 0;
@@ -451,11 +452,20 @@ std::int64_t Etcd::grant(Time ttl) {
 }
 
 void Etcd::changed() {
-  // A watch event to every live node, over its link.
+  // A watch event to every live node, over its link. It carries the map
+  // key as it is now, as etcd's watch does: Membership adopts the maps its
+  // watch delivered below the one it reads (adopt_watched_maps_before).
+  std::optional<ClusterMap> watched;
+  if (const auto it = keys.find(std::string(kPrefix) + "map"); it != keys.end()) {
+    watched =
+        cluster::decode_map(it->second.value, static_cast<std::uint64_t>(it->second.mod_revision));
+  }
   for (auto& node : world.nodes) {
     if (!node->alive || !node->etcd_reachable()) continue;
-    world.scheduler.after(node->etcd_delay, [n = node.get(), inc = node->incarnation] {
-      if (n->alive && n->incarnation == inc) n->reconcile();
+    world.scheduler.after(node->etcd_delay, [n = node.get(), inc = node->incarnation, watched] {
+      if (!n->alive || n->incarnation != inc) return;
+      if (watched) n->watched_maps.push_back(*watched);
+      n->reconcile();
     });
   }
 }
@@ -695,6 +705,7 @@ void Node::keep_alive() {
   lease = world.etcd.grant(nanoseconds(kEtcdTtl).count());
   world.scheduler.at(world.etcd.leases[lease], [w = &world, l = lease] { w->etcd.expire(l); });
   ++registration;
+  learning_ = true;  // every registration joins as a learner (join_as_learner)
   deadline_local = sent + nanoseconds(kEtcdTtl - kDriftMargin).count();
   log("registered again under lease " + std::to_string(lease));
   world.etcd.put(
@@ -741,7 +752,13 @@ void Node::reconcile() {
     map_revision = static_cast<std::uint64_t>(revision);
     adopted.push_back(map);
   };
-  if (published) adopt(*published, published_revision);
+  if (published) {
+    for (ClusterMap& m : watched_maps) {
+      if (m.epoch < published->epoch) adopt(std::move(m), 0);
+    }
+    adopt(*published, published_revision);
+  }
+  watched_maps.clear();
   // Membership::reconcile()'s rule: active members, and joining ones the
   // map already promoted under the same lease, are members; other joining
   // ones learners; with no member, the learners.
