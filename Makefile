@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-release deps-peers deps-cluster deps-failover run test test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture torture-cluster package bench-cluster bench-failover bench-peers deps-lock-peers
+        build-release build-bench format lint clean help torture torture-cluster simulate package bench-cluster bench-failover bench-peers deps-lock-peers
 
 all: build-release
 
@@ -22,6 +22,7 @@ help:
 	@echo "make bench-peers    shardlock beside Redis's lock recipe and etcd's Go Mutex, at equal batching"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make torture-cluster  the long cluster run: etcd + 3 nodes, node and etcd faults"
+	@echo "make simulate SEEDS=N  the deterministic cluster simulation over N seeds (docs/simulation.md)"
 	@echo "make format     clang-format every source file in place"
 	@echo "make lint       clang-tidy over src/ and tools/ (part of make test's clang stage)"
 	@echo "make package    the Debian package (release build): build/release/shardlock_*.deb"
@@ -152,6 +153,16 @@ TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --replicas 2 --seconds 300 --workers 
                          --slow-watches 2 --seed 2026
 torture-cluster: build-release deps-cluster
 	build/release/tools/shardlock-torture $(TORTURE_CLUSTER_FLAGS)
+
+# The long run of the deterministic cluster simulation (docs/simulation.md):
+# SEEDS seeds from FIRST_SEED, release build; a failing seed replays with
+# build/release/tests/sim/shardlock-sim --seed S --trace.
+SEEDS ?= 10000
+FIRST_SEED ?= 1
+simulate: deps-release
+	$(CMAKE) --preset release >/dev/null
+	$(CMAKE) --build --preset release -j $(JOBS) --target shardlock_sim_tool
+	build/release/tests/sim/shardlock-sim --first-seed $(FIRST_SEED) --seeds $(SEEDS)
 
 # ---- house tooling -------------------------------------------------------
 SOURCES = $(shell git ls-files '*.h' '*.cc')

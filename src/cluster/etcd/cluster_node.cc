@@ -16,11 +16,74 @@ using std::chrono::nanoseconds;
 
 namespace {
 
-// How often the driver counts the leases left in buckets given away while a
-// hand-off is pending: the count walks every key under the shard locks.
-constexpr milliseconds kHandOffCountInterval{100};
+HostResult result_of(const EtcdStatus& status) {
+  if (status.ok()) return {};
+  return {status.error == EtcdErrc::kNotFound ? HostResult::Status::kRefused
+                                              : HostResult::Status::kFailed,
+          status.detail};
+}
 
 }  // namespace
+
+// The driver's actions, on this node's LeaseServer and Membership.
+class ClusterNode::Host final : public NodeHost {
+ public:
+  Host(lease::LeaseServer& server, Membership& membership,
+       std::function<void(std::string_view)> log)
+      : server_(server), membership_(membership), log_(std::move(log)) {}
+
+  void publish_gate(std::shared_ptr<const lease::internal::ClusterGate> gate) override {
+    server_.publish_cluster_gate(std::move(gate));
+  }
+  std::error_code set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
+                                     const std::vector<bool>& learners, std::uint16_t self,
+                                     std::size_t replicas,
+                                     const std::vector<std::string>& addresses,
+                                     std::string& detail) override {
+    const std::error_code ec =
+        server_.set_replica_layout(epoch, routing, learners, self, replicas, addresses);
+    if (ec) detail = server_.error_detail();
+    return ec;
+  }
+  bool replica_primary_settled(const std::string& primary, std::uint32_t bucket) const override {
+    return server_.replica_primary_settled(primary, bucket);
+  }
+  std::optional<std::size_t> take_over(const std::string& primary, std::uint32_t bucket,
+                                       milliseconds hold, bool* owner_active) override {
+    return server_.take_over(primary, bucket, hold, owner_active);
+  }
+  std::pair<std::size_t, std::size_t> replicas_caught_up() const override {
+    return server_.replicas_caught_up();
+  }
+  nanoseconds replica_lease_until(std::size_t bucket) const noexcept override {
+    return server_.replica_lease_until(bucket);
+  }
+  std::vector<std::string> silent_replicas(milliseconds silence) const override {
+    return server_.silent_replicas(silence);
+  }
+  std::size_t count_leases(const std::function<bool(std::string_view)>& pred) const override {
+    return server_.count_leases(pred);
+  }
+  bool needs_new_epoch() const override { return server_.needs_new_epoch(); }
+  nanoseconds lease_deadline_of(std::uint64_t registration) const noexcept override {
+    return membership_.lease_deadline_of(registration);
+  }
+  bool learning() const override { return membership_.learning(); }
+  HostResult caught_up() override { return result_of(membership_.caught_up()); }
+  HostResult put_handoff(std::uint64_t epoch) override {
+    return result_of(membership_.put_handoff(epoch));
+  }
+  HostResult evict(std::string_view id, std::int64_t lease) override {
+    return result_of(membership_.evict(id, lease));
+  }
+  void request_new_epoch() override { membership_.request_new_epoch(); }
+  void log(std::string_view line) override { log_(line); }
+
+ private:
+  lease::LeaseServer& server_;
+  Membership& membership_;
+  std::function<void(std::string_view)> log_;
+};
 
 ClusterNode::ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server)
     : options_(std::move(options)), server_(server) {
@@ -29,7 +92,7 @@ ClusterNode::ClusterNode(ClusterNodeOptions options, lease::LeaseServer& server)
       std::fprintf(stderr, "shardlock-cluster: %.*s\n", static_cast<int>(line.size()), line.data());
     };
   }
-  lock_delay_ = options_.max_ttl + lock_delay_margin();
+  lock_delay_ = options_.max_ttl + options_.lease_ttl + options_.drift_margin;
 }
 
 ClusterNode::~ClusterNode() { stop(StopMode::kRevokeLease); }
@@ -66,16 +129,11 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   // one epoch per refused grant.
   const std::uint64_t min_grant_epoch =
       std::max(previous_highest, token_epoch(server.token_floor())) + 1;
-  {
-    LockGuard lock(node->mutex_);
-    node->stats_.min_grant_epoch = min_grant_epoch;
-  }
   // The server's own lock-delay covers the leases of its previous run, which
   // a hand-off acknowledgement must not speak for before they are over.
   // At least a max TTL, whatever --lock-delay says (it may be 0).
-  node->server_recovered_at_ =
+  const nanoseconds server_recovered_at =
       server.now() + std::max<nanoseconds>(server.lock_delay(), node->options_.max_ttl);
-  node->activation_ = node->new_activation();
 
   MembershipOptions m;
   m.endpoints = o.endpoints;
@@ -101,7 +159,19 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   if (const std::error_code ec = Membership::start(std::move(m), node->membership_, detail)) {
     return ec;
   }
-  node->driver_ = std::thread([self] { self->run(); });
+  node->host_ = std::make_unique<Host>(server, *node->membership_, o.log);
+  node->driver_ =
+      std::make_unique<NodeDriver>(NodeDriverOptions{.node_id = o.node_id,
+                                                     .lease_ttl = o.lease_ttl,
+                                                     .drift_margin = o.drift_margin,
+                                                     .max_ttl = o.max_ttl,
+                                                     .retry_after = o.retry_after,
+                                                     .replicas = o.replicas,
+                                                     .evict_after = o.evict_after,
+                                                     .min_grant_epoch = min_grant_epoch,
+                                                     .server_recovered_at = server_recovered_at},
+                                   *node->host_);
+  node->driver_thread_ = std::thread([self] { self->run(); });
   out = std::move(node);
   return {};
 }
@@ -109,49 +179,28 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
 void ClusterNode::stop(StopMode mode) {
   {
     LockGuard lock(mutex_);
-    if (stopping_ && !driver_.joinable()) return;
+    if (stopping_ && !driver_thread_.joinable()) return;
     stopping_ = true;
     wake_.notify_all();
   }
-  if (driver_.joinable()) driver_.join();
+  if (driver_thread_.joinable()) driver_thread_.join();
   // Nothing more is granted here: a closed gate, which also drops every
   // reference to the membership before it goes.
-  publish_closed_gate();
+  if (driver_) {
+    driver_->close();
+  } else {
+    server_.publish_cluster_gate(lease::internal::ClusterGate::closed());
+  }
   if (membership_) membership_->stop(mode);
 }
 
-void ClusterNode::publish_closed_gate() {
-  server_.publish_cluster_gate(lease::internal::ClusterGate::closed());
-}
-
-void ClusterNode::start_over() {
-  note(
-      "registered again under a new etcd lease: granting nothing until this node's buckets "
-      "are active again, as after a start");
-  publish_closed_gate();
-  gate_.reset();
-  activation_pending_ = false;
-  map_.reset();
-  routing_.reset();
-  seen_members_.clear();
-  activation_ = new_activation();
-  skip_views_through_ = self_create_revision_;
-  LockGuard lock(mutex_);
-  stats_.acked_epoch = 0;  // handoff/<id> went with the old lease
-  ++stats_.restarts;
-}
-
 std::shared_ptr<const lease::internal::ClusterGate> ClusterNode::published_gate() const {
-  LockGuard lock(mutex_);
-  return published_gate_;
+  return driver_ ? driver_->published_gate() : nullptr;
 }
 
 ClusterNodeStats ClusterNode::stats() const {
   ClusterNodeStats s;
-  {
-    LockGuard lock(mutex_);
-    s = stats_;
-  }
+  if (driver_) static_cast<NodeDriverStats&>(s) = driver_->stats();
   if (membership_) {
     s.membership = membership_->stats();
     s.lease_alive = membership_->lease_alive(server_.now());
@@ -160,7 +209,6 @@ ClusterNodeStats ClusterNode::stats() const {
 }
 
 void ClusterNode::run() {
-  nanoseconds last_count{0};
   for (;;) {
     std::vector<ClusterView> views;
     {
@@ -170,356 +218,8 @@ void ClusterNode::run() {
       if (stopping_) return;
       views.swap(views_);
     }
-    const nanoseconds now = server_.now();
-    const std::uint64_t registration = membership_->registration();
-    if (registration != registration_) {
-      if (registration_ != 0) start_over();
-      registration_ = registration;
-      learning_since_ = now;
-    }
-    // A gate changes with news from etcd, or with time while some bucket of
-    // this node waits for its lock-delay; otherwise there is nothing to redo
-    // (the 65536 bucket states cost about a millisecond to recompute).
-    const bool news = !views.empty();
-    apply_views(views, now);
-    if (news || activation_pending_) publish(now);
-    if (options_.replicas > 1) {
-      evict_silent_replicas();
-      finish_learning(now);
-    }
-    // Both below take every shard lock in turn: at the count's pace, not
-    // every tick.
-    if (now - last_count < kHandOffCountInterval) continue;
-    last_count = now;
-    hand_off(now);
-    if (map_ && server_.needs_new_epoch() && new_epoch_asked_for_ != map_->epoch) {
-      new_epoch_asked_for_ = map_->epoch;
-      note("a shard's token counter ran out in epoch " + std::to_string(map_->epoch) +
-           "; asking for a new epoch");
-      membership_->request_new_epoch();
-    }
+    driver_->step(views, server_.now(), membership_->registration());
   }
-}
-
-void ClusterNode::apply_views(const std::vector<ClusterView>& views, nanoseconds now) {
-  for (const ClusterView& view : views) {
-    for (const ClusterView::Member& member : view.members) {
-      if (member.id == options_.node_id) self_create_revision_ = member.create_revision;
-    }
-    // After start_over(): only what was read after the new registration.
-    if (skip_views_through_ != 0) {
-      if (self_create_revision_ <= skip_views_through_) continue;
-      skip_views_through_ = 0;
-    }
-    // Member keys: gone, new, or registered again (a new create revision is
-    // a new incarnation even if no view saw the key missing).
-    std::unordered_map<std::string, SeenMember> present;
-    for (const ClusterView::Member& member : view.members) {
-      // An unreadable record (a newer version's) is a live node all the same.
-      present[member.id] = SeenMember{member.create_revision, member.lease};
-      if (member.readable && member.record.max_ttl_ms != 0) {
-        activation_->raise_max_ttl(milliseconds(member.record.max_ttl_ms));
-      }
-      note_replicas_mismatch(member);
-      const auto seen = seen_members_.find(member.id);
-      if (seen == seen_members_.end()) {
-        activation_->on_member_registered(member.id, now);
-      } else if (seen->second.create_revision != member.create_revision) {
-        activation_->on_member_gone(member.id, now);
-        activation_->on_member_registered(member.id, now);
-      }
-    }
-    for (const auto& [id, seen] : seen_members_) {
-      if (!present.contains(id)) activation_->on_member_gone(id, now);
-    }
-    seen_members_ = std::move(present);
-    for (const ClusterView::Handoff& handoff : view.handoffs) {
-      activation_->on_handoff(handoff.id, handoff.epoch);
-    }
-    if (!view.map || view.map->epoch <= activation_->epoch()) continue;
-    // A map member without a member key (its etcd lease ended before this
-    // node ever saw it) is gone from now on, so that its lock-delay starts.
-    for (const ClusterMember& member : view.map->members) {
-      if (!seen_members_.contains(member.id)) activation_->on_member_gone(member.id, now);
-    }
-    // The maps published between two reads, as the watch delivered them,
-    // then the newest: every epoch in order keeps each moved bucket's chain
-    // of possible holders, where a skipped one would cost a lock-delay.
-    for (const std::shared_ptr<const ClusterMap>& map : view.adopted) {
-      if (map->epoch < view.map->epoch) adopt_map(map, now);
-    }
-    adopt_map(view.map, now);
-  }
-  LockGuard lock(mutex_);
-  stats_.lock_delay = activation_->lock_delay();
-}
-
-void ClusterNode::adopt_map(const std::shared_ptr<const ClusterMap>& map, nanoseconds now) {
-  if (map->epoch <= activation_->epoch()) return;
-  const std::uint64_t previous_epoch = activation_->epoch();
-  const std::uint64_t restarts = activation_->history_restarts();
-  const MapVerdict verdict = activation_->on_map(*map, now);
-  if (verdict != MapVerdict::kAdopted) {
-    note("cluster map epoch " + std::to_string(map->epoch) +
-         " not used for grants (its buckets do not route)");
-    return;
-  }
-  if (previous_epoch != 0 && activation_->history_restarts() != restarts) {
-    note("cluster map epoch " + std::to_string(map->epoch) + " follows epoch " +
-         std::to_string(previous_epoch) +
-         ": maps in between were missed, so buckets that moved here wait for every known "
-         "node's hand-off or the lock-delay, as after a start");
-    LockGuard lock(mutex_);
-    ++stats_.maps_missed;
-  }
-  std::unique_ptr<ClusterRouting> routing;
-  if (ClusterRouting::build(*map, cluster_router_options(), routing) != RouterStatus::kOk) {
-    return;  // on_map accepted it, so this cannot happen
-  }
-  map_ = map;
-  routing_ = std::shared_ptr<const ClusterRouting>(std::move(routing));
-  if (options_.replicas > 1) {
-    adopt_replica_layout(activation_->history_restarts() != restarts, now);
-  }
-}
-
-void ClusterNode::adopt_replica_layout(bool history_restarted, nanoseconds now) {
-  std::unique_ptr<ReplicaRouting> replicas;
-  if (ReplicaRouting::build(*map_, cluster_router_options(), replicas) != RouterStatus::kOk) {
-    return;  // the map routed, so its members and learners do too
-  }
-  std::vector<std::string> addresses;
-  auto self = static_cast<std::uint16_t>(replicas->nodes().size());  // absent: no role
-  for (std::size_t i = 0; i < replicas->nodes().size(); ++i) {
-    addresses.push_back(replicas->nodes()[i].address);
-    if (replicas->nodes()[i].id == options_.node_id) self = static_cast<std::uint16_t>(i);
-  }
-  if (const std::error_code ec =
-          server_.set_replica_layout(map_->epoch, replicas->snapshot(), replicas->learners(), self,
-                                     options_.replicas, addresses)) {
-    note("epoch " + std::to_string(map_->epoch) + ": no replica layout: " + server_.error_detail());
-  }
-  // A skipped map leaves no history to take over by: those buckets wait as
-  // after a start.
-  pending_takeovers_.clear();
-  if (history_restarted) return;
-  for (std::size_t b = 0; b < routing_->bucket_count(); ++b) {
-    if (!activation_->owns(b) || activation_->may_grant(b, now)) continue;
-    if (auto primary = activation_->previous_primary_backed_by_self(b, options_.replicas)) {
-      pending_takeovers_.emplace(b, std::move(*primary));
-    }
-  }
-}
-
-bool ClusterNode::take_over_pending(nanoseconds now) {
-  if (pending_takeovers_.empty()) return false;
-  // Every inherited lease may have been renewed just before the primary
-  // stopped: it lasts the largest max TTL any member has, plus the drift
-  // margin, from now.
-  const auto hold =
-      std::chrono::duration_cast<milliseconds>(activation_->lock_delay() - options_.lease_ttl);
-  std::size_t buckets = 0;
-  std::size_t holders = 0;
-  for (auto it = pending_takeovers_.begin(); it != pending_takeovers_.end();) {
-    // A primary that restarted less than a lock-delay ago may have leases
-    // from its earlier run that its stream never carried: its buckets wait
-    // for the lock-delay as without replication. Settled: its stream says
-    // its process is past its lock-delay, or this node saw it register that
-    // long ago (a node that just started sees every registration as new).
-    const auto bucket = static_cast<std::uint32_t>(it->first);
-    if (!server_.replica_primary_settled(it->second, bucket) &&
-        !activation_->incarnation_settled(it->second, now)) {
-      ++it;
-      continue;
-    }
-    bool owner_active = false;
-    const auto installed = server_.take_over(it->second, bucket, hold, &owner_active);
-    if (!installed) {
-      ++it;
-      continue;
-    }
-    activation_->on_taken_over(it->first, it->second, owner_active);
-    ++buckets;
-    holders += *installed;
-    it = pending_takeovers_.erase(it);
-  }
-  if (buckets == 0) return false;
-  note("epoch " + std::to_string(map_->epoch) + ": took over " + std::to_string(buckets) +
-       " buckets with " + std::to_string(holders) + " leases");
-  LockGuard lock(mutex_);
-  stats_.buckets_taken_over += buckets;
-  stats_.holders_inherited += holders;
-  return true;
-}
-
-void ClusterNode::note_replicas_mismatch(const ClusterView::Member& member) {
-  // Membership::start() refuses such a node; two that register at once can
-  // still meet here. Safe all the same (a takeover needs a caught-up stream
-  // from the primary), but buckets shared with it wait for lock-delays and
-  // its grants may wait for acknowledgements that never come: said loudly,
-  // once per incarnation.
-  if (member.id == options_.node_id || !member.readable) return;
-  const std::size_t theirs = std::max<std::size_t>(member.record.replicas, 1);
-  if (theirs == options_.replicas) return;
-  if (!replicas_mismatch_noted_.insert({member.id, member.create_revision}).second) return;
-  note("node " + member.id + " runs with --replicas " + std::to_string(theirs) +
-       " and this node with --replicas " + std::to_string(options_.replicas) +
-       ": every node of a cluster needs the same count; restart one of them");
-  LockGuard lock(mutex_);
-  ++stats_.replicas_mismatched;
-}
-
-void ClusterNode::finish_learning(nanoseconds now) {
-  if (!map_ || !membership_->learning()) return;
-  const auto is_self = [&](const ClusterMember& m) { return m.id == options_.node_id; };
-  const bool member = std::any_of(map_->members.begin(), map_->members.end(), is_self);
-  const bool learner = std::any_of(map_->learners.begin(), map_->learners.end(), is_self);
-  if (!member && !learner) return;  // the map does not list this registration yet
-  const auto [caught_up, backed] = server_.replicas_caught_up();
-  std::string why;
-  if (member) {
-    why = "the map made it a member (no member was left to learn from)";
-  } else if (caught_up == backed) {
-    why = "caught up on all " + std::to_string(backed) + " buckets it backs up";
-  } else if (now - learning_since_ >= activation_->lock_delay()) {
-    // A primary that never streams (a peer of another --replicas, one that is
-    // itself stuck) must not keep this node out for good. Safe all the same:
-    // a bucket this node was not a caught-up backup of waits for its chain's
-    // hand-offs or the lock-delay when it moves here.
-    why = "still behind on " + std::to_string(backed - caught_up) + " of " +
-          std::to_string(backed) + " buckets after a lock-delay; joining all the same";
-  } else {
-    return;
-  }
-  const EtcdStatus put = membership_->caught_up();
-  note("learner: " + why + (put.ok() ? std::string(": now active") : ": " + put.detail));
-  LockGuard lock(mutex_);
-  ++stats_.learner_promotions;
-}
-
-void ClusterNode::evict_silent_replicas() {
-  for (const std::string& id : server_.silent_replicas(options_.evict_after)) {
-    const auto seen = seen_members_.find(id);
-    if (seen == seen_members_.end() || seen->second.lease == 0) continue;
-    if (!evicted_leases_.insert(seen->second.lease).second) continue;  // asked already
-    const EtcdStatus evicted = membership_->evict(id, seen->second.lease);
-    note("replica " + id + " silent for " + std::to_string(options_.evict_after.count()) +
-         " ms: evicting it (deleting its member key, revoking its etcd lease): " +
-         (evicted.ok() ? std::string("done") : evicted.detail));
-    if (!evicted.ok()) {
-      // Refused by etcd's comparison (this node was evicted first, or the
-      // peer registered again): that suspicion is over. Otherwise the next
-      // pass tries again.
-      if (evicted.error != EtcdErrc::kNotFound) evicted_leases_.erase(seen->second.lease);
-      continue;
-    }
-    LockGuard lock(mutex_);
-    ++stats_.replicas_evicted;
-  }
-}
-
-void ClusterNode::publish(nanoseconds now) {
-  if (!routing_) return;  // no map yet: the server's gate stays closed
-  // Takeovers only under a gate of the current map, which marks their
-  // buckets replicated: the inherited holders then reach this node's own
-  // backups, after the snapshots the layout sent them.
-  if (gate_ && gate_->epoch == map_->epoch) (void)take_over_pending(now);
-  const std::size_t n = routing_->bucket_count();
-  std::vector<std::uint8_t> buckets(n, lease::internal::ClusterGate::kForeign);
-  std::size_t owned = 0;
-  std::size_t active = 0;
-  for (std::size_t b = 0; b < n; ++b) {
-    if (!activation_->owns(b)) continue;
-    ++owned;
-    if (activation_->may_grant(b, now)) {
-      buckets[b] = lease::internal::ClusterGate::kActive;
-      ++active;
-    } else {
-      buckets[b] = lease::internal::ClusterGate::kOwned;
-    }
-  }
-  activation_pending_ = active < owned;
-  // With replicas, every bucket owned here has backups once the map has
-  // another node, member or learner: granted and renewed only within the
-  // primary lease (has_backups()).
-  std::vector<std::uint8_t> replicated;
-  if (has_backups(*map_, options_.replicas)) {
-    replicated.assign(n, 0);
-    for (std::size_t b = 0; b < n; ++b) {
-      replicated[b] = buckets[b] != lease::internal::ClusterGate::kForeign ? 1 : 0;
-    }
-  }
-  if (gate_ && gate_->epoch == map_->epoch && gate_->buckets == buckets &&
-      gate_->replicated == replicated) {
-    return;
-  }
-  auto gate = std::make_shared<lease::internal::ClusterGate>();
-  gate->epoch = map_->epoch;
-  {
-    LockGuard lock(mutex_);
-    gate->min_grant_epoch = stats_.min_grant_epoch;
-  }
-  // Aliasing: the snapshot lives as long as the routing that owns it.
-  gate->routing = std::shared_ptr<const RouterSnapshot>(routing_, &routing_->snapshot());
-  gate->buckets = std::move(buckets);
-  gate->replicated = std::move(replicated);
-  gate->replica_deadline = [&server = server_](std::size_t bucket) {
-    return server.replica_lease_until(bucket);
-  };
-  // Bound to the registration this gate's activation belongs to: after a
-  // re-registration the new lease's deadline must not revive this gate (the
-  // cluster may have given its buckets away while the node had no lease).
-  gate->lease_deadline = [membership = membership_.get(), registration = registration_] {
-    return membership->lease_deadline_of(registration);
-  };
-  for (const ClusterMember& member : map_->members) {
-    gate->members.push_back({member.id, member.address, member.weight});
-  }
-  gate->retry_after_ms = static_cast<std::uint32_t>(options_.retry_after.count());
-  const bool new_epoch = !gate_ || gate_->epoch != gate->epoch;
-  server_.publish_cluster_gate(gate);
-  gate_ = std::move(gate);
-  if (new_epoch) {
-    note("epoch " + std::to_string(gate_->epoch) + ": " + std::to_string(owned) + " of " +
-         std::to_string(n) + " buckets here, " + std::to_string(active) + " active");
-  }
-  {
-    LockGuard lock(mutex_);
-    published_gate_ = gate_;
-    stats_.epoch = gate_->epoch;
-    stats_.members = map_->members.size();
-    stats_.buckets_owned = owned;
-    stats_.buckets_active = active;
-    ++stats_.gates_published;
-  }
-  // A new epoch's takeovers need its gate (above), not the next tick: they
-  // are the failover's critical path. Their buckets then go active in a
-  // second gate at once (the recursion stops there: no new epoch).
-  if (new_epoch && take_over_pending(now)) publish(now);
-}
-
-void ClusterNode::hand_off(nanoseconds now) {
-  if (!map_ || !gate_ || gate_->epoch != map_->epoch) return;  // the refusing gate goes first
-  std::uint64_t acked = 0;
-  {
-    LockGuard lock(mutex_);
-    acked = stats_.acked_epoch;
-  }
-  if (acked == map_->epoch || now < server_recovered_at_) return;
-  // Runs on this thread under each shard lock in turn; activation_ and
-  // routing_ are this thread's.
-  const std::size_t leases = server_.count_leases(
-      [this](std::string_view key) { return !activation_->owns(routing_->bucket_of(key)); });
-  {
-    LockGuard lock(mutex_);
-    stats_.leases_to_hand_off = leases;
-  }
-  if (!activation_->ready_to_ack(map_->epoch, leases)) return;
-  const EtcdStatus put = membership_->put_handoff(map_->epoch);
-  if (!put.ok()) return;  // not registered right now, or etcd down: the next count tries again
-  LockGuard lock(mutex_);
-  stats_.acked_epoch = map_->epoch;
-  ++stats_.acks_written;
 }
 
 }  // namespace shardlock::cluster

@@ -370,6 +370,7 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   Ack ack;
   ack.stream = header.stream;
   ack.echo_sent_ns = header.sent_ns;
+#if !defined(SHARDLOCK_FAULT_ACK_AFTER_TAKEOVER)  // UNSAFE when defined: docs/simulation.md
   if (promise_expired(now_ns)) {
     // Frozen (issue 34, hole 1): this node may have taken the primary's
     // buckets over with what it had applied by now. An entry applied and
@@ -379,6 +380,7 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
     ack.applied = header.stream == stream_ ? applied_ : 0;
     return ack;
   }
+#endif
   if (header.stream < stream_) return ack;         // an older stream of this primary: no lease
   if (header.stream <= after_stream_) return ack;  // one this node stopped promising for good
   if (header.stream > stream_) {

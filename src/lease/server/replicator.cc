@@ -163,6 +163,11 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       // primary's stream goes once its takeovers are done (issue 34,
       // hole 5: one stale replica stayed per departed id).
       from.stream.stop_promising();
+#if defined(SHARDLOCK_FAULT_ACK_AFTER_TAKEOVER)  // UNSAFE: docs/simulation.md
+      // Hole 1 as it was: the departed stream stays, and takes late datagrams.
+      ++it;
+      continue;
+#endif
       std::vector<std::uint32_t> kept;
       for (const std::uint32_t b : from.buckets) {
         const bool owned = b >= layout.owned.size() || layout.owned[b];
