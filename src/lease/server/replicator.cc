@@ -218,14 +218,17 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       // A fresh stream counts as having promised a lease from now: this
       // node's previous run, or this run before it stopped promising, may
       // have promised one.
-      // After a retirement, no lease to the primary before it is on this map:
-      // on an older one it may still count the taken buckets as its own.
+      // No lease to the primary before it is on this map: on an older one
+      // it may still count as its own a bucket this node took over since
+      // (after a retirement, or after a map that moved the primary away and
+      // one that gave it back: simulation seed 9345, where a drained and
+      // undrained primary still on the map before its drain was lent leases
+      // for a bucket its backup had taken over and granted meanwhile).
       const auto after = after_stream.find(id);
       const bool retired = after != after_stream.end();
       from_[id] = std::make_unique<FromPrimary>(
           replication::node_tag(id), peer.address, options_.timing, std::max(now_ns, created_ns_),
-          std::move(buckets), layout.epoch, retired ? after->second : 0,
-          retired ? layout.epoch : 0);
+          std::move(buckets), layout.epoch, retired ? after->second : 0, layout.epoch);
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);

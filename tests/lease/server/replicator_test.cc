@@ -427,6 +427,59 @@ TEST_F(ReplicatorTest, ABackupThatNowOwnsABucketOfALivePrimaryTakesItOverAndLend
   EXPECT_EQ(a_.lease_until(kBucket).count(), std::numeric_limits<std::int64_t>::min());
 }
 
+// Simulation seed 9345: map 5 drains "a", so "b" owns kBucket alone and
+// takes it over (granting it again, say); map 6 gives it back to "a" with
+// "b" as its backup. "a", whose etcd link is slow, never saw map 5 and
+// streams on from map 4, where kBucket was its own all along. "b" follows
+// that stream on a fresh state, but must lend it no lease until "a" is on
+// map 6: a lease lent to "a" on map 4 let it grant the key "b" had granted.
+TEST_F(ReplicatorTest, APrimaryGivenBackABucketGetsNoLeaseUntilItIsOnTheMapThatGaveItBack) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  ASSERT_GT(a_.lease_until(kBucket).count(), now_);
+
+  ReplicaLayout lb5;  // "a" drained: "b" is kBucket's primary, the last one
+  lb5.self_id = "b";
+  lb5.epoch = 5;
+  lb5.peers = {ReplicaPeer{"a", loopback(1001)}};
+  lb5.backups.resize(8);
+  lb5.backing.assign(8, ReplicaLayout::kNone);
+  lb5.owned.assign(8, false);
+  lb5.owned[kBucket] = true;
+  (void)b_->set_layout(lb5, now_);
+  now_ += 1000 * kMs;  // "b"'s promise to "a" has run out
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
+  ASSERT_EQ(holders.size(), 1U);
+
+  (void)b_->set_layout(backup_layout(6), now_);  // "a" undrained
+  // "a", still on map 4, streams on (its lease has run out, so it starts
+  // a new stream, with snapshots): "b" follows it and lends no lease.
+  for (int i = 0; i < 5; ++i) {
+    now_ += 60 * kMs;
+    (void)exchange(poll_a());
+    if (a_.restart_pending()) {
+      for (const auto& [peer, bucket] : a_.restart_streams()) {
+        a_.begin_snapshot(peer, bucket);
+        a_.end_snapshot(peer, bucket);
+      }
+    }
+  }
+  (void)exchange(poll_a());
+  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{1}, std::size_t{1}));
+  EXPECT_LT(a_.lease_until(kBucket).count(), now_) << "a lease lent to a primary on map 4";
+
+  // On map 6, kBucket is "a"'s again and "b" its backup: leases again.
+  for (const auto& [peer, bucket] : a_.set_layout(primary_layout(6, "b", 1002), now_)) {
+    a_.begin_snapshot(peer, bucket);
+    a_.end_snapshot(peer, bucket);
+  }
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
 TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
   both_layouts();
   constexpr std::int64_t kSilence = 300 * kMs;
