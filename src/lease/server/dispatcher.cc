@@ -179,7 +179,7 @@ void Dispatcher::replicate_buckets(
   }
 }
 
-std::size_t Dispatcher::inherit(
+std::optional<std::size_t> Dispatcher::inherit(
     const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
     std::int64_t expiry_ms) {
   // Per key, in token order (issue 34, hole 6: newest first, a key's
@@ -212,6 +212,7 @@ std::size_t Dispatcher::inherit(
     begin = end;
   }
   std::size_t installed = 0;
+  std::size_t refused = 0;
   for (const auto* entry : live) {
     const std::string& key = entry->first;
     const replication::ReplicaHolder& holder = entry->second;
@@ -232,10 +233,23 @@ std::size_t Dispatcher::inherit(
                                    holder.ttl_ms, /*cluster=*/true, now_ms());
       }
     } else {
-      options_.log("takeover: a replicated holder of a key could not be installed");
+      ++refused;
     }
   }
-  return installed;
+  if (refused == 0) return installed;
+  // Simulation seed 7852: the bucket went active with the replicated holder
+  // missing, and once this node's own stale holder expired it granted the
+  // key beside the holder it had not installed.
+  const std::int64_t now = now_ms();
+  const std::int64_t logged = takeover_refusal_logged_ms_.load(std::memory_order_relaxed);
+  if (logged != std::numeric_limits<std::int64_t>::min() && now - logged < 1000) {
+    return std::nullopt;
+  }
+  takeover_refusal_logged_ms_.store(now, std::memory_order_relaxed);
+  options_.log("takeover: " + std::to_string(refused) +
+               " replicated holders could not be installed beside this node's own (left from "
+               "an earlier ownership of the bucket); the takeover waits until those expire");
+  return std::nullopt;
 }
 
 void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,

@@ -46,6 +46,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -139,11 +140,16 @@ class Dispatcher {
   // shards (a new backup may take over tens of thousands of buckets).
   void replicate_buckets(const std::vector<std::pair<std::uint16_t, std::uint32_t>>& pairs);
   // Installs holders taken over from a primary (Shard::inherit), each on its
-  // key's shard, to expire at `expiry_ms`; returns how many it installed
-  // (a holder the key cannot admit is skipped and logged). Under a gate that
-  // marks their buckets replicated, they are journaled to this node's own
-  // backups, after the snapshots set_layout() asked for.
-  std::size_t inherit(
+  // key's shard, to expire at `expiry_ms`; returns how many it installed.
+  // Nullopt when a key could not admit one of them (this node still has a
+  // holder of its own there, from when it owned the bucket before: it
+  // expires on its own): the takeover failed closed and must not activate
+  // the bucket, since that holder's client may hold the key now. The
+  // holders that could be installed stay; a later call, once the local
+  // holder is gone, finds them there. Under a gate that marks their
+  // buckets replicated, they are journaled to this node's own backups,
+  // after the snapshots set_layout() asked for.
+  [[nodiscard]] std::optional<std::size_t> inherit(
       const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
       std::int64_t expiry_ms);
 
@@ -284,6 +290,10 @@ class Dispatcher {
   std::atomic<std::uint64_t> errors_{0};
   std::atomic<std::uint64_t> auth_failures_{0};
   std::atomic<std::uint64_t> allocation_failures_{0};
+  // When inherit() last logged a failed takeover (the caller retries it on
+  // every tick until it succeeds: logged once a second at most). Relaxed:
+  // only the cluster thread calls inherit(), and a lost update costs one line.
+  std::atomic<std::int64_t> takeover_refusal_logged_ms_{std::numeric_limits<std::int64_t>::min()};
   std::atomic<std::uint64_t> amplification_drops_{0};
   std::atomic<std::uint64_t> send_drops_{0};
   std::atomic<std::uint64_t> requests_{0};

@@ -607,7 +607,7 @@ std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, st
   }
   const std::int64_t expiry_ms =
       std::chrono::duration_cast<std::chrono::milliseconds>(now).count() + hold.count() + 1;
-  return s.dispatcher->inherit(holders, expiry_ms);
+  return s.dispatcher->inherit(holders, expiry_ms);  // nullopt: failed closed
 }
 
 ServerStats LeaseServer::stats() const {

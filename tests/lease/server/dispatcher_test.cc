@@ -1254,7 +1254,8 @@ TEST_F(DispatcherReplicationTest, ATakeoverInstallsEachKeysNewestExclusiveHolder
   replication::ReplicaHolder newer = older;
   newer.token = older.token + 1;
   newer.request_id = 2;
-  EXPECT_EQ(dispatcher_->inherit({{key, older}, {key, newer}}, now_ms_ + 5000), 1U);
+  EXPECT_EQ(dispatcher_->inherit({{key, older}, {key, newer}}, now_ms_ + 5000),
+            std::optional<std::size_t>{1});
   // The newer one is the holder: it renews, the older one is over.
   Message renew = request(MessageType::kRenew, key, 3);
   renew.token = newer.token;
@@ -1285,7 +1286,8 @@ TEST_F(DispatcherReplicationTest, ATakeoverInstallsSharedHoldersInTokenOrder) {
   stale.mode = LeaseMode::kExclusive;
   stale.token = first.token - 1;
   // Listed newest first, as a replica may hand them out.
-  EXPECT_EQ(dispatcher_->inherit({{key, second}, {key, stale}, {key, first}}, now_ms_ + 5000), 2U);
+  EXPECT_EQ(dispatcher_->inherit({{key, second}, {key, stale}, {key, first}}, now_ms_ + 5000),
+            std::optional<std::size_t>{2});
   const auto out = send(kBob, {request(MessageType::kQuery, key, 9)}, carol_);
   ASSERT_EQ(out.size(), 1U);
   const Message q = decoded(out[0]).messages[0];
@@ -1299,6 +1301,38 @@ TEST_F(DispatcherReplicationTest, ATakeoverInstallsSharedHoldersInTokenOrder) {
   watch.holders = 2;
   watch.wait_ms = 1000;
   EXPECT_TRUE(send(kBob, {watch}, carol_).empty()) << "a change that did not happen";
+}
+
+// Simulation seed 7852: a node taking a bucket back still had a holder of
+// its own for a key there, from when it owned the bucket before. The
+// replicated holder (another client's, granted since by the bucket's
+// primary) could not be installed beside it, and the takeover activated the
+// bucket all the same; once the stale holder expired, the key was granted
+// again beside the holder never installed. The takeover now fails closed
+// until the stale holder is gone, and then installs the replicated one.
+TEST_F(DispatcherReplicationTest, ATakeoverThatCannotInstallAHolderFailsClosed) {
+  const std::string key = key_of(true);
+  (void)pump();
+  (void)send(kAlice, {request(MessageType::kAcquire, key, 2)}, alice_);
+  const Message stale = only_reply_to(pump(), alice_);
+  ASSERT_EQ(stale.type, MessageType::kGranted);
+  replication::ReplicaHolder replicated;
+  replicated.owner = kBob;
+  replicated.token = stale.token + (std::uint64_t{1} << 32);  // a later map's grant
+  replicated.request_id = 1;
+  replicated.ttl_ms = 5000;
+  EXPECT_EQ(dispatcher_->inherit({{key, replicated}}, now_ms_ + 5000), std::nullopt);
+  // Bob's holder is not there: his renewal is refused.
+  Message renew = request(MessageType::kRenew, key, 3);
+  renew.token = replicated.token;
+  EXPECT_NE(only_reply_to(send(kBob, {renew}, bob_), bob_).type, MessageType::kRenewed);
+  // Alice's lease ends (her release, here): the takeover goes through.
+  (void)release_key(kAlice, key, stale.token, 4, alice_);
+  (void)pump();
+  EXPECT_EQ(dispatcher_->inherit({{key, replicated}}, now_ms_ + 5000),
+            std::optional<std::size_t>{1});
+  renew.request_id = 5;
+  EXPECT_EQ(only_reply_to(send(kBob, {renew}, bob_), bob_).type, MessageType::kRenewed);
 }
 
 TEST_F(DispatcherReplicationTest, PastThePrimaryLeaseNothingIsGrantedOrRenewed) {

@@ -308,7 +308,9 @@ class LeaseServer {
   // plus the drift margin, since the primary may have renewed any of them
   // just before it stopped). Returns how many holders it installed, or
   // nullopt while the takeover is not allowed yet (or never: not a bucket
-  // this node backed up for `primary`).
+  // this node backed up for `primary`), and when a replicated holder could
+  // not be installed beside one this node kept from an earlier ownership of
+  // the bucket (a later call, once that one has expired, succeeds).
   // The replicas (node ids: backups of this node, primaries it backs up)
   // not heard from for `silence`, for the cluster layer's eviction.
   [[nodiscard]] std::vector<std::string> silent_replicas(std::chrono::milliseconds silence) const;
