@@ -96,6 +96,40 @@ class MapRefresh(NamedTuple):
     routed_by: Optional[ClusterMap]
 
 
+class Run:
+    """Steps being driven: `step` is the one to do next (None once they
+    ended, with `result` what they returned). A driver loops
+
+        run = Run(steps)
+        while run.step is not None:
+            run.advance(<do run.step>)   # its outcome, or the ShardlockError met
+        return run.result
+    """
+
+    def __init__(self, steps: Steps) -> None:
+        self._steps = steps
+        self.step: Optional[Step] = None
+        self.result: Any = None
+        self.advance(None)
+
+    def advance(self, outcome: Any) -> None:
+        """Sends `outcome` back (a ShardlockError is thrown in instead)."""
+        try:
+            if isinstance(outcome, ShardlockError):
+                self.step = self._steps.throw(outcome)
+            else:
+                self.step = self._steps.send(outcome)
+        except StopIteration as stop:
+            self.step = None
+            self.result = stop.value
+
+    def abandon_after_silence(self) -> bool:
+        """Whether the ABANDON the steps reached after SILENT says to give
+        the request up."""
+        assert self.step is not None and self.step[0] == ABANDON
+        return bool(self.step[1])
+
+
 HELD, LOST_STATUS, RELEASED = "held", "lost", "released"
 
 
@@ -106,9 +140,13 @@ class LeaseState:
     may hold (client.h): a renewal pulls it in when sent, and one answered
     moves it only up to what a newer renewal in flight allows."""
 
-    def __init__(self, key: bytes, token: int, mode: int, ttl_ms: int, expiry: float,
-                 sent: float, node: Node, owner: OwnerId, watchdog: bool,
-                 renew_fraction: float) -> None:
+    def __init__(self, client: Any, key: bytes, token: int, mode: int, ttl_ms: int,
+                 expiry: float, sent: float, watchdog: bool, on_lost: Any,
+                 renew_fraction: float, node: Node, owner: OwnerId) -> None:
+        """What Lease(...) and AsyncLease(...) take; then the shell's
+        _open()."""
+        self._client = client
+        self._on_lost = on_lost
         self._key = key
         self._token = token
         self._mode = mode
@@ -126,6 +164,10 @@ class LeaseState:
         self._confirmed_sent = sent  # send time of the last confirmed grant or renewal
         self._confirmed_id = 0  # request id of the last applied renewal
         self._pending: Dict[int, Tuple[float, int]] = {}  # renewal id -> (sent, ttl_ms)
+        self._open()
+
+    def _open(self) -> None:
+        """The shell's own set-up, at the end of the constructor."""
 
     @property
     def key(self) -> str:
@@ -320,11 +362,14 @@ class ClientCore:
     owners and request ids, where each key goes, and the steps of each
     call. No I/O: the shells send, read and sleep."""
 
-    def __init__(self, server: Union[str, Sequence[str], None], discover: bool,
-                 request_timeout: float, initial_retransmit: float, max_retransmit: float,
-                 clock_drift_factor: float, clock_drift_allowance: float,
-                 client_id: Optional[bytes], auth_key: Union[bytes, str, None],
-                 auth_key_file: Optional[str]) -> None:
+    def __init__(self, server: Union[str, Sequence[str], None] = None, *,
+                 discover: bool = False, request_timeout: float = 2.0,
+                 initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
+                 clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
+                 client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
+                 auth_key_file: Optional[str] = None) -> None:
+        """The arguments Client's docstring describes (AsyncClient takes the
+        same); then the shell's _open()."""
         self._texts = server_texts(server)
         self._drift_margin = DriftMargin(clock_drift_factor, clock_drift_allowance)
         self._auth_key = _auth.resolve_auth_key(auth_key, auth_key_file)
@@ -344,6 +389,10 @@ class ClientCore:
         self._routing: Optional[Routing] = None
         # Request id -> the shell's call in flight (.type, .key, .finished()).
         self._calls: Dict[int, Any] = {}
+        self._open()
+
+    def _open(self) -> None:
+        """The shell's own set-up, at the end of the constructor."""
 
     # ---- public ---------------------------------------------------------------
 
@@ -550,9 +599,9 @@ class ClientCore:
             if not rounds.again(reply):
                 break
         reply = answer_of(reply, "ACQUIRE %r" % key_text(data), node.text, data)
-        grant = LeaseState(data, reply.token, mode, reply.ttl_ms,
+        grant = LeaseState(self, data, reply.token, mode, reply.ttl_ms,
                            sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms),
-                           sent, node, lease_owner, watchdog, renew_fraction)
+                           sent, watchdog, None, renew_fraction, node, lease_owner)
         if now() >= grant._expiry:
             # The grant may date from any time after the first send, so a
             # wait longer than the TTL ends past this expiry: a RENEW proves

@@ -30,15 +30,19 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Lis
 from . import protocol as p
 from ._common import Key, Owner, OwnerId, key_bytes, now, to_ms
 from ._policy import (ABANDON, HELD, LOST, PAUSE, REFRESH, RELEASED, SEND, SILENT, ClientCore,
-                      LeaderChanges, LeaseState, MapRefresh, Outcome, Request, Step, Steps,
+                      LeaderChanges, LeaseState, MapRefresh, Outcome, Request, Run, Steps,
                       WatchedKey)
 from ._requests import raw_answer, raw_request, watch_answer, watch_since
 from ._routing import SILENT_SENDS, Node, Routing, resolve_nodes
-from ._types import HoldersResult, KeyVersion, LeaderChange, LeaderInfo, QueryResult, WatchEvent
-from .errors import ClientClosedError, LeaseInactiveError, LeaseLostError, ShardlockError, \
-    UnreachableError
+from ._types import NO_VERSION, HoldersResult, KeyVersion, LeaderChange, LeaderInfo, QueryResult, WatchEvent
+from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError, LeaseInactiveError,
+                     LeaseLostError, NotOwnerError, RecoveringError, RedirectedError,
+                     ServerError, ShardlockError, UnreachableError)
 
-__all__ = ["AsyncClient", "AsyncKeyWatch", "AsyncLease", "AsyncLeaderObserver", "AsyncOnLost"]
+__all__ = ["AsyncClient", "AsyncKeyWatch", "AsyncLease", "AsyncLeaderObserver", "AsyncOnLost",
+           "ClientClosedError", "GrantExpiredError", "LeaseExpiredError", "LeaseInactiveError",
+           "LeaseLostError", "NO_VERSION", "NotOwnerError", "RecoveringError", "RedirectedError",
+           "ServerError", "ShardlockError", "UnreachableError"]
 
 AsyncOnLost = Callable[["AsyncLease", ShardlockError], Optional[Awaitable[None]]]
 
@@ -112,16 +116,13 @@ class AsyncLease(LeaseState):
     Each AsyncLease is its own owner (`owner`), as a Lease is: tasks sharing
     one AsyncClient exclude each other."""
 
-    def __init__(self, client: "AsyncClient", key: bytes, token: int, mode: int, ttl_ms: int,
-                 expiry: float, sent: float, watchdog: bool, on_lost: Optional[AsyncOnLost],
-                 renew_fraction: float, node: Node, owner: OwnerId) -> None:
-        super().__init__(key, token, mode, ttl_ms, expiry, sent, node, owner, watchdog,
-                         renew_fraction)
-        self._client = client
-        self._on_lost = on_lost
+    _client: "AsyncClient"
+    _on_lost: Optional[AsyncOnLost]
+
+    def _open(self) -> None:
         self._timer: Optional[asyncio.TimerHandle] = None
         self._renewal_task: Optional["asyncio.Task[None]"] = None
-        if watchdog or on_lost is not None:
+        if self._watchdog or self._on_lost is not None:
             self._look_at(self._next_look())
 
     async def renew(self, ttl: Optional[float] = None) -> None:
@@ -243,15 +244,7 @@ class AsyncClient(ClientCore):
     Server names are resolved there, in the loop's executor.
     """
 
-    def __init__(self, server: Union[str, Sequence[str], None] = None, *,
-                 discover: bool = False, request_timeout: float = 2.0,
-                 initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
-                 clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
-                 client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
-                 auth_key_file: Optional[str] = None) -> None:
-        super().__init__(server, discover, request_timeout, initial_retransmit, max_retransmit,
-                         clock_drift_factor, clock_drift_allowance, client_id, auth_key,
-                         auth_key_file)
+    def _open(self) -> None:
         self._calls: Dict[int, _AsyncCall] = {}
         self._closed = False
         self._started = False
@@ -377,42 +370,36 @@ class AsyncClient(ClientCore):
     # ---- driving the steps (_policy.py) ---------------------------------------
 
     async def _drive(self, steps: Steps, lease: Optional[AsyncLease] = None) -> Any:
-        """Runs `steps` to their end on the loop; returns what they return.
-        A ShardlockError a step meets is thrown into them."""
-        outcome: Any = None
-        error: Optional[ShardlockError] = None
-        while True:
-            try:
-                step = steps.send(outcome) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            outcome = error = None
-            try:
-                outcome = await self._do(steps, step, lease)
-            except ShardlockError as failure:
-                error = failure
+        """Runs `steps` to their end on the loop; returns what they return."""
+        run = Run(steps)
+        while run.step is not None:
+            run.advance(await self._do(run, lease))
+        return run.result
 
-    async def _do(self, steps: Steps, step: Step, lease: Optional[AsyncLease]) -> Any:
-        action, argument = step
-        if action == SEND:
-            silence = (lambda: self._after_silence(steps)) if argument.watch_silence else None
-            return await self._call(argument, silence)
-        if action == PAUSE:
-            await asyncio.sleep(argument)
-        elif action == REFRESH:
-            await self._refresh_map(argument)
-        elif action == LOST and lease is not None:
-            lease._after_loss()
+    async def _do(self, run: Run, lease: Optional[AsyncLease]) -> Any:
+        """Does `run`'s step; its outcome, or the ShardlockError it met."""
+        assert run.step is not None
+        action, argument = run.step
+        try:
+            if action == SEND:
+                silence = (lambda: self._after_silence(run)) if argument.watch_silence else None
+                return await self._call(argument, silence)
+            if action == PAUSE:
+                await asyncio.sleep(argument)
+            elif action == REFRESH:
+                await self._refresh_map(argument)
+            elif action == LOST and lease is not None:
+                lease._after_loss()
+        except ShardlockError as error:
+            return error
         return None
 
-    async def _after_silence(self, steps: Steps) -> bool:
-        """A SEND's on_silence: the steps after SILENT, up to the ABANDON
-        that says whether to give the request up."""
-        step = steps.send(SILENT)
-        while step[0] != ABANDON:
-            await self._do(steps, step, None)
-            step = steps.send(None)
-        return bool(step[1])
+    async def _after_silence(self, run: Run) -> bool:
+        """A SEND's on_silence: the steps after SILENT, up to ABANDON."""
+        run.advance(SILENT)
+        while run.step is not None and run.step[0] != ABANDON:
+            run.advance(await self._do(run, None))
+        return run.abandon_after_silence()
 
     async def _refresh_map(self, refresh: MapRefresh) -> List[str]:
         """One refresh at a time."""

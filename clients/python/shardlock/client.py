@@ -64,17 +64,24 @@ from . import protocol as p
 from ._blocking import Call, Cancel, pause
 from ._common import Key, Owner, OwnerId, key_bytes, now, to_ms
 from ._policy import (ABANDON, LOST, LOST_STATUS, PAUSE, REFRESH, RELEASED, SEND, SILENT,
-                      ClientCore, LeaseState, MapRefresh, Request, Step, Steps)
+                      ClientCore, LeaseState, MapRefresh, Request, Run, Steps)
 from ._requests import raw_answer, raw_request, watch_answer, watch_since
 from ._routing import SILENT_SENDS, Node, Routing, resolve_nodes
 from ._types import (NO_VERSION, HolderInfo, HoldersResult, KeyVersion, QueryResult,
                      WatchEvent)
-from .errors import (ClientClosedError, LeaseLostError, LeaseInactiveError, ShardlockError,
-                     UnreachableError)
+from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
+                     LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
+                     RedirectedError, ServerError, ShardlockError, UnreachableError,
+                     WaitTimeoutError)
 from .watch import KeyWatch, LeaderObserver
 
-__all__ = ["Client", "HolderInfo", "HoldersResult", "Key", "KeyVersion", "Lease", "NO_VERSION",
-           "OnLost", "Owner", "OwnerId", "QueryResult", "WatchEvent"]
+# What this module defined or imported before the split stays importable
+# from it: the result types and the errors.
+__all__ = ["BusyError", "Client", "ClientClosedError", "GrantExpiredError", "HolderInfo",
+           "HoldersResult", "Key", "KeyVersion", "Lease", "LeaseExpiredError",
+           "LeaseInactiveError", "LeaseLostError", "NO_VERSION", "NotOwnerError", "OnLost",
+           "Owner", "OwnerId", "QueryResult", "RecoveringError", "RedirectedError", "ServerError",
+           "ShardlockError", "UnreachableError", "WaitTimeoutError", "WatchEvent"]
 
 OnLost = Callable[["Lease", ShardlockError], None]
 
@@ -93,13 +100,10 @@ class Lease(LeaseState):
     can neither renew nor release it.
     """
 
-    def __init__(self, client: "Client", key: bytes, token: int, mode: int, ttl_ms: int,
-                 expiry: float, sent: float, watchdog: bool, on_lost: Optional[OnLost],
-                 renew_fraction: float, node: Node, owner: OwnerId) -> None:
-        super().__init__(key, token, mode, ttl_ms, expiry, sent, node, owner, watchdog,
-                         renew_fraction)
-        self._client = client
-        self._on_lost = on_lost
+    _client: "Client"
+    _on_lost: Optional[OnLost]
+
+    def _open(self) -> None:
         # Held by the watchdog while it runs on_lost; release() takes it, so
         # no callback outlives a release().
         self._callback_lock = threading.Lock()
@@ -223,15 +227,8 @@ class Client(ClientCore):
     still alive then become inert and expire on the server after their TTL.
     """
 
-    def __init__(self, server: Union[str, Sequence[str], None] = None, *,
-                 discover: bool = False, request_timeout: float = 2.0,
-                 initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
-                 clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
-                 client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
-                 auth_key_file: Optional[str] = None) -> None:
-        super().__init__(server, discover, request_timeout, initial_retransmit, max_retransmit,
-                         clock_drift_factor, clock_drift_allowance, client_id, auth_key,
-                         auth_key_file)
+    def _open(self) -> None:
+        discover = self._discover
         seeds, family, static_nodes = resolve_nodes(self._texts, discover)
         # Several nodes without discover: each key goes to its owner under
         # the Router over the addresses as written (as the C++ client's
@@ -434,45 +431,36 @@ class Client(ClientCore):
     def _drive(self, steps: Steps, cancel: Optional[Cancel] = None,
                lease: Optional[Lease] = None) -> Any:
         """Runs `steps` to their end with blocking calls; returns what they
-        return. A ShardlockError a step meets is thrown into them."""
-        outcome: Any = None
-        error: Optional[ShardlockError] = None
-        while True:
-            try:
-                step = steps.send(outcome) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            outcome = error = None
-            try:
-                outcome = self._do(steps, step, cancel, lease)
-            except ShardlockError as failure:
-                error = failure
+        return."""
+        run = Run(steps)
+        while run.step is not None:
+            run.advance(self._do(run, cancel, lease))
+        return run.result
 
-    def _do(self, steps: Steps, step: Step, cancel: Optional[Cancel],
-            lease: Optional[Lease]) -> Any:
-        action, argument = step
-        if action == SEND:
-            on_silence = None
-            if argument.watch_silence:
-                def on_silence() -> bool:
-                    return self._after_silence(steps, cancel)
-            return self._call(argument, on_silence, cancel)
-        if action == PAUSE:
-            pause(argument, cancel)
-        elif action == REFRESH:
-            self._refresh_map(argument)
-        elif action == LOST and lease is not None:
-            lease._after_loss()
+    def _do(self, run: Run, cancel: Optional[Cancel], lease: Optional[Lease]) -> Any:
+        """Does `run`'s step; its outcome, or the ShardlockError it met."""
+        assert run.step is not None
+        action, argument = run.step
+        try:
+            if action == SEND:
+                on_silence = None
+                if argument.watch_silence:
+                    def on_silence() -> bool:
+                        # The steps after SILENT, up to ABANDON.
+                        run.advance(SILENT)
+                        while run.step is not None and run.step[0] != ABANDON:
+                            run.advance(self._do(run, cancel, None))
+                        return run.abandon_after_silence()
+                return self._call(argument, on_silence, cancel)
+            if action == PAUSE:
+                pause(argument, cancel)
+            elif action == REFRESH:
+                self._refresh_map(argument)
+            elif action == LOST and lease is not None:
+                lease._after_loss()
+        except ShardlockError as error:
+            return error
         return None
-
-    def _after_silence(self, steps: Steps, cancel: Optional[Cancel]) -> bool:
-        """A SEND's on_silence: the steps after SILENT, up to the ABANDON
-        that says whether to give the request up."""
-        step = steps.send(SILENT)
-        while step[0] != ABANDON:
-            self._do(steps, step, cancel, None)
-            step = steps.send(None)
-        return bool(step[1])
 
     def _refresh_map(self, refresh: MapRefresh) -> List[str]:
         with self._refresh_lock:

@@ -41,13 +41,13 @@ import threading
 from typing import Any, Callable, Optional, Union
 
 from ._common import Key, key_bytes, to_ms, value_bytes, wait_seconds
-from ._types import LeaderChange, LeaderInfo, leader_of
+from ._types import HolderInfo, LeaderChange, LeaderInfo, WatchEvent, leader_of
 from .client import Client, Lease
 from .errors import LeaseInactiveError, ShardlockError
-from .watch import LeaderObserver
+from .watch import KeyWatch, LeaderObserver
 
-__all__ = ["Election", "LeaderChange", "LeaderInfo", "LeaderObserver", "OnLeadershipLost",
-           "leader_of"]
+__all__ = ["Election", "HolderInfo", "KeyWatch", "LeaderChange", "LeaderInfo", "LeaderObserver",
+           "OnLeadershipLost", "WatchEvent", "leader_of"]
 
 OnLeadershipLost = Callable[["Election", ShardlockError], None]
 

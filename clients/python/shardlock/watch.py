@@ -39,10 +39,11 @@ from ._blocking import Cancel
 from ._common import Key, now
 from ._policy import PAUSE, ROUND, LeaderChanges, Outcome, WatchedKey
 from ._policy import WatchSteps as Steps
-from ._types import KeyVersion, LeaderChange, LeaderInfo, WatchEvent
-from .errors import ShardlockError
+from ._types import NO_VERSION, KeyVersion, LeaderChange, LeaderInfo, WatchEvent
+from .errors import ClientClosedError, ServerError, ShardlockError
 
-__all__ = ["KeyWatch", "LeaderObserver", "Outcome", "PAUSE", "ROUND", "Steps"]
+__all__ = ["ClientClosedError", "KeyWatch", "LeaderObserver", "NO_VERSION", "Outcome", "PAUSE",
+           "ROUND", "ServerError", "Steps"]
 
 
 class WatchingClient(Protocol):
