@@ -29,7 +29,8 @@ from __future__ import annotations
 import itertools
 import random
 import threading
-from typing import Any, Callable, Dict, Generator, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import (Any, Callable, Dict, Generator, Iterator, List, NamedTuple, Optional, Sequence,
+                    Tuple, Union)
 
 from . import auth as _auth
 from . import protocol as p

@@ -28,13 +28,14 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, Lis
     Sequence, Tuple, Union
 
 from . import protocol as p
-from ._common import Key, Owner, OwnerId, key_bytes, now, to_ms
+from ._common import Key, Owner, key_bytes, now, to_ms
 from ._policy import (ABANDON, HELD, LOST, PAUSE, REFRESH, RELEASED, SEND, SILENT, ClientCore,
                       LeaderChanges, LeaseState, MapRefresh, Outcome, Request, Run, Steps,
                       WatchedKey)
 from ._requests import raw_answer, raw_request, watch_answer, watch_since
-from ._routing import SILENT_SENDS, Node, Routing, resolve_nodes
-from ._types import NO_VERSION, HoldersResult, KeyVersion, LeaderChange, LeaderInfo, QueryResult, WatchEvent
+from ._routing import SILENT_SENDS, Routing, resolve_nodes
+from ._types import (NO_VERSION, HoldersResult, KeyVersion, LeaderChange, LeaderInfo, QueryResult,
+                     WatchEvent)
 from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError, LeaseInactiveError,
                      LeaseLostError, NotOwnerError, RecoveringError, RedirectedError,
                      ServerError, ShardlockError, UnreachableError)

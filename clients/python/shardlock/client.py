@@ -58,7 +58,7 @@ import socket
 import struct
 import threading
 import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from . import protocol as p
 from ._blocking import Call, Cancel, pause
@@ -66,7 +66,7 @@ from ._common import Key, Owner, OwnerId, key_bytes, now, to_ms
 from ._policy import (ABANDON, LOST, LOST_STATUS, PAUSE, REFRESH, RELEASED, SEND, SILENT,
                       ClientCore, LeaseState, MapRefresh, Request, Run, Steps)
 from ._requests import raw_answer, raw_request, watch_answer, watch_since
-from ._routing import SILENT_SENDS, Node, Routing, resolve_nodes
+from ._routing import SILENT_SENDS, Routing, resolve_nodes
 from ._types import (NO_VERSION, HolderInfo, HoldersResult, KeyVersion, QueryResult,
                      WatchEvent)
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
