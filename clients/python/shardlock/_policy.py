@@ -436,7 +436,8 @@ class ClientCore:
 
     def _datagram(self, request: Request, request_id: int) -> bytes:
         """`request` as the datagram to send, as `request_id`."""
-        epoch = None if request.message_type == p.MAP else self._routes().epoch
+        current = self._routes().map
+        epoch = None if current is None or request.message_type == p.MAP else current.epoch
         return p.pack_request(request.message_type, request_id,
                               self._client_id if request.owner is None else request.owner,
                               request.key, request.values, epoch, self._auth_key,
@@ -599,28 +600,30 @@ class ClientCore:
                 owner=lease_owner)
             if not rounds.again(reply):
                 break
-        reply = answer_of(reply, "ACQUIRE %r" % key_text(data), node.text, data)
-        grant = LeaseState(self, data, reply.token, mode, reply.ttl_ms,
-                           sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms),
-                           sent, watchdog, None, renew_fraction, node, lease_owner)
-        if now() >= grant._expiry:
+        reply = answer_of(reply, "ACQUIRE", node.text, data, name_key=True)
+        ttl_ms = reply.ttl_ms
+        expiry = sent + ttl_ms / 1000.0 - self._drift_margin(ttl_ms)
+        if now() >= expiry:
             # The grant may date from any time after the first send, so a
             # wait longer than the TTL ends past this expiry: a RENEW proves
             # the lease still stands and counts the expiry from its own send
             # (as the C++ client does). Refused, the grant is given back.
+            probe = LeaseState(self, data, reply.token, mode, ttl_ms, expiry, sent, watchdog,
+                               None, renew_fraction, node, lease_owner)
             try:
-                yield from grant._renewal(reply.ttl_ms, self.request_timeout,
-                                          self._new_request_id(), self._drift_margin)
+                yield from probe._renewal(ttl_ms, self.request_timeout, self._new_request_id(),
+                                          self._drift_margin)
             except ShardlockError:
                 pass
-            if not grant.valid:
+            if not probe.valid:
                 yield SEND, Request(p.RELEASE, data, (reply.token,), node=node,
                                     owner=lease_owner)
                 raise GrantExpiredError("the grant of %r arrived after its expiry"
                                         % key_text(data))
-        return Grant(data, reply.token, mode, reply.ttl_ms, grant._expiry,
-                     grant._confirmed_sent, node, lease_owner,
-                     grant._next_look() if watched else 0.0)
+            expiry, sent = probe._expiry, probe._confirmed_sent
+        due = sent + ttl_ms / 1000.0 * renew_fraction
+        first_look = (min(expiry, due) if watchdog else expiry) if watched else 0.0
+        return Grant(data, reply.token, mode, ttl_ms, expiry, sent, node, lease_owner, first_look)
 
     def _holders_steps(self, key: bytes) -> Generator[Step, Any, Any]:
         """Client.holders()'s calls: QUERY_HOLDERS pages, or QUERY's summary

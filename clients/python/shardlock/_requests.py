@@ -53,7 +53,8 @@ def raw_answer(reply: Optional[p.Message], message_type: int, key: bytes) -> flo
     if reply is None:
         raise UnreachableError("no answer to %s of %r" % (p.type_name(message_type),
                                                           key_text(key)))
-    raise_for_reply(reply, key_text(key))
+    if reply.type not in _SUCCESS:
+        raise_for_reply(reply, key_text(key))
     return reply.ttl_ms / 1000.0 if reply.type == p.RENEWED else 0.0
 
 
@@ -101,12 +102,20 @@ def raise_for_reply(reply: p.Message, key: str) -> None:
     raise ShardlockError("unexpected reply %s" % p.type_name(t))
 
 
-def answer_of(reply: Optional[p.Message], request: str, where: str, key: bytes) -> p.Message:
+_SUCCESS = frozenset((p.GRANTED, p.RENEWED, p.RELEASED, p.QUERY_REPLY, p.HOLDERS_REPLY))
+
+
+def answer_of(reply: Optional[p.Message], request: str, where: str, key: bytes,
+              name_key: bool = False) -> p.Message:
     """`reply` if it is a success; else raises what it means (None: no
-    answer from `where` to the `request` on `key`)."""
+    answer from `where` to the `request`, followed by the key if
+    `name_key`)."""
     if reply is None:
+        if name_key:
+            request = "%s %r" % (request, key_text(key))
         raise UnreachableError("no answer from %s to %s" % (where, request))
-    raise_for_reply(reply, key_text(key))
+    if reply.type not in _SUCCESS:
+        raise_for_reply(reply, key_text(key))
     return reply
 
 
@@ -123,7 +132,7 @@ def watch_since(since: Optional[KeyVersion]) -> KeyVersion:
 def watch_answer(reply: Optional[p.Message], where: str, key: bytes) -> WatchEvent:
     """What a WATCH's last answer (from `where`) means: the state, or the
     error raised."""
-    return WatchEvent.from_reply(answer_of(reply, "WATCH %r" % key_text(key), where, key))
+    return WatchEvent.from_reply(answer_of(reply, "WATCH", where, key, name_key=True))
 
 
 # shardlockd's default --max-wait: the first round of a wait without end,
