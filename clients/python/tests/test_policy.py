@@ -179,7 +179,8 @@ class MapRefresh(unittest.TestCase):
         c = core(NODE_A)
         steps = c._refresh_steps(policy.MapRefresh([NODE_A], 1e18, None))
         action, request = start(steps)
-        self.assertEqual((action, request.message_type, request.values), (policy.SEND, p.MAP, (0,)))
+        self.assertEqual((action, request.message_type, request.values),
+                         (policy.SEND, p.MAP, (0,)))
         page = p.Message(p.MAP_REPLY, epoch=3, first_member=0, member_count=2,
                          members=[(b"a", NODE_A.text, 1)])
         _, request = steps.send(page)
