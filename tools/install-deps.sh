@@ -37,6 +37,7 @@ testing=(
   # The Python client's offline install test (venv --system-site-packages,
   # pip install --no-build-isolation).
   python3-venv python3-setuptools python3-wheel
+  mypy  # python_client_mypy: mypy --strict over the Python client, which ships py.typed
 )
 # The etcd client (src/cluster/), which the release preset builds: gRPC,
 # protobuf and their code generators. etcd's .proto files are not here: they

@@ -11,6 +11,10 @@ awaiting task, and datagram_received() completes the future. The watchdog
 is a timer per lease that starts a renewal task when it is due; a release
 cancels it. Everything runs on the loop the client was started on.
 
+Every decision (the routed call, the map refresh, the renewal, the acquire,
+the watch rounds) is a generator in _policy.py that Client drives as well;
+this module only sends, awaits and sleeps.
+
 Watches and leader observers have their asyncio forms too (AsyncKeyWatch,
 AsyncLeaderObserver: `async for`), driving the same round logic as KeyWatch
 and LeaderObserver. Campaigning (Election) is in the blocking client only.
@@ -20,31 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import os
-import random
 from typing import Any, AsyncIterator, Awaitable, Callable, Dict, Generator, List, Optional, \
     Sequence, Tuple, Union
 
-from . import auth as _auth
 from . import protocol as p
-from . import router as _router
-from .client import (_LAST_TRY_MARGIN, _MAX_REDIRECTS, _REDIRECT_RETRY, _SILENT_SENDS,
-                     NO_VERSION, HoldersResult, KeyVersion, Owner, OwnerId, QueryResult,
-                     WatchEvent, _acquire_request, _ClusterMap, _HandleOwners, _HolderPages,
-                     _LeaseFacts, _MapPages, _Node, _WaitRounds, _answers, _key_bytes, _now,
-                     _owner_hex, _raw_answer, _raw_request, _request_values, _raise_for_reply,
-                     _refresh_order, _resolve_nodes, _retry_delay, _server_texts, _to_ms,
-                     _value_bytes, _watch_answer, _watch_since, Key)
-from .election import LeaderChange, LeaderInfo, _LeaderChanges
-from .watch import PAUSE, Outcome, _WatchedKey
-from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError,
-                     LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
-                     RedirectedError, ServerError, ShardlockError, UnreachableError)
+from ._common import Key, Owner, key_bytes, now, to_ms
+from ._policy import (ABANDON, HELD, LOST, PAUSE, REFRESH, RELEASED, SEND, SILENT, ClientCore,
+                      LeaderChanges, LeaseState, MapRefresh, Outcome, Request, Run, Steps,
+                      WatchedKey)
+from ._requests import raw_answer, raw_request, watch_answer, watch_since
+from ._routing import SILENT_SENDS, Routing, resolve_nodes
+from ._types import (NO_VERSION, HoldersResult, KeyVersion, LeaderChange, LeaderInfo, QueryResult,
+                     WatchEvent)
+from .errors import (ClientClosedError, GrantExpiredError, LeaseExpiredError, LeaseInactiveError,
+                     LeaseLostError, NotOwnerError, RecoveringError, RedirectedError,
+                     ServerError, ShardlockError, UnreachableError)
+
+__all__ = ["AsyncClient", "AsyncKeyWatch", "AsyncLease", "AsyncLeaderObserver", "AsyncOnLost",
+           "ClientClosedError", "GrantExpiredError", "LeaseExpiredError", "LeaseInactiveError",
+           "LeaseLostError", "NO_VERSION", "NotOwnerError", "RecoveringError", "RedirectedError",
+           "ServerError", "ShardlockError", "UnreachableError"]
 
 AsyncOnLost = Callable[["AsyncLease", ShardlockError], Optional[Awaitable[None]]]
 
-_HELD, _LOST, _RELEASED = "held", "lost", "released"
-_SILENCE = object()  # a call's future result: _SILENT_SENDS sends went unanswered
+_SILENCE = object()  # a call's future result: SILENT_SENDS sends went unanswered
 
 
 class _AsyncCall:
@@ -54,7 +57,7 @@ class _AsyncCall:
                  "timer", "client", "watch_silence")
 
     def __init__(self, client: "AsyncClient", message_type: int, key: bytes, data: bytes,
-                 address: tuple, deadline: float, watch_silence: bool) -> None:
+                 address: Tuple[Any, ...], deadline: float, watch_silence: bool) -> None:
         self.client = client
         self.type = message_type
         self.key = key
@@ -77,18 +80,18 @@ class _AsyncCall:
             except OSError:
                 pass  # as a lost datagram: retransmitted
         self.sends += 1
-        left = self.deadline - _now()
+        left = self.deadline - now()
         jittered = self.interval * client._random.uniform(0.75, 1.25)
         self.timer = client._loop.call_later(max(0.0, min(jittered, left)), self._tick)
 
     def _tick(self) -> None:
         if self.future.done():
             return
-        if _now() >= self.deadline:
+        if now() >= self.deadline:
             self.future.set_result(None)
             return
         self.interval = min(self.interval * 2, self.client._max_retransmit)
-        if self.watch_silence and self.sends % _SILENT_SENDS == 0:
+        if self.watch_silence and self.sends % SILENT_SENDS == 0:
             self.future.set_result(_SILENCE)  # the caller decides; resume() goes on
             return
         self.send()
@@ -98,12 +101,15 @@ class _AsyncCall:
         self.future = self.client._loop.create_future()
         self.send()
 
+    def finished(self) -> bool:
+        return self.future.done()
+
     def cancel(self) -> None:
         if self.timer is not None:
             self.timer.cancel()
 
 
-class AsyncLease(_LeaseFacts):
+class AsyncLease(LeaseState):
     """A held lease, for asyncio: key, fencing token and the expiry the
     client can prove. `async with lease:` releases it on exit and raises
     LeaseLostError if it was lost while the block ran (unless another
@@ -111,71 +117,37 @@ class AsyncLease(_LeaseFacts):
     Each AsyncLease is its own owner (`owner`), as a Lease is: tasks sharing
     one AsyncClient exclude each other."""
 
-    def __init__(self, client: "AsyncClient", key: bytes, token: int, mode: int, ttl_ms: int,
-                 expiry: float, sent: float, watchdog: bool, on_lost: Optional[AsyncOnLost],
-                 renew_fraction: float, node: _Node, owner: OwnerId) -> None:
-        self._client = client
-        self._owner = owner
-        self._node = node  # renewals and releases go where it was granted
-        self._key = key
-        self._token = token
-        self._mode = mode
-        self._on_lost = on_lost
-        self._watchdog = watchdog
-        self._renew_fraction = renew_fraction
-        self._status = _HELD
-        self._lost_reason: Optional[ShardlockError] = None
-        self._ttl_ms = ttl_ms
-        self._expiry = expiry
-        self._confirmed_sent = sent
-        self._confirmed_id = 0
-        self._pending: Dict[int, Tuple[float, int]] = {}
+    _client: "AsyncClient"
+    _on_lost: Optional[AsyncOnLost]
+
+    def _open(self) -> None:
         self._timer: Optional[asyncio.TimerHandle] = None
-        self._renewal: Optional["asyncio.Task[None]"] = None
-        if watchdog or on_lost is not None:
-            self._schedule()
-
-    @property
-    def ttl(self) -> float:
-        return self._ttl_ms / 1000.0
-
-    @property
-    def valid(self) -> bool:
-        """True while held, not lost, and the client-side expiry is ahead."""
-        return self._status == _HELD and _now() < self._expiry
-
-    def remaining(self) -> float:
-        """Seconds until the client-side expiry; 0 once passed, released or lost."""
-        return max(0.0, self._expiry - _now()) if self._status == _HELD else 0.0
+        self._renewal_task: Optional["asyncio.Task[None]"] = None
+        if self._watchdog or self._on_lost is not None:
+            self._look_at(self._next_look())
 
     async def renew(self, ttl: Optional[float] = None) -> None:
         """RENEW, as Lease.renew()."""
-        if self._status != _HELD:
-            raise LeaseInactiveError("the lease on %r is not held" % self.key)
-        ttl_ms = self._ttl_ms if ttl is None else _to_ms(ttl, "ttl", False)
-        await self._renew_once(ttl_ms, self._client.request_timeout)
+        await self._renew_once(self._next_ttl_ms(ttl), self._client.request_timeout)
 
     async def release(self) -> None:
         """RELEASE, waiting for the answer, as Lease.release(). The lease is
         inactive afterwards whatever the answer; on_lost will not run."""
-        if self._status == _RELEASED:
+        if self._status == RELEASED:
             raise LeaseInactiveError("the lease on %r was released already" % self.key)
-        self._status = _RELEASED
+        self._status = RELEASED
         if self._timer is not None:
             self._timer.cancel()
-        if self._renewal is not None and self._renewal is not asyncio.current_task():
-            self._renewal.cancel()
-        reply = await self._client._call(p.RELEASE, self._key, (self._token,), node=self._node,
-                                         owner=self._owner)
-        if reply is None:
-            raise UnreachableError("no answer to RELEASE of %r" % self.key)
-        _raise_for_reply(reply, self.key)
+        task = self._renewal_task
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+        raw_answer(await self._client._call(self._release_request()), p.RELEASE, self._key)
 
     async def __aenter__(self) -> "AsyncLease":
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
-        lost = self._lost_reason if self._status == _LOST else None
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        lost = self._lost_while_held()
         try:
             await self.release()
         except ShardlockError:
@@ -189,83 +161,37 @@ class AsyncLease(_LeaseFacts):
 
     # ---- internals ----------------------------------------------------------
 
-    def _schedule(self) -> None:
-        """The watchdog's next look: the renewal when due, else the expiry."""
-        due = self._confirmed_sent + self._ttl_ms / 1000.0 * self._renew_fraction
-        when = min(due, self._expiry) if self._watchdog else self._expiry
-        self._timer = self._client._loop.call_later(max(0.0, when - _now()), self._look)
+    def _look_at(self, when: float) -> None:
+        """The watchdog's next look, at `when`: a timer, then a task."""
+        self._timer = self._client._loop.call_later(max(0.0, when - now()), self._look)
 
     def _look(self) -> None:
         self._timer = None
-        if self._status != _HELD:
-            return
-        if _now() >= self._expiry:
-            self._mark_lost(LeaseExpiredError(
-                "the lease on %r expired with no confirmed renewal" % self.key))
-            return
-        self._renewal = self._client._loop.create_task(self._watchdog_renew())
+        if self._status == HELD:
+            self._renewal_task = self._client._loop.create_task(self._watchdog_pass())
 
-    async def _watchdog_renew(self) -> None:
-        delay = 0.0
+    async def _watchdog_pass(self) -> None:
+        client = self._client
         try:
-            left = self._expiry - _now()
-            await self._renew_once(self._ttl_ms,
-                                   max(0.001, min(left, self._client.request_timeout)))
-        except RecoveringError as error:
-            delay = _retry_delay(error.retry_after_ms)
-        except ShardlockError:
-            pass  # lost (marked) or unanswered (the expiry will tell)
+            when = await client._drive(self._watchdog_look(
+                client.request_timeout, client._new_request_id, client._drift_margin), self)
         finally:
-            self._renewal = None
-        if self._status == _HELD:
-            if delay:
-                self._timer = self._client._loop.call_later(
-                    min(delay, max(0.0, self._expiry - _now())), self._look)
-            else:
-                self._schedule()
+            self._renewal_task = None
+        if when is not None and self._status == HELD:
+            self._look_at(when)
 
     async def _renew_once(self, ttl_ms: int, timeout: float) -> None:
         client = self._client
-        request_id = client._new_request_id()
-        sent = _now()
-        margin = client._drift_margin
-        self._pending[request_id] = (sent, ttl_ms)
-        self._ttl_ms = ttl_ms
-        self._expiry = min(self._expiry, sent + ttl_ms / 1000.0 - margin(ttl_ms))
-        try:
-            reply = await client._call(p.RENEW, self._key, (self._token, ttl_ms), timeout=timeout,
-                                       request_id=request_id, sent=sent, node=self._node,
-                                       owner=self._owner)
-        finally:
-            self._pending.pop(request_id, None)
-        if reply is not None and reply.type == p.RENEWED:
-            if request_id > self._confirmed_id:
-                self._confirmed_id = request_id
-                expiry = sent + reply.ttl_ms / 1000.0 - margin(reply.ttl_ms)
-                for newer_id, (newer_sent, newer_ttl) in self._pending.items():
-                    if newer_id > request_id:
-                        expiry = min(expiry, newer_sent + newer_ttl / 1000.0 - margin(newer_ttl))
-                if self._status == _HELD:
-                    self._expiry = expiry
-                    self._confirmed_sent = sent
-            return
-        if reply is None:
-            raise UnreachableError("no answer to RENEW of %r" % self.key)
-        try:
-            _raise_for_reply(reply, self.key)
-        except (NotOwnerError, LeaseExpiredError, RedirectedError, ServerError) as error:
-            self._mark_lost(error)
-            raise
+        await client._drive(self._renewal(ttl_ms, timeout, client._new_request_id(),
+                                          client._drift_margin), self)
 
-    def _mark_lost(self, reason: ShardlockError) -> None:
-        if self._status != _HELD:
-            return
-        self._status = _LOST
-        self._lost_reason = reason
+    def _after_loss(self) -> None:
+        """Lost (marked): no more looks; on_lost runs now."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        if self._on_lost is not None:
+        reason = self._lost_reason
+        if self._on_lost is not None and reason is not None:
             try:
                 result = self._on_lost(self, reason)
                 if inspect.isawaitable(result):
@@ -291,7 +217,7 @@ class _LockContext:
         self._lease = await self._acquire
         return self._lease
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         assert self._lease is not None
         await self._lease.__aexit__(exc_type, exc, tb)
 
@@ -307,7 +233,7 @@ class _Protocol(asyncio.DatagramProtocol):
         pass  # ECONNREFUSED from an ICMP error: a lost datagram, retransmitted
 
 
-class AsyncClient:
+class AsyncClient(ClientCore):
     """The asyncio form of Client: the same arguments, the same calls as
     coroutines, leases as AsyncLease.
 
@@ -319,43 +245,10 @@ class AsyncClient:
     Server names are resolved there, in the loop's executor.
     """
 
-    def __init__(self, server: Union[str, Sequence[str], None] = None, *,
-                 discover: bool = False, request_timeout: float = 2.0,
-                 initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
-                 clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
-                 client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
-                 auth_key_file: Optional[str] = None) -> None:
-        self._texts = _server_texts(server)
-        if not 0 <= clock_drift_factor < 1:
-            raise ValueError("clock_drift_factor must be in [0, 1)")
-        self._auth_key = _auth.resolve_auth_key(auth_key, auth_key_file)
-        if discover or len(self._texts) > 1:
-            _router.require_xxhash()
-        self.server = ",".join(self._texts)
-        self.request_timeout = request_timeout
-        self._discover = discover
-        self._initial_retransmit = initial_retransmit
-        self._max_retransmit = max_retransmit
-        self._drift_factor = clock_drift_factor
-        self._drift_allowance = clock_drift_allowance
-        raw_id = client_id if client_id is not None else os.urandom(16)
-        if len(raw_id) != 16:
-            raise ValueError("client_id must be 16 bytes")
-        self._client_id = (int.from_bytes(raw_id[:8], "little"),
-                           int.from_bytes(raw_id[8:], "little"))
-        self._owners = _HandleOwners(self._client_id)  # a fresh owner per acquire
-        self._next_id = ((int(__import__("time").time() * 1000) << 20) |
-                         random.getrandbits(20)) & 0xFFFFFFFFFFFFFFFF
-        self._random = random.Random()
+    def _open(self) -> None:
         self._calls: Dict[int, _AsyncCall] = {}
         self._closed = False
         self._started = False
-        self._map: Optional[_ClusterMap] = None
-        self._seeds: List[_Node] = []
-        self._node: Optional[_Node] = None
-        self._static = None
-        self._family = 0
-        self._nodes_by_text: Dict[str, _Node] = {}
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
         self._transport: Optional[asyncio.DatagramTransport] = None
         self._refresh_lock: Optional[asyncio.Lock] = None
@@ -375,20 +268,18 @@ class AsyncClient:
             return
         self._loop = asyncio.get_running_loop()
         seeds, family, static = await self._loop.run_in_executor(
-            None, _resolve_nodes, self._texts, self._discover)
-        self._seeds, self._family, self._static = seeds, family, static
-        self._node = seeds[0]
-        self._nodes_by_text = {seed.text: seed for seed in seeds}
+            None, resolve_nodes, self._texts, self._discover)
+        self._routing = Routing(seeds, family, static)
         self._refresh_lock = asyncio.Lock()
         self._transport, _ = await self._loop.create_datagram_endpoint(
             lambda: _Protocol(self), family=family)
         self._started = True
         if self._discover:
-            failures = await self._refresh_map(list(seeds),
-                                               _now() + len(seeds) * self.request_timeout)
-            if self._map is None:
+            try:
+                await self._drive(self._first_map_steps())
+            except UnreachableError:
                 await self.close()
-                raise UnreachableError("no seed gave the cluster's map: " + "; ".join(failures))
+                raise
 
     async def close(self) -> None:
         """Closes the endpoint. Calls in flight raise ClientClosedError;
@@ -407,28 +298,8 @@ class AsyncClient:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         await self.close()
-
-    @property
-    def client_id(self) -> str:
-        """As Client.client_id: the raw calls' default owner, no lease's."""
-        return _owner_hex(self._client_id)
-
-    @property
-    def map_epoch(self) -> int:
-        return self._map.epoch if self._map is not None else 0
-
-    @property
-    def map_members(self) -> List[Tuple[str, str, int]]:
-        current = self._map
-        if current is None:
-            return []
-        return [(member_id.decode("utf-8", errors="replace"), address, weight)
-                for member_id, address, weight in current.members]
-
-    def address_for(self, key: Key) -> str:
-        return self._route(_key_bytes(key))[0].text
 
     async def acquire(self, key: Key, ttl: float, wait: Optional[float] = 0, *,
                       shared: bool = False, permits: int = 0, watchdog: bool = True,
@@ -440,37 +311,10 @@ class AsyncClient:
         float('inf') until granted; each acquire its own owner unless
         `owner` names one. `on_lost(lease, reason)` runs on the loop; if it
         returns an awaitable, that runs as a task."""
-        data, ttl_ms, message_type, mode = _acquire_request(key, ttl, shared, permits,
-                                                            renew_fraction)
-        rounds = _WaitRounds(wait)
-        value_bytes = _value_bytes(value)
-        lease_owner = self._owners.resolve(owner)
-        while True:
-            sent, reply, node = await self._routed_call(message_type, data, ttl_ms,
-                                                        rounds.next_ms(), permits,
-                                                        value=value_bytes, owner=lease_owner)
-            if not rounds.again(reply):
-                break
-        key_text = data.decode("utf-8", errors="replace")
-        if reply is None:
-            raise UnreachableError("no answer from %s to ACQUIRE %r" % (node.text, key_text))
-        _raise_for_reply(reply, key_text)
-        expiry = sent + reply.ttl_ms / 1000.0 - self._drift_margin(reply.ttl_ms)
-        if _now() >= expiry:
-            # Past its expiry (a wait longer than the TTL): a RENEW proves it
-            # still stands, counted from its own send, as Client.acquire().
-            probe = AsyncLease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, False,
-                               None, renew_fraction, node, lease_owner)
-            try:
-                await probe._renew_once(reply.ttl_ms, self.request_timeout)
-            except ShardlockError:
-                pass
-            if not probe.valid:
-                await self._call(p.RELEASE, data, (reply.token,), node=node, owner=lease_owner)
-                raise GrantExpiredError("the grant of %r arrived after its expiry" % key_text)
-            expiry, sent = probe._expiry, probe._confirmed_sent
-        return AsyncLease(self, data, reply.token, mode, reply.ttl_ms, expiry, sent, watchdog,
-                          on_lost, renew_fraction, node, lease_owner)
+        grant = await self._drive(self._acquire_steps(key, ttl, wait, shared, permits, watchdog,
+                                                      False, renew_fraction, value, owner))
+        return AsyncLease(self, grant.key, grant.token, grant.mode, grant.ttl_ms, grant.expiry,
+                          grant.sent, watchdog, on_lost, renew_fraction, grant.node, grant.owner)
 
     def lock(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
              **options: Any) -> _LockContext:
@@ -488,46 +332,32 @@ class AsyncClient:
                     owner: Optional[Owner] = None) -> float:
         """As Client.renew(): RENEW of (`key`, `token`) as `owner` (default:
         this client's id); the TTL granted, in seconds."""
-        data, values, as_owner = _raw_request(self._client_id, key, token, ttl, owner)
-        reply = await self._call(p.RENEW, data, values, node=self._route(data)[0],
-                                 owner=as_owner)
-        return _raw_answer(reply, p.RENEW, data)
+        data, values, as_owner = raw_request(self._client_id, key, token, ttl, owner)
+        reply = await self._call(self._raw_call(p.RENEW, data, values, as_owner))
+        return raw_answer(reply, p.RENEW, data)
 
     async def release(self, key: Key, token: int, *, owner: Optional[Owner] = None) -> None:
         """As Client.release(): RELEASE of (`key`, `token`) as `owner`
         (default: this client's id), waiting for the answer."""
-        data, values, as_owner = _raw_request(self._client_id, key, token, None, owner)
-        reply = await self._call(p.RELEASE, data, values, node=self._route(data)[0],
-                                 owner=as_owner)
-        _raw_answer(reply, p.RELEASE, data)
+        data, values, as_owner = raw_request(self._client_id, key, token, None, owner)
+        reply = await self._call(self._raw_call(p.RELEASE, data, values, as_owner))
+        raw_answer(reply, p.RELEASE, data)
 
     async def query(self, key: Key) -> QueryResult:
-        data = _key_bytes(key)
-        _, reply, node = await self._routed_call(p.QUERY, data)
-        if reply is None:
-            raise UnreachableError("no answer from %s to QUERY" % node.text)
-        _raise_for_reply(reply, data.decode("utf-8", errors="replace"))
-        return QueryResult(reply)
+        return QueryResult(await self._drive(self._query_steps(key_bytes(key))))
 
     async def holders(self, key: Key) -> HoldersResult:
         """As Client.holders(): each holder of `key`, oldest grant first."""
-        data = _key_bytes(key)
-        pages = _HolderPages(data)
-        while True:
-            _, reply, node = await self._routed_call(p.QUERY_HOLDERS, data,
-                                                     first_holder=pages.first_holder())
-            if pages.server_predates(reply):
-                return HoldersResult.from_query(await self.query(key))
-            if pages.take(reply, node):
-                return pages.result
+        result: HoldersResult = await self._drive(self._holders_steps(key_bytes(key)))
+        return result
 
     async def watch_once(self, key: Key, since: Optional[KeyVersion] = None,
                          wait: float = 30.0) -> WatchEvent:
         """As Client.watch_once(): one WATCH, answered when the key's
         version differs from `since` (at once for None) or after `wait`."""
-        data = _key_bytes(key)
-        wait_ms = _to_ms(wait, "wait", True)
-        return await self._watch_once(data, _watch_since(since), wait_ms)
+        data = key_bytes(key)
+        wait_ms = to_ms(wait, "wait", True)
+        return await self._watch_once(data, watch_since(since), wait_ms)
 
     def watch(self, key: Key, round: float = 30.0, retry: float = 0.05) -> "AsyncKeyWatch":
         """As Client.watch(): `async for event in client.watch(key)`, or
@@ -538,51 +368,64 @@ class AsyncClient:
         """As Client.observe(): `async for leader in client.observe(name)`."""
         return AsyncLeaderObserver(self, name, round=round)
 
-    # ---- internals ----------------------------------------------------------
+    # ---- driving the steps (_policy.py) ---------------------------------------
 
-    def _drift_margin(self, ttl_ms: int) -> float:
-        return self._drift_factor * ttl_ms / 1000.0 + self._drift_allowance
+    async def _drive(self, steps: Steps, lease: Optional[AsyncLease] = None) -> Any:
+        """Runs `steps` to their end on the loop; returns what they return."""
+        run = Run(steps)
+        while run.step is not None:
+            run.advance(await self._do(run, lease))
+        return run.result
+
+    async def _do(self, run: Run, lease: Optional[AsyncLease]) -> Any:
+        """Does `run`'s step; its outcome, or the ShardlockError it met."""
+        assert run.step is not None
+        action, argument = run.step
+        try:
+            if action == SEND:
+                silence = (lambda: self._after_silence(run)) if argument.watch_silence else None
+                return await self._call(argument, silence)
+            if action == PAUSE:
+                await asyncio.sleep(argument)
+            elif action == REFRESH:
+                await self._refresh_map(argument)
+            elif action == LOST and lease is not None:
+                lease._after_loss()
+        except ShardlockError as error:
+            return error
+        return None
+
+    async def _after_silence(self, run: Run) -> bool:
+        """A SEND's on_silence: the steps after SILENT, up to ABANDON."""
+        run.advance(SILENT)
+        while run.step is not None and run.step[0] != ABANDON:
+            run.advance(await self._do(run, None))
+        return run.abandon_after_silence()
+
+    async def _refresh_map(self, refresh: MapRefresh) -> List[str]:
+        """One refresh at a time."""
+        assert self._refresh_lock is not None
+        async with self._refresh_lock:
+            failures: List[str] = await self._drive(self._refresh_steps(refresh))
+            return failures
+
+    # ---- calls ------------------------------------------------------------
 
     async def _watch_once(self, key: bytes, since: KeyVersion, wait_ms: int) -> WatchEvent:
-        _, reply, node = await self._routed_call(p.WATCH, key, wait_ms=wait_ms, since=since)
-        return _watch_answer(reply, node, key)
+        _, reply, node = await self._drive(self._routed_steps(p.WATCH, key, wait_ms=wait_ms,
+                                                              since=since))
+        return watch_answer(reply, node.text, key)
 
-    def _new_request_id(self) -> int:
-        request_id = self._next_id
-        self._next_id = (request_id + 1) & 0xFFFFFFFFFFFFFFFF
-        return request_id
-
-    def _route(self, key: bytes) -> Tuple[_Node, Optional[_ClusterMap]]:
-        current = self._map
-        if current is not None:
-            return current.owner_of(key), current
-        if self._static is not None:
-            return self._static.owner_of(key), None
-        if self._node is None:
-            raise ShardlockError("the client is not started: await start() or use async with")
-        return self._node, None
-
-    async def _call(self, message_type: int, key: bytes, values: Tuple[int, ...],
-                    timeout: Optional[float] = None, request_id: Optional[int] = None,
-                    sent: Optional[float] = None, node: Optional[_Node] = None,
-                    on_silence: Optional[Callable[[], Awaitable[bool]]] = None,
-                    value: bytes = b"", owner: Optional[OwnerId] = None) -> Optional[p.Message]:
-        """As Client._call(): the reply, or None once `timeout` passes."""
+    async def _call(self, request: Request,
+                    on_silence: Optional[Callable[[], Awaitable[bool]]] = None
+                    ) -> Optional[p.Message]:
+        """As Client._call(): the reply, or None once the deadline passes."""
         if self._closed:
             raise ClientClosedError("the client is closed")
         if not self._started:
             raise ShardlockError("the client is not started: await start() or use async with")
-        if request_id is None:
-            request_id = self._new_request_id()
-        target = node if node is not None else self._node
-        assert target is not None
-        epoch = None if message_type == p.MAP or self._map is None else self._map.epoch
-        data = p.pack_request(message_type, request_id,
-                              self._client_id if owner is None else owner, key, values, epoch,
-                              self._auth_key, value=value)
-        start = _now() if sent is None else sent
-        deadline = start + (self.request_timeout if timeout is None else timeout)
-        call = _AsyncCall(self, message_type, key, data, target.address, deadline,
+        request_id, data, node, deadline = self._prepare(request)
+        call = _AsyncCall(self, request.message_type, request.key, data, node.address, deadline,
                           on_silence is not None)
         self._calls[request_id] = call
         try:
@@ -597,113 +440,20 @@ class AsyncClient:
                     continue
                 if result is None and self._closed:
                     raise ClientClosedError("the client is closed")
-                return result
+                reply: Optional[p.Message] = result
+                return reply
         finally:
             call.cancel()
             self._calls.pop(request_id, None)
 
     def _dispatch(self, data: bytes) -> None:
-        try:
-            datagram = p.decode(data, self._auth_key)
-        except p.ProtocolError:
-            return
-        for reply in datagram.messages:
-            call = self._calls.get(reply.request_id)
-            if call is None or call.future.done() or not _answers(call.type, call.key, reply):
-                continue
-            call.timer.cancel() if call.timer is not None else None
+        for reply, call in self._replies(data):
+            if call.timer is not None:
+                call.timer.cancel()
             call.future.set_result(reply)
 
-    async def _routed_call(self, message_type: int, key: bytes, ttl_ms: int = 0,
-                           wait_ms: int = 0, permits: int = 0, first_holder: int = 0,
-                           value: bytes = b"", since: KeyVersion = NO_VERSION,
-                           owner: Optional[OwnerId] = None
-                           ) -> Tuple[float, Optional[p.Message], _Node]:
-        """As Client._routed_call(): RECOVERING ridden through while the wait
-        lasts; in cluster mode REDIRECTs followed and silent owners left."""
-        start = _now()
-        wait_end = start + wait_ms / 1000.0
-        deadline = wait_end + self.request_timeout
-        waits = wait_ms > 0
-        sent = start
-        redirects = 0
-        while True:
-            node, routed_by = self._route(key)
-            values = _request_values(message_type, ttl_ms, wait_ms, permits, first_holder, since)
-            moved = []
-            on_silence = None
-            if routed_by is not None:
-                async def on_silence(node: _Node = node, routed_by: _ClusterMap = routed_by
-                                     ) -> bool:
-                    await self._refresh_map(self._refresh_sources(last=node), deadline,
-                                            routed_by)
-                    if self._route(key)[0] != node:
-                        moved.append(True)
-                        return True
-                    return False
-            reply = await self._call(message_type, key, values, timeout=deadline - sent,
-                                     sent=sent, node=node, on_silence=on_silence, value=value,
-                                     owner=owner)
-            if reply is None and not moved:
-                return sent, None, node
-            if reply is not None and reply.type == p.REDIRECT and routed_by is not None:
-                behind = reply.epoch < routed_by.epoch and self._map is routed_by
-                if not behind:
-                    redirects += 1
-                    if redirects > _MAX_REDIRECTS:
-                        return sent, reply, node
-                    if reply.epoch > routed_by.epoch:
-                        await self._refresh_map(self._refresh_sources(first=node), deadline,
-                                                routed_by)
-                if self._map is routed_by:
-                    await asyncio.sleep(max(0.0, min(_REDIRECT_RETRY, deadline - _now())))
-            elif reply is not None and reply.type == p.RECOVERING and waits:
-                left = wait_end - _now()
-                if left <= _LAST_TRY_MARGIN:
-                    return sent, reply, node
-                await asyncio.sleep(min(_retry_delay(reply.retry_after_ms),
-                                        left - _LAST_TRY_MARGIN))
-            elif reply is not None:
-                return sent, reply, node
-            sent = _now()
-            if sent >= deadline:
-                return sent, reply, node
-            if waits:
-                wait_ms = max(1, int((wait_end - sent) * 1000))
 
-    def _refresh_sources(self, first: Optional[_Node] = None,
-                         last: Optional[_Node] = None) -> List[_Node]:
-        return _refresh_order(self._map, self._seeds, first, last)
-
-    async def _refresh_map(self, sources: List[_Node], deadline: float,
-                           routed_by: Optional[_ClusterMap] = None) -> List[str]:
-        """As Client._refresh_map(): one refresh at a time."""
-        failures: List[str] = []
-        assert self._refresh_lock is not None
-        async with self._refresh_lock:
-            if routed_by is not None and self._map is not routed_by:
-                return failures
-            for source in sources:
-                timeout = min(self.request_timeout, deadline - _now())
-                if timeout <= 0:
-                    failures.append("%s: not asked (out of time)" % source.text)
-                    continue
-                try:
-                    pages = _MapPages()
-                    while not pages.take(await self._call(p.MAP, b"", (len(pages.members),),
-                                                          timeout=timeout, node=source)):
-                        pass
-                    fetched = pages.build(self._nodes_by_text, self._family, _NO_LOCK)
-                except ShardlockError as error:
-                    failures.append("%s: %s" % (source.text, error))
-                    continue
-                if self._map is None or fetched.epoch > self._map.epoch:
-                    self._map = fetched
-                return failures
-        return failures
-
-
-class AsyncKeyWatch(_WatchedKey):
+class AsyncKeyWatch(WatchedKey):
     """KeyWatch (watch.py) for asyncio: the same rounds, awaited. Use it
     from the client's loop, one next() at a time; cancel the awaiting task
     to stop it."""
@@ -713,7 +463,7 @@ class AsyncKeyWatch(_WatchedKey):
     async def next(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
         """As KeyWatch.next(): the next state, None when `timeout` passed
         with none; raises the last round's error when none could be read."""
-        deadline = None if timeout is None else _now() + timeout
+        deadline = None if timeout is None else now() + timeout
         steps = self._rounds.steps(deadline)
         outcome: Outcome = None
         try:
@@ -729,7 +479,8 @@ class AsyncKeyWatch(_WatchedKey):
                 except ShardlockError as error:
                     outcome = error
         except StopIteration as stop:
-            return stop.value
+            event: Optional[WatchEvent] = stop.value
+            return event
 
     def __aiter__(self) -> "AsyncKeyWatch":
         return self
@@ -747,14 +498,14 @@ class AsyncLeaderObserver:
 
     def __init__(self, client: AsyncClient, name: Key, round: float = 30.0) -> None:
         self._watch = AsyncKeyWatch(client, name, round=round)
-        self._changes = _LeaderChanges()
+        self._changes = LeaderChanges()
 
     async def next(self, timeout: Optional[float] = None) -> Optional[LeaderChange]:
         """As LeaderObserver.next()."""
-        deadline = None if timeout is None else _now() + timeout
+        deadline = None if timeout is None else now() + timeout
         while True:
             event = await self._watch.next(None if deadline is None
-                                           else max(0.0, deadline - _now()))
+                                           else max(0.0, deadline - now()))
             if event is None:
                 return None
             change = self._changes.take(event)
@@ -766,16 +517,3 @@ class AsyncLeaderObserver:
             change = await self.next(None)
             assert change is not None
             yield change.leader
-
-
-class _NoLock:
-    """A lock for code that runs on one loop only."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NO_LOCK: Any = _NoLock()

@@ -38,45 +38,18 @@ Design (as the C++ Election):
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Iterator, List, Optional, Union
+from typing import Any, Callable, Optional, Union
 
-from .client import HolderInfo, Key, Lease, WatchEvent, _key_bytes, _now, _to_ms, _value_bytes, \
-    _wait_seconds
+from ._common import Key, key_bytes, to_ms, value_bytes, wait_seconds
+from ._types import HolderInfo, LeaderChange, LeaderInfo, WatchEvent, leader_of
+from .client import Client, Lease
 from .errors import LeaseInactiveError, ShardlockError
-from .watch import KeyWatch
+from .watch import KeyWatch, LeaderObserver
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import Client
+__all__ = ["Election", "HolderInfo", "KeyWatch", "LeaderChange", "LeaderInfo", "LeaderObserver",
+           "OnLeadershipLost", "WatchEvent", "leader_of"]
 
 OnLeadershipLost = Callable[["Election", ShardlockError], None]
-
-
-@dataclass(frozen=True)
-class LeaderInfo:
-    """A leader as others see it (Election.leader(), LeaderObserver)."""
-
-    value: bytes  # what its campaign() attached
-    owner: str  # its lease's owner, 32 hex digits (Lease.owner; not Client.client_id)
-    term: int  # its grant's fencing token
-    ttl_left_ms: int  # as the server counted it
-
-
-@dataclass(frozen=True)
-class LeaderChange:
-    """One change of leader (LeaderObserver.next()): `leader` is None when
-    there is none now."""
-
-    leader: Optional[LeaderInfo]
-
-
-def leader_of(mode: Optional[str], holders: List[HolderInfo]) -> Optional[LeaderInfo]:
-    """The leader a watch event or a holders listing shows: its exclusive
-    holder, if any (a pending or shared holder is no leader)."""
-    if mode != "exclusive" or len(holders) != 1 or holders[0].pending:
-        return None
-    h = holders[0]
-    return LeaderInfo(h.value, h.owner, h.token, h.ttl_left_ms)
 
 
 class Election:
@@ -88,11 +61,11 @@ class Election:
     lost rather than resigned, on the client's watchdog thread (it may also
     be set as the attribute, before campaign())."""
 
-    def __init__(self, client: "Client", name: Key, ttl: float = 10.0,
+    def __init__(self, client: Client, name: Key, ttl: float = 10.0,
                  on_lost: Optional[OnLeadershipLost] = None) -> None:
         self._client = client
-        self._name = _key_bytes(name)
-        _to_ms(ttl, "ttl", False)
+        self._name = key_bytes(name)
+        to_ms(ttl, "ttl", False)
         self.ttl = ttl
         self.on_lost = on_lost
         self._lock = threading.Lock()
@@ -112,8 +85,8 @@ class Election:
         while this Election campaigns or leads already, ValueError for a bad
         value or a negative or NaN wait, and what acquire() raises
         otherwise. Blocks."""
-        data = _value_bytes(value)
-        _wait_seconds(wait)
+        data = value_bytes(value)
+        wait_seconds(wait)
         with self._lock:
             if self._campaigning or (self._lease is not None and self._lease.valid):
                 raise RuntimeError("this Election campaigns or leads already")
@@ -174,14 +147,14 @@ class Election:
         r = self._client.holders(self._name)
         return leader_of(r.mode, r.holder_list)
 
-    def observe(self, round: float = 30.0) -> "LeaderObserver":
+    def observe(self, round: float = 30.0) -> LeaderObserver:
         """A LeaderObserver of this election's name."""
         return LeaderObserver(self._client, self._name, round=round)
 
     def __enter__(self) -> "Election":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         """Resigns if leading (a failure to is left to the lease's TTL)."""
         try:
             self.resign()
@@ -190,64 +163,3 @@ class Election:
 
     def __repr__(self) -> str:
         return "Election(name=%r, leading=%r, term=%d)" % (self.name, self.leading, self.term)
-
-
-class _LeaderChanges:
-    """Turns a watch's events into changes of leader: a change of holders
-    that is no change of leader (a pending part, a shared holder, a
-    renewal) is skipped; a new term, or none, is reported once, and never
-    a term older than one reported (term order). For LeaderObserver and
-    AsyncLeaderObserver."""
-
-    def __init__(self) -> None:
-        self._reported = False
-        self._term = 0  # the last reported leader's; 0: none
-        self._highest = 0  # the highest term reported
-
-    def take(self, event: WatchEvent) -> Optional[LeaderChange]:
-        leader = leader_of(event.mode, event.holders)
-        term = leader.term if leader is not None else 0
-        if (self._reported and term == self._term) or (leader is not None and
-                                                       term < self._highest):
-            return None
-        self._reported = True
-        self._term = term
-        self._highest = max(self._highest, term)
-        return LeaderChange(leader)
-
-
-class LeaderObserver:
-    """Follows the leader of one name through a watch (Client.observe()):
-    each change once, in term order. One thread calls next() (or iterates)
-    at a time; cancel() from any."""
-
-    def __init__(self, client: "Client", name: Key, round: float = 30.0) -> None:
-        self._watch = KeyWatch(client, name, round=round)
-        self._changes = _LeaderChanges()
-
-    def next(self, timeout: Optional[float] = None) -> Optional[LeaderChange]:
-        """The leader now on the first call; afterwards the next change of
-        leader (another term, or none). Blocks up to `timeout` seconds
-        (None: until there is one): None when nothing changed by then, or
-        after cancel(). Raises as KeyWatch.next() when the server could not
-        be read for the whole timeout."""
-        deadline = None if timeout is None else _now() + timeout
-        while True:
-            left = None if deadline is None else max(0.0, deadline - _now())
-            event = self._watch.next(left)
-            if event is None:
-                return None
-            change = self._changes.take(event)
-            if change is not None:
-                return change
-
-    def cancel(self) -> None:
-        self._watch.cancel()
-
-    def __iter__(self) -> Iterator[Optional[LeaderInfo]]:
-        """Each change's leader (None: no leader now), until cancel()."""
-        while True:
-            change = self.next(None)
-            if change is None:
-                return
-            yield change.leader

@@ -39,7 +39,7 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
 
 MAGIC = 0x4B4C4853
 VERSION = 1
@@ -382,7 +382,7 @@ def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int],
     flags = (0 if epoch is None else FLAG_EPOCH) | (0 if auth_key is None else FLAG_AUTHENTICATED)
     s = _request_struct(message_type, len(key), epoch is not None, pad_to)
     lo, hi = client_id
-    head = (MAGIC, VERSION, flags, message_type, 1, request_id, lo, hi)
+    head: Tuple[Any, ...] = (MAGIC, VERSION, flags, message_type, 1, request_id, lo, hi)
     if epoch is not None:
         head += (epoch,)
     if _KEYED[message_type]:

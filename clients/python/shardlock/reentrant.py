@@ -33,9 +33,10 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
-from .client import Client, Key, Lease, _key_bytes, _wait_seconds
+from ._common import Key, key_bytes, wait_seconds
+from .client import Client, Lease
 from .errors import (BusyError, LeaseInactiveError, LeaseLostError, ShardlockError,
                      WaitTimeoutError)
 
@@ -128,7 +129,7 @@ class ReentrantLease:
     def __enter__(self) -> "ReentrantLease":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         lost = self._hold is not None and not self._lease.valid
         try:
             self.release()
@@ -172,7 +173,7 @@ class ReentrantLocks:
         self._thread_numbers = itertools.count(1)
 
     def acquire(self, key: Key, ttl: float, wait: Optional[float] = 0,
-                **options) -> ReentrantLease:
+                **options: Any) -> ReentrantLease:
         """An exclusive hold of `key`. If the calling thread (scope
         "client": this object) holds a valid grant of `key` here, a handle
         of that grant (same token, reentered True, one more hold) without a
@@ -187,8 +188,8 @@ class ReentrantLocks:
         in flight, this one waits for it up to `wait` and joins it, or
         tries itself if it failed; a wait that runs out first raises
         WaitTimeoutError (BusyError with no wait)."""
-        data = _key_bytes(key)
-        seconds = _wait_seconds(wait)
+        data = key_bytes(key)
+        seconds = wait_seconds(wait)
         deadline = None if seconds is None else time.monotonic() + seconds
         slot = (self._holder(), data)
         while True:
@@ -217,7 +218,7 @@ class ReentrantLocks:
                     options)
 
     def lock(self, key: Key, ttl: float = 30, wait: Optional[float] = None,
-             **options) -> ReentrantLease:
+             **options: Any) -> ReentrantLease:
         """For `with locks.lock(key, ttl=30) as lease:`. As acquire(), but
         waits until granted by default (wait=None), as Client.lock()."""
         return self.acquire(key, ttl, wait, **options)
@@ -227,7 +228,7 @@ class ReentrantLocks:
         object's) current grant of `key` (0: none, or an acquire of it is in
         flight)."""
         with self._cond:
-            hold = self._holds.get((self._holder(), _key_bytes(key)))
+            hold = self._holds.get((self._holder(), key_bytes(key)))
             return hold.holds if hold is not None and hold.state == _HELD else 0
 
     # ---- internals ------------------------------------------------------------
@@ -243,7 +244,7 @@ class ReentrantLocks:
         return number
 
     def _acquire_first(self, hold: _Hold, ttl: float, wait: Optional[float],
-                       options) -> ReentrantLease:
+                       options: Dict[str, Any]) -> ReentrantLease:
         lease: Optional[Lease] = None
         try:
             lease = self._client.acquire(hold.key, ttl, wait, **options)

@@ -33,7 +33,7 @@ from typing import Dict, List, Sequence, Tuple
 try:
     import xxhash as _xxhash
 except ImportError:  # pragma: no cover - depends on the machine
-    _xxhash = None
+    _xxhash = None  # type: ignore[assignment]  # None: require_xxhash() says how to install it
 
 # "SHARDLK1": kDefaultRouterSeed. Part of the mapping: changing it moves every key.
 SEED = 0x53484152444C4B31
@@ -123,6 +123,7 @@ class Router:
             score = (x, tiebreak, -index, -copy)
             if best is None or score > best:
                 best = score
+        assert best is not None  # a Router has at least one member
         return -best[2]
 
     def owner_index(self, key: bytes) -> int:

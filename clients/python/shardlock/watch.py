@@ -24,120 +24,47 @@ Design (as the C++ KeyWatch):
   default --max-wait of 300 s); a server with a shorter max-wait makes the
   watch halve it until the server takes it.
 
-The rounds' decisions live in _WatchRounds, a generator with no I/O that
-KeyWatch drives with blocking calls and AsyncKeyWatch (aio.py) with awaits.
+The rounds' decisions live in WatchRounds (_policy.py), a generator with no
+I/O that KeyWatch drives with blocking calls and AsyncKeyWatch (aio.py) with
+awaits. LeaderObserver (election.py's observer) follows a leader through a
+KeyWatch and lives here so that client.py can make one without importing
+election.py, which builds on the Client.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generator, Iterator, Optional, Tuple, Union
+from typing import Iterator, Optional, Protocol
 
-from . import protocol as p
-from .client import NO_VERSION, KeyVersion, Key, WatchEvent, _Cancel, _key_bytes, _now, _to_ms
+from ._blocking import Cancel
+from ._common import Key, now
+from ._policy import PAUSE, ROUND, LeaderChanges, Outcome, WatchedKey
+from ._policy import WatchSteps as Steps
+from ._types import NO_VERSION, KeyVersion, LeaderChange, LeaderInfo, WatchEvent
 from .errors import ClientClosedError, ServerError, ShardlockError
 
-if TYPE_CHECKING:  # pragma: no cover
-    from .client import Client
-
-# A round never waits less than this: a server refusing every wait halves
-# the round down to here, then its refusal is a failure like another.
-_SHORTEST_ROUND = 0.100
-_LONGEST_RETRY = 1.0
-
-# What _WatchRounds.steps() asks its driver for.
-ROUND = "round"  # one WATCH with this many ms of wait; send back its event or error
-PAUSE = "pause"  # sleep this many seconds; send back None
-
-Outcome = Union[WatchEvent, ShardlockError, None]
-Steps = Generator[Tuple[str, float], Outcome, Optional[WatchEvent]]
+__all__ = ["ClientClosedError", "KeyWatch", "LeaderObserver", "NO_VERSION", "Outcome", "PAUSE",
+           "ROUND", "ServerError", "Steps"]
 
 
-class _WatchRounds:
-    """The rounds of one watch: the version last reported, the round's
-    length and the back-off. No I/O and no waiting: steps() says what to do
-    next, and the driver reports back."""
+class WatchingClient(Protocol):
+    """What a KeyWatch needs of its Client: one WATCH, ended early by a
+    cancel."""
 
-    def __init__(self, round_wait: float, retry: float) -> None:
-        _to_ms(round_wait, "round", False)
-        _to_ms(retry, "retry", False)
-        self.version: Optional[KeyVersion] = None  # None: nothing reported yet
-        self.round_wait = max(round_wait, _SHORTEST_ROUND)
-        self._first_retry = retry
-
-    @property
-    def since(self) -> KeyVersion:
-        return NO_VERSION if self.version is None else self.version
-
-    def steps(self, deadline: Optional[float]) -> Steps:
-        """One next(): yields (ROUND, wait_ms) and (PAUSE, seconds) until it
-        returns the next state to report, or None once `deadline` (None:
-        never) passed with nothing to report. Raises the last round's
-        failure when no round succeeded by then, and ClientClosedError at
-        once."""
-        retry = self._first_retry
-        failure: Optional[ShardlockError] = None
-        while True:
-            left = None if deadline is None else max(0.0, deadline - _now())
-            wait = self.round_wait if left is None else min(self.round_wait, left)
-            outcome = yield ROUND, int(wait * 1000)
-            if isinstance(outcome, WatchEvent):
-                failure = None
-                if outcome.version != self.version:
-                    self.version = outcome.version
-                    return outcome
-                # The same version: the round's wait ended. Re-armed below.
-            elif isinstance(outcome, ServerError) and \
-                    outcome.code == p.ERROR_WAIT_OUT_OF_RANGE and \
-                    self.round_wait > _SHORTEST_ROUND:
-                # The server's max-wait is lower: halve until it is taken.
-                self.round_wait = max(self.round_wait / 2, _SHORTEST_ROUND)
-            elif isinstance(outcome, ClientClosedError):
-                raise outcome
-            elif isinstance(outcome, ShardlockError):
-                # Unreachable, still recovering at the round's end, a limit:
-                # again after a back-off, within the deadline.
-                failure = outcome
-                pause = retry if deadline is None else min(retry, max(0.0, deadline - _now()))
-                retry = min(retry * 2, _LONGEST_RETRY)
-                yield PAUSE, pause
-            if deadline is not None and _now() >= deadline:
-                if failure is not None:
-                    raise failure
-                return None
+    def _watch_once(self, key: bytes, since: KeyVersion, wait_ms: int,
+                    cancel: Optional[Cancel] = None) -> WatchEvent: ...
 
 
-class _WatchedKey:
-    """What KeyWatch and AsyncKeyWatch share: the key and its rounds."""
-
-    def __init__(self, client: Any, key: Key, round: float = 30.0, retry: float = 0.05) -> None:
-        self._client = client
-        self._key = _key_bytes(key)
-        self._rounds = _WatchRounds(round, retry)
-
-    @property
-    def key(self) -> str:
-        return self._key.decode("utf-8", errors="replace")
-
-    @property
-    def version(self) -> Optional[KeyVersion]:
-        """The version of the last state next() returned; None before."""
-        return self._rounds.version
-
-    def __repr__(self) -> str:
-        return "%s(key=%r, version=%r)" % (type(self).__name__, self.key, self.version)
-
-
-class KeyWatch(_WatchedKey):
+class KeyWatch(WatchedKey):
     """Follows one key (Client.watch()). One thread calls next() (or
     iterates) at a time; cancel() may be called from any thread. The client
     must stay open while it is used."""
 
-    _client: "Client"
+    _client: WatchingClient
 
-    def __init__(self, client: "Client", key: Key, round: float = 30.0,
+    def __init__(self, client: WatchingClient, key: Key, round: float = 30.0,
                  retry: float = 0.05) -> None:
         super().__init__(client, key, round, retry)
-        self._cancel = _Cancel()
+        self._cancel = Cancel()
 
     def next(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
         """The key's next state: at once on the first call; afterwards the
@@ -148,7 +75,7 @@ class KeyWatch(_WatchedKey):
         cancel() was called. Raises the last round's ShardlockError when no
         state could be read for the whole timeout, ClientClosedError once
         the client is closed."""
-        deadline = None if timeout is None else _now() + timeout
+        deadline = None if timeout is None else now() + timeout
         cancel = self._cancel
         steps = self._rounds.steps(deadline)
         outcome: Outcome = None
@@ -169,7 +96,8 @@ class KeyWatch(_WatchedKey):
                 if cancel.cancelled:
                     return None
         except StopIteration as stop:
-            return stop.value
+            event: Optional[WatchEvent] = stop.value
+            return event
 
     def cancel(self) -> None:
         """Ends a next() that is blocked (it returns None soon) and every
@@ -186,3 +114,40 @@ class KeyWatch(_WatchedKey):
         if event is None:
             raise StopIteration
         return event
+
+
+class LeaderObserver:
+    """Follows the leader of one name through a watch (Client.observe()):
+    each change once, in term order. One thread calls next() (or iterates)
+    at a time; cancel() from any."""
+
+    def __init__(self, client: WatchingClient, name: Key, round: float = 30.0) -> None:
+        self._watch = KeyWatch(client, name, round=round)
+        self._changes = LeaderChanges()
+
+    def next(self, timeout: Optional[float] = None) -> Optional[LeaderChange]:
+        """The leader now on the first call; afterwards the next change of
+        leader (another term, or none). Blocks up to `timeout` seconds
+        (None: until there is one): None when nothing changed by then, or
+        after cancel(). Raises as KeyWatch.next() when the server could not
+        be read for the whole timeout."""
+        deadline = None if timeout is None else now() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - now())
+            event = self._watch.next(left)
+            if event is None:
+                return None
+            change = self._changes.take(event)
+            if change is not None:
+                return change
+
+    def cancel(self) -> None:
+        self._watch.cancel()
+
+    def __iter__(self) -> Iterator[Optional[LeaderInfo]]:
+        """Each change's leader (None: no leader now), until cancel()."""
+        while True:
+            change = self.next(None)
+            if change is None:
+                return
+            yield change.leader

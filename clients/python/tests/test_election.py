@@ -19,14 +19,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import shardlock  # noqa: E402
 from shardlock import protocol as p  # noqa: E402
 from shardlock.client import HolderInfo  # noqa: E402
-from shardlock.election import _LeaderChanges  # noqa: E402
+from shardlock import _policy  # noqa: E402
 from test_client import AsyncServerTestCase, wait_until  # noqa: E402
 from test_watch import ServerCase, event, first  # noqa: E402
 
 
 class LeaderChanges(unittest.TestCase):
     def test_each_term_once_none_once_and_never_an_older_term(self):
-        changes = _LeaderChanges()
+        changes = _policy.LeaderChanges()
         self.assertIsNone(changes.take(event(0, holders=0)).leader)
         self.assertIsNone(changes.take(event(0, holders=0)))
         first = changes.take(event(7, values=(b"a",))).leader

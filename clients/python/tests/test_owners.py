@@ -16,7 +16,7 @@ import unittest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 import shardlock  # noqa: E402
-from shardlock import client as c_module  # noqa: E402
+from shardlock import _common, _requests  # noqa: E402
 from shardlock import protocol as p  # noqa: E402
 from test_client import AsyncServerTestCase, Daemon, ServerTestCase, wait_until  # noqa: E402
 
@@ -103,7 +103,7 @@ class OwnerDerivation(unittest.TestCase):
 
     def test_handles_count_from_one_skipping_the_client_ids_own_low_bits(self):
         client = (0xAAAA_BBBB_0000_0002, 0x1111_2222_3333_4444)
-        owners = c_module._HandleOwners(client)
+        owners = _common.HandleOwners(client)
         made = [owners.resolve(None) for _ in range(3)]
         self.assertEqual(made, [(0xAAAA_BBBB_0000_0001, client[1]),
                                 (0xAAAA_BBBB_0000_0003, client[1]),
@@ -119,13 +119,13 @@ class OwnerDerivation(unittest.TestCase):
                     owners.resolve(bad)
 
     def test_the_count_wraps_after_2_to_the_32(self):
-        owners = c_module._HandleOwners((0x5_0000_0000, 7))
+        owners = _common.HandleOwners((0x5_0000_0000, 7))
         owners._handles = 0xFFFF_FFFE
         self.assertEqual([owners.resolve(None)[0] for _ in range(3)],
                          [0x5_FFFF_FFFF, 0x5_0000_0001, 0x5_0000_0002])  # 0 is the client's
 
     def test_threads_get_distinct_owners(self):
-        owners = c_module._HandleOwners((0, 0))
+        owners = _common.HandleOwners((0, 0))
         made = []
 
         def take():
@@ -144,20 +144,20 @@ class WaitArguments(unittest.TestCase):
     """No server: what a wait means, and the rounds it is asked in."""
 
     def test_none_and_infinity_wait_until_granted_and_bad_waits_are_refused(self):
-        self.assertIsNone(c_module._wait_seconds(None))
-        self.assertIsNone(c_module._wait_seconds(math.inf))
-        self.assertEqual(c_module._wait_seconds(0), 0.0)
-        self.assertEqual(c_module._wait_seconds(2.5), 2.5)
+        self.assertIsNone(_common.wait_seconds(None))
+        self.assertIsNone(_common.wait_seconds(math.inf))
+        self.assertEqual(_common.wait_seconds(0), 0.0)
+        self.assertEqual(_common.wait_seconds(2.5), 2.5)
         for bad in (-1, -math.inf, math.nan, "5", [1]):
             with self.subTest(bad=bad):
                 with self.assertRaises(ValueError):
-                    c_module._wait_seconds(bad)
+                    _common.wait_seconds(bad)
 
     def test_rounds_halve_when_refused_and_go_on_after_a_timeout(self):
         refused = types.SimpleNamespace(type=p.ERROR, error=p.ERROR_WAIT_OUT_OF_RANGE)
         timeout = types.SimpleNamespace(type=p.TIMEOUT, error=0)
         busy = types.SimpleNamespace(type=p.BUSY, error=0)
-        forever = c_module._WaitRounds(None)
+        forever = _requests.WaitRounds(None)
         self.assertEqual(forever.next_ms(), 300_000)
         self.assertTrue(forever.again(refused))
         self.assertEqual(forever.next_ms(), 150_000)
@@ -165,16 +165,16 @@ class WaitArguments(unittest.TestCase):
         self.assertEqual(forever.next_ms(), 150_000)
         self.assertFalse(forever.again(None))  # unanswered: UnreachableError
         self.assertTrue(forever.again(types.SimpleNamespace(type=p.RECOVERING, error=0)))
-        long = c_module._WaitRounds(3600)
+        long = _requests.WaitRounds(3600)
         self.assertEqual(long.next_ms(), 3_600_000)
         self.assertTrue(long.again(refused))
         self.assertEqual(long.next_ms(), 300_000)  # the usual --max-wait first
-        try_once = c_module._WaitRounds(0)
+        try_once = _requests.WaitRounds(0)
         self.assertEqual(try_once.next_ms(), 0)
         self.assertFalse(try_once.again(busy))
         self.assertFalse(try_once.again(timeout))
         self.assertFalse(try_once.again(types.SimpleNamespace(type=p.RECOVERING, error=0)))
-        short = c_module._WaitRounds(0.001)
+        short = _requests.WaitRounds(0.001)
         self.assertEqual(short.next_ms(), 1)
         self.assertFalse(short.again(refused))  # 1 ms refused: the server's error
         time.sleep(0.01)

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import shardlock  # noqa: E402
 from shardlock import protocol as p  # noqa: E402
 from shardlock.client import HolderInfo  # noqa: E402
-from shardlock.watch import PAUSE, ROUND, _WatchRounds  # noqa: E402
+from shardlock import _policy  # noqa: E402
+from shardlock.watch import PAUSE, ROUND  # noqa: E402
 from test_client import AsyncServerTestCase, Daemon, ServerTestCase, wait_until  # noqa: E402
 
 # A wait no test reaches: a watch that returns before it was woken.
@@ -36,10 +37,10 @@ def event(token, holders=1, mode="exclusive", values=(b"v",)):
 
 
 class WatchRounds(unittest.TestCase):
-    """_WatchRounds, the decisions KeyWatch and AsyncKeyWatch drive."""
+    """WatchRounds, the decisions KeyWatch and AsyncKeyWatch drive."""
 
     def test_a_repeated_version_re_arms_and_a_new_one_is_reported_once(self):
-        rounds = _WatchRounds(30.0, 0.05)
+        rounds = _policy.WatchRounds(30.0, 0.05)
         steps = rounds.steps(None)
         self.assertEqual(next(steps), (ROUND, 30000))
         self.assertEqual(rounds.since, shardlock.NO_VERSION)
@@ -55,7 +56,7 @@ class WatchRounds(unittest.TestCase):
         self.assertEqual(second.exception.value.version, (0, 0))
 
     def test_a_refused_wait_halves_the_round_and_failures_back_off(self):
-        rounds = _WatchRounds(30.0, 0.05)
+        rounds = _policy.WatchRounds(30.0, 0.05)
         steps = rounds.steps(None)
         next(steps)
         self.assertEqual(steps.send(shardlock.ServerError(p.ERROR_WAIT_OUT_OF_RANGE, "")),
@@ -72,7 +73,7 @@ class WatchRounds(unittest.TestCase):
             steps.send(shardlock.ClientClosedError("closed"))
 
     def test_the_deadline_raises_the_last_failure_or_returns_none(self):
-        rounds = _WatchRounds(30.0, 0.05)
+        rounds = _policy.WatchRounds(30.0, 0.05)
         steps = rounds.steps(time.monotonic() - 1)  # passed: one round, then the end
         self.assertEqual(next(steps), (ROUND, 0))
         with self.assertRaises(StopIteration) as ended:
@@ -92,7 +93,7 @@ class WatchRounds(unittest.TestCase):
     def test_bad_rounds_are_refused(self):
         for round_wait, retry in ((0, 0.05), (30.0, 0), (-1, 0.05)):
             with self.assertRaises(ValueError):
-                _WatchRounds(round_wait, retry)
+                _policy.WatchRounds(round_wait, retry)
 
 
 class ServerCase(ServerTestCase):
