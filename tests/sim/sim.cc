@@ -7,8 +7,9 @@
 //     the global clock, a CAS on the map key, and views of the prefix sent to
 //     each node over its own (cuttable, delayable) link;
 //   * Membership: the node's registration, keep-alives (the lease deadline
-//     from the send time, as membership.cc), map adoption and the "which map
-//     to publish" rule of Membership::reconcile(), modelled here;
+//     from the send time, as membership.cc), map adoption, and the "which
+//     map to publish" rule of Membership::reconcile() (next_map.h, the real
+//     one);
 //   * Node: the real Shards (tokens in a real TokenStore), Dispatcher,
 //     Replicator, EpochFile and NodeDriver, on a clock of its own whose rate
 //     drifts within the replication's allowance;
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "epoch_file.h"
+#include "next_map.h"
 #include "node_driver.h"
 #include "server/dispatcher.h"
 #include "server/replicator.h"
@@ -52,8 +54,10 @@ using cluster::ClusterMap;
 using cluster::ClusterMember;
 using cluster::ClusterView;
 using cluster::HostResult;
+using cluster::MapDecision;
 using cluster::MemberRecord;
 using cluster::MemberState;
+using cluster::next_map;
 using lease::ClientId;
 using lease::Datagram;
 using lease::Message;
@@ -763,38 +767,19 @@ void Node::reconcile() {
     adopt(*published, published_revision);
   }
   watched_maps.clear();
-  // Membership::reconcile()'s rule: active members, and joining ones the
-  // map already promoted under the same lease, are members; other joining
-  // ones learners; with no member, the learners.
-  std::vector<ClusterMember> live;
-  std::vector<ClusterMember> learners;
-  bool registered = false;
-  for (const ClusterView::Member& member : view.members) {
-    if (member.id == id) registered = lease != 0 && member.lease == lease;
-    if (!member.readable) continue;
-    ClusterMember entry{member.id, member.record.address, member.record.weight, member.lease};
-    const bool promoted =
-        published && member.lease != 0 &&
-        std::any_of(published->members.begin(), published->members.end(),
-                    [&](const auto& m) { return m.id == member.id && m.lease == member.lease; });
-    if (member.record.state == MemberState::kActive ||
-        (member.record.state == MemberState::kJoining && promoted)) {
-      live.push_back(std::move(entry));
-    } else if (member.record.state == MemberState::kJoining) {
-      learners.push_back(std::move(entry));
-    }
-  }
-  if (live.empty()) live.swap(learners);
+  // Membership::reconcile()'s rule, the real one (next_map.h).
   if (epoch_wanted && static_cast<std::int64_t>(map_revision) > wanted_after_revision) {
     epoch_wanted = false;
   }
-  const bool republish = registered && epoch_wanted;
-  const bool unchanged = published && published->members == live && published->learners == learners;
-  if (!live.empty() && (!unchanged || republish)) {
-    ClusterMap next{std::max({published ? published->epoch : 0, epoch_file->highest(),
-                              min_epoch > 0 ? min_epoch - 1 : 0}) +
-                        1,
-                    std::move(live), std::move(learners)};
+  MapDecision decision = next_map({.view = view,
+                                   .published = published,
+                                   .self_id = id,
+                                   .self_lease = lease,
+                                   .highest_epoch_seen = epoch_file->highest(),
+                                   .epoch_wanted = epoch_wanted,
+                                   .epoch_floor = min_epoch});
+  if (decision.next) {
+    ClusterMap next = std::move(*decision.next);
     // The CAS on the map key's mod revision: this read is the current state.
     etcd.put(prefix + "map", cluster::encode_map(next), 0);
     epoch_wanted = false;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "next_map.h"
 #include "shardlock/lock_guard.h"
 
 namespace shardlock::cluster {
@@ -660,57 +661,24 @@ std::optional<std::int64_t> Membership::reconcile() {
     }
     if (*put_own_key) continue;  // this read is already out of date
 
-    std::vector<ClusterMember> live;
-    std::vector<ClusterMember> learners;
-    bool registered = false;  // this node's key is in the read, under its current lease
-    const std::int64_t lease = lease_id();
-    auto promoted = [&](const ClusterView::Member& member) {
-      if (!published || member.lease == 0) return false;
-      return std::any_of(
-          published->members.begin(), published->members.end(),
-          [&](const ClusterMember& m) { return m.id == member.id && m.lease == member.lease; });
-    };
-    for (const ClusterView::Member& member : view->members) {
-      if (member.id == options_.node_id) registered = lease != 0 && member.lease == lease;
-      if (!member.readable) continue;
-      ClusterMember entry{member.id, member.record.address, member.record.weight, member.lease};
-      if (member.record.state == MemberState::kActive ||
-          (member.record.state == MemberState::kJoining && promoted(member))) {
-        live.push_back(std::move(entry));
-      } else if (member.record.state == MemberState::kJoining) {
-        learners.push_back(std::move(entry));
-      }
-    }
-    // With no member to learn from, the learners own the buckets at once.
-    if (live.empty()) live.swap(learners);
-    bool republish = false;
-    std::uint64_t epoch_floor = 0;
+    MapInputs inputs{.view = *view,
+                     .published = published,
+                     .self_id = options_.node_id,
+                     .self_lease = lease_id(),
+                     .highest_epoch_seen = epoch_file_->highest()};
     {
       LockGuard lock(mutex_);
       if (epoch_wanted_ && map_revision_ > epoch_wanted_after_revision_ &&
           map_->epoch > epoch_wanted_above_) {
         epoch_wanted_ = false;
       }
-      // Over a map this node refused (an older epoch than it has seen: etcd
-      // restored from a snapshot, or the map key deleted), the same
-      // membership is put again above every epoch this node has seen, so
-      // the cluster moves past the epochs it may have used before.
-      const bool refused = published && published->epoch < epoch_file_->highest();
-      republish = registered && (epoch_wanted_ || refused);
-      epoch_floor = epoch_floor_;
+      inputs.epoch_wanted = epoch_wanted_;
+      inputs.epoch_floor = epoch_floor_;
     }
-    // An empty membership gives no owners at all; keep the last map instead.
-    const bool unchanged =
-        published && published->members == live && published->learners == learners;
-    if (live.empty() || (unchanged && !republish)) break;
-    // The next epoch: one above the map read, so that consecutive maps have
-    // consecutive epochs (a node that sees a jump knows it missed one). A
-    // jump happens only to stay above what this node has seen (etcd
-    // restored or the map key deleted) or to reach a wanted floor.
-    ClusterMap next{std::max({published ? published->epoch : 0, epoch_file_->highest(),
-                              epoch_floor > 0 ? epoch_floor - 1 : 0}) +
-                        1,
-                    std::move(live), std::move(learners)};
+    MapDecision decision = next_map(inputs);  // next_map.h: the rules
+    if (!decision.next) break;
+    const bool unchanged = decision.unchanged;
+    ClusterMap next = std::move(*decision.next);
     const auto swapped =
         client_->put_if_mod_revision(map_key, encode_map(next), published_revision);
     if (!swapped.ok()) {
