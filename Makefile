@@ -7,7 +7,7 @@ JOBS ?= $(shell nproc)
 CMAKE ?= cmake
 CTEST ?= ctest
 
-.PHONY: all deps deps-release deps-peers deps-cluster deps-failover run test test-dev test-tsan test-clang bench bench-redis \
+.PHONY: all deps deps-release deps-peers deps-cluster deps-failover run test check test-dev test-tsan test-clang bench bench-redis \
         build-release build-bench format lint clean help torture torture-cluster simulate package bench-cluster bench-failover bench-peers deps-lock-peers
 
 all: build-release
@@ -15,6 +15,7 @@ all: build-release
 help:
 	@echo "make run        build the release preset and run the main job (shardlock-bench)"
 	@echo "make test       dev (ASan+UBSan) tests, tsan concurrent tests, clang thread-safety build + fuzz"
+	@echo "make check      the quick loop: dev build, unit tests that start no daemon (not a substitute for make test)"
 	@echo "make bench      run the lock, lock-table, router and lease-path benchmarks (bench preset)"
 	@echo "make bench-redis  shardlock-bench side by side with redis-server on loopback"
 	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, replication's cost, etcd requests, kill -9 window"
@@ -72,21 +73,39 @@ run: build-release
 test: test-dev test-tsan test-clang
 	@echo "make test: dev, tsan and clang stages passed"
 
+# Each stage prints how long it took (README, "Testing").
+STAGE_CLOCK = start=$$(date +%s); trap 'echo "$@: $$(( $$(date +%s) - start )) s"' EXIT;
+
 test-dev: deps
-	$(CMAKE) --preset dev >/dev/null
-	$(CMAKE) --build --preset dev -j $(JOBS)
+	@$(STAGE_CLOCK) set -e; \
+	$(CMAKE) --preset dev >/dev/null; \
+	$(CMAKE) --build --preset dev -j $(JOBS); \
 	$(CTEST) --preset dev
 
 test-tsan: deps
-	$(CMAKE) --preset tsan >/dev/null
-	$(CMAKE) --build --preset tsan -j $(JOBS)
+	@$(STAGE_CLOCK) set -e; \
+	$(CMAKE) --preset tsan >/dev/null; \
+	$(CMAKE) --build --preset tsan -j $(JOBS); \
 	$(CTEST) --preset tsan
 
 test-clang: deps
-	$(CMAKE) --preset clang >/dev/null
-	$(CMAKE) --build --preset clang -j $(JOBS)
-	$(CTEST) --preset clang
+	@$(STAGE_CLOCK) set -e; \
+	$(CMAKE) --preset clang >/dev/null; \
+	$(CMAKE) --build --preset clang -j $(JOBS); \
+	$(CTEST) --preset clang; \
 	$(LINT)
+
+# The quick loop: the dev build and its unit tests that start no daemon,
+# no etcd and no child process (the library, the codec, the server's
+# state machine, the checker, the simulation's replay). Not a substitute
+# for make test.
+CHECK_EXCLUDE = ^(shardlockctl|shardlockd|shardlock_bench|router_tool|cluster_client)_test$$
+check: deps
+	@$(STAGE_CLOCK) set -e; \
+	$(CMAKE) --preset dev >/dev/null; \
+	$(CMAKE) --build --preset dev -j $(JOBS); \
+	$(CTEST) --preset dev -L unit -LE 'cluster|e2e|torture|sim|python|java|package|consumer' \
+	  -E '$(CHECK_EXCLUDE)' -j $(JOBS)
 
 # ---- benchmarks ----------------------------------------------------------
 build-bench: deps-peers
