@@ -34,6 +34,10 @@ public final class FencedLock implements Lock {
   private final String name;
   private final ConcurrentHashMap<Thread, Hold> holds = new ConcurrentHashMap<>();
   private final List<LostLeaseListener> listeners = new CopyOnWriteArrayList<>();
+  private final LeaseMode mode;
+  // A read-write lock's other half: a thread that holds it cannot take this one (its own hold
+  // would queue it at the server behind itself).
+  private volatile FencedLock peer;
 
   /** One thread's grant and how many times it holds it. Touched by its thread alone. */
   private static final class Hold {
@@ -46,8 +50,22 @@ public final class FencedLock implements Lock {
   }
 
   FencedLock(ShardLockClient client, String name) {
+    this(client, name, LeaseMode.EXCLUSIVE);
+  }
+
+  FencedLock(ShardLockClient client, String name, LeaseMode mode) {
     this.client = client;
     this.name = name;
+    this.mode = mode;
+  }
+
+  void setPeer(FencedLock peer) {
+    this.peer = peer;
+  }
+
+  /** EXCLUSIVE for a lock or a write lock, SHARED for a read lock. */
+  public LeaseMode getMode() {
+    return mode;
   }
 
   /** The lock's name: the key it takes. */
@@ -236,11 +254,18 @@ public final class FencedLock implements Lock {
       held.count++;
       return true;
     }
+    FencedLock other = peer;
+    if (other != null && other.holds.containsKey(me)) {
+      throw new IllegalMonitorStateException("thread " + me.getName() + " holds the "
+          + (other.mode == LeaseMode.SHARED ? "read" : "write") + " lock of '" + name
+          + "': taking the " + (mode == LeaseMode.SHARED ? "read" : "write")
+          + " lock too would wait for itself (no upgrade or downgrade)");
+    }
     boolean watchdog = leaseMs < 0;
     long ttlMs = watchdog ? client.config().lockWatchdogTimeout().toMillis() : leaseMs;
     Lease lease;
     try {
-      lease = ShardLockClient.await(client.acquireAsync(name, LeaseMode.EXCLUSIVE, 0,
+      lease = ShardLockClient.await(client.acquireAsync(name, mode, 0,
           TimeUnit.MILLISECONDS.toNanos(ttlMs),
           waitNanos, TimeUnit.NANOSECONDS, watchdog), interruptible);
     } catch (LockBusyException | WaitTimeoutException e) {

@@ -55,6 +55,8 @@ public final class ShardLockClient implements AutoCloseable {
   private final long clientHi;
   private final AtomicInteger handles = new AtomicInteger();
   private final ConcurrentHashMap<String, FencedLock> locks = new ConcurrentHashMap<>();
+  private final ConcurrentHashMap<String, FencedReadWriteLock> readWriteLocks =
+      new ConcurrentHashMap<>();
   private final long requestTimeoutNanos;
 
   // shardlockd's default --max-wait: the first round of a wait without end, and the first guess
@@ -161,6 +163,29 @@ public final class ShardLockClient implements AutoCloseable {
   public FencedLock getLock(String name) {
     keyBytes(name);
     return locks.computeIfAbsent(name, n -> new FencedLock(this, n));
+  }
+
+  /**
+   * The read-write lock named {@code name} (shared leases for readers, an exclusive one for the
+   * writer, on one key): the same object for the same name. It takes the key {@code name}, as
+   * {@link #getLock} does, so its write lock and getLock(name) exclude each other.
+   */
+  public FencedReadWriteLock getReadWriteLock(String name) {
+    keyBytes(name);
+    return readWriteLocks.computeIfAbsent(name, n -> new FencedReadWriteLock(this, n));
+  }
+
+  /**
+   * A counting semaphore of {@code permits} on the key {@code name}: at most that many holders
+   * at once, each with a lease (and fencing token) of its own. The first user's limit holds
+   * until the key is idle; another limit meanwhile is refused (ServerErrorException 12).
+   */
+  public FencedSemaphore getSemaphore(String name, int permits) {
+    keyBytes(name);
+    if (permits < 1 || permits > Protocol.MAX_PERMITS) {
+      throw new IllegalArgumentException("permits must be 1..65535, not " + permits);
+    }
+    return new FencedSemaphore(this, name, permits);
   }
 
   /**
