@@ -176,6 +176,22 @@ public final class ShardLockClient implements AutoCloseable {
   }
 
   /**
+   * A lock over all of {@code names} at once (2..16 keys of one server), all or nothing and
+   * deadlock-free: see {@link FencedMultiLock}.
+   */
+  public FencedMultiLock getMultiLock(String... names) {
+    if (names.length < 1 || names.length > Protocol.MAX_KEYS_PER_REQUEST) {
+      throw new IllegalArgumentException("a multi-lock takes 1..16 keys, not " + names.length);
+    }
+    java.util.Set<String> seen = new java.util.HashSet<>();
+    for (String n : names) {
+      keyBytes(n);
+      if (!seen.add(n)) throw new IllegalArgumentException("a key twice: " + n);
+    }
+    return new FencedMultiLock(this, java.util.List.of(names));
+  }
+
+  /**
    * A counting semaphore of {@code permits} on the key {@code name}: at most that many holders
    * at once, each with a lease (and fencing token) of its own. The first user's limit holds
    * until the key is idle; another limit meanwhile is refused (ServerErrorException 12).
@@ -224,6 +240,44 @@ public final class ShardLockClient implements AutoCloseable {
         watchdog, newOwnerLo());
     op.start();
     return op.result;
+  }
+
+  /**
+   * Takes every key of {@code keys} (2..16 distinct keys of one server) all or nothing, in one
+   * ACQUIRE_MANY: either a lease per key, in the given order, or none held. With a wait the
+   * server takes the keys in its global key order, so two multi-key acquires never wait for each
+   * other in a cycle. {@code mode}: EXCLUSIVE or SHARED. Fails as {@link #acquireAsync} does; a
+   * busy key is named in the {@link LockBusyException}.
+   */
+  public CompletableFuture<java.util.List<Lease>> acquireManyAsync(java.util.List<String> keys,
+      LeaseMode mode, long ttl, long wait, TimeUnit unit, boolean watchdog) {
+    if (keys.isEmpty() || keys.size() > Protocol.MAX_KEYS_PER_REQUEST) {
+      throw new IllegalArgumentException("a multi-key acquire takes 1..16 keys, not "
+          + keys.size());
+    }
+    if (mode == LeaseMode.PERMIT) throw new IllegalArgumentException("no multi-key permits");
+    if (new java.util.HashSet<>(keys).size() != keys.size()) {
+      throw new IllegalArgumentException("a key twice in " + keys);
+    }
+    java.io.ByteArrayOutputStream list = new java.io.ByteArrayOutputStream();
+    for (String k : keys) {
+      byte[] b = keyBytes(k);
+      list.write(b.length & 0xFF);
+      list.write(b.length >>> 8);
+      list.writeBytes(b);
+    }
+    long ttlMs = unit.toMillis(ttl);
+    if (ttlMs < 1 || ttlMs > 0xFFFFFFFFL) {
+      throw new IllegalArgumentException("ttl out of range: " + ttl + " " + unit);
+    }
+    if (transport.closed()) throw new ClientClosedException();
+    long waitNanos = wait < 0 ? -1 : unit.toNanos(wait);
+    AcquireOperation op = new AcquireOperation(String.join(",", keys), new byte[0], mode, 0,
+        ttlMs, waitNanos, watchdog, newOwnerLo());
+    op.many = java.util.List.copyOf(keys);
+    op.keyList = list.toByteArray();
+    op.start();
+    return op.manyResult;
   }
 
   /** Stops the client's threads and closes its socket; calls in flight fail. Idempotent. */
@@ -348,6 +402,10 @@ public final class ShardLockClient implements AutoCloseable {
     long askedMs;
     final long mismatchesAtStart = transport.authMismatches();
     final CompletableFuture<Lease> result = new CompletableFuture<>();
+    // A multi-key acquire: its keys, their wire list, and the future its caller holds.
+    java.util.List<String> many;
+    byte[] keyList;
+    final CompletableFuture<java.util.List<Lease>> manyResult = new CompletableFuture<>();
     // The round in flight, for cancel().
     volatile long requestId;
     volatile Transport.PendingCall call;
@@ -370,7 +428,12 @@ public final class ShardLockClient implements AutoCloseable {
         if (error instanceof CancellationException) {
           Transport.PendingCall c = call;
           if (c != null) transport.abandon(requestId, c);
+        } else if (error != null) {
+          manyResult.completeExceptionally(error);
         }
+      });
+      manyResult.whenComplete((leases, error) -> {
+        if (error instanceof CancellationException) result.cancel(false);
       });
     }
 
@@ -393,6 +456,11 @@ public final class ShardLockClient implements AutoCloseable {
       m.ttlMs = ttlMs;
       m.waitMs = askedMs;
       m.permits = permits;
+      if (many != null) {
+        m.mode = mode == LeaseMode.SHARED ? Protocol.MODE_SHARED : Protocol.MODE_EXCLUSIVE;
+        m.keyCount = many.size();
+        m.keyList = keyList;
+      }
       long sent = System.nanoTime();
       long timeout = TimeUnit.MILLISECONDS.toNanos(askedMs) + requestTimeoutNanos;
       Transport.PendingCall c = transport.call(server, m, ownerLo, clientHi, timeout);
@@ -416,6 +484,7 @@ public final class ShardLockClient implements AutoCloseable {
     }
 
     private MessageType acquireType() {
+      if (many != null) return MessageType.ACQUIRE_MANY;
       switch (mode) {
         case SHARED: return MessageType.ACQUIRE_SHARED;
         case PERMIT: return MessageType.ACQUIRE_PERMIT;
@@ -433,6 +502,13 @@ public final class ShardLockClient implements AutoCloseable {
       switch (reply.type) {
         case GRANTED:
           granted(reply, sent);
+          return;
+        case GRANTED_MANY:
+          grantedMany(reply, sent);
+          return;
+        case BUSY_MANY:
+          result.completeExceptionally(new LockBusyException(
+              reply.index < many.size() ? many.get(reply.index) : name, reply.ttlMs));
           return;
         case BUSY:
           result.completeExceptionally(new LockBusyException(name, reply.ttlMs));
@@ -472,6 +548,31 @@ public final class ShardLockClient implements AutoCloseable {
           return;
         default:
           result.completeExceptionally(new ShardLockException("unexpected reply " + reply.type));
+      }
+    }
+
+    private void grantedMany(Message reply, long sent) {
+      if (reply.listedTokenCount() != many.size()) {
+        result.completeExceptionally(new ShardLockException("GRANTED_MANY with "
+            + reply.listedTokenCount() + " tokens for " + many.size() + " keys"));
+        return;
+      }
+      long expiry = sent + TimeUnit.MILLISECONDS.toNanos(reply.ttlMs)
+          - driftMarginNanos(reply.ttlMs);
+      java.util.List<Lease> leases = new java.util.ArrayList<>(many.size());
+      for (int i = 0; i < many.size(); ++i) {
+        leases.add(new Lease(ShardLockClient.this, many.get(i), keyBytes(many.get(i)),
+            reply.listedToken(i), mode, ownerLo, clientHi, server, reply.ttlMs, sent, expiry,
+            watchdog));
+      }
+      if (System.nanoTime() - expiry >= 0) {
+        for (Lease l : leases) l.releaseQuietly();
+        result.completeExceptionally(new GrantExpiredException(name));
+        return;
+      }
+      for (Lease l : leases) l.startWatching();
+      if (!manyResult.complete(leases)) {
+        for (Lease l : leases) l.releaseQuietly();  // cancelled meanwhile
       }
     }
 

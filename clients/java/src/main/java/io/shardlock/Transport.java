@@ -58,6 +58,8 @@ final class Transport implements AutoCloseable {
     /** Completed with the reply, or null when the deadline passed unanswered. */
     final CompletableFuture<Message> future = new CompletableFuture<>();
     long interval;  // the timer thread's alone
+    byte[] keyList = new byte[0];  // ACQUIRE_MANY: its keys, to release a late grant
+    int keyCount;
     volatile boolean abandoned;
 
     PendingCall(MessageType type, byte[] key, byte[] datagram, InetSocketAddress node,
@@ -141,6 +143,8 @@ final class Transport implements AutoCloseable {
       call.future.completeExceptionally(new ClientClosedException());
       return call;
     }
+    call.keyList = m.keyList;
+    call.keyCount = m.keyCount;
     calls.put(m.requestId, call);
     call.interval = initialRetransmitNanos;
     transmit(m.requestId, call);
@@ -239,6 +243,16 @@ final class Transport implements AutoCloseable {
           release.key = call.key;
           release.token = reply.token;
           sendOnce(call.node, release, call.ownerLo, call.ownerHi);
+        } else if (reply.type == MessageType.GRANTED_MANY) {
+          int at = 0;
+          for (int i = 0; i < call.keyCount && i < reply.listedTokenCount(); ++i) {
+            int n = (call.keyList[at] & 0xFF) | (call.keyList[at + 1] & 0xFF) << 8;
+            Message release = new Message(MessageType.RELEASE, newRequestId());
+            release.key = Arrays.copyOfRange(call.keyList, at + 2, at + 2 + n);
+            release.token = reply.listedToken(i);
+            sendOnce(call.node, release, call.ownerLo, call.ownerHi);
+            at += 2 + n;
+          }
         }
         continue;
       }
