@@ -22,6 +22,11 @@ mapfile -t main_sources < <(find "$here/src/main/java" -name '*.java' | sort)
 mapfile -t test_sources < <(find "$here/src/test/java" -name '*.java' | sort)
 javac --release 17 -encoding UTF-8 -Xlint:all -Werror -d "$out/classes" "${main_sources[@]}"
 jar --create --file "$out/shardlock-client.jar" -C "$out/classes" .
+# The benchmark main (bench.sh runs it) is compiled too, so it cannot rot.
+rm -rf "$out/bench-classes"
+mkdir -p "$out/bench-classes"
+mapfile -t bench_sources < <(find "$here/src/bench/java" -name '*.java' | sort)
+javac --release 17 -encoding UTF-8 -Xlint:all -Werror -d "$out/bench-classes" -cp "$out/classes" "${bench_sources[@]}"
 javac --release 17 -encoding UTF-8 -d "$out/test-classes" -cp "$out/classes:$junit" "${test_sources[@]}"
 cp -r "$here/src/test/resources/." "$out/test-classes/"
 exec java -jar "$junit" --class-path "$out/shardlock-client.jar:$out/test-classes" \
