@@ -29,5 +29,5 @@ mapfile -t bench_sources < <(find "$here/src/bench/java" -name '*.java' | sort)
 javac --release 17 -encoding UTF-8 -Xlint:all -Werror -d "$out/bench-classes" -cp "$out/classes" "${bench_sources[@]}"
 javac --release 17 -encoding UTF-8 -d "$out/test-classes" -cp "$out/classes:$junit" "${test_sources[@]}"
 cp -r "$here/src/test/resources/." "$out/test-classes/"
-exec java -jar "$junit" --class-path "$out/shardlock-client.jar:$out/test-classes" \
+exec java -Dshardlock.clients="$here/.." -jar "$junit" --class-path "$out/shardlock-client.jar:$out/test-classes" \
   --scan-class-path --disable-banner --disable-ansi-colors --details=tree --fail-if-no-tests "$@"
