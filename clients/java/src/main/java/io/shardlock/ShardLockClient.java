@@ -46,8 +46,11 @@ import java.util.concurrent.atomic.AtomicInteger;
  */
 public final class ShardLockClient implements AutoCloseable {
   private final ShardLockConfig config;
-  private final InetSocketAddress server;
-  private final String serverText;
+  // The servers in the router's order (its ids are the addresses as written, weight 1 each, as
+  // the C++ client's ClientRouting), and the router over them; null for one server.
+  private final java.util.List<InetSocketAddress> nodes = new java.util.ArrayList<>();
+  private final java.util.Map<InetSocketAddress, String> nodeTexts = new java.util.HashMap<>();
+  private final io.shardlock.route.Router router;
   private final Transport transport;
   private final ScheduledThreadPoolExecutor timer;
   private final ExecutorService events;
@@ -70,12 +73,30 @@ public final class ShardLockClient implements AutoCloseable {
       throw new UnsupportedOperationException("cluster discovery (discover(true)) is not in this "
           + "version of the Java client yet: give the one server that owns the keys");
     }
-    if (config.servers().size() != 1) {
-      throw new UnsupportedOperationException("several servers need the cluster router, which "
-          + "is not in this version of the Java client yet: give one server");
+    java.util.List<io.shardlock.route.Router.Member> members = new java.util.ArrayList<>();
+    java.util.Map<String, InetSocketAddress> byText = new java.util.HashMap<>();
+    for (String text : config.servers()) {
+      InetSocketAddress address = parseServer(text);
+      if (nodeTexts.containsKey(address)) {
+        throw new IllegalArgumentException("servers '" + nodeTexts.get(address) + "' and '" + text
+            + "' are the same address: each server must be listed once");
+      }
+      if (!nodeTexts.isEmpty() && (address.getAddress() instanceof Inet6Address)
+          != (nodeTexts.keySet().iterator().next().getAddress() instanceof Inet6Address)) {
+        throw new IllegalArgumentException("the servers must all be IPv4 or all IPv6");
+      }
+      nodeTexts.put(address, text);
+      byText.put(text, address);
+      members.add(new io.shardlock.route.Router.Member(text.getBytes(StandardCharsets.UTF_8), 1));
     }
-    this.serverText = config.servers().get(0);
-    this.server = parseServer(serverText);
+    if (members.size() == 1) {
+      this.router = null;
+      nodes.add(byText.get(config.servers().get(0)));
+    } else {
+      this.router = new io.shardlock.route.Router(members);
+      for (byte[] id : router.ids()) nodes.add(byText.get(new String(id, StandardCharsets.UTF_8)));
+    }
+    InetSocketAddress server = nodes.get(0);
     byte[] key = config.authKey();
     if (key == null && config.authKeyFile() != null) key = Auth.loadKey(config.authKeyFile());
     if (key == null) {
@@ -275,6 +296,14 @@ public final class ShardLockClient implements AutoCloseable {
     AcquireOperation op = new AcquireOperation(String.join(",", keys), new byte[0], mode, 0,
         ttlMs, waitNanos, watchdog, newOwnerLo());
     op.many = java.util.List.copyOf(keys);
+    op.server = nodeFor(keyBytes(keys.get(0)));
+    for (String k : keys) {
+      if (!nodeFor(keyBytes(k)).equals(op.server)) {
+        throw new IllegalArgumentException("the keys are owned by different servers ('"
+            + keys.get(0) + "' by " + addressFor(keys.get(0)) + ", '" + k + "' by "
+            + addressFor(k) + "); one multi-key acquire takes keys of one server");
+      }
+    }
     op.keyList = list.toByteArray();
     op.start();
     return op.manyResult;
@@ -327,10 +356,24 @@ public final class ShardLockClient implements AutoCloseable {
     return data;
   }
 
+  /**
+   * The server that owns {@code key}: the only one, or its owner under the Router over the
+   * servers as written (weight 1 each), so every client agrees whatever order it lists them in.
+   */
+  InetSocketAddress nodeFor(byte[] key) {
+    return router == null ? nodes.get(0) : nodes.get(router.ownerIndex(key));
+  }
+
+  /** The "host:port" a call on {@code key} goes to. */
+  public String addressFor(String key) {
+    return nodeTexts.get(nodeFor(keyBytes(key)));
+  }
+
   /** What a silent call means: no answer at all, or answers that failed authentication. */
   UnreachableException unreachable(InetSocketAddress node, String what, String key,
       long waitedNanos, long mismatchesBefore) {
     long seen = transport.authMismatches() - Math.max(0, mismatchesBefore);
+    String serverText = nodeTexts.getOrDefault(node, String.valueOf(node));
     String base = "no answer from " + serverText + " to " + what + " '" + key + "' within "
         + TimeUnit.NANOSECONDS.toMillis(waitedNanos) + " ms";
     if (mismatchesBefore >= 0 && seen > 0) {
@@ -400,6 +443,7 @@ public final class ShardLockClient implements AutoCloseable {
     final long ownerLo;
     long roundMs;
     long askedMs;
+    InetSocketAddress server;  // the key's node (a multi-key acquire's: every key's)
     final long mismatchesAtStart = transport.authMismatches();
     final CompletableFuture<Lease> result = new CompletableFuture<>();
     // A multi-key acquire: its keys, their wire list, and the future its caller holds.
@@ -422,6 +466,7 @@ public final class ShardLockClient implements AutoCloseable {
       this.waitEnd = System.nanoTime() + Math.max(0, waitNanos);
       this.watchdog = watchdog;
       this.ownerLo = ownerLo;
+      this.server = key.length > 0 ? nodeFor(key) : nodes.get(0);
       this.roundMs = forever ? USUAL_MAX_WAIT_MS
           : Math.min(0xFFFFFFFFL, (waitNanos + 999_999) / 1_000_000);
       result.whenComplete((lease, error) -> {
