@@ -24,6 +24,9 @@
 #include <array>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
+#include <initializer_list>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
