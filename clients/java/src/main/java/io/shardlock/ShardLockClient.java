@@ -212,6 +212,11 @@ public final class ShardLockClient implements AutoCloseable {
     return new FencedMultiLock(this, java.util.List.of(names));
   }
 
+  /** A {@link KeyWatch} following {@code key}: its state now, then each change once. */
+  public KeyWatch watch(String key) {
+    return new KeyWatch(this, key);
+  }
+
   /**
    * A counting semaphore of {@code permits} on the key {@code name}: at most that many holders
    * at once, each with a lease (and fencing token) of its own. The first user's limit holds
@@ -329,6 +334,14 @@ public final class ShardLockClient implements AutoCloseable {
 
   ExecutorService events() {
     return events;
+  }
+
+  long clientLo() {
+    return clientLo;
+  }
+
+  long clientHi() {
+    return clientHi;
   }
 
   long requestTimeoutNanos() {
