@@ -212,6 +212,11 @@ public final class ShardLockClient implements AutoCloseable {
     return new FencedMultiLock(this, java.util.List.of(names));
   }
 
+  /** The election named {@code name} (a lease key), for one campaigner: see {@link Election}. */
+  public Election getElection(String name) {
+    return new Election(this, name);
+  }
+
   /** A {@link KeyWatch} following {@code key}: its state now, then each change once. */
   public KeyWatch watch(String key) {
     return new KeyWatch(this, key);
@@ -252,6 +257,19 @@ public final class ShardLockClient implements AutoCloseable {
    */
   public CompletableFuture<Lease> acquireAsync(String key, LeaseMode mode, int permits, long ttl,
       long wait, TimeUnit unit, boolean watchdog) {
+    return acquireAsync(key, mode, permits, ttl, wait, unit, watchdog, new byte[0]);
+  }
+
+  /**
+   * As {@link #acquireAsync(String, LeaseMode, int, long, long, TimeUnit, boolean)}, attaching
+   * {@code value} (0..256 bytes; empty: none) to the holder it makes: a leader's address, a host
+   * name and pid, which watches and holder listings show, kept through renewals.
+   */
+  public CompletableFuture<Lease> acquireAsync(String key, LeaseMode mode, int permits, long ttl,
+      long wait, TimeUnit unit, boolean watchdog, byte[] value) {
+    if (value.length > Protocol.MAX_HOLDER_VALUE_LENGTH) {
+      throw new IllegalArgumentException("a holder value is at most 256 bytes");
+    }
     byte[] data = keyBytes(key);
     long ttlMs = unit.toMillis(ttl);
     if (ttlMs < 1 || ttlMs > 0xFFFFFFFFL) {
@@ -264,6 +282,7 @@ public final class ShardLockClient implements AutoCloseable {
     long waitNanos = wait < 0 ? -1 : unit.toNanos(wait);
     AcquireOperation op = new AcquireOperation(key, data, mode, permits, ttlMs, waitNanos,
         watchdog, newOwnerLo());
+    op.value = value.clone();
     op.start();
     return op.result;
   }
@@ -457,6 +476,7 @@ public final class ShardLockClient implements AutoCloseable {
     long roundMs;
     long askedMs;
     InetSocketAddress server;  // the key's node (a multi-key acquire's: every key's)
+    byte[] value = new byte[0];  // the holder value
     final long mismatchesAtStart = transport.authMismatches();
     final CompletableFuture<Lease> result = new CompletableFuture<>();
     // A multi-key acquire: its keys, their wire list, and the future its caller holds.
@@ -514,6 +534,7 @@ public final class ShardLockClient implements AutoCloseable {
       m.ttlMs = ttlMs;
       m.waitMs = askedMs;
       m.permits = permits;
+      m.value = value;
       if (many != null) {
         m.mode = mode == LeaseMode.SHARED ? Protocol.MODE_SHARED : Protocol.MODE_EXCLUSIVE;
         m.keyCount = many.size();
