@@ -10,6 +10,7 @@
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
 #   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
 #   tools/install-deps.sh --failover the cluster set plus ZooKeeper and kazoo (make bench-failover)
+#   tools/install-deps.sh --java     only the Java client's build and tests (JDK 17, JUnit 5)
 #   tools/install-deps.sh --lock-peers the release set plus Redis, etcd and Go with etcd's
 #                                    client sources (make bench-peers)
 #
@@ -43,6 +44,9 @@ testing=(
 # protobuf and their code generators. etcd's .proto files are not here: they
 # come from tools/fetch-etcd-protos.sh (apt-get download, never installed).
 grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
+# The Java client (clients/java) and its ctest: javac, jar and JUnit 5's
+# console launcher, all from Debian; no Maven.
+java=(openjdk-17-jdk-headless junit5)
 # etcd itself, for the cluster tests, the torture run and make bench-cluster.
 etcd=(etcd-server etcd-client)
 peers=(libtbb-dev libabsl-dev libck-dev)
@@ -58,20 +62,25 @@ golang=(golang-go golang-etcd-server-dev)
 
 want=("${release[@]}" "${grpc[@]}")
 with_testing=1
+java_only=0
 for arg in "$@"; do
   case "$arg" in
     --release) with_testing=0 ;;
     --cluster) with_testing=0; want+=("${etcd[@]}") ;;
     --failover) with_testing=0; want+=("${etcd[@]}" "${zookeeper[@]}") ;;
     --lock-peers) with_testing=0; want+=("${etcd[@]}" "${redis[@]}" "${golang[@]}") ;;
+    --java) java_only=1 ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done
 if [ "$with_testing" -eq 1 ]; then
-  want+=("${testing[@]}" "${etcd[@]}")
+  want+=("${testing[@]}" "${etcd[@]}" "${java[@]}")
+fi
+if [ "$java_only" -eq 1 ]; then
+  want=("${java[@]}")
 fi
 
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -1,0 +1,24 @@
+package io.shardlock;
+
+import io.shardlock.wire.Protocol;
+
+/** The server refused the request (ERROR); {@link #code()} is its wire error code. */
+public class ServerErrorException extends ShardLockException {
+  private static final long serialVersionUID = 1L;
+  private final int code;
+
+  public ServerErrorException(int code) {
+    super("the server refused the request: " + Protocol.errorText(code) + " (error " + code
+        + ")");
+    this.code = code;
+  }
+
+  public int code() {
+    return code;
+  }
+
+  static ServerErrorException of(int code) {
+    return code == Protocol.ERROR_LIMIT_EXCEEDED ? new LimitExceededException()
+        : new ServerErrorException(code);
+  }
+}
