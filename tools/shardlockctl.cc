@@ -1077,14 +1077,21 @@ std::string ping_text(const std::string& node, const ServerStatsReply& s) {
          "\n";
 }
 
+// The column the values of stats' text start after: "  %-20s ".
+constexpr std::size_t kNameWidth = 20;
+
 // stats for people: the node and its shard count, then one "  name value"
 // line per gauge and counter, then the shard tokens.
 std::string stats_text(const std::string& node, const ServerStatsReply& s) {
   std::string text = node + " shards=" + std::to_string(s.shard_count) + "\n";
-  char line[96];
+  // No fixed line buffer: shard_tokens is as long as the shards are many.
   const auto add = [&](std::string_view name, const std::string& value) {
-    std::snprintf(line, sizeof line, "  %-20s %s\n", std::string(name).c_str(), value.c_str());
-    text += line;
+    text += "  ";
+    text += name;
+    text.append(name.size() < kNameWidth ? kNameWidth - name.size() : 0, ' ');
+    text += ' ';
+    text += value;
+    text += '\n';
   };
   if (s.has_gauges()) {
     add("version", s.version());
