@@ -57,9 +57,8 @@ int acquire(Session& session, AcquireFlags& flags) {
   KeyFlags& key = flags.key;
   if (const auto status = resolve_short_w(key, session)) return *status;
   session.out.quiet = key.quiet;
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected) ||
-      !parse_arg(key.ttl, "--ttl", ZeroDuration::kRejected) ||
+  if (const auto status = check_servers_and_timeout(session)) return *status;
+  if (!parse_arg(key.ttl, "--ttl", ZeroDuration::kRejected) ||
       !parse_arg(key.wait, "--wait", ZeroDuration::kAllowed)) {
     return kExitUsage;
   }

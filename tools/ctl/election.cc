@@ -83,12 +83,9 @@ int run_observe(LeaseClient& client, const Session& session, const std::string& 
 }
 
 int leader(Session& session, const ElectionFlags& flags) {
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected)) return kExitUsage;
+  if (const auto status = check_servers_and_timeout(session)) return *status;
   const std::vector<std::string> one_key = {flags.name};
-  ClientRequest request;
-  request.keys = one_key;
-  StartedClient started = start_client(session, request);
+  StartedClient started = start_client_for_key(session, flags.name);
   if (!started.client) return started.status;
   LeaseClient& client = *started.client;
   const HoldersReply r = client.holders(flags.name);
@@ -101,11 +98,8 @@ int leader(Session& session, const ElectionFlags& flags) {
 }
 
 int observe(Session& session, const ElectionFlags& flags) {
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected)) return kExitUsage;
-  ClientRequest request;
-  request.keys = {flags.name};
-  StartedClient started = start_client(session, request);
+  if (const auto status = check_servers_and_timeout(session)) return *status;
+  StartedClient started = start_client_for_key(session, flags.name);
   if (!started.client) return started.status;
   return run_observe(*started.client, session, flags.name, flags.count);
 }

@@ -72,16 +72,12 @@ std::string holders_text(const std::string& key, const HoldersReply& r) {
 
 // renew (with `renew`) or release of the lease `flags` name.
 int renew_or_release(Session& session, LeaseCallFlags& flags, bool renew) {
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected) ||
-      !parse_arg(flags.ttl, "--ttl", ZeroDuration::kRejected)) {
+  if (const auto status = check_servers_and_timeout(session)) return *status;
+  if (!parse_arg(flags.ttl, "--ttl", ZeroDuration::kRejected)) {
     return kExitUsage;
   }
   const std::vector<std::string> one_key = {flags.key};
-  ClientRequest request;
-  request.keys = one_key;
-  request.owner_hex = flags.owner_hex;
-  StartedClient started = start_client(session, request);
+  StartedClient started = start_client_for_key(session, flags.key, flags.owner_hex);
   if (!started.client) return started.status;
   LeaseClient& client = *started.client;
   const std::string& key = flags.key;
@@ -109,12 +105,9 @@ int renew_or_release(Session& session, LeaseCallFlags& flags, bool renew) {
 }
 
 int query(Session& session, const LeaseCallFlags& flags) {
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected)) return kExitUsage;
+  if (const auto status = check_servers_and_timeout(session)) return *status;
   const std::vector<std::string> one_key = {flags.key};
-  ClientRequest request;
-  request.keys = one_key;
-  StartedClient started = start_client(session, request);
+  StartedClient started = start_client_for_key(session, flags.key);
   if (!started.client) return started.status;
   LeaseClient& client = *started.client;
   const std::string& key = flags.key;

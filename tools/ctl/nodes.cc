@@ -138,8 +138,7 @@ int print_nodes(LeaseClient& client, const std::vector<std::string>& nodes, mill
 }
 
 int stats_or_ping(Session& session, bool ping) {
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected)) return kExitUsage;
+  if (const auto status = check_servers_and_timeout(session)) return *status;
   StartedClient started = start_client(session, ClientRequest{});
   if (!started.client) return started.status;
   return print_nodes(*started.client, started.nodes, session.timeout.value, started.have_key,

@@ -350,10 +350,9 @@ int run_or_elect(Session& session, RunFlags& flags, bool election) {
   if (const auto status = resolve_short_w(key, session)) return *status;
   session.out.errors_to_stderr = true;
   session.out.quiet = key.quiet;
-  if (const auto status = require_servers(session)) return *status;
+  if (const auto status = check_servers_and_timeout(session)) return *status;
   if (key.ttl.text.empty()) key.ttl.text = election ? "10s" : "30s";
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected) ||
-      !parse_arg(key.ttl, "--ttl", ZeroDuration::kRejected) ||
+  if (!parse_arg(key.ttl, "--ttl", ZeroDuration::kRejected) ||
       !parse_arg(key.wait, "--wait", ZeroDuration::kAllowed) ||
       !parse_arg(flags.kill_after, "--kill-after", ZeroDuration::kAllowed)) {
     return kExitUsage;

@@ -89,9 +89,20 @@ void on_parsed(CLI::App& sub, Session& session, bool short_w, std::function<int(
   sub.callback([&session, action = std::move(action)] { session.action = action; });
 }
 
-std::optional<int> require_servers(const Session& session) {
-  if (!session.globals.servers.empty()) return std::nullopt;
-  return usage_error(kTool, "--server (or SHARDLOCK_SERVER) is required");
+std::optional<int> check_servers_and_timeout(Session& session) {
+  if (session.globals.servers.empty()) {
+    return usage_error(kTool, "--server (or SHARDLOCK_SERVER) is required");
+  }
+  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected)) return kExitUsage;
+  return std::nullopt;
+}
+
+StartedClient start_client_for_key(const Session& session, const std::string& key,
+                                   const std::string& owner_hex) {
+  ClientRequest request;
+  request.keys = {key};
+  request.owner_hex = owner_hex;
+  return start_client(session, request);
 }
 
 sigset_t handled_signals() {

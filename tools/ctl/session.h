@@ -81,12 +81,19 @@ struct StartedClient {
   lease::LeaseOptions owner;       // acquire --owner: the lease's owner
 };
 
-// A usage error unless --server (or SHARDLOCK_SERVER) named the servers.
-[[nodiscard]] std::optional<int> require_servers(const Session& session);
+// What every command that talks to the lease servers checks first: a
+// usage error unless --server (or SHARDLOCK_SERVER) named the servers, or
+// --timeout is not a valid duration; else nullopt, session.timeout parsed.
+[[nodiscard]] std::optional<int> check_servers_and_timeout(Session& session);
 
 // Checks `request`, then starts the client of `session`'s servers; says on
 // stderr why it could not.
 [[nodiscard]] StartedClient start_client(const Session& session, const ClientRequest& request);
+
+// start_client() for a command on one key (renew, release, query, leader,
+// observe), with --owner's `owner_hex` if any.
+[[nodiscard]] StartedClient start_client_for_key(const Session& session, const std::string& key,
+                                                 const std::string& owner_hex = {});
 
 // The signals run and elect take synchronously (sigtimedwait).
 [[nodiscard]] sigset_t handled_signals();

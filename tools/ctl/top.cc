@@ -142,8 +142,7 @@ int run_top(LeaseClient& client, const std::vector<std::string>& nodes, millisec
 }
 
 int top(Session& session, TopArgs& args) {
-  if (const auto status = require_servers(session)) return *status;
-  if (!parse_arg(session.timeout, "--timeout", ZeroDuration::kRejected)) return kExitUsage;
+  if (const auto status = check_servers_and_timeout(session)) return *status;
   StartedClient started = start_client(session, ClientRequest{});
   if (!started.client) return started.status;
   if (!parse_arg(args.interval, "--interval", ZeroDuration::kRejected)) return kExitUsage;
