@@ -40,6 +40,7 @@
 #include <cstdio>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <thread>
@@ -47,7 +48,6 @@
 
 #include "common/allocator.h"
 #include "common/command_line.h"
-#include "common/json.h"
 #include "shardlock/internal/cpu.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
@@ -61,6 +61,8 @@ using namespace shardlock;
 using namespace shardlock::lease;
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+// The JSON result's fields in the order they are set.
+using Json = nlohmann::ordered_json;
 
 constexpr const char* kTool = "shardlock-bench";
 
@@ -730,52 +732,72 @@ int run_table(const Config& config, Result& result) {
 
 double us(std::uint64_t ns) { return static_cast<double>(ns) / 1000.0; }
 
-std::string latency_json(const Histogram& h) {
-  char buffer[256];
-  std::snprintf(buffer, sizeof buffer,
-                "{\"count\":%" PRIu64
-                ",\"p50\":%.1f,\"p90\":%.1f,\"p99\":%.1f,\"p999\":%.1f,\"max\":%.1f}",
-                h.count(), us(h.quantile(0.50)), us(h.quantile(0.90)), us(h.quantile(0.99)),
-                us(h.quantile(0.999)), us(h.max()));
-  return buffer;
+// `x` rounded to `digits` decimals: the precision the numbers always had.
+double rounded(double x, int digits) {
+  const double scale = std::pow(10.0, digits);
+  return std::round(x * scale) / scale;
+}
+
+Json latency_json(const Histogram& h) {
+  Json j;
+  j["count"] = h.count();
+  j["p50"] = rounded(us(h.quantile(0.50)), 1);
+  j["p90"] = rounded(us(h.quantile(0.90)), 1);
+  j["p99"] = rounded(us(h.quantile(0.99)), 1);
+  j["p999"] = rounded(us(h.quantile(0.999)), 1);
+  j["max"] = rounded(us(h.max()), 1);
+  return j;
 }
 
 // {"ttl_out_of_range":123,"unreachable":4}: the error kinds that occurred.
-std::string errors_by_kind_json(const Totals& t) {
-  std::string out = "{";
+Json errors_by_kind_json(const Totals& t) {
+  Json j = Json::object();
   for (std::size_t i = 0; i < kErrorKindCount; ++i) {
-    if (t.errors_by_kind[i] == 0) continue;
-    if (out.size() > 1) out += ',';
-    out += tools::json_string(kErrorKindNames[i]) + ":" + std::to_string(t.errors_by_kind[i]);
+    if (t.errors_by_kind[i] != 0) j[std::string(kErrorKindNames[i])] = t.errors_by_kind[i];
   }
-  return out + "}";
+  return j;
 }
 
+// One JSON object, made with nlohmann-json: valid whatever the target's
+// name or the first error holds (bytes that are not UTF-8 become U+FFFD).
 void print_json(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
-  std::printf("{\"mode\":\"%s\",\"target\":%s,\"duration_s\":%.3f,\"clients\":%u,\"keys\":%" PRIu64
-              ",\"client_threads\":%u,\"theta\":%.3f,\"ttl_ms\":%lld,\"batch\":%u,\"pack\":%u,"
-              "\"ops\":%" PRIu64 ",\"ops_per_s\":%.1f,\"pairs\":%" PRIu64
-              ",\"pairs_per_s\":%.1f,\"grants\":%" PRIu64 ",\"busy\":%" PRIu64
-              ",\"errors\":%" PRIu64 ",\"retransmissions\":%" PRIu64 ",\"datagrams_sent\":%" PRIu64
-              ",\"auth\":%s,\"allocator\":\"%s\",\"busy_poll_us\":%u,\"cpu_s\":%.3f,"
-              "\"cpu_cores\":%.2f,\"read_fraction\":%.3f,\"keys_per_op\":%u,\"acquires\":%" PRIu64
-              ",\"shared_acquires\":%" PRIu64
-              ",\"errors_by_kind\":%s,\"first_error\":%s,\"ok\":%s,\"latency_us\":%s,"
-              "\"pair_latency_us\":%s}\n",
-              config.mode.c_str(), tools::json_string(r.target).c_str(), r.seconds, config.clients,
-              config.keys,
-              config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u,
-              config.theta, static_cast<long long>(config.ttl.count()), config.batch, config.pack,
-              r.totals.requests, static_cast<double>(r.totals.requests) / s, r.totals.pairs,
-              static_cast<double>(r.totals.pairs) / s, r.totals.grants, r.totals.busy,
-              r.totals.errors, r.retransmissions, r.datagrams, config.auth_key ? "true" : "false",
-              tools::kAllocatorName, config.busy_poll_us, r.cpu_seconds, r.cpu_seconds / s,
-              config.read_fraction, config.keys_per_op, r.totals.acquires, r.totals.shared_acquires,
-              errors_by_kind_json(r.totals).c_str(),
-              r.first_error.empty() ? "null" : tools::json_string(r.first_error).c_str(),
-              failure_reason(r).empty() ? "true" : "false", latency_json(r.request_latency).c_str(),
-              latency_json(r.pair_latency).c_str());
+  Json j;
+  j["mode"] = config.mode;
+  j["target"] = r.target;
+  j["duration_s"] = rounded(r.seconds, 3);
+  j["clients"] = config.clients;
+  j["keys"] = config.keys;
+  j["client_threads"] =
+      config.mode == "lease" ? std::min(config.client_threads, config.clients) : 0u;
+  j["theta"] = rounded(config.theta, 3);
+  j["ttl_ms"] = config.ttl.count();
+  j["batch"] = config.batch;
+  j["pack"] = config.pack;
+  j["ops"] = r.totals.requests;
+  j["ops_per_s"] = rounded(static_cast<double>(r.totals.requests) / s, 1);
+  j["pairs"] = r.totals.pairs;
+  j["pairs_per_s"] = rounded(static_cast<double>(r.totals.pairs) / s, 1);
+  j["grants"] = r.totals.grants;
+  j["busy"] = r.totals.busy;
+  j["errors"] = r.totals.errors;
+  j["retransmissions"] = r.retransmissions;
+  j["datagrams_sent"] = r.datagrams;
+  j["auth"] = config.auth_key.has_value();
+  j["allocator"] = tools::kAllocatorName;
+  j["busy_poll_us"] = config.busy_poll_us;
+  j["cpu_s"] = rounded(r.cpu_seconds, 3);
+  j["cpu_cores"] = rounded(r.cpu_seconds / s, 2);
+  j["read_fraction"] = rounded(config.read_fraction, 3);
+  j["keys_per_op"] = config.keys_per_op;
+  j["acquires"] = r.totals.acquires;
+  j["shared_acquires"] = r.totals.shared_acquires;
+  j["errors_by_kind"] = errors_by_kind_json(r.totals);
+  j["first_error"] = r.first_error.empty() ? Json(nullptr) : Json(r.first_error);
+  j["ok"] = failure_reason(r).empty();
+  j["latency_us"] = latency_json(r.request_latency);
+  j["pair_latency_us"] = latency_json(r.pair_latency);
+  std::printf("%s\n", j.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
 }
 
 void print_table(const Config& config, const Result& r) {

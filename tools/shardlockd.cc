@@ -2,7 +2,7 @@
 //
 // Prints one JSON line to stdout once the socket is bound:
 //   {"event":"ready","listen":"127.0.0.1:7420","port":7420,...,
-//    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":60.000,...,
+//    "lock_delay_ends":"2026-11-25T12:01:00.250Z","lock_delay_remaining_s":59.998,...,
 //    "fresh_data_dir":false,"version":"0.1.0","pid":1234}
 // (fresh_data_dir: the data dir had never issued a token, so there was no
 // lock-delay to wait out; docs/lease-server.md, "A fresh data dir")
@@ -33,6 +33,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -40,7 +41,6 @@
 #include "common/allocator.h"
 #include "common/command_line.h"
 #include "common/daemon_log.h"
-#include "common/json.h"
 #include "common/systemd.h"
 #include "common/traffic_summary.h"
 #include "prometheus_exporter.h"
@@ -58,10 +58,11 @@ using shardlock::lease::IoBackend;
 using shardlock::lease::LeaseServer;
 using shardlock::lease::LeaseServerOptions;
 using shardlock::tools::DaemonLog;
-using shardlock::tools::json_string;
 using shardlock::tools::LogLevel;
 using shardlock::tools::utc_iso8601;
 using shardlock::tools::ZeroDuration;
+// The ready line's fields in the order they are set.
+using Json = nlohmann::ordered_json;
 
 constexpr const char* kTool = "shardlockd";
 constexpr int kExitStartFailed = 1;
@@ -79,6 +80,13 @@ std::string seconds_text(std::chrono::nanoseconds d) {
   std::snprintf(text.data(), text.size(), "%.3f",
                 std::chrono::duration<double>(std::max(d, std::chrono::nanoseconds{0})).count());
   return text.data();
+}
+
+// The same seconds as a JSON number, 59.998 (rounded to the millisecond).
+double seconds_value(std::chrono::nanoseconds d) {
+  const auto ms =
+      std::chrono::round<std::chrono::milliseconds>(std::max(d, std::chrono::nanoseconds{0}));
+  return static_cast<double>(ms.count()) / 1000.0;
 }
 
 // Tells systemd `state` (Type=notify); a failure is only logged.
@@ -555,24 +563,22 @@ int run(int argc, char** argv) {
       return kExitStartFailed;
     }
   }
-  std::string metrics_json = "null";
+  Json metrics = nullptr;
   if (exporter) {
     const std::size_t colon = metrics_address.rfind(':');
-    metrics_json =
-        json_string(metrics_address.substr(0, colon + 1) + std::to_string(exporter->port()));
+    metrics = metrics_address.substr(0, colon + 1) + std::to_string(exporter->port());
   }
   const auto effective_delay = server.lock_delay();
-  std::string cluster_json = "null";
+  Json cluster_info = nullptr;
 #ifdef SHARDLOCK_HAVE_CLUSTER
   if (node) {
     const auto stats = node->stats();
-    cluster_json =
-        "{\"node_id\":" + json_string(cluster.node_id) +
-        ",\"advertise\":" + json_string(cluster.advertise) +
-        ",\"epoch\":" + std::to_string(stats.membership.highest_epoch) + ",\"lock_delay_ms\":" +
-        std::to_string(
-            std::chrono::duration_cast<std::chrono::milliseconds>(node->lock_delay()).count()) +
-        "}";
+    cluster_info = Json::object();
+    cluster_info["node_id"] = cluster.node_id;
+    cluster_info["advertise"] = cluster.advertise;
+    cluster_info["epoch"] = stats.membership.highest_epoch;
+    cluster_info["lock_delay_ms"] =
+        std::chrono::duration_cast<std::chrono::milliseconds>(node->lock_delay()).count();
   }
 #endif
   const auto delay_left = std::max(lock_delay_ends - server.now(), std::chrono::nanoseconds{0});
@@ -585,7 +591,7 @@ int run(int argc, char** argv) {
               "granted at once");
   } else {
     const std::string until =
-        cluster_json == "null"
+        cluster_info.is_null()
             ? ": ACQUIRE is answered RECOVERING until then"
             : (options.replication
                    ? ", the earliest this node's buckets activate, except those it takes over "
@@ -596,20 +602,28 @@ int run(int argc, char** argv) {
     log.write(LogLevel::kInfo, "lock-delay ends at " + delay_ends_text + " (in " +
                                    seconds_text(delay_left) + " s)" + until);
   }
-  std::printf(
-      "{\"event\":\"ready\",\"listen\":%s,\"port\":%u,\"shards\":%u,\"io\":\"%s\","
-      "\"io_threads\":%u,\"data_dir\":%s,\"max_ttl_ms\":%lld,\"lock_delay_ms\":%lld,"
-      "\"lock_delay_ends\":\"%s\",\"lock_delay_remaining_s\":%s,\"auth\":%s,\"metrics\":%s,"
-      "\"fresh_data_dir\":%s,\"allocator\":\"%s\",\"cluster\":%s,\"version\":\"%s\","
-      "\"pid\":%d}\n",
-      json_string(server.listen_address()).c_str(), server.port(), options.shards,
-      std::string(to_string(server.backend())).c_str(), options.io_threads,
-      options.data_dir.empty() ? "null" : json_string(options.data_dir).c_str(),
-      static_cast<long long>(options.max_ttl.count()),
-      static_cast<long long>(effective_delay.count()), delay_ends_text.c_str(),
-      seconds_text(delay_left).c_str(), options.auth_key ? "true" : "false", metrics_json.c_str(),
-      server.fresh_data_dir() ? "true" : "false", shardlock::tools::kAllocatorName,
-      cluster_json.c_str(), std::string(shardlock::kVersion).c_str(), static_cast<int>(::getpid()));
+  Json ready;
+  ready["event"] = "ready";
+  ready["listen"] = server.listen_address();
+  ready["port"] = server.port();
+  ready["shards"] = options.shards;
+  ready["io"] = std::string(to_string(server.backend()));
+  ready["io_threads"] = options.io_threads;
+  ready["data_dir"] = options.data_dir.empty() ? Json(nullptr) : Json(options.data_dir);
+  ready["max_ttl_ms"] = options.max_ttl.count();
+  ready["lock_delay_ms"] = effective_delay.count();
+  ready["lock_delay_ends"] = delay_ends_text;
+  ready["lock_delay_remaining_s"] = seconds_value(delay_left);
+  ready["auth"] = options.auth_key.has_value();
+  ready["metrics"] = std::move(metrics);
+  ready["fresh_data_dir"] = server.fresh_data_dir();
+  ready["allocator"] = shardlock::tools::kAllocatorName;
+  ready["cluster"] = std::move(cluster_info);
+  ready["version"] = std::string(shardlock::kVersion);
+  ready["pid"] = static_cast<int>(::getpid());
+  // A data dir that is not UTF-8 (any bytes name a path) would make invalid
+  // JSON: its bad bytes are written U+FFFD instead.
+  std::printf("%s\n", ready.dump(-1, ' ', false, Json::error_handler_t::replace).c_str());
   std::fflush(stdout);
   // Bound, data dir loaded, ready line out: systemd may start what follows it.
   const std::string listening = "; listening on " + server.listen_address();

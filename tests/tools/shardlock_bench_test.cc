@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -66,6 +68,14 @@ TEST(ShardlockBenchTest, ShortEmbeddedRunPrintsOneJsonResult) {
   EXPECT_EQ((*j)["errors"].number, 0);
   EXPECT_TRUE((*j)["errors_by_kind"].fields.empty());
   EXPECT_EQ((*j)["first_error"].kind, Json::Kind::kNull);
+  // A strict parser (nlohmann's refuses invalid UTF-8 and stray commas)
+  // reads the same object, its numbers at the precision they always had.
+  nlohmann::json strict;
+  ASSERT_NO_THROW(strict = nlohmann::json::parse(r.out)) << r.out;
+  EXPECT_EQ(strict["clients"], 4);
+  EXPECT_TRUE(strict["ops_per_s"].is_number());
+  const double duration = strict["duration_s"].get<double>();
+  EXPECT_DOUBLE_EQ(duration, std::round(duration * 1000) / 1000);
 }
 
 // The reported case: every ACQUIRE is refused (ERROR ttl out of range), so

@@ -21,6 +21,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -48,12 +49,13 @@ const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 // --max-ttl after a restart).
 class Daemon {
  public:
-  explicit Daemon(const std::string& lock_delay = "0", const std::vector<std::string>& extra = {})
+  explicit Daemon(const std::string& lock_delay = "0", const std::vector<std::string>& extra = {},
+                  const std::string& shards = "8")
       : process_(
             kDaemon,
             with_extra(lock_delay.empty()
-                           ? std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", "8"}
-                           : std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", "8",
+                           ? std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", shards}
+                           : std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", shards,
                                                       "--lock-delay", lock_delay},
                        extra)) {
     const std::string line = process_.read_line(20s);
@@ -241,6 +243,21 @@ TEST(ShardlockctlTest, PingSaysHowTheServerIs) {
       << stats_text.out;
   EXPECT_NE(stats_text.out.find("\n  version              "), std::string::npos);
   EXPECT_NE(stats_text.out.find("\n  uptime               "), std::string::npos);
+
+  // Every one of 64 shard tokens is printed, and the next node's header
+  // begins its own line (a fixed line buffer once cut both off).
+  Daemon wide("0", {}, "64");
+  ASSERT_FALSE(wide.address().empty());
+  const ToolResult both = run_tool(kCtl, {"--server", wide.address() + "," + d.address(), "stats"});
+  ASSERT_EQ(both.exit_code, 0) << both.err;
+  std::smatch tokens;
+  ASSERT_TRUE(std::regex_search(both.out, tokens, std::regex("\n  shard_tokens +([0-9 ]*)\n")))
+      << both.out;
+  std::istringstream words(tokens[1].str());
+  std::size_t count = 0;
+  for (std::string word; words >> word;) ++count;
+  EXPECT_EQ(count, 64u) << both.out;
+  EXPECT_NE(both.out.find("\n" + d.address() + " shards=8\n"), std::string::npos) << both.out;
 
   // In its lock-delay: answered, recovering, and how long yet.
   Daemon recovering("1m");

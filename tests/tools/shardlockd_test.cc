@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <regex>
 #include <string>
@@ -260,6 +261,21 @@ TEST_F(ShardlockdTest, TokensSurviveKillDashNine) {
   EXPECT_EQ(d.wait(), 0);
 }
 
+// Any bytes name a path: a data dir that is not UTF-8 still gives a ready
+// line that is valid JSON (nlohmann's parser refuses invalid UTF-8), with
+// the path's bad bytes written U+FFFD.
+TEST_F(ShardlockdTest, TheReadyLineIsValidJsonForADataDirThatIsNotUtf8) {
+  const std::string dir = root_ + "/data-\xff\xfe-\"quoted\"";
+  Daemon d({"--listen", "127.0.0.1:0", "--data-dir", dir, "--shards", "2", "--io", "socket"});
+  const std::string ready = d.read_line();
+  ASSERT_NE(ready_port(ready), 0) << ready;
+  nlohmann::json j;
+  ASSERT_NO_THROW(j = nlohmann::json::parse(ready)) << ready;
+  EXPECT_EQ(j["data_dir"].get<std::string>(), root_ + "/data-\xef\xbf\xbd\xef\xbf\xbd-\"quoted\"");
+  EXPECT_EQ(j["event"], "ready");
+  EXPECT_TRUE(fs::is_directory(dir)) << "the daemon uses the path as given";
+}
+
 // Issue 33: a brand-new data dir has no earlier lease to protect, so the
 // daemon grants at once with the default lock-delay and says so; after a
 // kill -9 the same dir waits its lock-delay out (RECOVERING).
@@ -357,7 +373,7 @@ std::optional<LockDelayEnd> ready_lock_delay_end(const std::string& line) {
   std::smatch m;
   static const std::regex kEnd(
       R"re("lock_delay_ends":"((\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)\.(\d{3})Z)",)re"
-      R"re("lock_delay_remaining_s":(\d+\.\d{3}),)re");
+      R"re("lock_delay_remaining_s":(\d+(?:\.\d{1,3})?),)re");
   if (!std::regex_search(line, m, kEnd)) return std::nullopt;
   std::tm utc{};
   utc.tm_year = std::stoi(m[2].str()) - 1900;
