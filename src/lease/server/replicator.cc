@@ -218,17 +218,23 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
       // A fresh stream counts as having promised a lease from now: this
       // node's previous run, or this run before it stopped promising, may
       // have promised one.
-      // No lease to the primary before it is on this map: on an older one
-      // it may still count as its own a bucket this node took over since
-      // (after a retirement, or after a map that moved the primary away and
-      // one that gave it back: simulation seed 9345, where a drained and
-      // undrained primary still on the map before its drain was lent leases
-      // for a bucket its backup had taken over and granted meanwhile).
+      // No lease to the primary before it is on this map if this node took
+      // a bucket over from it: on an older map it may still count that
+      // bucket as its own (after a retirement, or after a map that moved
+      // the primary away and one that gave it back: simulation seed 9345,
+      // where a drained and undrained primary still on the map before its
+      // drain was lent leases for a bucket its backup had taken over and
+      // granted meanwhile). Any other primary gets leases on any map, as a
+      // lagging one must to keep granting (refused by every fresh stream, a
+      // learner's or a new backup's, a primary behind a slow etcd link
+      // could grant nothing until it caught up with the maps).
       const auto after = after_stream.find(id);
       const bool retired = after != after_stream.end();
+      const bool taken_from = retired || taken_over_from_.contains(id);
       from_[id] = std::make_unique<FromPrimary>(
           replication::node_tag(id), peer.address, options_.timing, std::max(now_ns, created_ns_),
-          std::move(buckets), layout.epoch, retired ? after->second : 0, layout.epoch);
+          std::move(buckets), layout.epoch, retired ? after->second : 0,
+          taken_from ? layout.epoch : 0);
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);
@@ -564,6 +570,7 @@ bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std:
   if (!s.promise_expired(now_ns) || !s.caught_up(bucket)) return false;
   out = s.bucket_holders(bucket);
   from->taken.insert(bucket);
+  taken_over_from_.insert(primary);
   if (owner_active != nullptr) *owner_active = s.owner_active(bucket);
   return true;
 }

@@ -39,6 +39,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -310,6 +311,11 @@ class Replicator {
   // primary id, for takeover() of those buckets only (`buckets`).
   std::vector<std::pair<std::string, std::unique_ptr<FromPrimary>>> retiring_
       SHARDLOCK_GUARDED_BY(mu_);
+  // The primaries (ids) this node took a bucket over from in this run: a
+  // new stream from one of them lends leases only from the map it is made
+  // in (set_layout), since on an older map that primary may still count the
+  // bucket as its own.
+  std::unordered_set<std::string> taken_over_from_ SHARDLOCK_GUARDED_BY(mu_);
   replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
   // The stream ids held_'s needs refer to, by index.
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);
