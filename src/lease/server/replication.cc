@@ -254,7 +254,10 @@ bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
 
 PrimaryStream::PrimaryStream(std::uint64_t stream, const StreamTiming& timing,
                              const Addressing& addressing) noexcept
-    : stream_(stream), timing_(timing), addressing_(addressing) {}
+    : stream_(stream),
+      timing_(timing),
+      addressing_(addressing),
+      retransmit_after_ns_(timing.retransmit_ns) {}
 
 std::uint64_t PrimaryStream::append(Entry entry) {
   if (has_key(entry.kind) &&
@@ -300,13 +303,17 @@ void PrimaryStream::poll(std::int64_t now_ns, std::uint64_t epoch,
   // New entries go out while the unacknowledged ones stay under the window.
   const bool unsent = sent_up_to_ < last_seq() && sent_up_to_ - applied_ < timing_.max_in_flight;
   const bool overdue = !pending_.empty() && sent_up_to_ > applied_ &&
-                       now_ns - oldest_unacked_send_ns_ >= timing_.retransmit_ns;
+                       now_ns - oldest_unacked_send_ns_ >= retransmit_after_ns_;
   if (overdue) {
     // The unacknowledged, from the oldest: the backup applies in order, so
-    // a lost datagram holds back all after it.
+    // a lost datagram holds back all after it. Backed off until an ack
+    // moves on (on_ack()); heartbeats still go out meanwhile, so the
+    // backup's lease is renewed whatever the timeout has grown to.
     ++retransmissions_;
     send_from(0, now_ns, epoch, settled, out);
     oldest_unacked_send_ns_ = now_ns;
+    retransmit_after_ns_ = std::min(std::max(timing_.max_retransmit_ns, timing_.retransmit_ns),
+                                    retransmit_after_ns_ * 2);
     return;
   }
   if (unsent) {
@@ -353,6 +360,7 @@ void PrimaryStream::on_ack(const Ack& ack, std::int64_t now_ns) noexcept {
     }
     // What is still unacknowledged was last sent no earlier than this.
     oldest_unacked_send_ns_ = last_send_ns_;
+    retransmit_after_ns_ = timing_.retransmit_ns;
   }
   if (ack.lease_ms > 0) {
     const auto lease_ns = static_cast<std::int64_t>(ack.lease_ms) * 1'000'000;

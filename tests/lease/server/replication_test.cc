@@ -485,6 +485,59 @@ TEST(ReplicationStream, ABackupThatMissedPartOfTheStreamAppliesNothingPastTheGap
   EXPECT_EQ(backup.holder_count(), 2U);
 }
 
+// A backup too slow to answer within retransmit_ns (starved, or
+// sanitizer-built on busy cores) was sent the whole window again every
+// 20 ms, while heartbeats kept its lease up: each retransmission without
+// progress now doubles the wait before the next, up to max_retransmit_ns,
+// and an ack that moves on brings it back.
+TEST(ReplicationStream, RetransmissionsWithoutProgressBackOffAndAnAckResetsThem) {
+  StreamTiming timing;
+  timing.heartbeat_ns = 1000 * kMs;  // out of the way: only entries are counted
+  const std::int64_t rto = timing.retransmit_ns;
+  PrimaryStream primary(1, timing);
+  BackupStream backup(timing, 0);
+  std::vector<std::vector<std::uint8_t>> wire;
+  (void)primary.append(grant(1, "slow", 1));
+  primary.poll(0, 1, wire);
+  ASSERT_EQ(wire.size(), 1U);  // sent, never answered
+  // Retransmitted after rto, then after 2, 4, 8 x rto, then every
+  // max_retransmit_ns.
+  std::vector<std::int64_t> resent_at;
+  for (std::int64_t now = 1 * kMs; now <= 700 * kMs; now += 1 * kMs) {
+    wire.clear();
+    primary.poll(now, 1, wire);
+    if (!wire.empty()) resent_at.push_back(now);
+  }
+  const std::vector<std::int64_t> expected = {rto,
+                                              3 * rto,
+                                              7 * rto,
+                                              15 * rto,
+                                              15 * rto + timing.max_retransmit_ns,
+                                              15 * rto + 2 * timing.max_retransmit_ns};
+  EXPECT_EQ(resent_at, expected);
+  EXPECT_EQ(primary.retransmissions(), expected.size());
+  // The last one gets through: acknowledged, the timeout is rto again.
+  std::int64_t now = expected.back();
+  wire.clear();
+  primary.poll(now, 1, wire);
+  ASSERT_TRUE(wire.empty());
+  // (the last retransmission is re-made to deliver it)
+  primary.poll(now + timing.max_retransmit_ns, 1, wire);
+  ASSERT_EQ(wire.size(), 1U);
+  now += timing.max_retransmit_ns;
+  deliver(primary, backup, wire, now);
+  EXPECT_EQ(primary.applied(), 1U);
+  (void)primary.append(grant(1, "next", 2));
+  wire.clear();
+  primary.poll(now, 1, wire);
+  ASSERT_EQ(wire.size(), 1U);  // lost
+  wire.clear();
+  primary.poll(now + rto - 1, 1, wire);
+  EXPECT_TRUE(wire.empty());
+  primary.poll(now + rto, 1, wire);
+  EXPECT_EQ(wire.size(), 1U) << "resent after rto, not the backed-off timeout";
+}
+
 TEST(ReplicationStream, ThePrimaryLeaseRunsFromTheSendNotTheAnswer) {
   StreamTiming timing;
   timing.lease_ms = 250;

@@ -169,7 +169,13 @@ void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out);
 struct StreamTiming {
   std::int64_t heartbeat_ns = 50'000'000;   // send at least this often
   std::int64_t retransmit_ns = 20'000'000;  // resend what is unacknowledged after this
-  std::uint32_t lease_ms = 250;             // the backup's grant per acknowledgement
+  // Each retransmission that brings no acknowledgement of anything new
+  // doubles the wait before the next, up to this; an ack that moves on
+  // brings it back to retransmit_ns. A backup slowed past retransmit_ns (a
+  // starved or sanitizer-built process) was otherwise sent the whole window
+  // again every 20 ms, which it had to decode while already behind.
+  std::int64_t max_retransmit_ns = 160'000'000;
+  std::uint32_t lease_ms = 250;  // the backup's grant per acknowledgement
   // The primary shortens each lease by factor x lease + allowance, for the
   // two clocks' rate difference and scheduling (as the client's drift margin).
   double drift_factor = 0.01;
@@ -201,8 +207,10 @@ class PrimaryStream {
   // poll().
   std::uint64_t append(Entry entry);
   // The datagrams due at `now_ns`: every entry not sent yet, everything not
-  // acknowledged once retransmit_ns has passed since it was last sent, and a
-  // heartbeat (no entries) when nothing was sent for heartbeat_ns.
+  // acknowledged once the retransmission timeout (retransmit_ns, doubled by
+  // each retransmission without progress up to max_retransmit_ns) has passed
+  // since it was last sent, and a heartbeat (no entries) when nothing was
+  // sent for heartbeat_ns.
   // `settled`: the primary's process is past its lock-delay
   // (kFlagPrimarySettled).
   void poll(std::int64_t now_ns, std::uint64_t epoch, std::vector<std::vector<std::uint8_t>>& out,
@@ -252,6 +260,7 @@ class PrimaryStream {
   std::int64_t oldest_unacked_send_ns_ = kNever;
   std::int64_t newest_echo_ns_ = kNever;  // of the newest ack taken
   std::int64_t lease_until_ns_ = kNever;
+  std::int64_t retransmit_after_ns_;  // the current retransmission timeout
   bool resync_ = false;
   std::uint64_t datagrams_sent_ = 0;
   std::uint64_t retransmissions_ = 0;
