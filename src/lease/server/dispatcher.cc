@@ -723,13 +723,23 @@ bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer
     return true;
   };
   if (const auto error = check_many(m, limits_)) return refuse(*error);
+  const std::uint64_t fingerprint = many_fingerprint(m, options_.key_seed);
   if (now < limits_.recovering_until_ms) {
     reply.type = MessageType::kRecovering;
     reply.retry_after_ms = static_cast<std::uint32_t>(
         std::min<std::int64_t>(limits_.recovering_until_ms - now, UINT32_MAX));
+    // Remembered, as finish_many() remembers a gate's refusal.
+    LockGuard lock(multi_mu_);
+    try {
+      many_answers_.put(owner, m.request_id,
+                        MultiAnswer{.type = MessageType::kRecovering,
+                                    .ttl_ms = reply.retry_after_ms,
+                                    .fingerprint = fingerprint});
+    } catch (const std::bad_alloc&) {
+      count(allocation_failures_);
+    }
     return true;
   }
-  const std::uint64_t fingerprint = many_fingerprint(m, options_.key_seed);
   // Built whole before it is registered: a registered request that is never
   // stepped would wait forever. An allocation failure here leaves nothing.
   auto owned = std::make_unique<MultiAcquire>();
@@ -817,7 +827,7 @@ std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bo
   const auto state_error = [&](Shard::PartState state, Shard& shard) {
     if (state == Shard::PartState::kRedirect || state == Shard::PartState::kNotReady) {
       // The cluster gate refused a key: nothing is held, and the client
-      // goes to the owner or tries again (never remembered: finish_many).
+      // goes to the owner or tries again (under a fresh request id: finish_many).
       abandon_many(m, now, deferred);
       Message refusal;
       shard.refuse_by_gate(state == Shard::PartState::kRedirect ? ClusterGate::Verdict::kRedirect
@@ -937,12 +947,11 @@ void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,
 void Dispatcher::finish_many(const MultiAcquire& m, MultiAnswer answer) {
   answer.fingerprint = m.fingerprint;
   LockGuard lock(multi_mu_);
-  // A gate's refusal is not the request's outcome: its retransmission asks
-  // again (by then the key may be grantable here).
-  const bool gated =
-      answer.type == MessageType::kRedirect || answer.type == MessageType::kRecovering;
+  // A gate's refusal is remembered too: the client asks again under a fresh
+  // request id, and a late copy of this one must not be granted with no
+  // call left to take the grant (Shard::remember_refusal()).
   try {
-    if (!gated) many_answers_.put(m.client, m.request_id, answer);
+    many_answers_.put(m.client, m.request_id, answer);
   } catch (const std::bad_alloc&) {
     count(allocation_failures_);  // a retransmission then starts afresh
   }

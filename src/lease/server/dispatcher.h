@@ -205,7 +205,8 @@ class Dispatcher {
   // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
   struct MultiAnswer {
     // kGrantedMany, kBusyMany, kTimeout, kError; kRedirect and kRecovering
-    // (the cluster gate refused a key) are answered but never remembered.
+    // (the cluster gate refused a key, or the lock-delay runs), remembered
+    // too: the client asks again under a fresh request id.
     MessageType type = MessageType::kError;
     std::uint32_t ttl_ms = 0;  // kGrantedMany, kBusyMany; retry_after_ms for kRecovering
     std::uint64_t epoch = 0;   // kRedirect

@@ -183,6 +183,23 @@ void Shard::remember(const ClientId& client, std::uint64_t request_id, const Ans
   }
 }
 
+void Shard::remember_refusal(const ClientId& client, std::uint64_t request_id, const Message& reply,
+                             std::uint64_t fingerprint) {
+  // An ACQUIRE refused for now (RECOVERING, REDIRECT) is asked again under a
+  // fresh request id: every client rides through so (CallEngine, the Python
+  // and Java clients). A copy of this one still in flight must get the same
+  // refusal, never a grant: that grant's answer would reach no call, and its
+  // lease would keep the key for the TTL, with the client's next request
+  // (the same owner) waiting behind it (the e2e return test's TIMEOUT: a
+  // retransmission sent before the RECOVERING arrived was granted just after
+  // the bucket went active).
+  remember(client, request_id,
+           Answer{.type = reply.type,
+                  .ttl_ms = reply.type == MessageType::kRecovering ? reply.retry_after_ms : 0,
+                  .token = reply.type == MessageType::kRedirect ? reply.epoch : 0,
+                  .fingerprint = fingerprint});
+}
+
 bool Shard::handle(const ClientId& client, const Peer& peer, const Message& request,
                    std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
                    std::vector<DeferredReply>& deferred, std::uint16_t reply_credit,
@@ -236,6 +253,7 @@ bool Shard::answer(const ClientId& client, const Peer& peer, const Message& requ
     count(StatCounter::kErrors);
     return true;
   }
+  const std::uint64_t fingerprint = mutating ? request_fingerprint(request.type, key_hash) : 0;
   // A WATCH too: the holders of the lock-delay are unknown, so no version
   // read now could be trusted.
   if ((acquire || request.type == MessageType::kWatch) && now_ms < limits_.recovering_until_ms) {
@@ -243,10 +261,10 @@ bool Shard::answer(const ClientId& client, const Peer& peer, const Message& requ
     reply.retry_after_ms = static_cast<std::uint32_t>(
         std::min<std::int64_t>(limits_.recovering_until_ms - now_ms, UINT32_MAX));
     count(StatCounter::kRecovering);
+    if (acquire) remember_refusal(client, request.request_id, reply, fingerprint);
     return true;
   }
   const KeyRef key{request.key, key_hash};
-  const std::uint64_t fingerprint = mutating ? request_fingerprint(request.type, key_hash) : 0;
   if (mutating) {
     if (const Answer* cached = dedup_.find(client, request.request_id); cached != nullptr) {
       if (cached->fingerprint != fingerprint) {
@@ -285,7 +303,8 @@ bool Shard::answer(const ClientId& client, const Peer& peer, const Message& requ
   if (request.type != MessageType::kRelease) {
     if (const auto verdict = gate_verdict(request.key, now_ms);
         verdict != ClusterGate::Verdict::kGrant) {
-      refuse_by_gate(verdict, reply);  // not remembered: a retransmission asks again
+      refuse_by_gate(verdict, reply);
+      if (acquire) remember_refusal(client, request.request_id, reply, fingerprint);
       return true;
     }
   }

@@ -1026,7 +1026,11 @@ TEST_F(DispatcherGateTest, AClientWithANewerMapIsToldToRetryNotGranted) {
   EXPECT_EQ(only_reply_to(handle(bytes, alice_), alice_).type, MessageType::kGranted);
 }
 
-TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndIsNotRemembered) {
+// The refusal is remembered: the client asks again under a fresh request
+// id, and a late copy of the refused one granted once the keys are
+// grantable would hold them with no call left to take the grant (the
+// single-key case: ShardGateTest's late copy of a refused ACQUIRE).
+TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndGetsItsRefusalAgain) {
   publish(5);
   const std::string mine = key_of(true);
   const std::string theirs = key_of(false);
@@ -1039,9 +1043,15 @@ TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndIsNotR
       only_reply_to(send(kAlice, {many({mine}, 10, /*wait_ms=*/500)}, alice_), alice_);
   EXPECT_EQ(waiting.type, MessageType::kRecovering);
   EXPECT_FALSE(held(mine));
-  // Once active, the retransmission (same request id) is decided afresh.
+  // Once active, a late copy (same request id) is refused again and takes
+  // nothing; the client's next request (a fresh id) is granted.
   publish(7);
-  const Message granted = only_reply_to(send(kAlice, {many({mine}, 10, 500)}, alice_), alice_);
+  const Message late = only_reply_to(send(kAlice, {many({mine}, 10, 500)}, alice_), alice_);
+  EXPECT_EQ(late.type, MessageType::kRecovering);
+  EXPECT_FALSE(held(mine));
+  const Message again = only_reply_to(send(kAlice, {many({mine, theirs}, 9)}, alice_), alice_);
+  EXPECT_EQ(again.type, MessageType::kRedirect);
+  const Message granted = only_reply_to(send(kAlice, {many({mine}, 11, 500)}, alice_), alice_);
   ASSERT_EQ(granted.type, MessageType::kGrantedMany);
   EXPECT_EQ(granted.listed_token(0) >> 32, 7u);
 }

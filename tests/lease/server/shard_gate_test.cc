@@ -352,6 +352,28 @@ TEST_F(ShardGateTest, AGrantsRetransmissionIsAnsweredOnlyWhileTheKeyIsGrantableH
   EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77).type, MessageType::kRedirect);
 }
 
+// An ACQUIRE refused while its bucket is not active yet is asked again
+// under a fresh request id (every client rides through so). A copy of the
+// refused one still in flight when the bucket goes active must get the
+// refusal again, not a grant: that grant would reach no call and keep the
+// key for its TTL, and the client's next request (the same owner) would
+// wait behind it until TIMEOUT (the e2e return test, seen in CI).
+TEST_F(ShardGateTest, ALateCopyOfARefusedAcquireIsRefusedAgainAndTakesNothing) {
+  gate(5, ClusterGate::kOwned);  // owned, not active yet
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_, 0, 0, 41).type, MessageType::kRecovering);
+  gate(6);  // active
+  EXPECT_EQ(send(kAlice, MessageType::kAcquire, mine_, 0, 0, 41).type, MessageType::kRecovering);
+  const Message granted = send(kAlice, MessageType::kAcquire, mine_, 0, 0, 42);
+  ASSERT_EQ(granted.type, MessageType::kGranted);
+  ASSERT_EQ(send(kAlice, MessageType::kRelease, mine_, granted.token).type, MessageType::kReleased);
+  // A REDIRECT likewise.
+  gate(7, ClusterGate::kForeign);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_, 0, 0, 43).type, MessageType::kRedirect);
+  gate(8);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_, 0, 0, 43).type, MessageType::kRedirect);
+  EXPECT_EQ(send(kBob, MessageType::kAcquire, mine_, 0, 0, 44).type, MessageType::kGranted);
+}
+
 TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
   gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
   const Message a = send(kAlice, MessageType::kAcquireShared, mine_);

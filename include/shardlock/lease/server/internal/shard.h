@@ -632,6 +632,9 @@ class Shard {
   // Whether the gate gives `key` to another node.
   [[nodiscard]] bool foreign(std::string_view key) const noexcept;
   void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
+  // Remembers an ACQUIRE's RECOVERING or REDIRECT `reply` as its answer.
+  void remember_refusal(const ClientId& client, std::uint64_t request_id, const Message& reply,
+                        std::uint64_t fingerprint);
   // The deadline of a lease granted or renewed for `ttl_ms` at `now_ms`,
   // rounded up (see shard.cc), and the time surely left of one.
   [[nodiscard]] static std::int64_t deadline_for(std::int64_t now_ms,
