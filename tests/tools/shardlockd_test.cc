@@ -699,7 +699,10 @@ TEST_F(ShardlockdTest, RefusedAndMalformedTrafficIsSummarised) {
             std::string::npos)
       << first;
   EXPECT_NE(first.find("1 auth_failures ("), std::string::npos) << first;
-  EXPECT_NE(first.find("1 malformed ("), std::string::npos) << first;
+  // The daemon's loop may take its first look between the two datagrams
+  // (seen under TSan: "1 auth_failures" alone, 0.0 s after the start): the
+  // garbage is then news for the summary at the stop.
+  const bool malformed_told = first.find("1 malformed (") != std::string::npos;
 
   // Within the hour: nothing until the stop, which reports only the news.
   peer.send_raw(garbage);
@@ -711,7 +714,8 @@ TEST_F(ShardlockdTest, RefusedAndMalformedTrafficIsSummarised) {
   const auto summary = rest.find("refused or dropped traffic");
   ASSERT_NE(summary, std::string::npos) << rest;
   EXPECT_EQ(rest.find("refused or dropped traffic", summary + 1), std::string::npos) << rest;
-  EXPECT_NE(rest.find("2 malformed ("), std::string::npos) << rest;
+  EXPECT_NE(rest.find(malformed_told ? "2 malformed (" : "3 malformed ("), std::string::npos)
+      << rest;
   EXPECT_EQ(rest.find("auth_failures"), std::string::npos) << rest;
   EXPECT_LT(summary, rest.find("stopped")) << rest;
 }

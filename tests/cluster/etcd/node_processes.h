@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -89,7 +90,8 @@ class NodeProcessTest : public EtcdSuiteTest {
     }
     nodes_.clear();  // kills what is left
     if (root_.empty()) return;
-    if (HasFailure()) {
+    // SHARDLOCK_KEEP_NODE_LOGS=1 keeps them after a pass too (to compare).
+    if (HasFailure() || std::getenv("SHARDLOCK_KEEP_NODE_LOGS") != nullptr) {
       std::cout << "kept the nodes' data dirs and logs for a look: " << root_ << "\n";
       return;
     }

@@ -76,6 +76,11 @@ std::string address(const LeaseServer& server) {
   return "127.0.0.1:" + std::to_string(server.port());
 }
 
+// Datagrams sent other than retransmissions: what batching decides.
+std::uint64_t first_sends(const LeaseClient& client) {
+  return client.datagrams_sent() - client.retransmissions();
+}
+
 // ---------------------------------------------------------------------------
 // The fault-injection seam: wraps the client's real UDP transport and loses,
 // duplicates and reorders datagrams in both directions. Seeded, so a failure
@@ -483,7 +488,7 @@ TEST(LeaseClientTest, CallsFromCompletionsAreBatched) {
   std::atomic<int> granted{0};
   std::atomic<int> released{0};
   std::atomic<int> done{0};
-  const std::uint64_t sent_before = client->datagrams_sent();
+  const std::uint64_t sent_before = first_sends(*client);
   client->post([&] {
     for (int i = 0; i < kCalls; ++i) {
       const std::string key = "batch/" + std::to_string(i);
@@ -508,8 +513,10 @@ TEST(LeaseClientTest, CallsFromCompletionsAreBatched) {
   EXPECT_EQ(granted.load(), kCalls);
   EXPECT_EQ(released.load(), kCalls);
   // 20 acquires in one datagram, then the releases in as few as the replies
-  // came in: far fewer datagrams than calls.
-  EXPECT_LT(client->datagrams_sent() - sent_before, static_cast<std::uint64_t>(kCalls));
+  // came in: far fewer first sends than calls. Retransmissions go one call
+  // per datagram, and how many a loaded machine makes is timing, so they
+  // are not counted.
+  EXPECT_LT(first_sends(*client) - sent_before, static_cast<std::uint64_t>(kCalls));
 }
 
 // Owners multiplexed over one client (as shardlock-bench does): each is
@@ -519,7 +526,7 @@ TEST(LeaseClientTest, OwnersSharingOneClientExcludeEachOther) {
   auto server = start_server();
   ASSERT_TRUE(server);
   auto client = start_client({address(*server)});
-  const std::uint64_t sent_before = client->datagrams_sent();
+  const std::uint64_t sent_before = first_sends(*client);
   constexpr int kOwners = 150;
   std::vector<ClientId> owners;
   for (int i = 0; i < kOwners; ++i) owners.push_back(random_client_id());
@@ -542,9 +549,9 @@ TEST(LeaseClientTest, OwnersSharingOneClientExcludeEachOther) {
   while (done.load() < kOwners && Clock::now() - begin < 10s) std::this_thread::sleep_for(5ms);
   EXPECT_EQ(granted.load(), 1);
   EXPECT_EQ(busy.load(), kOwners - 1);
-  // About 28 owners' ACQUIREs fit in one datagram: far fewer datagrams than
-  // owners, even with some retransmissions.
-  EXPECT_LT(client->datagrams_sent() - sent_before, static_cast<std::uint64_t>(kOwners));
+  // About 28 owners' ACQUIREs fit in one datagram: far fewer first sends
+  // than owners (CI's loaded run retransmitted every one of them once more).
+  EXPECT_LT(first_sends(*client) - sent_before, static_cast<std::uint64_t>(kOwners));
   EXPECT_EQ(client->try_acquire("shared/key", 1s).error,
             LeaseErrc::kBusy);  // the client's own id, too
 }
