@@ -159,6 +159,9 @@ torture: build-release
 # --replicas 2, node-to-node partitions past the replica timeout and kills
 # of a node whose peers stopped hearing it; 2% of the exclusive holders stay
 # 1.5 x max TTL, so the kept property has leases that live through a fault.
+# Issue 34's faults too: one-way node-to-node cuts, a slow etcd link on one
+# node, clients that retransmit slowly, and a node replaced at its address
+# under a new id.
 # The short runs are ctests (torture_cluster_short,
 # torture_cluster_replicated_short).
 TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --replicas 2 --seconds 300 --workers 6 --clients 6 \
@@ -169,7 +172,8 @@ TORTURE_CLUSTER_FLAGS ?= --cluster-nodes 3 --replicas 2 --seconds 300 --workers 
                          --etcd-partitions 2 --client-partitions 2 --short-pauses 3 \
                          --short-etcd-partitions 3 --stalled-double-drains 4 --double-drains 2 \
                          --joins-during-drains 2 --kills-during-handoffs 2 --rolling-restarts 1 \
-                         --slow-watches 2 --seed 2026
+                         --slow-watches 2 --one-way-node-cuts 2 --slow-etcd-links 2 \
+                         --node-replacements 1 --slow-retransmit-groups 1 --seed 2026
 torture-cluster: build-release deps-cluster
 	build/release/tools/shardlock-torture $(TORTURE_CLUSTER_FLAGS)
 

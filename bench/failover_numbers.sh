@@ -26,7 +26,8 @@
 #   bench/failover_numbers.sh [BUILD_DIR]      (default build/release)
 #
 # Environment: TRIALS (per system, default 5), SYSTEMS (default
-# "etcd zookeeper shardlock"), HOLDERS (shardlock holders, default 20),
+# "etcd zookeeper shardlock rolling"; rolling is one run of four steps, see
+# rolling_trial), HOLDERS (shardlock holders, default 20),
 # VICTIM_HOLDERS (of them on the killed node, default 10), MAX_TTL (the
 # nodes' --max-ttl and the holders' --ttl, default 2s), REPLICA_TIMEOUT
 # (--replica-timeout, default 300ms, shardlockd's default), ETCD_TTL
@@ -41,7 +42,7 @@ build=${1:-build/release}
 daemon=$build/tools/shardlockd
 ctl=$build/tools/shardlockctl
 trials=${TRIALS:-5}
-systems=${SYSTEMS:-etcd zookeeper shardlock}
+systems=${SYSTEMS:-etcd zookeeper shardlock rolling}
 holders=${HOLDERS:-20}
 victim_holders=${VICTIM_HOLDERS:-10}
 max_ttl=${MAX_TTL:-2s}
@@ -65,12 +66,14 @@ for system in $systems; do
       [ -r /usr/share/java/zookeeper.jar ] || die "/usr/share/java/zookeeper.jar not found (tools/install-deps.sh --failover)"
       "$kazoo_python" -c 'import kazoo' 2>/dev/null || die "$kazoo_python cannot import kazoo (python3-kazoo; tools/install-deps.sh --failover)"
       ;;
-    shardlock)
+    shardlock|rolling)
+      [ "$system" = shardlock ] || /usr/bin/python3 -c 'import xxhash' 2>/dev/null ||
+        die "/usr/bin/python3 cannot import xxhash (python3-xxhash; tools/install-deps.sh --failover)"
       for binary in "$daemon" "$ctl"; do
         [ -x "$binary" ] || die "$binary not built (make build-release)"
       done
       ;;
-    *) die "unknown system '$system' (SYSTEMS: etcd zookeeper shardlock)" ;;
+    *) die "unknown system '$system' (SYSTEMS: etcd zookeeper shardlock rolling)" ;;
   esac
 done
 
@@ -84,7 +87,7 @@ cleanup() {
   if [ -n "$keep_logs" ]; then
     mkdir -p "$keep_logs"
     # The logs only: etcd's data dirs preallocate 64 MB WAL files each.
-    (cd "$work" && find . -type f \( -name '*.log' -o -name '*.err' -o -name '*.cfg' \) \
+    (cd "$work" && find . -type f \( -name '*.log' -o -name '*.err' -o -name '*.cfg' -o -name '*.json' \) \
        -exec cp --parents {} "$keep_logs"/ \;) 2>/dev/null || true
   fi
   rm -rf "$work"
@@ -397,6 +400,21 @@ owned_at() {
 }
 # A node's log time (UTC, ms) as epoch seconds.
 log_seconds() { python3 -c "import datetime, sys; print(datetime.datetime.strptime(sys.argv[1], '%Y-%m-%dT%H:%M:%S.%fZ').replace(tzinfo=datetime.timezone.utc).timestamp())" "$1"; }
+# wait_grantable SERVERS SECONDS WHAT: until 16 keys in a row are granted
+# through SERVERS (--discover), or die after SECONDS naming WHAT.
+wait_grantable() {
+  local deadline=$((SECONDS + $2)) ok i
+  while :; do
+    ok=1
+    for i in $(seq 0 15); do
+      "$ctl" --server "$1" --discover --timeout 500ms run -n "warm-$i" --ttl 1s -- true >/dev/null 2>&1 || { ok=0; break; }
+    done
+    [ $ok = 1 ] && return 0
+    [ $SECONDS -lt $deadline ] || die "$3: the cluster did not become grantable"
+    sleep 0.2
+  done
+}
+
 shardlock_trial() {
   local trial=$1
   local dir=$work/shardlock-$trial i
@@ -415,16 +433,7 @@ shardlock_trial() {
   done
   local all="${addr[n1]},${addr[n2]},${addr[n3]}" survivors="${addr[n1]},${addr[n3]}"
   # Grantable: every node grants its keys (its lock-delay after a start).
-  local deadline=$((SECONDS + 60)) ok
-  while :; do
-    ok=1
-    for i in $(seq 0 15); do
-      "$ctl" --server "$all" --discover --timeout 500ms run -n "warm-$i" --ttl 1s -- true >/dev/null 2>&1 || { ok=0; break; }
-    done
-    [ $ok = 1 ] && break
-    [ $SECONDS -lt $deadline ] || die "shardlock trial $trial: the cluster did not become grantable"
-    sleep 0.2
-  done
+  wait_grantable "$all" 60 "shardlock trial $trial"
   # Keys: VICTIM_HOLDERS owned by n2 (the node to kill), the other holders'
   # on n1 and n3, and one more free key of n2 for the probe.
   local -a victim_keys=() other_keys=()
@@ -538,6 +547,122 @@ shardlock_trial() {
   sleep 0.2
 }
 
+# ---- shardlock: a rolling restart of 3 nodes, then a join -----------------
+# 3 nodes `--replicas 2` at ROLLING_MAX_TTL (default the daemon's 60 s, so
+# that a start's lock-delay is long enough to see), HOLDERS holders for the
+# whole run, and bench/availability_probe.py trying PROBE_KEYS free keys and
+# the held ones over and over. Each node in turn is stopped with SIGTERM (a
+# clean leave) and started again on its data dir under its id; then a fourth
+# node joins. Each step ends STEP_SETTLE seconds after the node is an active
+# member owning buckets again. Per step: the longest time any key was
+# refused (RECOVERING, unanswered, any error but BUSY) to a new acquire, from
+# the refused try's start to the end of the key's next answered one.
+probe_keys=${PROBE_KEYS:-48}
+step_settle=${STEP_SETTLE:-4}
+rolling_max_ttl=${ROLLING_MAX_TTL:-60s}
+# member_state ID: "STATE BUCKETS" of the member in etcd, or nothing while
+# it is not registered.
+member_state() {
+  "$ctl" --timeout 1s --json members --cluster "etcd://127.0.0.1:$etcd_port" --cluster-name "$rolling_cluster" 2>/dev/null |
+    jq -r --arg id "$1" '.nodes[] | select(.id == $id) | "\(.state) \(.buckets)"' 2>/dev/null || true
+}
+rolling_node() {  # rolling_node I: start node nI on its port and data dir
+  local i=$1
+  rolling_starts=$((rolling_starts + 1))
+  spawn 1200 "$rolling_dir/n$i-start$rolling_starts.err" "$daemon" --listen "127.0.0.1:${rolling_port[i]}" \
+    --data-dir "$rolling_dir/n$i" --max-ttl "$rolling_max_ttl" --cluster "etcd://127.0.0.1:$etcd_port" \
+    --cluster-name "$rolling_cluster" --node-id "n$i" --etcd-lease-ttl "$etcd_ttl" --replicas 2 \
+    --replica-timeout "$replica_timeout" --log-level "$log_level"
+  rolling_pid[i]=$spawned
+}
+wait_active() {  # wait_active I: until nI is an active member owning buckets
+  local deadline=$((SECONDS + 120)) state
+  while :; do
+    state=$(member_state "n$1")
+    [[ "$state" == "active "* ]] && [ "${state#active }" -gt 0 ] && return 0
+    [ $SECONDS -lt $deadline ] || die "rolling: n$1 not an active member within 120 s (state: ${state:-none})"
+    sleep 0.1
+  done
+}
+rolling_trial() {
+  rolling_dir=$work/rolling
+  rolling_cluster=rolling-$$
+  rolling_starts=0
+  rolling_port=()
+  rolling_pid=()
+  mkdir -p "$rolling_dir"
+  start_config_etcd
+  local i
+  for i in 1 2 3 4; do rolling_port[i]=$(free_port); done
+  for i in 1 2 3; do rolling_node "$i"; done
+  echo "  rolling: n1..n4 on ports ${rolling_port[*]}"
+  local all="127.0.0.1:${rolling_port[1]},127.0.0.1:${rolling_port[2]},127.0.0.1:${rolling_port[3]}"
+  for i in 1 2 3; do wait_active "$i"; done
+  # Grantable: the first start's lock-delay is over on every node.
+  wait_grantable "$all" 180 rolling
+  local -a held=() free=()
+  for i in $(seq "$holders"); do held+=("held-$i"); done
+  for i in $(seq "$probe_keys"); do free+=("free-$i"); done
+  for i in "${!held[@]}"; do
+    spawn 1200 "$rolling_dir/holder-$i.log" bash -c \
+      "'$ctl' --server '$all' --discover run '${held[i]}' --ttl '$max_ttl' -- sh -c 'echo held; while [ ! -e \"$rolling_dir/stop-holders\" ]; do sleep 0.2; done'; echo \"exit \$?\""
+  done
+  for i in "${!held[@]}"; do
+    for _ in $(seq 200); do grep -q '^held' "$rolling_dir/holder-$i.log" && break; sleep 0.05; done
+    grep -q '^held' "$rolling_dir/holder-$i.log" || die "rolling: holder $i did not get ${held[i]}"
+  done
+  spawn 1200 "$rolling_dir/probe.err" "$kazoo_python" "$(dirname "$0")/availability_probe.py" "$all" \
+    "$(IFS=,; echo "${free[*]}")" "$(IFS=,; echo "${held[*]}")" "$rolling_dir/stop-probe" "$rolling_dir/probe.json"
+  sleep "$step_settle"
+  local -a step_names=() step_start=() step_end=()
+  local target
+  for i in 1 2 3 4; do
+    step_start+=("$(now)")
+    if [ "$i" -le 3 ]; then
+      step_names+=("restart n$i")
+      target=$(server_pid "${rolling_pid[i]}")
+      kill -TERM "$target"
+      for _ in $(seq 200); do kill -0 "$target" 2>/dev/null || break; sleep 0.05; done
+      ! kill -0 "$target" 2>/dev/null || die "rolling: n$i did not stop within 10 s of SIGTERM"
+    else
+      step_names+=("join n4")
+    fi
+    rolling_node "$i"
+    wait_active "$i"
+    echo "  rolling: ${step_names[-1]}: an active member again after $(sub "$(now)" "${step_start[-1]}") s"
+    sleep "$step_settle"
+    step_end+=("$(now)")
+  done
+  touch "$rolling_dir/stop-probe"
+  for _ in $(seq 200); do [ -s "$rolling_dir/probe.json" ] && break; sleep 0.05; done
+  [ -s "$rolling_dir/probe.json" ] || die "rolling: the probe wrote nothing ($(tail -3 "$rolling_dir/probe.err"))"
+  touch "$rolling_dir/stop-holders"
+  local lost=0 other=0 status
+  for i in "${!held[@]}"; do
+    for _ in $(seq 300); do grep -q '^exit ' "$rolling_dir/holder-$i.log" && break; sleep 0.05; done
+    status=$(sed -n 's/^exit //p' "$rolling_dir/holder-$i.log")
+    case $status in
+      0) ;;
+      75) lost=$((lost + 1)) ;;
+      *) other=$((other + 1)) ;;
+    esac
+  done
+  rolling_report=$(
+    echo "== rolling restart and join, 3 nodes --replicas 2 (CPU: $cpu)"
+    echo "--max-ttl $rolling_max_ttl, --replica-timeout $replica_timeout, --etcd-lease-ttl $etcd_ttl; $probe_keys free" \
+      "and $holders held keys probed, each try bounded by ${PROBE_TIMEOUT:-0.25} s; each step ends ${step_settle} s after" \
+      "the node is an active member"
+    python3 "$(dirname "$0")/availability_report.py" "$rolling_dir/probe.json" \
+      "$(IFS='|'; echo "${step_names[*]}")" "${step_start[*]}" "${step_end[*]}"
+    echo "holders kept: $((holders - lost)) of $holders (lost: $lost, other exits: $other)"
+  )
+  echo "$rolling_report"
+  for pid in "${pids[@]}"; do
+    [ "$pid" = "$config_etcd" ] || kill -9 -- "-$pid" "$pid" 2>/dev/null || true
+  done
+  pids=("$config_etcd")
+}
+
 cpu=$(grep -m1 'model name' /proc/cpuinfo | sed 's/^model name[[:space:]]*: //')
 echo "CPU: $cpu ($(nproc) cores), kernel $(uname -r)"
 echo "$trials trials per system; a probe try is bounded by $try_timeout, $poll_gap s apart"
@@ -548,6 +673,7 @@ for system in $systems; do
       etcd) etcd_trial "$trial" ;;
       zookeeper) zookeeper_trial "$trial" ;;
       shardlock) shardlock_trial "$trial" ;;
+      rolling) [ "$trial" -gt 1 ] || rolling_trial ;;  # one run of four steps
     esac
   done
 done
@@ -558,6 +684,7 @@ printf '| %-42s | %-28s | %-36s | %8s | %8s | %11s |\n' "system" "holder kept it
   "kill -> next acquire+release, per trial (s)" "median" "worst" "healthy try"
 for system in $systems; do
   case $system in
+    rolling) continue ;;  # its own table, below
     etcd) label="etcd 3.4, 3 members, leader killed"; kept="${kept_note[etcd]}" ;;
     zookeeper) label="ZooKeeper 3.8, 3 servers, leader killed"; kept="${kept_note[zookeeper]}" ;;
     shardlock) label="shardlock, 3 nodes --replicas 2, n2 killed"
@@ -571,3 +698,4 @@ if [[ " $systems " == *" shardlock "* ]]; then
   echo "shardlock: --max-ttl $max_ttl (holders' --ttl), --replica-timeout $replica_timeout, --etcd-lease-ttl $etcd_ttl;" \
     "$holders holders, $victim_holders on n2; violations (a held key granted to a new client): ${shardlock_violations:-0}"
 fi
+[ -z "${rolling_report:-}" ] || { echo; echo "$rolling_report"; }

@@ -9,7 +9,8 @@
 #   tools/install-deps.sh --peers    also the optional benchmark peers (make bench)
 #   tools/install-deps.sh --redis    also redis-server and redis-tools
 #   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
-#   tools/install-deps.sh --failover the cluster set plus ZooKeeper and kazoo (make bench-failover)
+#   tools/install-deps.sh --failover the cluster set plus ZooKeeper, kazoo and python3-xxhash
+#                                    (make bench-failover)
 #   tools/install-deps.sh --java     only the Java client's build and tests (JDK 17, JUnit 5)
 #   tools/install-deps.sh --lock-peers the release set plus Redis, etcd and Go with etcd's
 #                                    client sources (make bench-peers)
@@ -56,6 +57,9 @@ redis=(redis-server redis-tools)
 # (zookeeperd would only add the system service, which the script never
 # uses), and kazoo's lock recipe as its client.
 zookeeper=(zookeeper python3-kazoo)
+# make bench-failover's rolling restart: its probe is the Python client in
+# cluster mode, which hashes with xxhash.
+probe=(python3-xxhash)
 # make bench-peers builds a Go program against etcd's own lock
 # (clientv3/concurrency), from Debian's sources in /usr/share/gocode.
 golang=(golang-go golang-etcd-server-dev)
@@ -67,12 +71,12 @@ for arg in "$@"; do
   case "$arg" in
     --release) with_testing=0 ;;
     --cluster) with_testing=0; want+=("${etcd[@]}") ;;
-    --failover) with_testing=0; want+=("${etcd[@]}" "${zookeeper[@]}") ;;
+    --failover) with_testing=0; want+=("${etcd[@]}" "${zookeeper[@]}" "${probe[@]}") ;;
     --lock-peers) with_testing=0; want+=("${etcd[@]}" "${redis[@]}" "${golang[@]}") ;;
     --java) java_only=1 ;;
     --peers) want+=("${peers[@]}") ;;
     --redis) want+=("${redis[@]}") ;;
-    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "install-deps: unknown option '$arg' (try --help)" >&2; exit 2 ;;
   esac
 done

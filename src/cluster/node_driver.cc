@@ -188,12 +188,22 @@ void NodeDriver::adopt_replica_layout(bool history_restarted, nanoseconds now) {
   }
   // A skipped map leaves no history to take over by: those buckets wait as
   // after a start.
-  pending_takeovers_.clear();
+  std::unordered_map<std::size_t, std::string> carried;
+  carried.swap(pending_takeovers_);
   if (history_restarted) return;
   for (std::size_t b = 0; b < routing_->bucket_count(); ++b) {
     if (!activation_->owns(b) || activation_->may_grant(b, now)) continue;
     if (auto primary = activation_->previous_primary_backed_by_self(b, options_.replicas)) {
       pending_takeovers_.emplace(b, std::move(*primary));
+    } else if (const auto it = carried.find(b); it != carried.end()) {
+      // Owned here in the map before too, and not taken over yet: a map
+      // that keeps the bucket here (a learner listed, a weight changed)
+      // keeps its takeover (issue 34, hole 8: a restarted node's learner
+      // map dropped the takeovers of its buckets at their new primaries,
+      // which then waited for the lock-delay). Every map since the one
+      // that moved it here gave it to this node, so its chain is still
+      // that primary's.
+      pending_takeovers_.emplace(b, std::move(it->second));
     }
   }
 }
@@ -262,12 +272,21 @@ void NodeDriver::finish_learning(nanoseconds now) {
   const bool member = std::any_of(map_->members.begin(), map_->members.end(), is_self);
   const bool learner = std::any_of(map_->learners.begin(), map_->learners.end(), is_self);
   if (!member && !learner) return;  // the map does not list this registration yet
-  const auto [caught_up, backed] = host_.replicas_caught_up();
+  // Caught up on primaries that grant the buckets: a promotion before that
+  // takes a bucket over from a primary that had not activated it yet (it
+  // was still taking it over itself, say from this node's earlier run), and
+  // such a takeover waits for this node's lock-delay (issue 34, hole 8: a
+  // rolling restart refused a third of the keys for a minute and lost the
+  // leases on them).
+  const lease::ReplicaProgress progress = host_.replica_progress();
+  const std::size_t backed = progress.backed;
+  const std::size_t caught_up = progress.owner_active;
   std::string why;
   if (member) {
     why = "the map made it a member (no member was left to learn from)";
   } else if (caught_up == backed) {
-    why = "caught up on all " + std::to_string(backed) + " buckets it backs up";
+    why = "caught up on all " + std::to_string(backed) +
+          " buckets it backs up, each active at its primary";
   } else if (now - learning_since_ >= activation_->lock_delay()) {
     // A primary that never streams (a peer of another --replicas, one that is
     // itself stuck) must not keep this node out for good. Safe all the same:

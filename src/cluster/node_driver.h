@@ -45,6 +45,7 @@
 #include "shardlock/cluster/cluster_map.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
+#include "shardlock/lease/server/server.h"
 #include "shardlock/mutex.h"
 #include "shardlock/router.h"
 
@@ -82,7 +83,7 @@ class NodeHost {
   virtual std::optional<std::size_t> take_over(const std::string& primary, std::uint32_t bucket,
                                                std::chrono::milliseconds hold,
                                                bool* owner_active) = 0;
-  [[nodiscard]] virtual std::pair<std::size_t, std::size_t> replicas_caught_up() const = 0;
+  [[nodiscard]] virtual lease::ReplicaProgress replica_progress() const = 0;
   [[nodiscard]] virtual std::chrono::nanoseconds replica_lease_until(
       std::size_t bucket) const noexcept = 0;
   [[nodiscard]] virtual std::vector<std::string> silent_replicas(

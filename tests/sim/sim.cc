@@ -288,7 +288,7 @@ class SimHost final : public cluster::NodeHost {
   bool replica_primary_settled(const std::string& primary, std::uint32_t bucket) const override;
   std::optional<std::size_t> take_over(const std::string& primary, std::uint32_t bucket,
                                        milliseconds hold, bool* owner_active) override;
-  std::pair<std::size_t, std::size_t> replicas_caught_up() const override;
+  lease::ReplicaProgress replica_progress() const override;
   nanoseconds replica_lease_until(std::size_t bucket) const noexcept override;
   std::vector<std::string> silent_replicas(milliseconds silence) const override;
   std::size_t count_leases(const std::function<bool(std::string_view)>& pred) const override;
@@ -821,9 +821,7 @@ std::optional<std::size_t> SimHost::take_over(const std::string& primary, std::u
   if (!node_.replicator->takeover(primary, bucket, now, holders, owner_active)) return std::nullopt;
   return node_.dispatcher->inherit(holders, now / kMs + hold.count() + 1);
 }
-std::pair<std::size_t, std::size_t> SimHost::replicas_caught_up() const {
-  return node_.replicator->backed_caught_up();
-}
+lease::ReplicaProgress SimHost::replica_progress() const { return node_.replicator->progress(); }
 nanoseconds SimHost::replica_lease_until(std::size_t bucket) const noexcept {
   return node_.replicator->lease_until(bucket);
 }

@@ -62,7 +62,9 @@
 //                    map of its token's epoch (token >> 32) gives the key
 //                    to, and that epoch is a published map's. The nodes'
 //                    own starts bind lock_delay: a node's restart delays only
-//                    the grants it answers.
+//                    the grants it answers. With replicas >= 2 lock_delay is
+//                    not judged (a takeover of a complete bucket grants at
+//                    once); overlap judges what it protects.
 //   kept             (replicated clusters, replicas >= 2) a lease whose
 //                    client stayed connected is not reported lost because
 //                    one node failed. A loss (a lost event, or a release

@@ -1101,6 +1101,33 @@ TEST(CheckerCluster, LockDelayBindsOnlyTheRestartedNode) {
   EXPECT_NE(report.examples[0].detail.find("from node n2"), std::string::npos);
 }
 
+// With replicas a returning node grants the buckets it took over complete
+// at once (issue 34, hole 8): no lock_delay violation. A grant beside a
+// live lease of its earlier run is still caught, as an overlap.
+TEST(CheckerCluster, WithReplicasARestartedNodesEarlyGrantIsJudgedByOverlapNotLockDelay) {
+  std::vector<Event> history = clean_cluster_history();
+  history.push_back(node_start(ms(280), "n2", 2, 1000));
+  CheckOptions replicated;
+  replicated.replicas = 2;
+  EXPECT_TRUE(check(history, replicated).ok()) << check(history, replicated).text();
+  // Unreplicated, both of n2's grants (k at 310 ms, j at 330 ms) are within its lock-delay.
+  ASSERT_NO_FATAL_FAILURE(
+      expect_only(check(history, CheckOptions{}), ViolationKind::kLockDelay, 2));
+  // n2's earlier run granted j until 900 ms; the restarted n2 grants it at 510.
+  history.insert(history.begin() + 1, acquire_invoke(ms(100), 3, 1, "j"));
+  history.insert(history.begin() + 2,
+                 from(acquire_ok(ms(110), 3, 1, "j", cluster_token(5, 2), ms(900)), "n2"));
+  history.push_back(acquire_invoke(ms(500), 2, 1, "j"));
+  history.push_back(from(acquire_ok(ms(510), 2, 1, "j", cluster_token(9, 3), ms(600)), "n2"));
+  const CheckReport report = check(history, replicated);
+  const auto count_of = [&](ViolationKind kind) -> std::size_t {
+    const auto it = report.violation_counts.find(kind);
+    return it == report.violation_counts.end() ? 0 : it->second;
+  };
+  EXPECT_GT(count_of(ViolationKind::kOverlap), 0u) << report.text();
+  EXPECT_EQ(count_of(ViolationKind::kLockDelay), 0u) << report.text();
+}
+
 TEST(CheckerCluster, ParsesAndFormatsTheClusterEvents) {
   const std::vector<std::string> lines = {
       "1 map epoch=7 owners=key-0:n1,key-1:n2",

@@ -52,9 +52,7 @@ class ClusterNode::Host final : public NodeHost {
                                        milliseconds hold, bool* owner_active) override {
     return server_.take_over(primary, bucket, hold, owner_active);
   }
-  std::pair<std::size_t, std::size_t> replicas_caught_up() const override {
-    return server_.replicas_caught_up();
-  }
+  lease::ReplicaProgress replica_progress() const override { return server_.replica_progress(); }
   nanoseconds replica_lease_until(std::size_t bucket) const noexcept override {
     return server_.replica_lease_until(bucket);
   }

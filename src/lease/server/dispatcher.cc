@@ -588,9 +588,36 @@ void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
     timed->clock = [clock = clock_] { return clock.now(); };
     gate = std::move(timed);
   }
+  std::shared_ptr<const ClusterGate> before;
+  {
+    LockGuard lock(gate_mu_);
+    before = gate_;
+  }
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
     slot->shard->set_gate(gate);
+    // The holders installed so far (a takeover's) go to the backups before
+    // the activation mark below.
+    drain_journal(*slot);
+  }
+  if (options_.replicator != nullptr && gate) {
+    // A backup of a bucket this gate activates may take it over complete
+    // from now on (issue 34, hole 8: a node that came back was promoted on
+    // a snapshot taken before its primary activated the bucket, and then
+    // waited for its whole lock-delay).
+    try {
+      std::vector<std::uint32_t> activated;
+      for (std::size_t b = 0; b < gate->buckets.size(); ++b) {
+        const bool was =
+            before && b < before->buckets.size() && before->buckets[b] == ClusterGate::kActive;
+        if (gate->buckets[b] == ClusterGate::kActive && !was) {
+          activated.push_back(static_cast<std::uint32_t>(b));
+        }
+      }
+      options_.replicator->activated(activated);
+    } catch (const std::bad_alloc&) {
+      count(allocation_failures_);  // a learner then waits for its fallback
+    }
   }
   const std::uint64_t epoch = gate ? gate->epoch : 0;
   LockGuard lock(gate_mu_);

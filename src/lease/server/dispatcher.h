@@ -156,6 +156,8 @@ class Dispatcher {
   // ---- Cluster mode (cluster_gate.h) ----
   // Hands `gate` to every shard, each under its lock, and answers MAP from
   // it. Returns once every shard has it: a grant decided after this sees it.
+  // With replication, the buckets it activates are marked so to their
+  // backups (Replicator::activated()), after the shards' journals.
   void publish_gate(std::shared_ptr<const ClusterGate> gate);
   // Leases on keys `pred` is true for, over every shard (each under its
   // lock); for a hand-off. O(keys held).

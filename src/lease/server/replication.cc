@@ -115,8 +115,9 @@ bool read_entry(Reader& r, Entry& e) {
   if (with_value) kind = static_cast<std::uint8_t>(EntryKind::kGrant);
   e.owner_active = kind == kCaughtUpActive;
   if (e.owner_active) kind = static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp);
-  if (kind < static_cast<std::uint8_t>(EntryKind::kGrant) ||
-      kind > static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp)) {
+  if ((kind < static_cast<std::uint8_t>(EntryKind::kGrant) ||
+       kind > static_cast<std::uint8_t>(EntryKind::kBucketCaughtUp)) &&
+      kind != static_cast<std::uint8_t>(EntryKind::kBucketActivated)) {
     return false;
   }
   e.kind = static_cast<EntryKind>(kind);
@@ -152,6 +153,7 @@ std::size_t entry_size(const Entry& e) noexcept {
       return kReleaseFixed + e.key.size();
     case EntryKind::kResetBucket:
     case EntryKind::kBucketCaughtUp:
+    case EntryKind::kBucketActivated:
       return kEntryPrefix;
   }
   return kEntryPrefix;
@@ -468,6 +470,11 @@ void BackupStream::apply(const Entry& e, bool later_map) {
     case EntryKind::kBucketCaughtUp:
       buckets_[e.bucket].caught_up = true;
       buckets_[e.bucket].owner_active = e.owner_active;
+      return;
+    case EntryKind::kBucketActivated:
+      if (const auto it = buckets_.find(e.bucket); it != buckets_.end() && it->second.caught_up) {
+        it->second.owner_active = true;
+      }
       return;
     case EntryKind::kGrant: {
       auto& list = buckets_[e.bucket].keys[e.key];

@@ -136,6 +136,22 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
     }
   }
 
+  // A skipped map (this layout's epoch is past the last one's plus one): a
+  // primary may have granted in the missed maps with other backups, so what
+  // this node applied of its stream is no replica of it any more
+  // (simulation seed 4486: a node cut off from etcd missed the map that
+  // dropped it, came back a learner in the next one, counted its stale
+  // replicas caught up, was promoted and took a bucket over without the
+  // holder its primary had granted meanwhile). Every stream from a primary
+  // starts over: fresh, caught up only by new snapshots (its first ack
+  // makes the primary restart the stream), promised from now; and no peer
+  // counts as heard from (its silence while this node was off its layout
+  // is no fault of its own: the same node evicted both its primaries).
+  if (current_.epoch != 0 && layout.epoch > current_.epoch + 1) {
+    from_.clear();
+    retiring_.clear();
+    heard_.clear();
+  }
   // Primaries this node backs up. Per primary, the buckets it backs up now;
   // the rest are forgotten.
   std::unordered_map<std::string, std::vector<std::uint32_t>> backed;
@@ -332,6 +348,19 @@ void Replicator::end_snapshot(std::uint16_t peer, std::uint32_t bucket, bool own
   mark(peer, EntryKind::kBucketCaughtUp, bucket, owner_active);
 }
 
+void Replicator::activated(std::span<const std::uint32_t> buckets) {
+  LockGuard lock(mu_);
+  Entry e;
+  e.kind = EntryKind::kBucketActivated;
+  for (const std::uint32_t b : buckets) {
+    if (b >= current_.backups.size()) continue;
+    e.bucket = b;
+    for (const std::uint16_t peer : current_.backups[b]) {
+      if (replication::PrimaryStream* s = stream_to(peer)) (void)s->append(e);
+    }
+  }
+}
+
 void Replicator::route(std::span<const Entry> entries) {
   if (entries.empty()) return;
   LockGuard lock(mu_);
@@ -523,18 +552,20 @@ std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexc
   return std::chrono::nanoseconds(until);
 }
 
-std::pair<std::size_t, std::size_t> Replicator::backed_caught_up() const {
+ReplicaProgress Replicator::progress() const {
   LockGuard lock(mu_);
   // A stream still promised is one from a primary of the current layout, and
   // lists exactly the buckets backed up for it (set_layout()).
-  std::size_t backed = 0;
-  std::size_t caught_up = 0;
+  ReplicaProgress p;
   for (const auto& [id, from] : from_) {
     if (!from->stream.promising()) continue;
-    backed += from->buckets.size();
-    for (const std::uint32_t b : from->buckets) caught_up += from->stream.caught_up(b) ? 1 : 0;
+    p.backed += from->buckets.size();
+    for (const std::uint32_t b : from->buckets) {
+      p.caught_up += from->stream.caught_up(b) ? 1 : 0;
+      p.owner_active += from->stream.owner_active(b) ? 1 : 0;
+    }
   }
-  return {caught_up, backed};
+  return p;
 }
 
 const Replicator::FromPrimary* Replicator::stream_with(const std::string& primary,
@@ -557,7 +588,13 @@ const Replicator::FromPrimary* Replicator::stream_with(const std::string& primar
 bool Replicator::primary_settled(const std::string& primary, std::uint32_t bucket) const {
   LockGuard lock(mu_);
   const FromPrimary* from = stream_with(primary, bucket);
-  return from != nullptr && from->stream.primary_settled();
+  // Or the primary had this bucket active: a node within its lock-delay
+  // activates a bucket only by taking it over complete (BucketActivation's
+  // unseen history), so every lease of its earlier runs there is in its
+  // state, and in this stream (issue 34, hole 8: a rolling restart's next
+  // step waited a lock-delay for the buckets the node restarted before had
+  // taken back).
+  return from != nullptr && (from->stream.primary_settled() || from->stream.owner_active(bucket));
 }
 
 bool Replicator::takeover(const std::string& primary, std::uint32_t bucket, std::int64_t now_ns,

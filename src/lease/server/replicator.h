@@ -46,6 +46,7 @@
 #include "server/io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/replication.h"
+#include "shardlock/lease/server/server.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
@@ -156,6 +157,12 @@ class Replicator {
   void end_snapshot(std::uint16_t peer, std::uint32_t bucket, bool owner_active = false);
   // Appends each journal entry to the streams of its bucket's backups.
   void route(std::span<const replication::Entry> entries);
+  // This node activated `buckets` (its gate grants them now): a
+  // kBucketActivated mark to each one's backups in the current layout, after
+  // everything routed so far. The caller routes the shards' journals first,
+  // so the mark follows every holder installed before the activation
+  // (Dispatcher::publish_gate()).
+  void activated(std::span<const std::uint32_t> buckets);
 
   // Holds `reply` until every stream has acknowledged what it has now.
   // Returns false (and does not take it) when nothing is outstanding: send
@@ -177,12 +184,15 @@ class Replicator {
   [[nodiscard]] std::chrono::nanoseconds lease_until(std::size_t bucket) const noexcept;
 
   // As a backup: how many of the buckets this node backs up in the current
-  // layout are caught up, and how many it backs up. A learner is promoted
-  // once they are equal (docs/cluster.md, "Repair").
-  [[nodiscard]] std::pair<std::size_t, std::size_t> backed_caught_up() const;
+  // layout are caught up, how many of those on a primary that grants them,
+  // and how many it backs up. A learner is promoted once every bucket is
+  // caught up on an active primary (docs/cluster.md, "Repair").
+  [[nodiscard]] ReplicaProgress progress() const;
 
   // As a backup of `primary` (a peer id): whether the stream that has
-  // `bucket` said its primary was settled (kFlagPrimarySettled).
+  // `bucket` said its primary was settled (kFlagPrimarySettled) or had
+  // `bucket` active (Entry::owner_active): either way its snapshot and
+  // stream hold every lease of `bucket` its earlier runs may have granted.
   [[nodiscard]] bool primary_settled(const std::string& primary, std::uint32_t bucket) const;
 
   // As a backup of `primary` (a peer id): whether `bucket` was caught up

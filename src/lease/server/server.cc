@@ -578,9 +578,9 @@ bool LeaseServer::replica_primary_settled(const std::string& primary, std::uint3
   return impl_->replicator && impl_->replicator->primary_settled(primary, bucket);
 }
 
-std::pair<std::size_t, std::size_t> LeaseServer::replicas_caught_up() const {
-  if (!impl_->replicator) return {0, 0};
-  return impl_->replicator->backed_caught_up();
+ReplicaProgress LeaseServer::replica_progress() const {
+  if (!impl_->replicator) return {};
+  return impl_->replicator->progress();
 }
 
 std::chrono::nanoseconds LeaseServer::replica_lease_until(std::size_t bucket) const noexcept {

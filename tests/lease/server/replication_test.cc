@@ -285,6 +285,38 @@ TEST(ReplicationCodec, ACaughtUpMarkCarriesWhetherThePrimaryHadTheBucketActive) 
   EXPECT_FALSE(backup.owner_active(9));
 }
 
+// Issue 34, hole 8: a primary that activates a bucket after its backup's
+// snapshot says so with a mark of its own, so the backup (a learner waiting
+// to be promoted) knows a takeover of it is complete. The mark counts only
+// on a caught-up bucket: it never stands in for the snapshot's end.
+TEST(ReplicationCodec, AnActivationMarkMakesACaughtUpBucketsOwnerActiveAndNothingElse) {
+  std::vector<std::uint8_t> bytes;
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  BackupStream backup(StreamTiming{}, 0);
+  const auto apply = [&](std::uint64_t seq, const std::vector<Entry>& batch) {
+    ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, seq, 0}, batch, bytes), batch.size());
+    ASSERT_TRUE(decode_replicate(bytes, header, entries));
+    ASSERT_EQ(entries, batch);  // the kind survives the wire
+    (void)backup.on_replicate(header, entries, 0);
+  };
+  // Bucket 9 mid-snapshot, bucket 4 never seen: the mark is ignored.
+  apply(1, {marker(EntryKind::kResetBucket, 9), marker(EntryKind::kBucketActivated, 9),
+            marker(EntryKind::kBucketActivated, 4)});
+  EXPECT_FALSE(backup.caught_up(9));
+  EXPECT_FALSE(backup.owner_active(9));
+  EXPECT_FALSE(backup.caught_up(4));
+  // The snapshot ends with the primary not yet granting the bucket...
+  apply(4, {marker(EntryKind::kBucketCaughtUp, 9)});
+  EXPECT_TRUE(backup.caught_up(9));
+  EXPECT_FALSE(backup.owner_active(9));
+  // ...and then it activates it.
+  apply(5, {marker(EntryKind::kBucketActivated, 9)});
+  EXPECT_TRUE(backup.caught_up(9));
+  EXPECT_TRUE(backup.owner_active(9));
+  EXPECT_FALSE(backup.caught_up(4));
+}
+
 TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   std::vector<std::uint8_t> good;
   ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, std::vector{grant(1, "k", 2)}, good), 1U);

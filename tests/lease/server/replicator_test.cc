@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,12 @@
 
 namespace shardlock::lease::internal {
 namespace {
+
+// (buckets caught up, buckets backed up)
+std::pair<std::size_t, std::size_t> caught_up_of(const Replicator& r) {
+  const ReplicaProgress p = r.progress();
+  return {p.caught_up, p.backed};
+}
 
 using replication::Entry;
 using replication::EntryKind;
@@ -52,7 +59,9 @@ OutDatagram reply_datagram(std::uint8_t marker) {
 
 class ReplicatorTest : public ::testing::Test {
  protected:
-  ReplicatorTest() : a_(options(), 0), b_(std::make_unique<Replicator>(options(), 0)) {}
+  ReplicatorTest() : ReplicatorTest(options()) {}
+  explicit ReplicatorTest(const ReplicatorOptions& primary)
+      : a_(primary, 0), b_(std::make_unique<Replicator>(options(), 0)) {}
 
   // Node "a" (port 1001) is the primary of kBucket and "b" (port 1002) its
   // backup, in both nodes' layouts.
@@ -86,6 +95,15 @@ class ReplicatorTest : public ::testing::Test {
     lb.peers = {ReplicaPeer{"a", loopback(1001)}};
     lb.backing.assign(8, ReplicaLayout::kNone);
     lb.backing[kBucket] = 0;
+    return lb;
+  }
+
+  // The backup's layout once a map dropped "a": "b" backs nothing up.
+  static ReplicaLayout layout_without_a(std::uint64_t epoch) {
+    ReplicaLayout lb;
+    lb.self_id = "b";
+    lb.epoch = epoch;
+    lb.backing.assign(8, ReplicaLayout::kNone);
     return lb;
   }
 
@@ -150,6 +168,46 @@ TEST_F(ReplicatorTest, AGrantsAnswerLeavesOnlyOnceTheBackupHasIt) {
 // the client retransmits, and the shard answers from its dedup cache only
 // if the bucket may still be granted here (ShardGateTest), held again
 // behind the new backup's snapshot.
+// Issue 34, hole 8: the backup learns that its primary activated a bucket
+// after the snapshot (Replicator::activated()), through the stream: a
+// learner is promoted on that, never on a snapshot of a bucket its primary
+// could not yet grant.
+// A primary whose process is not yet up for its lock-delay: its streams do
+// not say it is settled.
+class UnsettledPrimaryTest : public ReplicatorTest {
+ protected:
+  UnsettledPrimaryTest() : ReplicatorTest(unsettled()) {}
+  static ReplicatorOptions unsettled() {
+    ReplicatorOptions o = options();
+    o.settled_at_ns = std::numeric_limits<std::int64_t>::max();
+    return o;
+  }
+};
+
+TEST_F(UnsettledPrimaryTest, ABackupLearnsThatItsPrimaryActivatedABucketAfterTheSnapshot) {
+  both_layouts();
+  (void)exchange(poll_a());
+  EXPECT_EQ(b_->progress(), (ReplicaProgress{.backed = 1, .caught_up = 1, .owner_active = 0}));
+  // "a" started less than a lock-delay ago (not settled): its earlier run's
+  // leases may be missing from its stream...
+  EXPECT_FALSE(b_->primary_settled("a", kBucket));
+  const std::vector<std::uint32_t> buckets = {kBucket, 5};  // 5: no backup here
+  a_.activated(buckets);
+  (void)exchange(poll_a());
+  EXPECT_EQ(b_->progress(), (ReplicaProgress{.backed = 1, .caught_up = 1, .owner_active = 1}));
+  // ...unless it has the bucket active: that it could only by taking it over
+  // complete, so a takeover from it need not wait for its lock-delay.
+  EXPECT_TRUE(b_->primary_settled("a", kBucket));
+  // The map drops "a": once "b"'s promise has run out, its takeover is
+  // complete.
+  ASSERT_TRUE(b_->set_layout(layout_without_a(5), now_).empty());
+  now_ += 251 * kMs;
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  bool owner_active = false;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders, &owner_active));
+  EXPECT_TRUE(owner_active);
+}
+
 TEST_F(ReplicatorTest, AnAnswerHeldForABackupThatLeftIsNeverSent) {
   both_layouts();
   a_.route(std::vector{grant("k", 41)});
@@ -211,11 +269,7 @@ TEST_F(ReplicatorTest, TheBackupTakesOverOnlyAfterItsPromiseRanOut) {
   // Still promising: no takeover.
   EXPECT_FALSE(b_->takeover("a", kBucket, now_, holders));
   // The map drops "a" (it died): "b" stops promising...
-  ReplicaLayout lb;
-  lb.self_id = "b";
-  lb.epoch = 5;
-  lb.backing.assign(8, ReplicaLayout::kNone);
-  ASSERT_TRUE(b_->set_layout(lb, now_).empty());
+  ASSERT_TRUE(b_->set_layout(layout_without_a(5), now_).empty());
   EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 100 * kMs, holders));
   // ...and takes over once the last lease it gave has run out.
   const std::int64_t after = now_ + 251 * kMs;
@@ -243,11 +297,7 @@ TEST_F(ReplicatorTest, ABackupThatTookOverNeverAcknowledgesTheOldPrimarysLateGra
   OutDatagram reply = reply_datagram(0x55);
   ASSERT_TRUE(a_.hold(reply));
   (void)poll_a();  // lost
-  ReplicaLayout lb;
-  lb.self_id = "b";
-  lb.epoch = 5;
-  lb.backing.assign(8, ReplicaLayout::kNone);
-  ASSERT_TRUE(b_->set_layout(lb, now_).empty());
+  ASSERT_TRUE(b_->set_layout(layout_without_a(5), now_).empty());
   now_ += 300 * kMs;
   std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
   ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
@@ -395,7 +445,7 @@ TEST_F(ReplicatorTest, ABackupThatNowOwnsABucketOfALivePrimaryTakesItOverAndLend
   (void)b_->set_layout(lb5, now_);
   std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
   EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 100 * kMs, holders));  // promised till then
-  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{0}, std::size_t{1}));
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
 
   // "a", still on epoch 4, streams on: "b" answers it with nothing applied
   // and no lease, so its lease runs out and it starts a new stream...
@@ -410,7 +460,7 @@ TEST_F(ReplicatorTest, ABackupThatNowOwnsABucketOfALivePrimaryTakesItOverAndLend
   // ...which "b" follows, but lends no lease while "a" is on epoch 4.
   EXPECT_LT(a_.lease_until(kBucket).count(), now_);
   EXPECT_LT(a_.lease_until(kOther).count(), now_);
-  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{1}, std::size_t{1}));
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
   ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
   ASSERT_EQ(holders.size(), 1U);
   EXPECT_EQ(holders[0].first, "k");
@@ -467,7 +517,7 @@ TEST_F(ReplicatorTest, APrimaryGivenBackABucketGetsNoLeaseUntilItIsOnTheMapThatG
     }
   }
   (void)exchange(poll_a());
-  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{1}, std::size_t{1}));
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
   EXPECT_LT(a_.lease_until(kBucket).count(), now_) << "a lease lent to a primary on map 4";
 
   // On map 6, kBucket is "a"'s again and "b" its backup: leases again.
@@ -478,6 +528,30 @@ TEST_F(ReplicatorTest, APrimaryGivenBackABucketGetsNoLeaseUntilItIsOnTheMapThatG
   now_ += 60 * kMs;
   (void)exchange(poll_a());
   EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
+// Simulation seed 4486: a backup that skipped a map (cut off from etcd,
+// it missed the one that dropped it) must not count what it applied before
+// as a replica: the primary granted meanwhile with other backups.
+TEST_F(ReplicatorTest, ABackupThatSkippedAMapStartsEveryStreamOver) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  constexpr std::int64_t kSilence = 300 * kMs;
+  (void)exchange(poll_a());
+  ASSERT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
+  // A map in sequence keeps the stream: caught up stays caught up.
+  EXPECT_TRUE(b_->set_layout(backup_layout(5), now_).empty());
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
+  // Epoch 6 (never seen by "b") dropped it; epoch 7 makes it a backup again,
+  // long after it last heard from "a".
+  now_ += 2 * kSilence;
+  EXPECT_TRUE(b_->set_layout(backup_layout(7), now_).empty());
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
+  EXPECT_TRUE(b_->silent_peers(now_, kSilence).empty());
+  // Dropped again at once: nothing to take over by.
+  ASSERT_TRUE(b_->set_layout(layout_without_a(8), now_).empty());
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 10 * kSilence, holders));
 }
 
 TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
@@ -584,11 +658,11 @@ TEST_F(ReplicatorTest, ADatagramThatMisnamesEitherEndEarnsNothing) {
   EXPECT_TRUE(send(other_sender).empty());
   EXPECT_EQ(b_->rejected_datagrams(), 2U);
   // Nothing applied: the datagram's snapshot mark would have caught it up.
-  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{0}, std::size_t{1}));
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
   // The datagram as sent is applied and answered.
   const std::vector<OutDatagram> acks = send(header);
   ASSERT_EQ(acks.size(), 1U);
-  EXPECT_EQ(b_->backed_caught_up(), std::make_pair(std::size_t{1}, std::size_t{1}));
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
   // An ack is checked the same way: one that names another backup lends
   // no lease.
   replication::Ack ack;

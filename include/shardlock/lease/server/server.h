@@ -181,6 +181,17 @@ enum class ServerError : std::uint8_t {
   return {static_cast<int>(e), server_category()};
 }
 
+// A backup's progress over the buckets it backs up in the current layout
+// (LeaseServer::replica_progress()).
+struct ReplicaProgress {
+  std::size_t backed = 0;     // buckets backed up
+  std::size_t caught_up = 0;  // of them, caught up on their primary's stream
+  // Of those, the ones whose primary has the bucket active: a takeover of
+  // one is complete (it holds every live lease) and grants at once.
+  std::size_t owner_active = 0;
+  friend bool operator==(const ReplicaProgress&, const ReplicaProgress&) = default;
+};
+
 // A latency distribution: how many samples fell at or below each bound
 // (and above the last), and their sum. Buckets are not cumulative.
 struct LatencyHistogram {
@@ -291,13 +302,14 @@ class LeaseServer {
                                      std::size_t replicas,
                                      const std::vector<std::string>& addresses);
   // As a backup of `primary`: whether the stream that has `bucket` said the
-  // primary's process had been up for its lock-delay (so its snapshots
-  // cover every lease it, or an earlier run of it, may have granted).
+  // primary's process had been up for its lock-delay, or had `bucket`
+  // active (so its snapshots cover every lease it, or an earlier run of it,
+  // may have granted there).
   [[nodiscard]] bool replica_primary_settled(const std::string& primary,
                                              std::uint32_t bucket) const;
-  // As a backup: (buckets caught up, buckets backed up) in the current
-  // layout; (0, 0) without replication.
-  [[nodiscard]] std::pair<std::size_t, std::size_t> replicas_caught_up() const;
+  // As a backup: the buckets backed up in the current layout, caught up,
+  // and caught up on an active primary; zeros without replication.
+  [[nodiscard]] ReplicaProgress replica_progress() const;
   // The end of this node's primary lease for `bucket` on now()'s clock (the
   // earliest its backups gave); far in the future for a bucket without
   // backups. Lock-free: a gate's replica_deadline calls it.

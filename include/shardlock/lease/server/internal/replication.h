@@ -103,6 +103,13 @@ enum class EntryKind : std::uint8_t {
   kRelease = 2,
   kResetBucket = 3,
   kBucketCaughtUp = 4,
+  // The primary activated the bucket (it grants there now): every lease of
+  // an earlier owner is over or among the holders this stream carried
+  // before this mark. A backup already caught up on the bucket then counts
+  // it as the snapshot's owner_active; one not caught up ignores it (its
+  // snapshot's own mark says). Wire kind 7 (5 and 6 are kGrant and
+  // kBucketCaughtUp forms).
+  kBucketActivated = 7,
 };
 
 struct Entry {
