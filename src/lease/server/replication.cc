@@ -228,7 +228,7 @@ void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out) {
   Writer w(out);
   w.put(kAckMagic);
   w.put(kReplicationVersion);
-  w.put(std::uint8_t{0});
+  w.put(ack.refused ? kFlagStreamRefused : std::uint8_t{0});
   w.put(std::uint16_t{0});
   w.put(ack.stream);
   w.put(ack.applied);
@@ -244,11 +244,13 @@ bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {
   std::uint8_t flags = 0;
   std::uint16_t reserved = 1;
   if (!r.get(magic) || magic != kAckMagic || !r.get(version) || version != kReplicationVersion ||
-      !r.get(flags) || (flags & ~kFlagAuthenticated) != 0 || !r.get(reserved) || reserved != 0 ||
-      !r.get(ack.stream) || !r.get(ack.applied) || !r.get(ack.echo_sent_ns) ||
-      !r.get(ack.lease_ms) || !get_addressing(r, ack.addressing) || !r.done()) {
+      !r.get(flags) || (flags & ~(kFlagAuthenticated | kFlagStreamRefused)) != 0 ||
+      !r.get(reserved) || reserved != 0 || !r.get(ack.stream) || !r.get(ack.applied) ||
+      !r.get(ack.echo_sent_ns) || !r.get(ack.lease_ms) || !get_addressing(r, ack.addressing) ||
+      !r.done()) {
     return false;
   }
+  ack.refused = (flags & kFlagStreamRefused) != 0;
   return ack.stream != 0;
 }
 
@@ -338,6 +340,13 @@ void PrimaryStream::on_ack(const Ack& ack, std::int64_t now_ns) noexcept {
   // An ack from the future (the echoed send time is ahead of now) is not
   // one of ours; nor is one that claims entries never sent.
   if (ack.echo_sent_ns > now_ns || ack.applied > sent_up_to_) return;
+  // The backup will never follow this stream: only a new one, with its
+  // snapshots, brings it back (a backup answers so for good, so any such
+  // answer, however old, says it).
+  if (ack.refused) {
+    resync_ = true;
+    return;
+  }
   if (ack.echo_sent_ns >= newest_echo_ns_) {
     newest_echo_ns_ = ack.echo_sent_ns;
     // The newest answer has less than an older one had: the backup lost
@@ -391,8 +400,13 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
     return ack;
   }
 #endif
-  if (header.stream < stream_) return ack;         // an older stream of this primary: no lease
-  if (header.stream <= after_stream_) return ack;  // one this node stopped promising for good
+  // An older stream of this primary, or one this node stopped promising for
+  // good: no lease, nothing applied, and refused outright, so the primary
+  // starts a new stream even if it had nothing of this one acknowledged.
+  if (header.stream < stream_ || header.stream <= after_stream_) {
+    ack.refused = true;
+    return ack;
+  }
   if (header.stream > stream_) {
     // A new stream (the primary restarted or started over, or this node
     // did): followed from its first entry. Its snapshots reset every bucket

@@ -199,6 +199,45 @@ TEST(ReplicationCodec, AStreamAfterTheOneABackupStoppedPromisingIsFollowedWithNo
   EXPECT_GT(next.lease_ms, 0u);
 }
 
+TEST(ReplicationCodec, ABackupRefusesAStreamItStoppedPromisingEvenWhenNothingOfItWasAcknowledged) {
+  // The case above, but the primary has had no entry of the stream
+  // acknowledged yet (the backup that retired it saw its first datagrams
+  // after a gap, under load): "nothing applied" is then no news to it, so
+  // the answer says outright that the stream is refused. Without that the
+  // primary kept sending the old stream, every reply it held waited for
+  // this backup for good, and the buckets it backs up there went without a
+  // primary lease (e2e start-ups: "n2 does not grant: unreachable").
+  BackupStream fresh(StreamTiming{}, 0, /*after_stream=*/5);
+  const Ack refused =
+      fresh.on_replicate(ReplicateHeader{5, 1, 9, 100}, std::vector{grant(1, "k", 2)}, 1'000);
+  EXPECT_TRUE(refused.refused);
+  EXPECT_EQ(refused.applied, 0u);
+  EXPECT_EQ(refused.lease_ms, 0u);
+  // It travels.
+  std::vector<std::uint8_t> bytes;
+  encode_ack(refused, bytes);
+  Ack decoded;
+  ASSERT_TRUE(decode_ack(bytes, decoded));
+  EXPECT_EQ(decoded, refused);
+  PrimaryStream primary(5, StreamTiming{});
+  (void)primary.append(grant(1, "k", 2));
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  primary.on_ack(Ack{5, 0, 0, 0}, 1);  // "nothing applied" alone: no news
+  EXPECT_FALSE(primary.resync_requested());
+  primary.on_ack(decoded, 200);
+  EXPECT_TRUE(primary.resync_requested());
+  // A stream the backup follows is never refused, nor is one of a frozen
+  // backup (its promise ran out: it may have taken the buckets over, and
+  // follows no new stream, so a restart would only repeat).
+  BackupStream follows(StreamTiming{}, 0);
+  EXPECT_FALSE(follows.on_replicate(ReplicateHeader{7, 1, 1, 0}, {}, 0).refused);
+  follows.stop_promising();
+  const std::int64_t later = 10 * static_cast<std::int64_t>(StreamTiming{}.lease_ms) * 1'000'000;
+  ASSERT_TRUE(follows.promise_expired(later));
+  EXPECT_FALSE(follows.on_replicate(ReplicateHeader{8, 1, 1, later}, {}, later).refused);
+}
+
 TEST(ReplicationFlow, ASnapshotOfManyBucketsGoesOutInBoundedBurstsWithinTheWindow) {
   // Markers for 20000 buckets: hundreds of datagrams. A poll sends at most
   // max_datagrams_per_poll of them, new entries stop at max_in_flight

@@ -76,6 +76,12 @@ inline constexpr std::size_t kReplicateHeaderSize = 64;
 // have granted, its earlier runs' included, is in its state, so a stream's
 // snapshots cover them all (ReplicateHeader::settled).
 inline constexpr std::uint8_t kFlagPrimarySettled = 0x02;
+// An ACK's flag: the backup will never follow the acknowledged stream (it
+// stopped promising it for good, or follows a newer one), so the primary
+// starts a new stream, with snapshots (Ack::refused). "Nothing applied"
+// alone cannot say so to a primary that has had nothing of the stream
+// acknowledged yet.
+inline constexpr std::uint8_t kFlagStreamRefused = 0x04;
 inline constexpr std::size_t kAckHeaderSize = 60;  // the whole ack
 
 // Who a node-to-node datagram is from and for (issue 34, hole 3). Each end
@@ -156,6 +162,7 @@ struct Ack {
   std::int64_t echo_sent_ns = 0;  // the acknowledged datagram's sent_ns
   std::uint32_t lease_ms = 0;     // the primary lease granted from echo_sent_ns; 0: none
   Addressing addressing{};        // sender: the backup
+  bool refused = false;           // kFlagStreamRefused
   friend bool operator==(const Ack&, const Ack&) = default;
 };
 
