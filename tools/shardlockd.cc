@@ -154,6 +154,10 @@ int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
       continue;
     }
     if (signal_number > 0) {
+      // Granting since the last look: said before the stop is.
+      if (!granting_told) {
+        if (const auto line = granting()) log.write(LogLevel::kInfo, *line);
+      }
       if (summaries) {
         if (const auto line = summary.take(server.stats().counters, Clock::now())) {
           log.write(LogLevel::kWarning, *line);

@@ -413,6 +413,11 @@ TEST_F(ShardlockdTest, ReadyLineAndLogSayWhenTheLockDelayEndsAndWhenGrantingStar
     // The daemon looks every 50 ms.
     std::this_thread::sleep_for(milliseconds{recovering.retry_after_ms + 300});
     EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
+    // The shards may grant a little before the end the daemon announced
+    // (that end is read after the server started: never early), and the
+    // daemon logs "granting" once its own clock is past it; a SIGTERM sent
+    // before then came before the line (seen under TSan on loaded cores).
+    std::this_thread::sleep_until(end->at + milliseconds{100});
     d.signal(SIGTERM);
     EXPECT_EQ(d.wait(), 0);
     const std::string log = d.read_stderr();
