@@ -1316,6 +1316,9 @@ TEST(ShardlockctlTest, UnansweredRequestsNameTheLikelyCause) {
   EXPECT_NE(missing.err.find("something holds the port"), std::string::npos) << missing.err;
   EXPECT_NE(missing.err.find("this client sends none (--auth-key FILE"), std::string::npos)
       << missing.err;
+  // The other silent server: a replicated node holding its answer.
+  EXPECT_NE(missing.err.find("holds its answer until its backups"), std::string::npos)
+      << missing.err;
   const ToolResult wrong =
       ctl(d, {"--timeout", "300ms", "--auth-key", key_file + ".b", "query", "k"});
   EXPECT_EQ(wrong.exit_code, 3);

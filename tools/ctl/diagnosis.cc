@@ -83,7 +83,10 @@ void diagnose_silence(LeaseClient& client, const std::string& node, milliseconds
                  "an answer: " +
                  (have_key ? "check that --auth-key names the server's key"
                            : "this client sends none (--auth-key FILE, or "
-                             "SHARDLOCK_AUTH_KEY_FILE)");
+                             "SHARDLOCK_AUTH_KEY_FILE)") +
+                 "; or a cluster node with --replicas holds its answer until its backups "
+                 "have the change, and one of them does not acknowledge (its log and its "
+                 "peers' say which)";
       return;
     case PortProbe::kAnswered:
     case PortProbe::kUnknown:
