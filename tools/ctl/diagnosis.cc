@@ -85,8 +85,7 @@ void diagnose_silence(LeaseClient& client, const std::string& node, milliseconds
                            : "this client sends none (--auth-key FILE, or "
                              "SHARDLOCK_AUTH_KEY_FILE)") +
                  "; or a cluster node with --replicas holds its answer until its backups "
-                 "have the change, and one of them does not acknowledge (its log and its "
-                 "peers' say which)";
+                 "have the change, and one of them does not acknowledge";
       return;
     case PortProbe::kAnswered:
     case PortProbe::kUnknown:
