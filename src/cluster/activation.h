@@ -43,7 +43,9 @@
 // Missing history: the first map, and a skipped map. N's first map comes
 // with no history: N cannot know who owned its buckets before. Nor can it
 // after it skipped a map (epochs are consecutive, so a map whose epoch is not
-// the current one plus one means N missed at least one): the owners b had in
+// the current one plus one means N missed at least one; the caller reads the
+// maps its watch missed back from etcd's history first, map_history.h, so
+// this is left for a history etcd compacted meanwhile): the owners b had in
 // the missed maps are unknown, and one of them may have activated b and
 // granted in it. In both cases every bucket starts over with the chain of
 // every node N knows of (members seen, live or draining, gone or not; ack

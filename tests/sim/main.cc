@@ -37,10 +37,12 @@ int main(int argc, char** argv) {
   const auto started = std::chrono::steady_clock::now();
   std::uint64_t unsafe = 0;
   double simulated = 0;
+  std::uint64_t maps_missed = 0;
   for (std::uint64_t s = first; s < first + seeds; ++s) {
     options.seed = s;
     const shardlock::sim::SimResult r = shardlock::sim::run_simulation(options);
     simulated += r.simulated_seconds;
+    maps_missed += r.maps_missed;
     if (trace) {
       for (const std::string& line : r.trace) std::printf("%s\n", line.c_str());
     }
@@ -64,8 +66,11 @@ int main(int argc, char** argv) {
   }
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  std::fprintf(stderr, "%llu seeds, %llu unsafe, %.0f simulated s, %.1f s wall, %.0f seeds/min\n",
+  std::fprintf(stderr,
+               "%llu seeds, %llu unsafe, %.0f simulated s, %.1f s wall, %.0f seeds/min, "
+               "%llu maps adopted after a missed epoch\n",
                static_cast<unsigned long long>(seeds), static_cast<unsigned long long>(unsafe),
-               simulated, wall, static_cast<double>(seeds) / wall * 60.0);
+               simulated, wall, static_cast<double>(seeds) / wall * 60.0,
+               static_cast<unsigned long long>(maps_missed));
   return unsafe == 0 ? 0 : 1;
 }

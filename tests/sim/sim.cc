@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "epoch_file.h"
+#include "map_history.h"
 #include "next_map.h"
 #include "node_driver.h"
 #include "server/dispatcher.h"
@@ -218,6 +219,9 @@ struct Etcd {
   World& world;
   std::int64_t revision = 1;
   std::map<std::string, KeyValue> keys;
+  // Every put of the map key (revision -> value): etcd's MVCC history of it,
+  // never compacted here.
+  std::map<std::int64_t, std::string> map_puts;
   std::map<std::int64_t, Time> leases;  // id -> expiry (global time)
   std::int64_t next_lease = 1000;
   static constexpr const char* kPrefix = "/shardlock/sim/";
@@ -236,6 +240,7 @@ struct Etcd {
     kv.mod_revision = revision;
     kv.value = std::move(value);
     kv.lease = lease;
+    if (key == std::string(kPrefix) + "map") map_puts.emplace(revision, kv.value);
     changed();
   }
   void erase(const std::string& key) {
@@ -316,8 +321,8 @@ struct Node {
   bool paused = false;
   std::vector<std::pair<int, std::vector<std::uint8_t>>> paused_inbox;
   std::vector<ClusterView> pending_views;
-  std::vector<ClusterMap> watched_maps;  // delivered by the watch since the last pass
-  Time etcd_delay = 2 * kMs;             // this node's etcd link: one way
+  std::vector<cluster::RevisedMap> watched_maps;  // delivered by the watch since the last pass
+  Time etcd_delay = 2 * kMs;                      // this node's etcd link: one way
 
   // Membership, modelled.
   std::int64_t lease = 0;
@@ -400,6 +405,7 @@ struct World {
   Scheduler scheduler;
   Network network;
   Etcd etcd;
+  std::uint64_t maps_missed = 0;  // summed over the nodes' drivers, killed ones included
   std::vector<std::unique_ptr<Node>> nodes;
   std::vector<std::unique_ptr<Client>> clients;
   std::vector<Event> history;
@@ -459,10 +465,12 @@ void Etcd::changed() {
   // A watch event to every live node, over its link. It carries the map
   // key as it is now, as etcd's watch does: Membership adopts the maps its
   // watch delivered below the one it reads (adopt_watched_maps_before).
-  std::optional<ClusterMap> watched;
+  std::optional<cluster::RevisedMap> watched;
   if (const auto it = keys.find(std::string(kPrefix) + "map"); it != keys.end()) {
-    watched =
-        cluster::decode_map(it->second.value, static_cast<std::uint64_t>(it->second.mod_revision));
+    if (auto map = cluster::decode_map(it->second.value,
+                                       static_cast<std::uint64_t>(it->second.mod_revision))) {
+      watched = cluster::RevisedMap{std::move(*map), it->second.mod_revision};
+    }
   }
   for (auto& node : world.nodes) {
     if (!node->alive || !node->etcd_reachable()) continue;
@@ -630,6 +638,7 @@ void Node::kill() {
   e.node = id;
   e.incarnation = incarnation;
   world.record(e);
+  if (driver) world.maps_missed += driver->stats().maps_missed;
   driver.reset();
   host.reset();
   dispatcher.reset();
@@ -761,10 +770,22 @@ void Node::reconcile() {
     adopted.push_back(map);
   };
   if (published) {
-    for (ClusterMap& m : watched_maps) {
-      if (m.epoch < published->epoch) adopt(std::move(m), 0);
+    // Membership::adopt_maps_through()'s rule, the real one (map_history.h):
+    // the maps the watch missed are read back from the map key's history.
+    const cluster::ReadMapBefore read_before =
+        [&etcd](std::int64_t revision) -> std::optional<cluster::RevisedMap> {
+      auto it = etcd.map_puts.lower_bound(revision);
+      if (it == etcd.map_puts.begin()) return std::nullopt;
+      --it;
+      auto m = cluster::decode_map(it->second, static_cast<std::uint64_t>(it->first));
+      if (!m) return std::nullopt;
+      return cluster::RevisedMap{std::move(*m), it->first};
+    };
+    for (cluster::RevisedMap& m : cluster::maps_to_adopt(
+             map ? map->epoch : 0, std::move(watched_maps), {*published, published_revision},
+             cluster::kMaxMapHistoryReads, read_before)) {
+      adopt(std::move(m.map), m.mod_revision);
     }
-    adopt(*published, published_revision);
   }
   watched_maps.clear();
   // Membership::reconcile()'s rule, the real one (next_map.h).
@@ -1228,6 +1249,10 @@ SimResult run_simulation(const SimOptions& options) {
   result.seed = o.seed;
   result.events = w.scheduler.run_until(end);
   result.simulated_seconds = static_cast<double>(end) / 1e9;
+  result.maps_missed = w.maps_missed;
+  for (const auto& node : w.nodes) {
+    if (node->driver) result.maps_missed += node->driver->stats().maps_missed;
+  }
   torture::CheckOptions check;
   check.liveness_bound_ms = 8000;
   check.replicas = 1;  // kept: not judged (docs/simulation.md)

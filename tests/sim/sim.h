@@ -50,6 +50,10 @@ struct SimResult {
   std::vector<std::string> trace;  // with keep_trace: the nodes' log lines and the history
   std::uint64_t events = 0;        // scheduler events run
   double simulated_seconds = 0;
+  // Maps a node adopted with an epoch jump, so its history started over
+  // (NodeDriverStats::maps_missed): with the map key's history read back,
+  // none unless a node missed more than kMaxMapHistoryReads maps.
+  std::uint64_t maps_missed = 0;
   // Violations of the safety properties (overlap, token order, duplicate
   // token, owner, permit limit, all-or-nothing, fencing).
   [[nodiscard]] std::size_t safety_violations() const;

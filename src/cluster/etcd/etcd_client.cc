@@ -451,11 +451,13 @@ EtcdResult<std::int64_t> EtcdClient::put(std::string_view key, std::string_view 
 
 namespace {
 
-EtcdResult<RangeResult> range(EtcdClient::Impl& impl, std::string key, std::string range_end) {
+EtcdResult<RangeResult> range(EtcdClient::Impl& impl, std::string key, std::string range_end,
+                              std::int64_t revision = 0) {
   EtcdResult<RangeResult> result;
   pb::RangeRequest request;
   request.set_key(std::move(key));
   request.set_range_end(std::move(range_end));
+  request.set_revision(revision);  // 0: the newest
   pb::RangeResponse response;
   if (impl.unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
         return e.kv->Range(&context, request, &response);
@@ -475,6 +477,10 @@ EtcdResult<RangeResult> EtcdClient::get(std::string_view key) {
   return range(*impl_, std::string(key), {});
 }
 
+EtcdResult<RangeResult> EtcdClient::get_at(std::string_view key, std::int64_t revision) {
+  return range(*impl_, std::string(key), {}, revision);
+}
+
 EtcdResult<RangeResult> EtcdClient::get_prefix(std::string_view prefix) {
   // etcd reads key "\0" with range_end "\0" as every key.
   return range(*impl_, prefix.empty() ? std::string(1, '\0') : std::string(prefix),
@@ -491,6 +497,18 @@ EtcdResult<std::int64_t> EtcdClient::delete_key(std::string_view key) {
       })) {
     result.value = response.deleted();
   }
+  return result;
+}
+
+EtcdStatus EtcdClient::compact(std::int64_t revision) {
+  EtcdStatus result;
+  pb::CompactionRequest request;
+  request.set_revision(revision);
+  request.set_physical(true);  // answered once the history is gone
+  pb::CompactionResponse response;
+  impl_->unary(result, [&](const Endpoint& e, grpc::ClientContext& context) {
+    return e.kv->Compact(&context, request, &response);
+  });
   return result;
 }
 

@@ -181,11 +181,18 @@ class EtcdClient {
                                              std::int64_t lease_id = 0);
   // The key, if present (kvs empty otherwise: absence is not an error).
   [[nodiscard]] EtcdResult<RangeResult> get(std::string_view key);
+  // The key as it was at `revision` (etcd's MVCC history): kCompacted when
+  // etcd no longer keeps that revision, kvs empty when the key did not
+  // exist then. The answer's `revision` is still the store's current one.
+  [[nodiscard]] EtcdResult<RangeResult> get_at(std::string_view key, std::int64_t revision);
   // Every key that starts with `prefix`, in key order. An empty prefix
   // means every key.
   [[nodiscard]] EtcdResult<RangeResult> get_prefix(std::string_view prefix);
   // Deletes the key; returns how many keys were deleted (0 or 1).
   [[nodiscard]] EtcdResult<std::int64_t> delete_key(std::string_view key);
+  // Compacts etcd's history up to `revision` (etcdctl compact): reads and
+  // watches of earlier revisions get kCompacted from then on.
+  [[nodiscard]] EtcdStatus compact(std::int64_t revision);
 
   // --- transactions -----------------------------------------------------------
   // Puts key=value (under `lease_id` when non-zero) only if the key does not

@@ -575,12 +575,12 @@ void Membership::map_loop(std::int64_t watch_from) {
     watch = client_->watch_prefix(options_.prefix, from, [this](const WatchUpdate& update) {
       // Every map put, in revision order: a pass that reads the prefix sees
       // only the newest map, and these are the ones in between.
-      std::vector<std::pair<ClusterMap, std::int64_t>> maps;
+      std::vector<RevisedMap> maps;
       for (const WatchEvent& event : update.events) {
         if (event.type != WatchEventType::kPut || event.kv.key != map_key()) continue;
         if (auto map =
                 decode_map(event.kv.value, static_cast<std::uint64_t>(event.kv.mod_revision))) {
-          maps.emplace_back(std::move(*map), event.kv.mod_revision);
+          maps.push_back({std::move(*map), event.kv.mod_revision});
         }
       }
       LockGuard lock(mutex_);
@@ -649,8 +649,7 @@ std::optional<std::int64_t> Membership::reconcile() {
     if (decoded.map_kv != nullptr) {
       published = decode_map(decoded.map_kv->value, static_cast<std::uint64_t>(published_revision));
       if (published) {
-        adopt_watched_maps_before(published->epoch, adopted_in_pass);
-        adopt(*published, published_revision, &adopted_in_pass);
+        adopt_maps_through({*published, published_revision}, adopted_in_pass);
       } else {
         ++decoded.bad;
       }
@@ -707,16 +706,44 @@ std::optional<std::int64_t> Membership::reconcile() {
   return view->revision;
 }
 
-void Membership::adopt_watched_maps_before(
-    std::uint64_t epoch, std::vector<std::shared_ptr<const ClusterMap>>& adopted) {
-  std::vector<std::pair<ClusterMap, std::int64_t>> watched;
+void Membership::adopt_maps_through(RevisedMap published,
+                                    std::vector<std::shared_ptr<const ClusterMap>>& adopted) {
+  std::vector<RevisedMap> watched;
+  std::uint64_t current_epoch = 0;
   {
     LockGuard lock(mutex_);
     watched.swap(watched_maps_);
+    current_epoch = map_->epoch;
   }
-  for (auto& [map, revision] : watched) {
-    if (map.epoch < epoch) adopt(std::move(map), revision, &adopted);  // stale ones: ignored
+  const std::string key = map_key();
+  std::size_t read_back = 0;
+  const ReadMapBefore read_before = [&](std::int64_t revision) -> std::optional<RevisedMap> {
+    const auto read = client_->get_at(key, revision - 1);
+    if (!read.ok()) {
+      note_etcd_error("cannot read " + key + " at revision " + std::to_string(revision - 1),
+                      read.detail);
+      return std::nullopt;
+    }
+    if (read.value.kvs.empty()) return std::nullopt;
+    const KeyValue& kv = read.value.kvs.front();
+    auto map = decode_map(kv.value, static_cast<std::uint64_t>(kv.mod_revision));
+    if (!map) return std::nullopt;
+    ++read_back;
+    return RevisedMap{std::move(*map), kv.mod_revision};
+  };
+  const std::uint64_t published_epoch = published.map.epoch;
+  std::vector<RevisedMap> maps = maps_to_adopt(
+      current_epoch, std::move(watched), std::move(published), kMaxMapHistoryReads, read_before);
+  if (read_back != 0) {
+    {
+      LockGuard lock(mutex_);
+      stats_.maps_read_back += read_back;
+    }
+    note("read " + std::to_string(read_back) + " cluster map(s) the watch had not delivered back" +
+         " from etcd's history, to adopt every epoch from " + std::to_string(current_epoch) +
+         " to " + std::to_string(published_epoch) + " in order");
   }
+  for (RevisedMap& m : maps) adopt(std::move(m.map), m.mod_revision, &adopted);
 }
 
 void Membership::adopt(ClusterMap map, std::int64_t mod_revision,

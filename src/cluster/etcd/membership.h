@@ -93,6 +93,7 @@
 #include "cluster_view.h"
 #include "epoch_file.h"
 #include "etcd_client.h"
+#include "map_history.h"
 #include "shardlock/cluster/cluster_map.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/mutex.h"
@@ -131,6 +132,7 @@ struct MembershipStats {
   std::uint64_t drains_cancelled = 0;    // switches back to active when it went
   std::uint64_t maps_adopted = 0;        // maps taken as current (each a higher epoch)
   std::uint64_t maps_refused = 0;        // maps ignored for an epoch below highest_epoch
+  std::uint64_t maps_read_back = 0;      // maps the watch missed, read from etcd's history
   std::uint64_t last_refused_epoch = 0;
   std::uint64_t bad_values = 0;  // member, handoff, drain or map values that did not decode
   std::uint64_t etcd_errors = 0;
@@ -358,10 +360,12 @@ class Membership {
   // when adopted.
   void adopt(ClusterMap map, std::int64_t mod_revision,
              std::vector<std::shared_ptr<const ClusterMap>>* adopted_in_pass = nullptr);
-  // Adopts the maps the watch delivered with an epoch below `epoch`, in
-  // order, and forgets the rest.
-  void adopt_watched_maps_before(std::uint64_t epoch,
-                                 std::vector<std::shared_ptr<const ClusterMap>>& adopted);
+  // Adopts, in epoch order, the maps the watch delivered below `published`
+  // and those it missed in between, read back from the map key's history
+  // (map_history.h), then `published`; forgets the rest of what the watch
+  // delivered.
+  void adopt_maps_through(RevisedMap published,
+                          std::vector<std::shared_ptr<const ClusterMap>>& adopted);
   MemberRecord record_of(MemberState state) const {
     return {options_.advertise, options_.weight, state,
             static_cast<std::uint64_t>(options_.max_ttl.count()), options_.replicas};
@@ -406,7 +410,7 @@ class Membership {
   std::shared_ptr<const ClusterMap> map_ SHARDLOCK_GUARDED_BY(mutex_);
   std::int64_t map_revision_ SHARDLOCK_GUARDED_BY(mutex_) = 0;  // map_'s mod_revision
   // Map puts the watch delivered since the last pass, with their revisions.
-  std::vector<std::pair<ClusterMap, std::int64_t>> watched_maps_ SHARDLOCK_GUARDED_BY(mutex_);
+  std::vector<RevisedMap> watched_maps_ SHARDLOCK_GUARDED_BY(mutex_);
   MembershipStats stats_ SHARDLOCK_GUARDED_BY(mutex_);
 
   std::thread keep_alive_thread_;

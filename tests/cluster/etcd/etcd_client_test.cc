@@ -436,5 +436,30 @@ TEST(EtcdRestart, TheClientSurvivesKill9AndARestartOnTheSameDataDir) {
   EXPECT_TRUE(log.errors().empty());
 }
 
+// Last in the suite: the compaction takes every earlier revision with it.
+TEST_F(EtcdClientTest, AKeyIsReadAtAPastRevisionUntilThatHistoryIsCompacted) {
+  const std::string key = prefix_ + "k";
+  const auto first = client_->put(key, "v1");
+  const auto second = client_->put(key, "v2");
+  ASSERT_TRUE(first.ok() && second.ok());
+  const auto then = client_->get_at(key, first.value);
+  ASSERT_TRUE(then.ok()) << then.detail;
+  ASSERT_EQ(then.value.kvs.size(), 1u);
+  EXPECT_EQ(then.value.kvs[0].value, "v1");
+  EXPECT_EQ(then.value.kvs[0].mod_revision, first.value);
+  EXPECT_GE(then.value.revision, second.value);  // the store's revision, not the one read at
+  const auto before = client_->get_at(key, first.value - 1);
+  ASSERT_TRUE(before.ok()) << before.detail;
+  EXPECT_TRUE(before.value.kvs.empty());
+
+  ASSERT_TRUE(client_->compact(second.value).ok());
+  const auto compacted = client_->get_at(key, first.value);
+  EXPECT_EQ(compacted.error, make_error_code(EtcdErrc::kCompacted)) << compacted.detail;
+  const auto kept = client_->get_at(key, second.value);
+  ASSERT_TRUE(kept.ok()) << kept.detail;
+  ASSERT_EQ(kept.value.kvs.size(), 1u);
+  EXPECT_EQ(kept.value.kvs[0].value, "v2");
+}
+
 }  // namespace
 }  // namespace shardlock::cluster

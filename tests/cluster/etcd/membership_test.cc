@@ -23,6 +23,7 @@
 #include "epoch_file.h"
 #include "etcd_process.h"
 #include "poll_until.h"
+#include "tcp_proxy.h"
 
 namespace shardlock::cluster {
 namespace {
@@ -933,6 +934,52 @@ TEST_F(MembershipTest, MapsPublishedBetweenTwoReadsAreAdoptedInOrder) {
     for (const auto& map : view.adopted) adopted.push_back(map->epoch);
   }
   EXPECT_EQ(adopted, (std::vector<std::uint64_t>{before.epoch + 1, before.epoch + 2}));
+}
+
+// Issue 34, item 9: a node whose watch lost the maps published while it was
+// cut off from etcd (its watch resumes at a compacted revision, so etcd
+// cancels it) reads them back from the map key's history and adopts every
+// epoch in order. Before, it adopted only the newest: an epoch jump, which
+// starts the node's history over (every bucket that moved to it waits out
+// the lock-delay, and a backup skips its takeovers).
+TEST_F(MembershipTest, MapsMissedWhileCutOffAreReadBackFromEtcdsHistoryAndAdoptedInOrder) {
+  torture::TcpProxy proxy;
+  ASSERT_TRUE(proxy.start(etcd_->client_port())) << proxy.error();
+  Views& views = new_views();
+  MembershipOptions options = options_for("a", "127.0.0.1:" + std::to_string(proxy.port()));
+  options.on_view = views.sink();
+  Membership* a = start(options);
+  ASSERT_NE(a, nullptr);
+  ASSERT_TRUE(poll_until([&] { return converged({a}, {"a"}, 0); }, test_support::kPollTimeout,
+                         milliseconds(20)));
+  const ClusterMap before = *a->current_map();
+  auto direct = EtcdClient::connect({.endpoints = etcd_->endpoint()});
+  ASSERT_TRUE(direct.ok()) << direct.detail;
+  EtcdClient& etcd = *direct.value;
+
+  proxy.set_cut(true);
+  std::this_thread::sleep_for(milliseconds(100));
+  // Past the watch's resume point, then two maps (the same membership, so
+  // nobody re-publishes), and the history compacted below the first.
+  ASSERT_TRUE(etcd.put(prefix_ + "poke", "1").ok());
+  const auto first = etcd.put(prefix_ + "map", encode_map({before.epoch + 1, before.members}));
+  ASSERT_TRUE(first.ok());
+  ASSERT_TRUE(etcd.put(prefix_ + "map", encode_map({before.epoch + 2, before.members})).ok());
+  ASSERT_TRUE(etcd.compact(first.value).ok());
+  std::this_thread::sleep_for(milliseconds(200));
+  proxy.set_cut(false);  // well inside the 2 s etcd lease
+
+  ASSERT_TRUE(poll_until([&] { return a->current_map()->epoch == before.epoch + 2; },
+                         test_support::kPollTimeout, milliseconds(20)));
+  std::vector<std::uint64_t> adopted;
+  for (const ClusterView& view : views.all()) {
+    for (const auto& map : view.adopted) {
+      if (map->epoch > before.epoch) adopted.push_back(map->epoch);
+    }
+  }
+  EXPECT_EQ(adopted, (std::vector<std::uint64_t>{before.epoch + 1, before.epoch + 2}));
+  EXPECT_EQ(a->stats().maps_read_back, 1u);
+  EXPECT_TRUE(log_.contains("read 1 cluster map(s) the watch had not delivered back"));
 }
 
 TEST_F(MembershipTest, AnUnreadableMemberRecordIsPresentButOutOfTheMap) {
