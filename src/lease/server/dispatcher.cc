@@ -253,7 +253,8 @@ std::optional<std::size_t> Dispatcher::inherit(
 }
 
 void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
-                            std::vector<OutDatagram>& replies) {
+                            std::vector<OutDatagram>& replies,
+                            std::span<const std::uint32_t> buckets) {
   // No source ever gets more reply bytes than it sent (before any auth tag).
   if (encoded_size(d) > budget) {
     count(amplification_drops_);
@@ -289,7 +290,7 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
       return m.type == MessageType::kGranted || m.type == MessageType::kGrantedMany ||
              m.type == MessageType::kReleased;
     });
-    if (replicated && options_.replicator->hold(o)) replies.pop_back();
+    if (replicated && options_.replicator->hold(o, buckets)) replies.pop_back();
   }
 }
 
@@ -401,6 +402,8 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   const std::uint64_t gate_epoch = gate_epoch_.load(std::memory_order_relaxed);
   const bool behind = gate_epoch != 0 && w.request.epoch.value_or(0) > gate_epoch;
   bool holders_paged = false;  // one holder page per datagram, like STATS
+  w.reply_buckets.clear();
+  w.reply_buckets_known = true;
   for (std::size_t i = 0; i < w.request.count; ++i) {
     const Message& m = w.request.messages[i];
     Message r;
@@ -425,6 +428,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     } else if (m.type == MessageType::kAcquireMany) {
       const auto credit = static_cast<std::uint16_t>(
           std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
+      w.reply_buckets_known = false;  // its keys' buckets: every stream
       if (!acquire_many(w, m.owner.value_or(w.request.client_id), peer, m, credit, now, r, i)) {
         continue;
       }
@@ -453,6 +457,15 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       drain_journal(slot);
       slot.note_timers();
       if (!answered) continue;
+      if (options_.replicator != nullptr &&
+          (r.type == MessageType::kGranted || r.type == MessageType::kReleased)) {
+        // The bucket the shard journaled the grant or release under.
+        if (const ClusterGate* gate = slot.shard->gate()) {
+          w.reply_buckets.push_back(static_cast<std::uint32_t>(gate->bucket_of(m.key)));
+        } else {
+          w.reply_buckets_known = false;
+        }
+      }
       if (r.type == MessageType::kError && r.error == WireError::kInternal) {
         options_.log("shard " + std::to_string(slot.shard->index()) +
                      ": cannot issue a token: " + slot.shard->last_error());
@@ -461,7 +474,11 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     (void)w.reply.push(r);
   }
   // 5.
-  if (w.reply.count > 0) send_reply(w.reply, bytes.size(), peer, replies);
+  if (w.reply.count > 0) {
+    send_reply(w.reply, bytes.size(), peer, replies,
+               w.reply_buckets_known ? std::span<const std::uint32_t>(w.reply_buckets)
+                                     : std::span<const std::uint32_t>());
+  }
   send_deferred(w, replies);
 }
 

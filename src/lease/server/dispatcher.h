@@ -196,7 +196,12 @@ class Dispatcher {
     std::array<std::uint8_t, 8 * kMaxKeysPerRequest> deferred_tokens{};
     std::vector<std::uint8_t> map_members;  // MAP_REPLY entries
     HolderPage holder_page;                 // HOLDERS_REPLY entries
-    std::vector<HotKeyCount> hot_keys;      // every shard's, for HOT_KEYS_REPLY
+    // The buckets of the GRANTED and RELEASED items of the reply being
+    // built, for the replicator's hold; not known when an item's bucket is
+    // not (an ACQUIRE_MANY's, or before the first map).
+    std::vector<std::uint32_t> reply_buckets;
+    bool reply_buckets_known = true;
+    std::vector<HotKeyCount> hot_keys;  // every shard's, for HOT_KEYS_REPLY
     std::vector<std::uint8_t> hot_key_entries;
     // handle()'s time per datagram; written by this worker's thread only.
     AtomicLatencyHistogram latency;
@@ -238,8 +243,10 @@ class Dispatcher {
   // Answers every item of a request that is too small for its answers.
   void refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
                        std::vector<OutDatagram>& replies);
+  // With replication, a reply that grants or releases waits for the
+  // backups of `buckets` (those of its items; empty: of every bucket).
   void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
-                  std::vector<OutDatagram>& replies);
+                  std::vector<OutDatagram>& replies, std::span<const std::uint32_t> buckets = {});
   // Moves the shard's journal into the replicator (under the shard's lock).
   void drain_journal(ShardSlot& slot) SHARDLOCK_REQUIRES(slot.mu);
   void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;

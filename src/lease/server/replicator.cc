@@ -372,22 +372,50 @@ void Replicator::route(std::span<const Entry> entries) {
   }
 }
 
-std::vector<replication::HeldReplies<OutDatagram>::Need> Replicator::needs_now() {
+void Replicator::add_need(ToBackup& s,
+                          std::vector<replication::HeldReplies<OutDatagram>::Need>& needs) {
+  if (s.stream.applied() >= s.stream.last_seq()) return;
+  const std::uint64_t id = s.stream.stream();
+  const auto at = std::find(held_streams_.begin(), held_streams_.end(), id);
+  const auto index = static_cast<std::size_t>(at - held_streams_.begin());
+  if (at == held_streams_.end()) held_streams_.push_back(id);
+  needs.push_back({index, s.stream.last_seq()});
+}
+
+std::vector<replication::HeldReplies<OutDatagram>::Need> Replicator::needs_now(
+    std::span<const std::uint32_t> buckets) {
   std::vector<replication::HeldReplies<OutDatagram>::Need> needs;
-  for (auto& [peer, s] : to_) {
-    if (s->stream.applied() >= s->stream.last_seq()) continue;
-    const std::uint64_t id = s->stream.stream();
-    const auto at = std::find(held_streams_.begin(), held_streams_.end(), id);
-    const auto index = static_cast<std::size_t>(at - held_streams_.begin());
-    if (at == held_streams_.end()) held_streams_.push_back(id);
-    needs.push_back({index, s->stream.last_seq()});
+  // The streams of the buckets' backups, each once (a handful at most).
+  std::vector<ToBackup*> streams;
+  bool every_stream = buckets.empty();
+  for (const std::uint32_t b : buckets) {
+    if (b >= current_.backups.size() || current_.backups[b].empty()) {
+      every_stream = true;
+      break;
+    }
+    for (const std::uint16_t p : current_.backups[b]) {
+      const auto it = to_.find(current_.peers[p].id);
+      if (it == to_.end()) {
+        every_stream = true;
+        break;
+      }
+      if (std::find(streams.begin(), streams.end(), it->second.get()) == streams.end()) {
+        streams.push_back(it->second.get());
+      }
+    }
+    if (every_stream) break;
+  }
+  if (every_stream) {
+    for (auto& [peer, s] : to_) add_need(*s, needs);
+  } else {
+    for (ToBackup* s : streams) add_need(*s, needs);
   }
   return needs;
 }
 
-bool Replicator::hold(OutDatagram& reply) {
+bool Replicator::hold(OutDatagram& reply, std::span<const std::uint32_t> buckets) {
   LockGuard lock(mu_);
-  std::vector<replication::HeldReplies<OutDatagram>::Need> needs = needs_now();
+  std::vector<replication::HeldReplies<OutDatagram>::Need> needs = needs_now(buckets);
   if (needs.empty()) return false;
   held_.hold(std::move(needs), reply);
   return true;

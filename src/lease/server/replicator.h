@@ -164,10 +164,15 @@ class Replicator {
   // (Dispatcher::publish_gate()).
   void activated(std::span<const std::uint32_t> buckets);
 
-  // Holds `reply` until every stream has acknowledged what it has now.
-  // Returns false (and does not take it) when nothing is outstanding: send
-  // it at once.
-  bool hold(OutDatagram& reply);
+  // Holds `reply` until the streams to the backups of `buckets` (the
+  // buckets of what it grants or releases, in the current layout) have
+  // acknowledged what they have now; every stream when `buckets` is empty,
+  // or names a bucket with no backup in the layout (the caller does not
+  // know, or the layout moved on: wait for everything, as is always safe).
+  // Returns false (and does not take it) when nothing it waits for is
+  // outstanding: send it at once. A backup that is slow or cut off then
+  // holds back only the answers for the buckets it backs up.
+  bool hold(OutDatagram& reply, std::span<const std::uint32_t> buckets = {});
 
   // A node-to-node datagram (by its magic): applies it, answers it, and
   // moves the replies it releases to `out`. False when `bytes` is not one
@@ -331,7 +336,9 @@ class Replicator {
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);
   std::atomic<std::uint64_t> dropped_{0};
   void drop_held() SHARDLOCK_REQUIRES(mu_);
-  [[nodiscard]] std::vector<replication::HeldReplies<OutDatagram>::Need> needs_now()
+  [[nodiscard]] std::vector<replication::HeldReplies<OutDatagram>::Need> needs_now(
+      std::span<const std::uint32_t> buckets) SHARDLOCK_REQUIRES(mu_);
+  void add_need(ToBackup& s, std::vector<replication::HeldReplies<OutDatagram>::Need>& needs)
       SHARDLOCK_REQUIRES(mu_);
   std::int64_t created_ns_;
   std::vector<std::uint8_t> scratch_ SHARDLOCK_GUARDED_BY(mu_);

@@ -162,6 +162,47 @@ TEST_F(ReplicatorTest, AGrantsAnswerLeavesOnlyOnceTheBackupHasIt) {
   EXPECT_FALSE(a_.hold(plain));
 }
 
+// A reply waits only for the backups of its own buckets: a backup that is
+// silent (cut off, slow, stuck) holds back the answers for the buckets it
+// backs up, not every answer of its primary. Before, hold() waited for
+// every stream with anything unacknowledged, so one silent backup held
+// every reply of the node.
+TEST_F(ReplicatorTest, AReplyWaitsOnlyForTheBackupsOfItsOwnBuckets) {
+  constexpr std::uint32_t kOther = 5;  // backed up by "c", which never answers
+  ReplicaLayout l = primary_layout(4, "b", 1002);
+  l.peers.push_back(ReplicaPeer{"c", loopback(1003)});
+  l.backups[kOther] = {1};
+  const auto snapshots = a_.set_layout(l, now_);
+  ASSERT_EQ(snapshots.size(), 2U);
+  for (const auto& [peer, bucket] : snapshots) {
+    a_.begin_snapshot(peer, bucket);
+    a_.end_snapshot(peer, bucket);
+  }
+  EXPECT_TRUE(b_->set_layout(backup_layout(4), now_).empty());
+  Entry other = grant("o", 40);
+  other.bucket = kOther;
+  a_.route(std::vector{other, grant("k", 41)});
+
+  OutDatagram mine = reply_datagram(0x77);     // for kBucket
+  OutDatagram theirs = reply_datagram(0x78);   // for kOther
+  OutDatagram unknown = reply_datagram(0x79);  // buckets unknown: every stream
+  ASSERT_TRUE(a_.hold(mine, std::vector<std::uint32_t>{kBucket}));
+  ASSERT_TRUE(a_.hold(theirs, std::vector<std::uint32_t>{kOther}));
+  ASSERT_TRUE(a_.hold(unknown));
+  // "b" answers; whatever goes to "c" (port 1003) is lost.
+  std::vector<OutDatagram> released;
+  for (const OutDatagram& d : exchange(poll_a())) {
+    if (ntohs(d.peer.addr.v4.sin_port) != 1003) released.push_back(d);
+  }
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x77);
+  EXPECT_EQ(a_.held(), 2U);
+  // A bucket with no backup in the layout is no reason to answer at once.
+  OutDatagram unbacked = reply_datagram(0x7a);
+  EXPECT_TRUE(a_.hold(unbacked, std::vector<std::uint32_t>{kBucket + 1}));
+  EXPECT_EQ(a_.held(), 3U);
+}
+
 // The bug issue 23's end-to-end tests of a backup killed mid-grant and of a
 // partitioned primary found: a held answer whose backup left the layout was
 // let out at once, with no live replica of its grant. It is dropped now:
