@@ -459,8 +459,10 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       if (!answered) continue;
       if (options_.replicator != nullptr &&
           (r.type == MessageType::kGranted || r.type == MessageType::kReleased)) {
-        // The bucket the shard journaled the grant or release under.
-        if (const ClusterGate* gate = slot.shard->gate()) {
+        // The bucket the shard journaled the grant or release under. A
+        // closed gate (before the first map, after a re-registration) has
+        // no routing, yet answers a holder's RELEASE.
+        if (const ClusterGate* gate = slot.shard->gate(); gate != nullptr && gate->routing) {
           w.reply_buckets.push_back(static_cast<std::uint32_t>(gate->bucket_of(m.key)));
         } else {
           w.reply_buckets_known = false;
