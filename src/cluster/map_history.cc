@@ -13,13 +13,18 @@ std::vector<RevisedMap> maps_to_adopt(std::uint64_t current_epoch, std::vector<R
   for (RevisedMap& m : watched) {
     if (m.map.epoch > current_epoch && m.map.epoch < top) known.emplace(m.map.epoch, std::move(m));
   }
-  if (current_epoch != 0 && top > current_epoch + 1) {
+  // The epoch the adopted maps continue from: the current one, or on a
+  // first map the oldest the watch delivered (adopted first, so the maps
+  // after it must not skip either).
+  std::uint64_t base = current_epoch;
+  if (base == 0 && !known.empty()) base = known.begin()->first;
+  if (base != 0 && top > base + 1) {
     // Walk down from the newest: each missing epoch is the value the map
     // key had just before the put of the next one.
     std::uint64_t epoch = top;
     std::int64_t revision = published.mod_revision;
     std::size_t reads = 0;
-    while (epoch > current_epoch + 1) {
+    while (epoch > base + 1) {
       if (const auto it = known.find(epoch - 1); it != known.end()) {
         epoch = it->first;
         revision = it->second.mod_revision;
@@ -35,7 +40,7 @@ std::vector<RevisedMap> maps_to_adopt(std::uint64_t current_epoch, std::vector<R
       }
       // Below the current epoch, the published epochs themselves jumped
       // (they do, to stay above every epoch seen); above it, a map to adopt.
-      if (before->map.epoch > epoch || before->map.epoch <= current_epoch) break;
+      if (before->map.epoch > epoch || before->map.epoch <= base) break;
       epoch = before->map.epoch;
       revision = before->mod_revision;
       known.emplace(epoch, std::move(*before));

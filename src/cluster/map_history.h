@@ -52,7 +52,8 @@ inline constexpr std::size_t kMaxMapHistoryReads = 16;
 // published's that the watch delivered or that `read_before` finds between
 // the two, in epoch order, then `published` itself. `read_before` is called
 // only for an epoch still missing between `current_epoch` and `published`
-// (never on a first map: there is no history to keep), at most
+// (on a first map, current_epoch 0, between the oldest watched map and
+// `published`; with nothing watched, never: there is no history), at most
 // `max_reads` times; a gap it cannot fill stays a gap (the caller's
 // activation treats it as missing history). A map put again at the same
 // epoch (a republish) is walked through. Watched maps at or below

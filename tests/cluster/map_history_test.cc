@@ -86,6 +86,19 @@ TEST(MapHistoryTest, NothingIsReadWithoutAGapOrOnAFirstMap) {
   EXPECT_EQ(h.reads(), 0);
 }
 
+// A node's first read after a start: the watch had delivered an older map
+// (adopted first, as the node's first), so the maps after it are read back
+// too, or the node would jump from it (simulation seed 108 on the release
+// build: a restarted node adopted 4 and then 6).
+TEST(MapHistoryTest, OnAFirstMapTheMapsAfterTheOldestWatchedOneAreReadBack) {
+  History h;
+  const RevisedMap four = h.put(10, 4);
+  h.put(14, 5);
+  const RevisedMap published = h.put(20, 6);
+  EXPECT_EQ(epochs(maps_to_adopt(0, {four}, published, kMaxMapHistoryReads, h.reader())),
+            (std::vector<std::uint64_t>{4, 5, 6}));
+}
+
 TEST(MapHistoryTest, AMapPutAgainAtTheSameEpochIsWalkedThrough) {
   History h;
   h.put(10, 4);
