@@ -146,7 +146,9 @@ TEST_F(ClusterNodeTest, ANodeGrantsOnlyAboveTheTokensItsDataDirRecords) {
       ADD_FAILURE() << ec.message() << ": " << client.error_detail();
       return 0;
     }
-    lease::AcquireResult r = client.acquire("k", milliseconds(150), seconds(20));
+    // A lease well above a loaded machine's round trip: a 150 ms one came
+    // back "grant expired" under the sanitizers beside a parallel suite.
+    lease::AcquireResult r = client.acquire("k", milliseconds(1500), seconds(20));
     EXPECT_TRUE(r) << r.error.message();
     return r ? r.lease.token() : 0;
   };
@@ -154,7 +156,7 @@ TEST_F(ClusterNodeTest, ANodeGrantsOnlyAboveTheTokensItsDataDirRecords) {
     return test_support::poll_until([&] { return node_->stats().buckets_active > 0; }, seconds(30),
                                     milliseconds(20));
   };
-  start_node();
+  start_node(seconds(2));
   ASSERT_TRUE(active());
   first_token = acquire();
   ASSERT_NE(first_token, 0u);
@@ -167,7 +169,7 @@ TEST_F(ClusterNodeTest, ANodeGrantsOnlyAboveTheTokensItsDataDirRecords) {
   // without its epoch file: only the token floor remembers the old epochs.
   std::filesystem::remove(dir_ + "/cluster-epoch");
   cluster_suffix_ = "-again";
-  start_node();
+  start_node(seconds(2));
   ASSERT_TRUE(active());
   EXPECT_GT(node_->stats().min_grant_epoch, cluster::token_epoch(first_token));
   const std::uint64_t second_token = acquire();
