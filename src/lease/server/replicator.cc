@@ -385,8 +385,10 @@ void Replicator::add_need(ToBackup& s,
 std::vector<replication::HeldReplies<OutDatagram>::Need> Replicator::needs_now(
     std::span<const std::uint32_t> buckets) {
   std::vector<replication::HeldReplies<OutDatagram>::Need> needs;
-  // The streams of the buckets' backups, each once (a handful at most).
-  std::vector<ToBackup*> streams;
+  // The streams of the buckets' backups, each once (a handful at most),
+  // in a scratch vector kept across calls: this runs for every held answer.
+  std::vector<ToBackup*>& streams = hold_streams_;
+  streams.clear();
   bool every_stream = buckets.empty();
   for (const std::uint32_t b : buckets) {
     if (b >= current_.backups.size() || current_.backups[b].empty()) {

@@ -342,6 +342,7 @@ class Replicator {
       SHARDLOCK_REQUIRES(mu_);
   std::int64_t created_ns_;
   std::vector<std::uint8_t> scratch_ SHARDLOCK_GUARDED_BY(mu_);
+  std::vector<ToBackup*> hold_streams_ SHARDLOCK_GUARDED_BY(mu_);  // needs_now()'s
   std::vector<replication::Entry> entries_ SHARDLOCK_GUARDED_BY(mu_);
 };
 
