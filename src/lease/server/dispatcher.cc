@@ -254,7 +254,7 @@ std::optional<std::size_t> Dispatcher::inherit(
 
 void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                             std::vector<OutDatagram>& replies,
-                            std::span<const std::uint32_t> buckets) {
+                            std::span<const std::uint32_t> buckets, bool relayable) {
   // No source ever gets more reply bytes than it sent (before any auth tag).
   if (encoded_size(d) > budget) {
     count(amplification_drops_);
@@ -290,7 +290,7 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
       return m.type == MessageType::kGranted || m.type == MessageType::kGrantedMany ||
              m.type == MessageType::kReleased;
     });
-    if (replicated && options_.replicator->hold(o, buckets)) replies.pop_back();
+    if (replicated && options_.replicator->hold(o, buckets, relayable)) replies.pop_back();
   }
 }
 
@@ -316,7 +316,8 @@ void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) noe
       w.reply.client_id = d.client;
       (void)w.reply.push(d.message());
       w.reply.request_id = d.request_id;
-      send_reply(w.reply, d.reply_credit, d.peer, replies);
+      // A waiter's grant: its first answer.
+      send_reply(w.reply, d.reply_credit, d.peer, replies, {}, true);
     } catch (const std::bad_alloc&) {
       count(allocation_failures_);
     }
@@ -404,6 +405,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   bool holders_paged = false;  // one holder page per datagram, like STATS
   w.reply_buckets.clear();
   w.reply_buckets_known = true;
+  w.reply_relayable = true;
   for (std::size_t i = 0; i < w.request.count; ++i) {
     const Message& m = w.request.messages[i];
     Message r;
@@ -429,6 +431,7 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       const auto credit = static_cast<std::uint16_t>(
           std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
       w.reply_buckets_known = false;  // its keys' buckets: every stream
+      w.reply_relayable = false;
       if (!acquire_many(w, m.owner.value_or(w.request.client_id), peer, m, credit, now, r, i)) {
         continue;
       }
@@ -452,8 +455,15 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
         page = &w.holder_page;
       }
       LockGuard lock(slot.mu);
+      const auto retransmits = [&slot] {
+        return slot.shard->counters()[static_cast<std::size_t>(StatCounter::kRetransmits)];
+      };
+      const std::uint64_t retransmits_before = retransmits();
       const bool answered =
           slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit, page);
+      // Answered from the dedup cache: its first answer may have been
+      // relayed and lost (or never reach a client behind a NAT).
+      if (retransmits() != retransmits_before) w.reply_relayable = false;
       drain_journal(slot);
       slot.note_timers();
       if (!answered) continue;
@@ -479,7 +489,8 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   if (w.reply.count > 0) {
     send_reply(w.reply, bytes.size(), peer, replies,
                w.reply_buckets_known ? std::span<const std::uint32_t>(w.reply_buckets)
-                                     : std::span<const std::uint32_t>());
+                                     : std::span<const std::uint32_t>(),
+               w.reply_relayable);
   }
   send_deferred(w, replies);
 }

@@ -201,6 +201,9 @@ class Dispatcher {
     // not (an ACQUIRE_MANY's, or before the first map).
     std::vector<std::uint32_t> reply_buckets;
     bool reply_buckets_known = true;
+    // No item of the reply answers a retransmission, nor an ACQUIRE_MANY:
+    // a backup may send it (Replicator::hold()).
+    bool reply_relayable = true;
     std::vector<HotKeyCount> hot_keys;  // every shard's, for HOT_KEYS_REPLY
     std::vector<std::uint8_t> hot_key_entries;
     // handle()'s time per datagram; written by this worker's thread only.
@@ -244,9 +247,11 @@ class Dispatcher {
   void refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
                        std::vector<OutDatagram>& replies);
   // With replication, a reply that grants or releases waits for the
-  // backups of `buckets` (those of its items; empty: of every bucket).
+  // backups of `buckets` (those of its items; empty: of every bucket);
+  // `relayable`: a backup may send it (Replicator::hold()).
   void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
-                  std::vector<OutDatagram>& replies, std::span<const std::uint32_t> buckets = {});
+                  std::vector<OutDatagram>& replies, std::span<const std::uint32_t> buckets = {},
+                  bool relayable = false);
   // Moves the shard's journal into the replicator (under the shard's lock).
   void drain_journal(ShardSlot& slot) SHARDLOCK_REQUIRES(slot.mu);
   void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;

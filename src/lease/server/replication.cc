@@ -2,6 +2,7 @@
 // ends of a stream (include/shardlock/lease/server/internal/replication.h).
 #include "shardlock/lease/server/internal/replication.h"
 
+#include <arpa/inet.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -62,11 +63,49 @@ class Reader {
   }
   [[nodiscard]] bool done() const noexcept { return pos_ == in_.size(); }
   [[nodiscard]] std::size_t left() const noexcept { return in_.size() - pos_; }
+  [[nodiscard]] std::size_t position() const noexcept { return pos_; }
+  void skip(std::size_t n) noexcept { pos_ += n; }  // at most left()
 
  private:
   std::span<const std::uint8_t> in_;
   std::size_t pos_ = 0;
 };
+
+// A relay: u64 seq, u8 address kind (4 or 6), u16 port, the address (4 or
+// 16 bytes, IPv4 as a u32), u16 length, then that many bytes. The relays
+// follow the entries, and a u8 count of them ends the datagram.
+constexpr std::size_t kRelayPrefix = 8 + 1 + 2 + 2;
+
+bool read_relay(Reader& r, std::span<const std::uint8_t> bytes, Relay& relay) {
+  std::uint8_t kind = 0;
+  std::uint16_t port = 0;
+  if (!r.get(relay.seq) || relay.seq == 0 || !r.get(kind) || !r.get(port)) return false;
+  relay.to = Peer{};
+  if (kind == 4) {
+    std::uint32_t ip = 0;
+    if (!r.get(ip)) return false;
+    relay.to.addr.v4.sin_family = AF_INET;
+    relay.to.addr.v4.sin_port = htons(port);
+    relay.to.addr.v4.sin_addr.s_addr = htonl(ip);
+    relay.to.len = sizeof(sockaddr_in);
+  } else if (kind == 6) {
+    if (r.left() < 16) return false;
+    relay.to.addr.v6.sin6_family = AF_INET6;
+    relay.to.addr.v6.sin6_port = htons(port);
+    std::memcpy(relay.to.addr.v6.sin6_addr.s6_addr, bytes.data() + r.position(), 16);
+    r.skip(16);
+    relay.to.len = sizeof(sockaddr_in6);
+  } else {
+    return false;
+  }
+  std::uint16_t length = 0;
+  if (!r.get(length) || length == 0 || length > kMaxDatagramSize || r.left() < length) {
+    return false;
+  }
+  relay.bytes = bytes.subspan(r.position(), length);
+  r.skip(length);
+  return true;
+}
 
 void put_addressing(Writer& w, const Addressing& a) {
   w.put(a.sender);
@@ -187,8 +226,9 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
 }
 
 bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
-                      std::vector<Entry>& entries) {
+                      std::vector<Entry>& entries, std::vector<Relay>* relays) {
   entries.clear();
+  if (relays != nullptr) relays->clear();
   if (bytes.size() > kMaxReplicationDatagram) return false;
   Reader r(bytes);
   std::uint32_t magic = 0;
@@ -197,7 +237,7 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
   std::uint16_t count = 0;
   if (!r.get(magic) || magic != kReplicateMagic || !r.get(version) ||
       version != kReplicationVersion || !r.get(flags) ||
-      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled)) != 0 || !r.get(count) ||
+      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled | kFlagRelays)) != 0 || !r.get(count) ||
       !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
       !r.get(header.sent_ns) || !get_addressing(r, header.addressing)) {
     return false;
@@ -215,10 +255,83 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
       return false;
     }
   }
+  if ((flags & kFlagRelays) != 0) {
+    // Their count is the last byte (append_relay() adds one at a time), so
+    // a datagram cut between two relays is refused too.
+    std::uint8_t relay_count = bytes.back();
+    Reader trailer(bytes.first(bytes.size() - 1));
+    trailer.skip(r.position());
+    if (r.left() == 0 || relay_count == 0) {
+      entries.clear();
+      return false;
+    }
+    for (; relay_count > 0; --relay_count) {
+      Relay relay;
+      if (!read_relay(trailer, bytes, relay)) {
+        entries.clear();
+        if (relays != nullptr) relays->clear();
+        return false;
+      }
+      if (relays != nullptr) relays->push_back(relay);
+    }
+    if (!trailer.done()) {
+      entries.clear();
+      if (relays != nullptr) relays->clear();
+      return false;
+    }
+    return true;
+  }
   if (!r.done()) {
     entries.clear();
     return false;
   }
+  return true;
+}
+
+bool append_relay(std::vector<std::uint8_t>& datagram, std::uint64_t seq, const Peer& to,
+                  std::span<const std::uint8_t> bytes) {
+  const sa_family_t family = to.addr.sa.sa_family;
+  if (family != AF_INET && family != AF_INET6) return false;
+  if (bytes.empty() || bytes.size() > kMaxDatagramSize) return false;
+  if (datagram.size() < kReplicateHeaderSize) return false;
+  Reader header(datagram);
+  std::uint32_t magic = 0;
+  std::uint8_t version = 0;
+  std::uint8_t flags = 0;
+  std::uint16_t count = 0;
+  std::uint64_t stream = 0;
+  std::uint64_t epoch = 0;
+  std::uint64_t first_seq = 0;
+  if (!header.get(magic) || magic != kReplicateMagic || !header.get(version) ||
+      !header.get(flags) || !header.get(count) || !header.get(stream) || !header.get(epoch) ||
+      !header.get(first_seq)) {
+    return false;
+  }
+  if (seq == 0 || seq > first_seq + count - 1) return false;  // first_seq is never 0
+  const std::size_t address = family == AF_INET ? 4 : 16;
+  const bool first = (flags & kFlagRelays) == 0;
+  if (!first && datagram.back() == UINT8_MAX) return false;  // as many as the count can say
+  if (datagram.size() + kRelayPrefix + address + bytes.size() + (first ? 1 : 0) >
+      kMaxReplicationDatagram) {
+    return false;
+  }
+  datagram[kHeaderFlagsOffset] = static_cast<std::uint8_t>(flags | kFlagRelays);
+  const std::uint8_t count_now = first ? 1 : static_cast<std::uint8_t>(datagram.back() + 1);
+  if (!first) datagram.pop_back();
+  Writer w(datagram);
+  w.put(seq);
+  w.put(static_cast<std::uint8_t>(family == AF_INET ? 4 : 6));
+  if (family == AF_INET) {
+    w.put(ntohs(to.addr.v4.sin_port));
+    w.put(ntohl(to.addr.v4.sin_addr.s_addr));
+  } else {
+    w.put(ntohs(to.addr.v6.sin6_port));
+    datagram.insert(datagram.end(), to.addr.v6.sin6_addr.s6_addr,
+                    to.addr.v6.sin6_addr.s6_addr + 16);
+  }
+  w.put(static_cast<std::uint16_t>(bytes.size()));
+  datagram.insert(datagram.end(), bytes.begin(), bytes.end());
+  datagram.push_back(count_now);
   return true;
 }
 

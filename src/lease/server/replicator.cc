@@ -285,6 +285,7 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
     s.stream = replication::PrimaryStream(next_stream_id(current_.epoch), options_.timing,
                                           addressing_to(s.peer));
     s.incarnation = 0;
+    s.answered = false;
     s.lease_until->store(std::numeric_limits<std::int64_t>::min(), std::memory_order_release);
     s.covered.clear();
     for (std::size_t b = 0; b < current_.backups.size(); ++b) {
@@ -415,12 +416,32 @@ std::vector<replication::HeldReplies<OutDatagram>::Need> Replicator::needs_now(
   return needs;
 }
 
-bool Replicator::hold(OutDatagram& reply, std::span<const std::uint32_t> buckets) {
+bool Replicator::hold(OutDatagram& reply, std::span<const std::uint32_t> buckets,
+                      bool relayable) {
   LockGuard lock(mu_);
   std::vector<replication::HeldReplies<OutDatagram>::Need> needs = needs_now(buckets);
   if (needs.empty()) return false;
-  held_.hold(std::move(needs), reply);
+  held_.hold(std::move(needs), reply, relayable && options_.relay_replies);
   return true;
+}
+
+void Replicator::attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire) {
+  if (wire.empty() || held_.size() == 0) return;
+  const std::uint64_t id = s.stream.stream();
+  // Only to a backup that has answered this stream: a backup that predates
+  // relays (a rolling upgrade) refuses a datagram with them, and the
+  // answers would wait for the clients' retransmissions.
+  if (!s.answered) return;
+  std::vector<std::uint8_t>& last = wire.back();
+  held_.relay([&](const replication::HeldReplies<OutDatagram>::Need& need, OutDatagram& reply) {
+    if (need.stream >= held_streams_.size() || held_streams_[need.stream] != id) return false;
+    if (!replication::append_relay(last, need.seq, reply.peer,
+                                   std::span<const std::uint8_t>(reply.bytes.data(), reply.length))) {
+      return false;
+    }
+    relayed_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+  });
 }
 
 void Replicator::drop_held() {
@@ -492,7 +513,7 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
   if (magic == replication::kReplicateMagic) {
     replication::ReplicateHeader header;
     LockGuard lock(mu_);
-    if (!replication::decode_replicate(body, header, entries_)) {
+    if (!replication::decode_replicate(body, header, entries_, &relays_)) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
@@ -516,6 +537,21 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
     ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation};
     for (auto& [id, f] : from_) {
       if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
+    }
+    // The answers the primary would send on this acknowledgement: every
+    // relay whose entries are applied, from a stream acknowledged (not
+    // refused; a frozen stream's acknowledgement stays where the takeover
+    // saw it, so what it covers is in the takeover's holders).
+    if (!ack.refused && ack.stream == header.stream) {
+      for (const replication::Relay& relay : relays_) {
+        if (relay.seq > ack.applied) continue;
+        OutDatagram& d = out.emplace_back();
+        d.peer = relay.to;
+        d.any_order = true;
+        std::memcpy(d.bytes.data(), relay.bytes.data(), relay.bytes.size());
+        d.length = static_cast<std::uint16_t>(relay.bytes.size());
+        relays_sent_.fetch_add(1, std::memory_order_relaxed);
+      }
     }
     replication::encode_ack(ack, scratch_);
     emit(scratch_, from, out);
@@ -542,6 +578,7 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       s->stream.on_ack(ack, now_ns);
     }
     s->incarnation = ack.addressing.incarnation;
+    s->answered = true;
     if (heard_.contains(s->peer)) heard_[s->peer] = now_ns;
     s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
                                                        : s->stream.lease_until_ns(),
@@ -558,6 +595,7 @@ void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
   for (auto& [id, s] : to_) {
     wire.clear();
     s->stream.poll(now_ns, current_.epoch, wire, now_ns >= options_.settled_at_ns);
+    if (options_.relay_replies) attach_relays(*s, wire);
     for (const auto& d : wire) emit(d, s->address, out);
   }
   release_held(out);

@@ -92,6 +92,11 @@ struct ReplicatorOptions {
   // a restart changes (the server uses its start on the wall clock). Only
   // compared for equality, so a wall clock stepped back does no harm.
   std::uint64_t incarnation = 0;
+  // Answers from the backup (docs/cluster.md): a held answer that waits on
+  // one backup alone rides in the REPLICATE that carries what it waits for,
+  // and that backup sends it to the client once applied (replication::Relay).
+  // Off: the primary sends it when the acknowledgement comes, a hop later.
+  bool relay_replies = false;
 };
 
 // The layout of `routing` for the node at index `self` with `replicas`
@@ -172,7 +177,13 @@ class Replicator {
   // Returns false (and does not take it) when nothing it waits for is
   // outstanding: send it at once. A backup that is slow or cut off then
   // holds back only the answers for the buckets it backs up.
-  bool hold(OutDatagram& reply, std::span<const std::uint32_t> buckets = {});
+  //
+  // `relayable`: the reply may be relayed (ReplicatorOptions::relay_replies).
+  // Not for an answer to a retransmission: its first answer may have been
+  // relayed and lost, or the client may only hear its primary's address
+  // (a NAT between them), so the primary sends it itself.
+  bool hold(OutDatagram& reply, std::span<const std::uint32_t> buckets = {},
+            bool relayable = false);
 
   // A node-to-node datagram (by its magic): applies it, answers it, and
   // moves the replies it releases to `out`. False when `bytes` is not one
@@ -232,6 +243,14 @@ class Replicator {
   [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
     return rejected_.load(std::memory_order_relaxed);
   }
+  // Held answers handed to a backup to send (as primary), and answers sent
+  // for a primary (as backup).
+  [[nodiscard]] std::uint64_t replies_relayed() const noexcept {
+    return relayed_.load(std::memory_order_relaxed);
+  }
+  [[nodiscard]] std::uint64_t relays_sent() const noexcept {
+    return relays_sent_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct ToBackup {
@@ -249,6 +268,8 @@ class Replicator {
     // The backup's incarnation, from its first ack on this stream (0: none
     // yet).
     std::uint64_t incarnation = 0;
+    // Whether the backup has acknowledged this stream (attach_relays()).
+    bool answered = false;
     // The stream's lease end, copied on each ack for lock-free readers.
     std::shared_ptr<std::atomic<std::int64_t>> lease_until;
     std::set<std::uint32_t> covered;  // buckets this stream carries (snapshot sent)
@@ -299,6 +320,12 @@ class Replicator {
 
   ReplicatorOptions options_;
   std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated or from a stranger
+  std::atomic<std::uint64_t> relayed_{0};
+  std::atomic<std::uint64_t> relays_sent_{0};
+  // Hands the relayable held replies that wait on `s` alone to the last of
+  // its datagrams in `wire`, as many as fit.
+  void attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire)
+      SHARDLOCK_REQUIRES(mu_);
   // Read per grant (lease_until()), replaced per map. A lock, not a
   // std::atomic<std::shared_ptr>: libstdc++ 12 implements that with a lock
   // bit ThreadSanitizer cannot see, and reports its loads and stores as a
@@ -344,6 +371,7 @@ class Replicator {
   std::vector<std::uint8_t> scratch_ SHARDLOCK_GUARDED_BY(mu_);
   std::vector<ToBackup*> hold_streams_ SHARDLOCK_GUARDED_BY(mu_);  // needs_now()'s
   std::vector<replication::Entry> entries_ SHARDLOCK_GUARDED_BY(mu_);
+  std::vector<replication::Relay> relays_ SHARDLOCK_GUARDED_BY(mu_);
 };
 
 }  // namespace shardlock::lease::internal

@@ -339,6 +339,7 @@ std::error_code LeaseServer::Impl::start() {
   if (o.replication) {
     internal::ReplicatorOptions r;
     r.auth_key = o.cluster_key ? o.cluster_key : o.auth_key;
+    r.relay_replies = o.relay_replies;
     // This process among the node's runs, named in every node-to-node
     // datagram (replication::Addressing); only compared for equality.
     r.incarnation =

@@ -3,6 +3,7 @@
 // injected clock and datagrams handed over (or lost) by hand.
 #include "shardlock/lease/server/internal/replication.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -1001,6 +1002,114 @@ TEST(ReplicationStream, AnIdleStreamHeartbeats) {
   EXPECT_TRUE(e.empty());
   EXPECT_EQ(h.first_seq, 1U);
   EXPECT_EQ(h.sent_ns, timing.heartbeat_ns);
+}
+
+
+// Answers from the backup: a REPLICATE carries client answers after its
+// entries, each with the stream seq it waits for and the client's address.
+TEST(ReplicationCodec, RelaysTravelAfterTheEntriesToIpv4AndIpv6Clients) {
+  const std::vector<Entry> entries = {grant(3, "a", 11), grant(3, "b", 12)};
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 20, 0}, entries, bytes), 2U);
+  Peer v4;
+  v4.addr.v4.sin_family = AF_INET;
+  v4.addr.v4.sin_port = htons(7420);
+  v4.addr.v4.sin_addr.s_addr = htonl(0x7F000001);
+  v4.len = sizeof(sockaddr_in);
+  Peer v6;
+  v6.addr.v6.sin6_family = AF_INET6;
+  v6.addr.v6.sin6_port = htons(7421);
+  v6.addr.v6.sin6_addr.s6_addr[15] = 1;
+  v6.len = sizeof(sockaddr_in6);
+  const std::vector<std::uint8_t> answer_a = {1, 2, 3};
+  const std::vector<std::uint8_t> answer_b(200, 9);
+  // Entries 20 and 21 travel here: an answer waiting for 22 does not.
+  EXPECT_FALSE(append_relay(bytes, 22, v4, answer_a));
+  ASSERT_TRUE(append_relay(bytes, 20, v4, answer_a));
+  ASSERT_TRUE(append_relay(bytes, 21, v6, answer_b));
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  std::vector<Relay> relays;
+  ASSERT_TRUE(decode_replicate(bytes, h, back, &relays));
+  EXPECT_EQ(back, entries);
+  ASSERT_EQ(relays.size(), 2U);
+  EXPECT_EQ(relays[0].seq, 20U);
+  EXPECT_EQ(relays[0].to.addr.v4.sin_port, htons(7420));
+  EXPECT_EQ(relays[0].to.addr.v4.sin_addr.s_addr, htonl(0x7F000001));
+  EXPECT_EQ(std::vector<std::uint8_t>(relays[0].bytes.begin(), relays[0].bytes.end()), answer_a);
+  EXPECT_EQ(relays[1].seq, 21U);
+  EXPECT_EQ(relays[1].to.addr.sa.sa_family, AF_INET6);
+  EXPECT_EQ(relays[1].to.addr.v6.sin6_addr.s6_addr[15], 1);
+  EXPECT_EQ(std::vector<std::uint8_t>(relays[1].bytes.begin(), relays[1].bytes.end()), answer_b);
+  // Without a place for them, they are checked and dropped.
+  ASSERT_TRUE(decode_replicate(bytes, h, back));
+  // Every truncation, and a byte too many, is refused whole.
+  for (std::size_t n = kReplicateHeaderSize; n < bytes.size(); ++n) {
+    EXPECT_FALSE(decode_replicate(std::span(bytes).first(n), h, back, &relays)) << n;
+    EXPECT_TRUE(back.empty());
+    EXPECT_TRUE(relays.empty());
+  }
+  bytes.push_back(0);
+  EXPECT_FALSE(decode_replicate(bytes, h, back, &relays));
+}
+
+TEST(ReplicationCodec, ARelayThatDoesNotFitOrNamesNoIpPeerIsNotAppended) {
+  std::vector<std::uint8_t> bytes;
+  // A heartbeat at seq 8: it may carry an answer waiting for 7, not 8.
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 8, 0}, {}, bytes), 0U);
+  Peer v4;
+  v4.addr.v4.sin_family = AF_INET;
+  v4.len = sizeof(sockaddr_in);
+  EXPECT_FALSE(append_relay(bytes, 8, v4, std::vector<std::uint8_t>{1}));
+  EXPECT_FALSE(append_relay(bytes, 0, v4, std::vector<std::uint8_t>{1}));
+  Peer unix_peer;
+  unix_peer.addr.sa.sa_family = AF_UNIX;
+  EXPECT_FALSE(append_relay(bytes, 7, unix_peer, std::vector<std::uint8_t>{1}));
+  EXPECT_FALSE(append_relay(bytes, 7, v4, std::vector<std::uint8_t>{}));
+  const std::size_t before = bytes.size();
+  const std::vector<std::uint8_t> big(kMaxReplicationDatagram - before, 1);
+  EXPECT_FALSE(append_relay(bytes, 7, v4, big));
+  EXPECT_EQ(bytes.size(), before);
+  EXPECT_EQ(bytes[kHeaderFlagsOffset] & kFlagRelays, 0);
+  ASSERT_TRUE(append_relay(bytes, 7, v4, std::vector<std::uint8_t>{5}));
+  EXPECT_NE(bytes[kHeaderFlagsOffset] & kFlagRelays, 0);
+  // Not a REPLICATE at all.
+  std::vector<std::uint8_t> ack;
+  encode_ack(Ack{1, 1, 1, 1}, ack);
+  EXPECT_FALSE(append_relay(ack, 1, v4, std::vector<std::uint8_t>{1}));
+}
+
+TEST(ReplicationCodec, MalformedRelaysAreRefused) {
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 5, 0}, std::vector{grant(3, "a", 1)}, bytes),
+            1U);
+  Peer v4;
+  v4.addr.v4.sin_family = AF_INET;
+  v4.len = sizeof(sockaddr_in);
+  ASSERT_TRUE(append_relay(bytes, 5, v4, std::vector<std::uint8_t>{1, 2}));
+  // The relay, then its count (one byte) ends the datagram.
+  const std::size_t relay_at = bytes.size() - 1 - (8 + 1 + 2 + 4 + 2 + 2);
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  std::vector<Relay> relays;
+  ASSERT_TRUE(decode_replicate(bytes, h, back, &relays));
+  auto refused = [&](std::size_t offset, std::uint8_t value) {
+    std::vector<std::uint8_t> bad = bytes;
+    bad[offset] = value;
+    return !decode_replicate(bad, h, back, &relays) && relays.empty();
+  };
+  EXPECT_TRUE(refused(relay_at, 0));           // seq 0 (its low byte; the rest are 0)
+  EXPECT_TRUE(refused(relay_at + 8, 5));       // neither IPv4 nor IPv6
+  EXPECT_TRUE(refused(relay_at + 8 + 7, 0));   // a zero length (its low byte)
+  EXPECT_TRUE(refused(relay_at + 8 + 7, 3));   // longer than what is left
+  EXPECT_TRUE(refused(bytes.size() - 1, 0));   // a count of none
+  EXPECT_TRUE(refused(bytes.size() - 1, 2));   // more relays than the bytes hold
+  // The flag with nothing after the entries.
+  std::vector<std::uint8_t> flagged;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 5, 0}, std::vector{grant(3, "a", 1)}, flagged),
+            1U);
+  flagged[kHeaderFlagsOffset] |= kFlagRelays;
+  EXPECT_FALSE(decode_replicate(flagged, h, back, &relays));
 }
 
 }  // namespace

@@ -867,5 +867,138 @@ TEST(ReplicaLayoutTest, EveryBucketHasOnePrimaryWhoseBackupsBackItUp) {
   }
 }
 
+
+// Answers from the backup (ReplicatorOptions::relay_replies): the primary
+// hands a held answer to the REPLICATE that carries its grant, and the
+// backup sends it to the client once applied: one hop sooner.
+class RelayTest : public ReplicatorTest {
+ protected:
+  RelayTest() : ReplicatorTest(relaying()) {
+    b_ = std::make_unique<Replicator>(relaying(), 0);
+  }
+  static ReplicatorOptions relaying() {
+    ReplicatorOptions o;
+    o.relay_replies = true;
+    return o;
+  }
+  // One step of delivery: `wire` from "a" to "b" (port 1002) or from "b"
+  // to "a" (1001); the client answers each sent, by sender.
+  struct Sent {
+    std::vector<OutDatagram> by_a, by_b, to_a, to_b;
+  };
+  Sent step_to_b(const std::vector<OutDatagram>& wire) {
+    Sent s;
+    for (const OutDatagram& d : wire) {
+      if (ntohs(d.peer.addr.v4.sin_port) != 1002) {
+        s.by_a.push_back(d);
+        continue;
+      }
+      std::vector<OutDatagram> out;
+      EXPECT_TRUE(b_->on_datagram(std::span(d.bytes.data(), d.length), loopback(1001), now_, out));
+      for (const OutDatagram& o : out) {
+        (ntohs(o.peer.addr.v4.sin_port) == 1001 ? s.to_a : s.by_b).push_back(o);
+      }
+    }
+    return s;
+  }
+  std::vector<OutDatagram> deliver_to_a(const std::vector<OutDatagram>& wire) {
+    std::vector<OutDatagram> out;
+    for (const OutDatagram& d : wire) {
+      EXPECT_TRUE(a_.on_datagram(std::span(d.bytes.data(), d.length), loopback(1002), now_, out));
+    }
+    return out;
+  }
+};
+
+TEST_F(RelayTest, TheBackupSendsAGrantsAnswerOnceItHasTheGrant) {
+  both_layouts();
+  (void)exchange(poll_a());  // the snapshot acknowledged: "b" has answered this stream
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram reply = reply_datagram(0x77);
+  ASSERT_TRUE(a_.hold(reply, {}, true));
+  const Sent sent = step_to_b(poll_a());
+  EXPECT_EQ(a_.held(), 0U);  // handed to the REPLICATE
+  EXPECT_EQ(a_.replies_relayed(), 1U);
+  EXPECT_TRUE(sent.by_a.empty());
+  ASSERT_EQ(sent.by_b.size(), 1U);
+  EXPECT_EQ(ntohs(sent.by_b[0].peer.addr.v4.sin_port), 9999);
+  EXPECT_EQ(sent.by_b[0].length, 1);
+  EXPECT_EQ(sent.by_b[0].bytes[0], 0x77);
+  EXPECT_EQ(b_->relays_sent(), 1U);
+  // The ack still comes back (the primary's lease, its window) and
+  // releases nothing more: the client gets one answer.
+  ASSERT_EQ(sent.to_a.size(), 1U);
+  EXPECT_TRUE(deliver_to_a(sent.to_a).empty());
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
+TEST_F(RelayTest, AnAnswerNotRelayableOrBeforeTheBackupAnsweredComesFromThePrimary) {
+  both_layouts();
+  // The backup has not answered this stream yet (it may predate relays).
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram first = reply_datagram(0x11);
+  ASSERT_TRUE(a_.hold(first, {}, true));
+  Sent sent = step_to_b(poll_a());
+  EXPECT_TRUE(sent.by_b.empty());
+  std::vector<OutDatagram> released = deliver_to_a(sent.to_a);
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x11);
+  // A retransmission's answer (relayable false) waits for the ack.
+  a_.route(std::vector{grant("j", 42)});
+  OutDatagram again = reply_datagram(0x22);
+  ASSERT_TRUE(a_.hold(again, {}, false));
+  sent = step_to_b(poll_a());
+  EXPECT_TRUE(sent.by_b.empty());
+  EXPECT_EQ(a_.held(), 1U);
+  released = deliver_to_a(sent.to_a);
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x22);
+  EXPECT_EQ(a_.replies_relayed(), 0U);
+}
+
+TEST_F(RelayTest, ARelayWaitingPastAGapIsNotSent) {
+  both_layouts();
+  (void)exchange(poll_a());
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram first = reply_datagram(0x11);
+  ASSERT_TRUE(a_.hold(first, {}, true));
+  (void)poll_a();  // lost, with its relay
+  a_.route(std::vector{grant("j", 42)});
+  OutDatagram second = reply_datagram(0x22);
+  ASSERT_TRUE(a_.hold(second, {}, true));
+  Sent sent = step_to_b(poll_a());
+  EXPECT_TRUE(sent.by_b.empty()) << "an answer sent before its grant was applied";
+  // The resend carries no relays: both clients retransmit, and their
+  // retransmissions are answered by the primary.
+  now_ += 25 * kMs;
+  sent = step_to_b(poll_a());
+  EXPECT_TRUE(sent.by_b.empty());
+  EXPECT_TRUE(deliver_to_a(sent.to_a).empty());
+  EXPECT_EQ(b_->relays_sent(), 0U);
+}
+
+// Issue 34, hole 1, with relays: "a"'s REPLICATE, with the answer in it,
+// is held up on the way while "b" evicts "a" and takes the bucket over
+// without the grant. When it arrives late, "b" must not send the answer,
+// as it must not acknowledge the grant.
+TEST_F(RelayTest, ABackupThatTookOverNeverSendsTheOldPrimarysLateAnswer) {
+  both_layouts();
+  (void)exchange(poll_a());
+  a_.route(std::vector{grant("late", 44)});
+  OutDatagram reply = reply_datagram(0x55);
+  ASSERT_TRUE(a_.hold(reply, {}, true));
+  const std::vector<OutDatagram> delayed = poll_a();
+  EXPECT_EQ(a_.replies_relayed(), 1U);
+  ASSERT_TRUE(b_->set_layout(layout_without_a(5), now_).empty());
+  now_ += 300 * kMs;
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  ASSERT_TRUE(b_->takeover("a", kBucket, now_, holders));
+  EXPECT_TRUE(holders.empty());
+  const Sent sent = step_to_b(delayed);
+  EXPECT_TRUE(sent.by_b.empty()) << "the late grant was answered after the takeover";
+  EXPECT_EQ(b_->relays_sent(), 0U);
+  EXPECT_TRUE(deliver_to_a(sent.to_a).empty());
+}
+
 }  // namespace
 }  // namespace shardlock::lease::internal

@@ -140,6 +140,14 @@ struct LeaseServerOptions {
   // port, driven by the cluster layer through set_replica_layout() and
   // take_over(). Needs start_closed.
   bool replication = false;
+  // With replication: a grant's or release's answer that waits on one
+  // backup is sent to the client by that backup, once it has applied it,
+  // one network hop sooner than through the primary (docs/cluster.md,
+  // "Answers from the backup"; --replies-from backup). Clients accept an
+  // answer from any address (they match request ids); a client that hears
+  // only the address it sent to (behind a NAT) gets its answer when it
+  // retransmits: a retransmission's answer is never relayed.
+  bool relay_replies = true;
   // The key that seals node-to-node replication datagrams (--cluster-key),
   // which clients never hold: with it a client's key (auth_key) can no
   // longer forge a REPLICATE or an ack (issue 34, hole 3). Unset: auth_key

@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/internal/peer.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease::internal::replication {
@@ -83,6 +84,12 @@ inline constexpr std::uint8_t kFlagPrimarySettled = 0x02;
 // acknowledged yet.
 inline constexpr std::uint8_t kFlagStreamRefused = 0x04;
 inline constexpr std::size_t kAckHeaderSize = 60;  // the whole ack
+// A REPLICATE's flag: after its entries come relays (Relay below), client
+// answers the backup sends on once it has applied what they wait for. A
+// backup that predates relays refuses such a datagram; the primary's
+// retransmission carries none, so the stream goes on and the clients'
+// retransmissions are answered by the primary.
+inline constexpr std::uint8_t kFlagRelays = 0x08;
 
 // Who a node-to-node datagram is from and for (issue 34, hole 3). Each end
 // is named by node_tag() of its node id, so a backup finds the stream of the
@@ -175,8 +182,28 @@ struct Ack {
 [[nodiscard]] std::size_t encode_replicate(const ReplicateHeader& header,
                                            std::span<const Entry> entries,
                                            std::vector<std::uint8_t>& out);
+// A client answer a REPLICATE carries (kFlagRelays): the backup sends
+// `bytes` (already sealed for the client, as the primary would have sent
+// them) to `to` once every entry up to `seq` of the stream is applied, and
+// only from a stream it would acknowledge (docs/cluster.md, "Answers from
+// the backup"). One network hop fewer than waiting for the acknowledgement
+// at the primary.
+struct Relay {
+  std::uint64_t seq = 0;
+  Peer to;
+  std::span<const std::uint8_t> bytes;  // into the decoded datagram
+};
+// `relays`, when given, receives the datagram's relays (none without
+// kFlagRelays); they are checked either way.
 [[nodiscard]] bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
-                                    std::vector<Entry>& entries);
+                                    std::vector<Entry>& entries,
+                                    std::vector<Relay>* relays = nullptr);
+// Appends a relay to an encoded REPLICATE, if it fits in
+// kMaxReplicationDatagram, names an IPv4 or IPv6 peer and waits for no entry
+// past the datagram's last (a heartbeat's: the one before its first_seq).
+// Returns whether it did.
+[[nodiscard]] bool append_relay(std::vector<std::uint8_t>& datagram, std::uint64_t seq,
+                                const Peer& to, std::span<const std::uint8_t> bytes);
 void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out);
 [[nodiscard]] bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept;
 
@@ -417,8 +444,25 @@ class HeldReplies {
     std::size_t stream = 0;
     std::uint64_t seq = 0;
   };
-  void hold(std::vector<Need> needs, Reply reply) {
-    held_.push_back(Held{std::move(needs), std::move(reply)});
+  // `relayable`: relay() may hand it to a backup to send on.
+  void hold(std::vector<Need> needs, Reply reply, bool relayable = false) {
+    held_.push_back(Held{std::move(needs), std::move(reply), relayable});
+  }
+  // Offers each relayable reply that waits on one stream alone to `take`
+  // (called as take(need, reply), in the order held); one it takes (returns
+  // true for) is no longer held.
+  template <class Take>
+  void relay(const Take& take) {
+    std::size_t kept = 0;
+    for (std::size_t i = 0; i < held_.size(); ++i) {
+      const bool taken =
+          held_[i].relayable && held_[i].needs.size() == 1 && take(held_[i].needs[0], held_[i].reply);
+      if (!taken) {
+        if (kept != i) held_[kept] = std::move(held_[i]);
+        ++kept;
+      }
+    }
+    held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(kept), held_.end());
   }
   // Moves every reply whose needs are all met (applied(stream) >= seq) to
   // `out`, in the order held.
@@ -448,6 +492,7 @@ class HeldReplies {
   struct Held {
     std::vector<Need> needs;
     Reply reply;
+    bool relayable = false;
   };
   std::vector<Held> held_;
 };
