@@ -564,6 +564,7 @@ void Node::start() {
   lease::internal::ReplicatorOptions r;
   r.incarnation = static_cast<std::uint64_t>(incarnation);
   r.settled_at_ns = local() + nanoseconds(std::max(lock_delay, kMaxTtl)).count();
+  r.relay_replies = world.options.relay_replies.value_or(world.options.seed % 4 != 0);
   replicator = std::make_unique<lease::internal::Replicator>(r, local());
   lease::internal::DispatcherOptions d;
   d.clock = [this] { return clock(); };
@@ -1002,7 +1003,9 @@ void Client::on_reply(int from, std::span<const std::uint8_t> bytes) {
   Datagram d;
   if (lease::decode(bytes, d) != lease::ProtocolError::kOk || d.count == 0) return;
   const Message& m = d.messages[0];
-  if (m.request_id != request_id || from != target) return;
+  // By request id alone, as the real clients match answers: with replies
+  // relayed, a grant's answer comes from the backup, not the node asked.
+  if (m.request_id != request_id) return;
   if (phase == Phase::kAcquiring) {
     Event e;
     e.client = index;
@@ -1014,7 +1017,9 @@ void Client::on_reply(int from, std::span<const std::uint8_t> bytes) {
       e.token = token;
       // The client's own expiry: from the first send, as LeaseClient counts.
       e.expiry_ns = first_sent + static_cast<Time>(m.ttl_ms) * kMs;
-      e.node = node_name(from);
+      // The node that granted it is the one asked under this request id
+      // (a fresh id on every re-route); `from` may be its backup, relaying.
+      e.node = node_name(target >= 0 ? target : from);
       world.record(e);
       ++attempt;
       phase = Phase::kHolding;

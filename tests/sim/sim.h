@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -40,6 +41,9 @@ struct SimOptions {
   std::string scratch_dir = "/dev/shm";
   // Keep the trace lines (the history, one event a line) in the result.
   bool keep_trace = false;
+  // Whether backups send the answers they relay (ReplicatorOptions::
+  // relay_replies); unset: on for three seeds in four, so both paths run.
+  std::optional<bool> relay_replies;
 };
 
 struct SimResult {
