@@ -345,6 +345,7 @@ int run(int argc, char** argv) {
   std::string cluster_url;
   std::string etcd_lease_ttl = "5s";
   std::string replica_timeout = "300ms";
+  std::string replies_from = "backup";
   auto* cluster_flag = app.add_option(
       "--cluster", cluster_url,
       "etcd://HOST:PORT[,HOST:PORT...]: join this cluster (docs/cluster.md); needs --node-id "
@@ -383,6 +384,16 @@ int run(int argc, char** argv) {
                  "cluster (its etcd lease revoked), so its buckets fail over at once")
       ->capture_default_str()
       ->needs(cluster_flag);
+  auto* replies_from_flag =
+      app.add_option("--replies-from", replies_from,
+                     "with --replicas: who sends the answer to a grant or release that waits on "
+                     "one backup. backup: that backup, as soon as it holds the entry (one network "
+                     "hop sooner). primary: the node the client asked; choose it when clients hear "
+                     "only the address they sent to (behind a NAT), where an answer from the "
+                     "backup is lost and arrives only when the client retransmits")
+          ->capture_default_str()
+          ->check(CLI::IsMember({"backup", "primary"}))
+          ->needs(cluster_flag);
 #endif
 
 #ifndef SHARDLOCK_HAVE_CLUSTER
@@ -396,7 +407,7 @@ int run(int argc, char** argv) {
     if (arg == "--") break;
     for (const std::string_view flag :
          {"--cluster", "--node-id", "--advertise", "--weight", "--cluster-name", "--etcd-lease-ttl",
-          "--replicas", "--replica-timeout", "--cluster-key"}) {
+          "--replicas", "--replica-timeout", "--replies-from", "--cluster-key"}) {
       if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
         return usage_error(
             std::string(flag) +
@@ -487,6 +498,10 @@ int run(int argc, char** argv) {
     cluster.log = options.log;
     options.start_closed = true;  // nothing granted before the cluster says what
     options.replication = cluster.replicas > 1;
+    if (replies_from_flag->count() > 0 && !options.replication) {
+      return usage_error("--replies-from needs --replicas 2 or 3");
+    }
+    options.relay_replies = replies_from == "backup";
     const auto timeout_flag = shardlock::tools::parse_duration_flag(
         "--replica-timeout", replica_timeout, ZeroDuration::kRejected);
     if (!timeout_flag.error.empty()) return usage_error(timeout_flag.error);
