@@ -455,15 +455,16 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
         page = &w.holder_page;
       }
       LockGuard lock(slot.mu);
-      const auto retransmits = [&slot] {
-        return slot.shard->counters()[static_cast<std::size_t>(StatCounter::kRetransmits)];
-      };
-      const std::uint64_t retransmits_before = retransmits();
+      // Read under slot.mu, in this scope, so the thread-safety analysis
+      // sees the lock (a lambda would not inherit it).
+      const auto& counters = slot.shard->counters();
+      constexpr auto kRetransmitIndex = static_cast<std::size_t>(StatCounter::kRetransmits);
+      const std::uint64_t retransmits_before = counters[kRetransmitIndex];
       const bool answered =
           slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit, page);
       // Answered from the dedup cache: its first answer may have been
       // relayed and lost (or never reach a client behind a NAT).
-      if (retransmits() != retransmits_before) w.reply_relayable = false;
+      if (counters[kRetransmitIndex] != retransmits_before) w.reply_relayable = false;
       drain_journal(slot);
       slot.note_timers();
       if (!answered) continue;

@@ -433,8 +433,11 @@ void Replicator::attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t
   // answers would wait for the clients' retransmissions.
   if (!s.answered) return;
   std::vector<std::uint8_t>& last = wire.back();
+  // Bound here, under mu_: the thread-safety analysis does not see a lock
+  // held around a lambda.
+  const std::span<const std::uint64_t> streams(held_streams_);
   held_.relay([&](const replication::HeldReplies<OutDatagram>::Need& need, OutDatagram& reply) {
-    if (need.stream >= held_streams_.size() || held_streams_[need.stream] != id) return false;
+    if (need.stream >= streams.size() || streams[need.stream] != id) return false;
     if (!replication::append_relay(last, need.seq, reply.peer,
                                    std::span<const std::uint8_t>(reply.bytes.data(), reply.length))) {
       return false;
