@@ -214,7 +214,8 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
   Writer w(out);
   w.put(kReplicateMagic);
   w.put(kReplicationVersion);
-  w.put(header.settled ? kFlagPrimarySettled : std::uint8_t{0});
+  w.put(static_cast<std::uint8_t>((header.settled ? kFlagPrimarySettled : 0) |
+                                  (header.ack_later ? kFlagAckLater : 0)));
   w.put(static_cast<std::uint16_t>(count));
   w.put(header.stream);
   w.put(header.epoch);
@@ -237,13 +238,14 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
   std::uint16_t count = 0;
   if (!r.get(magic) || magic != kReplicateMagic || !r.get(version) ||
       version != kReplicationVersion || !r.get(flags) ||
-      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled | kFlagRelays)) != 0 || !r.get(count) ||
-      !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
+      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled | kFlagRelays | kFlagAckLater)) != 0 ||
+      !r.get(count) || !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
       !r.get(header.sent_ns) || !get_addressing(r, header.addressing)) {
     return false;
   }
   if (header.stream == 0 || header.first_seq == 0) return false;
   header.settled = (flags & kFlagPrimarySettled) != 0;
+  header.ack_later = (flags & kFlagAckLater) != 0;
   // Every entry takes at least its prefix: a count the bytes cannot hold is
   // refused before anything is allocated for it (a forged count would
   // otherwise cost 65535 entries per datagram).
@@ -286,6 +288,12 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
     return false;
   }
   return true;
+}
+
+void mark_ack_later(std::vector<std::uint8_t>& datagram) noexcept {
+  // Only the flag to set: callers pass what encode_replicate() wrote.
+  if (datagram.size() < kReplicateHeaderSize) return;
+  datagram[kHeaderFlagsOffset] |= kFlagAckLater;
 }
 
 bool append_relay(std::vector<std::uint8_t>& datagram, std::uint64_t seq, const Peer& to,

@@ -416,8 +416,7 @@ std::vector<replication::HeldReplies<OutDatagram>::Need> Replicator::needs_now(
   return needs;
 }
 
-bool Replicator::hold(OutDatagram& reply, std::span<const std::uint32_t> buckets,
-                      bool relayable) {
+bool Replicator::hold(OutDatagram& reply, std::span<const std::uint32_t> buckets, bool relayable) {
   LockGuard lock(mu_);
   std::vector<replication::HeldReplies<OutDatagram>::Need> needs = needs_now(buckets);
   if (needs.empty()) return false;
@@ -425,26 +424,30 @@ bool Replicator::hold(OutDatagram& reply, std::span<const std::uint32_t> buckets
   return true;
 }
 
-void Replicator::attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire) {
-  if (wire.empty() || held_.size() == 0) return;
+bool Replicator::attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire) {
+  if (wire.empty() || held_.size() == 0) return false;
   const std::uint64_t id = s.stream.stream();
   // Only to a backup that has answered this stream: a backup that predates
   // relays (a rolling upgrade) refuses a datagram with them, and the
   // answers would wait for the clients' retransmissions.
-  if (!s.answered) return;
+  if (!s.answered) return false;
   std::vector<std::uint8_t>& last = wire.back();
+  bool attached = false;
   // Bound here, under mu_: the thread-safety analysis does not see a lock
   // held around a lambda.
   const std::span<const std::uint64_t> streams(held_streams_);
   held_.relay([&](const replication::HeldReplies<OutDatagram>::Need& need, OutDatagram& reply) {
     if (need.stream >= streams.size() || streams[need.stream] != id) return false;
-    if (!replication::append_relay(last, need.seq, reply.peer,
-                                   std::span<const std::uint8_t>(reply.bytes.data(), reply.length))) {
+    if (!replication::append_relay(
+            last, need.seq, reply.peer,
+            std::span<const std::uint8_t>(reply.bytes.data(), reply.length))) {
       return false;
     }
     relayed_.fetch_add(1, std::memory_order_relaxed);
+    attached = true;
     return true;
   });
+  return attached;
 }
 
 void Replicator::drop_held() {
@@ -556,6 +559,27 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
         relays_sent_.fetch_add(1, std::memory_order_relaxed);
       }
     }
+    // An ack the primary asked for later (kFlagAckLater: nothing it holds
+    // waits on it) is owed, and the newest of the stream's owed acks is
+    // sent by poll(), for all of them. Only a plain one, lending a lease:
+    // a refusal or an ack without a lease goes out at once, as always.
+    const bool later =
+        header.ack_later && !ack.refused && ack.stream == header.stream && ack.lease_ms > 0;
+    if (primary->owed_ack && primary->owed_ack->stream == ack.stream) {
+      // Superseded: every ack of a stream says all the earlier ones do.
+      acks_spared_.fetch_add(1, std::memory_order_relaxed);
+      if (later) {
+        primary->owed_ack = ack;
+        return true;
+      }
+      primary->owed_ack.reset();
+    }
+    if (later) {
+      flush_ack(*primary, std::nullopt, out);  // another stream's
+      primary->owed_ack = ack;
+      primary->owed_since_ns = now_ns;
+      return true;
+    }
     replication::encode_ack(ack, scratch_);
     emit(scratch_, from, out);
     return true;
@@ -598,10 +622,29 @@ void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
   for (auto& [id, s] : to_) {
     wire.clear();
     s->stream.poll(now_ns, current_.epoch, wire, now_ns >= options_.settled_at_ns);
-    if (options_.relay_replies) attach_relays(*s, wire);
+    if (options_.relay_replies && attach_relays(*s, wire)) mark_ack_later(*s, wire);
     for (const auto& d : wire) emit(d, s->address, out);
   }
+  for (auto& [id, f] : from_) flush_ack(*f, now_ns, out);
   release_held(out);
+}
+
+void Replicator::mark_ack_later(const ToBackup& s,
+                                std::vector<std::vector<std::uint8_t>>& wire) const {
+  const std::uint64_t id = s.stream.stream();
+  for (std::size_t i = 0; i < held_streams_.size(); ++i) {
+    if (held_streams_[i] == id && held_.waits_on(i)) return;
+  }
+  replication::mark_ack_later(wire.back());
+}
+
+void Replicator::flush_ack(FromPrimary& primary, std::optional<std::int64_t> now_ns,
+                           std::vector<OutDatagram>& out) {
+  if (!primary.owed_ack) return;
+  if (now_ns && *now_ns - primary.owed_since_ns < options_.timing.ack_later_ns) return;
+  replication::encode_ack(*primary.owed_ack, scratch_);
+  emit(scratch_, primary.address, out);
+  primary.owed_ack.reset();
 }
 
 std::chrono::nanoseconds Replicator::lease_until(std::size_t bucket) const noexcept {

@@ -251,6 +251,11 @@ class Replicator {
   [[nodiscard]] std::uint64_t relays_sent() const noexcept {
     return relays_sent_.load(std::memory_order_relaxed);
   }
+  // As backup: acks not sent because a later one of the same stream
+  // answered for them (kFlagAckLater).
+  [[nodiscard]] std::uint64_t acks_spared() const noexcept {
+    return acks_spared_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct ToBackup {
@@ -294,6 +299,10 @@ class Replicator {
     // goes once none is left to take over: set_layout()). Mutable: the
     // takeover's bookkeeping, beside a replica it only reads.
     mutable std::set<std::uint32_t> taken;
+    // The ack owed for REPLICATEs flagged kFlagAckLater, and since when:
+    // the newest one's, sent by poll() (flush_ack()).
+    std::optional<replication::Ack> owed_ack;
+    std::int64_t owed_since_ns = 0;
   };
   struct Layout {
     // For each bucket, the lease ends of its backups' streams.
@@ -322,9 +331,18 @@ class Replicator {
   std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated or from a stranger
   std::atomic<std::uint64_t> relayed_{0};
   std::atomic<std::uint64_t> relays_sent_{0};
+  std::atomic<std::uint64_t> acks_spared_{0};
+  // Sends `primary`'s owed ack, if any, once ack_later_ns has passed since
+  // it was first owed (at once: `now_ns` unset).
+  void flush_ack(FromPrimary& primary, std::optional<std::int64_t> now_ns,
+                 std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
+  // Flags the last datagram in `wire`, which carries relays, kFlagAckLater
+  // when no held reply waits on `s` any more.
+  void mark_ack_later(const ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire) const
+      SHARDLOCK_REQUIRES(mu_);
   // Hands the relayable held replies that wait on `s` alone to the last of
-  // its datagrams in `wire`, as many as fit.
-  void attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire)
+  // its datagrams in `wire`, as many as fit. Returns whether it took any.
+  bool attach_relays(ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire)
       SHARDLOCK_REQUIRES(mu_);
   // Read per grant (lease_until()), replaced per map. A lock, not a
   // std::atomic<std::shared_ptr>: libstdc++ 12 implements that with a lock

@@ -1004,7 +1004,6 @@ TEST(ReplicationStream, AnIdleStreamHeartbeats) {
   EXPECT_EQ(h.sent_ns, timing.heartbeat_ns);
 }
 
-
 // Answers from the backup: a REPLICATE carries client answers after its
 // entries, each with the stream seq it waits for and the client's address.
 TEST(ReplicationCodec, RelaysTravelAfterTheEntriesToIpv4AndIpv6Clients) {
@@ -1053,6 +1052,33 @@ TEST(ReplicationCodec, RelaysTravelAfterTheEntriesToIpv4AndIpv6Clients) {
   EXPECT_FALSE(decode_replicate(bytes, h, back, &relays));
 }
 
+TEST(ReplicationCodec, TheAckLaterFlagTravelsInTheHeaderAndSurvivesRelays) {
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 5, 0}, std::vector{grant(3, "a", 11)}, bytes),
+            1U);
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  ASSERT_TRUE(decode_replicate(bytes, h, back));
+  EXPECT_FALSE(h.ack_later);
+  Peer v4;
+  v4.addr.v4.sin_family = AF_INET;
+  v4.addr.v4.sin_port = htons(7420);
+  v4.len = sizeof(sockaddr_in);
+  ASSERT_TRUE(append_relay(bytes, 5, v4, std::vector<std::uint8_t>{1}));
+  mark_ack_later(bytes);
+  EXPECT_EQ(bytes[kHeaderFlagsOffset] & (kFlagRelays | kFlagAckLater), kFlagRelays | kFlagAckLater);
+  std::vector<Relay> relays;
+  ASSERT_TRUE(decode_replicate(bytes, h, back, &relays));
+  EXPECT_TRUE(h.ack_later);
+  EXPECT_EQ(relays.size(), 1U);
+  // encode_replicate() writes it too; a bit beyond the known ones is refused.
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 5, 0, false, {}, true}, {}, bytes), 0U);
+  ASSERT_TRUE(decode_replicate(bytes, h, back));
+  EXPECT_TRUE(h.ack_later);
+  bytes[kHeaderFlagsOffset] |= 0x20;
+  EXPECT_FALSE(decode_replicate(bytes, h, back));
+}
+
 TEST(ReplicationCodec, ARelayThatDoesNotFitOrNamesNoIpPeerIsNotAppended) {
   std::vector<std::uint8_t> bytes;
   // A heartbeat at seq 8: it may carry an answer waiting for 7, not 8.
@@ -1098,12 +1124,12 @@ TEST(ReplicationCodec, MalformedRelaysAreRefused) {
     bad[offset] = value;
     return !decode_replicate(bad, h, back, &relays) && relays.empty();
   };
-  EXPECT_TRUE(refused(relay_at, 0));           // seq 0 (its low byte; the rest are 0)
-  EXPECT_TRUE(refused(relay_at + 8, 5));       // neither IPv4 nor IPv6
-  EXPECT_TRUE(refused(relay_at + 8 + 7, 0));   // a zero length (its low byte)
-  EXPECT_TRUE(refused(relay_at + 8 + 7, 3));   // longer than what is left
-  EXPECT_TRUE(refused(bytes.size() - 1, 0));   // a count of none
-  EXPECT_TRUE(refused(bytes.size() - 1, 2));   // more relays than the bytes hold
+  EXPECT_TRUE(refused(relay_at, 0));          // seq 0 (its low byte; the rest are 0)
+  EXPECT_TRUE(refused(relay_at + 8, 5));      // neither IPv4 nor IPv6
+  EXPECT_TRUE(refused(relay_at + 8 + 7, 0));  // a zero length (its low byte)
+  EXPECT_TRUE(refused(relay_at + 8 + 7, 3));  // longer than what is left
+  EXPECT_TRUE(refused(bytes.size() - 1, 0));  // a count of none
+  EXPECT_TRUE(refused(bytes.size() - 1, 2));  // more relays than the bytes hold
   // The flag with nothing after the entries.
   std::vector<std::uint8_t> flagged;
   ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 5, 0}, std::vector{grant(3, "a", 1)}, flagged),

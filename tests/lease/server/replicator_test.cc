@@ -867,15 +867,12 @@ TEST(ReplicaLayoutTest, EveryBucketHasOnePrimaryWhoseBackupsBackItUp) {
   }
 }
 
-
 // Answers from the backup (ReplicatorOptions::relay_replies): the primary
 // hands a held answer to the REPLICATE that carries its grant, and the
 // backup sends it to the client once applied: one hop sooner.
 class RelayTest : public ReplicatorTest {
  protected:
-  RelayTest() : ReplicatorTest(relaying()) {
-    b_ = std::make_unique<Replicator>(relaying(), 0);
-  }
+  RelayTest() : ReplicatorTest(relaying()) { b_ = std::make_unique<Replicator>(relaying(), 0); }
   static ReplicatorOptions relaying() {
     ReplicatorOptions o;
     o.relay_replies = true;
@@ -901,6 +898,11 @@ class RelayTest : public ReplicatorTest {
     }
     return s;
   }
+  std::vector<OutDatagram> poll_b() {
+    std::vector<OutDatagram> out;
+    b_->poll(now_, out);
+    return out;
+  }
   std::vector<OutDatagram> deliver_to_a(const std::vector<OutDatagram>& wire) {
     std::vector<OutDatagram> out;
     for (const OutDatagram& d : wire) {
@@ -925,11 +927,86 @@ TEST_F(RelayTest, TheBackupSendsAGrantsAnswerOnceItHasTheGrant) {
   EXPECT_EQ(sent.by_b[0].length, 1);
   EXPECT_EQ(sent.by_b[0].bytes[0], 0x77);
   EXPECT_EQ(b_->relays_sent(), 1U);
-  // The ack still comes back (the primary's lease, its window) and
-  // releases nothing more: the client gets one answer.
-  ASSERT_EQ(sent.to_a.size(), 1U);
-  EXPECT_TRUE(deliver_to_a(sent.to_a).empty());
+  // The ack still comes back (the primary's lease, its window), later
+  // (kFlagAckLater: nothing at "a" waits on it), and releases nothing more:
+  // the client gets one answer.
+  EXPECT_TRUE(sent.to_a.empty());
+  now_ += replication::StreamTiming{}.ack_later_ns;
+  const std::vector<OutDatagram> acks = poll_b();
+  ASSERT_EQ(acks.size(), 1U);
+  EXPECT_TRUE(deliver_to_a(acks).empty());
   EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
+// The last entry a REPLICATE in `wire` (one datagram) carries.
+std::uint64_t last_seq_of(const std::vector<OutDatagram>& wire) {
+  EXPECT_EQ(wire.size(), 1U);
+  replication::ReplicateHeader header;
+  std::vector<replication::Entry> entries;
+  EXPECT_TRUE(replication::decode_replicate(std::span(wire[0].bytes.data(), wire[0].length), header,
+                                            entries));
+  return header.first_seq + entries.size() - 1;
+}
+
+TEST_F(RelayTest, OneLateAckAnswersEveryReplicateWhoseAnswersWereRelayed) {
+  both_layouts();
+  (void)exchange(poll_a());
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram first = reply_datagram(0x11);
+  ASSERT_TRUE(a_.hold(first, {}, true));
+  Sent sent = step_to_b(poll_a());
+  EXPECT_EQ(sent.by_b.size(), 1U);
+  EXPECT_TRUE(sent.to_a.empty());
+  now_ += replication::StreamTiming{}.ack_later_ns / 2;
+  a_.route(std::vector{grant("j", 42)});
+  OutDatagram second = reply_datagram(0x22);
+  ASSERT_TRUE(a_.hold(second, {}, true));
+  const std::vector<OutDatagram> wire = poll_a();
+  const std::uint64_t last = last_seq_of(wire);
+  sent = step_to_b(wire);
+  EXPECT_EQ(sent.by_b.size(), 1U);
+  EXPECT_TRUE(sent.to_a.empty());
+  // Not before ack_later_ns since the first was owed, then one ack for both.
+  EXPECT_TRUE(poll_b().empty());
+  now_ += replication::StreamTiming{}.ack_later_ns / 2;
+  const std::vector<OutDatagram> acks = poll_b();
+  ASSERT_EQ(acks.size(), 1U);
+  EXPECT_EQ(b_->acks_spared(), 1U);
+  replication::Ack ack;
+  ASSERT_TRUE(replication::decode_ack(std::span(acks[0].bytes.data(), acks[0].length), ack));
+  EXPECT_EQ(ack.applied, last);
+  EXPECT_GT(ack.lease_ms, 0U);
+  EXPECT_TRUE(deliver_to_a(acks).empty());
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+  // Nothing left to resend once the retransmission timeout has passed.
+  now_ += 25 * kMs;
+  EXPECT_TRUE(poll_b().empty());
+  for (const OutDatagram& d : poll_a()) {
+    replication::ReplicateHeader header;
+    std::vector<replication::Entry> entries;
+    ASSERT_TRUE(
+        replication::decode_replicate(std::span(d.bytes.data(), d.length), header, entries));
+    EXPECT_TRUE(entries.empty()) << "an entry the late ack covered was sent again";
+  }
+}
+
+TEST_F(RelayTest, AnAckAnotherHeldAnswerWaitsOnComesAtOnce) {
+  both_layouts();
+  (void)exchange(poll_a());
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram relayed = reply_datagram(0x11);
+  ASSERT_TRUE(a_.hold(relayed, {}, true));
+  a_.route(std::vector{grant("j", 42)});
+  OutDatagram retransmitted = reply_datagram(0x22);  // a retransmission's: not relayable
+  ASSERT_TRUE(a_.hold(retransmitted, {}, false));
+  const Sent sent = step_to_b(poll_a());
+  ASSERT_EQ(sent.by_b.size(), 1U);
+  EXPECT_EQ(sent.by_b[0].bytes[0], 0x11);
+  ASSERT_EQ(sent.to_a.size(), 1U) << "the ack the primary's own answer waits on was put off";
+  const std::vector<OutDatagram> released = deliver_to_a(sent.to_a);
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x22);
+  EXPECT_EQ(b_->acks_spared(), 0U);
 }
 
 TEST_F(RelayTest, AnAnswerNotRelayableOrBeforeTheBackupAnsweredComesFromThePrimary) {

@@ -90,6 +90,13 @@ inline constexpr std::size_t kAckHeaderSize = 60;  // the whole ack
 // retransmission carries none, so the stream goes on and the clients'
 // retransmissions are answered by the primary.
 inline constexpr std::uint8_t kFlagRelays = 0x08;
+// A REPLICATE's flag, set with kFlagRelays: its answers are relayed and no
+// other answer at the primary waits on the stream, so the backup may send
+// the ack up to StreamTiming::ack_later_ns late, and one ack then answers
+// every such datagram of the stream that came meanwhile (docs/cluster.md,
+// "Answers from the backup"). A late ack is no different from one the
+// network delayed.
+inline constexpr std::uint8_t kFlagAckLater = 0x10;
 
 // Who a node-to-node datagram is from and for (issue 34, hole 3). Each end
 // is named by node_tag() of its node id, so a backup finds the stream of the
@@ -160,6 +167,7 @@ struct ReplicateHeader {
   std::int64_t sent_ns = 0;     // the primary's clock at the send, echoed in the ack
   bool settled = false;         // kFlagPrimarySettled
   Addressing addressing{};      // sender: the primary
+  bool ack_later = false;       // kFlagAckLater
   friend bool operator==(const ReplicateHeader&, const ReplicateHeader&) = default;
 };
 
@@ -204,6 +212,8 @@ struct Relay {
 // Returns whether it did.
 [[nodiscard]] bool append_relay(std::vector<std::uint8_t>& datagram, std::uint64_t seq,
                                 const Peer& to, std::span<const std::uint8_t> bytes);
+// Flags an encoded REPLICATE kFlagAckLater (before it is sealed).
+void mark_ack_later(std::vector<std::uint8_t>& datagram) noexcept;
 void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out);
 [[nodiscard]] bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept;
 
@@ -228,6 +238,11 @@ struct StreamTiming {
   // sockets' buffers and are lost over and over.
   std::size_t max_datagrams_per_poll = 32;
   std::uint64_t max_in_flight = 4096;  // entries
+  // A backup answers a REPLICATE flagged kFlagAckLater at its first poll
+  // this long after it came (the I/O loops poll after every batch and on
+  // every 2 ms tick), with one ack for all that came meanwhile: far below
+  // retransmit_ns and the lease, and it spares most acks under load.
+  std::int64_t ack_later_ns = 1'000'000;
 };
 
 class PrimaryStream {
@@ -455,8 +470,8 @@ class HeldReplies {
   void relay(const Take& take) {
     std::size_t kept = 0;
     for (std::size_t i = 0; i < held_.size(); ++i) {
-      const bool taken =
-          held_[i].relayable && held_[i].needs.size() == 1 && take(held_[i].needs[0], held_[i].reply);
+      const bool taken = held_[i].relayable && held_[i].needs.size() == 1 &&
+                         take(held_[i].needs[0], held_[i].reply);
       if (!taken) {
         if (kept != i) held_[kept] = std::move(held_[i]);
         ++kept;
@@ -482,6 +497,15 @@ class HeldReplies {
     held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(kept), held_.end());
   }
   [[nodiscard]] std::size_t size() const noexcept { return held_.size(); }
+  // Whether any held reply waits on `stream`.
+  [[nodiscard]] bool waits_on(std::size_t stream) const noexcept {
+    for (const Held& h : held_) {
+      for (const Need& n : h.needs) {
+        if (n.stream == stream) return true;
+      }
+    }
+    return false;
+  }
   // Moves every held reply to `out`, in the order held, needs dropped.
   void take_all(std::vector<Reply>& out) {
     for (Held& h : held_) out.push_back(std::move(h.reply));
