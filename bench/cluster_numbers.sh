@@ -25,7 +25,10 @@
 # MAX_TTL (the nodes' --max-ttl and the bench's --ttl, default 2s),
 # ETCD_TTL (--etcd-lease-ttl, default 2s), BUSY_POLL (the nodes' --busy-poll-us,
 # default 50), REPLICA_TIMEOUT (the replicated cluster's --replica-timeout,
-# default 300ms, shardlockd's default). Everything binds 127.0.0.1, runs
+# default 300ms, shardlockd's default), REPLICATED_FLAGS (more flags for the
+# replicated cluster's nodes, e.g. `--replies-from primary`), COST_ONLY=1
+# (only the 3-node rows and the cost of replication: no plain or 1-node
+# rows, no sections 2 and 3). Everything binds 127.0.0.1, runs
 # under `timeout`, and is killed on exit.
 set -euo pipefail
 
@@ -148,22 +151,31 @@ run_bench() {
 }
 
 echo "== 1. throughput at $clients clients ($duration each, $rounds interleaved rounds)"
-start_node "" plain
-start_node one n1
-wait_grantable "${node_addr[one-n1]}"
+cost_only=${COST_ONLY:-0}
+if [ "$cost_only" != 1 ]; then
+  start_node "" plain
+  start_node one n1
+  wait_grantable "${node_addr[one-n1]}"
+fi
 for id in n1 n2 n3; do start_node three "$id"; done
 three="${node_addr[three-n1]},${node_addr[three-n2]},${node_addr[three-n3]}"
 wait_grantable "$three"
 # The same three nodes with replication: every bucket on a primary and a
 # backup, a grant answered once the backup has it.
-for id in r1 r2 r3; do start_node replicated "$id" --replicas 2 --replica-timeout "$replica_timeout"; done
+read -r -a replicated_flags <<<"${REPLICATED_FLAGS:-}"
+for id in r1 r2 r3; do
+  start_node replicated "$id" --replicas 2 --replica-timeout "$replica_timeout" "${replicated_flags[@]}"
+done
 replicated="${node_addr[replicated-r1]},${node_addr[replicated-r2]},${node_addr[replicated-r3]}"
 wait_grantable "$replicated"
 declare -A all_pairs all_p99 all_p50 all_pair_p50
 labels=(plain one-node three-nodes replicated)
+[ "$cost_only" = 1 ] && labels=(three-nodes replicated)
 for _ in $(seq "$rounds"); do
-  run_bench plain "${node_addr[-plain]}" "$clients"
-  run_bench one-node "${node_addr[one-n1]}" "$clients" --discover
+  if [ "$cost_only" != 1 ]; then
+    run_bench plain "${node_addr[-plain]}" "$clients"
+    run_bench one-node "${node_addr[one-n1]}" "$clients" --discover
+  fi
   run_bench three-nodes "$three" "$clients" --discover
   run_bench replicated "$replicated" "$clients" --discover
   # One client: the latency a grant pays for the backup's acknowledgement.
@@ -178,8 +190,8 @@ for _ in $(seq "$rounds"); do
 done
 median() { python3 -c "import statistics, sys; print(statistics.median(float(x) for x in sys.argv[1:]))" "$@"; }
 printf '| %-12s | %-30s | %-30s | %12s | %14s | %8s |\n' "servers" "pairs/s per round" \
-  "pair p99 (us) per round" "median pairs/s" "median p99 (us)" "vs plain"
-plain_median=$(median ${all_pairs[plain]})
+  "pair p99 (us) per round" "median pairs/s" "median p99 (us)" "vs ${labels[0]}"
+plain_median=$(median ${all_pairs[${labels[0]}]})
 for label in "${labels[@]}"; do
   m=$(median ${all_pairs[$label]})
   printf '| %-12s | %-30s | %-30s | %12.0f | %14.0f | %7.2fx |\n' "$label" "${all_pairs[$label]}" \
@@ -197,6 +209,7 @@ printf '| %-40s | %-30s | %-30s | %7sx | %-12s |\n' "1-client p50 of one request
 printf '| %-40s | %-30s | %-30s | %7sx | %-12s |\n' "1-client p50 of an acquire+release (us)" \
   "${all_pair_p50[three-nodes-1c]}" "${all_pair_p50[replicated-1c]}" \
   "$(ratio "$(median ${all_pair_p50[replicated-1c]})" "$(median ${all_pair_p50[three-nodes-1c]})")" ""
+[ "$cost_only" = 1 ] && exit 0
 
 echo
 echo "== 2. etcd requests (3-node clusters 'three' and 'replicated' plus the idle 1-node cluster 'one')"
