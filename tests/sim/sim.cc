@@ -565,6 +565,7 @@ void Node::start() {
   r.incarnation = static_cast<std::uint64_t>(incarnation);
   r.settled_at_ns = local() + nanoseconds(std::max(lock_delay, kMaxTtl)).count();
   r.relay_replies = world.options.relay_replies.value_or(world.options.seed % 4 != 0);
+  r.carry_acks = world.options.carry_acks.value_or(world.options.seed % 3 != 0);
   replicator = std::make_unique<lease::internal::Replicator>(r, local());
   lease::internal::DispatcherOptions d;
   d.clock = [this] { return clock(); };

@@ -44,6 +44,9 @@ struct SimOptions {
   // Whether backups send the answers they relay (ReplicatorOptions::
   // relay_replies); unset: on for three seeds in four, so both paths run.
   std::optional<bool> relay_replies;
+  // Whether acks ride in REPLICATEs (ReplicatorOptions::carry_acks); unset:
+  // on for two seeds in three (apart from relay_replies' choice).
+  std::optional<bool> carry_acks;
 };
 
 struct SimResult {

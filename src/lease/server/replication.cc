@@ -226,11 +226,11 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
   return count;
 }
 
-bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
-                      std::vector<Entry>& entries, std::vector<Relay>* relays) {
-  entries.clear();
-  if (relays != nullptr) relays->clear();
-  if (bytes.size() > kMaxReplicationDatagram) return false;
+namespace {
+
+// decode_replicate() of a datagram without a carried ack.
+bool decode_replicate_body(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
+                           std::vector<Entry>& entries, std::vector<Relay>* relays) {
   Reader r(bytes);
   std::uint32_t magic = 0;
   std::uint8_t version = 0;
@@ -238,7 +238,8 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
   std::uint16_t count = 0;
   if (!r.get(magic) || magic != kReplicateMagic || !r.get(version) ||
       version != kReplicationVersion || !r.get(flags) ||
-      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled | kFlagRelays | kFlagAckLater)) != 0 ||
+      (flags & ~(kFlagAuthenticated | kFlagPrimarySettled | kFlagRelays | kFlagAckLater |
+                 kFlagCarriesAck)) != 0 ||
       !r.get(count) || !r.get(header.stream) || !r.get(header.epoch) || !r.get(header.first_seq) ||
       !r.get(header.sent_ns) || !get_addressing(r, header.addressing)) {
     return false;
@@ -290,6 +291,30 @@ bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& head
   return true;
 }
 
+}  // namespace
+
+bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
+                      std::vector<Entry>& entries, std::vector<Relay>* relays,
+                      std::optional<Ack>* carried) {
+  entries.clear();
+  if (relays != nullptr) relays->clear();
+  if (carried != nullptr) carried->reset();
+  if (bytes.size() > kMaxReplicationDatagram || bytes.size() < kReplicateHeaderSize) return false;
+  if ((bytes[kHeaderFlagsOffset] & kFlagCarriesAck) != 0) {
+    // The ack is the tail (append_ack()); the rest reads as without it.
+    if (bytes.size() < kReplicateHeaderSize + kAckHeaderSize) return false;
+    Ack ack;
+    if (!decode_ack(bytes.last(kAckHeaderSize), ack)) return false;
+    if (!decode_replicate_body(bytes.first(bytes.size() - kAckHeaderSize), header, entries,
+                               relays)) {
+      return false;
+    }
+    if (carried != nullptr) *carried = ack;
+    return true;
+  }
+  return decode_replicate_body(bytes, header, entries, relays);
+}
+
 void mark_ack_later(std::vector<std::uint8_t>& datagram) noexcept {
   // Only the flag to set: callers pass what encode_replicate() wrote.
   if (datagram.size() < kReplicateHeaderSize) return;
@@ -316,6 +341,7 @@ bool append_relay(std::vector<std::uint8_t>& datagram, std::uint64_t seq, const 
     return false;
   }
   if (seq == 0 || seq > first_seq + count - 1) return false;  // first_seq is never 0
+  if ((flags & kFlagCarriesAck) != 0) return false;           // the ack stays last
   const std::size_t address = family == AF_INET ? 4 : 16;
   const bool first = (flags & kFlagRelays) == 0;
   if (!first && datagram.back() == UINT8_MAX) return false;  // as many as the count can say
@@ -343,10 +369,9 @@ bool append_relay(std::vector<std::uint8_t>& datagram, std::uint64_t seq, const 
   return true;
 }
 
-void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out) {
-  out.clear();
-  out.reserve(kAckHeaderSize);
-  Writer w(out);
+namespace {
+
+void put_ack(Writer& w, const Ack& ack) {
   w.put(kAckMagic);
   w.put(kReplicationVersion);
   w.put(ack.refused ? kFlagStreamRefused : std::uint8_t{0});
@@ -356,6 +381,29 @@ void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out) {
   w.put(ack.echo_sent_ns);
   w.put(ack.lease_ms);
   put_addressing(w, ack.addressing);
+}
+
+}  // namespace
+
+void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out) {
+  out.clear();
+  out.reserve(kAckHeaderSize);
+  Writer w(out);
+  put_ack(w, ack);
+}
+
+bool append_ack(std::vector<std::uint8_t>& datagram, const Ack& ack) {
+  Reader header(datagram);
+  std::uint32_t magic = 0;
+  if (!header.get(magic) || magic != kReplicateMagic || datagram.size() < kReplicateHeaderSize) {
+    return false;
+  }
+  if ((datagram[kHeaderFlagsOffset] & kFlagCarriesAck) != 0) return false;
+  if (datagram.size() + kAckHeaderSize > kMaxReplicationDatagram) return false;
+  datagram[kHeaderFlagsOffset] |= kFlagCarriesAck;
+  Writer w(datagram);
+  put_ack(w, ack);
+  return true;
 }
 
 bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept {

@@ -518,70 +518,15 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
   const std::uint32_t magic = magic_of(body);
   if (magic == replication::kReplicateMagic) {
     replication::ReplicateHeader header;
+    std::optional<replication::Ack> carried;
     LockGuard lock(mu_);
-    if (!replication::decode_replicate(body, header, entries_, &relays_)) {
+    if (!replication::decode_replicate(body, header, entries_, &relays_, &carried)) {
       rejected_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
-    // The stream of the primary the datagram names, if it comes from the
-    // address the layout gives that primary and is for this node (issue 34,
-    // holes 3 and 5: by address alone, a node that replaced a departed one
-    // at its address was applied to the departed one's replica).
-    FromPrimary* primary = nullptr;
-    if (header.addressing.receiver == self_tag_) {
-      for (auto& [id, f] : from_) {
-        if (f->tag == header.addressing.sender && same_peer(f->address, from)) primary = f.get();
-      }
-    }
-    if (primary == nullptr) {
-      // Not a primary of this node's in its map: not applied, not answered
-      // (an answer would give it a lease).
-      rejected_.fetch_add(1, std::memory_order_relaxed);
-      return true;
-    }
-    replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
-    ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation};
-    for (auto& [id, f] : from_) {
-      if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
-    }
-    // The answers the primary would send on this acknowledgement: every
-    // relay whose entries are applied, from a stream acknowledged (not
-    // refused; a frozen stream's acknowledgement stays where the takeover
-    // saw it, so what it covers is in the takeover's holders).
-    if (!ack.refused && ack.stream == header.stream) {
-      for (const replication::Relay& relay : relays_) {
-        if (relay.seq > ack.applied) continue;
-        OutDatagram& d = out.emplace_back();
-        d.peer = relay.to;
-        d.any_order = true;
-        std::memcpy(d.bytes.data(), relay.bytes.data(), relay.bytes.size());
-        d.length = static_cast<std::uint16_t>(relay.bytes.size());
-        relays_sent_.fetch_add(1, std::memory_order_relaxed);
-      }
-    }
-    // An ack the primary asked for later (kFlagAckLater: nothing it holds
-    // waits on it) is owed, and the newest of the stream's owed acks is
-    // sent by poll(), for all of them. Only a plain one, lending a lease:
-    // a refusal or an ack without a lease goes out at once, as always.
-    const bool later =
-        header.ack_later && !ack.refused && ack.stream == header.stream && ack.lease_ms > 0;
-    if (primary->owed_ack && primary->owed_ack->stream == ack.stream) {
-      // Superseded: every ack of a stream says all the earlier ones do.
-      acks_spared_.fetch_add(1, std::memory_order_relaxed);
-      if (later) {
-        primary->owed_ack = ack;
-        return true;
-      }
-      primary->owed_ack.reset();
-    }
-    if (later) {
-      flush_ack(*primary, std::nullopt, out);  // another stream's
-      primary->owed_ack = ack;
-      primary->owed_since_ns = now_ns;
-      return true;
-    }
-    replication::encode_ack(ack, scratch_);
-    emit(scratch_, from, out);
+    on_replicate(header, from, now_ns, out);
+    // Read as if it had come alone, whatever became of the REPLICATE.
+    if (carried) on_ack(*carried, from, now_ns, out);
     return true;
   }
   if (magic == replication::kAckMagic) {
@@ -591,29 +536,97 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
       return true;
     }
     LockGuard lock(mu_);
-    ToBackup* s =
-        ack.addressing.receiver == self_tag_ ? backup_at(ack.addressing.sender, from) : nullptr;
-    if (s == nullptr) {
-      rejected_.fetch_add(1, std::memory_order_relaxed);
-      return true;
-    }
-    if (s->incarnation != 0 && ack.addressing.incarnation != s->incarnation) {
-      // Another process of the backup: what this stream's earlier acks
-      // counted on is gone with the old one.
-      s->stream.backup_restarted();
-    } else {
-      s->stream.on_ack(ack, now_ns);
-    }
-    s->incarnation = ack.addressing.incarnation;
-    s->answered = true;
-    if (heard_.contains(s->peer)) heard_[s->peer] = now_ns;
-    s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
-                                                       : s->stream.lease_until_ns(),
-                          std::memory_order_release);
-    release_held(out);
+    on_ack(ack, from, now_ns, out);
     return true;
   }
   return false;
+}
+
+void Replicator::on_replicate(const replication::ReplicateHeader& header, const Peer& from,
+                              std::int64_t now_ns, std::vector<OutDatagram>& out) {
+  // The stream of the primary the datagram names, if it comes from the
+  // address the layout gives that primary and is for this node (issue 34,
+  // holes 3 and 5: by address alone, a node that replaced a departed one
+  // at its address was applied to the departed one's replica).
+  FromPrimary* primary = nullptr;
+  if (header.addressing.receiver == self_tag_) {
+    for (auto& [id, f] : from_) {
+      if (f->tag == header.addressing.sender && same_peer(f->address, from)) primary = f.get();
+    }
+  }
+  if (primary == nullptr) {
+    // Not a primary of this node's in its map: not applied, not answered
+    // (an answer would give it a lease).
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
+  ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation};
+  for (auto& [id, f] : from_) {
+    if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
+  }
+  // The answers the primary would send on this acknowledgement: every
+  // relay whose entries are applied, from a stream acknowledged (not
+  // refused; a frozen stream's acknowledgement stays where the takeover
+  // saw it, so what it covers is in the takeover's holders).
+  if (!ack.refused && ack.stream == header.stream) {
+    for (const replication::Relay& relay : relays_) {
+      if (relay.seq > ack.applied) continue;
+      OutDatagram& d = out.emplace_back();
+      d.peer = relay.to;
+      d.any_order = true;
+      std::memcpy(d.bytes.data(), relay.bytes.data(), relay.bytes.size());
+      d.length = static_cast<std::uint16_t>(relay.bytes.size());
+      relays_sent_.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  // An ack the primary asked for later (kFlagAckLater: nothing it holds
+  // waits on it) is owed for ack_later_ns; with carry_acks any other is
+  // owed to the next poll(), which sends it in its REPLICATE to the
+  // primary or alone. The newest of a stream's owed acks answers for all
+  // of them. An ack owed is no different from one the network delayed.
+  const bool later =
+      header.ack_later && !ack.refused && ack.stream == header.stream && ack.lease_ms > 0;
+  if (primary->owed_ack && primary->owed_ack->stream != ack.stream) {
+    flush_ack(*primary, std::nullopt, out);  // another stream's
+  }
+  if (primary->owed_ack) {
+    // Superseded: every ack of a stream says all the earlier ones do.
+    acks_spared_.fetch_add(1, std::memory_order_relaxed);
+  }
+  if (!later && !options_.carry_acks) {
+    primary->owed_ack.reset();
+    replication::encode_ack(ack, scratch_);
+    emit(scratch_, from, out);
+    return;
+  }
+  const std::int64_t due = later ? now_ns + options_.timing.ack_later_ns : now_ns;
+  primary->owed_due_ns = primary->owed_ack ? std::min(primary->owed_due_ns, due) : due;
+  primary->owed_ack = ack;
+}
+
+void Replicator::on_ack(const replication::Ack& ack, const Peer& from, std::int64_t now_ns,
+                        std::vector<OutDatagram>& out) {
+  ToBackup* s =
+      ack.addressing.receiver == self_tag_ ? backup_at(ack.addressing.sender, from) : nullptr;
+  if (s == nullptr) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (s->incarnation != 0 && ack.addressing.incarnation != s->incarnation) {
+    // Another process of the backup: what this stream's earlier acks
+    // counted on is gone with the old one.
+    s->stream.backup_restarted();
+  } else {
+    s->stream.on_ack(ack, now_ns);
+  }
+  s->incarnation = ack.addressing.incarnation;
+  s->answered = true;
+  if (heard_.contains(s->peer)) heard_[s->peer] = now_ns;
+  s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
+                                                     : s->stream.lease_until_ns(),
+                        std::memory_order_release);
+  release_held(out);
 }
 
 void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
@@ -623,6 +636,7 @@ void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
     wire.clear();
     s->stream.poll(now_ns, current_.epoch, wire, now_ns >= options_.settled_at_ns);
     if (options_.relay_replies && attach_relays(*s, wire)) mark_ack_later(*s, wire);
+    if (options_.carry_acks) carry_ack(*s, wire);
     for (const auto& d : wire) emit(d, s->address, out);
   }
   for (auto& [id, f] : from_) flush_ack(*f, now_ns, out);
@@ -638,10 +652,22 @@ void Replicator::mark_ack_later(const ToBackup& s,
   replication::mark_ack_later(wire.back());
 }
 
+void Replicator::carry_ack(const ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire) {
+  if (wire.empty()) return;
+  // The same node: its id, and the address the layout gives it.
+  const auto it = from_.find(s.peer);
+  if (it == from_.end()) return;
+  FromPrimary& primary = *it->second;
+  if (!primary.owed_ack || primary.tag != s.tag || !same_peer(primary.address, s.address)) return;
+  if (!replication::append_ack(wire.back(), *primary.owed_ack)) return;  // no room: alone
+  primary.owed_ack.reset();
+  acks_carried_.fetch_add(1, std::memory_order_relaxed);
+}
+
 void Replicator::flush_ack(FromPrimary& primary, std::optional<std::int64_t> now_ns,
                            std::vector<OutDatagram>& out) {
   if (!primary.owed_ack) return;
-  if (now_ns && *now_ns - primary.owed_since_ns < options_.timing.ack_later_ns) return;
+  if (now_ns && *now_ns < primary.owed_due_ns) return;
   replication::encode_ack(*primary.owed_ack, scratch_);
   emit(scratch_, primary.address, out);
   primary.owed_ack.reset();

@@ -97,6 +97,10 @@ struct ReplicatorOptions {
   // and that backup sends it to the client once applied (replication::Relay).
   // Off: the primary sends it when the acknowledgement comes, a hop later.
   bool relay_replies = false;
+  // Acks ride in REPLICATEs (replication::kFlagCarriesAck): an ack is owed
+  // until the next poll(), and goes in the REPLICATE that poll sends to the
+  // same peer, or alone when there is none. Off: sent at once, alone.
+  bool carry_acks = false;
 };
 
 // The layout of `routing` for the node at index `self` with `replicas`
@@ -256,6 +260,11 @@ class Replicator {
   [[nodiscard]] std::uint64_t acks_spared() const noexcept {
     return acks_spared_.load(std::memory_order_relaxed);
   }
+  // As backup: acks sent inside a REPLICATE to the same peer
+  // (ReplicatorOptions::carry_acks).
+  [[nodiscard]] std::uint64_t acks_carried() const noexcept {
+    return acks_carried_.load(std::memory_order_relaxed);
+  }
 
  private:
   struct ToBackup {
@@ -299,10 +308,11 @@ class Replicator {
     // goes once none is left to take over: set_layout()). Mutable: the
     // takeover's bookkeeping, beside a replica it only reads.
     mutable std::set<std::uint32_t> taken;
-    // The ack owed for REPLICATEs flagged kFlagAckLater, and since when:
-    // the newest one's, sent by poll() (flush_ack()).
+    // The ack owed for REPLICATEs flagged kFlagAckLater or, with
+    // carry_acks, for any: the newest one's, sent by poll() in a REPLICATE
+    // to the primary or, at `owed_due_ns` at the latest, alone (flush_ack()).
     std::optional<replication::Ack> owed_ack;
-    std::int64_t owed_since_ns = 0;
+    std::int64_t owed_due_ns = 0;
   };
   struct Layout {
     // For each bucket, the lease ends of its backups' streams.
@@ -332,10 +342,22 @@ class Replicator {
   std::atomic<std::uint64_t> relayed_{0};
   std::atomic<std::uint64_t> relays_sent_{0};
   std::atomic<std::uint64_t> acks_spared_{0};
-  // Sends `primary`'s owed ack, if any, once ack_later_ns has passed since
-  // it was first owed (at once: `now_ns` unset).
+  std::atomic<std::uint64_t> acks_carried_{0};
+  // Sends `primary`'s owed ack, if any, once it is due (at once: `now_ns`
+  // unset).
   void flush_ack(FromPrimary& primary, std::optional<std::int64_t> now_ns,
                  std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
+  // A REPLICATE from `from`, decoded into entries_ and relays_: applies it
+  // and answers it (at once, or owed to poll()).
+  void on_replicate(const replication::ReplicateHeader& header, const Peer& from,
+                    std::int64_t now_ns, std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
+  // An ack from `from` (alone, or carried in a REPLICATE).
+  void on_ack(const replication::Ack& ack, const Peer& from, std::int64_t now_ns,
+              std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
+  // Puts the ack owed to the peer of `s`, if any, in the last of the
+  // datagrams `wire` is about to send it.
+  void carry_ack(const ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire)
+      SHARDLOCK_REQUIRES(mu_);
   // Flags the last datagram in `wire`, which carries relays, kFlagAckLater
   // when no held reply waits on `s` any more.
   void mark_ack_later(const ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire) const

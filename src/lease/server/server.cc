@@ -340,6 +340,9 @@ std::error_code LeaseServer::Impl::start() {
     internal::ReplicatorOptions r;
     r.auth_key = o.cluster_key ? o.cluster_key : o.auth_key;
     r.relay_replies = o.relay_replies;
+    // Every node backs the others up: an ack rides in the REPLICATE the
+    // same batch sends back to its primary, a datagram fewer per batch.
+    r.carry_acks = true;
     // This process among the node's runs, named in every node-to-node
     // datagram (replication::Addressing); only compared for equality.
     r.incarnation =

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -1075,8 +1076,75 @@ TEST(ReplicationCodec, TheAckLaterFlagTravelsInTheHeaderAndSurvivesRelays) {
   ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 5, 0, false, {}, true}, {}, bytes), 0U);
   ASSERT_TRUE(decode_replicate(bytes, h, back));
   EXPECT_TRUE(h.ack_later);
-  bytes[kHeaderFlagsOffset] |= 0x20;
+  bytes[kHeaderFlagsOffset] |= 0x40;
   EXPECT_FALSE(decode_replicate(bytes, h, back));
+}
+
+// Acks ride in REPLICATEs going the other way: the ack is the last
+// kAckHeaderSize bytes, after entries and relays, and reads as sent alone.
+TEST(ReplicationCodec, AnAckRidesLastInAReplicateAndReadsAsSentAlone) {
+  const std::vector<Entry> entries = {grant(3, "a", 11)};
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{9, 2, 5, 77}, entries, bytes), 1U);
+  Peer v4;
+  v4.addr.v4.sin_family = AF_INET;
+  v4.addr.v4.sin_port = htons(7420);
+  v4.len = sizeof(sockaddr_in);
+  const std::vector<std::uint8_t> answer = {4, 5, 6};
+  ASSERT_TRUE(append_relay(bytes, 5, v4, answer));
+  const Ack ack{31, 12, 1234, 250, Addressing{7, 8, 9}, false};
+  const std::size_t before = bytes.size();
+  ASSERT_TRUE(append_ack(bytes, ack));
+  EXPECT_EQ(bytes.size(), before + kAckHeaderSize);
+  EXPECT_NE(bytes[kHeaderFlagsOffset] & kFlagCarriesAck, 0);
+  // One ack per datagram, and nothing after it.
+  EXPECT_FALSE(append_ack(bytes, ack));
+  EXPECT_FALSE(append_relay(bytes, 5, v4, answer));
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  std::vector<Relay> relays;
+  std::optional<Ack> carried;
+  ASSERT_TRUE(decode_replicate(bytes, h, back, &relays, &carried));
+  EXPECT_EQ(h.stream, 9U);
+  EXPECT_EQ(back, entries);
+  ASSERT_EQ(relays.size(), 1U);
+  EXPECT_EQ(std::vector<std::uint8_t>(relays[0].bytes.begin(), relays[0].bytes.end()), answer);
+  ASSERT_TRUE(carried.has_value());
+  EXPECT_EQ(*carried, ack);
+  // A reader that does not ask for it still checks it.
+  ASSERT_TRUE(decode_replicate(bytes, h, back));
+  // A refusal travels too.
+  std::vector<std::uint8_t> heartbeat;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{9, 2, 6, 78}, {}, heartbeat), 0U);
+  Ack refused = ack;
+  refused.refused = true;
+  ASSERT_TRUE(append_ack(heartbeat, refused));
+  ASSERT_TRUE(decode_replicate(heartbeat, h, back, nullptr, &carried));
+  ASSERT_TRUE(carried.has_value());
+  EXPECT_TRUE(carried->refused);
+  // Every truncation, a byte too many and a damaged ack refuse it whole,
+  // and leave nothing carried.
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_FALSE(decode_replicate(std::span(bytes).first(n), h, back, &relays, &carried)) << n;
+    EXPECT_FALSE(carried.has_value()) << n;
+  }
+  std::vector<std::uint8_t> longer = bytes;
+  longer.push_back(0);
+  EXPECT_FALSE(decode_replicate(longer, h, back, &relays, &carried));
+  std::vector<std::uint8_t> damaged = bytes;
+  damaged[bytes.size() - kAckHeaderSize] ^= 1;  // the ack's magic
+  EXPECT_FALSE(decode_replicate(damaged, h, back, &relays, &carried));
+  EXPECT_FALSE(carried.has_value());
+  // No room, or not a REPLICATE: not appended.
+  std::vector<std::uint8_t> full;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{9, 2, 5, 77}, {}, full), 0U);
+  ASSERT_TRUE(append_relay(
+      full, 4, v4, std::vector<std::uint8_t>(kMaxReplicationDatagram - full.size() - 30, 1)));
+  EXPECT_FALSE(append_ack(full, ack));
+  EXPECT_EQ(full[kHeaderFlagsOffset] & kFlagCarriesAck, 0);
+  std::vector<std::uint8_t> alone;
+  encode_ack(ack, alone);
+  EXPECT_FALSE(append_ack(alone, ack));
 }
 
 TEST(ReplicationCodec, ARelayThatDoesNotFitOrNamesNoIpPeerIsNotAppended) {

@@ -7,8 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -132,6 +134,11 @@ class ReplicatorTest : public ::testing::Test {
   std::vector<OutDatagram> poll_a() {
     std::vector<OutDatagram> out;
     a_.poll(now_, out);
+    return out;
+  }
+  std::vector<OutDatagram> poll_b() {
+    std::vector<OutDatagram> out;
+    b_->poll(now_, out);
     return out;
   }
 
@@ -898,11 +905,6 @@ class RelayTest : public ReplicatorTest {
     }
     return s;
   }
-  std::vector<OutDatagram> poll_b() {
-    std::vector<OutDatagram> out;
-    b_->poll(now_, out);
-    return out;
-  }
   std::vector<OutDatagram> deliver_to_a(const std::vector<OutDatagram>& wire) {
     std::vector<OutDatagram> out;
     for (const OutDatagram& d : wire) {
@@ -1075,6 +1077,150 @@ TEST_F(RelayTest, ABackupThatTookOverNeverSendsTheOldPrimarysLateAnswer) {
   EXPECT_TRUE(sent.by_b.empty()) << "the late grant was answered after the takeover";
   EXPECT_EQ(b_->relays_sent(), 0U);
   EXPECT_TRUE(deliver_to_a(sent.to_a).empty());
+}
+
+// Acks ride in REPLICATEs (ReplicatorOptions::carry_acks): "a" is the
+// primary of kBucket backed up by "b", and "b" the primary of kOtherBucket
+// backed up by "a", as every node of a cluster backs the others up. An ack
+// is owed until the next poll(), which puts it in the REPLICATE it sends
+// the same peer, or sends it alone.
+class CarriedAckTest : public ReplicatorTest {
+ protected:
+  static constexpr std::uint32_t kOtherBucket = 5;
+  CarriedAckTest() : ReplicatorTest(carrying()) {
+    b_ = std::make_unique<Replicator>(carrying(), 0);
+  }
+  static ReplicatorOptions carrying() {
+    ReplicatorOptions o;
+    o.carry_acks = true;
+    return o;
+  }
+  static ReplicaLayout mutual(const std::string& self, const std::string& other,
+                              std::uint16_t other_port, std::uint32_t primary_of,
+                              std::uint32_t backup_of) {
+    ReplicaLayout l;
+    l.self_id = self;
+    l.epoch = 4;
+    l.peers = {ReplicaPeer{other, loopback(other_port)}};
+    l.backups.resize(8);
+    l.backups[primary_of] = {0};
+    l.backing.assign(8, ReplicaLayout::kNone);
+    l.backing[backup_of] = 0;
+    return l;
+  }
+  static Entry grant_in(std::uint32_t bucket, std::string key, std::uint64_t token) {
+    Entry e = grant(std::move(key), token);
+    e.bucket = bucket;
+    return e;
+  }
+  static std::uint32_t magic(const OutDatagram& d) {
+    std::uint32_t m = 0;
+    std::memcpy(&m, d.bytes.data(), sizeof m);
+    return m;
+  }
+  static std::uint16_t port(const OutDatagram& d) { return ntohs(d.peer.addr.v4.sin_port); }
+  // Delivers `wire` to the node each datagram is for; returns what that
+  // sends (client answers included).
+  std::vector<OutDatagram> deliver(const std::vector<OutDatagram>& wire) {
+    std::vector<OutDatagram> out;
+    for (const OutDatagram& d : wire) {
+      const std::span<const std::uint8_t> bytes(d.bytes.data(), d.length);
+      if (port(d) == 1002) {
+        EXPECT_TRUE(b_->on_datagram(bytes, loopback(1001), now_, out));
+      } else if (port(d) == 1001) {
+        EXPECT_TRUE(a_.on_datagram(bytes, loopback(1002), now_, out));
+      }
+    }
+    return out;
+  }
+  // Both layouts and snapshots, then datagrams and polls (as the I/O loops
+  // poll after every batch) until neither node has anything to send.
+  void settle() {
+    ASSERT_EQ(a_.set_layout(mutual("a", "b", 1002, kBucket, kOtherBucket), now_).size(), 1U);
+    ASSERT_EQ(b_->set_layout(mutual("b", "a", 1001, kOtherBucket, kBucket), now_).size(), 1U);
+    a_.begin_snapshot(0, kBucket);
+    a_.end_snapshot(0, kBucket);
+    b_->begin_snapshot(0, kOtherBucket);
+    b_->end_snapshot(0, kOtherBucket);
+    std::vector<OutDatagram> wire;
+    for (int round = 0; round < 20; ++round) {
+      std::vector<OutDatagram> next = deliver(wire);
+      for (OutDatagram& d : poll_a()) next.push_back(d);
+      for (OutDatagram& d : poll_b()) next.push_back(d);
+      if (next.empty()) return;
+      wire = std::move(next);
+    }
+    FAIL() << "the two nodes never fell quiet";
+  }
+};
+
+TEST_F(CarriedAckTest, AnAckRidesInTheReplicateGoingBackToItsPrimary) {
+  settle();
+  const std::uint64_t carried_before = b_->acks_carried();
+  a_.route(std::vector{grant_in(kBucket, "k", 41)});
+  OutDatagram from_a = reply_datagram(0x11);
+  ASSERT_TRUE(a_.hold(from_a));
+  const std::vector<OutDatagram> replicate = poll_a();
+  ASSERT_EQ(replicate.size(), 1U);
+  // Owed, not sent: the next poll decides how it goes.
+  EXPECT_TRUE(deliver(replicate).empty());
+  b_->route(std::vector{grant_in(kOtherBucket, "j", 42)});
+  OutDatagram from_b = reply_datagram(0x22);
+  ASSERT_TRUE(b_->hold(from_b));
+  const std::vector<OutDatagram> back = poll_b();
+  ASSERT_EQ(back.size(), 1U) << "the ack went alone beside the REPLICATE";
+  EXPECT_EQ(port(back[0]), 1001);
+  EXPECT_EQ(magic(back[0]), replication::kReplicateMagic);
+  EXPECT_NE(back[0].bytes[kHeaderFlagsOffset] & replication::kFlagCarriesAck, 0);
+  EXPECT_EQ(b_->acks_carried(), carried_before + 1);
+  // "a" reads the ack: the answer it held goes; its own ack is owed.
+  const std::vector<OutDatagram> released = deliver(back);
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x11);
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+  // Nothing of its own goes to "b" now: the ack goes alone.
+  const std::vector<OutDatagram> ack = poll_a();
+  ASSERT_EQ(ack.size(), 1U);
+  EXPECT_EQ(port(ack[0]), 1002);
+  EXPECT_EQ(magic(ack[0]), replication::kAckMagic);
+  const std::vector<OutDatagram> released_b = deliver(ack);
+  ASSERT_EQ(released_b.size(), 1U);
+  EXPECT_EQ(released_b[0].bytes[0], 0x22);
+  EXPECT_GT(b_->lease_until(kOtherBucket).count(), now_);
+  EXPECT_TRUE(poll_a().empty());
+  EXPECT_TRUE(poll_b().empty());
+}
+
+TEST_F(CarriedAckTest, ACarriedAckIsReadWhenItsReplicateIsNotApplied) {
+  settle();
+  a_.route(std::vector{grant_in(kBucket, "k", 41)});
+  OutDatagram from_a = reply_datagram(0x11);
+  ASSERT_TRUE(a_.hold(from_a));
+  EXPECT_TRUE(deliver(poll_a()).empty());
+  // "b"'s REPLICATE carries the ack but names another receiver: "a"
+  // refuses the REPLICATE and still reads the ack (it names "a").
+  b_->route(std::vector{grant_in(kOtherBucket, "j", 42)});
+  std::vector<OutDatagram> back = poll_b();
+  ASSERT_EQ(back.size(), 1U);
+  replication::ReplicateHeader header;
+  std::vector<Entry> entries;
+  std::optional<replication::Ack> carried;
+  ASSERT_TRUE(replication::decode_replicate(std::span(back[0].bytes.data(), back[0].length), header,
+                                            entries, nullptr, &carried));
+  ASSERT_TRUE(carried.has_value());
+  std::vector<std::uint8_t> forged;
+  header.addressing.receiver = replication::node_tag("c");
+  ASSERT_EQ(replication::encode_replicate(header, entries, forged), entries.size());
+  ASSERT_TRUE(replication::append_ack(forged, *carried));
+  OutDatagram d;
+  d.peer = loopback(1001);
+  std::memcpy(d.bytes.data(), forged.data(), forged.size());
+  d.length = static_cast<std::uint16_t>(forged.size());
+  const std::vector<OutDatagram> released = deliver({d});
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x11);
+  // The REPLICATE was not applied, so "a" owes "b" nothing.
+  EXPECT_TRUE(poll_a().empty());
 }
 
 }  // namespace

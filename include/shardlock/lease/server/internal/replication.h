@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <deque>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -97,6 +98,14 @@ inline constexpr std::uint8_t kFlagRelays = 0x08;
 // "Answers from the backup"). A late ack is no different from one the
 // network delayed.
 inline constexpr std::uint8_t kFlagAckLater = 0x10;
+// A REPLICATE's flag: its last kAckHeaderSize bytes are an ACK (as sent
+// alone) of a stream going the other way, from this REPLICATE's receiver to
+// its sender: every node backs the others up, so an ack owed at the end of
+// a batch rides in the REPLICATE the batch sends to the same peer instead of
+// a datagram of its own (docs/cluster.md, "Answers from the backup"). It is
+// read as if it had come alone, whatever becomes of the REPLICATE; the one
+// seal covers both.
+inline constexpr std::uint8_t kFlagCarriesAck = 0x20;
 
 // Who a node-to-node datagram is from and for (issue 34, hole 3). Each end
 // is named by node_tag() of its node id, so a backup finds the stream of the
@@ -202,10 +211,13 @@ struct Relay {
   std::span<const std::uint8_t> bytes;  // into the decoded datagram
 };
 // `relays`, when given, receives the datagram's relays (none without
-// kFlagRelays); they are checked either way.
+// kFlagRelays); they are checked either way. `carried`, when given,
+// receives the ack the datagram carries (kFlagCarriesAck), or is reset; a
+// malformed carried ack refuses the whole datagram.
 [[nodiscard]] bool decode_replicate(std::span<const std::uint8_t> bytes, ReplicateHeader& header,
                                     std::vector<Entry>& entries,
-                                    std::vector<Relay>* relays = nullptr);
+                                    std::vector<Relay>* relays = nullptr,
+                                    std::optional<Ack>* carried = nullptr);
 // Appends a relay to an encoded REPLICATE, if it fits in
 // kMaxReplicationDatagram, names an IPv4 or IPv6 peer and waits for no entry
 // past the datagram's last (a heartbeat's: the one before its first_seq).
@@ -215,6 +227,11 @@ struct Relay {
 // Flags an encoded REPLICATE kFlagAckLater (before it is sealed).
 void mark_ack_later(std::vector<std::uint8_t>& datagram) noexcept;
 void encode_ack(const Ack& ack, std::vector<std::uint8_t>& out);
+// Appends `ack` to an encoded REPLICATE (kFlagCarriesAck), last, after any
+// relays (append_relay() refuses a datagram that carries one), if it fits
+// in kMaxReplicationDatagram and the datagram carries none yet. Returns
+// whether it did.
+[[nodiscard]] bool append_ack(std::vector<std::uint8_t>& datagram, const Ack& ack);
 [[nodiscard]] bool decode_ack(std::span<const std::uint8_t> bytes, Ack& ack) noexcept;
 
 struct StreamTiming {
