@@ -137,9 +137,9 @@ void Dispatcher::end_batch(std::vector<OutDatagram>& replies) noexcept {
 void Dispatcher::drain_journal(ShardSlot& slot) {
   if (options_.replicator == nullptr || !slot.shard->journal_pending()) return;
   if (slot.shard->journal_lost()) options_.replicator->start_over();
-  std::vector<replication::Entry> entries;
-  slot.shard->take_journal(entries);
-  options_.replicator->route(entries);
+  slot.journal.clear();
+  slot.shard->take_journal(slot.journal);
+  options_.replicator->route_moved(slot.journal);
 }
 
 void Dispatcher::replicate_buckets(

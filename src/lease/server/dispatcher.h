@@ -178,6 +178,8 @@ class Dispatcher {
     // one-client p99. Relaxed: a timer armed after the read is fired by the
     // next tick, and every request fires due timers itself first.
     std::atomic<std::size_t> timers{0};
+    // drain_journal()'s entries, kept for their capacity.
+    std::vector<replication::Entry> journal SHARDLOCK_GUARDED_BY(mu);
     // A stalled ACQUIRE_MANY step counts as a timer, so tick() visits it.
     void note_timers() SHARDLOCK_REQUIRES(mu) {
       timers.store(shard->timers() + (shard->has_stalled() ? 1 : 0), std::memory_order_relaxed);

@@ -198,11 +198,17 @@ std::size_t entry_size(const Entry& e) noexcept {
   return kEntryPrefix;
 }
 
-std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
-                             std::vector<std::uint8_t>& out) {
+namespace {
+
+// encode_replicate() of the entries [first, last) of any random-access
+// container (PrimaryStream's deque, without copying them out).
+template <class It>
+std::size_t encode_run(const ReplicateHeader& header, It first, It last,
+                       std::vector<std::uint8_t>& out) {
   std::size_t count = 0;
   std::size_t size = kReplicateHeaderSize;
-  for (const Entry& e : entries) {
+  for (It it = first; it != last; ++it) {
+    const Entry& e = *it;
     if (has_key(e.kind) && (e.key.size() < kMinKeyLength || e.key.size() > kMaxKeyLength)) break;
     if (e.value.size() > kMaxHolderValueLength) break;
     if (size + entry_size(e) > kMaxReplicationDatagram || count == UINT16_MAX) break;
@@ -222,8 +228,15 @@ std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entr
   w.put(header.first_seq);
   w.put(header.sent_ns);
   put_addressing(w, header.addressing);
-  for (std::size_t i = 0; i < count; ++i) write_entry(w, entries[i]);
+  for (std::size_t i = 0; i < count; ++i) write_entry(w, first[static_cast<std::ptrdiff_t>(i)]);
   return count;
+}
+
+}  // namespace
+
+std::size_t encode_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
+                             std::vector<std::uint8_t>& out) {
+  return encode_run(header, entries.begin(), entries.end(), out);
 }
 
 namespace {
@@ -444,26 +457,19 @@ std::uint64_t PrimaryStream::append(Entry entry) {
 
 void PrimaryStream::send_from(std::size_t index, std::int64_t now_ns, std::uint64_t epoch,
                               bool settled, std::vector<std::vector<std::uint8_t>>& out) {
-  // pending_ is a deque; encode_replicate wants contiguous entries, so each
-  // datagram's run is copied (at most one datagram's worth). Every entry
-  // fits a datagram on its own (append() checks the key).
-  std::vector<Entry> run;
+  // Each datagram takes as many entries from `index` on as fit; every
+  // entry fits a datagram on its own (append() checks the key), so each
+  // takes at least one.
   // Within the window (an entry past it goes out once the ones before it
   // are acknowledged), and a bounded burst.
   const auto window = static_cast<std::size_t>(std::max<std::uint64_t>(timing_.max_in_flight, 1));
   const std::size_t end = std::min(pending_.size(), window);
   for (std::size_t sent = 0; index < end && sent < timing_.max_datagrams_per_poll; ++sent) {
-    run.clear();
-    std::size_t size = kReplicateHeaderSize;
-    for (std::size_t i = index; i < pending_.size(); ++i) {
-      if (size + entry_size(pending_[i]) > kMaxReplicationDatagram) break;
-      size += entry_size(pending_[i]);
-      run.push_back(pending_[i]);
-    }
     const ReplicateHeader header{stream_, epoch,   applied_ + 1 + index,
                                  now_ns,  settled, addressing_};
     out.emplace_back();
-    index += encode_replicate(header, run, out.back());
+    index += encode_run(header, pending_.begin() + static_cast<std::ptrdiff_t>(index),
+                        pending_.end(), out.back());
     ++datagrams_sent_;
     sent_up_to_ = std::max(sent_up_to_, applied_ + index);
   }

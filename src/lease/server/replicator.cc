@@ -113,6 +113,12 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::set_layout(Repl
     }
   }
   to_ = std::move(to);
+  to_by_peer_.assign(layout.peers.size(), nullptr);
+  for (std::size_t p = 0; p < layout.peers.size(); ++p) {
+    if (const auto it = to_.find(layout.peers[p].id); it != to_.end()) {
+      to_by_peer_[p] = it->second.get();
+    }
+  }
   leases->leases.resize(layout.backups.size());
   for (std::size_t b = 0; b < layout.backups.size(); ++b) {
     for (const std::uint16_t p : layout.backups[b]) {
@@ -363,12 +369,19 @@ void Replicator::activated(std::span<const std::uint32_t> buckets) {
 }
 
 void Replicator::route(std::span<const Entry> entries) {
+  std::vector<Entry> copy(entries.begin(), entries.end());
+  route_moved(copy);
+}
+
+void Replicator::route_moved(std::vector<Entry>& entries) {
   if (entries.empty()) return;
   LockGuard lock(mu_);
-  for (const Entry& e : entries) {
+  for (Entry& e : entries) {
     if (e.bucket >= current_.backups.size()) continue;
-    for (const std::uint16_t p : current_.backups[e.bucket]) {
-      (void)to_.at(current_.peers[p].id)->stream.append(e);
+    const std::vector<std::uint16_t>& backups = current_.backups[e.bucket];
+    for (std::size_t i = 0; i < backups.size(); ++i) {
+      replication::PrimaryStream& stream = to_by_peer_[backups[i]]->stream;
+      (void)(i + 1 == backups.size() ? stream.append(std::move(e)) : stream.append(e));
     }
   }
 }

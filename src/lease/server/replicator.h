@@ -166,6 +166,9 @@ class Replicator {
   void end_snapshot(std::uint16_t peer, std::uint32_t bucket, bool owner_active = false);
   // Appends each journal entry to the streams of its bucket's backups.
   void route(std::span<const replication::Entry> entries);
+  // The same, moving each entry to the last of its streams (what is left in
+  // `entries` is unspecified).
+  void route_moved(std::vector<replication::Entry>& entries);
   // This node activated `buckets` (its gate grants them now): a
   // kBucketActivated mark to each one's backups in the current layout, after
   // everything routed so far. The caller routes the shards' journals first,
@@ -387,6 +390,9 @@ class Replicator {
   ReplicaLayout current_ SHARDLOCK_GUARDED_BY(mu_);
   std::uint64_t self_tag_ SHARDLOCK_GUARDED_BY(mu_) = 0;  // node_tag(current_.self_id)
   std::unordered_map<std::string, std::unique_ptr<ToBackup>> to_ SHARDLOCK_GUARDED_BY(mu_);
+  // to_'s streams by index into current_.peers (nullptr: not a backup), for
+  // route(), which runs for every journal entry.
+  std::vector<ToBackup*> to_by_peer_ SHARDLOCK_GUARDED_BY(mu_);
   std::unordered_map<std::string, std::unique_ptr<FromPrimary>> from_ SHARDLOCK_GUARDED_BY(mu_);
   // Streams from live primaries that stopped being promised because this
   // node now owns some of their buckets (a learner promoted): kept, by
