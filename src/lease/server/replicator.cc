@@ -379,10 +379,11 @@ void Replicator::route_moved(std::vector<Entry>& entries) {
   for (Entry& e : entries) {
     if (e.bucket >= current_.backups.size()) continue;
     const std::vector<std::uint16_t>& backups = current_.backups[e.bucket];
-    for (std::size_t i = 0; i < backups.size(); ++i) {
-      replication::PrimaryStream& stream = to_by_peer_[backups[i]]->stream;
-      (void)(i + 1 == backups.size() ? stream.append(std::move(e)) : stream.append(e));
+    if (backups.empty()) continue;
+    for (std::size_t i = 0; i + 1 < backups.size(); ++i) {
+      (void)to_by_peer_[backups[i]]->stream.append(e);
     }
+    (void)to_by_peer_[backups.back()]->stream.append(std::move(e));
   }
 }
 
