@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <chrono>
 #include <cstdio>
+#include <optional>
 
 #include "sim.h"
 
@@ -28,7 +29,16 @@ int main(int argc, char** argv) {
   app.add_option("--clients", options.clients, "clients");
   app.add_option("--keys", options.keys, "keys");
   app.add_option("--scratch-dir", options.scratch_dir, "where the data dirs go (a tmpfs)");
+  // Unset: chosen per seed (SimOptions).
+  std::optional<bool> relays;
+  std::optional<bool> carry_acks;
+  app.add_option("--relays", relays,
+                 "whether backups send the answers they relay (true/false; default: per seed)");
+  app.add_option("--carry-acks", carry_acks,
+                 "whether acks ride in REPLICATEs (true/false; default: per seed)");
   CLI11_PARSE(app, argc, argv);
+  options.relay_replies = relays;
+  options.carry_acks = carry_acks;
   if (seed != 0) {
     first = seed;
     seeds = 1;
