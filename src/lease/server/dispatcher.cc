@@ -152,11 +152,12 @@ void Dispatcher::replicate_buckets(
   for (const auto& [peer, bucket] : pairs) r->begin_snapshot(peer, bucket);
   std::vector<replication::Entry> holders;
   std::vector<replication::Entry> part;
+  bool complete = true;
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
     drain_journal(*slot);
     holders.clear();
-    slot->shard->snapshot_all(holders);
+    if (!slot->shard->snapshot_all(holders)) complete = false;
     for (const auto& [peer, buckets] : owed) {
       part.clear();
       for (const replication::Entry& e : holders) {
@@ -164,6 +165,13 @@ void Dispatcher::replicate_buckets(
       }
       if (!part.empty()) r->append_snapshot(peer, part);
     }
+  }
+  if (!complete) {
+    // A shard could not name its holders' buckets: these snapshots are not
+    // marked caught up (so no backup takes a bucket over from them), and
+    // every stream starts over at the next restart_streams().
+    r->start_over();
+    return;
   }
   // Whether this node has each bucket active: a backup that takes it over
   // from here then need not wait for history it did not see.

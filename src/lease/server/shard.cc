@@ -474,6 +474,7 @@ void Shard::refuse_by_gate(ClusterGate::Verdict verdict, Message& reply) noexcep
 void Shard::set_gate(std::shared_ptr<const ClusterGate> gate) noexcept {
   gate_ = std::move(gate);
   if (!gate_ || !gate_->routing) return;
+  last_routing_ = gate_->routing;
   for (const auto& [id, w] : waiter_index_) {
     // Relinking a timer changes neither the index nor any queue.
     if (w->multi != nullptr && lost_a_key(*w->multi)) wheel_.schedule(*w, wheel_.now());
@@ -630,14 +631,20 @@ void Shard::take_journal(std::vector<replication::Entry>& out) {
   journal_lost_ = false;
 }
 
-void Shard::snapshot_all(std::vector<replication::Entry>& out) const {
-  if (!gate_ || !gate_->routing) return;
+bool Shard::snapshot_all(std::vector<replication::Entry>& out) const {
+  const RouterSnapshot* routing =
+      gate_ && gate_->routing ? gate_->routing.get() : last_routing_.get();
+  if (routing == nullptr) {
+    return std::all_of(keys_.begin(), keys_.end(),
+                       [](const auto& entry) { return entry.second.holders.empty(); });
+  }
   for (const auto& [key, state] : keys_) {
-    const std::size_t bucket = gate_->bucket_of(key.text);
+    const std::size_t bucket = routing->bucket_of_hash(routing->hash(key.text));
     for (const Holder& h : state.holders) {
       out.push_back(holder_entry(replication::EntryKind::kGrant, bucket, h, 0));
     }
   }
+  return true;
 }
 
 bool Shard::inherit(std::string_view key, const replication::ReplicaHolder& holder,

@@ -301,7 +301,7 @@ TEST_F(ShardGateTest, AHolderValueIsJournaledAndSnapshotted) {
   ASSERT_EQ(journal.size(), 1U);
   EXPECT_EQ(journal[0].value, "10.0.0.7:5432");
   std::vector<replication::Entry> snapshot;
-  shard_->snapshot_all(snapshot);
+  EXPECT_TRUE(shard_->snapshot_all(snapshot));
   ASSERT_EQ(snapshot.size(), 1U);
   EXPECT_EQ(snapshot[0].value, "10.0.0.7:5432");
   EXPECT_EQ(snapshot[0].token, reply.token);
@@ -381,7 +381,7 @@ TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
   ASSERT_EQ(b.type, MessageType::kGranted);
   const Message other = send(kAlice, MessageType::kAcquire, mine_ + "/other");
   std::vector<replication::Entry> snapshot;
-  shard_->snapshot_all(snapshot);
+  EXPECT_TRUE(shard_->snapshot_all(snapshot));
   const std::size_t bucket = shard_->gate()->bucket_of(mine_);
   std::vector<replication::Entry> of_bucket;
   for (const replication::Entry& e : snapshot) {
@@ -394,6 +394,32 @@ TEST_F(ShardGateTest, ASnapshotListsEveryHolderOfTheBucket) {
   EXPECT_EQ(of_bucket[0].mode, LeaseMode::kShared);
   EXPECT_EQ(of_bucket[1].token, b.token);
   EXPECT_EQ(snapshot.size(), other.type == MessageType::kGranted ? 3U : 2U);
+}
+
+// A node that registers again after an eviction publishes a closed gate
+// (no routing) until its buckets are active again, and keeps its holders
+// meanwhile. A snapshot taken then (to a backup of the next map) must still
+// list them: one listing none made the backup count the bucket caught up
+// and empty, and it took the bucket over without a live holder (simulation
+// seed 8106: two holders).
+TEST_F(ShardGateTest, ASnapshotUnderAClosedGateStillListsEveryHolder) {
+  gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
+  const Message a = send(kAlice, MessageType::kAcquire, mine_);
+  ASSERT_EQ(a.type, MessageType::kGranted);
+  const std::size_t bucket = shard_->gate()->bucket_of(mine_);
+  shard_->set_gate(ClusterGate::closed());
+  std::vector<replication::Entry> snapshot;
+  EXPECT_TRUE(shard_->snapshot_all(snapshot));
+  ASSERT_EQ(snapshot.size(), 1U);
+  EXPECT_EQ(snapshot[0].key, mine_);
+  EXPECT_EQ(snapshot[0].bucket, bucket);
+  EXPECT_EQ(snapshot[0].token, a.token);
+  // A shard that never had a routing has no holders to list, and says so.
+  Shard fresh(1, ShardLimits{}, ShardTokens{}, now_);
+  fresh.set_gate(ClusterGate::closed());
+  snapshot.clear();
+  EXPECT_TRUE(fresh.snapshot_all(snapshot));
+  EXPECT_TRUE(snapshot.empty());
 }
 
 TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndRenews) {

@@ -354,9 +354,13 @@ class Shard {
   [[nodiscard]] bool journal_lost() const noexcept { return journal_lost_; }
   [[nodiscard]] bool journal_pending() const noexcept { return journal_lost_ || !journal_.empty(); }
   // Appends a kGrant entry for every live holder, each naming its key's
-  // bucket under the gate's routing, for snapshots (one pass serves many
-  // buckets).
-  void snapshot_all(std::vector<replication::Entry>& out) const;
+  // bucket, for snapshots (one pass serves many buckets). The bucket comes
+  // from the gate's routing or, under a gate without one (closed: a node
+  // that registered again keeps its holders), from the last routing the
+  // shard had: the cluster's buckets are the same in every map. False, and
+  // nothing appended, when holders exist and no routing ever did: such a
+  // snapshot would be incomplete, and must not be marked caught up.
+  [[nodiscard]] bool snapshot_all(std::vector<replication::Entry>& out) const;
   // Takes over a holder a backup replicated (the takeover): it holds `key`
   // until `expiry_ms`, and the granting ACQUIRE's retransmission is
   // answered with the same grant. A holder already there (same owner and
@@ -650,6 +654,8 @@ class Shard {
   ShardLimits limits_;
   ShardTokens tokens_;
   std::shared_ptr<const ClusterGate> gate_;
+  // The routing of the last gate that had one (snapshot_all()).
+  std::shared_ptr<const RouterSnapshot> last_routing_;
   std::vector<replication::Entry> journal_;
   bool journal_lost_ = false;
   // Journals a holder added (kGrant) or dropped (kRelease), when the key's
