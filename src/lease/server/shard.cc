@@ -632,8 +632,8 @@ void Shard::take_journal(std::vector<replication::Entry>& out) {
 }
 
 bool Shard::snapshot_all(std::vector<replication::Entry>& out) const {
-  const RouterSnapshot* routing =
-      gate_ && gate_->routing ? gate_->routing.get() : last_routing_.get();
+  // The gate's routing when it has one (set_gate() keeps it), else the last.
+  const RouterSnapshot* routing = last_routing_.get();
   if (routing == nullptr) {
     return std::all_of(keys_.begin(), keys_.end(),
                        [](const auto& entry) { return entry.second.holders.empty(); });
