@@ -37,6 +37,9 @@ expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock\.a$'
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_lease\.a$'
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?cmake/shardlock/shardlockConfig\.cmake$'
 expect_file /usr/share/doc/shardlock/README.md
+for page in leases lease-server client cluster operations; do  # the README links them
+  expect_file "/usr/share/doc/shardlock/docs/$page.md"
+done
 expect_file /usr/include/shardlock/lease/client/c_api.h
 expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_c\.so\.1$'
 expect_file /usr/share/doc/shardlock/copyright

@@ -25,7 +25,7 @@
 //     the heir is the next to acquire. At most one heir exists at a time.
 //     Hand-offs happen at most once per kHandoffNs, so they cost throughput
 //     only in proportion to kHandoffNs^-1. BasicSpinLock<0> disables them
-//     (pure TTAS). The curve is in the README ("SpinLock fairness knob").
+//     (pure TTAS). The curve is in docs/lock-benchmarks.md ("SpinLock fairness knob").
 //   * Threads > cores: the yield after the spin budget keeps throughput up;
 //     an heir that is descheduled can hold up the lock for up to one
 //     scheduler slice, which the 100 us default makes rare.
