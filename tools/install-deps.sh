@@ -11,7 +11,7 @@
 #   tools/install-deps.sh --cluster  the release set plus etcd (make bench-cluster)
 #   tools/install-deps.sh --failover the cluster set plus ZooKeeper, kazoo and python3-xxhash
 #                                    (make bench-failover)
-#   tools/install-deps.sh --java     only the Java client's build and tests (JDK 17, JUnit 5)
+#   tools/install-deps.sh --java     only the Java client's build and tests (JDK 17, JUnit 5, bcprov)
 #   tools/install-deps.sh --lock-peers the release set plus Redis, etcd and Go with etcd's
 #                                    client sources (make bench-peers)
 #
@@ -45,9 +45,10 @@ testing=(
 # protobuf and their code generators. etcd's .proto files are not here: they
 # come from tools/fetch-etcd-protos.sh (apt-get download, never installed).
 grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
-# The Java client (clients/java) and its ctest: javac, jar and JUnit 5's
-# console launcher, all from Debian; no Maven.
-java=(openjdk-17-jdk-headless junit5)
+# The Java client (clients/java) and its ctest: javac, jar, JUnit 5's
+# console launcher and Bouncy Castle (the datagram MAC), all from Debian; no
+# Maven.
+java=(openjdk-17-jdk-headless junit5 libbcprov-java)
 # etcd itself, for the cluster tests, the torture run and make bench-cluster.
 etcd=(etcd-server etcd-client)
 peers=(libtbb-dev libabsl-dev libck-dev)

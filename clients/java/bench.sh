@@ -11,6 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${BENCH_OUT:-$(mktemp -d)}
 mkdir -p "$out/classes"
-javac --release 17 -encoding UTF-8 -d "$out/classes" \
+bcprov=${BCPROV_JAR:-/usr/share/java/bcprov.jar}
+javac --release 17 -encoding UTF-8 -d "$out/classes" -cp "$bcprov" \
   $(find "$here/src/main/java" "$here/src/bench/java" -name '*.java')
-exec java -cp "$out/classes" io.shardlock.bench.LockBenchmark "$@"
+exec java -cp "$out/classes:$bcprov" io.shardlock.bench.LockBenchmark "$@"

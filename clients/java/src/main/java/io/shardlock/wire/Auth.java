@@ -6,11 +6,14 @@ import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.MessageDigest;
 import java.util.Arrays;
+import org.bouncycastle.crypto.digests.Blake2bDigest;
 
 /**
  * Datagram authentication (include/shardlock/lease/wire/auth.h): server and clients share a
  * 32-byte key; a sealed datagram has {@link Protocol#FLAG_AUTHENTICATED} set and ends in a
- * 16-byte keyed-BLAKE2b tag over every byte before it, flag and padding included.
+ * 16-byte keyed-BLAKE2b tag over every byte before it, flag and padding included. The MAC is
+ * Bouncy Castle's {@link Blake2bDigest} (Debian's libbcprov-java), as the C++ side uses
+ * libsodium's.
  */
 public final class Auth {
   private Auth() {}
@@ -51,7 +54,7 @@ public final class Auth {
     if (datagram.length < Protocol.HEADER_SIZE) throw new IllegalArgumentException("truncated");
     byte[] out = Arrays.copyOf(datagram, datagram.length + Protocol.AUTH_TAG_SIZE);
     out[Protocol.HEADER_FLAGS_OFFSET] |= Protocol.FLAG_AUTHENTICATED;
-    byte[] tag = Blake2b.hash(out, 0, datagram.length, key, Protocol.AUTH_TAG_SIZE);
+    byte[] tag = tag(out, 0, datagram.length, key);
     System.arraycopy(tag, 0, out, datagram.length, tag.length);
     return out;
   }
@@ -64,8 +67,17 @@ public final class Auth {
     if (length < Protocol.HEADER_SIZE + Protocol.AUTH_TAG_SIZE) return -1;
     if ((in[Protocol.HEADER_FLAGS_OFFSET] & Protocol.FLAG_AUTHENTICATED) == 0) return -1;
     int body = length - Protocol.AUTH_TAG_SIZE;
-    byte[] expected = Blake2b.hash(in, 0, body, key, Protocol.AUTH_TAG_SIZE);
+    byte[] expected = tag(in, 0, body, key);
     byte[] tag = Arrays.copyOfRange(in, body, length);
     return MessageDigest.isEqual(expected, tag) ? body : -1;
+  }
+
+  /** The 16-byte keyed-BLAKE2b tag of {@code in[offset, offset + length)} under {@code key}. */
+  static byte[] tag(byte[] in, int offset, int length, byte[] key) {
+    Blake2bDigest mac = new Blake2bDigest(key, Protocol.AUTH_TAG_SIZE, null, null);
+    mac.update(in, offset, length);
+    byte[] out = new byte[Protocol.AUTH_TAG_SIZE];
+    mac.doFinal(out, 0);
+    return out;
   }
 }

@@ -52,7 +52,7 @@ class WireVectorsTest {
   }
 
   static String hex(byte[] b) {
-    return Blake2bTest.hex(b);
+    return AuthTest.hex(b);
   }
 
   static String u(long v) {
