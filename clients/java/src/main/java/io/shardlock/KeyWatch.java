@@ -7,6 +7,7 @@ import io.shardlock.wire.Protocol;
 import java.net.InetSocketAddress;
 import java.time.Duration;
 import java.util.List;
+import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -57,23 +58,21 @@ public final class KeyWatch {
   }
 
   private WatchEvent once(long waitMs) throws InterruptedException {
-    InetSocketAddress node = client.nodeFor(key);
-    Message m = new Message(MessageType.WATCH, client.transport().newRequestId());
-    m.key = key;
-    m.token = sinceToken;
-    m.holders = sinceHolders;
-    m.waitMs = waitMs;
     long timeout = TimeUnit.MILLISECONDS.toNanos(waitMs) + client.requestTimeoutNanos();
     long mismatches = client.transport().authMismatches();
-    Transport.PendingCall call = client.transport().call(node, m, client.clientLo(),
-        client.clientHi(), timeout);
-    Message reply;
-    try {
-      reply = ShardLockClient.await(call.future, true);
-    } catch (InterruptedException e) {
-      client.transport().abandon(m.requestId, call);
-      throw e;
-    }
+    long end = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(waitMs);
+    CompletableFuture<ShardLockClient.Routed> call = client.routed(key, () -> {
+      Message m = new Message(MessageType.WATCH, client.transport().newRequestId());
+      m.key = key;
+      m.token = sinceToken;
+      m.holders = sinceHolders;
+      // A follow-up at another node asks for the wait left (at least 1 ms).
+      m.waitMs = waitMs == 0 ? 0 : Math.max(1, Math.min(waitMs, (end - System.nanoTime()) / 1_000_000));
+      return m;
+    }, client.clientLo(), client.clientHi(), System.nanoTime() + timeout);
+    ShardLockClient.Routed routed = ShardLockClient.await(call, true);
+    Message reply = routed.reply;
+    InetSocketAddress node = routed.node;
     if (reply == null) throw client.unreachable(node, "WATCH", name, timeout, mismatches);
     switch (reply.type) {
       case HOLDERS_REPLY: {

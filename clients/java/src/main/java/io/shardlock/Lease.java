@@ -33,7 +33,10 @@ public final class Lease implements AutoCloseable {
   private final LeaseMode mode;
   final long ownerLo;
   final long ownerHi;
-  private final InetSocketAddress node;
+  // The node that last answered (or was asked) for this lease, for the client's messages: the
+  // granting one at first. Renewals and releases go to the key's owner now, which in cluster
+  // mode may be another node (a backup that took the key over holds the lease).
+  private volatile InetSocketAddress node;
   private final long ttlMs;
   private final boolean watchdog;
   private final List<Consumer<LeaseLostException>> listeners = new CopyOnWriteArrayList<>();
@@ -134,8 +137,11 @@ public final class Lease implements AutoCloseable {
   }
 
   /**
-   * RENEW at the node that granted the lease, for its TTL; blocks up to the request timeout. A
-   * NOT_OWNER, EXPIRED or REDIRECT answer means the lease is lost: the listeners run and this
+   * RENEW at the key's owner, for its TTL; blocks up to the request timeout. That is the node
+   * that granted the lease, or in cluster mode the key's owner under the client's current map
+   * (with --replicas the backup that took a dead primary's keys over holds its leases), found
+   * as an acquire finds it (REDIRECTs followed, the map refreshed when the node falls silent).
+   * A NOT_OWNER, EXPIRED or REDIRECT answer means the lease is lost: the listeners run and this
    * throws {@link LeaseLostException}.
    */
   public void renew() {
@@ -165,11 +171,8 @@ public final class Lease implements AutoCloseable {
       state = State.RELEASED;
       if (look != null) look.cancel(false);
     }
-    Message m = new Message(MessageType.RELEASE, client.transport().newRequestId());
-    m.key = key;
-    m.token = token;
-    Message reply = await(client.transport()
-        .call(node, m, ownerLo, ownerHi, client.requestTimeoutNanos()).future);
+    Message reply = await(client.routed(key, () -> request(MessageType.RELEASE), ownerLo, ownerHi,
+        System.nanoTime() + client.requestTimeoutNanos()).thenApply(this::answeredBy));
     if (lost != null) throw lost;
     if (reply == null) {
       throw client.unreachable(node, "RELEASE", name, client.requestTimeoutNanos(), -1);
@@ -205,16 +208,28 @@ public final class Lease implements AutoCloseable {
       state = State.RELEASED;
       if (look != null) look.cancel(false);
     }
-    Message m = new Message(MessageType.RELEASE, client.transport().newRequestId());
-    m.key = key;
-    m.token = token;
-    client.transport().sendOnce(node, m, ownerLo, ownerHi);
+    client.transport().sendOnce(client.nodeFor(key), request(MessageType.RELEASE), ownerLo,
+        ownerHi, client.mapEpoch() == 0 ? null : client.mapEpoch());
   }
 
   @Override
   public String toString() {
     return "Lease(" + name + ", token=" + Long.toUnsignedString(token) + ", " + mode + ", owner="
         + owner() + ", valid=" + isValid() + ")";
+  }
+
+  /** A RELEASE or RENEW of this lease, a fresh request id. */
+  private Message request(MessageType type) {
+    Message m = new Message(type, client.transport().newRequestId());
+    m.key = key;
+    m.token = token;
+    if (type == MessageType.RENEW) m.ttlMs = ttlMs;
+    return m;
+  }
+
+  private Message answeredBy(ShardLockClient.Routed routed) {
+    node = routed.node;
+    return routed.reply;
   }
 
   private static Message await(CompletableFuture<Message> future) {
@@ -244,12 +259,9 @@ public final class Lease implements AutoCloseable {
 
   /** One RENEW and its bookkeeping; the future gets the reply (null: unanswered). */
   private CompletableFuture<Message> renewAsync(long timeoutNanos) {
-    Message m = new Message(MessageType.RENEW, client.transport().newRequestId());
-    m.key = key;
-    m.token = token;
-    m.ttlMs = ttlMs;
     long sent = System.nanoTime();
-    return client.transport().call(node, m, ownerLo, ownerHi, timeoutNanos).future
+    return client.routed(key, () -> request(MessageType.RENEW), ownerLo, ownerHi,
+        sent + timeoutNanos).thenApply(this::answeredBy)
         .thenApply(reply -> {
           if (reply != null) onRenewReply(reply, sent);
           return reply;

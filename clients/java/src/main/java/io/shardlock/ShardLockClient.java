@@ -49,8 +49,11 @@ public final class ShardLockClient implements AutoCloseable {
   // The servers in the router's order (its ids are the addresses as written, weight 1 each, as
   // the C++ client's ClientRouting), and the router over them; null for one server.
   private final java.util.List<InetSocketAddress> nodes = new java.util.ArrayList<>();
-  private final java.util.Map<InetSocketAddress, String> nodeTexts = new java.util.HashMap<>();
+  private final ConcurrentHashMap<InetSocketAddress, String> nodeTexts =
+      new ConcurrentHashMap<>();
   private final io.shardlock.route.Router router;
+  // Cluster mode (discover(true)): the cluster's map, which routes every key; null otherwise.
+  private final ClusterDirectory directory;
   private final Transport transport;
   private final ScheduledThreadPoolExecutor timer;
   private final ExecutorService events;
@@ -69,15 +72,12 @@ public final class ShardLockClient implements AutoCloseable {
 
   private ShardLockClient(ShardLockConfig config) throws IOException {
     this.config = config;
-    if (config.discover()) {
-      throw new UnsupportedOperationException("cluster discovery (discover(true)) is not in this "
-          + "version of the Java client yet: give the one server that owns the keys");
-    }
     java.util.List<io.shardlock.route.Router.Member> members = new java.util.ArrayList<>();
     java.util.Map<String, InetSocketAddress> byText = new java.util.HashMap<>();
+    java.util.List<InetSocketAddress> seeds = new java.util.ArrayList<>();
     for (String text : config.servers()) {
       InetSocketAddress address = parseServer(text);
-      if (nodeTexts.containsKey(address)) {
+      if (!config.discover() && nodeTexts.containsKey(address)) {
         throw new IllegalArgumentException("servers '" + nodeTexts.get(address) + "' and '" + text
             + "' are the same address: each server must be listed once");
       }
@@ -85,13 +85,14 @@ public final class ShardLockClient implements AutoCloseable {
           != (nodeTexts.keySet().iterator().next().getAddress() instanceof Inet6Address)) {
         throw new IllegalArgumentException("the servers must all be IPv4 or all IPv6");
       }
-      nodeTexts.put(address, text);
+      nodeTexts.putIfAbsent(address, text);
       byText.put(text, address);
+      if (!seeds.contains(address)) seeds.add(address);
       members.add(new io.shardlock.route.Router.Member(text.getBytes(StandardCharsets.UTF_8), 1));
     }
-    if (members.size() == 1) {
+    if (config.discover() || members.size() == 1) {
       this.router = null;
-      nodes.add(byText.get(config.servers().get(0)));
+      nodes.addAll(seeds);
     } else {
       this.router = new io.shardlock.route.Router(members);
       for (byte[] id : router.ids()) nodes.add(byText.get(new String(id, StandardCharsets.UTF_8)));
@@ -112,12 +113,22 @@ public final class ShardLockClient implements AutoCloseable {
     this.clientHi = random.nextLong();
     this.transport = new Transport(server.getAddress() instanceof Inet6Address, key, timer,
         config.initialRetransmit().toNanos(), config.maxRetransmit().toNanos());
+    this.directory = config.discover() ? new ClusterDirectory(this, seeds, nodeTexts) : null;
+    if (directory != null) {
+      try {
+        directory.discover();
+      } catch (RuntimeException e) {
+        close();
+        throw e;
+      }
+    }
   }
 
   /**
    * A client for {@code config}'s server. Throws IllegalArgumentException for an address that
    * does not parse or resolve, UncheckedIOException when the socket or key file cannot be
-   * opened.
+   * opened. With {@code discover(true)} it reads the cluster's map from the seeds first, and
+   * throws {@link UnreachableException} (naming each seed's reason) when none gives one.
    */
   public static ShardLockClient create(ShardLockConfig config) {
     try {
@@ -320,7 +331,8 @@ public final class ShardLockClient implements AutoCloseable {
     AcquireOperation op = new AcquireOperation(String.join(",", keys), new byte[0], mode, 0,
         ttlMs, waitNanos, watchdog, newOwnerLo());
     op.many = java.util.List.copyOf(keys);
-    op.server = nodeFor(keyBytes(keys.get(0)));
+    op.routeKey = keyBytes(keys.get(0));
+    op.server = nodeFor(op.routeKey);
     for (String k : keys) {
       if (!nodeFor(keyBytes(k)).equals(op.server)) {
         throw new IllegalArgumentException("the keys are owned by different servers ('"
@@ -389,16 +401,197 @@ public final class ShardLockClient implements AutoCloseable {
   }
 
   /**
-   * The server that owns {@code key}: the only one, or its owner under the Router over the
-   * servers as written (weight 1 each), so every client agrees whatever order it lists them in.
+   * The server that owns {@code key}: its owner under the cluster's current map (cluster mode),
+   * the only one, or its owner under the Router over the servers as written (weight 1 each), so
+   * every client agrees whatever order it lists them in.
    */
   InetSocketAddress nodeFor(byte[] key) {
+    if (directory != null) return directory.current().ownerOf(key);
     return router == null ? nodes.get(0) : nodes.get(router.ownerIndex(key));
   }
 
-  /** The "host:port" a call on {@code key} goes to. */
+  /** The "host:port" a call on {@code key} goes to (now: a cluster's map may change). */
   public String addressFor(String key) {
-    return nodeTexts.get(nodeFor(keyBytes(key)));
+    byte[] k = keyBytes(key);
+    if (directory != null) return directory.current().textOf(k);
+    return nodeTexts.get(nodeFor(k));
+  }
+
+  /** Cluster mode: the epoch of the map the client routes by; 0 otherwise. */
+  public long mapEpoch() {
+    return directory == null ? 0 : directory.current().epoch;
+  }
+
+  /** Cluster mode: the map's members as "host:port", in the Router's order; empty otherwise. */
+  public java.util.List<String> mapMembers() {
+    return directory == null ? java.util.List.of() : directory.current().texts;
+  }
+
+  /** Where a routed call ended: its last reply (null: none by the deadline), from which node. */
+  static final class Routed {
+    final Message reply;
+    final InetSocketAddress node;
+    final long sent;  // the first send of the request id that was answered
+
+    Routed(Message reply, InetSocketAddress node, long sent) {
+      this.reply = reply;
+      this.node = node;
+      this.sent = sent;
+    }
+  }
+
+  /**
+   * One call on {@code key} to its owner until {@code deadline} (System.nanoTime()), each attempt
+   * a fresh request id from {@code make}. In cluster mode (the C++ CallEngine, the Python
+   * client's _routed_steps) every datagram carries the routing map's epoch; a REDIRECT from a
+   * node with a newer map refreshes ours from that node first and goes to the owner under it
+   * (at most {@link ClusterDirectory#MAX_REDIRECTS} hops), one from a node behind ours is asked
+   * again there after 20 ms; every {@link ClusterDirectory#SILENT_SENDS} unanswered sends
+   * refresh the map from the members and seeds (the silent node last), and a call whose key
+   * moved goes to its new owner. Without a map a REDIRECT is the answer. The future completes
+   * with the final answer (RECOVERING is the caller's); cancelling it gives up the attempt in
+   * flight (a late grant is released).
+   */
+  CompletableFuture<Routed> routed(byte[] key, java.util.function.Supplier<Message> make,
+      long ownerLo, long ownerHi, long deadline) {
+    RoutedCall call = new RoutedCall(key, make, ownerLo, ownerHi, deadline);
+    call.attempt();
+    return call.result;
+  }
+
+  private final class RoutedCall {
+    final byte[] key;
+    final java.util.function.Supplier<Message> make;
+    final long ownerLo;
+    final long ownerHi;
+    final long deadline;
+    final CompletableFuture<Routed> result = new CompletableFuture<>();
+    int redirects;
+    Message lastReply;
+    InetSocketAddress lastNode;
+    long lastSent;
+    volatile Attempt inFlight;
+
+    /** One request id at one node. */
+    final class Attempt {
+      final InetSocketAddress node;
+      final ClusterDirectory.ClusterMap routedBy;
+      final long requestId;
+      final long sent = System.nanoTime();
+      final java.util.concurrent.atomic.AtomicBoolean settled =
+          new java.util.concurrent.atomic.AtomicBoolean();
+      Transport.PendingCall call;
+
+      Attempt(InetSocketAddress node, ClusterDirectory.ClusterMap routedBy, long requestId) {
+        this.node = node;
+        this.routedBy = routedBy;
+        this.requestId = requestId;
+      }
+
+      /** Gives this attempt up unless it was answered; true if it was given up. */
+      boolean giveUp() {
+        if (!settled.compareAndSet(false, true)) return false;
+        transport.abandon(requestId, call);
+        return true;
+      }
+    }
+
+    RoutedCall(byte[] key, java.util.function.Supplier<Message> make, long ownerLo,
+        long ownerHi, long deadline) {
+      this.key = key;
+      this.make = make;
+      this.ownerLo = ownerLo;
+      this.ownerHi = ownerHi;
+      this.deadline = deadline;
+      result.whenComplete((r, error) -> {
+        if (error instanceof CancellationException) {
+          Attempt a = inFlight;
+          if (a != null) a.giveUp();
+        }
+      });
+    }
+
+    void attempt() {
+      if (result.isDone()) return;
+      long now = System.nanoTime();
+      if (lastNode != null && now - deadline >= 0) {
+        result.complete(new Routed(lastReply, lastNode, lastSent));
+        return;
+      }
+      ClusterDirectory.ClusterMap map = directory == null ? null : directory.current();
+      InetSocketAddress node = map != null ? map.ownerOf(key) : nodeFor(key);
+      Message m = make.get();
+      Attempt a = new Attempt(node, map, m.requestId);
+      Runnable onSilent = map == null ? null : () -> onSilent(a);
+      a.call = transport.call(node, m, ownerLo, ownerHi, Math.max(1, deadline - now),
+          map == null ? null : map.epoch, onSilent);
+      inFlight = a;
+      if (result.isCancelled()) {
+        a.giveUp();
+        return;
+      }
+      a.call.future.whenComplete((reply, error) -> {
+        if (!a.settled.compareAndSet(false, true)) return;  // moved on, or cancelled
+        if (error != null) {
+          if (!(error instanceof CancellationException)) result.completeExceptionally(error);
+          return;
+        }
+        try {
+          answered(a, reply);
+        } catch (RuntimeException e) {
+          result.completeExceptionally(e);
+        }
+      });
+    }
+
+    /** Cluster mode, SILENT_SENDS more sends unanswered: refresh, and move if the key moved. */
+    private void onSilent(Attempt a) {
+      directory.refresh(null, a.node).whenComplete((v, e) -> {
+        ClusterDirectory.ClusterMap now = directory.current();
+        if (now == a.routedBy || now.ownerOf(key).equals(a.node)) return;
+        if (a.giveUp()) attempt();
+      });
+    }
+
+    private void answered(Attempt a, Message reply) {
+      lastReply = reply;
+      lastNode = a.node;
+      lastSent = a.sent;
+      if (reply == null || reply.type != MessageType.REDIRECT || a.routedBy == null) {
+        result.complete(new Routed(reply, a.node, a.sent));
+        return;
+      }
+      boolean behind = Long.compareUnsigned(reply.epoch, a.routedBy.epoch) < 0
+          && directory.current() == a.routedBy;
+      if (behind) {
+        later(a);  // the node will catch up with our map: not a hop
+        return;
+      }
+      if (++redirects > ClusterDirectory.MAX_REDIRECTS) {
+        result.complete(new Routed(reply, a.node, a.sent));
+        return;
+      }
+      if (Long.compareUnsigned(reply.epoch, a.routedBy.epoch) > 0) {
+        directory.refresh(a.node, null).whenComplete((v, e) -> later(a));
+      } else {
+        later(a);
+      }
+    }
+
+    /** Asks again: at once if the map changed since {@code a} was routed, else after 20 ms. */
+    private void later(Attempt a) {
+      if (directory.current() != a.routedBy) {
+        attempt();
+        return;
+      }
+      long delay = Math.max(0, Math.min(ClusterDirectory.REDIRECT_RETRY_NANOS,
+          deadline - System.nanoTime()));
+      try {
+        timer.schedule(this::attempt, delay, TimeUnit.NANOSECONDS);
+      } catch (java.util.concurrent.RejectedExecutionException e) {
+        result.completeExceptionally(new ClientClosedException());
+      }
+    }
   }
 
   /** What a silent call means: no answer at all, or answers that failed authentication. */
@@ -475,6 +668,7 @@ public final class ShardLockClient implements AutoCloseable {
     final long ownerLo;
     long roundMs;
     long askedMs;
+    long roundEnd;  // System.nanoTime() when the round's wait ends
     InetSocketAddress server;  // the key's node (a multi-key acquire's: every key's)
     byte[] value = new byte[0];  // the holder value
     final long mismatchesAtStart = transport.authMismatches();
@@ -484,8 +678,9 @@ public final class ShardLockClient implements AutoCloseable {
     byte[] keyList;
     final CompletableFuture<java.util.List<Lease>> manyResult = new CompletableFuture<>();
     // The round in flight, for cancel().
-    volatile long requestId;
-    volatile Transport.PendingCall call;
+    volatile CompletableFuture<Routed> inFlight;
+    // The key that routes the rounds (a multi-key acquire's first).
+    byte[] routeKey;
 
     AcquireOperation(String name, byte[] key, LeaseMode mode, int permits, long ttlMs,
         long waitNanos, boolean watchdog, long ownerLo) {
@@ -499,13 +694,13 @@ public final class ShardLockClient implements AutoCloseable {
       this.waitEnd = System.nanoTime() + Math.max(0, waitNanos);
       this.watchdog = watchdog;
       this.ownerLo = ownerLo;
-      this.server = key.length > 0 ? nodeFor(key) : nodes.get(0);
+      this.routeKey = key;
       this.roundMs = forever ? USUAL_MAX_WAIT_MS
           : Math.min(0xFFFFFFFFL, (waitNanos + 999_999) / 1_000_000);
       result.whenComplete((lease, error) -> {
         if (error instanceof CancellationException) {
-          Transport.PendingCall c = call;
-          if (c != null) transport.abandon(requestId, c);
+          CompletableFuture<Routed> c = inFlight;
+          if (c != null) c.cancel(false);
         } else if (error != null) {
           manyResult.completeExceptionally(error);
         }
@@ -529,10 +724,38 @@ public final class ShardLockClient implements AutoCloseable {
     private void round() {
       if (result.isDone()) return;
       askedMs = nextWaitMs();
+      roundEnd = System.nanoTime() + TimeUnit.MILLISECONDS.toNanos(askedMs);
+      long timeout = TimeUnit.MILLISECONDS.toNanos(askedMs) + requestTimeoutNanos;
+      CompletableFuture<Routed> c = routed(routeKey, this::request, ownerLo, clientHi,
+          System.nanoTime() + timeout);
+      inFlight = c;
+      if (result.isCancelled()) {
+        c.cancel(false);
+        return;
+      }
+      c.whenComplete((routed, error) -> {
+        if (error != null) {
+          if (!(error instanceof CancellationException)) result.completeExceptionally(error);
+          return;
+        }
+        try {
+          server = routed.node;
+          answer(routed.reply, routed.sent, timeout);
+        } catch (RuntimeException e) {
+          result.completeExceptionally(e);
+        }
+      });
+    }
+
+    /** The round's request, a fresh request id each time (a REDIRECT or a move asks again). */
+    private Message request() {
       Message m = new Message(acquireType(), transport.newRequestId());
       m.key = key;
       m.ttlMs = ttlMs;
-      m.waitMs = askedMs;
+      // A follow-up within the round asks for the round's wait left (at least 1 ms: 0 would
+      // make it a try).
+      long left = (roundEnd - System.nanoTime() + 999_999) / 1_000_000;
+      m.waitMs = askedMs == 0 ? 0 : Math.max(1, Math.min(askedMs, left));
       m.permits = permits;
       m.value = value;
       if (many != null) {
@@ -540,26 +763,7 @@ public final class ShardLockClient implements AutoCloseable {
         m.keyCount = many.size();
         m.keyList = keyList;
       }
-      long sent = System.nanoTime();
-      long timeout = TimeUnit.MILLISECONDS.toNanos(askedMs) + requestTimeoutNanos;
-      Transport.PendingCall c = transport.call(server, m, ownerLo, clientHi, timeout);
-      requestId = m.requestId;
-      call = c;
-      if (result.isCancelled()) {
-        transport.abandon(m.requestId, c);
-        return;
-      }
-      c.future.whenComplete((reply, error) -> {
-        if (error != null) {
-          if (!(error instanceof CancellationException)) result.completeExceptionally(error);
-          return;
-        }
-        try {
-          answer(reply, sent, timeout);
-        } catch (RuntimeException e) {
-          result.completeExceptionally(e);
-        }
-      });
+      return m;
     }
 
     private MessageType acquireType() {

@@ -58,6 +58,10 @@ final class Transport implements AutoCloseable {
     /** Completed with the reply, or null when the deadline passed unanswered. */
     final CompletableFuture<Message> future = new CompletableFuture<>();
     long interval;  // the timer thread's alone
+    int sends;  // the timer thread's alone
+    // Cluster mode: run on the timer thread after every SILENT_SENDS unanswered sends, so the
+    // caller can refresh its map and move the call to the key's new owner.
+    Runnable onSilent;
     byte[] keyList = new byte[0];  // ACQUIRE_MANY: its keys, to release a late grant
     int keyCount;
     volatile boolean abandoned;
@@ -136,7 +140,17 @@ final class Transport implements AutoCloseable {
    */
   PendingCall call(InetSocketAddress node, Message m, long ownerLo, long ownerHi,
       long timeoutNanos) {
-    byte[] bytes = encode(m, ownerLo, ownerHi, null);
+    return call(node, m, ownerLo, ownerHi, timeoutNanos, null, null);
+  }
+
+  /**
+   * As {@link #call(InetSocketAddress, Message, long, long, long)}, the datagram carrying {@code
+   * epoch} (the cluster map's that routed it; null: none), and {@code onSilent} (null: none)
+   * run after every {@link ClusterDirectory#SILENT_SENDS} sends still unanswered.
+   */
+  PendingCall call(InetSocketAddress node, Message m, long ownerLo, long ownerHi,
+      long timeoutNanos, Long epoch, Runnable onSilent) {
+    byte[] bytes = encode(m, ownerLo, ownerHi, epoch);
     PendingCall call = new PendingCall(m.type, m.key, bytes, node, ownerLo, ownerHi,
         System.nanoTime() + timeoutNanos);
     if (closed) {
@@ -145,6 +159,7 @@ final class Transport implements AutoCloseable {
     }
     call.keyList = m.keyList;
     call.keyCount = m.keyCount;
+    call.onSilent = onSilent;
     calls.put(m.requestId, call);
     call.interval = initialRetransmitNanos;
     transmit(m.requestId, call);
@@ -153,8 +168,12 @@ final class Transport implements AutoCloseable {
 
   /** One datagram, no answer awaited (a best-effort RELEASE). */
   void sendOnce(InetSocketAddress node, Message m, long ownerLo, long ownerHi) {
+    sendOnce(node, m, ownerLo, ownerHi, null);
+  }
+
+  void sendOnce(InetSocketAddress node, Message m, long ownerLo, long ownerHi, Long epoch) {
     if (closed) return;
-    send(encode(m, ownerLo, ownerHi, null), node);
+    send(encode(m, ownerLo, ownerHi, epoch), node);
   }
 
   /**
@@ -177,7 +196,12 @@ final class Transport implements AutoCloseable {
       call.future.complete(null);
       return;
     }
-    if (!call.abandoned) send(call.datagram, call.node);
+    if (!call.abandoned) {
+      send(call.datagram, call.node);
+      if (call.onSilent != null && ++call.sends % ClusterDirectory.SILENT_SENDS == 0) {
+        call.onSilent.run();
+      }
+    }
     double jitter = ThreadLocalRandom.current().nextDouble(0.75, 1.25);
     long wait = Math.min((long) (call.interval * jitter), left);
     call.interval = Math.min(call.interval * 2, maxRetransmitNanos);

@@ -85,7 +85,23 @@ class ClientErrorsTest {
         () -> ShardLockConfig.builder().requestTimeout(Duration.ZERO));
     assertThrows(IllegalArgumentException.class,
         () -> ShardLockClient.create(ShardLockConfig.builder().servers("no-port").build()));
-    assertThrows(UnsupportedOperationException.class, () -> ShardLockClient.create(
-        ShardLockConfig.builder().servers("127.0.0.1:1").discover(true).build()));
+  }
+
+  @Test
+  void discoverWithoutAClusterSaysWhy() throws Exception {
+    int port;
+    try (DatagramSocket s = new DatagramSocket(0)) {
+      port = s.getLocalPort();
+    }
+    String silent = "127.0.0.1:" + port;
+    try (Daemon daemon = new Daemon("0ms")) {
+      // One seed that is not a cluster node (its map has epoch 0), one that does not answer.
+      UnreachableException e = assertThrows(UnreachableException.class, () -> ShardLockClient
+          .create(ShardLockConfig.builder().servers(daemon.address + "," + silent)
+              .discover(true).requestTimeout(Duration.ofMillis(300)).build()));
+      assertTrue(e.getMessage().contains(daemon.address + ": not a cluster node"),
+          e.getMessage());
+      assertTrue(e.getMessage().contains(silent + ": no answer"), e.getMessage());
+    }
   }
 }
