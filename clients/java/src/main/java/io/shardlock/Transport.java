@@ -62,6 +62,9 @@ final class Transport implements AutoCloseable {
     // Cluster mode: run on the timer thread after every SILENT_SENDS unanswered sends, so the
     // caller can refresh its map and move the call to the key's new owner.
     Runnable onSilent;
+    // The next retransmission, cancelled when the call is answered so answered calls do not
+    // fill the timer's queue (and wake its thread) until their next interval.
+    volatile java.util.concurrent.ScheduledFuture<?> retransmission;
     byte[] keyList = new byte[0];  // ACQUIRE_MANY: its keys, to release a late grant
     int keyCount;
     volatile boolean abandoned;
@@ -206,7 +209,8 @@ final class Transport implements AutoCloseable {
     long wait = Math.min((long) (call.interval * jitter), left);
     call.interval = Math.min(call.interval * 2, maxRetransmitNanos);
     try {
-      timer.schedule(() -> transmit(requestId, call), wait, TimeUnit.NANOSECONDS);
+      call.retransmission =
+          timer.schedule(() -> transmit(requestId, call), wait, TimeUnit.NANOSECONDS);
     } catch (java.util.concurrent.RejectedExecutionException e) {
       calls.remove(requestId, call);
       call.future.completeExceptionally(new ClientClosedException());
@@ -261,6 +265,8 @@ final class Transport implements AutoCloseable {
       if (!call.type.answeredBy(reply.type)) continue;
       if (reply.type.replyCarriesKey() && !Arrays.equals(reply.key, call.key)) continue;
       if (!calls.remove(reply.requestId, call)) continue;
+      java.util.concurrent.ScheduledFuture<?> next = call.retransmission;
+      if (next != null) next.cancel(false);
       if (call.abandoned) {
         if (reply.type == MessageType.GRANTED) {
           Message release = new Message(MessageType.RELEASE, newRequestId());
