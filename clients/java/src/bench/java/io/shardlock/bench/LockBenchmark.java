@@ -1,6 +1,5 @@
 package io.shardlock.bench;
 
-import io.shardlock.Lease;
 import io.shardlock.ShardLockClient;
 import io.shardlock.ShardLockConfig;
 import java.util.Arrays;
@@ -27,13 +26,25 @@ public final class LockBenchmark {
     double seconds = args.length > 1 ? Double.parseDouble(args[1]) : 5;
     try (ShardLockClient client = ShardLockClient.create(
         ShardLockConfig.builder().servers(args[0]).build())) {
-      run(client, 4, Math.min(1.0, seconds), false);  // warm-up: JIT, socket buffers
+      Pair pair = (id, i) -> client.acquire("bench/" + id + "/" + (i % 64), 10, 0,
+          TimeUnit.SECONDS, false).release();
+      measure(4, Math.min(1.0, seconds), false, pair);  // warm-up: JIT, socket buffers
       System.out.printf("%-8s %12s %10s %10s%n", "threads", "pairs/s", "p50 us", "p99 us");
-      for (int threads : new int[] {1, 16}) run(client, threads, seconds, true);
+      for (int threads : new int[] {1, 16}) measure(threads, seconds, true, pair);
     }
   }
 
-  private static void run(ShardLockClient client, int threads, double seconds, boolean print)
+  /** One acquire+release by thread {@code id}, its {@code i}-th. */
+  @FunctionalInterface
+  public interface Pair {
+    void run(int id, long i) throws Exception;
+  }
+
+  /**
+   * Runs {@code pair} back to back on {@code threads} threads for {@code seconds}; prints the
+   * pairs/s and the p50/p99 of a pair when {@code print}.
+   */
+  public static void measure(int threads, double seconds, boolean print, Pair pair)
       throws Exception {
     AtomicBoolean stop = new AtomicBoolean();
     long[][] samples = new long[threads][];
@@ -48,9 +59,7 @@ public final class LockBenchmark {
         try {
           for (long i = 0; !stop.get(); ++i) {
             long start = System.nanoTime();
-            Lease lease = client.acquire("bench/" + id + "/" + (i % 64), 10, 0, TimeUnit.SECONDS,
-                false);
-            lease.release();
+            pair.run(id, i);
             long took = System.nanoTime() - start;
             if (n == mine.length) mine = Arrays.copyOf(mine, n * 2);
             mine[n++] = took;
