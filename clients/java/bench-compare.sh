@@ -22,14 +22,8 @@ if [ "${1:-}" = "--zookeeper" ]; then
 fi
 seconds=${1:-5}
 build=${2:-$here/../../build/release}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=bench-common.sh
+. "$here/bench-common.sh"
 
 grep -m1 "model name" /proc/cpuinfo || true
 echo "cores: $(nproc); load: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -13,14 +13,8 @@ seconds=${1:-5}
 zk=/usr/share/java/zookeeper.jar
 [ -r "$zk" ] || { echo "bench-zookeeper.sh: no $zk (apt-get install zookeeper)" >&2; exit 1; }
 out=${BENCH_OUT:-$(mktemp -d)}
-work=$(mktemp -d)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
+# shellcheck source=bench-common.sh
+. "$here/bench-common.sh"
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
