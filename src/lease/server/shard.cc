@@ -12,26 +12,6 @@
 
 namespace shardlock::lease::internal {
 
-Message DeferredReply::message() const noexcept {
-  Message m;
-  m.type = type;
-  m.request_id = request_id;
-  m.key = key;
-  m.token = token;
-  m.ttl_ms = ttl_ms;
-  m.error = error;
-  m.epoch = epoch;
-  m.retry_after_ms = retry_after_ms;
-  m.mode = mode;
-  m.permits = permits;
-  m.waiters = waiters;
-  m.holders = holders;
-  m.first_holder = first_holder;
-  m.holder_list_count = holder_list_count;
-  m.holder_list = holder_entries;
-  return m;
-}
-
 Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
              std::int64_t now_ms)
     : index_(index),
@@ -840,22 +820,6 @@ Shard::Waiter& Shard::enqueue(KeyState& state, const ClientId& client, std::uint
   w.state = &state;
   return w;
 }
-
-namespace {
-
-// A deferred answer to the parked request `r` (a Waiter or a Watch): where
-// it goes and the bytes it may take.
-template <class Parked>
-DeferredReply addressed_to(const Parked& r) {
-  DeferredReply out;
-  out.peer = r.peer;
-  out.client = r.client;
-  out.request_id = r.request_id;
-  out.reply_credit = r.reply_credit;
-  return out;
-}
-
-}  // namespace
 
 void Shard::defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
                   std::vector<DeferredReply>& deferred) noexcept {

@@ -66,8 +66,10 @@
 
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/deferred_reply.h"
 #include "shardlock/lease/server/internal/grant_log.h"
 #include "shardlock/lease/server/internal/hot_keys.h"
+#include "shardlock/lease/server/internal/multi_acquire.h"
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/server/internal/token_store.h"
@@ -118,80 +120,6 @@ struct HotKeyCount {
   std::uint32_t holders = 0;  // now
   std::uint32_t waiters = 0;  // now
 };
-
-// One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
-// through their pending holders and waiters of its parts.
-struct MultiAcquire {
-  struct Part {
-    std::string key;
-    std::uint64_t hash = 0;   // hash_key(key)
-    std::uint32_t shard = 0;  // the Dispatcher's shard index
-    std::uint8_t index = 0;   // position in the request's key list
-    std::uint64_t token = 0;  // once taken
-  };
-  ClientId client;
-  std::uint64_t request_id = 0;
-  Peer peer;
-  LeaseMode mode = LeaseMode::kExclusive;
-  std::uint32_t ttl_ms = 0;
-  std::int64_t wait_deadline_ms = 0;  // arrival + wait_ms
-  std::uint16_t reply_credit = 0;
-  std::uint64_t fingerprint = 0;  // the Dispatcher's, for retransmissions
-  std::vector<Part> parts;        // in the global order (shard, hash, key)
-  std::size_t taken = 0;          // parts[0, taken) are held, pending until confirmed
-  // A step whose DeferredReply could not be allocated waits here, linked in
-  // its shard's stalled list (no allocation), for the Dispatcher's next tick.
-  MessageType stalled_step = MessageType::kGranted;
-  MultiAcquire* next_stalled = nullptr;
-};
-
-// An answer decided after its request: a queued ACQUIRE granted on hand-off,
-// or timed out.
-struct DeferredReply {
-  Peer peer;
-  ClientId client;
-  std::uint64_t request_id = 0;
-  // kGranted, kTimeout, kError, or (the cluster gate refused the grant)
-  // kRedirect or kRecovering.
-  MessageType type = MessageType::kGranted;
-  std::string key;
-  std::uint64_t token = 0;
-  std::uint32_t ttl_ms = 0;
-  std::uint64_t epoch = 0;           // kRedirect
-  std::uint32_t retry_after_ms = 0;  // kRecovering
-  WireError error = WireError::kInternal;
-  // Bytes this reply may take: what the queueing datagram left for it
-  // (anti-amplification); LeaseServer withholds a larger reply.
-  std::uint16_t reply_credit = 0;
-  // kHoldersReply (a WATCH's answer): the key's summary and a tail page of
-  // its holders, as HOLDERS_REPLY carries them (holder_entries is the
-  // holder list's bytes).
-  LeaseMode mode = LeaseMode::kExclusive;
-  std::uint32_t permits = 0;
-  std::uint32_t waiters = 0;
-  std::uint32_t holders = 0;
-  std::uint32_t first_holder = 0;
-  std::uint8_t holder_list_count = 0;
-  std::vector<std::uint8_t> holder_entries;
-  // Not a reply but a step of this ACQUIRE_MANY for the Dispatcher: its
-  // queued part was granted (kGranted; `multi->taken` counts it), its wait
-  // ran out (kTimeout), or a token could not be issued (kError).
-  MultiAcquire* multi = nullptr;
-
-  // A view of this reply; valid while *this is.
-  [[nodiscard]] Message message() const noexcept;
-};
-
-// The holder-list bytes a WATCH's HOLDERS_REPLY for a key of `key_length`
-// bytes may carry within `reply_credit` bytes, framed as a single message (a
-// later answer is one; a batch item's header is smaller than the datagram
-// header counted here).
-[[nodiscard]] constexpr std::size_t watch_reply_room(std::size_t reply_credit,
-                                                     std::size_t key_length) noexcept {
-  const std::size_t fixed =
-      kHeaderSize + message_body(MessageType::kHoldersReply)->fixed_size() + key_length;
-  return reply_credit > fixed ? reply_credit - fixed : 0;
-}
 
 // Where the holder entries of a QUERY_HOLDERS answer go: as many as `room`
 // bytes hold, appended to `entries`, which the HOLDERS_REPLY's holder_list
@@ -320,17 +248,9 @@ class Shard {
   // ACQUIRE_MANY steps that could not be handed out for want of memory (see
   // MultiAcquire::next_stalled); the Dispatcher takes them on its tick, and
   // puts one back with stall() if it still cannot.
-  [[nodiscard]] bool has_stalled() const noexcept { return stalled_ != nullptr; }
-  [[nodiscard]] MultiAcquire* take_stalled() noexcept {
-    MultiAcquire* m = stalled_;
-    if (m != nullptr) stalled_ = std::exchange(m->next_stalled, nullptr);
-    return m;
-  }
-  void stall(MultiAcquire& m, MessageType step) noexcept {
-    m.stalled_step = step;
-    m.next_stalled = stalled_;
-    stalled_ = &m;
-  }
+  [[nodiscard]] bool has_stalled() const noexcept { return !stalled_.empty(); }
+  [[nodiscard]] MultiAcquire* take_stalled() noexcept { return stalled_.take(); }
+  void stall(MultiAcquire& m, MessageType step) noexcept { stalled_.stall(m, step); }
   // Counts a multi-key request's outcome in this shard's counters.
   void count_outcome(StatCounter c) noexcept { count(c); }
   // Records a request for `key` (of this shard; hash `key_hash`) in the
@@ -677,8 +597,8 @@ class Shard {
   // state.
   std::list<Waiter> spare_waiters_;
   std::list<Holder> spare_holders_;
-  std::size_t leases_ = 0;           // holders over all keys
-  MultiAcquire* stalled_ = nullptr;  // see take_stalled()
+  std::size_t leases_ = 0;  // holders over all keys
+  StalledSteps stalled_;
   DedupCache<Answer> dedup_;
   // Every queued waiter by (client id, request id), so a retransmitted
   // ACQUIRE still queued is found in O(1), however long the queue.
