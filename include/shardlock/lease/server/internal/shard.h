@@ -13,7 +13,7 @@
 //     tells it which keys changed (touch()) and when to answer (wake()).
 //   * multi_acquire.h: an ACQUIRE_MANY as the Dispatcher and the shards see
 //     it, and the stalled list of its steps; the part operations (probe()
-//     and the rest, below) are the table's.
+//     and the rest, below) are the table's, in shard_cluster.cc.
 //   * replication_journal.h: the entries of replicated holders changed,
 //     for the streams (take_journal()), and the entries of snapshots.
 //   * client_usage.h: what each client holds, queues and parks here, and
@@ -24,6 +24,9 @@
 //     the reply, counts the outcome and remembers it (the answer log).
 //   * deferred_reply.h: the answers decided later (hand-offs, timeouts,
 //     woken WATCHes) and the steps handed back to the Dispatcher.
+// shard.cc holds the request path and the table, shard_watch.cc the
+// shard's side of WATCH, shard_cluster.cc the gate, tokens in epochs,
+// replication, the hot-key rows and the ACQUIRE_MANY parts.
 //
 // State
 //   * keys_: key -> KeyState { holders (each: client id, token, mode, grant
