@@ -5,14 +5,38 @@
 //
 // Not API: LeaseServer's building block.
 //
+// Shard keeps the lease table, the FIFO hand-off and the owner checks; the
+// rest is in units of its own, each with a narrow interface and its own
+// tests, as the timer wheel, the dedup cache and the hot-key sketch are:
+//   * watch_registry.h: the parked WATCHes; it reads the table through two
+//     callbacks (a key's version, a HOLDERS_REPLY summary) and the shard
+//     tells it which keys changed (touch()) and when to answer (wake()).
+//   * multi_acquire.h: an ACQUIRE_MANY as the Dispatcher and the shards see
+//     it, and the stalled list of its steps; the part operations (probe()
+//     and the rest, below) are the table's, in shard_cluster.cc.
+//   * replication_journal.h: the entries of replicated holders changed,
+//     for the streams (take_journal()), and the entries of snapshots.
+//   * client_usage.h: what each client holds, queues and parks here, and
+//     the per-client bounds.
+//   * shard_reply.h: the request path's RequestContext (client, peer,
+//     request, key and hash, fingerprint, reply credit, time) and
+//     ShardReply, the one builder every decision answers through: it fills
+//     the reply, counts the outcome and remembers it (the answer log).
+//   * deferred_reply.h: the answers decided later (hand-offs, timeouts,
+//     woken WATCHes) and the steps handed back to the Dispatcher.
+// shard.cc holds the request path and the table, shard_watch.cc the
+// shard's side of WATCH, shard_cluster.cc the gate, tokens in epochs,
+// replication, the hot-key rows and the ACQUIRE_MANY parts.
+//
 // State
 //   * keys_: key -> KeyState { holders (each: client id, token, mode, grant
 //     request id, its own expiry timer), FIFO list of waiters, and the
 //     permit limit of a semaphore key (0 for a lock key) }. A key is present
 //     only while it has a holder; waiters exist only behind holders.
 //   * tokens_: the shard's strictly increasing counter (token_store.h).
-//   * wheel_: one timer per holder (expiry) and per waiter (wait_ms).
-//   * dedup_: (client id, request id) -> the answer given, FIFO-bounded, so
+//   * wheel_: one timer per holder (expiry), per waiter (wait_ms) and per
+//     parked WATCH (the registry's).
+//   * answers_: (client id, request id) -> the answer given, FIFO-bounded, so
 //     a retransmitted ACQUIRE / RENEW / RELEASE gets the identical answer and
 //     a retransmitted queued ACQUIRE is not queued twice. Each entry keeps a
 //     fingerprint of the request's type and key: a client that reuses a
@@ -58,19 +82,26 @@
 #include <cstdint>
 #include <functional>
 #include <list>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "shardlock/lease/server/internal/client_usage.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
-#include "shardlock/lease/server/internal/dedup_cache.h"
+#include "shardlock/lease/server/internal/deferred_reply.h"
 #include "shardlock/lease/server/internal/grant_log.h"
 #include "shardlock/lease/server/internal/hot_keys.h"
+#include "shardlock/lease/server/internal/multi_acquire.h"
 #include "shardlock/lease/server/internal/replication.h"
+#include "shardlock/lease/server/internal/replication_journal.h"
+#include "shardlock/lease/server/internal/shard_counters.h"
+#include "shardlock/lease/server/internal/shard_reply.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/server/internal/token_store.h"
+#include "shardlock/lease/server/internal/watch_registry.h"
 #include "shardlock/lease/wire/internal/peer.h"
 #include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/lease/wire/protocol.h"
@@ -118,80 +149,6 @@ struct HotKeyCount {
   std::uint32_t holders = 0;  // now
   std::uint32_t waiters = 0;  // now
 };
-
-// One ACQUIRE_MANY in progress: the Dispatcher owns it; shards see it
-// through their pending holders and waiters of its parts.
-struct MultiAcquire {
-  struct Part {
-    std::string key;
-    std::uint64_t hash = 0;   // hash_key(key)
-    std::uint32_t shard = 0;  // the Dispatcher's shard index
-    std::uint8_t index = 0;   // position in the request's key list
-    std::uint64_t token = 0;  // once taken
-  };
-  ClientId client;
-  std::uint64_t request_id = 0;
-  Peer peer;
-  LeaseMode mode = LeaseMode::kExclusive;
-  std::uint32_t ttl_ms = 0;
-  std::int64_t wait_deadline_ms = 0;  // arrival + wait_ms
-  std::uint16_t reply_credit = 0;
-  std::uint64_t fingerprint = 0;  // the Dispatcher's, for retransmissions
-  std::vector<Part> parts;        // in the global order (shard, hash, key)
-  std::size_t taken = 0;          // parts[0, taken) are held, pending until confirmed
-  // A step whose DeferredReply could not be allocated waits here, linked in
-  // its shard's stalled list (no allocation), for the Dispatcher's next tick.
-  MessageType stalled_step = MessageType::kGranted;
-  MultiAcquire* next_stalled = nullptr;
-};
-
-// An answer decided after its request: a queued ACQUIRE granted on hand-off,
-// or timed out.
-struct DeferredReply {
-  Peer peer;
-  ClientId client;
-  std::uint64_t request_id = 0;
-  // kGranted, kTimeout, kError, or (the cluster gate refused the grant)
-  // kRedirect or kRecovering.
-  MessageType type = MessageType::kGranted;
-  std::string key;
-  std::uint64_t token = 0;
-  std::uint32_t ttl_ms = 0;
-  std::uint64_t epoch = 0;           // kRedirect
-  std::uint32_t retry_after_ms = 0;  // kRecovering
-  WireError error = WireError::kInternal;
-  // Bytes this reply may take: what the queueing datagram left for it
-  // (anti-amplification); LeaseServer withholds a larger reply.
-  std::uint16_t reply_credit = 0;
-  // kHoldersReply (a WATCH's answer): the key's summary and a tail page of
-  // its holders, as HOLDERS_REPLY carries them (holder_entries is the
-  // holder list's bytes).
-  LeaseMode mode = LeaseMode::kExclusive;
-  std::uint32_t permits = 0;
-  std::uint32_t waiters = 0;
-  std::uint32_t holders = 0;
-  std::uint32_t first_holder = 0;
-  std::uint8_t holder_list_count = 0;
-  std::vector<std::uint8_t> holder_entries;
-  // Not a reply but a step of this ACQUIRE_MANY for the Dispatcher: its
-  // queued part was granted (kGranted; `multi->taken` counts it), its wait
-  // ran out (kTimeout), or a token could not be issued (kError).
-  MultiAcquire* multi = nullptr;
-
-  // A view of this reply; valid while *this is.
-  [[nodiscard]] Message message() const noexcept;
-};
-
-// The holder-list bytes a WATCH's HOLDERS_REPLY for a key of `key_length`
-// bytes may carry within `reply_credit` bytes, framed as a single message (a
-// later answer is one; a batch item's header is smaller than the datagram
-// header counted here).
-[[nodiscard]] constexpr std::size_t watch_reply_room(std::size_t reply_credit,
-                                                     std::size_t key_length) noexcept {
-  const std::size_t fixed =
-      kHeaderSize + message_body(MessageType::kHoldersReply)->fixed_size() + key_length;
-  return reply_credit > fixed ? reply_credit - fixed : 0;
-}
 
 // Where the holder entries of a QUERY_HOLDERS answer go: as many as `room`
 // bytes hold, appended to `entries`, which the HOLDERS_REPLY's holder_list
@@ -320,17 +277,9 @@ class Shard {
   // ACQUIRE_MANY steps that could not be handed out for want of memory (see
   // MultiAcquire::next_stalled); the Dispatcher takes them on its tick, and
   // puts one back with stall() if it still cannot.
-  [[nodiscard]] bool has_stalled() const noexcept { return stalled_ != nullptr; }
-  [[nodiscard]] MultiAcquire* take_stalled() noexcept {
-    MultiAcquire* m = stalled_;
-    if (m != nullptr) stalled_ = std::exchange(m->next_stalled, nullptr);
-    return m;
-  }
-  void stall(MultiAcquire& m, MessageType step) noexcept {
-    m.stalled_step = step;
-    m.next_stalled = stalled_;
-    stalled_ = &m;
-  }
+  [[nodiscard]] bool has_stalled() const noexcept { return !stalled_.empty(); }
+  [[nodiscard]] MultiAcquire* take_stalled() noexcept { return stalled_.take(); }
+  void stall(MultiAcquire& m, MessageType step) noexcept { stalled_.stall(m, step); }
   // Counts a multi-key request's outcome in this shard's counters.
   void count_outcome(StatCounter c) noexcept { count(c); }
   // Records a request for `key` (of this shard; hash `key_hash`) in the
@@ -351,8 +300,8 @@ class Shard {
   // An entry could not be journaled (no memory): the backups may miss a
   // holder, so the caller starts the streams of the node over, with
   // snapshots, before it answers another grant. Cleared by take_journal().
-  [[nodiscard]] bool journal_lost() const noexcept { return journal_lost_; }
-  [[nodiscard]] bool journal_pending() const noexcept { return journal_lost_ || !journal_.empty(); }
+  [[nodiscard]] bool journal_lost() const noexcept { return journal_.lost(); }
+  [[nodiscard]] bool journal_pending() const noexcept { return journal_.pending(); }
   // Appends a kGrant entry for every live holder, each naming its key's
   // bucket, for snapshots (one pass serves many buckets). The bucket comes
   // from the gate's routing or, under a gate without one (closed: a node
@@ -380,14 +329,14 @@ class Shard {
   [[nodiscard]] std::int64_t created_ms() const noexcept { return hot_keys_.origin_ms(); }
   [[nodiscard]] std::uint64_t last_token() const noexcept { return tokens_.last(); }
   [[nodiscard]] const std::array<std::uint64_t, kStatCounterCount>& counters() const noexcept {
-    return counters_;
+    return counters_.values();
   }
   [[nodiscard]] std::size_t held_keys() const noexcept { return keys_.size(); }
   [[nodiscard]] std::size_t leases() const noexcept { return leases_; }
   [[nodiscard]] std::size_t queued_waiters() const noexcept { return waiter_index_.size(); }
-  [[nodiscard]] std::size_t parked_watches() const noexcept { return watch_index_.size(); }
+  [[nodiscard]] std::size_t parked_watches() const noexcept { return watches_.size(); }
   // Client ids with a lease held or an ACQUIRE queued here.
-  [[nodiscard]] std::size_t tracked_clients() const noexcept { return usage_.size(); }
+  [[nodiscard]] std::size_t tracked_clients() const noexcept { return usage_.clients(); }
   [[nodiscard]] std::size_t timers() const noexcept { return wheel_.size(); }
   // Waiter nodes kept for reuse (see spare_waiters_).
   [[nodiscard]] std::size_t spare_waiters() const noexcept { return spare_waiters_.size(); }
@@ -396,33 +345,12 @@ class Shard {
   [[nodiscard]] const std::string& last_error() const noexcept { return last_error_; }
 
  private:
-  enum TimerKind : std::uint8_t { kLeaseExpiry = 1, kWaitTimeout = 2, kWatchTimeout = 3 };
+  enum TimerKind : std::uint8_t {
+    kLeaseExpiry = 1,
+    kWaitTimeout = 2,
+    kWatchTimeout = WatchRegistry::kTimerKind,
+  };
   struct KeyState;
-  struct WatchList;
-  // A key's version (protocol.h, "Watches"): its newest holder's token and
-  // its holder count; {0, 0} while free.
-  struct Version {
-    std::uint64_t token = 0;
-    std::uint32_t holders = 0;
-    friend bool operator==(const Version&, const Version&) = default;
-  };
-  // A parked WATCH; the node is its wait timer.
-  struct Watch : TimerNode {
-    ClientId client;
-    std::uint64_t request_id = 0;
-    Peer peer;
-    Version since;                   // what its sender last saw
-    std::uint16_t reply_credit = 0;  // DeferredReply::reply_credit of its answer
-    WatchList* list = nullptr;
-    std::list<Watch>::iterator self;
-  };
-  // The parked WATCHes of one key, kept apart from keys_: a watched key may
-  // be free.
-  struct WatchList {
-    const HashedKey* key = nullptr;  // watches_'s key
-    std::list<Watch> watches;
-    bool touched = false;  // in touched_
-  };
   struct Waiter : TimerNode {
     ClientId client;
     std::uint64_t request_id = 0;
@@ -468,46 +396,28 @@ class Shard {
       return !holders.empty() && holders.front().mode == LeaseMode::kExclusive;
     }
   };
-  // (client id, request id) of a queued ACQUIRE: the waiter index's key.
-  struct WaiterId {
-    ClientId client;
-    std::uint64_t request_id = 0;
-    friend bool operator==(const WaiterId&, const WaiterId&) = default;
+  // The lease table as the watch registry reads it (watch_registry.h).
+  class WatchedTable final : public WatchedKeys {
+   public:
+    explicit WatchedTable(const Shard& shard) noexcept : shard_(shard) {}
+    [[nodiscard]] KeyVersion version(const KeyRef& key) const noexcept override;
+    void describe(const KeyRef& key, std::size_t room, std::int64_t now_ms,
+                  std::vector<std::uint8_t>& entries, Message& summary) const override;
+
+   private:
+    const Shard& shard_;
   };
-  struct SeededHash {
-    std::uint64_t seed = 0;
-    std::size_t operator()(const WaiterId& id) const noexcept;
-    std::size_t operator()(const ClientId& id) const noexcept;
-  };
-  // What one client id holds and has queued in this shard.
-  struct Usage {
-    std::size_t leases = 0;
-    std::size_t waiters = 0;
-    std::size_t watches = 0;
-  };
-  // 24 bytes: the dedup ring writes one per request, and its size shows in
-  // the request path's cache misses (a 40-byte layout cost ~8% of the
-  // 50-client throughput).
-  struct Answer {
-    MessageType type = MessageType::kError;  // kAcquire while the request is queued
-    WireError error = WireError::kInternal;  // type kError
-    std::uint32_t ttl_ms = 0;
-    std::uint64_t token = 0;
-    std::uint64_t fingerprint = 0;  // request_fingerprint() of the request answered
-  };
-  static_assert(sizeof(Answer) == 24);
-  // The request's type and key (by its hash): what a retransmission must
-  // repeat.
-  [[nodiscard]] static std::uint64_t request_fingerprint(MessageType type,
-                                                         std::uint64_t key_hash) noexcept;
   enum class OwnerCheck { kOk, kExpired, kNotOwner };
 
-  void count(StatCounter c) noexcept { ++counters_[static_cast<std::size_t>(c)]; }
+  void count(StatCounter c) noexcept { counters_.count(c); }
   // handle() but for the sketch, which handle() feeds the outcome.
-  bool answer(const ClientId& client, const Peer& peer, const Message& request,
-              std::uint64_t key_hash, std::int64_t now_ms, Message& reply,
-              std::vector<DeferredReply>& deferred, std::uint16_t reply_credit, HolderPage* page);
-  [[nodiscard]] bool validate(const Message& request, Message& reply) const noexcept;
+  void answer(const RequestContext& ctx, ShardReply& out, std::vector<DeferredReply>& deferred,
+              HolderPage* page);
+  // The error that makes `request` invalid, if any.
+  [[nodiscard]] std::optional<WireError> invalid(const Message& request) const noexcept;
+  // A retransmission of a RENEW, RELEASE or ACQUIRE answered before (or
+  // still queued): answered as before (true), or a new request (false).
+  bool replay(const RequestContext& ctx, ShardReply& out) noexcept;
   // The gate's verdict on `key` now: kGrant without a gate.
   [[nodiscard]] ClusterGate::Verdict gate_verdict(std::string_view key,
                                                   std::int64_t now_ms) const noexcept {
@@ -534,43 +444,61 @@ class Shard {
                                 Holder*& holder) noexcept;
   // handle() past validation, lock-delay and the dedup cache; may throw
   // std::bad_alloc, with the shard unchanged.
-  bool decide(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
-              std::uint64_t fingerprint, std::uint16_t reply_credit, std::int64_t now_ms,
-              Message& reply, std::vector<DeferredReply>& deferred, HolderPage* page);
+  void decide(const RequestContext& ctx, ShardReply& out, std::vector<DeferredReply>& deferred,
+              HolderPage* page);
+  // RENEW or RELEASE of a lease on `state` (null: free).
+  void renew_or_release(const RequestContext& ctx, KeyState* state, ShardReply& out,
+                        std::vector<DeferredReply>& deferred);
   // How `state`'s holders hold it (QUERY_REPLY's and HOLDERS_REPLY's mode).
   [[nodiscard]] static LeaseMode key_mode(const KeyState& state) noexcept;
+  // QUERY_REPLY for `state` (null: free).
+  static void query(const KeyState* state, std::int64_t now_ms, Message& reply) noexcept;
   // HOLDERS_REPLY for `request` on `state` (null: free); see handle().
   static void list_holders(const KeyState* state, const Message& request, std::int64_t now_ms,
                            HolderPage* page, Message& reply);
-  // An ACQUIRE of any single-key kind for `key`, held as `state` (null when
-  // free).
-  void acquire(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
-               KeyState* state, std::uint64_t fingerprint, std::uint16_t reply_credit,
-               std::int64_t now_ms, Message& reply, bool& answered);
+  // An ACQUIRE of any single-key kind, its key held as `state` (null when
+  // free): answered, or parked when queued.
+  void acquire(const RequestContext& ctx, KeyState* state, ShardReply& out);
+  // Whether `ctx`'s client is a holder of `state` that this ACQUIRE is a
+  // retransmission or a stale copy of: answered then (see acquire()).
+  bool answer_holder(const RequestContext& ctx, const KeyState& state, ShardReply& out) noexcept;
   // Whether a new holder in `mode` fits `state`'s holders now (waiters aside).
   [[nodiscard]] static bool fits(const KeyState& state, LeaseMode mode) noexcept;
   // Whether `mode` with `permits` may use `state` at all (lock vs semaphore).
   [[nodiscard]] static bool same_kind(const KeyState& state, LeaseMode mode,
                                       std::uint32_t permits) noexcept;
+  // Whether `client` may take one more lease here (the shard's and its own
+  // bound).
+  [[nodiscard]] bool may_hold(const ClientId& client) const noexcept {
+    return leases_ < limits_.max_keys && usage_.may_hold(client);
+  }
+  // Whether `client` may queue one more ACQUIRE on `state`.
+  [[nodiscard]] bool may_queue(const ClientId& client, const KeyState& state) const noexcept {
+    return waiter_index_.size() < limits_.max_waiters &&
+           state.waiters.size() < limits_.max_waiters_per_key && usage_.may_queue(client);
+  }
   // A new key entry, held by nobody yet. May throw; nothing changed then.
   KeyState& add_key(const KeyRef& key, LeaseMode mode, std::uint32_t permits);
-  // A new token, or 0 with `reply` set to ERROR(kInternal).
-  std::uint64_t next_token(Message& reply);
+  // A new token, or 0 with `out` answered ERROR(kInternal).
+  std::uint64_t next_token(ShardReply& out);
   // A holder node at the back of `state`'s holders, counted in leases_ and
   // the client's usage: a spare node when there is one. May throw, with
   // nothing changed.
   Holder& add_holder(KeyState& state, const ClientId& client);
+  // add_holder() on `state`, or on a new entry for `key` (`mode`, `permits`)
+  // when null, which a throw then takes away: nothing changed.
+  Holder& new_holder(KeyState* state, const KeyRef& key, LeaseMode mode, std::uint32_t permits,
+                     const ClientId& client);
   // Sets `h` to hold with `token` until now + ttl.
   // `event`: what the grant log calls it (a grant or a hand-off).
   void hold(Holder& h, std::uint64_t request_id, std::uint64_t token, LeaseMode mode,
             std::uint32_t ttl_ms, std::int64_t now_ms,
             LeaseEvent event = LeaseEvent::kGrant) noexcept;
-  // hold() for ACQUIRE `request`, answered GRANTED and remembered; `h`
+  // hold() for the ACQUIRE of `ctx`, answered GRANTED and remembered; `h`
   // takes `value` (request.value, copied by the caller before any change, so
   // this never allocates).
-  void grant(Holder& h, const Message& request, LeaseMode mode, std::uint64_t token,
-             std::string&& value, std::uint64_t fingerprint, std::int64_t now_ms,
-             Message& reply) noexcept;
+  void grant(Holder& h, const RequestContext& ctx, LeaseMode mode, std::uint64_t token,
+             std::string&& value, ShardReply& out) noexcept;
   // `h` is gone (release, expiry, abandonment): serve the waiters it was
   // keeping out, and forget the key if nobody holds it then.
   void drop_holder(Holder& h, std::int64_t now_ms, std::vector<DeferredReply>& deferred,
@@ -580,6 +508,10 @@ class Shard {
   // Grants waiters from the front of `state`'s queue while each fits; forgets
   // the key when it ends with no holder.
   void serve_waiters(KeyState& state, std::int64_t now_ms, std::vector<DeferredReply>& deferred);
+  // Hands the key to `w`, the front waiter of `state`, which fits: a holder
+  // now, or (no token or no memory) answered ERROR. Never throws.
+  void hand_off(KeyState& state, Waiter& w, std::int64_t now_ms,
+                std::vector<DeferredReply>& deferred);
   void erase(KeyState& state);
   // A waiter node at the back of state's queue: a spare one spliced over when
   // there is one (no allocation), a new one otherwise. Fields are the caller's
@@ -597,48 +529,29 @@ class Shard {
   // retransmission gets it), and the failure is counted.
   void defer(const Waiter& w, const KeyState& state, MessageType type, std::uint64_t token,
              std::vector<DeferredReply>& deferred) noexcept;
-  // Usage of `owner`'s client (owner_client(): a client's lease handles
-  // share its quota), adjusted by `leases`, `waiters` and `watches`; an
-  // entry is dropped at zero. Growing may throw std::bad_alloc (before any
-  // change).
-  void use(const ClientId& owner, long leases, long waiters, long watches = 0);
-  // Whether `owner`'s client may hold one more lease / queue one more
-  // ACQUIRE.
-  [[nodiscard]] bool may_hold(const ClientId& owner) const;
-  [[nodiscard]] bool may_queue(const ClientId& owner, const KeyState& state) const;
-  // A request refused by a limit.
-  void refuse(Message& reply) noexcept;
+  // Remembers `answer` for waiter `w` of a single-key ACQUIRE (a part of an
+  // ACQUIRE_MANY is the Dispatcher's to answer).
+  void remember(const Waiter& w, RememberedAnswer answer) noexcept {
+    if (w.multi != nullptr) return;
+    answer.fingerprint = w.fingerprint;
+    answers_.remember(w.client, w.request_id, answer);
+  }
 
-  // ---- WATCH (protocol.h, "Watches") ----
-  [[nodiscard]] static Version version_of(const KeyState* state) noexcept;
-  // WATCH past validation and the gate: answered now (true), or parked.
-  bool watch(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
-             const KeyState* state, std::uint16_t reply_credit, std::int64_t now_ms, Message& reply,
-             HolderPage* page);
+  // ---- WATCH (protocol.h, "Watches"; the parked ones are watches_') ----
+  [[nodiscard]] static KeyVersion version_of(const KeyState* state) noexcept;
+  // WATCH past validation and the gate: answered now, or parked.
+  void watch(const RequestContext& ctx, const KeyState* state, ShardReply& out, HolderPage* page);
   // HOLDERS_REPLY's fields for `state` (null: free) with its newest holders
   // that fit `room` bytes appended to `entries` (a tail page); the holder
   // list is left for the caller to point at `entries`.
   static void list_newest(const KeyState* state, std::size_t room, std::int64_t now_ms,
                           std::vector<std::uint8_t>& entries, Message& reply);
-  // The version of `state`'s key may have changed: its watchers are looked
-  // at by wake_watchers(). Never throws (touched_ has room for every list).
-  void touch(const KeyState& state) noexcept;
-  // Answers the parked WATCHes of every touched key whose version moved.
-  void wake_watchers(std::int64_t now_ms, std::vector<DeferredReply>& deferred) noexcept;
-  // Answers `w` with its key's state now (or `redirect`: REDIRECT) and
-  // forgets it. Never throws: an answer that cannot be allocated is not
-  // sent (the client's retransmission is answered afresh).
-  void answer_watch(Watch& w, bool redirect, std::int64_t now_ms,
-                    std::vector<DeferredReply>& deferred) noexcept;
-  // Forgets `w` (its timer already cancelled or fired), and its key's list
-  // once empty and untouched.
-  void retire_watch(Watch& w) noexcept;
+  // The version of `state`'s key may have changed. Never throws.
+  void touch(const KeyState& state) noexcept {
+    watches_.touch(KeyRef{state.key->text, state.key->hash});
+  }
   // Whether the gate gives `key` to another node.
   [[nodiscard]] bool foreign(std::string_view key) const noexcept;
-  void remember(const ClientId& client, std::uint64_t request_id, const Answer& answer);
-  // Remembers an ACQUIRE's RECOVERING or REDIRECT `reply` as its answer.
-  void remember_refusal(const ClientId& client, std::uint64_t request_id, const Message& reply,
-                        std::uint64_t fingerprint);
   // The deadline of a lease granted or renewed for `ttl_ms` at `now_ms`,
   // rounded up (see shard.cc), and the time surely left of one.
   [[nodiscard]] static std::int64_t deadline_for(std::int64_t now_ms,
@@ -649,6 +562,26 @@ class Shard {
   // The pending holder `m` took for `part`.
   Holder* pending_holder(const MultiAcquire& m, const MultiAcquire::Part& part);
 
+  // ---- Replication (the journal is journal_) ----
+  // Journals a holder added (kGrant) or dropped (kRelease), when the key's
+  // bucket is replicated. Never throws (see journal_lost()).
+  void journal(replication::EntryKind kind, const Holder& h, std::uint32_t ttl_ms) noexcept {
+    if (!ReplicationJournal::replicates(gate_.get())) return;
+    if (!journal_.record(*gate_, kind, journaled(h), ttl_ms)) {
+      count(StatCounter::kAllocationFailures);
+    }
+  }
+  // What a journal entry of `h` carries.
+  [[nodiscard]] static JournaledHolder journaled(const Holder& h) noexcept {
+    return JournaledHolder{.key = h.state->key->text,
+                           .owner = h.owner,
+                           .token = h.token,
+                           .request_id = h.request_id,
+                           .mode = h.mode,
+                           .permits = h.state->permits,
+                           .value = h.value};
+  }
+
   std::uint32_t index_;
   GrantLog* grant_log_ = nullptr;  // set_grant_log()
   ShardLimits limits_;
@@ -656,20 +589,14 @@ class Shard {
   std::shared_ptr<const ClusterGate> gate_;
   // The routing of the last gate that had one (snapshot_all()).
   std::shared_ptr<const RouterSnapshot> last_routing_;
-  std::vector<replication::Entry> journal_;
-  bool journal_lost_ = false;
-  // Journals a holder added (kGrant) or dropped (kRelease), when the key's
-  // bucket is replicated. Never throws (see journal_lost()).
-  void journal(replication::EntryKind kind, const Holder& h, std::uint32_t ttl_ms) noexcept;
-  [[nodiscard]] static replication::Entry holder_entry(replication::EntryKind kind,
-                                                       std::size_t bucket, const Holder& h,
-                                                       std::uint32_t ttl_ms);
+  ReplicationJournal journal_;
   // token_floor >> 32: the highest epoch that could compose a token at or
   // below the data dir's floor.
   std::uint64_t floor_epoch_ = 0;
   // The epoch of the last composed token (its counter base is tokens_'s).
   std::uint64_t token_epoch_ = 0;
   bool counter_exhausted_ = false;  // in token_epoch_
+  ShardCounters counters_;
   TimerWheel wheel_;
   std::unordered_map<HashedKey, KeyState, HashedKeyHash, HashedKeyEqual> keys_;
   // Unused waiter and holder nodes. std::list::splice moves a node between
@@ -677,21 +604,16 @@ class Shard {
   // state.
   std::list<Waiter> spare_waiters_;
   std::list<Holder> spare_holders_;
-  std::size_t leases_ = 0;           // holders over all keys
-  MultiAcquire* stalled_ = nullptr;  // see take_stalled()
-  DedupCache<Answer> dedup_;
+  std::size_t leases_ = 0;  // holders over all keys
+  StalledSteps stalled_;
+  AnswerLog answers_;
   // Every queued waiter by (client id, request id), so a retransmitted
   // ACQUIRE still queued is found in O(1), however long the queue.
-  std::unordered_map<WaiterId, Waiter*, SeededHash> waiter_index_;
-  // Per client (owner_client() of the owners), for the per-client bounds.
-  std::unordered_map<ClientId, Usage, SeededHash> usage_;
-  // Parked WATCHes by key, by (client id, request id) for retransmissions,
-  // and the lists whose key changed since wake_watchers() last ran (its
-  // capacity is kept at watches_.size(), so touch() never allocates).
-  std::unordered_map<HashedKey, WatchList, HashedKeyHash, HashedKeyEqual> watches_;
-  std::unordered_map<WaiterId, Watch*, SeededHash> watch_index_;
-  std::vector<WatchList*> touched_;
-  std::array<std::uint64_t, kStatCounterCount> counters_{};
+  std::unordered_map<RequestKey, Waiter*, SeededHash> waiter_index_;
+  ClientUsage usage_;
+  // After wheel_, usage_ and keys_: its destructor cancels its timers.
+  WatchedTable watched_table_{*this};
+  WatchRegistry watches_;
   std::string last_error_;
   HotKeys hot_keys_;  // every keyed request (note_request()), and whether it was answered BUSY
 };

@@ -1,0 +1,22 @@
+// Per-client usage of one shard. See internal/client_usage.h.
+#include "shardlock/lease/server/internal/client_usage.h"
+
+#include <cassert>
+
+namespace shardlock::lease::internal {
+
+void ClientUsage::grow(const ClientId& owner, std::size_t Counts::*field) {
+  // try_emplace may throw before anything changed; the count is bumped after.
+  ++(clients_.try_emplace(owner_client(owner)).first->second.*field);
+}
+
+void ClientUsage::shrink(const ClientId& owner, std::size_t Counts::*field) noexcept {
+  const auto it = clients_.find(owner_client(owner));
+  assert(it != clients_.end() && it->second.*field > 0 && "drop without a matching add");
+  if (it == clients_.end()) return;
+  Counts& c = it->second;
+  --(c.*field);
+  if (c.leases == 0 && c.waiters == 0 && c.watches == 0) clients_.erase(it);
+}
+
+}  // namespace shardlock::lease::internal
