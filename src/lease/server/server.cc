@@ -97,6 +97,17 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   }
 
   std::error_code start();
+  // start()'s steps: the options' bounds; the data dir (the raw counters'
+  // `floor`, the lease bound an earlier run recorded); the shards' limits
+  // at `now`; the dispatcher (and replicator, grant log) over `shards`;
+  // the back end and the I/O threads.
+  std::error_code check_options();
+  std::error_code open_data_dir(internal::TokenMode mode, std::uint64_t& floor,
+                                std::chrono::milliseconds& previous_bound);
+  [[nodiscard]] internal::ShardLimits shard_limits(std::int64_t now) const;
+  void make_dispatcher(std::uint64_t key_seed, std::chrono::milliseconds previous_bound,
+                       std::vector<std::unique_ptr<Shard>> shards);
+  std::error_code start_loops();
   std::error_code open_sockets();
   // A UDP socket on `addr`, added to fds, with SO_REUSEPORT if asked.
   std::error_code open_socket(int family, bool reuse_port, const sockaddr_storage& addr,
@@ -165,6 +176,50 @@ struct LeaseServer::Impl final : internal::DatagramSink {
 std::error_code LeaseServer::Impl::start() {
   if (started) return fail(ServerError::kAlreadyStarted, "start() called twice");
   started = true;
+  if (const std::error_code ec = check_options()) return ec;
+  const auto& o = options;
+  // Tokens. The raw counters start above `floor`. A plain run issues them
+  // as tokens, so it starts above every token any earlier run issued, in
+  // either mode (token_floor); a cluster run composes epoch << 32 | counter
+  // and its shards refuse every epoch at or below token_floor >> 32.
+  std::uint64_t floor = 0;
+  std::chrono::milliseconds previous_bound{0};
+  const internal::TokenMode mode =
+      o.start_closed ? internal::TokenMode::kCluster : internal::TokenMode::kPlain;
+  if (const std::error_code ec = open_data_dir(mode, floor, previous_bound)) return ec;
+  // The default lock-delay covers the longest lease any earlier run may have
+  // granted: its max TTL, as recorded in the data dir, if that was longer.
+  // A fresh data dir has no earlier lease to wait out (an explicit
+  // lock_delay is still applied).
+  lock_delay = o.lock_delay.value_or(fresh_data_dir ? std::chrono::milliseconds{0}
+                                                    : std::max(o.max_ttl, previous_bound));
+  if (lock_delay < previous_bound) {
+    o.log("warning: lock-delay " + to_string(lock_delay) + " is shorter than the previous run's " +
+          "max TTL " + to_string(previous_bound) + ": its leases may still be live");
+  }
+
+  const std::int64_t now = now_ms();
+  const internal::ShardLimits limits = shard_limits(now);
+  if (store && previous_bound > o.max_ttl) {
+    lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
+  }
+  std::vector<std::unique_ptr<Shard>> shards;
+  shards.reserve(o.shards);
+  for (std::uint32_t i = 0; i < o.shards; ++i) {
+    ShardTokens tokens =
+        store ? ShardTokens(store.get(), i, floor,
+                            mode == internal::TokenMode::kPlain ? floor + o.token_block : floor,
+                            o.token_block, mode)
+              : ShardTokens(0);
+    shards.push_back(std::make_unique<Shard>(i, limits, tokens, now));
+  }
+
+  if (const std::error_code ec = open_sockets()) return ec;
+  make_dispatcher(limits.hash_seed, previous_bound, std::move(shards));
+  return start_loops();
+}
+
+std::error_code LeaseServer::Impl::check_options() {
   const auto& o = options;
   if (o.shards == 0 || o.shards > 65536) {
     return fail(ServerError::kBadOptions,
@@ -213,14 +268,12 @@ std::error_code LeaseServer::Impl::start() {
                 "token_block must be 1..2^40, got " + std::to_string(o.token_block));
   }
 
-  // Tokens. The raw counters start above `floor`. A plain run issues them
-  // as tokens, so it starts above every token any earlier run issued, in
-  // either mode (token_floor); a cluster run composes epoch << 32 | counter
-  // and its shards refuse every epoch at or below token_floor >> 32.
-  std::uint64_t floor = 0;
-  std::chrono::milliseconds previous_bound{0};
-  const internal::TokenMode mode =
-      o.start_closed ? internal::TokenMode::kCluster : internal::TokenMode::kPlain;
+  return {};
+}
+
+std::error_code LeaseServer::Impl::open_data_dir(internal::TokenMode mode, std::uint64_t& floor,
+                                                 std::chrono::milliseconds& previous_bound) {
+  const auto& o = options;
   if (!o.data_dir.empty()) {
     std::string detail;
     if (const std::error_code ec = TokenStore::open(o.data_dir, store, detail)) {
@@ -277,18 +330,11 @@ std::error_code LeaseServer::Impl::start() {
   } else {
     o.log("no data dir: tokens restart from 1 and are only monotonic within this run");
   }
-  // The default lock-delay covers the longest lease any earlier run may have
-  // granted: its max TTL, as recorded in the data dir, if that was longer.
-  // A fresh data dir has no earlier lease to wait out (an explicit
-  // lock_delay is still applied).
-  lock_delay = o.lock_delay.value_or(fresh_data_dir ? std::chrono::milliseconds{0}
-                                                    : std::max(o.max_ttl, previous_bound));
-  if (lock_delay < previous_bound) {
-    o.log("warning: lock-delay " + to_string(lock_delay) + " is shorter than the previous run's " +
-          "max TTL " + to_string(previous_bound) + ": its leases may still be live");
-  }
+  return {};
+}
 
-  const std::int64_t now = now_ms();
+internal::ShardLimits LeaseServer::Impl::shard_limits(std::int64_t now) const {
+  const auto& o = options;
   internal::ShardLimits limits;
   limits.max_ttl_ms = static_cast<std::uint32_t>(o.max_ttl.count());
   limits.max_wait_ms = static_cast<std::uint32_t>(o.max_wait.count());
@@ -311,26 +357,18 @@ std::error_code LeaseServer::Impl::start() {
   // indexes the shard's tables (see Dispatcher).
   limits.hash_seed = secret_seed();
   limits.token_floor = token_floor;
-  if (store && previous_bound > o.max_ttl) {
-    lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
-  }
-  std::vector<std::unique_ptr<Shard>> shards;
-  shards.reserve(o.shards);
-  for (std::uint32_t i = 0; i < o.shards; ++i) {
-    ShardTokens tokens =
-        store ? ShardTokens(store.get(), i, floor,
-                            mode == internal::TokenMode::kPlain ? floor + o.token_block : floor,
-                            o.token_block, mode)
-              : ShardTokens(0);
-    shards.push_back(std::make_unique<Shard>(i, limits, tokens, now));
-  }
+  return limits;
+}
 
-  if (const std::error_code ec = open_sockets()) return ec;
+void LeaseServer::Impl::make_dispatcher(std::uint64_t key_seed,
+                                        std::chrono::milliseconds previous_bound,
+                                        std::vector<std::unique_ptr<Shard>> shards) {
+  const auto& o = options;
   internal::DispatcherOptions d;
   d.auth_key = o.auth_key;
   d.clock = o.clock;
   d.log = o.log;
-  d.key_seed = limits.hash_seed;
+  d.key_seed = key_seed;
   d.workers = static_cast<unsigned>(fds.size());
   if (o.grant_log) {
     grant_log = std::make_unique<internal::GrantLog>(o.grant_log, o.grant_log_lines_per_second);
@@ -360,7 +398,10 @@ std::error_code LeaseServer::Impl::start() {
     // Cluster mode: nothing is granted before the cluster layer says what.
     dispatcher->publish_gate(internal::ClusterGate::closed());
   }
+}
 
+std::error_code LeaseServer::Impl::start_loops() {
+  const auto& o = options;
   // Back end.
   backend = o.io == IoBackend::kSocket ? IoBackend::kSocket : IoBackend::kUring;
   if (backend == IoBackend::kUring) {
