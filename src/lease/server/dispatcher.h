@@ -50,7 +50,7 @@
 #include "shardlock/lease/server/internal/latency_histogram.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
-#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/server/server_types.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/internal/peer.h"
 #include "shardlock/lease/wire/protocol.h"

@@ -46,7 +46,7 @@
 #include "server/io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/replication.h"
-#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/server/server_types.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
