@@ -27,6 +27,7 @@
 #include "server/dispatcher.h"
 #include "server/io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/server/internal/cluster_control.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
@@ -574,79 +575,92 @@ bool LeaseServer::fresh_data_dir() const noexcept { return impl_->fresh_data_dir
 const std::string& LeaseServer::error_detail() const noexcept { return impl_->error_detail; }
 void LeaseServer::stop() { impl_->stop(); }
 
-void LeaseServer::publish_cluster_gate(std::shared_ptr<const internal::ClusterGate> gate) {
-  if (impl_->dispatcher) impl_->dispatcher->publish_gate(std::move(gate));
-}
-
-std::size_t LeaseServer::count_leases(const std::function<bool(std::string_view key)>& pred) const {
-  return impl_->dispatcher ? impl_->dispatcher->count_leases(pred) : 0;
-}
-
-std::uint64_t LeaseServer::token_floor() const noexcept { return impl_->token_floor; }
-
-bool LeaseServer::needs_new_epoch() const {
-  return impl_->dispatcher && impl_->dispatcher->needs_new_epoch();
-}
-
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
-std::error_code LeaseServer::set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
-                                                const std::vector<bool>& learners,
-                                                std::uint16_t self, std::size_t replicas,
-                                                const std::vector<std::string>& addresses) {
-  Impl& s = *impl_;
+ServerStats LeaseServer::stats() const {
+  ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
+  if (impl_->store) impl_->store->add_stats(stats);
+  return stats;
+}
+
+// ---- ClusterControl (internal/cluster_control.h) ----
+
+namespace internal {
+
+void ClusterControl::publish_cluster_gate(std::shared_ptr<const ClusterGate> gate) {
+  if (server_->impl_->dispatcher) server_->impl_->dispatcher->publish_gate(std::move(gate));
+}
+
+std::size_t ClusterControl::count_leases(
+    const std::function<bool(std::string_view key)>& pred) const {
+  return server_->impl_->dispatcher ? server_->impl_->dispatcher->count_leases(pred) : 0;
+}
+
+std::uint64_t ClusterControl::token_floor() const noexcept { return server_->impl_->token_floor; }
+
+bool ClusterControl::needs_new_epoch() const {
+  return server_->impl_->dispatcher && server_->impl_->dispatcher->needs_new_epoch();
+}
+
+std::error_code ClusterControl::set_replica_layout(std::uint64_t epoch,
+                                                   const RouterSnapshot& routing,
+                                                   const std::vector<bool>& learners,
+                                                   std::uint16_t self, std::size_t replicas,
+                                                   const std::vector<std::string>& addresses) {
+  LeaseServer::Impl& s = *server_->impl_;
   // Not fail(): the server keeps running as it was.
   if (!s.replicator || !s.dispatcher) {
     s.error_detail = "replication is off, or the server is not started";
     return ServerError::kBadOptions;
   }
-  std::vector<internal::Peer> peers(addresses.size());
+  std::vector<Peer> peers(addresses.size());
   for (std::size_t i = 0; i < addresses.size(); ++i) {
     sockaddr_storage address{};
     socklen_t length = 0;
     std::string detail;
-    if (!internal::resolve_udp_address(addresses[i], /*passive=*/false,
-                                       /*allow_port_zero=*/false, address, length, detail)) {
+    if (!resolve_udp_address(addresses[i], /*passive=*/false,
+                             /*allow_port_zero=*/false, address, length, detail)) {
       s.error_detail = "replica address " + addresses[i] + ": " + detail;
       return ServerError::kBadOptions;
     }
     std::memcpy(&peers[i].addr, &address, std::min<std::size_t>(length, sizeof peers[i].addr));
     peers[i].len = length;
   }
-  const internal::ReplicaLayout layout =
-      internal::replica_layout(epoch, routing, learners, self, replicas, peers);
+  const ReplicaLayout layout = replica_layout(epoch, routing, learners, self, replicas, peers);
   s.dispatcher->replicate_buckets(s.replicator->set_layout(layout, s.clock.now().count()));
   return {};
 }
 
-bool LeaseServer::replica_primary_settled(const std::string& primary, std::uint32_t bucket) const {
-  return impl_->replicator && impl_->replicator->primary_settled(primary, bucket);
+bool ClusterControl::replica_primary_settled(const std::string& primary,
+                                             std::uint32_t bucket) const {
+  return server_->impl_->replicator && server_->impl_->replicator->primary_settled(primary, bucket);
 }
 
-ReplicaProgress LeaseServer::replica_progress() const {
-  if (!impl_->replicator) return {};
-  return impl_->replicator->progress();
+ReplicaProgress ClusterControl::replica_progress() const {
+  if (!server_->impl_->replicator) return {};
+  return server_->impl_->replicator->progress();
 }
 
-std::chrono::nanoseconds LeaseServer::replica_lease_until(std::size_t bucket) const noexcept {
-  if (!impl_->replicator) return std::chrono::nanoseconds::max();
-  return impl_->replicator->lease_until(bucket);
+std::chrono::nanoseconds ClusterControl::replica_lease_until(std::size_t bucket) const noexcept {
+  if (!server_->impl_->replicator) return std::chrono::nanoseconds::max();
+  return server_->impl_->replicator->lease_until(bucket);
 }
 
-std::vector<std::string> LeaseServer::silent_replicas(std::chrono::milliseconds silence) const {
-  if (!impl_->replicator) return {};
-  return impl_->replicator->silent_peers(
-      impl_->clock.now().count(),
+std::vector<std::string> ClusterControl::silent_replicas(std::chrono::milliseconds silence) const {
+  if (!server_->impl_->replicator) return {};
+  return server_->impl_->replicator->silent_peers(
+      server_->impl_->clock.now().count(),
       std::chrono::duration_cast<std::chrono::nanoseconds>(silence).count());
 }
 
-std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, std::uint32_t bucket,
-                                                  std::chrono::milliseconds hold,
-                                                  bool* owner_active) {
-  Impl& s = *impl_;
+std::optional<std::size_t> ClusterControl::take_over(const std::string& primary,
+                                                     std::uint32_t bucket,
+                                                     std::chrono::milliseconds hold,
+                                                     bool* owner_active) {
+  LeaseServer::Impl& s = *server_->impl_;
   if (!s.replicator || !s.dispatcher) return std::nullopt;
   const std::chrono::nanoseconds now = s.clock.now();
-  std::vector<std::pair<std::string, internal::replication::ReplicaHolder>> holders;
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
   if (!s.replicator->takeover(primary, bucket, now.count(), holders, owner_active)) {
     return std::nullopt;
   }
@@ -655,10 +669,6 @@ std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, st
   return s.dispatcher->inherit(holders, expiry_ms);  // nullopt: failed closed
 }
 
-ServerStats LeaseServer::stats() const {
-  ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
-  if (impl_->store) impl_->store->add_stats(stats);
-  return stats;
-}
+}  // namespace internal
 
 }  // namespace shardlock::lease

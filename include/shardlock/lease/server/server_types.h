@@ -31,7 +31,7 @@ enum class ServerError : std::uint8_t {
 }
 
 // A backup's progress over the buckets it backs up in the current layout
-// (LeaseServer::replica_progress()).
+// (internal::ClusterControl::replica_progress()).
 struct ReplicaProgress {
   std::size_t backed = 0;     // buckets backed up
   std::size_t caught_up = 0;  // of them, caught up on their primary's stream
