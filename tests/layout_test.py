@@ -11,6 +11,12 @@ room by room"; docs/cluster.md): which part may include which.
   includes nothing from src/cluster/etcd/ and no gRPC or protobuf header.
 - No two units include each other (unit = a .h/.cc pair by stem, within
   src/lease/ and src/cluster/).
+- The server's internal headers (include/shardlock/lease/server/internal/,
+  and src/lease/server/'s own headers) never include the server.h facade:
+  the types they need are in server_types.h.
+- The cluster control facet (internal/cluster_control.h, LeaseServer's
+  cluster hooks) is included only by the cluster layer (src/cluster/), the
+  tests, and server.cc, which implements it.
 
 Usage: layout_test.py SOURCE_DIR. Prints every violation; exit 1 if any.
 """
@@ -100,6 +106,24 @@ def main():
         for other in sorted(deps):
             if other != stem and other < stem and stem in units.get(other, set()):
                 problems.append(f"{stem} and {other} include each other")
+
+    facade = "shardlock/lease/server/server.h"
+    for top in ("include/shardlock/lease/server/internal", "src/lease/server"):
+        for path in sources(root, top):
+            if not path.endswith(".h"):
+                continue
+            for target in includes(root, path):
+                if target == facade:
+                    problems.append(f"{path}: an internal header includes the facade {target}")
+
+    control = "shardlock/lease/server/internal/cluster_control.h"
+    control_users = ("src/cluster/", "tests/")
+    for top in ("src", "include", "tools", "bench", "tests"):
+        for path in sources(root, top):
+            if path.startswith(control_users) or path == "src/lease/server/server.cc":
+                continue
+            if control in includes(root, path):
+                problems.append(f"{path}: includes {control} (the cluster layer's and tests' only)")
 
     for p in problems:
         print(p)

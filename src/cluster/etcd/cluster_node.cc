@@ -7,6 +7,7 @@
 
 #include "epoch_file.h"
 #include "shardlock/cluster/epoch_token.h"
+#include "shardlock/lease/server/internal/cluster_control.h"
 #include "shardlock/lock_guard.h"
 
 namespace shardlock::cluster {
@@ -30,10 +31,10 @@ class ClusterNode::Host final : public NodeHost {
  public:
   Host(lease::LeaseServer& server, Membership& membership,
        std::function<void(std::string_view)> log)
-      : server_(server), membership_(membership), log_(std::move(log)) {}
+      : server_(server), control_(server), membership_(membership), log_(std::move(log)) {}
 
   void publish_gate(std::shared_ptr<const lease::internal::ClusterGate> gate) override {
-    server_.publish_cluster_gate(std::move(gate));
+    control_.publish_cluster_gate(std::move(gate));
   }
   std::error_code set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
                                      const std::vector<bool>& learners, std::uint16_t self,
@@ -41,28 +42,28 @@ class ClusterNode::Host final : public NodeHost {
                                      const std::vector<std::string>& addresses,
                                      std::string& detail) override {
     const std::error_code ec =
-        server_.set_replica_layout(epoch, routing, learners, self, replicas, addresses);
+        control_.set_replica_layout(epoch, routing, learners, self, replicas, addresses);
     if (ec) detail = server_.error_detail();
     return ec;
   }
   bool replica_primary_settled(const std::string& primary, std::uint32_t bucket) const override {
-    return server_.replica_primary_settled(primary, bucket);
+    return control_.replica_primary_settled(primary, bucket);
   }
   std::optional<std::size_t> take_over(const std::string& primary, std::uint32_t bucket,
                                        milliseconds hold, bool* owner_active) override {
-    return server_.take_over(primary, bucket, hold, owner_active);
+    return control_.take_over(primary, bucket, hold, owner_active);
   }
-  lease::ReplicaProgress replica_progress() const override { return server_.replica_progress(); }
+  lease::ReplicaProgress replica_progress() const override { return control_.replica_progress(); }
   nanoseconds replica_lease_until(std::size_t bucket) const noexcept override {
-    return server_.replica_lease_until(bucket);
+    return control_.replica_lease_until(bucket);
   }
   std::vector<std::string> silent_replicas(milliseconds silence) const override {
-    return server_.silent_replicas(silence);
+    return control_.silent_replicas(silence);
   }
   std::size_t count_leases(const std::function<bool(std::string_view)>& pred) const override {
-    return server_.count_leases(pred);
+    return control_.count_leases(pred);
   }
-  bool needs_new_epoch() const override { return server_.needs_new_epoch(); }
+  bool needs_new_epoch() const override { return control_.needs_new_epoch(); }
   nanoseconds lease_deadline_of(std::uint64_t registration) const noexcept override {
     return membership_.lease_deadline_of(registration);
   }
@@ -79,6 +80,7 @@ class ClusterNode::Host final : public NodeHost {
 
  private:
   lease::LeaseServer& server_;
+  lease::internal::ClusterControl control_;  // server_'s cluster hooks
   Membership& membership_;
   std::function<void(std::string_view)> log_;
 };
@@ -126,7 +128,9 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
   // epochs started over): the first publish jumps there at once rather than
   // one epoch per refused grant.
   const std::uint64_t min_grant_epoch =
-      std::max(previous_highest, token_epoch(server.token_floor())) + 1;
+      std::max(previous_highest,
+               token_epoch(lease::internal::ClusterControl(server).token_floor())) +
+      1;
   // The server's own lock-delay covers the leases of its previous run, which
   // a hand-off acknowledgement must not speak for before they are over.
   // At least a max TTL, whatever --lock-delay says (it may be 0).
@@ -187,7 +191,8 @@ void ClusterNode::stop(StopMode mode) {
   if (driver_) {
     driver_->close();
   } else {
-    server_.publish_cluster_gate(lease::internal::ClusterGate::closed());
+    lease::internal::ClusterControl(server_).publish_cluster_gate(
+        lease::internal::ClusterGate::closed());
   }
   if (membership_) membership_->stop(mode);
 }

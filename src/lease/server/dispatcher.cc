@@ -1,13 +1,10 @@
 // The request path between the I/O loops and the shards. See dispatcher.h.
 #include "server/dispatcher.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <map>
 #include <new>
 #include <set>
-#include <tuple>
 #include <utility>
 
 #include "shardlock/lease/wire/internal/string_key.h"
@@ -21,8 +18,12 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
       clock_(options_.clock),
       limits_(shards.empty() ? ShardLimits{} : shards.front()->limits()),
       started_ms_(shards.empty() ? now_ms() : shards.front()->created_ms()),
-      active_many_(16, MultiIdHash{options_.key_seed}),
-      many_answers_(limits_.dedup_capacity, options_.key_seed) {
+      many_({.shards = shards_,
+             .limits = limits_,
+             .key_seed = options_.key_seed,
+             .replicator = options_.replicator,
+             .log = options_.log,
+             .counters = counters_}) {
   shards_.reserve(shards.size());
   for (auto& shard : shards) {
     auto slot = std::make_unique<ShardSlot>();
@@ -48,12 +49,6 @@ namespace {
 constexpr std::uint64_t kPackedVersion = pack_version(kVersion);
 static_assert(kPackedVersion != 0, "PROJECT_VERSION is not MAJOR.MINOR.PATCH");
 
-// The shard of a key hash: its high 32 bits scaled to [0, shards), leaving
-// the low bits, which the shard's table indexes with, independent of it.
-std::size_t shard_index(std::uint64_t key_hash, std::size_t shards) noexcept {
-  return static_cast<std::size_t>(((key_hash >> 32) * shards) >> 32);
-}
-
 }  // namespace
 
 std::size_t Dispatcher::shard_of(std::string_view key) const noexcept {
@@ -71,7 +66,7 @@ void Dispatcher::handle(unsigned worker, std::span<const std::uint8_t> bytes, co
     // Given up: the client retransmits. Answers already decided for waiters
     // still go out if they can (and are remembered by their shards), and the
     // ACQUIRE_MANY steps among them are taken.
-    count(allocation_failures_);
+    count(counters_.allocation_failures);
     send_deferred(w, replies);
   }
 }
@@ -97,11 +92,11 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
           w.deferred.push_back(std::move(step));
         } catch (const std::bad_alloc&) {
           slot.shard->stall(*m, m->stalled_step);  // the next tick tries again
-          count(allocation_failures_);
+          count(counters_.allocation_failures);
           break;
         }
       }
-      drain_journal(slot);
+      slot.drain_journal(options_.replicator);
       slot.note_timers();
     }
     if (options_.replicator != nullptr) {
@@ -118,7 +113,7 @@ void Dispatcher::tick(unsigned worker, std::vector<OutDatagram>& replies) noexce
       }
     }
   } catch (const std::bad_alloc&) {
-    count(allocation_failures_);
+    count(counters_.allocation_failures);
   }
   send_deferred(w, replies);
 }
@@ -130,16 +125,8 @@ void Dispatcher::end_batch(std::vector<OutDatagram>& replies) noexcept {
     // (one REPLICATE per backup for the whole batch), not at the next tick.
     options_.replicator->poll(clock_.now().count(), replies);
   } catch (const std::bad_alloc&) {
-    count(allocation_failures_);  // the next tick sends them
+    count(counters_.allocation_failures);  // the next tick sends them
   }
-}
-
-void Dispatcher::drain_journal(ShardSlot& slot) {
-  if (options_.replicator == nullptr || !slot.shard->journal_pending()) return;
-  if (slot.shard->journal_lost()) options_.replicator->start_over();
-  slot.journal.clear();
-  slot.shard->take_journal(slot.journal);
-  options_.replicator->route_moved(slot.journal);
 }
 
 void Dispatcher::replicate_buckets(
@@ -155,7 +142,7 @@ void Dispatcher::replicate_buckets(
   bool complete = true;
   for (const auto& slot : shards_) {
     LockGuard lock(slot->mu);
-    drain_journal(*slot);
+    slot->drain_journal(options_.replicator);
     holders.clear();
     if (!slot->shard->snapshot_all(holders)) complete = false;
     for (const auto& [peer, buckets] : owed) {
@@ -230,9 +217,9 @@ std::optional<std::size_t> Dispatcher::inherit(
     try {
       ok = slot.shard->inherit(key, holder, expiry_ms);
     } catch (const std::bad_alloc&) {
-      count(allocation_failures_);
+      count(counters_.allocation_failures);
     }
-    drain_journal(slot);
+    slot.drain_journal(options_.replicator);
     slot.note_timers();
     if (ok) {
       ++installed;
@@ -265,7 +252,7 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
                             std::span<const std::uint32_t> buckets, bool relayable) {
   // No source ever gets more reply bytes than it sent (before any auth tag).
   if (encoded_size(d) > budget) {
-    count(amplification_drops_);
+    count(counters_.amplification_drops);
     return;
   }
   OutDatagram& o = replies.emplace_back();
@@ -327,7 +314,7 @@ void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) noe
       // A waiter's grant: its first answer.
       send_reply(w.reply, d.reply_credit, d.peer, replies, {}, true);
     } catch (const std::bad_alloc&) {
-      count(allocation_failures_);
+      count(counters_.allocation_failures);
     }
   }
   w.deferred.clear();
@@ -344,9 +331,54 @@ void Dispatcher::refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer
     e.request_id = m.request_id;
     e.error = WireError::kRequestTooSmall;
     (void)w.reply.push(e);
-    count(errors_);
+    count(counters_.errors);
   }
   send_reply(w.reply, budget, peer, replies);
+}
+
+bool Dispatcher::admit(Worker& w, std::span<const std::uint8_t>& bytes, const Peer& peer,
+                       std::vector<OutDatagram>& replies, std::size_t& bound) {
+  // 1. A sealed datagram reaching a server without a key fails too: it
+  // cannot be checked, and its sender expects sealed replies.
+  bool rejected =
+      bytes.size() > kHeaderFlagsOffset && (bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0;
+  if (options_.auth_key) {
+    bytes = open_datagram(bytes, *options_.auth_key);
+    rejected = bytes.empty();
+  }
+  if (rejected) {
+    count(counters_.auth_failures);
+    return false;
+  }
+  // 2.
+  const ProtocolError err = decode(bytes, w.request);
+  w.reply.count = 0;
+  w.reply.batch = w.request.batch;
+  w.reply.client_id = w.request.client_id;
+  w.reply.request_id = w.request.request_id;
+  if (err == ProtocolError::kUnsupportedVersion) {
+    // Answered in our version so the sender learns why; only if it fits.
+    count(counters_.errors);
+    Message m;
+    m.type = MessageType::kError;
+    m.request_id = w.request.request_id;
+    m.error = WireError::kUnsupportedVersion;
+    w.reply.batch = false;
+    (void)w.reply.push(m);
+    send_reply(w.reply, bytes.size(), peer, replies);
+    return false;
+  }
+  if (err != ProtocolError::kOk) {
+    count(counters_.malformed);
+    return false;
+  }
+  // 3.
+  bound = max_immediate_reply_size(w.request);
+  if (bound > bytes.size()) {
+    refuse_unpadded(w, bytes.size(), peer, replies);
+    return false;
+  }
+  return true;
 }
 
 void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
@@ -357,46 +389,8 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
       options_.replicator->on_datagram(bytes, peer, arrived.count(), replies)) {
     return;
   }
-  // 1. A sealed datagram reaching a server without a key fails too: it
-  // cannot be checked, and its sender expects sealed replies.
-  bool rejected =
-      bytes.size() > kHeaderFlagsOffset && (bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0;
-  if (options_.auth_key) {
-    bytes = open_datagram(bytes, *options_.auth_key);
-    rejected = bytes.empty();
-  }
-  if (rejected) {
-    count(auth_failures_);
-    return;
-  }
-  // 2.
-  const ProtocolError err = decode(bytes, w.request);
-  w.reply.count = 0;
-  w.reply.batch = w.request.batch;
-  w.reply.client_id = w.request.client_id;
-  w.reply.request_id = w.request.request_id;
-  if (err == ProtocolError::kUnsupportedVersion) {
-    // Answered in our version so the sender learns why; only if it fits.
-    count(errors_);
-    Message m;
-    m.type = MessageType::kError;
-    m.request_id = w.request.request_id;
-    m.error = WireError::kUnsupportedVersion;
-    w.reply.batch = false;
-    (void)w.reply.push(m);
-    send_reply(w.reply, bytes.size(), peer, replies);
-    return;
-  }
-  if (err != ProtocolError::kOk) {
-    count(malformed_);
-    return;
-  }
-  // 3.
-  const std::size_t bound = max_immediate_reply_size(w.request);
-  if (bound > bytes.size()) {
-    refuse_unpadded(w, bytes.size(), peer, replies);
-    return;
-  }
+  std::size_t bound = 0;
+  if (!admit(w, bytes, peer, replies, bound)) return;
   // The padding beyond the bound pays either for queued ACQUIREs' later
   // answers (deferred_reply_credit) or for one STATS page, never both.
   std::size_t stats_slack = bytes.size() - bound;
@@ -430,67 +424,22 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     } else if (behind && is_request(m.type) && m.type != MessageType::kRelease) {
       r.type = MessageType::kRecovering;
       r.retry_after_ms = kBehindRetryMs;
-      count(behind_maps_);
+      count(counters_.behind_maps);
     } else if (!is_request(m.type)) {
       r.type = MessageType::kError;
       r.error = WireError::kNotARequest;
-      count(errors_);
+      count(counters_.errors);
     } else if (m.type == MessageType::kAcquireMany) {
       const auto credit = static_cast<std::uint16_t>(
           std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
       w.reply_buckets_known = false;  // its keys' buckets: every stream
       w.reply_relayable = false;
-      if (!acquire_many(w, m.owner.value_or(w.request.client_id), peer, m, credit, now, r, i)) {
+      if (!many_.acquire(m.owner.value_or(w.request.client_id), peer, m, credit, now,
+                         w.many_tokens[i], r, w.deferred)) {
         continue;
       }
-    } else {
-      const std::uint64_t key_hash = hash_key(m.key, options_.key_seed);
-      ShardSlot& slot = *shards_[shard_index(key_hash, shards_.size())];
-      const ClientId owner = m.owner.value_or(w.request.client_id);
-      const auto credit = static_cast<std::uint16_t>(
-          std::min(deferred_reply_credit(w.request, bytes.size(), i), kMaxDatagramSize));
-      // QUERY_HOLDERS: the padding pays for its holders (its reply bound
-      // counts none), as for a MAP page.
-      HolderPage* page = nullptr;
-      if (m.type == MessageType::kQueryHolders && !std::exchange(holders_paged, true)) {
-        w.holder_page.room = std::exchange(stats_slack, 0);
-        page = &w.holder_page;
-      } else if (m.type == MessageType::kWatch && !std::exchange(holders_paged, true)) {
-        // A WATCH that waits is paid by its credit (its answer may come
-        // later); one that does not, by the padding, as QUERY_HOLDERS.
-        w.holder_page.room =
-            m.wait_ms > 0 ? watch_reply_room(credit, m.key.size()) : std::exchange(stats_slack, 0);
-        page = &w.holder_page;
-      }
-      LockGuard lock(slot.mu);
-      // Read under slot.mu, in this scope, so the thread-safety analysis
-      // sees the lock (a lambda would not inherit it).
-      const auto& counters = slot.shard->counters();
-      constexpr auto kRetransmitIndex = static_cast<std::size_t>(StatCounter::kRetransmits);
-      const std::uint64_t retransmits_before = counters[kRetransmitIndex];
-      const bool answered =
-          slot.shard->handle(owner, peer, m, key_hash, now, r, w.deferred, credit, page);
-      // Answered from the dedup cache: its first answer may have been
-      // relayed and lost (or never reach a client behind a NAT).
-      if (counters[kRetransmitIndex] != retransmits_before) w.reply_relayable = false;
-      drain_journal(slot);
-      slot.note_timers();
-      if (!answered) continue;
-      if (options_.replicator != nullptr &&
-          (r.type == MessageType::kGranted || r.type == MessageType::kReleased)) {
-        // The bucket the shard journaled the grant or release under. A
-        // closed gate (before the first map, after a re-registration) has
-        // no routing, yet answers a holder's RELEASE.
-        if (const ClusterGate* gate = slot.shard->gate(); gate != nullptr && gate->routing) {
-          w.reply_buckets.push_back(static_cast<std::uint32_t>(gate->bucket_of(m.key)));
-        } else {
-          w.reply_buckets_known = false;
-        }
-      }
-      if (r.type == MessageType::kError && r.error == WireError::kInternal) {
-        options_.log("shard " + std::to_string(slot.shard->index()) +
-                     ": cannot issue a token: " + slot.shard->last_error());
-      }
+    } else if (!decide_key(w, m, i, bytes.size(), peer, now, stats_slack, holders_paged, r)) {
+      continue;
     }
     (void)w.reply.push(r);
   }
@@ -502,6 +451,59 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
                w.reply_relayable);
   }
   send_deferred(w, replies);
+}
+
+bool Dispatcher::decide_key(Worker& w, const Message& m, std::size_t item,
+                            std::size_t datagram_size, const Peer& peer, std::int64_t now,
+                            std::size_t& slack, bool& paged, Message& reply) {
+  const std::uint64_t key_hash = hash_key(m.key, options_.key_seed);
+  ShardSlot& slot = *shards_[shard_index(key_hash, shards_.size())];
+  const ClientId owner = m.owner.value_or(w.request.client_id);
+  const auto credit = static_cast<std::uint16_t>(
+      std::min(deferred_reply_credit(w.request, datagram_size, item), kMaxDatagramSize));
+  // QUERY_HOLDERS: the padding pays for its holders (its reply bound
+  // counts none), as for a MAP page.
+  HolderPage* page = nullptr;
+  if (m.type == MessageType::kQueryHolders && !std::exchange(paged, true)) {
+    w.holder_page.room = std::exchange(slack, 0);
+    page = &w.holder_page;
+  } else if (m.type == MessageType::kWatch && !std::exchange(paged, true)) {
+    // A WATCH that waits is paid by its credit (its answer may come
+    // later); one that does not, by the padding, as QUERY_HOLDERS.
+    w.holder_page.room =
+        m.wait_ms > 0 ? watch_reply_room(credit, m.key.size()) : std::exchange(slack, 0);
+    page = &w.holder_page;
+  }
+  LockGuard lock(slot.mu);
+  // Read under slot.mu, in this scope, so the thread-safety analysis
+  // sees the lock (a lambda would not inherit it).
+  const auto& counters = slot.shard->counters();
+  constexpr auto kRetransmitIndex = static_cast<std::size_t>(StatCounter::kRetransmits);
+  const std::uint64_t retransmits_before = counters[kRetransmitIndex];
+  const bool answered =
+      slot.shard->handle(owner, peer, m, key_hash, now, reply, w.deferred, credit, page);
+  // Answered from the dedup cache: its first answer may have been
+  // relayed and lost (or never reach a client behind a NAT).
+  if (counters[kRetransmitIndex] != retransmits_before) w.reply_relayable = false;
+  slot.drain_journal(options_.replicator);
+  slot.note_timers();
+  if (!answered) return false;
+  if (options_.replicator != nullptr &&
+      (reply.type == MessageType::kGranted || reply.type == MessageType::kReleased)) {
+    // The bucket the shard journaled the grant or release under. A
+    // closed gate (before the first map, after a re-registration) has
+    // no routing, yet answers a holder's RELEASE.
+    if (const ClusterGate* gate = slot.shard->gate(); gate != nullptr && gate->routing) {
+      w.reply_buckets.push_back(static_cast<std::uint32_t>(gate->bucket_of(m.key)));
+    } else {
+      w.reply_buckets_known = false;
+    }
+  }
+  if (reply.type == MessageType::kError && reply.error == WireError::kInternal) {
+    options_.log("shard " + std::to_string(slot.shard->index()) +
+                 ": cannot issue a token: " + slot.shard->last_error());
+  }
+  return true;
 }
 
 void Dispatcher::fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply) {
@@ -561,14 +563,14 @@ void Dispatcher::add_own_values(
     // Relaxed: statistics, with no ordering against anything else.
     counters[static_cast<std::size_t>(c)] += value.load(std::memory_order_relaxed);
   };
-  add(StatCounter::kMalformed, malformed_);
-  add(StatCounter::kErrors, errors_);
-  add(StatCounter::kAuthFailures, auth_failures_);
-  add(StatCounter::kAllocationFailures, allocation_failures_);
-  add(StatCounter::kAmplificationDrops, amplification_drops_);
-  add(StatCounter::kSendDrops, send_drops_);
-  add(StatCounter::kRequests, requests_);
-  add(StatCounter::kRecovering, behind_maps_);
+  add(StatCounter::kMalformed, counters_.malformed);
+  add(StatCounter::kErrors, counters_.errors);
+  add(StatCounter::kAuthFailures, counters_.auth_failures);
+  add(StatCounter::kAllocationFailures, counters_.allocation_failures);
+  add(StatCounter::kAmplificationDrops, counters_.amplification_drops);
+  add(StatCounter::kSendDrops, counters_.send_drops);
+  add(StatCounter::kRequests, counters_.requests);
+  add(StatCounter::kRecovering, counters_.behind_maps);
 }
 
 void Dispatcher::fill_map(Worker& w, const Message& request, std::size_t slack, Message& reply) {
@@ -637,7 +639,7 @@ void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
     slot->shard->set_gate(gate);
     // The holders installed so far (a takeover's) go to the backups before
     // the activation mark below.
-    drain_journal(*slot);
+    slot->drain_journal(options_.replicator);
   }
   if (options_.replicator != nullptr && gate) {
     // A backup of a bucket this gate activates may take it over complete
@@ -655,7 +657,7 @@ void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
       }
       options_.replicator->activated(activated);
     } catch (const std::bad_alloc&) {
-      count(allocation_failures_);  // a learner then waits for its fallback
+      count(counters_.allocation_failures);  // a learner then waits for its fallback
     }
   }
   const std::uint64_t epoch = gate ? gate->epoch : 0;
@@ -697,369 +699,25 @@ ServerStats Dispatcher::stats() const {
   return s;
 }
 
-// ---- ACQUIRE_MANY ------------------------------------------------------------
-
-std::size_t Dispatcher::MultiIdHash::operator()(const MultiId& id) const noexcept {
-  const std::uint64_t words[3] = {id.client.lo, id.client.hi, id.request_id};
-  return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
-}
-
-Shard& Dispatcher::shard_at(std::uint32_t index) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
-  return *shards_[index]->shard;  // callers hold its lock (lock_parts)
-}
-
-// Parts are sorted by shard, so one pass sees each shard once, in ascending
-// order: every multi-shard locker takes them in the same order.
-void Dispatcher::lock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
-  for (std::size_t i = 0; i < m.parts.size(); ++i) {
-    if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) shards_[m.parts[i].shard]->mu.lock();
-  }
-}
-
-void Dispatcher::unlock_parts(const MultiAcquire& m) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
-  for (std::size_t i = m.parts.size(); i-- > 0;) {
-    if (i == 0 || m.parts[i].shard != m.parts[i - 1].shard) {
-      ShardSlot& slot = *shards_[m.parts[i].shard];
-      drain_journal(slot);
-      slot.note_timers();
-      slot.mu.unlock();
-    }
-  }
-}
-
-namespace {
-
-// What a retransmission of an ACQUIRE_MANY must repeat: its mode and keys,
-// in order.
-std::uint64_t many_fingerprint(const Message& m, std::uint64_t seed) noexcept {
-  // The mode picks one of three seeds derived from the secret one.
-  const std::uint64_t mode_seed =
-      seed ^ (0x9E3779B97F4A7C15ULL * (static_cast<std::uint64_t>(m.mode) + 1));
-  return XXH3_64bits_withSeed(m.key_list.data(), m.key_list.size(), mode_seed);
-}
-
-// Why ACQUIRE_MANY `m` cannot be taken at all, if it cannot.
-std::optional<WireError> check_many(const Message& m, const ShardLimits& limits) {
-  if (m.mode != LeaseMode::kExclusive && m.mode != LeaseMode::kShared) return WireError::kBadMode;
-  if (m.key_count == 0 || m.key_count > kMaxKeysPerRequest) return WireError::kBadKeyList;
-  if (m.ttl_ms == 0 || m.ttl_ms > limits.max_ttl_ms) return WireError::kTtlOutOfRange;
-  if (m.wait_ms > limits.max_wait_ms) return WireError::kWaitOutOfRange;
-  std::array<std::string_view, kMaxKeysPerRequest> keys{};
-  std::size_t n = 0;
-  for (const std::string_view key : KeyList(m)) {
-    if (key.size() < kMinKeyLength) return WireError::kBadKey;
-    if (key.size() > kMaxKeyLength) return WireError::kKeyTooLong;
-    keys[n++] = key;
-  }
-  std::sort(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n));
-  if (std::adjacent_find(keys.begin(), keys.begin() + static_cast<std::ptrdiff_t>(n)) !=
-      keys.begin() + static_cast<std::ptrdiff_t>(n)) {
-    return WireError::kBadKeyList;
-  }
-  return std::nullopt;
-}
-
-}  // namespace
-
-void Dispatcher::fill_many(const MultiAnswer& answer, std::span<std::uint8_t> tokens,
-                           Message& reply) {
-  reply.type = answer.type;
-  reply.ttl_ms = answer.ttl_ms;
-  reply.index = answer.index;
-  reply.error = answer.error;
-  reply.epoch = answer.epoch;
-  if (answer.type == MessageType::kRecovering) reply.retry_after_ms = answer.ttl_ms;
-  if (answer.type != MessageType::kGrantedMany) return;
-  for (std::size_t i = 0; i < answer.count; ++i) {
-    for (std::size_t b = 0; b < 8; ++b) {
-      tokens[i * 8 + b] = static_cast<std::uint8_t>(answer.tokens[i] >> (8 * b));
-    }
-  }
-  reply.tokens_le = tokens.first(8 * std::size_t{answer.count});
-}
-
-bool Dispatcher::acquire_many(Worker& w, const ClientId& owner, const Peer& peer, const Message& m,
-                              std::uint16_t credit, std::int64_t now, Message& reply,
-                              std::size_t item) {
-  count(requests_);
-  const auto refuse = [&](WireError e) {
-    reply.type = MessageType::kError;
-    reply.error = e;
-    count(errors_);
-    return true;
-  };
-  if (const auto error = check_many(m, limits_)) return refuse(*error);
-  const std::uint64_t fingerprint = many_fingerprint(m, options_.key_seed);
-  if (now < limits_.recovering_until_ms) {
-    reply.type = MessageType::kRecovering;
-    reply.retry_after_ms = static_cast<std::uint32_t>(
-        std::min<std::int64_t>(limits_.recovering_until_ms - now, UINT32_MAX));
-    // Remembered, as finish_many() remembers a gate's refusal.
-    LockGuard lock(multi_mu_);
-    try {
-      many_answers_.put(owner, m.request_id,
-                        MultiAnswer{.type = MessageType::kRecovering,
-                                    .ttl_ms = reply.retry_after_ms,
-                                    .fingerprint = fingerprint});
-    } catch (const std::bad_alloc&) {
-      count(allocation_failures_);
-    }
-    return true;
-  }
-  // Built whole before it is registered: a registered request that is never
-  // stepped would wait forever. An allocation failure here leaves nothing.
-  auto owned = std::make_unique<MultiAcquire>();
-  MultiAcquire& multi = *owned;
-  multi.client = owner;
-  multi.request_id = m.request_id;
-  multi.peer = peer;
-  multi.mode = m.mode;
-  multi.ttl_ms = m.ttl_ms;
-  multi.wait_deadline_ms = now + m.wait_ms;
-  multi.reply_credit = credit;
-  multi.parts.reserve(m.key_count);
-  std::uint8_t index = 0;
-  for (const std::string_view key : KeyList(m)) {
-    MultiAcquire::Part& part = multi.parts.emplace_back();
-    part.key = std::string(key);
-    part.hash = hash_key(key, options_.key_seed);
-    part.shard = static_cast<std::uint32_t>(shard_index(part.hash, shards_.size()));
-    part.index = index++;
-  }
-  std::sort(multi.parts.begin(), multi.parts.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.shard, a.hash, a.key) < std::tie(b.shard, b.hash, b.key);
-  });
-  std::optional<MultiAnswer> cached;
-  {
-    LockGuard lock(multi_mu_);
-    if (active_many_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
-    if (const MultiAnswer* answer = many_answers_.find(owner, m.request_id)) {
-      if (answer->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
-      cached = *answer;
-    } else {
-      active_many_.emplace(MultiId{owner, m.request_id}, std::move(owned));
-    }
-  }
-  if (cached) {
-    // As Shard::handle() does for a single key: in cluster mode a grant is
-    // answered again only while each of its keys may be granted here.
-    if (cached->type == MessageType::kGrantedMany) {
-      for (const MultiAcquire::Part& part : multi.parts) {
-        ShardSlot& slot = *shards_[part.shard];
-        LockGuard lock(slot.mu);
-        if (slot.shard->gate() == nullptr) break;
-        if (const auto verdict = slot.shard->verdict(part.key, now);
-            verdict != ClusterGate::Verdict::kGrant) {
-          slot.shard->refuse_by_gate(verdict, reply);
-          return true;
-        }
-      }
-    }
-    fill_many(*cached, w.many_tokens[item], reply);
-    return true;
-  }
-  multi.fingerprint = fingerprint;
-  lock_parts(multi);
-  std::optional<MultiAnswer> answer;
-  try {
-    answer = step_many(multi, true, now, w.deferred);
-  } catch (const std::bad_alloc&) {
-    abandon_many(multi, now, w.deferred);
-    answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
-    count(allocation_failures_);
-  }
-  // Each key is requested once, as a single ACQUIRE of it would be; the
-  // key BUSY_MANY names was answered busy.
-  for (const MultiAcquire::Part& part : multi.parts) {
-    const bool busy =
-        answer && answer->type == MessageType::kBusyMany && answer->index == part.index;
-    shard_at(part.shard).note_request(part.hash, part.key, busy, now);
-  }
-  unlock_parts(multi);
-  if (!answer) return false;  // queued: `multi` is the shards' now, until its step comes
-  if (answer->type == MessageType::kError) count(errors_);
-  fill_many(*answer, w.many_tokens[item], reply);
-  finish_many(multi, *answer);
-  return true;
-}
-
-std::optional<Dispatcher::MultiAnswer> Dispatcher::step_many(MultiAcquire& m, bool first,
-                                                             std::int64_t now,
-                                                             std::vector<DeferredReply>& deferred) {
-  const auto fail = [&](WireError e) {
-    abandon_many(m, now, deferred);
-    return MultiAnswer{.type = MessageType::kError, .error = e};
-  };
-  const auto state_error = [&](Shard::PartState state, Shard& shard) {
-    if (state == Shard::PartState::kRedirect || state == Shard::PartState::kNotReady) {
-      // The cluster gate refused a key: nothing is held, and the client
-      // goes to the owner or tries again (under a fresh request id: finish_many).
-      abandon_many(m, now, deferred);
-      Message refusal;
-      shard.refuse_by_gate(state == Shard::PartState::kRedirect ? ClusterGate::Verdict::kRedirect
-                                                                : ClusterGate::Verdict::kNotReady,
-                           refusal);
-      return MultiAnswer{
-          .type = refusal.type, .ttl_ms = refusal.retry_after_ms, .epoch = refusal.epoch};
-    }
-    return fail(state == Shard::PartState::kKindMismatch ? WireError::kLeaseKindMismatch
-                                                         : WireError::kLimitExceeded);
-  };
-  if (first) {
-    if (auto again = prior_answer(m, now, deferred)) return again;
-    // All or nothing: every key is looked at before any is taken.
-    for (std::size_t i = 0; i < m.parts.size(); ++i) {
-      std::uint32_t ttl_left = 0;
-      const Shard::PartState state =
-          shard_at(m.parts[i].shard).probe(m, m.parts[i], now, ttl_left, deferred);
-      if (state == Shard::PartState::kFree) continue;
-      if (state != Shard::PartState::kBusy) return state_error(state, shard_at(m.parts[i].shard));
-      if (m.wait_deadline_ms <= now) {
-        shard_at(m.parts[i].shard).count_outcome(StatCounter::kBusy);
-        return MultiAnswer{
-            .type = MessageType::kBusyMany, .ttl_ms = ttl_left, .index = m.parts[i].index};
-      }
-      break;  // waits: walk below
-    }
-  }
-  // Take keys in the global order; queue on the first busy one.
-  for (std::size_t i = m.taken; i < m.parts.size(); ++i) {
-    MultiAcquire::Part& part = m.parts[i];
-    Shard& shard = shard_at(part.shard);
-    std::uint32_t ttl_left = 0;
-    const Shard::PartState state = shard.probe(m, part, now, ttl_left, deferred);
-    if (state == Shard::PartState::kBusy) {
-      if (!shard.queue(m, i, now)) return fail(WireError::kLimitExceeded);
-      return std::nullopt;
-    }
-    if (state != Shard::PartState::kFree) return state_error(state, shard);
-    if (shard.take(m, part, now) == 0) {
-      options_.log("shard " + std::to_string(shard.index()) +
-                   ": cannot issue a token: " + shard.last_error());
-      return fail(WireError::kInternal);
-    }
-    m.taken = i + 1;
-  }
-  // A gate published while the request waited may have moved or closed a
-  // key taken earlier: none may become a lease then.
-  for (const MultiAcquire::Part& part : m.parts) {
-    Shard& shard = shard_at(part.shard);
-    switch (shard.verdict(part.key, now)) {
-      case ClusterGate::Verdict::kGrant:
-        continue;
-      case ClusterGate::Verdict::kRedirect:
-        return state_error(Shard::PartState::kRedirect, shard);
-      case ClusterGate::Verdict::kNotReady:
-        return state_error(Shard::PartState::kNotReady, shard);
-    }
-  }
-  MultiAnswer granted{.type = MessageType::kGrantedMany, .ttl_ms = m.ttl_ms};
-  granted.count = static_cast<std::uint8_t>(m.parts.size());
-  for (const MultiAcquire::Part& part : m.parts) {
-    shard_at(part.shard).confirm(m, part, now);
-    granted.tokens[part.index] = part.token;
-  }
-  return granted;
-}
-
-std::optional<Dispatcher::MultiAnswer> Dispatcher::prior_answer(
-    MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred) {
-  MultiAnswer again{.type = MessageType::kGrantedMany, .ttl_ms = UINT32_MAX};
-  std::size_t granted = 0;
-  std::optional<std::size_t> first_prior;
-  std::uint32_t first_ttl_left = 0;
-  for (std::size_t i = 0; i < m.parts.size(); ++i) {
-    std::uint64_t token = 0;
-    std::uint32_t ttl_left = 0;
-    const Shard::PriorGrant prior =
-        shard_at(m.parts[i].shard).prior_grant(m, m.parts[i], now, token, ttl_left, deferred);
-    if (prior == Shard::PriorGrant::kNone) continue;
-    if (!first_prior) {
-      first_prior = i;
-      first_ttl_left = ttl_left;
-    }
-    if (prior == Shard::PriorGrant::kThisRequest) {
-      ++granted;
-      again.tokens[m.parts[i].index] = token;
-      again.ttl_ms = std::min(again.ttl_ms, ttl_left);
-    }
-  }
-  if (!first_prior) return std::nullopt;
-  Shard& shard = shard_at(m.parts[*first_prior].shard);
-  if (granted == m.parts.size()) {
-    // Every key still held from this very request: the same grant, with the
-    // time surely left.
-    again.count = static_cast<std::uint8_t>(m.parts.size());
-    shard.count_outcome(StatCounter::kRetransmits);
-    return again;
-  }
-  // Applied before (some of its leases have ended since) or older than a
-  // request applied since: taking the keys again would hand the client
-  // leases it does not know of. Nothing is taken.
-  shard.count_outcome(StatCounter::kStaleRequests);
-  return MultiAnswer{.type = MessageType::kBusyMany,
-                     .ttl_ms = first_ttl_left,
-                     .index = m.parts[*first_prior].index};
-}
-
-void Dispatcher::abandon_many(MultiAcquire& m, std::int64_t now,
-                              std::vector<DeferredReply>& deferred) {
-  for (std::size_t i = 0; i < m.taken; ++i) {
-    shard_at(m.parts[i].shard).abandon(m, m.parts[i], now, deferred);
-  }
-  m.taken = 0;
-}
-
-void Dispatcher::finish_many(const MultiAcquire& m, MultiAnswer answer) {
-  answer.fingerprint = m.fingerprint;
-  LockGuard lock(multi_mu_);
-  // A gate's refusal is remembered too: the client asks again under a fresh
-  // request id, and a late copy of this one must not be granted with no
-  // call left to take the grant (Shard::remember_refusal()).
-  try {
-    many_answers_.put(m.client, m.request_id, answer);
-  } catch (const std::bad_alloc&) {
-    count(allocation_failures_);  // a retransmission then starts afresh
-  }
-  active_many_.erase(MultiId{m.client, m.request_id});  // destroys m
-}
-
 void Dispatcher::continue_many(Worker& w, const DeferredReply& d,
                                std::vector<OutDatagram>& replies) {
-  MultiAcquire& m = *d.multi;
-  const std::int64_t now = now_ms();
-  std::optional<MultiAnswer> answer;
-  lock_parts(m);
-  try {
-    if (d.type == MessageType::kGranted) {
-      answer = step_many(m, false, now, w.deferred);
-    } else {
-      abandon_many(m, now, w.deferred);
-      answer = MultiAnswer{
-          .type = d.type, .ttl_ms = d.retry_after_ms, .epoch = d.epoch, .error = d.error};
-    }
-  } catch (const std::bad_alloc&) {
-    abandon_many(m, now, w.deferred);
-    answer = MultiAnswer{.type = MessageType::kError, .error = WireError::kResourceExhausted};
-    count(allocation_failures_);
-  }
-  unlock_parts(m);
+  const MultiAcquire& m = *d.multi;
+  const std::optional<MultiAnswer> answer = many_.resume(d, now_ms(), w.deferred);
   if (!answer) return;  // queued on its next key
-  if (answer->type == MessageType::kError) count(errors_);
   w.reply.count = 0;
   w.reply.batch = false;
   w.reply.client_id = m.client;
   w.reply.request_id = m.request_id;
   Message reply;
   reply.request_id = m.request_id;
-  fill_many(*answer, w.deferred_tokens, reply);
+  MultiDriver::fill(*answer, w.deferred_tokens, reply);
   (void)w.reply.push(reply);
   try {
     send_reply(w.reply, m.reply_credit, m.peer, replies);
   } catch (const std::bad_alloc&) {
-    count(allocation_failures_);  // lost; the retransmission gets the answer below
+    count(counters_.allocation_failures);  // lost; the retransmission gets the answer below
   }
-  finish_many(m, *answer);
+  many_.finish(m, *answer);
 }
 
 }  // namespace shardlock::lease::internal

@@ -20,22 +20,8 @@
 //      waiters (FIFO hand-off), are appended to the caller's list.
 // tick() drives the timers of the shards a worker owns (s % workers).
 //
-// ACQUIRE_MANY: its keys are sorted into the global order (shard index,
-// key hash, key) and every step runs with the locks of all its shards,
-// taken in ascending shard order (as lock_many() takes stripes), so a step
-// is atomic with respect to every other request on those keys:
-//   * first, every key is probed: all free -> all taken and confirmed
-//     (GRANTED_MANY); a kind mismatch or a limit -> ERROR; otherwise, with
-//     no wait, BUSY_MANY naming the first busy key, and nothing was taken;
-//   * with a wait, the free keys before the first busy one are taken as
-//     pending holds and the request queues on that key. Its hand-off (a
-//     DeferredReply with `multi`) continues the walk from there; its
-//     timeout, or an error, abandons every pending hold.
-// A request waits on one key at a time and holds only keys before it in
-// the global order, so no two requests wait for each other in a cycle.
-// In-progress requests and recent answers live in a table of their own
-// (multi_mu_, never held with a shard lock), so a retransmission is not
-// taken twice and gets the answer given.
+// ACQUIRE_MANY: MultiDriver (multi_driver.h) decides it across its shards;
+// this sends its answers.
 //
 // Threading: any number of I/O threads call handle() and tick() at once,
 // each with its own worker index; a shard's state is only touched under its
@@ -56,14 +42,15 @@
 #include <vector>
 
 #include "server/io_loop.h"
+#include "server/multi_driver.h"
 #include "server/replicator.h"
+#include "server/shard_slot.h"
 #include "shardlock/internal/thread_annotations.h"
-#include "shardlock/lease/server/internal/dedup_cache.h"
 #include "shardlock/lease/server/internal/grant_log.h"
 #include "shardlock/lease/server/internal/latency_histogram.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
-#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/server/server_types.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/internal/peer.h"
 #include "shardlock/lease/wire/protocol.h"
@@ -116,10 +103,10 @@ class Dispatcher {
   void end_batch(std::vector<OutDatagram>& replies) noexcept;
 
   // A datagram dropped before decoding (larger than any valid one).
-  void count_oversized() noexcept { count(malformed_); }
+  void count_oversized() noexcept { count(counters_.malformed); }
   // A reply datagram that never left: no send slot, a full socket buffer
   // (EAGAIN, ENOBUFS) or a failed send completion.
-  void count_send_drop() noexcept { count(send_drops_); }
+  void count_send_drop() noexcept { count(counters_.send_drops); }
 
   // Every counter, shards' and this dispatcher's, and each shard's last token.
   [[nodiscard]] ServerStats stats() const;
@@ -167,24 +154,6 @@ class Dispatcher {
   [[nodiscard]] bool needs_new_epoch() const;
 
  private:
-  // One shard and its lock, padded to its own cache lines so neighbouring
-  // shards' locks do not false-share.
-  struct alignas(64) ShardSlot {
-    mutable Mutex mu;
-    std::unique_ptr<Shard> shard SHARDLOCK_PT_GUARDED_BY(mu);
-    // The shard's armed timers, as of its last request or tick (written
-    // under mu). tick() skips a shard with none without taking its lock:
-    // with 64 shards, locking each every millisecond showed in the
-    // one-client p99. Relaxed: a timer armed after the read is fired by the
-    // next tick, and every request fires due timers itself first.
-    std::atomic<std::size_t> timers{0};
-    // drain_journal()'s entries, kept for their capacity.
-    std::vector<replication::Entry> journal SHARDLOCK_GUARDED_BY(mu);
-    // A stalled ACQUIRE_MANY step counts as a timer, so tick() visits it.
-    void note_timers() SHARDLOCK_REQUIRES(mu) {
-      timers.store(shard->timers() + (shard->has_stalled() ? 1 : 0), std::memory_order_relaxed);
-    }
-  };
   // Scratch space of one I/O thread, reused for every datagram.
   struct Worker {
     Datagram request;
@@ -214,37 +183,23 @@ class Dispatcher {
     // replicator's silence: written by this worker, read by worker 0.
     std::atomic<std::int64_t> ticked_ns{0};
   };
-  // An ACQUIRE_MANY's answer: how it ended, kept for retransmissions.
-  struct MultiAnswer {
-    // kGrantedMany, kBusyMany, kTimeout, kError; kRedirect and kRecovering
-    // (the cluster gate refused a key, or the lock-delay runs), remembered
-    // too: the client asks again under a fresh request id.
-    MessageType type = MessageType::kError;
-    std::uint32_t ttl_ms = 0;  // kGrantedMany, kBusyMany; retry_after_ms for kRecovering
-    std::uint64_t epoch = 0;   // kRedirect
-    std::uint8_t index = 0;    // kBusyMany
-    WireError error = WireError::kInternal;
-    std::uint8_t count = 0;  // tokens, in the request's key order
-    std::array<std::uint64_t, kMaxKeysPerRequest> tokens{};
-    std::uint64_t fingerprint = 0;  // of the request (mode, ttl-free: its keys in order)
-  };
-  struct MultiId {
-    ClientId client;
-    std::uint64_t request_id = 0;
-    friend bool operator==(const MultiId&, const MultiId&) = default;
-  };
-  struct MultiIdHash {
-    std::uint64_t seed = 0;
-    std::size_t operator()(const MultiId& id) const noexcept;
-  };
-
-  static void count(std::atomic<std::uint64_t>& c) noexcept {
-    c.fetch_add(1, std::memory_order_relaxed);  // relaxed: a statistic, read by STATS only
-  }
+  static void count(std::atomic<std::uint64_t>& c) noexcept { DispatchCounters::count(c); }
   // `arrived`: the clock when handle() took the datagram (one reading serves
   // both the shards' time and the latency histogram).
   void decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
               std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies);
+  // Steps 1 to 3 of handle(): authentication, decoding into w.request (and
+  // w.reply's header), the anti-amplification check against `bound`, the
+  // largest immediate reply. False when the datagram was dropped or
+  // answered whole; `bytes` becomes the opened one.
+  bool admit(Worker& w, std::span<const std::uint8_t>& bytes, const Peer& peer,
+             std::vector<OutDatagram>& replies, std::size_t& bound);
+  // Item `item` (`m`) of w.request, one key's request, on its shard: false
+  // when it waits (queued) and `reply` is not an answer yet. `slack` is the
+  // padding left for a page, `paged` whether a holder page was given.
+  bool decide_key(Worker& w, const Message& m, std::size_t item, std::size_t datagram_size,
+                  const Peer& peer, std::int64_t now, std::size_t& slack, bool& paged,
+                  Message& reply);
   // Answers every item of a request that is too small for its answers.
   void refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer,
                        std::vector<OutDatagram>& replies);
@@ -254,8 +209,6 @@ class Dispatcher {
   void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
                   std::vector<OutDatagram>& replies, std::span<const std::uint32_t> buckets = {},
                   bool relayable = false);
-  // Moves the shard's journal into the replicator (under the shard's lock).
-  void drain_journal(ShardSlot& slot) SHARDLOCK_REQUIRES(slot.mu);
   void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;
   void fill_stats(Worker& w, const Message& request, std::size_t slack, Message& reply);
   // MAP_REPLY: the gate's map, as many members from request.first_member as
@@ -267,54 +220,24 @@ class Dispatcher {
                                std::array<std::uint64_t, kStatCounterCount>& counters) noexcept;
   // Adds this dispatcher's counters and sets the server-wide gauges (uptime,
   // lock-delay left, version).
+  void add_own_values(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   // HOT_KEYS_REPLY: every shard's busiest keys, the busiest first, as many
   // as `slack` bytes allow.
   void fill_hot_keys(Worker& w, std::size_t slack, std::int64_t now, Message& reply);
-  void add_own_values(std::array<std::uint64_t, kStatCounterCount>& counters) const noexcept;
   [[nodiscard]] std::int64_t now_ms() const;
 
-  // ACQUIRE_MANY `m` of `owner`: false when it was queued (or is already in
-  // progress), else `reply` is the answer.
-  bool acquire_many(Worker& w, const ClientId& owner, const Peer& peer, const Message& m,
-                    std::uint16_t credit, std::int64_t now, Message& reply, std::size_t item);
-  // Continues `d.multi` after its queued part was granted, or gives it up.
+  // Sends the answer to `d.multi` once its step has one (MultiDriver::resume()).
   void continue_many(Worker& w, const DeferredReply& d, std::vector<OutDatagram>& replies);
-  // One step of `m` under all its shards' locks: nullopt while it waits.
-  std::optional<MultiAnswer> step_many(MultiAcquire& m, bool first, std::int64_t now,
-                                       std::vector<DeferredReply>& deferred);
-  // The answer to `m` when an earlier execution of it (or a newer request of
-  // its client) shows in the keys' leases, as a single key's holder record
-  // shows a retransmitted ACQUIRE: nullopt when none does.
-  std::optional<MultiAnswer> prior_answer(MultiAcquire& m, std::int64_t now,
-                                          std::vector<DeferredReply>& deferred);
-  // Gives up `m`: every pending hold goes.
-  void abandon_many(MultiAcquire& m, std::int64_t now, std::vector<DeferredReply>& deferred);
-  // Remembers `answer` for m's retransmissions and forgets m (destroying it).
-  void finish_many(const MultiAcquire& m, MultiAnswer answer);
-  // `answer` as a reply message; its tokens go to `tokens`.
-  static void fill_many(const MultiAnswer& answer, std::span<std::uint8_t> tokens, Message& reply);
-  // The shards of `m`'s parts, locked in ascending order / unlocked.
-  void lock_parts(const MultiAcquire& m);
-  void unlock_parts(const MultiAcquire& m);
-  Shard& shard_at(std::uint32_t index);
 
   DispatcherOptions options_;
   ServerClock clock_;  // options_.clock, or CLOCK_BOOTTIME without a call through it
-  std::vector<std::unique_ptr<ShardSlot>> shards_;
+  ShardSlots shards_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  // Counted outside any shard.
-  std::atomic<std::uint64_t> malformed_{0};
-  std::atomic<std::uint64_t> errors_{0};
-  std::atomic<std::uint64_t> auth_failures_{0};
-  std::atomic<std::uint64_t> allocation_failures_{0};
+  DispatchCounters counters_;  // counted outside any shard
   // When inherit() last logged a failed takeover (the caller retries it on
   // every tick until it succeeds: logged once a second at most). Relaxed:
   // only the cluster thread calls inherit(), and a lost update costs one line.
   std::atomic<std::int64_t> takeover_refusal_logged_ms_{std::numeric_limits<std::int64_t>::min()};
-  std::atomic<std::uint64_t> amplification_drops_{0};
-  std::atomic<std::uint64_t> send_drops_{0};
-  std::atomic<std::uint64_t> requests_{0};
-  std::atomic<std::uint64_t> behind_maps_{0};  // RECOVERING: a client's map was newer
   static constexpr std::uint32_t kBehindRetryMs = 20;
   // Shard 0's limits (TTL, wait, lock-delay): the same in every shard.
   ShardLimits limits_;
@@ -329,10 +252,8 @@ class Dispatcher {
   // the grant decisions themselves read the shards' gates under their locks.
   std::atomic<std::uint64_t> gate_epoch_{0};
 
-  mutable Mutex multi_mu_;
-  std::unordered_map<MultiId, std::unique_ptr<MultiAcquire>, MultiIdHash> active_many_
-      SHARDLOCK_GUARDED_BY(multi_mu_);
-  DedupCache<MultiAnswer> many_answers_ SHARDLOCK_GUARDED_BY(multi_mu_);
+  // ACQUIRE_MANY; after the members it refers to (Env).
+  MultiDriver many_;
 };
 
 }  // namespace shardlock::lease::internal

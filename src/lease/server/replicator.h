@@ -3,11 +3,11 @@
 // datagrams come in through on_datagram() and go out through the caller's
 // list, as with the Dispatcher. Private to src/lease/server/.
 //
-//   * Layout (set_layout(), from the cluster layer at each map): the peers,
-//     which of them back up each bucket this node is primary of, and which
-//     of them this node backs up. A stream to a peer that stays a backup
-//     is kept; one to a new backup starts (its first entries must be the
-//     snapshots of the buckets it backs up: snapshot()).
+//   * Layout (set_layout(), from the cluster layer at each map;
+//     replicator_layout.cc): the peers, which of them back up each bucket
+//     this node is primary of, and which of them this node backs up. A stream to a peer that stays
+//     a backup is kept; one to a new backup starts (its first entries must be the snapshots of the
+//     buckets it backs up: snapshot()).
 //   * route(): the shards' journal entries, each to the streams of its
 //     bucket's backups, in the order given.
 //   * Held answers: a reply datagram that carries a grant or a release is
@@ -46,7 +46,7 @@
 #include "server/io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/replication.h"
-#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/server/server_types.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
@@ -322,6 +322,18 @@ class Replicator {
     std::vector<std::vector<std::shared_ptr<std::atomic<std::int64_t>>>> leases;
   };
 
+  // set_layout()'s halves (replicator_layout.cc). The streams to backups:
+  // kept, started or dropped, each bucket's lease ends in `leases`; returns
+  // the (peer, bucket) pairs owed a snapshot.
+  std::vector<std::pair<std::uint16_t, std::uint32_t>> layout_backups(const ReplicaLayout& layout,
+                                                                      Layout& leases)
+      SHARDLOCK_REQUIRES(mu_);
+  // The streams from primaries: kept, retired (for the takeover of buckets
+  // this node owns now) or started, for `backed` (per primary id, the
+  // buckets this node backs up now; the lists are moved out).
+  void layout_primaries(const ReplicaLayout& layout, std::int64_t now_ns,
+                        std::unordered_map<std::string, std::vector<std::uint32_t>>& backed)
+      SHARDLOCK_REQUIRES(mu_);
   // The stream (current or retiring) that lists `bucket` for `primary`.
   const FromPrimary* stream_with(const std::string& primary, std::uint32_t bucket) const
       SHARDLOCK_REQUIRES(mu_);

@@ -27,6 +27,7 @@
 #include "server/dispatcher.h"
 #include "server/io_loop.h"
 #include "shardlock/internal/thread_annotations.h"
+#include "shardlock/lease/server/internal/cluster_control.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
@@ -97,6 +98,17 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   }
 
   std::error_code start();
+  // start()'s steps: the options' bounds; the data dir (the raw counters'
+  // `floor`, the lease bound an earlier run recorded); the shards' limits
+  // at `now`; the dispatcher (and replicator, grant log) over `shards`;
+  // the back end and the I/O threads.
+  std::error_code check_options();
+  std::error_code open_data_dir(internal::TokenMode mode, std::uint64_t& floor,
+                                std::chrono::milliseconds& previous_bound);
+  [[nodiscard]] internal::ShardLimits shard_limits(std::int64_t now) const;
+  void make_dispatcher(std::uint64_t key_seed, std::chrono::milliseconds previous_bound,
+                       std::vector<std::unique_ptr<Shard>> shards);
+  std::error_code start_loops();
   std::error_code open_sockets();
   // A UDP socket on `addr`, added to fds, with SO_REUSEPORT if asked.
   std::error_code open_socket(int family, bool reuse_port, const sockaddr_storage& addr,
@@ -165,6 +177,50 @@ struct LeaseServer::Impl final : internal::DatagramSink {
 std::error_code LeaseServer::Impl::start() {
   if (started) return fail(ServerError::kAlreadyStarted, "start() called twice");
   started = true;
+  if (const std::error_code ec = check_options()) return ec;
+  const auto& o = options;
+  // Tokens. The raw counters start above `floor`. A plain run issues them
+  // as tokens, so it starts above every token any earlier run issued, in
+  // either mode (token_floor); a cluster run composes epoch << 32 | counter
+  // and its shards refuse every epoch at or below token_floor >> 32.
+  std::uint64_t floor = 0;
+  std::chrono::milliseconds previous_bound{0};
+  const internal::TokenMode mode =
+      o.start_closed ? internal::TokenMode::kCluster : internal::TokenMode::kPlain;
+  if (const std::error_code ec = open_data_dir(mode, floor, previous_bound)) return ec;
+  // The default lock-delay covers the longest lease any earlier run may have
+  // granted: its max TTL, as recorded in the data dir, if that was longer.
+  // A fresh data dir has no earlier lease to wait out (an explicit
+  // lock_delay is still applied).
+  lock_delay = o.lock_delay.value_or(fresh_data_dir ? std::chrono::milliseconds{0}
+                                                    : std::max(o.max_ttl, previous_bound));
+  if (lock_delay < previous_bound) {
+    o.log("warning: lock-delay " + to_string(lock_delay) + " is shorter than the previous run's " +
+          "max TTL " + to_string(previous_bound) + ": its leases may still be live");
+  }
+
+  const std::int64_t now = now_ms();
+  const internal::ShardLimits limits = shard_limits(now);
+  if (store && previous_bound > o.max_ttl) {
+    lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
+  }
+  std::vector<std::unique_ptr<Shard>> shards;
+  shards.reserve(o.shards);
+  for (std::uint32_t i = 0; i < o.shards; ++i) {
+    ShardTokens tokens =
+        store ? ShardTokens(store.get(), i, floor,
+                            mode == internal::TokenMode::kPlain ? floor + o.token_block : floor,
+                            o.token_block, mode)
+              : ShardTokens(0);
+    shards.push_back(std::make_unique<Shard>(i, limits, tokens, now));
+  }
+
+  if (const std::error_code ec = open_sockets()) return ec;
+  make_dispatcher(limits.hash_seed, previous_bound, std::move(shards));
+  return start_loops();
+}
+
+std::error_code LeaseServer::Impl::check_options() {
   const auto& o = options;
   if (o.shards == 0 || o.shards > 65536) {
     return fail(ServerError::kBadOptions,
@@ -213,14 +269,12 @@ std::error_code LeaseServer::Impl::start() {
                 "token_block must be 1..2^40, got " + std::to_string(o.token_block));
   }
 
-  // Tokens. The raw counters start above `floor`. A plain run issues them
-  // as tokens, so it starts above every token any earlier run issued, in
-  // either mode (token_floor); a cluster run composes epoch << 32 | counter
-  // and its shards refuse every epoch at or below token_floor >> 32.
-  std::uint64_t floor = 0;
-  std::chrono::milliseconds previous_bound{0};
-  const internal::TokenMode mode =
-      o.start_closed ? internal::TokenMode::kCluster : internal::TokenMode::kPlain;
+  return {};
+}
+
+std::error_code LeaseServer::Impl::open_data_dir(internal::TokenMode mode, std::uint64_t& floor,
+                                                 std::chrono::milliseconds& previous_bound) {
+  const auto& o = options;
   if (!o.data_dir.empty()) {
     std::string detail;
     if (const std::error_code ec = TokenStore::open(o.data_dir, store, detail)) {
@@ -277,18 +331,11 @@ std::error_code LeaseServer::Impl::start() {
   } else {
     o.log("no data dir: tokens restart from 1 and are only monotonic within this run");
   }
-  // The default lock-delay covers the longest lease any earlier run may have
-  // granted: its max TTL, as recorded in the data dir, if that was longer.
-  // A fresh data dir has no earlier lease to wait out (an explicit
-  // lock_delay is still applied).
-  lock_delay = o.lock_delay.value_or(fresh_data_dir ? std::chrono::milliseconds{0}
-                                                    : std::max(o.max_ttl, previous_bound));
-  if (lock_delay < previous_bound) {
-    o.log("warning: lock-delay " + to_string(lock_delay) + " is shorter than the previous run's " +
-          "max TTL " + to_string(previous_bound) + ": its leases may still be live");
-  }
+  return {};
+}
 
-  const std::int64_t now = now_ms();
+internal::ShardLimits LeaseServer::Impl::shard_limits(std::int64_t now) const {
+  const auto& o = options;
   internal::ShardLimits limits;
   limits.max_ttl_ms = static_cast<std::uint32_t>(o.max_ttl.count());
   limits.max_wait_ms = static_cast<std::uint32_t>(o.max_wait.count());
@@ -311,26 +358,18 @@ std::error_code LeaseServer::Impl::start() {
   // indexes the shard's tables (see Dispatcher).
   limits.hash_seed = secret_seed();
   limits.token_floor = token_floor;
-  if (store && previous_bound > o.max_ttl) {
-    lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
-  }
-  std::vector<std::unique_ptr<Shard>> shards;
-  shards.reserve(o.shards);
-  for (std::uint32_t i = 0; i < o.shards; ++i) {
-    ShardTokens tokens =
-        store ? ShardTokens(store.get(), i, floor,
-                            mode == internal::TokenMode::kPlain ? floor + o.token_block : floor,
-                            o.token_block, mode)
-              : ShardTokens(0);
-    shards.push_back(std::make_unique<Shard>(i, limits, tokens, now));
-  }
+  return limits;
+}
 
-  if (const std::error_code ec = open_sockets()) return ec;
+void LeaseServer::Impl::make_dispatcher(std::uint64_t key_seed,
+                                        std::chrono::milliseconds previous_bound,
+                                        std::vector<std::unique_ptr<Shard>> shards) {
+  const auto& o = options;
   internal::DispatcherOptions d;
   d.auth_key = o.auth_key;
   d.clock = o.clock;
   d.log = o.log;
-  d.key_seed = limits.hash_seed;
+  d.key_seed = key_seed;
   d.workers = static_cast<unsigned>(fds.size());
   if (o.grant_log) {
     grant_log = std::make_unique<internal::GrantLog>(o.grant_log, o.grant_log_lines_per_second);
@@ -360,7 +399,10 @@ std::error_code LeaseServer::Impl::start() {
     // Cluster mode: nothing is granted before the cluster layer says what.
     dispatcher->publish_gate(internal::ClusterGate::closed());
   }
+}
 
+std::error_code LeaseServer::Impl::start_loops() {
+  const auto& o = options;
   // Back end.
   backend = o.io == IoBackend::kSocket ? IoBackend::kSocket : IoBackend::kUring;
   if (backend == IoBackend::kUring) {
@@ -533,79 +575,92 @@ bool LeaseServer::fresh_data_dir() const noexcept { return impl_->fresh_data_dir
 const std::string& LeaseServer::error_detail() const noexcept { return impl_->error_detail; }
 void LeaseServer::stop() { impl_->stop(); }
 
-void LeaseServer::publish_cluster_gate(std::shared_ptr<const internal::ClusterGate> gate) {
-  if (impl_->dispatcher) impl_->dispatcher->publish_gate(std::move(gate));
-}
-
-std::size_t LeaseServer::count_leases(const std::function<bool(std::string_view key)>& pred) const {
-  return impl_->dispatcher ? impl_->dispatcher->count_leases(pred) : 0;
-}
-
-std::uint64_t LeaseServer::token_floor() const noexcept { return impl_->token_floor; }
-
-bool LeaseServer::needs_new_epoch() const {
-  return impl_->dispatcher && impl_->dispatcher->needs_new_epoch();
-}
-
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
-std::error_code LeaseServer::set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
-                                                const std::vector<bool>& learners,
-                                                std::uint16_t self, std::size_t replicas,
-                                                const std::vector<std::string>& addresses) {
-  Impl& s = *impl_;
+ServerStats LeaseServer::stats() const {
+  ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
+  if (impl_->store) impl_->store->add_stats(stats);
+  return stats;
+}
+
+// ---- ClusterControl (internal/cluster_control.h) ----
+
+namespace internal {
+
+void ClusterControl::publish_cluster_gate(std::shared_ptr<const ClusterGate> gate) {
+  if (server_->impl_->dispatcher) server_->impl_->dispatcher->publish_gate(std::move(gate));
+}
+
+std::size_t ClusterControl::count_leases(
+    const std::function<bool(std::string_view key)>& pred) const {
+  return server_->impl_->dispatcher ? server_->impl_->dispatcher->count_leases(pred) : 0;
+}
+
+std::uint64_t ClusterControl::token_floor() const noexcept { return server_->impl_->token_floor; }
+
+bool ClusterControl::needs_new_epoch() const {
+  return server_->impl_->dispatcher && server_->impl_->dispatcher->needs_new_epoch();
+}
+
+std::error_code ClusterControl::set_replica_layout(std::uint64_t epoch,
+                                                   const RouterSnapshot& routing,
+                                                   const std::vector<bool>& learners,
+                                                   std::uint16_t self, std::size_t replicas,
+                                                   const std::vector<std::string>& addresses) {
+  LeaseServer::Impl& s = *server_->impl_;
   // Not fail(): the server keeps running as it was.
   if (!s.replicator || !s.dispatcher) {
     s.error_detail = "replication is off, or the server is not started";
     return ServerError::kBadOptions;
   }
-  std::vector<internal::Peer> peers(addresses.size());
+  std::vector<Peer> peers(addresses.size());
   for (std::size_t i = 0; i < addresses.size(); ++i) {
     sockaddr_storage address{};
     socklen_t length = 0;
     std::string detail;
-    if (!internal::resolve_udp_address(addresses[i], /*passive=*/false,
-                                       /*allow_port_zero=*/false, address, length, detail)) {
+    if (!resolve_udp_address(addresses[i], /*passive=*/false,
+                             /*allow_port_zero=*/false, address, length, detail)) {
       s.error_detail = "replica address " + addresses[i] + ": " + detail;
       return ServerError::kBadOptions;
     }
     std::memcpy(&peers[i].addr, &address, std::min<std::size_t>(length, sizeof peers[i].addr));
     peers[i].len = length;
   }
-  const internal::ReplicaLayout layout =
-      internal::replica_layout(epoch, routing, learners, self, replicas, peers);
+  const ReplicaLayout layout = replica_layout(epoch, routing, learners, self, replicas, peers);
   s.dispatcher->replicate_buckets(s.replicator->set_layout(layout, s.clock.now().count()));
   return {};
 }
 
-bool LeaseServer::replica_primary_settled(const std::string& primary, std::uint32_t bucket) const {
-  return impl_->replicator && impl_->replicator->primary_settled(primary, bucket);
+bool ClusterControl::replica_primary_settled(const std::string& primary,
+                                             std::uint32_t bucket) const {
+  return server_->impl_->replicator && server_->impl_->replicator->primary_settled(primary, bucket);
 }
 
-ReplicaProgress LeaseServer::replica_progress() const {
-  if (!impl_->replicator) return {};
-  return impl_->replicator->progress();
+ReplicaProgress ClusterControl::replica_progress() const {
+  if (!server_->impl_->replicator) return {};
+  return server_->impl_->replicator->progress();
 }
 
-std::chrono::nanoseconds LeaseServer::replica_lease_until(std::size_t bucket) const noexcept {
-  if (!impl_->replicator) return std::chrono::nanoseconds::max();
-  return impl_->replicator->lease_until(bucket);
+std::chrono::nanoseconds ClusterControl::replica_lease_until(std::size_t bucket) const noexcept {
+  if (!server_->impl_->replicator) return std::chrono::nanoseconds::max();
+  return server_->impl_->replicator->lease_until(bucket);
 }
 
-std::vector<std::string> LeaseServer::silent_replicas(std::chrono::milliseconds silence) const {
-  if (!impl_->replicator) return {};
-  return impl_->replicator->silent_peers(
-      impl_->clock.now().count(),
+std::vector<std::string> ClusterControl::silent_replicas(std::chrono::milliseconds silence) const {
+  if (!server_->impl_->replicator) return {};
+  return server_->impl_->replicator->silent_peers(
+      server_->impl_->clock.now().count(),
       std::chrono::duration_cast<std::chrono::nanoseconds>(silence).count());
 }
 
-std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, std::uint32_t bucket,
-                                                  std::chrono::milliseconds hold,
-                                                  bool* owner_active) {
-  Impl& s = *impl_;
+std::optional<std::size_t> ClusterControl::take_over(const std::string& primary,
+                                                     std::uint32_t bucket,
+                                                     std::chrono::milliseconds hold,
+                                                     bool* owner_active) {
+  LeaseServer::Impl& s = *server_->impl_;
   if (!s.replicator || !s.dispatcher) return std::nullopt;
   const std::chrono::nanoseconds now = s.clock.now();
-  std::vector<std::pair<std::string, internal::replication::ReplicaHolder>> holders;
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
   if (!s.replicator->takeover(primary, bucket, now.count(), holders, owner_active)) {
     return std::nullopt;
   }
@@ -614,10 +669,6 @@ std::optional<std::size_t> LeaseServer::take_over(const std::string& primary, st
   return s.dispatcher->inherit(holders, expiry_ms);  // nullopt: failed closed
 }
 
-ServerStats LeaseServer::stats() const {
-  ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};
-  if (impl_->store) impl_->store->add_stats(stats);
-  return stats;
-}
+}  // namespace internal
 
 }  // namespace shardlock::lease

@@ -13,6 +13,7 @@
 
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/server/internal/cluster_control.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/router.h"
@@ -21,6 +22,7 @@ namespace shardlock::lease {
 namespace {
 
 using namespace std::chrono_literals;
+using internal::ClusterControl;
 using test_support::poll_until;
 
 LeaseServerOptions replicated_options() {
@@ -60,7 +62,9 @@ std::shared_ptr<const internal::ClusterGate> gate_for(LeaseServer& server, std::
     gate->replicated[b] = replicated ? 1 : 0;
   }
   gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
-  gate->replica_deadline = [&server](std::size_t b) { return server.replica_lease_until(b); };
+  gate->replica_deadline = [&server](std::size_t b) {
+    return ClusterControl(server).replica_lease_until(b);
+  };
   return gate;
 }
 
@@ -73,10 +77,12 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
                                               "127.0.0.1:" + std::to_string(b.port())};
   // Epoch 1: nodes "a" and "b", each the other's backup.
   const auto routing = routing_of({"a", "b"});
-  ASSERT_FALSE(a.set_replica_layout(1, *routing, {}, 0, 2, addresses)) << a.error_detail();
-  ASSERT_FALSE(b.set_replica_layout(1, *routing, {}, 1, 2, addresses)) << b.error_detail();
-  a.publish_cluster_gate(gate_for(a, 1, routing, 0, true));
-  b.publish_cluster_gate(gate_for(b, 1, routing, 1, true));
+  ASSERT_FALSE(ClusterControl(a).set_replica_layout(1, *routing, {}, 0, 2, addresses))
+      << a.error_detail();
+  ASSERT_FALSE(ClusterControl(b).set_replica_layout(1, *routing, {}, 1, 2, addresses))
+      << b.error_detail();
+  ClusterControl(a).publish_cluster_gate(gate_for(a, 1, routing, 0, true));
+  ClusterControl(b).publish_cluster_gate(gate_for(b, 1, routing, 1, true));
 
   std::string key;
   for (int i = 0; key.empty(); ++i) {
@@ -98,18 +104,19 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   const ClientId owner = held.lease.owner();
 
   // Before "a" is gone, "b" may not take over: it is still promising.
-  EXPECT_FALSE(b.take_over("a", bucket, 10s).has_value());
+  EXPECT_FALSE(ClusterControl(b).take_over("a", bucket, 10s).has_value());
 
   // "a" stops (as if killed). Epoch 2 has "b" alone: it stops promising
   // "a" and, once its last promise has run out, takes the bucket over.
   a.stop();
   const auto alone = routing_of({"b"});
-  ASSERT_FALSE(b.set_replica_layout(2, *alone, {}, 0, 2, {addresses[1]})) << b.error_detail();
-  b.publish_cluster_gate(gate_for(b, 2, alone, 0, false));
+  ASSERT_FALSE(ClusterControl(b).set_replica_layout(2, *alone, {}, 0, 2, {addresses[1]}))
+      << b.error_detail();
+  ClusterControl(b).publish_cluster_gate(gate_for(b, 2, alone, 0, false));
   std::optional<std::size_t> installed;
   ASSERT_TRUE(poll_until(
       [&] {
-        installed = b.take_over("a", bucket, 10s);
+        installed = ClusterControl(b).take_over("a", bucket, 10s);
         return installed.has_value();
       },
       5s, 5ms));
@@ -142,8 +149,9 @@ TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
   const std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(a.port()),
                                               "127.0.0.1:9"};
   const auto routing = routing_of({"a", "b"});
-  ASSERT_FALSE(a.set_replica_layout(1, *routing, {}, 0, 2, addresses)) << a.error_detail();
-  a.publish_cluster_gate(gate_for(a, 1, routing, 0, true));
+  ASSERT_FALSE(ClusterControl(a).set_replica_layout(1, *routing, {}, 0, 2, addresses))
+      << a.error_detail();
+  ClusterControl(a).publish_cluster_gate(gate_for(a, 1, routing, 0, true));
   std::string key;
   for (int i = 0; key.empty(); ++i) {
     const std::string k = "k" + std::to_string(i);
@@ -158,7 +166,8 @@ TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
   EXPECT_FALSE(r);
   EXPECT_EQ(r.error, LeaseErrc::kRecovering) << r.error.message();
 
-  EXPECT_EQ(a.set_replica_layout(1, *routing, {}, 0, 2, {"127.0.0.1:1", "no.such.host.invalid:1"}),
+  EXPECT_EQ(ClusterControl(a).set_replica_layout(1, *routing, {}, 0, 2,
+                                                 {"127.0.0.1:1", "no.such.host.invalid:1"}),
             ServerError::kBadOptions);
   EXPECT_NE(a.error_detail().find("no.such.host.invalid"), std::string::npos);
   a.stop();

@@ -22,6 +22,7 @@
 
 #include "lease/udp_test_peer.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/server/internal/cluster_control.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/token_store.h"
@@ -31,6 +32,7 @@
 namespace shardlock::lease {
 namespace {
 
+using internal::ClusterControl;
 using std::chrono::milliseconds;
 using test_support::UdpTestPeer;
 
@@ -364,7 +366,7 @@ TEST_P(ServerTest, ASuspendPastTheEtcdLeaseDeadlineFailsClosed) {
   // 10 s after the last keep-alive.
   const std::chrono::nanoseconds deadline = server_->now() + std::chrono::seconds(10);
   gate->lease_deadline = [deadline] { return deadline; };
-  server_->publish_cluster_gate(gate);
+  ClusterControl(*server_).publish_cluster_gate(gate);
   UdpTestPeer peer(server_->port());
   ASSERT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
   fake_ms->fetch_add(3'600'000, std::memory_order_relaxed);  // suspended for an hour
@@ -1135,8 +1137,8 @@ TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
     c.start_closed = true;
     LeaseServer server(c);
     ASSERT_FALSE(server.start()) << server.error_detail();
-    EXPECT_EQ(server.token_floor(), 0u);
-    server.publish_cluster_gate(one_node_gate(3));
+    EXPECT_EQ(ClusterControl(server).token_floor(), 0u);
+    ClusterControl(server).publish_cluster_gate(one_node_gate(3));
     UdpTestPeer peer(server.port());
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
@@ -1146,7 +1148,7 @@ TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
   {
     LeaseServer server(o);
     ASSERT_FALSE(server.start()) << server.error_detail();
-    EXPECT_GE(server.token_floor(), cluster_token);
+    EXPECT_GE(ClusterControl(server).token_floor(), cluster_token);
     UdpTestPeer peer(server.port());
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
@@ -1183,17 +1185,17 @@ TEST(LeaseServerStart, AClusterRunRefusesEpochsAtOrBelowTheTokenFloor) {
   c.start_closed = true;
   LeaseServer server(c);
   ASSERT_FALSE(server.start()) << server.error_detail();
-  EXPECT_GE(server.token_floor(), plain_token);
-  EXPECT_EQ(server.token_floor() >> 32, 5u);
-  EXPECT_FALSE(server.needs_new_epoch());  // closed: no epoch yet
+  EXPECT_GE(ClusterControl(server).token_floor(), plain_token);
+  EXPECT_EQ(ClusterControl(server).token_floor() >> 32, 5u);
+  EXPECT_FALSE(ClusterControl(server).needs_new_epoch());  // closed: no epoch yet
   UdpTestPeer peer(server.port());
   for (const std::uint64_t epoch : {3, 5}) {
-    server.publish_cluster_gate(one_node_gate(epoch));
+    ClusterControl(server).publish_cluster_gate(one_node_gate(epoch));
     EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kRecovering) << epoch;
-    EXPECT_TRUE(server.needs_new_epoch()) << epoch;
+    EXPECT_TRUE(ClusterControl(server).needs_new_epoch()) << epoch;
   }
-  server.publish_cluster_gate(one_node_gate(6));
-  EXPECT_FALSE(server.needs_new_epoch());
+  ClusterControl(server).publish_cluster_gate(one_node_gate(6));
+  EXPECT_FALSE(ClusterControl(server).needs_new_epoch());
   const Message g = peer.acquire("k", 1000);
   ASSERT_EQ(g.type, MessageType::kGranted);
   EXPECT_GT(g.token, plain_token);

@@ -40,6 +40,7 @@
 #include <system_error>
 #include <vector>
 
+#include "shardlock/lease/server/server_types.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "shardlock/router.h"
@@ -48,6 +49,7 @@ namespace shardlock::lease {
 
 namespace internal {
 struct ClusterGate;
+class ClusterControl;
 }  // namespace internal
 
 // Which datagram loop serves the socket.
@@ -128,7 +130,8 @@ struct LeaseServerOptions {
   std::optional<AuthKey> auth_key;
   // Cluster mode (src/cluster/etcd/cluster_node.h): start with a closed gate, so
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
-  // map, until the cluster layer publishes one (publish_cluster_gate()).
+  // map, until the cluster layer publishes one
+  // (internal::ClusterControl::publish_cluster_gate()).
   // The server's own lock-delay (lock_delay()) is then the cluster layer's
   // to enforce, per bucket: its gate keeps every bucket closed until it
   // ends, except those taken over complete from a settled primary, whose
@@ -137,8 +140,8 @@ struct LeaseServerOptions {
   bool start_closed = false;
   // Replication (docs/cluster.md, "Replication"; cluster mode with
   // --replicas above 1): node-to-node replication streams on the lease
-  // port, driven by the cluster layer through set_replica_layout() and
-  // take_over(). Needs start_closed.
+  // port, driven by the cluster layer through ClusterControl's
+  // set_replica_layout() and take_over(). Needs start_closed.
   bool replication = false;
   // With replication: a grant's or release's answer that waits on one
   // backup is sent to the client by that backup, once it has applied it,
@@ -172,66 +175,6 @@ struct LeaseServerOptions {
   // lock: quick, and never calling back into the server.
   std::function<void(std::string_view)> grant_log;
   std::uint32_t grant_log_lines_per_second = 1000;
-};
-
-// Errors start() returns besides system errors (std::errc values).
-enum class ServerError : std::uint8_t {
-  kOk = 0,
-  kBadOptions,        // options out of range (error_detail() says which)
-  kBadAddress,        // bind_address does not parse
-  kDataDirCorrupt,    // a token file is unreadable, truncated or fails its checksum
-  kDataDirLocked,     // another server holds the data dir
-  kUringUnavailable,  // io = kUring but io_uring cannot be used here
-  kAlreadyStarted,
-};
-[[nodiscard]] const std::error_category& server_category() noexcept;
-[[nodiscard]] inline std::error_code make_error_code(ServerError e) noexcept {
-  return {static_cast<int>(e), server_category()};
-}
-
-// A backup's progress over the buckets it backs up in the current layout
-// (LeaseServer::replica_progress()).
-struct ReplicaProgress {
-  std::size_t backed = 0;     // buckets backed up
-  std::size_t caught_up = 0;  // of them, caught up on their primary's stream
-  // Of those, the ones whose primary has the bucket active: a takeover of
-  // one is complete (it holds every live lease) and grants at once.
-  std::size_t owner_active = 0;
-  friend bool operator==(const ReplicaProgress&, const ReplicaProgress&) = default;
-};
-
-// A latency distribution: how many samples fell at or below each bound
-// (and above the last), and their sum. Buckets are not cumulative.
-struct LatencyHistogram {
-  static constexpr std::array<std::uint32_t, 19> kUpperBoundsUs = {
-      1,     2,     5,      10,     20,     50,      100,     200,     500,      1'000,
-      2'000, 5'000, 10'000, 20'000, 50'000, 100'000, 200'000, 500'000, 1'000'000};
-  std::array<std::uint64_t, kUpperBoundsUs.size() + 1> counts{};  // last: above 1 s
-  std::uint64_t count = 0;
-  double sum_seconds = 0;
-};
-
-// A snapshot of the server's counters and gauges (the values STATS returns;
-// leases, keys, waiters and lock_delay_left repeat gauges among them), plus
-// what metrics export besides them.
-struct ServerStats {
-  std::array<std::uint64_t, kStatCounterCount> counters{};
-  std::vector<std::uint64_t> shard_tokens;  // the last token each shard issued
-  std::uint64_t leases = 0;                 // held now (each shared or permit holder counts)
-  std::uint64_t keys = 0;                   // keys with a holder (or waiter) now
-  std::uint64_t waiters = 0;                // queued ACQUIREs now
-  // How long ACQUIRE still answers RECOVERING (the lock-delay); 0 once over.
-  std::chrono::milliseconds lock_delay_left{0};
-  // Token blocks made durable (--data-dir), and how long each took (write,
-  // fsync, rename, fsync of the directory).
-  std::uint64_t token_reservations = 0;
-  LatencyHistogram token_reservation_latency;
-  // From a datagram's arrival at the dispatcher to its replies being decided
-  // (the server's own share of a request's latency; not socket time).
-  LatencyHistogram request_latency;
-  [[nodiscard]] std::uint64_t counter(StatCounter c) const noexcept {
-    return counters[static_cast<std::size_t>(c)];
-  }
 };
 
 class LeaseServer {
@@ -276,77 +219,18 @@ class LeaseServer {
   // have exited (a few milliseconds). Idempotent; safe before start().
   void stop();
 
-  // ---- Cluster mode: the cluster layer's hooks (src/cluster/etcd/cluster_node.h
-  // drives them; not for other use). Each needs a successful start().
-  // Every grant, renew and QUERY then asks `gate` first, and MAP answers
-  // from it; returns once every shard has it (internal/cluster_gate.h).
-  void publish_cluster_gate(std::shared_ptr<const internal::ClusterGate> gate);
-  // Leases held on keys `pred` is true for (each shard under its lock).
-  [[nodiscard]] std::size_t count_leases(
-      const std::function<bool(std::string_view key)>& pred) const;
-  // Whether some shard cannot grant in the current epoch until a newer one
-  // is published: its token counter ran out there, or the epoch is at or
-  // below token_floor() >> 32.
-  [[nodiscard]] bool needs_new_epoch() const;
-  // The highest token an earlier run on the data dir may have issued, in
-  // either mode (read at start(); 0 without a data dir). In cluster mode the
-  // server grants only in epochs above token_floor() >> 32 (others answer
-  // RECOVERING and raise needs_new_epoch()), so the node should ask for such
-  // an epoch at start.
-  [[nodiscard]] std::uint64_t token_floor() const noexcept;
   // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
   // spent suspended counts.
   [[nodiscard]] std::chrono::nanoseconds now() const;
 
-  // ---- Replication (options.replication): the cluster layer's hooks ----
-  // Adopts the replica layout of the map `routing` of `epoch` for the node
-  // at index `self`, with `replicas` owners per bucket and the nodes flagged
-  // in `learners` backing up only (RouterSnapshot::replica_set());
-  // `addresses[i]` is node i's "HOST:PORT". New backups (and buckets new to
-  // a backup) are sent snapshots before this returns. kBadOptions, with
-  // error_detail(), when an address does not resolve; nothing changes then.
-  std::error_code set_replica_layout(std::uint64_t epoch, const RouterSnapshot& routing,
-                                     const std::vector<bool>& learners, std::uint16_t self,
-                                     std::size_t replicas,
-                                     const std::vector<std::string>& addresses);
-  // As a backup of `primary`: whether the stream that has `bucket` said the
-  // primary's process had been up for its lock-delay, or had `bucket`
-  // active (so its snapshots cover every lease it, or an earlier run of it,
-  // may have granted there).
-  [[nodiscard]] bool replica_primary_settled(const std::string& primary,
-                                             std::uint32_t bucket) const;
-  // As a backup: the buckets backed up in the current layout, caught up,
-  // and caught up on an active primary; zeros without replication.
-  [[nodiscard]] ReplicaProgress replica_progress() const;
-  // The end of this node's primary lease for `bucket` on now()'s clock (the
-  // earliest its backups gave); far in the future for a bucket without
-  // backups. Lock-free: a gate's replica_deadline calls it.
-  [[nodiscard]] std::chrono::nanoseconds replica_lease_until(std::size_t bucket) const noexcept;
-  // Takes `bucket` over from `primary` (a node id) once this node was its
-  // caught-up backup and its promise to the primary has run out: installs
-  // every replicated holder, to expire `hold` from now (the largest max TTL
-  // plus the drift margin, since the primary may have renewed any of them
-  // just before it stopped). Returns how many holders it installed, or
-  // nullopt while the takeover is not allowed yet (or never: not a bucket
-  // this node backed up for `primary`), and when a replicated holder could
-  // not be installed beside one this node kept from an earlier ownership of
-  // the bucket (a later call, once that one has expired, succeeds).
-  // The replicas (node ids: backups of this node, primaries it backs up)
-  // not heard from for `silence`, for the cluster layer's eviction.
-  [[nodiscard]] std::vector<std::string> silent_replicas(std::chrono::milliseconds silence) const;
-  // `owner_active`, when given: whether `primary` had the bucket active
-  // when it sent its snapshot (so nobody before it holds a lease there).
-  [[nodiscard]] std::optional<std::size_t> take_over(const std::string& primary,
-                                                     std::uint32_t bucket,
-                                                     std::chrono::milliseconds hold,
-                                                     bool* owner_active = nullptr);
+  // Cluster mode and replication are driven through
+  // internal::ClusterControl (internal/cluster_control.h), the cluster
+  // layer's hooks into this server.
 
  private:
+  friend class internal::ClusterControl;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace shardlock::lease
-
-template <>
-struct std::is_error_code_enum<shardlock::lease::ServerError> : std::true_type {};

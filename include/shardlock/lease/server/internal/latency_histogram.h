@@ -1,6 +1,6 @@
 // AtomicLatencyHistogram: a fixed-bucket latency histogram that one or more
 // threads record into without a lock and any thread reads. The buckets are
-// LatencyHistogram's (server.h); a snapshot is what metrics export.
+// LatencyHistogram's (server_types.h); a snapshot is what metrics export.
 //
 // Not API: the lease server's building block.
 #pragma once
@@ -10,7 +10,7 @@
 #include <chrono>
 #include <cstdint>
 
-#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/server/server_types.h"
 
 namespace shardlock::lease::internal {
 

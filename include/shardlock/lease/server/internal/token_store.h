@@ -40,7 +40,7 @@
 #include <system_error>
 
 #include "shardlock/lease/server/internal/latency_histogram.h"
-#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/server/server_types.h"
 
 namespace shardlock::lease::internal {
 
