@@ -9,9 +9,9 @@
 #include <cerrno>
 #include <system_error>
 
+#include "shardlock/internal/random.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lock_guard.h"
-#include "shardlock/workload/zipf.h"
 #include "wire/udp.h"
 
 namespace shardlock::lease::internal {
@@ -26,7 +26,7 @@ std::int64_t to_ns(Clock::time_point t) noexcept {
 // Per-thread jitter source; seeded from the thread's stack address and the
 // clock, which is plenty for spreading retransmissions.
 std::uint64_t jitter_bits() noexcept {
-  thread_local workload::SplitMix64 random(
+  thread_local shardlock::internal::SplitMix64 random(
       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&random)) ^
       static_cast<std::uint64_t>(to_ns(Clock::now())));
   return random.next();
