@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "epoch_file.h"
-#include "shardlock/cluster/epoch_token.h"
+#include "shardlock/lease/wire/epoch_token.h"
 #include "shardlock/lock_guard.h"
 
 namespace shardlock::cluster {

@@ -9,6 +9,11 @@
 // other half and break that order. compose_token() refuses such pairs by
 // returning kInvalidToken (0, which no grant ever carries); a shard whose
 // counter nears 2^32 must ask for a new epoch instead.
+//
+// It sits in the wire room because a token is what GRANTED carries to every
+// client and what a resource compares (FencingValidator): the server's token
+// store and shards compose them, the cluster layer picks the epoch. The
+// namespace stays shardlock::cluster, where its users have always named it.
 #pragma once
 
 #include <cstdint>
