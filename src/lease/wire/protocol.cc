@@ -1,8 +1,10 @@
-// The lease wire codec: the body codecs, derived from kMessageBodies
-// (protocol.h), and the datagram framing (header, epoch, batch items,
-// padding) with the anti-amplification bounds from kRequestReplies. The
-// cursors are in cursor.h, the list fields in protocol_lists.cc, the names
-// in protocol_names.cc. See protocol.h for the format.
+// The lease wire codec. See protocol.h for the format.
+//
+// Reader and Writer are bounds-checked cursors: every read tests the remaining
+// length first and latches an error instead of reading past the span, so a
+// body is read field after field with one check at the end. The fields of
+// each body come from kMessageBodies (protocol.h), the reply bound from
+// kRequestReplies.
 #include "shardlock/lease/wire/protocol.h"
 
 #include <algorithm>
@@ -13,16 +15,100 @@
 #include <type_traits>
 #include <utility>
 
-#include "wire/cursor.h"
-
 namespace shardlock::lease {
 namespace {
 
-using internal::Reader;
-using internal::valid_holder;
-using internal::valid_hot_key;
-using internal::valid_member;
-using internal::Writer;
+class Reader {
+ public:
+  explicit Reader(std::span<const std::uint8_t> in) noexcept : in_(in) {}
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] std::size_t remaining() const noexcept { return in_.size() - pos_; }
+  [[nodiscard]] std::size_t position() const noexcept { return pos_; }
+
+  std::uint64_t uint(std::size_t bytes) noexcept {
+    if (!ok_ || remaining() < bytes) {
+      ok_ = false;
+      return 0;
+    }
+    std::uint64_t v = 0;
+    for (std::size_t i = 0; i < bytes; ++i) v |= std::uint64_t{in_[pos_ + i]} << (8 * i);
+    pos_ += bytes;
+    return v;
+  }
+  std::uint8_t u8() noexcept { return static_cast<std::uint8_t>(uint(1)); }
+  std::uint16_t u16() noexcept { return static_cast<std::uint16_t>(uint(2)); }
+  std::uint32_t u32() noexcept { return static_cast<std::uint32_t>(uint(4)); }
+  std::uint64_t u64() noexcept { return uint(8); }
+
+  std::span<const std::uint8_t> bytes(std::size_t n) noexcept {
+    if (!ok_ || remaining() < n) {
+      ok_ = false;
+      return {};
+    }
+    auto s = in_.subspan(pos_, n);
+    pos_ += n;
+    return s;
+  }
+  // The bytes read since position `from`.
+  [[nodiscard]] std::span<const std::uint8_t> since(std::size_t from) const noexcept {
+    return in_.subspan(from, pos_ - from);
+  }
+  std::string_view key() noexcept {
+    const std::size_t n = u16();
+    auto s = bytes(n);
+    return {reinterpret_cast<const char*>(s.data()), s.size()};
+  }
+
+ private:
+  std::span<const std::uint8_t> in_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+class Writer {
+ public:
+  explicit Writer(std::span<std::uint8_t> out) noexcept : out_(out) {}
+
+  [[nodiscard]] bool ok() const noexcept { return ok_; }
+  [[nodiscard]] std::size_t position() const noexcept { return pos_; }
+
+  void uint(std::uint64_t v, std::size_t bytes) noexcept {
+    if (!ok_ || out_.size() - pos_ < bytes) {
+      ok_ = false;
+      return;
+    }
+    for (std::size_t i = 0; i < bytes; ++i)
+      out_[pos_ + i] = static_cast<std::uint8_t>(v >> (8 * i));
+    pos_ += bytes;
+  }
+  void u8(std::uint8_t v) noexcept { uint(v, 1); }
+  void u16(std::uint16_t v) noexcept { uint(v, 2); }
+  void u32(std::uint32_t v) noexcept { uint(v, 4); }
+  void u64(std::uint64_t v) noexcept { uint(v, 8); }
+  void bytes(const void* p, std::size_t n) noexcept {
+    if (!ok_ || out_.size() - pos_ < n) {
+      ok_ = false;
+      return;
+    }
+    if (n != 0) std::memcpy(out_.data() + pos_, p, n);
+    pos_ += n;
+  }
+  void key(std::string_view k) noexcept {
+    u16(static_cast<std::uint16_t>(k.size()));
+    bytes(k.data(), k.size());
+  }
+  // Overwrites a u16 written earlier (a batch item's body_length).
+  void patch_u16(std::size_t at, std::uint16_t v) noexcept {
+    out_[at] = static_cast<std::uint8_t>(v);
+    out_[at + 1] = static_cast<std::uint8_t>(v >> 8);
+  }
+
+ private:
+  std::span<std::uint8_t> out_;
+  std::size_t pos_ = 0;
+  bool ok_ = true;
+};
 
 // ---- Body codecs, derived from kMessageBodies --------------------------------
 //
@@ -135,6 +221,13 @@ bool read_key_entry(Reader& r) noexcept {
   return true;
 }
 
+// Whether a member-list entry holds what decode() accepts.
+constexpr bool valid_member(std::size_t id_length, std::size_t address_length,
+                            std::uint32_t weight) noexcept {
+  return id_length >= 1 && id_length <= kMaxMemberIdLength && address_length >= 1 &&
+         address_length <= kMaxMemberAddressLength && weight >= 1;
+}
+
 // A member: u16 length + id, u16 length + address, u32 weight.
 bool read_member_entry(Reader& r) noexcept {
   const std::size_t id_length = r.key().size();
@@ -143,12 +236,23 @@ bool read_member_entry(Reader& r) noexcept {
   return valid_member(id_length, address_length, weight);
 }
 
+// Whether a holder-list entry holds what decode() accepts.
+constexpr bool valid_holder(std::uint8_t flags, std::size_t value_length) noexcept {
+  return (flags & ~kHolderFlagPending) == 0 && value_length <= kMaxHolderValueLength;
+}
+
 // A holder: u128 owner, u64 token, u32 ttl_left_ms, u8 flags, u16 length +
 // value.
 bool read_holder_entry(Reader& r) noexcept {
   (void)r.bytes(16 + 8 + 4);
   const std::uint8_t flags = r.u8();
   return valid_holder(flags, r.key().size());
+}
+
+// Whether a hot-key-list entry holds what decode() accepts.
+constexpr bool valid_hot_key(std::size_t key_length, std::uint32_t requests,
+                             std::uint32_t error) noexcept {
+  return key_length >= kMinKeyLength && key_length <= kMaxKeyLength && error <= requests;
 }
 
 // A hot key: u16 length + key, u32 requests, error, busy, holders, waiters.
@@ -400,7 +504,286 @@ std::size_t item_prefix_size(const Message& m) noexcept {
   return n + 2 + m.value.size();
 }
 
+class ProtocolCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "shardlock.lease.protocol"; }
+  std::string message(int e) const override {
+    return std::string(to_string(static_cast<ProtocolError>(e)));
+  }
+};
+
 }  // namespace
+
+std::string_view to_string(MessageType type) noexcept {
+  if (type == MessageType::kBatch) return "BATCH";
+  const MessageBody* body = message_body(type);
+  return body == nullptr ? "UNKNOWN" : body->name;
+}
+
+std::string_view to_string(StatCounter counter) noexcept {
+  static constexpr std::array<std::string_view, kStatCounterCount> kNames = {"grants",
+                                                                             "busy",
+                                                                             "queued",
+                                                                             "timeouts",
+                                                                             "expirations",
+                                                                             "not_owner",
+                                                                             "malformed",
+                                                                             "renewed",
+                                                                             "released",
+                                                                             "expired_replies",
+                                                                             "recovering",
+                                                                             "errors",
+                                                                             "retransmits",
+                                                                             "requests",
+                                                                             "auth_failures",
+                                                                             "stale_requests",
+                                                                             "amplification_drops",
+                                                                             "limit_rejections",
+                                                                             "allocation_failures",
+                                                                             "send_drops",
+                                                                             "redirects",
+                                                                             "leases",
+                                                                             "keys",
+                                                                             "waiters",
+                                                                             "uptime_ms",
+                                                                             "lock_delay_left_ms",
+                                                                             "version"};
+  static_assert(!kNames.back().empty(), "a STATS value without a name");
+  const auto i = static_cast<std::size_t>(counter);
+  return i < kNames.size() ? kNames[i] : "unknown";
+}
+
+std::string version_text(std::uint64_t packed) {
+  if (packed == 0) return {};
+  return std::to_string(packed >> 32) + "." + std::to_string((packed >> 16) & 0xFFFF) + "." +
+         std::to_string(packed & 0xFFFF);
+}
+
+std::string_view to_string(WireError code) noexcept {
+  switch (code) {
+    case WireError::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case WireError::kBadKey:
+      return "empty key";
+    case WireError::kKeyTooLong:
+      return "key longer than 256 bytes";
+    case WireError::kTtlOutOfRange:
+      return "ttl out of range";
+    case WireError::kWaitOutOfRange:
+      return "wait out of range";
+    case WireError::kRequestTooSmall:
+      return "request datagram too small for its reply";
+    case WireError::kNotARequest:
+      return "not a request";
+    case WireError::kInternal:
+      return "internal server error";
+    case WireError::kRequestIdReused:
+      return "request id reused for a different request";
+    case WireError::kLimitExceeded:
+      return "a server limit is reached";
+    case WireError::kResourceExhausted:
+      return "server out of memory";
+    case WireError::kLeaseKindMismatch:
+      return "key in use as another lease kind or permit limit";
+    case WireError::kPermitsOutOfRange:
+      return "permits out of range";
+    case WireError::kBadKeyList:
+      return "bad key list (none, too many, or a key twice)";
+    case WireError::kBadMode:
+      return "bad lease mode";
+  }
+  return "unknown error";
+}
+
+std::string_view to_string(LeaseMode mode) noexcept {
+  switch (mode) {
+    case LeaseMode::kExclusive:
+      return "exclusive";
+    case LeaseMode::kShared:
+      return "shared";
+    case LeaseMode::kPermit:
+      return "permit";
+  }
+  return "unknown";
+}
+
+std::string_view to_string(ProtocolError e) noexcept {
+  switch (e) {
+    case ProtocolError::kOk:
+      return "ok";
+    case ProtocolError::kTruncated:
+      return "truncated datagram";
+    case ProtocolError::kBadMagic:
+      return "bad magic";
+    case ProtocolError::kUnsupportedVersion:
+      return "unsupported protocol version";
+    case ProtocolError::kBadFlags:
+      return "reserved bits set";
+    case ProtocolError::kBadType:
+      return "unknown message type";
+    case ProtocolError::kBadCount:
+      return "bad message count";
+    case ProtocolError::kBadLength:
+      return "batch item length mismatch";
+    case ProtocolError::kNonZeroPadding:
+      return "non-zero padding";
+    case ProtocolError::kTooLarge:
+      return "datagram too large";
+    case ProtocolError::kBadField:
+      return "invalid field value";
+  }
+  return "unknown protocol error";
+}
+
+const std::error_category& protocol_category() noexcept {
+  static const ProtocolCategory category;
+  return category;
+}
+
+namespace {
+
+std::uint64_t load_u64_le(std::span<const std::uint8_t> bytes, std::size_t i) noexcept {
+  std::uint64_t v = 0;
+  for (std::size_t b = 0; b < 8; ++b) v |= std::uint64_t{bytes[i * 8 + b]} << (8 * b);
+  return v;
+}
+
+}  // namespace
+
+std::uint64_t Message::shard_token(std::size_t i) const noexcept {
+  return load_u64_le(shard_tokens_le, i);
+}
+
+std::uint64_t Message::counter_at(std::size_t i) const noexcept {
+  return i < counters_le.size() / 8 ? load_u64_le(counters_le, i) : 0;
+}
+
+std::uint64_t Message::listed_token(std::size_t i) const noexcept {
+  return load_u64_le(tokens_le, i);
+}
+
+KeyList::iterator::iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept
+    : rest_(rest), left_(left) {
+  load();
+}
+
+void KeyList::iterator::load() noexcept {
+  if (left_ == 0) return;
+  if (rest_.size() < 2) {
+    left_ = 0;  // malformed: stop
+    return;
+  }
+  const std::size_t n = rest_[0] | (std::size_t{rest_[1]} << 8);
+  if (rest_.size() - 2 < n) {
+    left_ = 0;
+    return;
+  }
+  current_ = {reinterpret_cast<const char*>(rest_.data() + 2), n};
+}
+
+KeyList::iterator& KeyList::iterator::operator++() noexcept {
+  if (left_ == 0) return *this;
+  rest_ = rest_.subspan(2 + current_.size());
+  --left_;
+  load();
+  return *this;
+}
+
+std::size_t parse_entry(std::span<const std::uint8_t> in, MemberEntry& out) noexcept {
+  Reader r(in);
+  const std::string_view id = r.key();
+  const std::string_view address = r.key();
+  const std::uint32_t weight = r.u32();
+  if (!r.ok()) return 0;
+  out = {id, address, weight};
+  return r.position();
+}
+
+std::size_t parse_entry(std::span<const std::uint8_t> in, HolderEntry& out) noexcept {
+  Reader r(in);
+  HolderEntry h;
+  h.owner.lo = r.u64();
+  h.owner.hi = r.u64();
+  h.token = r.u64();
+  h.ttl_left_ms = r.u32();
+  h.flags = r.u8();
+  h.value = r.key();
+  if (!r.ok()) return 0;
+  out = h;
+  return r.position();
+}
+
+std::size_t parse_entry(std::span<const std::uint8_t> in, HotKeyEntry& out) noexcept {
+  Reader r(in);
+  HotKeyEntry h;
+  h.key = r.key();
+  h.requests = r.u32();
+  h.error = r.u32();
+  h.busy = r.u32();
+  h.holders = r.u32();
+  h.waiters = r.u32();
+  if (!r.ok()) return 0;
+  out = h;
+  return r.position();
+}
+
+bool append_hot_key_entry(const HotKeyEntry& entry, std::vector<std::uint8_t>& out) {
+  if (!valid_hot_key(entry.key.size(), entry.requests, entry.error)) return false;
+  const std::size_t at = out.size();
+  out.resize(at + hot_key_entry_size(entry));
+  Writer w(std::span<std::uint8_t>(out).subspan(at));
+  w.key(entry.key);
+  w.u32(entry.requests);
+  w.u32(entry.error);
+  w.u32(entry.busy);
+  w.u32(entry.holders);
+  w.u32(entry.waiters);
+  return w.ok();
+}
+
+bool append_holder_entry(const HolderEntry& holder, std::vector<std::uint8_t>& out) {
+  if (!valid_holder(holder.flags, holder.value.size())) return false;
+  const std::size_t at = out.size();
+  out.resize(at + holder_entry_size(holder));
+  Writer w(std::span<std::uint8_t>(out).subspan(at));
+  w.u64(holder.owner.lo);
+  w.u64(holder.owner.hi);
+  w.u64(holder.token);
+  w.u32(holder.ttl_left_ms);
+  w.u8(holder.flags);
+  w.key(holder.value);
+  return w.ok();
+}
+
+bool encode_member_list(std::span<const MemberEntry> members, std::vector<std::uint8_t>& out) {
+  out.clear();
+  if (members.size() > 0xFF) return false;
+  for (const MemberEntry& m : members) {
+    if (!valid_member(m.id.size(), m.address.size(), m.weight)) return false;
+  }
+  out.resize(std::accumulate(
+      members.begin(), members.end(), std::size_t{0},
+      [](std::size_t n, const MemberEntry& m) { return n + member_entry_size(m); }));
+  Writer w(out);
+  for (const MemberEntry& m : members) {
+    w.key(m.id);
+    w.key(m.address);
+    w.u32(m.weight);
+  }
+  return w.ok();
+}
+
+bool encode_key_list(std::span<const std::string_view> keys, std::vector<std::uint8_t>& out) {
+  out.clear();
+  if (keys.size() > 0xFF) return false;
+  for (const std::string_view k : keys) {
+    if (k.size() > 0xFFFF) return false;
+    out.push_back(static_cast<std::uint8_t>(k.size()));
+    out.push_back(static_cast<std::uint8_t>(k.size() >> 8));
+    out.insert(out.end(), k.begin(), k.end());
+  }
+  return true;
+}
 
 ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
   if (in.size() > kMaxDatagramSize) return ProtocolError::kTooLarge;
