@@ -17,6 +17,11 @@ room by room"; docs/cluster.md): which part may include which.
 - The cluster control facet (internal/cluster_control.h, LeaseServer's
   cluster hooks) is included only by the cluster layer (src/cluster/), the
   tests, and server.cc, which implements it.
+- The client's and the wire's edges (client_and_wire_problems()): the
+  reply decisions (src/lease/client/reply.*) do no I/O and take no lock; the
+  lease layer takes its PRNG from shardlock/internal/random.h, never from the
+  workload generators; the token format is included from the wire room, its
+  old cluster/ path only by its forwarding header.
 
 Usage: layout_test.py SOURCE_DIR. Prints every violation; exit 1 if any.
 """
@@ -62,9 +67,44 @@ def room_of_include(target):
     return None
 
 
+SYSTEM_INCLUDE = re.compile(r'^\s*#\s*include\s*<([^>]+)>', re.MULTILINE)
+# Headers that mean I/O, threads or locks: not in a pure decision.
+IMPURE_HEADERS = re.compile(r"^(sys/|poll\.h|unistd\.h|thread$|mutex$|condition_variable$|"
+                            r"atomic$|shardlock/mutex\.h|shardlock/lock_guard\.h|client/call_engine|"
+                            r"client/transport|wire/udp)")
+OLD_EPOCH_TOKEN = "shardlock/cluster/epoch_token.h"
+
+
+def client_and_wire_problems(root):
+    """The client and wire rooms' own rules (see the module docstring)."""
+    problems = []
+    for path in sources(root, "src/lease/client"):
+        if os.path.basename(path).split(".")[0] != "reply":
+            continue
+        with open(os.path.join(root, path), encoding="utf-8") as f:
+            text = f.read()
+        for target in INCLUDE.findall(text) + SYSTEM_INCLUDE.findall(text):
+            if IMPURE_HEADERS.match(target):
+                problems.append(f"{path}: a pure decision includes {target}")
+    for top in ("src/lease", "include/shardlock/lease"):
+        for path in sources(root, top):
+            for target in includes(root, path):
+                if target.startswith("shardlock/workload/"):
+                    problems.append(f"{path}: the lease layer includes {target} "
+                                    "(its PRNG is shardlock/internal/random.h)")
+    for top in ("src", "include", "tools", "tests", "bench"):
+        for path in sources(root, top):
+            if path == "include/" + OLD_EPOCH_TOKEN:
+                continue
+            if OLD_EPOCH_TOKEN in includes(root, path):
+                problems.append(f"{path}: includes {OLD_EPOCH_TOKEN} "
+                                "(now shardlock/lease/wire/epoch_token.h)")
+    return problems
+
+
 def main():
     root = sys.argv[1]
-    problems = []
+    problems = client_and_wire_problems(root)
 
     allowed = {"wire": {"wire"}, "server": {"wire", "server"}, "client": {"wire", "client"}}
     for top in ("src/lease", "include/shardlock/lease"):

@@ -1,6 +1,6 @@
 // Token composition in cluster mode: (epoch, counter) order is integer order,
 // and pairs that would not fit are refused with the invalid token.
-#include "shardlock/cluster/epoch_token.h"
+#include "shardlock/lease/wire/epoch_token.h"
 
 #include <gtest/gtest.h>
 

@@ -42,9 +42,9 @@
 #include "server/dispatcher.h"
 #include "server/replicator.h"
 #include "shardlock/cluster/cluster_map.h"
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lease/server/internal/shard.h"
 #include "shardlock/lease/server/internal/token_store.h"
+#include "shardlock/lease/wire/epoch_token.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::sim {

@@ -34,36 +34,14 @@
 #include <utility>
 #include <vector>
 
+#include "shardlock/internal/random.h"
+
 namespace shardlock::workload {
 
-// 64x64->128-bit products for multiply-shift range reduction (GCC and Clang;
-// __extension__ keeps -Wpedantic quiet about the non-ISO type).
-__extension__ using Uint128 = unsigned __int128;
-
-// SplitMix64: 64-bit state, one add and three xor-shift-multiplies per
-// output, full period 2^64. Good enough statistically (passes BigCrush) for
-// workload generation; not for anything adversarial.
-class SplitMix64 {
- public:
-  explicit constexpr SplitMix64(std::uint64_t seed) noexcept : state_(seed) {}
-
-  constexpr std::uint64_t next() noexcept {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
-  constexpr std::uint64_t operator()() noexcept { return next(); }
-
-  // Uniform in [0, n), by Lemire's multiply-shift (bias below n / 2^64).
-  // Precondition: n > 0.
-  constexpr std::uint64_t uniform(std::uint64_t n) noexcept {
-    return static_cast<std::uint64_t>((static_cast<Uint128>(next()) * n) >> 64);
-  }
-
- private:
-  std::uint64_t state_;
-};
+// The random source lives in internal/random.h, which the lease client
+// shares; these names keep it where the workload code has always found it.
+using internal::SplitMix64;
+using internal::Uint128;
 
 // The immutable alias table for Zipf(keys, theta).
 class ZipfDistribution {

@@ -6,8 +6,8 @@
 #include <utility>
 
 #include "epoch_file.h"
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lease/server/internal/cluster_control.h"
+#include "shardlock/lease/wire/epoch_token.h"
 #include "shardlock/lock_guard.h"
 
 namespace shardlock::cluster {

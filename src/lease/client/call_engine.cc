@@ -9,9 +9,9 @@
 #include <cerrno>
 #include <system_error>
 
+#include "shardlock/internal/random.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lock_guard.h"
-#include "shardlock/workload/zipf.h"
 #include "wire/udp.h"
 
 namespace shardlock::lease::internal {
@@ -26,7 +26,7 @@ std::int64_t to_ns(Clock::time_point t) noexcept {
 // Per-thread jitter source; seeded from the thread's stack address and the
 // clock, which is plenty for spreading retransmissions.
 std::uint64_t jitter_bits() noexcept {
-  thread_local workload::SplitMix64 random(
+  thread_local shardlock::internal::SplitMix64 random(
       static_cast<std::uint64_t>(reinterpret_cast<std::uintptr_t>(&random)) ^
       static_cast<std::uint64_t>(to_ns(Clock::now())));
   return random.next();
@@ -54,37 +54,6 @@ Clock::duration retry_delay(std::uint32_t retry_after_ms) noexcept {
 
 namespace {
 
-std::error_code error_for(MessageType reply) noexcept {
-  switch (reply) {
-    case MessageType::kGranted:
-    case MessageType::kGrantedMany:
-    case MessageType::kRenewed:
-    case MessageType::kReleased:
-    case MessageType::kQueryReply:
-    case MessageType::kStatsReply:
-    case MessageType::kMapReply:
-    case MessageType::kHoldersReply:
-    case MessageType::kHotKeysReply:
-      return {};
-    case MessageType::kBusy:
-    case MessageType::kBusyMany:
-      return LeaseErrc::kBusy;
-    case MessageType::kTimeout:
-      return LeaseErrc::kTimeout;
-    case MessageType::kRecovering:
-      return LeaseErrc::kRecovering;
-    case MessageType::kNotOwner:
-      return LeaseErrc::kNotOwner;
-    case MessageType::kExpired:
-    // Completes only a RENEW (the engine follows the others): the node let
-    // the key go to another owner, and with it the lease.
-    case MessageType::kRedirect:
-      return LeaseErrc::kExpired;
-    default:
-      return LeaseErrc::kServerError;
-  }
-}
-
 std::array<std::uint8_t, kMaxDatagramSize>& tx_buffer() noexcept {
   thread_local std::array<std::uint8_t, kMaxDatagramSize> buffer{};
   return buffer;
@@ -104,19 +73,14 @@ bool asks_for_a_page(const Call& call) noexcept {
          call.type == MessageType::kWatch;
 }
 
-// Whether a reply that answers `call`'s type is well formed for this very
-// call: a GRANTED_MANY must carry a token per key asked, and a BUSY_MANY
-// must name one of them. Anything else would hand the caller leases it
-// cannot match to keys.
-bool fits_call(const Call& call, const Message& reply) noexcept {
-  switch (reply.type) {
-    case MessageType::kGrantedMany:
-      return reply.listed_token_count() == call.key_count;
-    case MessageType::kBusyMany:
-      return reply.index < call.key_count;
-    default:
-      return true;
-  }
+// What a result learns from its call whatever ended it: when it was sent,
+// as which request and owner, how often, and to which node.
+void stamp(CallResult& r, const Call& call) noexcept {
+  r.first_sent = call.first_sent;
+  r.request_id = call.request_id;
+  r.owner = call.owner;
+  r.transmissions = call.transmissions;
+  r.node = call.to;
 }
 
 // The wait a fresh request id of a waiting acquire sent at `at` asks for:
@@ -265,11 +229,7 @@ void CallEngine::complete_now(std::unique_ptr<Call> call, LeaseErrc error) {
 void CallEngine::fail(std::unique_ptr<Call> call, LeaseErrc error) {
   CallResult r;
   r.error = error;
-  r.first_sent = call->first_sent;
-  r.request_id = call->request_id;
-  r.owner = call->owner;
-  r.transmissions = call->transmissions;
-  r.node = call->to;
+  stamp(r, *call);
   if (call->done) call->done(r);
 }
 
@@ -471,11 +431,7 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
       // Answered REDIRECT last (a parked call, a node behind us): the node
       // was there, the owner was not reached.
       r.error = call.redirected ? LeaseErrc::kRedirected : LeaseErrc::kUnreachable;
-      r.first_sent = call.first_sent;
-      r.request_id = call.request_id;
-      r.owner = call.owner;
-      r.transmissions = call.transmissions;
-      r.node = call.to;
+      stamp(r, call);
       ready.push_back({std::move(call.done), std::move(r)});
       pending_.erase(it);
       continue;
@@ -512,99 +468,33 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
     malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
     return;
   }
+  const Clock::time_point now = Clock::now();
   LockGuard lock(mutex_);
   for (const Message& m : rx_.items()) {
     const auto it = pending_.find(m.request_id);
     if (it == pending_.end()) continue;  // a duplicate, or an answer that came too late
     Call& call = *it->second;
-    if (!reply_answers(call.type, m.type) || (reply_carries_key(m.type) && m.key != call.key))
-      continue;
-    if (m.type == MessageType::kRedirect) {
-      // Followed once this round's completions have run (follow_redirects()).
-      redirected_.emplace_back(std::move(it->second), m.epoch);
-      pending_.erase(it);
-      continue;
-    }
-    if (m.type == MessageType::kRecovering && call.wait_end != Clock::time_point{}) {
-      // A waiting acquire rides through the lock-delay while its wait lasts.
-      // A hint that runs past the wait is cut to a last try just before it
-      // ends: the caller asked to wait that long, and a node may be ready
-      // sooner than it said (a failover, a lock-delay ending early).
-      const Clock::duration left = call.wait_end - Clock::now();
-      if (left > kLastTryMargin) {
-        recovering_.emplace_back(std::move(it->second),
-                                 std::min(retry_delay(m.retry_after_ms), left - kLastTryMargin));
-        pending_.erase(it);
+    const ReplyDecision decision = decide_reply(call.shape(), m, now);
+    switch (decision.verdict) {
+      case ReplyVerdict::kIgnore:
         continue;
+      case ReplyVerdict::kMalformed:
+        malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
+        continue;
+      case ReplyVerdict::kRedirect:
+        redirected_.emplace_back(std::move(it->second), m.epoch);
+        break;
+      case ReplyVerdict::kRideThrough:
+        recovering_.emplace_back(std::move(it->second),
+                                 std::min(retry_delay(m.retry_after_ms), decision.latest_retry));
+        break;
+      case ReplyVerdict::kComplete: {
+        CallResult r = result_of(m);
+        stamp(r, call);
+        ready.push_back({std::move(call.done), std::move(r)});
+        break;
       }
     }
-    if (!fits_call(call, m)) {
-      // Decodes, but cannot be this call's answer: counted, and the call
-      // waits for a good one (or its deadline).
-      malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
-      continue;
-    }
-    CallResult r;
-    r.error = error_for(m.type);
-    r.reply = m.type;
-    r.token = m.token;
-    r.ttl_ms = m.ttl_ms;
-    r.retry_after_ms = m.retry_after_ms;
-    r.wire_error = m.error;
-    r.held = m.held;
-    r.waiters = m.waiters;
-    r.mode = m.mode;
-    r.holders = m.holders;
-    r.permits = m.permits;
-    r.busy_index = m.index;
-    if (m.type == MessageType::kGrantedMany) {
-      r.tokens.reserve(m.listed_token_count());
-      for (std::size_t i = 0; i < m.listed_token_count(); ++i)
-        r.tokens.push_back(m.listed_token(i));
-    }
-    r.first_sent = call.first_sent;
-    r.request_id = call.request_id;
-    r.owner = call.owner;
-    r.transmissions = call.transmissions;
-    r.node = call.to;
-    r.epoch = m.epoch;
-    if (m.type == MessageType::kMapReply) {
-      r.member_count = m.member_count;
-      r.first_member = m.first_member;
-      r.members.reserve(m.member_list_count);
-      for (const MemberEntry& e : MemberList(m)) {
-        r.members.push_back(MapMember{std::string(e.id), std::string(e.address), e.weight});
-      }
-    }
-    if (m.type == MessageType::kHoldersReply) {
-      r.first_holder = m.first_holder;
-      r.holder_list.reserve(m.holder_list_count);
-      for (const HolderEntry& e : HolderList(m)) {
-        r.holder_list.push_back(HolderInfo{.owner = e.owner,
-                                           .token = e.token,
-                                           .ttl_left = milliseconds(e.ttl_left_ms),
-                                           .pending = (e.flags & kHolderFlagPending) != 0,
-                                           .value = std::string(e.value)});
-      }
-    }
-    if (m.type == MessageType::kHotKeysReply) {
-      r.window_ms = m.window_ms;
-      r.hot_keys.reserve(m.hot_key_count);
-      for (const HotKeyEntry& e : HotKeyList(m)) {
-        r.hot_keys.push_back(
-            HotKeyInfo{std::string(e.key), e.requests, e.error, e.busy, e.holders, e.waiters});
-      }
-    }
-    if (m.type == MessageType::kStatsReply) {
-      r.shard_count = m.shard_count;
-      r.first_shard = m.first_shard;
-      for (std::size_t i = 0; i < kStatCounterCount; ++i) r.counters[i] = m.counter_at(i);
-      r.counters_sent = m.counters_le.size() / 8;
-      r.shard_tokens.reserve(m.shard_token_count());
-      for (std::size_t i = 0; i < m.shard_token_count(); ++i)
-        r.shard_tokens.push_back(m.shard_token(i));
-    }
-    ready.push_back({std::move(call.done), std::move(r)});
     pending_.erase(it);
   }
 }
@@ -766,42 +656,30 @@ void CallEngine::follow_redirects() {
 void CallEngine::follow_redirect(std::unique_ptr<Call> call, std::uint64_t epoch) {
   call->redirected = true;
   const auto view = setup_.cluster ? setup_.cluster->current() : nullptr;
-  if (!view) {
-    fail(std::move(call), LeaseErrc::kRedirected);  // not in cluster mode
-    return;
-  }
-  if (epoch < view->epoch && call->epoch == view->epoch) {
-    // The node is behind our map, which routed the call to it: it will
-    // catch up. Ask it again shortly, within the deadline; not a hop, since
-    // the owner did not move.
-    resend_later(std::move(call), kRedirectRetry);
-    return;
-  }
-  if (++call->redirects > kMaxRedirects) {
-    fail(std::move(call), LeaseErrc::kRedirected);
-    return;
-  }
-  if (epoch > view->epoch) {
-    // Its map is newer: wait for ours to catch up, asking that node first.
-    const Endpoint* from = call->to;
-    park(std::move(call));
-    setup_.cluster->refresh(from);
-    return;
-  }
-  if (call->epoch != view->epoch) {
-    // Routed under an older map than ours (refreshed since it was sent): its
-    // owner may have moved.
-    if (reroute(*call, *view)) {
-      call->redirected = false;
-      resend_now(std::move(call));
-    } else {
-      fail(std::move(call), LeaseErrc::kCrossNode);
+  const std::optional<std::uint64_t> map_epoch =
+      view ? std::optional<std::uint64_t>(view->epoch) : std::nullopt;
+  switch (next_redirect_step(epoch, call->epoch, map_epoch, call->redirects)) {
+    case RedirectStep::kGiveUp:
+      fail(std::move(call), LeaseErrc::kRedirected);
+      return;
+    case RedirectStep::kAskAgainSoon:
+      resend_later(std::move(call), kRedirectRetry);  // within the deadline
+      return;
+    case RedirectStep::kAwaitNewerMap: {
+      const Endpoint* from = call->to;
+      park(std::move(call));
+      setup_.cluster->refresh(from);
+      return;
     }
-    return;
+    case RedirectStep::kGoToOwner:
+      if (reroute(*call, *view)) {
+        call->redirected = false;
+        resend_now(std::move(call));
+      } else {
+        fail(std::move(call), LeaseErrc::kCrossNode);
+      }
+      return;
   }
-  // The same map, yet another owner: the node is mid-change or misconfigured.
-  // Ask again shortly, bounded by kMaxRedirects.
-  resend_later(std::move(call), kRedirectRetry);
 }
 
 void CallEngine::retry_recovering() {

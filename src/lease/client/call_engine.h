@@ -33,6 +33,10 @@
 // published it, and ends
 // kUnreachable only at its deadline. An acquire without a wait and every
 // other call complete with the first answer, as before.
+//
+// What a reply means (ignore, malformed, follow, ride through, complete)
+// and where a REDIRECT leads are decided by reply.h's pure functions; the
+// engine only carries the decisions out.
 #pragma once
 
 #include <algorithm>
@@ -56,6 +60,7 @@
 
 #include "client/client_routing.h"
 #include "client/cluster_directory.h"
+#include "client/reply.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/client/call.h"
 #include "shardlock/mutex.h"
@@ -77,10 +82,6 @@ inline std::uint32_t clamp_ms(std::chrono::milliseconds d) noexcept {
 // all come back at once. Never shorter than the server asked.
 inline constexpr std::chrono::milliseconds kMinRetryAfter{10};
 [[nodiscard]] Clock::duration retry_delay(std::uint32_t retry_after_ms) noexcept;
-// A waiting acquire whose retry would fall after its wait ends tries once
-// more this long before the end instead; with less than this left it
-// reports RECOVERING.
-inline constexpr std::chrono::milliseconds kLastTryMargin{10};
 
 // The client's configuration as LeaseClient::start() resolved it. Written
 // only by start(), before the I/O thread starts; read-only afterwards, from
@@ -144,6 +145,11 @@ struct Call {
   // engine suspect the node has left (cluster mode).
   unsigned unanswered_sends = 0;
   CallCompletion done;
+
+  // What decides how its replies are read (decide_reply()).
+  [[nodiscard]] CallShape shape() const noexcept {
+    return CallShape{.type = type, .key = key, .key_count = key_count, .wait_end = wait_end};
+  }
 
   [[nodiscard]] Message message() const noexcept {
     return Message{.type = type,

@@ -7,7 +7,7 @@
 #include <iterator>
 #include <new>
 
-#include "shardlock/cluster/epoch_token.h"
+#include "shardlock/lease/wire/epoch_token.h"
 
 namespace shardlock::lease::internal {
 

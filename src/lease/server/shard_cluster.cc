@@ -5,8 +5,8 @@
 #include <string>
 #include <utility>
 
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/lease/wire/epoch_token.h"
 
 namespace shardlock::lease::internal {
 

@@ -19,9 +19,9 @@
 #include <span>
 #include <string_view>
 
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/internal/durable_file.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock/lease/wire/epoch_token.h"
 
 namespace shardlock::lease::internal {
 

@@ -14,8 +14,8 @@
 
 #include "etcd_process.h"
 #include "poll_until.h"
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/epoch_token.h"
 
 namespace shardlock::cluster {
 namespace {

@@ -31,8 +31,8 @@
 #include "etcd_process.h"
 #include "membership.h"
 #include "shardlock/cluster/cluster_map.h"
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/epoch_token.h"
 
 namespace shardlock::cluster {
 namespace {

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "shardlock/cluster/epoch_token.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/lease/wire/epoch_token.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease::internal {
