@@ -1,115 +1,38 @@
 // See etcd_client.h.
 //
 // Unary calls (Range, Put, DeleteRange, Txn, LeaseGrant, LeaseRevoke) use
-// gRPC's blocking API with a per-call deadline. The two streams differ:
-//  - LeaseKeepAlive runs on gRPC's completion-queue API, because the stream
-//    stays open across calls while each keep-alive still needs its own
-//    deadline, which a blocking Read() cannot have.
-//  - Watch runs on the blocking API on its own thread; cancel() unblocks its
-//    Read() with ClientContext::TryCancel().
+// gRPC's blocking API with a per-call deadline (EtcdClient::Impl::unary(),
+// etcd_call.h). The two streams differ:
+//  - LeaseKeepAlive (here) runs on gRPC's completion-queue API, because the
+//    stream stays open across calls while each keep-alive still needs its
+//    own deadline, which a blocking Read() cannot have.
+//  - Watch (etcd_watch.cc) runs on the blocking API on its own thread;
+//    cancel() unblocks its Read() with ClientContext::TryCancel().
 #include "etcd_client.h"
 
-#include <grpc/support/time.h>
-#include <grpcpp/grpcpp.h>
-
 #include <algorithm>
-#include <atomic>
 #include <charconv>
-#include <condition_variable>
-#include <thread>
 #include <utility>
 
-#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
-#include "shardlock/internal/thread_annotations.h"
+#include "etcd_call.h"
 #include "shardlock/lock_guard.h"
-#include "shardlock/mutex.h"
 
 namespace shardlock::cluster {
-namespace {
 
-namespace pb = etcdserverpb;
+namespace pb = etcd_call::pb;
+using etcd_call::deadline_after;
+using etcd_call::Endpoint;
+using etcd_call::KeepAliveStream;
+using etcd_call::set_error;
+using etcd_call::to_key_value;
 using std::chrono::milliseconds;
 
-class EtcdCategory final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "shardlock.etcd"; }
-  std::string message(int e) const override {
-    return std::string(to_string(static_cast<EtcdErrc>(e)));
-  }
-};
-
-// gRPC deadlines on the monotonic clock, so a wall-clock step moves none.
-gpr_timespec deadline_after(milliseconds timeout) {
-  return gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
-                      gpr_time_from_millis(timeout.count(), GPR_TIMESPAN));
-}
-
-// Reconnecting quickly matters more here than sparing a dead etcd a few
-// SYNs: a cluster node must notice etcd is back well within a lease TTL.
-// gRPC also takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the time one
-// connection attempt gets to finish its HTTP/2 handshake, so that one stays
-// generous (5 s): at 100 ms, attempts to a freshly restarted etcd time out
-// before its SETTINGS frame arrives, again and again.
-// The keep-alive pings find a silently dead connection (a partition) under
-// a watch that would otherwise wait on it forever; 10 s stays above etcd's
-// --grpc-keepalive-min-time (5 s), below which etcd drops the connection.
-std::shared_ptr<grpc::Channel> make_channel(const std::string& target,
-                                            const EtcdClientOptions& options) {
-  grpc::ChannelArguments args;
-  const int max_backoff = static_cast<int>(std::max<milliseconds::rep>(
-      1, std::min<milliseconds::rep>(options.max_reconnect_backoff.count(), 1 << 30)));
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff));
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5'000);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
-}
-
-// "HOST:PORT" or "[V6]:PORT", optionally "http://"-prefixed. On success
-// `out` is the gRPC target.
-bool parse_endpoint(std::string_view text, std::string& out) {
-  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
-  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
-  if (text.starts_with("http://")) text.remove_prefix(7);
-  if (!text.empty() && text.back() == '/') text.remove_suffix(1);
-  const std::size_t colon = text.rfind(':');
-  if (colon == std::string_view::npos || colon == 0) return false;
-  const std::string_view host = text.substr(0, colon);
-  const std::string_view port = text.substr(colon + 1);
-  if (host.front() == '[' ? host.back() != ']' || host.size() < 3
-                          : host.find(':') != std::string_view::npos) {
-    return false;
-  }
-  unsigned value = 0;
-  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
-  if (ec != std::errc{} || end != port.data() + port.size() || value == 0 || value > 65535) {
-    return false;
-  }
-  out = std::string(text);
-  return true;
-}
+namespace etcd_call {
 
 KeyValue to_key_value(const mvccpb::KeyValue& kv) {
   return KeyValue{kv.key(),          kv.value(),   kv.create_revision(),
                   kv.mod_revision(), kv.version(), kv.lease()};
 }
-
-template <class T>
-void set_error(EtcdResult<T>& result, EtcdErrc errc, std::string&& detail) {
-  result.error = make_error_code(errc);
-  result.detail = std::move(detail);
-}
-
-// One etcd endpoint: a channel and the three service stubs on it.
-struct Endpoint {
-  std::string target;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::KV::Stub> kv;
-  std::unique_ptr<pb::Lease::Stub> lease;
-  std::unique_ptr<pb::Watch::Stub> watch;
-};
 
 std::string_view state_name(grpc_connectivity_state state) {
   switch (state) {
@@ -125,38 +48,6 @@ std::string_view state_name(grpc_connectivity_state state) {
       return "shut down";
   }
   return "unknown";
-}
-
-// A call that ran out of time: kDeadlineExceeded when etcd was connected and
-// did not answer in time, kUnavailable when there was no connection to it.
-template <class T>
-void set_deadline_error(EtcdResult<T>& result, const Endpoint& endpoint, std::string_view what) {
-  const grpc_connectivity_state state = endpoint.channel->GetState(false);
-  if (state == GRPC_CHANNEL_READY) {
-    set_error(result, EtcdErrc::kDeadlineExceeded,
-              "etcd " + endpoint.target + ": " + std::string(what) + " before the deadline");
-  } else {
-    set_error(result, EtcdErrc::kUnavailable,
-              "etcd " + endpoint.target + ": no connection before the deadline (" +
-                  std::string(state_name(state)) + ")");
-  }
-}
-
-// The grpc::Status of a failed call, as an EtcdErrc and a detail that names
-// the endpoint.
-template <class T>
-void set_status_error(EtcdResult<T>& result, const Endpoint& endpoint, const grpc::Status& status) {
-  if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
-    set_deadline_error(result, endpoint, "no answer");
-    return;
-  }
-  set_error(result, errc_from_grpc_status(static_cast<int>(status.error_code())),
-            "etcd " + endpoint.target + ": " + status.error_message());
-}
-
-bool moves_to_next_endpoint(const grpc::Status& status) {
-  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
-         status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
 // ---------------------------------------------------------------------------
@@ -286,54 +177,66 @@ class KeepAliveStream {
   grpc::Status final_status_;
 };
 
-}  // namespace
+}  // namespace etcd_call
 
-// ---------------------------------------------------------------------------
-// EtcdClient::Impl
-// ---------------------------------------------------------------------------
+namespace {
 
-struct EtcdClient::Impl {
-  EtcdClientOptions options;
-  std::vector<Endpoint> endpoints;  // fixed after connect(): read without locking
-  // Which endpoint calls go to (modulo the count). Relaxed: it is only a
-  // hint, and guards no data; a call racing a move uses either endpoint.
-  std::atomic<std::size_t> current{0};
-
-  Mutex keep_alive_mutex;
-  std::unique_ptr<KeepAliveStream> keep_alive SHARDLOCK_GUARDED_BY(keep_alive_mutex);
-
-  std::size_t pick() const noexcept { return current.load(std::memory_order_relaxed); }
-  const Endpoint& endpoint(std::size_t index) const noexcept {
-    return endpoints[index % endpoints.size()];
-  }
-  // After a call to endpoint `index` failed as unreachable, the calls after
-  // it go to the next one (unless another call moved on already).
-  void moved_away_from(std::size_t index) noexcept {
-    current.compare_exchange_strong(index, index + 1, std::memory_order_relaxed);
-  }
-
-  // Runs `call(stub endpoint, context)` with the call deadline; on failure
-  // fills `result`'s error. True on success.
-  template <class T, class Call>
-  bool unary(EtcdResult<T>& result, Call&& call) {
-    const std::size_t index = pick();
-    const Endpoint& target = endpoint(index);
-    grpc::ClientContext context;
-    context.set_deadline(deadline_after(options.call_timeout));
-    // Wait for a connection (up to the deadline) rather than fail fast:
-    // with the blocking API only a thread inside a call polls gRPC's
-    // sockets, and fail-fast calls on a channel that is failing to connect
-    // return without polling, so a reconnection in progress would never
-    // see etcd's handshake and would time out (seen after an etcd restart:
-    // every attempt timed out before the server's SETTINGS frame).
-    context.set_wait_for_ready(true);
-    const grpc::Status status = call(target, context);
-    if (status.ok()) return true;
-    if (moves_to_next_endpoint(status)) moved_away_from(index);
-    set_status_error(result, target, status);
-    return false;
+class EtcdCategory final : public std::error_category {
+ public:
+  const char* name() const noexcept override { return "shardlock.etcd"; }
+  std::string message(int e) const override {
+    return std::string(to_string(static_cast<EtcdErrc>(e)));
   }
 };
+
+// Reconnecting quickly matters more here than sparing a dead etcd a few
+// SYNs: a cluster node must notice etcd is back well within a lease TTL.
+// gRPC also takes GRPC_ARG_MIN_RECONNECT_BACKOFF_MS as the time one
+// connection attempt gets to finish its HTTP/2 handshake, so that one stays
+// generous (5 s): at 100 ms, attempts to a freshly restarted etcd time out
+// before its SETTINGS frame arrives, again and again.
+// The keep-alive pings find a silently dead connection (a partition) under
+// a watch that would otherwise wait on it forever; 10 s stays above etcd's
+// --grpc-keepalive-min-time (5 s), below which etcd drops the connection.
+std::shared_ptr<grpc::Channel> make_channel(const std::string& target,
+                                            const EtcdClientOptions& options) {
+  grpc::ChannelArguments args;
+  const int max_backoff = static_cast<int>(std::max<milliseconds::rep>(
+      1, std::min<milliseconds::rep>(options.max_reconnect_backoff.count(), 1 << 30)));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::min(100, max_backoff));
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 5'000);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_backoff);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+// "HOST:PORT" or "[V6]:PORT", optionally "http://"-prefixed. On success
+// `out` is the gRPC target.
+bool parse_endpoint(std::string_view text, std::string& out) {
+  while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
+  while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
+  if (text.starts_with("http://")) text.remove_prefix(7);
+  if (!text.empty() && text.back() == '/') text.remove_suffix(1);
+  const std::size_t colon = text.rfind(':');
+  if (colon == std::string_view::npos || colon == 0) return false;
+  const std::string_view host = text.substr(0, colon);
+  const std::string_view port = text.substr(colon + 1);
+  if (host.front() == '[' ? host.back() != ']' || host.size() < 3
+                          : host.find(':') != std::string_view::npos) {
+    return false;
+  }
+  unsigned value = 0;
+  const auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
+  if (ec != std::errc{} || end != port.data() + port.size() || value == 0 || value > 65535) {
+    return false;
+  }
+  out = std::string(text);
+  return true;
+}
+
+}  // namespace
 
 EtcdResult<std::unique_ptr<EtcdClient>> EtcdClient::connect(const EtcdClientOptions& options) {
   EtcdResult<std::unique_ptr<EtcdClient>> result;
@@ -589,147 +492,6 @@ EtcdResult<TxnResult> EtcdClient::delete_if_leases(std::string_view key, std::in
   result.value.applied = response.succeeded();
   result.value.revision = response.header().revision();
   return result;
-}
-
-// ---------------------------------------------------------------------------
-// Watches
-// ---------------------------------------------------------------------------
-
-struct EtcdWatch::State {
-  EtcdClient::Impl* client = nullptr;
-  std::string prefix;
-  WatchCallback callback;
-  std::thread thread;  // started by watch_prefix(), joined by cancel()
-
-  Mutex mutex;
-  // condition_variable_any waits on the annotated Mutex itself.
-  std::condition_variable_any wake;
-  bool stopping SHARDLOCK_GUARDED_BY(mutex) = false;
-  // The open stream's context, for cancel() to TryCancel (null between
-  // streams).
-  grpc::ClientContext* context SHARDLOCK_GUARDED_BY(mutex) = nullptr;
-
-  void run(std::int64_t start_revision);
-  // One stream: false when the watch is over (stopped, or ended by etcd).
-  bool run_stream(std::int64_t& next_revision, grpc::Status& status);
-};
-
-namespace {
-
-WatchUpdate error_update(EtcdErrc errc, std::string detail, std::int64_t revision) {
-  WatchUpdate update;
-  update.error = make_error_code(errc);
-  update.detail = std::move(detail);
-  update.revision = revision;
-  return update;
-}
-
-}  // namespace
-
-bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& status) {
-  const std::size_t index = client->pick();
-  const Endpoint& target = client->endpoint(index);
-  grpc::ClientContext stream_context;
-  stream_context.set_wait_for_ready(true);  // see EtcdClient::Impl::unary()
-  {
-    LockGuard lock(mutex);
-    if (stopping) return false;
-    context = &stream_context;
-  }
-  auto stream = target.watch->Watch(&stream_context);
-  pb::WatchRequest request;
-  pb::WatchCreateRequest* create = request.mutable_create_request();
-  create->set_key(prefix.empty() ? std::string(1, '\0') : prefix);
-  create->set_range_end(prefix_range_end(prefix));
-  create->set_start_revision(next_revision);
-  bool more = true;
-  if (stream->Write(request)) {
-    pb::WatchResponse response;
-    while (more && stream->Read(&response)) {
-      const std::int64_t revision = response.header().revision();
-      if (response.compact_revision() != 0) {
-        callback(error_update(
-            EtcdErrc::kCompacted,
-            "etcd " + target.target + ": watch from revision " + std::to_string(next_revision) +
-                " is compacted (oldest kept: " + std::to_string(response.compact_revision()) + ")",
-            revision));
-        more = false;
-      } else if (response.canceled()) {
-        callback(error_update(
-            EtcdErrc::kServerError,
-            "etcd " + target.target + ": watch cancelled by etcd: " + response.cancel_reason(),
-            revision));
-        more = false;
-      } else if (response.created()) {
-        // From here on, a reconnect resumes where this stream started.
-        if (next_revision == 0) next_revision = revision + 1;
-      } else if (response.events_size() > 0) {
-        WatchUpdate update;
-        update.revision = revision;
-        update.events.reserve(static_cast<std::size_t>(response.events_size()));
-        for (const mvccpb::Event& event : response.events()) {
-          update.events.push_back(WatchEvent{event.type() == mvccpb::Event::DELETE
-                                                 ? WatchEventType::kDelete
-                                                 : WatchEventType::kPut,
-                                             to_key_value(event.kv())});
-        }
-        next_revision = update.events.back().kv.mod_revision + 1;
-        callback(update);
-      }
-    }
-  }
-  if (!more) stream_context.TryCancel();
-  status = stream->Finish();
-  {
-    LockGuard lock(mutex);
-    context = nullptr;
-    if (stopping) return false;
-  }
-  if (more && moves_to_next_endpoint(status)) client->moved_away_from(index);
-  return more;
-}
-
-void EtcdWatch::State::run(std::int64_t start_revision) {
-  std::int64_t next_revision = start_revision;
-  milliseconds backoff{50};
-  const milliseconds max_backoff =
-      std::max(milliseconds{50}, client->options.max_reconnect_backoff);
-  for (;;) {
-    grpc::Status status;
-    if (!run_stream(next_revision, status)) return;
-    // The stream broke (etcd restarted, or is unreachable): wait a little,
-    // then resume from next_revision.
-    LockGuard lock(mutex);
-    if (!stopping) wake.wait_for(mutex, backoff);
-    if (stopping) return;
-    backoff = std::min(backoff * 2, max_backoff);
-  }
-}
-
-std::unique_ptr<EtcdWatch> EtcdClient::watch_prefix(std::string_view prefix,
-                                                    std::int64_t start_revision,
-                                                    WatchCallback callback) {
-  auto state = std::make_unique<EtcdWatch::State>();
-  state->client = impl_.get();
-  state->prefix = std::string(prefix);
-  state->callback = std::move(callback);
-  EtcdWatch::State* raw = state.get();
-  state->thread = std::thread([raw, start_revision] { raw->run(start_revision); });
-  return std::unique_ptr<EtcdWatch>(new EtcdWatch(std::move(state)));
-}
-
-EtcdWatch::EtcdWatch(std::unique_ptr<State> state) : state_(std::move(state)) {}
-
-EtcdWatch::~EtcdWatch() { cancel(); }
-
-void EtcdWatch::cancel() {
-  {
-    LockGuard lock(state_->mutex);
-    state_->stopping = true;
-    if (state_->context != nullptr) state_->context->TryCancel();
-  }
-  state_->wake.notify_all();
-  if (state_->thread.joinable()) state_->thread.join();
 }
 
 // ---------------------------------------------------------------------------
