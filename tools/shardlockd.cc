@@ -209,6 +209,7 @@ std::string resolve_auth_key_path(const std::string& flag, const DaemonLog& log)
   return flag;
 }
 
+#ifdef SHARDLOCK_HAVE_CLUSTER
 // Whether "HOST:PORT" names a loopback host (127.0.0.0/8, [::1], localhost):
 // the one place --replicas may go without --cluster-key (tests, one host).
 bool is_loopback_address(std::string_view address) {
@@ -216,6 +217,7 @@ bool is_loopback_address(std::string_view address) {
   const std::string_view host = address.substr(0, colon == std::string_view::npos ? 0 : colon);
   return host.starts_with("127.") || host == "[::1]" || host == "localhost";
 }
+#endif
 
 // For an --auth-key that cannot be read: where a plain name was looked for.
 std::string auth_key_hint(const std::string& flag) {
