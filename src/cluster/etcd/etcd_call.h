@@ -1,9 +1,9 @@
-// etcd_call.h: what the etcd client's two files share: one endpoint's
-// channel and stubs, EtcdClient::Impl (the endpoints, the one that calls go
-// to, the unary-call runner) and how a failed call becomes an EtcdResult's
-// error. etcd_client.cc holds the unary calls and the LeaseKeepAlive
-// stream, etcd_watch.cc the Watch stream. Not API: it includes the
-// generated gRPC headers, which etcd_client.h keeps out.
+// etcd_call.h: what the etcd client's files with gRPC in them share: one
+// endpoint's channel and stubs, EtcdClient::Impl (the endpoints, the one
+// calls go to, the unary-call runner) and how a failed call becomes an
+// EtcdResult's error. etcd_kv_lease.cc holds connect(), the unary calls and
+// the LeaseKeepAlive stream; etcd_watch.cc the Watch stream. Not API: it
+// includes the generated gRPC headers, which etcd_client.h keeps out.
 #pragma once
 
 #include <grpc/support/time.h>
@@ -88,7 +88,7 @@ inline bool moves_to_next_endpoint(const grpc::Status& status) {
          status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
 }
 
-// The open LeaseKeepAlive stream (etcd_client.cc).
+// The open LeaseKeepAlive stream (etcd_kv_lease.cc).
 class KeepAliveStream;
 
 }  // namespace etcd_call
