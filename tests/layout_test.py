@@ -31,7 +31,7 @@ import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
 ROOMS = ("wire", "server", "client")
-ETCD_HEADERS = {"etcd_client.h", "membership.h", "cluster_node.h"}
+ETCD_HEADERS = {"etcd_client.h", "etcd_call.h", "membership.h", "cluster_node.h"}
 
 
 def sources(root, top):

@@ -767,6 +767,22 @@ TEST(ShardlockctlTest, TopShowsTheBusiestKeys) {
 
   EXPECT_EQ(ctl(d, {"top", "--interval", "0"}).exit_code, 2);
 
+  // A key shown wider than a line buffer (all 256 bytes \xNN) is shown
+  // whole, with its counts after it on the same line.
+  const std::string wide(shardlock::lease::kMaxKeyLength, '\xff');
+  ASSERT_EQ(ctl(d, {"acquire", wide, "--ttl", "60s"}).exit_code, 0);
+  const ToolResult wide_text = ctl_text(d, {"top", "--once"});
+  ASSERT_EQ(wide_text.exit_code, 0) << wide_text.err;
+  std::string wide_shown;
+  for (std::size_t i = 0; i < wide.size(); ++i) wide_shown += "\\xff";
+  const std::size_t row = wide_text.out.find(wide_shown + " ");
+  ASSERT_NE(row, std::string::npos) << wide_text.out;
+  const std::size_t row_end = wide_text.out.find('\n', row);
+  ASSERT_NE(row_end, std::string::npos);
+  const std::string counts =
+      wide_text.out.substr(row + wide_shown.size(), row_end - row - wide_shown.size());
+  EXPECT_TRUE(std::regex_match(counts, std::regex(R"( +[0-9.]+ +1 +0 +0 +1 +0)"))) << counts;
+
   // shardlockd --hot-keys 0 keeps no sketch: top lists no key.
   Daemon none("0", {"--hot-keys", "0"});
   ASSERT_FALSE(none.address().empty());

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <string_view>
 #include <thread>
 
 #include "ctl/commands.h"
@@ -60,16 +61,25 @@ std::string top_text(const std::string& node, const ServerStatsReply& s, double 
   for (std::size_t i = 0; i < rows; ++i) {
     width = std::max(width, std::min<std::size_t>(shown(hot.keys[i].key).size(), 48));
   }
-  char line[512];
-  std::snprintf(line, sizeof line, "%-*s %10s %10s %8s %8s %8s %8s\n", static_cast<int>(width),
-                "KEY", "REQ/S", "REQUESTS", "ERROR", "BUSY", "HOLDERS", "WAITERS");
-  text += line;
+  // The key column is padded to `width` but never cut: a key shown wider (up
+  // to 4 x kMaxKeyLength, every byte \xNN) pushes its counts right instead
+  // of losing them. Only the counts go through a fixed buffer.
+  const auto key_column = [&](std::string_view shown_key) {
+    text += shown_key;
+    if (shown_key.size() < width) text.append(width - shown_key.size(), ' ');
+  };
+  char counts[160];
+  key_column("KEY");
+  std::snprintf(counts, sizeof counts, " %10s %10s %8s %8s %8s %8s\n", "REQ/S", "REQUESTS", "ERROR",
+                "BUSY", "HOLDERS", "WAITERS");
+  text += counts;
   for (std::size_t i = 0; i < rows; ++i) {
     const HotKeyInfo& k = hot.keys[i];
-    std::snprintf(line, sizeof line, "%-*s %10s %10u %8u %8u %8u %8u\n", static_cast<int>(width),
-                  shown(k.key).c_str(), rate_text(hot.rate(k)).c_str(), k.requests, k.error, k.busy,
-                  k.holders, k.waiters);
-    text += line;
+    key_column(shown(k.key));
+    std::snprintf(counts, sizeof counts, " %10s %10u %8u %8u %8u %8u\n",
+                  rate_text(hot.rate(k)).c_str(), k.requests, k.error, k.busy, k.holders,
+                  k.waiters);
+    text += counts;
   }
   if (hot.keys.empty()) text += "(no key requested lately)\n";
   return text;
