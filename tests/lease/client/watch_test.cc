@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -188,20 +189,32 @@ TEST(WatchTest, AWatcherCallsBackOnItsThreadUntilStopped) {
 }
 
 TEST(WatchTest, AWatchRidesThroughTheLockDelay) {
+  // The server runs on a clock the test moves, so the lock-delay ends when
+  // the test says, not some wall-clock time after a start-up of unknown
+  // length (a start slow enough ate the lock-delay of a wall-clock bound).
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(5'000);
   LeaseServerOptions options;
   options.lock_delay = 400ms;
-  // Read before the server starts, so its lock-delay ends no sooner than
-  // start + 400 ms whatever the start-up costs (read after the client had
-  // started, under TSan the bound had to be cut to 300 ms, and a slow start
-  // still fell short of it).
-  const auto start = std::chrono::steady_clock::now();
+  // Relaxed: the I/O threads only need to see the new time eventually.
+  options.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
   auto server = start_server(options);
   ASSERT_TRUE(server);
   auto observer = start_client(*server);
-  const WatchEvent e = observer->watch_once("k", KeyVersion{}, 5s);
+  std::atomic<std::int64_t> answered_at{-1};
+  WatchEvent e;
+  std::thread watcher([&] {
+    e = observer->watch_once("k", KeyVersion{}, 60s);
+    answered_at.store(fake_ms->load(std::memory_order_relaxed), std::memory_order_release);
+  });
+  // The watch was answered RECOVERING at least once (so it waits), and is
+  // still waiting while the server's clock stands inside the lock-delay.
+  EXPECT_TRUE(poll_until([&] { return server->stats().counter(StatCounter::kRecovering) >= 1; }));
+  EXPECT_EQ(answered_at.load(std::memory_order_acquire), -1) << "answered inside the lock-delay";
+  fake_ms->fetch_add(400, std::memory_order_relaxed);
+  watcher.join();
   ASSERT_FALSE(e.error) << e.error.message();
   EXPECT_FALSE(e.held());
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 400ms) << "answered inside the lock-delay";
+  EXPECT_GE(answered_at.load(std::memory_order_acquire), 5'400) << "answered inside the lock-delay";
 }
 
 TEST(WatchTest, AFloodOfWatchesIsRefusedWithAClearError) {
