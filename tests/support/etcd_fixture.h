@@ -4,6 +4,10 @@
 //
 //   class MyTest : public test_support::EtcdSuiteTest { ... };
 //   ... connect to etcd_->endpoint() ...
+//
+// One etcd per suite and process: ctest runs each TEST as a process of its
+// own (gtest_discover_tests), so there it is one etcd per test; a binary
+// run by hand shares one across the suite's tests.
 #pragma once
 
 #include <gtest/gtest.h>
