@@ -101,7 +101,7 @@ bool EtcdProcess::start(std::chrono::milliseconds timeout) {
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (http_get_loopback(client_port_, "/health").find("\"health\":\"true\"") !=
+    if (http_get_loopback(client_port_, "/health").find(R"("health":"true")") !=
         std::string::npos) {
       return true;
     }

@@ -254,7 +254,7 @@ std::string self_executable() {
   char path[4096];
   const ssize_t n = ::readlink("/proc/self/exe", path, sizeof path - 1);
   if (n <= 0) return {};
-  return std::string(path, static_cast<std::size_t>(n));
+  return {path, static_cast<std::size_t>(n)};
 }
 
 }  // namespace shardlock::test_support
