@@ -20,6 +20,7 @@
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock_version.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
@@ -83,15 +84,11 @@ class MetricsTest : public ::testing::Test {
     data_dir_ = std::filesystem::temp_directory_path() /
                 ("shardlock-metrics-" + std::to_string(::getpid()));
     std::filesystem::remove_all(data_dir_);
-    LeaseServerOptions options;
-    options.bind_address = "127.0.0.1:0";
-    options.shards = 4;
-    options.lock_delay = 0ms;
+    LeaseServerOptions options = shardlock::test_support::loopback_options();
     options.data_dir = data_dir_.string();
     options.token_block = 1;  // a durable reservation for every grant past the first
-    options.log = [](std::string_view) {};
-    server_ = std::make_unique<LeaseServer>(options);
-    ASSERT_FALSE(server_->start()) << server_->error_detail();
+    server_ = shardlock::test_support::start_loopback_server(options);
+    ASSERT_TRUE(server_);
     std::string detail;
     ASSERT_FALSE(PrometheusExporter::start(*server_, "127.0.0.1:0", exporter_, detail)) << detail;
     ASSERT_NE(exporter_->port(), 0);

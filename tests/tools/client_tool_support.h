@@ -1,27 +1,20 @@
 // Test support for the client tools (shardlockctl_test, shardlock_bench_test):
-// run a tool as a child process with captured output and a bounded wait, and
-// a small strict JSON parser to check that what they print is well formed.
+// a small strict JSON parser to check that what they print is well formed,
+// and the names of the child-process runner (tests/support/process.h) that
+// runs a tool with captured output and a bounded wait.
 #pragma once
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <cctype>
-#include <chrono>
 #include <cstdlib>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
-extern char** environ;
+#include "support/process.h"
 
 namespace shardlock::lease::testing {
 
@@ -191,153 +184,10 @@ class JsonParser {
 
 // ------------------------------------------------------------------ processes
 
-struct ToolResult {
-  int exit_code = -1;  // or 128 + signal; -1 when it had to be killed
-  std::string out;
-  std::string err;
-};
-
-// A child process with stdout and stderr captured. The destructor kills it
-// if it is still running.
-class ChildProcess {
- public:
-  ChildProcess(const std::string& path, std::vector<std::string> args,
-               const std::vector<std::string>& extra_env = {}) {
-    int out[2];
-    int err[2];
-    EXPECT_EQ(::pipe2(out, O_CLOEXEC), 0);
-    EXPECT_EQ(::pipe2(err, O_CLOEXEC), 0);
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_adddup2(&actions, err[1], 2);
-    args.insert(args.begin(), path);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    std::vector<std::string> env_strings(extra_env);
-    std::vector<char*> envp;
-    for (char** e = environ; *e != nullptr; ++e) envp.push_back(*e);
-    for (auto& e : env_strings) envp.push_back(e.data());
-    envp.push_back(nullptr);
-    EXPECT_EQ(posix_spawn(&pid_, path.c_str(), &actions, nullptr, argv.data(), envp.data()), 0);
-    posix_spawn_file_actions_destroy(&actions);
-    ::close(out[1]);
-    ::close(err[1]);
-    out_ = out[0];
-    err_ = err[0];
-  }
-  ~ChildProcess() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      int status = 0;
-      ::waitpid(pid_, &status, 0);
-    }
-    ::close(out_);
-    ::close(err_);
-  }
-  ChildProcess(const ChildProcess&) = delete;
-  ChildProcess& operator=(const ChildProcess&) = delete;
-
-  pid_t pid() const { return pid_; }
-  void signal(int sig) { ::kill(pid_, sig); }
-
-  // Waits for exit; returns the exit code, or 128 + signal.
-  int wait() {
-    int status = 0;
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-
-  // Everything on stderr until it stays quiet for 2 s or closes.
-  std::string read_stderr() {
-    std::string all;
-    char buf[4096];
-    for (;;) {
-      pollfd p{err_, POLLIN, 0};
-      if (::poll(&p, 1, 2000) <= 0) break;
-      const ssize_t n = ::read(err_, buf, sizeof buf);
-      if (n <= 0) break;
-      all.append(buf, static_cast<std::size_t>(n));
-    }
-    return all;
-  }
-
-  // One stdout line, or "" if none arrives within `timeout`.
-  std::string read_line(std::chrono::milliseconds timeout) { return line_of(out_, timeout); }
-  // One stderr line, likewise.
-  std::string read_stderr_line(std::chrono::milliseconds timeout) { return line_of(err_, timeout); }
-
-  // Collects output until the child exits or `timeout` passes (then kills it
-  // and reports exit_code -1).
-  ToolResult finish(std::chrono::milliseconds timeout) {
-    ToolResult r;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    bool out_open = true;
-    bool err_open = true;
-    while ((out_open || err_open) && std::chrono::steady_clock::now() < deadline) {
-      pollfd p[2] = {{out_open ? out_ : -1, POLLIN, 0}, {err_open ? err_ : -1, POLLIN, 0}};
-      if (::poll(p, 2, 50) <= 0) continue;
-      char buf[4096];
-      if (p[0].revents != 0) {
-        const ssize_t n = ::read(out_, buf, sizeof buf);
-        if (n <= 0)
-          out_open = false;
-        else
-          r.out.append(buf, static_cast<std::size_t>(n));
-      }
-      if (p[1].revents != 0) {
-        const ssize_t n = ::read(err_, buf, sizeof buf);
-        if (n <= 0)
-          err_open = false;
-        else
-          r.err.append(buf, static_cast<std::size_t>(n));
-      }
-    }
-    int status = 0;
-    while (std::chrono::steady_clock::now() < deadline) {
-      const pid_t done = ::waitpid(pid_, &status, WNOHANG);
-      if (done == pid_) {
-        pid_ = -1;
-        r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-        return r;
-      }
-      ::usleep(10'000);
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    r.exit_code = -1;
-    return r;
-  }
-
- private:
-  static std::string line_of(int fd, std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    std::string line;
-    while (std::chrono::steady_clock::now() < deadline) {
-      pollfd p{fd, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      char c = 0;
-      if (::read(fd, &c, 1) != 1) break;
-      if (c == '\n') return line;
-      line += c;
-    }
-    return line;
-  }
-
-  pid_t pid_ = -1;
-  int out_ = -1;
-  int err_ = -1;
-};
-
-inline ToolResult run_tool(const std::string& path, const std::vector<std::string>& args,
-                           std::chrono::milliseconds timeout = std::chrono::milliseconds{60'000},
-                           const std::vector<std::string>& extra_env = {}) {
-  ChildProcess child(path, args, extra_env);
-  return child.finish(timeout);
-}
+// The tests' one child-process runner (tests/support/process.h).
+using ::shardlock::test_support::ChildProcess;
+using ::shardlock::test_support::run_tool;
+using ::shardlock::test_support::ToolResult;
 
 // The single stdout line of `r` parsed as JSON (trailing newline allowed).
 inline std::optional<Json> json_line(const ToolResult& r) {

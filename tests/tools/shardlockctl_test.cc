@@ -29,6 +29,7 @@
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/protocol.h"
+#include "support/daemon.h"
 #include "tools/client_tool_support.h"
 
 namespace shardlock::lease {
@@ -50,19 +51,18 @@ const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
 class Daemon {
  public:
   explicit Daemon(const std::string& lock_delay = "0", const std::vector<std::string>& extra = {},
-                  const std::string& shards = "8")
-      : process_(
-            kDaemon,
-            with_extra(lock_delay.empty()
-                           ? std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", shards}
-                           : std::vector<std::string>{"--listen", "127.0.0.1:0", "--shards", shards,
-                                                      "--lock-delay", lock_delay},
-                       extra)) {
-    const std::string line = process_.read_line(20s);
-    std::smatch m;
-    static const std::regex kReady(R"re("listen":"(127\.0\.0\.1:\d+)")re");
-    if (std::regex_search(line, m, kReady)) address_ = m[1].str();
-    EXPECT_FALSE(address_.empty()) << "no ready line: " << line;
+                  const std::string& shards = "8") {
+    const std::vector<std::string> argv = with_extra(
+        lock_delay.empty()
+            ? std::vector<std::string>{kDaemon, "--listen", "127.0.0.1:0", "--shards", shards}
+            : std::vector<std::string>{kDaemon, "--listen", "127.0.0.1:0", "--shards", shards,
+                                       "--lock-delay", lock_delay},
+        extra);
+    ::shardlock::test_support::ChildOptions wiring;
+    wiring.capture_stderr = true;
+    std::string why;
+    address_ = ::shardlock::test_support::start_daemon(process_, argv, wiring, 20s, why);
+    EXPECT_FALSE(address_.empty()) << why;
   }
   const std::string& address() const { return address_; }
   void kill9() { process_.signal(SIGKILL); }

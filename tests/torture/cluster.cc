@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "etcd_client.h"
-#include "etcd_server.h"
 #include "server_process.h"
 #include "shardlock/cluster/cluster_map.h"
+#include "support/etcd.h"
 #include "tcp_proxy.h"
 
 namespace shardlock::torture {
@@ -24,6 +24,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using test_support::EtcdProcess;
 using Clock = std::chrono::steady_clock;
 
 // A published map and its epoch, as every node reads them (the epoch in the

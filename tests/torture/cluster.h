@@ -1,7 +1,7 @@
 // cluster.h: the system under test of shardlock-torture's cluster mode
 // (run.h, docs/cluster.md "Torture: cluster mode").
 //
-//   * A real single-member etcd (etcd_server.h) on loopback.
+//   * A real single-member etcd (tests/support/etcd.h) on loopback.
 //   * N shardlockd nodes (ids n1..nN), each with its own data dir and UDP
 //     port, all in one cluster (--cluster-name torture-<pid>), with short
 //     timings: --etcd-lease-ttl 2 s and the run's max TTL.

@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "checker.h"
-#include "etcd_server.h"
 #include "history.h"
-#include "process.h"
 #include "recorder.h"
 #include "resource.h"
 #include "server_process.h"
+#include "support/etcd.h"
+#include "support/process.h"
 #include "system.h"
 
 namespace shardlock::torture {
@@ -32,6 +32,9 @@ namespace {
 
 namespace fs = std::filesystem;
 using namespace std::chrono_literals;
+using test_support::ChildProcess;
+using test_support::EtcdProcess;
+using test_support::self_executable;
 
 // One shardlockd behind one UdpProxy.
 class SingleServer final : public SystemUnderTest {

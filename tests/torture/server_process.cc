@@ -6,6 +6,8 @@
 #include <thread>
 #include <utility>
 
+#include "support/daemon.h"
+
 namespace shardlock::torture {
 
 using namespace std::chrono_literals;
@@ -26,16 +28,18 @@ bool ServerUnderTest::start(std::string& error) {
                                      "127.0.0.1:" + std::to_string(config_.port)};
     argv.insert(argv.end(), config_.arguments.begin(), config_.arguments.end());
     record(EventKind::kServerStart);
-    if (!process_.start(argv, true, log_path_)) {
-      error = "cannot start shardlockd: " + process_.error();
-      return false;
-    }
+    test_support::ChildOptions wiring;
+    wiring.stderr_path = log_path_;
+    std::string why;
     // A cluster node restarted after kill -9 first waits out its previous
     // run's etcd lease.
-    const std::string ready = process_.read_line(30s);
-    const std::size_t at = ready.find("\"port\":");
-    if (ready.find("\"ready\"") != std::string::npos && at != std::string::npos) {
-      config_.port = static_cast<std::uint16_t>(std::stoi(ready.substr(at + 7)));
+    const std::string address = test_support::start_daemon(process_, argv, wiring, 30s, why);
+    if (!process_.running()) {
+      error = why;
+      return false;
+    }
+    if (!address.empty()) {
+      config_.port = static_cast<std::uint16_t>(std::stoi(address.substr(address.rfind(':') + 1)));
       record(EventKind::kServerReady);
       return true;
     }

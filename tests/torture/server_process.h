@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "process.h"
 #include "recorder.h"
+#include "support/process.h"
 
 namespace shardlock::torture {
 
@@ -69,7 +69,7 @@ class ServerUnderTest {
   ServerConfig config_;
   std::string log_path_;
   const Recorder& nemesis_;
-  ChildProcess process_;
+  test_support::ChildProcess process_;
   std::int64_t incarnation_ = 0;
   std::string crashes_;
 };

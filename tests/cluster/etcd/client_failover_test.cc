@@ -1,5 +1,5 @@
 // Clients ride through a failover and a fresh start (issue 21, part 2), end
-// to end: a real etcd (etcd_process.h), shardlockd nodes as processes, and
+// to end: a real etcd (support/etcd_fixture.h), shardlockd nodes as processes, and
 // shardlockctl as a user runs it.
 //
 // - `shardlockctl --discover acquire K --wait 40s` issued right after the
@@ -212,7 +212,7 @@ TEST(ClientFreshStartTest, AWaitingAcquireIsGrantedWhenTheLockDelayEnds) {
   ASSERT_NE(::mkdtemp(pattern), nullptr);
   const std::string root = pattern;
   {
-    torture::ChildProcess daemon;
+    test_support::ChildProcess daemon;
     const auto started = std::chrono::steady_clock::now();
     const std::string address =
         start_daemon(daemon, root + "/d.log", {"--data-dir", root + "/d", "--lock-delay", "6s"});

@@ -1,5 +1,5 @@
 // ClusterNode in-process, driving a real LeaseServer from a real etcd
-// (tests/cluster/etcd/etcd_process.h starts one; skipped when /usr/bin/etcd is
+// (tests/support/etcd_fixture.h starts one; skipped when /usr/bin/etcd is
 // missing): what the driver hands the server's gate, and what it writes to
 // etcd for the other nodes.
 #include "cluster_node.h"
@@ -12,10 +12,10 @@
 #include <memory>
 #include <string>
 
-#include "etcd_process.h"
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/epoch_token.h"
+#include "support/etcd_fixture.h"
 
 namespace shardlock::cluster {
 namespace {

@@ -1,4 +1,4 @@
-// A real cluster end to end: a real etcd (etcd_process.h) and shardlockd
+// A real cluster end to end: a real etcd (support/etcd_fixture.h) and shardlockd
 // nodes as processes with --cluster, driven by cluster clients
 // (discover_cluster). Keys are served by their owners only; a joining node
 // takes only the buckets it owns in the new map; a drained node hands off
@@ -21,18 +21,19 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
-#include "etcd_process.h"
 #include "membership.h"
 #include "shardlock/cluster/cluster_map.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/epoch_token.h"
+#include "support/daemon.h"
+#include "support/etcd_fixture.h"
+#include "support/process.h"
 
 namespace shardlock::cluster {
 namespace {
@@ -53,7 +54,7 @@ struct NodeProcess {
   std::string id;
   std::string data_dir;
   std::string address;  // as bound and advertised
-  torture::ChildProcess process;
+  test_support::ChildProcess process;
 };
 
 class ClusterTest : public EtcdSuiteTest {
@@ -95,13 +96,11 @@ class ClusterTest : public EtcdSuiteTest {
                                            "2s",
                                            "--io",
                                            "socket"};
-    EXPECT_TRUE(node->process.start(argv, /*capture_stdout=*/true, root_ + "/" + id + ".log"))
-        << node->process.error();
-    const std::string ready = node->process.read_line(30s);
-    std::smatch m;
-    static const std::regex kListen(R"re("listen":"([0-9.]+:[0-9]+)")re");
-    EXPECT_TRUE(std::regex_search(ready, m, kListen)) << "ready line: '" << ready << "'";
-    node->address = m.size() > 1 ? m[1].str() : "";
+    test_support::ChildOptions wiring;
+    wiring.stderr_path = root_ + "/" + id + ".log";
+    std::string why;
+    node->address = test_support::start_daemon(node->process, argv, wiring, 30s, why);
+    EXPECT_FALSE(node->address.empty()) << why;
     return *node;
   }
 
@@ -407,7 +406,7 @@ TEST_F(ClusterTest, AClientFindsTheNewOwnersOfANodeThatLeft) {
 TEST_F(ClusterTest, BadClusterFlagsAreUsageErrorsAndAnUnreachableEtcdFailsTheStart) {
   const auto run = [&](std::vector<std::string> args) {
     args.insert(args.begin(), kDaemon);
-    torture::ChildProcess p;
+    test_support::ChildProcess p;
     EXPECT_TRUE(p.start(args, /*capture_stdout=*/true, root_ + "/flags.log"));
     EXPECT_TRUE(p.wait_for(30s));
     std::ifstream log(root_ + "/flags.log");

@@ -1,5 +1,5 @@
 // shardlockctl members and drain against a real etcd
-// (tests/cluster/etcd/etcd_process.h), with two Membership instances in this
+// (tests/support/etcd_fixture.h), with two Membership instances in this
 // process as the cluster's nodes: what members lists, and that drain moves a
 // node out of the map and --cancel brings it back.
 #include <gtest/gtest.h>
@@ -17,10 +17,10 @@
 #include <thread>
 #include <vector>
 
-#include "etcd_process.h"
 #include "membership.h"
 #include "poll_until.h"
 #include "shardlock/cluster/cluster_map.h"
+#include "support/etcd_fixture.h"
 #include "tools/client_tool_support.h"
 
 namespace shardlock::cluster {

@@ -1,4 +1,4 @@
-// EtcdClient against a real single-member etcd (tests/cluster/etcd/etcd_process.h).
+// EtcdClient against a real single-member etcd (tests/support/etcd_fixture.h).
 // Skips when /usr/bin/etcd is missing.
 #include "etcd_client.h"
 
@@ -14,8 +14,8 @@
 #include <thread>
 #include <vector>
 
-#include "etcd_process.h"
 #include "poll_until.h"
+#include "support/etcd_fixture.h"
 
 namespace shardlock::cluster {
 namespace {

@@ -1,5 +1,5 @@
 // Membership, the map's epoch and the epoch file, against a real
-// single-member etcd (tests/cluster/etcd/etcd_process.h). The etcd tests skip when
+// single-member etcd (tests/support/etcd_fixture.h). The etcd tests skip when
 // /usr/bin/etcd is missing; the epoch file and option tests always run. The
 // values and routing over a map are tested in tests/cluster/cluster_map_test.cc.
 #include "membership.h"
@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "epoch_file.h"
-#include "etcd_process.h"
 #include "poll_until.h"
+#include "support/etcd_fixture.h"
 #include "tcp_proxy.h"
 
 namespace shardlock::cluster {

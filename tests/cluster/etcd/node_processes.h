@@ -1,5 +1,5 @@
 // node_processes.h: a fixture for end-to-end cluster tests that run real
-// shardlockd nodes as processes against the suite's etcd (etcd_process.h),
+// shardlockd nodes as processes against the suite's etcd (support/etcd_fixture.h),
 // and cluster clients that reach them. Shared by client_failover_test and
 // replication_e2e_test; a test that includes it must be registered with
 // shardlockd among its tools (tests/CMakeLists.txt), which defines
@@ -24,42 +24,34 @@
 #include <iterator>
 #include <map>
 #include <memory>
-#include <regex>
 #include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
-#include "etcd_process.h"
-#include "process.h"  // tests/torture: ChildProcess
 #include "shardlock/lease/client/client.h"
+#include "support/daemon.h"
+#include "support/etcd_fixture.h"
+#include "support/process.h"
 
 namespace shardlock::test_support {
 
-// Starts shardlockd with `extra` flags on a loopback port and returns the
-// address from its ready line, or empty, with `why`, when none came.
-inline std::string try_start_daemon(torture::ChildProcess& process, const std::string& log,
+// Starts shardlockd with `extra` flags on a loopback port, stderr to `log`,
+// and returns the address from its ready line, or empty, with `why`, when
+// none came.
+inline std::string try_start_daemon(ChildProcess& process, const std::string& log,
                                     const std::vector<std::string>& extra, std::string& why) {
   using namespace std::chrono_literals;
   std::vector<std::string> argv = {SHARDLOCK_TOOL_SHARDLOCKD, "--listen", "127.0.0.1:0", "--io",
                                    "socket"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  if (!process.start(argv, /*capture_stdout=*/true, log)) {
-    why = process.error();
-    return {};
-  }
-  const std::string ready = process.read_line(30s);
-  std::smatch m;
-  static const std::regex kListen(R"re("listen":"([0-9.]+:[0-9]+)")re");
-  if (!std::regex_search(ready, m, kListen)) {
-    why = "ready line: '" + ready + "'";
-    return {};
-  }
-  return m[1].str();
+  ChildOptions wiring;
+  wiring.stderr_path = log;
+  return start_daemon(process, argv, wiring, 30s, why);
 }
 
 // try_start_daemon(), failing the test when the daemon does not start.
-inline std::string start_daemon(torture::ChildProcess& process, const std::string& log,
+inline std::string start_daemon(ChildProcess& process, const std::string& log,
                                 const std::vector<std::string>& extra) {
   std::string why;
   std::string address = try_start_daemon(process, log, extra, why);
@@ -115,7 +107,7 @@ class NodeProcessTest : public EtcdSuiteTest {
     // the same log. Any other failure fails the test at once.
     std::string why;
     for (int attempt = 0; attempt < 3; ++attempt) {
-      process = std::make_unique<torture::ChildProcess>();
+      process = std::make_unique<ChildProcess>();
       addresses_[id] = try_start_daemon(*process, log_of(id), flags, why);
       if (!addresses_[id].empty()) return;
       process->kill();
@@ -172,7 +164,7 @@ class NodeProcessTest : public EtcdSuiteTest {
   }
 
   std::string root_;
-  std::map<std::string, std::unique_ptr<torture::ChildProcess>> nodes_;
+  std::map<std::string, std::unique_ptr<ChildProcess>> nodes_;
   std::map<std::string, std::string> addresses_;  // listen addresses, by id
 };
 

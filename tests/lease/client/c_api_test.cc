@@ -7,7 +7,7 @@
 #include <string>
 
 #include "c_api_test_scenarios.h"
-#include "lease/loopback_server.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {

@@ -28,6 +28,7 @@
 #include "poll_until.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/workload/zipf.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
@@ -40,12 +41,8 @@ using std::chrono::milliseconds;
 constexpr auto kSlack = 750ms;
 
 std::unique_ptr<LeaseServer> start_server(std::string bind = "127.0.0.1:0") {
-  LeaseServerOptions options;
+  LeaseServerOptions options = shardlock::test_support::loopback_options(8);
   options.bind_address = std::move(bind);
-  options.shards = 8;
-  options.lock_delay = 0ms;
-  options.max_ttl = 60s;
-  options.log = [](std::string_view) {};
   // Rebinding a fixed port right after a server on it stopped can briefly
   // fail (an io_uring ring releases its files asynchronously); retry, bounded.
   std::error_code ec;

@@ -14,6 +14,7 @@
 
 #include "poll_until.h"
 #include "shardlock/lease/server/server.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
@@ -24,13 +25,8 @@ using shardlock::test_support::poll_until;
 class ElectionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    LeaseServerOptions options;
-    options.bind_address = "127.0.0.1:0";
-    options.lock_delay = 0ms;
-    options.shards = 4;
-    options.log = [](std::string_view) {};
-    server_ = std::make_unique<LeaseServer>(options);
-    ASSERT_FALSE(server_->start()) << server_->error_detail();
+    server_ = shardlock::test_support::start_loopback_server();
+    ASSERT_TRUE(server_);
   }
   std::unique_ptr<LeaseClient> client(std::optional<ClientId> id = std::nullopt) {
     LeaseClientOptions options;

@@ -16,9 +16,9 @@
 #include <thread>
 #include <vector>
 
-#include "lease/loopback_server.h"
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
@@ -19,44 +20,23 @@
 #include "shardlock/lease/server/server.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
 
 using namespace std::chrono_literals;
+using shardlock::test_support::loopback_options;
 using shardlock::test_support::poll_until;
+using shardlock::test_support::start_loopback_client;
+using shardlock::test_support::start_loopback_server;
 using std::chrono::milliseconds;
 
-std::unique_ptr<LeaseServer> start_server(LeaseServerOptions options = {}) {
-  options.bind_address = "127.0.0.1:0";
-  options.log = [](std::string_view) {};
-  auto server = std::make_unique<LeaseServer>(options);
-  const std::error_code ec = server->start();
-  EXPECT_FALSE(ec) << ec.message() << ": " << server->error_detail();
-  return ec ? nullptr : std::move(server);
-}
-
-LeaseServerOptions no_lock_delay() {
-  LeaseServerOptions options;
-  options.lock_delay = 0ms;
-  options.shards = 4;
-  return options;
-}
-
-std::unique_ptr<LeaseClient> start_client(const LeaseServer& server) {
-  LeaseClientOptions options;
-  options.nodes = {"127.0.0.1:" + std::to_string(server.port())};
-  auto client = std::make_unique<LeaseClient>(options);
-  const std::error_code ec = client->start();
-  EXPECT_FALSE(ec) << ec.message();
-  return client;
-}
-
 TEST(WatchTest, AWatchFromTheCurrentVersionIsAnsweredByTheRelease) {
-  auto server = start_server(no_lock_delay());
+  auto server = start_loopback_server();
   ASSERT_TRUE(server);
-  auto holder = start_client(*server);
-  auto watcher = start_client(*server);
+  auto holder = start_loopback_client(*server);
+  auto watcher = start_loopback_client(*server);
   LeaseOptions with_value;
   with_value.value = "10.1.2.3:8080 pid 42";
   auto lease = holder->acquire("jobs/nightly", 30s, 0ms, with_value);
@@ -83,11 +63,11 @@ TEST(WatchTest, AWatchFromTheCurrentVersionIsAnsweredByTheRelease) {
 }
 
 TEST(WatchTest, KeyWatchReportsEachChangeOnceAndNotRenewals) {
-  auto server = start_server(no_lock_delay());
+  auto server = start_loopback_server();
   ASSERT_TRUE(server);
-  auto a = start_client(*server);
-  auto b = start_client(*server);
-  auto observer = start_client(*server);
+  auto a = start_loopback_client(*server);
+  auto b = start_loopback_client(*server);
+  auto observer = start_loopback_client(*server);
   KeyWatch watch(*observer, "leader/x");
   auto first = watch.next(5s);
   ASSERT_TRUE(first && !first->error);
@@ -129,10 +109,10 @@ TEST(WatchTest, KeyWatchReportsEachChangeOnceAndNotRenewals) {
 }
 
 TEST(WatchTest, AnExpiryWakesAWatcher) {
-  auto server = start_server(no_lock_delay());
+  auto server = start_loopback_server();
   ASSERT_TRUE(server);
-  auto holder = start_client(*server);
-  auto observer = start_client(*server);
+  auto holder = start_loopback_client(*server);
+  auto observer = start_loopback_client(*server);
   auto lease = holder->acquire("k", 300ms, 0ms);
   ASSERT_TRUE(lease);
   KeyWatch watch(*observer, "k");
@@ -145,10 +125,10 @@ TEST(WatchTest, AnExpiryWakesAWatcher) {
 }
 
 TEST(WatchTest, AWatcherCallsBackOnItsThreadUntilStopped) {
-  auto server = start_server(no_lock_delay());
+  auto server = start_loopback_server();
   ASSERT_TRUE(server);
-  auto holder = start_client(*server);
-  auto observer = start_client(*server);
+  auto holder = start_loopback_client(*server);
+  auto observer = start_loopback_client(*server);
   Mutex mutex;
   std::vector<KeyVersion> seen;
   Watcher watcher(*observer, "w", [&](const WatchEvent& e) {
@@ -188,30 +168,42 @@ TEST(WatchTest, AWatcherCallsBackOnItsThreadUntilStopped) {
 }
 
 TEST(WatchTest, AWatchRidesThroughTheLockDelay) {
+  // The server runs on a clock the test moves, so the lock-delay ends when
+  // the test says, not some wall-clock time after a start-up of unknown
+  // length (a start slow enough ate the lock-delay of a wall-clock bound).
+  auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(5'000);
   LeaseServerOptions options;
   options.lock_delay = 400ms;
-  // Read before the server starts, so its lock-delay ends no sooner than
-  // start + 400 ms whatever the start-up costs (read after the client had
-  // started, under TSan the bound had to be cut to 300 ms, and a slow start
-  // still fell short of it).
-  const auto start = std::chrono::steady_clock::now();
-  auto server = start_server(options);
+  // Relaxed: the I/O threads only need to see the new time eventually.
+  options.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
+  auto server = start_loopback_server(options);
   ASSERT_TRUE(server);
-  auto observer = start_client(*server);
-  const WatchEvent e = observer->watch_once("k", KeyVersion{}, 5s);
+  auto observer = start_loopback_client(*server);
+  std::atomic<std::int64_t> answered_at{-1};
+  WatchEvent e;
+  std::thread watcher([&] {
+    e = observer->watch_once("k", KeyVersion{}, 60s);
+    answered_at.store(fake_ms->load(std::memory_order_relaxed), std::memory_order_release);
+  });
+  // The watch was answered RECOVERING at least once (so it waits), and is
+  // still waiting while the server's clock stands inside the lock-delay.
+  EXPECT_TRUE(poll_until([&] { return server->stats().counter(StatCounter::kRecovering) >= 1; }));
+  EXPECT_EQ(answered_at.load(std::memory_order_acquire), -1) << "answered inside the lock-delay";
+  fake_ms->fetch_add(400, std::memory_order_relaxed);
+  watcher.join();
   ASSERT_FALSE(e.error) << e.error.message();
   EXPECT_FALSE(e.held());
-  EXPECT_GE(std::chrono::steady_clock::now() - start, 400ms) << "answered inside the lock-delay";
+  EXPECT_GE(answered_at.load(std::memory_order_acquire), 5'400) << "answered inside the lock-delay";
 }
 
 TEST(WatchTest, AFloodOfWatchesIsRefusedWithAClearError) {
-  LeaseServerOptions options = no_lock_delay();
+  LeaseServerOptions options = loopback_options();
   options.shards = 1;
   options.max_watches_per_client = 3;
   options.max_watches = 4;
-  auto server = start_server(options);
+  auto server = start_loopback_server(options);
   ASSERT_TRUE(server);
-  auto flooder = start_client(*server);
+  auto flooder = start_loopback_client(*server);
   std::atomic<int> parked{0};
   for (int i = 0; i < 3; ++i) {
     flooder->watch_async("key-" + std::to_string(i), KeyVersion{0, 0}, 5s,
@@ -221,21 +213,21 @@ TEST(WatchTest, AFloodOfWatchesIsRefusedWithAClearError) {
   const WatchEvent refused = flooder->watch_once("key-3", KeyVersion{0, 0}, 5s);
   EXPECT_EQ(refused.error, LeaseErrc::kServerError);
   EXPECT_EQ(refused.wire_error, WireError::kLimitExceeded);
-  auto other = start_client(*server);
+  auto other = start_loopback_client(*server);
   EXPECT_FALSE(other->watch_once("key-4", KeyVersion{}, 0ms).error) << "not parked: not bounded";
   EXPECT_EQ(parked.load(), 0) << "the parked ones stay parked";
 }
 
 TEST(WatchTest, AParkedAnswerNeverExceedsItsRequestsBytes) {
-  auto server = start_server(no_lock_delay());
+  auto server = start_loopback_server();
   ASSERT_TRUE(server);
-  auto holder = start_client(*server);
+  auto holder = start_loopback_client(*server);
   // A shared key with many holders, each with the longest value.
   LeaseOptions options;
   options.value = std::string(kMaxHolderValueLength, 'v');
   std::vector<Lease> leases;
   for (int i = 0; i < 6; ++i) {
-    auto other = start_client(*server);
+    auto other = start_loopback_client(*server);
     auto r = other->acquire_shared("crowd", 30s, 0ms, options);
     ASSERT_TRUE(r);
     r.lease.detach();
@@ -271,7 +263,7 @@ TEST(WatchTest, AParkedAnswerNeverExceedsItsRequestsBytes) {
   watch.holders = 6;
   send_watch(600);
   EXPECT_TRUE(peer.quiet(200ms));
-  auto leaver = start_client(*server);
+  auto leaver = start_loopback_client(*server);
   auto r = leaver->acquire_shared("crowd", 30s, 0ms, options);
   ASSERT_TRUE(r);
   const Message woken = peer.wait_for(watch.request_id);

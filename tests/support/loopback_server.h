@@ -1,6 +1,13 @@
-// A LeaseServer (and its clients) for the client tests: 127.0.0.1 on an ephemeral port, no
-// lock-delay, TTLs up to a minute, no log. The tests talk to it over real
-// UDP, so the client and server code run as they do in production.
+// loopback_server.h: the one in-process LeaseServer starter of the tests:
+// 127.0.0.1 on an ephemeral port, no lock-delay, TTLs up to a minute, no
+// log. The tests talk to it over real UDP, so the client and server code
+// run as they do in production.
+//
+//   auto server = test_support::start_loopback_server();       // 4 shards
+//   LeaseServerOptions o = test_support::loopback_options(8);  // or adjust first
+//   o.max_watches = 4;
+//   auto other = test_support::start_loopback_server(o);
+//   auto client = test_support::start_loopback_client(*server);
 #pragma once
 
 #include <gtest/gtest.h>
@@ -22,14 +29,21 @@ using lease::LeaseClientOptions;
 using lease::LeaseServer;
 using lease::LeaseServerOptions;
 
-// The started server, or null with the test failed (it cannot bind or start).
-inline std::unique_ptr<LeaseServer> start_loopback_server(std::uint32_t shards = 4) {
+// The options the loopback servers start from.
+inline LeaseServerOptions loopback_options(std::uint32_t shards = 4) {
   LeaseServerOptions options;
   options.bind_address = "127.0.0.1:0";
   options.shards = shards;
   options.lock_delay = std::chrono::milliseconds{0};
   options.max_ttl = std::chrono::seconds{60};
   options.log = [](std::string_view) {};
+  return options;
+}
+
+// The started server, or null with the test failed (it cannot bind or
+// start). An empty options.log is silenced.
+inline std::unique_ptr<LeaseServer> start_loopback_server(LeaseServerOptions options) {
+  if (!options.log) options.log = [](std::string_view) {};
   auto server = std::make_unique<LeaseServer>(options);
   if (const std::error_code ec = server->start()) {
     ADD_FAILURE() << ec.message() << ": " << server->error_detail();
@@ -38,14 +52,18 @@ inline std::unique_ptr<LeaseServer> start_loopback_server(std::uint32_t shards =
   return server;
 }
 
+inline std::unique_ptr<LeaseServer> start_loopback_server(std::uint32_t shards = 4) {
+  return start_loopback_server(loopback_options(shards));
+}
+
 // "127.0.0.1:PORT" of `server`, for LeaseClientOptions::nodes.
 inline std::string loopback_address(const LeaseServer& server) {
   return "127.0.0.1:" + std::to_string(server.port());
 }
 
 // A started LeaseClient of `server` (a test failure if it cannot start).
-inline std::unique_ptr<LeaseClient> start_loopback_client(const LeaseServer& server) {
-  LeaseClientOptions options;
+inline std::unique_ptr<LeaseClient> start_loopback_client(const LeaseServer& server,
+                                                          LeaseClientOptions options = {}) {
   options.nodes = {loopback_address(server)};
   auto client = std::make_unique<LeaseClient>(options);
   const std::error_code ec = client->start();

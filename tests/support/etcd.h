@@ -1,5 +1,6 @@
-// etcd_server.h: a real single-member etcd on loopback, for the cluster
-// tests (tests/cluster/) and shardlock-torture's cluster mode.
+// etcd.h: a real single-member etcd on loopback, for the cluster tests
+// (tests/cluster/etcd/, through etcd_fixture.h) and shardlock-torture's
+// cluster mode.
 //
 //   if (!EtcdProcess::available()) ... skip: EtcdProcess::kMissingMessage
 //   EtcdProcess etcd;
@@ -23,9 +24,9 @@
 #include <cstdint>
 #include <string>
 
-#include "process.h"
+#include "support/process.h"
 
-namespace shardlock::torture {
+namespace shardlock::test_support {
 
 // A loopback TCP port nothing listens on right now (0 when none is found).
 [[nodiscard]] std::uint16_t free_loopback_port();
@@ -73,4 +74,4 @@ class EtcdProcess {
   std::string error_;
 };
 
-}  // namespace shardlock::torture
+}  // namespace shardlock::test_support

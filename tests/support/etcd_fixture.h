@@ -1,23 +1,22 @@
-// etcd_process.h: the cluster tests' etcd. EtcdProcess itself (a real
-// single-member etcd on loopback) lives with the torture harness
-// (tests/torture/etcd_server.h), which its cluster mode shares; this header
-// adds the GoogleTest fixture with one etcd per suite.
+// etcd_fixture.h: the cluster tests' etcd fixture, over EtcdProcess (etcd.h,
+// a real single-member etcd on loopback, which the torture harness's
+// cluster mode shares).
 //
 //   class MyTest : public test_support::EtcdSuiteTest { ... };
 //   ... connect to etcd_->endpoint() ...
+//
+// One etcd per suite and process: ctest runs each TEST as a process of its
+// own (gtest_discover_tests), so there it is one etcd per test; a binary
+// run by hand shares one across the suite's tests.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "etcd_server.h"  // tests/torture: EtcdProcess
+#include "support/etcd.h"
 
 namespace shardlock::test_support {
-
-using torture::EtcdProcess;
-using torture::free_loopback_port;
-using torture::http_get_loopback;
 
 // A fixture base with one etcd for the whole suite (started once, stopped
 // after the last test). A derived SetUp() calls EtcdSuiteTest::SetUp() first

@@ -1,5 +1,5 @@
-// See etcd_server.h.
-#include "etcd_server.h"
+// See etcd.h.
+#include "support/etcd.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-namespace shardlock::torture {
+namespace shardlock::test_support {
 std::uint16_t free_loopback_port() {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return 0;
@@ -101,7 +101,7 @@ bool EtcdProcess::start(std::chrono::milliseconds timeout) {
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (http_get_loopback(client_port_, "/health").find("\"health\":\"true\"") !=
+    if (http_get_loopback(client_port_, "/health").find(R"("health":"true")") !=
         std::string::npos) {
       return true;
     }
@@ -129,4 +129,4 @@ std::string EtcdProcess::log_tail(std::size_t lines) const {
   return out.str();
 }
 
-}  // namespace shardlock::torture
+}  // namespace shardlock::test_support
