@@ -5,8 +5,15 @@ room by room"; docs/cluster.md): which part may include which.
 - The lease layer is three rooms, in include/shardlock/lease/ and src/lease/
   alike: wire (what every side agrees on), server and client. Server and
   client both use wire; neither includes the other; wire includes neither.
-- src/lease/ itself holds only the three rooms; include/shardlock/lease/ holds
-  the rooms and the one-release forwarding headers, nothing else.
+- Beside the rooms, at the top of include/shardlock/lease/ and src/lease/,
+  sits what no datagram carries but more than one side uses (the duration
+  parser): a src/lease/<name>.cc only where include/shardlock/lease/<name>.h
+  is its real header, not a forwarder. The top level may use wire, never
+  server or client; wire never includes it. Anything else in src/lease/
+  lies outside the rooms; include/shardlock/lease/ holds the rooms, those
+  headers and the one-release forwarding headers, nothing else.
+- Moved headers are included by their new paths: an old path only by its
+  own forwarding header (MOVED).
 - The cluster layer's gRPC-free code (src/cluster/, include/shardlock/cluster/)
   includes nothing from src/cluster/etcd/ and no gRPC or protobuf header.
 - No two units include each other (unit = a .h/.cc pair by stem, within
@@ -30,6 +37,7 @@ import re
 import sys
 
 INCLUDE = re.compile(r'^\s*#\s*include\s*"([^"]+)"', re.MULTILINE)
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 ROOMS = ("wire", "server", "client")
 ETCD_HEADERS = {"etcd_client.h", "etcd_call.h", "membership.h", "cluster_node.h"}
 
@@ -47,6 +55,25 @@ def includes(root, path):
         return INCLUDE.findall(f.read())
 
 
+def is_forwarder(root, path):
+    """A one-release forwarding header: its only include is the new path."""
+    with open(os.path.join(root, path), encoding="utf-8") as f:
+        text = COMMENT.sub("", f.read())
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return len(lines) == 2 and lines[0] == "#pragma once" and len(INCLUDE.findall(text)) == 1
+
+
+def top_level_unit(root, path):
+    """A lease top-level unit: include/shardlock/lease/<name>.h that is not a
+    forwarder, or src/lease/<name>.cc beside such a header."""
+    if path.startswith("include/shardlock/lease/") and path.count("/") == 3:
+        return path.endswith(".h") and not is_forwarder(root, path)
+    if path.startswith("src/lease/") and path.count("/") == 2 and path.endswith(".cc"):
+        header = "include/shardlock/lease/" + os.path.basename(path)[:-3] + ".h"
+        return os.path.exists(os.path.join(root, header)) and not is_forwarder(root, header)
+    return False
+
+
 def room_of(path):
     """The lease room a file belongs to, or None."""
     for prefix in ("src/lease/", "include/shardlock/lease/"):
@@ -54,6 +81,12 @@ def room_of(path):
             first = path[len(prefix):].split("/")[0]
             return first if first in ROOMS else None
     return None
+
+
+def top_level_include(root, target):
+    """Whether an include names a lease top-level unit's header."""
+    return target.startswith("shardlock/lease/") and target.count("/") == 2 and \
+        top_level_unit(root, "include/" + target)
 
 
 def room_of_include(target):
@@ -73,6 +106,12 @@ IMPURE_HEADERS = re.compile(r"^(sys/|poll\.h|unistd\.h|thread$|mutex$|condition_
                             r"atomic$|shardlock/mutex\.h|shardlock/lock_guard\.h|client/call_engine|"
                             r"client/transport|wire/udp)")
 OLD_EPOCH_TOKEN = "shardlock/cluster/epoch_token.h"
+# Old path -> new path of a header that moved out of a room; the old path is
+# a one-release forwarding header that nothing else includes.
+MOVED = {
+    "shardlock/lease/wire/duration.h": "shardlock/lease/duration.h",
+}
+TOP = "top level"
 
 
 def client_and_wire_problems(root):
@@ -102,20 +141,44 @@ def client_and_wire_problems(root):
     return problems
 
 
+def moved_problems(root):
+    """MOVED: each old path is a forwarder to its new one, included by nothing else."""
+    problems = []
+    for old, new in sorted(MOVED.items()):
+        old_file = "include/" + old
+        if not os.path.exists(os.path.join(root, old_file)):
+            continue  # its release is over and the forwarder gone
+        if not is_forwarder(root, old_file) or includes(root, old_file) != [new]:
+            problems.append(f"{old_file}: should only forward to {new}")
+    for top in ("src", "include", "tools", "tests", "bench"):
+        for path in sources(root, top):
+            for target in includes(root, path):
+                if target in MOVED and path != "include/" + target:
+                    problems.append(f"{path}: includes {target} (now {MOVED[target]})")
+    return problems
+
+
 def main():
     root = sys.argv[1]
-    problems = client_and_wire_problems(root)
+    problems = client_and_wire_problems(root) + moved_problems(root)
 
-    allowed = {"wire": {"wire"}, "server": {"wire", "server"}, "client": {"wire", "client"}}
+    allowed = {"wire": {"wire"}, "server": {"wire", "server", TOP},
+               "client": {"wire", "client", TOP}, TOP: {"wire", TOP}}
     for top in ("src/lease", "include/shardlock/lease"):
         for path in sources(root, top):
+            if path.endswith(".h") and is_forwarder(root, path):
+                continue  # a one-release forwarding header
             room = room_of(path)
             if room is None:
-                if top == "src/lease" or path.count("/") != 3:
-                    problems.append(f"{path}: outside the rooms ({', '.join(ROOMS)})")
-                continue
+                if not top_level_unit(root, path):
+                    problems.append(f"{path}: outside the rooms ({', '.join(ROOMS)}), "
+                                    "neither a top-level unit nor a forwarder")
+                    continue
+                room = TOP
             for target in includes(root, path):
                 other = room_of_include(target)
+                if other is None and top_level_include(root, target):
+                    other = TOP
                 if other is not None and other not in allowed[room]:
                     problems.append(f"{path}: the {room} room includes {target} ({other})")
 

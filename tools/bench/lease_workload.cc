@@ -17,8 +17,8 @@
 #include "bench/progress.h"
 #include "bench/workloads.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/duration.h"
 #include "shardlock/lease/server/server.h"
-#include "shardlock/lease/wire/duration.h"
 #include "shardlock/workload/zipf.h"
 
 namespace shardlock::bench {

@@ -10,7 +10,7 @@
 
 #include "common/allocator.h"
 #include "shardlock/internal/cpu.h"
-#include "shardlock/lease/wire/duration.h"
+#include "shardlock/lease/duration.h"
 
 namespace shardlock::bench {
 namespace {

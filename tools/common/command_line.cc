@@ -6,7 +6,7 @@
 #include <exception>
 #include <iostream>
 
-#include "shardlock/lease/wire/duration.h"
+#include "shardlock/lease/duration.h"
 #include "shardlock_version.h"
 
 namespace shardlock::tools {

@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "common/json.h"
-#include "shardlock/lease/wire/duration.h"
+#include "shardlock/lease/duration.h"
 
 namespace shardlock::ctl {
 

@@ -1,4 +1,4 @@
-#include "shardlock/lease/wire/duration.h"
+#include "shardlock/lease/duration.h"
 
 #include <gtest/gtest.h>
 
