@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "recorder.h"
-#include "shardlock/lease/wire/fencing.h"
+#include "shardlock/lease/fencing.h"
 
 namespace shardlock::torture {
 

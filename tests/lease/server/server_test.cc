@@ -22,11 +22,11 @@
 
 #include "lease/udp_test_peer.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/fencing.h"
 #include "shardlock/lease/server/internal/cluster_control.h"
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/token_store.h"
-#include "shardlock/lease/wire/fencing.h"
 #include "shardlock/router.h"
 
 namespace shardlock::lease {

@@ -1,6 +1,6 @@
 // FencingValidator on its own, under concurrency, and Kleppmann's scenario
 // end to end against a real LeaseServer.
-#include "shardlock/lease/wire/fencing.h"
+#include "shardlock/lease/fencing.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "shardlock/lease/wire/fencing.h"
+#include "shardlock/lease/fencing.h"
 
 namespace shardlock::lease {
 
