@@ -14,6 +14,12 @@ room by room"; docs/cluster.md): which part may include which.
   headers and the one-release forwarding headers, nothing else.
 - Moved headers are included by their new paths: an old path only by its
   own forwarding header (MOVED).
+- The core library (shardlock::shardlock: src/*.cc, and the headers
+  outside include/shardlock/lease/ and include/shardlock/cluster/) includes
+  nothing from the lease layer, and src/CMakeLists.txt compiles nothing but
+  src/*.cc into it (core_problems()): a locks-only consumer needs no lease
+  code. The cluster map's values, which use the wire's limits, are in
+  shardlock::lease.
 - The cluster layer's gRPC-free code (src/cluster/, include/shardlock/cluster/)
   includes nothing from src/cluster/etcd/ and no gRPC or protobuf header.
 - No two units include each other (unit = a .h/.cc pair by stem, within
@@ -142,6 +148,27 @@ def client_and_wire_problems(root):
     return problems
 
 
+CORE_TARGET_SOURCES = re.compile(r"target_sources\(shardlock\s+PRIVATE\s+([^)]*)\)")
+
+
+def core_problems(root):
+    """The core library: its sources and headers include no lease header."""
+    problems = []
+    core = [p for p in sources(root, "src") if p.count("/") == 1]
+    core += [p for p in sources(root, "include/shardlock")
+             if not p.startswith(("include/shardlock/lease/", "include/shardlock/cluster/"))]
+    for path in core:
+        for target in includes(root, path):
+            if target.startswith("shardlock/lease/") or room_of_include(target) is not None:
+                problems.append(f"{path}: the core library includes {target}")
+    with open(os.path.join(root, "src/CMakeLists.txt"), encoding="utf-8") as f:
+        listed = CORE_TARGET_SOURCES.findall(f.read())
+    if listed != ["${core_sources}"]:
+        problems.append("src/CMakeLists.txt: the core library's sources should be "
+                        f"${{core_sources}} (src/*.cc) alone, not {listed}")
+    return problems
+
+
 def moved_problems(root):
     """MOVED: each old path is a forwarder to its new one, included by nothing else."""
     problems = []
@@ -161,7 +188,7 @@ def moved_problems(root):
 
 def main():
     root = sys.argv[1]
-    problems = client_and_wire_problems(root) + moved_problems(root)
+    problems = client_and_wire_problems(root) + moved_problems(root) + core_problems(root)
 
     allowed = {"wire": {"wire"}, "server": {"wire", "server", TOP},
                "client": {"wire", "client", TOP}, TOP: {"wire", TOP}}

@@ -15,6 +15,9 @@
 // Decoders take untrusted bytes (whatever is in etcd) and never throw or
 // crash on them: they return nothing for anything the encoders would not
 // produce.
+//
+// Part of shardlock::lease (find_package(shardlock COMPONENTS lease)), not
+// the core library: the limits on member ids and addresses are the wire's.
 #pragma once
 
 #include <cstddef>
