@@ -4,14 +4,15 @@
 // length first and latches an error instead of reading past the span, so a
 // body is read field after field with one check at the end. The fields of
 // each body come from kMessageBodies (protocol.h), the reply bound from
-// kRequestReplies.
+// kRequestReplies. What is off that path lives beside it: the names and the
+// error category in protocol_names.cc, the list accessors, the key-list walk
+// and its builder in protocol_lists.cc.
 #include "shardlock/lease/wire/protocol.h"
 
 #include <algorithm>
 #include <array>
 #include <cstring>
 #include <numeric>
-#include <string>
 #include <type_traits>
 #include <utility>
 
@@ -504,190 +505,7 @@ std::size_t item_prefix_size(const Message& m) noexcept {
   return n + 2 + m.value.size();
 }
 
-class ProtocolCategory final : public std::error_category {
- public:
-  const char* name() const noexcept override { return "shardlock.lease.protocol"; }
-  std::string message(int e) const override {
-    return std::string(to_string(static_cast<ProtocolError>(e)));
-  }
-};
-
 }  // namespace
-
-std::string_view to_string(MessageType type) noexcept {
-  if (type == MessageType::kBatch) return "BATCH";
-  const MessageBody* body = message_body(type);
-  return body == nullptr ? "UNKNOWN" : body->name;
-}
-
-std::string_view to_string(StatCounter counter) noexcept {
-  static constexpr std::array<std::string_view, kStatCounterCount> kNames = {"grants",
-                                                                             "busy",
-                                                                             "queued",
-                                                                             "timeouts",
-                                                                             "expirations",
-                                                                             "not_owner",
-                                                                             "malformed",
-                                                                             "renewed",
-                                                                             "released",
-                                                                             "expired_replies",
-                                                                             "recovering",
-                                                                             "errors",
-                                                                             "retransmits",
-                                                                             "requests",
-                                                                             "auth_failures",
-                                                                             "stale_requests",
-                                                                             "amplification_drops",
-                                                                             "limit_rejections",
-                                                                             "allocation_failures",
-                                                                             "send_drops",
-                                                                             "redirects",
-                                                                             "leases",
-                                                                             "keys",
-                                                                             "waiters",
-                                                                             "uptime_ms",
-                                                                             "lock_delay_left_ms",
-                                                                             "version"};
-  static_assert(!kNames.back().empty(), "a STATS value without a name");
-  const auto i = static_cast<std::size_t>(counter);
-  return i < kNames.size() ? kNames[i] : "unknown";
-}
-
-std::string version_text(std::uint64_t packed) {
-  if (packed == 0) return {};
-  return std::to_string(packed >> 32) + "." + std::to_string((packed >> 16) & 0xFFFF) + "." +
-         std::to_string(packed & 0xFFFF);
-}
-
-std::string_view to_string(WireError code) noexcept {
-  switch (code) {
-    case WireError::kUnsupportedVersion:
-      return "unsupported protocol version";
-    case WireError::kBadKey:
-      return "empty key";
-    case WireError::kKeyTooLong:
-      return "key longer than 256 bytes";
-    case WireError::kTtlOutOfRange:
-      return "ttl out of range";
-    case WireError::kWaitOutOfRange:
-      return "wait out of range";
-    case WireError::kRequestTooSmall:
-      return "request datagram too small for its reply";
-    case WireError::kNotARequest:
-      return "not a request";
-    case WireError::kInternal:
-      return "internal server error";
-    case WireError::kRequestIdReused:
-      return "request id reused for a different request";
-    case WireError::kLimitExceeded:
-      return "a server limit is reached";
-    case WireError::kResourceExhausted:
-      return "server out of memory";
-    case WireError::kLeaseKindMismatch:
-      return "key in use as another lease kind or permit limit";
-    case WireError::kPermitsOutOfRange:
-      return "permits out of range";
-    case WireError::kBadKeyList:
-      return "bad key list (none, too many, or a key twice)";
-    case WireError::kBadMode:
-      return "bad lease mode";
-  }
-  return "unknown error";
-}
-
-std::string_view to_string(LeaseMode mode) noexcept {
-  switch (mode) {
-    case LeaseMode::kExclusive:
-      return "exclusive";
-    case LeaseMode::kShared:
-      return "shared";
-    case LeaseMode::kPermit:
-      return "permit";
-  }
-  return "unknown";
-}
-
-std::string_view to_string(ProtocolError e) noexcept {
-  switch (e) {
-    case ProtocolError::kOk:
-      return "ok";
-    case ProtocolError::kTruncated:
-      return "truncated datagram";
-    case ProtocolError::kBadMagic:
-      return "bad magic";
-    case ProtocolError::kUnsupportedVersion:
-      return "unsupported protocol version";
-    case ProtocolError::kBadFlags:
-      return "reserved bits set";
-    case ProtocolError::kBadType:
-      return "unknown message type";
-    case ProtocolError::kBadCount:
-      return "bad message count";
-    case ProtocolError::kBadLength:
-      return "batch item length mismatch";
-    case ProtocolError::kNonZeroPadding:
-      return "non-zero padding";
-    case ProtocolError::kTooLarge:
-      return "datagram too large";
-    case ProtocolError::kBadField:
-      return "invalid field value";
-  }
-  return "unknown protocol error";
-}
-
-const std::error_category& protocol_category() noexcept {
-  static const ProtocolCategory category;
-  return category;
-}
-
-namespace {
-
-std::uint64_t load_u64_le(std::span<const std::uint8_t> bytes, std::size_t i) noexcept {
-  std::uint64_t v = 0;
-  for (std::size_t b = 0; b < 8; ++b) v |= std::uint64_t{bytes[i * 8 + b]} << (8 * b);
-  return v;
-}
-
-}  // namespace
-
-std::uint64_t Message::shard_token(std::size_t i) const noexcept {
-  return load_u64_le(shard_tokens_le, i);
-}
-
-std::uint64_t Message::counter_at(std::size_t i) const noexcept {
-  return i < counters_le.size() / 8 ? load_u64_le(counters_le, i) : 0;
-}
-
-std::uint64_t Message::listed_token(std::size_t i) const noexcept {
-  return load_u64_le(tokens_le, i);
-}
-
-KeyList::iterator::iterator(std::span<const std::uint8_t> rest, std::size_t left) noexcept
-    : rest_(rest), left_(left) {
-  load();
-}
-
-void KeyList::iterator::load() noexcept {
-  if (left_ == 0) return;
-  if (rest_.size() < 2) {
-    left_ = 0;  // malformed: stop
-    return;
-  }
-  const std::size_t n = rest_[0] | (std::size_t{rest_[1]} << 8);
-  if (rest_.size() - 2 < n) {
-    left_ = 0;
-    return;
-  }
-  current_ = {reinterpret_cast<const char*>(rest_.data() + 2), n};
-}
-
-KeyList::iterator& KeyList::iterator::operator++() noexcept {
-  if (left_ == 0) return *this;
-  rest_ = rest_.subspan(2 + current_.size());
-  --left_;
-  load();
-  return *this;
-}
 
 std::size_t parse_entry(std::span<const std::uint8_t> in, MemberEntry& out) noexcept {
   Reader r(in);
@@ -771,18 +589,6 @@ bool encode_member_list(std::span<const MemberEntry> members, std::vector<std::u
     w.u32(m.weight);
   }
   return w.ok();
-}
-
-bool encode_key_list(std::span<const std::string_view> keys, std::vector<std::uint8_t>& out) {
-  out.clear();
-  if (keys.size() > 0xFF) return false;
-  for (const std::string_view k : keys) {
-    if (k.size() > 0xFFFF) return false;
-    out.push_back(static_cast<std::uint8_t>(k.size()));
-    out.push_back(static_cast<std::uint8_t>(k.size() >> 8));
-    out.insert(out.end(), k.begin(), k.end());
-  }
-  return true;
 }
 
 ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
