@@ -30,8 +30,8 @@
 //     an heir that is descheduled can hold up the lock for up to one
 //     scheduler slice, which the 100 us default makes rare.
 //
-// Measured (issue 3's run: 2-vCPU AMD EPYC, family 25 model 17, one run,
-// peers in the same binary; issue 26's figures per CPU family are in
+// Measured (the first lock-table tuning run: 2-vCPU AMD EPYC, family 25 model 17, one run,
+// peers in the same binary; the cross-CPU figures per CPU family are in
 // docs/lock-benchmarks.md):
 //   uncontended pair 2.19 ns = 1.03x a bare exchange+store; contended
 //   counter 1.28x / 1.04x / 1.12x tbb::spin_mutex at 2 / 4 / 8 threads,

@@ -101,7 +101,7 @@ struct ActivationOptions {
   // (on_taken_over with owner_active) does not wait for it: the primary's
   // snapshot holds every live lease of the bucket, the earlier run's
   // included, since they were taken over with its buckets when it died
-  // (issue 34, hole 8).
+  // (docs/cluster.md, "A node returns").
   std::chrono::nanoseconds history_floor{0};
 };
 

@@ -14,7 +14,7 @@
 // cancelled) would otherwise see an epoch jump, start its history over and
 // make every bucket that moved to it wait out the lock-delay; a backup
 // would skip the takeover of a bucket whose primary left in the missed map
-// and lose that primary's holders (issue 34, item 9). Read back from etcd,
+// and lose that primary's holders. Read back from etcd,
 // the missed maps are adopted in order, as the watch would have delivered
 // them. The read is only a fallback: it costs one etcd Range per missing
 // map and happens only on a gap.

@@ -198,7 +198,7 @@ void NodeDriver::adopt_replica_layout(bool history_restarted, nanoseconds now) {
     } else if (const auto it = carried.find(b); it != carried.end()) {
       // Owned here in the map before too, and not taken over yet: a map
       // that keeps the bucket here (a learner listed, a weight changed)
-      // keeps its takeover (issue 34, hole 8: a restarted node's learner
+      // keeps its takeover (before, a restarted node's learner
       // map dropped the takeovers of its buckets at their new primaries,
       // which then waited for the lock-delay). Every map since the one
       // that moved it here gave it to this node, so its chain is still
@@ -275,7 +275,7 @@ void NodeDriver::finish_learning(nanoseconds now) {
   // Caught up on primaries that grant the buckets: a promotion before that
   // takes a bucket over from a primary that had not activated it yet (it
   // was still taking it over itself, say from this node's earlier run), and
-  // such a takeover waits for this node's lock-delay (issue 34, hole 8: a
+  // such a takeover waits for this node's lock-delay (before, a
   // rolling restart refused a third of the keys for a minute and lost the
   // leases on them).
   const lease::ReplicaProgress progress = host_.replica_progress();
@@ -351,7 +351,7 @@ void NodeDriver::publish(nanoseconds now) {
   std::vector<std::uint8_t> replicated;
 #if defined(SHARDLOCK_FAULT_LONE_MEMBER_UNGATED)
   // UNSAFE, planted for the simulation's self-test (docs/simulation.md):
-  // issue 34's hole 2 as it was, a lone member's buckets never replicated.
+  // a lone member with learners granting without a primary lease, its buckets never replicated.
   const bool backed = options_.replicas > 1 && map_->members.size() > 1;
 #else
   const bool backed = has_backups(*map_, options_.replicas);

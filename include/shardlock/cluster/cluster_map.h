@@ -124,7 +124,7 @@ struct ClusterMap {
 // up wherever it ranks among a bucket's first `replicas` nodes, and with two
 // nodes or more and replicas >= 2 every bucket has one). A primary of such a
 // map grants and renews only within its primary lease (ClusterGate::
-// replicated): issue 34, hole 2, was a lone member that streamed every bucket
+// replicated): before, a lone member streamed every bucket
 // to its learners but granted without that lease, so a learner promoted and
 // taking buckets over found the lone member still granting them.
 [[nodiscard]] bool has_backups(const ClusterMap& map, std::size_t replicas) noexcept;

@@ -2,7 +2,7 @@
 // grpc++, with stubs generated at build time from etcd's own .proto files.
 //
 // This is what shardlockd's cluster mode uses to keep membership and the
-// bucket map in etcd (docs: issue 14); it never stores locks. Use it from a
+// bucket map in etcd (docs/cluster.md); it never stores locks. Use it from a
 // node's control path, never on the lease request path: every call is a
 // network round trip.
 //

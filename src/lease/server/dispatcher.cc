@@ -177,8 +177,8 @@ void Dispatcher::replicate_buckets(
 std::optional<std::size_t> Dispatcher::inherit(
     const std::vector<std::pair<std::string, replication::ReplicaHolder>>& holders,
     std::int64_t expiry_ms) {
-  // Per key, in token order (issue 34, hole 6: newest first, a key's
-  // holders were listed newest first and its version, the last holder's
+  // Per key, in token order (installed newest first, a key's
+  // holders were listed that way and its version, the last holder's
   // token, went back, so a watch reported a change that did not happen).
   // Only the holders that can coexist with the key's newest grant are
   // live: a replica may know older ones whose release had not reached it,
@@ -277,8 +277,8 @@ void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& p
   if (kHoldGrants && options_.replicator != nullptr) {
     // A grant or a release is answered only once every backup has it: the
     // datagram waits in the replicator (replies to other items in it wait
-    // along). A RELEASED answered before its backup had it (issue 34,
-    // hole 7) told the client the key was free while a takeover would
+    // along). A RELEASED answered before its backup had it
+    // told the client the key was free while a takeover would
     // bring the holder back for a whole TTL.
     const auto items = d.items();
     const bool replicated = std::any_of(items.begin(), items.end(), [](const Message& m) {
@@ -643,7 +643,7 @@ void Dispatcher::publish_gate(std::shared_ptr<const ClusterGate> gate) {
   }
   if (options_.replicator != nullptr && gate) {
     // A backup of a bucket this gate activates may take it over complete
-    // from now on (issue 34, hole 8: a node that came back was promoted on
+    // from now on (before, a node that came back was promoted on
     // a snapshot taken before its primary activated the bucket, and then
     // waited for its whole lock-delay).
     try {

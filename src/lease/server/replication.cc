@@ -535,7 +535,7 @@ void PrimaryStream::on_ack(const Ack& ack, std::int64_t now_ns) noexcept {
   // An ack that lends no lease, for a datagram sent after this primary's
   // lease from the backup had ended: the backup no longer promises, and may
   // have taken the buckets over without what it applies now. It releases
-  // no held answer (issue 34, hole 1: with a backup that still applied such
+  // no held answer (with a backup that still applied such
   // a datagram, a grant made under the lease but replicated late was
   // answered after the takeover had given the key to someone else).
   if (ack.lease_ms == 0 && ack.echo_sent_ns >= lease_until_ns_) return;
@@ -566,11 +566,10 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   ack.echo_sent_ns = header.sent_ns;
 #if !defined(SHARDLOCK_FAULT_ACK_AFTER_TAKEOVER)  // UNSAFE when defined: docs/simulation.md
   if (promise_expired(now_ns)) {
-    // Frozen (issue 34, hole 1): this node may have taken the primary's
-    // buckets over with what it had applied by now. An entry applied and
-    // acknowledged after that would let the primary answer a grant the
-    // takeover never saw: two holders. What it acknowledges stays where it
-    // was, and a new stream is not followed.
+    // Frozen (a backup that took over never acknowledges the old primary): this node may have taken
+    // the primary's buckets over with what it had applied by now. An entry applied and acknowledged
+    // after that would let the primary answer a grant the takeover never saw: two holders. What it
+    // acknowledges stays where it was, and a new stream is not followed.
     ack.applied = header.stream == stream_ ? applied_ : 0;
     return ack;
   }
@@ -644,7 +643,7 @@ void BackupStream::apply(const Entry& e, bool later_map) {
       // lock-delay: every lease of its earlier runs has ended, and every one
       // of this run is in its state): its snapshot then lists every holder
       // it has, and one it no longer lists ended there, its release lost
-      // with the stream it was on (issue 34, hole 7: such a holder came back
+      // with the stream it was on (before, such a holder came back
       // at the takeover and blocked its key, and a resigned leader was
       // reported leader again).
       BucketReplica& bucket = buckets_[e.bucket];

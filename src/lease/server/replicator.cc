@@ -215,8 +215,8 @@ void Replicator::drop_held() {
   // One that left it (killed, evicted, no longer backing the bucket up)
   // will never have its grant, and this node may have lost the bucket too:
   // answered now, the grant could be lost with this node, or a backup that
-  // never had it could take over and grant the key again (issue 23's e2e
-  // tests of a backup killed mid-grant and of a partitioned primary).
+  // never had it could take over and grant the key again (the replication
+  // end-to-end tests of a backup killed mid-grant and of a partitioned primary).
   std::vector<OutDatagram> dropped;
   held_.take_all(dropped);
   held_streams_.clear();
@@ -305,8 +305,8 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
 void Replicator::on_replicate(const replication::ReplicateHeader& header, const Peer& from,
                               std::int64_t now_ns, std::vector<OutDatagram>& out) {
   // The stream of the primary the datagram names, if it comes from the
-  // address the layout gives that primary and is for this node (issue 34,
-  // holes 3 and 5: by address alone, a node that replaced a departed one
+  // address the layout gives that primary and is for this node (matched
+  // by address alone, a node that replaced a departed one
   // at its address was applied to the departed one's replica).
   FromPrimary* primary = nullptr;
   if (header.addressing.receiver == self_tag_) {
@@ -491,7 +491,7 @@ bool Replicator::primary_settled(const std::string& primary, std::uint32_t bucke
   // Or the primary had this bucket active: a node within its lock-delay
   // activates a bucket only by taking it over complete (BucketActivation's
   // unseen history), so every lease of its earlier runs there is in its
-  // state, and in this stream (issue 34, hole 8: a rolling restart's next
+  // state, and in this stream (without it, a rolling restart's next
   // step waited a lock-delay for the buckets the node restarted before had
   // taken back).
   return from != nullptr && (from->stream.primary_settled() || from->stream.owner_active(bucket));

@@ -168,8 +168,8 @@ void Replicator::layout_primaries(
       // Its promise still runs out on time; no new one. Kept only for the
       // buckets this node now owns (with backups or without) and has not
       // taken over yet: a departed
-      // primary's stream goes once its takeovers are done (issue 34,
-      // hole 5: one stale replica stayed per departed id).
+      // primary's stream goes once its takeovers are done (before,
+      // one stale replica stayed per departed id).
       from.stream.stop_promising();
 #if defined(SHARDLOCK_FAULT_ACK_AFTER_TAKEOVER)  // UNSAFE: docs/simulation.md
       // Hole 1 as it was: the departed stream stays, and takes late datagrams.

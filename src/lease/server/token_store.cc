@@ -98,8 +98,8 @@ struct ShardMark {
   std::uint64_t ceiling = 0;
 };
 
-// Either format; format 1 (before issue 21) had plain tokens only, so its
-// ceiling is its mark.
+// Either format; format 1 (before the data dir recorded cluster tokens) had plain tokens only, so
+// its ceiling is its mark.
 bool parse_shard_record(std::span<const std::uint8_t> bytes, ShardMark& out) {
   if (bytes.size() == kRecordSize) {
     Record r{};

@@ -237,7 +237,7 @@ SHARDLOCK_C_EXPORT int shardlock_acquire(shardlock_client* client, const char* k
 /* As shardlock_acquire(), with a value of `value_length` bytes (at most
  * 256; NULL with 0: none) that the lease carries for others to see: listed
  * with its holder by shardlock_query_holders(), kept through renewals
- * (issue 25: a leader's address, a host name and pid). A value longer than
+ * (a leader's address, a host name and pid). A value longer than
  * 256 bytes is SHARDLOCK_BAD_ARGUMENT. A server that predates values drops
  * the request (SHARDLOCK_UNREACHABLE). Since SHARDLOCK_C_API_MINOR 2. */
 SHARDLOCK_C_EXPORT int shardlock_acquire_with_value(shardlock_client* client, const char* key,

@@ -318,7 +318,7 @@ struct LeaseOptions {
   // release() or destruction of the Lease began. Runs on the client's
   // watchdog thread; it may call the client, and should not block for long.
   std::function<void(const LeaseLost&)> on_lost;
-  // A value the grant attaches to its holder (issue 25: the leader's
+  // A value the grant attaches to its holder (the leader's
   // address, a host name and pid): at most kMaxHolderValueLength bytes (more
   // is kBadArgument), returned by holders() with the holder, kept through
   // renewals, replicated with the grant. Empty: none. Single-key acquires

@@ -135,7 +135,7 @@ struct LeaseServerOptions {
   // The server's own lock-delay (lock_delay()) is then the cluster layer's
   // to enforce, per bucket: its gate keeps every bucket closed until it
   // ends, except those taken over complete from a settled primary, whose
-  // snapshot holds every live lease (ClusterNode; issue 34, hole 8). The
+  // snapshot holds every live lease (ClusterNode: a returning node grants those at once). The
   // shards do not refuse ACQUIRE by it.
   bool start_closed = false;
   // Replication (docs/cluster.md, "Replication"; cluster mode with
@@ -153,7 +153,7 @@ struct LeaseServerOptions {
   bool relay_replies = true;
   // The key that seals node-to-node replication datagrams (--cluster-key),
   // which clients never hold: with it a client's key (auth_key) can no
-  // longer forge a REPLICATE or an ack (issue 34, hole 3). Unset: auth_key
+  // longer forge a REPLICATE or an ack. Unset: auth_key
   // seals them, as before, and without either they travel in clear.
   std::optional<AuthKey> cluster_key;
   // The clock every duration is measured on (lease expiry, waits,
@@ -165,7 +165,7 @@ struct LeaseServerOptions {
   // Where log lines go (one line per call, no trailing newline). Default:
   // stderr, prefixed with "shardlock-lease: ".
   std::function<void(std::string_view)> log;
-  // The grant log (issue 34): when set, one line per grant, hand-off,
+  // The grant log: when set, one line per grant, hand-off,
   // release, expiry, abandoned ACQUIRE_MANY part and takeover, with key,
   // owner, token, epoch (cluster mode) and TTL, so "who held X at 10:02"
   // has an answer (docs/lease-server.md, "Grant log"). At most

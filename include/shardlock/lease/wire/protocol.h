@@ -36,7 +36,7 @@
 //   the header's client_id, so one datagram can carry the requests of many
 //   owners (a load generator, a proxy). Bit 1 (kItemFlagValue): a single-key
 //   ACQUIRE (exclusive, shared or permit) attaches a value of
-//   1..kMaxHolderValueLength bytes to the holder it makes (issue 25: a
+//   1..kMaxHolderValueLength bytes to the holder it makes (a
 //   leader's address, a host name and pid), which HOLDERS_REPLY returns and
 //   renewals keep; on another type, empty or longer, it is kBadField. A
 //   request with a value is framed as a batch (of one, alone). The other
@@ -179,7 +179,7 @@
 // large for any valid key. The epoch of kFlagEpoch makes a request 8 bytes longer and its reply no
 // longer.
 //
-// Watches (issue 25; docs/lease-server.md, "Watches")
+// Watches (docs/lease-server.md, "Watches")
 //   A key's version is (the token of its newest holder, in the holder
 //   list's order, and its holder count), (0, 0) while nobody holds it:
 //   every grant gives a new token, and between grants the count only falls,

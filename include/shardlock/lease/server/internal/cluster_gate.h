@@ -60,8 +60,8 @@ struct ClusterGate {
   // The server's clock, read when check() decides (Dispatcher::publish_gate()
   // sets it): the deadlines are compared with the later of it and the
   // caller's `now_ms`, which may have been read before a wait for the
-  // shard's lock (issue 34, hole 1: a request that arrived inside the
-  // primary lease and was decided after it). Empty: `now_ms` alone.
+  // shard's lock (otherwise a request that arrived inside the
+  // primary lease could be granted after it ended). Empty: `now_ms` alone.
   std::function<std::chrono::nanoseconds()> clock;
   // Replication (docs/cluster.md, "Replication"): per bucket, non-zero when
   // the bucket has backups (this node is its primary and journals its

@@ -1,4 +1,4 @@
-// GrantLog: one line per lease event, for "who held X at 10:02" (issue 34,
+// GrantLog: one line per lease event, for "who held X at 10:02" (docs/lease-server.md,
 // "Grant log"). Off unless LeaseServerOptions::grant_log is set (shardlockd
 // sets it at --log-level debug); a shard with no log pays one pointer test
 // per event.

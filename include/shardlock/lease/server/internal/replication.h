@@ -107,15 +107,13 @@ inline constexpr std::uint8_t kFlagAckLater = 0x10;
 // seal covers both.
 inline constexpr std::uint8_t kFlagCarriesAck = 0x20;
 
-// Who a node-to-node datagram is from and for (issue 34, hole 3). Each end
-// is named by node_tag() of its node id, so a backup finds the stream of the
-// primary the datagram names, not of whichever node last used the address,
-// and checks that the address is the one the layout gives that node; a
-// datagram for another node (a stale address, a replaced node) is refused.
-// `incarnation` is the sender's process (ReplicatorOptions::incarnation): a
-// primary that sees its backup's change starts the stream over, whatever the
-// new process acknowledges. All zero: unaddressed (tests of the streams
-// alone).
+// Who a node-to-node datagram is from and for, so a stale or misaddressed one earns nothing. Each
+// end is named by node_tag() of its node id, so a backup finds the stream of the primary the
+// datagram names, not of whichever node last used the address, and checks that the address is the
+// one the layout gives that node; a datagram for another node (a stale address, a replaced node) is
+// refused. `incarnation` is the sender's process (ReplicatorOptions::incarnation): a primary that
+// sees its backup's change starts the stream over, whatever the new process acknowledges. All zero:
+// unaddressed (tests of the streams alone).
 struct Addressing {
   std::uint64_t sender = 0;
   std::uint64_t receiver = 0;
@@ -423,7 +421,7 @@ class BackupStream {
   void forget(std::uint32_t bucket);
   // The buckets this stream carries (ascending) in the backup's map of
   // `epoch`: entries of a datagram of that map or an earlier one for any
-  // other bucket are not applied (issue 34, hole 4: a forged or faulty
+  // other bucket are not applied (before, a forged or faulty
   // stream grew a backup without bound with holders of arbitrary buckets).
   // A datagram of a later map may carry buckets this node backs up only
   // there, so its entries are applied (within kMaxBuckets and
