@@ -233,10 +233,10 @@ CLI::Option* add_cluster_flags(CLI::App& app, TortureOptions& o) {
       "cluster mode (3+ nodes): a node V stalls while node A is drained, A "
       "acknowledges the hand-off, node B grants A's buckets until shortly before V's "
       "stall ends and is drained too; the stall ends once B's map is out, so V reads the "
-      "last map only (issue 21, hole 1). The stall, seeded: V stopped (SIGSTOP) for at "
-      "most 0.55..0.7 x the etcd lease TTL, or V's etcd answers held back in its TCP "
-      "proxy 0.3 x it from A's map on. Starts a lock-delay after the cluster was last "
-      "whole; both drains are undone later");
+      "last map only (it skips a map, which once let V grant beside a live lease). The "
+      "stall, seeded: V stopped (SIGSTOP) for at most 0.55..0.7 x the etcd lease TTL, or "
+      "V's etcd answers held back in its TCP proxy 0.3 x it from A's map on. Starts a "
+      "lock-delay after the cluster was last whole; both drains are undone later");
   add_cluster_fault(
       app, cluster_nodes, "--double-drains", o.double_drains,
       "cluster mode (3+ nodes): scale-down by two, a second node drained as soon as the "
@@ -262,7 +262,7 @@ CLI::Option* add_cluster_flags(CLI::App& app, TortureOptions& o) {
 // Replication (--replicas) and the faults between nodes.
 void add_replication_flags(CLI::App& app, CLI::Option* cluster_nodes, TortureOptions& o,
                            RunFlags& flags) {
-  // Replication (issue 23; docs/cluster.md, "Replication").
+  // Replication (docs/cluster.md, "Replication").
   app.add_option("--replicas", o.replicas,
                  "cluster mode: every node runs with --replicas N (each bucket on a primary and "
                  "N - 1 backups); 1: no replication")
