@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The cluster's numbers (issue 14), on loopback with a real etcd:
+# The cluster's numbers, on loopback with a real etcd:
 #   1. acquire+release pairs/s and p99 at 50 clients against a plain
 #      shardlockd, a 1-node cluster, a 3-node cluster and a 3-node cluster
 #      with `--replicas 2` (shardlock-bench --discover routes every key to

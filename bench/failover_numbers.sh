@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Failover side by side (issue 23), on loopback: kill -9 one server of three
-# while a lock is held, and measure
+# Failover side by side (shardlock replicated beside etcd and ZooKeeper), on
+# loopback: kill -9 one server of three while a lock is held, and measure
 #   - whether the holder(s) kept the lock, and
 #   - the time from the kill until a new client's acquire+release of a free
 #     lock works again (for shardlock: a free key owned by the killed node).

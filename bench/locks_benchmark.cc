@@ -10,7 +10,7 @@
 //   Contended/<lock>/threads:N    a shared counter incremented under the lock.
 //   PrivateWork/<lock>/threads:N  the same with ~100 ns of pauses outside.
 //   Arith/<lock>/threads:N the same with ~60 iterations of private
-//                          arithmetic outside (issue 26's "+work": unlike
+//                          arithmetic outside (the cross-CPU profile's "+work": unlike
 //                          pauses, it keeps the core's pipeline busy).
 //   LongSection/<lock>/threads:N  critical sections of ~7 us (100 x Arith's
 //                          work), longer than Mutex's spin budget: spinning

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # shardlock beside the lock recipes people use today, in one run, each row
-# at equal batching (issue 24, "Honest benchmark tables"):
+# at equal batching, so no row wins by batching more than its peer:
 #
 #   1. one request per datagram (shardlock-bench --pack 1 --batch 1) against
 #      Redis unpipelined (redis-benchmark -P 1), 50 clients;
@@ -141,5 +141,5 @@ for batching, mine_name, mine, theirs_name, theirs in rows:
     print(f"| {batching} | {mine_name} | {mine:,.0f} | {theirs_name} | {theirs:,.0f} | "
           f"{mine / theirs:.2f}x |")
 print()
-print("goal (issue 24): >= 3x at --pack 1 against Redis -P 1")
+print("goal: >= 3x at --pack 1 against Redis -P 1")
 PY

@@ -4,7 +4,7 @@
 // what these cost is what the server adds to the network round trip. One
 // exception, BM_ClientAcquireRelease: a LeaseClient's acquire+release pair
 // through a LeaseServer on loopback, with one owner for every lease or a
-// fresh one per lease (issue 33), side by side in the same run.
+// fresh one per lease (every acquire its own owner), side by side in the same run.
 //
 //   build/bench/bench/lease_benchmark --benchmark_filter=Owner
 #include <benchmark/benchmark.h>
@@ -280,7 +280,7 @@ void BM_TimerWheelScheduleAndFire(benchmark::State& state) {
 BENCHMARK(BM_TimerWheelScheduleAndFire);
 
 // BM_ShardAcquireRelease's pair with one owner for every lease (Arg 0, as a
-// client was before issue 33) or a fresh handle owner per pair (Arg 1, as
+// client's acquires once shared one owner) or a fresh handle owner per pair (Arg 1, as
 // every acquire is now: handle_owner() of one client, so the per-client
 // usage entry is the same): what the server pays for owners per handle.
 void BM_ShardAcquireReleaseOwner(benchmark::State& state) {

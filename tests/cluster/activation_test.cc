@@ -261,7 +261,7 @@ TEST(BucketActivation, RegainingALostBucketWaitsForTheOwnerInBetween) {
   EXPECT_TRUE(a.may_grant(3, open));
 }
 
-// Hole 1 of issue 21: n3 stalls while n1 drains (E11: n1's buckets to n2 and
+// A skipped map: n3 stalls while n1 drains (E11: n1's buckets to n2 and
 // n3; n2 grants in them) and then n2 drains (E12: n3 alone). n3 wakes and
 // reads only E12. Going by the maps it saw, b moved n1 -> n3 and n1's ack is
 // all it needs; but n2 owned b in between and may hold a lease on it.
@@ -506,7 +506,7 @@ TEST(BucketActivation, ATakeoverOfABucketItsPrimaryHadActiveNeedsNoOtherWait) {
   EXPECT_TRUE(activation.may_grant(taken[1], kLockDelay + seconds(1)));
 }
 
-// Issue 34, hole 8: the history floor (the server's own lock-delay end)
+// The history floor (the server's own lock-delay end)
 // holds every bucket of a map without history past the cluster's
 // lock-delay, except one taken over complete, which grants at once.
 TEST(BucketActivation, TheHistoryFloorHoldsEveryBucketButOneTakenOverComplete) {

@@ -107,7 +107,7 @@ TEST(MapValue, LearnersAndLeasesRoundTripAndTheirMalformedLinesAreRejected) {
   EXPECT_EQ(decode_member(encode_member(joining)), joining);
 }
 
-// Issue 34, hole 2: a lone member with a learner streams every bucket to it,
+// A lone member with a learner streams every bucket to it,
 // so its buckets have a backup and must be granted within the primary lease.
 TEST(ReplicaRoutingTest, ALoneMemberWithALearnerHasBackups) {
   ClusterMap map;

@@ -1,6 +1,6 @@
 // maps_to_adopt(): the maps a node adopts after a read of etcd, with the
-// ones its watch missed read back from the map key's history (issue 34,
-// item 9), without etcd: the history is a list of puts.
+// ones its watch missed read back from the map key's history,
+// without etcd: the history is a list of puts.
 #include "map_history.h"
 
 #include <gtest/gtest.h>

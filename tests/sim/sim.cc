@@ -548,7 +548,7 @@ void Node::start() {
   limits.max_ttl_ms = static_cast<std::uint32_t>(kMaxTtl.count());
   limits.max_wait_ms = 2000;
   // In cluster mode the driver enforces the lock-delay per bucket
-  // (NodeDriverOptions::server_recovered_at, issue 34 hole 8), as
+  // (NodeDriverOptions::server_recovered_at), as
   // LeaseServer does: the shards do not refuse by it.
   limits.recovering_until_ms = now_ms;
   limits.hash_seed = 0x5EED0000u + static_cast<std::uint64_t>(index);
@@ -1237,7 +1237,7 @@ SimResult run_simulation(const SimOptions& options) {
     w.clients.push_back(std::move(client));
   }
   // On a seeded half, the first node's etcd link is slow while the others
-  // join (issue 34's hole 2: a lone member that sees the maps late).
+  // join (a lone member that sees the maps late).
   if (w.random.chance(0.5)) {
     Node* first = w.nodes.front().get();
     first->etcd_delay = w.random.between(300, 900) * kMs;

@@ -1,9 +1,9 @@
 // The simulation's own tests: a seed replays exactly, and a short run of
 // seeds is safe on this build. sim_planted_test (same file, built with
-// SHARDLOCK_SIM_PLANTED) runs the driver and the backup stream with issue 34's holes 2
-// and 1 re-opened and must find a violation within kPlantedSeeds seeds from
-// kPlantedFirstSeed (the first is seed 116, an overlap): proof that the
-// simulation and the checker can fail.
+// SHARDLOCK_SIM_PLANTED) runs the driver and the backup stream with a lone member granting
+// without a primary lease and a backup that took over acknowledging the old primary re-opened and
+// must find a violation within kPlantedSeeds seeds from kPlantedFirstSeed (the first is seed 116,
+// an overlap): proof that the simulation and the checker can fail.
 #include "sim.h"
 
 #include <gtest/gtest.h>
@@ -15,9 +15,9 @@ namespace {
 
 #if defined(SHARDLOCK_SIM_PLANTED)
 
-// From seed 101: on this code (issue 34's holes 3, 5, 7 and 8 closed since
+// From seed 101: on this code (docs/cluster.md's holes 3, 5, 7 and 8 closed since
 // the planted build was first measured) seeds 1..100 found nothing, and
-// seeds 101..700 found 169 and 406; with the missed maps read back (item 9)
+// seeds 101..700 found 169 and 406; with the missed maps read back from etcd
 // they find 61, the first 116 (measured with shardlock-sim-planted).
 constexpr std::uint64_t kPlantedFirstSeed = 101;
 constexpr std::uint64_t kPlantedSeeds = 200;
@@ -56,7 +56,7 @@ TEST(Sim, ASeedReplaysExactly) {
   EXPECT_NE(run_simulation(options).history_hash, a.history_hash);
 }
 
-// Also: no node adopts a map after an epoch jump (issue 34, item 9). Nodes
+// Also: no node adopts a map after an epoch jump. Nodes
 // cut off from etcd miss maps in these seeds; the maps are read back from
 // the map key's history (map_history.h), so every history stays whole. With
 // the history left unread, seeds 1..30 adopt 18 maps after a jump.

@@ -940,7 +940,7 @@ TEST(ShardlockctlTest, QueryShowsEachHolder) {
   EXPECT_EQ(ctl_text(d, {"query", "who/nobody"}).out, "who/nobody not held waiters=0\n");
 }
 
-// Issue 25: acquire --value attaches a value that query shows with the
+// `acquire --value` attaches a value that query shows with the
 // holder; run takes it too, and it is one key's, at most 256 bytes.
 TEST(ShardlockctlTest, AcquireValueIsShownByQuery) {
   Daemon d;

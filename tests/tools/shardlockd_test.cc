@@ -276,7 +276,7 @@ TEST_F(ShardlockdTest, TheReadyLineIsValidJsonForADataDirThatIsNotUtf8) {
   EXPECT_TRUE(fs::is_directory(dir)) << "the daemon uses the path as given";
 }
 
-// Issue 33: a brand-new data dir has no earlier lease to protect, so the
+// A brand-new data dir has no earlier lease to protect, so the
 // daemon grants at once with the default lock-delay and says so; after a
 // kill -9 the same dir waits its lock-delay out (RECOVERING).
 TEST_F(ShardlockdTest, AFreshDataDirGrantsAtOnceAndARestartAfterKillDashNineWaits) {
@@ -868,7 +868,7 @@ TEST_F(ShardlockdTest, WarnsAboutAKeyFileOthersCanRead) {
   }
 }
 
-// Issue 34, hole 3: the replication stream is sealed with a cluster key that
+// The replication stream is sealed with a cluster key that
 // clients never hold. --replicas outside loopback without one, or with the
 // clients' --auth-key as the cluster key, is a usage error; on loopback it
 // is optional (tests, one host).

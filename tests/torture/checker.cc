@@ -705,7 +705,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
 
         // A node's starts bind the grants it answers; a single node's (no
         // node) bind every grant. Not with replicas: a returning node grants
-        // a bucket it took over complete at once (issue 34, hole 8), and the
+        // a bucket it took over complete at once (docs/cluster.md, "A node returns"), and the
         // history does not say which buckets it took over. What the lock-delay
         // protects is judged directly there: a grant beside a live lease of
         // the node's earlier run is an overlap.

@@ -149,8 +149,8 @@ struct CheckOptions {
   // kept excuses a hand-off to a node that came (back) into the map: today
   // a restarted node takes its buckets back as their primary at once, and
   // its backup hands them off, holders and all. False judges those losses
-  // too (issue 23's repair: a node that comes back should be a backup until
-  // it has caught up).
+  // too (the repair this waits for: a node that comes back should be a backup
+  // until it has caught up).
   bool kept_excuses_rejoins = true;
 };
 

@@ -1023,7 +1023,7 @@ TEST(CheckerCluster, AGrantFromANodeThatDoesNotOwnTheKeyInItsEpochIsAnOwnerViola
       << report.examples[0].detail;
 }
 
-// Issue 34: a node replaced at its address under a new id (n1 -> n1r1).
+// A node replaced at its address under a new id (n1 -> n1r1).
 // The workers still name that address n1, so a grant the map gives n1r1
 // comes "from n1": the node_replaced event makes it n1r1's. Any other owner
 // is still a violation.
@@ -1102,7 +1102,7 @@ TEST(CheckerCluster, LockDelayBindsOnlyTheRestartedNode) {
 }
 
 // With replicas a returning node grants the buckets it took over complete
-// at once (issue 34, hole 8): no lock_delay violation. A grant beside a
+// at once: no lock_delay violation. A grant beside a
 // live lease of its earlier run is still caught, as an overlap.
 TEST(CheckerCluster, WithReplicasARestartedNodesEarlyGrantIsJudgedByOverlapNotLockDelay) {
   std::vector<Event> history = clean_cluster_history();

@@ -532,7 +532,7 @@ class ClusterUnderTest final : public SystemUnderTest {
     return undrain({&drained}, error);
   }
 
-  // Hole 1's shape (issue 21): node V's map thread stalls while drain/A
+  // A skipped map's shape: node V's map thread stalls while drain/A
   // moves A's buckets to B (and V), A lets go (acks), B grants them until
   // shortly before V's stall ends, and drain/B moves everything to V; the
   // stall ends as soon as B's map is out. V then reads the last map only,
@@ -702,15 +702,13 @@ class ClusterUnderTest final : public SystemUnderTest {
     settled_from_ = Clock::now();
   }
 
-  // Issue 34, hole 1's shape: `victim`'s datagrams to a seeded other node
-  // dropped at that node's proxy, one way only (the other's datagrams still
-  // reach the victim), for node_cut_for(): the other hears nothing from the
-  // victim, evicts it and takes over the buckets it backs up for it, while
-  // the victim still holds leases it was granted before. With `etcd_delay`,
-  // the victim's etcd answers are delayed that long meanwhile, so it learns
-  // of its eviction late. Recorded as a node cut (the kept property excuses
-  // what a cut costs); healed, then the map is waited for as after a
-  // partition.
+  // The shape of a one-way cut from a primary to its backup: `victim`'s datagrams to a seeded other
+  // node dropped at that node's proxy, one way only (the other's datagrams still reach the victim),
+  // for node_cut_for(): the other hears nothing from the victim, evicts it and takes over the
+  // buckets it backs up for it, while the victim still holds leases it was granted before. With
+  // `etcd_delay`, the victim's etcd answers are delayed that long meanwhile, so it learns of its
+  // eviction late. Recorded as a node cut (the kept property excuses what a cut costs); healed,
+  // then the map is waited for as after a partition.
   void one_way_node_cut(Node& victim, std::mt19937_64& random,
                         std::chrono::milliseconds etcd_delay) {
     Node& other = *pick(victim, 2, random).back();

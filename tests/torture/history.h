@@ -37,7 +37,7 @@
 // node=A peer=B) and replacements (node_replaced node=A peer=A2: a new id at
 // A's address, which the workers still call A).
 //
-// Elections (--elections; issue 25). A campaigner's events carry key=<the
+// Elections (--elections). A campaigner's events carry key=<the
 // election's name> and, from the grant on, token=<its term>; the value its
 // campaign attached is "<client>.<op>" of its campaign_invoke, so an
 // observer's report names the campaign it saw win (leader=<that value>, or

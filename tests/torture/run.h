@@ -87,7 +87,7 @@ struct TortureOptions {
   int kills_during_handoffs = 0;  // kill -9 of the drained node or an heir mid hand-off
   int rolling_restarts = 0;       // every node restarted in turn, --max-ttl raised
   int slow_watches = 0;           // a node's etcd answers delayed while maps move
-  // Replication (issue 23): every node runs with --replicas and
+  // Replication: every node runs with --replicas and
   // --replica-timeout; 1 is no replication.
   int replicas = 1;
   int replica_timeout_ms = 300;
@@ -95,7 +95,7 @@ struct TortureOptions {
   // kill -9 of a node half a replica timeout after its peers stopped
   // receiving its datagrams: no backup has what it granted meanwhile.
   int kills_mid_replication = 0;
-  // Issue 34: a node's datagrams to a peer dropped one way only, past the
+  // A node's datagrams to a peer dropped one way only, past the
   // replica timeout (the peer evicts it while it still hears the peer); and
   // the same with the cut node's etcd link delayed, so it sees the map that
   // evicted it late (hole 1's two ways in).

@@ -25,7 +25,7 @@ enum class Fault : std::uint8_t {
   // (docs/cluster.md, "Torture: cluster mode").
   kShortPause,          // a node stopped for less than its etcd lease, maybe while a map moves
   kShortEtcdPartition,  // a node cut off from etcd for less than its lease, likewise
-  kStalledDoubleDrain,  // a node stopped across two drains back to back (hole 1's shape)
+  kStalledDoubleDrain,  // a node stopped across two drains back to back (a skipped map's shape)
   kDoubleDrain,         // scale-down: two drains back to back, later undone
   kJoinDuringDrain,     // the extra node joins while a drain moves buckets
   kKillDuringHandoff,   // kill -9 of the drained node or an heir while the hand-off runs

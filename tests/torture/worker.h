@@ -32,7 +32,7 @@
 // (history.h) in the client's own file, with the client-side expiry it
 // relied on converted to CLOCK_MONOTONIC.
 //
-// Elections (`elections` > 0; issue 25): names elect-0, elect-1, ..., each
+// Elections (`elections` > 0): names elect-0, elect-1, ..., each
 // with `campaigners` campaigners and `observers` observers, every one on its
 // own thread with its own LeaseClient. Role r of them (campaigners of a
 // name first, then its observers, name after name) runs in worker

@@ -1,4 +1,4 @@
-// Clients ride through a failover and a fresh start (issue 21, part 2), end
+// Clients ride through a failover and a fresh start, end
 // to end: a real etcd (support/etcd_fixture.h), shardlockd nodes as processes, and
 // shardlockctl as a user runs it.
 //
@@ -138,7 +138,7 @@ TEST_F(ClientFailoverTest, AWaitingAcquireIsGrantedByTheNewOwnerAfterAKill) {
 #endif
 }
 
-// Issue 23: with --replicas 2 a node's death loses no holder. Leases granted
+// With --replicas 2 a node's death loses no holder. Leases granted
 // by n2, kept by their watchdogs, survive kill -9 of n2: its backups take
 // its buckets over (no lock-delay) with every lease it granted, and the
 // renewals follow the keys there. The keys stay exclusive throughout, and a

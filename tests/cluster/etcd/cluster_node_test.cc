@@ -75,7 +75,7 @@ class ClusterNodeTest : public test_support::EtcdSuiteTest {
   std::unique_ptr<ClusterNode> node_;
 };
 
-// Hole 2 of issue 21: a gate built under one etcd lease must not grant again
+// A gate built under one etcd lease must not grant again
 // once the node registers under a new one. While the node had no lease the
 // cluster may have given its buckets away; the old gate still shows them
 // active, and the new lease's deadline would make it grant.
@@ -102,7 +102,7 @@ TEST_F(ClusterNodeTest, AGateFromAnEarlierRegistrationNeverGrantsAgain) {
   EXPECT_NE(old_gate->check("some-key", now_ms()), lease::internal::ClusterGate::Verdict::kGrant);
 }
 
-// Hole 4 of issue 21: the record carries the node's max TTL, and the
+// The record carries the node's max TTL, and the
 // lock-delay in use covers the largest one any member publishes.
 TEST_F(ClusterNodeTest, TheMemberRecordCarriesTheMaxTtlAndTheLargestOneSetsTheLockDelay) {
   start_node(milliseconds(300));
@@ -132,7 +132,7 @@ TEST_F(ClusterNodeTest, TheMemberRecordCarriesTheMaxTtlAndTheLargestOneSetsTheLo
   (void)node_->membership().etcd().revoke_lease(lease.value.id);
 }
 
-// Hole 6 of issue 21, the cluster side: a data dir whose tokens are in a
+// Tokens that never go back, the cluster side: a data dir whose tokens are in a
 // higher epoch than the cluster's (its epoch file lost, or a new cluster)
 // makes the node's first publish jump above them, so its first grants rise.
 TEST_F(ClusterNodeTest, ANodeGrantsOnlyAboveTheTokensItsDataDirRecords) {

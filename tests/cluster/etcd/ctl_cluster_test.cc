@@ -217,7 +217,7 @@ TEST_F(CtlClusterTest, DrainTakesANodeOutOfTheMapAndCancelBringsItBack) {
   EXPECT_EQ(state_in_etcd("b"), MemberState::kActive);
 }
 
-// Hole 12 of issue 21: drain --wait returned as soon as the map gave the
+// `drain --wait` returned as soon as the map gave the
 // node no buckets, before the node had handed them off, so stopping it then
 // cost its keys a whole lock-delay. It returns once handoff/ID acknowledges
 // the map's epoch.

@@ -883,7 +883,7 @@ TEST_F(MembershipTest, EveryStartAndEveryRequestBeginsANewEpochWithTheSameMember
 
 // Maps published between two reads reach the view in order, from the watch:
 // a node that only adopted the newest would not know who owned a bucket in
-// between (hole 1 of issue 21).
+// between, and could grant beside a live lease.
 TEST_F(MembershipTest, MapsPublishedBetweenTwoReadsAreAdoptedInOrder) {
   std::mutex mutex;
   std::condition_variable changed;
@@ -936,7 +936,7 @@ TEST_F(MembershipTest, MapsPublishedBetweenTwoReadsAreAdoptedInOrder) {
   EXPECT_EQ(adopted, (std::vector<std::uint64_t>{before.epoch + 1, before.epoch + 2}));
 }
 
-// Issue 34, item 9: a node whose watch lost the maps published while it was
+// A node whose watch lost the maps published while it was
 // cut off from etcd (its watch resumes at a compacted revision, so etcd
 // cancels it) reads them back from the map key's history and adopts every
 // epoch in order. Before, it adopted only the newest: an epoch jump, which

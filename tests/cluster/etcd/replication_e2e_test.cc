@@ -1,6 +1,6 @@
-// Replication end to end (issue 23, "Tests"): a real etcd, shardlockd nodes
+// Replication end to end: a real etcd, shardlockd nodes
 // with --replicas 2 as processes, and cluster clients. kill -9 of a primary
-// is client_failover_test's; this file has the rest of the issue's list:
+// is client_failover_test's; this file has the rest:
 //
 // - a primary paused (SIGSTOP) for less than the replica timeout: nothing
 //   moves, holders keep their leases at it;
@@ -19,7 +19,7 @@
 // - a join that adds a backup: the new backup catches up by a snapshot and
 //   inherits the leases when the primary dies;
 // - a watch and an election observer through the kill -9 of their key's
-//   primary (issue 25): the kept holder is no change to report, and the
+//   primary: the kept holder is no change to report, and the
 //   release (a resignation) after the failover wakes them.
 //
 // Every test checks one invariant throughout: no key is granted to another
@@ -1032,9 +1032,9 @@ TEST_F(ReplicationE2eTest, AGrantHeldForAKilledBackupWaitsForTheNextBackup) {
       << "n1 did not evict the killed n2";
 }
 
-// An owner acquiring a key it holds again (issue 33: a contender, never a
+// An owner acquiring a key it holds again (a contender, never a
 // second grant) is refused, and the one grant it has goes through a
-// failover. Before issue 33 it got a new token; the stream then had to
+// failover. Before the owner contract it got a new token; the stream then had to
 // carry the old token's end first, or the backup's takeover could install
 // the stale holder and refuse the live one.
 TEST_F(ReplicationE2eTest, AHolderThatAcquiresItsKeyAgainKeepsItsGrantThroughAFailover) {
@@ -1091,7 +1091,7 @@ TEST_F(ReplicationE2eTest, ABackupAddedByAJoinCatchesUpAndTakesOver) {
   for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();
 }
 
-// Issue 34, hole 8: a node that returns (restarted on its data dir under its
+// A node that returns (restarted on its data dir under its
 // id) comes back as a learner, catches up and takes its buckets back from
 // their primaries with every holder: those buckets grant at once. Asserted:
 // a free key of n2's is granted by n2 before its lock-delay is over (no
@@ -1209,9 +1209,9 @@ TEST_F(ReplicationE2eTest, AJoinThatMakesTheNewNodeAPrimaryKeepsTheHolders) {
   for (lease::Lease& l : leases_) EXPECT_FALSE(l.release()) << l.key();
 }
 
-// A watcher through the kill -9 of its key's primary (issue 25: "a watcher
-// is woken within one round trip of a release or expiry and after a
-// failover"). Its round is parked at n2 when n2 dies; the backup takes the
+// A watcher through the kill -9 of its key's primary (a watcher
+// is woken within one round trip of a release or expiry, and after a
+// failover). Its round is parked at n2 when n2 dies; the backup takes the
 // key over with its holder (and the holder's value), so the round re-armed
 // at the new owner sees the version it was sent with and reports nothing.
 // The holder's release after the failover wakes it with the key free. The
@@ -1288,9 +1288,9 @@ TEST_F(ReplicationE2eTest, AWatchRidesThroughAFailoverAndIsWokenByTheRelease) {
   std::cout << "failed reads through the failover: " << seen.errors() << "\n";
 }
 
-// An election whose key's primary is killed under its leader (issue 25:
-// "two campaigners and an observer see one leader at a time and every
-// change in order", here through a failover). The leader keeps leadership
+// An election whose key's primary is killed under its leader (two
+// campaigners and an observer see one leader at a time and every
+// change in order, here through a failover). The leader keeps leadership
 // (the backup takes its lease over and renews it), the campaigner waiting
 // at n2 waits on at the new owner and is not elected meanwhile, and the
 // observer reports no change; the leader's resignation then elects the

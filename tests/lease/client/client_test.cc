@@ -584,7 +584,8 @@ TEST(LeaseClientTest, RoutesEachKeyToItsOwnerNode) {
 }
 
 // ---------------------------------------------------------------------------
-// Issue 11: the client-side two-holder paths. Each test failed before its fix.
+// The client-side two-holder paths, numbered as the lease server's first safety review
+// listed them. Each test failed before its fix.
 
 // Hole 1: a renewal to a shorter TTL must pull the client-side expiry in, or
 // the old holder outlives the server's deadline.
@@ -601,7 +602,7 @@ TEST(LeaseSafetyTest, RenewalToAShorterTtlShortensTheClientExpiry) {
   EXPECT_EQ(held.lease.ttl(), 500ms);
 }
 
-// Hole 2, and issue 33: a second acquire of a held key through the same
+// Hole 2, and the owner contract: a second acquire of a held key through the same
 // client is a contender of its own, never a grant that shares or replaces
 // the first: busy at once, granted (with a newer token) only after the first
 // lets go, and dropping the first never frees the second.
@@ -1474,7 +1475,7 @@ TEST(LeaseHoldersTest, ShowsTheExclusiveHolderAndItsWaiters) {
   EXPECT_EQ(holder->holders("").error, LeaseErrc::kBadArgument);
 }
 
-// Issue 25: a value attached to an acquire is listed with its holder and
+// A value attached to an acquire is listed with its holder and
 // outlives the watchdog's renewals; a waiting acquire's comes with the key.
 TEST(LeaseHoldersTest, AnAcquiresValueStaysWithItsHolder) {
   auto server = start_server();

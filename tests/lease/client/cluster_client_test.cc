@@ -571,7 +571,7 @@ TEST(ClusterClientTest, LeaseRenewsAtItsKeysOwnerAndIsLostOnceWhenNoOwnerRenewsI
   EXPECT_FALSE(r.lease.valid());
 }
 
-// Part 2 of issue 21: a wait covers a lock-delay. The waiting acquire is
+// Riding through a failover: a wait covers a lock-delay. The waiting acquire is
 // asked again after each RECOVERING and granted once the node grants; a try
 // answers RECOVERING at once.
 TEST(ClusterClientTest, WaitingAcquireRidesThroughRecovering) {
@@ -629,7 +629,7 @@ TEST(ClusterClientTest, AHintPastTheWaitStillWaitsItOut) {
   EXPECT_GE(a.distinct(MessageType::kAcquire), 2u);
 }
 
-// Hole 8 of issue 21: a watched lease whose node answers RENEW with
+// A watched lease whose node answers RENEW with
 // RECOVERING asks again after retry_after_ms, not at once. Over a window of
 // W ms with retry_after R ms it sends at most about W / R RENEWs (no
 // retransmissions: each is answered); without the backoff it was thousands.
@@ -656,7 +656,7 @@ TEST(ClusterClientTest, RenewAnsweredRecoveringBacksOff) {
   EXPECT_LE(renewals, 12u);
 }
 
-// Part 2 of issue 21: a waiting acquire whose node died (no answer at all)
+// Riding through a failover: a waiting acquire whose node died (no answer at all)
 // refreshes the map until the cluster has moved the key, goes to the new
 // owner, rides through its lock-delay and is granted there.
 TEST(ClusterClientTest, WaitingAcquireFollowsTheKeyWhenItsNodeDies) {

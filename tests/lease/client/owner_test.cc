@@ -1,4 +1,4 @@
-// The owner is the handle (issue 33): every acquire through a LeaseClient
+// The owner is the handle: every acquire through a LeaseClient
 // contends as an owner of its own, so threads sharing one client exclude
 // each other exactly as processes do, against a real LeaseServer on
 // loopback. Runs under TSan (label "concurrent").
@@ -41,8 +41,8 @@ class OwnerTest : public ::testing::Test {
 };
 
 // N threads on one client increment a counter inside a lock of one key, with
-// a sleep between the read and the write: with one owner per client (before
-// issue 33) they all "held" the key at once and lost updates.
+// a sleep between the read and the write: with one owner per client (as it
+// once was) they all "held" the key at once and lost updates.
 TEST_F(OwnerTest, ThreadsSharingOneClientExcludeEachOther) {
   constexpr int kThreads = 8;
   constexpr int kRounds = 4;

@@ -412,7 +412,7 @@ TEST_F(DispatcherTest, HotKeysListTheBusiestKeysOfEveryShard) {
   EXPECT_EQ(keys[0].requests, 10u);
   EXPECT_EQ(keys[0].error, 0u);
   // Every acquire but alice's first: bob's, and alice's own later ones (an
-  // owner's new request for a key it holds is a contender, issue 33).
+  // owner's new request for a key it holds is a contender).
   EXPECT_EQ(keys[0].busy, 8u);
   EXPECT_EQ(keys[0].holders, 1u);
   EXPECT_EQ(keys[0].waiters, 1u);
@@ -527,7 +527,7 @@ TEST_F(DispatcherTest, QueryHoldersListsEverySharedHolderOldestFirst) {
   EXPECT_EQ(HolderList(rest).begin()->owner, kBob);
 }
 
-// Issue 25: an ACQUIRE's value stays with its holder: listed by
+// An ACQUIRE's value stays with its holder: listed by
 // QUERY_HOLDERS, kept by renewals, and a queued ACQUIRE's comes with the
 // key when it is handed over.
 TEST_F(DispatcherTest, AHolderValueIsListedKeptByRenewalsAndHandedOver) {
@@ -805,7 +805,7 @@ TEST_F(DispatcherTest, BadAcquireManysAreRefusedWithTheReason) {
   EXPECT_FALSE(held("a"));
 }
 
-// Issue 21, hole 11: the table of multi-key answers is bounded (4096 for the
+// The table of multi-key answers is bounded (4096 for the
 // whole dispatcher). Past it, a retransmitted ACQUIRE_MANY must not take a
 // second set of leases: like a single key's holder, the leases it took say
 // which request took them.
@@ -956,7 +956,7 @@ TEST_F(DispatcherGateTest, MapPagesTheMembersThePaddingPaysFor) {
   EXPECT_EQ(map_page(0, 0).member_list_count, 0u);  // no padding, no members
 }
 
-// Issue 21, hole 9: membership accepts advertise addresses of up to 300
+// Membership accepts advertise addresses of up to 300
 // bytes (a Kubernetes pod FQDN is often over 64); MAP must serve them, with
 // the longest ids too, in pages that fit a datagram, and the codec a client
 // decodes with must take them.
@@ -1056,7 +1056,7 @@ TEST_F(DispatcherGateTest, AnAcquireManyWithAnotherNodesKeyTakesNothingAndGetsIt
   EXPECT_EQ(granted.listed_token(0) >> 32, 7u);
 }
 
-// Issue 21, hole 10: a waiting ACQUIRE_MANY holds its taken keys pending.
+// A waiting ACQUIRE_MANY holds its taken keys pending.
 // When a gate moves one of its keys to another node, the request is
 // abandoned at once (REDIRECT, pending holds released), so the hand-off's
 // count of leases in the moved bucket is not held up for its wait + TTL.
@@ -1170,7 +1170,7 @@ class DispatcherReplicationTest : public DispatcherGateTest {
   Replicator b_;
 };
 
-// Issue 34, hole 1, the second way in: the gate used the time a datagram
+// The other way a grant could outlive the primary lease: the gate used the time a datagram
 // arrived, read before the wait for the shard's lock, so a request that
 // arrived inside the primary lease and was decided after it was granted
 // without a lease. Here every clock reading is 10 ms after the one before:
@@ -1196,7 +1196,7 @@ TEST_F(DispatcherReplicationTest, AGrantIsAnsweredOnlyOnceTheBackupHasIt) {
 
   // The GRANTED waits in the replicator...
   Message acquire = request(MessageType::kAcquire, key, 2);
-  acquire.value = "leader at 10.0.0.1:80";  // issue 25: replicated with the grant
+  acquire.value = "leader at 10.0.0.1:80";  // a holder value: replicated with the grant
   EXPECT_TRUE(send(kAlice, {acquire}, alice_).empty());
   // ...until the backup has acknowledged the grant.
   const std::vector<OutDatagram> released = pump();
@@ -1275,7 +1275,7 @@ TEST_F(DispatcherReplicationTest, ATakeoverInstallsEachKeysNewestExclusiveHolder
   EXPECT_NE(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
 }
 
-// Issue 34, hole 6: shared holders are installed in token order, so the
+// Shared holders are installed in token order, so the
 // key lists them oldest first and its version (the newest token, the holder
 // count) is what it was at the primary: a watch since that version sees no
 // change that did not happen.
@@ -1366,7 +1366,7 @@ TEST_F(DispatcherReplicationTest, PastThePrimaryLeaseNothingIsGrantedOrRenewed) 
   EXPECT_EQ(only_reply_to(send(kAlice, {renew}, alice_), alice_).type, MessageType::kRenewed);
 }
 
-// Issue 34, hole 7: RELEASED was answered at once while the release
+// RELEASED was answered at once while the release
 // streamed lazily, so a primary that died before sending it left the backup
 // a holder the client had been told was gone: inherited at the takeover, it
 // blocked the key for a whole TTL. RELEASED now waits for the backups as

@@ -1,4 +1,4 @@
-// The grant log (issue 34): one line per lease event, rate-limited, and what
+// The grant log: one line per lease event, rate-limited, and what
 // a shard records in it.
 #include "shardlock/lease/server/internal/grant_log.h"
 

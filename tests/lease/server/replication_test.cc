@@ -55,7 +55,7 @@ std::vector<Entry> one_of_each() {
   Entry permit = grant(65535, std::string(kMaxKeyLength, 'k'), 0x500000002, 4, 42);
   permit.mode = LeaseMode::kPermit;
   permit.permits = 3;
-  permit.value = std::string(kMaxHolderValueLength, 'v');  // issue 25: the longest value
+  permit.value = std::string(kMaxHolderValueLength, 'v');  // the longest holder value
   Entry leader = grant(9, "leader/db", 0x500000003, 5, 43);
   leader.value = "10.0.0.7:5432";
   return {marker(EntryKind::kResetBucket, 9),
@@ -326,7 +326,7 @@ TEST(ReplicationCodec, ACaughtUpMarkCarriesWhetherThePrimaryHadTheBucketActive) 
   EXPECT_FALSE(backup.owner_active(9));
 }
 
-// Issue 34, hole 8: a primary that activates a bucket after its backup's
+// A primary that activates a bucket after its backup's
 // snapshot says so with a mark of its own, so the backup (a learner waiting
 // to be promoted) knows a takeover of it is complete. The mark counts only
 // on a caught-up bucket: it never stands in for the snapshot's end.
@@ -417,7 +417,7 @@ TEST(ReplicationCodec, ADatagramCarriesWhatFitsAndTheRestFollows) {
   EXPECT_EQ(primary.unacknowledged(), 0U);
 }
 
-// Issue 25: a grant with a holder value travels as wire kind 5 with the
+// A grant with a holder value travels as wire kind 5 with the
 // value after the grant's fields; one without stays kind 1, byte for byte
 // what the codec wrote before values, so a stream without values is
 // unchanged for a backup that predates them.
@@ -714,7 +714,7 @@ TEST(ReplicationStream, AfterStopPromisingThePrimaryLosesItsLeaseAndTheBackupMay
   EXPECT_EQ(inherited[0].second.request_id, 100U);
 }
 
-// Issue 34, hole 1: a grant made under the primary lease whose REPLICATE was
+// A grant made under the primary lease whose REPLICATE was
 // lost reaches the backup only after the backup's promise ran out and it
 // took the bucket over without it. The backup is frozen by then: it neither
 // applies nor acknowledges it, so the primary never answers the grant.
@@ -764,7 +764,7 @@ TEST(ReplicationStream, AnAckWithoutALeaseForADatagramSentPastTheLeaseReleasesNo
   EXPECT_EQ(primary.applied(), 1U);
 }
 
-// Issue 34, hole 4: a stream applies only the buckets it carries, so
+// A stream applies only the buckets it carries, so
 // datagrams naming any other bucket (forged, or from a primary on another
 // layout) cannot grow the backup.
 TEST(ReplicationStream, ABackupAppliesOnlyTheBucketsItsStreamCarries) {
@@ -944,7 +944,7 @@ TEST(ReplicationStream, AnEarlierRunsHoldersSurviveTheNewRunsSnapshot) {
   EXPECT_EQ(inherited[0].second.token, 7U);
 }
 
-// Issue 34, hole 7: a RELEASE answered at the primary whose entry was lost
+// A RELEASE answered at the primary whose entry was lost
 // when the stream started over (restart_streams() drops what was not
 // acknowledged). A settled primary's snapshot lists every holder it has, so
 // the released one is gone from the replica; before, the takeover inherited

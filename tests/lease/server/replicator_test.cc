@@ -210,13 +210,13 @@ TEST_F(ReplicatorTest, AReplyWaitsOnlyForTheBackupsOfItsOwnBuckets) {
   EXPECT_EQ(a_.held(), 3U);
 }
 
-// The bug issue 23's end-to-end tests of a backup killed mid-grant and of a
+// The bug the replication end-to-end tests of a backup killed mid-grant and of a
 // partitioned primary found: a held answer whose backup left the layout was
 // let out at once, with no live replica of its grant. It is dropped now:
 // the client retransmits, and the shard answers from its dedup cache only
 // if the bucket may still be granted here (ShardGateTest), held again
 // behind the new backup's snapshot.
-// Issue 34, hole 8: the backup learns that its primary activated a bucket
+// The backup learns that its primary activated a bucket
 // after the snapshot (Replicator::activated()), through the stream: a
 // learner is promoted on that, never on a snapshot of a bucket its primary
 // could not yet grant.
@@ -331,7 +331,8 @@ TEST_F(ReplicatorTest, TheBackupTakesOverOnlyAfterItsPromiseRanOut) {
   EXPECT_FALSE(b_->takeover("c", kBucket, after, holders));
 }
 
-// Issue 34, hole 1, through both nodes' Replicators: "a" grants under its
+// A backup that took over never acknowledges the old primary's late grant, through both nodes'
+// Replicators: "a" grants under its
 // primary lease, the REPLICATE is lost (a one-way cut from "a" to "b"), "b"
 // evicts "a" and takes the bucket over without the grant. When the cut
 // heals, "a"'s retransmission must not be acknowledged: before the fix "b"
@@ -358,7 +359,7 @@ TEST_F(ReplicatorTest, ABackupThatTookOverNeverAcknowledgesTheOldPrimarysLateGra
   EXPECT_TRUE(holders.empty());
 }
 
-// Issue 34, hole 5: a node replaced at the same HOST:PORT under a new id
+// A node replaced at the same HOST:PORT under a new id
 // ("a2" for the dead "a", as the runbook says a wiped data dir is). "b"
 // keeps "a"'s stream for its takeover; "a2"'s datagrams must reach "a2"'s
 // own stream, which lends it a lease, not the departed one.
@@ -676,7 +677,7 @@ TEST_F(ReplicatorTest, AStrangersDatagramsEarnNothing) {
   EXPECT_TRUE(out.empty());
 }
 
-// Issue 34, hole 3: a datagram names its sender and receiver, and only the
+// A datagram names its sender and receiver, and only the
 // stream of the sender it names, at the address the layout gives that
 // sender, takes it.
 TEST_F(ReplicatorTest, ADatagramThatMisnamesEitherEndEarnsNothing) {
@@ -729,7 +730,7 @@ TEST_F(ReplicatorTest, ADatagramThatMisnamesEitherEndEarnsNothing) {
   EXPECT_GT(a_.lease_until(kBucket).count(), now_);
 }
 
-// Issue 34, hole 5 (the rest): a departed primary's stream is kept while a
+// A node replaced at its address, the rest: a departed primary's stream is kept while a
 // bucket of it is still to be taken over here, and goes after that.
 TEST_F(ReplicatorTest, ADepartedPrimarysStreamGoesOnceItsTakeoversAreDone) {
   both_layouts();
@@ -1056,7 +1057,7 @@ TEST_F(RelayTest, ARelayWaitingPastAGapIsNotSent) {
   EXPECT_EQ(b_->relays_sent(), 0U);
 }
 
-// Issue 34, hole 1, with relays: "a"'s REPLICATE, with the answer in it,
+// The same late grant, with relays: "a"'s REPLICATE, with the answer in it,
 // is held up on the way while "b" evicts "a" and takes the bucket over
 // without the grant. When it arrives late, "b" must not send the answer,
 // as it must not acknowledge the grant.

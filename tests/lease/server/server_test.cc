@@ -263,7 +263,7 @@ TEST_P(ServerTest, ExpiryFollowsTheInjectedClock) {
   EXPECT_EQ(server_->stats().counter(StatCounter::kExpirations), 1u);
 }
 
-// Issue 11, hole 3: a lease granted at 5.9 ms (the clock in ns) for 100 ms is
+// A lease granted at 5.9 ms (the clock in ns) for 100 ms is
 // still held at 105.8 ms: truncating the clock must not make it end early.
 TEST_P(ServerTest, SubMillisecondClockNeverEndsALeaseEarly) {
   auto fake_ns = std::make_shared<std::atomic<std::int64_t>>(5'900'000);
@@ -301,7 +301,7 @@ TEST_P(ServerTest, LockDelayAnswersRecovering) {
   EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kGranted);
 }
 
-// Issue 21, hole 3: time the machine spends suspended counts. The default
+// Time the machine spends suspended counts. The default
 // clock is CLOCK_BOOTTIME (CLOCK_MONOTONIC stops during a suspend), and a
 // jump of the injected clock, as a resume shows it, ends the leases and the
 // lock-delay it covers, and the cluster gate's etcd-lease deadline with them.
@@ -948,7 +948,7 @@ TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
   EXPECT_TRUE(logged);
 }
 
-// Issue 11, hole 8: two servers place the same keys on different shards (a
+// Two servers place the same keys on different shards (a
 // secret seed per start), so colliding keys cannot be prepared offline.
 TEST(LeaseServerStart, KeyPlacementIsSecretPerServer) {
   const auto placement = [] {
@@ -975,7 +975,7 @@ TEST(LeaseServerStart, KeyPlacementIsSecretPerServer) {
   EXPECT_NE(placement(), placement());
 }
 
-// Issue 11, hole 8: the key -> shard placement is seeded by a secret drawn
+// The key -> shard placement is seeded by a secret drawn
 // at every start, so keys land on other shards after a restart. Their tokens
 // must still rise: every shard of a new run starts above every token issued.
 TEST(LeaseServerStart, TokensRiseAcrossRestartsWhateverShardAKeyLandsOn) {
@@ -1049,7 +1049,7 @@ std::shared_ptr<const internal::ClusterGate> one_node_gate(std::uint64_t epoch) 
   return gate;
 }
 
-// Issue 33: a data dir that never issued a token grants at once (the
+// A data dir that never issued a token grants at once (the
 // default lock-delay is 0); restarted on the same dir, the server waits its
 // lock-delay out again.
 TEST(LeaseServerStart, AFreshDataDirGrantsAtOnceAndARestartWaits) {
@@ -1088,7 +1088,7 @@ TEST(LeaseServerStart, AFreshDataDirGrantsAtOnceAndARestartWaits) {
   EXPECT_GT(token, 0U);
 }
 
-// Issue 33: a data dir wiped while a client holds a lease of the old run.
+// A data dir wiped while a client holds a lease of the old run.
 // The new run cannot tell it from a new dir, so it grants at once; its
 // tokens start at the wall-clock floor, above every token the old run
 // issued (even one that issued many), so a fencing resource rejects the old
@@ -1126,7 +1126,7 @@ TEST(LeaseServerStart, AWipedDataDirStartsAboveEveryTokenTheOldOneIssued) {
       << "the old holder's writes are refused once the new holder wrote";
 }
 
-// Issue 21, hole 6: a data dir used in cluster mode (tokens epoch << 32 |
+// A data dir used in cluster mode (tokens epoch << 32 |
 // counter) and then by a plain node must not hand out smaller tokens.
 TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
   const TempDataDir dir;
@@ -1156,7 +1156,7 @@ TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
   }
 }
 
-// Issue 21, hole 6, the other way: a plain node whose counter passed 2^32
+// The other way round: a plain node whose counter passed 2^32
 // joins a cluster whose epochs are small. Composing in such an epoch would go
 // below its tokens: refused (RECOVERING) and a new epoch asked for, until one
 // above token_floor() >> 32 comes.

@@ -1,5 +1,5 @@
 // The shard state machine (and the dispatcher's multi-key path) when memory
-// runs out (issue 11, hole 8): every
+// runs out (a peer must not be able to crash it): every
 // allocation a request makes is failed in turn, by a global operator new
 // that throws on command, and the shard must answer ERROR(kResourceExhausted)
 // or succeed, stay consistent, and go on serving.

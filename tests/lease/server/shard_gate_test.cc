@@ -260,9 +260,9 @@ TEST_F(ShardGateTest, AReplicatedBucketJournalsEveryHolderAddedAndDroppedInOrder
   EXPECT_TRUE(journal.empty());
 }
 
-// An exclusive holder acquiring its key again (issue 33: a contender, not a
+// An exclusive holder acquiring its key again (a contender, not a
 // second grant) journals nothing, so a backup knows one holder: the first
-// grant's. Before issue 33 the new grant replaced the old token, and the
+// grant's. Before the owner contract the new grant replaced the old token, and the
 // journal had to end the old holder first, or a backup kept both and its
 // takeover installed the old one and refused the live one.
 TEST_F(ShardGateTest, TheExclusiveHolderAcquiringAgainIsBusyAndJournalsNothing) {
@@ -283,7 +283,7 @@ TEST_F(ShardGateTest, TheExclusiveHolderAcquiringAgainIsBusyAndJournalsNothing) 
   EXPECT_EQ(holders[0].second.token, first.token);
 }
 
-// Issue 25: the holder's value goes to the backups with its grant, in the
+// The holder's value goes to the backups with its grant, in the
 // journal and in a snapshot alike.
 TEST_F(ShardGateTest, AHolderValueIsJournaledAndSnapshotted) {
   gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
@@ -333,7 +333,7 @@ TEST_F(ShardGateTest, PastThePrimaryLeaseAReplicatedKeyIsNeitherGrantedNorRenewe
 // backups changed, Replicator::set_layout()), so its retransmission is
 // answered from the dedup cache only while the bucket may be granted here.
 // Before, a partitioned primary answered it after a backup that never had
-// the grant took the key over (issue 23's e2e partition test: two holders).
+// the grant took the key over (the replication end-to-end partition test found two holders).
 TEST_F(ShardGateTest, AGrantsRetransmissionIsAnsweredOnlyWhileTheKeyIsGrantableHere) {
   gate(5, ClusterGate::kActive, 0, /*replicated=*/true);
   const Message granted = send(kAlice, MessageType::kAcquire, mine_, 0, 0, 77);
@@ -428,7 +428,7 @@ TEST_F(ShardGateTest, AnInheritedHolderKeepsItsTokenAnswersItsRetransmissionAndR
       kAlice, cluster::compose_token(8, 3), 77, LeaseMode::kExclusive, 0, 1000, "primary-a:80"};
   ASSERT_TRUE(shard_->inherit(mine_, inherited, now_ + 5'000));
   {
-    // Its value came along (issue 25).
+    // Its value came along.
     Message q;
     q.type = MessageType::kQueryHolders;
     q.key = mine_;

@@ -134,7 +134,7 @@ TEST_F(ShardTest, GrantBusyReleaseGrant) {
   EXPECT_EQ(counter(StatCounter::kBusy), 1u);
 }
 
-// One owner, one grant (issue 33): an owner's new ACQUIRE of a key it holds
+// One owner, one grant: an owner's new ACQUIRE of a key it holds
 // exclusively is a contender like any other. It is never re-granted, which
 // would leave the first handle believing it holds a lease that is gone:
 // with no wait it is BUSY, with a wait it queues in FIFO order and is
@@ -195,7 +195,7 @@ TEST_F(ShardTest, ASharedHolderAcquiringAgainTakesASecondHold) {
   EXPECT_EQ(query().reply.holders, 1u);
 }
 
-// Issue 11, hole 9: a holder's RENEW older than one already applied (a late
+// A holder's RENEW older than one already applied (a late
 // duplicate or a replay past the dedup cache) moves nothing and reports the
 // time surely left.
 TEST_F(ShardTest, StaleRenewNeverMovesTheDeadline) {
@@ -219,7 +219,7 @@ TEST_F(ShardTest, StaleRenewNeverMovesTheDeadline) {
   EXPECT_EQ(counter(StatCounter::kRenewed), 1u);
 }
 
-// Issue 11, hole 3: the clock reaches the shard truncated to milliseconds;
+// The clock reaches the shard truncated to milliseconds;
 // a deadline must still be at least the true receive time + ttl.
 TEST_F(ShardTest, DeadlinesRoundUpAndTimeLeftRoundsDown) {
   now_ = 5;  // the true time may be 5.9 ms
@@ -557,7 +557,7 @@ TEST(TimerWheel, FireMayCancelAnotherDueNode) {
 }
 
 // ---------------------------------------------------------------------------
-// Issue 11, hole 8: every structure a peer can grow is bounded, refused with
+// Every structure a peer can grow is bounded, refused with
 // ERROR(kLimitExceeded) and counted; nothing already granted is touched.
 
 TEST_F(ShardTest, HeldKeysAreBounded) {
@@ -1081,7 +1081,7 @@ TEST_F(ShardTest, OneClientTakingTwoPermitsGetsTwoTokens) {
 }
 
 // Two shared leases of one owner are two grants too; an exclusive re-acquire
-// by the holder is a contender (issue 33): busy with no wait, queued behind
+// by the holder is a contender, as any owner's: busy with no wait, queued behind
 // the waiters already there with one, and the first grant stands.
 TEST_F(ShardTest, SharedReacquireAddsAHolderExclusiveReacquireQueues) {
   const auto s1 = acquire_shared(kAlice, 1000, 0, 10).reply.token;

@@ -215,7 +215,7 @@ TEST_F(TokenStoreTest, UnreadableFileIsAnError) {
   EXPECT_NE(detail_.find("cannot open"), std::string::npos) << detail_;
 }
 
-// Issue 21, hole 6: a cluster run's tokens are epoch << 32 | counter, far
+// A cluster run's tokens are epoch << 32 | counter, far
 // above its raw counter. The block reservation records the largest token its
 // block can become, so a later run of either mode knows it.
 TEST_F(TokenStoreTest, ComposedTokensAreRecordedAsTheTokenFloor) {

@@ -304,7 +304,7 @@ class CapturingTransport final : public DatagramTransport {
   std::shared_ptr<std::mutex> mutex_;
 };
 
-// Issue 11, hole 9: with authentication on, a captured RENEW replayed after
+// With authentication on, a captured RENEW replayed after
 // its dedup entry is gone (here: no dedup cache at all) must not extend the
 // lease of a holder that has gone away.
 TEST(AuthServerTest, ReplayedRenewNeverExtendsALease) {

@@ -655,8 +655,8 @@ std::string to_hex(std::span<const std::uint8_t> bytes) {
   return s;
 }
 
-// The wire bytes of every message, as the codec wrote them before issue 12
-// derived it from one table: a change to the codec cannot change the format
+// The wire bytes of every message, as the codec wrote them before it was
+// derived from one table: a change to the codec cannot change the format
 // unnoticed. Also pins the reply bound each request is padded to.
 TEST(Protocol, WireBytesArePinned) {
   struct Pinned {
@@ -876,7 +876,7 @@ TEST(ProtocolTable, EveryRequestHasAnswersAndErrorIsOne) {
 }
 
 // reply_answers() and reply_carries_key() give exactly what the client's own
-// lists said before issue 12 moved them into the table.
+// lists said before they moved into the table.
 TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
   using enum MessageType;
   const auto answered_before = [](MessageType request, MessageType reply) {
@@ -900,15 +900,15 @@ TEST(ProtocolTable, ClientReplyMatchingIsUnchanged) {
         return false;
     }
   };
-  // What issue 14 (clusters) added: REDIRECT to the requests on a key whose
-  // owner a map decides, and the MAP request. Issue 24: QUERY_HOLDERS, routed
+  // What cluster mode added: REDIRECT to the requests on a key whose
+  // owner a map decides, and the MAP request. Holder listing: QUERY_HOLDERS, routed
   // and answered as QUERY is, and HOT_KEYS, answered as MAP is.
   const auto answered_now = [&](MessageType request, MessageType reply) {
     if (request == kMap) return reply == kMapReply || reply == kError || reply == kRecovering;
     if (request == kHotKeys) {
       return reply == kHotKeysReply || reply == kError || reply == kRecovering;
     }
-    // Issue 25: WATCH, a blocking QUERY_HOLDERS, answered as it is.
+    // WATCH, a blocking QUERY_HOLDERS, answered as it is.
     if (request == kQueryHolders || request == kWatch) {
       return reply == kHoldersReply || reply == kError || reply == kRecovering ||
              reply == kRedirect;
@@ -1598,7 +1598,7 @@ TEST(ProtocolHolders, WalkingAMalformedListStops) {
   }
 }
 
-// Issue 25: a single-key ACQUIRE may attach a holder value, in its batch
+// A single-key ACQUIRE may attach a holder value, in its batch
 // item (kItemFlagValue), after the owner when it has one.
 TEST(ProtocolHolders, AnAcquireCarriesItsValueInItsItem) {
   const std::string longest(kMaxHolderValueLength, 'v');
