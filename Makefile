@@ -127,7 +127,7 @@ bench-redis: build-release
 bench-cluster: build-release deps-cluster
 	bench/cluster_numbers.sh build/release
 
-# Failover side by side (issue 23): a lock held while one of three servers
+# Failover side by side: a lock held while one of three servers
 # is killed with -9, 5 trials each: does the holder keep it, and how soon
 # does a new client's acquire+release work (shardlock --replicas 2, a
 # 3-member etcd, a 3-server ZooKeeper; all on loopback).
@@ -135,7 +135,7 @@ bench-failover: build-release deps-failover
 	bench/failover_numbers.sh build/release
 
 # shardlock beside Redis's lock recipe (unpipelined and -P 16) and etcd's Go
-# concurrency.Mutex, each row at equal batching (issue 24).
+# concurrency.Mutex, each row at equal batching.
 bench-peers: build-release deps-lock-peers
 	bench/peers_numbers.sh build/release
 
@@ -152,14 +152,14 @@ torture: build-release
 # the etcd lease, a node joining and leaving, drains, node <-> etcd and
 # clients <-> node partitions; and the faults shorter than the etcd lease or
 # overlapping: short pauses and etcd partitions, a node stalled across two
-# drains (issue 21's hole 1), double drains, a join during a drain, a kill
+# drains (a node that skips a map), double drains, a join during a drain, a kill
 # during a hand-off, a rolling restart raising --max-ttl, a slowed map
 # watch. A max TTL of 2 s and an etcd lease of 3 s give the stalled double
-# drain room to find hole 1. Replicated (issue 23): every node runs
+# drain room to find a skipped map's two holders. Replicated: every node runs
 # --replicas 2, node-to-node partitions past the replica timeout and kills
 # of a node whose peers stopped hearing it; 2% of the exclusive holders stay
 # 1.5 x max TTL, so the kept property has leases that live through a fault.
-# Issue 34's faults too: one-way node-to-node cuts, a slow etcd link on one
+# The replication faults too: one-way node-to-node cuts, a slow etcd link on one
 # node, clients that retransmit slowly, and a node replaced at its address
 # under a new id.
 # The short runs are ctests (torture_cluster_short,

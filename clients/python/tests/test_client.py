@@ -246,7 +246,7 @@ class Watchdog(ServerTestCase):
 
 
 class RidingThroughRecovering(unittest.TestCase):
-    """Issue 21, part 2: a wait covers a fresh daemon's lock-delay."""
+    """A wait covers a fresh daemon's lock-delay."""
 
     def test_a_waiting_acquire_is_granted_when_the_lock_delay_ends(self):
         started = time.monotonic()
@@ -265,7 +265,7 @@ class RidingThroughRecovering(unittest.TestCase):
 
 
 class RecoveringRenewals(unittest.TestCase):
-    """Issue 21, hole 8: a RENEW answered RECOVERING waits retry_after_ms."""
+    """A RENEW answered RECOVERING waits retry_after_ms."""
 
     def test_renewals_answered_recovering_back_off(self):
         server = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

@@ -1,5 +1,6 @@
-"""Issue 21 end to end for the Python client: a real etcd, three real
-shardlockd cluster nodes, and the node owning a key's bucket killed with -9.
+"""Riding through a failover, end to end for the Python client: a real
+etcd, three real shardlockd cluster nodes, and the node owning a key's
+bucket killed with -9.
 A waiting acquire issued right after the kill is granted by the key's new
 owner within its wait, never raising RecoveringError or UnreachableError
 first (as tests/cluster/etcd/client_failover_test.cc checks for C++ and C).

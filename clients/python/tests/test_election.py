@@ -1,4 +1,4 @@
-"""Leader election (issue 25) in the Python client.
+"""Leader election in the Python client.
 
 The leader filter without a server; then, against a real shardlockd
 (skipped without $SHARDLOCKD, as test_client.py): two campaigners and an

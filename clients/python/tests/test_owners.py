@@ -1,4 +1,4 @@
-"""Issue 33: the owner is the handle, not the client (real shardlockd, see
+"""The owner is the handle, not the client (real shardlockd, see
 test_client.py). Threads and asyncio tasks sharing one client exclude each
 other; two handles of one client queue FIFO; reentrancy is per thread; an
 explicit owner acts for someone else; wait=None waits until granted."""

@@ -1,4 +1,4 @@
-"""Watches (issue 25) in the Python client.
+"""Watches in the Python client.
 
 The round logic without a server; then, against a real shardlockd (skipped
 without $SHARDLOCKD, as test_client.py): values returned by a watch,
