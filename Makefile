@@ -198,14 +198,16 @@ format:
 # tools/common/; any warning fails it. Tests and benchmarks are left out to
 # keep it within a few minutes on 2 cores. It reads the clang preset's
 # compile_commands.json: clang's own flags, nothing for clang-tidy to guess.
+# tools/clang-tidy-cached.py skips a file whose preprocessed text, flags and
+# checks equal those of an earlier clean run (ccache's idea; the cache is in
+# ~/.cache/shardlock-clang-tidy, SHARDLOCK_TIDY_CACHE=off checks them all).
 LINT_SOURCES = $(filter src/% tools/%,$(filter %.cc,$(SOURCES)))
 # src/cluster/etcd/ includes headers generated at build time (etcd's gRPC stubs):
 # they are built first when the cluster layer is configured in.
 LINT = if $(CMAKE) --build --preset clang --target help 2>/dev/null | grep -q '^shardlock_etcdpb:'; then \
          $(CMAKE) --build --preset clang --target shardlock_etcdpb -j $(JOBS) >/dev/null; \
        fi; \
-       printf '%s\n' $(LINT_SOURCES) | \
-       xargs -P $(JOBS) -n 4 clang-tidy-14 -p build/clang --quiet --warnings-as-errors='*'
+       tools/clang-tidy-cached.py -j $(JOBS) -p build/clang $(LINT_SOURCES)
 
 lint: deps
 	$(CMAKE) --preset clang >/dev/null
