@@ -16,13 +16,8 @@ namespace shardlock::lease::internal {
 
 MultiDriver::MultiDriver(Env env)
     : env_(env),
-      active_(16, MultiIdHash{env.key_seed}),
+      active_(16, SeededHash{env.key_seed}),
       answers_(env.limits.dedup_capacity, env.key_seed) {}
-
-std::size_t MultiDriver::MultiIdHash::operator()(const MultiId& id) const noexcept {
-  const std::uint64_t words[3] = {id.client.lo, id.client.hi, id.request_id};
-  return static_cast<std::size_t>(XXH3_64bits_withSeed(words, sizeof words, seed));
-}
 
 Shard& MultiDriver::shard_at(std::uint32_t index) SHARDLOCK_NO_THREAD_SAFETY_ANALYSIS {
   return *env_.shards[index]->shard;  // callers hold its lock (lock_parts)
@@ -178,12 +173,12 @@ bool MultiDriver::acquire(const ClientId& owner, const Peer& peer, const Message
   std::optional<MultiAnswer> cached;
   {
     LockGuard lock(mu_);
-    if (active_.contains(MultiId{owner, m.request_id})) return false;  // still waiting
+    if (active_.contains(RequestKey{owner, m.request_id})) return false;  // still waiting
     if (const MultiAnswer* answer = answers_.find(owner, m.request_id)) {
       if (answer->fingerprint != fingerprint) return refuse(WireError::kRequestIdReused);
       cached = *answer;
     } else {
-      active_.emplace(MultiId{owner, m.request_id}, std::move(owned));
+      active_.emplace(RequestKey{owner, m.request_id}, std::move(owned));
     }
   }
   if (cached) {
@@ -375,7 +370,7 @@ void MultiDriver::finish(const MultiAcquire& m, MultiAnswer answer) {
     DispatchCounters::count(
         env_.counters.allocation_failures);  // a retransmission then starts afresh
   }
-  active_.erase(MultiId{m.client, m.request_id});  // destroys m
+  active_.erase(RequestKey{m.client, m.request_id});  // destroys m
 }
 
 }  // namespace shardlock::lease::internal

@@ -36,6 +36,7 @@
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/dedup_cache.h"
 #include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/lease/server/internal/shard_counters.h"
 #include "shardlock/lease/wire/internal/peer.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "shardlock/mutex.h"
@@ -89,16 +90,6 @@ class MultiDriver {
   static void fill(const MultiAnswer& answer, std::span<std::uint8_t> tokens, Message& reply);
 
  private:
-  struct MultiId {
-    ClientId client;
-    std::uint64_t request_id = 0;
-    friend bool operator==(const MultiId&, const MultiId&) = default;
-  };
-  struct MultiIdHash {
-    std::uint64_t seed = 0;
-    std::size_t operator()(const MultiId& id) const noexcept;
-  };
-
   // The request `m` as a MultiAcquire, its parts in the global order.
   [[nodiscard]] std::unique_ptr<MultiAcquire> build(const ClientId& owner, const Peer& peer,
                                                     const Message& m, std::uint16_t credit,
@@ -124,7 +115,7 @@ class MultiDriver {
 
   Env env_;
   mutable Mutex mu_;
-  std::unordered_map<MultiId, std::unique_ptr<MultiAcquire>, MultiIdHash> active_
+  std::unordered_map<RequestKey, std::unique_ptr<MultiAcquire>, SeededHash> active_
       SHARDLOCK_GUARDED_BY(mu_);
   DedupCache<MultiAnswer> answers_ SHARDLOCK_GUARDED_BY(mu_);
 };
