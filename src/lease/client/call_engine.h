@@ -19,8 +19,9 @@
 // current one: sent to its owner now. A node behind ours: the call is sent
 // to it again in kRedirectRetry. Each follow-up is a fresh request id, so a
 // late answer to the old one completes nothing, and keeps the call's
-// deadline. A RENEW answered REDIRECT completes as kExpired (the lease is
-// lost); RELEASE is never redirected.
+// deadline. A RENEW is followed like the rest: the new owner took the key
+// over with its holders (replicas) and renews it, or answers EXPIRED when
+// it has no such holder; RELEASE is never redirected.
 //
 // Riding through a recovery or a failover: an acquire with a wait (wait_ms
 // above 0) keeps trying until its wait ends, whichever call made it

@@ -67,9 +67,9 @@ struct ReplyDecision {
                                          LeaseClock::time_point now) noexcept;
 
 // The error a completing reply of `type` means: none for the successes,
-// kBusy, kTimeout, kRecovering, kNotOwner, kExpired (EXPIRED, and a
-// REDIRECT, which completes only a RENEW: the node let the key go to
-// another owner, and the lease with it), else kServerError.
+// kBusy, kTimeout, kRecovering, kNotOwner, kExpired (EXPIRED; a REDIRECT
+// maps there too, although decide_reply() follows every REDIRECT, so none
+// completes a call), else kServerError.
 [[nodiscard]] std::error_code error_for(MessageType type) noexcept;
 
 // The result a completing reply gives: its error (error_for()) and every
