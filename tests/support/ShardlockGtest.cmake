@@ -5,7 +5,7 @@
 #
 #   shardlock_add_gtest(NAME SOURCES src... [LINK lib...] [LABELS label...]
 #                       [TOOLS target...] [RESOURCE_LOCK lock] [TIMEOUT s]
-#                       [RUN_SERIAL] [GRPC_TSAN]
+#                       [COST n] [RUN_SERIAL] [GRPC_TSAN]
 #                       [REQUIRES target...])
 #
 #   LINK           libraries besides GoogleTest (gtest, gtest_main, gmock)
@@ -21,6 +21,9 @@
 #   RESOURCE_LOCK  each test holds it (ctest runs no two holders at once).
 #   RUN_SERIAL     each test runs with nothing else beside it.
 #   TIMEOUT        per test, in seconds (default 300).
+#   COST           ctest starts tests of a higher COST first. Only the order
+#                  of a run without cost data (a fresh clone: ctest has no
+#                  CTestCostData.txt yet) depends on it; see tests/CMakeLists.txt.
 #   GRPC_TSAN      TSan's suppressions for the uninstrumented gRPC and
 #                  abseil libraries (tests/cluster/etcd/tsan_grpc.supp), for
 #                  tests that load gRPC or start a daemon that does.
@@ -38,7 +41,7 @@ include(GoogleTest)
 
 function(shardlock_add_gtest name)
   cmake_parse_arguments(PARSE_ARGV 1 arg "RUN_SERIAL;GRPC_TSAN"
-    "RESOURCE_LOCK;TIMEOUT" "SOURCES;LINK;LABELS;TOOLS;REQUIRES")
+    "RESOURCE_LOCK;TIMEOUT;COST" "SOURCES;LINK;LABELS;TOOLS;REQUIRES")
   if(arg_UNPARSED_ARGUMENTS)
     message(FATAL_ERROR "shardlock_add_gtest(${name}): unknown arguments ${arg_UNPARSED_ARGUMENTS}")
   endif()
@@ -83,6 +86,9 @@ function(shardlock_add_gtest name)
   endif()
   if(arg_RESOURCE_LOCK)
     string(APPEND properties " RESOURCE_LOCK [==[${arg_RESOURCE_LOCK}]==]")
+  endif()
+  if(arg_COST)
+    string(APPEND properties " COST ${arg_COST}")
   endif()
   if(arg_RUN_SERIAL)
     string(APPEND properties " RUN_SERIAL TRUE")
