@@ -7,7 +7,8 @@ room by room"; docs/cluster.md): which part may include which.
   client both use wire; neither includes the other; wire includes neither.
 - Beside the rooms, at the top of include/shardlock/lease/ and src/lease/,
   sits what no datagram carries but more than one side uses (the duration
-  parser, the protected resource's FencingValidator): a src/lease/<name>.cc only where include/shardlock/lease/<name>.h
+  parser, the protected resource's FencingValidator, the tenant table): a
+  src/lease/<name>.cc only where include/shardlock/lease/<name>.h
   is its real header, not a forwarder. The top level may use wire, never
   server or client; wire never includes it. Anything else in src/lease/
   lies outside the rooms; include/shardlock/lease/ holds the rooms, those
