@@ -18,6 +18,7 @@
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/internal/string_key.h"
 #include "shardlock/router.h"
+#include "support/shard_driver.h"
 
 namespace shardlock::lease::internal {
 namespace {
@@ -37,10 +38,6 @@ class DispatcherTest : public ::testing::Test {
   void make(std::uint32_t shard_count, std::optional<AuthKey> key) {
     ShardLimits limits;
     limits.hash_seed = 0x1234'5678'9abcULL;
-    std::vector<std::unique_ptr<Shard>> shards;
-    for (std::uint32_t i = 0; i < shard_count; ++i) {
-      shards.push_back(std::make_unique<Shard>(i, limits, ShardTokens{}, now_ms_));
-    }
     DispatcherOptions o;
     o.auth_key = key;
     // Each reading moves the clock on by clock_step_ms_ (0: it stands
@@ -54,7 +51,8 @@ class DispatcherTest : public ::testing::Test {
     o.key_seed = limits.hash_seed;
     o.workers = 2;
     o.replicator = replicator_;
-    dispatcher_ = std::make_unique<Dispatcher>(std::move(o), std::move(shards));
+    dispatcher_ = std::make_unique<Dispatcher>(
+        std::move(o), shardlock::test_support::make_shards(shard_count, limits, now_ms_));
   }
 
   // Messages view their key: keys made here live as long as the test.

@@ -8,10 +8,12 @@
 #include <string>
 #include <vector>
 
-#include "shardlock/lease/server/internal/shard.h"
+#include "support/shard_driver.h"
 
 namespace shardlock::lease::internal {
 namespace {
+
+using shardlock::test_support::ShardDriver;
 
 constexpr ClientId kAlice{0x11, 0x22};
 constexpr ClientId kBob{0x33, 0x44};
@@ -53,10 +55,8 @@ TEST(GrantLog, PastItsRateItCountsAndSaysHowManyItLeftOut) {
 TEST(GrantLog, AShardRecordsGrantsHandOffsReleasesAndExpiries) {
   Lines lines;
   GrantLog log(lines.sink(), 100);
-  std::int64_t now = 1'000;
-  Shard shard(0, ShardLimits{}, ShardTokens{}, now);
-  shard.set_grant_log(&log);
-  std::vector<DeferredReply> deferred;
+  ShardDriver driver(/*now_ms=*/1'000);
+  driver.shard().set_grant_log(&log);
   const auto send = [&](const ClientId& client, MessageType type, std::uint64_t request_id,
                         std::uint64_t token, std::uint32_t wait_ms) {
     Message m;
@@ -66,17 +66,14 @@ TEST(GrantLog, AShardRecordsGrantsHandOffsReleasesAndExpiries) {
     m.wait_ms = wait_ms;
     m.token = token;
     m.request_id = request_id;
-    Message reply;
-    (void)shard.handle(client, Peer{}, m, now, reply, deferred);
-    return reply;
+    return driver.send(client, m).reply;
   };
   const Message alice = send(kAlice, MessageType::kAcquire, 1, 0, 0);
   ASSERT_EQ(alice.type, MessageType::kGranted);
   (void)send(kBob, MessageType::kAcquire, 1, 0, 10'000);  // queued
   ASSERT_EQ(send(kAlice, MessageType::kRelease, 2, alice.token, 0).type, MessageType::kReleased);
-  ASSERT_EQ(deferred.size(), 1U);  // Bob's GRANTED
-  now += 600;
-  shard.advance(now, deferred);
+  ASSERT_EQ(driver.take_deferred().size(), 1U);  // Bob's GRANTED
+  driver.advance_to(driver.now() + 600);
   ASSERT_EQ(lines.all.size(), 4U);
   EXPECT_EQ(lines.all[0].rfind("grant key=k owner=00000000000000220000000000000011 token=", 0), 0U)
       << lines.all[0];

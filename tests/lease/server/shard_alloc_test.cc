@@ -15,6 +15,7 @@
 
 #include "server/dispatcher.h"
 #include "shardlock/lease/server/internal/shard.h"
+#include "support/shard_driver.h"
 
 namespace {
 
@@ -189,15 +190,12 @@ class DispatcherAllocationTest : public ::testing::Test {
   void make() {
     ShardLimits limits;
     limits.hash_seed = 0x5eed;
-    std::vector<std::unique_ptr<Shard>> shards;
-    for (std::uint32_t i = 0; i < 4; ++i) {
-      shards.push_back(std::make_unique<Shard>(i, limits, ShardTokens{}, now_ms_));
-    }
     DispatcherOptions o;
     o.clock = [this] { return std::chrono::milliseconds(now_ms_); };
     o.log = [](std::string_view) {};
     o.key_seed = limits.hash_seed;
-    dispatcher_ = std::make_unique<Dispatcher>(std::move(o), std::move(shards));
+    dispatcher_ = std::make_unique<Dispatcher>(
+        std::move(o), shardlock::test_support::make_shards(4, limits, now_ms_));
   }
   std::vector<OutDatagram> send(const ClientId& client, const Message& m, long fail_at = -1) {
     Datagram d;

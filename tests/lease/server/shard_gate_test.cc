@@ -11,6 +11,7 @@
 #include "shardlock/lease/server/internal/shard.h"
 #include "shardlock/lease/wire/epoch_token.h"
 #include "shardlock/router.h"
+#include "support/shard_driver.h"
 
 namespace shardlock::lease::internal {
 namespace {
@@ -18,16 +19,18 @@ namespace {
 constexpr ClientId kAlice{1, 1};
 constexpr ClientId kBob{2, 2};
 
+using shardlock::test_support::ShardDriver;
 using Verdict = ClusterGate::Verdict;
 
-class ShardGateTest : public ::testing::Test {
+// The shard, its clock and its deferred answers are the driver's
+// (support/shard_driver.h); the fixture builds the gates and the requests.
+class ShardGateTest : public ::testing::Test, public ShardDriver {
  protected:
-  ShardGateTest() {
+  ShardGateTest() : ShardDriver(/*now_ms=*/1'000, ShardLimits{}, /*last_request_id=*/0) {
     Router router(RouterOptions{.bucket_bits = 8});
     const std::vector<Node> nodes = {Node{"a", 1}, Node{"b", 1}};
     EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
     routing_ = router.snapshot();
-    shard_ = std::make_unique<Shard>(0, ShardLimits{}, ShardTokens{}, now_);
     // One key of each node's: "a" is this node.
     for (int i = 0; mine_.empty() || theirs_.empty(); ++i) {
       const std::string key = "key-" + std::to_string(i);
@@ -69,22 +72,16 @@ class ShardGateTest : public ::testing::Test {
     m.ttl_ms = 1000;
     m.wait_ms = wait;
     m.token = token;
-    m.request_id = rid != 0 ? rid : ++next_id_;
-    Message reply;
-    Peer peer;
-    const bool a = shard_->handle(client, peer, m, now_, reply, deferred_);
-    if (answered != nullptr) *answered = a;
-    reply.key = {};  // a view into m
-    return reply;
+    m.request_id = rid;
+    Result r = ShardDriver::send(client, m);
+    if (answered != nullptr) *answered = r.answered;
+    r.reply.key = {};  // a view into `key`
+    return r.reply;
   }
 
   std::shared_ptr<const RouterSnapshot> routing_;
-  std::unique_ptr<Shard> shard_;
-  std::int64_t now_ = 1'000;
   std::chrono::nanoseconds deadline_ = std::chrono::hours(1);
   std::chrono::nanoseconds replica_deadline_ = std::chrono::hours(1);
-  std::uint64_t next_id_ = 0;
-  std::vector<DeferredReply> deferred_;
   std::string mine_;
   std::string theirs_;
 };

@@ -12,35 +12,21 @@
 
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/wire/internal/string_key.h"
+#include "support/shard_driver.h"
 
 namespace shardlock::lease::internal {
 namespace {
+
+using shardlock::test_support::ShardDriver;
 
 constexpr ClientId kAlice{1, 1};
 constexpr ClientId kBob{2, 2};
 constexpr ClientId kCarol{3, 3};
 
-class ShardTest : public ::testing::Test {
+// The shard, its clock and its deferred answers are the driver's
+// (support/shard_driver.h); the fixture builds the requests.
+class ShardTest : public ::testing::Test, public ShardDriver {
  protected:
-  ShardTest() { make_shard(ShardLimits{}); }
-
-  void make_shard(const ShardLimits& limits) {
-    shard_.reset();
-    shard_ = std::make_unique<Shard>(0, limits, ShardTokens{}, now_);
-  }
-
-  struct Result {
-    bool answered = false;
-    Message reply;
-  };
-
-  Result send(const ClientId& client, Message m) {
-    if (m.request_id == 0) m.request_id = ++next_id_;
-    Result r;
-    Peer peer;
-    r.answered = shard_->handle(client, peer, m, now_, r.reply, deferred_);
-    return r;
-  }
   Result acquire(const ClientId& c, std::uint32_t ttl, std::uint32_t wait = 0,
                  std::uint64_t request_id = 0, const std::string& key = "k") {
     Message m;
@@ -98,19 +84,6 @@ class ShardTest : public ::testing::Test {
     m.key = key;
     return send(kCarol, m);
   }
-  void advance_to(std::int64_t t) {
-    now_ = t;
-    shard_->advance(now_, deferred_);
-  }
-  std::vector<DeferredReply> take_deferred() { return std::exchange(deferred_, {}); }
-  std::uint64_t counter(StatCounter c) const {
-    return shard_->counters()[static_cast<std::size_t>(c)];
-  }
-
-  std::int64_t now_ = 1'000'000;
-  std::uint64_t next_id_ = 100;
-  std::vector<DeferredReply> deferred_;
-  std::unique_ptr<Shard> shard_;
 };
 
 TEST_F(ShardTest, GrantBusyReleaseGrant) {
@@ -1313,8 +1286,7 @@ TEST_F(ShardTest, PermitLimitAndTokensHoldAcrossARestart) {
   EXPECT_EQ(last, old.back());
 
   // The restart: a lock-delay covering the old leases, the counter carried.
-  shard_ = std::make_unique<Shard>(0, ShardLimits{.recovering_until_ms = now_ + 5000},
-                                   ShardTokens{last}, now_);
+  make_shard(ShardLimits{.recovering_until_ms = now_ + 5000}, ShardTokens{last});
   EXPECT_EQ(acquire_permit(kCarol, 2, 1000).reply.type, MessageType::kRecovering);
   EXPECT_EQ(renew(kAlice, old[0], 1000).reply.type, MessageType::kExpired);
   advance_to(now_ + 5000);

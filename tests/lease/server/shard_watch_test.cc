@@ -8,34 +8,29 @@
 #include <vector>
 
 #include "shardlock/lease/server/internal/shard.h"
+#include "support/shard_driver.h"
 
 namespace shardlock::lease::internal {
 namespace {
+
+using shardlock::test_support::ShardDriver;
 
 constexpr ClientId kAlice{1, 1};
 constexpr ClientId kBob{2, 2};
 constexpr ClientId kWatcher{9, 9};
 
-class ShardWatchTest : public ::testing::Test {
+// The shard, its clock and its deferred answers are the driver's
+// (support/shard_driver.h); the fixture builds the requests and reads the
+// holders a HOLDERS_REPLY lists.
+class ShardWatchTest : public ::testing::Test, public ShardDriver {
  protected:
-  ShardWatchTest() { make_shard(ShardLimits{}); }
-
-  void make_shard(const ShardLimits& limits) {
-    shard_.reset();
-    shard_ = std::make_unique<Shard>(0, limits, ShardTokens{}, now_);
-  }
-
-  struct Result {
-    bool answered = false;
-    Message reply;
+  struct Result : ShardDriver::Result {
     std::vector<HolderEntry> listed;
   };
 
-  Result send(const ClientId& client, Message m, std::uint16_t credit = kMaxDatagramSize) {
-    if (m.request_id == 0) m.request_id = ++next_id_;
-    Result r;
+  Result send(const ClientId& client, const Message& m, std::uint16_t credit = kMaxDatagramSize) {
     page_.room = watch_reply_room(credit, m.key.size());
-    r.answered = shard_->handle(client, Peer{}, m, now_, r.reply, deferred_, credit, &page_);
+    Result r{ShardDriver::send(client, m, credit, &page_), {}};
     if (r.answered && r.reply.type == MessageType::kHoldersReply) {
       for (const HolderEntry& e : HolderList(r.reply)) r.listed.push_back(e);
     }
@@ -70,11 +65,6 @@ class ShardWatchTest : public ::testing::Test {
     m.request_id = request_id;
     return send(client, m, credit);
   }
-  void advance_to(std::int64_t t) {
-    now_ = t;
-    shard_->advance(now_, deferred_);
-  }
-  std::vector<DeferredReply> take_deferred() { return std::exchange(deferred_, {}); }
   // The watch answers among `replies` (every other deferred reply skipped).
   static std::vector<DeferredReply> answers_of(const std::vector<DeferredReply>& replies) {
     std::vector<DeferredReply> out;
@@ -96,15 +86,7 @@ class ShardWatchTest : public ::testing::Test {
     EXPECT_EQ(m.first_holder + listed, m.holders) << "the tail page ends at the last holder";
     return {last, m.holders};
   }
-  std::uint64_t counter(StatCounter c) const {
-    return shard_->counters()[static_cast<std::size_t>(c)];
-  }
-
-  std::int64_t now_ = 1'000'000;
-  std::uint64_t next_id_ = 100;
   HolderPage page_;
-  std::vector<DeferredReply> deferred_;
-  std::unique_ptr<Shard> shard_;
 };
 
 TEST_F(ShardWatchTest, AVersionNoKeyHasIsAnsweredAtOnceWithTheState) {
