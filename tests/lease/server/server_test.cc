@@ -28,38 +28,37 @@
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/token_store.h"
 #include "shardlock/router.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
 
 using internal::ClusterControl;
+using shardlock::test_support::loopback_options;
+using shardlock::test_support::start_loopback_server;
 using std::chrono::milliseconds;
 using test_support::UdpTestPeer;
 
 class ServerTest : public ::testing::TestWithParam<IoBackend> {
  protected:
-  // Starts a server with `o` on the parameter's back end; skips the test if
-  // io_uring is unavailable here.
-  void start(LeaseServerOptions o = {}) {
+  // Starts a loopback server (support/loopback_server.h) with `o` on the
+  // parameter's back end, with no lock-delay unless `o` sets one. False when
+  // none runs: the test is skipped (no io_uring here) or has failed.
+  [[nodiscard]] bool start(LeaseServerOptions o = {}) {
     o.io = GetParam();
     if (!o.lock_delay) o.lock_delay = milliseconds{0};
-    o.log = [](std::string_view) {};
-    server_ = std::make_unique<LeaseServer>(std::move(o));
-    const std::error_code ec = server_->start();
-    if (ec == make_error_code(ServerError::kUringUnavailable)) {
-      GTEST_SKIP() << "io_uring unavailable: " << server_->error_detail();
-    }
-    ASSERT_FALSE(ec) << ec.message() << ": " << server_->error_detail();
-    ASSERT_NE(server_->port(), 0);
-    ASSERT_EQ(server_->backend(), GetParam());
+    server_ = start_loopback_server(std::move(o));
+    if (server_ == nullptr) return false;
+    EXPECT_NE(server_->port(), 0);
+    EXPECT_EQ(server_->backend(), GetParam());
+    return server_->port() != 0 && server_->backend() == GetParam();
   }
 
   std::unique_ptr<LeaseServer> server_;
 };
 
 TEST_P(ServerTest, AcquireRenewReleaseQuery) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer alice(server_->port());
   UdpTestPeer bob(server_->port());
 
@@ -98,8 +97,7 @@ TEST_P(ServerTest, AcquireRenewReleaseQuery) {
 }
 
 TEST_P(ServerTest, BatchGetsOneReplyWithEveryRequestId) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer peer(server_->port());
   Datagram d;
   d.request_id = 777;
@@ -131,8 +129,7 @@ TEST_P(ServerTest, BatchGetsOneReplyWithEveryRequestId) {
 // Items of one datagram that name their own owner are separate owners to the
 // server: they exclude each other, and only the holder can release.
 TEST_P(ServerTest, BatchItemsActForTheirOwnOwners) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer peer(server_->port());
   const ClientId other{0x5151, 0x7373};
   const auto item = [](MessageType type, std::uint64_t id, std::optional<ClientId> owner) {
@@ -174,8 +171,7 @@ TEST_P(ServerTest, BatchItemsActForTheirOwnOwners) {
 }
 
 TEST_P(ServerTest, RetransmittedAcquireGetsTheSameGrant) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer alice(server_->port());
   UdpTestPeer bob(server_->port());
   Message m;
@@ -194,8 +190,7 @@ TEST_P(ServerTest, RetransmittedAcquireGetsTheSameGrant) {
 }
 
 TEST_P(ServerTest, WaitersAreGrantedInFifoOrderOrTimeOut) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer holder(server_->port());
   UdpTestPeer first(server_->port());
   UdpTestPeer second(server_->port());
@@ -246,8 +241,7 @@ TEST_P(ServerTest, ExpiryFollowsTheInjectedClock) {
   LeaseServerOptions o;
   // Relaxed: the test only needs the I/O thread to see the new time eventually.
   o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   UdpTestPeer alice(server_->port());
   UdpTestPeer bob(server_->port());
   const Message g = alice.acquire("clock", 1000);
@@ -272,8 +266,7 @@ TEST_P(ServerTest, SubMillisecondClockNeverEndsALeaseEarly) {
   o.clock = [fake_ns] {
     return std::chrono::nanoseconds{fake_ns->load(std::memory_order_relaxed)};
   };
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   UdpTestPeer alice(server_->port());
   UdpTestPeer bob(server_->port());
   const Message g = alice.acquire("sub-ms", 100);
@@ -291,8 +284,7 @@ TEST_P(ServerTest, LockDelayAnswersRecovering) {
   LeaseServerOptions o;
   o.lock_delay = milliseconds{3000};
   o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   UdpTestPeer peer(server_->port());
   const Message r = peer.acquire("k", 1000);
   ASSERT_EQ(r.type, MessageType::kRecovering);
@@ -311,15 +303,15 @@ TEST(LeaseServerClock, TheDefaultClockIsTheBootClock) {
   o.io = IoBackend::kSocket;
   o.lock_delay = milliseconds{0};
   o.log = [](std::string_view) {};
-  LeaseServer server(o);
-  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto server = start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
   const auto boot = [] {
     timespec ts{};
     ::clock_gettime(CLOCK_BOOTTIME, &ts);
     return std::chrono::seconds(ts.tv_sec) + std::chrono::nanoseconds(ts.tv_nsec);
   };
   const std::chrono::nanoseconds before = boot();
-  const std::chrono::nanoseconds now = server.now();
+  const std::chrono::nanoseconds now = server->now();
   const std::chrono::nanoseconds after = boot();
   EXPECT_LE(before, now);
   EXPECT_LE(now, after);
@@ -332,8 +324,7 @@ TEST_P(ServerTest, ASuspendEndsLeasesLockDelayAndTheClusterDeadline) {
   o.max_ttl = milliseconds{30'000};
   // Relaxed: the test only needs the I/O thread to see the new time eventually.
   o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   UdpTestPeer alice(server_->port());
   UdpTestPeer bob(server_->port());
   ASSERT_EQ(alice.acquire("k", 30'000).type, MessageType::kRecovering);
@@ -353,8 +344,7 @@ TEST_P(ServerTest, ASuspendPastTheEtcdLeaseDeadlineFailsClosed) {
   auto fake_ms = std::make_shared<std::atomic<std::int64_t>>(10'000);
   LeaseServerOptions o;
   o.clock = [fake_ms] { return milliseconds{fake_ms->load(std::memory_order_relaxed)}; };
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   Router router(RouterOptions{.bucket_bits = 8});
   const std::vector<Node> nodes = {Node{"self", 1}};
   ASSERT_EQ(router.assign(nodes), RouterStatus::kOk);
@@ -376,8 +366,7 @@ TEST_P(ServerTest, ASuspendPastTheEtcdLeaseDeadlineFailsClosed) {
 TEST_P(ServerTest, StatsPagesShardTokensWithinTheRequestSize) {
   LeaseServerOptions o;
   o.shards = 300;  // more tokens than fit in one datagram
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   UdpTestPeer peer(server_->port());
   for (int i = 0; i < 50; ++i) {
     ASSERT_EQ(peer.acquire("s" + std::to_string(i), 5000).type, MessageType::kGranted);
@@ -412,8 +401,7 @@ TEST_P(ServerTest, StatsPagesShardTokensWithinTheRequestSize) {
 }
 
 TEST_P(ServerTest, UnpaddedRequestsGetRequestTooSmall) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer peer(server_->port());
   Message m;
   m.type = MessageType::kAcquire;
@@ -464,8 +452,7 @@ std::vector<std::vector<std::uint8_t>> replies_before_a_query(
 // them: an unpadded batch of 64 empty RELEASED items is 800 bytes, its
 // ERROR batch 928. Such an answer is withheld and counted, never sent.
 TEST_P(ServerTest, RefusalsLargerThanTheRequestAreWithheld) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer peer(server_->port());
   for (const std::size_t items : {std::size_t{64}, std::size_t{1}}) {
     Datagram d;
@@ -543,8 +530,7 @@ void release_and_collect_grants(UdpTestPeer& holder, UdpTestPeer& peer,
 // waiting ACQUIREs can get, each a datagram of its own: all arrive, and
 // their total stays within the request's bytes.
 TEST_P(ServerTest, DeferredRepliesOfAPaddedBatchFitItsBytes) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer holder(server_->port());
   UdpTestPeer peer(server_->port());
   std::vector<std::string> keys;
@@ -565,8 +551,7 @@ TEST_P(ServerTest, DeferredRepliesOfAPaddedBatchFitItsBytes) {
 // does not fit the batch's bytes is withheld and counted; a retransmission
 // (same request id) learns the grant from the dedup cache.
 TEST_P(ServerTest, DeferredRepliesBeyondTheRequestBytesAreWithheld) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer holder(server_->port());
   UdpTestPeer peer(server_->port());
   std::vector<std::string> keys;
@@ -600,8 +585,7 @@ TEST_P(ServerTest, DeferredRepliesBeyondTheRequestBytesAreWithheld) {
 // that each hand-off GRANTED is sent at once: none is withheld, and none
 // needs a retransmission (the client would not retransmit for a minute).
 TEST_P(ServerTest, LeaseClientWaitersGetTheirHandOffWithoutRetransmitting) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer holder(server_->port());
   std::vector<std::string> keys;
   for (int i = 0; i < 20; ++i) keys.push_back("handoff/" + std::to_string(i));
@@ -645,8 +629,7 @@ TEST_P(ServerTest, LeaseClientWaitersGetTheirHandOffWithoutRetransmitting) {
 }
 
 TEST_P(ServerTest, RandomDatagramsAreDroppedAndServingContinues) {
-  start();
-  if (IsSkipped()) return;
+  if (!start()) return;
   UdpTestPeer peer(server_->port());
   std::mt19937_64 rng(2024);
   Message m;
@@ -696,8 +679,7 @@ TEST_P(ServerTest, ConcurrentClientsNeverShareALease) {
   LeaseServerOptions o;
   o.io_threads = 2;
   o.shards = 8;
-  start(o);
-  if (IsSkipped()) return;
+  if (!start(o)) return;
   constexpr int kClients = 4;
   constexpr int kRounds = 150;
   std::mutex mu;
@@ -787,8 +769,8 @@ TEST(LeaseServerStart, TokenBlockThatWouldWrapTheFloorIsRefused) {
   o.shards = 1;
   o.data_dir = std::string(tmpl) + "/data";
   {
-    LeaseServer first(o);
-    ASSERT_FALSE(first.start()) << first.error_detail();  // floor 4096 from now on
+    const auto first = start_loopback_server(o);
+    ASSERT_NE(first, nullptr);  // floor 4096 from now on
   }
   o.token_block = std::numeric_limits<std::uint64_t>::max() - 100;
   {
@@ -820,9 +802,9 @@ TEST(LeaseServerStart, PortInUseIsAnError) {
   LeaseServerOptions o;
   o.log = [](std::string_view) {};
   o.io = IoBackend::kSocket;
-  LeaseServer first(o);
-  ASSERT_FALSE(first.start());
-  o.bind_address = first.listen_address();
+  const auto first = start_loopback_server(o);
+  ASSERT_NE(first, nullptr);
+  o.bind_address = first->listen_address();
   LeaseServer second(o);
   const std::error_code ec = second.start();
   EXPECT_EQ(ec, std::errc::address_in_use);
@@ -856,17 +838,17 @@ TEST(LeaseServerStart, SecondServerOnAServedPortIsRefused) {
         o.io = IoBackend::kSocket;
         o.lock_delay = milliseconds{0};
         o.io_threads = first_threads;
-        LeaseServer first(o);
-        ASSERT_FALSE(first.start()) << first.error_detail();
+        const auto first = start_loopback_server(o);
+        ASSERT_NE(first, nullptr);
         o.io_threads = second_threads;
-        o.bind_address = std::string(second_host) + ":" + std::to_string(first.port());
+        o.bind_address = std::string(second_host) + ":" + std::to_string(first->port());
         LeaseServer second(o);
         const std::error_code ec = second.start();
         EXPECT_EQ(ec, std::errc::address_in_use) << second.error_detail();
         EXPECT_NE(second.error_detail().find(o.bind_address), std::string::npos)
             << second.error_detail();
         EXPECT_EQ(second.port(), 0);
-        UdpTestPeer peer(first.port());
+        UdpTestPeer peer(first->port());
         EXPECT_EQ(peer.acquire("still-served", 1000).type, MessageType::kGranted);
       }
     }
@@ -923,11 +905,11 @@ TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
     std::scoped_lock lock(logs_mu);
     logs.emplace_back(line);
   };
-  LeaseServer server(o);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  UdpTestPeer peer(server.port());
+  const auto server = start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
+  UdpTestPeer peer(server->port());
   // A fresh dir: the tokens start above its wall-clock floor.
-  const std::uint64_t first = server.stats().shard_tokens[0] + 1;
+  const std::uint64_t first = server->stats().shard_tokens[0] + 1;
   for (std::uint64_t expected = first; expected <= first + 1; ++expected) {
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
@@ -940,8 +922,8 @@ TEST(LeaseServerStart, NoTokenWithoutADurableBlock) {
   const Message e = peer.acquire("k", 1000);
   ASSERT_EQ(e.type, MessageType::kError);
   EXPECT_EQ(e.error, WireError::kInternal);
-  EXPECT_EQ(server.stats().shard_tokens[0], first + 1);
-  server.stop();
+  EXPECT_EQ(server->stats().shard_tokens[0], first + 1);
+  server->stop();
   std::scoped_lock lock(logs_mu);
   bool logged = false;
   for (const auto& line : logs) logged |= line.find("cannot issue a token") != std::string::npos;
@@ -956,15 +938,15 @@ TEST(LeaseServerStart, KeyPlacementIsSecretPerServer) {
     o.io = IoBackend::kSocket;
     o.lock_delay = milliseconds{0};
     o.log = [](std::string_view) {};
-    LeaseServer server(o);
-    EXPECT_FALSE(server.start()) << server.error_detail();
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
     std::vector<std::size_t> shards;
+    if (server == nullptr) return shards;  // the test has failed
+    UdpTestPeer peer(server->port());
     for (int i = 0; i < 16; ++i) {
-      const ServerStats before = server.stats();
+      const ServerStats before = server->stats();
       const Message g = peer.acquire("placed/" + std::to_string(i), 1000);
       EXPECT_EQ(g.type, MessageType::kGranted);
-      const ServerStats after = server.stats();
+      const ServerStats after = server->stats();
       for (std::size_t s = 0; s < after.shard_tokens.size(); ++s) {
         if (after.shard_tokens[s] != before.shard_tokens[s]) shards.push_back(s);
       }
@@ -990,9 +972,9 @@ TEST(LeaseServerStart, TokensRiseAcrossRestartsWhateverShardAKeyLandsOn) {
   o.log = [](std::string_view) {};
   std::map<std::string, std::uint64_t> last;
   for (int run = 0; run < 3; ++run) {
-    LeaseServer server(o);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
+    ASSERT_NE(server, nullptr);
+    UdpTestPeer peer(server->port());
     for (int k = 0; k < 32; ++k) {
       const std::string key = "key-" + std::to_string(k);
       // Uneven use, so the shards' counters differ a lot.
@@ -1004,7 +986,7 @@ TEST(LeaseServerStart, TokensRiseAcrossRestartsWhateverShardAKeyLandsOn) {
         ASSERT_EQ(peer.release(key, g.token).type, MessageType::kReleased);
       }
     }
-    server.stop();
+    server->stop();
   }
   std::filesystem::remove_all(tmpl);
 }
@@ -1023,12 +1005,9 @@ class TempDataDir {
   TempDataDir& operator=(const TempDataDir&) = delete;
 
   [[nodiscard]] LeaseServerOptions options() const {
-    LeaseServerOptions o;
+    LeaseServerOptions o = loopback_options(/*shards=*/4);
     o.io = IoBackend::kSocket;
-    o.lock_delay = milliseconds{0};
-    o.shards = 4;
     o.data_dir = root_ + "/data";
-    o.log = [](std::string_view) {};
     return o;
   }
 
@@ -1059,21 +1038,21 @@ TEST(LeaseServerStart, AFreshDataDirGrantsAtOnceAndARestartWaits) {
   o.max_ttl = milliseconds{30'000};
   std::uint64_t token = 0;
   {
-    LeaseServer server(o);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    EXPECT_TRUE(server.fresh_data_dir());
-    EXPECT_EQ(server.lock_delay(), milliseconds{0});
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
+    ASSERT_NE(server, nullptr);
+    EXPECT_TRUE(server->fresh_data_dir());
+    EXPECT_EQ(server->lock_delay(), milliseconds{0});
+    UdpTestPeer peer(server->port());
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted) << "the first acquire is granted at once";
     token = g.token;
   }  // stopped with the lease held, as a kill -9 leaves it
   {
-    LeaseServer server(o);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    EXPECT_FALSE(server.fresh_data_dir());
-    EXPECT_EQ(server.lock_delay(), milliseconds{30'000});
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
+    ASSERT_NE(server, nullptr);
+    EXPECT_FALSE(server->fresh_data_dir());
+    EXPECT_EQ(server->lock_delay(), milliseconds{30'000});
+    UdpTestPeer peer(server->port());
     const Message r = peer.acquire("k", 1000);
     EXPECT_EQ(r.type, MessageType::kRecovering) << "a restart waits its lock-delay out";
   }
@@ -1081,10 +1060,10 @@ TEST(LeaseServerStart, AFreshDataDirGrantsAtOnceAndARestartWaits) {
   const TempDataDir other;
   LeaseServerOptions asked = other.options();
   asked.lock_delay = milliseconds{5000};
-  LeaseServer server(asked);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  EXPECT_TRUE(server.fresh_data_dir());
-  EXPECT_EQ(server.lock_delay(), milliseconds{5000});
+  const auto server = start_loopback_server(asked);
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(server->fresh_data_dir());
+  EXPECT_EQ(server->lock_delay(), milliseconds{5000});
   EXPECT_GT(token, 0U);
 }
 
@@ -1100,9 +1079,9 @@ TEST(LeaseServerStart, AWipedDataDirStartsAboveEveryTokenTheOldOneIssued) {
   o.token_block = 1 << 20;  // one durable block: the old run may issue a million
   std::uint64_t old_token = 0;
   {
-    LeaseServer server(o);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
+    ASSERT_NE(server, nullptr);
+    UdpTestPeer peer(server->port());
     for (int i = 0; i < 200; ++i) {
       const Message g = peer.acquire("k", 60'000);
       ASSERT_EQ(g.type, MessageType::kGranted);
@@ -1113,10 +1092,10 @@ TEST(LeaseServerStart, AWipedDataDirStartsAboveEveryTokenTheOldOneIssued) {
     }
   }  // the last lease is still held by its client when the dir is wiped
   std::filesystem::remove_all(o.data_dir);
-  LeaseServer server(o);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  EXPECT_TRUE(server.fresh_data_dir());
-  UdpTestPeer peer(server.port());
+  const auto server = start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
+  EXPECT_TRUE(server->fresh_data_dir());
+  UdpTestPeer peer(server->port());
   const Message g = peer.acquire("k", 1000);
   ASSERT_EQ(g.type, MessageType::kGranted);
   EXPECT_GT(g.token, old_token) << "a wiped dir never reissues an old token";
@@ -1135,21 +1114,21 @@ TEST(LeaseServerStart, APlainRunAfterAClusterRunStartsAboveItsTokens) {
   {
     LeaseServerOptions c = o;
     c.start_closed = true;
-    LeaseServer server(c);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    EXPECT_EQ(ClusterControl(server).token_floor(), 0u);
-    ClusterControl(server).publish_cluster_gate(one_node_gate(3));
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(c);
+    ASSERT_NE(server, nullptr);
+    EXPECT_EQ(ClusterControl(*server).token_floor(), 0u);
+    ClusterControl(*server).publish_cluster_gate(one_node_gate(3));
+    UdpTestPeer peer(server->port());
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
     cluster_token = g.token;
     EXPECT_EQ(cluster_token >> 32, 3u);
   }
   {
-    LeaseServer server(o);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    EXPECT_GE(ClusterControl(server).token_floor(), cluster_token);
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
+    ASSERT_NE(server, nullptr);
+    EXPECT_GE(ClusterControl(*server).token_floor(), cluster_token);
+    UdpTestPeer peer(server->port());
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
     EXPECT_GT(g.token, cluster_token);
@@ -1173,9 +1152,9 @@ TEST(LeaseServerStart, AClusterRunRefusesEpochsAtOrBelowTheTokenFloor) {
   }
   std::uint64_t plain_token = 0;
   {
-    LeaseServer server(o);
-    ASSERT_FALSE(server.start()) << server.error_detail();
-    UdpTestPeer peer(server.port());
+    const auto server = start_loopback_server(o);
+    ASSERT_NE(server, nullptr);
+    UdpTestPeer peer(server->port());
     const Message g = peer.acquire("k", 1000);
     ASSERT_EQ(g.type, MessageType::kGranted);
     plain_token = g.token;
@@ -1183,19 +1162,19 @@ TEST(LeaseServerStart, AClusterRunRefusesEpochsAtOrBelowTheTokenFloor) {
   }
   LeaseServerOptions c = o;
   c.start_closed = true;
-  LeaseServer server(c);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  EXPECT_GE(ClusterControl(server).token_floor(), plain_token);
-  EXPECT_EQ(ClusterControl(server).token_floor() >> 32, 5u);
-  EXPECT_FALSE(ClusterControl(server).needs_new_epoch());  // closed: no epoch yet
-  UdpTestPeer peer(server.port());
+  const auto server = start_loopback_server(c);
+  ASSERT_NE(server, nullptr);
+  EXPECT_GE(ClusterControl(*server).token_floor(), plain_token);
+  EXPECT_EQ(ClusterControl(*server).token_floor() >> 32, 5u);
+  EXPECT_FALSE(ClusterControl(*server).needs_new_epoch());  // closed: no epoch yet
+  UdpTestPeer peer(server->port());
   for (const std::uint64_t epoch : {3, 5}) {
-    ClusterControl(server).publish_cluster_gate(one_node_gate(epoch));
+    ClusterControl(*server).publish_cluster_gate(one_node_gate(epoch));
     EXPECT_EQ(peer.acquire("k", 1000).type, MessageType::kRecovering) << epoch;
-    EXPECT_TRUE(ClusterControl(server).needs_new_epoch()) << epoch;
+    EXPECT_TRUE(ClusterControl(*server).needs_new_epoch()) << epoch;
   }
-  ClusterControl(server).publish_cluster_gate(one_node_gate(6));
-  EXPECT_FALSE(ClusterControl(server).needs_new_epoch());
+  ClusterControl(*server).publish_cluster_gate(one_node_gate(6));
+  EXPECT_FALSE(ClusterControl(*server).needs_new_epoch());
   const Message g = peer.acquire("k", 1000);
   ASSERT_EQ(g.type, MessageType::kGranted);
   EXPECT_GT(g.token, plain_token);
