@@ -12,11 +12,13 @@
 
 #include "lease/udp_test_peer.h"
 #include "shardlock/lease/server/server.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
 
-using std::chrono::milliseconds;
+using shardlock::test_support::loopback_options;
+using shardlock::test_support::start_loopback_server;
 
 TEST(FencingValidator, AcceptsEqualOrHigherRejectsLower) {
   FencingValidator fence;
@@ -100,12 +102,10 @@ TEST(FencingValidator, ConcurrentWritersNeverMoveAKeyBackwards) {
 // server hands the key to holder 2 with a larger token, holder 2 writes, and
 // holder 1's late write is rejected by the resource.
 TEST(FencingValidator, KleppmannScenarioAgainstARealServer) {
-  LeaseServerOptions o;
+  LeaseServerOptions o = loopback_options();
   o.io = IoBackend::kSocket;
-  o.lock_delay = milliseconds{0};
-  o.log = [](std::string_view) {};
-  LeaseServer server(o);
-  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto server = start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
 
   FencingValidator storage_fence;
   std::string storage;
@@ -115,8 +115,8 @@ TEST(FencingValidator, KleppmannScenarioAgainstARealServer) {
     return true;
   };
 
-  test_support::UdpTestPeer holder1(server.port());
-  test_support::UdpTestPeer holder2(server.port());
+  test_support::UdpTestPeer holder1(server->port());
+  test_support::UdpTestPeer holder2(server->port());
   const Message lease1 = holder1.acquire("file", 200);
   ASSERT_EQ(lease1.type, MessageType::kGranted);
   ASSERT_TRUE(write(lease1.token, "holder 1, before the pause"));
@@ -133,7 +133,7 @@ TEST(FencingValidator, KleppmannScenarioAgainstARealServer) {
   EXPECT_EQ(storage, "holder 2");
   // And the server agrees that holder 1's lease is gone.
   EXPECT_EQ(holder1.renew("file", lease1.token, 1000).type, MessageType::kExpired);
-  EXPECT_EQ(server.stats().counter(StatCounter::kExpirations), 1u);
+  EXPECT_EQ(server->stats().counter(StatCounter::kExpirations), 1u);
 }
 
 }  // namespace

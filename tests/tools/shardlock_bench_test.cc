@@ -11,12 +11,15 @@
 #include <vector>
 
 #include "shardlock/lease/server/server.h"
+#include "support/loopback_server.h"
 #include "tools/client_tool_support.h"
 
 namespace shardlock::lease {
 namespace {
 
 using namespace std::chrono_literals;
+using shardlock::test_support::loopback_options;
+using shardlock::test_support::start_loopback_server;
 using testing::Json;
 using testing::json_line;
 using testing::run_tool;
@@ -82,13 +85,11 @@ TEST(ShardlockBenchTest, ShortEmbeddedRunPrintsOneJsonResult) {
 // the run measured refusals. It must not pass for a result: exit 4, the
 // server's error on stderr, ok:false and the breakdown in the JSON.
 TEST(ShardlockBenchTest, TtlAboveTheServersMaximumFailsLoudly) {
-  LeaseServerOptions options;
-  options.lock_delay = 0ms;
+  LeaseServerOptions options = loopback_options();
   options.max_ttl = 1s;
-  options.log = [](std::string_view) {};
-  LeaseServer server(options);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+  const auto server = start_loopback_server(options);
+  ASSERT_NE(server, nullptr);
+  const auto r = run_tool(kBench, {"--server", server->listen_address(), "--duration", "1s",
                                    "--json", "--clients", "2", "--ttl", "5s"});
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("ttl out of range"), std::string::npos) << r.err;
@@ -102,7 +103,7 @@ TEST(ShardlockBenchTest, TtlAboveTheServersMaximumFailsLoudly) {
   EXPECT_NE((*j)["first_error"].text.find("ttl out of range"), std::string::npos);
 
   // The table says it too, and still exits 4.
-  const auto table = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+  const auto table = run_tool(kBench, {"--server", server->listen_address(), "--duration", "1s",
                                        "--clients", "2", "--ttl", "5s"});
   EXPECT_EQ(table.exit_code, 4) << table.err;
   EXPECT_NE(table.out.find("ttl_out_of_range"), std::string::npos) << table.out;
@@ -113,12 +114,11 @@ TEST(ShardlockBenchTest, TtlAboveTheServersMaximumFailsLoudly) {
 // A server in its lock-delay answers every ACQUIRE RECOVERING: nothing is
 // granted, and the message says why.
 TEST(ShardlockBenchTest, AServerInItsLockDelayFailsTheRun) {
-  LeaseServerOptions options;
+  LeaseServerOptions options = loopback_options();
   options.lock_delay = 60s;
-  options.log = [](std::string_view) {};
-  LeaseServer server(options);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+  const auto server = start_loopback_server(options);
+  ASSERT_NE(server, nullptr);
+  const auto r = run_tool(kBench, {"--server", server->listen_address(), "--duration", "1s",
                                    "--json", "--clients", "2"});
   EXPECT_EQ(r.exit_code, 4) << r.err;
   EXPECT_NE(r.err.find("recovering: the server is in its lock-delay"), std::string::npos) << r.err;
@@ -129,22 +129,19 @@ TEST(ShardlockBenchTest, AServerInItsLockDelayFailsTheRun) {
 }
 
 TEST(ShardlockBenchTest, BatchedRunAgainstAnExternalServer) {
-  LeaseServerOptions options;
-  options.lock_delay = 0ms;
-  options.log = [](std::string_view) {};
-  LeaseServer server(options);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--duration", "1s",
+  const auto server = start_loopback_server();
+  ASSERT_NE(server, nullptr);
+  const auto r = run_tool(kBench, {"--server", server->listen_address(), "--duration", "1s",
                                    "--json", "--clients", "2", "--batch", "8", "--theta", "0"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_line(r);
   ASSERT_TRUE(j) << r.out;
   expect_well_formed(*j, "lease");
   EXPECT_EQ((*j)["batch"].number, 8);
-  EXPECT_EQ((*j)["target"].text, server.listen_address());
+  EXPECT_EQ((*j)["target"].text, server->listen_address());
   // The server saw the grants the bench counted (plus any still in flight
   // when the run ended).
-  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kGrants)),
+  EXPECT_GE(static_cast<double>(server->stats().counter(StatCounter::kGrants)),
             (*j)["grants"].number);
 }
 
@@ -227,15 +224,12 @@ TEST(ShardlockBenchTest, BadFlagsAreUsageErrors) {
 // (no cluster node) gives no map, so the run cannot start: exit 3, as for a
 // server that does not answer, naming the seed.
 TEST(ShardlockBenchTest, DiscoverWithoutAClusterNodeDoesNotStart) {
-  LeaseServerOptions options;
-  options.lock_delay = 0ms;
-  options.log = [](std::string_view) {};
-  LeaseServer server(options);
-  ASSERT_FALSE(server.start()) << server.error_detail();
-  const auto r = run_tool(kBench, {"--server", server.listen_address(), "--discover", "--duration",
+  const auto server = start_loopback_server();
+  ASSERT_NE(server, nullptr);
+  const auto r = run_tool(kBench, {"--server", server->listen_address(), "--discover", "--duration",
                                    "1s", "--json", "--clients", "1"});
   EXPECT_EQ(r.exit_code, 3) << r.err;
-  EXPECT_NE(r.err.find(server.listen_address()), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(server->listen_address()), std::string::npos) << r.err;
 }
 
 // --read-fraction: that share of the acquires is shared. All shared never
@@ -274,13 +268,10 @@ TEST(ShardlockBenchTest, ReadFractionMakesThatShareOfAcquiresShared) {
 // --keys-per-op: each acquire is one ACQUIRE_MANY; a pair is that acquire and
 // its K releases, so the server granted K keys per counted grant.
 TEST(ShardlockBenchTest, KeysPerOpAcquiresSeveralKeysAtOnce) {
-  LeaseServerOptions options;
-  options.lock_delay = 0ms;
-  options.log = [](std::string_view) {};
-  LeaseServer server(options);
-  ASSERT_FALSE(server.start()) << server.error_detail();
+  const auto server = start_loopback_server();
+  ASSERT_NE(server, nullptr);
   const auto r = run_tool(
-      kBench, {"--server", server.listen_address(), "--duration", "1s", "--json", "--clients", "4",
+      kBench, {"--server", server->listen_address(), "--duration", "1s", "--json", "--clients", "4",
                "--keys", "200", "--keys-per-op", "4", "--read-fraction", "0.25"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const auto j = json_line(r);
@@ -291,9 +282,9 @@ TEST(ShardlockBenchTest, KeysPerOpAcquiresSeveralKeysAtOnce) {
   EXPECT_EQ((*j)["errors"].number, 0);
   // Every grant the bench counted was four keys on the server (plus any
   // still in flight when the run ended), and each op released key by key.
-  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kGrants)),
+  EXPECT_GE(static_cast<double>(server->stats().counter(StatCounter::kGrants)),
             4 * (*j)["grants"].number);
-  EXPECT_GE(static_cast<double>(server.stats().counter(StatCounter::kReleased)),
+  EXPECT_GE(static_cast<double>(server->stats().counter(StatCounter::kReleased)),
             4 * (*j)["pairs"].number);
 
   const auto table = run_tool(kBench, {"--duration", "1s", "--clients", "2", "--keys", "100",

@@ -16,6 +16,7 @@
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/epoch_token.h"
 #include "support/etcd_fixture.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::cluster {
 namespace {
@@ -47,14 +48,13 @@ class ClusterNodeTest : public test_support::EtcdSuiteTest {
   // One node of a cluster named after the test, active once its first map
   // settles (a lock-delay of a few hundred milliseconds).
   void start_node(milliseconds max_ttl = milliseconds(200)) {
-    lease::LeaseServerOptions server_options;
+    lease::LeaseServerOptions server_options = test_support::loopback_options();
     server_options.data_dir = dir_;
     server_options.max_ttl = max_ttl;
     server_options.lock_delay = max_ttl;
     server_options.start_closed = true;
-    server_options.log = [](std::string_view) {};
-    server_ = std::make_unique<lease::LeaseServer>(server_options);
-    ASSERT_FALSE(server_->start()) << server_->error_detail();
+    server_ = test_support::start_loopback_server(server_options);
+    ASSERT_NE(server_, nullptr);
     ClusterNodeOptions options;
     options.endpoints = etcd_->endpoint();
     options.cluster_name = test_name() + cluster_suffix_;

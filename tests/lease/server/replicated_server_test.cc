@@ -17,20 +17,23 @@
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/router.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
 
 using namespace std::chrono_literals;
 using internal::ClusterControl;
+using test_support::loopback_address;
+using test_support::loopback_options;
 using test_support::poll_until;
+using test_support::start_loopback_server;
 
+// A loopback server (support/loopback_server.h) that replicates, its gate
+// closed until the test publishes one.
 LeaseServerOptions replicated_options() {
-  LeaseServerOptions o;
-  o.bind_address = "127.0.0.1:0";
-  o.shards = 4;
+  LeaseServerOptions o = loopback_options(/*shards=*/4);
   o.io_threads = 1;
-  o.lock_delay = 0ms;
   o.max_ttl = 10s;
   o.start_closed = true;
   o.replication = true;
@@ -69,20 +72,19 @@ std::shared_ptr<const internal::ClusterGate> gate_for(LeaseServer& server, std::
 }
 
 TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
-  LeaseServer a(replicated_options());
-  LeaseServer b(replicated_options());
-  ASSERT_FALSE(a.start()) << a.error_detail();
-  ASSERT_FALSE(b.start()) << b.error_detail();
-  const std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(a.port()),
-                                              "127.0.0.1:" + std::to_string(b.port())};
+  const auto a = start_loopback_server(replicated_options());
+  const auto b = start_loopback_server(replicated_options());
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  const std::vector<std::string> addresses = {loopback_address(*a), loopback_address(*b)};
   // Epoch 1: nodes "a" and "b", each the other's backup.
   const auto routing = routing_of({"a", "b"});
-  ASSERT_FALSE(ClusterControl(a).set_replica_layout(1, *routing, {}, 0, 2, addresses))
-      << a.error_detail();
-  ASSERT_FALSE(ClusterControl(b).set_replica_layout(1, *routing, {}, 1, 2, addresses))
-      << b.error_detail();
-  ClusterControl(a).publish_cluster_gate(gate_for(a, 1, routing, 0, true));
-  ClusterControl(b).publish_cluster_gate(gate_for(b, 1, routing, 1, true));
+  ASSERT_FALSE(ClusterControl(*a).set_replica_layout(1, *routing, {}, 0, 2, addresses))
+      << a->error_detail();
+  ASSERT_FALSE(ClusterControl(*b).set_replica_layout(1, *routing, {}, 1, 2, addresses))
+      << b->error_detail();
+  ClusterControl(*a).publish_cluster_gate(gate_for(*a, 1, routing, 0, true));
+  ClusterControl(*b).publish_cluster_gate(gate_for(*b, 1, routing, 1, true));
 
   std::string key;
   for (int i = 0; key.empty(); ++i) {
@@ -104,19 +106,19 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   const ClientId owner = held.lease.owner();
 
   // Before "a" is gone, "b" may not take over: it is still promising.
-  EXPECT_FALSE(ClusterControl(b).take_over("a", bucket, 10s).has_value());
+  EXPECT_FALSE(ClusterControl(*b).take_over("a", bucket, 10s).has_value());
 
   // "a" stops (as if killed). Epoch 2 has "b" alone: it stops promising
   // "a" and, once its last promise has run out, takes the bucket over.
-  a.stop();
+  a->stop();
   const auto alone = routing_of({"b"});
-  ASSERT_FALSE(ClusterControl(b).set_replica_layout(2, *alone, {}, 0, 2, {addresses[1]}))
-      << b.error_detail();
-  ClusterControl(b).publish_cluster_gate(gate_for(b, 2, alone, 0, false));
+  ASSERT_FALSE(ClusterControl(*b).set_replica_layout(2, *alone, {}, 0, 2, {addresses[1]}))
+      << b->error_detail();
+  ClusterControl(*b).publish_cluster_gate(gate_for(*b, 2, alone, 0, false));
   std::optional<std::size_t> installed;
   ASSERT_TRUE(poll_until(
       [&] {
-        installed = ClusterControl(b).take_over("a", bucket, 10s);
+        installed = ClusterControl(*b).take_over("a", bucket, 10s);
         return installed.has_value();
       },
       5s, 5ms));
@@ -139,19 +141,18 @@ TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   const AcquireResult busy = rival.acquire(key, 5s, 0ms);
   EXPECT_EQ(busy.error, LeaseErrc::kBusy);
   // held's destructor releases at "a", which is gone: best effort, not waited.
-  b.stop();
+  b->stop();
 }
 
 TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
-  LeaseServer a(replicated_options());
-  ASSERT_FALSE(a.start()) << a.error_detail();
+  const auto a = start_loopback_server(replicated_options());
+  ASSERT_NE(a, nullptr);
   // "b" is in the map but never answers: "a" holds no primary lease.
-  const std::vector<std::string> addresses = {"127.0.0.1:" + std::to_string(a.port()),
-                                              "127.0.0.1:9"};
+  const std::vector<std::string> addresses = {loopback_address(*a), "127.0.0.1:9"};
   const auto routing = routing_of({"a", "b"});
-  ASSERT_FALSE(ClusterControl(a).set_replica_layout(1, *routing, {}, 0, 2, addresses))
-      << a.error_detail();
-  ClusterControl(a).publish_cluster_gate(gate_for(a, 1, routing, 0, true));
+  ASSERT_FALSE(ClusterControl(*a).set_replica_layout(1, *routing, {}, 0, 2, addresses))
+      << a->error_detail();
+  ClusterControl(*a).publish_cluster_gate(gate_for(*a, 1, routing, 0, true));
   std::string key;
   for (int i = 0; key.empty(); ++i) {
     const std::string k = "k" + std::to_string(i);
@@ -166,11 +167,11 @@ TEST(ReplicatedServer, WithoutABackupsLeaseNothingIsGranted) {
   EXPECT_FALSE(r);
   EXPECT_EQ(r.error, LeaseErrc::kRecovering) << r.error.message();
 
-  EXPECT_EQ(ClusterControl(a).set_replica_layout(1, *routing, {}, 0, 2,
-                                                 {"127.0.0.1:1", "no.such.host.invalid:1"}),
+  EXPECT_EQ(ClusterControl(*a).set_replica_layout(1, *routing, {}, 0, 2,
+                                                  {"127.0.0.1:1", "no.such.host.invalid:1"}),
             ServerError::kBadOptions);
-  EXPECT_NE(a.error_detail().find("no.such.host.invalid"), std::string::npos);
-  a.stop();
+  EXPECT_NE(a->error_detail().find("no.such.host.invalid"), std::string::npos);
+  a->stop();
 }
 
 }  // namespace

@@ -22,11 +22,15 @@
 
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
+#include "support/loopback_server.h"
 
 namespace shardlock::lease {
 namespace {
 
 using namespace std::chrono_literals;
+using shardlock::test_support::loopback_address;
+using shardlock::test_support::loopback_options;
+using shardlock::test_support::start_loopback_server;
 
 constexpr std::string_view kKeyHex =
     "00112233445566778899aabbccddeeff00112233445566778899AABBCCDDEEFF";
@@ -138,18 +142,14 @@ TEST(AuthSealTest, SealedDatagramsOpenOnlyUnderTheirKeyAndUntouched) {
 // ---------------------------------------------------------------------------
 // Over loopback.
 
+// The loopback server (support/loopback_server.h) under `key`; null, with
+// the test failed, when it cannot start.
 std::unique_ptr<LeaseServer> start_server(std::optional<AuthKey> key,
                                           std::size_t dedup_entries_per_shard = 4096) {
-  LeaseServerOptions options;
-  options.shards = 4;
+  LeaseServerOptions options = loopback_options(/*shards=*/4);
   options.dedup_entries_per_shard = dedup_entries_per_shard;
-  options.lock_delay = 0ms;
   options.auth_key = key;
-  options.log = [](std::string_view) {};
-  auto server = std::make_unique<LeaseServer>(options);
-  const std::error_code ec = server->start();
-  EXPECT_FALSE(ec) << ec.message() << ": " << server->error_detail();
-  return server;
+  return start_loopback_server(options);
 }
 
 // `timeout`: short for clients that must not be answered (the call ends when
@@ -173,6 +173,7 @@ std::uint64_t auth_failures(const LeaseServer& server) {
 
 TEST(AuthServerTest, MatchingKeysWorkAndOthersAreDroppedAndCounted) {
   auto server = start_server(test_key());
+  ASSERT_NE(server, nullptr);
   auto keyed = start_client(server->port(), test_key(), 10s);
   AcquireResult a = keyed->acquire("k", 5s, 0ms);
   ASSERT_TRUE(a) << a.error.message();
@@ -206,6 +207,7 @@ TEST(AuthServerTest, MatchingKeysWorkAndOthersAreDroppedAndCounted) {
 
 TEST(AuthServerTest, ServerWithoutKeyDropsSealedDatagrams) {
   auto server = start_server(std::nullopt);
+  ASSERT_NE(server, nullptr);
   auto keyed = start_client(server->port(), test_key(), 300ms);
   EXPECT_EQ(keyed->acquire("k", 5s, 0ms).error, LeaseErrc::kUnreachable);
   EXPECT_GE(auth_failures(*server), 1u);
@@ -309,10 +311,11 @@ class CapturingTransport final : public DatagramTransport {
 // lease of a holder that has gone away.
 TEST(AuthServerTest, ReplayedRenewNeverExtendsALease) {
   auto server = start_server(test_key(), /*dedup_entries_per_shard=*/0);
+  ASSERT_NE(server, nullptr);
   auto sent = std::make_shared<std::vector<std::vector<std::uint8_t>>>();
   auto sent_mutex = std::make_shared<std::mutex>();
   LeaseClientOptions options;
-  options.nodes = {"127.0.0.1:" + std::to_string(server->port())};
+  options.nodes = {loopback_address(*server)};
   options.auth_key = test_key();
   options.request_timeout = 10s;
   options.wrap_transport = [&](std::unique_ptr<DatagramTransport> inner) {
