@@ -9,19 +9,24 @@
 #include <fstream>
 
 #include "shardlock/lease/wire/protocol.h"
+#include "wire/sodium.h"
 
 namespace shardlock::lease {
-namespace {
 
 // sodium_init() is thread-safe and idempotent; it only has to run before the
-// first call into libsodium, which every function here reaches through this.
-void ensure_sodium() noexcept {
+// first call into libsodium, which every function here and in envelope.cc
+// reaches through this.
+void internal::ensure_sodium() noexcept {
   static const bool ready = sodium_init() >= 0;
   if (!ready) {
     // Only fails when the system cannot provide randomness at all.
     std::abort();
   }
 }
+
+namespace {
+
+using internal::ensure_sodium;
 
 void tag_of(std::span<const std::uint8_t> bytes, const AuthKey& key,
             std::array<std::uint8_t, kAuthTagSize>& tag) noexcept {
