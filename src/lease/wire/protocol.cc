@@ -608,6 +608,8 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
   out.count = 0;
   out.epoch.reset();
   if (out.version != kProtocolVersion) return ProtocolError::kUnsupportedVersion;
+  // kFlagKeyId and kFlagEncrypted are refused too: they describe a sealed
+  // envelope's trailer, and opening it (envelope.h) clears them.
   if ((out.flags & ~(kFlagAuthenticated | kFlagEpoch)) != 0) return ProtocolError::kBadFlags;
   if ((out.flags & kFlagEpoch) != 0) {
     out.epoch = r.u64();

@@ -133,9 +133,10 @@ TEST(AuthSealTest, SealedDatagramsOpenOnlyUnderTheirKeyAndUntouched) {
   EXPECT_EQ(seal_datagram(tight, tight.size(), test_key()), 0u);
   EXPECT_EQ(seal_datagram(sealed, kHeaderSize - 1, test_key()), 0u);
 
-  // Reserved flag bits are still rejected by the codec.
+  // The codec still rejects the other flag bits: kFlagKeyId here, which
+  // opening an envelope clears (envelope.h), and the reserved ones.
   std::vector<std::uint8_t> reserved = plain;
-  reserved[5] = 0x04;  // bit 0 is auth, bit 1 the epoch (kFlagEpoch)
+  reserved[5] = kFlagKeyId;
   EXPECT_EQ(decode(reserved, d), ProtocolError::kBadFlags);
 }
 

@@ -18,6 +18,10 @@
 //
 //   Wire: datagram bytes (header flags |= kFlagAuthenticated) + u8 tag[16]
 //
+// That is one key for everybody. envelope.h seals for one of many keys,
+// named on the wire by a key id, and can encrypt; this form is its legacy
+// form, key id 0.
+//
 // Key files hold the key as 64 hex digits. Surrounding whitespace is ignored.
 // `shardlockctl keygen` writes one.
 #pragma once

@@ -12,16 +12,33 @@
 //     0  u32  magic        0x4B4C4853 ("SHLK" on the wire)
 //     4  u8   version      1
 //     5  u8   flags        bit 0: kFlagAuthenticated, the datagram is sealed
-//                          (auth.h: the tag is removed before decode());
+//                          (auth.h, envelope.h: the trailer is removed
+//                          before decode());
 //                          bit 1: kFlagEpoch, a map epoch follows the header;
-//                          the other bits are reserved and decoders reject
-//                          them
+//                          bit 2: kFlagKeyId, a sealed datagram names its
+//                          key: a u32 key id comes before the tag;
+//                          bit 3: kFlagEncrypted, with bits 0 and 2: bytes
+//                          6 onward are encrypted and a nonce follows the
+//                          key id (envelope.h);
+//                          opening clears bits 2 and 3, so decode() rejects
+//                          them, as it rejects the other bits, which are
+//                          reserved
 //     6  u8   type         a MessageType, or kBatch
 //     7  u8   count        1 for a single message; 1..kMaxBatch for a batch
 //     8  u64  request_id   single: the message's request id;
 //                          batch: an id for the datagram, echoed in the reply
 //    16  u128 client_id    lo u64 then hi u64: random per client instance,
 //                          the owner identity of every lease it takes
+//
+//   A sealed datagram ends in a trailer, which opening removes (auth.h,
+//   envelope.h); flags, trailer and what the tag covers:
+//     0x01  [tag 16]                        keyed BLAKE2b of all before it
+//                                           (key id 0: the single key)
+//     0x05  [u32 key_id][tag 16]            keyed BLAKE2b of all before it
+//     0x0D  [u32 key_id][nonce 24][tag 16]  XChaCha20-Poly1305: bytes 6 to
+//                                           the trailer encrypted; bytes
+//                                           0..5 and the key id associated
+//   (kFlagEpoch may be set beside any of them.)
 //
 //   With kFlagEpoch, a u64 map epoch follows the header (Datagram::epoch):
 //   a cluster client's map epoch (docs/cluster.md), on requests only; the
@@ -250,6 +267,12 @@ inline constexpr std::size_t kHeaderFlagsOffset = 5;
 inline constexpr std::uint8_t kFlagAuthenticated = 0x01;
 // Header flags bit of a datagram with a u64 map epoch after the header.
 inline constexpr std::uint8_t kFlagEpoch = 0x02;
+// Header flags bit of a sealed datagram that names its key: a u32 key id
+// precedes its tag (envelope.h). Opening clears it; decode() rejects it.
+inline constexpr std::uint8_t kFlagKeyId = 0x04;
+// Header flags bit of an encrypted datagram, always beside kFlagKeyId
+// (envelope.h). Opening clears it; decode() rejects it.
+inline constexpr std::uint8_t kFlagEncrypted = 0x08;
 // The size of that epoch.
 inline constexpr std::size_t kEpochSize = 8;
 // The bounds of a MAP_REPLY member's id and address (decode() checks them).
