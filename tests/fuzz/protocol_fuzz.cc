@@ -1,23 +1,86 @@
-// libFuzzer target for the lease codec: any bytes must decode to a datagram
-// or an error without reading outside the input; whatever decodes must
-// re-encode, decode again to the same messages, and respect the
-// anti-amplification bound.
+// libFuzzer target for the lease codec and its sealed envelope: any bytes
+// must decode to a datagram or an error, and open as a sealed datagram or be
+// refused, without reading outside the input; whatever decodes must
+// re-encode, decode again to the same messages, respect the
+// anti-amplification bound, and, sealed in each envelope form, open to
+// itself and be refused with any one bit flipped.
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <span>
 #include <vector>
 
+#include "shardlock/lease/wire/envelope.h"
 #include "shardlock/lease/wire/protocol.h"
 
 using shardlock::lease::Datagram;
+using shardlock::lease::EnvelopeMode;
 using shardlock::lease::ProtocolError;
+
+namespace {
+
+namespace lease = shardlock::lease;
+
+const lease::EnvelopeKey& fuzz_key() {
+  static const lease::EnvelopeKey key = lease::envelope_key(lease::AuthKey{1, 2, 3, 4});
+  return key;
+}
+
+bool same(std::span<const std::uint8_t> a, std::span<const std::uint8_t> b) {
+  return std::equal(a.begin(), a.end(), b.begin(), b.end());
+}
+
+// Any bytes as a sealed datagram: a header flag byte and a trailer of any
+// shape. Both ways of opening agree, and what opens (only what peek_key_id()
+// reads) has its envelope bits cleared.
+void open_as_envelope(std::span<const std::uint8_t> in) {
+  static std::array<std::uint8_t, lease::kMaxDatagramSize + lease::kMaxEnvelopeOverhead + 64> out;
+  const auto id = lease::peek_key_id(in);
+  const auto opened = lease::open_with(in, fuzz_key(), out);
+  std::vector<std::uint8_t> copy(in.begin(), in.end());
+  const auto opened_here = lease::open_in_place(copy, fuzz_key());
+  if (!same(opened, opened_here)) std::abort();
+  if (!opened.empty() && (!id || (opened[lease::kHeaderFlagsOffset] &
+                                  (lease::kFlagKeyId | lease::kFlagEncrypted)) != 0)) {
+    std::abort();
+  }
+}
+
+// A datagram that decodes, sealed in each form under a key id taken from its
+// request id, opens to itself (marked authenticated), and is refused with
+// one bit flipped where its own bytes say.
+void seal_and_open(std::span<const std::uint8_t> in) {
+  std::vector<std::uint8_t> expected(in.begin(), in.end());
+  expected[lease::kHeaderFlagsOffset] |= lease::kFlagAuthenticated;
+  const std::uint32_t request_key_id =
+      static_cast<std::uint32_t>(in[8]) | static_cast<std::uint32_t>(in[9]) << 8 |
+      static_cast<std::uint32_t>(in[10]) << 16 | static_cast<std::uint32_t>(in[11]) << 24;
+  static std::array<std::uint8_t, lease::kMaxDatagramSize + lease::kMaxEnvelopeOverhead> out;
+  for (const EnvelopeMode mode :
+       {EnvelopeMode::kLegacy, EnvelopeMode::kAuthenticated, EnvelopeMode::kEncrypted}) {
+    const std::uint32_t key_id = mode == EnvelopeMode::kLegacy ? 0 : request_key_id;
+    std::vector<std::uint8_t> sealed(in.size() + lease::envelope_overhead(mode));
+    std::copy(in.begin(), in.end(), sealed.begin());
+    if (lease::seal_for(sealed, in.size(), key_id, fuzz_key(), mode) != sealed.size()) std::abort();
+    if (lease::peek_key_id(sealed) != lease::EnvelopeKeyId{key_id, mode}) std::abort();
+    if (!same(lease::open_with(sealed, fuzz_key(), out), expected)) std::abort();
+    const std::size_t at = (std::size_t{in.back()} * 131 + in.size()) % sealed.size();
+    sealed[at] ^= static_cast<std::uint8_t>(1U << (in[in.size() / 2] % 8));
+    if (!lease::open_with(sealed, fuzz_key(), out).empty()) std::abort();
+  }
+}
+
+}  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   // Copy so the decoder sees a buffer whose end ASan guards exactly.
   std::vector<std::uint8_t> in(data, data + size);
+  open_as_envelope(in);
   static Datagram first;
   if (shardlock::lease::decode(in, first) != ProtocolError::kOk) return 0;
+  seal_and_open(in);
 
   // A STATS_REPLY may carry another number of counters than this version
   // knows (an older or newer server); an encoder writes exactly this
