@@ -98,6 +98,8 @@ std::string_view to_string(WireError code) noexcept {
       return "bad key list (none, too many, or a key twice)";
     case WireError::kBadMode:
       return "bad lease mode";
+    case WireError::kPermissionDenied:
+      return "permission denied (the tenant has no right to this key or request)";
   }
   return "unknown error";
 }

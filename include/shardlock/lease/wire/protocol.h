@@ -351,6 +351,7 @@ enum class WireError : std::uint16_t {
   kPermitsOutOfRange = 13,  // ACQUIRE_PERMIT with permits 0 or above kMaxPermits
   kBadKeyList = 14,         // ACQUIRE_MANY with 0 or too many keys, or one key twice
   kBadMode = 15,            // ACQUIRE_MANY with a mode other than exclusive or shared
+  kPermissionDenied = 16,   // the sender's tenant has no right to the key or the request
 };
 
 // How a lease holds its key (ACQUIRE_MANY's mode, QUERY_REPLY's mode).
