@@ -236,12 +236,16 @@ void CallEngine::fail(std::unique_ptr<Call> call, LeaseErrc error) {
 // ----------------------------------------------------------------- encode
 
 std::size_t CallEngine::payload_limit() const noexcept {
-  return kMaxDatagramSize - (setup_.options.auth_key ? kAuthTagSize : 0);
+  return kMaxDatagramSize - (setup_.envelope_key ? kMaxEnvelopeOverhead : 0);
 }
 
 std::size_t CallEngine::seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept {
-  if (!setup_.options.auth_key || length == 0) return length;
-  return seal_datagram(buffer, length, *setup_.options.auth_key);
+  if (!setup_.envelope_key || length == 0) return length;
+  const LeaseClientOptions& o = setup_.options;
+  const EnvelopeMode mode = !o.tenant  ? EnvelopeMode::kLegacy
+                            : o.encrypt ? EnvelopeMode::kEncrypted
+                                        : EnvelopeMode::kAuthenticated;
+  return seal_for(buffer, length, o.tenant.value_or(0), *setup_.envelope_key, mode);
 }
 
 bool CallEngine::fits_one_datagram(const Call& call) const {
@@ -461,10 +465,18 @@ void CallEngine::collect_due_timers(Clock::time_point now, std::vector<ReadyComp
 
 void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
                              std::vector<ReadyCompletion>& ready) {
-  if (setup_.options.auth_key) bytes = open_datagram(bytes, *setup_.options.auth_key);
+  if (setup_.envelope_key) {
+    // Only in the form and under the key id the requests went in.
+    const std::optional<EnvelopeKeyId> id = peek_key_id(bytes);
+    const bool ours = id && id->key_id == setup_.options.tenant.value_or(0) &&
+                      (id->mode == EnvelopeMode::kEncrypted) ==
+                          (setup_.options.tenant && setup_.options.encrypt);
+    bytes = ours ? open_with(bytes, *setup_.envelope_key, rx_opened_)
+                 : std::span<const std::uint8_t>();
+  }
   // Without a key, a sealed reply is refused too (the flag check below).
   if (bytes.empty() || decode(bytes, rx_) != ProtocolError::kOk ||
-      (!setup_.options.auth_key && (rx_.flags & kFlagAuthenticated) != 0)) {
+      (!setup_.envelope_key && (rx_.flags & kFlagAuthenticated) != 0)) {
     malformed_.fetch_add(1, std::memory_order_relaxed);  // a statistic
     return;
   }

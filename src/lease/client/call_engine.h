@@ -64,6 +64,7 @@
 #include "client/reply.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/client/call.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "shardlock/mutex.h"
 
 namespace shardlock::lease::internal {
@@ -89,6 +90,8 @@ inline constexpr std::chrono::milliseconds kMinRetryAfter{10};
 // any thread.
 struct ClientSetup {
   LeaseClientOptions options;
+  // options.auth_key made ready for the envelope (envelope.h), once.
+  std::optional<EnvelopeKey> envelope_key;
   ClientId id;
   std::vector<Endpoint> endpoints;  // one per options.nodes entry (cluster mode: the seeds)
   ClientRouting routing;            // over `endpoints`; unused in cluster mode
@@ -359,6 +362,7 @@ class CallEngine final : public MapCaller {
   std::deque<std::array<std::uint8_t, kMaxDatagramSize>> out_buffers_;
   std::vector<DatagramTransport::Outgoing> outgoing_;
   Datagram rx_;
+  std::array<std::uint8_t, kMaxDatagramSize> rx_opened_{};  // an opened reply
 };
 
 }  // namespace shardlock::lease::internal

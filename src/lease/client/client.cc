@@ -32,6 +32,14 @@ std::error_code ClientCore::start() {
     error_detail = "no nodes configured";
     return LeaseErrc::kBadAddress;
   }
+  if ((setup.options.tenant || setup.options.encrypt) && !setup.options.auth_key) {
+    error_detail = "a tenant (and encryption) needs the tenant's key (auth_key)";
+    return LeaseErrc::kBadArgument;
+  }
+  if (setup.options.encrypt && !setup.options.tenant) {
+    error_detail = "encryption needs a tenant key id (tenant)";
+    return LeaseErrc::kBadArgument;
+  }
   int family = AF_UNSPEC;
   for (const std::string& node : setup.options.nodes) {
     Endpoint e;
@@ -77,6 +85,13 @@ std::error_code ClientCore::start() {
     }
     setup.id = ClientId{words[0], words[1]};
   }
+  if (setup.options.tenant) {
+    // The server scopes owners so (TenantGate): choosing them so keeps the
+    // ids this client sees in HOLDERS_REPLY its own.
+    setup.id.hi =
+        (setup.id.hi & 0x0000'0000'FFFF'FFFFULL) | (std::uint64_t{*setup.options.tenant} << 32);
+  }
+  if (setup.options.auth_key) setup.envelope_key = envelope_key(*setup.options.auth_key);
   // Request ids start at the wall-clock millisecond shifted left by 20,
   // plus 20 random bits. The server's dedup cache is keyed by (client id,
   // request id) and it ignores a holder's requests older than the last one

@@ -201,6 +201,12 @@ struct LeaseClientOptions {
   // servers'. When set, requests are sealed and replies whose tag does not
   // verify are dropped, so a forged GRANTED is never believed.
   std::optional<AuthKey> auth_key;
+  // A tenant's key id (tenants.h, docs/security.md): requests are sealed
+  // under auth_key and name it (envelope.h), encrypted when `encrypt`, and
+  // the client's owner ids carry it in their top 32 bits, as the server
+  // scopes them. Needs auth_key. Unset: the single shared key's seal.
+  std::optional<std::uint32_t> tenant;
+  bool encrypt = false;
   // Client-side expiry = send time + TTL - (clock_drift_factor x TTL +
   // clock_drift_allowance): the allowance for this host's clock running
   // faster than the server's, plus scheduling. The defaults are Redlock's
