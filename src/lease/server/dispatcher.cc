@@ -33,7 +33,8 @@ Dispatcher::Dispatcher(DispatcherOptions options, std::vector<std::unique_ptr<Sh
     shards_.push_back(std::move(slot));
   }
   for (unsigned w = 0; w < std::max(1U, options_.workers); ++w) {
-    workers_.push_back(std::make_unique<Worker>());
+    auto& worker = workers_.emplace_back(std::make_unique<Worker>());
+    if (options_.tenants) worker->tenants.emplace(*options_.tenants);
   }
 }
 
@@ -247,22 +248,30 @@ std::optional<std::size_t> Dispatcher::inherit(
   return std::nullopt;
 }
 
-void Dispatcher::send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
+void Dispatcher::send_reply(Worker& w, std::size_t budget, const Peer& peer,
                             std::vector<OutDatagram>& replies,
                             std::span<const std::uint32_t> buckets, bool relayable) {
-  // No source ever gets more reply bytes than it sent (before any auth tag).
+  const Datagram& d = w.reply;
+  // No source ever gets more reply bytes than it sent (before the envelope).
   if (encoded_size(d) > budget) {
     count(counters_.amplification_drops);
     return;
   }
   OutDatagram& o = replies.emplace_back();
   std::size_t written = 0;
-  const std::size_t room = o.bytes.size() - (options_.auth_key ? kAuthTagSize : 0);
+  const std::size_t room = o.bytes.size() - (w.tenants ? kMaxEnvelopeOverhead : 0);
   if (encode(d, std::span(o.bytes).first(room), written) != ProtocolError::kOk) {
     replies.pop_back();  // cannot happen for replies within the request's size
     return;
   }
-  if (options_.auth_key) written = seal_datagram(o.bytes, written, *options_.auth_key);
+  if (w.tenants) {
+    // Sealed as its request was; 0: its tenant is gone (a reload).
+    written = w.tenants->seal(peer.seal, o.bytes, written);
+    if (written == 0) {
+      replies.pop_back();
+      return;
+    }
+  }
   o.peer = peer;
   o.length = static_cast<std::uint16_t>(written);
   o.any_order = true;  // answers carry their request ids: a client matches them in any order
@@ -312,7 +321,7 @@ void Dispatcher::send_deferred(Worker& w, std::vector<OutDatagram>& replies) noe
       (void)w.reply.push(d.message());
       w.reply.request_id = d.request_id;
       // A waiter's grant: its first answer.
-      send_reply(w.reply, d.reply_credit, d.peer, replies, {}, true);
+      send_reply(w, d.reply_credit, d.peer, replies, {}, true);
     } catch (const std::bad_alloc&) {
       count(counters_.allocation_failures);
     }
@@ -333,18 +342,24 @@ void Dispatcher::refuse_unpadded(Worker& w, std::size_t budget, const Peer& peer
     (void)w.reply.push(e);
     count(counters_.errors);
   }
-  send_reply(w.reply, budget, peer, replies);
+  send_reply(w, budget, peer, replies);
 }
 
-bool Dispatcher::admit(Worker& w, std::span<const std::uint8_t>& bytes, const Peer& peer,
+bool Dispatcher::admit(Worker& w, std::span<const std::uint8_t>& bytes, Peer& peer,
                        std::vector<OutDatagram>& replies, std::size_t& bound) {
   // 1. A sealed datagram reaching a server without a key fails too: it
   // cannot be checked, and its sender expects sealed replies.
   bool rejected =
       bytes.size() > kHeaderFlagsOffset && (bytes[kHeaderFlagsOffset] & kFlagAuthenticated) != 0;
-  if (options_.auth_key) {
-    bytes = open_datagram(bytes, *options_.auth_key);
-    rejected = bytes.empty();
+  w.tenant = nullptr;
+  if (w.tenants) {
+    const auto opened = w.tenants->open(bytes, w.opened);
+    rejected = !opened;
+    if (opened) {
+      bytes = opened->plain;
+      w.tenant = opened->tenant;
+      peer.seal = opened->seal;
+    }
   }
   if (rejected) {
     count(counters_.auth_failures);
@@ -365,13 +380,14 @@ bool Dispatcher::admit(Worker& w, std::span<const std::uint8_t>& bytes, const Pe
     m.error = WireError::kUnsupportedVersion;
     w.reply.batch = false;
     (void)w.reply.push(m);
-    send_reply(w.reply, bytes.size(), peer, replies);
+    send_reply(w, bytes.size(), peer, replies);
     return false;
   }
   if (err != ProtocolError::kOk) {
     count(counters_.malformed);
     return false;
   }
+  if (w.tenant != nullptr) scope_owners(w);
   // 3.
   bound = max_immediate_reply_size(w.request);
   if (bound > bytes.size()) {
@@ -381,14 +397,15 @@ bool Dispatcher::admit(Worker& w, std::span<const std::uint8_t>& bytes, const Pe
   return true;
 }
 
-void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& peer,
+void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Peer& from,
                         std::chrono::nanoseconds arrived, std::vector<OutDatagram>& replies) {
   // Node-to-node replication datagrams have their own magic and their own
   // checks (server/replicator.h).
   if (options_.replicator != nullptr &&
-      options_.replicator->on_datagram(bytes, peer, arrived.count(), replies)) {
+      options_.replicator->on_datagram(bytes, from, arrived.count(), replies)) {
     return;
   }
+  Peer peer = from;  // admit() adds how its answers are sealed
   std::size_t bound = 0;
   if (!admit(w, bytes, peer, replies, bound)) return;
   // The padding beyond the bound pays either for queued ACQUIREs' later
@@ -412,7 +429,12 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     const Message& m = w.request.messages[i];
     Message r;
     r.request_id = m.request_id;
-    if (m.type == MessageType::kStats) {
+    if (w.tenant != nullptr && !permitted(*w.tenant, m)) {
+      // Authenticated, so no oracle to strangers: only the tenant learns it.
+      r.type = MessageType::kError;
+      r.error = WireError::kPermissionDenied;
+      count(counters_.errors);  // per tenant: not yet
+    } else if (m.type == MessageType::kStats) {
       fill_stats(w, m, stats_slack, r);
       stats_slack = 0;  // one page per datagram
     } else if (m.type == MessageType::kMap) {
@@ -445,12 +467,21 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
   }
   // 5.
   if (w.reply.count > 0) {
-    send_reply(w.reply, bytes.size(), peer, replies,
+    send_reply(w, bytes.size(), peer, replies,
                w.reply_buckets_known ? std::span<const std::uint32_t>(w.reply_buckets)
                                      : std::span<const std::uint32_t>(),
                w.reply_relayable);
   }
   send_deferred(w, replies);
+}
+
+void Dispatcher::scope_owners(Worker& w) noexcept {
+  if (!w.tenants->scoped()) return;
+  w.request.client_id = w.tenants->scope(*w.tenant, w.request.client_id);
+  for (std::size_t i = 0; i < w.request.count; ++i) {
+    std::optional<ClientId>& owner = w.request.messages[i].owner;
+    if (owner) owner = w.tenants->scope(*w.tenant, *owner);
+  }
 }
 
 bool Dispatcher::decide_key(Worker& w, const Message& m, std::size_t item,
@@ -713,7 +744,7 @@ void Dispatcher::continue_many(Worker& w, const DeferredReply& d,
   MultiDriver::fill(*answer, w.deferred_tokens, reply);
   (void)w.reply.push(reply);
   try {
-    send_reply(w.reply, m.reply_credit, m.peer, replies);
+    send_reply(w, m.reply_credit, m.peer, replies);
   } catch (const std::bad_alloc&) {
     count(counters_.allocation_failures);  // lost; the retransmission gets the answer below
   }

@@ -45,6 +45,7 @@
 #include "server/multi_driver.h"
 #include "server/replicator.h"
 #include "server/shard_slot.h"
+#include "server/tenant_gate.h"
 #include "shardlock/internal/thread_annotations.h"
 #include "shardlock/lease/server/internal/grant_log.h"
 #include "shardlock/lease/server/internal/latency_histogram.h"
@@ -59,8 +60,10 @@
 namespace shardlock::lease::internal {
 
 struct DispatcherOptions {
-  // Seals and checks every datagram when set (auth.h).
-  std::optional<AuthKey> auth_key;
+  // Opens and checks every client datagram, and seals every answer, when
+  // set: the tenants (tenant_gate.h; --auth-key is a table of one). Shared
+  // with LeaseServer, which swaps tables in on a reload. Null: no sealing.
+  std::shared_ptr<TenantGate> tenants;
   // The server's clock (whole milliseconds are what shards see); empty:
   // CLOCK_BOOTTIME (server_clock.h).
   std::function<std::chrono::nanoseconds()> clock;
@@ -158,6 +161,11 @@ class Dispatcher {
   struct Worker {
     Datagram request;
     Datagram reply;
+    // The tenant table this thread reads (null without sealing), the opened
+    // datagram, and the tenant of the one being decided.
+    std::optional<TenantGate::Reader> tenants;
+    std::array<std::uint8_t, kMaxDatagramSize> opened{};
+    const Tenant* tenant = nullptr;
     std::vector<DeferredReply> deferred;
     std::vector<std::uint8_t> stats_tokens;
     std::array<std::uint8_t, 8 * kStatCounterCount> stats_counters{};
@@ -192,8 +200,11 @@ class Dispatcher {
   // w.reply's header), the anti-amplification check against `bound`, the
   // largest immediate reply. False when the datagram was dropped or
   // answered whole; `bytes` becomes the opened one.
-  bool admit(Worker& w, std::span<const std::uint8_t>& bytes, const Peer& peer,
+  bool admit(Worker& w, std::span<const std::uint8_t>& bytes, Peer& peer,
              std::vector<OutDatagram>& replies, std::size_t& bound);
+  // Forces w.tenant's key id into every owner of w.request when the
+  // tenants' owners are scoped (TenantGate::Reader::scope()).
+  static void scope_owners(Worker& w) noexcept;
   // Item `item` (`m`) of w.request, one key's request, on its shard: false
   // when it waits (queued) and `reply` is not an answer yet. `slack` is the
   // padding left for a page, `paged` whether a holder page was given.
@@ -206,7 +217,7 @@ class Dispatcher {
   // With replication, a reply that grants or releases waits for the
   // backups of `buckets` (those of its items; empty: of every bucket);
   // `relayable`: a backup may send it (Replicator::hold()).
-  void send_reply(const Datagram& d, std::size_t budget, const Peer& peer,
+  void send_reply(Worker& w, std::size_t budget, const Peer& peer,
                   std::vector<OutDatagram>& replies, std::span<const std::uint32_t> buckets = {},
                   bool relayable = false);
   void send_deferred(Worker& w, std::vector<OutDatagram>& replies) noexcept;

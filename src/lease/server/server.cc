@@ -155,6 +155,7 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   // Declared before the dispatcher, which uses it, so it outlives it.
   std::unique_ptr<internal::Replicator> replicator;
   std::unique_ptr<internal::GrantLog> grant_log;  // outlives the dispatcher's shards
+  std::shared_ptr<internal::TenantGate> tenant_gate;  // null: no sealing
   std::unique_ptr<Dispatcher> dispatcher;
   std::vector<int> fds;
   int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
@@ -253,6 +254,14 @@ std::error_code LeaseServer::Impl::check_options() {
   }
   if (o.io_threads == 0 || o.io_threads > 256) {
     return fail(ServerError::kBadOptions, "io_threads must be 1..256");
+  }
+  if (o.tenants && o.tenants->empty()) {
+    return fail(ServerError::kBadOptions, "tenants: the table has no tenant");
+  }
+  if (o.tenants && o.replication && !o.cluster_key) {
+    // Tenant keys are the clients': none of them may seal node-to-node
+    // datagrams, and an unsealed stream is open to anyone on the network.
+    return fail(ServerError::kBadOptions, "tenants with replication need a cluster_key");
   }
   for (const auto& [name, value] : {std::pair<const char*, std::size_t>{"max_keys", o.max_keys},
                                     {"max_waiters", o.max_waiters},
@@ -366,7 +375,13 @@ void LeaseServer::Impl::make_dispatcher(std::uint64_t key_seed,
                                         std::vector<std::unique_ptr<Shard>> shards) {
   const auto& o = options;
   internal::DispatcherOptions d;
-  d.auth_key = o.auth_key;
+  if (o.tenants) {
+    tenant_gate = std::make_shared<internal::TenantGate>(*o.tenants, /*scoped=*/true);
+  } else if (o.auth_key) {
+    tenant_gate =
+        std::make_shared<internal::TenantGate>(TenantTable::single(*o.auth_key), /*scoped=*/false);
+  }
+  d.tenants = tenant_gate;
   d.clock = o.clock;
   d.log = o.log;
   d.key_seed = key_seed;
@@ -576,6 +591,12 @@ const std::string& LeaseServer::error_detail() const noexcept { return impl_->er
 void LeaseServer::stop() { impl_->stop(); }
 
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
+
+bool LeaseServer::reload_tenants(TenantTable tenants) {
+  if (!impl_->options.tenants || !impl_->tenant_gate) return false;
+  impl_->tenant_gate->replace(std::move(tenants), /*scoped=*/true);
+  return true;
+}
 
 ServerStats LeaseServer::stats() const {
   ServerStats stats = impl_->dispatcher ? impl_->dispatcher->stats() : ServerStats{};

@@ -39,7 +39,7 @@ class DispatcherTest : public ::testing::Test {
     ShardLimits limits;
     limits.hash_seed = 0x1234'5678'9abcULL;
     DispatcherOptions o;
-    o.auth_key = key;
+    if (key) o.tenants = std::make_shared<TenantGate>(TenantTable::single(*key), false);
     // Each reading moves the clock on by clock_step_ms_ (0: it stands
     // still), as the time a request waits between reads would.
     o.clock = [this] {

@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "shardlock/lease/server/server_types.h"
+#include "shardlock/lease/tenants.h"
 #include "shardlock/lease/wire/auth.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "shardlock/router.h"
@@ -128,6 +129,15 @@ struct LeaseServerOptions {
   // kAuthFailures) and every reply is sealed. When unset, sealed datagrams
   // are dropped and counted the same way.
   std::optional<AuthKey> auth_key;
+  // Tenants (tenants.h, docs/security.md; --tenants FILE): every client
+  // datagram must be sealed under its key id's tenant key (or next key),
+  // and encrypted for a tenant with `encrypt`; a request outside the
+  // tenant's prefixes and rights is answered ERROR(kPermissionDenied); the
+  // top 32 bits of every owner id are forced to the tenant's key id, so one
+  // tenant can never name another's lease. Replaces auth_key, which is a
+  // table of one without the owner scoping. reload_tenants() swaps a new
+  // table in while running.
+  std::optional<TenantTable> tenants;
   // Cluster mode (src/cluster/etcd/cluster_node.h): start with a closed gate, so
   // every ACQUIRE, RENEW and QUERY is answered RECOVERING, and MAP with no
   // map, until the cluster layer publishes one
@@ -222,6 +232,12 @@ class LeaseServer {
   // The clock the server runs on (options.clock, or CLOCK_BOOTTIME). Time
   // spent suspended counts.
   [[nodiscard]] std::chrono::nanoseconds now() const;
+  // Swaps in a new tenant table (a SIGHUP's reload of --tenants) without
+  // dropping a lease, a waiter or a parked watch: each I/O thread uses it
+  // from its next datagram; answers still owed to a tenant the new table
+  // lacks are not sent. False, changing nothing, when the server was not
+  // started with options.tenants.
+  bool reload_tenants(TenantTable tenants);
 
   // Cluster mode and replication are driven through
   // internal::ClusterControl (internal/cluster_control.h), the cluster

@@ -1,0 +1,188 @@
+// A real server with tenants (LeaseServerOptions::tenants, tenants.h): over
+// loopback UDP, tenants' clients are held to their prefixes and rights,
+// cannot act on one another's leases with a guessed or observed owner id,
+// are dropped when sealed in the wrong form or under another tenant's key,
+// and keep their leases across a reload.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+
+#include "shardlock/lease/client/client.h"
+#include "shardlock/lease/server/server.h"
+#include "shardlock/lease/tenants.h"
+#include "support/loopback_server.h"
+
+namespace shardlock::lease {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Keys {
+  AuthKey billing = generate_auth_key();
+  AuthKey ops = generate_auth_key();
+  AuthKey secret = generate_auth_key();
+  AuthKey newcomer = generate_auth_key();
+};
+
+// billing: acquire and query on billing/ and shared/; ops: everything;
+// secret: encrypted, acquire on secret/ only.
+std::string tenant_file(const Keys& k, bool with_newcomer = false) {
+  std::string text =
+      "tenant billing id=1 key=" + format_auth_key(k.billing) + "\n" +
+      "tenant ops id=2 key=" + format_auth_key(k.ops) + "\n" +
+      "tenant secret id=3 key=" + format_auth_key(k.secret) + " encrypt=yes\n" +
+      "allow billing \"billing/\" acquire,query\n"
+      "allow billing \"shared/\" acquire,query\n"
+      "allow ops \"\" all\n"
+      "allow secret \"secret/\" acquire\n";
+  if (with_newcomer) {
+    text += "tenant newcomer id=4 key=" + format_auth_key(k.newcomer) + "\n" +
+            "allow newcomer \"new/\" acquire\n";
+  }
+  return text;
+}
+
+TenantTable table_of(const std::string& text) {
+  auto parsed = parse_tenant_file(text, "/");
+  EXPECT_TRUE(parsed.ok()) << parsed.message();
+  return parsed.ok() ? std::move(*parsed.table) : TenantTable{};
+}
+
+class TenantsServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    LeaseServerOptions o = test_support::loopback_options();
+    o.tenants = table_of(tenant_file(keys_));
+    server_ = test_support::start_loopback_server(o);
+    ASSERT_NE(server_, nullptr);
+  }
+
+  std::unique_ptr<LeaseClient> client_of(std::uint32_t tenant, const AuthKey& key,
+                                         bool encrypt = false) {
+    LeaseClientOptions o;
+    o.auth_key = key;
+    o.tenant = tenant;
+    o.encrypt = encrypt;
+    o.request_timeout = 1500ms;
+    return test_support::start_loopback_client(*server_, o);
+  }
+
+  Keys keys_;
+  std::unique_ptr<LeaseServer> server_;
+};
+
+TEST_F(TenantsServerTest, ATenantActsOnlyOnItsPrefixesWithItsRights) {
+  auto billing = client_of(1, keys_.billing);
+  auto granted = billing->acquire("billing/invoice-7", 5s, 0ms);
+  ASSERT_TRUE(granted) << granted.error.message();
+
+  auto outside = billing->acquire("ops/deploy", 5s, 0ms);
+  EXPECT_EQ(outside.error, LeaseErrc::kServerError);
+  EXPECT_EQ(outside.wire_error, WireError::kPermissionDenied);
+  // A key equal to no prefix but starting like one is outside too.
+  EXPECT_EQ(billing->acquire("billing", 5s, 0ms).wire_error, WireError::kPermissionDenied);
+  // STATS needs admin on "": billing has none.
+  const auto stats = billing->stats();
+  EXPECT_TRUE(stats.error) << "billing read the server's stats";
+
+  // ops has every right on every key, STATS included.
+  auto ops = client_of(2, keys_.ops);
+  EXPECT_FALSE(ops->stats().error);
+  const HoldersReply held = ops->holders("billing/invoice-7");
+  ASSERT_FALSE(held.error) << held.error.message();
+  EXPECT_TRUE(held.held);
+  EXPECT_FALSE(granted.lease.release());
+}
+
+// An owner id seen in a HOLDERS_REPLY (or guessed) names the lease only
+// within the tenant that took it: the server forces the tenant's key id into
+// every owner a datagram names.
+TEST_F(TenantsServerTest, AnotherTenantCannotRenewOrReleaseALeaseByItsOwnerId) {
+  auto billing = client_of(1, keys_.billing);
+  auto granted = billing->acquire("shared/report", 10s, 0ms);
+  ASSERT_TRUE(granted) << granted.error.message();
+  const ClientId owner = granted.lease.owner();
+  const std::uint64_t token = granted.lease.token();
+  EXPECT_EQ(owner.hi >> 32, 1u) << "a tenant's owners carry its key id";
+
+  auto ops = client_of(2, keys_.ops);  // every right on shared/ too
+  EXPECT_EQ(ops->renew("shared/report", token, 10s, owner).error, LeaseErrc::kNotOwner);
+  EXPECT_EQ(ops->release("shared/report", token, owner).error, LeaseErrc::kNotOwner);
+  EXPECT_EQ(ops->acquire("shared/report", 5s, 0ms).error, LeaseErrc::kBusy);
+
+  // The same calls from billing itself, as that owner, do work: the refusal
+  // above is the tenant's, not the call's.
+  EXPECT_FALSE(billing->renew("shared/report", token, 10s, owner).error);
+  EXPECT_FALSE(billing->release("shared/report", token, owner).error);
+  granted.lease.detach();
+}
+
+TEST_F(TenantsServerTest, DatagramsUnderAnotherTenantsKeyOrInTheWrongFormAreDropped) {
+  // Tenant 1's id with tenant 2's key: no tenant's datagram.
+  auto forged = client_of(1, keys_.ops);
+  EXPECT_EQ(forged->acquire("billing/x", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  // An unknown key id.
+  auto stranger = client_of(9, generate_auth_key());
+  EXPECT_EQ(stranger->acquire("billing/x", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  // secret must encrypt: its authenticated-only datagrams are dropped...
+  auto plain = client_of(3, keys_.secret, /*encrypt=*/false);
+  EXPECT_EQ(plain->acquire("secret/a", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  // ...and its encrypted ones served, within its rights.
+  auto sealed = client_of(3, keys_.secret, /*encrypt=*/true);
+  auto granted = sealed->acquire("secret/a", 5s, 0ms);
+  ASSERT_TRUE(granted) << granted.error.message();
+  EXPECT_EQ(sealed->acquire("shared/a", 5s, 0ms).wire_error, WireError::kPermissionDenied);
+  // A client without any key is refused by a server with tenants.
+  LeaseClientOptions none;
+  none.request_timeout = 1500ms;
+  auto keyless = test_support::start_loopback_client(*server_, none);
+  EXPECT_EQ(keyless->acquire("billing/y", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  EXPECT_GE(server_->stats().counters[static_cast<std::size_t>(StatCounter::kAuthFailures)], 4u);
+  EXPECT_FALSE(granted.lease.release());
+}
+
+// A reload adds a tenant and keeps every lease; one that removes a tenant
+// stops serving it.
+TEST_F(TenantsServerTest, AReloadAddsAndRemovesTenantsAndKeepsTheLeases) {
+  auto billing = client_of(1, keys_.billing);
+  auto held = billing->acquire("billing/kept", 10s, 0ms);
+  ASSERT_TRUE(held) << held.error.message();
+
+  ASSERT_TRUE(server_->reload_tenants(table_of(tenant_file(keys_, /*with_newcomer=*/true))));
+  auto newcomer = client_of(4, keys_.newcomer);
+  auto fresh = newcomer->acquire("new/a", 5s, 0ms);
+  ASSERT_TRUE(fresh) << fresh.error.message();
+  EXPECT_FALSE(held.lease.renew(10s)) << "billing's lease survives the reload";
+
+  ASSERT_TRUE(server_->reload_tenants(table_of(tenant_file(keys_, /*with_newcomer=*/false))));
+  EXPECT_EQ(newcomer->acquire("new/b", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  EXPECT_FALSE(held.lease.renew(10s));
+  EXPECT_FALSE(held.lease.release());
+  fresh.lease.detach();
+}
+
+// Without a tenant file the single --auth-key is one tenant: it scopes no
+// owner, so a client's owners stay the random ids it chose.
+TEST(TenantsLegacyTest, TheSingleAuthKeyScopesNoOwner) {
+  LeaseServerOptions o = test_support::loopback_options();
+  o.auth_key = generate_auth_key();
+  auto server = test_support::start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
+  LeaseClientOptions c;
+  c.auth_key = o.auth_key;
+  c.client_id = ClientId{.lo = 0x1111, .hi = 0xABCD'0000'0000'2222ULL};
+  auto client = test_support::start_loopback_client(*server, c);
+  auto granted = client->acquire("k", 5s, 0ms);
+  ASSERT_TRUE(granted) << granted.error.message();
+  const HoldersReply held = client->holders("k");
+  ASSERT_FALSE(held.error);
+  ASSERT_EQ(held.holders.size(), 1u);
+  EXPECT_EQ(held.holders[0].owner.hi, 0xABCD'0000'0000'2222ULL);
+  EXPECT_FALSE(server->reload_tenants(TenantTable::single(*o.auth_key)))
+      << "nothing to reload without options.tenants";
+  EXPECT_FALSE(granted.lease.release());
+}
+
+}  // namespace
+}  // namespace shardlock::lease
