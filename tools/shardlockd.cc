@@ -10,7 +10,7 @@
 // a timestamp on a terminal, a "<N>" priority for journald), including
 // "granting: ..." once ACQUIRE can be granted and, at most once per
 // --log-summary-interval, what the server refused or dropped; stops cleanly
-// on SIGTERM or SIGINT, and logs and ignores SIGHUP.
+// on SIGTERM or SIGINT; SIGHUP reloads --tenants (else it is logged and ignored).
 // Under systemd (Type=notify) it sends READY=1 once bound with its data dir
 // loaded, and STATUS= says whether it is in its lock-delay; --auth-key may
 // name a credential (LoadCredential=).
@@ -104,13 +104,14 @@ void notify(const DaemonLog& log, const std::string& state) {
 // line, asks it every 50 ms; logs that line once and passes it to
 // `on_granting`. Logs what the server refused or dropped at most once per
 // `summary_interval` (never when it is 0), and what is left of that at the
-// stop. Logs and ignores SIGHUP. Returns SIGTERM or SIGINT; all three
+// stop. Passes SIGHUP to `on_sighup`. Returns SIGTERM or SIGINT; all three
 // signals are blocked in every thread, so only this loop receives them.
 int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
                         const shardlock::lease::LeaseServer& server,
                         std::chrono::milliseconds summary_interval,
                         const std::function<std::optional<std::string>()>& granting,
-                        const std::function<void(const std::string&)>& on_granting) {
+                        const std::function<void(const std::string&)>& on_granting,
+                        const std::function<void()>& on_sighup) {
   using Clock = shardlock::tools::TrafficSummary::Clock;
   // The server counts from zero at its start, and all of it is news: the
   // first datagrams may arrive before this line.
@@ -148,9 +149,7 @@ int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
                            .tv_nsec = static_cast<long>((poll - seconds).count())};
     const int signal_number = sigtimedwait(&signals, nullptr, &timeout);
     if (signal_number == SIGHUP) {
-      log.write(LogLevel::kInfo,
-                "received SIGHUP: ignored (nothing to reload; the log is stderr, nothing to "
-                "reopen)");
+      on_sighup();
       continue;
     }
     if (signal_number > 0) {
@@ -254,6 +253,7 @@ struct DaemonFlags {
   std::string metrics_address;
   unsigned busy_poll_us = static_cast<unsigned>(LeaseServerOptions{}.busy_poll.count());
   std::string auth_key_file;
+  std::string tenants_file;      // --tenants, reloaded on SIGHUP
   std::string cluster_key_file;  // --cluster-key, with the cluster flags
   std::string log_level = "info";
   std::string log_summary_interval = "10s";
@@ -306,6 +306,11 @@ void add_server_flags(CLI::App& app, DaemonFlags& f) {
                  "datagram must then carry a valid tag, and replies are sealed. Under systemd, "
                  "a plain NAME that is no readable file is the credential "
                  "$CREDENTIALS_DIRECTORY/NAME (LoadCredential=NAME:PATH)");
+  app.add_option("--tenants", f.tenants_file,
+                 "tenant file (docs/security.md): each tenant's key id, keys, key prefixes and "
+                 "rights; every datagram is then verified under its tenant's key, and SIGHUP "
+                 "reloads the file without dropping a lease. Instead of --auth-key")
+      ->excludes("--auth-key");
   app.add_option("--log-level", f.log_level,
                  "least severe lines logged: error, warning, info or debug (debug adds the "
                  "grant log: one line per grant, hand-off, release, expiry and takeover, at most "
@@ -470,6 +475,12 @@ std::optional<int> apply_server_flags(DaemonFlags& f, const DaemonLog& log) {
   if (!auth.error.empty()) return usage_error(auth.error + auth_key_hint(f.auth_key_file));
   if (auth.key) warn_if_others_can_read(auth_key_path, log);
   f.options.auth_key = auth.key;
+  if (!f.tenants_file.empty()) {
+    auto loaded = shardlock::lease::load_tenant_file(f.tenants_file);
+    if (!loaded.ok()) return usage_error("--tenants: " + loaded.message());
+    warn_if_others_can_read(f.tenants_file, log);
+    f.options.tenants = std::move(*loaded.table);
+  }
   f.options.log = [&log](std::string_view line) { log.write_library_line(line); };
   if (log.enabled(LogLevel::kDebug)) {
     // The grant log: one line per grant, hand-off, release, expiry and
@@ -538,6 +549,15 @@ std::optional<int> apply_cluster_flags(DaemonFlags& f, const DaemonLog& log) {
     if (!key.error.empty()) {
       return usage_error("--cluster-key: " + key.error + auth_key_hint(f.cluster_key_file));
     }
+    if (f.options.tenants && key.key) {
+      for (const auto& tenant : f.options.tenants->tenants()) {
+        if (tenant.key == *key.key || tenant.next_key == key.key) {
+          return usage_error("--cluster-key is tenant " + tenant.name +
+                             "'s key: its clients could forge the replication stream; make a "
+                             "key of its own (shardlockctl keygen)");
+        }
+      }
+    }
     if (f.options.auth_key && key.key && *key.key == *f.options.auth_key) {
       return usage_error(
           "--cluster-key is the --auth-key: the clients hold that one, so any of them could "
@@ -545,6 +565,10 @@ std::optional<int> apply_cluster_flags(DaemonFlags& f, const DaemonLog& log) {
     }
     warn_if_others_can_read(cluster_key_path, log);
     f.options.cluster_key = key.key;
+  } else if (f.options.replication && f.options.tenants) {
+    return usage_error("--tenants with --replicas " + std::to_string(f.cluster.replicas) +
+                       " needs --cluster-key FILE: no tenant's key may seal the replication "
+                       "stream");
   } else if (f.options.replication &&
              !(is_loopback_address(f.options.bind_address) &&
                (f.cluster.advertise.empty() || is_loopback_address(f.cluster.advertise)))) {
@@ -644,7 +668,8 @@ std::string announce_ready(const DaemonLog& log, const LeaseServerOptions& optio
   ready["lock_delay_ms"] = effective_delay.count();
   ready["lock_delay_ends"] = delay_ends_text;
   ready["lock_delay_remaining_s"] = seconds_value(delay_left);
-  ready["auth"] = options.auth_key.has_value();
+  ready["auth"] = options.auth_key.has_value() || options.tenants.has_value();
+  ready["tenants"] = options.tenants ? Json(options.tenants->size()) : Json(nullptr);
   ready["metrics"] = std::move(metrics);
   ready["fresh_data_dir"] = server.fresh_data_dir();
   ready["allocator"] = shardlock::tools::kAllocatorName;
@@ -749,9 +774,28 @@ int run(int argc, char** argv) {
                            ? "granting: no lock-delay (fresh data dir)"
                            : "granting: the lock-delay is over");
   };
+  // SIGHUP: the tenant file again, whole or not at all.
+  auto reload = [&] {
+    if (f.tenants_file.empty()) {
+      log.write(LogLevel::kInfo,
+                "received SIGHUP: ignored (no --tenants to reload; the log is stderr, nothing "
+                "to reopen)");
+      return;
+    }
+    auto loaded = shardlock::lease::load_tenant_file(f.tenants_file);
+    if (!loaded.ok()) {
+      log.write(LogLevel::kError, "received SIGHUP: kept the tenants in force, the file is bad: " +
+                                      loaded.message());
+      return;
+    }
+    const std::size_t tenants = loaded.table->size();
+    (void)server.reload_tenants(std::move(*loaded.table));
+    log.write(LogLevel::kInfo, "received SIGHUP: reloaded " + std::to_string(tenants) +
+                                   " tenant(s) from " + f.tenants_file);
+  };
   const int signal_number = serve_until_stopped(
       signals, log, server, f.summary_interval, granting,
-      [&](const std::string& line) { notify(log, "STATUS=" + line + listening); });
+      [&](const std::string& line) { notify(log, "STATUS=" + line + listening); }, reload);
   log.write(LogLevel::kInfo, std::string("received ") +
                                  (signal_number == SIGTERM ? "SIGTERM" : "SIGINT") + ", stopping");
   notify(log, "STOPPING=1\nSTATUS=stopping");
