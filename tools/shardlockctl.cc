@@ -165,6 +165,10 @@ int run(int argc, char** argv) {
   Globals& g = session.globals;
   default_from_env(g.servers, "SHARDLOCK_SERVER");
   default_from_env(g.auth_key_file, "SHARDLOCK_AUTH_KEY_FILE");
+  default_from_env(g.tenant, "SHARDLOCK_TENANT");
+  if (const char* encrypt = std::getenv("SHARDLOCK_ENCRYPT"); encrypt != nullptr) {
+    g.encrypt = g.encrypt || std::string_view(encrypt) == "1";
+  }
   session.out.json = g.output.json();
   session.timeout.text = g.timeout;
   return session.action ? session.action() : kExitUsage;

@@ -367,6 +367,40 @@ TEST(ShardlockctlTest, KeygenAndAuthenticatedDaemon) {
   std::remove(bad_file.c_str());
 }
 
+// --tenant and --encrypt (or SHARDLOCK_TENANT, SHARDLOCK_ENCRYPT) against a
+// daemon with --tenants: the tenant's requests within its prefix are served,
+// outside it refused with the cause named; bad values are usage errors.
+TEST(ShardlockctlTest, TenantFlagsReachADaemonWithTenants) {
+  const std::string base =
+      ::testing::TempDir() + "shardlockctl_tenant_" + std::to_string(::getpid());
+  const ToolResult keygen = run_tool(kCtl, {"keygen"});
+  ASSERT_EQ(keygen.exit_code, 0) << keygen.err;
+  const std::string key_file = base + ".key";
+  std::ofstream(key_file) << keygen.out;
+  const std::string tenants = base + ".tenants";
+  std::ofstream(tenants) << "tenant jobs id=7 key-file=" << key_file
+                         << " encrypt=yes\nallow jobs \"jobs/\" acquire,query\n";
+  Daemon d("0", {"--tenants", tenants});
+  ASSERT_FALSE(d.address().empty());
+  const ToolResult granted = ctl(d, {"--auth-key", key_file, "--tenant", "7", "--encrypt",
+                                     "acquire", "jobs/a", "--ttl", "10s"});
+  EXPECT_EQ(granted.exit_code, 0) << granted.err;
+  const ToolResult outside = ctl(d, {"--auth-key", key_file, "--tenant", "7", "--encrypt",
+                                     "acquire", "other/a", "--ttl", "10s"});
+  EXPECT_NE(outside.exit_code, 0);
+  EXPECT_NE(outside.err.find("permission denied"), std::string::npos) << outside.err;
+  // Unencrypted, a tenant with encrypt=yes is not answered.
+  EXPECT_EQ(ctl(d, {"--timeout", "300ms", "--auth-key", key_file, "--tenant", "7", "acquire",
+                    "jobs/b", "--ttl", "1s"})
+                .exit_code,
+            3);
+  EXPECT_EQ(ctl(d, {"--auth-key", key_file, "--tenant", "seven", "query", "jobs/a"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"--auth-key", key_file, "--encrypt", "query", "jobs/a"}).exit_code, 2);
+  EXPECT_EQ(ctl(d, {"--tenant", "7", "query", "jobs/a"}).exit_code, 2);
+  std::remove(key_file.c_str());
+  std::remove(tenants.c_str());
+}
+
 TEST(ShardlockctlTest, RunGivesTheCommandItsLeaseAndReleasesOnExit) {
   Daemon d;
   ASSERT_FALSE(d.address().empty());

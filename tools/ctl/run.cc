@@ -106,6 +106,11 @@ std::vector<ChildVariable> lease_variables(const Session& session, const RunArgs
       // too; without one, an inherited SHARDLOCK_AUTH_KEY_FILE stays.
       {"SHARDLOCK_AUTH_KEY_FILE",
        auth_key_file.empty() ? std::nullopt : std::optional(auth_key_file), !auth_key_file.empty()},
+      {"SHARDLOCK_TENANT",
+       session.globals.tenant.empty() ? std::nullopt : std::optional(session.globals.tenant),
+       !session.globals.tenant.empty()},
+      {"SHARDLOCK_ENCRYPT", session.globals.encrypt ? std::optional<std::string>("1") : std::nullopt,
+       session.globals.encrypt},
   };
 }
 

@@ -1,5 +1,7 @@
 #include "ctl/session.h"
 
+#include <charconv>
+
 #include <utility>
 
 namespace shardlock::ctl {
@@ -81,6 +83,14 @@ void add_global_flags(CLI::App& app, Globals& g, bool short_w) {
                  "File with the key shared with the servers (see keygen; env "
                  "SHARDLOCK_AUTH_KEY_FILE); seals every request and accepts only sealed replies")
       ->group(kGlobalGroup);
+  app.add_option("--tenant", g.tenant,
+                 "The key id of the tenant whose key --auth-key holds (docs/security.md; env "
+                 "SHARDLOCK_TENANT), for a server started with --tenants")
+      ->group(kGlobalGroup);
+  app.add_flag("--encrypt", g.encrypt,
+               "Encrypt every datagram (the tenant's encrypt=yes; env SHARDLOCK_ENCRYPT=1); "
+               "needs --tenant")
+      ->group(kGlobalGroup);
   tools::add_output_flags(app, g.output, short_w, kGlobalGroup);
 }
 
@@ -137,6 +147,26 @@ StartedClient start_client(const Session& session, const ClientRequest& request)
     return started;
   }
   options.auth_key = auth.key;
+  if (!g.tenant.empty()) {
+    std::uint32_t id = 0;
+    const char* end = g.tenant.data() + g.tenant.size();
+    const auto parsed = std::from_chars(g.tenant.data(), end, id);
+    if (parsed.ec != std::errc{} || parsed.ptr != end) {
+      started.status = usage_error(kTool, "--tenant wants a key id (0 to 4294967295), got '" +
+                                              g.tenant + "'");
+      return started;
+    }
+    if (!auth.key) {
+      started.status = usage_error(kTool, "--tenant needs the tenant's key (--auth-key FILE)");
+      return started;
+    }
+    options.tenant = id;
+  }
+  if (g.encrypt && !options.tenant) {
+    started.status = usage_error(kTool, "--encrypt needs --tenant");
+    return started;
+  }
+  options.encrypt = g.encrypt;
   std::optional<int> refused = request.check ? request.check() : std::nullopt;
   if (!refused && !request.takes_command && !session.command.empty()) {
     refused = usage_error(kTool, "only run and elect take -- COMMAND");

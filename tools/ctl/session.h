@@ -31,6 +31,8 @@ struct Globals {
   std::string timeout = "2s";
   bool discover = false;
   std::string auth_key_file;  // --auth-key, else $SHARDLOCK_AUTH_KEY_FILE
+  std::string tenant;         // --tenant, else $SHARDLOCK_TENANT: a key id
+  bool encrypt = false;       // --encrypt, or $SHARDLOCK_ENCRYPT=1
   tools::OutputFlags output;
 };
 
