@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "lease/udp_test_peer.h"
+#include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/auth.h"
 #include "tools/client_tool_support.h"
 
@@ -902,6 +903,74 @@ TEST_F(ShardlockdTest, ReplicasOutsideLoopbackNeedAClusterKeyOfTheirOwn) {
   EXPECT_NE(r.err.find("cannot join the cluster"), std::string::npos) << r.err;
   r = node({"--listen", "127.0.0.1:0"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
+}
+
+// --tenants FILE: a bad file is a usage error naming its line and column; a
+// good one is served, and SIGHUP reloads it (a tenant added is served, a
+// lease held is kept) or, when the new file is bad, keeps the one in force.
+TEST_F(ShardlockdTest, TheTenantFileIsCheckedAtStartAndReloadedOnSighup) {
+  const std::string file = root_ + "/tenants";
+  const lease::AuthKey a = lease::generate_auth_key();
+  const lease::AuthKey b = lease::generate_auth_key();
+  const std::string tenant_a = "tenant a id=1 key=" + lease::format_auth_key(a) +
+                               "\nallow a \"a/\" acquire\n";
+  const auto write = [&](const std::string& text) {
+    std::ofstream(file, std::ios::trunc) << text;
+    ::chmod(file.c_str(), 0600);
+  };
+  write(tenant_a + "tenant b id=1 key=" + lease::format_auth_key(b) + "\n");
+  {
+    const auto r = Daemon({"--listen", "127.0.0.1:0", "--tenants", file}).finish(milliseconds{20'000});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(file + ":3:"), std::string::npos) << r.err;  // the duplicate id
+  }
+  write(tenant_a);
+  Daemon d({"--listen", "127.0.0.1:0", "--lock-delay", "0", "--tenants", file});
+  const std::string line = d.read_line();
+  const std::uint16_t port = ready_port(line);
+  ASSERT_NE(port, 0) << line;
+  EXPECT_NE(line.find("\"tenants\":1"), std::string::npos) << line;
+  const auto client = [&](std::uint32_t tenant, const lease::AuthKey& key) {
+    lease::LeaseClientOptions o;
+    o.nodes = {"127.0.0.1:" + std::to_string(port)};
+    o.auth_key = key;
+    o.tenant = tenant;
+    o.request_timeout = milliseconds{800};
+    auto c = std::make_unique<lease::LeaseClient>(o);
+    EXPECT_FALSE(c->start()) << c->error_detail();
+    return c;
+  };
+  auto ca = client(1, a);
+  auto held = ca->acquire("a/held", milliseconds{30'000}, milliseconds{0});
+  ASSERT_TRUE(held) << held.error.message();
+  auto cb = client(2, b);
+  EXPECT_EQ(cb->acquire("b/x", milliseconds{5000}, milliseconds{0}).error,
+            lease::LeaseErrc::kUnreachable);
+
+  const auto log_until = [&](const std::string& text) {
+    std::string log;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (log.find(text) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+      log += d.read_stderr();
+    }
+    return log;
+  };
+  write(tenant_a + "tenant b id=2 key=" + lease::format_auth_key(b) + "\nallow b \"b/\" acquire\n");
+  d.signal(SIGHUP);
+  std::string log = log_until("reloaded 2 tenant(s)");
+  EXPECT_NE(log.find("reloaded 2 tenant(s) from " + file), std::string::npos) << log;
+  auto granted = cb->acquire("b/x", milliseconds{5000}, milliseconds{0});
+  EXPECT_TRUE(granted) << granted.error.message();
+  EXPECT_FALSE(held.lease.renew(milliseconds{30'000})) << "a lease held across the reload";
+
+  write("tenant broken\n");
+  d.signal(SIGHUP);
+  log = log_until("kept the tenants in force");
+  EXPECT_NE(log.find("kept the tenants in force"), std::string::npos) << log;
+  EXPECT_TRUE(cb->acquire("b/y", milliseconds{5000}, milliseconds{0}));
+  EXPECT_FALSE(held.lease.release());
+  d.signal(SIGTERM);
+  EXPECT_EQ(d.wait(), 0);
 }
 
 }  // namespace
