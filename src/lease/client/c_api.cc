@@ -187,7 +187,8 @@ int keyed_arguments(const shardlock_client* client, const char* key,
 
 // Both create functions: builds, starts and hands out a client.
 int create_client(const char* nodes, const char* auth_key_file, uint32_t request_timeout_ms,
-                  bool discover_cluster, shardlock_client** out) {
+                  uint32_t flags, uint32_t tenant, shardlock_client** out) {
+  const bool discover_cluster = (flags & SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0;
   if (nodes == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "nodes is NULL");
   lease::LeaseClientOptions options;
   options.nodes = lease::split_node_list(nodes);
@@ -199,6 +200,8 @@ int create_client(const char* nodes, const char* auth_key_file, uint32_t request
     if (!file.key) return fail(SHARDLOCK_AUTH_KEY, file.error);
     options.auth_key = file.key;
   }
+  if ((flags & SHARDLOCK_CLIENT_TENANT) != 0) options.tenant = tenant;
+  options.encrypt = (flags & SHARDLOCK_CLIENT_ENCRYPT) != 0;
   auto client = std::make_unique<shardlock_client>(std::move(options));
   if (const std::error_code ec = client->client.start()) {
     const std::string& detail = client->client.error_detail();
@@ -260,7 +263,7 @@ int shardlock_client_create(const char* nodes, const char* auth_key_file,
   return guarded([&]() -> int {
     if (out == nullptr) return fail(SHARDLOCK_BAD_ARGUMENT, "out is NULL");
     *out = nullptr;
-    return create_client(nodes, auth_key_file, request_timeout_ms, /*discover_cluster=*/false, out);
+    return create_client(nodes, auth_key_file, request_timeout_ms, /*flags=*/0, /*tenant=*/0, out);
   });
 }
 
@@ -288,11 +291,19 @@ int shardlock_client_create_ex(const shardlock_client_options* options, shardloc
                         std::to_string(sizeof(shardlock_client_options)) + ")");
       }
     }
-    if ((options->flags & ~SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0) {
+    constexpr std::uint32_t kKnownFlags =
+        SHARDLOCK_CLIENT_DISCOVER_CLUSTER | SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_ENCRYPT;
+    if ((options->flags & ~kKnownFlags) != 0) {
       return fail(SHARDLOCK_BAD_ARGUMENT, "unknown options->flags");
     }
+    // The tenant field came with SHARDLOCK_C_API_MINOR 4: an older caller's
+    // struct ends before it, and reads as 0.
+    const std::uint32_t tenant =
+        options->size >= offsetof(shardlock_client_options, tenant) + sizeof(options->tenant)
+            ? options->tenant
+            : 0;
     return create_client(options->nodes, options->auth_key_file, options->request_timeout_ms,
-                         (options->flags & SHARDLOCK_CLIENT_DISCOVER_CLUSTER) != 0, out);
+                         options->flags, tenant, out);
   });
 }
 

@@ -3,10 +3,15 @@
 // only the C header; this file starts the server and reports.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
 #include <memory>
 #include <string>
 
 #include "c_api_test_scenarios.h"
+#include "shardlock/lease/tenants.h"
 #include "support/loopback_server.h"
 
 namespace shardlock::lease {
@@ -39,6 +44,23 @@ TEST_F(CApiTest, BadArgumentsReturnTheirCodes) {
 }
 
 TEST_F(CApiTest, CreateExChecksItsOptions) { expect_passes(c_api_create_ex(address_.c_str())); }
+
+// SHARDLOCK_CLIENT_TENANT and SHARDLOCK_CLIENT_ENCRYPT against a server with
+// tenants (LeaseServerOptions::tenants).
+TEST(CApiTenantTest, ATenantClientEncryptsAndIsHeldToItsPrefix) {
+  const AuthKey key = generate_auth_key();
+  const std::string key_file = ::testing::TempDir() + "c_api_tenant_" + std::to_string(::getpid());
+  std::ofstream(key_file) << format_auth_key(key) << "\n";
+  auto parsed = parse_tenant_file(
+      "tenant c id=5 key=" + format_auth_key(key) + " encrypt=yes\nallow c \"c/\" acquire\n", "/");
+  ASSERT_TRUE(parsed.ok()) << parsed.message();
+  LeaseServerOptions o = test_support::loopback_options();
+  o.tenants = std::move(*parsed.table);
+  auto server = test_support::start_loopback_server(o);
+  ASSERT_TRUE(server);
+  expect_passes(c_api_tenant(test_support::loopback_address(*server).c_str(), key_file.c_str(), 5));
+  std::remove(key_file.c_str());
+}
 
 TEST_F(CApiTest, QueryHoldersListsEachHolder) { expect_passes(c_api_holders(address_.c_str())); }
 

@@ -9,6 +9,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -282,7 +283,8 @@ const char* c_api_create_ex(const char* server) {
   options.size = 0; /* a caller that forgot to set it */
   CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
   CHECK(strstr(shardlock_last_error_detail(), "size") != NULL);
-  options.size = sizeof options - 1;
+  /* Shorter than the first version of the struct. */
+  options.size = offsetof(shardlock_client_options, flags) + sizeof options.flags - 1;
   CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
   options.size = sizeof options;
   options.flags = 0x80u;
@@ -763,5 +765,46 @@ const char* c_api_threads(const char* server) {
   shardlock_lease_destroy(outer);
 
   shardlock_client_destroy(counter.client);
+  return NULL;
+}
+
+const char* c_api_tenant(const char* server, const char* key_file, uint32_t tenant) {
+  shardlock_client* client = NULL;
+  shardlock_lease* lease = NULL;
+  shardlock_client_options options;
+  memset(&options, 0, sizeof options);
+  options.size = sizeof options;
+  options.nodes = server;
+  options.auth_key_file = key_file;
+  options.request_timeout_ms = 1000;
+
+  /* Encryption needs a tenant. */
+  options.flags = SHARDLOCK_CLIENT_ENCRYPT;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(client == NULL);
+  /* The tenant's key without its key id is no datagram the server takes. */
+  options.flags = 0;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_OK);
+  CHECK_STATUS(
+      shardlock_acquire(client, "c/a", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_UNREACHABLE);
+  shardlock_client_destroy(client);
+  client = NULL;
+
+  options.flags = SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_ENCRYPT;
+  options.tenant = tenant;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_OK);
+  CHECK_STATUS(
+      shardlock_acquire(client, "c/a", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_lease_release(lease), SHARDLOCK_OK);
+  shardlock_lease_destroy(lease);
+  lease = NULL;
+  /* Outside the tenant's prefix: refused, and the detail says why. */
+  CHECK_STATUS(
+      shardlock_acquire(client, "other", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_SERVER_ERROR);
+  CHECK(strstr(shardlock_last_error_detail(), "permission denied") != NULL);
+  shardlock_client_destroy(client);
   return NULL;
 }

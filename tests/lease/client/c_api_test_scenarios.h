@@ -3,6 +3,8 @@
 #ifndef SHARDLOCK_TESTS_LEASE_C_API_TEST_SCENARIOS_H_
 #define SHARDLOCK_TESTS_LEASE_C_API_TEST_SCENARIOS_H_
 
+#include <stdint.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -12,6 +14,9 @@ const char* c_api_shared_and_permits(const char* server);
 const char* c_api_bad_arguments(const char* server);
 // shardlock_client_create_ex(): bad options are refused with their codes.
 const char* c_api_create_ex(const char* server);
+// Against a server whose tenant `tenant` (encrypt=yes) has key_file's key
+// and acquire on "c/".
+const char* c_api_tenant(const char* server, const char* key_file, uint32_t tenant);
 // shardlock_query_holders() and the snapshot's accessors.
 const char* c_api_holders(const char* server);
 // shardlock_acquire_reentrant(): shared grants, hold counts, the last release.

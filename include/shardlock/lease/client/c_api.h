@@ -68,7 +68,7 @@ extern "C" {
 /* Minor 3 adds no symbol: every lease is its own owner, reentrant acquires
  * are per thread, and SHARDLOCK_REENTRANT_PER_CLIENT asks for the old
  * per-client reentrancy. */
-#define SHARDLOCK_C_API_MINOR 3
+#define SHARDLOCK_C_API_MINOR 4
 
 /* The typedefs below are C, which has no `using`; clang-tidy's
  * modernize-use-using is silenced on each for that reason. */
@@ -172,6 +172,13 @@ SHARDLOCK_C_EXPORT int shardlock_client_create(const char* nodes, const char* au
  * through a lock-delay or a failover"). The map's members must share the
  * seeds' address family. */
 #define SHARDLOCK_CLIENT_DISCOVER_CLUSTER 0x1u
+/* `tenant` is set: auth_key_file holds that tenant's key (docs/security.md),
+ * requests name its key id, and owner ids carry it. Since
+ * SHARDLOCK_C_API_MINOR 4. */
+#define SHARDLOCK_CLIENT_TENANT 0x2u
+/* With SHARDLOCK_CLIENT_TENANT: every datagram encrypted (the tenant's
+ * encrypt=yes). Since SHARDLOCK_C_API_MINOR 4. */
+#define SHARDLOCK_CLIENT_ENCRYPT 0x4u
 
 /* What shardlock_client_create_ex() is asked for. Zero it, then set `size`
  * (memset, or = {sizeof(shardlock_client_options)}): a field added to a
@@ -187,8 +194,12 @@ typedef struct shardlock_client_options { /* NOLINT(modernize-use-using) */
   const char* auth_key_file;
   /* How long a call retransmits before SHARDLOCK_UNREACHABLE (0: 2000). */
   uint32_t request_timeout_ms;
-  /* 0 or SHARDLOCK_CLIENT_DISCOVER_CLUSTER. */
+  /* SHARDLOCK_CLIENT_DISCOVER_CLUSTER, SHARDLOCK_CLIENT_TENANT and
+   * SHARDLOCK_CLIENT_ENCRYPT, or 0. */
   uint32_t flags;
+  /* With SHARDLOCK_CLIENT_TENANT: the tenant's key id. Since
+   * SHARDLOCK_C_API_MINOR 4; a caller's struct without it reads 0. */
+  uint32_t tenant;
 } shardlock_client_options;
 
 /* Creates and starts a client as shardlock_client_create() does, with the
