@@ -26,6 +26,26 @@ namespace internal {
 using Clock = LeaseClock;
 using std::chrono::milliseconds;
 
+std::error_code ClientCore::choose_identity() {
+  if (setup.options.client_id) {
+    setup.id = *setup.options.client_id;
+  } else {
+    std::array<std::uint64_t, 2> words{};
+    if (::getrandom(words.data(), sizeof words, 0) != static_cast<ssize_t>(sizeof words)) {
+      error_detail = "getrandom failed";
+      return {errno, std::system_category()};
+    }
+    setup.id = ClientId{words[0], words[1]};
+  }
+  if (setup.options.tenant) {
+    // The server scopes owners so (TenantGate): choosing them so keeps the
+    // ids this client sees in HOLDERS_REPLY its own.
+    setup.id.hi =
+        (setup.id.hi & 0x0000'0000'FFFF'FFFFULL) | (std::uint64_t{*setup.options.tenant} << 32);
+  }
+  return {};
+}
+
 std::error_code ClientCore::start() {
   if (engine.started()) return LeaseErrc::kBadArgument;
   if (setup.options.nodes.empty()) {
@@ -75,22 +95,7 @@ std::error_code ClientCore::start() {
   } else {
     setup.routing.assign(setup.options.nodes);
   }
-  if (setup.options.client_id) {
-    setup.id = *setup.options.client_id;
-  } else {
-    std::array<std::uint64_t, 2> words{};
-    if (::getrandom(words.data(), sizeof words, 0) != static_cast<ssize_t>(sizeof words)) {
-      error_detail = "getrandom failed";
-      return {errno, std::system_category()};
-    }
-    setup.id = ClientId{words[0], words[1]};
-  }
-  if (setup.options.tenant) {
-    // The server scopes owners so (TenantGate): choosing them so keeps the
-    // ids this client sees in HOLDERS_REPLY its own.
-    setup.id.hi =
-        (setup.id.hi & 0x0000'0000'FFFF'FFFFULL) | (std::uint64_t{*setup.options.tenant} << 32);
-  }
+  if (std::error_code ec = choose_identity()) return ec;
   if (setup.options.auth_key) setup.envelope_key = envelope_key(*setup.options.auth_key);
   // Request ids start at the wall-clock millisecond shifted left by 20,
   // plus 20 random bits. The server's dedup cache is keyed by (client id,

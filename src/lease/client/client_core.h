@@ -25,6 +25,9 @@ struct ClientCore {
   // Resolves the nodes, picks the client id and first request id, opens the
   // socket and starts the I/O thread. On error error_detail says why.
   std::error_code start();
+  // start()'s step: setup.id, from options.client_id or random, with a
+  // tenant's key id in its top 32 bits.
+  std::error_code choose_identity();
   // Stops both threads; what is outstanding completes with kNotStarted.
   void shutdown();
   // The sync wrapper: submits `call` and blocks the calling thread until it
