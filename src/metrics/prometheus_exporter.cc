@@ -158,6 +158,31 @@ std::vector<prometheus::MetricFamily> counter_families(const ServerStats& s) {
   return out;
 }
 
+// Per tenant (docs/security.md), labelled by its name: none without tenants.
+void tenant_families(const std::vector<TenantStats>& tenants,
+                     std::vector<prometheus::MetricFamily>& out) {
+  if (tenants.empty()) return;
+  auto requests = family("tenant_requests_total",
+                         "Requests admitted under each tenant's key, since it was loaded.",
+                         prometheus::MetricType::Counter);
+  auto denied = family("tenant_permission_denied_total",
+                       "Requests answered ERROR permission_denied: outside the tenant's "
+                       "prefixes or rights.",
+                       prometheus::MetricType::Counter);
+  for (const TenantStats& t : tenants) {
+    prometheus::ClientMetric r;
+    r.label.push_back({"tenant", t.name});
+    r.counter.value = static_cast<double>(t.requests);
+    requests.metric.push_back(r);
+    prometheus::ClientMetric d;
+    d.label.push_back({"tenant", t.name});
+    d.counter.value = static_cast<double>(t.permission_denied);
+    denied.metric.push_back(d);
+  }
+  out.push_back(std::move(requests));
+  out.push_back(std::move(denied));
+}
+
 class ServerCollector final : public prometheus::Collectable {
  public:
   explicit ServerCollector(const LeaseServer& server) : server_(server) {}
@@ -197,6 +222,7 @@ class ServerCollector final : public prometheus::Collectable {
                             "The server's own time per request datagram, from its arrival at "
                             "the dispatcher to its replies decided (no socket time).",
                             s.request_latency));
+    tenant_families(server_.tenant_stats(), out);
     return out;
   }
 

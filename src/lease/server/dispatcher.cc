@@ -358,6 +358,7 @@ bool Dispatcher::admit(Worker& w, std::span<const std::uint8_t>& bytes, Peer& pe
     if (opened) {
       bytes = opened->plain;
       w.tenant = opened->tenant;
+      w.tenant_counters = opened->counters;
       peer.seal = opened->seal;
     }
   }
@@ -429,11 +430,13 @@ void Dispatcher::decide(Worker& w, std::span<const std::uint8_t> bytes, const Pe
     const Message& m = w.request.messages[i];
     Message r;
     r.request_id = m.request_id;
+    if (w.tenant != nullptr) count(w.tenant_counters->requests);
     if (w.tenant != nullptr && !permitted(*w.tenant, m)) {
       // Authenticated, so no oracle to strangers: only the tenant learns it.
       r.type = MessageType::kError;
       r.error = WireError::kPermissionDenied;
-      count(counters_.errors);  // per tenant: not yet
+      count(counters_.errors);
+      count(w.tenant_counters->permission_denied);
     } else if (m.type == MessageType::kStats) {
       fill_stats(w, m, stats_slack, r);
       stats_slack = 0;  // one page per datagram

@@ -166,6 +166,7 @@ class Dispatcher {
     std::optional<TenantGate::Reader> tenants;
     std::array<std::uint8_t, kMaxDatagramSize> opened{};
     const Tenant* tenant = nullptr;
+    TenantCounters* tenant_counters = nullptr;
     std::vector<DeferredReply> deferred;
     std::vector<std::uint8_t> stats_tokens;
     std::array<std::uint8_t, 8 * kStatCounterCount> stats_counters{};

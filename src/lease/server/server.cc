@@ -592,6 +592,10 @@ void LeaseServer::stop() { impl_->stop(); }
 
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
+std::vector<TenantStats> LeaseServer::tenant_stats() const {
+  return impl_->tenant_gate ? impl_->tenant_gate->stats() : std::vector<TenantStats>{};
+}
+
 bool LeaseServer::reload_tenants(TenantTable tenants) {
   if (!impl_->options.tenants || !impl_->tenant_gate) return false;
   impl_->tenant_gate->replace(std::move(tenants), /*scoped=*/true);

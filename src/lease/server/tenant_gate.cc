@@ -13,13 +13,20 @@ constexpr std::uint8_t seal_mode_of(EnvelopeMode mode) noexcept {
 
 }  // namespace
 
-TenantKeys::TenantKeys(TenantTable t, bool scope) : table(std::move(t)), scoped(scope) {
+TenantKeys::TenantKeys(TenantTable t, bool scope, const TenantKeys* previous)
+    : table(std::move(t)), scoped(scope) {
   entries.reserve(table.size());
   for (const Tenant& tenant : table.tenants()) {
     Entry& e = entries.emplace_back();
     e.tenant = &tenant;
     e.key = envelope_key(tenant.key);
     if (tenant.next_key) e.next_key = envelope_key(*tenant.next_key);
+    if (previous != nullptr) {
+      for (const Entry& old : previous->entries) {
+        if (old.tenant->name == tenant.name) e.counters = old.counters;
+      }
+    }
+    if (!e.counters) e.counters = std::make_shared<TenantCounters>();
   }
 }
 
@@ -34,15 +41,28 @@ TenantGate::TenantGate(TenantTable table, bool scoped)
     : keys_(std::make_shared<const TenantKeys>(std::move(table), scoped)) {}
 
 void TenantGate::replace(TenantTable table, bool scoped) {
-  auto keys = std::make_shared<const TenantKeys>(std::move(table), scoped);
   LockGuard lock(mu_);
-  keys_ = std::move(keys);
+  keys_ = std::make_shared<const TenantKeys>(std::move(table), scoped, keys_.get());
   generation_.fetch_add(1, std::memory_order_release);
 }
 
 std::shared_ptr<const TenantKeys> TenantGate::current() const {
   LockGuard lock(mu_);
   return keys_;
+}
+
+std::vector<TenantStats> TenantGate::stats() const {
+  const std::shared_ptr<const TenantKeys> keys = current();
+  std::vector<TenantStats> out;
+  out.reserve(keys->entries.size());
+  for (const TenantKeys::Entry& e : keys->entries) {
+    out.push_back(TenantStats{
+        .name = e.tenant->name,
+        .key_id = e.tenant->key_id,
+        .requests = e.counters->requests.load(std::memory_order_relaxed),
+        .permission_denied = e.counters->permission_denied.load(std::memory_order_relaxed)});
+  }
+  return out;
 }
 
 void TenantGate::Reader::refresh() noexcept {
@@ -64,6 +84,7 @@ std::optional<TenantGate::Reader::Opened> TenantGate::Reader::open(
   if (entry->tenant->encrypt && id->mode != EnvelopeMode::kEncrypted) return std::nullopt;
   Opened opened;
   opened.tenant = entry->tenant;
+  opened.counters = entry->counters.get();
   opened.seal = PeerSeal{.key_id = id->key_id, .mode = seal_mode_of(id->mode), .next_key = 0};
   opened.plain = open_with(datagram, entry->key, scratch);
   if (opened.plain.empty() && entry->next_key) {

@@ -36,6 +36,7 @@
 #include <string_view>
 #include <vector>
 
+#include "shardlock/lease/server/server_types.h"
 #include "shardlock/lease/tenants.h"
 #include "shardlock/lease/wire/envelope.h"
 #include "shardlock/lease/wire/internal/peer.h"
@@ -47,17 +48,27 @@ namespace shardlock::lease::internal {
 
 // A tenant table with every key made ready for the envelope (EnvelopeKey:
 // derived once per load, not per datagram).
+// One tenant's counts (TenantGate::stats()); kept across reloads while the
+// tenant's name stays in the file.
+struct TenantCounters {
+  std::atomic<std::uint64_t> requests{0};           // requests admitted
+  std::atomic<std::uint64_t> permission_denied{0};  // of them, answered ERROR permission_denied
+};
+
 struct TenantKeys {
   struct Entry {
     const Tenant* tenant = nullptr;
     EnvelopeKey key;
     std::optional<EnvelopeKey> next_key;
+    std::shared_ptr<TenantCounters> counters;
   };
   TenantTable table;
   std::vector<Entry> entries;  // in table.tenants() order (by key id)
   bool scoped = false;         // a tenant file: owners carry their tenant's key id
 
-  TenantKeys(TenantTable t, bool scope);
+  // `previous`: the table this one replaces, whose tenants' counters the
+  // tenants of the same name carry on.
+  TenantKeys(TenantTable t, bool scope, const TenantKeys* previous = nullptr);
   [[nodiscard]] const Entry* find(std::uint32_t key_id) const noexcept;
 };
 
@@ -72,6 +83,8 @@ class TenantGate {
   void replace(TenantTable table, bool scoped);
   // The table now in force.
   [[nodiscard]] std::shared_ptr<const TenantKeys> current() const;
+  // Each tenant of the table in force and its counts, by key id.
+  [[nodiscard]] std::vector<TenantStats> stats() const;
 
   // One I/O thread's view: the table it last picked up.
   class Reader {
@@ -81,6 +94,7 @@ class TenantGate {
     struct Opened {
       std::span<const std::uint8_t> plain;  // the datagram decode() reads
       const Tenant* tenant = nullptr;
+      TenantCounters* counters = nullptr;   // the tenant's
       PeerSeal seal;                        // how its answers are sealed
     };
     // `datagram` opened under its key id's tenant key (current, else next),

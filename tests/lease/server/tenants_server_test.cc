@@ -93,6 +93,21 @@ TEST_F(TenantsServerTest, ATenantActsOnlyOnItsPrefixesWithItsRights) {
   ASSERT_FALSE(held.error) << held.error.message();
   EXPECT_TRUE(held.held);
   EXPECT_FALSE(granted.lease.release());
+
+  // Counted per tenant: billing's three refusals, none of ops'.
+  const auto stats_of = [&](std::string_view name) {
+    for (const TenantStats& t : server_->tenant_stats()) {
+      if (t.name == name) return t;
+    }
+    ADD_FAILURE() << "no tenant " << name;
+    return TenantStats{};
+  };
+  const TenantStats b = stats_of("billing");
+  EXPECT_EQ(b.key_id, 1u);
+  EXPECT_EQ(b.permission_denied, 3u);
+  EXPECT_GE(b.requests, 5u);
+  EXPECT_EQ(stats_of("ops").permission_denied, 0u);
+  EXPECT_EQ(stats_of("secret").requests, 0u);
 }
 
 // An owner id seen in a HOLDERS_REPLY (or guessed) names the lease only
@@ -149,7 +164,15 @@ TEST_F(TenantsServerTest, AReloadAddsAndRemovesTenantsAndKeepsTheLeases) {
   auto held = billing->acquire("billing/kept", 10s, 0ms);
   ASSERT_TRUE(held) << held.error.message();
 
+  const auto requests_of = [&](std::string_view name) -> std::uint64_t {
+    for (const TenantStats& t : server_->tenant_stats()) {
+      if (t.name == name) return t.requests;
+    }
+    return 0;
+  };
+  const std::uint64_t before = requests_of("billing");
   ASSERT_TRUE(server_->reload_tenants(table_of(tenant_file(keys_, /*with_newcomer=*/true))));
+  EXPECT_EQ(requests_of("billing"), before) << "a reload keeps a tenant's counts";
   auto newcomer = client_of(4, keys_.newcomer);
   auto fresh = newcomer->acquire("new/a", 5s, 0ms);
   ASSERT_TRUE(fresh) << fresh.error.message();

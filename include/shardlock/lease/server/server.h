@@ -238,6 +238,9 @@ class LeaseServer {
   // lacks are not sent. False, changing nothing, when the server was not
   // started with options.tenants.
   bool reload_tenants(TenantTable tenants);
+  // Each tenant in force (options.tenants, or the single auth_key's
+  // "default") with its counts; empty without either.
+  [[nodiscard]] std::vector<TenantStats> tenant_stats() const;
 
   // Cluster mode and replication are driven through
   // internal::ClusterControl (internal/cluster_control.h), the cluster

@@ -8,6 +8,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <system_error>
 #include <vector>
 
@@ -29,6 +30,16 @@ enum class ServerError : std::uint8_t {
 [[nodiscard]] inline std::error_code make_error_code(ServerError e) noexcept {
   return {static_cast<int>(e), server_category()};
 }
+
+// One tenant's counts since it was first loaded (LeaseServer::tenant_stats();
+// a reload keeps a tenant's counts while its name stays).
+struct TenantStats {
+  std::string name;
+  std::uint32_t key_id = 0;
+  std::uint64_t requests = 0;           // requests admitted under its key
+  std::uint64_t permission_denied = 0;  // of them, outside its prefixes or rights
+  friend bool operator==(const TenantStats&, const TenantStats&) = default;
+};
 
 // A backup's progress over the buckets it backs up in the current layout
 // (internal::ClusterControl::replica_progress()).
