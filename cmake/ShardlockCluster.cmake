@@ -5,6 +5,8 @@
 #
 # Defines, when enabled:
 #   shardlock::grpcpp          grpc++ and libprotobuf (imported, interface)
+#   OpenSSL::Crypto            libcrypto, which gRPC's TLS runs on: the etcd
+#                              client reads its TLS files with it
 #   SHARDLOCK_PROTOC           path of protoc
 #   SHARDLOCK_GRPC_CPP_PLUGIN  path of grpc_cpp_plugin
 #   SHARDLOCK_ETCD_PROTO_DIR   etcd's .proto files, put there by
@@ -110,6 +112,15 @@ if(shardlock_cluster_wanted)
         "or configure with -DSHARDLOCK_BUILD_CLUSTER=OFF (shardlockd without --cluster).")
     endif()
   endforeach()
+  # The etcd client checks its TLS files (PEM, the key against the
+  # certificate, the certificate's dates) with the libcrypto gRPC links:
+  # libssl-dev, which libgrpc-dev depends on.
+  find_package(OpenSSL COMPONENTS Crypto)
+  if(NOT TARGET OpenSSL::Crypto)
+    message(FATAL_ERROR
+      "shardlock: SHARDLOCK_BUILD_CLUSTER needs OpenSSL's libcrypto (apt-get install libssl-dev, "
+      "or tools/install-deps.sh --release)")
+  endif()
   set(SHARDLOCK_CLUSTER_ENABLED ON)
 endif()
 message(STATUS

@@ -42,9 +42,11 @@ testing=(
   mypy  # python_client_mypy: mypy --strict over the Python client, which ships py.typed
 )
 # The etcd client (src/cluster/), which the release preset builds: gRPC,
-# protobuf and their code generators. etcd's .proto files are not here: they
-# come from tools/fetch-etcd-protos.sh (apt-get download, never installed).
-grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler)
+# protobuf and their code generators, and OpenSSL's libcrypto (libgrpc-dev
+# pulls it in; the client reads its TLS files with it). etcd's .proto files
+# are not here: they come from tools/fetch-etcd-protos.sh (apt-get download,
+# never installed).
+grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libssl-dev)
 # The Java client (clients/java) and its ctest: javac, jar, JUnit 5's
 # console launcher and Bouncy Castle (the datagram MAC), all from Debian; no
 # Maven.

@@ -139,6 +139,8 @@ std::error_code ClusterNode::start(ClusterNodeOptions options, lease::LeaseServe
 
   MembershipOptions m;
   m.endpoints = o.endpoints;
+  m.tls = o.etcd_tls;
+  m.credentials = o.etcd_credentials;
   m.prefix = cluster_prefix(o.cluster_name);
   m.node_id = o.node_id;
   m.advertise = o.advertise;

@@ -67,6 +67,10 @@ namespace shardlock::cluster {
 
 struct ClusterNodeOptions {
   std::string endpoints;  // etcd, "HOST:PORT[,HOST:PORT...]"
+  // TLS towards etcd and etcd's user/password authentication
+  // (EtcdClientOptions); unset, plaintext and no credentials.
+  std::optional<EtcdTls> etcd_tls{};
+  std::optional<EtcdCredentials> etcd_credentials{};
   std::string cluster_name = "default";
   std::string node_id;
   std::string advertise;  // HOST:PORT clients reach this node's LeaseServer at

@@ -50,6 +50,12 @@ std::string_view to_string(EtcdErrc e) noexcept {
       return "unexpected answer from etcd";
     case EtcdErrc::kServerError:
       return "etcd server error";
+    case EtcdErrc::kTlsConfig:
+      return "bad etcd TLS file";
+    case EtcdErrc::kCertificateExpired:
+      return "etcd client certificate expired or not yet valid";
+    case EtcdErrc::kAuthenticationFailed:
+      return "etcd authentication failed";
   }
   return "unknown etcd error";
 }

@@ -13,14 +13,24 @@
 // (the stubs sit behind a pointer), so including it costs nothing.
 //
 // Semantics:
+//  - TLS and etcd's user/password authentication are optional
+//    (EtcdClientOptions::tls, ::credentials; docs/cluster.md, "etcd over
+//    TLS"). With credentials, the first call authenticates (etcd's
+//    Auth.Authenticate) and every call carries the token etcd gave; a call
+//    etcd refuses because the token is invalid or expired authenticates
+//    again and is sent once more (etcd refused it unapplied, so this is no
+//    retry of a call that may have happened).
 //  - Every call has a deadline (EtcdClientOptions::call_timeout): it waits
 //    for a connection, and for etcd's answer, up to it and never longer.
-//    With no connection by then it fails as kUnavailable; connected but
-//    unanswered, as kDeadlineExceeded.
+//    With no connection by then it fails as kUnavailable, saying why the
+//    connection fails (a refused port, a TLS handshake that failed), which
+//    takes up to 250 ms more; connected but unanswered, as
+//    kDeadlineExceeded.
 //  - Nothing throws: every call returns an EtcdResult whose `error` is in
 //    etcd_category() and whose `detail` carries gRPC's or etcd's own words.
-//  - No call is retried behind the caller's back; a put that timed out may
-//    or may not have been applied. A call that fails as unreachable moves the
+//  - No call that etcd may have applied is retried behind the caller's back
+//    (only one refused for its token, above); a put that timed out may or
+//    may not have been applied. A call that fails as unreachable moves the
 //    client to the next endpoint for the calls after it.
 //  - All methods may be called from any thread, concurrently.
 #pragma once
@@ -55,11 +65,18 @@ enum class EtcdErrc : std::uint8_t {
   kFailedPrecondition,  // FAILED_PRECONDITION, e.g. a lease TTL etcd will not grant
   kCompacted,           // a watch's start revision is compacted (OUT_OF_RANGE, or a
                         // watch response's compact_revision)
-  kPermissionDenied,    // PERMISSION_DENIED or UNAUTHENTICATED (auth is not supported)
+  kPermissionDenied,    // PERMISSION_DENIED or UNAUTHENTICATED: the user lacks a role for the
+                        // keys, or etcd wants credentials that were not given
   kResourceExhausted,   // RESOURCE_EXHAUSTED (too many requests, a request too large)
   kLeaseExpired,        // a keep-alive found the lease gone (etcd answered TTL 0)
   kProtocol,            // etcd's answer lacks what the request implies
   kServerError,         // any other gRPC status (INTERNAL, UNKNOWN, ...)
+  kTlsConfig,           // a TLS file cannot be read, holds no PEM block of its kind, or the
+                        // private key does not belong to the certificate
+  kCertificateExpired,  // the client certificate is expired or not yet valid (checked before
+                        // connecting: etcd only closes the connection on such a certificate)
+  kAuthenticationFailed,  // etcd refused the user or password ("authentication failed,
+                          // invalid user ID or password")
 };
 [[nodiscard]] std::string_view to_string(EtcdErrc e) noexcept;
 [[nodiscard]] const std::error_category& etcd_category() noexcept;
@@ -137,10 +154,45 @@ using WatchCallback = std::function<void(const WatchUpdate&)>;
 // The client
 // ---------------------------------------------------------------------------
 
+// TLS towards etcd: the PEM text of etcdctl's --cacert, --cert and --key
+// files (read_etcd_tls_files() reads them).
+struct EtcdTls {
+  // The CA certificates etcd's certificate must verify against; empty:
+  // gRPC's default roots (the system's).
+  std::string ca_pem;
+  // This client's certificate chain and its private key, for an etcd with
+  // --client-cert-auth: both or neither. etcd takes the certificate's CN as
+  // the user when a call carries no token.
+  std::string cert_pem;
+  std::string key_pem;
+  // Where cert_pem came from, for messages (a file name).
+  std::string cert_source;
+};
+
+// Reads the CA file (may be empty: the default roots), the client
+// certificate and its key (both empty, or both given) into an EtcdTls.
+// kTlsConfig, naming the file, when one cannot be read, holds no PEM block
+// of its kind, or the key does not belong to the certificate. Reads files
+// only: no I/O to etcd.
+[[nodiscard]] EtcdResult<EtcdTls> read_etcd_tls_files(const std::string& ca_file,
+                                                      const std::string& cert_file,
+                                                      const std::string& key_file);
+
+// etcd's user/password authentication.
+struct EtcdCredentials {
+  std::string user;
+  std::string password;
+};
+
 struct EtcdClientOptions {
-  // "HOST:PORT[,HOST:PORT...]"; an "http://" prefix on an entry is accepted
-  // (etcd prints its URLs so). TLS is not supported.
+  // "HOST:PORT[,HOST:PORT...]"; an "http://" (or, with `tls`, "https://")
+  // prefix on an entry is accepted (etcd prints its URLs so).
   std::string endpoints;
+  // Set: every endpoint is reached over TLS (grpc::SslCredentials). Unset:
+  // plaintext.
+  std::optional<EtcdTls> tls{};
+  // Set: authenticate as this user, and send the token on every call.
+  std::optional<EtcdCredentials> credentials{};
   // The deadline of every call, from the moment it starts.
   std::chrono::milliseconds call_timeout{2000};
   // How soon a broken connection is retried, at the longest. gRPC's default
@@ -152,8 +204,10 @@ class EtcdWatch;
 
 class EtcdClient {
  public:
-  // Parses the endpoints and sets up (lazy) channels; connects on the first
-  // call. kBadEndpoint when an endpoint does not parse; no I/O happens here.
+  // Parses the endpoints and sets up (lazy) channels; connects (and
+  // authenticates) on the first call. kBadEndpoint when an endpoint does
+  // not parse, kCertificateExpired when the client certificate is outside
+  // its validity period now; no I/O happens here.
   [[nodiscard]] static EtcdResult<std::unique_ptr<EtcdClient>> connect(
       const EtcdClientOptions& options);
 

@@ -57,8 +57,11 @@ std::string_view state_name(grpc_connectivity_state state) {
 // thread-safe: EtcdClient::Impl serialises its use.
 class KeepAliveStream {
  public:
-  explicit KeepAliveStream(const Endpoint& endpoint) : endpoint_(endpoint) {
+  // `token`: etcd's auth token for the stream (empty: none).
+  KeepAliveStream(const Endpoint& endpoint, std::string token)
+      : endpoint_(endpoint), token_(std::move(token)) {
     context_.set_wait_for_ready(true);  // see EtcdClient::Impl::unary()
+    if (!token_.empty()) context_.AddMetadata("token", token_);
   }
   ~KeepAliveStream() { close(); }
   KeepAliveStream(const KeepAliveStream&) = delete;
@@ -66,6 +69,9 @@ class KeepAliveStream {
 
   [[nodiscard]] const Endpoint& endpoint() const noexcept { return endpoint_; }
   [[nodiscard]] bool broken() const noexcept { return broken_; }
+  // Whether the stream ended because etcd refused its token.
+  [[nodiscard]] bool token_refused() const noexcept { return token_refused_; }
+  [[nodiscard]] const std::string& token() const noexcept { return token_; }
 
   // One keep-alive, all of it (opening the stream if not yet open) before
   // `deadline`. On failure the stream is broken and closed, and `result`
@@ -128,6 +134,7 @@ class KeepAliveStream {
     }
     // The stream ended: its final status says why.
     const grpc::Status status = fail();
+    token_refused_ = etcd_call::token_refused(status);
     if (status.ok()) {
       set_error(result, EtcdErrc::kUnavailable,
                 "etcd " + endpoint_.target + ": keep-alive stream closed by etcd");
@@ -163,6 +170,7 @@ class KeepAliveStream {
   }
 
   const Endpoint& endpoint_;
+  const std::string token_;
   // context_ and queue_ outlive stream_, which lives in the call they own.
   grpc::ClientContext context_;
   grpc::CompletionQueue queue_;
@@ -171,6 +179,7 @@ class KeepAliveStream {
       stream_;
   int in_flight_ = 0;
   bool broken_ = false;
+  bool token_refused_ = false;
   bool closed_ = false;
   grpc::Status final_status_;
 };
@@ -188,6 +197,7 @@ namespace {
 // The keep-alive pings find a silently dead connection (a partition) under
 // a watch that would otherwise wait on it forever; 10 s stays above etcd's
 // --grpc-keepalive-min-time (5 s), below which etcd drops the connection.
+// TLS or not, as etcd_call::channel_credentials() says.
 std::shared_ptr<grpc::Channel> make_channel(const std::string& target,
                                             const EtcdClientOptions& options) {
   grpc::ChannelArguments args;
@@ -199,15 +209,16 @@ std::shared_ptr<grpc::Channel> make_channel(const std::string& target,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, etcd_call::channel_credentials(options), args);
 }
 
-// "HOST:PORT" or "[V6]:PORT", optionally "http://"-prefixed. On success
-// `out` is the gRPC target.
-bool parse_endpoint(std::string_view text, std::string& out) {
+// "HOST:PORT" or "[V6]:PORT", optionally "http://"-prefixed (with `tls`,
+// "https://"). On success `out` is the gRPC target.
+bool parse_endpoint(std::string_view text, bool tls, std::string& out) {
   while (!text.empty() && text.front() == ' ') text.remove_prefix(1);
   while (!text.empty() && text.back() == ' ') text.remove_suffix(1);
-  if (text.starts_with("http://")) text.remove_prefix(7);
+  const std::string_view scheme = tls ? "https://" : "http://";
+  if (text.starts_with(scheme)) text.remove_prefix(scheme.size());
   if (!text.empty() && text.back() == '/') text.remove_suffix(1);
   const std::size_t colon = text.rfind(':');
   if (colon == std::string_view::npos || colon == 0) return false;
@@ -232,12 +243,20 @@ EtcdResult<std::unique_ptr<EtcdClient>> EtcdClient::connect(const EtcdClientOpti
   EtcdResult<std::unique_ptr<EtcdClient>> result;
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  if (options.tls) {
+    const EtcdStatus checked = etcd_call::check_client_certificate(*options.tls);
+    if (!checked.ok()) {
+      result.error = checked.error;
+      result.detail = "etcd TLS: " + checked.detail;
+      return result;
+    }
+  }
   std::string_view rest = options.endpoints;
   while (true) {
     const std::size_t comma = rest.find(',');
     const std::string_view item = rest.substr(0, comma);
     std::string target;
-    if (!parse_endpoint(item, target)) {
+    if (!parse_endpoint(item, options.tls.has_value(), target)) {
       set_error(result, EtcdErrc::kBadEndpoint,
                 "etcd endpoint '" + std::string(item) + "' is not HOST:PORT (in '" +
                     options.endpoints + "')");
@@ -245,10 +264,12 @@ EtcdResult<std::unique_ptr<EtcdClient>> EtcdClient::connect(const EtcdClientOpti
     }
     Endpoint endpoint;
     endpoint.target = target;
+    endpoint.tls = options.tls.has_value();
     endpoint.channel = make_channel(target, options);
     endpoint.kv = pb::KV::NewStub(endpoint.channel);
     endpoint.lease = pb::Lease::NewStub(endpoint.channel);
     endpoint.watch = pb::Watch::NewStub(endpoint.channel);
+    endpoint.auth = pb::Auth::NewStub(endpoint.channel);
     impl->endpoints.push_back(std::move(endpoint));
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
@@ -295,11 +316,17 @@ EtcdResult<std::int64_t> EtcdClient::keep_alive_once(std::int64_t lease_id) {
   // A stream left open by an earlier call may have died since (etcd
   // restarted); a keep-alive is idempotent, so such a failure is retried
   // once on a fresh stream, within the same deadline.
+  // A stream etcd ended for its token alone is opened again likewise, with
+  // a new token.
   for (int attempt = 0; attempt < 2; ++attempt) {
     const bool reused = impl_->keep_alive != nullptr;
     if (!impl_->keep_alive) {
       const std::size_t index = impl_->pick();
-      impl_->keep_alive = std::make_unique<KeepAliveStream>(impl_->endpoint(index));
+      std::string token;
+      result = {};
+      if (!impl_->token_for(result, impl_->endpoint(index), deadline, token)) return result;
+      impl_->keep_alive =
+          std::make_unique<KeepAliveStream>(impl_->endpoint(index), std::move(token));
     }
     result = {};
     impl_->keep_alive->keep_alive(lease_id, deadline, result);
@@ -309,8 +336,10 @@ EtcdResult<std::int64_t> EtcdClient::keep_alive_once(std::int64_t lease_id) {
         (result.error == EtcdErrc::kUnavailable || result.error == EtcdErrc::kDeadlineExceeded)) {
       impl_->moved_away_from(index);
     }
+    const bool token_refused = impl_->keep_alive->token_refused();
+    if (token_refused) impl_->drop_token(impl_->keep_alive->token());
     impl_->keep_alive.reset();
-    if (!reused || result.error == EtcdErrc::kDeadlineExceeded) break;
+    if ((!reused && !token_refused) || result.error == EtcdErrc::kDeadlineExceeded) break;
   }
   return result;
 }

@@ -2,7 +2,10 @@
 //
 // Watch runs on gRPC's blocking API on its own thread; cancel() unblocks its
 // Read() with ClientContext::TryCancel(). A broken stream is reopened, with
-// backoff, from the revision after the last one delivered.
+// backoff, from the revision after the last one delivered. With
+// credentials, a stream carries the client's auth token; etcd checks it
+// when the watch is created, and a watch it refuses for a stale token is
+// created once more with a new one.
 #include <algorithm>
 #include <condition_variable>
 #include <string>
@@ -36,9 +39,22 @@ struct EtcdWatch::State {
   void run(std::int64_t start_revision);
   // One stream: false when the watch is over (stopped, or ended by etcd).
   bool run_stream(std::int64_t& next_revision, grpc::Status& status);
+  // etcd refused to create the watch for its token on a stream since the
+  // last one it created: the next refusal ends the watch (the watch thread
+  // only).
+  bool token_retry = false;
 };
 
 namespace {
+
+// Whether a watch cancelled at its creation was refused for its token:
+// etcd 3.4 says "permission denied" both for a stale token and for a user
+// without read access to the prefix, so a new token is tried once; newer
+// etcds name the invalid token.
+bool refused_for_token(std::string_view reason) {
+  return reason.find("permission denied") != std::string_view::npos ||
+         reason.find("invalid auth token") != std::string_view::npos;
+}
 
 WatchUpdate error_update(EtcdErrc errc, std::string detail, std::int64_t revision) {
   WatchUpdate update;
@@ -53,8 +69,22 @@ WatchUpdate error_update(EtcdErrc errc, std::string detail, std::int64_t revisio
 bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& status) {
   const std::size_t index = client->pick();
   const Endpoint& target = client->endpoint(index);
+  std::string token;
+  EtcdStatus authenticated;
+  if (!client->token_for(authenticated, target,
+                         etcd_call::deadline_after(client->options.call_timeout), token)) {
+    // Wrong credentials stay wrong: the watch ends. Anything else (etcd
+    // unreachable) is retried like a broken stream.
+    if (authenticated.error == EtcdErrc::kAuthenticationFailed) {
+      callback(error_update(EtcdErrc::kAuthenticationFailed, authenticated.detail, 0));
+      return false;
+    }
+    if (authenticated.error == EtcdErrc::kUnavailable) client->moved_away_from(index);
+    return true;
+  }
   grpc::ClientContext stream_context;
   stream_context.set_wait_for_ready(true);  // see EtcdClient::Impl::unary()
+  if (!token.empty()) stream_context.AddMetadata("token", token);
   {
     LockGuard lock(mutex);
     if (stopping) return false;
@@ -67,6 +97,7 @@ bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& sta
   create->set_range_end(prefix_range_end(prefix));
   create->set_start_revision(next_revision);
   bool more = true;
+  bool reopen = false;
   if (stream->Write(request)) {
     pb::WatchResponse response;
     while (more && stream->Read(&response)) {
@@ -78,6 +109,14 @@ bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& sta
                 " is compacted (oldest kept: " + std::to_string(response.compact_revision()) + ")",
             revision));
         more = false;
+      } else if (response.canceled() && client->options.credentials && !token_retry &&
+                 refused_for_token(response.cancel_reason())) {
+        // Refused at creation for a token gone stale (etcd 3.4 says
+        // "permission denied" for it): once more with a new one.
+        token_retry = true;
+        client->drop_token(token);
+        more = false;
+        reopen = true;
       } else if (response.canceled()) {
         callback(error_update(
             EtcdErrc::kServerError,
@@ -85,6 +124,7 @@ bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& sta
             revision));
         more = false;
       } else if (response.created()) {
+        token_retry = false;
         // From here on, a reconnect resumes where this stream started.
         if (next_revision == 0) next_revision = revision + 1;
       } else if (response.events_size() > 0) {
@@ -110,7 +150,7 @@ bool EtcdWatch::State::run_stream(std::int64_t& next_revision, grpc::Status& sta
     if (stopping) return false;
   }
   if (more && etcd_call::moves_to_next_endpoint(status)) client->moved_away_from(index);
-  return more;
+  return more || reopen;
 }
 
 void EtcdWatch::State::run(std::int64_t start_revision) {

@@ -182,6 +182,8 @@ std::error_code Membership::start(MembershipOptions options, std::unique_ptr<Mem
   }
   EtcdClientOptions client_options;
   client_options.endpoints = o.endpoints;
+  client_options.tls = o.tls;
+  client_options.credentials = o.credentials;
   client_options.call_timeout = o.call_timeout;
   auto connected = EtcdClient::connect(client_options);
   if (!connected.ok()) {

@@ -146,6 +146,10 @@ struct MembershipStats {
 
 struct MembershipOptions {
   std::string endpoints;  // etcd, "HOST:PORT[,HOST:PORT...]"
+  // TLS towards etcd, and etcd's user/password authentication
+  // (EtcdClientOptions): unset, plaintext and no credentials.
+  std::optional<EtcdTls> tls{};
+  std::optional<EtcdCredentials> credentials{};
   std::string prefix;     // the cluster's key prefix, e.g. "/shardlock/prod/"; ends in '/'
   std::string node_id;    // valid_node_id()
   std::string advertise;  // HOST:PORT clients reach this node at
