@@ -50,6 +50,7 @@
 #include <thread>
 
 #include "cluster_node.h"
+#include "common/etcd_flags.h"
 #endif
 
 namespace {
@@ -172,7 +173,7 @@ int serve_until_stopped(const sigset_t& signals, const DaemonLog& log,
 // Joins the cluster; 0 or an exit code. A member key still held by this
 // node's previous run (killed before its etcd lease ran out) is waited out.
 int join_cluster(const shardlock::cluster::ClusterNodeOptions& options,
-                 shardlock::lease::LeaseServer& server,
+                 const shardlock::tools::EtcdFlags& etcd_flags, shardlock::lease::LeaseServer& server,
                  std::unique_ptr<shardlock::cluster::ClusterNode>& node, const DaemonLog& log) {
   const auto give_up =
       std::chrono::steady_clock::now() + 2 * options.lease_ttl + std::chrono::seconds(1);
@@ -184,7 +185,8 @@ int join_cluster(const shardlock::cluster::ClusterNodeOptions& options,
     if (!ec) return 0;
     if (ec != shardlock::cluster::MembershipErrc::kMemberExists ||
         std::chrono::steady_clock::now() >= give_up) {
-      log.write(LogLevel::kError, "cannot join the cluster: " + detail + " (" + ec.message() + ")");
+      log.write(LogLevel::kError, "cannot join the cluster: " + detail + " (" + ec.message() + ")" +
+                                      shardlock::tools::etcd_flag_hint(ec, detail, etcd_flags));
       return kExitStartFailed;
     }
     if (!told) {
@@ -196,16 +198,20 @@ int join_cluster(const shardlock::cluster::ClusterNodeOptions& options,
 }
 #endif
 
-// The file --auth-key names: the path itself, or, when that is no readable
-// file, the systemd credential of that name (LoadCredential=NAME:PATH puts
-// it in $CREDENTIALS_DIRECTORY, readable by a DynamicUser service).
-std::string resolve_auth_key_path(const std::string& flag, const DaemonLog& log) {
-  if (flag.empty() || ::access(flag.c_str(), R_OK) == 0) return flag;
-  if (const auto credential = shardlock::tools::credential_path(flag)) {
-    log.write(LogLevel::kInfo, "--auth-key " + flag + ": the systemd credential " + *credential);
+// The file a key or password flag (--auth-key, --cluster-key, --etcd-key,
+// --etcd-password-file) names: the path itself, or, when that is no
+// readable file, the systemd credential of that name
+// (LoadCredential=NAME:PATH puts it in $CREDENTIALS_DIRECTORY, readable by a
+// DynamicUser service).
+std::string resolve_credential_path(std::string_view flag, const std::string& value,
+                                    const DaemonLog& log) {
+  if (value.empty() || ::access(value.c_str(), R_OK) == 0) return value;
+  if (const auto credential = shardlock::tools::credential_path(value)) {
+    log.write(LogLevel::kInfo,
+              std::string(flag) + " " + value + ": the systemd credential " + *credential);
     return *credential;
   }
-  return flag;
+  return value;
 }
 
 #ifdef SHARDLOCK_HAVE_CLUSTER
@@ -229,13 +235,14 @@ std::string auth_key_hint(const std::string& flag) {
 
 // A key others can read lets them forge grants and releases: warn, as
 // OpenSSH does about a private key with group or other permissions.
-void warn_if_others_can_read(const std::string& path, const DaemonLog& log) {
+void warn_if_others_can_read(std::string_view flag, const std::string& path,
+                             const DaemonLog& log) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 0077) == 0) return;
   std::array<char, 8> mode{};
   std::snprintf(mode.data(), mode.size(), "%04o", static_cast<unsigned>(st.st_mode & 07777));
   log.write(LogLevel::kWarning,
-            "--auth-key " + path + " is accessible by other users (mode " + mode.data() +
+            std::string(flag) + " " + path + " is accessible by other users (mode " + mode.data() +
                 "): whoever reads it can forge any client's datagrams. chmod 600 it, or pass it "
                 "to the service with LoadCredential=");
 }
@@ -261,6 +268,7 @@ struct DaemonFlags {
 #ifdef SHARDLOCK_HAVE_CLUSTER
   shardlock::cluster::ClusterNodeOptions cluster;
   std::string cluster_url;
+  shardlock::tools::EtcdFlags etcd;  // --etcd-cacert, --etcd-user, ...
   std::string etcd_lease_ttl = "5s";
   std::string replica_timeout = "300ms";
   std::string replies_from = "backup";
@@ -363,8 +371,10 @@ void add_server_flags(CLI::App& app, DaemonFlags& f) {
 void add_cluster_flags(CLI::App& app, DaemonFlags& f) {
   auto* cluster_flag = app.add_option(
       "--cluster", f.cluster_url,
-      "etcd://HOST:PORT[,HOST:PORT...]: join this cluster (docs/cluster.md); needs --node-id "
-      "and --data-dir. Without it the node serves every key itself");
+      "etcd://HOST:PORT[,HOST:PORT...] (or http://), or over TLS etcds://HOST:PORT[,...] (or "
+      "https://): join the cluster kept in this etcd (docs/cluster.md); needs --node-id and "
+      "--data-dir. Without it the node serves every key itself");
+  shardlock::tools::add_etcd_flags(app, f.etcd, cluster_flag);
   app.add_option("--node-id", f.cluster.node_id, "this node's id in the cluster ([A-Za-z0-9._-])")
       ->needs(cluster_flag);
   app.add_option("--advertise", f.cluster.advertise,
@@ -424,7 +434,8 @@ std::optional<int> refuse_cluster_flags(CLI::App& app, int argc, char** argv) {
     if (arg == "--") break;
     for (const std::string_view flag :
          {"--cluster", "--node-id", "--advertise", "--weight", "--cluster-name", "--etcd-lease-ttl",
-          "--replicas", "--replica-timeout", "--replies-from", "--cluster-key"}) {
+          "--replicas", "--replica-timeout", "--replies-from", "--cluster-key", "--etcd-cacert",
+          "--etcd-cert", "--etcd-key", "--etcd-user", "--etcd-password-file"}) {
       if (arg == flag || (arg.starts_with(flag) && arg[flag.size()] == '=')) {
         return usage_error(
             std::string(flag) +
@@ -470,10 +481,10 @@ std::optional<int> apply_server_flags(DaemonFlags& f, const DaemonLog& log) {
     f.options.lock_delay = lock_delay_flag.value;
   }
   f.options.io = *shardlock::lease::parse_io_backend(f.io);
-  const auto auth_key_path = resolve_auth_key_path(f.auth_key_file, log);
+  const auto auth_key_path = resolve_credential_path("--auth-key", f.auth_key_file, log);
   const auto auth = shardlock::tools::load_auth_key_flag(auth_key_path);
   if (!auth.error.empty()) return usage_error(auth.error + auth_key_hint(f.auth_key_file));
-  if (auth.key) warn_if_others_can_read(auth_key_path, log);
+  if (auth.key) warn_if_others_can_read("--auth-key", auth_key_path, log);
   f.options.auth_key = auth.key;
   if (!f.tenants_file.empty()) {
     auto loaded = shardlock::lease::load_tenant_file(f.tenants_file);
@@ -496,11 +507,15 @@ std::optional<int> apply_server_flags(DaemonFlags& f, const DaemonLog& log) {
 // error's exit status, or nullopt.
 std::optional<int> apply_cluster_flags(DaemonFlags& f, const DaemonLog& log) {
   if (f.cluster_url.empty()) return std::nullopt;
-  const auto endpoints = shardlock::cluster::etcd_endpoints_of_url(f.cluster_url);
-  if (!endpoints) {
-    return usage_error("--cluster: '" + f.cluster_url + "' is not etcd://HOST:PORT[,HOST:PORT...]");
-  }
-  f.cluster.endpoints = *endpoints;
+  auto etcd = shardlock::tools::resolve_etcd_flags(
+      f.cluster_url, f.etcd, [&log](std::string_view flag, const std::string& path) {
+        return resolve_credential_path(flag, path, log);
+      });
+  if (!etcd.error.empty()) return usage_error(etcd.error);
+  for (const std::string& warning : etcd.warnings) log.write(LogLevel::kWarning, warning);
+  f.cluster.endpoints = std::move(etcd.endpoints);
+  f.cluster.etcd_tls = std::move(etcd.tls);
+  f.cluster.etcd_credentials = std::move(etcd.credentials);
   if (f.cluster.node_id.empty()) return usage_error("--cluster needs --node-id");
   if (!shardlock::cluster::valid_node_id(f.cluster.node_id)) {
     return usage_error("--node-id '" + f.cluster.node_id + "': 1..128 of [A-Za-z0-9._-]");
@@ -544,7 +559,7 @@ std::optional<int> apply_cluster_flags(DaemonFlags& f, const DaemonLog& log) {
   f.cluster.evict_after = std::chrono::duration_cast<std::chrono::milliseconds>(timeout_flag.value);
   if (!f.cluster_key_file.empty()) {
     if (!f.options.replication) return usage_error("--cluster-key needs --replicas 2 or 3");
-    const auto cluster_key_path = resolve_auth_key_path(f.cluster_key_file, log);
+    const auto cluster_key_path = resolve_credential_path("--cluster-key", f.cluster_key_file, log);
     const auto key = shardlock::tools::load_auth_key_flag(cluster_key_path);
     if (!key.error.empty()) {
       return usage_error("--cluster-key: " + key.error + auth_key_hint(f.cluster_key_file));
@@ -563,7 +578,7 @@ std::optional<int> apply_cluster_flags(DaemonFlags& f, const DaemonLog& log) {
           "--cluster-key is the --auth-key: the clients hold that one, so any of them could "
           "forge the replication stream; make a key of its own (shardlockctl keygen)");
     }
-    warn_if_others_can_read(cluster_key_path, log);
+    warn_if_others_can_read("--cluster-key", cluster_key_path, log);
     f.options.cluster_key = key.key;
   } else if (f.options.replication && f.options.tenants) {
     return usage_error("--tenants with --replicas " + std::to_string(f.cluster.replicas) +
@@ -731,7 +746,7 @@ int run(int argc, char** argv) {
   std::unique_ptr<shardlock::cluster::ClusterNode> node;
   if (!f.cluster_url.empty()) {
     if (f.cluster.advertise.empty()) f.cluster.advertise = server.listen_address();
-    if (const int status = join_cluster(f.cluster, server, node, log)) {
+    if (const int status = join_cluster(f.cluster, f.etcd, server, node, log)) {
       server.stop();
       return status;
     }

@@ -20,7 +20,9 @@ constexpr char kLearnerMark = '+';
 // node can serve to clients.
 constexpr std::size_t kMaxNodeIdBytes = lease::kMaxMemberIdLength;
 constexpr std::size_t kMaxAddressBytes = lease::kMaxMemberAddressLength;
-constexpr std::string_view kClusterUrlScheme = "etcd://";
+// --cluster's schemes: plaintext, then TLS.
+constexpr std::string_view kPlaintextSchemes[] = {"etcd://", "http://"};
+constexpr std::string_view kTlsSchemes[] = {"etcds://", "https://"};
 // The lease client routes with the same count (src/lease/client_routing.h).
 constexpr int kClusterBucketBits = 16;
 
@@ -80,16 +82,34 @@ std::string cluster_prefix(std::string_view cluster_name) {
   return "/shardlock/" + std::string(cluster_name) + "/";
 }
 
-std::optional<std::string> etcd_endpoints_of_url(std::string_view url) {
-  if (!url.starts_with(kClusterUrlScheme)) return std::nullopt;
-  const std::string_view list = url.substr(kClusterUrlScheme.size());
-  std::string endpoints;
-  for (const std::string_view endpoint : split(list, ',')) {
-    if (!valid_member_address(endpoint)) return std::nullopt;
-    if (!endpoints.empty()) endpoints += ',';
-    endpoints += endpoint;
+std::optional<EtcdUrl> parse_etcd_url(std::string_view url) {
+  // Strips one of `schemes` off `text`; false when it starts with none.
+  const auto strip = [](std::string_view& text, const auto& schemes) {
+    for (const std::string_view scheme : schemes) {
+      if (text.starts_with(scheme)) {
+        text.remove_prefix(scheme.size());
+        return true;
+      }
+    }
+    return false;
+  };
+  EtcdUrl parsed;
+  if (!strip(url, kPlaintextSchemes)) {
+    if (!strip(url, kTlsSchemes)) return std::nullopt;
+    parsed.tls = true;
   }
-  return endpoints;
+  for (std::string_view endpoint : split(url, ',')) {
+    if (!parsed.endpoints.empty()) {
+      // A repeated scheme of the same kind; the other kind's is refused.
+      strip(endpoint, parsed.tls ? kTlsSchemes : kPlaintextSchemes);
+    }
+    if (!valid_member_address(endpoint) || endpoint.find("//") != std::string_view::npos) {
+      return std::nullopt;
+    }
+    if (!parsed.endpoints.empty()) parsed.endpoints += ',';
+    parsed.endpoints += endpoint;
+  }
+  return parsed;
 }
 
 // ---------------------------------------------------------------------------

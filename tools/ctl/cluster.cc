@@ -12,6 +12,7 @@
 #if defined(SHARDLOCK_HAVE_CLUSTER)
 #include <map>
 
+#include "common/etcd_flags.h"
 #include "membership.h"  // src/cluster/etcd: the etcd client and the cluster's keys
 #include "shardlock/cluster/cluster_map.h"
 #endif
@@ -22,7 +23,10 @@ namespace {
 
 // The flags of members and drain.
 struct ClusterArgs {
-  std::string url;  // --cluster etcd://HOST:PORT[,HOST:PORT...]
+  std::string url;  // --cluster etcd://HOST:PORT[,HOST:PORT...] (etcds:// for TLS)
+#if defined(SHARDLOCK_HAVE_CLUSTER)
+  shardlock::tools::EtcdFlags etcd;  // --etcd-cacert, --etcd-user, ...
+#endif
   std::string name = "default";
   bool json = false;    // the output switch (-w json)
   std::string node_id;  // drain
@@ -150,10 +154,12 @@ int exit_code_for_etcd(const std::error_code& ec) {
   return kExitError;
 }
 
-// Prints "shardlockctl: <what>: <detail>" and returns the exit code.
-int etcd_failure(const std::string& what, const std::error_code& ec, const std::string& detail) {
-  std::fprintf(stderr, "shardlockctl: %s: %s (%s)\n", what.c_str(), ec.message().c_str(),
-               detail.c_str());
+// Prints "shardlockctl: <what>: <detail>" (and which flag to look at) and
+// returns the exit code.
+int etcd_failure(const std::string& what, const std::error_code& ec, const std::string& detail,
+                 const shardlock::tools::EtcdFlags& flags) {
+  std::fprintf(stderr, "shardlockctl: %s: %s (%s)%s\n", what.c_str(), ec.message().c_str(),
+               detail.c_str(), shardlock::tools::etcd_flag_hint(ec, detail, flags).c_str());
   return exit_code_for_etcd(ec);
 }
 
@@ -232,10 +238,10 @@ int wait_for_drain(cluster::EtcdClient& client, const std::string& prefix,
 }
 
 int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
-  const std::optional<std::string> endpoints = cluster::etcd_endpoints_of_url(args.url);
-  if (!endpoints) {
-    return shardlock::tools::usage_error(
-        kTool, "--cluster: '" + args.url + "' is not etcd://HOST:PORT[,HOST:PORT...]");
+  auto etcd = shardlock::tools::resolve_etcd_flags(args.url, args.etcd);
+  if (!etcd.error.empty()) return shardlock::tools::usage_error(kTool, etcd.error);
+  for (const std::string& warning : etcd.warnings) {
+    std::fprintf(stderr, "shardlockctl: warning: %s\n", warning.c_str());
   }
   const std::string prefix = cluster::cluster_prefix(args.name);
   if (prefix.empty()) {
@@ -247,17 +253,20 @@ int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
         kTool, "drain: node id '" + args.node_id + "' is not 1..128 bytes of [A-Za-z0-9._-]");
   }
   cluster::EtcdClientOptions options;
-  options.endpoints = *endpoints;
+  options.endpoints = etcd.endpoints;
+  options.tls = std::move(etcd.tls);
+  options.credentials = std::move(etcd.credentials);
   options.call_timeout = timeout;
   auto connected = cluster::EtcdClient::connect(options);
   if (!connected.ok()) {
-    return etcd_failure("etcd " + *endpoints, connected.error, connected.detail);
+    return etcd_failure("etcd " + etcd.endpoints, connected.error, connected.detail, args.etcd);
   }
   cluster::EtcdClient& client = *connected.value;
   std::uint64_t bad_values = 0;
   const auto read = cluster::Membership::read_view(client, prefix, &bad_values);
   if (!read.ok())
-    return etcd_failure("cannot read " + prefix + " at " + *endpoints, read.error, read.detail);
+    return etcd_failure("cannot read " + prefix + " at " + etcd.endpoints, read.error, read.detail,
+                        args.etcd);
   if (bad_values != 0) {
     std::fprintf(stderr, "shardlockctl: %" PRIu64 " value(s) under %s did not decode (ignored)\n",
                  bad_values, prefix.c_str());
@@ -291,7 +300,7 @@ int run_cluster(ClusterArgs& args, bool members, milliseconds timeout) {
   if (!written.ok()) {
     return etcd_failure(std::string(args.cancel ? "cannot delete " : "cannot put ") + prefix +
                             "drain/" + args.node_id,
-                        written.error, written.detail);
+                        written.error, written.detail, args.etcd);
   }
   say(args, {{"drain", args.cancel ? "cancelled" : "requested"}},
       args.cancel ? "drain cancelled" : "drain requested");
@@ -320,9 +329,17 @@ int members_or_drain(Session& session, ClusterArgs& args, bool members) {
 
 // The flags members and drain share.
 void add_cluster_flags(CLI::App& sub, ClusterArgs& args) {
-  sub.add_option("--cluster", args.url, "etcd://HOST:PORT[,HOST:PORT...] of the cluster")
-      ->envname("SHARDLOCK_CLUSTER")
-      ->required();
+  auto* cluster_flag =
+      sub.add_option("--cluster", args.url,
+                     "etcd://HOST:PORT[,HOST:PORT...] of the cluster (or http://); over TLS "
+                     "etcds://HOST:PORT[,...] (or https://)")
+          ->envname("SHARDLOCK_CLUSTER")
+          ->required();
+#if defined(SHARDLOCK_HAVE_CLUSTER)
+  shardlock::tools::add_etcd_flags(sub, args.etcd, cluster_flag);
+#else
+  (void)cluster_flag;
+#endif
   sub.add_option("--cluster-name", args.name,
                  "The cluster's name: its keys are under /shardlock/NAME/ in etcd")
       ->capture_default_str();

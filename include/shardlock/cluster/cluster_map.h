@@ -50,11 +50,24 @@ namespace shardlock::cluster {
 // /shardlock/ namespace or collide with another cluster's keys).
 [[nodiscard]] std::string cluster_prefix(std::string_view cluster_name);
 
-// The etcd endpoints of a --cluster URL, "etcd://HOST:PORT[,HOST:PORT...]",
-// as EtcdClientOptions::endpoints takes them ("HOST:PORT[,HOST:PORT...]").
-// Nothing when the scheme is not etcd:// or an endpoint is not
+// A --cluster URL: the etcd endpoints, as EtcdClientOptions::endpoints
+// takes them ("HOST:PORT[,HOST:PORT...]"), and whether they are reached
+// over TLS.
+struct EtcdUrl {
+  std::string endpoints;
+  bool tls = false;
+
+  friend bool operator==(const EtcdUrl&, const EtcdUrl&) = default;
+};
+
+// Parses "SCHEME://HOST:PORT[,HOST:PORT...]": etcd:// and http:// are
+// plaintext, etcds:// and https:// TLS (docs/cluster.md, "etcd over TLS").
+// An endpoint after the first may repeat the scheme, as etcdctl's
+// --endpoints spells a list ("https://a:2379,https://b:2379"), but not
+// switch between plaintext and TLS. Nothing when the scheme is none of
+// these, one endpoint's differs, or an endpoint is not
 // valid_member_address().
-[[nodiscard]] std::optional<std::string> etcd_endpoints_of_url(std::string_view url);
+[[nodiscard]] std::optional<EtcdUrl> parse_etcd_url(std::string_view url);
 
 // ---------------------------------------------------------------------------
 // Values and their encodings (pure: bytes in, a value or nothing out)

@@ -421,7 +421,7 @@ TEST_F(ClusterTest, BadClusterFlagsAreUsageErrorsAndAnUnreachableEtcdFailsTheSta
   std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", etcd, "--node-id", "x"});
   EXPECT_EQ(code, 2);
   EXPECT_NE(log.find("--data-dir"), std::string::npos) << log;
-  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", "http://" + etcd_->endpoint(),
+  std::tie(code, log) = run({"--listen", "127.0.0.1:0", "--cluster", "grpc://" + etcd_->endpoint(),
                              "--node-id", "x", "--data-dir", dir});
   EXPECT_EQ(code, 2);
   EXPECT_NE(log.find("is not etcd://"), std::string::npos) << log;

@@ -282,7 +282,7 @@ TEST_F(CtlClusterTest, AnUnknownIdIsRefusedUnlessForced) {
 
 TEST_F(CtlClusterTest, ABadUrlIsAUsageErrorAndAnUnreachableEtcdExits3) {
   const ToolResult bad_url =
-      run_tool(kCtl, {"members", "--cluster", "http://" + etcd_->endpoint()}, seconds(30));
+      run_tool(kCtl, {"members", "--cluster", "grpc://" + etcd_->endpoint()}, seconds(30));
   EXPECT_EQ(bad_url.exit_code, 2);
   EXPECT_NE(bad_url.err.find("etcd://HOST:PORT"), std::string::npos) << bad_url.err;
   const ToolResult bad_name = run_tool(
