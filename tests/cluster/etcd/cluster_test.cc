@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "membership.h"
+#include "node_processes.h"
 #include "shardlock/cluster/cluster_map.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/wire/epoch_token.h"
@@ -43,6 +44,7 @@ using namespace std::chrono_literals;
 using lease::LeaseClient;
 using lease::LeaseClientOptions;
 using lease::LeaseErrc;
+using test_support::acquire_until_granted;
 using test_support::EtcdSuiteTest;
 
 const std::string kDaemon = SHARDLOCK_TOOL_SHARDLOCKD;
@@ -138,30 +140,6 @@ class ClusterTest : public EtcdSuiteTest {
     const auto members = c.map_members();
     const std::size_t index = c.node_for(key);
     return index < members.size() ? members[index].id : std::string();
-  }
-
-  // ACQUIRE `key` until granted (RECOVERING and unreachable answers are
-  // retried) or `give_up` passes; the token, or nothing.
-  static std::optional<std::uint64_t> acquire_until_granted(LeaseClient& c, const std::string& key,
-                                                            std::chrono::seconds give_up = 30s) {
-    const auto deadline = std::chrono::steady_clock::now() + give_up;
-    while (std::chrono::steady_clock::now() < deadline) {
-      auto result = c.try_acquire(key, 2000ms);
-      if (result) {
-        const std::uint64_t token = result.lease.token();
-        EXPECT_FALSE(result.lease.release());
-        return token;
-      }
-      const auto e = static_cast<LeaseErrc>(result.error.value());
-      if (e != LeaseErrc::kRecovering && e != LeaseErrc::kUnreachable &&
-          e != LeaseErrc::kRedirected) {
-        ADD_FAILURE() << key << ": " << result.error.message();
-        return std::nullopt;
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    ADD_FAILURE() << key << " was not granted in " << give_up.count() << " s";
-    return std::nullopt;
   }
 
   // `n` keys, `per_node` of which each listed node owns in `c`'s map.

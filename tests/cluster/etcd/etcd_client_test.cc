@@ -16,6 +16,7 @@
 
 #include "poll_until.h"
 #include "support/etcd_fixture.h"
+#include "watch_log.h"
 
 namespace shardlock::cluster {
 namespace {
@@ -45,34 +46,6 @@ bool key_absent(EtcdClient& client, const std::string& key) {
   const auto got = client.get(key);
   return got.ok() && got.value.kvs.empty();
 }
-
-// Collects a watch's updates for the test thread.
-class WatchLog {
- public:
-  WatchCallback callback() {
-    return [this](const WatchUpdate& update) {
-      std::lock_guard lock(mutex_);
-      if (update.error) {
-        errors_.push_back(update.detail);
-        return;
-      }
-      for (const WatchEvent& event : update.events) events_.push_back(event);
-    };
-  }
-  std::vector<WatchEvent> events() const {
-    std::lock_guard lock(mutex_);
-    return events_;
-  }
-  std::vector<std::string> errors() const {
-    std::lock_guard lock(mutex_);
-    return errors_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  std::vector<WatchEvent> events_;
-  std::vector<std::string> errors_;
-};
 
 // One etcd for the suite; each test works under its own key prefix.
 class EtcdClientTest : public EtcdSuiteTest {

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -24,6 +25,7 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -57,6 +59,33 @@ inline std::string start_daemon(ChildProcess& process, const std::string& log,
   std::string address = try_start_daemon(process, log, extra, why);
   EXPECT_FALSE(address.empty()) << why;
   return address;
+}
+
+// ACQUIREs `key` through `c` until granted (RECOVERING, unreachable and
+// REDIRECT answers are retried) or `give_up` passes, and releases it; the
+// token, or nothing (the test failed).
+inline std::optional<std::uint64_t> acquire_until_granted(
+    lease::LeaseClient& c, const std::string& key,
+    std::chrono::seconds give_up = std::chrono::seconds(30)) {
+  using namespace std::chrono_literals;
+  const auto deadline = std::chrono::steady_clock::now() + give_up;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto result = c.try_acquire(key, 2000ms);
+    if (result) {
+      const std::uint64_t token = result.lease.token();
+      EXPECT_FALSE(result.lease.release());
+      return token;
+    }
+    const auto e = static_cast<lease::LeaseErrc>(result.error.value());
+    if (e != lease::LeaseErrc::kRecovering && e != lease::LeaseErrc::kUnreachable &&
+        e != lease::LeaseErrc::kRedirected) {
+      ADD_FAILURE() << key << ": " << result.error.message();
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  ADD_FAILURE() << key << " was not granted in " << give_up.count() << " s";
+  return std::nullopt;
 }
 
 // One etcd per suite (EtcdSuiteTest), and per test a temporary directory
