@@ -51,8 +51,10 @@ grpc=(libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler lib
 # console launcher and Bouncy Castle (the datagram MAC), all from Debian; no
 # Maven.
 java=(openjdk-17-jdk-headless junit5 libbcprov-java)
-# etcd itself, for the cluster tests, the torture run and make bench-cluster.
-etcd=(etcd-server etcd-client)
+# etcd itself, for the cluster tests, the torture run and make bench-cluster;
+# etcdctl (etcd-client) and openssl, with which the TLS cluster tests
+# (etcd_tls_test) make their certificates and turn etcd's auth on.
+etcd=(etcd-server etcd-client openssl)
 peers=(libtbb-dev libabsl-dev libck-dev)
 redis=(redis-server redis-tools)
 # make bench-failover's peers: etcd (above) and a ZooKeeper ensemble, run

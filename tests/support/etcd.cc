@@ -58,13 +58,20 @@ std::string http_get_loopback(std::uint16_t port, const std::string& path) {
 }
 
 bool EtcdProcess::available() { return ::access(kBinary, X_OK) == 0; }
+bool EtcdProcess::ctl_available() { return ::access(kCtlBinary, X_OK) == 0; }
 
-EtcdProcess::EtcdProcess() {
+EtcdProcess::EtcdProcess(EtcdOptions options) : options_(std::move(options)) {
   std::string pattern = (std::filesystem::temp_directory_path() / "shardlock-etcd-XXXXXX").string();
   if (::mkdtemp(pattern.data()) != nullptr) base_dir_ = pattern;
   client_port_ = free_loopback_port();
   peer_port_ = free_loopback_port();
   while (peer_port_ != 0 && peer_port_ == client_port_) peer_port_ = free_loopback_port();
+  if (options_.tls) {
+    health_port_ = free_loopback_port();
+    while (health_port_ != 0 && (health_port_ == client_port_ || health_port_ == peer_port_)) {
+      health_port_ = free_loopback_port();
+    }
+  }
 }
 
 EtcdProcess::~EtcdProcess() {
@@ -76,13 +83,15 @@ EtcdProcess::~EtcdProcess() {
 }
 
 bool EtcdProcess::start(std::chrono::milliseconds timeout) {
-  if (base_dir_.empty() || client_port_ == 0 || peer_port_ == 0) {
+  if (base_dir_.empty() || client_port_ == 0 || peer_port_ == 0 ||
+      (options_.tls && health_port_ == 0)) {
     error_ = "no temporary directory or no free loopback port";
     return false;
   }
-  const std::string client_url = "http://127.0.0.1:" + std::to_string(client_port_);
+  const std::string client_url =
+      (options_.tls ? "https://127.0.0.1:" : "http://127.0.0.1:") + std::to_string(client_port_);
   const std::string peer_url = "http://127.0.0.1:" + std::to_string(peer_port_);
-  const std::vector<std::string> argv = {
+  std::vector<std::string> argv = {
       kBinary,
       "--name=default",
       "--data-dir=" + data_dir(),
@@ -95,13 +104,24 @@ bool EtcdProcess::start(std::chrono::milliseconds timeout) {
       "--log-outputs=stderr",
       "--log-level=warn",
   };
+  if (options_.tls) {
+    argv.push_back("--cert-file=" + options_.tls->server_cert);
+    argv.push_back("--key-file=" + options_.tls->server_key);
+    argv.push_back("--listen-metrics-urls=http://127.0.0.1:" + std::to_string(health_port_));
+    if (options_.client_cert_auth) {
+      argv.push_back("--client-cert-auth");
+      argv.push_back("--trusted-ca-file=" + options_.tls->ca);
+    }
+  }
+  argv.insert(argv.end(), options_.extra_flags.begin(), options_.extra_flags.end());
   if (!process_.start(argv, /*capture_stdout=*/false, log_path())) {
     error_ = "could not start etcd: " + process_.error();
     return false;
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
-    if (http_get_loopback(client_port_, "/health").find(R"("health":"true")") !=
+    if (http_get_loopback(options_.tls ? health_port_ : client_port_, "/health")
+            .find(R"("health":"true")") !=
         std::string::npos) {
       return true;
     }
@@ -116,6 +136,44 @@ bool EtcdProcess::start(std::chrono::milliseconds timeout) {
            " ms; its log ends:\n" + log_tail();
   kill();
   return false;
+}
+
+std::optional<std::string> EtcdProcess::etcdctl(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"--endpoints=" + std::string(options_.tls ? "https" : "http") +
+                                       "://" + endpoint(),
+                                   "--dial-timeout=5s", "--command-timeout=10s"};
+  if (options_.tls) {
+    argv.push_back("--cacert=" + options_.tls->ca);
+    argv.push_back("--cert=" + options_.tls->client_cert);
+    argv.push_back("--key=" + options_.tls->client_key);
+  }
+  // A test's throwaway password: on etcdctl's command line is fine here.
+  if (!root_password_.empty()) argv.push_back("--user=root:" + root_password_);
+  argv.insert(argv.end(), args.begin(), args.end());
+  const ToolResult result = run_tool(kCtlBinary, argv, std::chrono::seconds(30));
+  if (result.exit_code != 0) {
+    error_ = "etcdctl";
+    for (const std::string& arg : args) error_ += " " + arg;
+    error_ += " exited " + std::to_string(result.exit_code) + ": " + result.err + result.out;
+    return std::nullopt;
+  }
+  return result.out;
+}
+
+bool EtcdProcess::enable_auth(const std::string& root_password) {
+  if (!etcdctl({"user", "add", "root", "--new-user-password=" + root_password})) return false;
+  // etcdctl grants root the root role, which auth enable needs.
+  if (!etcdctl({"auth", "enable"})) return false;
+  root_password_ = root_password;
+  return true;
+}
+
+bool EtcdProcess::add_user(const std::string& user, const std::string& password,
+                           const std::string& prefix) {
+  return etcdctl({"role", "add", user}) &&
+         etcdctl({"role", "grant-permission", user, "readwrite", prefix, "--prefix=true"}) &&
+         etcdctl({"user", "add", user, "--new-user-password=" + password}) &&
+         etcdctl({"user", "grant-role", user, user});
 }
 
 std::string EtcdProcess::log_tail(std::size_t lines) const {
