@@ -489,7 +489,7 @@ std::optional<int> apply_server_flags(DaemonFlags& f, const DaemonLog& log) {
   if (!f.tenants_file.empty()) {
     auto loaded = shardlock::lease::load_tenant_file(f.tenants_file);
     if (!loaded.ok()) return usage_error("--tenants: " + loaded.message());
-    warn_if_others_can_read(f.tenants_file, log);
+    warn_if_others_can_read("--tenants", f.tenants_file, log);
     f.options.tenants = std::move(*loaded.table);
   }
   f.options.log = [&log](std::string_view line) { log.write_library_line(line); };
