@@ -314,11 +314,12 @@ _PAGED = (MAP, QUERY_HOLDERS, WATCH)
 
 def request_pad(message_type: int, key_length: int, auth: bool = False) -> int:
     """The size a request of this type and key length is padded to: its
-    max_reply_size(), or a whole datagram (less the tag when sealed) for a
-    MAP, QUERY_HOLDERS or WATCH, whose reply page fills what it may (and a
-    WATCH's answer may come later, within the bytes its datagram left)."""
+    max_reply_size(), or for a MAP, QUERY_HOLDERS or WATCH, whose reply
+    page fills what it may (and a WATCH's answer may come later, within
+    the bytes its datagram left), a whole datagram, or SEALED_PAYLOAD_LIMIT
+    when sealed."""
     if message_type in _PAGED:
-        return MAX_DATAGRAM_SIZE - (AUTH_TAG_SIZE if auth else 0)
+        return SEALED_PAYLOAD_LIMIT if auth else MAX_DATAGRAM_SIZE
     pad = _REQUEST_PAD.get((message_type, key_length))
     if pad is None:
         pad = max_reply_size(Message(type=message_type, key=bytes(key_length)))
@@ -421,6 +422,13 @@ def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = Tru
 
 AUTH_KEY_SIZE = 32
 AUTH_TAG_SIZE = 16
+# The most a sealed datagram's plain part may take: a server with a key
+# (--auth-key or --tenants) encodes every reply into a whole datagram less
+# the largest seal it may need (envelope.h's kMaxEnvelopeOverhead: key id,
+# nonce and tag, 44 bytes), whatever its request's seal; so a paged request
+# padded further would be paid a page that cannot be sent. The C++ client's
+# payload_limit() is the same.
+SEALED_PAYLOAD_LIMIT = MAX_DATAGRAM_SIZE - 44
 
 
 def _tag(data: bytes, auth_key: bytes) -> bytes:

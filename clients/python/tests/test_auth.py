@@ -49,9 +49,13 @@ class Sealing(unittest.TestCase):
             p.decode(p.seal(plain, KEY))
         self.assertEqual(p.decode(p.seal(plain, KEY), KEY).messages[0].key, b"k")
 
-    def test_a_map_request_leaves_room_for_the_tag(self):
-        sealed = p.encode_request(p.Message(type=p.MAP), (1, 2), auth_key=KEY)
-        self.assertEqual(len(sealed), p.MAX_DATAGRAM_SIZE)
+    def test_a_sealed_paged_request_is_padded_to_what_a_server_with_a_key_answers_into(self):
+        # 1400 less the largest seal (44), as the C++ client's
+        # payload_limit(), whatever this datagram's own seal.
+        for m in (p.Message(type=p.MAP), p.Message(type=p.QUERY_HOLDERS, key=b"k"),
+                  p.Message(type=p.WATCH, key=b"k", wait_ms=1000)):
+            sealed = p.encode_request(m, (1, 2), auth_key=KEY)
+            self.assertEqual(len(sealed), 1356 + p.AUTH_TAG_SIZE, p.type_name(m.type))
 
 
 class KeyFiles(unittest.TestCase):
@@ -106,7 +110,7 @@ class AgainstAnAuthServer(unittest.TestCase):
             self.assertFalse(c.query("auth/a").held)
 
     def test_a_sealed_watch_is_parked_and_woken(self):
-        # Padded to 1400 bytes less the tag, its later answer fits.
+        # Padded to 1356 bytes (and sealed), its later answer fits.
         with shardlock.Client(self.daemon.address, auth_key_file=self.key_file) as a, \
                 shardlock.Client(self.daemon.address, auth_key_file=self.key_file) as b:
             lease = a.acquire("auth/w", 30, value="sealed")
@@ -116,6 +120,19 @@ class AgainstAnAuthServer(unittest.TestCase):
             releaser.start()
             self.assertEqual(b.watch_once("auth/w", since=held.version, wait=60).version, (0, 0))
             releaser.join()
+
+    def test_a_full_holder_page_comes_back_whole(self):
+        # 60 shared holders with 34-byte values: a page of 20 (1357 bytes)
+        # would fill a request padded to 1384 bytes, past the 1356 the
+        # server encodes sealed replies into. Padded so, the server answered
+        # with no holders at all; padded to 1356, it sends a shorter page.
+        with shardlock.Client(self.daemon.address, auth_key_file=self.key_file) as c:
+            leases = [c.acquire("auth/page", 30, shared=True, value="v" * 34, watchdog=False)
+                      for _ in range(60)]
+            self.assertEqual(len(c.holders("auth/page").holder_list), 60)
+            event = c.watch_once("auth/page")
+            self.assertGreater(len(event.holders), 0)
+            self.assertEqual(event.holders[-1].token, leases[-1].token)
 
     def test_no_key_or_another_key_gets_no_answer(self):
         for options in ({}, {"auth_key": bytes(32)}):

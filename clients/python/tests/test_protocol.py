@@ -250,11 +250,12 @@ class HolderMessages(unittest.TestCase):
         self.assertEqual(p.max_reply_size(m), 61)
         self.assertEqual(p.type_name(p.WATCH), "WATCH")
         # Its answer may come later, as a tail page of holders: a whole
-        # datagram, less the tag when sealed, with or without an epoch.
+        # datagram, with or without an epoch; sealed, what a server with a
+        # key encodes replies into (SEALED_PAYLOAD_LIMIT), and the tag.
         self.assertEqual(len(p.encode_request(m, CLIENT)), p.MAX_DATAGRAM_SIZE)
         self.assertEqual(len(p.encode_request(m, CLIENT, epoch=3)), p.MAX_DATAGRAM_SIZE)
         sealed = p.encode_request(m, CLIENT, auth_key=bytes(32))
-        self.assertEqual(len(sealed), p.MAX_DATAGRAM_SIZE)
+        self.assertEqual(len(sealed), p.SEALED_PAYLOAD_LIMIT + p.AUTH_TAG_SIZE)
         back = p.decode(sealed, bytes(32)).messages[0]
         self.assertEqual((back.type, back.key, back.token, back.holders, back.wait_ms),
                          (p.WATCH, KEY, 41, 2, 30000))
