@@ -5,8 +5,9 @@
 //
 // Every message type of kMessageBodies with every field set (single and
 // batched, with and without the epoch flag), each request as
-// encode_request() pads it, and datagrams sealed under a fixed auth key.
-// One vector a line, tab-separated:
+// encode_request() pads it, datagrams sealed under a fixed auth key, and
+// datagrams sealed for a tenant in envelope.h's key-id forms. One vector a
+// line, tab-separated:
 //
 //   KIND  NAME  HEX  DESCRIPTION
 //
@@ -17,10 +18,27 @@
 // kMessageBodies in wire order: integers in decimal, bytes (keys, values,
 // raw lists) in hex, entry lists as COUNT:HEX. A client's codec decodes HEX,
 // describes what it read the same way and compares; then encodes the
-// description back and compares the bytes. The ctest wire_vectors_tool_test
-// checks that the checked-in file is this tool's output.
+// description back and compares the bytes.
+//
+// The envelope (envelope.h), under the same key: the line "cipherkey" holds
+// envelope_key(key).cipher_key, libsodium's crypto_kdf subkey, so a client
+// that derives it itself checks its derivation directly. KIND "keyid"
+// (EnvelopeMode::kAuthenticated) and "encrypted" (kEncrypted) lines hold
+// the sealed datagram as HEX, and as DESCRIPTION "key_id=N plain=HEX": the
+// key id it names and the plain datagram open_with() gives back (its
+// kFlagAuthenticated set, as opened datagrams keep it). A client opens HEX
+// and compares, then seals the plain datagram (kFlagAuthenticated cleared)
+// back to HEX: for "encrypted" with the nonce HEX carries. The nonces come
+// from a fixed-seed generator installed into libsodium before its first
+// use (randombytes_set_implementation), so this output is the same every
+// run; servers and clients use the system's random source.
+//
+// The ctest wire_vectors_tool_test checks that the checked-in file is this
+// tool's output.
 //
 // Exit codes: 0 success, 1 a vector the codec refused (a bug here).
+#include <sodium.h>
+
 #include <array>
 #include <cstdint>
 #include <cstdio>
@@ -32,6 +50,7 @@
 #include <vector>
 
 #include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace {
@@ -276,9 +295,66 @@ void emit(const char* kind, const std::string& name, const Datagram& d, bool req
   std::printf("%s\t%s\t%s\t%s\n", kind, name.c_str(), hex(bytes).c_str(), describe(back).c_str());
 }
 
+// The envelope vectors' nonces: libsodium's random source replaced by
+// ChaCha20 over a fixed seed and a running counter, so the output file
+// stays byte for byte the same. Installed before libsodium is first used.
+std::uint64_t random_draws = 0;
+
+void fixed_seed_buf(void* const out, const std::size_t size) {
+  std::array<unsigned char, randombytes_SEEDBYTES> seed{};
+  for (std::size_t i = 0; i < 8; ++i) seed[i] = static_cast<unsigned char>(random_draws >> (8 * i));
+  ++random_draws;
+  randombytes_buf_deterministic(out, size, seed.data());
+}
+
+std::uint32_t fixed_seed_random() {
+  std::uint32_t v = 0;
+  fixed_seed_buf(&v, sizeof v);
+  return v;
+}
+
+const char* fixed_seed_name() { return "shardlock-wire-vectors fixed seed"; }
+
+randombytes_implementation fixed_seed_random_source = {
+    .implementation_name = fixed_seed_name,
+    .random = fixed_seed_random,
+    .stir = nullptr,
+    .uniform = nullptr,
+    .buf = fixed_seed_buf,
+    .close = nullptr,
+};
+
+void emit_envelope(const std::string& name, const Datagram& d, bool request, std::uint32_t key_id,
+                   lease::EnvelopeMode mode) {
+  const char* kind = mode == lease::EnvelopeMode::kEncrypted ? "encrypted" : "keyid";
+  std::array<std::uint8_t, lease::kMaxDatagramSize> buffer{};
+  std::size_t written = 0;
+  const std::span<std::uint8_t> room =
+      std::span(buffer).first(lease::kMaxDatagramSize - lease::envelope_overhead(mode));
+  const lease::ProtocolError e =
+      request ? lease::encode_request(d, room, written) : lease::encode(d, room, written);
+  const lease::EnvelopeKey key = lease::envelope_key(kAuthKey);
+  if (e == lease::ProtocolError::kOk) written = lease::seal_for(buffer, written, key_id, key, mode);
+  std::array<std::uint8_t, lease::kMaxDatagramSize> plain{};
+  const std::span<const std::uint8_t> sealed(buffer.data(), written);
+  const std::span<const std::uint8_t> opened = lease::open_with(sealed, key, plain);
+  Datagram back;
+  if (e != lease::ProtocolError::kOk || written == 0 || opened.empty() ||
+      lease::decode(opened, back) != lease::ProtocolError::kOk) {
+    std::fprintf(stderr, "shardlock-wire-vectors: %s %s: does not seal and open\n", kind,
+                 name.c_str());
+    failed = true;
+    return;
+  }
+  std::printf("%s\t%s\t%s\tkey_id=%u plain=%s\n", kind, name.c_str(), hex(sealed).c_str(), key_id,
+              hex(opened).c_str());
+}
+
 }  // namespace
 
 int main() {
+  // Before anything calls into libsodium (sodium_init() reads it).
+  if (randombytes_set_implementation(&fixed_seed_random_source) != 0) return 1;
   Store store;
   std::printf(
       "# generated by shardlock-wire-vectors (tools/shardlock_wire_vectors.cc); do not edit\n");
@@ -337,6 +413,33 @@ int main() {
   for (const MessageType t : {MessageType::kGranted, MessageType::kHoldersReply,
                               MessageType::kMapReply, MessageType::kRecovering}) {
     emit("sealed", std::string(lease::to_string(t)), single(sample(t, store)), false, true);
+  }
+  // The envelope's key-id forms: a few requests (one with the epoch flag,
+  // which stays beside the envelope's bits) and replies (ERROR
+  // permission_denied among them), under key ids whose bytes differ
+  // (little-endian on the wire) and key id 0, which may encrypt too.
+  std::printf("cipherkey\t%s\n", hex(lease::envelope_key(kAuthKey).cipher_key).c_str());
+  for (const lease::EnvelopeMode mode :
+       {lease::EnvelopeMode::kAuthenticated, lease::EnvelopeMode::kEncrypted}) {
+    for (const std::uint32_t key_id : {std::uint32_t{7}, std::uint32_t{0xFEDCBA98}}) {
+      const std::string id = "+id" + std::to_string(key_id);
+      for (const MessageType t :
+           {MessageType::kAcquire, MessageType::kRelease, MessageType::kWatch}) {
+        emit_envelope(std::string(lease::to_string(t)) + id, single(sample(t, store)), true, key_id,
+                      mode);
+      }
+      Datagram with_epoch = single(sample(MessageType::kAcquire, store));
+      with_epoch.epoch = 42;
+      emit_envelope("ACQUIRE+epoch" + id, with_epoch, true, key_id, mode);
+      for (const MessageType t : {MessageType::kGranted, MessageType::kHoldersReply}) {
+        emit_envelope(std::string(lease::to_string(t)) + id, single(sample(t, store)), false,
+                      key_id, mode);
+      }
+      Message denied = sample(MessageType::kError, store);
+      denied.error = lease::WireError::kPermissionDenied;
+      emit_envelope("ERROR+permission_denied" + id, single(denied), false, key_id, mode);
+    }
+    emit_envelope("QUERY+id0", single(sample(MessageType::kQuery, store)), true, 0, mode);
   }
   return failed ? 1 : 0;
 }

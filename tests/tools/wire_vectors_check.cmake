@@ -14,6 +14,6 @@ if(NOT printed STREQUAL expected)
   message(FATAL_ERROR "${EXPECTED} is stale: it differs from what ${TOOL} prints now. "
                       "Regenerate it: ${TOOL} > ${EXPECTED}")
 endif()
-string(REGEX MATCHALL "\n(plain|request|sealed)\t" vectors "${printed}")
+string(REGEX MATCHALL "\n(plain|request|sealed|keyid|encrypted)\t" vectors "${printed}")
 list(LENGTH vectors count)
 message(STATUS "wire vectors: ${count} vectors, all current")
