@@ -5,8 +5,9 @@ format is documented byte by byte at the top of
 include/shardlock/lease/protocol.h; this module implements the part a client
 needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
 RENEW, RELEASE, QUERY, QUERY_HOLDERS, WATCH, and MAP for cluster mode) and
-every reply a server sends to them, single or batched, sealed with datagram authentication
-(auth.py) or not. Batched requests, ACQUIRE_MANY and STATS are not
+every reply a server sends to them, single or batched, sealed with datagram
+authentication (auth.py), sealed for a tenant, authenticated or encrypted
+(Envelope), or not. Batched requests, ACQUIRE_MANY and STATS are not
 implemented.
 
 Header, 32 bytes, little-endian:
@@ -37,9 +38,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import importlib
+import os
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Optional, Tuple, TypeVar, Union
 
 MAGIC = 0x4B4C4853
 VERSION = 1
@@ -119,10 +122,12 @@ WIRE_ERRORS = {
     13: "permits out of range",
     14: "bad key list (none, too many, or a key twice)",
     15: "bad lease mode",
+    16: "permission denied (the tenant has no right to this key or request)",
 }
 ERROR_WAIT_OUT_OF_RANGE = 5  # e.g. a wait above the server's --max-wait
 ERROR_REQUEST_TOO_SMALL = 6
 ERROR_NOT_A_REQUEST = 7
+ERROR_PERMISSION_DENIED = 16  # outside the tenant's prefixes and rights (--tenants)
 
 # Each body field in wire order: (attribute, struct format or "key").
 _KEY = "key"
@@ -360,27 +365,31 @@ def _pack_with_value(message_type: int, request_id: int, client_id: Tuple[int, i
 
 def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int], key: bytes,
                  values: Tuple[int, ...], epoch: Optional[int] = None,
-                 auth_key: Optional[bytes] = None, pad: bool = True,
+                 auth_key: Union[bytes, "Envelope", None] = None, pad: bool = True,
                  value: bytes = b"") -> bytes:
     """A single-message request datagram: `values` are the type's fixed body
     fields in wire order after the key (ACQUIRE: ttl_ms, wait_ms; RENEW:
     token, ttl_ms; RELEASE: token; QUERY: none; QUERY_HOLDERS: first_holder;
     WATCH: token, holders, wait_ms; MAP: first_member). A `value`
     (single-key ACQUIREs: the holder value, at most MAX_HOLDER_VALUE_LENGTH
-    bytes) frames the request as a batch of one. The client's hot path;
-    encode_request() is the same from a Message."""
+    bytes) frames the request as a batch of one. `auth_key` seals it: a
+    32-byte key in the legacy form, or an Envelope in its form. The
+    client's hot path; encode_request() is the same from a Message."""
     if message_type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message_type))
     if len(key) > 0xFFFF:
         raise ProtocolError("key too long for its u16 length")
+    envelope = auth_key if auth_key is None or isinstance(auth_key, Envelope) \
+        else Envelope(auth_key)
+    overhead = 0 if envelope is None else envelope.overhead
     if value:
         data = _pack_with_value(message_type, request_id, client_id, key, values, epoch, value,
                                 pad)
-        if len(data) + (0 if auth_key is None else AUTH_TAG_SIZE) > MAX_DATAGRAM_SIZE:
+        if len(data) + overhead > MAX_DATAGRAM_SIZE:
             raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
-        return data if auth_key is None else seal(data, auth_key)
-    pad_to = request_pad(message_type, len(key), auth_key is not None) if pad else 0
-    flags = (0 if epoch is None else FLAG_EPOCH) | (0 if auth_key is None else FLAG_AUTHENTICATED)
+        return data if envelope is None else envelope.seal(data)
+    pad_to = request_pad(message_type, len(key), envelope is not None) if pad else 0
+    flags = (0 if epoch is None else FLAG_EPOCH) | (0 if envelope is None else envelope.flags)
     s = _request_struct(message_type, len(key), epoch is not None, pad_to)
     lo, hi = client_id
     head: Tuple[Any, ...] = (MAGIC, VERSION, flags, message_type, 1, request_id, lo, hi)
@@ -389,22 +398,22 @@ def pack_request(message_type: int, request_id: int, client_id: Tuple[int, int],
     if _KEYED[message_type]:
         head += (len(key), key)
     data = s.pack(*head, *values)
-    if len(data) + (0 if auth_key is None else AUTH_TAG_SIZE) > MAX_DATAGRAM_SIZE:
+    if len(data) + overhead > MAX_DATAGRAM_SIZE:
         raise ProtocolError("datagram larger than %d bytes" % MAX_DATAGRAM_SIZE)
-    if auth_key is not None:
-        data += _tag(data, auth_key)
-    return data
+    return data if envelope is None else envelope.finish(data)
 
 
 def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = True,
-                   epoch: Optional[int] = None, auth_key: Optional[bytes] = None) -> bytes:
+                   epoch: Optional[int] = None,
+                   auth_key: Union[bytes, "Envelope", None] = None) -> bytes:
     """A single-message request datagram for `client_id` (lo, hi), zero-padded
     to max_reply_size() unless `pad` is false (tests only: the server refuses
     such a request). A MAP is padded to a whole datagram, so its MAP_REPLY
     page carries as many members as fit. With `epoch` (a cluster client's
     map epoch) the header carries FLAG_EPOCH and the epoch follows it; the
     epoch does not change the padding, as the reply is no larger. With
-    `auth_key` the datagram is sealed (FLAG_AUTHENTICATED and a tag)."""
+    `auth_key` the datagram is sealed: a key seals it in the legacy form
+    (FLAG_AUTHENTICATED and a tag), an Envelope in its own form."""
     if message.type not in _REPLIES:
         raise ProtocolError("not a request type this codec encodes: %s" % type_name(message.type))
     values = tuple(getattr(message, name) for name in _TAIL_NAMES[message.type])
@@ -422,13 +431,6 @@ def encode_request(message: Message, client_id: Tuple[int, int], pad: bool = Tru
 
 AUTH_KEY_SIZE = 32
 AUTH_TAG_SIZE = 16
-# The most a sealed datagram's plain part may take: a server with a key
-# (--auth-key or --tenants) encodes every reply into a whole datagram less
-# the largest seal it may need (envelope.h's kMaxEnvelopeOverhead: key id,
-# nonce and tag, 44 bytes), whatever its request's seal; so a paged request
-# padded further would be paid a page that cannot be sent. The C++ client's
-# payload_limit() is the same.
-SEALED_PAYLOAD_LIMIT = MAX_DATAGRAM_SIZE - 44
 
 
 def _tag(data: bytes, auth_key: bytes) -> bytes:
@@ -453,6 +455,205 @@ def open_sealed(data: bytes, auth_key: bytes) -> Optional[bytes]:
     if not hmac.compare_digest(_tag(body, auth_key), data[-AUTH_TAG_SIZE:]):
         return None
     return body
+
+
+# ---- the envelope: sealing for a tenant ------------------------------------
+#
+# As include/shardlock/lease/wire/envelope.h, where several tenants, each
+# with its own 32-byte key, share a server (shardlockd --tenants). A sealed
+# datagram names its key by a u32 key id; integers are little-endian, n is
+# the plain datagram's length:
+#
+#   form           flags  bytes
+#   legacy         0x01   [datagram n][tag 16]                  (seal() above)
+#   authenticated  0x05   [datagram n][u32 key_id][tag 16]
+#   encrypted      0x0D   [bytes 0..5][ciphertext n-6][u32 key_id][nonce 24][tag 16]
+#
+# authenticated: the legacy tag (keyed BLAKE2b, 16 bytes) over every byte
+# before it, so the flags and the key id are covered. encrypted:
+# XChaCha20-Poly1305-IETF of bytes 6..n-1 (everything after magic, version
+# and flags) under the key's cipher subkey (cipher_key()), a random nonce
+# per datagram, and bytes 0..5 followed by the key id as associated data.
+# FLAG_EPOCH may stand beside either form. An opened datagram keeps
+# FLAG_AUTHENTICATED, as open_sealed() leaves it, and loses the other two.
+# The AEAD is PyNaCl's (Debian: python3-nacl), imported only by an
+# Envelope that encrypts; the rest is the standard library.
+
+FLAG_KEY_ID = 0x04
+FLAG_ENCRYPTED = 0x08
+KEY_ID_SIZE = 4
+NONCE_SIZE = 24
+MAX_KEY_ID = 0xFFFFFFFF
+# The forms (envelope.h's EnvelopeMode, in its order).
+LEGACY, AUTHENTICATED, ENCRYPTED = 0, 1, 2
+_FORM_FLAGS = {
+    LEGACY: FLAG_AUTHENTICATED,
+    AUTHENTICATED: FLAG_AUTHENTICATED | FLAG_KEY_ID,
+    ENCRYPTED: FLAG_AUTHENTICATED | FLAG_KEY_ID | FLAG_ENCRYPTED,
+}
+_FORM_OVERHEAD = {
+    LEGACY: AUTH_TAG_SIZE,
+    AUTHENTICATED: KEY_ID_SIZE + AUTH_TAG_SIZE,
+    ENCRYPTED: KEY_ID_SIZE + NONCE_SIZE + AUTH_TAG_SIZE,
+}
+MAX_ENVELOPE_OVERHEAD = _FORM_OVERHEAD[ENCRYPTED]
+# The most a sealed datagram's plain part may take: a server with a key
+# (--auth-key or --tenants) encodes every reply into a whole datagram less
+# the largest seal it may need, whatever its request's seal; so a paged
+# request padded further would be paid a page that cannot be sent. The C++
+# client's payload_limit() is the same.
+SEALED_PAYLOAD_LIMIT = MAX_DATAGRAM_SIZE - MAX_ENVELOPE_OVERHEAD
+# Magic, version and flags stay readable; encryption starts at the type.
+_CIPHER_OFFSET = _FLAGS_OFFSET + 1
+# envelope_key()'s crypto_kdf subkey: its id and its 8-byte context.
+_CIPHER_SUBKEY_ID = 1
+_CIPHER_KEY_CONTEXT = b"SLKaead1"
+_MAGIC_BYTES = struct.pack("<I", MAGIC)
+_KEY_ID = struct.Struct("<I")
+
+
+def envelope_overhead(form: int) -> int:
+    """The bytes sealing in `form` (LEGACY, AUTHENTICATED, ENCRYPTED) adds."""
+    return _FORM_OVERHEAD[form]
+
+
+def cipher_key(key: bytes) -> bytes:
+    """The XChaCha20-Poly1305 key the encrypted form uses for `key`:
+    libsodium's crypto_kdf_derive_from_key(32, 1, "SLKaead1", key), as
+    envelope_key() derives it, so one key never serves two primitives.
+    That is keyed BLAKE2b-256 of nothing, with the subkey id (u64) as salt
+    and the context as personalisation, each zero-padded to 16 bytes."""
+    return hashlib.blake2b(b"", digest_size=32, key=key,
+                           salt=struct.pack("<Q", _CIPHER_SUBKEY_ID) + bytes(8),
+                           person=_CIPHER_KEY_CONTEXT + bytes(8)).digest()
+
+
+def peek_key_id(data: bytes) -> Optional[Tuple[int, int]]:
+    """(key id, form) of a sealed client datagram, read from its flags and
+    trailer; None when it is not one (not the client magic, not sealed, an
+    impossible combination of flags, too short for a header and its
+    trailer). Verifies nothing. A legacy datagram reads as (0, LEGACY)."""
+    if len(data) < HEADER_SIZE or data[:4] != _MAGIC_BYTES:
+        return None
+    flags = data[_FLAGS_OFFSET]
+    if not flags & FLAG_AUTHENTICATED:
+        return None
+    bits = flags & (FLAG_KEY_ID | FLAG_ENCRYPTED)
+    if bits == 0:
+        form = LEGACY
+    elif bits == FLAG_KEY_ID:
+        form = AUTHENTICATED
+    elif bits == FLAG_KEY_ID | FLAG_ENCRYPTED:
+        form = ENCRYPTED
+    else:  # FLAG_ENCRYPTED without a key id
+        return None
+    overhead = _FORM_OVERHEAD[form]
+    if len(data) < HEADER_SIZE + overhead:
+        return None
+    if form == LEGACY:
+        return 0, LEGACY
+    return _KEY_ID.unpack_from(data, len(data) - overhead)[0], form
+
+
+def _aead() -> Tuple[Any, Any]:
+    """PyNaCl's bindings and its CryptoError, or ImportError saying how to
+    install it."""
+    try:
+        bindings = importlib.import_module("nacl.bindings")
+        exceptions = importlib.import_module("nacl.exceptions")
+    except ImportError:
+        raise ImportError("encryption (encrypt=True) needs PyNaCl for XChaCha20-Poly1305 "
+                          "(Debian/Ubuntu: apt-get install python3-nacl; "
+                          "pip: pip install 'shardlock[encrypt]')") from None
+    return bindings, exceptions.CryptoError
+
+
+class Envelope:
+    """A 32-byte key made ready to seal client datagrams in one form under
+    one key id, and to open replies in that form and under that id only
+    (the server answers in its request's form): no key id is the legacy
+    form (shardlockd --auth-key); a key id is a tenant's (--tenants),
+    authenticated, or encrypted with `encrypt`. ValueError for a bad key or
+    key id, or `encrypt` without a key id; ImportError when `encrypt` and
+    PyNaCl is missing."""
+
+    def __init__(self, key: bytes, key_id: Optional[int] = None, encrypt: bool = False) -> None:
+        key = bytes(key)
+        if len(key) != AUTH_KEY_SIZE:
+            raise ValueError("a key is %d bytes, not %d" % (AUTH_KEY_SIZE, len(key)))
+        if key_id is not None and (isinstance(key_id, bool) or not isinstance(key_id, int) or
+                                   not 0 <= key_id <= MAX_KEY_ID):
+            raise ValueError("a tenant's key id is an integer in 0..%d, not %r"
+                             % (MAX_KEY_ID, key_id))
+        if encrypt and key_id is None:
+            raise ValueError("encryption needs a tenant key id (tenant=)")
+        self.key = key
+        self.key_id = key_id
+        self.form = LEGACY if key_id is None else ENCRYPTED if encrypt else AUTHENTICATED
+        self.flags = _FORM_FLAGS[self.form]
+        self.overhead = _FORM_OVERHEAD[self.form]
+        self._claim = (key_id or 0, self.form)
+        self._key_id_bytes = _KEY_ID.pack(key_id or 0)
+        self._cipher_key = b""
+        if encrypt:
+            self._bindings, self._crypto_error = _aead()
+            self._cipher_key = cipher_key(key)
+
+    def seal(self, data: bytes) -> bytes:
+        """`data`, a plain client datagram, sealed: its form's flags set,
+        bytes 6.. encrypted in the encrypted form, the trailer appended.
+        ProtocolError when it is shorter than a header, is no client
+        datagram or carries FLAG_KEY_ID or FLAG_ENCRYPTED already."""
+        if len(data) < HEADER_SIZE or data[:4] != _MAGIC_BYTES or \
+                data[_FLAGS_OFFSET] & (FLAG_KEY_ID | FLAG_ENCRYPTED):
+            raise ProtocolError("not a plain client datagram")
+        flagged = bytearray(data)
+        flagged[_FLAGS_OFFSET] |= self.flags
+        return self.finish(bytes(flagged))
+
+    def finish(self, flagged: bytes) -> bytes:
+        """seal() of a datagram whose header carries `flags` already (an
+        encoder sets them as it packs): the trailer, and the encryption.
+        The encrypted form's nonce is os.urandom()'s: 24 random bytes never
+        repeat in practice."""
+        if self.form == LEGACY:
+            return flagged + _tag(flagged, self.key)
+        if self.form == AUTHENTICATED:
+            body = flagged + self._key_id_bytes
+            return body + _tag(body, self.key)
+        nonce = os.urandom(NONCE_SIZE)
+        head = flagged[:_CIPHER_OFFSET]
+        # Combined mode: the ciphertext, then Poly1305's tag.
+        sealed = self._bindings.crypto_aead_xchacha20poly1305_ietf_encrypt(
+            flagged[_CIPHER_OFFSET:], head + self._key_id_bytes, nonce, self._cipher_key)
+        return b"".join((head, sealed[:-AUTH_TAG_SIZE], self._key_id_bytes, nonce,
+                         sealed[-AUTH_TAG_SIZE:]))
+
+    def open(self, data: bytes) -> Optional[bytes]:
+        """The plain datagram in `data` if it is sealed in this envelope's
+        form, under its key id and key (tags checked in constant time,
+        Poly1305's before it decrypts); None otherwise."""
+        if peek_key_id(data) != self._claim:
+            return None
+        if self.form == LEGACY:
+            return open_sealed(data, self.key)
+        plain_size = len(data) - self.overhead
+        if self.form == AUTHENTICATED:
+            body = data[:-AUTH_TAG_SIZE]
+            if not hmac.compare_digest(_tag(body, self.key), data[-AUTH_TAG_SIZE:]):
+                return None
+            text = data[_CIPHER_OFFSET:plain_size]
+        else:
+            trailer = data[plain_size:]
+            nonce = trailer[KEY_ID_SIZE:KEY_ID_SIZE + NONCE_SIZE]
+            try:
+                text = self._bindings.crypto_aead_xchacha20poly1305_ietf_decrypt(
+                    data[_CIPHER_OFFSET:plain_size] + trailer[-AUTH_TAG_SIZE:],
+                    data[:_CIPHER_OFFSET] + trailer[:KEY_ID_SIZE], nonce, self._cipher_key)
+            except self._crypto_error:
+                return None
+        flags = data[_FLAGS_OFFSET] & ~(FLAG_KEY_ID | FLAG_ENCRYPTED)
+        return data[:_FLAGS_OFFSET] + bytes((flags,)) + text
 
 
 @dataclass
@@ -564,13 +765,15 @@ def _read_member(body: memoryview, at: int) -> Tuple[Tuple[bytes, str, int], int
     return (member_id, address_text, weight), at
 
 
-def decode(data: bytes, auth_key: Optional[bytes] = None) -> Datagram:
+def decode(data: bytes, auth_key: Union[bytes, Envelope, None] = None) -> Datagram:
     """Decodes a datagram of the message types above (single or batch).
-    With `auth_key` the datagram must be sealed under it (its tag is checked
-    and dropped); without, it must not be sealed. Raises ProtocolError for
-    anything else; never reads outside `data`."""
+    With `auth_key` the datagram must be sealed under it: a key, in the
+    legacy form; an Envelope, in its form and under its key id (the seal is
+    checked, decrypted and dropped). Without, it must not be sealed. Raises
+    ProtocolError for anything else; never reads outside `data`."""
     if auth_key is not None:
-        opened = open_sealed(data, auth_key)
+        opened = auth_key.open(data) if isinstance(auth_key, Envelope) else \
+            open_sealed(data, auth_key)
         if opened is None:
             raise ProtocolError("not sealed under this key")
         data = opened
