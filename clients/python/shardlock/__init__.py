@@ -20,7 +20,8 @@
         async with client.lock("orders/42", ttl=30) as lease:
             await storage.write(data, fence=lease.token)
 
-Standard library only (several servers and cluster mode also need xxhash).
+Standard library only (several servers and cluster mode also need xxhash,
+encryption PyNaCl).
 It speaks the UDP wire format itself (protocol.py); see
 clients/python/README.md.
 """
@@ -31,9 +32,9 @@ from .client import (NO_VERSION, Client, HolderInfo, HoldersResult, KeyVersion, 
                      QueryResult, WatchEvent)
 from .election import Election, LeaderChange, LeaderInfo, LeaderObserver, leader_of
 from .errors import (BusyError, ClientClosedError, GrantExpiredError, LeaseExpiredError,
-                     LeaseInactiveError, LeaseLostError, NotOwnerError, RecoveringError,
-                     RedirectedError, ServerError, ShardlockError, UnreachableError,
-                     WaitTimeoutError)
+                     LeaseInactiveError, LeaseLostError, NotOwnerError, PermissionDeniedError,
+                     RecoveringError, RedirectedError, ServerError, ShardlockError,
+                     UnreachableError, WaitTimeoutError)
 from .reentrant import ReentrantLease, ReentrantLocks
 from .watch import KeyWatch
 
@@ -45,7 +46,7 @@ __all__ = [
     "ClientClosedError", "Election", "GrantExpiredError", "HolderInfo", "HoldersResult",
     "KeyVersion", "KeyWatch", "Lease", "LeaderChange", "LeaderInfo", "LeaderObserver",
     "LeaseExpiredError", "LeaseInactiveError", "LeaseLostError", "NO_VERSION", "NotOwnerError",
-    "QueryResult", "ReentrantLease", "ReentrantLocks", "RecoveringError", "RedirectedError",
+    "PermissionDeniedError", "QueryResult", "ReentrantLease", "ReentrantLocks", "RecoveringError", "RedirectedError",
     "ServerError", "ShardlockError", "UnreachableError", "WaitTimeoutError", "WatchEvent",
     "leader_of", "load_auth_key", "parse_auth_key",
 ]

@@ -162,12 +162,20 @@ class HandleOwners:
         return handle_owner(self._client, handle)
 
 
-def client_identity(client_id: Optional[bytes]) -> OwnerId:
-    """The client id as (lo, hi): `client_id` (16 bytes), or a random one."""
+def client_identity(client_id: Optional[bytes], tenant: Optional[int] = None) -> OwnerId:
+    """The client id as (lo, hi): `client_id` (16 bytes), or a random one;
+    with a `tenant`, its key id in the top 32 bits of hi. A server with
+    tenants forces every owner a tenant names so (docs/security.md), so
+    that no tenant can name another's lease; choosing the id so keeps the
+    owners this client sends, and sees in holders(), the server's (as the
+    C++ client does)."""
     raw = client_id if client_id is not None else os.urandom(16)
     if len(raw) != 16:
         raise ValueError("client_id must be 16 bytes")
-    return int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+    lo, hi = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+    if tenant is not None:
+        hi = (hi & LOW_32) | (tenant << 32)
+    return lo, hi
 
 
 def first_request_id() -> int:

@@ -368,12 +368,13 @@ class ClientCore:
                  initial_retransmit: float = 0.020, max_retransmit: float = 0.400,
                  clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
                  client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
-                 auth_key_file: Optional[str] = None) -> None:
+                 auth_key_file: Optional[str] = None, tenant: Optional[int] = None,
+                 encrypt: bool = False) -> None:
         """The arguments Client's docstring describes (AsyncClient takes the
         same); then the shell's _open()."""
         self._texts = server_texts(server)
         self._drift_margin = DriftMargin(clock_drift_factor, clock_drift_allowance)
-        self._auth_key = _auth.resolve_auth_key(auth_key, auth_key_file)
+        self._auth_key = _auth.resolve_envelope(auth_key, auth_key_file, tenant, encrypt)
         if discover or len(self._texts) > 1:
             _router.require_xxhash()
         self.server = ",".join(self._texts)
@@ -381,7 +382,8 @@ class ClientCore:
         self._discover = discover
         self._initial_retransmit = initial_retransmit
         self._max_retransmit = max_retransmit
-        self._client_id = client_identity(client_id)
+        self._client_id = client_identity(
+            client_id, None if self._auth_key is None else self._auth_key.key_id)
         self._owners = HandleOwners(self._client_id)  # a fresh owner per acquire
         # itertools.count's next() is atomic under the GIL: no lock.
         self._ids = itertools.count(first_request_id())

@@ -10,9 +10,9 @@ from . import protocol as p
 from ._common import (LOW_32, Key, Owner, OwnerId, key_bytes, key_text, now, owner_id, to_ms,
                       wait_seconds)
 from ._types import MODES, NO_VERSION, HolderInfo, HoldersResult, KeyVersion, WatchEvent
-from .errors import (BusyError, LeaseExpiredError, NotOwnerError, RecoveringError,
-                     RedirectedError, ServerError, ShardlockError, UnreachableError,
-                     WaitTimeoutError)
+from .errors import (BusyError, LeaseExpiredError, NotOwnerError, PermissionDeniedError,
+                     RecoveringError, RedirectedError, ServerError, ShardlockError,
+                     UnreachableError, WaitTimeoutError)
 
 
 def acquire_request(key: Key, ttl: float, shared: bool, permits: int,
@@ -96,6 +96,8 @@ def raise_for_reply(reply: p.Message, key: str) -> None:
     if t == p.EXPIRED:
         raise LeaseExpiredError("the server no longer has the lease on %r" % key)
     if t == p.ERROR:
+        if reply.error == p.ERROR_PERMISSION_DENIED:
+            raise PermissionDeniedError(key)
         raise ServerError(reply.error, p.WIRE_ERRORS.get(reply.error, "unknown error"))
     if t == p.REDIRECT:
         raise RedirectedError(key, reply.epoch)

@@ -1,10 +1,13 @@
-"""The shared key of datagram authentication (shardlockd --auth-key).
+"""The keys datagrams are sealed with: the shared key of shardlockd
+--auth-key, or a tenant's key and key id under shardlockd --tenants.
 
 As include/shardlock/lease/wire/auth.h: server and clients share a 32-byte
 key; every datagram, both ways, is sealed with a 16-byte keyed-BLAKE2b tag
-(protocol.seal / protocol.open_sealed, standard library only). A key file
-holds the key as 64 hex digits, surrounding whitespace ignored; make one
-with `shardlockctl keygen`.
+(protocol.seal / protocol.open_sealed, standard library only). A tenant
+(docs/security.md) has a key of its own and a key id that its datagrams
+name, authenticated or encrypted (protocol.Envelope, envelope.h). A key
+file holds the key as 64 hex digits, surrounding whitespace ignored; make
+one with `shardlockctl keygen`.
 """
 
 from __future__ import annotations
@@ -12,11 +15,13 @@ from __future__ import annotations
 import os
 from typing import Optional, Union
 
-from .protocol import AUTH_KEY_SIZE
+from .protocol import AUTH_KEY_SIZE, MAX_KEY_ID, Envelope
 
 # Read as shardlockctl does, so a program run by `shardlockctl run` against
-# an --auth-key server reaches it too.
+# an --auth-key or --tenants server reaches it too (run hands all three on).
 KEY_FILE_ENVIRONMENT = "SHARDLOCK_AUTH_KEY_FILE"
+TENANT_ENVIRONMENT = "SHARDLOCK_TENANT"
+ENCRYPT_ENVIRONMENT = "SHARDLOCK_ENCRYPT"
 
 
 def parse_auth_key(text: str) -> bytes:
@@ -59,3 +64,36 @@ def resolve_auth_key(auth_key: Union[bytes, str, None],
         return key
     path = auth_key_file or os.environ.get(KEY_FILE_ENVIRONMENT)
     return load_auth_key(path) if path else None
+
+
+def _tenant_from_environment() -> Optional[int]:
+    text = os.environ.get(TENANT_ENVIRONMENT, "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) > MAX_KEY_ID:
+        raise ValueError("$%s wants a key id (0 to %d), not %r"
+                         % (TENANT_ENVIRONMENT, MAX_KEY_ID, text))
+    return int(text)
+
+
+def resolve_envelope(auth_key: Union[bytes, str, None], auth_key_file: Optional[str],
+                     tenant: Optional[int], encrypt: bool) -> Optional[Envelope]:
+    """How a client seals its datagrams: under the key resolve_auth_key()
+    finds, in the legacy form, or as `tenant` (a key id, whose key that
+    is), encrypted with `encrypt`; None without a key. A key from
+    $SHARDLOCK_AUTH_KEY_FILE brings $SHARDLOCK_TENANT and
+    $SHARDLOCK_ENCRYPT=1 along where `tenant` and `encrypt` are not given,
+    as shardlockctl reads them. ValueError for a tenant without a key,
+    encryption without a tenant, a bad key id; ImportError for encryption
+    without PyNaCl."""
+    key = resolve_auth_key(auth_key, auth_key_file)
+    if auth_key is None and auth_key_file is None and key is not None:
+        if tenant is None:
+            tenant = _tenant_from_environment()
+        encrypt = encrypt or os.environ.get(ENCRYPT_ENVIRONMENT) == "1"
+    if key is None:
+        if tenant is not None or encrypt:
+            raise ValueError("a tenant (and encryption) needs the tenant's key: auth_key or "
+                             "auth_key_file")
+        return None
+    return Envelope(key, tenant, encrypt)

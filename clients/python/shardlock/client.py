@@ -220,6 +220,12 @@ class Client(ClientCore):
     that gives one (UnreachableError if none does, ImportError if the
     xxhash package is missing), and each key goes to the member that owns
     it under that map, following redirects and failovers.
+    `auth_key` (32 bytes or 64 hex digits) or `auth_key_file` (default
+    $SHARDLOCK_AUTH_KEY_FILE) seals every datagram, as shardlockd
+    --auth-key wants; with `tenant` (a key id) the key is that tenant's
+    (shardlockd --tenants) and `encrypt=True` encrypts (the tenant's
+    encrypt=yes; needs PyNaCl). The client's owner ids then carry the
+    tenant's key id in their top 32 bits, as the server scopes them.
     Times are in seconds. Thread-safe: any number of threads may share one
     Client, and each acquire contends as an owner of its own (Lease.owner),
     so threads sharing it exclude each other as separate processes do.

@@ -60,6 +60,19 @@ class ServerError(ShardlockError):
         self.code = code
 
 
+class PermissionDeniedError(ServerError):
+    """The server answered ERROR permission_denied (`code` 16): the
+    client's tenant (shardlockd --tenants, docs/security.md) has no right
+    to `key`, or to this kind of request, under its key prefixes. Asking
+    again gets the same answer until the tenant file grants the right."""
+
+    def __init__(self, key: str) -> None:
+        ShardlockError.__init__(self, "permission denied on %r: the tenant has no right to "
+                                      "this key or request" % key)
+        self.code = 16  # protocol.ERROR_PERMISSION_DENIED
+        self.key = key
+
+
 class NotOwnerError(ShardlockError):
     """RENEW or RELEASE refused: another owner holds the lease."""
 
