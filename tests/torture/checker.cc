@@ -29,14 +29,18 @@ namespace {
 
 using tools::append_json_string;
 
-constexpr std::array<ViolationKind, 17> kAllKinds = {
+constexpr std::array<ViolationKind, 19> kAllKinds = {
     ViolationKind::kOverlap,       ViolationKind::kTokenOrder,     ViolationKind::kDuplicateToken,
     ViolationKind::kFencing,       ViolationKind::kLostIncrement,  ViolationKind::kLockDelay,
     ViolationKind::kLiveness,      ViolationKind::kPermitLimit,    ViolationKind::kAllOrNothing,
     ViolationKind::kOwner,         ViolationKind::kKeyLiveness,    ViolationKind::kWait,
     ViolationKind::kKept,          ViolationKind::kOneLeader,      ViolationKind::kTermOrder,
-    ViolationKind::kObserverOrder, ViolationKind::kObservedLeader,
+    ViolationKind::kObserverOrder, ViolationKind::kObservedLeader, ViolationKind::kDenied,
+    ViolationKind::kIsolation,
 };
+// The server's refusal of a request outside the tenant's rights, as the
+// workers record it.
+constexpr std::string_view kPermissionDenied = "permission_denied";
 // wait: how much earlier than its wait a waiting acquire may give up
 // (the client's last try goes out kLastTryMargin, 10 ms, before the end).
 constexpr std::int64_t kWaitSlackMs = 50;
@@ -247,9 +251,11 @@ std::string from_node(const Event& e) {
 constexpr std::uint64_t token_epoch(std::uint64_t token) { return token >> 32; }
 
 // "shared ", "permit ", "multi ", "multi shared ", or "" for an exclusive
-// single-key acquire (the names the report had before the other kinds).
+// single-key acquire (the names the report had before the other kinds);
+// "outside " first for a probe outside the tenant's rights.
 std::string kind_prefix(const Event& e) {
-  std::string prefix = e.multi_key() ? "multi " : "";
+  std::string prefix = e.outside ? "outside " : "";
+  if (e.multi_key()) prefix += "multi ";
   if (e.mode != AcquireMode::kExclusive) prefix += std::string(to_string(e.mode)) + " ";
   return prefix;
 }
@@ -352,6 +358,10 @@ std::string_view to_string(ViolationKind kind) noexcept {
       return "observer_order";
     case ViolationKind::kObservedLeader:
       return "observed_leader";
+    case ViolationKind::kDenied:
+      return "denied";
+    case ViolationKind::kIsolation:
+      return "isolation";
   }
   return "unknown";
 }
@@ -551,6 +561,16 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
   const auto outcome = [](const std::string& error) {
     return error.empty() || error == "-" ? std::string("failed") : error;
   };
+  // denied: `e`, the failure of a `what` invoked at `invoked` within the
+  // client's rights, must not be a refusal for want of them.
+  const auto denied = [&](const Event& e, const char* what, std::int64_t invoked) {
+    if (e.error != kPermissionDenied) return;
+    recorder.add(ViolationKind::kDenied, keys_text(e), [&] {
+      return "client " + num(e.client) + " op " + num(e.op) + ": " + what + " invoked at " +
+             num(invoked) + " within its tenant's rights, answered permission_denied at " +
+             num(e.t_ns);
+    });
+  };
 
   for (const std::size_t i : order) {
     const Event& e = history[i];
@@ -567,7 +587,9 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
     const bool asks = e.kind == EventKind::kAcquireInvoke || e.kind == EventKind::kCampaignInvoke;
     const bool grant_event = e.kind == EventKind::kAcquireOk || e.kind == EventKind::kElected;
     const bool refused = e.kind == EventKind::kAcquireFail || e.kind == EventKind::kCampaignFail;
-    if (after_heal && (asks || grant_event || refused)) {
+    // A probe outside the tenant's rights wants no grant, and one granted
+    // serves no key (isolation reports it).
+    if (after_heal && !e.outside && (asks || grant_event || refused)) {
       for (const std::uint32_t id : keys_of_event(e)) {
         KeyLiveness& live = key_liveness[id];
         if (grant_event) {
@@ -596,6 +618,13 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         count(kind_prefix(asked) +
               (inv.has_value() && inv->try_acquire ? "try-acquire ok" : "acquire ok"));
         ++report.lease_operations;
+        if (asked.outside || e.outside) {
+          recorder.add(ViolationKind::kIsolation, keys_text(asked), [&] {
+            return "client " + num(e.client) + " asked outside its tenant's rights at " +
+                   num(asked.t_ns) + " and was granted " + tokens_text(e) + from_node(e) + " at " +
+                   num(e.t_ns);
+          });
+        }
 
         // What the event grants: a (key, token) per key.
         std::vector<std::pair<std::uint32_t, std::uint64_t>> granted;
@@ -741,6 +770,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
               (inv.has_value() && inv->try_acquire ? "try-acquire " : "acquire ") +
               outcome(e.error));
         ++report.lease_operations;
+        if (!asked.outside && !e.outside) denied(e, "acquire", asked.t_ns);
         // A waiting acquire reports a recovering or unreachable node only
         // once its wait is spent: it rides through a lock-delay or a
         // failover until then.
@@ -773,11 +803,13 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       case EventKind::kRenewInvoke:
         invocations[OpId{Family::kRenew, e.client, e.op}] = Invocation{i, false, Best{}, {}};
         break;
-      case EventKind::kRenewFail:
-        (void)complete(Family::kRenew, e);
+      case EventKind::kRenewFail: {
+        const std::optional<Invocation> inv = complete(Family::kRenew, e);
         count("renew " + outcome(e.error));
         ++report.lease_operations;
+        denied(e, "renew", inv.has_value() ? history[inv->event].t_ns : e.t_ns);
         break;
+      }
       case EventKind::kReleaseInvoke:
       case EventKind::kLost: {
         Grant& g = grant(e, kid);
@@ -801,6 +833,7 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
         const std::optional<Invocation> inv = complete(Family::kRelease, e);
         count("release " + outcome(e.error));
         ++report.lease_operations;
+        denied(e, "release", inv.has_value() ? history[inv->event].t_ns : e.t_ns);
         // kept: a release refused because the server no longer has a lease
         // the client still held (its expiry after the release's invocation)
         // is a loss too, found at the release instead of at a renewal.
@@ -902,9 +935,11 @@ CheckReport check(const std::vector<Event>& history, const CheckOptions& options
       case EventKind::kNetFaultsOff:
       case EventKind::kHealed:
         break;
+      case EventKind::kCampaignFail:  // judge_elections() counts and judges it
+        denied(e, "campaign", e.t_ns);
+        break;
       case EventKind::kCampaignInvoke:  // judge_elections() counts and judges these
       case EventKind::kElected:
-      case EventKind::kCampaignFail:
       case EventKind::kLead:
       case EventKind::kResignInvoke:
       case EventKind::kResignOk:

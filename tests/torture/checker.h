@@ -57,6 +57,17 @@
 //                    "recovering" or "unreachable" does so no sooner than
 //                    its wait (less 50 ms): clients ride through a
 //                    lock-delay and a failover while their wait lasts;
+//   denied           (tenants) no acquire, renewal, release or campaign within
+//                    the client's rights (no outside=1) is answered
+//                    permission_denied: the server refused a tenant a key its
+//                    prefixes allow (a reload that lost a tenant or a right,
+//                    a shared prefix matched wrongly);
+//   isolation        (tenants) no acquire outside the client's rights
+//                    (outside=1, a probe of another tenant's key) is granted.
+//                    Such a grant is a holder like any other for the other
+//                    properties; a probe answered otherwise than
+//                    permission_denied (unreachable under loss, say) is fine.
+//                    Probes ask for no grant, so key_liveness ignores them;
 //   owner            (cluster mode: grants that name their node, and map
 //                    events) every grant was answered by the node that the
 //                    map of its token's epoch (token >> 32) gives the key
@@ -172,6 +183,8 @@ enum class ViolationKind : std::uint8_t {
   kTermOrder,
   kObserverOrder,
   kObservedLeader,
+  kDenied,
+  kIsolation,
 };
 
 struct Violation {
@@ -189,7 +202,8 @@ struct CheckReport {
   // "release ok", "lost", "read", "read refused", "write accepted", ...).
   // Acquires other than exclusive single-key ones are prefixed with their
   // kind: "shared acquire ok", "permit try-acquire busy", "multi acquire ok"
-  // (exclusive multi-key), "multi shared acquire ok".
+  // (exclusive multi-key), "multi shared acquire ok"; a probe outside the
+  // tenant's rights comes first: "outside try-acquire permission_denied".
   // Invocations with no completion appear as "<op> unfinished".
   std::map<std::string, std::uint64_t> operations;
   // "server kill -9", "server pause", "client pause", "network faults", and
@@ -224,7 +238,7 @@ struct CheckReport {
 // "overlap", "token_order", "duplicate_token", "fencing", "lost_increment",
 // "lock_delay", "liveness", "permit_limit", "all_or_nothing", "owner",
 // "key_liveness", "wait", "kept", "one_leader", "term_order", "observer_order",
-// "observed_leader".
+// "observed_leader", "denied", "isolation".
 [[nodiscard]] std::string_view to_string(ViolationKind kind) noexcept;
 
 // Judges `history` (any order; sorted by t_ns here, stable). Never throws on

@@ -148,7 +148,7 @@ TEST(Checker, EmptyHistoryIsOk) {
   const CheckReport report = check({}, CheckOptions{});
   EXPECT_TRUE(report.ok()) << report.text();
   EXPECT_FALSE(report.liveness_checked);
-  EXPECT_EQ(report.violation_counts.size(), 17u);  // every kind, at zero
+  EXPECT_EQ(report.violation_counts.size(), 19u);  // every kind, at zero
 }
 
 // A history without grants, or without a healed event, has no violation
@@ -958,10 +958,131 @@ TEST(Checker, TextNamesEveryKind) {
         ViolationKind::kLiveness, ViolationKind::kPermitLimit, ViolationKind::kAllOrNothing,
         ViolationKind::kOwner, ViolationKind::kKeyLiveness, ViolationKind::kWait,
         ViolationKind::kKept, ViolationKind::kOneLeader, ViolationKind::kTermOrder,
-        ViolationKind::kObserverOrder, ViolationKind::kObservedLeader}) {
+        ViolationKind::kObserverOrder, ViolationKind::kObservedLeader, ViolationKind::kDenied,
+        ViolationKind::kIsolation}) {
     EXPECT_NE(text.find(to_string(kind)), std::string::npos) << text;
   }
   EXPECT_NE(text.find("OK"), std::string::npos);
+}
+
+// ---- tenants: rights refused within them, probes granted outside them ----
+
+// `e` (an acquire event) as a probe outside the client's tenant's rights.
+Event outside(Event e) {
+  e.outside = true;
+  return e;
+}
+
+TEST(CheckerTenants, PermissionDeniedWithinTheRightsIsDenied) {
+  std::vector<Event> history = {
+      acquire_invoke(ms(0), 0, 1, "t0/k"),
+      acquire_fail(ms(5), 0, 1, "t0/k", "permission_denied"),
+      acquire_invoke(ms(10), 1, 1, "shared/k"),
+      acquire_ok(ms(12), 1, 1, "shared/k", 1, ms(100)),
+      renew_invoke(ms(20), 1, 2, "shared/k", 1),
+      with_token(make(ms(25), EventKind::kRenewFail), 1, "shared/k", 1),
+      release_invoke(ms(30), 1, 3, "shared/k", 1),
+      with_token(make(ms(31), EventKind::kReleaseFail), 1, "shared/k", 1),
+  };
+  history[5].op = 2, history[5].error = "permission_denied";
+  history[7].op = 3, history[7].error = "expired";  // a refusal, but not for want of rights
+  const CheckReport report = check(history, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kDenied, 2));
+  EXPECT_EQ(report.examples[0].key, "t0/k");
+  EXPECT_NE(report.examples[0].detail.find("acquire invoked at 0 within its tenant's rights"),
+            std::string::npos)
+      << report.examples[0].detail;
+  EXPECT_NE(report.examples[1].detail.find("renew invoked at 20000000"), std::string::npos)
+      << report.examples[1].detail;
+  EXPECT_EQ(report.operations.at("acquire permission_denied"), 1u);
+}
+
+TEST(CheckerTenants, ACampaignRefusedForWantOfRightsIsDenied) {
+  Event invoked = acquire_invoke(ms(0), 0, 1, "shared/elect-0");
+  invoked.kind = EventKind::kCampaignInvoke;
+  Event failed = acquire_fail(ms(5), 0, 1, "shared/elect-0", "permission_denied");
+  failed.kind = EventKind::kCampaignFail;
+  const CheckReport report = check({invoked, failed}, CheckOptions{});
+  ASSERT_NO_FATAL_FAILURE(expect_only(report, ViolationKind::kDenied));
+  EXPECT_EQ(report.examples[0].key, "shared/elect-0");
+}
+
+// Probes refused (permission_denied, or lost to the network) are the design;
+// they want no grant, so a key only probes ask for is no key_liveness case.
+TEST(CheckerTenants, ProbesOutsideTheRightsMayBeRefused) {
+  Event many_refused = outside(acquire_fail(ms(21), 0, 2, "", "permission_denied"));
+  many_refused.keys = {"t0/k", "t1/j"};
+  const std::vector<Event> history = {
+      make(ms(0), EventKind::kHealed),
+      outside(acquire_invoke(ms(10), 0, 1, "t1/k", 0)),
+      outside(acquire_fail(ms(11), 0, 1, "t1/k", "permission_denied")),
+      outside(acquire_many_invoke(ms(20), 0, 2, {"t0/k", "t1/j"}, 0)),
+      many_refused,
+      outside(acquire_invoke(ms(30), 0, 3, "t1/j", 0)),
+      outside(acquire_fail(ms(1030), 0, 3, "t1/j", "unreachable")),
+      acquire_invoke(ms(1100), 0, 4, "t0/k"),
+      acquire_ok(ms(1110), 0, 4, "t0/k", 1, ms(1200)),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_TRUE(report.ok()) << report.text();
+  EXPECT_EQ(report.operations.at("outside try-acquire permission_denied"), 1u);
+  EXPECT_EQ(report.operations.at("outside multi try-acquire permission_denied"), 1u);
+  EXPECT_EQ(report.operations.at("outside try-acquire unreachable"), 1u);
+}
+
+// A tenant granted another tenant's key: isolation, and the holder it became
+// takes part in the other properties (here it overlaps the key's owner).
+TEST(CheckerTenants, AGrantOutsideTheRightsBreaksIsolation) {
+  const std::vector<Event> history = {
+      acquire_invoke(ms(0), 1, 1, "t1/k"),
+      acquire_ok(ms(1), 1, 1, "t1/k", 1, ms(100)),
+      outside(acquire_invoke(ms(10), 0, 1, "t1/k", 0)),
+      outside(acquire_ok(ms(11), 0, 1, "t1/k", 2, ms(50))),
+      release_invoke(ms(12), 0, 2, "t1/k", 2),
+  };
+  const CheckReport report = check(history, CheckOptions{});
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kIsolation), 1u) << report.text();
+  EXPECT_EQ(report.violation_counts.at(ViolationKind::kOverlap), 1u) << report.text();
+  const auto isolation =
+      std::find_if(report.examples.begin(), report.examples.end(),
+                   [](const Violation& v) { return v.kind == ViolationKind::kIsolation; });
+  ASSERT_NE(isolation, report.examples.end());
+  EXPECT_EQ(isolation->key, "t1/k");
+  EXPECT_NE(isolation->detail.find("client 0 asked outside its tenant's rights at 10000000 and "
+                                   "was granted token 2 at 11000000"),
+            std::string::npos)
+      << isolation->detail;
+
+  // Without the other tenant's holder: isolation alone.
+  const std::vector<Event> alone(history.begin() + 2, history.end());
+  ASSERT_NO_FATAL_FAILURE(expect_only(check(alone, CheckOptions{}), ViolationKind::kIsolation));
+}
+
+TEST(CheckerTenants, ParsesAndFormatsProbes) {
+  const std::vector<std::string> lines = {
+      "1000 acquire_invoke client=0 op=1 key=t1/k ttl_ms=100 wait_ms=0 outside=1",
+      "2000 acquire_fail client=0 op=1 key=t1/k error=permission_denied outside=1",
+      "3000 acquire_invoke client=0 op=2 keys=t0/a,t1/b ttl_ms=100 wait_ms=0 outside=1",
+      "4000 acquire_ok client=0 op=2 keys=t0/a,t1/b tokens=1,2 expiry_ns=9000 outside=1",
+      "5000 acquire_fail client=0 op=3 key=t1/s error=unreachable mode=permit permits=2 outside=1",
+  };
+  std::vector<Event> history;
+  ASSERT_NO_FATAL_FAILURE(parse_lines(lines, history));
+  for (const Event& e : history) EXPECT_TRUE(e.outside) << format_event(e);
+  const std::optional<Event> inside =
+      parse_event("1 acquire_invoke client=0 op=1 key=t0/k ttl_ms=1 wait_ms=0");
+  ASSERT_TRUE(inside.has_value());
+  EXPECT_FALSE(inside->outside);
+  for (const char* bad : {
+           "1 acquire_invoke client=0 op=1 key=k ttl_ms=1 wait_ms=0 outside=0",  // only 1
+           "1 acquire_invoke client=0 op=1 key=k ttl_ms=1 wait_ms=0 outside=",
+           "1 hold client=0 key=k token=1 expiry_ns=1 outside=1",  // acquires only
+           "1 renew_fail client=0 op=1 key=k token=1 error=x outside=1",
+       }) {
+    std::string error;
+    EXPECT_FALSE(parse_event(bad, &error).has_value()) << bad;
+    EXPECT_FALSE(error.empty()) << bad;
+  }
 }
 
 // ---- cluster mode: grants name their node, maps name each key's owner ----

@@ -36,10 +36,12 @@ enum Field : std::uint32_t {
   kBackups = 1 << 20,
   kPeer = 1 << 21,
   kLeader = 1 << 22,
+  kOutside = 1 << 23,
 };
 
-// What an acquire event may add: its mode, and a key list in place of its key.
-constexpr std::uint32_t kAcquireExtras = kMode | kPermits | kKeys;
+// What an acquire event may add: its mode, a key list in place of its key,
+// and that it asks outside its tenant's rights.
+constexpr std::uint32_t kAcquireExtras = kMode | kPermits | kKeys | kOutside;
 
 struct KindInfo {
   EventKind kind;
@@ -217,6 +219,7 @@ std::string format_event(const Event& e) {
     if (e.mode != AcquireMode::kExclusive) add("mode", std::string(to_string(e.mode)));
     if (e.mode == AcquireMode::kPermit || e.permits != 0) add("permits", std::to_string(e.permits));
   }
+  if ((k.optional & kOutside) && e.outside) add("outside", "1");
   if ((f & kNode) || ((k.optional & kNode) && !e.node.empty())) {
     add("node", e.node.empty() ? "-" : e.node);
   }
@@ -314,6 +317,9 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
       e.peer = std::string(value), seen |= kPeer;
     } else if (name == "leader") {
       e.leader = std::string(value), seen |= kLeader;
+    } else if (name == "outside") {
+      ok = value == "1", seen |= kOutside;
+      e.outside = ok;
     } else {
       return fail("unknown field '" + std::string(name) + "'");
     }
@@ -326,7 +332,8 @@ std::optional<Event> parse_event(std::string_view line, std::string* error) {
     required = (required & ~kKey) | kKeys;
     if (required & kToken) required = (required & ~kToken) | kTokens;
   }
-  const std::uint32_t allowed = required | (k.optional & (kMode | kPermits | kNode | kBackups));
+  const std::uint32_t allowed =
+      required | (k.optional & (kMode | kPermits | kNode | kBackups | kOutside));
   if ((seen & required) != required) return fail("missing fields for " + std::string(words[1]));
   if (seen & ~allowed) return fail("unexpected fields for " + std::string(words[1]));
   return e;

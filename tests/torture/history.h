@@ -24,6 +24,12 @@
 // reads and writes) is per key and token, as for a single-key lease, so a
 // multi-key grant of n keys becomes n ordinary holds.
 //
+// Tenants (--tenants N). Every client is one tenant's and asks for keys
+// within its rights (its own prefix, or the shared one), except for the
+// acquires that carry outside=1: a probe of a key outside its rights, which
+// the server must refuse (permission_denied). outside=1 may be on any
+// acquire event; lines without it are within the client's rights.
+//
 // Cluster mode (several shardlockd nodes, docs/cluster.md). Events about a
 // node carry node=<id>: an acquire_ok the node that answered it (the node the
 // client's request went to), the server_* events the node they are about.
@@ -62,9 +68,11 @@ namespace shardlock::torture {
 enum class EventKind : std::uint8_t {
   // Workers (client = the worker's index; op = per-worker operation number).
   // key/token become keys/tokens for a multi-key acquire; [mode permits].
-  kAcquireInvoke,  // client op key ttl_ms wait_ms [mode permits]
-  kAcquireOk,      // client op key token expiry_ns [mode permits node]  (t = grant received)
-  kAcquireFail,    // client op key error [mode permits]  (error: busy, timeout, ...)
+  kAcquireInvoke,  // client op key ttl_ms wait_ms [mode permits outside]
+  kAcquireOk,      // client op key token expiry_ns [mode permits node outside]  (t = grant
+                   //   received)
+  kAcquireFail,    // client op key error [mode permits outside]  (error: busy, timeout,
+                   //   permission_denied, ...)
   kHold,           // client key token expiry_ns     (the worker relies on the lease at t)
   kRenewInvoke,    // client op key token ttl_ms
   kRenewOk,        // client op key token expiry_ns
@@ -159,6 +167,9 @@ struct Event {
   std::string error;                           // *Fail, kLost
   AcquireMode mode = AcquireMode::kExclusive;  // acquire events
   std::int64_t permits = 0;                    // acquire events with mode kPermit
+  // Acquire events: the key (or one of the keys) is outside the client's
+  // tenant's rights, so the acquire must be refused (a probe).
+  bool outside = false;
   // A multi-key acquire (acquire events): the keys, non-empty, and `key` is
   // unused; its acquire_ok's tokens, one per key of `keys`.
   std::vector<std::string> keys;
