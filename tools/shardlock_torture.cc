@@ -6,6 +6,9 @@
 //
 // With --cluster-nodes N it runs etcd and N shardlockd nodes in one cluster
 // and adds the cluster's faults (docs/cluster.md, "Torture: cluster mode").
+// With --tenants N the one shardlockd runs with a tenant file, every client
+// is one tenant's, and the checker also judges their rights
+// (docs/reliability.md, "Tenants").
 //
 // Exit status: 0 no violation, 1 violations found, 2 usage, 3 the run could
 // not be set up (or failed unexpectedly), 77 cluster mode without etcd
@@ -307,6 +310,26 @@ void add_replication_flags(CLI::App& app, CLI::Option* cluster_nodes, TortureOpt
                     "reach etcd and the clients");
 }
 
+// Tenants (docs/reliability.md, "Tenants"): the server with a tenant file,
+// and the clients dealt over the tenants.
+void add_tenant_flags(CLI::App& app, TortureOptions& o) {
+  CLI::Option* tenants =
+      app.add_option("--tenants", o.tenants,
+                     "run shardlockd with --tenants: this many tenants (2 or more), each with its "
+                     "own key and key prefix tN/ and all of them sharing shared/ (so exclusion "
+                     "on a shared key is judged across tenants); the LeaseClients are dealt "
+                     "round-robin over them, and now and then a client probes another tenant's "
+                     "key, which must be refused. Fails the run on a refusal within a client's "
+                     "rights (denied) or a grant outside them (isolation). One node only. "
+                     "0: no tenants")
+          ->capture_default_str()
+          ->check(CLI::Range(0, 1000));
+  app.add_flag("--encrypt", o.encrypt,
+               "with --tenants: the even-numbered tenants (t0, t2, ...) encrypt their datagrams, "
+               "the others only authenticate them, so shared keys are contended in both forms")
+      ->needs(tenants);
+}
+
 // The hidden worker mode: this binary, started by the run.
 CLI::App* add_worker_subcommand(CLI::App& app, WorkerOptions& w) {
   CLI::App* worker = app.add_subcommand("worker", "")->group("");
@@ -335,6 +358,9 @@ CLI::App* add_worker_subcommand(CLI::App& app, WorkerOptions& w) {
   worker->add_option("--observers", w.observers);
   worker->add_option("--workers", w.workers);
   worker->add_option("--election-base", w.election_base);
+  worker->add_option("--tenants", w.tenants);
+  worker->add_option("--tenant-dir", w.tenant_dir);
+  worker->add_flag("--encrypt", w.encrypt);
   return worker;
 }
 
@@ -377,6 +403,16 @@ std::optional<int> check_flags(TortureOptions& o, const RunFlags& flags) {
                  "--one-way-node-cuts and --slow-etcd-links need --replicas 2 or more\n");
     return kExitUsage;
   }
+  if (o.tenants == 1) {
+    std::fprintf(stderr,
+                 "shardlock-torture: --tenants needs at least 2 tenants (0: none), or no key "
+                 "is shared across tenants\n");
+    return kExitUsage;
+  }
+  if (o.tenants > 0 && o.cluster_nodes > 0) {
+    std::fprintf(stderr, "shardlock-torture: --tenants runs one node only (no --cluster-nodes)\n");
+    return kExitUsage;
+  }
   if (o.cluster_nodes > 0 && o.unsafe_no_data_dir) {
     std::fprintf(stderr, "shardlock-torture: a cluster node needs its data dir\n");
     return kExitUsage;
@@ -394,7 +430,8 @@ int run(int argc, char** argv) {
       "of shardlockd nodes and etcd (docs/cluster.md, \"Torture: cluster mode\"), plus that "
       "every grant came from its key's owner in the map of its token's epoch. With --elections, "
       "leader elections too: one leader per name at a time, terms rising, observers' leaders in "
-      "term order"};
+      "term order. With --tenants, tenants with their own keys and prefixes and a shared one: "
+      "no refusal within a tenant's rights, no grant outside them"};
   app.set_version_flag("--version", "shardlock-torture 0.1.0");
   TortureOptions o;
   const std::filesystem::path self_dir = std::filesystem::path(argv[0]).parent_path();
@@ -406,6 +443,7 @@ int run(int argc, char** argv) {
   add_report_flags(app, o, flags);
   CLI::Option* cluster_nodes = add_cluster_flags(app, o);
   add_replication_flags(app, cluster_nodes, o, flags);
+  add_tenant_flags(app, o);
   app.add_flag("--unsafe-no-data-dir", o.unsafe_no_data_dir,
                "run the server without a data dir, so tokens restart after kill -9 (unsafe: to "
                "show the checker catches it)");

@@ -26,6 +26,7 @@
 #include "support/etcd.h"
 #include "support/process.h"
 #include "system.h"
+#include "tenancy.h"
 
 namespace shardlock::torture {
 namespace {
@@ -35,6 +36,10 @@ using namespace std::chrono_literals;
 using test_support::ChildProcess;
 using test_support::EtcdProcess;
 using test_support::self_executable;
+
+TenantPlan tenant_plan(const TortureOptions& o) { return TenantPlan{o.tenants, o.encrypt}; }
+// Where the tenant file and the tenants' key files are.
+fs::path tenant_dir(const fs::path& scratch) { return scratch / "tenants"; }
 
 // One shardlockd behind one UdpProxy.
 class SingleServer final : public SystemUnderTest {
@@ -95,6 +100,10 @@ class SingleServer final : public SystemUnderTest {
     if (!o.unsafe_no_data_dir) {
       c.arguments.push_back("--data-dir");
       c.arguments.push_back((scratch / "data").string());
+    }
+    if (o.tenants > 0) {
+      c.arguments.insert(c.arguments.end(),
+                         {"--tenants", tenant_file(tenant_dir(scratch)).string()});
     }
     return c;
   }
@@ -211,6 +220,10 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   if (!resource.start(resource_name, (history_dir / "resource.log").string())) {
     return fail(resource.error());
   }
+  if (o.tenants > 0) {
+    std::string why;
+    if (!write_tenant_files(tenant_plan(o), tenant_dir(scratch), why)) return fail(why);
+  }
   std::unique_ptr<SystemUnderTest> system;
   if (o.cluster_nodes > 0) {
     if (make_cluster == nullptr) {
@@ -294,6 +307,11 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
                                      std::to_string(o.workers * o.clients_per_worker)};
     const std::vector<std::string> target = system->worker_arguments();
     argv.insert(argv.end(), target.begin(), target.end());
+    if (o.tenants > 0) {
+      argv.insert(argv.end(), {"--tenants", std::to_string(o.tenants), "--tenant-dir",
+                               tenant_dir(scratch).string()});
+      if (o.encrypt) argv.emplace_back("--encrypt");
+    }
     if (!workers[static_cast<std::size_t>(w)].start(
             argv, false, (scratch / ("worker-" + std::to_string(w) + ".err")).string())) {
       return fail("cannot start a worker: " + workers[static_cast<std::size_t>(w)].error());

@@ -10,6 +10,8 @@
 //   * A UdpProxy (proxy.h) between the clients and the server loses,
 //     duplicates, reorders and delays datagrams during the fault phase.
 //   * A FencedResource (resource.h) in this process holds the counters.
+//   * With tenants (tenancy.h), the server runs with a tenant file the run
+//     writes, and every LeaseClient is one tenant's.
 //   * Then the faults heal, the run goes on long enough to judge liveness,
 //     and the history is read back and checked (checker.h), which shares no
 //     code with the lease client or server.
@@ -107,6 +109,11 @@ struct TortureOptions {
   // dead id's replica by address).
   int node_replacements = 0;
   bool strict_kept = false;  // CheckOptions::kept_excuses_rejoins off
+  // Tenants (tenancy.h), one node only: 0 runs the server without a key;
+  // N >= 2 runs it with --tenants, each tenant with its own key and prefix
+  // and all of them sharing "shared/", the LeaseClients dealt over them.
+  int tenants = 0;
+  bool encrypt = false;  // the even-numbered tenants encrypt
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the

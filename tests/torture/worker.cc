@@ -23,6 +23,7 @@
 #include "shardlock/lease/client/election.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "shardlock/workload/zipf.h"
+#include "tenancy.h"
 
 namespace shardlock::torture {
 namespace {
@@ -47,7 +48,14 @@ std::int64_t expiry_on_monotonic(const Lease& lease) {
   return monotonic_ns() + std::chrono::duration_cast<std::chrono::nanoseconds>(left).count();
 }
 
-std::string error_name(const std::error_code& ec) {
+// The name a failure is recorded under; an ERROR answer of the server is
+// "server_error", but for the one the checker judges: a refusal for want of
+// rights, "permission_denied".
+std::string error_name(const std::error_code& ec,
+                       lease::WireError wire_error = lease::WireError::kInternal) {
+  if (ec == LeaseErrc::kServerError && wire_error == lease::WireError::kPermissionDenied) {
+    return "permission_denied";
+  }
   std::string name = ec.category() == lease::lease_category()
                          ? std::string(lease::to_string(static_cast<LeaseErrc>(ec.value())))
                          : ec.message();
@@ -196,16 +204,21 @@ class AnsweringNodes final : public lease::DatagramTransport {
 };
 
 // What one cycle of a client does.
-enum class Cycle { kExclusive, kShared, kPermit, kMulti };
+enum class Cycle { kExclusive, kShared, kPermit, kMulti, kOutside };
+
+// With tenants, the share of cycles that probe outside the client's rights.
+constexpr std::uint64_t kOutsidePerMillion = 20'000;
 
 // One lease client's loop: its history, its resource connection and its
 // LeaseClient, and the steps every kind of cycle shares.
 class ClientLoop {
  public:
-  ClientLoop(const WorkerOptions& o, int client, const Recorder& history,
+  // `tenant`: the LeaseClient's tenant, or -1 without tenants.
+  ClientLoop(const WorkerOptions& o, int client, int tenant, const Recorder& history,
              ResourceConnection& resource, LeaseClient& lease_client, AnsweringNodes* nodes)
       : o_(o),
         client_(client),
+        tenant_(tenant),
         history_(history),
         resource_(resource),
         lease_client_(lease_client),
@@ -227,12 +240,16 @@ class ClientLoop {
         case Cycle::kMulti:
           multi_cycle();
           break;
+        case Cycle::kOutside:
+          outside_cycle();
+          break;
       }
     }
   }
 
  private:
   Cycle pick_cycle() {
+    if (tenant_ >= 0 && random_.uniform(1'000'000) < kOutsidePerMillion) return Cycle::kOutside;
     const double r = static_cast<double>(random_.uniform(1'000'000)) / 1e6;
     if (r < o_.read_fraction) return Cycle::kShared;
     if (r < o_.read_fraction + o_.permit_fraction) return Cycle::kPermit;
@@ -240,7 +257,17 @@ class ClientLoop {
     return Cycle::kExclusive;
   }
 
-  std::string random_key() { return "key-" + std::to_string(random_.uniform(o_.keys)); }
+  std::string random_key() {
+    return within_rights("key-" + std::to_string(random_.uniform(o_.keys)));
+  }
+
+  // `name` as a key the client may use: itself without tenants; else under
+  // the tenant's own prefix or, on a seeded half, the shared one.
+  std::string within_rights(const std::string& name) {
+    if (tenant_ < 0) return name;
+    return (random_.uniform(2) == 0 ? std::string(kSharedPrefix) : TenantPlan::prefix(tenant_)) +
+           name;
+  }
 
   Event base(EventKind kind, const std::string& key) const {
     Event e;
@@ -252,11 +279,13 @@ class ClientLoop {
 
   // The acquire_invoke of a new operation, recorded: a quarter try-acquire,
   // the rest wait in the key's FIFO queue; a TTL of half to all the max.
+  // A probe `outside` the client's rights is always a try-acquire.
   Event invoke(const std::string& key, AcquireMode mode, std::int64_t permits,
-               std::vector<std::string> keys = {}) {
-    const bool try_only = random_.uniform(4) == 0;
+               std::vector<std::string> keys = {}, bool outside = false) {
+    const bool try_only = random_.uniform(4) == 0 || outside;
     Event e = base(EventKind::kAcquireInvoke, key);
     e.op = ++op_;
+    e.outside = outside;
     e.wait_ms = try_only ? 0 : static_cast<int>(1 + random_.uniform(o_.max_wait_ms));
     e.ttl_ms = o_.ttl_ms / 2 + static_cast<int>(random_.uniform(o_.ttl_ms / 2 + 1));
     e.mode = mode;
@@ -276,19 +305,22 @@ class ClientLoop {
     return watch;
   }
 
-  // Records the failure of `invoked` and backs off as the error asks.
-  void failed(const Event& invoked, const std::error_code& error, std::uint32_t retry_after_ms) {
+  // Records the failure `got` (an AcquireResult or MultiAcquireResult) of
+  // `invoked` and backs off as the error asks.
+  template <typename Result>
+  void failed(const Event& invoked, const Result& got) {
     Event fail = base(EventKind::kAcquireFail, invoked.key);
     fail.op = invoked.op;
     fail.mode = invoked.mode;
     fail.permits = invoked.permits;
     fail.keys = invoked.keys;
-    fail.error = error_name(error);
+    fail.outside = invoked.outside;
+    fail.error = error_name(got.error, got.wire_error);
     history_.record(fail);
-    if (error == LeaseErrc::kBusy) std::this_thread::sleep_for(1ms);
-    if (error == LeaseErrc::kRecovering) {
+    if (got.error == LeaseErrc::kBusy) std::this_thread::sleep_for(1ms);
+    if (got.error == LeaseErrc::kRecovering) {
       std::this_thread::sleep_for(
-          std::chrono::milliseconds(std::min<std::uint32_t>(retry_after_ms, 100) + 1));
+          std::chrono::milliseconds(std::min<std::uint32_t>(got.retry_after_ms, 100) + 1));
     }
   }
 
@@ -299,6 +331,7 @@ class ClientLoop {
     ok.expiry_ns = expiry_on_monotonic(lease);
     ok.mode = invoked.mode;
     ok.permits = invoked.permits;
+    ok.outside = invoked.outside;
     if (nodes_ != nullptr) ok.node = nodes_->take(lease.key(), lease.token());
     return ok;
   }
@@ -385,7 +418,7 @@ class ClientLoop {
   void exclusive_cycle() {
     const Event invoked = invoke(random_key(), AcquireMode::kExclusive, 0);
     AcquireResult got = lease_client_.acquire(invoked.key, ttl(invoked), wait(invoked), watch());
-    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    if (!got) return failed(invoked, got);
     history_.record(granted(invoked, got.lease));
     maybe_renew(got.lease, invoked.ttl_ms);
     increment(got.lease);
@@ -397,7 +430,7 @@ class ClientLoop {
     const Event invoked = invoke(random_key(), AcquireMode::kShared, 0);
     AcquireResult got =
         lease_client_.acquire_shared(invoked.key, ttl(invoked), wait(invoked), watch());
-    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    if (!got) return failed(invoked, got);
     history_.record(granted(invoked, got.lease));
     maybe_renew(got.lease, invoked.ttl_ms);
     if (hold(got.lease)) {
@@ -410,11 +443,11 @@ class ClientLoop {
   // One of P permits of a semaphore key, held for a while (now and then
   // past the watchdog's first renewal), then released.
   void permit_cycle() {
-    const std::string key = "sem-" + std::to_string(random_.uniform(o_.permit_keys));
+    const std::string key = within_rights("sem-" + std::to_string(random_.uniform(o_.permit_keys)));
     const Event invoked = invoke(key, AcquireMode::kPermit, o_.permits);
     AcquireResult got = lease_client_.acquire_permit(key, static_cast<std::uint32_t>(o_.permits),
                                                      ttl(invoked), wait(invoked), watch());
-    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    if (!got) return failed(invoked, got);
     history_.record(granted(invoked, got.lease));
     maybe_renew(got.lease, invoked.ttl_ms);
     if (hold(got.lease)) linger(got.lease, o_.ttl_ms / 4);
@@ -439,13 +472,49 @@ class ClientLoop {
       }
       keys.push_back(std::move(key));
     }
-    const Event invoked = invoke("", AcquireMode::kExclusive, 0, keys);
+    MultiAcquireResult got;
+    if (!acquire_all(keys, false, got)) return;
+    for (Lease& lease : got.leases) increment(lease);
+    for (Lease& lease : got.leases) release(lease);
+  }
+
+  // A probe outside the client's rights (worker.h, "Tenants"), a try: one
+  // key of another tenant's, or that and a key of its own all-or-nothing.
+  // A grant (which isolation reports) is released at once, unwritten.
+  void outside_cycle() {
+    const int other =
+        (tenant_ + 1 +
+         static_cast<int>(random_.uniform(static_cast<std::uint64_t>(o_.tenants - 1)))) %
+        o_.tenants;
+    const std::string foreign =
+        TenantPlan::prefix(other) + "key-" + std::to_string(random_.uniform(o_.keys));
+    if (random_.uniform(2) == 0) {
+      MultiAcquireResult got;
+      if (!acquire_all({random_key(), foreign}, true, got)) return;
+      for (Lease& lease : got.leases) release(lease);
+      return;
+    }
+    const Event invoked = invoke(foreign, AcquireMode::kExclusive, 0, {}, true);
+    AcquireResult got = lease_client_.acquire(foreign, ttl(invoked), wait(invoked), watch());
+    if (!got) return failed(invoked, got);
+    history_.record(granted(invoked, got.lease));
+    release(got.lease);
+  }
+
+  // All of `keys` exclusive, all-or-nothing, recorded (`outside`: a probe);
+  // true, with the leases in `got`, when granted.
+  bool acquire_all(const std::vector<std::string>& keys, bool outside, MultiAcquireResult& got) {
+    const Event invoked = invoke("", AcquireMode::kExclusive, 0, keys, outside);
     const std::vector<std::string_view> views(keys.begin(), keys.end());
-    MultiAcquireResult got = lease_client_.acquire_many(views, ttl(invoked), wait(invoked),
-                                                        LeaseMode::kExclusive, watch());
-    if (!got) return failed(invoked, got.error, got.retry_after_ms);
+    got = lease_client_.acquire_many(views, ttl(invoked), wait(invoked), LeaseMode::kExclusive,
+                                     watch());
+    if (!got) {
+      failed(invoked, got);
+      return false;
+    }
     Event ok = base(EventKind::kAcquireOk, "");
     ok.op = invoked.op;
+    ok.outside = outside;
     ok.expiry_ns = std::numeric_limits<std::int64_t>::max();
     for (const Lease& lease : got.leases) {
       ok.keys.push_back(lease.key());
@@ -462,8 +531,7 @@ class ClientLoop {
       ok.expiry_ns = monotonic_ns();
     }
     history_.record(ok);
-    for (Lease& lease : got.leases) increment(lease);
-    for (Lease& lease : got.leases) release(lease);
+    return true;
   }
 
   static std::chrono::milliseconds ttl(const Event& invoked) {
@@ -475,6 +543,7 @@ class ClientLoop {
 
   const WorkerOptions& o_;
   const int client_;
+  const int tenant_;  // -1: no tenants
   const Recorder& history_;
   ResourceConnection& resource_;
   LeaseClient& lease_client_;
@@ -614,6 +683,23 @@ LeaseClientOptions client_options(const WorkerOptions& o) {
   return options;
 }
 
+// `options` as tenant `tenant` (none when -1); false (said on stderr) when
+// its key cannot be read.
+bool as_tenant(const WorkerOptions& o, int tenant, LeaseClientOptions& options) {
+  if (tenant < 0) return true;
+  std::string error;
+  if (use_tenant(TenantPlan{o.tenants, o.encrypt}, o.tenant_dir, tenant, options, error)) {
+    return true;
+  }
+  std::fprintf(stderr, "worker: %s\n", error.c_str());
+  return false;
+}
+
+// The tenant of the `index`-th LeaseClient of its kind, or -1 without tenants.
+int tenant_of(const WorkerOptions& o, int index) {
+  return o.tenants > 0 ? TenantPlan{o.tenants, o.encrypt}.tenant_of(index) : -1;
+}
+
 // A client's history file, created; false (said on stderr) when it cannot be.
 bool open_history(const WorkerOptions& o, int client, Recorder& history) {
   if (history.open(o.history_dir + "/client-" + std::to_string(client) + ".log")) return true;
@@ -626,13 +712,17 @@ int run_election_role(const WorkerOptions& o, int role) {
   const int client = o.election_base + role;
   Recorder history;
   if (!open_history(o, client, history)) return 3;
-  LeaseClient lease_client(client_options(o));
+  LeaseClientOptions options = client_options(o);
+  if (!as_tenant(o, tenant_of(o, client), options)) return 3;
+  LeaseClient lease_client(options);
   if (const std::error_code ec = lease_client.start()) {
     std::fprintf(stderr, "worker: %s\n", lease_client.error_detail().c_str());
     return 3;
   }
   const int per_name = o.campaigners + o.observers;
-  const std::string name = "elect-" + std::to_string(role / per_name);
+  // With tenants every tenant campaigns for the same names.
+  const std::string name =
+      std::string(o.tenants > 0 ? kSharedPrefix : "") + "elect-" + std::to_string(role / per_name);
   if (role % per_name < o.campaigners) {
     Campaigner(o, client, name, history, lease_client).run();
   } else {
@@ -646,11 +736,13 @@ int run_election_role(const WorkerOptions& o, int role) {
 struct SharedClient {
   std::unique_ptr<LeaseClient> lease_client;
   AnsweringNodes* nodes = nullptr;
+  int tenant = -1;  // -1: no tenants
 };
 
 // The started LeaseClient of a group; false (said on stderr) when it fails.
 bool start_shared_client(const WorkerOptions& o, SharedClient& shared, bool slow) {
   LeaseClientOptions options = client_options(o);
+  if (!as_tenant(o, shared.tenant, options)) return false;
   if (slow) {
     options.initial_retransmit = kSlowRetransmit;
     options.max_retransmit = std::max(options.max_retransmit, kSlowRetransmit);
@@ -685,7 +777,7 @@ int run_client(const WorkerOptions& o, int client, SharedClient& shared) {
     std::fprintf(stderr, "worker: cannot reach the resource\n");
     return 3;
   }
-  ClientLoop(o, client, history, resource, *shared.lease_client, shared.nodes).run();
+  ClientLoop(o, client, shared.tenant, history, resource, *shared.lease_client, shared.nodes).run();
   return 0;
 }
 
@@ -706,6 +798,8 @@ int run_worker(const WorkerOptions& o) {
       static_cast<std::size_t>((o.clients + per_group - 1) / per_group));
   for (std::size_t g = 0; g < groups.size(); ++g) {
     const bool slow = g < static_cast<std::size_t>(std::max(o.slow_retransmit_groups, 0));
+    groups[g].tenant =
+        tenant_of(o, o.index * static_cast<int>(groups.size()) + static_cast<int>(g));
     if (!start_shared_client(o, groups[g], slow)) return 3;
   }
   std::vector<int> status(static_cast<std::size_t>(o.clients) + roles.size(), 0);

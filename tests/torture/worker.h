@@ -51,6 +51,17 @@
 //   observer    LeaderObserver::next() in a loop; each change it reports is
 //               an observe event (the term and the value: which campaign).
 //
+// Tenants (`tenants` > 0; tenancy.h): LeaseClient g of the worker (its
+// global index: index x groups per worker + g) is tenant g % tenants, and
+// election role r's is tenant (election_base + r) % tenants, each with its
+// key from tenant_dir. A lease client's keys are key-N and sem-N under its
+// own prefix tT/ or, on a seeded half, under shared/; election names are
+// shared/elect-N. A fiftieth of the cycles are probes outside the client's
+// rights, each recorded outside=1: a try-acquire of another tenant's key-N,
+// or, on a seeded half, an all-or-nothing one of a key of its own and
+// another tenant's; a probe that is granted is released at once, unwritten.
+// An acquire refused ERROR permission_denied is recorded with that error.
+//
 // Cluster mode (`cluster`): `server` lists the nodes' proxies as seeds, the
 // clients discover the map and follow redirects (discover_cluster), and each
 // grant is recorded with the node that answered it: the transport notes
@@ -102,6 +113,10 @@ struct WorkerOptions {
   int observers = 1;      // per name
   int workers = 1;        // worker processes in the run (roles are dealt round-robin)
   int election_base = 0;  // the first election role's client index
+  // Tenants (see above): 0 for none.
+  int tenants = 0;
+  bool encrypt = false;    // the even-numbered tenants encrypt
+  std::string tenant_dir;  // the tenants' key files
 };
 
 // Runs the workload; returns the process exit status (0, or 3 on a setup
