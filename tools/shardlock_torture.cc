@@ -311,7 +311,7 @@ void add_replication_flags(CLI::App& app, CLI::Option* cluster_nodes, TortureOpt
 }
 
 // Tenants (docs/reliability.md, "Tenants"): the server with a tenant file,
-// and the clients dealt over the tenants.
+// the clients dealt over the tenants, and the reload fault.
 void add_tenant_flags(CLI::App& app, TortureOptions& o) {
   CLI::Option* tenants =
       app.add_option("--tenants", o.tenants,
@@ -327,6 +327,13 @@ void add_tenant_flags(CLI::App& app, TortureOptions& o) {
   app.add_flag("--encrypt", o.encrypt,
                "with --tenants: the even-numbered tenants (t0, t2, ...) encrypt their datagrams, "
                "the others only authenticate them, so shared keys are contended in both forms")
+      ->needs(tenants);
+  app.add_option("--tenant-reloads", o.tenant_reloads,
+                 "with --tenants: SIGHUPs of the server after its tenant file is rewritten (the "
+                 "same tenants in a seeded order), each with a lease of t0 held across it that "
+                 "must stay renewable; a lost lease or a reload that did not take fails the run")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000))
       ->needs(tenants);
 }
 

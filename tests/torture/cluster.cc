@@ -256,6 +256,7 @@ class ClusterUnderTest final : public SystemUnderTest {
       case Fault::kReplaceNode:
         return replace_node(victim, error);
       case Fault::kClientPause:
+      case Fault::kTenantReload:  // tenants are single-node only
         break;
     }
     error = std::string(fault_name(fault)) + " is not the cluster's to inject";

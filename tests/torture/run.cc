@@ -45,7 +45,9 @@ fs::path tenant_dir(const fs::path& scratch) { return scratch / "tenants"; }
 class SingleServer final : public SystemUnderTest {
  public:
   SingleServer(const TortureOptions& o, const fs::path& scratch, const Recorder& nemesis)
-      : options_(o), server_(config(o, scratch), (scratch / "shardlockd.log").string(), nemesis) {}
+      : options_(o),
+        tenant_dir_(tenant_dir(scratch)),
+        server_(config(o, scratch), (scratch / "shardlockd.log").string(), nemesis) {}
 
   bool start(std::string& error) override {
     if (!server_.start(error)) return false;
@@ -63,7 +65,7 @@ class SingleServer final : public SystemUnderTest {
   // The faults fit in the plan's trailing slot (the schedule predates this).
   std::int64_t longest_fault_ms() const override { return 0; }
   std::int64_t liveness_bound_ms() const override { return default_liveness_bound_ms(options_); }
-  bool inject(Fault fault, std::mt19937_64& /*random*/, std::string& error) override {
+  bool inject(Fault fault, std::mt19937_64& random, std::string& error) override {
     switch (fault) {
       case Fault::kKill:
         server_.kill();
@@ -71,6 +73,15 @@ class SingleServer final : public SystemUnderTest {
       case Fault::kServerPause:
         server_.pause(pause_for());
         return true;
+      case Fault::kTenantReload: {
+        // A lost lease or a reload that did not take is the system's
+        // failure, not the nemesis's: the run goes on and fails at the end.
+        const std::string failure =
+            reload_keeping_a_lease(server_, tenant_plan(options_), tenant_dir_, random,
+                                   options_.max_ttl_ms, options_.max_wait_ms);
+        if (!failure.empty()) reload_failures_ += failure + "\n";
+        return true;
+      }
       default:
         error = std::string(fault_name(fault)) + " needs cluster mode";
         return false;
@@ -82,7 +93,7 @@ class SingleServer final : public SystemUnderTest {
   }
   std::string crashes() override {
     server_.note_if_dead();
-    return server_.crashes();
+    return server_.crashes() + reload_failures_;
   }
 
  private:
@@ -112,8 +123,10 @@ class SingleServer final : public SystemUnderTest {
   }
 
   const TortureOptions& options_;
+  const fs::path tenant_dir_;
   ServerUnderTest server_;
   UdpProxy proxy_;
+  std::string reload_failures_;  // one line per failed tenant reload
 };
 
 }  // namespace
@@ -160,6 +173,8 @@ const char* fault_name(Fault f) noexcept {
       return "one-way node cut with a slow etcd link";
     case Fault::kReplaceNode:
       return "node replaced under a new id";
+    case Fault::kTenantReload:
+      return "tenant reload";
   }
   return "?";
 }
@@ -346,6 +361,7 @@ int run_torture(const TortureOptions& o, ClusterFactory make_cluster) {
   plan.insert(plan.end(), static_cast<std::size_t>(o.one_way_node_cuts), Fault::kOneWayNodeCut);
   plan.insert(plan.end(), static_cast<std::size_t>(o.slow_etcd_links), Fault::kSlowEtcdLink);
   plan.insert(plan.end(), static_cast<std::size_t>(o.node_replacements), Fault::kReplaceNode);
+  plan.insert(plan.end(), static_cast<std::size_t>(o.tenant_reloads), Fault::kTenantReload);
   std::shuffle(plan.begin(), plan.end(), random);
   if (o.network.any()) {
     system->set_network_faults(o.network);

@@ -11,7 +11,8 @@
 //     duplicates, reorders and delays datagrams during the fault phase.
 //   * A FencedResource (resource.h) in this process holds the counters.
 //   * With tenants (tenancy.h), the server runs with a tenant file the run
-//     writes, and every LeaseClient is one tenant's.
+//     writes, every LeaseClient is one tenant's, and the nemesis also makes
+//     the server reload that file (SIGHUP) while a lease is held across it.
 //   * Then the faults heal, the run goes on long enough to judge liveness,
 //     and the history is read back and checked (checker.h), which shares no
 //     code with the lease client or server.
@@ -113,7 +114,8 @@ struct TortureOptions {
   // N >= 2 runs it with --tenants, each tenant with its own key and prefix
   // and all of them sharing "shared/", the LeaseClients dealt over them.
   int tenants = 0;
-  bool encrypt = false;  // the even-numbered tenants encrypt
+  bool encrypt = false;    // the even-numbered tenants encrypt
+  int tenant_reloads = 0;  // SIGHUP reloads of the rewritten tenant file, a lease held across
 };
 
 // Builds cluster mode's system under test (cluster.h: make_cluster) in the

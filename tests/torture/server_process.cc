@@ -80,6 +80,14 @@ void ServerUnderTest::resume() {
   record(EventKind::kServerResume);
 }
 
+void ServerUnderTest::hangup() {
+  process_.signal(SIGHUP);
+  Event e;
+  e.kind = EventKind::kFault;
+  e.fault = "tenant_reload";
+  nemesis_.record(e);
+}
+
 void ServerUnderTest::reconfigure(std::vector<std::string> arguments, std::int64_t lock_delay_ms) {
   config_.arguments = std::move(arguments);
   config_.lock_delay_ms = lock_delay_ms;

@@ -49,6 +49,9 @@ class ServerUnderTest {
   // SIGSTOP now, SIGCONT later (each recorded).
   void suspend();
   void resume();
+  // SIGHUP: shardlockd reloads its --tenants file. Recorded as a
+  // tenant_reload fault; whether the reload took is in the log.
+  void hangup();
   // The arguments of the next start (say, a changed --max-ttl for a rolling
   // restart) and the lock-delay its start records.
   void reconfigure(std::vector<std::string> arguments, std::int64_t lock_delay_ms);

@@ -36,6 +36,7 @@ enum class Fault : std::uint8_t {
   kOneWayNodeCut,       // replication: one node's datagrams to a peer dropped, the peer's not
   kSlowEtcdLink,        // replication: a one-way cut while the cut node sees etcd late
   kReplaceNode,         // kill -9, data dir wiped, restarted at its address under a new id
+  kTenantReload,        // tenants: SIGHUP reloads the rewritten tenant file, a lease held across
 };
 [[nodiscard]] const char* fault_name(Fault fault) noexcept;
 

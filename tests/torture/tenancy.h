@@ -1,6 +1,6 @@
 // tenancy.h: the tenants of a torture run (--tenants N; docs/reliability.md,
-// "Tenants"): who they are, the files the server and the workers read, and
-// which tenant each lease client is.
+// "Tenants"): who they are, the files the server and the workers read, which
+// tenant each lease client is, and the tenant file's reload fault.
 //
 // Tenant i is named "t<i>", has key id i + 1 and a key of its own (the key
 // file t<i>.key beside the tenant file), and may acquire and query on its
@@ -19,12 +19,15 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <random>
 #include <string>
 #include <string_view>
 
 #include "shardlock/lease/client/call.h"
 
 namespace shardlock::torture {
+
+class ServerUnderTest;
 
 // The prefix every tenant may use.
 inline constexpr std::string_view kSharedPrefix = "shared/";
@@ -59,5 +62,19 @@ struct TenantPlan {
 // the key file cannot be read.
 [[nodiscard]] bool use_tenant(const TenantPlan& plan, const std::filesystem::path& dir, int tenant,
                               lease::LeaseClientOptions& options, std::string& error);
+
+// The reload fault (Fault::kTenantReload) on `server`, whose --tenants file
+// is in `dir`: takes a lease of tenant 0 straight at the server (not through
+// the proxy: its losses are not what this judges), with the watchdog on;
+// writes the tenant file again, the same tenants in a seeded order, and
+// swaps it in at once (rename); sends SIGHUP and waits for the server to log
+// the reload; then lets the watchdog renew for a max TTL under the new
+// table, renews once more and releases. Blocks for a little over a max TTL.
+// Returns what went wrong, one line, or "" when the server reloaded and the
+// lease held across it was never lost.
+[[nodiscard]] std::string reload_keeping_a_lease(ServerUnderTest& server, const TenantPlan& plan,
+                                                 const std::filesystem::path& dir,
+                                                 std::mt19937_64& random, int max_ttl_ms,
+                                                 int max_wait_ms);
 
 }  // namespace shardlock::torture
