@@ -235,17 +235,20 @@ void CallEngine::fail(std::unique_ptr<Call> call, LeaseErrc error) {
 
 // ----------------------------------------------------------------- encode
 
+EnvelopeMode CallEngine::seal_mode() const noexcept {
+  const LeaseClientOptions& o = setup_.options;
+  if (!o.tenant) return EnvelopeMode::kLegacy;
+  return o.encrypt ? EnvelopeMode::kEncrypted : EnvelopeMode::kAuthenticated;
+}
+
 std::size_t CallEngine::payload_limit() const noexcept {
-  return kMaxDatagramSize - (setup_.envelope_key ? kMaxEnvelopeOverhead : 0);
+  return kMaxDatagramSize - (setup_.envelope_key ? envelope_overhead(seal_mode()) : 0);
 }
 
 std::size_t CallEngine::seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept {
   if (!setup_.envelope_key || length == 0) return length;
-  const LeaseClientOptions& o = setup_.options;
-  const EnvelopeMode mode = !o.tenant  ? EnvelopeMode::kLegacy
-                            : o.encrypt ? EnvelopeMode::kEncrypted
-                                        : EnvelopeMode::kAuthenticated;
-  return seal_for(buffer, length, o.tenant.value_or(0), *setup_.envelope_key, mode);
+  return seal_for(buffer, length, setup_.options.tenant.value_or(0), *setup_.envelope_key,
+                  seal_mode());
 }
 
 bool CallEngine::fits_one_datagram(const Call& call) const {

@@ -266,6 +266,8 @@ class CallEngine final : public MapCaller {
 
   // Bytes a datagram's encoding may use: the rest is for the auth tag.
   [[nodiscard]] std::size_t payload_limit() const noexcept;
+  // The envelope form requests go in (options.tenant, encrypt).
+  [[nodiscard]] EnvelopeMode seal_mode() const noexcept;
   // Seals buffer[0, length) when authentication is on; returns the length to
   // send (0 stays 0: nothing to send).
   std::size_t seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept;

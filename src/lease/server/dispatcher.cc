@@ -259,7 +259,9 @@ void Dispatcher::send_reply(Worker& w, std::size_t budget, const Peer& peer,
   }
   OutDatagram& o = replies.emplace_back();
   std::size_t written = 0;
-  const std::size_t room = o.bytes.size() - (w.tenants ? kMaxEnvelopeOverhead : 0);
+  // Room for the seal its request came in (a legacy tag is 16 bytes, as
+  // before the envelope; an encrypted one 44).
+  const std::size_t room = o.bytes.size() - (w.tenants ? seal_overhead(peer.seal) : 0);
   if (encode(d, std::span(o.bytes).first(room), written) != ProtocolError::kOk) {
     replies.pop_back();  // cannot happen for replies within the request's size
     return;

@@ -125,6 +125,12 @@ class TenantGate {
   std::atomic<std::uint64_t> generation_{0};
 };
 
+// The bytes sealing as `seal` says adds; the largest for an unsealed peer.
+[[nodiscard]] constexpr std::size_t seal_overhead(const PeerSeal& seal) noexcept {
+  return seal.mode == 0 ? kMaxEnvelopeOverhead
+                        : envelope_overhead(static_cast<EnvelopeMode>(seal.mode - 1));
+}
+
 // The right a request of `type` needs on its key (kNone: any tenant may
 // send it, as MAP, which every cluster client needs to find the owners).
 // STATS and HOT_KEYS need kAdmin, checked on the empty key.
