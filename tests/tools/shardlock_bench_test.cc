@@ -1,16 +1,23 @@
 // shardlock-bench as a process: a short run against its embedded server, an
-// external server and the in-process LockTable each exit 0 with one
-// well-formed JSON result; bad flags are usage errors; a run the server
-// refuses fails loudly (exit 4, the cause on stderr).
+// external server and the in-process LockTable, keyless, sealed, as a
+// tenant and encrypted, each exit 0 with one well-formed JSON result; bad flags are usage errors; a
+// run the server refuses fails loudly (exit 4, the cause on stderr).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "shardlock/lease/server/server.h"
+#include "shardlock/lease/tenants.h"
+#include "shardlock/lease/wire/auth.h"
 #include "support/loopback_server.h"
 #include "tools/client_tool_support.h"
 
@@ -56,6 +63,14 @@ void expect_well_formed(const Json& j, const std::string& mode) {
     EXPECT_LE(h["p99"].number, h["p999"].number);
     EXPECT_LE(h["p999"].number, h["max"].number);
   }
+}
+
+// Runs the bench with `args`, expects a usage error (exit 2), and returns
+// its stderr.
+std::string usage(const std::vector<std::string>& args) {
+  const auto r = run_tool(kBench, args);
+  EXPECT_EQ(r.exit_code, 2) << r.out;
+  return r.err;
 }
 
 TEST(ShardlockBenchTest, ShortEmbeddedRunPrintsOneJsonResult) {
@@ -179,6 +194,95 @@ TEST(ShardlockBenchTest, AuthenticatedEmbeddedRun) {
   EXPECT_EQ(run_tool(kBench, {"--auth-key", "/nonexistent/key"}).exit_code, 2);
 }
 
+// A --tenant run (with --encrypt when `encrypt`) that must complete: exit 0,
+// one well-formed result named for its security, not one error.
+std::optional<Json> expect_tenant_run(std::vector<std::string> args, bool encrypt) {
+  if (encrypt) args.emplace_back("--encrypt");
+  const auto r = run_tool(kBench, args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  auto j = json_line(r);
+  if (!j) {
+    ADD_FAILURE() << "not one JSON line: " << r.out;
+    return std::nullopt;
+  }
+  expect_well_formed(*j, "lease");
+  EXPECT_EQ((*j)["security"].text, encrypt ? "encrypt" : "tenant");
+  EXPECT_EQ((*j)["errors"].number, 0);
+  return j;
+}
+
+// --tenant and --encrypt against the embedded server: it serves that one
+// tenant, and every datagram is sealed (and encrypted) as it.
+TEST(ShardlockBenchTest, TenantAndEncryptedEmbeddedRuns) {
+  for (const bool encrypt : {false, true}) {
+    SCOPED_TRACE(encrypt ? "encrypt" : "tenant");
+    const auto j = expect_tenant_run(
+        {"--duration", "1s", "--json", "--clients", "4", "--pack", "1", "--tenant", "9"}, encrypt);
+    ASSERT_TRUE(j);
+    EXPECT_EQ((*j)["tenant"].number, 9);
+    EXPECT_TRUE((*j)["auth"].boolean);
+  }
+  const auto keyless = run_tool(kBench, {"--duration", "0.5s", "--json", "--clients", "2"});
+  ASSERT_EQ(keyless.exit_code, 0) << keyless.err;
+  const auto j = json_line(keyless);
+  ASSERT_TRUE(j) << keyless.out;
+  EXPECT_EQ((*j)["security"].text, "keyless");
+  EXPECT_EQ((*j)["tenant"].kind, Json::Kind::kNull);
+
+  EXPECT_NE(usage({"--encrypt"}).find("--encrypt needs --tenant"), std::string::npos);
+  EXPECT_NE(usage({"--server", "127.0.0.1:9", "--tenant", "1"}).find("--auth-key"),
+            std::string::npos);
+  usage({"--tenant", "1", "--auth"});
+  usage({"--tenant", "-1"});
+  usage({"--tenant", "4294967296"});
+  usage({"--mode", "table", "--tenant", "1"});
+  const auto help = run_tool(kBench, {"--help"});
+  EXPECT_NE(help.out.find("--tenant"), std::string::npos);
+  EXPECT_NE(help.out.find("--encrypt"), std::string::npos);
+}
+
+// Against an external server with a tenant table: --tenant ID --auth-key
+// FILE [--encrypt], the server's tenant encrypted or not to match.
+TEST(ShardlockBenchTest, TenantRunsAgainstAnExternalServer) {
+  const AuthKey key = generate_auth_key();
+  const std::string key_file =
+      ::testing::TempDir() + "shardlock_bench_tenant_" + std::to_string(::getpid()) + ".key";
+  {
+    std::ofstream out(key_file);
+    for (const std::uint8_t byte : key) {
+      constexpr char kHex[] = "0123456789abcdef";
+      out << kHex[byte >> 4] << kHex[byte & 0xF];
+    }
+    out << "\n";
+  }
+  ::chmod(key_file.c_str(), 0600);
+  for (const bool encrypt : {false, true}) {
+    SCOPED_TRACE(encrypt ? "encrypt" : "tenant");
+    Tenant tenant;
+    tenant.name = "bench";
+    tenant.key_id = 3;
+    tenant.key = key;
+    tenant.encrypt = encrypt;
+    tenant.rules.push_back(PrefixRule{"k:", Rights::kAcquire | Rights::kQueryWatch});
+    std::vector<Tenant> tenants;
+    tenants.push_back(std::move(tenant));
+    TenantTableResult built = TenantTable::build(std::move(tenants));
+    ASSERT_TRUE(built.ok()) << built.message();
+    LeaseServerOptions options = loopback_options();
+    options.tenants = std::move(built.table);
+    const auto server = start_loopback_server(options);
+    ASSERT_NE(server, nullptr);
+    const auto j = expect_tenant_run(
+        {"--server", server->listen_address(), "--duration", "1s", "--json", "--clients", "2",
+         "--pack", "1", "--tenant", "3", "--auth-key", key_file},
+        encrypt);
+    ASSERT_TRUE(j);
+    EXPECT_GE(static_cast<double>(server->stats().counter(StatCounter::kGrants)),
+              (*j)["grants"].number);
+  }
+  std::remove(key_file.c_str());
+}
+
 TEST(ShardlockBenchTest, TableModeRunsTheInProcessLockTable) {
   const auto r =
       run_tool(kBench, {"--mode", "table", "--duration", "1s", "--json", "--clients", "2"});
@@ -296,11 +400,6 @@ TEST(ShardlockBenchTest, KeysPerOpAcquiresSeveralKeysAtOnce) {
 }
 
 TEST(ShardlockBenchTest, LeaseKindFlagsAreRangeChecked) {
-  const auto usage = [](std::vector<std::string> args) {
-    const auto r = run_tool(kBench, args);
-    EXPECT_EQ(r.exit_code, 2) << r.out;
-    return r.err;
-  };
   EXPECT_NE(usage({"--read-fraction", "1.5"}).find("--read-fraction"), std::string::npos);
   usage({"--read-fraction", "-0.1"});
   usage({"--read-fraction", "half"});

@@ -19,6 +19,7 @@ struct FlagTexts {
   std::string ttl = "30s";
   std::string auth_key_file;
   bool auth = false;
+  std::uint32_t tenant = 0;  // read only when --tenant is given
   tools::OutputFlags output;
 };
 
@@ -103,6 +104,15 @@ void add_flags(CLI::App& app, Config& config, FlagTexts& texts) {
   app.add_flag("--auth", texts.auth,
                "Seal every datagram with a fresh random key (embedded server): measures the "
                "cost of authentication");
+  app.add_option("--tenant", texts.tenant,
+                 "Lease mode: seal every datagram as the tenant with this key id "
+                 "(docs/security.md). The embedded server serves that one tenant, with a fresh "
+                 "random key and every right on every key; with --server, --auth-key FILE holds "
+                 "the tenant's key")
+      ->type_name("ID");
+  app.add_flag("--encrypt", config.encrypt,
+               "With --tenant: encrypt every datagram (the tenant's encrypt=yes), for the "
+               "embedded server's tenant too");
 }
 
 // Fills in what the parsed flags leave to be read or defaulted, and checks
@@ -130,6 +140,21 @@ std::optional<int> finish_config(const CLI::App& app, const FlagTexts& texts, Co
   const auto auth_key = tools::load_auth_key_flag(texts.auth_key_file);
   if (!auth_key.error.empty()) return tools::usage_error(kTool, auth_key.error);
   config.auth_key = auth_key.key;
+  if (app.count("--tenant") > 0) config.tenant = texts.tenant;
+  if (config.encrypt && !config.tenant) {
+    return tools::usage_error(kTool, "--encrypt needs --tenant");
+  }
+  if (config.tenant && texts.auth) {
+    return tools::usage_error(
+        kTool, "--auth and --tenant exclude each other: --tenant makes its own key too");
+  }
+  if (config.tenant && !config.auth_key) {
+    if (!config.server.empty()) {
+      return tools::usage_error(kTool,
+                                "--tenant with --server needs the tenant's key: --auth-key FILE");
+    }
+    config.auth_key = lease::generate_auth_key();
+  }
   if (texts.auth && !config.auth_key) {
     if (!config.server.empty()) {
       return tools::usage_error(kTool, "--auth needs the embedded server; use --auth-key");
@@ -141,6 +166,9 @@ std::optional<int> finish_config(const CLI::App& app, const FlagTexts& texts, Co
   }
   if (config.discover && config.server.empty()) {
     return tools::usage_error(kTool, "--discover needs --server: the seeds of the cluster");
+  }
+  if (config.mode == "table" && config.tenant) {
+    return tools::usage_error(kTool, "--tenant and --encrypt apply to --mode lease only");
   }
   if (config.mode == "table" && (config.read_fraction > 0.0 || config.keys_per_op > 1)) {
     return tools::usage_error(kTool,
@@ -160,6 +188,11 @@ std::optional<int> finish_config(const CLI::App& app, const FlagTexts& texts, Co
 }
 
 }  // namespace
+
+std::string_view security_name(const Config& config) noexcept {
+  if (config.tenant) return config.encrypt ? "encrypt" : "tenant";
+  return config.auth_key ? "auth" : "keyless";
+}
 
 std::optional<int> read_command_line(int argc, char** argv, Config& config) {
   CLI::App app{

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "common/command_line.h"
 #include "shardlock/lease/wire/auth.h"
@@ -45,7 +46,18 @@ struct Config {
   unsigned busy_poll_us = 50;  // lease mode: server and client busy-poll window
   std::uint64_t seed = 42;
   std::optional<lease::AuthKey> auth_key;  // seals every datagram (lease mode)
+  // --tenant: the datagrams name this key id and are sealed under auth_key
+  // as that tenant's key; the embedded server serves that one tenant.
+  std::optional<std::uint32_t> tenant;
+  bool encrypt = false;  // --encrypt: with tenant, every datagram encrypted
 };
+
+// How a run's datagrams are sealed, as the report names it ("security"):
+//   keyless  not at all
+//   auth     the single shared key (--auth, --auth-key): the legacy tag
+//   tenant   a tenant's key, the datagrams naming its key id (--tenant)
+//   encrypt  that tenant's datagrams encrypted (--tenant --encrypt)
+[[nodiscard]] std::string_view security_name(const Config& config) noexcept;
 
 // Reads the command line into `config`: the flags, their defaults that
 // depend on the machine (--client-threads, table mode's --clients) and the

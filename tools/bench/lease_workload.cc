@@ -19,6 +19,7 @@
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/duration.h"
 #include "shardlock/lease/server/server.h"
+#include "shardlock/lease/tenants.h"
 #include "shardlock/workload/zipf.h"
 
 namespace shardlock::bench {
@@ -252,6 +253,28 @@ class LeaseBench {
   std::atomic<bool> have_first_error_{false};
 };
 
+// --tenant on the embedded server: a table of that one tenant, with the
+// run's key, encrypted with --encrypt, every right on every key (so the
+// run measures the seal and the tenant checks, never a refusal).
+int serve_one_tenant(const Config& config, LeaseServerOptions& options) {
+  Tenant tenant;
+  tenant.name = "bench";
+  tenant.key_id = *config.tenant;
+  tenant.key = *config.auth_key;
+  tenant.encrypt = config.encrypt;
+  tenant.rules.push_back(PrefixRule{"", Rights::kAll});
+  std::vector<Tenant> tenants;
+  tenants.push_back(std::move(tenant));
+  TenantTableResult built = TenantTable::build(std::move(tenants));
+  if (!built.ok()) {
+    std::fprintf(stderr, "shardlock-bench: the embedded server's tenant: %s\n",
+                 built.message().c_str());
+    return kExitRunFailed;
+  }
+  options.tenants = std::move(built.table);
+  return 0;
+}
+
 // The target: the embedded server, started on loopback (`server`), or the
 // --server nodes. Fills `nodes` and result.target; returns 0 or an exit code.
 int start_target(const Config& config, std::unique_ptr<LeaseServer>& server,
@@ -272,7 +295,11 @@ int start_target(const Config& config, std::unique_ptr<LeaseServer>& server,
                : config.server_io == "socket" ? IoBackend::kSocket
                                               : IoBackend::kAuto;
   options.log = [](std::string_view) {};  // its lock-delay warning is ours to explain
-  options.auth_key = config.auth_key;
+  if (config.tenant) {
+    if (const int status = serve_one_tenant(config, options)) return status;
+  } else {
+    options.auth_key = config.auth_key;
+  }
   options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
   server = std::make_unique<LeaseServer>(options);
   if (std::error_code ec = server->start()) {
@@ -304,6 +331,8 @@ int start_connections(const Config& config, const std::vector<std::string>& node
     // --pack per datagram; each owner still has one request in flight.
     options.max_batch = config.pack;
     options.auth_key = config.auth_key;
+    options.tenant = config.tenant;
+    options.encrypt = config.encrypt;
     options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
     auto connection = std::make_unique<LeaseClient>(options);
     if (std::error_code ec = connection->start()) {
@@ -329,6 +358,13 @@ std::vector<std::unique_ptr<BenchClient>> make_owners(
                                            config.seed * 7'000'003 + i);
     c->client = connections[i % connections.size()].get();
     c->owner = random_client_id();
+    if (config.tenant) {
+      // The server forces an owner's top 32 bits to its tenant's key id
+      // (LeaseServerOptions::tenants); the bench names its owners so, as
+      // LeaseClient does its own id.
+      c->owner.hi =
+          (c->owner.hi & 0x0000'0000'FFFF'FFFFULL) | (std::uint64_t{*config.tenant} << 32);
+    }
     const unsigned slots = std::max(config.batch, config.keys_per_op);
     c->keys.resize(slots);
     c->tokens.resize(slots);

@@ -73,6 +73,8 @@ void print_json(const Config& config, const Result& r) {
   j["retransmissions"] = r.retransmissions;
   j["datagrams_sent"] = r.datagrams;
   j["auth"] = config.auth_key.has_value();
+  j["security"] = std::string(security_name(config));
+  j["tenant"] = config.tenant ? Json(*config.tenant) : Json(nullptr);
   j["allocator"] = tools::kAllocatorName;
   j["busy_poll_us"] = config.busy_poll_us;
   j["cpu_s"] = rounded(r.cpu_seconds, 3);
@@ -92,8 +94,15 @@ void print_json(const Config& config, const Result& r) {
 void print_table(const Config& config, const Result& r) {
   const double s = r.seconds > 0 ? r.seconds : 1;
   const bool lease = config.mode == "lease";
+  std::string security;
+  if (config.tenant) {
+    security = "  security=" + std::string(security_name(config)) + " (tenant key id " +
+               std::to_string(*config.tenant) + ")";
+  } else if (config.auth_key) {
+    security = "  security=auth";
+  }
   std::printf("\nshardlock-bench  mode=%s  target=%s  allocator=%s%s\n", config.mode.c_str(),
-              r.target.c_str(), tools::kAllocatorName, config.auth_key ? "  auth=on" : "");
+              r.target.c_str(), tools::kAllocatorName, security.c_str());
   std::printf("  cpu %s\n", shardlock::internal::cpu_model_name().c_str());
   if (lease) {
     std::printf("  %u clients over %u client thread(s), Zipf theta %.2f over %" PRIu64
