@@ -1,10 +1,13 @@
 // The tenant envelope: each form round trips under several key ids, the
 // legacy form is seal_datagram()'s byte for byte, every truncation and every
 // bit flip is refused, so are wrong keys and wrong key ids, and encryption
-// hides keys, values and owner ids behind a fresh nonce per datagram.
+// hides keys, values and owner ids behind a fresh nonce per datagram, one
+// that no other seal, thread or forked child uses.
 #include "shardlock/lease/wire/envelope.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -13,6 +16,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "shardlock/lease/wire/auth.h"
@@ -281,6 +285,24 @@ TEST(EnvelopeTest, EncryptionHidesKeysValuesAndOwners) {
   EXPECT_EQ(hidden[plain.size()], 9);
 }
 
+// The nonce of an encrypted datagram sealed from `plain_size` plain bytes.
+Bytes nonce_of(const Bytes& whole, std::size_t plain_size) {
+  const auto at = whole.begin() + static_cast<std::ptrdiff_t>(plain_size + kKeyIdSize);
+  return {at, at + kEnvelopeNonceSize};
+}
+
+// Encrypted seals of `plain` under key id `key_id` on this thread; their
+// nonces, in order. Each one opens.
+std::vector<Bytes> nonces_of_seals(const Bytes& plain, std::uint32_t key_id, int seals) {
+  std::vector<Bytes> nonces;
+  for (int i = 0; i < seals; ++i) {
+    const Bytes whole = sealed(plain, key_id, tenant_a(), EnvelopeMode::kEncrypted);
+    nonces.push_back(nonce_of(whole, plain.size()));
+    EXPECT_EQ(open_copy(whole, tenant_a()), opened_form(plain));
+  }
+  return nonces;
+}
+
 TEST(EnvelopeTest, NoncesDifferAcrossSeals) {
   const Bytes plain = plain_acquire();
   std::set<Bytes> nonces;
@@ -288,13 +310,95 @@ TEST(EnvelopeTest, NoncesDifferAcrossSeals) {
   constexpr int kSeals = 256;
   for (int i = 0; i < kSeals; ++i) {
     const Bytes whole = sealed(plain, 5, tenant_a(), EnvelopeMode::kEncrypted);
-    const auto nonce_at = whole.begin() + static_cast<std::ptrdiff_t>(plain.size() + kKeyIdSize);
-    nonces.emplace(nonce_at, nonce_at + kEnvelopeNonceSize);
+    nonces.insert(nonce_of(whole, plain.size()));
     ciphertexts.emplace(whole.begin(), whole.begin() + static_cast<std::ptrdiff_t>(plain.size()));
     EXPECT_EQ(open_copy(whole, tenant_a()), opened_form(plain));
   }
   EXPECT_EQ(nonces.size(), static_cast<std::size_t>(kSeals));
   EXPECT_EQ(ciphertexts.size(), static_cast<std::size_t>(kSeals));
+}
+
+// Threads seal at once, under key ids of their own and under one they
+// share, two of them taking the same per-thread nonce slot in turn (5 and
+// 21): no nonce is ever sealed twice.
+TEST(EnvelopeTest, NoncesDifferAcrossThreadsAndSeals) {
+  const Bytes plain = plain_acquire();
+  constexpr int kThreads = 8;
+  constexpr int kRounds = 64;
+  std::vector<std::vector<Bytes>> per_thread(kThreads);
+  std::vector<std::thread> threads;
+  threads.reserve(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&plain, &nonces = per_thread[t], t] {
+      for (int round = 0; round < kRounds; ++round) {
+        for (const std::uint32_t key_id : {5U, 21U, 100U + static_cast<std::uint32_t>(t)}) {
+          for (Bytes& nonce : nonces_of_seals(plain, key_id, 4)) nonces.push_back(std::move(nonce));
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  std::set<Bytes> all;
+  std::size_t count = 0;
+  for (const std::vector<Bytes>& nonces : per_thread) {
+    count += nonces.size();
+    all.insert(nonces.begin(), nonces.end());
+  }
+  EXPECT_EQ(count, std::size_t{kThreads} * kRounds * 3 * 4);
+  EXPECT_EQ(all.size(), count);
+}
+
+// A nonce is a 16-byte prefix and a little-endian counter (envelope.h): one
+// thread's seals under one key id share the prefix and count up by one;
+// another thread starts a prefix of its own.
+TEST(EnvelopeTest, OneThreadsNoncesCountUnderOnePrefix) {
+  const Bytes plain = plain_acquire();
+  const auto counter_of = [](const Bytes& nonce) {
+    std::uint64_t counter = 0;
+    for (std::size_t i = 0; i < 8; ++i) counter |= std::uint64_t{nonce[16 + i]} << (8 * i);
+    return counter;
+  };
+  const std::vector<Bytes> mine = nonces_of_seals(plain, 77, 16);
+  for (std::size_t i = 1; i < mine.size(); ++i) {
+    EXPECT_TRUE(std::equal(mine[i].begin(), mine[i].begin() + 16, mine[0].begin()));
+    EXPECT_EQ(counter_of(mine[i]), counter_of(mine[i - 1]) + 1);
+  }
+  std::vector<Bytes> theirs;
+  std::thread([&] { theirs = nonces_of_seals(plain, 77, 1); }).join();
+  ASSERT_EQ(theirs.size(), 1U);
+  EXPECT_FALSE(std::equal(theirs[0].begin(), theirs[0].begin() + 16, mine[0].begin()));
+}
+
+// A forked child goes on from its parent's copy of the sealing thread; its
+// nonces must not be the ones the parent seals next.
+TEST(EnvelopeTest, AForkedChildNeverRepeatsItsParentsNonces) {
+  const Bytes plain = plain_acquire();
+  (void)nonces_of_seals(plain, 9, 2);  // the stream the child inherits
+  int pipe_ends[2];
+  ASSERT_EQ(::pipe(pipe_ends), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    Bytes buffer(plain.size() + kMaxEnvelopeOverhead);
+    std::copy(plain.begin(), plain.end(), buffer.begin());
+    const std::size_t n = seal_for(buffer, plain.size(), 9, tenant_a(), EnvelopeMode::kEncrypted);
+    const bool written =
+        n != 0 && ::write(pipe_ends[1], buffer.data() + plain.size() + kKeyIdSize,
+                          kEnvelopeNonceSize) == static_cast<ssize_t>(kEnvelopeNonceSize);
+    ::_exit(written ? 0 : 1);
+  }
+  ::close(pipe_ends[1]);
+  Bytes childs(kEnvelopeNonceSize);
+  const ssize_t got = ::read(pipe_ends[0], childs.data(), childs.size());
+  ::close(pipe_ends[0]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  ASSERT_EQ(got, static_cast<ssize_t>(kEnvelopeNonceSize));
+  const std::vector<Bytes> parents = nonces_of_seals(plain, 9, 1);
+  EXPECT_NE(childs, parents[0]);
+  EXPECT_FALSE(std::equal(childs.begin(), childs.begin() + 16, parents[0].begin()))
+      << "the child drew a prefix of its own";
 }
 
 TEST(EnvelopeTest, PeekReadsOnlySealedClientDatagrams) {

@@ -29,8 +29,11 @@
 //     map epoch, every body with its keys, values and owners, and the
 //     padding; the ciphertext is as long and sits where they were. The
 //     associated data is bytes 0..5 (magic, version, flags) followed by the
-//     key id. The nonce is random per datagram (24 bytes, so random nonces
-//     never repeat in practice); the tag is Poly1305's.
+//     key id. The nonce is a 16-byte random prefix and a 64-bit
+//     little-endian counter: each thread draws a prefix per key id it seals
+//     for (again after a fork) and counts from 0, so nonces never repeat
+//     under one key (envelope.cc says why); the tag is Poly1305's. A
+//     receiver reads the nonce as 24 opaque bytes.
 //   kFlagEpoch (0x02) may be set beside any form: it belongs to the plain
 //   datagram and is covered like the rest of the header. Any other use of
 //   bits 2 and 3 (kFlagEncrypted without kFlagKeyId, either without
@@ -43,8 +46,10 @@
 // sealed in the form and under the id that peek_key_id() read.
 //
 // What encryption does not hide: that a datagram is a shardlock one, its
-// version, its flags (sealed how, with a map epoch or not), the key id, and
-// its length. Request lengths are padded to their reply bound
+// version, its flags (sealed how, with a map epoch or not), the key id, its
+// length, and through the nonce which datagrams of a key id one thread
+// sealed and how many it had sealed for that key id before (never how many
+// for another key id). Request lengths are padded to their reply bound
 // (encode_request()), which depends on the request's type and key length.
 // Replays are not stopped here: the server's dedup cache and the lease
 // state machine answer a replayed datagram as auth.h describes.
@@ -114,8 +119,10 @@ struct EnvelopeKeyId {
 // datagram is shorter than a header, is not a client datagram (kMagic),
 // already has kFlagKeyId or kFlagEncrypted set, or the trailer does not fit
 // in `buffer`, or when mode is kLegacy and key_id is not 0. kLegacy writes
-// exactly what seal_datagram() writes. Reads the system's random source
-// for the nonce (kEncrypted); never blocks otherwise.
+// exactly what seal_datagram() writes. kEncrypted reads the system's random
+// source (one getrandom(2)) for a thread's first seal under a key id, and
+// again after a fork or when another key id took its slot; other seals make
+// no system call. Never blocks otherwise.
 [[nodiscard]] std::size_t seal_for(std::span<std::uint8_t> buffer, std::size_t length,
                                    std::uint32_t key_id, const EnvelopeKey& key,
                                    EnvelopeMode mode) noexcept;
