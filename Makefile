@@ -8,7 +8,7 @@ CMAKE ?= cmake
 CTEST ?= ctest
 
 .PHONY: all deps deps-release deps-peers deps-cluster deps-failover run test check test-dev test-tsan test-clang bench bench-redis \
-        build-release build-bench format lint clean help torture torture-cluster simulate package bench-cluster bench-failover bench-peers deps-lock-peers
+        build-release build-bench format lint clean help torture torture-cluster simulate package bench-cluster bench-failover bench-peers bench-security deps-lock-peers
 
 all: build-release
 
@@ -21,6 +21,7 @@ help:
 	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, replication's cost, etcd requests, kill -9 window"
 	@echo "make bench-failover kill -9 of one of 3 servers: shardlock --replicas 2 beside etcd and ZooKeeper"
 	@echo "make bench-peers    shardlock beside Redis's lock recipe and etcd's Go Mutex, at equal batching"
+	@echo "make bench-security what sealing costs: keyless, --auth, --tenant, --tenant --encrypt at --pack 1"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make torture-cluster  the long cluster run: etcd + 3 nodes, node and etcd faults"
 	@echo "make simulate SEEDS=N  the deterministic cluster simulation over N seeds (docs/simulation.md)"
@@ -138,6 +139,11 @@ bench-failover: build-release deps-failover
 # concurrency.Mutex, each row at equal batching.
 bench-peers: build-release deps-lock-peers
 	bench/peers_numbers.sh build/release
+
+# What sealing costs a lease at one request per datagram: keyless, the shared
+# key, a tenant, an encrypted tenant, alternating in one run (issue 36's goals).
+bench-security: build-release
+	bench/security_numbers.sh build/release
 
 # ---- the long torture run -------------------------------------------------
 # 20% loss, duplicates and reordering; kill -9 restarts; server and client
