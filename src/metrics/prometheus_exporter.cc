@@ -169,18 +169,30 @@ void tenant_families(const std::vector<TenantStats>& tenants,
                        "Requests answered ERROR permission_denied: outside the tenant's "
                        "prefixes or rights.",
                        prometheus::MetricType::Counter);
+  auto leases = family("tenant_leases", "Leases the tenant holds now, over every shard.",
+                       prometheus::MetricType::Gauge);
+  auto waiters = family("tenant_waiters", "ACQUIREs the tenant has queued now.",
+                        prometheus::MetricType::Gauge);
+  auto watches =
+      family("tenant_watches", "WATCHes the tenant has parked now.", prometheus::MetricType::Gauge);
+  const auto add = [](prometheus::MetricFamily& f, const TenantStats& t, std::uint64_t value) {
+    prometheus::ClientMetric m;
+    m.label.push_back({"tenant", t.name});
+    if (f.type == prometheus::MetricType::Counter) {
+      m.counter.value = static_cast<double>(value);
+    } else {
+      m.gauge.value = static_cast<double>(value);
+    }
+    f.metric.push_back(std::move(m));
+  };
   for (const TenantStats& t : tenants) {
-    prometheus::ClientMetric r;
-    r.label.push_back({"tenant", t.name});
-    r.counter.value = static_cast<double>(t.requests);
-    requests.metric.push_back(r);
-    prometheus::ClientMetric d;
-    d.label.push_back({"tenant", t.name});
-    d.counter.value = static_cast<double>(t.permission_denied);
-    denied.metric.push_back(d);
+    add(requests, t, t.requests);
+    add(denied, t, t.permission_denied);
+    add(leases, t, t.leases);
+    add(waiters, t, t.waiters);
+    add(watches, t, t.watches);
   }
-  out.push_back(std::move(requests));
-  out.push_back(std::move(denied));
+  for (auto* f : {&requests, &denied, &leases, &waiters, &watches}) out.push_back(std::move(*f));
 }
 
 class ServerCollector final : public prometheus::Collectable {

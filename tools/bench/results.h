@@ -21,7 +21,7 @@ namespace shardlock::bench {
 // Why an answer was an error, as a stable snake_case name: the key of its
 // count in the JSON's "errors_by_kind". The first kWireErrorSlots are the
 // ERROR reply's WireError code (0: a code this build does not know).
-inline constexpr std::size_t kWireErrorSlots = 17;
+inline constexpr std::size_t kWireErrorSlots = 20;
 inline constexpr std::array<std::string_view, kWireErrorSlots + 6> kErrorKindNames = {
     "unknown_server_error",
     "unsupported_version",
@@ -40,13 +40,16 @@ inline constexpr std::array<std::string_view, kWireErrorSlots + 6> kErrorKindNam
     "bad_key_list",
     "bad_mode",
     "permission_denied",
+    "tenant_lease_limit",
+    "tenant_waiter_limit",
+    "tenant_watch_limit",
     "unreachable",
     "recovering",
     "timeout",
     "not_owner",
     "expired",
     "client_error"};
-static_assert(static_cast<std::size_t>(lease::WireError::kPermissionDenied) == kWireErrorSlots - 1,
+static_assert(static_cast<std::size_t>(lease::WireError::kTenantWatchLimit) == kWireErrorSlots - 1,
               "a new WireError needs its name in kErrorKindNames");
 inline constexpr std::size_t kErrorKindCount = kErrorKindNames.size();
 

@@ -123,11 +123,21 @@ WIRE_ERRORS = {
     14: "bad key list (none, too many, or a key twice)",
     15: "bad lease mode",
     16: "permission denied (the tenant has no right to this key or request)",
+    17: "limit exceeded: the tenant's max-leases (leases it holds on this server)",
+    18: "limit exceeded: the tenant's max-waiters (ACQUIREs it has queued on this server)",
+    19: "limit exceeded: the tenant's max-watches (WATCHes it has parked on this server)",
 }
 ERROR_WAIT_OUT_OF_RANGE = 5  # e.g. a wait above the server's --max-wait
 ERROR_REQUEST_TOO_SMALL = 6
 ERROR_NOT_A_REQUEST = 7
 ERROR_PERMISSION_DENIED = 16  # outside the tenant's prefixes and rights (--tenants)
+ERROR_LIMIT_EXCEEDED = 10
+# The tenant's own bounds (its tenant file line), named.
+ERROR_TENANT_LEASE_LIMIT = 17
+ERROR_TENANT_WAITER_LIMIT = 18
+ERROR_TENANT_WATCH_LIMIT = 19
+LIMIT_ERRORS = frozenset((ERROR_LIMIT_EXCEEDED, ERROR_TENANT_LEASE_LIMIT, ERROR_TENANT_WAITER_LIMIT,
+                          ERROR_TENANT_WATCH_LIMIT))
 
 # Each body field in wire order: (attribute, struct format or "key").
 _KEY = "key"

@@ -251,8 +251,9 @@ std::optional<MultiAnswer> MultiDriver::step(MultiAcquire& m, bool first, std::i
       return MultiAnswer{
           .type = refusal.type, .ttl_ms = refusal.retry_after_ms, .epoch = refusal.epoch};
     }
-    return fail(state == Shard::PartState::kKindMismatch ? WireError::kLeaseKindMismatch
-                                                         : WireError::kLimitExceeded);
+    if (state == Shard::PartState::kKindMismatch) return fail(WireError::kLeaseKindMismatch);
+    // kLimit: which bound, asked again under the same shard lock.
+    return fail(shard.part_limit(m));
   };
   if (first) {
     if (auto again = prior_answer(m, now, deferred)) return again;
@@ -278,7 +279,7 @@ std::optional<MultiAnswer> MultiDriver::step(MultiAcquire& m, bool first, std::i
     std::uint32_t ttl_left = 0;
     const Shard::PartState state = shard.probe(m, part, now, ttl_left, deferred);
     if (state == Shard::PartState::kBusy) {
-      if (!shard.queue(m, i, now)) return fail(WireError::kLimitExceeded);
+      if (const auto refusal = shard.queue(m, i, now)) return fail(*refusal);
       return std::nullopt;
     }
     if (state != Shard::PartState::kFree) return state_error(state, shard);

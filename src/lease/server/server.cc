@@ -32,6 +32,7 @@
 #include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/server_clock.h"
 #include "shardlock/lease/server/internal/shard.h"
+#include "shardlock/lease/server/internal/tenant_usage.h"
 #include "shardlock/lease/server/internal/token_store.h"
 #include "shardlock/lock_guard.h"
 #include "shardlock/mutex.h"
@@ -154,8 +155,11 @@ struct LeaseServer::Impl final : internal::DatagramSink {
   std::unique_ptr<TokenStore> store;
   // Declared before the dispatcher, which uses it, so it outlives it.
   std::unique_ptr<internal::Replicator> replicator;
-  std::unique_ptr<internal::GrantLog> grant_log;  // outlives the dispatcher's shards
+  std::unique_ptr<internal::GrantLog> grant_log;      // outlives the dispatcher's shards
   std::shared_ptr<internal::TenantGate> tenant_gate;  // null: no sealing
+  // Under a tenant file: each tenant's leases, waiters and watches over the
+  // shards, and its bounds. Outlives the dispatcher's shards.
+  std::unique_ptr<internal::TenantUsage> tenant_usage;
   std::unique_ptr<Dispatcher> dispatcher;
   std::vector<int> fds;
   int claim_fd = -1;  // abstract AF_UNIX socket: the claim on our UDP port
@@ -201,6 +205,10 @@ std::error_code LeaseServer::Impl::start() {
   }
 
   const std::int64_t now = now_ms();
+  if (o.tenants) {
+    tenant_usage = std::make_unique<internal::TenantUsage>();
+    tenant_usage->set_limits(*o.tenants);
+  }
   const internal::ShardLimits limits = shard_limits(now);
   if (store && previous_bound > o.max_ttl) {
     lease_bound_settles_ms = now + std::max(lock_delay, previous_bound).count();
@@ -367,6 +375,7 @@ internal::ShardLimits LeaseServer::Impl::shard_limits(std::int64_t now) const {
   // indexes the shard's tables (see Dispatcher).
   limits.hash_seed = secret_seed();
   limits.token_floor = token_floor;
+  limits.tenant_usage = tenant_usage.get();
   return limits;
 }
 
@@ -593,11 +602,24 @@ void LeaseServer::stop() { impl_->stop(); }
 std::chrono::nanoseconds LeaseServer::now() const { return impl_->clock.now(); }
 
 std::vector<TenantStats> LeaseServer::tenant_stats() const {
-  return impl_->tenant_gate ? impl_->tenant_gate->stats() : std::vector<TenantStats>{};
+  if (!impl_->tenant_gate) return {};
+  std::vector<TenantStats> stats = impl_->tenant_gate->stats();
+  if (impl_->tenant_usage) {
+    for (TenantStats& t : stats) {
+      const internal::TenantUsage::Counts now = impl_->tenant_usage->of(t.key_id);
+      t.leases = now.leases;
+      t.waiters = now.waiters;
+      t.watches = now.watches;
+    }
+  }
+  return stats;
 }
 
 bool LeaseServer::reload_tenants(TenantTable tenants) {
-  if (!impl_->options.tenants || !impl_->tenant_gate) return false;
+  if (!impl_->options.tenants || !impl_->tenant_gate || !impl_->tenant_usage) return false;
+  // Bounds first: a tenant the new table adds is bounded before its first
+  // datagram is admitted.
+  impl_->tenant_usage->set_limits(tenants);
   impl_->tenant_gate->replace(std::move(tenants), /*scoped=*/true);
   return true;
 }

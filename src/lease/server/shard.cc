@@ -46,7 +46,7 @@ Shard::Shard(std::uint32_t index, const ShardLimits& limits, ShardTokens tokens,
       usage_(ClientUsage::Limits{.max_leases = limits.max_leases_per_client,
                                  .max_waiters = limits.max_waiters_per_client,
                                  .max_watches = limits.max_watches_per_client},
-             limits.hash_seed),
+             limits.hash_seed, limits.tenant_usage),
       watches_(WatchRegistry::Limits{.max_watches = limits.max_watches,
                                      .max_watches_per_key = limits.max_watches_per_key},
                limits.hash_seed, wheel_, usage_, watched_table_, counters_),
@@ -432,8 +432,8 @@ void Shard::acquire(const RequestContext& ctx, KeyState* held, ShardReply& out) 
   // grant or the queueing below then only moves it.
   std::string value(request.value);
   if (held == nullptr) {
-    if (!may_hold(ctx.client)) {
-      out.refuse();
+    if (const auto refusal = hold_refusal(ctx.client)) {
+      out.refuse(*refusal);
       return;
     }
     const std::uint64_t token = next_token(out);
@@ -460,8 +460,8 @@ void Shard::acquire(const RequestContext& ctx, KeyState* held, ShardReply& out) 
   if (answer_holder(ctx, state, out)) return;
   if (state.waiters.empty() && fits(state, mode)) {
     // Another shared holder, or another permit.
-    if (!may_hold(ctx.client)) {
-      out.refuse();
+    if (const auto refusal = hold_refusal(ctx.client)) {
+      out.refuse(*refusal);
       return;
     }
     const std::uint64_t token = next_token(out);
@@ -475,8 +475,8 @@ void Shard::acquire(const RequestContext& ctx, KeyState* held, ShardReply& out) 
     out.remember();
     return;
   }
-  if (!may_queue(ctx.client, state)) {
-    out.refuse();
+  if (const auto refusal = queue_refusal(ctx.client, state)) {
+    out.refuse(*refusal);
     return;
   }
   Waiter& w = enqueue(state, ctx.client, request.request_id);

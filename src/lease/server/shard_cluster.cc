@@ -211,14 +211,15 @@ std::uint64_t Shard::take(const MultiAcquire& m, MultiAcquire::Part& part, std::
   return token;
 }
 
-bool Shard::queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms) {
+std::optional<WireError> Shard::queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms) {
   const MultiAcquire::Part& p = m.parts[part];
   const auto it = keys_.find(KeyRef{p.key, p.hash});
-  if (it == keys_.end()) return false;  // probe() said busy under this lock: cannot happen
+  // probe() said busy under this lock: cannot happen.
+  if (it == keys_.end()) return WireError::kLimitExceeded;
   KeyState& state = it->second;
-  if (!may_queue(m.client, state)) {
+  if (const auto refusal = queue_refusal(m.client, state)) {
     count(StatCounter::kLimitRejections);
-    return false;
+    return refusal;
   }
   // The waiter index is keyed by (client, request id); each part waits in
   // its own shard at most once at a time, so the pair is unique here.
@@ -231,7 +232,7 @@ bool Shard::queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms) {
   w.part = part;
   wheel_.schedule(w, std::max(m.wait_deadline_ms, now_ms));
   count(StatCounter::kQueued);
-  return true;
+  return std::nullopt;
 }
 
 Shard::Holder* Shard::pending_holder(const MultiAcquire& m, const MultiAcquire::Part& part) {

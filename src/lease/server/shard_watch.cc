@@ -85,6 +85,9 @@ void Shard::watch(const RequestContext& ctx, const KeyState* state, ShardReply& 
     case WatchRegistry::Park::kRefused:
       out.refuse();
       return;
+    case WatchRegistry::Park::kTenantRefused:
+      out.refuse(WireError::kTenantWatchLimit);
+      return;
   }
 }
 

@@ -32,9 +32,11 @@ WatchRegistry::Park WatchRegistry::park(const ClientId& client, const Peer& peer
   if (index_.contains(id)) return Park::kAlreadyParked;
   auto list_it = lists_.find(key);
   if (index_.size() >= limits_.max_watches ||
-      (list_it != lists_.end() && list_it->second.watches.size() >= limits_.max_watches_per_key) ||
-      !usage_.may_watch(client)) {
+      (list_it != lists_.end() && list_it->second.watches.size() >= limits_.max_watches_per_key)) {
     return Park::kRefused;
+  }
+  if (const auto refusal = usage_.watch_refusal(client)) {
+    return *refusal == WireError::kTenantWatchLimit ? Park::kTenantRefused : Park::kRefused;
   }
   // Everything that allocates first, undone on a throw: the registry is
   // then as it was.

@@ -100,6 +100,12 @@ std::string_view to_string(WireError code) noexcept {
       return "bad lease mode";
     case WireError::kPermissionDenied:
       return "permission denied (the tenant has no right to this key or request)";
+    case WireError::kTenantLeaseLimit:
+      return "limit exceeded: the tenant's max-leases (leases it holds on this server)";
+    case WireError::kTenantWaiterLimit:
+      return "limit exceeded: the tenant's max-waiters (ACQUIREs it has queued on this server)";
+    case WireError::kTenantWatchLimit:
+      return "limit exceeded: the tenant's max-watches (WATCHes it has parked on this server)";
   }
   return "unknown error";
 }

@@ -1444,7 +1444,7 @@ TEST_F(ShardPartsTest, AQueuedPartIsHandedOffInFifoOrder) {
   m.taken = 1;
   ASSERT_EQ(probe(m, 1, ttl), Shard::PartState::kBusy);
   EXPECT_EQ(ttl, 1000u);
-  ASSERT_TRUE(shard_->queue(m, 1, now_));
+  ASSERT_EQ(shard_->queue(m, 1, now_), std::nullopt);
   // Carol queues behind the multi waiter; a reader behind both.
   ASSERT_FALSE(acquire(kCarol, 1000, 5000, 30, "b").answered);
   EXPECT_EQ(query("b").reply.waiters, 2u);
@@ -1490,7 +1490,7 @@ TEST_F(ShardPartsTest, AQueuedPartWaitsBehindEarlierWaitersAndTimesOut) {
   m.wait_deadline_ms = now_ + 200;
   std::uint32_t ttl = 0;
   ASSERT_EQ(probe(m, 0, ttl), Shard::PartState::kBusy);
-  ASSERT_TRUE(shard_->queue(m, 0, now_));
+  ASSERT_EQ(shard_->queue(m, 0, now_), std::nullopt);
   EXPECT_EQ(query().reply.waiters, 2u);
 
   advance_to(now_ + 50);  // W times out at the front: the shared part fits
@@ -1511,7 +1511,7 @@ TEST_F(ShardPartsTest, AQueuedPartWaitsBehindEarlierWaitersAndTimesOut) {
   auto n = make_multi(kAlice, 901, {"k"}, LeaseMode::kShared);
   n.wait_deadline_ms = now_ + 100;
   ASSERT_EQ(probe(n, 0, ttl), Shard::PartState::kBusy);
-  ASSERT_TRUE(shard_->queue(n, 0, now_));
+  ASSERT_EQ(shard_->queue(n, 0, now_), std::nullopt);
   advance_to(now_ + 100);
   d = take_deferred();
   ASSERT_EQ(d.size(), 1u);

@@ -2,12 +2,15 @@
 // loopback UDP, tenants' clients are held to their prefixes and rights,
 // cannot act on one another's leases with a guessed or observed owner id,
 // are dropped when sealed in the wrong form or under another tenant's key,
-// and keep their leases across a reload.
+// keep their leases across a reload, and are held to their tenant's bounds
+// on leases, waiters and watches over all of their clients.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 
+#include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/lease/tenants.h"
@@ -28,14 +31,13 @@ struct Keys {
 // billing: acquire and query on billing/ and shared/; ops: everything;
 // secret: encrypted, acquire on secret/ only.
 std::string tenant_file(const Keys& k, bool with_newcomer = false) {
-  std::string text =
-      "tenant billing id=1 key=" + format_auth_key(k.billing) + "\n" +
-      "tenant ops id=2 key=" + format_auth_key(k.ops) + "\n" +
-      "tenant secret id=3 key=" + format_auth_key(k.secret) + " encrypt=yes\n" +
-      "allow billing \"billing/\" acquire,query\n"
-      "allow billing \"shared/\" acquire,query\n"
-      "allow ops \"\" all\n"
-      "allow secret \"secret/\" acquire\n";
+  std::string text = "tenant billing id=1 key=" + format_auth_key(k.billing) + "\n" +
+                     "tenant ops id=2 key=" + format_auth_key(k.ops) + "\n" +
+                     "tenant secret id=3 key=" + format_auth_key(k.secret) + " encrypt=yes\n" +
+                     "allow billing \"billing/\" acquire,query\n"
+                     "allow billing \"shared/\" acquire,query\n"
+                     "allow ops \"\" all\n"
+                     "allow secret \"secret/\" acquire\n";
   if (with_newcomer) {
     text += "tenant newcomer id=4 key=" + format_auth_key(k.newcomer) + "\n" +
             "allow newcomer \"new/\" acquire\n";
@@ -205,6 +207,78 @@ TEST(TenantsLegacyTest, TheSingleAuthKeyScopesNoOwner) {
   EXPECT_FALSE(server->reload_tenants(TenantTable::single(*o.auth_key)))
       << "nothing to reload without options.tenants";
   EXPECT_FALSE(granted.lease.release());
+}
+
+// A tenant's max-leases, max-waiters and max-watches hold over all of its
+// clients and the server's shards, each refusal naming its bound, while
+// another tenant is untouched; a reload that raises a bound lets it grow.
+TEST(TenantLimitsServerTest, ATenantsBoundsHoldOverAllItsClientsAndNameTheBound) {
+  const AuthKey billing_key = generate_auth_key();
+  const AuthKey ops_key = generate_auth_key();
+  const auto file = [&](int max_leases) {
+    return "tenant billing id=1 key=" + format_auth_key(billing_key) +
+           " max-leases=" + std::to_string(max_leases) + " max-waiters=1 max-watches=1\n" +
+           "tenant ops id=2 key=" + format_auth_key(ops_key) + "\n" +
+           "allow billing \"\" acquire,query\n"
+           "allow ops \"\" all\n";
+  };
+  LeaseServerOptions o = test_support::loopback_options(/*shards=*/8);
+  o.tenants = table_of(file(2));
+  auto server = test_support::start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
+  const auto client_of = [&](std::uint32_t tenant, const AuthKey& key) {
+    LeaseClientOptions co;
+    co.auth_key = key;
+    co.tenant = tenant;
+    co.request_timeout = 1500ms;
+    return test_support::start_loopback_client(*server, co);
+  };
+  const auto billing_stats = [&] {
+    for (const TenantStats& t : server->tenant_stats()) {
+      if (t.name == "billing") return t;
+    }
+    return TenantStats{};
+  };
+  auto a = client_of(1, billing_key);
+  auto b = client_of(1, billing_key);  // another client, same tenant
+  auto ops = client_of(2, ops_key);
+
+  auto k1 = a->acquire("k1", 20s, 0ms);
+  auto k2 = b->acquire("k2", 20s, 0ms);
+  ASSERT_TRUE(k1) << k1.error.message();
+  ASSERT_TRUE(k2) << k2.error.message();
+  for (LeaseClient* c : {a.get(), b.get()}) {
+    const auto third = c->acquire("k3", 20s, 0ms);
+    EXPECT_EQ(third.error, LeaseErrc::kServerError);
+    EXPECT_EQ(third.wire_error, WireError::kTenantLeaseLimit) << to_string(third.wire_error);
+  }
+  auto k3 = ops->acquire("k3", 20s, 0ms);  // ops has no bound
+  ASSERT_TRUE(k3) << k3.error.message();
+  EXPECT_EQ(billing_stats().leases, 2u);
+
+  // One ACQUIRE of billing may wait (on ops' key); a second is refused.
+  std::atomic<bool> waited{false};
+  a->acquire_async("k3", 20s, 3s, [&](const CallResult&) { waited = true; });
+  ASSERT_TRUE(test_support::poll_until([&] { return billing_stats().waiters == 1; }));
+  const auto second_waiter = b->acquire("k3", 20s, 2s);
+  EXPECT_EQ(second_waiter.wire_error, WireError::kTenantWaiterLimit)
+      << to_string(second_waiter.wire_error);
+
+  // One WATCH of billing may park; a second is refused.
+  std::atomic<bool> woke{false};
+  a->watch_async("k3", KeyVersion{k3.lease.token(), 1}, 3s,
+                 [&](const CallResult&) { woke = true; });
+  ASSERT_TRUE(test_support::poll_until([&] { return billing_stats().watches == 1; }));
+  const WatchEvent second_watch = b->watch_once("k1", KeyVersion{k1.lease.token(), 1}, 2s);
+  EXPECT_EQ(second_watch.wire_error, WireError::kTenantWatchLimit)
+      << to_string(second_watch.wire_error);
+
+  // A reload raises max-leases: billing may hold a third lease.
+  ASSERT_TRUE(server->reload_tenants(table_of(file(3))));
+  auto k4 = b->acquire("k4", 20s, 0ms);
+  EXPECT_TRUE(k4) << k4.error.message();
+  EXPECT_EQ(billing_stats().leases, 3u);
+  ASSERT_TRUE(test_support::poll_until([&] { return waited.load() && woke.load(); }));
 }
 
 }  // namespace

@@ -38,6 +38,11 @@ struct TenantStats {
   std::uint32_t key_id = 0;
   std::uint64_t requests = 0;           // requests admitted under its key
   std::uint64_t permission_denied = 0;  // of them, outside its prefixes or rights
+  // What it uses now, over every shard (its file line's max-leases,
+  // max-waiters and max-watches bound these).
+  std::uint64_t leases = 0;   // leases held
+  std::uint64_t waiters = 0;  // ACQUIREs queued
+  std::uint64_t watches = 0;  // WATCHes parked
   friend bool operator==(const TenantStats&, const TenantStats&) = default;
 };
 

@@ -352,7 +352,18 @@ enum class WireError : std::uint16_t {
   kBadKeyList = 14,         // ACQUIRE_MANY with 0 or too many keys, or one key twice
   kBadMode = 15,            // ACQUIRE_MANY with a mode other than exclusive or shared
   kPermissionDenied = 16,   // the sender's tenant has no right to the key or the request
+  // A bound of the sender's tenant (its tenant file line) is full, over all
+  // of its keys on the server: the limit_exceeded of one tenant, named.
+  kTenantLeaseLimit = 17,   // max-leases: leases the tenant holds
+  kTenantWaiterLimit = 18,  // max-waiters: ACQUIREs the tenant has queued
+  kTenantWatchLimit = 19,   // max-watches: WATCHes the tenant has parked
 };
+// Whether `e` says a configured bound is full: kLimitExceeded (the server's
+// or the client's) or one of the tenant's.
+[[nodiscard]] constexpr bool is_limit_exceeded(WireError e) noexcept {
+  return e == WireError::kLimitExceeded || e == WireError::kTenantLeaseLimit ||
+         e == WireError::kTenantWaiterLimit || e == WireError::kTenantWatchLimit;
+}
 
 // How a lease holds its key (ACQUIRE_MANY's mode, QUERY_REPLY's mode).
 enum class LeaseMode : std::uint8_t {

@@ -99,6 +99,7 @@
 #include "shardlock/lease/server/internal/replication_journal.h"
 #include "shardlock/lease/server/internal/shard_counters.h"
 #include "shardlock/lease/server/internal/shard_reply.h"
+#include "shardlock/lease/server/internal/tenant_usage.h"
 #include "shardlock/lease/server/internal/timer_wheel.h"
 #include "shardlock/lease/server/internal/token_store.h"
 #include "shardlock/lease/server/internal/watch_registry.h"
@@ -125,6 +126,9 @@ struct ShardLimits {
   std::size_t max_watches = SIZE_MAX;             // parked WATCHes, all keys
   std::size_t max_watches_per_key = SIZE_MAX;     // parked WATCHes on one key
   std::size_t max_watches_per_client = SIZE_MAX;  // WATCHes one client id has parked here
+  // Under a tenant file: the server's per-tenant usage and bounds, shared by
+  // its shards (tenant_usage.h); nullptr otherwise. Outlives the shard.
+  TenantUsage* tenant_usage = nullptr;
   // Seeds every hash of remote input in the shard (key table, dedup index,
   // per-client tables); LeaseServer draws it from getrandom() at start.
   std::uint64_t hash_seed = 0;
@@ -216,6 +220,11 @@ class Shard {
   // kBusy sets `ttl_left` to the longest a holder has left.
   PartState probe(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms,
                   std::uint32_t& ttl_left, std::vector<DeferredReply>& deferred);
+  // The bound behind probe()'s kLimit for `m`: kLimitExceeded (the shard's
+  // or the client's) or the tenant's own code (is_limit_exceeded()).
+  [[nodiscard]] WireError part_limit(const MultiAcquire& m) const noexcept {
+    return hold_refusal(m.client).value_or(WireError::kLimitExceeded);
+  }
   // Whether the request `m` (its client and request id) already took `part`
   // in an earlier execution, as a single key's holder record tells (firing
   // due timers first): kThisRequest when a lease of its client was granted
@@ -230,9 +239,10 @@ class Shard {
   // wait deadline plus its TTL. Returns its token, or 0 when none could be
   // issued (last_error()). May throw std::bad_alloc, with nothing changed.
   std::uint64_t take(const MultiAcquire& m, MultiAcquire::Part& part, std::int64_t now_ms);
-  // Queues `m` for a busy part until m.wait_deadline_ms; false when a limit
-  // refuses it. May throw std::bad_alloc, with nothing changed.
-  bool queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms);
+  // Queues `m` for a busy part until m.wait_deadline_ms; nullopt when
+  // queued, else the bound that refuses it (queue_refusal()). May throw
+  // std::bad_alloc, with nothing changed.
+  std::optional<WireError> queue(MultiAcquire& m, std::size_t part, std::int64_t now_ms);
   // The request completed: its pending holder of `part` becomes a lease
   // expiring TTL after `now_ms`.
   void confirm(const MultiAcquire& m, const MultiAcquire::Part& part, std::int64_t now_ms);
@@ -467,15 +477,24 @@ class Shard {
   // Whether `mode` with `permits` may use `state` at all (lock vs semaphore).
   [[nodiscard]] static bool same_kind(const KeyState& state, LeaseMode mode,
                                       std::uint32_t permits) noexcept;
-  // Whether `client` may take one more lease here (the shard's and its own
-  // bound).
-  [[nodiscard]] bool may_hold(const ClientId& client) const noexcept {
-    return leases_ < limits_.max_keys && usage_.may_hold(client);
+  // The bound that keeps `client` from one more lease here (the shard's,
+  // its own, its tenant's: ClientUsage::lease_refusal()), or nullopt.
+  [[nodiscard]] std::optional<WireError> hold_refusal(const ClientId& client) const noexcept {
+    if (leases_ >= limits_.max_keys) return WireError::kLimitExceeded;
+    return usage_.lease_refusal(client);
   }
-  // Whether `client` may queue one more ACQUIRE on `state`.
-  [[nodiscard]] bool may_queue(const ClientId& client, const KeyState& state) const noexcept {
-    return waiter_index_.size() < limits_.max_waiters &&
-           state.waiters.size() < limits_.max_waiters_per_key && usage_.may_queue(client);
+  [[nodiscard]] bool may_hold(const ClientId& client) const noexcept {
+    return !hold_refusal(client);
+  }
+  // The bound that keeps `client` from queueing one more ACQUIRE on
+  // `state`, or nullopt.
+  [[nodiscard]] std::optional<WireError> queue_refusal(const ClientId& client,
+                                                       const KeyState& state) const noexcept {
+    if (waiter_index_.size() >= limits_.max_waiters ||
+        state.waiters.size() >= limits_.max_waiters_per_key) {
+      return WireError::kLimitExceeded;
+    }
+    return usage_.waiter_refusal(client);
   }
   // A new key entry, held by nobody yet. May throw; nothing changed then.
   KeyState& add_key(const KeyRef& key, LeaseMode mode, std::uint32_t permits);

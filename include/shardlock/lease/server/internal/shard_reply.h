@@ -122,8 +122,11 @@ class ShardReply {
     counters_.count(also);
     fail(error);
   }
-  // A request refused by a limit: ERROR(kLimitExceeded).
-  void refuse() noexcept { fail(WireError::kLimitExceeded, StatCounter::kLimitRejections); }
+  // A request refused by a limit: ERROR(kLimitExceeded), or the tenant
+  // bound's own code (is_limit_exceeded()).
+  void refuse(WireError error = WireError::kLimitExceeded) noexcept {
+    fail(error, StatCounter::kLimitRejections);
+  }
   // No answer now: the request is queued or parked, or a retransmission of
   // one that is.
   void park() noexcept { answered_ = false; }

@@ -79,12 +79,13 @@ class WatchRegistry {
   WatchRegistry(const WatchRegistry&) = delete;
   WatchRegistry& operator=(const WatchRegistry&) = delete;
 
-  enum class Park { kParked, kAlreadyParked, kRefused };
+  enum class Park { kParked, kAlreadyParked, kRefused, kTenantRefused };
   // Parks `request` (a WATCH of `client` on `key`, its answer for `peer`
   // within `reply_credit` bytes) until its version moves from
   // {request.token, request.holders} or request.wait_ms pass.
   // kAlreadyParked: a retransmission, nothing changed. kRefused: a bound
-  // (the registry's or the client's) is reached. May throw std::bad_alloc,
+  // (the registry's or the client's) is reached; kTenantRefused: the
+  // client's tenant's max-watches (ClientUsage). May throw std::bad_alloc,
   // with nothing changed.
   Park park(const ClientId& client, const Peer& peer, const Message& request, const KeyRef& key,
             std::uint16_t reply_credit, std::int64_t now_ms);

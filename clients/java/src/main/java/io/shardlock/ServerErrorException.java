@@ -18,7 +18,7 @@ public class ServerErrorException extends ShardLockException {
   }
 
   static ServerErrorException of(int code) {
-    return code == Protocol.ERROR_LIMIT_EXCEEDED ? new LimitExceededException()
+    return Protocol.isLimitExceeded(code) ? new LimitExceededException(code)
         : new ServerErrorException(code);
   }
 }

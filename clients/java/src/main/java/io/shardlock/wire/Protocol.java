@@ -56,6 +56,17 @@ public final class Protocol {
   public static final int ERROR_PERMITS_OUT_OF_RANGE = 13;
   public static final int ERROR_BAD_KEY_LIST = 14;
   public static final int ERROR_BAD_MODE = 15;
+  public static final int ERROR_PERMISSION_DENIED = 16;
+  /** The tenant's own bounds (its tenant file line's max-leases, max-waiters, max-watches). */
+  public static final int ERROR_TENANT_LEASE_LIMIT = 17;
+  public static final int ERROR_TENANT_WAITER_LIMIT = 18;
+  public static final int ERROR_TENANT_WATCH_LIMIT = 19;
+
+  /** Whether {@code code} says a configured bound is full: the server's or the tenant's. */
+  public static boolean isLimitExceeded(int code) {
+    return code == ERROR_LIMIT_EXCEEDED || code == ERROR_TENANT_LEASE_LIMIT
+        || code == ERROR_TENANT_WAITER_LIMIT || code == ERROR_TENANT_WATCH_LIMIT;
+  }
 
   /** The text protocol.cc gives a wire error code. */
   public static String errorText(int code) {
@@ -75,6 +86,14 @@ public final class Protocol {
       case ERROR_PERMITS_OUT_OF_RANGE: return "permits out of range";
       case ERROR_BAD_KEY_LIST: return "bad key list (none, too many, or a key twice)";
       case ERROR_BAD_MODE: return "bad lease mode";
+      case ERROR_PERMISSION_DENIED:
+        return "permission denied (the tenant has no right to this key or request)";
+      case ERROR_TENANT_LEASE_LIMIT:
+        return "limit exceeded: the tenant's max-leases (leases it holds on this server)";
+      case ERROR_TENANT_WAITER_LIMIT:
+        return "limit exceeded: the tenant's max-waiters (ACQUIREs it has queued on this server)";
+      case ERROR_TENANT_WATCH_LIMIT:
+        return "limit exceeded: the tenant's max-watches (WATCHes it has parked on this server)";
       default: return "unknown error";
     }
   }
