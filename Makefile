@@ -144,6 +144,7 @@ bench-peers: build-release deps-lock-peers
 # key, a tenant, an encrypted tenant, alternating in one run (issue 36's goals).
 bench-security: build-release
 	bench/security_numbers.sh build/release
+	bench/tenant_reload.sh build/release
 
 # ---- the long torture run -------------------------------------------------
 # 20% loss, duplicates and reordering; kill -9 restarts; server and client
