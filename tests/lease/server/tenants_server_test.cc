@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
 #include <string>
 
 #include "poll_until.h"
@@ -185,6 +186,67 @@ TEST_F(TenantsServerTest, AReloadAddsAndRemovesTenantsAndKeepsTheLeases) {
   EXPECT_FALSE(held.lease.renew(10s));
   EXPECT_FALSE(held.lease.release());
   fresh.lease.detach();
+}
+
+// Rotation (docs/security.md, "Rotating a tenant's key"): the next key is
+// accepted beside the current one, a client that moved to it renews and
+// releases what was taken under the old key (owners are scoped by the key
+// id, which rotation keeps), and once the old key is retired it is refused
+// while the lease lives on.
+TEST(TenantsRotationTest, ARotatedKeyKeepsEveryLease) {
+  const AuthKey old_key = generate_auth_key();
+  const AuthKey new_key = generate_auth_key();
+  const auto file = [](const AuthKey& key, const AuthKey* next) {
+    return "tenant billing id=1 key=" + format_auth_key(key) +
+           (next != nullptr ? " next=" + format_auth_key(*next) : std::string()) + "\n" +
+           "allow billing \"billing/\" acquire,query\n";
+  };
+  LeaseServerOptions o = test_support::loopback_options();
+  o.tenants = table_of(file(old_key, nullptr));
+  auto server = test_support::start_loopback_server(o);
+  ASSERT_NE(server, nullptr);
+  const auto client_of = [&](const AuthKey& key) {
+    LeaseClientOptions co;
+    co.auth_key = key;
+    co.tenant = 1;
+    co.request_timeout = 1000ms;
+    return test_support::start_loopback_client(*server, co);
+  };
+  // A blocking call on behalf of `owner`, as a restarted client that kept
+  // its owner id makes it.
+  const auto call = [](auto&& start) {
+    std::promise<CallResult> done;
+    auto answer = done.get_future();
+    start([&done](const CallResult& r) { done.set_value(r); });
+    return answer.get();
+  };
+
+  auto before = client_of(old_key);
+  auto held = before->acquire("billing/ledger", 30s, 0ms);
+  ASSERT_TRUE(held) << held.error.message();
+  const ClientId owner = held.lease.owner();
+  const std::uint64_t token = held.lease.token();
+
+  // Step 1: the next key beside the current one; both are accepted.
+  ASSERT_TRUE(server->reload_tenants(table_of(file(old_key, &new_key))));
+  auto after = client_of(new_key);
+  const CallResult renewed = call(
+      [&](auto done) { after->renew_async("billing/ledger", token, 30s, std::move(done), owner); });
+  EXPECT_EQ(renewed.reply, MessageType::kRenewed) << renewed.error.message();
+  EXPECT_FALSE(held.lease.renew(30s)) << "the old key still works during the switch";
+
+  // Step 3: the next key made current; the old one is refused.
+  ASSERT_TRUE(server->reload_tenants(table_of(file(new_key, nullptr))));
+  EXPECT_EQ(before->acquire("billing/other", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  const HoldersReply still = after->holders("billing/ledger");
+  ASSERT_FALSE(still.error) << still.error.message();
+  ASSERT_EQ(still.holders.size(), 1u) << "the lease outlived the rotation";
+  EXPECT_EQ(still.holders[0].token, token);
+  const CallResult released = call(
+      [&](auto done) { after->release_async("billing/ledger", token, std::move(done), owner); });
+  EXPECT_EQ(released.reply, MessageType::kReleased) << released.error.message();
+  EXPECT_TRUE(after->acquire("billing/ledger", 5s, 0ms)) << "released under the new key";
+  held.lease.detach();
 }
 
 // Without a tenant file the single --auth-key is one tenant: it scopes no
