@@ -2,8 +2,9 @@
 // loopback UDP, tenants' clients are held to their prefixes and rights,
 // cannot act on one another's leases with a guessed or observed owner id,
 // are dropped when sealed in the wrong form or under another tenant's key,
-// keep their leases across a reload, and are held to their tenant's bounds
-// on leases, waiters and watches over all of their clients.
+// keep their leases across a reload and a key rotation, and are held to
+// their tenant's bounds on leases, waiters and watches over all of their
+// clients.
 #include <gtest/gtest.h>
 
 #include <atomic>
