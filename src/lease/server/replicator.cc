@@ -271,7 +271,9 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
     if (magic != replication::kReplicateMagic && magic != replication::kAckMagic) return false;
     body = open_datagram(bytes, *options_.auth_key);
     if (body.empty()) {
+      // Relaxed, both: statistics.
       rejected_.fetch_add(1, std::memory_order_relaxed);
+      auth_failures_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
   }
