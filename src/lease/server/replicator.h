@@ -422,6 +422,11 @@ class Replicator {
   // in (set_layout), since on an older map that primary may still count the
   // bucket as its own.
   std::unordered_set<std::string> taken_over_from_ SHARDLOCK_GUARDED_BY(mu_);
+  // The largest stream id this run has followed from each primary (by
+  // node_tag()), kept when its FromPrimary goes: a stream from it made
+  // afresh refuses those ids and every smaller one (set_layout()). One entry
+  // per primary ever followed.
+  std::unordered_map<std::uint64_t, std::uint64_t> followed_ SHARDLOCK_GUARDED_BY(mu_);
   replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
   // The stream ids held_'s needs refer to, by index.
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);
