@@ -32,10 +32,10 @@
 #include <thread>
 #include <vector>
 
+#include "lease/server/replicated_servers.h"
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/internal/cluster_control.h"
-#include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/internal/replication.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/lease/wire/auth.h"
@@ -50,9 +50,10 @@ using internal::ClusterControl;
 using internal::replication::Entry;
 using internal::replication::EntryKind;
 using internal::replication::ReplicateHeader;
+using test_support::gate_for;
 using test_support::loopback_address;
-using test_support::loopback_options;
 using test_support::poll_until;
+using test_support::routing_of;
 using test_support::start_loopback_server;
 
 sockaddr_in loopback_port(std::uint16_t port) {
@@ -213,13 +214,8 @@ struct Holder {
   ClientId owner;
 };
 
-LeaseServerOptions replicated_options(const AuthKey& client_key, const AuthKey& cluster_key) {
-  LeaseServerOptions o = loopback_options(/*shards=*/4);
-  o.io_threads = 1;
-  o.max_ttl = 10s;
-  o.start_closed = true;
-  o.replication = true;
-  o.io = IoBackend::kSocket;
+LeaseServerOptions keyed_options(const AuthKey& client_key, const AuthKey& cluster_key) {
+  LeaseServerOptions o = test_support::replicated_options();
   // As shardlockd outside loopback: clients hold auth_key, only nodes the
   // cluster key.
   o.auth_key = client_key;
@@ -227,41 +223,11 @@ LeaseServerOptions replicated_options(const AuthKey& client_key, const AuthKey& 
   return o;
 }
 
-std::shared_ptr<const RouterSnapshot> routing_of(const std::vector<std::string>& ids) {
-  Router router(RouterOptions{.bucket_bits = 8});
-  std::vector<Node> nodes;
-  for (const std::string& id : ids) nodes.push_back(Node{id, 1});
-  EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
-  return router.snapshot();
-}
-
-// The gate of `epoch` for node `self`: its buckets active, and granted only
-// within its primary lease when `replicated`.
-std::shared_ptr<const internal::ClusterGate> gate_for(LeaseServer& server, std::uint64_t epoch,
-                                                      std::shared_ptr<const RouterSnapshot> routing,
-                                                      std::uint16_t self, bool replicated) {
-  auto gate = std::make_shared<internal::ClusterGate>();
-  gate->epoch = epoch;
-  gate->routing = std::move(routing);
-  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kForeign);
-  gate->replicated.assign(gate->routing->bucket_count(), 0);
-  for (std::size_t b = 0; b < gate->routing->bucket_count(); ++b) {
-    if (gate->routing->table()[b] != self) continue;
-    gate->buckets[b] = internal::ClusterGate::kActive;
-    gate->replicated[b] = replicated ? 1 : 0;
-  }
-  gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
-  gate->replica_deadline = [&server](std::size_t b) {
-    return ClusterControl(server).replica_lease_until(b);
-  };
-  return gate;
-}
-
 class ReplicationForgeryTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    a_ = start_loopback_server(replicated_options(client_key_, cluster_key_));
-    b_ = start_loopback_server(replicated_options(client_key_, cluster_key_));
+    a_ = start_loopback_server(keyed_options(client_key_, cluster_key_));
+    b_ = start_loopback_server(keyed_options(client_key_, cluster_key_));
     ASSERT_NE(a_, nullptr);
     ASSERT_NE(b_, nullptr);
     relay_.start(a_->port(), b_->port());
@@ -303,12 +269,14 @@ class ReplicationForgeryTest : public ::testing::Test {
   }
 
   [[nodiscard]] std::unique_ptr<LeaseClient> client_of(const LeaseServer& server,
-                                                       LeaseClientOptions options = {}) const {
+                                                       LeaseClientOptions options) const {
     options.auth_key = client_key_;
-    if (options.request_timeout == LeaseClientOptions{}.request_timeout) {
-      options.request_timeout = 5s;
-    }
     return test_support::start_loopback_client(server, std::move(options));
+  }
+  [[nodiscard]] std::unique_ptr<LeaseClient> client_of(const LeaseServer& server) const {
+    LeaseClientOptions options;
+    options.request_timeout = 5s;
+    return client_of(server, options);
   }
 
   // Granted by "a" (so "b" has it: the answer waits for b's ack), then left
@@ -316,7 +284,7 @@ class ReplicationForgeryTest : public ::testing::Test {
   Holder hold(const std::string& key) {
     // A wait: "a" answers RECOVERING until b has first acknowledged its
     // stream (it holds no primary lease before).
-    AcquireResult r = at_a_->acquire(key, 10s, 2s);
+    AcquireResult r = at_a_->acquire(key, 10s, 5s);
     EXPECT_TRUE(r) << r.error.message();
     Holder h{key, r.lease.token(), r.lease.owner()};
     r.lease.detach();
@@ -403,6 +371,16 @@ class ReplicationForgeryTest : public ::testing::Test {
     }
     ClusterControl(*b_).publish_cluster_gate(gate_for(*b_, epoch, alone, 0, false));
     return installed;
+  }
+
+  // After forgery(): "b" takes the bucket over with h's holder alone, and
+  // forged_key_ is free.
+  void expect_forgery_refused() {
+    const std::optional<std::size_t> installed = evict_a(/*stop_a=*/true);
+    ASSERT_TRUE(installed.has_value());
+    EXPECT_EQ(*installed, 1U);
+    EXPECT_EQ(acquire_at_b(held_key_).error, LeaseErrc::kBusy);
+    EXPECT_TRUE(acquire_at_b(forged_key_));
   }
 
   // A fresh client's try at `key` on "b".
@@ -497,11 +475,7 @@ TEST_F(ReplicationForgeryTest, ADatagramOfAnOlderStreamChangesNothing) {
   relay_.inject(sealed(encode(older, forgery(h)), cluster_key_));
   sync_with_b();
 
-  const std::optional<std::size_t> installed = evict_a(/*stop_a=*/true);
-  ASSERT_TRUE(installed.has_value());
-  EXPECT_EQ(*installed, 1U);
-  EXPECT_EQ(acquire_at_b(held_key_).error, LeaseErrc::kBusy);
-  EXPECT_TRUE(acquire_at_b(forged_key_));
+  expect_forgery_refused();
 }
 
 // Addressing (Replicator::on_replicate): a datagram is taken only into the
@@ -527,11 +501,7 @@ TEST_F(ReplicationForgeryTest, ADatagramFromTheWrongSenderChangesNothing) {
   relay_.inject(sealed(encode(elsewhere, forgery(h)), cluster_key_));
   sync_with_b();
 
-  const std::optional<std::size_t> installed = evict_a(/*stop_a=*/true);
-  ASSERT_TRUE(installed.has_value());
-  EXPECT_EQ(*installed, 1U);
-  EXPECT_EQ(acquire_at_b(held_key_).error, LeaseErrc::kBusy);
-  EXPECT_TRUE(acquire_at_b(forged_key_));
+  expect_forgery_refused();
 }
 
 // The frozen stream (BackupStream::on_replicate, promise_expired()): "a" is
