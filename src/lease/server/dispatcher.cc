@@ -602,6 +602,12 @@ void Dispatcher::add_own_values(
   add(StatCounter::kMalformed, counters_.malformed);
   add(StatCounter::kErrors, counters_.errors);
   add(StatCounter::kAuthFailures, counters_.auth_failures);
+  if (options_.replicator != nullptr) {
+    // Node-to-node datagrams whose seal failed: forgeries of the stream are
+    // seen where forged requests are.
+    counters[static_cast<std::size_t>(StatCounter::kAuthFailures)] +=
+        options_.replicator->auth_failures();
+  }
   add(StatCounter::kAllocationFailures, counters_.allocation_failures);
   add(StatCounter::kAmplificationDrops, counters_.amplification_drops);
   add(StatCounter::kSendDrops, counters_.send_drops);

@@ -271,7 +271,9 @@ bool Replicator::on_datagram(std::span<const std::uint8_t> bytes, const Peer& fr
     if (magic != replication::kReplicateMagic && magic != replication::kAckMagic) return false;
     body = open_datagram(bytes, *options_.auth_key);
     if (body.empty()) {
+      // Relaxed, both: statistics.
       rejected_.fetch_add(1, std::memory_order_relaxed);
+      auth_failures_.fetch_add(1, std::memory_order_relaxed);
       return true;
     }
   }
@@ -320,7 +322,12 @@ void Replicator::on_replicate(const replication::ReplicateHeader& header, const 
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
+  const std::uint64_t followed = primary->stream.stream();
   replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
+  if (primary->stream.stream() != followed) {
+    std::uint64_t& largest = followed_[primary->tag];
+    largest = std::max(largest, primary->stream.stream());
+  }
   ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation};
   for (auto& [id, f] : from_) {
     if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;

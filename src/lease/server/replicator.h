@@ -250,6 +250,11 @@ class Replicator {
   [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
     return rejected_.load(std::memory_order_relaxed);
   }
+  // Of those, the ones not sealed with the cluster key (unsealed, another
+  // key, a bad tag): STATS counts them in auth_failures.
+  [[nodiscard]] std::uint64_t auth_failures() const noexcept {
+    return auth_failures_.load(std::memory_order_relaxed);
+  }
   // Held answers handed to a backup to send (as primary), and answers sent
   // for a primary (as backup).
   [[nodiscard]] std::uint64_t replies_relayed() const noexcept {
@@ -353,7 +358,8 @@ class Replicator {
   std::uint64_t next_stream_id(std::uint64_t epoch) noexcept SHARDLOCK_REQUIRES(mu_);
 
   ReplicatorOptions options_;
-  std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated or from a stranger
+  std::atomic<std::uint64_t> rejected_{0};       // malformed, unauthenticated or from a stranger
+  std::atomic<std::uint64_t> auth_failures_{0};  // unauthenticated
   std::atomic<std::uint64_t> relayed_{0};
   std::atomic<std::uint64_t> relays_sent_{0};
   std::atomic<std::uint64_t> acks_spared_{0};
@@ -416,6 +422,11 @@ class Replicator {
   // in (set_layout), since on an older map that primary may still count the
   // bucket as its own.
   std::unordered_set<std::string> taken_over_from_ SHARDLOCK_GUARDED_BY(mu_);
+  // The largest stream id this run has followed from each primary (by
+  // node_tag()), kept when its FromPrimary goes: a stream from it made
+  // afresh refuses those ids and every smaller one (set_layout()). One entry
+  // per primary ever followed.
+  std::unordered_map<std::uint64_t, std::uint64_t> followed_ SHARDLOCK_GUARDED_BY(mu_);
   replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
   // The stream ids held_'s needs refer to, by index.
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);

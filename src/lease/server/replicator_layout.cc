@@ -236,13 +236,28 @@ void Replicator::layout_primaries(
       // lagging one must to keep granting (refused by every fresh stream, a
       // learner's or a new backup's, a primary behind a slow etcd link
       // could grant nothing until it caught up with the maps).
+      //
+      // Nor does a fresh stream follow a stream this run already followed
+      // from the primary, or an older one. It took the first it heard of:
+      // a recorded opening of an old stream (a snapshot with its caught-up
+      // marks, sealed by the primary itself) replayed to a backup cut off
+      // from its primary counted the bucket caught up on holders long gone,
+      // and the backup took the bucket over and granted a key the primary's
+      // holder still had (ReplicationForgeryTest.
+      // AReplayedStreamOpeningDoesNotCatchUpAFreshStream). The primary's
+      // own datagrams of such a stream are refused (kFlagStreamRefused), so
+      // it starts a new one with snapshots, as the gap they met made it do
+      // before. A restarted process remembers no stream: docs/security.md.
       const auto after = after_stream.find(id);
       const bool retired = after != after_stream.end();
       const bool taken_from = retired || taken_over_from_.contains(id);
+      const std::uint64_t tag = replication::node_tag(id);
+      const auto followed = followed_.find(tag);
+      const std::uint64_t refused_up_to =
+          std::max(retired ? after->second : 0, followed != followed_.end() ? followed->second : 0);
       from_[id] = std::make_unique<FromPrimary>(
-          replication::node_tag(id), peer.address, options_.timing, std::max(now_ns, created_ns_),
-          std::move(buckets), layout.epoch, retired ? after->second : 0,
-          taken_from ? layout.epoch : 0);
+          tag, peer.address, options_.timing, std::max(now_ns, created_ns_), std::move(buckets),
+          layout.epoch, refused_up_to, taken_from ? layout.epoch : 0);
     } else {
       it->second->address = peer.address;
       it->second->buckets = std::move(buckets);

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "lease/server/replicated_servers.h"
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/internal/cluster_control.h"
-#include "shardlock/lease/server/internal/cluster_gate.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/router.h"
 #include "support/loopback_server.h"
@@ -24,52 +24,12 @@ namespace {
 
 using namespace std::chrono_literals;
 using internal::ClusterControl;
+using test_support::gate_for;
 using test_support::loopback_address;
-using test_support::loopback_options;
 using test_support::poll_until;
+using test_support::replicated_options;
+using test_support::routing_of;
 using test_support::start_loopback_server;
-
-// A loopback server (support/loopback_server.h) that replicates, its gate
-// closed until the test publishes one.
-LeaseServerOptions replicated_options() {
-  LeaseServerOptions o = loopback_options(/*shards=*/4);
-  o.io_threads = 1;
-  o.max_ttl = 10s;
-  o.start_closed = true;
-  o.replication = true;
-  o.io = IoBackend::kSocket;
-  return o;
-}
-
-std::shared_ptr<const RouterSnapshot> routing_of(const std::vector<std::string>& ids) {
-  Router router(RouterOptions{.bucket_bits = 8});
-  std::vector<Node> nodes;
-  for (const std::string& id : ids) nodes.push_back(Node{id, 1});
-  EXPECT_EQ(router.assign(nodes), RouterStatus::kOk);
-  return router.snapshot();
-}
-
-// The gate of `epoch` for node `self` of `routing`: its buckets active, and
-// replicated (granted only within its primary lease) when `replicated`.
-std::shared_ptr<const internal::ClusterGate> gate_for(LeaseServer& server, std::uint64_t epoch,
-                                                      std::shared_ptr<const RouterSnapshot> routing,
-                                                      std::uint16_t self, bool replicated) {
-  auto gate = std::make_shared<internal::ClusterGate>();
-  gate->epoch = epoch;
-  gate->routing = std::move(routing);
-  gate->buckets.assign(gate->routing->bucket_count(), internal::ClusterGate::kForeign);
-  gate->replicated.assign(gate->routing->bucket_count(), 0);
-  for (std::size_t b = 0; b < gate->routing->bucket_count(); ++b) {
-    if (gate->routing->table()[b] != self) continue;
-    gate->buckets[b] = internal::ClusterGate::kActive;
-    gate->replicated[b] = replicated ? 1 : 0;
-  }
-  gate->lease_deadline = [] { return std::chrono::nanoseconds::max(); };
-  gate->replica_deadline = [&server](std::size_t b) {
-    return ClusterControl(server).replica_lease_until(b);
-  };
-  return gate;
-}
 
 TEST(ReplicatedServer, AHolderOfAStoppedPrimaryKeepsItsLeaseAtTheBackup) {
   const auto a = start_loopback_server(replicated_options());

@@ -603,6 +603,41 @@ TEST_F(ReplicatorTest, ABackupThatSkippedAMapStartsEveryStreamOver) {
   EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 10 * kSilence, holders));
 }
 
+// The stream made afresh when a map is skipped follows no stream this run
+// followed before. A replay of the old stream's opening (recorded, under the
+// primary's own seal) does not catch it up, so a backup cut off from its
+// primary never takes a bucket over by a stale snapshot; the primary's own
+// next datagram of that stream is refused, and it starts a new one
+// (replication_forgery_test.cc drives the same with real nodes).
+TEST_F(ReplicatorTest, AFreshStreamRefusesTheStreamsThisRunFollowedBefore) {
+  both_layouts();
+  const std::vector<OutDatagram> opening = poll_a();  // the snapshot, no holder yet
+  (void)exchange(opening);
+  using Progress = std::pair<std::size_t, std::size_t>;
+  ASSERT_EQ(caught_up_of(*b_), Progress(1, 1));
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+  // Epoch 5 never reached "b": its stream from "a" starts over.
+  EXPECT_TRUE(b_->set_layout(backup_layout(6), now_).empty());
+  ASSERT_EQ(caught_up_of(*b_), Progress(0, 1));
+  std::vector<OutDatagram> answers;
+  for (const OutDatagram& d : opening) {
+    EXPECT_TRUE(b_->on_datagram(std::span<const std::uint8_t>(d.bytes.data(), d.length),
+                                loopback(1001), now_, answers));
+  }
+  EXPECT_EQ(caught_up_of(*b_), Progress(0, 1));
+  // The primary's heartbeat on that stream is refused: it starts over.
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());
+  ASSERT_TRUE(a_.restart_pending());
+  ASSERT_EQ(a_.restart_streams().size(), 1U);
+  a_.begin_snapshot(0, kBucket);
+  a_.append_snapshot(0, std::vector{grant("k", 41)});
+  a_.end_snapshot(0, kBucket);
+  (void)exchange(poll_a());
+  EXPECT_EQ(caught_up_of(*b_), Progress(1, 1));
+}
+
 TEST_F(ReplicatorTest, APeerThatFallsSilentIsNamed) {
   both_layouts();
   constexpr std::int64_t kSilence = 300 * kMs;
