@@ -21,7 +21,7 @@ help:
 	@echo "make bench-cluster  the cluster numbers: 1 vs 3 nodes, replication's cost, etcd requests, kill -9 window"
 	@echo "make bench-failover kill -9 of one of 3 servers: shardlock --replicas 2 beside etcd and ZooKeeper"
 	@echo "make bench-peers    shardlock beside Redis's lock recipe and etcd's Go Mutex, at equal batching"
-	@echo "make bench-security what sealing costs: keyless, --auth, --tenant, --tenant --encrypt at --pack 1"
+	@echo "make bench-security what sealing costs: keyless, --auth, --tenant, --tenant --encrypt (each cipher suite) at --pack 1"
 	@echo "make torture    the long fault-injection run (release build): >= 1M lease operations"
 	@echo "make torture-cluster  the long cluster run: etcd + 3 nodes, node and etcd faults"
 	@echo "make simulate SEEDS=N  the deterministic cluster simulation over N seeds (docs/simulation.md)"

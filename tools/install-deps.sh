@@ -36,7 +36,8 @@ testing=(
   git ccache clang-14 libclang-rt-14-dev clang-tidy-14
   libgtest-dev libgmock-dev
   python3-xxhash  # the Python client's cluster mode and its tests
-  python3-nacl  # the Python client's encryption (XChaCha20-Poly1305) and its tests
+  python3-nacl  # the Python client's portable encryption (XChaCha20-Poly1305) and its tests
+  python3-cryptography  # the Python client's AES-256-GCM suite (cipher="aes", "auto") and its tests
   # The Python client's offline install test (venv --system-site-packages,
   # pip install --no-build-isolation).
   python3-venv python3-setuptools python3-wheel

@@ -166,6 +166,7 @@ int run(int argc, char** argv) {
   default_from_env(g.servers, "SHARDLOCK_SERVER");
   default_from_env(g.auth_key_file, "SHARDLOCK_AUTH_KEY_FILE");
   default_from_env(g.tenant, "SHARDLOCK_TENANT");
+  default_from_env(g.cipher, "SHARDLOCK_CIPHER");
   if (const char* encrypt = std::getenv("SHARDLOCK_ENCRYPT"); encrypt != nullptr) {
     g.encrypt = g.encrypt || std::string_view(encrypt) == "1";
   }

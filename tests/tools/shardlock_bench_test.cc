@@ -13,11 +13,13 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "shardlock/lease/server/server.h"
 #include "shardlock/lease/tenants.h"
 #include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "support/loopback_server.h"
 #include "tools/client_tool_support.h"
 
@@ -239,6 +241,30 @@ TEST(ShardlockBenchTest, TenantAndEncryptedEmbeddedRuns) {
   const auto help = run_tool(kBench, {"--help"});
   EXPECT_NE(help.out.find("--tenant"), std::string::npos);
   EXPECT_NE(help.out.find("--encrypt"), std::string::npos);
+  EXPECT_NE(help.out.find("--cipher"), std::string::npos);
+}
+
+// --cipher picks the suite of a --tenant run, and the report names the one
+// it used ("cipher"); auto is AES-GCM exactly where this CPU has it.
+TEST(ShardlockBenchTest, CipherPicksTheTenantsSuite) {
+  const bool aes = lease::aes_gcm_available();
+  std::vector<std::pair<std::string, std::string>> runs = {{"portable", "portable"},
+                                                           {"auto", aes ? "aes" : "portable"}};
+  if (aes) runs.emplace_back("aes", "aes");
+  for (const auto& [cipher, used] : runs) {
+    SCOPED_TRACE(cipher);
+    const auto j = expect_tenant_run({"--duration", "1s", "--json", "--clients", "2", "--pack", "1",
+                                      "--tenant", "4", "--cipher", cipher},
+                                     true);
+    ASSERT_TRUE(j);
+    EXPECT_EQ((*j)["cipher"].text, used);
+  }
+  const auto keyless = run_tool(kBench, {"--duration", "0.3s", "--json", "--clients", "1"});
+  const auto j = json_line(keyless);
+  ASSERT_TRUE(j) << keyless.out;
+  EXPECT_EQ((*j)["cipher"].kind, Json::Kind::kNull);
+  EXPECT_NE(usage({"--cipher", "aes"}).find("--cipher needs --tenant"), std::string::npos);
+  usage({"--tenant", "1", "--cipher", "gcm"});
 }
 
 // Against an external server with a tenant table: --tenant ID --auth-key

@@ -28,6 +28,7 @@
 
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "shardlock/lease/wire/protocol.h"
 #include "support/daemon.h"
 #include "tools/client_tool_support.h"
@@ -397,6 +398,26 @@ TEST(ShardlockctlTest, TenantFlagsReachADaemonWithTenants) {
   EXPECT_EQ(ctl(d, {"--auth-key", key_file, "--tenant", "seven", "query", "jobs/a"}).exit_code, 2);
   EXPECT_EQ(ctl(d, {"--auth-key", key_file, "--encrypt", "query", "jobs/a"}).exit_code, 2);
   EXPECT_EQ(ctl(d, {"--tenant", "7", "query", "jobs/a"}).exit_code, 2);
+  // Each cipher suite this host has reaches the tenant, by flag or by
+  // SHARDLOCK_CIPHER; a bad suite, or AES-GCM without a tenant, is a usage
+  // error.
+  std::vector<std::string> ciphers = {"portable", "auto"};
+  if (lease::aes_gcm_available()) ciphers.emplace_back("aes");
+  for (const std::string& cipher : ciphers) {
+    SCOPED_TRACE(cipher);
+    const ToolResult queried = ctl(d, {"--auth-key", key_file, "--tenant", "7", "--encrypt",
+                                       "--cipher", cipher, "query", "jobs/a"});
+    EXPECT_EQ(queried.exit_code, 0) << queried.err;
+    const ToolResult by_env = run_tool(kCtl,
+                                       {"--server", d.address(), "--auth-key", key_file, "--tenant",
+                                        "7", "--encrypt", "query", "jobs/a"},
+                                       30s, {"SHARDLOCK_CIPHER=" + cipher});
+    EXPECT_EQ(by_env.exit_code, 0) << by_env.err;
+  }
+  EXPECT_EQ(ctl(d, {"--auth-key", key_file, "--tenant", "7", "--cipher", "gcm", "query", "jobs/a"})
+                .exit_code,
+            2);
+  EXPECT_EQ(ctl(d, {"--auth-key", key_file, "--cipher", "aes", "query", "jobs/a"}).exit_code, 2);
   std::remove(key_file.c_str());
   std::remove(tenants.c_str());
 }

@@ -6,6 +6,12 @@
 #
 #   cmake -DTOOL=PATH -DEXPECTED=PATH -P wire_vectors_check.cmake
 execute_process(COMMAND "${TOOL}" OUTPUT_VARIABLE printed RESULT_VARIABLE status)
+if(status EQUAL 2)
+  # The AES envelope forms need AES-NI to be made: ctest counts this as
+  # skipped (SKIP_REGULAR_EXPRESSION), not as passed.
+  message(STATUS "wire vectors: skipped: this CPU has no AES-NI, so the AES vectors cannot be made")
+  return()
+endif()
 if(NOT status EQUAL 0)
   message(FATAL_ERROR "shardlock-wire-vectors failed (${status})")
 endif()
@@ -14,6 +20,7 @@ if(NOT printed STREQUAL expected)
   message(FATAL_ERROR "${EXPECTED} is stale: it differs from what ${TOOL} prints now. "
                       "Regenerate it: ${TOOL} > ${EXPECTED}")
 endif()
-string(REGEX MATCHALL "\n(plain|request|sealed|keyid|encrypted)\t" vectors "${printed}")
+string(REGEX MATCHALL "\n(plain|request|sealed|keyid|encrypted|keyid-aes|encrypted-aes)\t" vectors
+  "${printed}")
 list(LENGTH vectors count)
 message(STATUS "wire vectors: ${count} vectors, all current")

@@ -20,6 +20,7 @@ struct FlagTexts {
   std::string auth_key_file;
   bool auth = false;
   std::uint32_t tenant = 0;  // read only when --tenant is given
+  std::string cipher;        // --cipher, as given
   tools::OutputFlags output;
 };
 
@@ -113,6 +114,10 @@ void add_flags(CLI::App& app, Config& config, FlagTexts& texts) {
   app.add_flag("--encrypt", config.encrypt,
                "With --tenant: encrypt every datagram (the tenant's encrypt=yes), for the "
                "embedded server's tenant too");
+  app.add_option("--cipher", texts.cipher,
+                 "With --tenant: the cipher suite, auto (the default: AES-256-GCM where this CPU "
+                 "has AES-NI, else portable), portable (BLAKE2b and XChaCha20-Poly1305) or aes")
+      ->check(CLI::IsMember({"auto", "portable", "aes"}));
 }
 
 // Fills in what the parsed flags leave to be read or defaulted, and checks
@@ -144,6 +149,16 @@ std::optional<int> finish_config(const CLI::App& app, const FlagTexts& texts, Co
   if (config.encrypt && !config.tenant) {
     return tools::usage_error(kTool, "--encrypt needs --tenant");
   }
+  if (!texts.cipher.empty()) {
+    if (!config.tenant) return tools::usage_error(kTool, "--cipher needs --tenant");
+    // IsMember() checked the word.
+    config.cipher =
+        lease::parse_envelope_cipher(texts.cipher).value_or(lease::EnvelopeCipher::kAuto);
+    if (config.cipher == lease::EnvelopeCipher::kAes && !lease::aes_gcm_available()) {
+      return tools::usage_error(
+          kTool, "--cipher aes: this CPU has no AES-GCM (AES-NI and PCLMULQDQ); use portable");
+    }
+  }
   if (config.tenant && texts.auth) {
     return tools::usage_error(
         kTool, "--auth and --tenant exclude each other: --tenant makes its own key too");
@@ -168,7 +183,7 @@ std::optional<int> finish_config(const CLI::App& app, const FlagTexts& texts, Co
     return tools::usage_error(kTool, "--discover needs --server: the seeds of the cluster");
   }
   if (config.mode == "table" && config.tenant) {
-    return tools::usage_error(kTool, "--tenant and --encrypt apply to --mode lease only");
+    return tools::usage_error(kTool, "--tenant, --encrypt and --cipher apply to --mode lease only");
   }
   if (config.mode == "table" && (config.read_fraction > 0.0 || config.keys_per_op > 1)) {
     return tools::usage_error(kTool,
@@ -192,6 +207,13 @@ std::optional<int> finish_config(const CLI::App& app, const FlagTexts& texts, Co
 std::string_view security_name(const Config& config) noexcept {
   if (config.tenant) return config.encrypt ? "encrypt" : "tenant";
   return config.auth_key ? "auth" : "keyless";
+}
+
+std::string_view cipher_name(const Config& config) noexcept {
+  if (!config.tenant) return "";
+  const std::optional<lease::EnvelopeMode> mode =
+      lease::tenant_envelope_mode(config.encrypt, config.cipher);
+  return mode && lease::envelope_uses_aes(*mode) ? "aes" : "portable";
 }
 
 std::optional<int> read_command_line(int argc, char** argv, Config& config) {

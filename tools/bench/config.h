@@ -10,6 +10,7 @@
 
 #include "common/command_line.h"
 #include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::bench {
@@ -50,6 +51,8 @@ struct Config {
   // as that tenant's key; the embedded server serves that one tenant.
   std::optional<std::uint32_t> tenant;
   bool encrypt = false;  // --encrypt: with tenant, every datagram encrypted
+  // --cipher: with tenant, the suite (LeaseClientOptions::cipher).
+  lease::EnvelopeCipher cipher = lease::EnvelopeCipher::kAuto;
 };
 
 // How a run's datagrams are sealed, as the report names it ("security"):
@@ -58,6 +61,9 @@ struct Config {
 //   tenant   a tenant's key, the datagrams naming its key id (--tenant)
 //   encrypt  that tenant's datagrams encrypted (--tenant --encrypt)
 [[nodiscard]] std::string_view security_name(const Config& config) noexcept;
+// The suite a --tenant run's datagrams are sealed in on this host, as the
+// report names it ("cipher"): "aes" or "portable"; empty without --tenant.
+[[nodiscard]] std::string_view cipher_name(const Config& config) noexcept;
 
 // Reads the command line into `config`: the flags, their defaults that
 // depend on the machine (--client-threads, table mode's --clients) and the

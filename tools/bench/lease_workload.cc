@@ -333,6 +333,7 @@ int start_connections(const Config& config, const std::vector<std::string>& node
     options.auth_key = config.auth_key;
     options.tenant = config.tenant;
     options.encrypt = config.encrypt;
+    options.cipher = config.cipher;
     options.busy_poll = std::chrono::microseconds(config.busy_poll_us);
     auto connection = std::make_unique<LeaseClient>(options);
     if (std::error_code ec = connection->start()) {

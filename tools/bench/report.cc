@@ -75,6 +75,7 @@ void print_json(const Config& config, const Result& r) {
   j["auth"] = config.auth_key.has_value();
   j["security"] = std::string(security_name(config));
   j["tenant"] = config.tenant ? Json(*config.tenant) : Json(nullptr);
+  j["cipher"] = config.tenant ? Json(std::string(cipher_name(config))) : Json(nullptr);
   j["allocator"] = tools::kAllocatorName;
   j["busy_poll_us"] = config.busy_poll_us;
   j["cpu_s"] = rounded(r.cpu_seconds, 3);
@@ -97,7 +98,7 @@ void print_table(const Config& config, const Result& r) {
   std::string security;
   if (config.tenant) {
     security = "  security=" + std::string(security_name(config)) + " (tenant key id " +
-               std::to_string(*config.tenant) + ")";
+               std::to_string(*config.tenant) + ", " + std::string(cipher_name(config)) + ")";
   } else if (config.auth_key) {
     security = "  security=auth";
   }

@@ -111,6 +111,9 @@ std::vector<ChildVariable> lease_variables(const Session& session, const RunArgs
        !session.globals.tenant.empty()},
       {"SHARDLOCK_ENCRYPT", session.globals.encrypt ? std::optional<std::string>("1") : std::nullopt,
        session.globals.encrypt},
+      {"SHARDLOCK_CIPHER",
+       session.globals.cipher.empty() ? std::nullopt : std::optional(session.globals.cipher),
+       !session.globals.cipher.empty()},
   };
 }
 

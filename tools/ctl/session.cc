@@ -91,6 +91,12 @@ void add_global_flags(CLI::App& app, Globals& g, bool short_w) {
                "Encrypt every datagram (the tenant's encrypt=yes; env SHARDLOCK_ENCRYPT=1); "
                "needs --tenant")
       ->group(kGlobalGroup);
+  app.add_option("--cipher", g.cipher,
+                 "With --tenant, the cipher suite (env SHARDLOCK_CIPHER): auto (the default: "
+                 "AES-256-GCM where this CPU has AES-NI, else portable), portable (BLAKE2b and "
+                 "XChaCha20-Poly1305: for a server without AES-NI) or aes")
+      ->check(CLI::IsMember({"auto", "portable", "aes"}))
+      ->group(kGlobalGroup);
   tools::add_output_flags(app, g.output, short_w, kGlobalGroup);
 }
 
@@ -167,6 +173,25 @@ StartedClient start_client(const Session& session, const ClientRequest& request)
     return started;
   }
   options.encrypt = g.encrypt;
+  if (!g.cipher.empty()) {
+    const std::optional<lease::EnvelopeCipher> cipher = lease::parse_envelope_cipher(g.cipher);
+    if (!cipher) {
+      const std::string why = "--cipher (or SHARDLOCK_CIPHER) wants auto, portable or aes, not '";
+      started.status = usage_error(kTool, why + g.cipher + "'");
+      return started;
+    }
+    if (*cipher == lease::EnvelopeCipher::kAes && !options.tenant) {
+      started.status = usage_error(kTool, "--cipher aes needs --tenant");
+      return started;
+    }
+    if (*cipher == lease::EnvelopeCipher::kAes && !lease::aes_gcm_available()) {
+      started.status = usage_error(kTool,
+                                   "--cipher aes: this CPU has no AES-GCM (AES-NI and "
+                                   "PCLMULQDQ); use --cipher portable");
+      return started;
+    }
+    options.cipher = *cipher;
+  }
   std::optional<int> refused = request.check ? request.check() : std::nullopt;
   if (!refused && !request.takes_command && !session.command.empty()) {
     refused = usage_error(kTool, "only run and elect take -- COMMAND");

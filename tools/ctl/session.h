@@ -33,6 +33,7 @@ struct Globals {
   std::string auth_key_file;  // --auth-key, else $SHARDLOCK_AUTH_KEY_FILE
   std::string tenant;         // --tenant, else $SHARDLOCK_TENANT: a key id
   bool encrypt = false;       // --encrypt, or $SHARDLOCK_ENCRYPT=1
+  std::string cipher;         // --cipher, else $SHARDLOCK_CIPHER: auto, portable or aes
   tools::OutputFlags output;
 };
 

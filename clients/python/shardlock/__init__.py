@@ -21,7 +21,7 @@
             await storage.write(data, fence=lease.token)
 
 Standard library only (several servers and cluster mode also need xxhash,
-encryption PyNaCl).
+a tenant's AES-GCM suite cryptography, portable encryption PyNaCl).
 It speaks the UDP wire format itself (protocol.py); see
 clients/python/README.md.
 """

@@ -369,12 +369,12 @@ class ClientCore:
                  clock_drift_factor: float = 0.01, clock_drift_allowance: float = 0.002,
                  client_id: Optional[bytes] = None, auth_key: Union[bytes, str, None] = None,
                  auth_key_file: Optional[str] = None, tenant: Optional[int] = None,
-                 encrypt: bool = False) -> None:
+                 encrypt: bool = False, cipher: Optional[str] = None) -> None:
         """The arguments Client's docstring describes (AsyncClient takes the
         same); then the shell's _open()."""
         self._texts = server_texts(server)
         self._drift_margin = DriftMargin(clock_drift_factor, clock_drift_allowance)
-        self._auth_key = _auth.resolve_envelope(auth_key, auth_key_file, tenant, encrypt)
+        self._auth_key = _auth.resolve_envelope(auth_key, auth_key_file, tenant, encrypt, cipher)
         if discover or len(self._texts) > 1:
             _router.require_xxhash()
         self.server = ",".join(self._texts)

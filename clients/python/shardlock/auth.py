@@ -5,7 +5,8 @@ As include/shardlock/lease/wire/auth.h: server and clients share a 32-byte
 key; every datagram, both ways, is sealed with a 16-byte keyed-BLAKE2b tag
 (protocol.seal / protocol.open_sealed, standard library only). A tenant
 (docs/security.md) has a key of its own and a key id that its datagrams
-name, authenticated or encrypted (protocol.Envelope, envelope.h). A key
+name, authenticated or encrypted, in the portable or the AES-GCM suite
+(protocol.Envelope, envelope.h). A key
 file holds the key as 64 hex digits, surrounding whitespace ignored; make
 one with `shardlockctl keygen`.
 """
@@ -22,6 +23,7 @@ from .protocol import AUTH_KEY_SIZE, MAX_KEY_ID, Envelope
 KEY_FILE_ENVIRONMENT = "SHARDLOCK_AUTH_KEY_FILE"
 TENANT_ENVIRONMENT = "SHARDLOCK_TENANT"
 ENCRYPT_ENVIRONMENT = "SHARDLOCK_ENCRYPT"
+CIPHER_ENVIRONMENT = "SHARDLOCK_CIPHER"
 
 
 def parse_auth_key(text: str) -> bytes:
@@ -77,23 +79,29 @@ def _tenant_from_environment() -> Optional[int]:
 
 
 def resolve_envelope(auth_key: Union[bytes, str, None], auth_key_file: Optional[str],
-                     tenant: Optional[int], encrypt: bool) -> Optional[Envelope]:
+                     tenant: Optional[int], encrypt: bool,
+                     cipher: Optional[str] = None) -> Optional[Envelope]:
     """How a client seals its datagrams: under the key resolve_auth_key()
     finds, in the legacy form, or as `tenant` (a key id, whose key that
-    is), encrypted with `encrypt`; None without a key. A key from
-    $SHARDLOCK_AUTH_KEY_FILE brings $SHARDLOCK_TENANT and
-    $SHARDLOCK_ENCRYPT=1 along where `tenant` and `encrypt` are not given,
-    as shardlockctl reads them. ValueError for a tenant without a key,
-    encryption without a tenant, a bad key id; ImportError for encryption
-    without PyNaCl."""
+    is), encrypted with `encrypt`, in the suite `cipher` names ("auto",
+    the default: AES-GCM where this CPU has it and the cryptography
+    package is installed; "portable"; "aes"; protocol.Envelope); None
+    without a key. A key from $SHARDLOCK_AUTH_KEY_FILE brings
+    $SHARDLOCK_TENANT, $SHARDLOCK_ENCRYPT=1 and $SHARDLOCK_CIPHER along
+    where `tenant`, `encrypt` and `cipher` are not given, as shardlockctl
+    reads them. ValueError for a tenant without a key, encryption without a
+    tenant, a bad key id or cipher; ImportError for a form whose package is
+    missing (PyNaCl, cryptography)."""
     key = resolve_auth_key(auth_key, auth_key_file)
     if auth_key is None and auth_key_file is None and key is not None:
         if tenant is None:
             tenant = _tenant_from_environment()
         encrypt = encrypt or os.environ.get(ENCRYPT_ENVIRONMENT) == "1"
+        if cipher is None:
+            cipher = os.environ.get(CIPHER_ENVIRONMENT) or None
     if key is None:
         if tenant is not None or encrypt:
             raise ValueError("a tenant (and encryption) needs the tenant's key: auth_key or "
                              "auth_key_file")
         return None
-    return Envelope(key, tenant, encrypt)
+    return Envelope(key, tenant, encrypt, cipher or "auto")

@@ -224,7 +224,12 @@ class Client(ClientCore):
     $SHARDLOCK_AUTH_KEY_FILE) seals every datagram, as shardlockd
     --auth-key wants; with `tenant` (a key id) the key is that tenant's
     (shardlockd --tenants) and `encrypt=True` encrypts (the tenant's
-    encrypt=yes; needs PyNaCl). The client's owner ids then carry the
+    encrypt=yes). `cipher` picks a tenant's suite: "auto" (the default, or
+    $SHARDLOCK_CIPHER with a key from the environment) seals with AES-256-GCM
+    where this CPU has AES-NI and the cryptography package is installed,
+    else with BLAKE2b and XChaCha20-Poly1305 (encryption then needs PyNaCl);
+    "portable" always does the latter, as a server without AES-NI needs;
+    "aes" always AES-GCM. The client's owner ids then carry the
     tenant's key id in their top 32 bits, as the server scopes them.
     Times are in seconds. Thread-safe: any number of threads may share one
     Client, and each acquire contends as an owner of its own (Lease.owner),

@@ -6,9 +6,9 @@ include/shardlock/lease/protocol.h; this module implements the part a client
 needs: single-message requests (ACQUIRE, ACQUIRE_SHARED, ACQUIRE_PERMIT,
 RENEW, RELEASE, QUERY, QUERY_HOLDERS, WATCH, and MAP for cluster mode) and
 every reply a server sends to them, single or batched, sealed with datagram
-authentication (auth.py), sealed for a tenant, authenticated or encrypted
-(Envelope), or not. Batched requests, ACQUIRE_MANY and STATS are not
-implemented.
+authentication (auth.py), sealed for a tenant, authenticated or encrypted,
+in the portable or the AES-GCM suite (Envelope), or not. Batched requests,
+ACQUIRE_MANY and STATS are not implemented.
 
 Header, 32 bytes, little-endian:
     u32 magic 0x4B4C4853 ("SHLK"), u8 version 1, u8 flags, u8 type,
@@ -39,6 +39,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 import importlib
+import importlib.util
+import itertools
 import os
 import struct
 from dataclasses import dataclass, field
@@ -474,39 +476,57 @@ def open_sealed(data: bytes, auth_key: bytes) -> Optional[bytes]:
 # datagram names its key by a u32 key id; integers are little-endian, n is
 # the plain datagram's length:
 #
-#   form           flags  bytes
-#   legacy         0x01   [datagram n][tag 16]                  (seal() above)
-#   authenticated  0x05   [datagram n][u32 key_id][tag 16]
-#   encrypted      0x0D   [bytes 0..5][ciphertext n-6][u32 key_id][nonce 24][tag 16]
+#   form               flags  bytes
+#   legacy             0x01   [datagram n][tag 16]                  (seal() above)
+#   authenticated      0x05   [datagram n][u32 key_id][tag 16]
+#   encrypted          0x0D   [bytes 0..5][ciphertext n-6][u32 key_id][nonce 24][tag 16]
+#   authenticated-AES  0x15   [datagram n][u32 key_id][nonce 24][tag 16]
+#   encrypted-AES      0x1D   [bytes 0..5][ciphertext n-6][u32 key_id][nonce 24][tag 16]
 #
 # authenticated: the legacy tag (keyed BLAKE2b, 16 bytes) over every byte
 # before it, so the flags and the key id are covered. encrypted:
 # XChaCha20-Poly1305-IETF of bytes 6..n-1 (everything after magic, version
 # and flags) under the key's cipher subkey (cipher_key()), a random nonce
 # per datagram, and bytes 0..5 followed by the key id as associated data.
-# FLAG_EPOCH may stand beside either form. An opened datagram keeps
-# FLAG_AUTHENTICATED, as open_sealed() leaves it, and loses the other two.
-# The AEAD is PyNaCl's (Debian: python3-nacl), imported only by an
-# Envelope that encrypts; the rest is the standard library.
+# The AES forms (FLAG_AES) use AES-256-GCM instead, under a stream's key:
+# the nonce field is a stream's 16-byte random prefix and u64 counter, the
+# stream's key is keyed BLAKE2b-256 of the prefix under aes_key(key), and
+# GCM's 12-byte nonce is the counter followed by 4 zero bytes.
+# authenticated-AES has no plaintext and all bytes before the tag as
+# associated data; encrypted-AES encrypts as the encrypted form does.
+# FLAG_EPOCH may stand beside any form. An opened datagram keeps
+# FLAG_AUTHENTICATED, as open_sealed() leaves it, and loses the others.
+# XChaCha20-Poly1305 is PyNaCl's (Debian: python3-nacl), AES-GCM
+# cryptography's (python3-cryptography), each imported only by an Envelope
+# that needs it; the rest is the standard library.
 
 FLAG_KEY_ID = 0x04
 FLAG_ENCRYPTED = 0x08
+FLAG_AES = 0x10
 KEY_ID_SIZE = 4
 NONCE_SIZE = 24
 MAX_KEY_ID = 0xFFFFFFFF
 # The forms (envelope.h's EnvelopeMode, in its order).
-LEGACY, AUTHENTICATED, ENCRYPTED = 0, 1, 2
+LEGACY, AUTHENTICATED, ENCRYPTED, AUTHENTICATED_AES, ENCRYPTED_AES = 0, 1, 2, 3, 4
+_AES_FORMS = (AUTHENTICATED_AES, ENCRYPTED_AES)
+_ENCRYPTING_FORMS = (ENCRYPTED, ENCRYPTED_AES)
 _FORM_FLAGS = {
     LEGACY: FLAG_AUTHENTICATED,
     AUTHENTICATED: FLAG_AUTHENTICATED | FLAG_KEY_ID,
     ENCRYPTED: FLAG_AUTHENTICATED | FLAG_KEY_ID | FLAG_ENCRYPTED,
+    AUTHENTICATED_AES: FLAG_AUTHENTICATED | FLAG_KEY_ID | FLAG_AES,
+    ENCRYPTED_AES: FLAG_AUTHENTICATED | FLAG_KEY_ID | FLAG_ENCRYPTED | FLAG_AES,
 }
+_FORM_OF_BITS = {flags & ~FLAG_AUTHENTICATED: form for form, flags in _FORM_FLAGS.items()}
+_ENVELOPE_BITS = FLAG_KEY_ID | FLAG_ENCRYPTED | FLAG_AES
 _FORM_OVERHEAD = {
     LEGACY: AUTH_TAG_SIZE,
     AUTHENTICATED: KEY_ID_SIZE + AUTH_TAG_SIZE,
     ENCRYPTED: KEY_ID_SIZE + NONCE_SIZE + AUTH_TAG_SIZE,
+    AUTHENTICATED_AES: KEY_ID_SIZE + NONCE_SIZE + AUTH_TAG_SIZE,
+    ENCRYPTED_AES: KEY_ID_SIZE + NONCE_SIZE + AUTH_TAG_SIZE,
 }
-MAX_ENVELOPE_OVERHEAD = _FORM_OVERHEAD[ENCRYPTED]
+MAX_ENVELOPE_OVERHEAD = max(_FORM_OVERHEAD.values())
 # The most a sealed datagram's plain part may take: a server with a key
 # (--auth-key or --tenants) encodes every reply into a whole datagram less
 # the largest seal it may need, whatever its request's seal; so a paged
@@ -515,27 +535,56 @@ MAX_ENVELOPE_OVERHEAD = _FORM_OVERHEAD[ENCRYPTED]
 SEALED_PAYLOAD_LIMIT = MAX_DATAGRAM_SIZE - MAX_ENVELOPE_OVERHEAD
 # Magic, version and flags stay readable; encryption starts at the type.
 _CIPHER_OFFSET = _FLAGS_OFFSET + 1
-# envelope_key()'s crypto_kdf subkey: its id and its 8-byte context.
+# envelope_key()'s crypto_kdf subkeys: their id and 8-byte contexts.
 _CIPHER_SUBKEY_ID = 1
 _CIPHER_KEY_CONTEXT = b"SLKaead1"
+_AES_KEY_CONTEXT = b"SLKaesg1"
 _MAGIC_BYTES = struct.pack("<I", MAGIC)
 _KEY_ID = struct.Struct("<I")
+# An AES stream: its prefix, then its counter; GCM's nonce is the counter
+# and 4 zero bytes.
+_PREFIX_SIZE = 16
+_GCM_NONCE_PAD = bytes(4)
+# Seals per AES stream before a fresh prefix (envelope.cc's kAesStreamSeals).
+AES_STREAM_SEALS = 1 << 24
+# Opened AES streams whose key an Envelope keeps (per Envelope, all threads).
+_AES_OPEN_CACHE = 64
+# The cipher choices (envelope.h's EnvelopeCipher).
+CIPHERS = ("auto", "portable", "aes")
 
 
 def envelope_overhead(form: int) -> int:
-    """The bytes sealing in `form` (LEGACY, AUTHENTICATED, ENCRYPTED) adds."""
+    """The bytes sealing in `form` (LEGACY .. ENCRYPTED_AES) adds."""
     return _FORM_OVERHEAD[form]
+
+
+def _kdf(key: bytes, context: bytes) -> bytes:
+    """libsodium's crypto_kdf_derive_from_key(32, 1, context, key): keyed
+    BLAKE2b-256 of nothing, with the subkey id (u64) as salt and the context
+    as personalisation, each zero-padded to 16 bytes."""
+    return hashlib.blake2b(b"", digest_size=32, key=key,
+                           salt=struct.pack("<Q", _CIPHER_SUBKEY_ID) + bytes(8),
+                           person=context + bytes(8)).digest()
 
 
 def cipher_key(key: bytes) -> bytes:
     """The XChaCha20-Poly1305 key the encrypted form uses for `key`:
-    libsodium's crypto_kdf_derive_from_key(32, 1, "SLKaead1", key), as
-    envelope_key() derives it, so one key never serves two primitives.
-    That is keyed BLAKE2b-256 of nothing, with the subkey id (u64) as salt
-    and the context as personalisation, each zero-padded to 16 bytes."""
-    return hashlib.blake2b(b"", digest_size=32, key=key,
-                           salt=struct.pack("<Q", _CIPHER_SUBKEY_ID) + bytes(8),
-                           person=_CIPHER_KEY_CONTEXT + bytes(8)).digest()
+    crypto_kdf_derive_from_key(32, 1, "SLKaead1", key), as envelope_key()
+    derives it, so one key never serves two primitives."""
+    return _kdf(key, _CIPHER_KEY_CONTEXT)
+
+
+def aes_key(key: bytes) -> bytes:
+    """The root of the AES forms' stream keys for `key`:
+    crypto_kdf_derive_from_key(32, 1, "SLKaesg1", key), as envelope_key()
+    derives it."""
+    return _kdf(key, _AES_KEY_CONTEXT)
+
+
+def aes_stream_key(root: bytes, prefix: bytes) -> bytes:
+    """An AES stream's AES-256 key: keyed BLAKE2b-256 of its 16-byte prefix
+    under aes_key()'s root (crypto_generichash)."""
+    return hashlib.blake2b(prefix, digest_size=32, key=root).digest()
 
 
 def peek_key_id(data: bytes) -> Optional[Tuple[int, int]]:
@@ -548,14 +597,8 @@ def peek_key_id(data: bytes) -> Optional[Tuple[int, int]]:
     flags = data[_FLAGS_OFFSET]
     if not flags & FLAG_AUTHENTICATED:
         return None
-    bits = flags & (FLAG_KEY_ID | FLAG_ENCRYPTED)
-    if bits == 0:
-        form = LEGACY
-    elif bits == FLAG_KEY_ID:
-        form = AUTHENTICATED
-    elif bits == FLAG_KEY_ID | FLAG_ENCRYPTED:
-        form = ENCRYPTED
-    else:  # FLAG_ENCRYPTED without a key id
+    form = _FORM_OF_BITS.get(flags & _ENVELOPE_BITS)
+    if form is None:  # FLAG_ENCRYPTED or FLAG_AES without a key id
         return None
     overhead = _FORM_OVERHEAD[form]
     if len(data) < HEADER_SIZE + overhead:
@@ -565,17 +608,93 @@ def peek_key_id(data: bytes) -> Optional[Tuple[int, int]]:
     return _KEY_ID.unpack_from(data, len(data) - overhead)[0], form
 
 
-def _aead() -> Tuple[Any, Any]:
+def _import(modules: Tuple[str, ...], what: str, install: str) -> List[Any]:
+    """The modules, or ImportError saying what needs them and how to
+    install them."""
+    try:
+        return [importlib.import_module(name) for name in modules]
+    except ImportError:
+        raise ImportError("%s; %s" % (what, install)) from None
+
+
+def _xchacha() -> Tuple[Any, Any]:
     """PyNaCl's bindings and its CryptoError, or ImportError saying how to
     install it."""
-    try:
-        bindings = importlib.import_module("nacl.bindings")
-        exceptions = importlib.import_module("nacl.exceptions")
-    except ImportError:
-        raise ImportError("encryption (encrypt=True) needs PyNaCl for XChaCha20-Poly1305 "
-                          "(Debian/Ubuntu: apt-get install python3-nacl; "
-                          "pip: pip install 'shardlock[encrypt]')") from None
+    bindings, exceptions = _import(
+        ("nacl.bindings", "nacl.exceptions"),
+        "encryption (encrypt=True) in the portable cipher needs PyNaCl for XChaCha20-Poly1305",
+        "Debian/Ubuntu: apt-get install python3-nacl; pip: pip install 'shardlock[encrypt]'")
     return bindings, exceptions.CryptoError
+
+
+def _aes_gcm() -> Tuple[Any, Any]:
+    """cryptography's AESGCM and its InvalidTag, or ImportError saying how
+    to install it."""
+    aead, exceptions = _import(
+        ("cryptography.hazmat.primitives.ciphers.aead", "cryptography.exceptions"),
+        "the AES-GCM cipher (cipher='aes') needs the cryptography package",
+        "Debian/Ubuntu: apt-get install python3-cryptography; pip: pip install "
+        "'shardlock[aes]'")
+    return aead.AESGCM, exceptions.InvalidTag
+
+
+def _cpu_has_aes() -> bool:
+    """Whether this CPU has the instructions fast, constant-time AES-GCM
+    needs, as libsodium's crypto_aead_aes256gcm_is_available() asks: AES-NI
+    and PCLMULQDQ on x86 (/proc/cpuinfo "flags"), AES and PMULL on ARM
+    ("Features"). False where it cannot tell."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                words = set(value.split())
+                if name.strip() == "flags":
+                    return {"aes", "pclmulqdq"} <= words
+                if name.strip() == "Features":
+                    return {"aes", "pmull"} <= words
+    except OSError:
+        pass
+    return False
+
+
+_aes_available: Optional[bool] = None
+
+
+def aes_gcm_available() -> bool:
+    """Whether cipher='auto' picks AES-GCM here: this CPU has AES-NI (or
+    ARM's AES) and the cryptography package is installed. Read once."""
+    global _aes_available
+    if _aes_available is None:
+        _aes_available = _cpu_has_aes() and \
+            importlib.util.find_spec("cryptography") is not None
+    return _aes_available
+
+
+# Bumped in a forked child (os.register_at_fork), so an Envelope's AES
+# stream, which the child inherits, is never continued there: the child
+# starts a stream of its own, as envelope.cc's fork generation makes the
+# C++ client do.
+_fork_generation = 0
+
+
+def _after_fork_in_child() -> None:
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class _AesStream:
+    """One AES sealing stream: a random prefix, its key's AESGCM, and the
+    counter of its next seal (itertools.count: next() is atomic under the
+    GIL, so threads sharing the stream never take one counter twice)."""
+
+    def __init__(self, aead_class: Any, root: bytes) -> None:
+        self.generation = _fork_generation
+        self.prefix = os.urandom(_PREFIX_SIZE)
+        self.aead = aead_class(aes_stream_key(root, self.prefix))
+        self.counter = itertools.count()
 
 
 class Envelope:
@@ -583,11 +702,16 @@ class Envelope:
     one key id, and to open replies in that form and under that id only
     (the server answers in its request's form): no key id is the legacy
     form (shardlockd --auth-key); a key id is a tenant's (--tenants),
-    authenticated, or encrypted with `encrypt`. ValueError for a bad key or
-    key id, or `encrypt` without a key id; ImportError when `encrypt` and
-    PyNaCl is missing."""
+    authenticated, or encrypted with `encrypt`. With a key id, `cipher`
+    picks the suite: "auto" (AES-256-GCM where aes_gcm_available(), else
+    portable), "portable" (BLAKE2b and XChaCha20-Poly1305: for a server
+    without AES-NI, which drops AES datagrams) or "aes". ValueError for a
+    bad key, key id or cipher, `encrypt` without a key id, or "aes" without
+    a key id; ImportError when the form's package is missing (PyNaCl for
+    portable encryption, cryptography for AES)."""
 
-    def __init__(self, key: bytes, key_id: Optional[int] = None, encrypt: bool = False) -> None:
+    def __init__(self, key: bytes, key_id: Optional[int] = None, encrypt: bool = False,
+                 cipher: str = "auto") -> None:
         key = bytes(key)
         if len(key) != AUTH_KEY_SIZE:
             raise ValueError("a key is %d bytes, not %d" % (AUTH_KEY_SIZE, len(key)))
@@ -597,25 +721,45 @@ class Envelope:
                              % (MAX_KEY_ID, key_id))
         if encrypt and key_id is None:
             raise ValueError("encryption needs a tenant key id (tenant=)")
+        if cipher not in CIPHERS:
+            raise ValueError("cipher is one of %s, not %r" % (", ".join(CIPHERS), cipher))
+        if cipher == "aes" and key_id is None:
+            raise ValueError("the AES-GCM cipher seals a tenant's datagrams: it needs a key id "
+                             "(tenant=)")
+        aes = cipher == "aes" or (cipher == "auto" and aes_gcm_available())
         self.key = key
         self.key_id = key_id
-        self.form = LEGACY if key_id is None else ENCRYPTED if encrypt else AUTHENTICATED
+        if key_id is None:
+            self.form = LEGACY
+        elif aes:
+            self.form = ENCRYPTED_AES if encrypt else AUTHENTICATED_AES
+        else:
+            self.form = ENCRYPTED if encrypt else AUTHENTICATED
+        self.cipher = "aes" if self.form in _AES_FORMS else "portable"
         self.flags = _FORM_FLAGS[self.form]
         self.overhead = _FORM_OVERHEAD[self.form]
         self._claim = (key_id or 0, self.form)
         self._key_id_bytes = _KEY_ID.pack(key_id or 0)
         self._cipher_key = b""
-        if encrypt:
-            self._bindings, self._crypto_error = _aead()
+        if self.form == ENCRYPTED:
+            self._bindings, self._crypto_error = _xchacha()
             self._cipher_key = cipher_key(key)
+        if self.form in _AES_FORMS:
+            self._aesgcm, self._invalid_tag = _aes_gcm()
+            self._aes_root = aes_key(key)
+            self._stream: Optional[_AesStream] = None
+            # Opened streams' AESGCM by prefix, oldest first (dicts keep
+            # insertion order); filled only by datagrams that verified.
+            self._opened: Dict[bytes, Any] = {}
 
     def seal(self, data: bytes) -> bytes:
         """`data`, a plain client datagram, sealed: its form's flags set,
-        bytes 6.. encrypted in the encrypted form, the trailer appended.
+        bytes 6.. encrypted in the encrypting forms, the trailer appended.
         ProtocolError when it is shorter than a header, is no client
-        datagram or carries FLAG_KEY_ID or FLAG_ENCRYPTED already."""
+        datagram or carries an envelope flag (FLAG_KEY_ID, FLAG_ENCRYPTED,
+        FLAG_AES) already."""
         if len(data) < HEADER_SIZE or data[:4] != _MAGIC_BYTES or \
-                data[_FLAGS_OFFSET] & (FLAG_KEY_ID | FLAG_ENCRYPTED):
+                data[_FLAGS_OFFSET] & _ENVELOPE_BITS:
             raise ProtocolError("not a plain client datagram")
         flagged = bytearray(data)
         flagged[_FLAGS_OFFSET] |= self.flags
@@ -625,36 +769,70 @@ class Envelope:
         """seal() of a datagram whose header carries `flags` already (an
         encoder sets them as it packs): the trailer, and the encryption.
         The encrypted form's nonce is os.urandom()'s: 24 random bytes never
-        repeat in practice."""
+        repeat in practice. The AES forms take the next counter of this
+        Envelope's stream (a fresh one after a fork or AES_STREAM_SEALS
+        seals)."""
         if self.form == LEGACY:
             return flagged + _tag(flagged, self.key)
         if self.form == AUTHENTICATED:
             body = flagged + self._key_id_bytes
             return body + _tag(body, self.key)
-        nonce = os.urandom(NONCE_SIZE)
+        if self.form == ENCRYPTED:
+            nonce = os.urandom(NONCE_SIZE)
+            head = flagged[:_CIPHER_OFFSET]
+            # Combined mode: the ciphertext, then Poly1305's tag.
+            sealed = self._bindings.crypto_aead_xchacha20poly1305_ietf_encrypt(
+                flagged[_CIPHER_OFFSET:], head + self._key_id_bytes, nonce, self._cipher_key)
+            return b"".join((head, sealed[:-AUTH_TAG_SIZE], self._key_id_bytes, nonce,
+                             sealed[-AUTH_TAG_SIZE:]))
+        stream = self._stream
+        counter = -1 if stream is None else next(stream.counter)
+        if stream is None or counter >= AES_STREAM_SEALS or \
+                stream.generation != _fork_generation:
+            # Threads that race here start a stream each: every one of
+            # them has a prefix of its own, so no nonce repeats.
+            stream = _AesStream(self._aesgcm, self._aes_root)
+            self._stream = stream
+            counter = next(stream.counter)
+        return self._seal_aes(flagged, stream.prefix + struct.pack("<Q", counter), stream.aead)
+
+    def _seal_aes(self, flagged: bytes, nonce: bytes, aead: Any) -> bytes:
+        """The AES forms' seal of `flagged` with the nonce field `nonce`
+        (prefix and counter) under the stream key's `aead`."""
+        gcm_nonce = nonce[_PREFIX_SIZE:] + _GCM_NONCE_PAD
+        if self.form == AUTHENTICATED_AES:
+            body = flagged + self._key_id_bytes + nonce
+            tag: bytes = aead.encrypt(gcm_nonce, b"", body)
+            return body + tag
         head = flagged[:_CIPHER_OFFSET]
-        # Combined mode: the ciphertext, then Poly1305's tag.
-        sealed = self._bindings.crypto_aead_xchacha20poly1305_ietf_encrypt(
-            flagged[_CIPHER_OFFSET:], head + self._key_id_bytes, nonce, self._cipher_key)
+        sealed = aead.encrypt(gcm_nonce, flagged[_CIPHER_OFFSET:], head + self._key_id_bytes)
         return b"".join((head, sealed[:-AUTH_TAG_SIZE], self._key_id_bytes, nonce,
                          sealed[-AUTH_TAG_SIZE:]))
+
+    def _opening_aead(self, prefix: bytes) -> Tuple[Any, bool]:
+        """The AESGCM of stream `prefix`, and whether it came from the
+        cache (else it is derived, to be filed once a datagram verified)."""
+        aead = self._opened.get(prefix)
+        if aead is not None:
+            return aead, True
+        return self._aesgcm(aes_stream_key(self._aes_root, prefix)), False
 
     def open(self, data: bytes) -> Optional[bytes]:
         """The plain datagram in `data` if it is sealed in this envelope's
         form, under its key id and key (tags checked in constant time,
-        Poly1305's before it decrypts); None otherwise."""
+        before anything is decrypted); None otherwise."""
         if peek_key_id(data) != self._claim:
             return None
         if self.form == LEGACY:
             return open_sealed(data, self.key)
         plain_size = len(data) - self.overhead
+        trailer = data[plain_size:]
         if self.form == AUTHENTICATED:
             body = data[:-AUTH_TAG_SIZE]
             if not hmac.compare_digest(_tag(body, self.key), data[-AUTH_TAG_SIZE:]):
                 return None
             text = data[_CIPHER_OFFSET:plain_size]
-        else:
-            trailer = data[plain_size:]
+        elif self.form == ENCRYPTED:
             nonce = trailer[KEY_ID_SIZE:KEY_ID_SIZE + NONCE_SIZE]
             try:
                 text = self._bindings.crypto_aead_xchacha20poly1305_ietf_decrypt(
@@ -662,7 +840,29 @@ class Envelope:
                     data[:_CIPHER_OFFSET] + trailer[:KEY_ID_SIZE], nonce, self._cipher_key)
             except self._crypto_error:
                 return None
-        flags = data[_FLAGS_OFFSET] & ~(FLAG_KEY_ID | FLAG_ENCRYPTED)
+        else:
+            nonce = trailer[KEY_ID_SIZE:KEY_ID_SIZE + NONCE_SIZE]
+            prefix = nonce[:_PREFIX_SIZE]
+            gcm_nonce = nonce[_PREFIX_SIZE:] + _GCM_NONCE_PAD
+            aead, cached = self._opening_aead(prefix)
+            try:
+                if self.form == AUTHENTICATED_AES:
+                    aead.decrypt(gcm_nonce, trailer[-AUTH_TAG_SIZE:], data[:-AUTH_TAG_SIZE])
+                    text = data[_CIPHER_OFFSET:plain_size]
+                else:
+                    text = aead.decrypt(
+                        gcm_nonce, data[_CIPHER_OFFSET:plain_size] + trailer[-AUTH_TAG_SIZE:],
+                        data[:_CIPHER_OFFSET] + trailer[:KEY_ID_SIZE])
+            except self._invalid_tag:
+                return None
+            if not cached:
+                if len(self._opened) >= _AES_OPEN_CACHE:
+                    try:  # the oldest; another thread may be at it too
+                        self._opened.pop(next(iter(self._opened)), None)
+                    except (RuntimeError, StopIteration):
+                        pass
+                self._opened[prefix] = aead
+        flags = data[_FLAGS_OFFSET] & ~_ENVELOPE_BITS
         return data[:_FLAGS_OFFSET] + bytes((flags,)) + text
 
 

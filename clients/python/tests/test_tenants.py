@@ -1,6 +1,8 @@
 """Tenants (docs/security.md): the sync and asyncio clients as tenants of a
 real `shardlockd --tenants FILE` (skipped without $SHARDLOCKD; the
-encrypted tenant's tests without PyNaCl), and the options' checks.
+encrypted tenant's tests in each suite this host has: AES-GCM with AES-NI
+and python3-cryptography, the portable suite with PyNaCl), and the
+options' checks.
 
 The file: alpha (key id 1) may use "alpha/" and "shared/", beta (2)
 "beta/" and "shared/", gamma (3) "gamma/" and must encrypt. A tenant is
@@ -26,6 +28,11 @@ from shardlock import protocol as p  # noqa: E402
 from test_client import DAEMON, Daemon  # noqa: E402
 
 HAVE_NACL = importlib.util.find_spec("nacl") is not None
+HAVE_AES = p.aes_gcm_available()
+# The suites an encrypting client can use here.
+ENCRYPTING_CIPHERS = (["aes"] if HAVE_AES else []) + (["portable"] if HAVE_NACL else [])
+NEEDS_A_CIPHER = ("encryption needs AES-NI and python3-cryptography, or PyNaCl: "
+                  "apt-get install python3-cryptography python3-nacl")
 KEYS = {"alpha": "a1" * 32, "beta": "b2" * 32, "gamma": "c3" * 32}
 IDS = {"alpha": 1, "beta": 2, "gamma": 3}
 TENANT_FILE = """\
@@ -50,11 +57,17 @@ class Options(unittest.TestCase):
         c = shardlock.Client("127.0.0.1:1", auth_key=KEYS["beta"], tenant=2,
                              client_id=bytes(range(16)))
         try:
-            self.assertEqual(c._auth_key.form, p.AUTHENTICATED)
+            self.assertEqual(c._auth_key.form,
+                             p.AUTHENTICATED_AES if HAVE_AES else p.AUTHENTICATED)
             self.assertEqual(c._auth_key.key_id, 2)
             # The top 32 bits of hi are the key id; the rest are client_id's.
             self.assertEqual(c.client_id, "00000002" + bytes(range(8, 12))[::-1].hex() +
                              bytes(range(8))[::-1].hex())
+        finally:
+            c.close()
+        c = shardlock.Client("127.0.0.1:1", auth_key=KEYS["beta"], tenant=2, cipher="portable")
+        try:
+            self.assertEqual((c._auth_key.form, c._auth_key.cipher), (p.AUTHENTICATED, "portable"))
         finally:
             c.close()
 
@@ -63,7 +76,9 @@ class Options(unittest.TestCase):
             for options in (dict(tenant=1), dict(encrypt=True),
                             dict(auth_key=KEYS["alpha"], encrypt=True),
                             dict(auth_key=KEYS["alpha"], tenant=-1),
-                            dict(auth_key=KEYS["alpha"], tenant=1 << 32)):
+                            dict(auth_key=KEYS["alpha"], tenant=1 << 32),
+                            dict(auth_key=KEYS["alpha"], cipher="aes"),
+                            dict(auth_key=KEYS["alpha"], tenant=1, cipher="AES")):
                 with self.assertRaises(ValueError, msg=options):
                     shardlock.Client("127.0.0.1:1", **options)
 
@@ -75,17 +90,26 @@ class Options(unittest.TestCase):
             env = {auth.KEY_FILE_ENVIRONMENT: path, auth.TENANT_ENVIRONMENT: "3"}
             with mock.patch.dict(os.environ, env, clear=True):
                 envelope = auth.resolve_envelope(None, None, None, False)
-                self.assertEqual((envelope.key_id, envelope.form), (3, p.AUTHENTICATED))
+                self.assertEqual((envelope.key_id, envelope.form),
+                                 (3, p.AUTHENTICATED_AES if HAVE_AES else p.AUTHENTICATED))
+                os.environ[auth.CIPHER_ENVIRONMENT] = "portable"
+                self.assertEqual(auth.resolve_envelope(None, None, None, False).form,
+                                 p.AUTHENTICATED)
+                # An argument wins over the environment.
+                if HAVE_AES:
+                    self.assertEqual(auth.resolve_envelope(None, None, None, False, "aes").form,
+                                     p.AUTHENTICATED_AES)
+                del os.environ[auth.CIPHER_ENVIRONMENT]
                 # A key given outright brings no tenant from the environment.
                 self.assertEqual(auth.resolve_envelope(None, path, None, False).form, p.LEGACY)
                 os.environ[auth.TENANT_ENVIRONMENT] = "x"
                 with self.assertRaises(ValueError):
                     auth.resolve_envelope(None, None, None, False)
-            if HAVE_NACL:
+            if HAVE_AES or HAVE_NACL:
                 env[auth.ENCRYPT_ENVIRONMENT] = "1"
                 with mock.patch.dict(os.environ, env, clear=True):
                     self.assertEqual(auth.resolve_envelope(None, None, None, False).form,
-                                     p.ENCRYPTED)
+                                     p.ENCRYPTED_AES if HAVE_AES else p.ENCRYPTED)
 
     def test_permission_denied_is_its_own_server_error(self):
         error = shardlock.PermissionDeniedError("beta/x")
@@ -148,18 +172,39 @@ class AgainstATenantServer(unittest.TestCase):
                 self.assertEqual(caught.exception.code, 16)
                 self.assertIn("permission denied", str(caught.exception))
 
-    @unittest.skipUnless(HAVE_NACL, "encryption needs PyNaCl: apt-get install python3-nacl")
+    @unittest.skipUnless(ENCRYPTING_CIPHERS, NEEDS_A_CIPHER)
     def test_an_encrypting_tenant_is_served_encrypted_and_only_so(self):
-        with self.client("gamma", encrypt=True) as gamma:
-            with gamma.lock("gamma/x", ttl=5) as lease:
-                self.assertTrue(gamma.query("gamma/x").held)
-                self.assertEqual(gamma.watch_once("gamma/x").version, (lease.token, 1))
-            with self.assertRaises(shardlock.PermissionDeniedError):
-                gamma.acquire("alpha/x", 5)
-        # Only authenticated: dropped, as a datagram of no tenant would be.
-        with self.client("gamma", request_timeout=0.3) as plain:
-            with self.assertRaises(shardlock.UnreachableError):
-                plain.acquire("gamma/y", 5)
+        for cipher in ENCRYPTING_CIPHERS:
+            with self.subTest(cipher=cipher), self.client("gamma", encrypt=True,
+                                                          cipher=cipher) as gamma:
+                self.assertEqual(gamma._auth_key.cipher, cipher)
+                with gamma.lock("gamma/x", ttl=5) as lease:
+                    self.assertTrue(gamma.query("gamma/x").held)
+                    self.assertEqual(gamma.watch_once("gamma/x").version, (lease.token, 1))
+                with self.assertRaises(shardlock.PermissionDeniedError):
+                    gamma.acquire("alpha/x", 5)
+        # Only authenticated, in either suite: dropped, as a datagram of no
+        # tenant would be.
+        for cipher in (["aes"] if HAVE_AES else []) + ["portable"]:
+            with self.subTest(cipher=cipher), self.client("gamma", request_timeout=0.3,
+                                                          cipher=cipher) as plain:
+                with self.assertRaises(shardlock.UnreachableError):
+                    plain.acquire("gamma/y", 5)
+
+    @unittest.skipUnless(HAVE_AES, "the AES-GCM suite needs AES-NI and python3-cryptography")
+    def test_a_tenant_is_served_in_both_suites_at_once(self):
+        with self.client("alpha", cipher="aes") as fast, \
+                self.client("alpha", cipher="portable") as portable:
+            self.assertEqual((fast._auth_key.form, portable._auth_key.form),
+                             (p.AUTHENTICATED_AES, p.AUTHENTICATED))
+            lease = fast.acquire("alpha/both", 30, watchdog=False)
+            held = portable.query("alpha/both")
+            self.assertEqual((held.held, held.token), (True, lease.token))
+            with self.assertRaises(shardlock.BusyError):
+                portable.acquire("alpha/both", 5)
+            fast.release("alpha/both", lease.token, owner=lease.owner)
+            with portable.lock("alpha/both", ttl=5):
+                self.assertTrue(fast.query("alpha/both").held)
 
     def test_another_tenant_cannot_release_renew_or_take_a_lease_by_its_owner(self):
         with self.client("alpha") as alpha, self.client("beta") as beta:
@@ -202,9 +247,10 @@ class AgainstATenantServer(unittest.TestCase):
                     with self.assertRaises(shardlock.NotOwnerError):
                         await beta.release("shared/a", lease.token, owner=lease.owner)
                     self.assertTrue((await alpha.query("shared/a")).held)
-            if HAVE_NACL:
+            for cipher in ENCRYPTING_CIPHERS:
                 async with shardlock.AsyncClient(
-                        self.daemon.address, **self.options("gamma", encrypt=True)) as gamma:
+                        self.daemon.address,
+                        **self.options("gamma", encrypt=True, cipher=cipher)) as gamma:
                     async with gamma.lock("gamma/a", ttl=5):
                         self.assertTrue((await gamma.query("gamma/a")).held)
             async with shardlock.AsyncClient(self.daemon.address, request_timeout=0.3,

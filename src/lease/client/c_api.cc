@@ -202,6 +202,15 @@ int create_client(const char* nodes, const char* auth_key_file, uint32_t request
   }
   if ((flags & SHARDLOCK_CLIENT_TENANT) != 0) options.tenant = tenant;
   options.encrypt = (flags & SHARDLOCK_CLIENT_ENCRYPT) != 0;
+  const bool portable = (flags & SHARDLOCK_CLIENT_CIPHER_PORTABLE) != 0;
+  const bool aes = (flags & SHARDLOCK_CLIENT_CIPHER_AES) != 0;
+  if (portable && aes) {
+    return fail(SHARDLOCK_BAD_ARGUMENT,
+                "SHARDLOCK_CLIENT_CIPHER_PORTABLE and SHARDLOCK_CLIENT_CIPHER_AES both set");
+  }
+  options.cipher = portable ? lease::EnvelopeCipher::kPortable
+                   : aes    ? lease::EnvelopeCipher::kAes
+                            : lease::EnvelopeCipher::kAuto;
   auto client = std::make_unique<shardlock_client>(std::move(options));
   if (const std::error_code ec = client->client.start()) {
     const std::string& detail = client->client.error_detail();
@@ -292,7 +301,8 @@ int shardlock_client_create_ex(const shardlock_client_options* options, shardloc
       }
     }
     constexpr std::uint32_t kKnownFlags =
-        SHARDLOCK_CLIENT_DISCOVER_CLUSTER | SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_ENCRYPT;
+        SHARDLOCK_CLIENT_DISCOVER_CLUSTER | SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_ENCRYPT |
+        SHARDLOCK_CLIENT_CIPHER_PORTABLE | SHARDLOCK_CLIENT_CIPHER_AES;
     if ((options->flags & ~kKnownFlags) != 0) {
       return fail(SHARDLOCK_BAD_ARGUMENT, "unknown options->flags");
     }

@@ -235,20 +235,14 @@ void CallEngine::fail(std::unique_ptr<Call> call, LeaseErrc error) {
 
 // ----------------------------------------------------------------- encode
 
-EnvelopeMode CallEngine::seal_mode() const noexcept {
-  const LeaseClientOptions& o = setup_.options;
-  if (!o.tenant) return EnvelopeMode::kLegacy;
-  return o.encrypt ? EnvelopeMode::kEncrypted : EnvelopeMode::kAuthenticated;
-}
-
 std::size_t CallEngine::payload_limit() const noexcept {
-  return kMaxDatagramSize - (setup_.envelope_key ? envelope_overhead(seal_mode()) : 0);
+  return kMaxDatagramSize - (setup_.envelope_key ? envelope_overhead(setup_.seal_mode) : 0);
 }
 
 std::size_t CallEngine::seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept {
   if (!setup_.envelope_key || length == 0) return length;
   return seal_for(buffer, length, setup_.options.tenant.value_or(0), *setup_.envelope_key,
-                  seal_mode());
+                  setup_.seal_mode);
 }
 
 bool CallEngine::fits_one_datagram(const Call& call) const {
@@ -471,11 +465,10 @@ void CallEngine::on_datagram(std::span<const std::uint8_t> bytes,
   if (setup_.envelope_key) {
     // Only in the form and under the key id the requests went in.
     const std::optional<EnvelopeKeyId> id = peek_key_id(bytes);
-    const bool ours = id && id->key_id == setup_.options.tenant.value_or(0) &&
-                      (id->mode == EnvelopeMode::kEncrypted) ==
-                          (setup_.options.tenant && setup_.options.encrypt);
-    bytes = ours ? open_with(bytes, *setup_.envelope_key, rx_opened_)
-                 : std::span<const std::uint8_t>();
+    const bool ours =
+        id && id->key_id == setup_.options.tenant.value_or(0) && id->mode == setup_.seal_mode;
+    bytes =
+        ours ? open_with(bytes, *setup_.envelope_key, rx_opened_) : std::span<const std::uint8_t>();
   }
   // Without a key, a sealed reply is refused too (the flag check below).
   if (bytes.empty() || decode(bytes, rx_) != ProtocolError::kOk ||

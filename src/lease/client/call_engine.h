@@ -92,6 +92,9 @@ struct ClientSetup {
   LeaseClientOptions options;
   // options.auth_key made ready for the envelope (envelope.h), once.
   std::optional<EnvelopeKey> envelope_key;
+  // The form requests go in: kLegacy without a tenant, else
+  // tenant_envelope_mode(options.encrypt, options.cipher) on this host.
+  EnvelopeMode seal_mode = EnvelopeMode::kLegacy;
   ClientId id;
   std::vector<Endpoint> endpoints;  // one per options.nodes entry (cluster mode: the seeds)
   ClientRouting routing;            // over `endpoints`; unused in cluster mode
@@ -266,8 +269,6 @@ class CallEngine final : public MapCaller {
 
   // Bytes a datagram's encoding may use: the rest is for the auth tag.
   [[nodiscard]] std::size_t payload_limit() const noexcept;
-  // The envelope form requests go in (options.tenant, encrypt).
-  [[nodiscard]] EnvelopeMode seal_mode() const noexcept;
   // Seals buffer[0, length) when authentication is on; returns the length to
   // send (0 stays 0: nothing to send).
   std::size_t seal(std::span<std::uint8_t> buffer, std::size_t length) const noexcept;

@@ -60,6 +60,20 @@ std::error_code ClientCore::start() {
     error_detail = "encryption needs a tenant key id (tenant)";
     return LeaseErrc::kBadArgument;
   }
+  if (setup.options.tenant) {
+    const std::optional<EnvelopeMode> mode =
+        tenant_envelope_mode(setup.options.encrypt, setup.options.cipher);
+    if (!mode) {
+      error_detail =
+          "this CPU has no AES-GCM (AES-NI and PCLMULQDQ): seal with the portable cipher";
+      return LeaseErrc::kBadArgument;
+    }
+    setup.seal_mode = *mode;
+  } else if (setup.options.cipher == EnvelopeCipher::kAes) {
+    error_detail =
+        "the AES-GCM cipher seals a tenant's datagrams: it needs a tenant key id (tenant)";
+    return LeaseErrc::kBadArgument;
+  }
   int family = AF_UNSPEC;
   for (const std::string& node : setup.options.nodes) {
     Endpoint e;

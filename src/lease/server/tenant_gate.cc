@@ -80,8 +80,9 @@ std::optional<TenantGate::Reader::Opened> TenantGate::Reader::open(
   if (!id) return std::nullopt;
   const TenantKeys::Entry* entry = keys_->find(id->key_id);
   if (entry == nullptr) return std::nullopt;
-  // A tenant that must encrypt is answered only when it did.
-  if (entry->tenant->encrypt && id->mode != EnvelopeMode::kEncrypted) return std::nullopt;
+  // A tenant that must encrypt is answered only when it did, in either
+  // suite. An AES form on a host without AES-NI does not open below.
+  if (entry->tenant->encrypt && !envelope_encrypts(id->mode)) return std::nullopt;
   Opened opened;
   opened.tenant = entry->tenant;
   opened.counters = entry->counters.get();

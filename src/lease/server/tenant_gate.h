@@ -99,7 +99,9 @@ class TenantGate {
     };
     // `datagram` opened under its key id's tenant key (current, else next),
     // into `scratch` (kMaxDatagramSize bytes); nullopt when it is not sealed,
-    // names no tenant of the table or does not verify.
+    // names no tenant of the table, is not encrypted for a tenant that must
+    // encrypt, or does not verify (an AES form on a host without AES-NI
+    // never does: aes_gcm_available()).
     [[nodiscard]] std::optional<Opened> open(std::span<const std::uint8_t> datagram,
                                              std::span<std::uint8_t> scratch) noexcept;
     // Seals buffer[0, length) as `seal` says; 0 when its tenant is gone or

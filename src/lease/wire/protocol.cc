@@ -608,7 +608,7 @@ ProtocolError decode(std::span<const std::uint8_t> in, Datagram& out) noexcept {
   out.count = 0;
   out.epoch.reset();
   if (out.version != kProtocolVersion) return ProtocolError::kUnsupportedVersion;
-  // kFlagKeyId and kFlagEncrypted are refused too: they describe a sealed
+  // kFlagKeyId, kFlagEncrypted and kFlagAes are refused too: they describe a sealed
   // envelope's trailer, and opening it (envelope.h) clears them.
   if ((out.flags & ~(kFlagAuthenticated | kFlagEpoch)) != 0) return ProtocolError::kBadFlags;
   if ((out.flags & kFlagEpoch) != 0) {

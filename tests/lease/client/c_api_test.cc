@@ -12,6 +12,7 @@
 
 #include "c_api_test_scenarios.h"
 #include "shardlock/lease/tenants.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "support/loopback_server.h"
 
 namespace shardlock::lease {
@@ -45,8 +46,8 @@ TEST_F(CApiTest, BadArgumentsReturnTheirCodes) {
 
 TEST_F(CApiTest, CreateExChecksItsOptions) { expect_passes(c_api_create_ex(address_.c_str())); }
 
-// SHARDLOCK_CLIENT_TENANT and SHARDLOCK_CLIENT_ENCRYPT against a server with
-// tenants (LeaseServerOptions::tenants).
+// SHARDLOCK_CLIENT_TENANT, SHARDLOCK_CLIENT_ENCRYPT and the cipher flags
+// against a server with tenants (LeaseServerOptions::tenants).
 TEST(CApiTenantTest, ATenantClientEncryptsAndIsHeldToItsPrefix) {
   const AuthKey key = generate_auth_key();
   const std::string key_file = ::testing::TempDir() + "c_api_tenant_" + std::to_string(::getpid());
@@ -59,6 +60,8 @@ TEST(CApiTenantTest, ATenantClientEncryptsAndIsHeldToItsPrefix) {
   auto server = test_support::start_loopback_server(o);
   ASSERT_TRUE(server);
   expect_passes(c_api_tenant(test_support::loopback_address(*server).c_str(), key_file.c_str(), 5));
+  expect_passes(c_api_tenant_ciphers(test_support::loopback_address(*server).c_str(),
+                                     key_file.c_str(), 5, aes_gcm_available() ? 1 : 0));
   std::remove(key_file.c_str());
 }
 

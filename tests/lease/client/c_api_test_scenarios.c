@@ -768,15 +768,21 @@ const char* c_api_threads(const char* server) {
   return NULL;
 }
 
+/* Zeroed options for `server` under key_file's key, a second's timeout. */
+static void tenant_options(shardlock_client_options* options, const char* server,
+                           const char* key_file) {
+  memset(options, 0, sizeof *options);
+  options->size = sizeof *options;
+  options->nodes = server;
+  options->auth_key_file = key_file;
+  options->request_timeout_ms = 1000;
+}
+
 const char* c_api_tenant(const char* server, const char* key_file, uint32_t tenant) {
   shardlock_client* client = NULL;
   shardlock_lease* lease = NULL;
   shardlock_client_options options;
-  memset(&options, 0, sizeof options);
-  options.size = sizeof options;
-  options.nodes = server;
-  options.auth_key_file = key_file;
-  options.request_timeout_ms = 1000;
+  tenant_options(&options, server, key_file);
 
   /* Encryption needs a tenant. */
   options.flags = SHARDLOCK_CLIENT_ENCRYPT;
@@ -807,4 +813,51 @@ const char* c_api_tenant(const char* server, const char* key_file, uint32_t tena
   CHECK(strstr(shardlock_last_error_detail(), "permission denied") != NULL);
   shardlock_client_destroy(client);
   return NULL;
+}
+
+/* Acquires and releases "c/a" as `tenant`, encrypted, with `cipher_flag`
+ * (0, SHARDLOCK_CLIENT_CIPHER_PORTABLE or SHARDLOCK_CLIENT_CIPHER_AES). */
+static const char* tenant_round_trip(shardlock_client_options* options, uint32_t cipher_flag) {
+  shardlock_client* client = NULL;
+  shardlock_lease* lease = NULL;
+  options->flags = SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_ENCRYPT | cipher_flag;
+  CHECK_STATUS(shardlock_client_create_ex(options, &client), SHARDLOCK_OK);
+  CHECK_STATUS(
+      shardlock_acquire(client, "c/a", 5000, 0, SHARDLOCK_EXCLUSIVE, 0, 0, NULL, NULL, &lease),
+      SHARDLOCK_OK);
+  CHECK_STATUS(shardlock_lease_release(lease), SHARDLOCK_OK);
+  shardlock_lease_destroy(lease);
+  shardlock_client_destroy(client);
+  return NULL;
+}
+
+const char* c_api_tenant_ciphers(const char* server, const char* key_file, uint32_t tenant,
+                                 int have_aes) {
+  shardlock_client* client = NULL;
+  const char* failed = NULL;
+  shardlock_client_options options;
+  tenant_options(&options, server, key_file);
+  options.tenant = tenant;
+
+  /* One cipher at a time, and AES-GCM only for a tenant. */
+  options.flags =
+      SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_CIPHER_PORTABLE | SHARDLOCK_CLIENT_CIPHER_AES;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(client == NULL);
+  options.flags = SHARDLOCK_CLIENT_CIPHER_AES;
+  CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+  CHECK(strstr(shardlock_last_error_detail(), "tenant") != NULL);
+
+  failed = tenant_round_trip(&options, SHARDLOCK_CLIENT_CIPHER_PORTABLE);
+  if (failed != NULL) return failed;
+  if (have_aes) {
+    failed = tenant_round_trip(&options, SHARDLOCK_CLIENT_CIPHER_AES);
+    if (failed != NULL) return failed;
+  } else {
+    options.flags =
+        SHARDLOCK_CLIENT_TENANT | SHARDLOCK_CLIENT_ENCRYPT | SHARDLOCK_CLIENT_CIPHER_AES;
+    CHECK_STATUS(shardlock_client_create_ex(&options, &client), SHARDLOCK_BAD_ARGUMENT);
+    CHECK(strstr(shardlock_last_error_detail(), "AES") != NULL);
+  }
+  return tenant_round_trip(&options, 0);
 }

@@ -17,6 +17,10 @@ const char* c_api_create_ex(const char* server);
 // Against a server whose tenant `tenant` (encrypt=yes) has key_file's key
 // and acquire on "c/".
 const char* c_api_tenant(const char* server, const char* key_file, uint32_t tenant);
+// The same server: the SHARDLOCK_CLIENT_CIPHER_* flags' checks, and the
+// tenant served in each suite this host has (AES-GCM when `have_aes`).
+const char* c_api_tenant_ciphers(const char* server, const char* key_file, uint32_t tenant,
+                                 int have_aes);
 // shardlock_query_holders() and the snapshot's accessors.
 const char* c_api_holders(const char* server);
 // shardlock_acquire_reentrant(): shared grants, hold counts, the last release.

@@ -4,19 +4,32 @@
 // are dropped when sealed in the wrong form or under another tenant's key,
 // keep their leases across a reload and a key rotation, and are held to
 // their tenant's bounds on leases, waiters and watches over all of their
-// clients.
+// clients. Where the CPU has AES-NI the tenants seal in either suite (an
+// AES-GCM client and a portable one of one tenant share its leases), and a
+// server that lacks it drops AES datagrams as auth failures.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <future>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "poll_until.h"
 #include "shardlock/lease/client/client.h"
 #include "shardlock/lease/server/server.h"
 #include "shardlock/lease/tenants.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "support/loopback_server.h"
+#include "wire/aes_testing.h"
 
 namespace shardlock::lease {
 namespace {
@@ -63,13 +76,19 @@ class TenantsServerTest : public ::testing::Test {
   }
 
   std::unique_ptr<LeaseClient> client_of(std::uint32_t tenant, const AuthKey& key,
-                                         bool encrypt = false) {
+                                         bool encrypt = false,
+                                         EnvelopeCipher cipher = EnvelopeCipher::kAuto) {
     LeaseClientOptions o;
     o.auth_key = key;
     o.tenant = tenant;
     o.encrypt = encrypt;
+    o.cipher = cipher;
     o.request_timeout = 1500ms;
     return test_support::start_loopback_client(*server_, o);
+  }
+
+  [[nodiscard]] std::uint64_t auth_failures() const {
+    return server_->stats().counters[static_cast<std::size_t>(StatCounter::kAuthFailures)];
   }
 
   Keys keys_;
@@ -159,6 +178,142 @@ TEST_F(TenantsServerTest, DatagramsUnderAnotherTenantsKeyOrInTheWrongFormAreDrop
   EXPECT_EQ(keyless->acquire("billing/y", 5s, 0ms).error, LeaseErrc::kUnreachable);
   EXPECT_GE(server_->stats().counters[static_cast<std::size_t>(StatCounter::kAuthFailures)], 4u);
   EXPECT_FALSE(granted.lease.release());
+}
+
+// Each suite, each form: an AES-GCM client of a tenant acquires and
+// releases, an encrypt=yes tenant is served over AES-GCM and refused in
+// either suite when it only authenticates, and one tenant's AES and
+// portable clients share its leases (the server answers each in its own
+// suite).
+TEST_F(TenantsServerTest, TenantsAreServedInTheAesSuiteAndThePortableOneAtOnce) {
+  if (!aes_gcm_available()) GTEST_SKIP() << "this CPU has no AES-NI";
+  auto fast = client_of(1, keys_.billing, false, EnvelopeCipher::kAes);
+  auto portable = client_of(1, keys_.billing, false, EnvelopeCipher::kPortable);
+  auto granted = fast->acquire("billing/a", 5s, 0ms);
+  ASSERT_TRUE(granted) << granted.error.message();
+  const auto seen = portable->query("billing/a");
+  ASSERT_FALSE(seen.error) << seen.error.message();
+  EXPECT_TRUE(seen.held);
+  EXPECT_EQ(seen.token, granted.lease.token());
+  EXPECT_EQ(portable->acquire("billing/a", 5s, 0ms).error, LeaseErrc::kBusy);
+  EXPECT_EQ(fast->acquire("ops/a", 5s, 0ms).wire_error, WireError::kPermissionDenied);
+  EXPECT_FALSE(granted.lease.release());
+  EXPECT_FALSE(fast->query("billing/a").held);
+
+  // secret must encrypt: served over AES-GCM (and portably)...
+  for (const EnvelopeCipher cipher : {EnvelopeCipher::kAes, EnvelopeCipher::kPortable}) {
+    SCOPED_TRACE(std::string(to_string(cipher)));
+    auto sealed = client_of(3, keys_.secret, /*encrypt=*/true, cipher);
+    auto secret = sealed->acquire("secret/a", 5s, 0ms);
+    ASSERT_TRUE(secret) << secret.error.message();
+    EXPECT_FALSE(secret.lease.release());
+    // ...and refused when it only authenticates, in either suite.
+    auto plain = client_of(3, keys_.secret, /*encrypt=*/false, cipher);
+    EXPECT_EQ(plain->acquire("secret/b", 5s, 0ms).error, LeaseErrc::kUnreachable);
+  }
+  // kAuto is AES-GCM here.
+  auto automatic = client_of(3, keys_.secret, /*encrypt=*/true);
+  auto secret = automatic->acquire("secret/c", 5s, 0ms);
+  ASSERT_TRUE(secret) << secret.error.message();
+  EXPECT_FALSE(secret.lease.release());
+}
+
+// A client that forces AES-GCM on a host without it does not start; one
+// without a tenant cannot ask for it.
+TEST_F(TenantsServerTest, AClientForcingAesNeedsATenantAndTheCpu) {
+  LeaseClientOptions o;
+  o.nodes = {server_->listen_address()};
+  o.auth_key = keys_.billing;
+  o.cipher = EnvelopeCipher::kAes;
+  {
+    LeaseClient no_tenant(o);
+    EXPECT_EQ(no_tenant.start(), LeaseErrc::kBadArgument);
+    EXPECT_NE(no_tenant.error_detail().find("tenant"), std::string::npos);
+  }
+  o.tenant = 1;
+  internal::hide_aes_gcm_for_testing(true);
+  {
+    LeaseClient no_aes(o);
+    EXPECT_EQ(no_aes.start(), LeaseErrc::kBadArgument);
+    EXPECT_NE(no_aes.error_detail().find("AES"), std::string::npos);
+  }
+  internal::hide_aes_gcm_for_testing(false);
+}
+
+// One request datagram from a socket of its own, and the answer if one
+// comes within `wait`.
+std::optional<std::vector<std::uint8_t>> exchange(std::uint16_t port,
+                                                  std::span<const std::uint8_t> datagram,
+                                                  std::chrono::milliseconds wait) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  EXPECT_GE(fd, 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::sendto(fd, datagram.data(), datagram.size(), 0, reinterpret_cast<sockaddr*>(&to),
+                     sizeof to),
+            static_cast<ssize_t>(datagram.size()));
+  pollfd p{.fd = fd, .events = POLLIN, .revents = 0};
+  std::optional<std::vector<std::uint8_t>> reply;
+  if (::poll(&p, 1, static_cast<int>(wait.count())) == 1) {
+    std::vector<std::uint8_t> bytes(kMaxDatagramSize + 64);
+    const ssize_t n = ::recv(fd, bytes.data(), bytes.size(), 0);
+    if (n > 0) {
+      bytes.resize(static_cast<std::size_t>(n));
+      reply = std::move(bytes);
+    }
+  }
+  ::close(fd);
+  return reply;
+}
+
+// billing's ACQUIRE of `key`, sealed in `mode` as its client would.
+std::vector<std::uint8_t> sealed_acquire(const AuthKey& key, std::string_view lease_key,
+                                         EnvelopeMode mode) {
+  Message m;
+  m.type = MessageType::kAcquire;
+  m.request_id = 77;
+  m.key = lease_key;
+  m.ttl_ms = 5000;
+  Datagram d;
+  d.client_id = ClientId{.lo = 5, .hi = std::uint64_t{1} << 32};
+  d.request_id = m.request_id;
+  EXPECT_TRUE(d.push(m));
+  std::vector<std::uint8_t> bytes(kMaxDatagramSize);
+  std::size_t n = 0;
+  EXPECT_EQ(encode_request(d, std::span(bytes).first(kMaxDatagramSize - kMaxEnvelopeOverhead), n),
+            ProtocolError::kOk);
+  n = seal_for(bytes, n, 1, envelope_key(key), mode);
+  EXPECT_NE(n, 0U);
+  bytes.resize(n);
+  return bytes;
+}
+
+// A server on a host without AES-NI (hidden here) drops AES datagrams,
+// counted with the auth failures, and still serves the portable suite; the
+// same datagram is answered, in its own form, once AES is back.
+TEST_F(TenantsServerTest, AServerWithoutAesDropsAesDatagramsAsAuthFailures) {
+  if (!aes_gcm_available()) GTEST_SKIP() << "this CPU has no AES-NI";
+  const auto aes = sealed_acquire(keys_.billing, "billing/n", EnvelopeMode::kEncryptedAes);
+  const auto portable = sealed_acquire(keys_.billing, "billing/p", EnvelopeMode::kAuthenticated);
+  internal::hide_aes_gcm_for_testing(true);
+  const std::uint64_t before = auth_failures();
+  EXPECT_EQ(exchange(server_->port(), aes, 300ms), std::nullopt);
+  EXPECT_EQ(auth_failures(), before + 1);
+  const auto served = exchange(server_->port(), portable, 2000ms);
+  ASSERT_TRUE(served.has_value());
+  EXPECT_EQ(peek_key_id(*served), (EnvelopeKeyId{1, EnvelopeMode::kAuthenticated}));
+  internal::hide_aes_gcm_for_testing(false);
+  const auto answered = exchange(server_->port(), aes, 2000ms);
+  ASSERT_TRUE(answered.has_value());
+  EXPECT_EQ(peek_key_id(*answered), (EnvelopeKeyId{1, EnvelopeMode::kEncryptedAes}));
+  std::vector<std::uint8_t> out(kMaxDatagramSize);
+  const auto opened = open_with(*answered, envelope_key(keys_.billing), out);
+  Datagram reply;
+  ASSERT_EQ(decode(opened, reply), ProtocolError::kOk);
+  EXPECT_EQ(reply.items()[0].type, MessageType::kGranted);
+  EXPECT_EQ(auth_failures(), before + 1);
 }
 
 // A reload adds a tenant and keeps every lease; one that removes a tenant

@@ -67,8 +67,9 @@ extern "C" {
  * version. */
 /* Minor 3 adds no symbol: every lease is its own owner, reentrant acquires
  * are per thread, and SHARDLOCK_REENTRANT_PER_CLIENT asks for the old
- * per-client reentrancy. */
-#define SHARDLOCK_C_API_MINOR 4
+ * per-client reentrancy. Minor 5 adds no symbol either: the cipher flags
+ * SHARDLOCK_CLIENT_CIPHER_PORTABLE and SHARDLOCK_CLIENT_CIPHER_AES. */
+#define SHARDLOCK_C_API_MINOR 5
 
 /* The typedefs below are C, which has no `using`; clang-tidy's
  * modernize-use-using is silenced on each for that reason. */
@@ -179,6 +180,15 @@ SHARDLOCK_C_EXPORT int shardlock_client_create(const char* nodes, const char* au
 /* With SHARDLOCK_CLIENT_TENANT: every datagram encrypted (the tenant's
  * encrypt=yes). Since SHARDLOCK_C_API_MINOR 4. */
 #define SHARDLOCK_CLIENT_ENCRYPT 0x4u
+/* With SHARDLOCK_CLIENT_TENANT, the cipher suite (docs/security.md). By
+ * default a tenant's datagrams use AES-256-GCM where this CPU has AES-NI,
+ * else BLAKE2b / XChaCha20-Poly1305 (the portable suite). PORTABLE always
+ * uses the portable suite: for a server without AES-NI, which drops AES
+ * datagrams. AES always uses AES-256-GCM; creation fails with
+ * SHARDLOCK_BAD_ARGUMENT where this CPU lacks it, and with both flags, or
+ * AES without SHARDLOCK_CLIENT_TENANT. Since SHARDLOCK_C_API_MINOR 5. */
+#define SHARDLOCK_CLIENT_CIPHER_PORTABLE 0x8u
+#define SHARDLOCK_CLIENT_CIPHER_AES 0x10u
 
 /* What shardlock_client_create_ex() is asked for. Zero it, then set `size`
  * (memset, or = {sizeof(shardlock_client_options)}): a field added to a
@@ -194,8 +204,8 @@ typedef struct shardlock_client_options { /* NOLINT(modernize-use-using) */
   const char* auth_key_file;
   /* How long a call retransmits before SHARDLOCK_UNREACHABLE (0: 2000). */
   uint32_t request_timeout_ms;
-  /* SHARDLOCK_CLIENT_DISCOVER_CLUSTER, SHARDLOCK_CLIENT_TENANT and
-   * SHARDLOCK_CLIENT_ENCRYPT, or 0. */
+  /* SHARDLOCK_CLIENT_DISCOVER_CLUSTER, SHARDLOCK_CLIENT_TENANT,
+   * SHARDLOCK_CLIENT_ENCRYPT and a SHARDLOCK_CLIENT_CIPHER_* flag, or 0. */
   uint32_t flags;
   /* With SHARDLOCK_CLIENT_TENANT: the tenant's key id. Since
    * SHARDLOCK_C_API_MINOR 4; a caller's struct without it reads 0. */

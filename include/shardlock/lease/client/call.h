@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "shardlock/lease/wire/auth.h"
+#include "shardlock/lease/wire/envelope.h"
 #include "shardlock/lease/wire/protocol.h"
 
 namespace shardlock::lease {
@@ -207,6 +208,14 @@ struct LeaseClientOptions {
   // scopes them. Needs auth_key. Unset: the single shared key's seal.
   std::optional<std::uint32_t> tenant;
   bool encrypt = false;
+  // With `tenant`: the suite its datagrams are sealed in (envelope.h).
+  // kAuto: AES-256-GCM where this CPU has AES-NI (aes_gcm_available()),
+  // else BLAKE2b / XChaCha20-Poly1305. kPortable: always the latter, for a
+  // server without AES-NI (which drops AES datagrams as auth failures).
+  // kAes: AES-256-GCM, and start() fails (kBadArgument) where this CPU
+  // lacks it. Without `tenant`, kAes is kBadArgument (the legacy seal has
+  // no suite) and the others change nothing.
+  EnvelopeCipher cipher = EnvelopeCipher::kAuto;
   // Client-side expiry = send time + TTL - (clock_drift_factor x TTL +
   // clock_drift_allowance): the allowance for this host's clock running
   // faster than the server's, plus scheduling. The defaults are Redlock's

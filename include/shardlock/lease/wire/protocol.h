@@ -20,7 +20,10 @@
 //                          bit 3: kFlagEncrypted, with bits 0 and 2: bytes
 //                          6 onward are encrypted and a nonce follows the
 //                          key id (envelope.h);
-//                          opening clears bits 2 and 3, so decode() rejects
+//                          bit 4: kFlagAes, with bits 0 and 2: the key-id
+//                          form is AES-256-GCM's, not BLAKE2b's or
+//                          XChaCha20-Poly1305's (envelope.h);
+//                          opening clears bits 2 to 4, so decode() rejects
 //                          them, as it rejects the other bits, which are
 //                          reserved
 //     6  u8   type         a MessageType, or kBatch
@@ -38,7 +41,12 @@
 //     0x0D  [u32 key_id][nonce 24][tag 16]  XChaCha20-Poly1305: bytes 6 to
 //                                           the trailer encrypted; bytes
 //                                           0..5 and the key id associated
-//   (kFlagEpoch may be set beside any of them.)
+//     0x15  [u32 key_id][nonce 24][tag 16]  AES-256-GCM (GMAC) of all before
+//                                           the tag, nothing encrypted
+//     0x1D  [u32 key_id][nonce 24][tag 16]  AES-256-GCM: as 0x0D
+//   (kFlagEpoch may be set beside any of them. The AES forms' nonce is a
+//   stream's 16-byte prefix, which selects the stream's key, and its u64
+//   counter; envelope.h.)
 //
 //   With kFlagEpoch, a u64 map epoch follows the header (Datagram::epoch):
 //   a cluster client's map epoch (docs/cluster.md), on requests only; the
@@ -273,6 +281,9 @@ inline constexpr std::uint8_t kFlagKeyId = 0x04;
 // Header flags bit of an encrypted datagram, always beside kFlagKeyId
 // (envelope.h). Opening clears it; decode() rejects it.
 inline constexpr std::uint8_t kFlagEncrypted = 0x08;
+// Header flags bit of a key-id form sealed with AES-256-GCM, always beside
+// kFlagKeyId (envelope.h). Opening clears it; decode() rejects it.
+inline constexpr std::uint8_t kFlagAes = 0x10;
 // The size of that epoch.
 inline constexpr std::size_t kEpochSize = 8;
 // The bounds of a MAP_REPLY member's id and address (decode() checks them).

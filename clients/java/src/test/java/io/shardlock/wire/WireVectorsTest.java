@@ -29,6 +29,12 @@ class WireVectorsTest {
   static byte[] authKey;
   static final List<Vector> vectors = new ArrayList<>();
   static final Set<String> CODEC_KINDS = Set.of("plain", "request", "sealed");
+  // The envelope's key-id forms and their keys (envelope.h): the portable
+  // suite (keyid, encrypted) and the AES-GCM one (keyid-aes, encrypted-aes).
+  // The Python client checks them; this client has no tenants yet, so it
+  // skips them, by name: a kind it knows nothing of fails the load.
+  static final Set<String> SKIPPED_ENVELOPE_KINDS =
+      Set.of("cipherkey", "aeskey", "keyid", "encrypted", "keyid-aes", "encrypted-aes");
 
   @BeforeAll
   static void load() throws IOException {
@@ -41,10 +47,9 @@ class WireVectorsTest {
           authKey = unhex(f[1]);
         } else if (CODEC_KINDS.contains(f[0])) {
           vectors.add(new Vector(f[0], f[1], unhex(f[2]), f[3]));
+        } else if (!SKIPPED_ENVELOPE_KINDS.contains(f[0])) {
+          throw new AssertionError("wire_vectors.tsv: a kind this test does not know: " + f[0]);
         }
-        // The rest are the envelope's key-id forms (cipherkey, keyid,
-        // encrypted): the Python client checks them; this client has no
-        // tenants yet.
       }
     }
   }
