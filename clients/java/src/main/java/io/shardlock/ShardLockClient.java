@@ -602,7 +602,7 @@ public final class ShardLockClient implements AutoCloseable {
     String base = "no answer from " + serverText + " to " + what + " '" + key + "' within "
         + TimeUnit.NANOSECONDS.toMillis(waitedNanos) + " ms";
     if (mismatchesBefore >= 0 && seen > 0) {
-      return new PermissionDeniedException(seen + " repl" + (seen == 1 ? "y" : "ies") + " from "
+      return new AuthenticationFailedException(seen + " repl" + (seen == 1 ? "y" : "ies") + " from "
           + serverText + " failed authentication: " + (transport.sealed()
               ? "the server sends them unsealed or under another key (its --auth-key is not ours)"
               : "the server seals them (it has an --auth-key; give this client the same with "
