@@ -1,15 +1,16 @@
 package io.shardlock;
 
+import io.shardlock.wire.Protocol;
+
 /**
- * The server and this client do not share the datagram key: replies came back that failed
- * authentication (the server seals with a key this client does not have, or sends unsealed
- * replies to a client that has one). Raised instead of {@link UnreachableException} when such
- * replies were seen.
+ * The server answered ERROR permission_denied ({@link #code()} 16): the request is outside the
+ * rights of this client's tenant (shardlockd --tenants: the key is under none of the tenant's
+ * prefixes, or the prefix grants acquire but not query, or the other way round).
  */
-public class PermissionDeniedException extends UnreachableException {
+public class PermissionDeniedException extends ServerErrorException {
   private static final long serialVersionUID = 1L;
 
-  public PermissionDeniedException(String message) {
-    super(message);
+  public PermissionDeniedException() {
+    super(Protocol.ERROR_PERMISSION_DENIED);
   }
 }

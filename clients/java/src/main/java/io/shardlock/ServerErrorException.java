@@ -17,7 +17,9 @@ public class ServerErrorException extends ShardLockException {
     return code;
   }
 
+  /** The exception for {@code code}: its own class where the code has one. */
   static ServerErrorException of(int code) {
+    if (code == Protocol.ERROR_PERMISSION_DENIED) return new PermissionDeniedException();
     return Protocol.isLimitExceeded(code) ? new LimitExceededException(code)
         : new ServerErrorException(code);
   }

@@ -1,6 +1,6 @@
 package io.shardlock;
 
-import io.shardlock.wire.Auth;
+import io.shardlock.wire.Envelope;
 import io.shardlock.wire.Message;
 import io.shardlock.wire.MessageType;
 import io.shardlock.wire.Protocol;
@@ -98,20 +98,22 @@ public final class ShardLockClient implements AutoCloseable {
       for (byte[] id : router.ids()) nodes.add(byText.get(new String(id, StandardCharsets.UTF_8)));
     }
     InetSocketAddress server = nodes.get(0);
-    byte[] key = config.authKey();
-    if (key == null && config.authKeyFile() != null) key = Auth.loadKey(config.authKeyFile());
-    if (key == null) {
-      String env = System.getenv("SHARDLOCK_AUTH_KEY_FILE");
-      if (env != null && !env.isEmpty()) key = Auth.loadKey(java.nio.file.Path.of(env));
-    }
+    Envelope envelope = config.envelope(System::getenv);
     this.requestTimeoutNanos = config.requestTimeout().toNanos();
     this.timer = new ScheduledThreadPoolExecutor(1, daemon("shardlock-timer"));
     this.timer.setRemoveOnCancelPolicy(true);
     this.events = Executors.newSingleThreadExecutor(daemon("shardlock-events"));
     SecureRandom random = new SecureRandom();
     this.clientLo = random.nextLong();
-    this.clientHi = random.nextLong();
-    this.transport = new Transport(server.getAddress() instanceof Inet6Address, key, timer,
+    long hi = random.nextLong();
+    if (envelope != null && envelope.form() != Envelope.Form.LEGACY) {
+      // The server forces the tenant's key id into the top 32 bits of every owner id (docs/
+      // security.md); choosing them so keeps the ids this client sees its own, as the C++
+      // client's choose_identity() does.
+      hi = (hi & 0xFFFFFFFFL) | (long) envelope.keyId() << 32;
+    }
+    this.clientHi = hi;
+    this.transport = new Transport(server.getAddress() instanceof Inet6Address, envelope, timer,
         config.initialRetransmit().toNanos(), config.maxRetransmit().toNanos());
     this.directory = config.discover() ? new ClusterDirectory(this, seeds, nodeTexts) : null;
     if (directory != null) {
@@ -601,15 +603,28 @@ public final class ShardLockClient implements AutoCloseable {
     String serverText = nodeTexts.getOrDefault(node, String.valueOf(node));
     String base = "no answer from " + serverText + " to " + what + " '" + key + "' within "
         + TimeUnit.NANOSECONDS.toMillis(waitedNanos) + " ms";
+    Envelope envelope = transport.envelope();
     if (mismatchesBefore >= 0 && seen > 0) {
-      return new PermissionDeniedException(seen + " repl" + (seen == 1 ? "y" : "ies") + " from "
-          + serverText + " failed authentication: " + (transport.sealed()
-              ? "the server sends them unsealed or under another key (its --auth-key is not ours)"
-              : "the server seals them (it has an --auth-key; give this client the same with "
-                  + "authKeyFile)"));
+      return new AuthenticationFailedException(seen + " repl" + (seen == 1 ? "y" : "ies") + " from "
+          + serverText + " failed authentication: " + (envelope != null
+              ? "the server sends them unsealed, in another form or under another key (its "
+                  + "--auth-key or --tenants key is not ours)"
+              : "the server seals them (it has an --auth-key or --tenants; give this client "
+                  + "the key with authKeyFile)"));
     }
-    return new UnreachableException(base + ": is shardlockd running there"
-        + (transport.sealed() ? "" : ", and does it want datagrams sealed (--auth-key)?") + "?");
+    String hint;
+    if (envelope == null) {
+      hint = ", and does it want datagrams sealed (--auth-key, --tenants)?";
+    } else if (envelope.form() == Envelope.Form.LEGACY) {
+      hint = " with this --auth-key?";
+    } else {
+      // The server drops what does not open under a tenant's key, answering nothing.
+      hint = ", with key id " + Integer.toUnsignedString(envelope.keyId()) + " a tenant of its "
+          + "--tenants under this key" + (envelope.form().encrypts() ? "" : " (encrypt=yes "
+          + "there wants encrypt(true) here)") + (envelope.form().aes() ? ", on a CPU with "
+          + "AES-NI (else cipher(PORTABLE))" : "") + "?";
+    }
+    return new UnreachableException(base + ": is shardlockd running there" + hint);
   }
 
   /**

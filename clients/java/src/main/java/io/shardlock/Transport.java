@@ -1,9 +1,9 @@
 package io.shardlock;
 
-import io.shardlock.wire.Auth;
 import io.shardlock.wire.Codec;
 import io.shardlock.wire.Datagram;
 import io.shardlock.wire.DecodeResult;
+import io.shardlock.wire.Envelope;
 import io.shardlock.wire.Message;
 import io.shardlock.wire.MessageType;
 import io.shardlock.wire.Protocol;
@@ -32,7 +32,7 @@ import java.util.concurrent.atomic.AtomicLong;
  */
 final class Transport implements AutoCloseable {
   private final DatagramChannel channel;
-  private final byte[] authKey;  // null: datagrams are not sealed
+  private final Envelope envelope;  // null: datagrams are not sealed
   private final ScheduledExecutorService timer;
   private final long initialRetransmitNanos;
   private final long maxRetransmitNanos;
@@ -81,12 +81,12 @@ final class Transport implements AutoCloseable {
     }
   }
 
-  Transport(boolean ipv6, byte[] authKey, ScheduledExecutorService timer,
+  Transport(boolean ipv6, Envelope envelope, ScheduledExecutorService timer,
       long initialRetransmitNanos, long maxRetransmitNanos) throws IOException {
     this.channel = DatagramChannel.open(ipv6 ? StandardProtocolFamily.INET6
         : StandardProtocolFamily.INET);
     this.channel.bind(null);
-    this.authKey = authKey;
+    this.envelope = envelope;
     this.timer = timer;
     this.initialRetransmitNanos = initialRetransmitNanos;
     this.maxRetransmitNanos = maxRetransmitNanos;
@@ -101,8 +101,9 @@ final class Transport implements AutoCloseable {
     return ids.getAndIncrement();
   }
 
-  boolean sealed() {
-    return authKey != null;
+  /** How datagrams are sealed; null: they are not. */
+  Envelope envelope() {
+    return envelope;
   }
 
   /** Replies dropped because their tag did not verify under our key (or they had none). */
@@ -113,8 +114,8 @@ final class Transport implements AutoCloseable {
   /**
    * The request datagram for {@code m} as owner {@code (lo, hi)}: padded to max_reply_size(),
    * or to a whole datagram for MAP, QUERY_HOLDERS and WATCH, whose reply page fills what it may
-   * (and a WATCH's answer may come later, within the bytes its datagram left); sealed when the
-   * client has a key.
+   * (and a WATCH's answer may come later, within the bytes its datagram left) less the seal;
+   * sealed when the client has a key, in its envelope's form.
    */
   byte[] encode(Message m, long ownerLo, long ownerHi, Long epoch) {
     Datagram d = Datagram.of(m, ownerLo, ownerHi);
@@ -125,13 +126,13 @@ final class Transport implements AutoCloseable {
     boolean paged = m.type == MessageType.MAP || m.type == MessageType.QUERY_HOLDERS
         || m.type == MessageType.WATCH;
     byte[] bytes = paged
-        ? Codec.encode(d, Protocol.MAX_DATAGRAM_SIZE - (authKey != null ? Protocol.AUTH_TAG_SIZE : 0))
+        ? Codec.encode(d, Protocol.MAX_DATAGRAM_SIZE - (envelope != null ? envelope.overhead() : 0))
         : Codec.encodeRequest(d);
-    if (authKey != null) {
-      if (bytes.length + Protocol.AUTH_TAG_SIZE > Protocol.MAX_DATAGRAM_SIZE) {
+    if (envelope != null) {
+      if (bytes.length + envelope.overhead() > Protocol.MAX_DATAGRAM_SIZE) {
         throw new IllegalArgumentException("request too large to seal");
       }
-      bytes = Auth.seal(bytes, authKey);
+      bytes = envelope.seal(bytes);
     }
     return bytes;
   }
@@ -242,19 +243,20 @@ final class Transport implements AutoCloseable {
   }
 
   private void dispatch(byte[] data, int length) {
-    int body = length;
-    if (authKey != null) {
-      body = Auth.open(data, length, authKey);
-      if (body < 0) {
+    if (envelope != null) {
+      byte[] plain = envelope.open(data, length);
+      if (plain == null) {
         if (looksLikeShardlock(data, length)) authMismatches.incrementAndGet();
         return;
       }
+      data = plain;
+      length = plain.length;
     } else if (length > Protocol.HEADER_FLAGS_OFFSET
         && (data[Protocol.HEADER_FLAGS_OFFSET] & Protocol.FLAG_AUTHENTICATED) != 0) {
       if (looksLikeShardlock(data, length)) authMismatches.incrementAndGet();
       return;
     }
-    DecodeResult r = Codec.decode(data, 0, body);
+    DecodeResult r = Codec.decode(data, 0, length);
     if (!r.ok()) {
       malformed.incrementAndGet();
       return;

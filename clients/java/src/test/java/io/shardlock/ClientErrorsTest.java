@@ -5,6 +5,7 @@ import static org.junit.jupiter.api.Assertions.assertFalse;
 import static org.junit.jupiter.api.Assertions.assertThrows;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
+import io.shardlock.wire.Protocol;
 import java.net.DatagramSocket;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -40,7 +41,7 @@ class ClientErrorsTest {
       UnreachableException e = assertThrows(UnreachableException.class,
           () -> c.getLock("java/nobody").tryLock());
       assertTrue(e.getMessage().contains("127.0.0.1:" + port), e.getMessage());
-      assertFalse(e instanceof PermissionDeniedException);
+      assertFalse(e instanceof AuthenticationFailedException);
     }
   }
 
@@ -76,6 +77,20 @@ class ClientErrorsTest {
       first.cancel(false);
       held.release();
     }
+  }
+
+  @Test
+  void errorCodesWithAClassOfTheirOwn() {
+    assertTrue(ServerErrorException.of(Protocol.ERROR_PERMISSION_DENIED)
+        instanceof PermissionDeniedException);
+    for (int code : new int[] {Protocol.ERROR_LIMIT_EXCEEDED, Protocol.ERROR_TENANT_LEASE_LIMIT,
+        Protocol.ERROR_TENANT_WAITER_LIMIT, Protocol.ERROR_TENANT_WATCH_LIMIT}) {
+      ServerErrorException e = ServerErrorException.of(code);
+      assertTrue(e instanceof LimitExceededException, e.getMessage());
+      assertEquals(code, e.code());
+    }
+    assertEquals(ServerErrorException.class,
+        ServerErrorException.of(Protocol.ERROR_BAD_MODE).getClass());
   }
 
   @Test

@@ -34,6 +34,15 @@ public final class Protocol {
   public static final int STAT_COUNTER_COUNT = 27;
   public static final int AUTH_KEY_SIZE = 32;
   public static final int AUTH_TAG_SIZE = 16;
+  /** The envelope's flag bits beside FLAG_AUTHENTICATED (envelope.h; {@link Envelope}). */
+  public static final int FLAG_KEY_ID = 0x04;
+  public static final int FLAG_ENCRYPTED = 0x08;
+  public static final int FLAG_AES = 0x10;
+  public static final int KEY_ID_SIZE = 4;
+  /** The nonce field of the nonce forms: an AES stream's 16-byte prefix and u64 counter. */
+  public static final int ENVELOPE_NONCE_SIZE = 24;
+  /** The most any sealed form adds to a datagram (key id, nonce field, tag). */
+  public static final int MAX_ENVELOPE_OVERHEAD = 44;
 
   /** Lease modes (ACQUIRE_MANY's mode, QUERY_REPLY's and HOLDERS_REPLY's). */
   public static final int MODE_EXCLUSIVE = 0;
