@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Builds the Debian package of a build tree with cpack and checks what it
-# installs: the tools and their man pages, the systemd unit (Type=notify,
+# Installs a build tree with `cmake --install --prefix` (all of it, then
+# each install component alone) and checks that every file lands under the
+# prefix and in exactly one component. Then builds the Debian package of the
+# tree with cpack and checks what it installs: the tools and their man pages, the systemd unit (Type=notify,
 # checked with systemd-analyze where it exists, alone and with the credential
 # drop-in) and its flags file (a conffile), the headers, the static
 # libraries, the CMake package, libshardlock_c.so.1 with a shardlock_c.pc
@@ -12,15 +14,63 @@ set -euo pipefail
 build_dir=$1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+fail=0
+
+# The install rules, as a user without root runs them: everything under the
+# --prefix given (nothing in /etc), and each component alone. The manifests
+# list every file written, wherever it went.
+installed() {  # installed PREFIX [COMPONENT]: the files, relative to PREFIX
+  local prefix=$1 manifest=$build_dir/install_manifest.txt
+  if [ $# -gt 1 ]; then
+    cmake --install "$build_dir" --prefix "$prefix" --component "$2" >"$work/install.log" 2>&1 ||
+      { cat "$work/install.log" >&2; return 1; }
+    manifest=$build_dir/install_manifest_$2.txt
+  else
+    cmake --install "$build_dir" --prefix "$prefix" >"$work/install.log" 2>&1 ||
+      { cat "$work/install.log" >&2; return 1; }
+  fi
+  if grep -v "^$prefix/" "$manifest" >"$work/outside"; then
+    echo "cmake --install --prefix $prefix ${2:+--component $2 }wrote outside the prefix:" >&2
+    cat "$work/outside" >&2
+    fail=1
+  fi
+  sed "s|^$prefix/||" "$manifest" | sort
+}
+installed "$work/all" >"$work/all.files"
+grep -qx etc/default/shardlockd "$work/all.files" ||
+  { echo "cmake --install put no etc/default/shardlockd under the prefix" >&2; fail=1; }
+: >"$work/components.files"
+for component in runtime dev daemon tools; do
+  installed "$work/$component" "$component" >"$work/$component.files"
+  cat "$work/$component.files" >>"$work/components.files"
+done
+# Every file in exactly one component.
+if ! diff <(sort "$work/components.files") "$work/all.files" >"$work/diff"; then
+  echo "the components do not add up to the whole install (< components, > all):" >&2
+  cat "$work/diff" >&2
+  fail=1
+fi
+# The library alone: headers, archives, the CMake package, the .pc, and no
+# program and no configuration.
+libdir='lib/([a-z0-9_]+-linux-gnu/)?'
+for pattern in '^include/shardlock/mutex\.h$' '^include/shardlock/lease/client/c_api\.h$' \
+               "^${libdir}cmake/shardlock/shardlockConfig\\.cmake$" "^${libdir}libshardlock\\.a$" \
+               "^${libdir}libshardlock_lease\\.a$" "^${libdir}pkgconfig/shardlock_c\\.pc$"; do
+  grep -qE -- "$pattern" "$work/dev.files" || { echo "the dev component lacks $pattern" >&2; fail=1; }
+done
+if grep -E '^(bin|etc|share/man)/' "$work/dev.files"; then
+  echo "the dev component installs programs or configuration (above)" >&2; fail=1
+fi
+grep -qx bin/shardlockd "$work/daemon.files" || { echo "the daemon component lacks bin/shardlockd" >&2; fail=1; }
 
 cpack -G DEB --config "$build_dir/CPackConfig.cmake" -B "$work" >"$work/cpack.log" 2>&1 ||
   { cat "$work/cpack.log" >&2; exit 1; }
 deb=$(ls "$work"/*.deb)
+multiarch=$(dpkg-architecture -qDEB_HOST_MULTIARCH)  # libraries in /usr/lib/<triplet>
 echo "package: $(basename "$deb")"
 dpkg-deb -c "$deb" | awk '{print $6}' | sed 's|^\./|/|' >"$work/files"
 dpkg-deb -I "$deb" >"$work/info"
 
-fail=0
 expect_file() {
   if ! grep -qx -- "$1" "$work/files"; then echo "missing from the package: $1" >&2; fail=1; fi
 }
@@ -33,15 +83,15 @@ expect_file /etc/default/shardlockd
 expect_file /usr/include/shardlock/lease/client/client.h
 expect_file /usr/include/shardlock/lease/client.h  # the forwarding header, for one release
 expect_file /usr/include/shardlock/mutex.h
-expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock\.a$'
-expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_lease\.a$'
-expect_match '^/usr/lib/(x86_64-linux-gnu/)?cmake/shardlock/shardlockConfig\.cmake$'
+expect_match "^/usr/lib/$multiarch/libshardlock\.a$"
+expect_match "^/usr/lib/$multiarch/libshardlock_lease\.a$"
+expect_match "^/usr/lib/$multiarch/cmake/shardlock/shardlockConfig\.cmake$"
 expect_file /usr/share/doc/shardlock/README.md
 for page in leases lease-server client cluster operations; do  # the README links them
   expect_file "/usr/share/doc/shardlock/docs/$page.md"
 done
 expect_file /usr/include/shardlock/lease/client/c_api.h
-expect_match '^/usr/lib/(x86_64-linux-gnu/)?libshardlock_c\.so\.1$'
+expect_match "^/usr/lib/$multiarch/libshardlock_c\.so\.1$"
 expect_file /usr/share/doc/shardlock/copyright
 expect_file /usr/share/doc/shardlock/CHANGELOG.md
 for example in auth-key.conf grafana-dashboard.json prometheus-alerts.yml; do
@@ -49,7 +99,7 @@ for example in auth-key.conf grafana-dashboard.json prometheus-alerts.yml; do
 done
 expect_file /usr/share/man/man8/shardlockd.8.gz
 for tool in shardlockctl shardlock-bench shardlock-route; do expect_file "/usr/share/man/man1/$tool.1.gz"; done
-expect_match '^/usr/lib/(x86_64-linux-gnu/)?pkgconfig/shardlock_c\.pc$'
+expect_match "^/usr/lib/$multiarch/pkgconfig/shardlock_c\.pc$"
 if grep -q shardlock-torture "$work/files"; then echo "the test harness is packaged" >&2; fail=1; fi
 grep -q '^ *Depends:.*liburing' "$work/info" || { echo "Depends lacks liburing:" >&2; grep Depends "$work/info" >&2; fail=1; }
 dpkg-deb --ctrl-tarfile "$deb" | tar -xO ./conffiles | grep -qx /etc/default/shardlockd ||
