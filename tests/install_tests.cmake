@@ -34,11 +34,13 @@ add_test(NAME find_package_consumer
 set_tests_properties(find_package_consumer PROPERTIES
   TIMEOUT 300 LABELS consumer RESOURCE_LOCK shardlock_install_manifest)
 
-# packaging_test: the Debian package (packaging/): cpack builds it from this
-# tree, the script lists and checks it.
+# packaging_test: the install rules (every file under the prefix, each
+# component alone) and the Debian packages (packaging/): cpack builds them
+# from this tree, the script lists, lints and unpacks them and builds
+# tests/consumer against them.
 if(SHARDLOCK_BUILD_TOOLS)
   add_test(NAME packaging_test
     COMMAND ${PROJECT_SOURCE_DIR}/tests/packaging_test.sh ${PROJECT_BINARY_DIR})
   set_tests_properties(packaging_test PROPERTIES
-    TIMEOUT 300 LABELS package RESOURCE_LOCK shardlock_install_manifest)
+    TIMEOUT 600 LABELS package RESOURCE_LOCK shardlock_install_manifest)
 endif()

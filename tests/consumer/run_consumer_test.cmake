@@ -5,8 +5,14 @@
 # EXTRA_COMPILERS (a list, without flags): a consumer need not use the
 # compiler shardlock was built with (an LTO build's archives must hold
 # machine code, not only GCC's bytecode).
+# With PREFIX instead of BUILD_DIR, builds against what is installed there
+# (packaging_test: the unpacked .debs).
 file(REMOVE_RECURSE "${WORK_DIR}")
-set(prefix "${WORK_DIR}/prefix")
+if(PREFIX)
+  set(prefix "${PREFIX}")
+else()
+  set(prefix "${WORK_DIR}/prefix")
+endif()
 
 function(run_step)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc)
@@ -15,7 +21,9 @@ function(run_step)
   endif()
 endfunction()
 
-run_step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+if(NOT PREFIX)
+  run_step(${CMAKE_COMMAND} --install "${BUILD_DIR}" --prefix "${prefix}")
+endif()
 
 # A pkg-config search path with xxhash and nothing else: the locks-only
 # consumer must configure without liburing's or libsodium's .pc files.
