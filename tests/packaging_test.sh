@@ -8,7 +8,8 @@
 # shlibs, the ldconfig trigger, the conffile), /usr/share/doc/<package>,
 # archives with machine code and no LTO bytecode, lintian (an error fails),
 # and the maintainer scripts run against stubs of deb-systemd-helper and
-# deb-systemd-invoke. Unpacked together, as installed: the tests/consumer
+# deb-systemd-invoke; dpkg unpacks all of them into a scratch root (as root).
+# Unpacked together, as installed: the tests/consumer
 # project builds against them with g++ and clang++, a C program with
 # shardlock_c.pc, the man pages, copyright file, dashboard, alert rules and
 # the systemd unit (systemd-analyze verify, alone and with the credential
@@ -231,6 +232,23 @@ called "deb-systemd-helper purge shardlockd.service" ||
 if cat "$work"/control/{postinst,prerm,postrm} | grep -vE '^\s*#' | grep -E '(^|;|\s)systemctl\s' |
     grep -v daemon-reload; then
   echo "a maintainer script calls systemctl for more than daemon-reload (above)" >&2; fail=1
+fi
+
+# dpkg itself unpacks the four into a scratch root with a database of its
+# own (no file in two packages, the conffile taken as one). --unpack runs no
+# maintainer script (there is no preinst); dpkg wants root to set owners.
+if [ "$(id -u)" -eq 0 ]; then
+  dpkg_root=$work/dpkg-root
+  mkdir -p "$dpkg_root/var/lib/dpkg/info" "$dpkg_root/var/lib/dpkg/updates"
+  : >"$dpkg_root/var/lib/dpkg/status"
+  if ! dpkg --root="$dpkg_root" --log=/dev/null --force-depends --unpack "${deb[@]}" \
+      >"$work/dpkg.log" 2>&1; then
+    echo "dpkg --unpack of the packages failed:" >&2; cat "$work/dpkg.log" >&2; fail=1
+  fi
+  [ -f "$dpkg_root/etc/default/shardlockd.dpkg-new" ] ||
+    { echo "dpkg did not unpack /etc/default/shardlockd as a conffile" >&2; fail=1; }
+else
+  echo "not root: dpkg --unpack into a scratch root skipped"
 fi
 
 # All the packages unpacked into one root, as installed.
