@@ -143,6 +143,10 @@ for package in "${packages[@]}"; do
   for file in copyright changelog.gz changelog.Debian.gz; do
     expect_file "$package" "/usr/share/doc/$package/$file"
   done
+  for relation in Breaks Replaces; do  # the single package of 0.1.0 split
+    [ "$(field "$package" "$relation")" = "shardlock (<< 0.1.0-1)" ] ||
+      { echo "$package does not say $relation: shardlock (<< 0.1.0-1)" >&2; fail=1; }
+  done
   if [ "$(field "$package" Description | wc -l)" -lt 3 ]; then
     echo "$package has no extended description" >&2; fail=1
   fi
