@@ -27,7 +27,7 @@ help:
 	@echo "make simulate SEEDS=N  the deterministic cluster simulation over N seeds (docs/simulation.md)"
 	@echo "make format     clang-format every source file in place"
 	@echo "make lint       clang-tidy over src/ and tools/ (part of make test's clang stage)"
-	@echo "make package    the Debian package (release build): build/release/shardlock_*.deb"
+	@echo "make package    the Debian packages (release build): build/release/{shardlockd,shardlock-tools,libshardlock-dev,libshardlock-c1}_*.deb"
 
 deps:
 	@tools/install-deps.sh
@@ -58,8 +58,10 @@ build-release: deps-release
 	$(CMAKE) --preset release >/dev/null
 	$(CMAKE) --build --preset release -j $(JOBS)
 
-# The .deb: tools, systemd unit, headers, static libraries, CMake package
-# (packaging/). Needs dpkg-shlibdeps (dpkg-dev) for its Depends line.
+# The .debs (packaging/): shardlockd (daemon, unit, flags file, docs),
+# shardlock-tools, libshardlock-dev (headers, archives, CMake package, .pc)
+# and libshardlock-c1. Needs dpkg-shlibdeps (dpkg-dev) for their Depends
+# lines; packaging_test (ctest -R packaging in build/release) lints them.
 package: build-release
 	cd build/release && cpack -G DEB
 

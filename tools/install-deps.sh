@@ -30,6 +30,7 @@ release=(
   nlohmann-json3-dev  # shardlockctl's JSON output
   prometheus-cpp-dev
   help2man  # the tools' man pages, from their --help (packaging/)
+  lintian  # make package's packaging_test lints each .deb
 )
 # The dev, tsan and clang presets' tests, the fuzz targets and make lint.
 testing=(
