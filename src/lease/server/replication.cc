@@ -564,20 +564,26 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   Ack ack;
   ack.stream = header.stream;
   ack.echo_sent_ns = header.sent_ns;
+  const bool followed =
+      header.stream == stream_ && header.addressing.incarnation == stream_incarnation_;
 #if !defined(SHARDLOCK_FAULT_ACK_AFTER_TAKEOVER)  // UNSAFE when defined: docs/simulation.md
   if (promise_expired(now_ns)) {
     // Frozen (a backup that took over never acknowledges the old primary): this node may have taken
     // the primary's buckets over with what it had applied by now. An entry applied and acknowledged
     // after that would let the primary answer a grant the takeover never saw: two holders. What it
     // acknowledges stays where it was, and a new stream is not followed.
-    ack.applied = header.stream == stream_ ? applied_ : 0;
+    ack.applied = followed ? applied_ : 0;
     return ack;
   }
 #endif
   // An older stream of this primary, or one this node stopped promising for
   // good: no lease, nothing applied, and refused outright, so the primary
   // starts a new stream even if it had nothing of this one acknowledged.
-  if (header.stream < stream_ || header.stream <= after_stream_) {
+  // So is the id followed, from another process of the primary: its entries
+  // are not the ones applied under that id (a primary that restarted within
+  // a map epoch numbers its streams as its earlier run did).
+  if (header.stream < stream_ || header.stream <= after_stream_ ||
+      (header.stream == stream_ && !followed)) {
     ack.refused = true;
     return ack;
   }
@@ -586,6 +592,7 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
     // did): followed from its first entry. Its snapshots reset every bucket
     // it covers.
     stream_ = header.stream;
+    stream_incarnation_ = header.addressing.incarnation;
     applied_ = 0;
     primary_settled_ = false;
   }

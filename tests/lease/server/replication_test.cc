@@ -847,6 +847,55 @@ TEST(ReplicationStream, ABackupFollowsOnlyALargerStreamFromItsStart) {
   EXPECT_TRUE(backup.caught_up(1));
 }
 
+// A primary that restarted within a map epoch numbers its streams as its
+// earlier run did. The backup follows a stream id from the process whose
+// datagram started it: the same id from another process is refused (so that
+// primary starts a larger one), never applied as if its entries were the
+// ones already applied under that id.
+TEST(ReplicationStream, AStreamIdIsFollowedOnlyFromTheProcessThatStartedIt) {
+  StreamTiming timing;
+  BackupStream backup(timing, 0);
+  PrimaryStream first(10, timing, Addressing{1, 2, 100});
+  std::vector<std::vector<std::uint8_t>> wire;
+  snapshot_of(first, 1, "a", 1);
+  (void)first.append(grant(1, "x", 2));
+  first.poll(0, 1, wire);
+  deliver(first, backup, wire, 0);
+  ASSERT_EQ(backup.applied(), 4U);
+
+  // The restarted process, same id: its first entries would have been
+  // skipped as duplicates of the earlier run's, and acknowledged, unapplied,
+  // once it had sent as many.
+  PrimaryStream again(10, timing, Addressing{1, 2, 101});
+  (void)again.append(grant(1, "y", 3));
+  std::vector<std::vector<std::uint8_t>> again_wire;
+  again.poll(1 * kMs, 1, again_wire);
+  ASSERT_EQ(again_wire.size(), 1U);
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(decode_replicate(again_wire[0], header, entries));
+  const Ack ack = backup.on_replicate(header, entries, 1 * kMs);
+  EXPECT_TRUE(ack.refused);
+  EXPECT_EQ(ack.applied, 0U);
+  EXPECT_EQ(ack.lease_ms, 0U);
+  again.on_ack(ack, 1 * kMs);
+  EXPECT_TRUE(again.resync_requested());
+  EXPECT_EQ(backup.applied(), 4U);
+  EXPECT_TRUE(backup.holders(1, "y").empty());
+  // Its next stream is larger, and followed.
+  PrimaryStream next(11, timing, Addressing{1, 2, 101});
+  (void)next.append(grant(1, "y", 3));
+  std::vector<std::vector<std::uint8_t>> next_wire;
+  next.poll(2 * kMs, 1, next_wire);
+  deliver(next, backup, next_wire, 2 * kMs);
+  EXPECT_EQ(backup.stream(), 11U);
+  EXPECT_EQ(backup.holders(1, "y").size(), 1U);
+  EXPECT_TRUE(next.holds_lease(2 * kMs));
+  // The earlier run's datagrams of its stream are older now.
+  deliver(first, backup, wire, 3 * kMs);
+  EXPECT_EQ(backup.stream(), 11U);
+}
+
 TEST(ReplicationStream, ABackupThatRestartedIsStartedOverAndWaitsOutItsOldPromise) {
   StreamTiming timing;
   PrimaryStream primary(1, timing);

@@ -382,7 +382,11 @@ class BackupStream {
   // one followed starts following it from its first entry (the primary
   // keeps everything unacknowledged, so it resends from there). One of a
   // smaller id is answered without a lease and not applied, so a late
-  // datagram of an older stream can never roll the replica back. Entries
+  // datagram of an older stream can never roll the replica back. A stream
+  // is followed from the primary process (Addressing::incarnation) whose
+  // datagram started it: one of the same id from another process (stream
+  // ids may repeat across the primary's restarts) is refused, so its
+  // entries are never taken for the ones applied. Entries
   // already applied are skipped; entries after a gap are not applied (the
   // ack names the last one applied, and the primary resends).
   Ack on_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
@@ -452,6 +456,7 @@ class BackupStream {
   std::uint64_t after_stream_ = 0;
   std::uint64_t lease_from_epoch_ = 0;
   std::uint64_t stream_ = 0;
+  std::uint64_t stream_incarnation_ = 0;  // the primary process that sent stream_
   std::uint64_t applied_ = 0;
   bool primary_settled_ = false;
   bool promising_ = true;
