@@ -111,10 +111,12 @@ void put_addressing(Writer& w, const Addressing& a) {
   w.put(a.sender);
   w.put(a.receiver);
   w.put(a.incarnation);
+  w.put(a.receiver_incarnation);
 }
 
 bool get_addressing(Reader& r, Addressing& a) noexcept {
-  return r.get(a.sender) && r.get(a.receiver) && r.get(a.incarnation);
+  return r.get(a.sender) && r.get(a.receiver) && r.get(a.incarnation) &&
+         r.get(a.receiver_incarnation);
 }
 
 bool has_key(EntryKind kind) noexcept {
@@ -444,6 +446,20 @@ PrimaryStream::PrimaryStream(std::uint64_t stream, const StreamTiming& timing,
       timing_(timing),
       addressing_(addressing),
       retransmit_after_ns_(timing.retransmit_ns) {}
+
+bool PrimaryStream::readdress(std::uint64_t stream, std::uint64_t receiver_incarnation) noexcept {
+  // Nothing acknowledged: every entry is still here, and no lease counts
+  // on the process the stream was addressed to.
+  if (resync_ || applied_ != 0 || lease_until_ns_ != kNever || stream <= stream_) return false;
+  stream_ = stream;
+  addressing_.receiver_incarnation = receiver_incarnation;
+  sent_up_to_ = 0;
+  last_send_ns_ = kNever;
+  oldest_unacked_send_ns_ = kNever;
+  newest_echo_ns_ = kNever;
+  retransmit_after_ns_ = timing_.retransmit_ns;
+  return true;
+}
 
 std::uint64_t PrimaryStream::append(Entry entry) {
   if (has_key(entry.kind) &&
