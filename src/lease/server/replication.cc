@@ -111,10 +111,12 @@ void put_addressing(Writer& w, const Addressing& a) {
   w.put(a.sender);
   w.put(a.receiver);
   w.put(a.incarnation);
+  w.put(a.receiver_incarnation);
 }
 
 bool get_addressing(Reader& r, Addressing& a) noexcept {
-  return r.get(a.sender) && r.get(a.receiver) && r.get(a.incarnation);
+  return r.get(a.sender) && r.get(a.receiver) && r.get(a.incarnation) &&
+         r.get(a.receiver_incarnation);
 }
 
 bool has_key(EntryKind kind) noexcept {
@@ -445,6 +447,20 @@ PrimaryStream::PrimaryStream(std::uint64_t stream, const StreamTiming& timing,
       addressing_(addressing),
       retransmit_after_ns_(timing.retransmit_ns) {}
 
+bool PrimaryStream::readdress(std::uint64_t stream, std::uint64_t receiver_incarnation) noexcept {
+  // Nothing acknowledged: every entry is still here, and no lease counts
+  // on the process the stream was addressed to.
+  if (resync_ || applied_ != 0 || lease_until_ns_ != kNever || stream <= stream_) return false;
+  stream_ = stream;
+  addressing_.receiver_incarnation = receiver_incarnation;
+  sent_up_to_ = 0;
+  last_send_ns_ = kNever;
+  oldest_unacked_send_ns_ = kNever;
+  newest_echo_ns_ = kNever;
+  retransmit_after_ns_ = timing_.retransmit_ns;
+  return true;
+}
+
 std::uint64_t PrimaryStream::append(Entry entry) {
   if (has_key(entry.kind) &&
       (entry.key.size() < kMinKeyLength || entry.key.size() > kMaxKeyLength)) {
@@ -564,20 +580,26 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
   Ack ack;
   ack.stream = header.stream;
   ack.echo_sent_ns = header.sent_ns;
+  const bool followed =
+      header.stream == stream_ && header.addressing.incarnation == stream_incarnation_;
 #if !defined(SHARDLOCK_FAULT_ACK_AFTER_TAKEOVER)  // UNSAFE when defined: docs/simulation.md
   if (promise_expired(now_ns)) {
     // Frozen (a backup that took over never acknowledges the old primary): this node may have taken
     // the primary's buckets over with what it had applied by now. An entry applied and acknowledged
     // after that would let the primary answer a grant the takeover never saw: two holders. What it
     // acknowledges stays where it was, and a new stream is not followed.
-    ack.applied = header.stream == stream_ ? applied_ : 0;
+    ack.applied = followed ? applied_ : 0;
     return ack;
   }
 #endif
   // An older stream of this primary, or one this node stopped promising for
   // good: no lease, nothing applied, and refused outright, so the primary
   // starts a new stream even if it had nothing of this one acknowledged.
-  if (header.stream < stream_ || header.stream <= after_stream_) {
+  // So is the id followed, from another process of the primary: its entries
+  // are not the ones applied under that id (a primary that restarted within
+  // a map epoch numbers its streams as its earlier run did).
+  if (header.stream < stream_ || header.stream <= after_stream_ ||
+      (header.stream == stream_ && !followed)) {
     ack.refused = true;
     return ack;
   }
@@ -586,6 +608,7 @@ Ack BackupStream::on_replicate(const ReplicateHeader& header, std::span<const En
     // did): followed from its first entry. Its snapshots reset every bucket
     // it covers.
     stream_ = header.stream;
+    stream_incarnation_ = header.addressing.incarnation;
     applied_ = 0;
     primary_settled_ = false;
   }

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <random>
 
 #include "shardlock/lock_guard.h"
 
@@ -35,10 +36,19 @@ std::uint32_t magic_of(std::span<const std::uint8_t> bytes) noexcept {
          static_cast<std::uint32_t>(bytes[2]) << 16 | static_cast<std::uint32_t>(bytes[3]) << 24;
 }
 
+// A process's incarnation when none is given: 0 names none on the wire.
+std::uint64_t drawn_incarnation() {
+  std::random_device device;
+  std::uint64_t drawn = 0;
+  while (drawn == 0) drawn = static_cast<std::uint64_t>(device()) << 32 | device();
+  return drawn;
+}
+
 }  // namespace
 
 Replicator::Replicator(const ReplicatorOptions& options, std::int64_t now_ns)
     : options_(options), created_ns_(now_ns) {
+  if (options_.incarnation == 0) options_.incarnation = drawn_incarnation();
   {
     LockGuard guard(layout_mu_);
     layout_ = std::make_shared<const Layout>();
@@ -249,7 +259,10 @@ Replicator::ToBackup* Replicator::backup_at(std::uint64_t sender, const Peer& fr
 }
 
 replication::Addressing Replicator::addressing_to(const std::string& peer) const {
-  return replication::Addressing{self_tag_, replication::node_tag(peer), options_.incarnation};
+  const std::uint64_t tag = replication::node_tag(peer);
+  const auto known = backup_incarnations_.find(tag);
+  return replication::Addressing{self_tag_, tag, options_.incarnation,
+                                 known == backup_incarnations_.end() ? 0 : known->second};
 }
 
 void Replicator::emit(std::span<const std::uint8_t> bytes, const Peer& to,
@@ -322,16 +335,36 @@ void Replicator::on_replicate(const replication::ReplicateHeader& header, const 
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  const std::uint64_t followed = primary->stream.stream();
-  replication::Ack ack = primary->stream.on_replicate(header, entries_, now_ns);
-  if (primary->stream.stream() != followed) {
-    std::uint64_t& largest = followed_[primary->tag];
-    largest = std::max(largest, primary->stream.stream());
+  replication::Ack ack;
+  if (header.addressing.receiver_incarnation == options_.incarnation) {
+    const std::uint64_t followed = primary->stream.stream();
+    ack = primary->stream.on_replicate(header, entries_, now_ns);
+    if (primary->stream.stream() != followed) {
+      std::uint64_t& largest = followed_[primary->tag];
+      largest = std::max(largest, primary->stream.stream());
+    }
+    for (auto& [id, f] : from_) {
+      if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
+    }
+  } else {
+    // For another process of this node, or for none yet (the primary has not
+    // heard from this one): refused untouched, however genuine its seal. A
+    // process that has just started follows no stream, so it took a recorded
+    // opening of an old one and counted the primary's buckets caught up on
+    // holders long gone; cut off from the primary, it then took them over
+    // and granted a key the primary's holder still had
+    // (ReplicatorTest.ARestartedBackupRefusesAStreamRecordedForItsEarlierProcess;
+    // against real nodes, ReplicationForgeryTest.
+    // AReplayedStreamOpeningDoesNotCatchUpARestartedBackup).
+    // The refusal names this process, so the primary addresses the stream
+    // to it. No news of the primary either: a replay would keep it "heard".
+    ack.stream = header.stream;
+    ack.echo_sent_ns = header.sent_ns;
+    ack.refused = true;
+    refused_process_.fetch_add(1, std::memory_order_relaxed);  // Relaxed: statistics.
   }
-  ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation};
-  for (auto& [id, f] : from_) {
-    if (f.get() == primary && heard_.contains(id)) heard_[id] = now_ns;
-  }
+  ack.addressing = replication::Addressing{self_tag_, primary->tag, options_.incarnation,
+                                           header.addressing.incarnation};
   // The answers the primary would send on this acknowledgement: every
   // relay whose entries are applied, from a stream acknowledged (not
   // refused; a frozen stream's acknowledgement stays where the takeover
@@ -376,19 +409,40 @@ void Replicator::on_ack(const replication::Ack& ack, const Peer& from, std::int6
                         std::vector<OutDatagram>& out) {
   ToBackup* s =
       ack.addressing.receiver == self_tag_ ? backup_at(ack.addressing.sender, from) : nullptr;
-  if (s == nullptr) {
+  // And for this process: stream ids may repeat across this node's restarts
+  // (they count from 1 in each map epoch), so an ack recorded from an
+  // earlier run and replayed could otherwise acknowledge entries of this
+  // run's stream that the backup never saw, and release the grants held on
+  // them (ReplicatorTest.AnAckToAnEarlierRunOfThePrimaryIsDropped).
+  if (s == nullptr || ack.addressing.receiver_incarnation != options_.incarnation) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  if (s->incarnation != 0 && ack.addressing.incarnation != s->incarnation) {
-    // Another process of the backup: what this stream's earlier acks
-    // counted on is gone with the old one.
-    s->stream.backup_restarted();
+  if (ack.addressing.incarnation != s->stream.addressing().receiver_incarnation) {
+    // From another process of the backup than the stream is addressed to.
+    // Only its refusal of this very stream says anything: that process is
+    // the backup now (it refuses what is not addressed to it). Anything else
+    // is an ack of a process gone, or of a datagram addressed as before.
+    if (!ack.refused || ack.stream != s->stream.stream() || ack.addressing.incarnation == 0) {
+      return;
+    }
+    backup_incarnations_[s->tag] = ack.addressing.incarnation;
+    const std::uint64_t before = s->stream.stream();
+    if (s->stream.readdress(next_stream_id(current_.epoch), ack.addressing.incarnation)) {
+      // Nothing of it was acknowledged, so it goes on, sent again from its
+      // first entry, and a start-up costs no second snapshot. Held answers
+      // wait on the same entries under the new id.
+      std::replace(held_streams_.begin(), held_streams_.end(), before, s->stream.stream());
+      poll_stream(*s, now_ns, out);
+    } else {
+      // What this stream's earlier acks counted on is gone with the old
+      // process: a new stream, with snapshots, addressed to the new one.
+      s->stream.backup_restarted();
+    }
   } else {
     s->stream.on_ack(ack, now_ns);
+    s->answered = true;
   }
-  s->incarnation = ack.addressing.incarnation;
-  s->answered = true;
   if (heard_.contains(s->peer)) heard_[s->peer] = now_ns;
   s->lease_until->store(s->stream.resync_requested() ? std::numeric_limits<std::int64_t>::min()
                                                      : s->stream.lease_until_ns(),
@@ -398,16 +452,18 @@ void Replicator::on_ack(const replication::Ack& ack, const Peer& from, std::int6
 
 void Replicator::poll(std::int64_t now_ns, std::vector<OutDatagram>& out) {
   LockGuard lock(mu_);
-  std::vector<std::vector<std::uint8_t>> wire;
-  for (auto& [id, s] : to_) {
-    wire.clear();
-    s->stream.poll(now_ns, current_.epoch, wire, now_ns >= options_.settled_at_ns);
-    if (options_.relay_replies && attach_relays(*s, wire)) mark_ack_later(*s, wire);
-    if (options_.carry_acks) carry_ack(*s, wire);
-    for (const auto& d : wire) emit(d, s->address, out);
-  }
+  for (auto& [id, s] : to_) poll_stream(*s, now_ns, out);
   for (auto& [id, f] : from_) flush_ack(*f, now_ns, out);
   release_held(out);
+}
+
+void Replicator::poll_stream(ToBackup& s, std::int64_t now_ns, std::vector<OutDatagram>& out) {
+  std::vector<std::vector<std::uint8_t>>& wire = wire_;
+  wire.clear();
+  s.stream.poll(now_ns, current_.epoch, wire, now_ns >= options_.settled_at_ns);
+  if (options_.relay_replies && attach_relays(s, wire)) mark_ack_later(s, wire);
+  if (options_.carry_acks) carry_ack(s, wire);
+  for (const auto& d : wire) emit(d, s.address, out);
 }
 
 void Replicator::mark_ack_later(const ToBackup& s,

@@ -14,9 +14,12 @@
 //     held (hold()) until every stream has acknowledged every entry it had
 //     when the reply was held, then comes out of poll() or on_datagram().
 //   * Addressing: every datagram names its sender and receiver by node id
-//     (replication::Addressing); one is taken only by the stream of the
-//     node it names, from the address the layout gives that node, and
-//     only when it is for this node.
+//     and process (replication::Addressing); one is taken only by the
+//     stream of the node it names, from the address the layout gives that
+//     node, and only when it is for this node's process. A primary learns
+//     each backup's process from its acks; a backup refuses a REPLICATE for
+//     another process (or none yet), and its refusal names its own, to which
+//     the primary then addresses the stream.
 //   * The primary lease of a bucket (lease_until()) is the earliest of its
 //     backups' streams' leases; it reads atomics, so a shard's gate calls it
 //     under the shard's lock without taking the replicator's.
@@ -88,9 +91,11 @@ struct ReplicatorOptions {
   // backup may then take over from it without waiting to have seen its
   // registration a lock-delay ago.
   std::int64_t settled_at_ns = 0;
-  // This process among the node's runs (replication::Addressing): any value
-  // a restart changes (the server uses its start on the wall clock). Only
-  // compared for equality, so a wall clock stepped back does no harm.
+  // This process among the node's runs (replication::Addressing): any
+  // non-zero value a restart changes (the server uses its start on the wall
+  // clock); 0 draws one at random. Only compared for equality, so a wall
+  // clock stepped back does no harm. Every REPLICATE to this node must name
+  // it, and every ack to it too.
   std::uint64_t incarnation = 0;
   // Answers from the backup (docs/cluster.md): a held answer that waits on
   // one backup alone rides in the REPLICATE that carries what it waits for,
@@ -250,6 +255,14 @@ class Replicator {
   [[nodiscard]] std::uint64_t rejected_datagrams() const noexcept {
     return rejected_.load(std::memory_order_relaxed);
   }
+  // As backup: REPLICATEs refused because they named another process of
+  // this node, or none (each answered, so the primary learns this one). A
+  // few per primary at start-up; more is a replay of an older run's stream.
+  [[nodiscard]] std::uint64_t refused_for_another_process() const noexcept {
+    return refused_process_.load(std::memory_order_relaxed);
+  }
+  // ReplicatorOptions::incarnation, or the one drawn for 0.
+  [[nodiscard]] std::uint64_t incarnation() const noexcept { return options_.incarnation; }
   // Of those, the ones not sealed with the cluster key (unsealed, another
   // key, a bad tag): STATS counts them in auth_failures.
   [[nodiscard]] std::uint64_t auth_failures() const noexcept {
@@ -287,10 +300,8 @@ class Replicator {
     std::uint64_t tag = replication::node_tag(peer);
     Peer address;
     replication::PrimaryStream stream;
-    // The backup's incarnation, from its first ack on this stream (0: none
-    // yet).
-    std::uint64_t incarnation = 0;
-    // Whether the backup has acknowledged this stream (attach_relays()).
+    // Whether the backup process the stream is addressed to has
+    // acknowledged it (attach_relays()).
     bool answered = false;
     // The stream's lease end, copied on each ack for lock-free readers.
     std::shared_ptr<std::atomic<std::int64_t>> lease_until;
@@ -352,13 +363,17 @@ class Replicator {
   // Appends a marker entry (reset, caught-up) to the stream to `peer`.
   void mark(std::uint16_t peer, replication::EntryKind kind, std::uint32_t bucket,
             bool owner_active = false);
-  // A stream id: the map epoch in the high half, a count in the low. A
-  // node works in a fresh epoch after every start (docs/cluster.md), so its
-  // ids rise across restarts too, as BackupStream needs.
+  // A stream id: the map epoch in the high half, a count in the low, so
+  // ids rise within this process. A node grants only in a fresh epoch after
+  // every start (docs/cluster.md), but the first map it adopts may be one its
+  // earlier run had, whose ids it repeats: the addressing (each end's
+  // process) tells such streams apart.
   std::uint64_t next_stream_id(std::uint64_t epoch) noexcept SHARDLOCK_REQUIRES(mu_);
 
   ReplicatorOptions options_;
-  std::atomic<std::uint64_t> rejected_{0};       // malformed, unauthenticated or from a stranger
+  std::atomic<std::uint64_t> rejected_{0};  // malformed, unauthenticated, from a stranger or to
+                                            // another run of this node
+  std::atomic<std::uint64_t> refused_process_{0};
   std::atomic<std::uint64_t> auth_failures_{0};  // unauthenticated
   std::atomic<std::uint64_t> relayed_{0};
   std::atomic<std::uint64_t> relays_sent_{0};
@@ -375,6 +390,9 @@ class Replicator {
   // An ack from `from` (alone, or carried in a REPLICATE).
   void on_ack(const replication::Ack& ack, const Peer& from, std::int64_t now_ns,
               std::vector<OutDatagram>& out) SHARDLOCK_REQUIRES(mu_);
+  // What poll() sends on `s` now.
+  void poll_stream(ToBackup& s, std::int64_t now_ns, std::vector<OutDatagram>& out)
+      SHARDLOCK_REQUIRES(mu_);
   // Puts the ack owed to the peer of `s`, if any, in the last of the
   // datagrams `wire` is about to send it.
   void carry_ack(const ToBackup& s, std::vector<std::vector<std::uint8_t>>& wire)
@@ -427,6 +445,10 @@ class Replicator {
   // afresh refuses those ids and every smaller one (set_layout()). One entry
   // per primary ever followed.
   std::unordered_map<std::uint64_t, std::uint64_t> followed_ SHARDLOCK_GUARDED_BY(mu_);
+  // The process each backup (by node_tag()) last named in a refusal of a
+  // stream to it: every stream started from then on is addressed to it
+  // (addressing_to()). One entry per backup ever heard from.
+  std::unordered_map<std::uint64_t, std::uint64_t> backup_incarnations_ SHARDLOCK_GUARDED_BY(mu_);
   replication::HeldReplies<OutDatagram> held_ SHARDLOCK_GUARDED_BY(mu_);
   // The stream ids held_'s needs refer to, by index.
   std::vector<std::uint64_t> held_streams_ SHARDLOCK_GUARDED_BY(mu_);
@@ -438,7 +460,8 @@ class Replicator {
       SHARDLOCK_REQUIRES(mu_);
   std::int64_t created_ns_;
   std::vector<std::uint8_t> scratch_ SHARDLOCK_GUARDED_BY(mu_);
-  std::vector<ToBackup*> hold_streams_ SHARDLOCK_GUARDED_BY(mu_);  // needs_now()'s
+  std::vector<std::vector<std::uint8_t>> wire_ SHARDLOCK_GUARDED_BY(mu_);  // poll_stream()'s
+  std::vector<ToBackup*> hold_streams_ SHARDLOCK_GUARDED_BY(mu_);          // needs_now()'s
   std::vector<replication::Entry> entries_ SHARDLOCK_GUARDED_BY(mu_);
   std::vector<replication::Relay> relays_ SHARDLOCK_GUARDED_BY(mu_);
 };

@@ -247,7 +247,9 @@ void Replicator::layout_primaries(
       // AReplayedStreamOpeningDoesNotCatchUpAFreshStream). The primary's
       // own datagrams of such a stream are refused (kFlagStreamRefused), so
       // it starts a new one with snapshots, as the gap they met made it do
-      // before. A restarted process remembers no stream: docs/security.md.
+      // before. A restarted process remembers no stream; every REPLICATE
+      // names the backup process it is for, so a recorded one reaches no
+      // later process (Replicator::on_replicate()).
       const auto after = after_stream.find(id);
       const bool retired = after != after_stream.end();
       const bool taken_from = retired || taken_over_from_.contains(id);
@@ -276,7 +278,6 @@ std::vector<std::pair<std::uint16_t, std::uint32_t>> Replicator::restart_streams
     ToBackup& s = *it->second;
     s.stream = replication::PrimaryStream(next_stream_id(current_.epoch), options_.timing,
                                           addressing_to(s.peer));
-    s.incarnation = 0;
     s.answered = false;
     s.lease_until->store(std::numeric_limits<std::int64_t>::min(), std::memory_order_release);
     s.covered.clear();

@@ -10,8 +10,9 @@
 // What each forgery would do is only visible once "b" owns the bucket: the
 // tests stop or evict "a", let "b" take the bucket over (what the cluster
 // layer does; replicated_server_test.cc shows the honest case), and ask "b"
-// who holds what. Every test fails when the check it is named for is taken
-// out of the server (docs/security.md, "Threat model").
+// who holds what; restart_b() replaces b's process with a new one on the
+// same port. Every test fails when the check it is named for is taken out
+// of the server (docs/security.md, "Threat model").
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -383,6 +384,52 @@ class ReplicationForgeryTest : public ::testing::Test {
     EXPECT_TRUE(acquire_at_b(forged_key_));
   }
 
+  // Once "b" has caught up on every bucket it backs up for "a": what "a"
+  // sent it so far (the stream's opening, no holder yet) into `opening`;
+  // then a holder h of held_key_ granted at "a" (so "b" has it), and the two
+  // cut off from each other from then on.
+  void record_opening_then_cut(std::vector<Datagram>& opening) {
+    ASSERT_TRUE(poll_until(
+        [&] {
+          const ReplicaProgress p = ClusterControl(*b_).replica_progress();
+          return p.backed > 0 && p.caught_up == p.backed;
+        },
+        5s, 1ms));
+    opening = relay_.recorded();
+    (void)hold(held_key_);
+    relay_.cut(true);
+  }
+  // After a replay of a's stream opening, with "a" and "b" cut off from
+  // each other: the map of `epoch` evicts "a", silent to "b", which must not
+  // take the bucket over from the stale snapshot (and grant held_key_,
+  // which h still holds at "a").
+  void expect_no_takeover_from_stale_snapshot(std::uint64_t epoch) {
+    const std::optional<std::size_t> installed = evict_a(/*stop_a=*/false, epoch, 1500ms);
+    if (installed.has_value()) {
+      const AcquireResult second = acquire_at_b(held_key_);
+      ADD_FAILURE() << "took the bucket over with " << *installed
+                    << " holders from a stale snapshot"
+                    << (second ? "; granted " + held_key_ + " while h holds it at a" : "");
+    }
+  }
+
+  // "b" restarts: its process stops, and a new one (another incarnation)
+  // starts on the same port with the same id, map and gate, as a node
+  // restarted on its data dir that adopts the current map.
+  void restart_b() {
+    const std::uint16_t port = b_->port();
+    b_->stop();
+    b_.reset();
+    LeaseServerOptions o = keyed_options(client_key_, cluster_key_);
+    o.bind_address = "127.0.0.1:" + std::to_string(port);
+    b_ = start_loopback_server(o);
+    ASSERT_NE(b_, nullptr);
+    ASSERT_FALSE(ClusterControl(*b_).set_replica_layout(1, *routing_, {}, 1, 2,
+                                                        {relay_.address(), loopback_address(*b_)}))
+        << b_->error_detail();
+    ClusterControl(*b_).publish_cluster_gate(gate_for(*b_, 1, routing_, 1, true));
+  }
+
   // A fresh client's try at `key` on "b".
   AcquireResult acquire_at_b(const std::string& key) const {
     return client_of(*b_)->acquire(key, 5s, 0ms);
@@ -560,16 +607,9 @@ TEST_F(ReplicationForgeryTest, AnEvictedPrimarysLateGrantIsNeverAcknowledged) {
 // Taken, "b" took the bucket over from that stale snapshot and granted
 // h's key while h still held it at "a".
 TEST_F(ReplicationForgeryTest, AReplayedStreamOpeningDoesNotCatchUpAFreshStream) {
-  ASSERT_TRUE(poll_until(
-      [&] {
-        const ReplicaProgress p = ClusterControl(*b_).replica_progress();
-        return p.backed > 0 && p.caught_up == p.backed;
-      },
-      5s, 1ms));
-  const std::vector<Datagram> opening = relay_.recorded();
-  const Holder h = hold(held_key_);
-
-  relay_.cut(true);  // "a" and "b" cannot reach each other from now on
+  std::vector<Datagram> opening;
+  record_opening_then_cut(opening);
+  if (HasFatalFailure()) return;
   // "b" missed epoch 2 and is given epoch 3, with the same owners.
   ASSERT_FALSE(ClusterControl(*b_).set_replica_layout(3, *routing_, {}, 1, 2,
                                                       {relay_.address(), loopback_address(*b_)}))
@@ -577,14 +617,32 @@ TEST_F(ReplicationForgeryTest, AReplayedStreamOpeningDoesNotCatchUpAFreshStream)
   for (const Datagram& d : opening) relay_.inject(d);
   sync_with_b();
 
-  // Epoch 4 evicts "a", silent to "b". "b" must not take the bucket over:
-  // it has nothing of a's stream since it started over.
-  const std::optional<std::size_t> installed = evict_a(/*stop_a=*/false, 4, 1500ms);
-  if (installed.has_value()) {
-    const AcquireResult second = acquire_at_b(held_key_);
-    ADD_FAILURE() << "took the bucket over with " << *installed << " holders from a stale snapshot"
-                  << (second ? "; granted " + held_key_ + " while h holds it at a" : "");
-  }
+  // Epoch 4 evicts "a": "b" has nothing of a's stream since it started over.
+  expect_no_takeover_from_stale_snapshot(4);
+}
+
+// The same replay against a backup *process* that has just restarted: it
+// remembers no stream it followed, so the refusal above cannot help it.
+// Every REPLICATE names the backup process it is for (Addressing::
+// receiver_incarnation), and the recorded opening names the process before
+// the restart (or none, sent before "a" had heard from "b"): the new process
+// refuses it untouched. Taken, "b" counted the bucket caught up on that
+// stale snapshot, took it over once "a" was evicted, and granted h's key
+// while h still held it at "a" (docs/security.md, "Threat model").
+TEST_F(ReplicationForgeryTest, AReplayedStreamOpeningDoesNotCatchUpARestartedBackup) {
+  std::vector<Datagram> opening;
+  record_opening_then_cut(opening);
+  if (HasFatalFailure()) return;
+  restart_b();
+  if (HasFatalFailure()) return;
+  for (const Datagram& d : opening) relay_.inject(d);
+  sync_with_b();
+  const ReplicaProgress progress = ClusterControl(*b_).replica_progress();
+  EXPECT_GT(progress.backed, 0U);
+  EXPECT_EQ(progress.caught_up, 0U) << "a recorded opening caught the restarted backup up";
+
+  // Epoch 2 evicts "a": "b" has nothing of a's stream since it restarted.
+  expect_no_takeover_from_stale_snapshot(2);
 }
 
 }  // namespace

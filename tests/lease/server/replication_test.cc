@@ -96,7 +96,7 @@ void deliver(PrimaryStream& primary, BackupStream& backup,
 
 TEST(ReplicationCodec, EveryEntryKindRoundTrips) {
   const std::vector<Entry> entries = one_of_each();
-  const ReplicateHeader header{0x1234, 17, 5, 123456789, false, Addressing{1, 2, 3}};
+  const ReplicateHeader header{0x1234, 17, 5, 123456789, false, Addressing{1, 2, 3, 4}};
   std::vector<std::uint8_t> bytes;
   ASSERT_EQ(encode_replicate(header, entries, bytes), entries.size());
   ReplicateHeader h;
@@ -105,7 +105,7 @@ TEST(ReplicationCodec, EveryEntryKindRoundTrips) {
   EXPECT_EQ(h, header);
   EXPECT_EQ(back, entries);
 
-  const Ack ack{0x1234, 9, 123456789, 250, Addressing{4, 5, 6}};
+  const Ack ack{0x1234, 9, 123456789, 250, Addressing{4, 5, 6, 7}};
   encode_ack(ack, bytes);
   EXPECT_EQ(bytes.size(), kAckHeaderSize);
   Ack a;
@@ -127,6 +127,83 @@ TEST(ReplicationCodec, AnUnaddressedVersionOneDatagramIsRefused) {
   bytes[4] = 1;
   Ack a;
   EXPECT_FALSE(decode_ack(bytes, a));
+}
+
+// Version 2 datagrams named no receiver process (Addressing::
+// receiver_incarnation), so a replayed stream opening reached a backup that
+// had restarted since: a node of this version refuses them, in their own
+// shape (8 bytes shorter, version 2) or with this version's, and never
+// crashes on one (a rolling upgrade sends it them: docs/cluster.md,
+// "Upgrades").
+TEST(ReplicationCodec, AVersionTwoDatagramIsRefused) {
+  constexpr std::size_t kVersionTwoReplicateHeader = 64;
+  constexpr std::size_t kVersionTwoAck = 60;
+  std::vector<std::uint8_t> bytes;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0, false, Addressing{1, 2, 3, 4}},
+                             std::vector{grant(1, "k", 2)}, bytes),
+            1U);
+  std::vector<std::uint8_t> two = bytes;
+  two.erase(two.begin() + kVersionTwoReplicateHeader, two.begin() + kReplicateHeaderSize);
+  two[4] = 2;
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  EXPECT_FALSE(decode_replicate(two, h, back));
+  EXPECT_TRUE(back.empty());
+  bytes[4] = 2;
+  EXPECT_FALSE(decode_replicate(bytes, h, back));
+  // A version 2 heartbeat is shorter than this version's header.
+  std::vector<std::uint8_t> heartbeat;
+  ASSERT_EQ(encode_replicate(ReplicateHeader{1, 1, 1, 0}, {}, heartbeat), 0U);
+  heartbeat.resize(kVersionTwoReplicateHeader);
+  heartbeat[4] = 2;
+  EXPECT_FALSE(decode_replicate(heartbeat, h, back));
+
+  std::vector<std::uint8_t> ack;
+  encode_ack(Ack{1, 1, 1, 1, Addressing{1, 2, 3, 4}}, ack);
+  std::vector<std::uint8_t> ack_two(ack.begin(), ack.begin() + kVersionTwoAck);
+  ack_two[4] = 2;
+  Ack a;
+  EXPECT_FALSE(decode_ack(ack_two, a));
+  ack[4] = 2;
+  EXPECT_FALSE(decode_ack(ack, a));
+  // A version 2 REPLICATE that carries a version 2 ack (kFlagCarriesAck).
+  std::vector<std::uint8_t> carrying = two;
+  carrying[kHeaderFlagsOffset] |= kFlagCarriesAck;
+  carrying.insert(carrying.end(), ack_two.begin(), ack_two.end());
+  std::optional<Ack> carried;
+  EXPECT_FALSE(decode_replicate(carrying, h, back, nullptr, &carried));
+  EXPECT_FALSE(carried.has_value());
+}
+
+// Both processes ride in every datagram, each in its own 8 bytes after the
+// node tags, so neither can be taken for the other.
+TEST(ReplicationCodec, TheReceiversIncarnationTravelsInBothDirections) {
+  std::vector<std::uint8_t> bytes;
+  const Addressing addressing{0x11, 0x22, 0x33, 0x44};
+  ASSERT_EQ(encode_replicate(ReplicateHeader{5, 1, 1, 0, false, addressing}, {}, bytes), 0U);
+  ASSERT_EQ(bytes.size(), kReplicateHeaderSize);
+  EXPECT_EQ(bytes[kReplicateHeaderSize - 8], 0x44);  // receiver_incarnation, last
+  EXPECT_EQ(bytes[kReplicateHeaderSize - 16], 0x33);
+  ReplicateHeader h;
+  std::vector<Entry> back;
+  ASSERT_TRUE(decode_replicate(bytes, h, back));
+  EXPECT_EQ(h.addressing, addressing);
+  encode_ack(Ack{5, 0, 0, 0, addressing, true}, bytes);
+  ASSERT_EQ(bytes.size(), kAckHeaderSize);
+  EXPECT_EQ(bytes[kAckHeaderSize - 8], 0x44);
+  Ack a;
+  ASSERT_TRUE(decode_ack(bytes, a));
+  EXPECT_EQ(a.addressing, addressing);
+  EXPECT_TRUE(a.refused);
+  // Carried in a REPLICATE, the ack keeps its own.
+  ASSERT_EQ(encode_replicate(ReplicateHeader{5, 1, 1, 0, false, addressing}, {}, bytes), 0U);
+  const Addressing back_again{0x22, 0x11, 0x44, 0x33};
+  ASSERT_TRUE(append_ack(bytes, Ack{9, 0, 0, 250, back_again}));
+  std::optional<Ack> carried;
+  ASSERT_TRUE(decode_replicate(bytes, h, back, nullptr, &carried));
+  ASSERT_TRUE(carried.has_value());
+  EXPECT_EQ(carried->addressing, back_again);
+  EXPECT_EQ(h.addressing, addressing);
 }
 
 TEST(ReplicationCodec, EveryTruncationAndTrailingByteIsRejected) {
@@ -370,7 +447,7 @@ TEST(ReplicationCodec, MalformedFieldsAreRejected) {
   bad[0] ^= 1;  // magic
   EXPECT_TRUE(rejected(bad));
   bad = good;
-  bad[4] = 3;  // version
+  bad[4] = kReplicationVersion + 1;  // version
   EXPECT_TRUE(rejected(bad));
   bad = good;
   bad[5] = 4;  // an unknown flag (1 is kFlagAuthenticated, 2 kFlagPrimarySettled)
@@ -845,6 +922,90 @@ TEST(ReplicationStream, ABackupFollowsOnlyALargerStreamFromItsStart) {
   EXPECT_EQ(backup.holders(1, "b").size(), 1U);  // kept: only a release removes it
   EXPECT_EQ(backup.holders(1, "c").size(), 1U);
   EXPECT_TRUE(backup.caught_up(1));
+}
+
+// A primary that restarted within a map epoch numbers its streams as its
+// earlier run did. The backup follows a stream id from the process whose
+// datagram started it: the same id from another process is refused (so that
+// primary starts a larger one), never applied as if its entries were the
+// ones already applied under that id.
+TEST(ReplicationStream, AStreamIdIsFollowedOnlyFromTheProcessThatStartedIt) {
+  StreamTiming timing;
+  BackupStream backup(timing, 0);
+  PrimaryStream first(10, timing, Addressing{1, 2, 100});
+  std::vector<std::vector<std::uint8_t>> wire;
+  snapshot_of(first, 1, "a", 1);
+  (void)first.append(grant(1, "x", 2));
+  first.poll(0, 1, wire);
+  deliver(first, backup, wire, 0);
+  ASSERT_EQ(backup.applied(), 4U);
+
+  // The restarted process, same id: its first entries would have been
+  // skipped as duplicates of the earlier run's, and acknowledged, unapplied,
+  // once it had sent as many.
+  PrimaryStream again(10, timing, Addressing{1, 2, 101});
+  (void)again.append(grant(1, "y", 3));
+  std::vector<std::vector<std::uint8_t>> again_wire;
+  again.poll(1 * kMs, 1, again_wire);
+  ASSERT_EQ(again_wire.size(), 1U);
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(decode_replicate(again_wire[0], header, entries));
+  const Ack ack = backup.on_replicate(header, entries, 1 * kMs);
+  EXPECT_TRUE(ack.refused);
+  EXPECT_EQ(ack.applied, 0U);
+  EXPECT_EQ(ack.lease_ms, 0U);
+  again.on_ack(ack, 1 * kMs);
+  EXPECT_TRUE(again.resync_requested());
+  EXPECT_EQ(backup.applied(), 4U);
+  EXPECT_TRUE(backup.holders(1, "y").empty());
+  // Its next stream is larger, and followed.
+  PrimaryStream next(11, timing, Addressing{1, 2, 101});
+  (void)next.append(grant(1, "y", 3));
+  std::vector<std::vector<std::uint8_t>> next_wire;
+  next.poll(2 * kMs, 1, next_wire);
+  deliver(next, backup, next_wire, 2 * kMs);
+  EXPECT_EQ(backup.stream(), 11U);
+  EXPECT_EQ(backup.holders(1, "y").size(), 1U);
+  EXPECT_TRUE(next.holds_lease(2 * kMs));
+  // The earlier run's datagrams of its stream are older now.
+  deliver(first, backup, wire, 3 * kMs);
+  EXPECT_EQ(backup.stream(), 11U);
+}
+
+// A stream refused by a backup process it was not addressed to goes on
+// under a larger id, addressed to that process, from its first entry, as
+// long as nothing of it was acknowledged; after that only a new stream
+// with snapshots serves.
+TEST(ReplicationStream, AStreamNothingOfWhichWasAcknowledgedIsReaddressed) {
+  StreamTiming timing;
+  PrimaryStream primary(20, timing, Addressing{1, 2, 100});
+  snapshot_of(primary, 1, "a", 1);
+  std::vector<std::vector<std::uint8_t>> wire;
+  primary.poll(0, 1, wire);
+  ASSERT_EQ(wire.size(), 1U);
+  ASSERT_TRUE(primary.readdress(21, 555));
+  EXPECT_EQ(primary.stream(), 21U);
+  EXPECT_EQ(primary.addressing().receiver_incarnation, 555U);
+  EXPECT_FALSE(primary.readdress(21, 556)) << "not larger";
+  wire.clear();
+  primary.poll(1 * kMs, 1, wire);  // at once, not after a retransmission timeout
+  ASSERT_EQ(wire.size(), 1U);
+  ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(decode_replicate(wire[0], header, entries));
+  EXPECT_EQ(header.stream, 21U);
+  EXPECT_EQ(header.first_seq, 1U);
+  EXPECT_EQ(entries.size(), 3U);
+  EXPECT_EQ(header.addressing.receiver_incarnation, 555U);
+  BackupStream backup(timing, 0);
+  deliver(primary, backup, wire, 1 * kMs);
+  EXPECT_EQ(primary.applied(), 3U);
+  EXPECT_TRUE(primary.holds_lease(1 * kMs));
+  // Acknowledged: no more.
+  EXPECT_FALSE(primary.readdress(22, 556));
+  EXPECT_EQ(primary.stream(), 21U);
+  EXPECT_EQ(primary.addressing().receiver_incarnation, 555U);
 }
 
 TEST(ReplicationStream, ABackupThatRestartedIsStartedOverAndWaitsOutItsOldPromise) {

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -49,6 +50,51 @@ ReplicatorOptions options(std::optional<AuthKey> key = std::nullopt) {
   ReplicatorOptions o;
   o.auth_key = key;
   return o;
+}
+
+// Moves datagrams between `nodes` (each a replicator and its port) until
+// none is left, starting with `wire` as sent by the node on port `from`;
+// returns what is for none of them (released client replies).
+std::vector<OutDatagram> shuttle(const std::vector<std::pair<Replicator*, std::uint16_t>>& nodes,
+                                 std::uint16_t from, const std::vector<OutDatagram>& wire,
+                                 std::int64_t now) {
+  std::vector<OutDatagram> clients;
+  std::vector<std::pair<std::uint16_t, OutDatagram>> in_flight;
+  for (const OutDatagram& d : wire) in_flight.emplace_back(from, d);
+  while (!in_flight.empty()) {
+    std::vector<std::pair<std::uint16_t, OutDatagram>> next;
+    for (const auto& [sender, d] : in_flight) {
+      const std::uint16_t port = ntohs(d.peer.addr.v4.sin_port);
+      const auto node = std::find_if(nodes.begin(), nodes.end(),
+                                     [port](const auto& n) { return n.second == port; });
+      if (node == nodes.end()) {
+        clients.push_back(d);
+        continue;
+      }
+      std::vector<OutDatagram> out;
+      EXPECT_TRUE(node->first->on_datagram({d.bytes.data(), d.length},
+                                           test_support::peer_on_port(sender), now, out));
+      for (const OutDatagram& o : out) next.emplace_back(port, o);
+    }
+    in_flight = std::move(next);
+  }
+  return clients;
+}
+
+// ReplicatorTest::through_refusal() for any primary (port 1001) and backup
+// (port 1002).
+std::vector<OutDatagram> through_refusal_of(Replicator& primary, Replicator& backup,
+                                            const std::vector<OutDatagram>& wire,
+                                            std::int64_t now) {
+  std::vector<OutDatagram> refusals;
+  for (const OutDatagram& d : wire) {
+    EXPECT_TRUE(backup.on_datagram({d.bytes.data(), d.length}, loopback(1001), now, refusals));
+  }
+  std::vector<OutDatagram> readdressed;
+  for (const OutDatagram& d : refusals) {
+    EXPECT_TRUE(primary.on_datagram({d.bytes.data(), d.length}, loopback(1002), now, readdressed));
+  }
+  return readdressed;
 }
 
 OutDatagram reply_datagram(std::uint8_t marker) {
@@ -135,6 +181,23 @@ class ReplicatorTest : public ::testing::Test {
     std::vector<OutDatagram> out;
     a_.poll(now_, out);
     return out;
+  }
+  // A stream's first datagrams are addressed to no process of "b" ("a"
+  // has not heard from it): hands `wire` (from "a") to "b", which refuses
+  // it, and its refusals to "a", which then addresses the stream to b's
+  // process. Returns what "a" sends then: `wire` as addressed to "b".
+  // "a" has a stream to start over: it does, with a snapshot holding "k"
+  // (token 41), and hands it to "b".
+  void restart_with_snapshot_of_k() {
+    ASSERT_TRUE(a_.restart_pending());
+    ASSERT_EQ(a_.restart_streams().size(), 1U);
+    a_.begin_snapshot(0, kBucket);
+    a_.append_snapshot(0, std::vector{grant("k", 41)});
+    a_.end_snapshot(0, kBucket);
+    (void)exchange(poll_a());
+  }
+  std::vector<OutDatagram> through_refusal(const std::vector<OutDatagram>& wire) {
+    return through_refusal_of(a_, *b_, wire, now_);
   }
   std::vector<OutDatagram> poll_b() {
     std::vector<OutDatagram> out;
@@ -285,14 +348,7 @@ TEST_F(ReplicatorTest, AnAnswerHeldForABackupThatLeftIsNeverSent) {
   lc.backing.assign(8, ReplicaLayout::kNone);
   lc.backing[kBucket] = 0;
   (void)c.set_layout(lc, now_);
-  std::vector<OutDatagram> acks;
-  for (const OutDatagram& d : out) {
-    EXPECT_TRUE(c.on_datagram({d.bytes.data(), d.length}, loopback(1001), now_, acks));
-  }
-  std::vector<OutDatagram> released;
-  for (const OutDatagram& d : acks) {
-    EXPECT_TRUE(a_.on_datagram({d.bytes.data(), d.length}, loopback(1003), now_, released));
-  }
+  const std::vector<OutDatagram> released = shuttle({{&a_, 1001}, {&c, 1003}}, 1001, out, now_);
   ASSERT_EQ(released.size(), 1U);
   EXPECT_EQ(released[0].bytes[0], 0x78);
 }
@@ -383,14 +439,7 @@ TEST_F(ReplicatorTest, ANodeReplacedAtTheSameAddressReachesItsOwnStream) {
   std::vector<OutDatagram> out;
   a2.poll(now_, out);
   ASSERT_FALSE(out.empty());
-  std::vector<OutDatagram> acks;
-  for (const OutDatagram& d : out) {
-    EXPECT_TRUE(b_->on_datagram({d.bytes.data(), d.length}, loopback(1001), now_, acks));
-  }
-  std::vector<OutDatagram> released;
-  for (const OutDatagram& d : acks) {
-    EXPECT_TRUE(a2.on_datagram({d.bytes.data(), d.length}, loopback(1002), now_, released));
-  }
+  (void)shuttle({{&a2, 1001}, {b_.get(), 1002}}, 1001, out, now_);
   EXPECT_GT(a2.lease_until(kBucket).count(), now_) << "a2's stream went to a's replica";
   // And "a"'s replica is still there for its takeover.
   std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
@@ -611,7 +660,8 @@ TEST_F(ReplicatorTest, ABackupThatSkippedAMapStartsEveryStreamOver) {
 // (replication_forgery_test.cc drives the same with real nodes).
 TEST_F(ReplicatorTest, AFreshStreamRefusesTheStreamsThisRunFollowedBefore) {
   both_layouts();
-  const std::vector<OutDatagram> opening = poll_a();  // the snapshot, no holder yet
+  // The snapshot, no holder yet, as addressed to b's process.
+  const std::vector<OutDatagram> opening = through_refusal(poll_a());
   (void)exchange(opening);
   using Progress = std::pair<std::size_t, std::size_t>;
   ASSERT_EQ(caught_up_of(*b_), Progress(1, 1));
@@ -629,12 +679,7 @@ TEST_F(ReplicatorTest, AFreshStreamRefusesTheStreamsThisRunFollowedBefore) {
   // The primary's heartbeat on that stream is refused: it starts over.
   now_ += 60 * kMs;
   (void)exchange(poll_a());
-  ASSERT_TRUE(a_.restart_pending());
-  ASSERT_EQ(a_.restart_streams().size(), 1U);
-  a_.begin_snapshot(0, kBucket);
-  a_.append_snapshot(0, std::vector{grant("k", 41)});
-  a_.end_snapshot(0, kBucket);
-  (void)exchange(poll_a());
+  restart_with_snapshot_of_k();
   EXPECT_EQ(caught_up_of(*b_), Progress(1, 1));
 }
 
@@ -718,7 +763,7 @@ TEST_F(ReplicatorTest, AStrangersDatagramsEarnNothing) {
 TEST_F(ReplicatorTest, ADatagramThatMisnamesEitherEndEarnsNothing) {
   both_layouts();
   a_.route(std::vector{grant("k", 41)});
-  const std::vector<OutDatagram> wire = poll_a();
+  const std::vector<OutDatagram> wire = through_refusal(poll_a());
   ASSERT_EQ(wire.size(), 1U);
   using replication::ReplicateHeader;
   ReplicateHeader header;
@@ -828,6 +873,217 @@ TEST_F(ReplicatorTest, ABackupsNewIncarnationStartsTheStreamOver) {
   EXPECT_EQ(a_.lease_until(kBucket).count(), std::numeric_limits<std::int64_t>::min());
 }
 
+// A stream's first datagrams name no backup process (the primary has not
+// heard from it), and the backup refuses them untouched; its refusal names
+// its process, and the stream goes on addressed to it, under a larger id,
+// from its first entry: no second snapshot, and the held answer comes once
+// the backup has its grant.
+TEST_F(ReplicatorTest, AStreamGoesOnAddressedToTheProcessThatRefusedItsFirstDatagrams) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  OutDatagram reply = reply_datagram(0x77);
+  ASSERT_TRUE(a_.hold(reply));
+  const std::vector<OutDatagram> first = poll_a();
+  ASSERT_EQ(first.size(), 1U);
+  replication::ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(
+      replication::decode_replicate({first[0].bytes.data(), first[0].length}, header, entries));
+  EXPECT_EQ(header.addressing.incarnation, a_.incarnation());
+  EXPECT_EQ(header.addressing.receiver_incarnation, 0U);
+  std::vector<OutDatagram> refusal;
+  ASSERT_TRUE(
+      b_->on_datagram({first[0].bytes.data(), first[0].length}, loopback(1001), now_, refusal));
+  ASSERT_EQ(refusal.size(), 1U);
+  EXPECT_EQ(b_->refused_for_another_process(), 1U);
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
+  replication::Ack ack;
+  ASSERT_TRUE(replication::decode_ack({refusal[0].bytes.data(), refusal[0].length}, ack));
+  EXPECT_TRUE(ack.refused);
+  EXPECT_EQ(ack.lease_ms, 0U);
+  EXPECT_EQ(ack.addressing.incarnation, b_->incarnation());
+  EXPECT_EQ(ack.addressing.receiver_incarnation, a_.incarnation());
+
+  std::vector<OutDatagram> again;
+  ASSERT_TRUE(
+      a_.on_datagram({refusal[0].bytes.data(), refusal[0].length}, loopback(1002), now_, again));
+  EXPECT_FALSE(a_.restart_pending());
+  ASSERT_EQ(again.size(), 1U);
+  replication::ReplicateHeader readdressed;
+  ASSERT_TRUE(replication::decode_replicate({again[0].bytes.data(), again[0].length}, readdressed,
+                                            entries));
+  EXPECT_GT(readdressed.stream, header.stream);
+  EXPECT_EQ(readdressed.first_seq, 1U);
+  EXPECT_EQ(entries.size(), 3U);
+  EXPECT_EQ(readdressed.addressing.receiver_incarnation, b_->incarnation());
+  EXPECT_EQ(a_.held(), 1U);
+  const std::vector<OutDatagram> released = exchange(again);
+  ASSERT_EQ(released.size(), 1U);
+  EXPECT_EQ(released[0].bytes[0], 0x77);
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
+  // A late refusal of a datagram addressed as before names the old id and
+  // changes nothing.
+  ASSERT_TRUE(
+      a_.on_datagram({refusal[0].bytes.data(), refusal[0].length}, loopback(1002), now_, again));
+  EXPECT_FALSE(a_.restart_pending());
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
+// The restarted-backup hole: a backup process that has just started
+// follows no stream, so a recorded opening of its primary's stream (a
+// snapshot and caught-up mark, under the primary's own seal) counted the
+// bucket caught up on holders long gone. Every REPLICATE names the backup
+// process it is for, and one for another is refused untouched.
+TEST_F(ReplicatorTest, ARestartedBackupRefusesAStreamRecordedForItsEarlierProcess) {
+  both_layouts();
+  const std::vector<OutDatagram> opening = through_refusal(poll_a());  // no holder yet
+  (void)exchange(opening);
+  ASSERT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
+  a_.route(std::vector{grant("k", 41)});
+  (void)exchange(poll_a());
+
+  // "b" restarts (a new process, the same layout); "a" cannot reach it.
+  b_ = std::make_unique<Replicator>(options(), now_);
+  (void)b_->set_layout(backup_layout(4), now_);
+  std::vector<OutDatagram> answers;
+  for (const OutDatagram& d : opening) {
+    EXPECT_TRUE(b_->on_datagram({d.bytes.data(), d.length}, loopback(1001), now_, answers));
+  }
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
+  EXPECT_EQ(b_->refused_for_another_process(), opening.size());
+  ASSERT_EQ(answers.size(), opening.size());
+  for (const OutDatagram& d : answers) {
+    replication::Ack ack;
+    ASSERT_TRUE(replication::decode_ack({d.bytes.data(), d.length}, ack));
+    EXPECT_TRUE(ack.refused);
+    EXPECT_EQ(ack.lease_ms, 0U);
+    EXPECT_EQ(ack.addressing.incarnation, b_->incarnation());
+  }
+  // Nor a datagram addressed to no process (one sent before the primary
+  // heard from any): the same opening with its receiver's process cleared.
+  replication::ReplicateHeader header;
+  std::vector<Entry> entries;
+  ASSERT_TRUE(
+      replication::decode_replicate({opening[0].bytes.data(), opening[0].length}, header, entries));
+  header.addressing.receiver_incarnation = 0;
+  std::vector<std::uint8_t> unaddressed;
+  ASSERT_EQ(replication::encode_replicate(header, entries, unaddressed), entries.size());
+  EXPECT_TRUE(b_->on_datagram(unaddressed, loopback(1001), now_, answers));
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
+  // Once its promise has run out it may take over only on what "a" itself
+  // sends it: nothing yet.
+  (void)b_->set_layout(layout_without_a(5), now_);
+  std::vector<std::pair<std::string, replication::ReplicaHolder>> holders;
+  EXPECT_FALSE(b_->takeover("a", kBucket, now_ + 300 * kMs, holders));
+  // The primary's own next datagram is refused too, and names the new
+  // process: "a" starts a stream over to it, with snapshots.
+  b_ = std::make_unique<Replicator>(options(), now_);
+  (void)b_->set_layout(backup_layout(4), now_);
+  now_ += 60 * kMs;
+  (void)exchange(poll_a());
+  restart_with_snapshot_of_k();
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{1}, std::size_t{1}));
+  EXPECT_GT(a_.lease_until(kBucket).count(), now_);
+}
+
+// The mirror case: stream ids count from 1 in each map epoch, so a primary
+// that restarts within one numbers its streams as its earlier run did. An
+// ack the backup sent that earlier run, recorded and replayed while the new
+// run's grant is held back on its way to the backup, acknowledged the grant
+// the backup never saw: the answer went out, and a takeover by the backup
+// would grant the key again. An ack names the primary process it is for.
+TEST_F(ReplicatorTest, AnAckToAnEarlierRunOfThePrimaryIsDropped) {
+  // A run of "a": its process, the map of epoch 4, its snapshot for "b".
+  const auto run_of_a = [this](std::uint64_t incarnation) {
+    ReplicatorOptions o = options();
+    o.incarnation = incarnation;
+    auto run = std::make_unique<Replicator>(o, now_);
+    (void)run->set_layout(primary_layout(4, "b", 1002), now_);
+    run->begin_snapshot(0, kBucket);
+    run->end_snapshot(0, kBucket);
+    return run;
+  };
+  const std::unique_ptr<Replicator> first_run = run_of_a(21);
+  Replicator& a1 = *first_run;
+  EXPECT_TRUE(b_->set_layout(backup_layout(4), now_).empty());
+  const std::vector<std::pair<Replicator*, std::uint16_t>> nodes = {{&a1, 1001}, {b_.get(), 1002}};
+  std::vector<OutDatagram> wire;
+  a1.poll(now_, wire);
+  (void)shuttle(nodes, 1001, wire, now_);
+  a1.route(std::vector{grant("k", 41)});
+  wire.clear();
+  a1.poll(now_, wire);
+  // b's acks of the grant, as an attacker records them.
+  std::vector<OutDatagram> recorded;
+  for (const OutDatagram& d : wire) {
+    EXPECT_TRUE(b_->on_datagram({d.bytes.data(), d.length}, loopback(1001), now_, recorded));
+  }
+  ASSERT_EQ(recorded.size(), 1U);
+  (void)shuttle(nodes, 1002, recorded, now_);
+  ASSERT_GT(a1.lease_until(kBucket).count(), now_);
+
+  // "a" restarts at once in the same epoch. It learns b's process (b
+  // refuses its first datagrams, addressed to none) and goes on addressed
+  // to it under the id its earlier run used there; from then on what it
+  // sends "b" is held back.
+  const std::unique_ptr<Replicator> second_run = run_of_a(22);
+  Replicator& a2 = *second_run;
+  wire.clear();
+  a2.poll(now_, wire);
+  std::vector<OutDatagram> held_back = through_refusal_of(a2, *b_, wire, now_);
+  ASSERT_EQ(held_back.size(), 1U);
+  a2.route(std::vector{grant("j", 42)});
+  OutDatagram answer = reply_datagram(0x55);
+  ASSERT_TRUE(a2.hold(answer));
+  held_back.clear();
+  a2.poll(now_, held_back);
+  ASSERT_FALSE(held_back.empty());
+
+  std::vector<OutDatagram> released;
+  for (const OutDatagram& d : recorded) {
+    EXPECT_TRUE(a2.on_datagram({d.bytes.data(), d.length}, loopback(1002), now_, released));
+  }
+  EXPECT_TRUE(released.empty()) << "the answer left with no backup having the grant";
+  EXPECT_EQ(a2.held(), 1U);
+  EXPECT_LT(a2.lease_until(kBucket).count(), now_);
+  EXPECT_EQ(a2.rejected_datagrams(), recorded.size());
+}
+
+// A rolling upgrade: a node of the version before (2) sends datagrams 8
+// bytes shorter per end, and this node drops them, counted, unanswered (an
+// answer would lend a lease), whichever way they go (docs/cluster.md,
+// "Upgrades").
+TEST_F(ReplicatorTest, AVersionTwoPeersDatagramsAreDroppedUnanswered) {
+  both_layouts();
+  a_.route(std::vector{grant("k", 41)});
+  const std::vector<OutDatagram> wire = through_refusal(poll_a());
+  ASSERT_EQ(wire.size(), 1U);
+  // As a version 2 node sends it: no receiver's process, version 2.
+  const auto version_two = [](const OutDatagram& d, std::size_t header) {
+    std::vector<std::uint8_t> bytes(d.bytes.begin(), d.bytes.begin() + d.length);
+    bytes.erase(bytes.begin() + static_cast<std::ptrdiff_t>(header) - 8,
+                bytes.begin() + static_cast<std::ptrdiff_t>(header));
+    bytes[4] = 2;
+    return bytes;
+  };
+  std::vector<OutDatagram> out;
+  EXPECT_TRUE(b_->on_datagram(version_two(wire[0], replication::kReplicateHeaderSize),
+                              loopback(1001), now_, out));
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(b_->rejected_datagrams(), 1U);
+  EXPECT_EQ(caught_up_of(*b_), std::make_pair(std::size_t{0}, std::size_t{1}));
+  // b's ack of the datagram as sent, in version 2's shape, to "a".
+  ASSERT_TRUE(b_->on_datagram({wire[0].bytes.data(), wire[0].length}, loopback(1001), now_, out));
+  ASSERT_EQ(out.size(), 1U);
+  std::vector<OutDatagram> none;
+  EXPECT_TRUE(
+      a_.on_datagram(version_two(out[0], replication::kAckHeaderSize), loopback(1002), now_, none));
+  EXPECT_TRUE(none.empty());
+  EXPECT_EQ(a_.rejected_datagrams(), 1U);
+  EXPECT_LT(a_.lease_until(kBucket).count(), now_);
+}
+
 TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
   AuthKey key{};
   key[0] = 1;
@@ -861,12 +1117,7 @@ TEST(ReplicatorAuth, SealedStreamsWorkAndAWrongKeyEarnsNoLease) {
 
   wire.clear();
   a.poll(0, wire);
-  EXPECT_TRUE(
-      b.on_datagram(std::span(wire[0].bytes.data(), wire[0].length), loopback(1001), 0, out));
-  ASSERT_EQ(out.size(), 1U);
-  std::vector<OutDatagram> none;
-  EXPECT_TRUE(
-      a.on_datagram(std::span(out[0].bytes.data(), out[0].length), loopback(1002), 0, none));
+  EXPECT_TRUE(shuttle({{&a, 1001}, {&b, 1002}}, 1001, wire, 0).empty());
   EXPECT_GT(a.lease_until(kBucket).count(), 0);
 }
 
@@ -1049,11 +1300,13 @@ TEST_F(RelayTest, AnAckAnotherHeldAnswerWaitsOnComesAtOnce) {
 
 TEST_F(RelayTest, AnAnswerNotRelayableOrBeforeTheBackupAnsweredComesFromThePrimary) {
   both_layouts();
-  // The backup has not answered this stream yet (it may predate relays).
+  // The backup has not answered this stream yet (it may predate relays);
+  // its refusal of the stream's first datagrams, addressed to no process of
+  // it, is no answer.
   a_.route(std::vector{grant("k", 41)});
   OutDatagram first = reply_datagram(0x11);
   ASSERT_TRUE(a_.hold(first, {}, true));
-  Sent sent = step_to_b(poll_a());
+  Sent sent = step_to_b(through_refusal(poll_a()));
   EXPECT_TRUE(sent.by_b.empty());
   std::vector<OutDatagram> released = deliver_to_a(sent.to_a);
   ASSERT_EQ(released.size(), 1U);

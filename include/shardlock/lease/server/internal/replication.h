@@ -65,7 +65,11 @@ inline constexpr std::uint32_t kReplicateMagic = 0x50524C53;  // "SLRP" little-e
 inline constexpr std::uint32_t kAckMagic = 0x41524C53;        // "SLRA" little-endian
 // Version 2 added the addressing (Addressing below): version 1 datagrams
 // named neither end, so a backup matched them by source address alone.
-inline constexpr std::uint8_t kReplicationVersion = 2;
+// Version 3 added the receiver's incarnation (Addressing::
+// receiver_incarnation): a version 2 stream named no backup process, so a
+// backup that had just restarted followed a recorded opening of an old one.
+// Each version refuses the others (docs/cluster.md, "Upgrades").
+inline constexpr std::uint8_t kReplicationVersion = 3;
 // Node-to-node datagrams stay under a common path MTU, as client ones do,
 // with room for the authentication tag.
 inline constexpr std::size_t kMaxReplicationDatagram = kMaxDatagramSize - kAuthTagSize;
@@ -73,7 +77,7 @@ inline constexpr std::size_t kMaxReplicationDatagram = kMaxDatagramSize - kAuthT
 // (kHeaderFlagsOffset), so seal_datagram() and open_datagram() (auth.h)
 // authenticate node-to-node datagrams unchanged. A REPLICATE's flags may
 // also carry kFlagPrimarySettled.
-inline constexpr std::size_t kReplicateHeaderSize = 64;
+inline constexpr std::size_t kReplicateHeaderSize = 72;
 // The primary's process has been up for its lock-delay: every lease it may
 // have granted, its earlier runs' included, is in its state, so a stream's
 // snapshots cover them all (ReplicateHeader::settled).
@@ -84,7 +88,7 @@ inline constexpr std::uint8_t kFlagPrimarySettled = 0x02;
 // alone cannot say so to a primary that has had nothing of the stream
 // acknowledged yet.
 inline constexpr std::uint8_t kFlagStreamRefused = 0x04;
-inline constexpr std::size_t kAckHeaderSize = 60;  // the whole ack
+inline constexpr std::size_t kAckHeaderSize = 68;  // the whole ack
 // A REPLICATE's flag: after its entries come relays (Relay below), client
 // answers the backup sends on once it has applied what they wait for. A
 // backup that predates relays refuses such a datagram; the primary's
@@ -111,13 +115,18 @@ inline constexpr std::uint8_t kFlagCarriesAck = 0x20;
 // end is named by node_tag() of its node id, so a backup finds the stream of the primary the
 // datagram names, not of whichever node last used the address, and checks that the address is the
 // one the layout gives that node; a datagram for another node (a stale address, a replaced node) is
-// refused. `incarnation` is the sender's process (ReplicatorOptions::incarnation): a primary that
-// sees its backup's change starts the stream over, whatever the new process acknowledges. All zero:
-// unaddressed (tests of the streams alone).
+// refused. `incarnation` is the sender's process (ReplicatorOptions::incarnation), and
+// `receiver_incarnation` the receiver's as the sender last heard it (0: not yet). A node takes a
+// datagram only when it names its own process: a backup refuses (kFlagStreamRefused, its
+// incarnation in the refusal) a REPLICATE for another, or for none, so a recorded stream opening
+// replayed to a backup that restarted since is refused, and the primary learns whom to address;
+// a primary drops an ack for another of its runs (stream ids may repeat across its restarts).
+// All zero: unaddressed (tests of the streams alone).
 struct Addressing {
   std::uint64_t sender = 0;
   std::uint64_t receiver = 0;
   std::uint64_t incarnation = 0;
+  std::uint64_t receiver_incarnation = 0;
   friend bool operator==(const Addressing&, const Addressing&) = default;
 };
 // A node id's tag on the wire: XXH3 of the id. Two ids of one cluster with
@@ -167,7 +176,7 @@ struct Entry {
 [[nodiscard]] std::size_t entry_size(const Entry& e) noexcept;
 
 struct ReplicateHeader {
-  std::uint64_t stream = 0;     // rises per (primary, backup), restarts included; never 0
+  std::uint64_t stream = 0;     // rises per (primary, backup) within a process; never 0
   std::uint64_t epoch = 0;      // the primary's map epoch at the send
   std::uint64_t first_seq = 0;  // the first entry's number (entries are consecutive);
                                 // with no entries, the next number (a heartbeat)
@@ -263,11 +272,14 @@ struct StreamTiming {
 class PrimaryStream {
  public:
   // `stream`: this stream's id, non-zero, and larger than every earlier
-  // stream of this primary to this backup, also across restarts (the node
-  // puts its etcd registration's create revision in the high bits and a
-  // count of restarts of the stream in the low ones): a backup follows only
-  // a larger id, so a late datagram of an older stream can never roll it
-  // back.
+  // stream of this process to this backup (the node puts the map epoch in
+  // the high bits and a count of its streams in the low ones): a backup
+  // follows only a larger id, so a late datagram of an older stream can
+  // never roll it back. Across the primary's restarts ids may repeat within
+  // an epoch (the first map a restarted node adopts may be its earlier
+  // run's last), so a backup follows an id only from the process that
+  // started it, and the primary takes an ack only for its own process
+  // (Addressing).
   // `addressing`: what every datagram of the stream names (Addressing).
   PrimaryStream(std::uint64_t stream, const StreamTiming& timing,
                 const Addressing& addressing = {}) noexcept;
@@ -310,6 +322,16 @@ class PrimaryStream {
   // incarnation changed): what it acknowledged is gone with it, so
   // resync_requested() from now on.
   void backup_restarted() noexcept { resync_ = true; }
+  // What every datagram of the stream names.
+  [[nodiscard]] const Addressing& addressing() const noexcept { return addressing_; }
+  // Another process of the backup than the stream is addressed to refused
+  // it (Addressing): when nothing of it was acknowledged (no entry trimmed,
+  // no lease), the stream goes on as `stream` (larger than stream()),
+  // addressed to `receiver_incarnation`, every entry unsent, so the next
+  // poll() sends it all from the first entry and a refusal of a datagram
+  // addressed as before names the old id. Returns false and changes nothing
+  // otherwise: only a new stream with snapshots serves then.
+  [[nodiscard]] bool readdress(std::uint64_t stream, std::uint64_t receiver_incarnation) noexcept;
   [[nodiscard]] std::uint64_t datagrams_sent() const noexcept { return datagrams_sent_; }
   [[nodiscard]] std::uint64_t retransmissions() const noexcept { return retransmissions_; }
 
@@ -382,7 +404,11 @@ class BackupStream {
   // one followed starts following it from its first entry (the primary
   // keeps everything unacknowledged, so it resends from there). One of a
   // smaller id is answered without a lease and not applied, so a late
-  // datagram of an older stream can never roll the replica back. Entries
+  // datagram of an older stream can never roll the replica back. A stream
+  // is followed from the primary process (Addressing::incarnation) whose
+  // datagram started it: one of the same id from another process (stream
+  // ids may repeat across the primary's restarts) is refused, so its
+  // entries are never taken for the ones applied. Entries
   // already applied are skipped; entries after a gap are not applied (the
   // ack names the last one applied, and the primary resends).
   Ack on_replicate(const ReplicateHeader& header, std::span<const Entry> entries,
@@ -452,6 +478,7 @@ class BackupStream {
   std::uint64_t after_stream_ = 0;
   std::uint64_t lease_from_epoch_ = 0;
   std::uint64_t stream_ = 0;
+  std::uint64_t stream_incarnation_ = 0;  // the primary process that sent stream_
   std::uint64_t applied_ = 0;
   bool primary_settled_ = false;
   bool promising_ = true;
