@@ -269,11 +269,14 @@ std::optional<std::vector<std::uint8_t>> exchange(std::uint16_t port,
 }
 
 // billing's ACQUIRE of `key`, sealed in `mode` as its client would.
+// `request_id`: each call of one client its own, or the server answers a
+// second key under the same id ERROR request_id_reused when both keys land
+// on one shard (which the secret seed decides at each start).
 std::vector<std::uint8_t> sealed_acquire(const AuthKey& key, std::string_view lease_key,
-                                         EnvelopeMode mode) {
+                                         EnvelopeMode mode, std::uint64_t request_id) {
   Message m;
   m.type = MessageType::kAcquire;
-  m.request_id = 77;
+  m.request_id = request_id;
   m.key = lease_key;
   m.ttl_ms = 5000;
   Datagram d;
@@ -295,8 +298,9 @@ std::vector<std::uint8_t> sealed_acquire(const AuthKey& key, std::string_view le
 // same datagram is answered, in its own form, once AES is back.
 TEST_F(TenantsServerTest, AServerWithoutAesDropsAesDatagramsAsAuthFailures) {
   if (!aes_gcm_available()) GTEST_SKIP() << "this CPU has no AES-NI";
-  const auto aes = sealed_acquire(keys_.billing, "billing/n", EnvelopeMode::kEncryptedAes);
-  const auto portable = sealed_acquire(keys_.billing, "billing/p", EnvelopeMode::kAuthenticated);
+  const auto aes = sealed_acquire(keys_.billing, "billing/n", EnvelopeMode::kEncryptedAes, 77);
+  const auto portable =
+      sealed_acquire(keys_.billing, "billing/p", EnvelopeMode::kAuthenticated, 78);
   internal::hide_aes_gcm_for_testing(true);
   const std::uint64_t before = auth_failures();
   EXPECT_EQ(exchange(server_->port(), aes, 300ms), std::nullopt);
