@@ -46,33 +46,43 @@ std::error_code ClientCore::choose_identity() {
   return {};
 }
 
+namespace {
+
+// The form the options seal datagrams in (tenant, encrypt, cipher), into
+// `mode`; kBadArgument with `detail` set when they do not fit together.
+std::error_code sealing_of(const LeaseClientOptions& o, std::string& detail, EnvelopeMode& mode) {
+  if ((o.tenant || o.encrypt) && !o.auth_key) {
+    detail = "a tenant (and encryption) needs the tenant's key (auth_key)";
+    return LeaseErrc::kBadArgument;
+  }
+  if (o.encrypt && !o.tenant) {
+    detail = "encryption needs a tenant key id (tenant)";
+    return LeaseErrc::kBadArgument;
+  }
+  if (o.tenant) {
+    const std::optional<EnvelopeMode> chosen = tenant_envelope_mode(o.encrypt, o.cipher);
+    if (!chosen) {
+      detail = "this CPU has no AES-GCM (AES-NI and PCLMULQDQ): seal with the portable cipher";
+      return LeaseErrc::kBadArgument;
+    }
+    mode = *chosen;
+  } else if (o.cipher == EnvelopeCipher::kAes) {
+    detail = "the AES-GCM cipher seals a tenant's datagrams: it needs a tenant key id (tenant)";
+    return LeaseErrc::kBadArgument;
+  }
+  return {};
+}
+
+}  // namespace
+
 std::error_code ClientCore::start() {
   if (engine.started()) return LeaseErrc::kBadArgument;
   if (setup.options.nodes.empty()) {
     error_detail = "no nodes configured";
     return LeaseErrc::kBadAddress;
   }
-  if ((setup.options.tenant || setup.options.encrypt) && !setup.options.auth_key) {
-    error_detail = "a tenant (and encryption) needs the tenant's key (auth_key)";
-    return LeaseErrc::kBadArgument;
-  }
-  if (setup.options.encrypt && !setup.options.tenant) {
-    error_detail = "encryption needs a tenant key id (tenant)";
-    return LeaseErrc::kBadArgument;
-  }
-  if (setup.options.tenant) {
-    const std::optional<EnvelopeMode> mode =
-        tenant_envelope_mode(setup.options.encrypt, setup.options.cipher);
-    if (!mode) {
-      error_detail =
-          "this CPU has no AES-GCM (AES-NI and PCLMULQDQ): seal with the portable cipher";
-      return LeaseErrc::kBadArgument;
-    }
-    setup.seal_mode = *mode;
-  } else if (setup.options.cipher == EnvelopeCipher::kAes) {
-    error_detail =
-        "the AES-GCM cipher seals a tenant's datagrams: it needs a tenant key id (tenant)";
-    return LeaseErrc::kBadArgument;
+  if (const std::error_code ec = sealing_of(setup.options, error_detail, setup.seal_mode)) {
+    return ec;
   }
   int family = AF_UNSPEC;
   for (const std::string& node : setup.options.nodes) {
