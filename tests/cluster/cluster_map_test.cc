@@ -235,13 +235,12 @@ TEST(ClusterNames, PrefixAndUrlAcceptOnlyWhatCannotEscapeTheirPlace) {
   EXPECT_EQ(parse_etcd_url("https://10.0.0.1:2379,https://10.0.0.2:2379"), tls);
   EXPECT_EQ(parse_etcd_url("etcds://10.0.0.1:2379,https://10.0.0.2:2379"), tls);
   EXPECT_EQ(parse_etcd_url("http://a:1,etcd://b:2"), (EtcdUrl{"a:1,b:2", false}));
-  for (const char* bad :
-       {"", "etcd://", "etcds://", "127.0.0.1:2379", "etcd://127.0.0.1", "etcd://a:1,",
-        "etcd://a:1,,b:2", "etcd://a:0", "etcd://a:1 ,b:2", "ETCD://a:1", "unix://a:1",
-        "grpc://a:1",
-        // Plaintext and TLS in one list: one of them would be a mistake.
-        "etcds://a:1,http://b:2", "http://a:1,https://b:2", "etcd://a:1,etcds://b:2",
-        "etcd://http://a:1"}) {
+  for (const char* bad : {"", "etcd://", "etcds://", "127.0.0.1:2379", "etcd://127.0.0.1",
+                          "etcd://a:1,", "etcd://a:1,,b:2", "etcd://a:0", "etcd://a:1 ,b:2",
+                          "ETCD://a:1", "unix://a:1", "grpc://a:1",
+                          // Plaintext and TLS in one list: one of them would be a mistake.
+                          "etcds://a:1,http://b:2", "http://a:1,https://b:2",
+                          "etcd://a:1,etcds://b:2", "etcd://http://a:1"}) {
     EXPECT_FALSE(parse_etcd_url(bad).has_value()) << "'" << bad << "'";
   }
 }

@@ -56,25 +56,25 @@ namespace shardlock::cluster {
 // client's own checks add the rest.
 enum class EtcdErrc : std::uint8_t {
   kOk = 0,
-  kBadEndpoint,         // an endpoint does not parse as HOST:PORT
-  kUnavailable,         // no connection to etcd, or it broke (UNAVAILABLE)
-  kDeadlineExceeded,    // connected, but no answer before the deadline (DEADLINE_EXCEEDED)
-  kCancelled,           // the call was cancelled, e.g. by closing a watch (CANCELLED)
-  kNotFound,            // etcd has no such lease (NOT_FOUND: "requested lease not found")
-  kInvalidArgument,     // etcd refused the request (INVALID_ARGUMENT, e.g. an empty key)
-  kFailedPrecondition,  // FAILED_PRECONDITION, e.g. a lease TTL etcd will not grant
-  kCompacted,           // a watch's start revision is compacted (OUT_OF_RANGE, or a
-                        // watch response's compact_revision)
-  kPermissionDenied,    // PERMISSION_DENIED or UNAUTHENTICATED: the user lacks a role for the
-                        // keys, or etcd wants credentials that were not given
-  kResourceExhausted,   // RESOURCE_EXHAUSTED (too many requests, a request too large)
-  kLeaseExpired,        // a keep-alive found the lease gone (etcd answered TTL 0)
-  kProtocol,            // etcd's answer lacks what the request implies
-  kServerError,         // any other gRPC status (INTERNAL, UNKNOWN, ...)
-  kTlsConfig,           // a TLS file cannot be read, holds no PEM block of its kind, or the
-                        // private key does not belong to the certificate
-  kCertificateExpired,  // the client certificate is expired or not yet valid (checked before
-                        // connecting: etcd only closes the connection on such a certificate)
+  kBadEndpoint,           // an endpoint does not parse as HOST:PORT
+  kUnavailable,           // no connection to etcd, or it broke (UNAVAILABLE)
+  kDeadlineExceeded,      // connected, but no answer before the deadline (DEADLINE_EXCEEDED)
+  kCancelled,             // the call was cancelled, e.g. by closing a watch (CANCELLED)
+  kNotFound,              // etcd has no such lease (NOT_FOUND: "requested lease not found")
+  kInvalidArgument,       // etcd refused the request (INVALID_ARGUMENT, e.g. an empty key)
+  kFailedPrecondition,    // FAILED_PRECONDITION, e.g. a lease TTL etcd will not grant
+  kCompacted,             // a watch's start revision is compacted (OUT_OF_RANGE, or a
+                          // watch response's compact_revision)
+  kPermissionDenied,      // PERMISSION_DENIED or UNAUTHENTICATED: the user lacks a role for the
+                          // keys, or etcd wants credentials that were not given
+  kResourceExhausted,     // RESOURCE_EXHAUSTED (too many requests, a request too large)
+  kLeaseExpired,          // a keep-alive found the lease gone (etcd answered TTL 0)
+  kProtocol,              // etcd's answer lacks what the request implies
+  kServerError,           // any other gRPC status (INTERNAL, UNKNOWN, ...)
+  kTlsConfig,             // a TLS file cannot be read, holds no PEM block of its kind, or the
+                          // private key does not belong to the certificate
+  kCertificateExpired,    // the client certificate is expired or not yet valid (checked before
+                          // connecting: etcd only closes the connection on such a certificate)
   kAuthenticationFailed,  // etcd refused the user or password ("authentication failed,
                           // invalid user ID or password")
 };

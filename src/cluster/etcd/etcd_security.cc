@@ -158,8 +158,9 @@ EtcdResult<EtcdTls> read_etcd_tls_files(const std::string& ca_file, const std::s
   if (!ca_file.empty()) {
     if (!read(ca_file, "CA file", tls.ca_pem)) return result;
     if (!first_certificate(tls.ca_pem)) {
-      set_error(result, EtcdErrc::kTlsConfig,
-                "the CA file " + ca_file + " holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
+      set_error(
+          result, EtcdErrc::kTlsConfig,
+          "the CA file " + ca_file + " holds no PEM certificate (-----BEGIN CERTIFICATE-----)");
       return result;
     }
   }
@@ -175,9 +176,8 @@ EtcdResult<EtcdTls> read_etcd_tls_files(const std::string& ca_file, const std::s
     return result;
   }
   const Bio key_bio = memory_bio(tls.key_pem);
-  const PrivateKey key(key_bio ? PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase,
-                                                         nullptr)
-                               : nullptr);
+  const PrivateKey key(
+      key_bio ? PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr) : nullptr);
   ERR_clear_error();
   if (!key) {
     set_error(result, EtcdErrc::kTlsConfig,

@@ -31,9 +31,9 @@ TenantKeys::TenantKeys(TenantTable t, bool scope, const TenantKeys* previous)
 }
 
 const TenantKeys::Entry* TenantKeys::find(std::uint32_t key_id) const noexcept {
-  const auto it = std::lower_bound(
-      entries.begin(), entries.end(), key_id,
-      [](const Entry& e, std::uint32_t id) { return e.tenant->key_id < id; });
+  const auto it =
+      std::lower_bound(entries.begin(), entries.end(), key_id,
+                       [](const Entry& e, std::uint32_t id) { return e.tenant->key_id < id; });
   return it != entries.end() && it->tenant->key_id == key_id ? &*it : nullptr;
 }
 

@@ -94,8 +94,8 @@ class TenantGate {
     struct Opened {
       std::span<const std::uint8_t> plain;  // the datagram decode() reads
       const Tenant* tenant = nullptr;
-      TenantCounters* counters = nullptr;   // the tenant's
-      PeerSeal seal;                        // how its answers are sealed
+      TenantCounters* counters = nullptr;  // the tenant's
+      PeerSeal seal;                       // how its answers are sealed
     };
     // `datagram` opened under its key id's tenant key (current, else next),
     // into `scratch` (kMaxDatagramSize bytes); nullopt when it is not sealed,

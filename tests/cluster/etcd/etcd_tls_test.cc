@@ -108,7 +108,8 @@ TEST_F(EtcdTlsTest, AnAuthenticatedClientPutsReadsWatchesAndKeepsALeaseAlive) {
   const auto kept = client.keep_alive_once(lease.value.id);
   ASSERT_TRUE(kept.ok()) << kept.detail;
   EXPECT_GT(kept.value, 0);
-  const auto swapped = client.put_if_mod_revision(prefix_ + "a", "2", got.value.kvs[0].mod_revision);
+  const auto swapped =
+      client.put_if_mod_revision(prefix_ + "a", "2", got.value.kvs[0].mod_revision);
   ASSERT_TRUE(swapped.ok()) << swapped.detail;
   EXPECT_TRUE(swapped.value.applied);
   EXPECT_TRUE(poll_until([&] { return watched.events().size() >= 2; }, 10s));
@@ -186,7 +187,8 @@ TEST_F(EtcdTlsTest, TlsFilesGrpcCouldNotUseAreRefusedNamingTheFile) {
   refused(pki.cert("ca"), "", pki.key("node"), "without its certificate");
   // A password file is no certificate; another certificate's key is not this one's.
   refused(pki.dir() + "/node.password", "", "", "holds no PEM certificate");
-  refused(pki.cert("ca"), pki.cert("node"), pki.cert("node"), "holds no unencrypted PEM private key");
+  refused(pki.cert("ca"), pki.cert("node"), pki.cert("node"),
+          "holds no unencrypted PEM private key");
   refused(pki.cert("ca"), pki.cert("node"), pki.key("admin"), "does not belong to the certificate");
   EXPECT_TRUE(read_etcd_tls_files(pki.cert("ca"), pki.cert("node"), pki.key("node")).ok());
   EXPECT_TRUE(read_etcd_tls_files("", "", "").ok());  // the default roots, no client certificate
@@ -242,11 +244,10 @@ class ShardlockdTlsTest : public test_support::NodeProcessTest {
                                            const std::vector<std::string>& env = {},
                                            std::string url = {}) {
     if (url.empty()) url = etcd_->url();
-    std::vector<std::string> argv = {kDaemon,          "--listen",     "127.0.0.1:0",
-                                     "--io",           "socket",       "--data-dir",
-                                     root_ + "/fails", "--node-id",    "x",
-                                     "--cluster-name", test_name(),    "--etcd-lease-ttl",
-                                     "2s",             "--cluster",    url};
+    std::vector<std::string> argv = {
+        kDaemon,      "--listen",         "127.0.0.1:0", "--io",      "socket",
+        "--data-dir", root_ + "/fails",   "--node-id",   "x",         "--cluster-name",
+        test_name(),  "--etcd-lease-ttl", "2s",          "--cluster", url};
     argv.insert(argv.end(), etcd.begin(), etcd.end());
     const std::string log_path = root_ + "/fails.log";
     fs::remove(log_path);
@@ -321,7 +322,8 @@ TEST_F(ShardlockdTlsTest, TwoNodesFormFailOverAfterKill9AndDrainOverTlsWithAuth)
 }
 
 TEST_F(ShardlockdTlsTest, AWrongCaFailsTheStartNamingTheTlsHandshake) {
-  const auto [code, log] = failed_start(node_flags_with("--etcd-cacert", certificates_->cert("other-ca")));
+  const auto [code, log] =
+      failed_start(node_flags_with("--etcd-cacert", certificates_->cert("other-ca")));
   EXPECT_EQ(code, 1) << log;
   EXPECT_NE(log.find("cannot join the cluster"), std::string::npos) << log;
   EXPECT_NE(log.find("Ssl handshake failed"), std::string::npos) << log;
@@ -386,8 +388,8 @@ TEST_F(ShardlockdTlsTest, AMissingFileOrAPasswordOnTheCommandLineIsAUsageError) 
   std::tie(code, log) = failed_start(node_flags_, {}, "etcd://" + etcd_->endpoint());
   EXPECT_EQ(code, 2) << log;
   EXPECT_NE(log.find("--etcd-cacert needs TLS"), std::string::npos) << log;
-  std::tie(code, log) = failed_start({"--etcd-cacert", certificates_->cert("ca"), "--etcd-user",
-                                      kNodeUser});
+  std::tie(code, log) =
+      failed_start({"--etcd-cacert", certificates_->cert("ca"), "--etcd-user", kNodeUser});
   EXPECT_EQ(code, 2) << log;
   EXPECT_NE(log.find("needs its password"), std::string::npos) << log;
 }
@@ -400,8 +402,7 @@ TEST_F(ShardlockdTlsTest, ThePasswordMayComeFromTheEnvironment) {
     flags.push_back(node_flags_[i + 1]);
   }
   // The wrong one: the start fails in etcd's words, so it was sent.
-  const auto [code, log] =
-      failed_start(flags, {"SHARDLOCK_ETCD_PASSWORD=not-the-password"});
+  const auto [code, log] = failed_start(flags, {"SHARDLOCK_ETCD_PASSWORD=not-the-password"});
   EXPECT_EQ(code, 1) << log;
   EXPECT_NE(log.find("authentication failed"), std::string::npos) << log;
 }

@@ -124,10 +124,10 @@ class NodeProcessTest : public EtcdSuiteTest {
   void start_node(const std::string& id, const std::vector<std::string>& extra = {},
                   const std::string& max_ttl = "2s", const std::string& etcd_lease_ttl = "2s") {
     auto& process = nodes_[id];
-    std::vector<std::string> flags = {"--data-dir",     root_ + "/" + id, "--cluster-name",
-                                      test_name(),      "--node-id",      id,
-                                      "--max-ttl",      max_ttl,          "--etcd-lease-ttl",
-                                      etcd_lease_ttl,   "--lock-delay",   max_ttl};
+    std::vector<std::string> flags = {"--data-dir",   root_ + "/" + id, "--cluster-name",
+                                      test_name(),    "--node-id",      id,
+                                      "--max-ttl",    max_ttl,          "--etcd-lease-ttl",
+                                      etcd_lease_ttl, "--lock-delay",   max_ttl};
     const std::vector<std::string> etcd = cluster_flags();  // the suite's etcd, over TLS or not
     flags.insert(flags.end(), etcd.begin(), etcd.end());
     flags.insert(flags.end(), extra.begin(), extra.end());

@@ -2,7 +2,6 @@
 // loopback. The scenarios themselves are C (c_api_test_scenarios.c) and see
 // only the C header; this file starts the server and reports.
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <cstdio>
